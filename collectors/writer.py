@@ -1,0 +1,130 @@
+"""Writing a run directory: buffered Parquet parts, renamed into place whole.
+
+Layout (DESIGN §3): manifest.json, events/part-*.parquet, samples/part-*.parquet, clocks.parquet,
+tasks.parquet. Every file is written under a temporary name in the same folder and renamed, so a
+killed process leaves only complete files; a flush never rewrites a part already on disk.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
+
+
+def write_table_atomic(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+def write_json_atomic(obj: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class _PartBuffer:
+    def __init__(self, folder: Path, schema: pa.Schema, flush_rows: int) -> None:
+        self.folder = folder
+        self.schema = schema
+        self.flush_rows = flush_rows
+        self.rows: list[dict] = []
+        self.part = self._next_part_index()
+
+    def _next_part_index(self) -> int:
+        if not self.folder.exists():
+            return 0
+        nums = [int(p.stem.split("-")[1]) for p in self.folder.glob("part-*.parquet")]
+        return max(nums, default=-1) + 1
+
+    def add(self, row: dict) -> bool:
+        self.rows.append(row)
+        return len(self.rows) >= self.flush_rows
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        rows, self.rows = self.rows, []
+        table = pa.Table.from_pylist(rows, schema=self.schema)
+        write_table_atomic(table, self.folder / f"part-{self.part:05d}.parquet")
+        self.part += 1
+
+
+class RunWriter:
+    """The sink probes and collectors write through. Thread-safe; call close() (or use `with`)."""
+
+    def __init__(self, run_dir: str | os.PathLike, run_id: str | None = None, *, flush_rows: int = 50_000) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = run_id or self.run_dir.name
+        self._lock = threading.Lock()
+        self._events = _PartBuffer(self.run_dir / "events", EVENT_SCHEMA, flush_rows)
+        self._samples = _PartBuffer(self.run_dir / "samples", SAMPLE_SCHEMA, flush_rows)
+        self._clocks: list[dict] = []
+        self._tasks: list[dict] = []
+        self.n_events = 0
+        self.n_samples = 0
+
+    # -- rows ---------------------------------------------------------------------------------
+    def emit(self, row: dict) -> None:
+        with self._lock:
+            self.n_events += 1
+            if self._events.add(row):
+                self._events.flush()
+
+    def sample(self, *, ts_ns: int, clock: str, source: str, host: str, metric: str,
+               value: float | None, unit: str, device: str | None = None) -> None:
+        row = {"run_id": self.run_id, "ts_ns": int(ts_ns), "clock": clock, "source": source,
+               "host": host, "device": device, "metric": metric, "value": value, "unit": unit}
+        with self._lock:
+            self.n_samples += 1
+            if self._samples.add(row):
+                self._samples.flush()
+
+    def clock_domain(self, clock: str, *, host: str | None = None, kind: str | None = None) -> None:
+        with self._lock:
+            self._clocks.append({"run_id": self.run_id, "clock": clock, "host": host, "kind": kind})
+
+    def clock_map(self, from_clock: str, to_clock: str, offset_ns: int, epsilon_ns: int, method: str) -> None:
+        with self._lock:
+            self._clocks.append({"run_id": self.run_id, "from_clock": from_clock, "to_clock": to_clock,
+                                 "offset_ns": int(offset_ns), "epsilon_ns": int(epsilon_ns), "method": method})
+
+    def task(self, task_id: str, *, deadline_ms: float | None = None, required: list[str] | None = None,
+             on_missing: str | None = None, max_attempts: int | None = None, expected: str | None = None,
+             contract: dict | None = None) -> None:
+        with self._lock:
+            self._tasks.append({
+                "run_id": self.run_id, "task_id": task_id, "deadline_ms": deadline_ms,
+                "required": None if required is None else json.dumps(required),
+                "on_missing": on_missing, "max_attempts": max_attempts, "expected": expected,
+                "contract": json.dumps(contract or {}, sort_keys=True)})
+
+    # -- files --------------------------------------------------------------------------------
+    def flush(self) -> None:
+        with self._lock:
+            self._events.flush()
+            self._samples.flush()
+            write_table_atomic(pa.Table.from_pylist(self._clocks, schema=CLOCK_SCHEMA), self.run_dir / "clocks.parquet")
+            write_table_atomic(pa.Table.from_pylist(self._tasks, schema=TASK_SCHEMA), self.run_dir / "tasks.parquet")
+
+    def write_manifest(self, manifest: dict) -> None:
+        body = {"run_id": self.run_id, **manifest}
+        write_json_atomic(body, self.run_dir / "manifest.json")
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> "RunWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,23 @@
+"""inferledger: trace-driven observability and diagnosis for LLM inference serving.
+
+Public Python API:
+    inferledger.open("runs/*")  -> a read-only ledger over one run or a glob of runs (`.sql(...)`)
+    inferledger.LLM(...)        -> the reference engine for offline generation
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def open(path_or_glob: str):  # noqa: A001 - the public name is `inferledger.open`
+    from inferledger.ledger.query import open_ledger
+
+    return open_ledger(path_or_glob)
+
+
+def __getattr__(name: str):
+    if name in ("LLM", "SamplingParams", "EngineConfig"):
+        from inferledger import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)
