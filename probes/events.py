@@ -174,3 +174,18 @@ def render_markdown() -> str:
         req = ", ".join(f"`{r}`" for r in k.requires) or "-"
         lines.append(f"| `{k.name}` | {k.source} | {req} | {k.meaning} | {k.value or '-'} |")
     return "\n".join(lines) + "\n"
+
+# The gap register: what is missing, which figures it affects, what would close it. Collectors write
+# the gaps they know of (gaps.parquet: refused archive lines, black-box targets, absent sensors); the
+# ledger adds the gaps it finds while rebuilding.
+GAP_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("gap_id", pa.string(), nullable=False),
+        pa.field("scope", pa.string(), nullable=False),  # run, import, attempt, task, clock, energy ...
+        pa.field("subject_id", pa.string()),  # attempt id, line number, clock pair ...
+        pa.field("affects", pa.string(), nullable=False),  # the figures left NULL
+        pa.field("needs", pa.string(), nullable=False),  # what would close the gap
+        pa.field("detail", pa.string()),
+    ]
+)

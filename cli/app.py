@@ -1,0 +1,27 @@
+"""The `inferledger` command line (typer)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    help="Rebuild every request of an LLM serving run from its events: intervals, the four accounts, "
+    "TTFT / ITL / TPOT per observation layer, goodput, with evidence for every figure.\n\n"
+    "Typical use: [bold]import[/] or capture a run, [bold]reconstruct[/] its ledger, then [bold]query[/] it with SQL.",
+)
+console = Console()
+err = Console(stderr=True)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
