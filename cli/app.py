@@ -19,6 +19,24 @@ console = Console()
 err = Console(stderr=True)
 
 
+def _register_commands() -> None:
+    # Each command module owns its commands and adds them here; importing them is cheap (heavy
+    # libraries are imported inside the commands).
+    import importlib
+
+    for mod in ("cmd_data", "cmd_ledger", "cmd_demo"):
+        try:
+            module = importlib.import_module(f"inferledger.cli.{mod}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"inferledger.cli.{mod}":
+                raise
+            continue
+        module.register(app)
+
+
+_register_commands()
+
+
 def main() -> None:
     app()
 
