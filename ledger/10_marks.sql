@@ -1,0 +1,100 @@
+-- Stage 1: per-attempt milestones (docs/LEDGER.md "Attempt milestones").
+-- Input tables: events, clocks, task_contracts. Every milestone keeps its ns, clock and event id.
+
+CREATE OR REPLACE TEMP TABLE ev AS
+SELECT e.*,
+       CASE WHEN name IN ('attempt.chunk', 'server.write') THEN
+            CASE WHEN json_extract(attrs, '$.kinds') IS NULL THEN NULL
+                 ELSE from_json(json_extract(attrs, '$.kinds'), '["VARCHAR"]') END END AS kinds,
+       CASE WHEN name = 'engine.finished' THEN json_extract_string(attrs, '$.reason')
+            WHEN name = 'attempt.done' THEN json_extract_string(attrs, '$.finish_reason') END AS reason,
+       CASE WHEN name = 'attempt.done'
+            THEN TRY_CAST(json_extract_string(attrs, '$.usage.completion_tokens') AS BIGINT) END AS usage_completion,
+       CASE WHEN name = 'verdict' THEN TRY_CAST(json_extract_string(attrs, '$.correct') AS BOOLEAN) END AS verdict_correct,
+       CASE WHEN name IN ('span.start', 'span.end') THEN json_extract_string(attrs, '$.span') END AS span_name,
+       CASE WHEN name IN ('span.start', 'span.end')
+            THEN coalesce(json_extract_string(attrs, '$.stream'), source) END AS span_stream
+FROM events e;
+
+-- Output-bearing: a client chunk or server write that carries content, reasoning or a tool call.
+-- A chunk or write without a `kinds` attribute counts as content.
+CREATE OR REPLACE TEMP TABLE ev_out AS
+SELECT *, (kinds IS NULL OR list_has_any(kinds, ['content', 'reasoning', 'tool_call'])) AS output_bearing,
+          (kinds IS NULL OR list_contains(kinds, 'content')) AS answer_bearing
+FROM ev WHERE name IN ('attempt.chunk', 'server.write');
+
+CREATE OR REPLACE TEMP TABLE attempt_ids AS
+SELECT attempt_id,
+       arg_min(task_id, ts_ns) FILTER (WHERE task_id IS NOT NULL) AS task_id,
+       arg_min(session_id, ts_ns) FILTER (WHERE session_id IS NOT NULL) AS session_id,
+       arg_min(request_id, ts_ns) FILTER (WHERE request_id IS NOT NULL) AS request_id,
+       count(*) FILTER (WHERE source = 'client' AND name NOT IN ('verdict')) AS n_client_events,
+       count(*) FILTER (WHERE name LIKE 'server.%' OR name LIKE 'engine.%') AS n_server_events,
+       count(*) FILTER (WHERE name LIKE 'kv.%') AS n_kv_events
+FROM ev WHERE attempt_id IS NOT NULL
+GROUP BY attempt_id;
+
+CREATE OR REPLACE TEMP TABLE marks AS
+WITH firsts AS (
+  SELECT attempt_id,
+    -- client
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.created') AS created,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.sent') AS sent,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.first_byte') AS first_byte_ev,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.chunk') AS first_chunk,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.done') AS done,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id, name := name), (ts_ns, seq))
+        FILTER (WHERE name IN ('attempt.done', 'attempt.timeout', 'attempt.cancel', 'attempt.error')) AS client_end,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.cancel') AS client_cancel,
+    -- server / engine
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'server.received') AS received,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'server.rejected') AS rejected,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'server.done') AS server_done,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'server.disconnect') AS disconnect,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.enqueued') AS enqueued,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.scheduled') AS scheduled,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.token') AS first_token,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id, reason := reason), (ts_ns, seq)) FILTER (WHERE name = 'engine.finished') AS finished,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.cancel_received') AS cancel_received,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.cancel_effective') AS cancel_effective,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.scheduled') AS last_scheduled,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.preempted') AS last_preempted,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'kv.release') AS kv_release,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'kv.free') AS kv_free,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'mem.returned') AS mem_returned,
+    count(*) FILTER (WHERE name IN ('kv.alloc', 'kv.prefix_hit')) AS n_kv_alloc,
+    -- counts
+    count(*) FILTER (WHERE name = 'attempt.chunk') AS n_chunks,
+    sum(value) FILTER (WHERE name = 'engine.token') AS n_tokens_engine,
+    arg_max(usage_completion, (ts_ns, seq)) FILTER (WHERE name = 'attempt.done') AS n_tokens_usage,
+    arg_max(reason, (ts_ns, seq)) FILTER (WHERE name = 'attempt.done') AS client_finish_reason,
+    count(*) FILTER (WHERE name = 'engine.preempted') AS preemptions,
+    coalesce(sum(value) FILTER (WHERE name = 'engine.preempted'), 0) AS recomputed_tokens,
+    count(*) FILTER (WHERE name = 'spec.round') AS spec_rounds,
+    sum(TRY_CAST(json_extract_string(attrs, '$.forward_passes') AS BIGINT)) FILTER (WHERE name = 'spec.round') AS spec_forward_passes,
+    sum(TRY_CAST(json_extract_string(attrs, '$.drafted') AS BIGINT)) FILTER (WHERE name = 'spec.round') AS spec_drafted_tokens,
+    sum(TRY_CAST(json_extract_string(attrs, '$.accepted') AS BIGINT)) FILTER (WHERE name = 'spec.round') AS spec_accepted_tokens,
+    arg_max(verdict_correct, (ts_ns, seq)) FILTER (WHERE name = 'verdict') AS correct
+  FROM ev WHERE attempt_id IS NOT NULL
+  GROUP BY attempt_id
+), outs AS (
+  SELECT attempt_id,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.chunk' AND output_bearing) AS first_content,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.chunk' AND answer_bearing) AS first_visible,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'server.write' AND output_bearing) AS first_write
+  FROM ev_out WHERE attempt_id IS NOT NULL
+  GROUP BY attempt_id
+), prefill_end AS (
+  -- the last prefill chunk computed before the first token
+  SELECT p.attempt_id,
+         arg_max(struct_pack(ns := p.ts_ns, clock := p.clock, eid := p.event_id), (p.ts_ns, p.seq)) AS prefill_end
+  FROM ev p JOIN firsts f USING (attempt_id)
+  WHERE p.name = 'engine.prefill' AND (f.first_token IS NULL OR p.ts_ns <= f.first_token.ns)
+  GROUP BY p.attempt_id
+)
+SELECT f.*, o.first_content, o.first_visible, o.first_write, pe.prefill_end,
+       coalesce(f.first_byte_ev, f.first_chunk) AS first_byte,
+       coalesce(f.server_done, f.rejected, CASE WHEN f.finished IS NOT NULL THEN struct_pack(ns := f.finished.ns, clock := f.finished.clock, eid := f.finished.eid) END,
+                f.cancel_effective) AS server_end,
+       coalesce(f.n_tokens_engine, f.n_tokens_usage) AS n_output_tokens
+FROM firsts f LEFT JOIN outs o USING (attempt_id) LEFT JOIN prefill_end pe USING (attempt_id);

@@ -1,0 +1,82 @@
+-- Stage 4: inter-token latency per layer and the per-attempt metrics (docs/LEDGER.md).
+
+CREATE OR REPLACE TABLE itl AS
+WITH outputs AS (
+  SELECT attempt_id, 'client' AS layer, ts_ns, seq, value FROM ev_out WHERE name = 'attempt.chunk' AND output_bearing
+  UNION ALL SELECT attempt_id, 'server', ts_ns, seq, value FROM ev_out WHERE name = 'server.write' AND output_bearing
+  UNION ALL SELECT attempt_id, 'engine', ts_ns, seq, value FROM ev WHERE name = 'engine.token'
+), ordered AS (
+  SELECT attempt_id, layer, value AS tokens,
+         row_number() OVER w - 1 AS idx,
+         (ts_ns - lag(ts_ns) OVER w) / 1e6 AS gap_ms
+  FROM outputs WHERE attempt_id IS NOT NULL
+  WINDOW w AS (PARTITION BY attempt_id, layer ORDER BY ts_ns, seq)
+)
+SELECT getvariable('run_id') AS run_id, attempt_id, layer, idx::INTEGER AS idx, gap_ms, tokens
+FROM ordered WHERE idx > 0
+ORDER BY attempt_id, layer, idx;
+
+CREATE OR REPLACE TEMP TABLE fig_wide AS
+SELECT subject_id AS attempt_id,
+  max(ms) FILTER (WHERE figure = 'ttft_client') AS ttft_client_ms,
+  max(ms) FILTER (WHERE figure = 'ttft_first_byte') AS ttft_first_byte_ms,
+  max(ms) FILTER (WHERE figure = 'ttft_visible') AS ttft_visible_ms,
+  max(ms) FILTER (WHERE figure = 'ttft_server') AS ttft_server_ms,
+  max(ms) FILTER (WHERE figure = 'e2e_client') AS e2e_client_ms,
+  max(ms) FILTER (WHERE figure = 'client_span') AS client_span_ms,
+  max(ms) FILTER (WHERE figure = 'e2e_server') AS e2e_server_ms,
+  max(ms) FILTER (WHERE figure = 'queue') AS queue_ms,
+  max(ms) FILTER (WHERE figure = 'prefill') AS prefill_ms,
+  max(ms) FILTER (WHERE figure = 'decode') AS decode_ms,
+  max(ms) FILTER (WHERE figure = 'release_after_cancel') AS release_after_cancel_ms,
+  max(eps_ms) FILTER (WHERE figure = 'release_after_cancel') AS release_after_cancel_eps_ms,
+  max(label) FILTER (WHERE figure = 'release_after_cancel') AS release_after_cancel_label,
+  max(ms) FILTER (WHERE figure = 'uplink') AS uplink_ms,
+  max(eps_ms) FILTER (WHERE figure = 'uplink') AS uplink_eps_ms,
+  max(label) FILTER (WHERE figure = 'uplink') AS uplink_label,
+  max(ms) FILTER (WHERE figure = 'downlink_first') AS downlink_first_ms,
+  max(eps_ms) FILTER (WHERE figure = 'downlink_first') AS downlink_first_eps_ms,
+  max(label) FILTER (WHERE figure = 'downlink_first') AS downlink_first_label,
+  max(ms) FILTER (WHERE figure = 'since_reference') AS done_since_reference_ms
+FROM figures WHERE subject_id IN (SELECT attempt_id FROM marks)
+GROUP BY subject_id;
+
+CREATE OR REPLACE TEMP TABLE itl_max AS
+SELECT attempt_id,
+  max(gap_ms) FILTER (WHERE layer = 'client') AS itl_client_max_ms,
+  max(gap_ms) FILTER (WHERE layer = 'server') AS itl_server_max_ms,
+  max(gap_ms) FILTER (WHERE layer = 'engine') AS itl_engine_max_ms
+FROM itl GROUP BY attempt_id;
+
+CREATE OR REPLACE TABLE request_metrics AS
+SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
+  f.ttft_client_ms, f.ttft_first_byte_ms, f.ttft_visible_ms, f.ttft_server_ms,
+  f.e2e_client_ms, f.e2e_server_ms, f.client_span_ms,
+  f.queue_ms, f.prefill_ms, f.decode_ms,
+  CASE WHEN a.client_status = 'completed' AND a.n_output_tokens > 1
+       THEN (f.e2e_client_ms - f.ttft_client_ms) / (a.n_output_tokens - 1) END AS tpot_ms,
+  CASE WHEN a.server_status = 'completed' AND a.n_output_tokens > 1
+       THEN (f.e2e_server_ms - f.ttft_server_ms) / (a.n_output_tokens - 1) END AS tpot_server_ms,
+  x.itl_client_max_ms, x.itl_server_max_ms, x.itl_engine_max_ms,
+  m.preemptions::BIGINT AS preemptions, m.recomputed_tokens::BIGINT AS recomputed_tokens,
+  f.release_after_cancel_ms, f.release_after_cancel_eps_ms, f.release_after_cancel_label,
+  f.uplink_ms, f.uplink_eps_ms, f.uplink_label,
+  f.downlink_first_ms, f.downlink_first_eps_ms, f.downlink_first_label,
+  m.spec_rounds::BIGINT AS spec_rounds, m.spec_forward_passes::BIGINT AS spec_forward_passes,
+  m.spec_drafted_tokens::BIGINT AS spec_drafted_tokens, m.spec_accepted_tokens::BIGINT AS spec_accepted_tokens,
+  a.n_output_tokens, a.n_chunks,
+  m.correct,
+  CASE WHEN c.deadline_ms IS NULL THEN NULL ELSE f.done_since_reference_ms <= c.deadline_ms END AS on_time,
+  -- good = completed at the client AND correct AND on time; SQL's three-valued AND keeps an unknown
+  -- verdict or deadline NULL unless another part is already false.
+  CASE WHEN a.client_status IS DISTINCT FROM 'completed' THEN false
+       ELSE m.correct AND (CASE WHEN c.deadline_ms IS NULL THEN NULL
+                                ELSE f.done_since_reference_ms <= c.deadline_ms END) END AS good,
+  f.done_since_reference_ms
+FROM attempts a
+JOIN marks m USING (attempt_id)
+LEFT JOIN fig_wide f USING (attempt_id)
+LEFT JOIN itl_max x USING (attempt_id)
+LEFT JOIN contracts c ON c.task_id = a.task_id
+ORDER BY a.attempt_id;
+

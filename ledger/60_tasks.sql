@@ -1,0 +1,60 @@
+-- Stage 6: task outcomes from each task's contract and the checker's verdicts, then the four accounts.
+
+CREATE OR REPLACE TEMP TABLE request_state AS
+WITH task_requests AS (
+  SELECT DISTINCT task_id, request_id FROM attempts WHERE task_id IS NOT NULL AND request_id IS NOT NULL
+  UNION SELECT task_id, unnest(required) FROM contracts WHERE required IS NOT NULL
+), att AS (
+  SELECT a.task_id, a.request_id, a.client_status, r.correct, r.on_time, c.deadline_ms
+  FROM attempts a JOIN request_metrics r USING (attempt_id) JOIN contracts c ON c.task_id = a.task_id
+  WHERE c.max_attempts IS NULL OR a.attempt_index <= c.max_attempts
+)
+SELECT tr.task_id, tr.request_id,
+  CASE WHEN bool_or(att.client_status = 'completed' AND coalesce(att.correct, true)
+                    AND (att.deadline_ms IS NULL OR att.on_time)) THEN 'succeeded'
+       WHEN bool_or(att.client_status = 'completed' AND coalesce(att.correct, true) AND att.on_time = false) THEN 'late'
+       WHEN bool_or(att.client_status IS NULL OR att.client_status = 'unterminated'
+                    OR (att.client_status = 'completed' AND coalesce(att.correct, true)
+                        AND att.deadline_ms IS NOT NULL AND att.on_time IS NULL)) THEN 'undetermined'
+       ELSE 'failed' END AS state
+FROM task_requests tr LEFT JOIN att USING (task_id, request_id)
+GROUP BY tr.task_id, tr.request_id;
+
+CREATE OR REPLACE TABLE tasks AS
+WITH req AS (
+  SELECT s.task_id, s.request_id, s.state,
+         c.required IS NULL OR list_contains(c.required, s.request_id) AS is_required
+  FROM request_state s JOIN contracts c USING (task_id)
+), agg AS (
+  SELECT task_id,
+         count(*) AS n_requests,
+         count(*) FILTER (WHERE is_required) AS n_required,
+         count(*) FILTER (WHERE is_required AND state = 'succeeded') AS n_required_succeeded,
+         count(*) FILTER (WHERE is_required AND state = 'undetermined') AS n_required_undetermined
+  FROM req GROUP BY task_id
+), att AS (
+  SELECT task_id, count(*) AS n_attempts FROM attempts WHERE task_id IS NOT NULL GROUP BY task_id
+)
+SELECT getvariable('run_id') AS run_id, c.task_id,
+  CASE WHEN coalesce(g.n_required, 0) = 0 THEN 'unknown'
+       WHEN g.n_required_succeeded = g.n_required THEN 'success'
+       WHEN g.n_required_undetermined > 0 THEN 'unknown'
+       WHEN c.on_missing = 'partial_success' AND g.n_required_succeeded > 0 THEN 'partial_success'
+       ELSE 'failure' END AS outcome,
+  c.deadline_ms, f.ms AS e2e_ms, r.ref_name AS deadline_reference,
+  coalesce(g.n_requests, 0) AS n_requests, coalesce(att.n_attempts, 0) AS n_attempts,
+  coalesce(g.n_required, 0) AS n_required, coalesce(g.n_required_succeeded, 0) AS n_required_succeeded,
+  c.on_missing, c.max_attempts
+FROM contracts c
+LEFT JOIN agg g USING (task_id)
+LEFT JOIN att USING (task_id)
+LEFT JOIN task_refs r USING (task_id)
+LEFT JOIN figures f ON f.subject_id = c.task_id AND f.figure = 'task_e2e'
+ORDER BY c.task_id;
+
+CREATE OR REPLACE TABLE accounts AS
+SELECT a.run_id, a.attempt_id, a.task_id, a.request_id, a.attempt_index,
+       a.client_status, a.server_status, t.outcome AS task_outcome, a.resource_status,
+       a.kv_release_ns, a.kv_free_ns, r.release_after_cancel_ms
+FROM attempts a LEFT JOIN tasks t USING (task_id) JOIN request_metrics r USING (attempt_id)
+ORDER BY a.attempt_id;

@@ -1,0 +1,59 @@
+-- Stage 7: the gap register: what is missing, which figures it leaves NULL, what would close it.
+
+CREATE OR REPLACE TABLE gaps AS
+WITH ledger_gaps AS (
+  -- a subtraction across clock domains with no mapping
+  SELECT 'clock' AS scope, subject_id, figure AS affects,
+         format('a clock.map between {} and {} (e.g. round trips to the server''s /clock)', a_clock, b_clock) AS needs,
+         format('{} − {}: {} and {} cannot be compared', b_eid, a_eid, b_clock, a_clock) AS detail
+  FROM figures WHERE refused
+  UNION ALL
+  -- stream points in a clock the stream's clock cannot be compared with
+  SELECT 'clock', r.attempt_id, format('{} stream intervals', r.stream),
+         format('a clock.map between {} and {}', r.clock, sc.clock),
+         format('{} left out of the {} stream', r.event_id, r.stream)
+  FROM ms_raw r JOIN stream_clock sc USING (attempt_id, stream)
+  LEFT JOIN clock_conv c ON c.from_clock = r.clock AND c.to_clock = sc.clock
+  WHERE c.from_clock IS NULL
+  UNION ALL
+  SELECT 'attempt', attempt_id, format('span {} on stream {}', span, stream), 'its span.end event',
+         format('span.start {} has no matching span.end', start_eid)
+  FROM spans_raw WHERE end_ns IS NULL
+  UNION ALL
+  -- layer-wide absence: one run-scope row
+  SELECT 'run', NULL, 'ttft_client_ms, e2e_client_ms, tpot_ms, client_status',
+         'client events (capture with the inferledger client, or import the client''s trace)',
+         'the run has no client events'
+  WHERE NOT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0) AND EXISTS (SELECT 1 FROM attempt_ids)
+  UNION ALL
+  SELECT 'run', NULL, 'ttft_server_ms, e2e_server_ms, queue_ms, prefill_ms, decode_ms, server_status',
+         'server or engine events (black-box target: the server exports none)',
+         'the run has no server or engine events'
+  WHERE NOT EXISTS (SELECT 1 FROM attempt_ids WHERE n_server_events > 0) AND EXISTS (SELECT 1 FROM attempt_ids)
+  UNION ALL
+  -- a single attempt missing a layer its peers have
+  SELECT 'attempt', attempt_id, 'server_status and the server-side metrics',
+         'the server''s events for this attempt (were its ids propagated?)', 'no server or engine event carries this attempt id'
+  FROM attempt_ids WHERE n_server_events = 0 AND n_client_events > 0
+    AND EXISTS (SELECT 1 FROM attempt_ids WHERE n_server_events > 0)
+  UNION ALL
+  SELECT 'attempt', attempt_id, 'client_status and the client-side metrics',
+         'the client''s events for this attempt', 'no client event carries this attempt id'
+  FROM attempt_ids WHERE n_client_events = 0 AND n_server_events > 0
+    AND EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
+  UNION ALL
+  SELECT 'attempt', attempt_id, 'n_output_tokens, tpot_ms, tpot_server_ms',
+         'engine.token events or usage in attempt.done (a chunk is not a token)',
+         'the server reported no token count'
+  FROM attempts WHERE n_output_tokens IS NULL AND client_status = 'completed'
+), numbered AS (
+  SELECT scope, subject_id, affects, needs, detail,
+         format('{}:{}:{}', scope, coalesce(subject_id, '-'),
+                row_number() OVER (PARTITION BY scope, subject_id ORDER BY affects, detail)) AS gap_id
+  FROM ledger_gaps
+)
+SELECT getvariable('run_id') AS run_id, gap_id, scope, subject_id, affects, needs, detail, 'ledger' AS origin
+FROM numbered
+UNION ALL
+SELECT getvariable('run_id'), gap_id, scope, subject_id, affects, needs, detail, 'collector' FROM collector_gaps
+ORDER BY origin, gap_id;

@@ -1,0 +1,193 @@
+"""The read-only query surface: `inferledger.open(...)` and `inferledger query`.
+
+One in-memory DuckDB connection ATTACHes each run's ledger.duckdb READ_ONLY and exposes one view per
+table name, the UNION ALL BY NAME of that table over every run (each row keeps its `run_id`). Then
+external access and the configuration are locked, and every statement is checked before it runs:
+only reads (SELECT, WITH ... SELECT, EXPLAIN, SHOW, DESCRIBE, SUMMARIZE) get through.
+"""
+from __future__ import annotations
+
+import glob as globlib
+import re
+from pathlib import Path
+
+import duckdb
+
+LEDGER_FILE = "ledger.duckdb"
+READ_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+_LEADING = re.compile(r"^(\s+|--[^\n]*\n|/\*.*?\*/)*", re.DOTALL)  # blanks and comments
+# EXPLAIN [ANALYZE] [(options)]: what follows is the statement it runs.
+_EXPLAIN = re.compile(_LEADING.pattern + r"explain(\s+analy[sz]e)?(\s*\([^)]*\))?", re.IGNORECASE | re.DOTALL)
+_SPOKEN = {"INSTALL": "INSTALL", "FORCE": "INSTALL", "USE": "USE", "RESET": "RESET", "CHECKPOINT": "CHECKPOINT"}
+
+
+class LedgerError(Exception):
+    """A ledger could not be opened (missing run, missing ledger.duckdb)."""
+
+
+class ReadOnlyError(LedgerError):
+    """A statement that would write, attach, configure or export was refused."""
+
+
+class QueryError(LedgerError):
+    """DuckDB could not parse or bind the query; the message carries its position (LINE n: ...)."""
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def resolve_runs(path_or_glob: str | Path) -> list[tuple[str, Path]]:
+    """(run name, ledger file) for a run folder, a glob of run folders, or ledger.duckdb paths."""
+    text = str(path_or_glob)
+    paths = sorted(Path(p) for p in globlib.glob(text)) if globlib.has_magic(text) else [Path(text)]
+    if not paths:
+        raise LedgerError(f"no run matches {text!r}")
+    runs = []
+    for p in paths:
+        if p.is_file() and p.suffix == ".duckdb":
+            runs.append((p.resolve().parent.name, p))
+        elif p.is_dir():
+            if not (p / LEDGER_FILE).is_file():
+                raise LedgerError(f"run {p} has no {LEDGER_FILE}: run `inferledger reconstruct {p}` first")
+            runs.append((p.resolve().name, p / LEDGER_FILE))
+        elif not globlib.has_magic(text):
+            what = "no such run" if not p.exists() else "not a run folder or a .duckdb file"
+            raise LedgerError(f"{p}: {what} (expected a run folder holding {LEDGER_FILE}, "
+                              f"a glob like 'runs/*', or a {LEDGER_FILE} file)")
+    if not runs:
+        raise LedgerError(f"no run folder matches {text!r}")
+    return runs
+
+
+def _statement_types(query: str) -> list[str]:
+    """The type name of every statement in `query`, looking inside EXPLAIN [ANALYZE] (which runs it)."""
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.Error as exc:
+        raise QueryError(str(exc)) from None
+    types = []
+    for st in statements:
+        if st.type == duckdb.StatementType.EXPLAIN:
+            inner = _EXPLAIN.sub("", st.query, count=1)
+            types += _statement_types(inner) if inner.strip() else ["EXPLAIN"]
+        elif st.type in READ_TYPES:
+            types.append("SELECT")
+        else:
+            # Name what the user typed where DuckDB files it under another type (INSTALL is a LOAD).
+            words = _LEADING.sub("", st.query, count=1).split(None, 1)
+            first = words[0].upper().rstrip(";") if words else ""
+            types.append(_SPOKEN.get(first, st.type.name))
+    return types
+
+
+def check_read_only(query: str) -> None:
+    """Raise ReadOnlyError unless every statement in `query` only reads (QueryError if none)."""
+    kinds = _statement_types(query)
+    if not kinds:
+        raise QueryError("empty query: write a SELECT, e.g. select * from attempts limit 5")
+    for kind in kinds:
+        if kind != "SELECT":
+            # A PIVOT without an IN list parses as several statements (it creates a type first).
+            hint = " (for PIVOT, list the values: PIVOT ... ON col IN (...))" if kind == "MULTI" else ""
+            raise ReadOnlyError(f"inferledger query is read-only: {kind} statements are refused{hint}")
+
+
+class Ledger:
+    """Read-only SQL over one or more runs' ledgers. `sql(...)` returns a DuckDB relation."""
+
+    def __init__(self, runs: list[tuple[str, Path]]) -> None:
+        self.runs = [name for name, _ in runs]
+        self._con = duckdb.connect(":memory:")
+        try:
+            self._build(runs)
+        except BaseException:
+            self._con.close()
+            raise
+
+    def _build(self, runs: list[tuple[str, Path]]) -> None:
+        con = self._con
+        by_table: dict[str, list[tuple[str, str, bool]]] = {}
+        for i, (name, path) in enumerate(runs):
+            alias = f"run_{i}"
+            try:
+                con.execute(f"ATTACH {_sql_string(str(path))} AS {alias} (READ_ONLY)")
+            except duckdb.Error as exc:
+                raise LedgerError(f"cannot open {path} (run {name}): {exc}") from None
+            rows = con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main' "
+                "UNION SELECT view_name FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main' "
+                "AND NOT internal", [alias, alias]).fetchall()
+            for (table,) in rows:
+                cols = {c for (c,) in con.execute(
+                    "SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND schema_name = 'main' "
+                    "AND table_name = ?", [alias, table]).fetchall()}
+                by_table.setdefault(table, []).append((name, alias, "run_id" in cols))
+        for table, parts in sorted(by_table.items()):
+            selects = [f"SELECT * FROM {alias}.main.{_quote(table)}" if has_run_id else
+                       f"SELECT {_sql_string(name)} AS run_id, * FROM {alias}.main.{_quote(table)}"
+                       for name, alias, has_run_id in parts]
+            try:
+                con.execute(f"CREATE VIEW {_quote(table)} AS " + " UNION ALL BY NAME ".join(selects))
+            except duckdb.Error as exc:
+                raise LedgerError(f"table {table!r} cannot be combined across runs {self.runs}: {exc}") from None
+        self._tables = sorted(by_table)
+        # From here on the connection can read the attached files and nothing else.
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+
+    def tables(self) -> list[str]:
+        """The views this ledger exposes (one per table name found in any run)."""
+        return list(self._tables)
+
+    def sql(self, query: str, params=None) -> duckdb.DuckDBPyRelation:
+        """Run a read-only query; returns a relation (`.pl()`, `.df()`, `.arrow()`, `.fetchall()`)."""
+        check_read_only(query)
+        try:
+            return self._con.sql(query, params=params)
+        except duckdb.Error as exc:
+            raise QueryError(self._with_position(query, params, exc)) from None
+
+    def rows(self, query: str, params=None, limit: int | None = None) -> tuple[list[str], list[tuple]]:
+        """(column names, at most `limit` rows) of a read-only query; errors keep their SQL position."""
+        check_read_only(query)
+        try:
+            cur = self._con.execute(query, params)
+            columns = [d[0] for d in cur.description or []]
+            return columns, (cur.fetchall() if limit is None else cur.fetchmany(limit))
+        except duckdb.Error as exc:
+            raise QueryError(str(exc)) from None
+
+    def _with_position(self, query: str, params, exc: duckdb.Error) -> str:
+        # The relation API drops DuckDB's "LINE n: ..." context; execute() keeps it. The statement
+        # is read-only and has already failed to bind, so running it again reads nothing.
+        message = str(exc)
+        if "LINE " in message:
+            return message
+        try:
+            self._con.execute(query, params)
+        except duckdb.Error as again:
+            if "LINE " in str(again):
+                return str(again)
+        return message
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Ledger(runs={self.runs}, tables={self._tables})"
+
+
+def open_ledger(path_or_glob: str | Path) -> Ledger:
+    """`inferledger.open`: a read-only ledger over a run folder, a glob of runs, or a ledger.duckdb."""
+    return Ledger(resolve_runs(path_or_glob))
