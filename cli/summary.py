@@ -1,0 +1,75 @@
+"""The terminal summary of a ledger: latency per observation layer, the four accounts, tasks, gaps."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+# (label, table, column, layer); percentiles are taken over attempts (ITL over gaps).
+LATENCY_ROWS = (
+    ("TTFT", "request_metrics", "ttft_client_ms", "client (first content)"),
+    ("TTFT", "request_metrics", "ttft_visible_ms", "client (first answer)"),
+    ("TTFT", "request_metrics", "ttft_server_ms", "engine"),
+    ("TPOT", "request_metrics", "tpot_ms", "client"),
+    ("TPOT", "request_metrics", "tpot_server_ms", "server"),
+    ("E2E", "request_metrics", "e2e_client_ms", "client"),
+    ("E2E", "request_metrics", "e2e_server_ms", "server"),
+    ("queue", "request_metrics", "queue_ms", "engine"),
+)
+ITL_LAYERS = ("client", "server", "engine")
+
+
+def _fmt(v) -> str:
+    return "—" if v is None else f"{v:,.1f}"
+
+
+def latency_table(con) -> Table:
+    t = Table(title="Latency by observation layer (ms)", title_justify="left")
+    for col in ("metric", "layer", "n", "p50", "p90", "p99", "max"):
+        t.add_column(col, justify="right" if col not in ("metric", "layer") else "left")
+    q = ("SELECT count({c}), quantile_cont({c}, 0.5), quantile_cont({c}, 0.9), quantile_cont({c}, 0.99), max({c}) "
+         "FROM {t}{w}")
+    for label, table, column, layer in LATENCY_ROWS:
+        n, *vals = con.execute(q.format(c=column, t=table, w="")).fetchone()
+        t.add_row(label, layer, str(n), *map(_fmt, vals))
+    for layer in ITL_LAYERS:
+        n, *vals = con.execute(q.format(c="gap_ms", t="itl", w=" WHERE layer = ?"), [layer]).fetchone()
+        if n:
+            t.add_row("ITL", layer + " (per output event)", str(n), *map(_fmt, vals))
+    return t
+
+
+def accounts_table(con) -> Table:
+    t = Table(title="The four accounts (attempts; tasks for the outcome)", title_justify="left")
+    t.add_column("account")
+    t.add_column("status")
+    t.add_column("n", justify="right")
+    for account, sql in (
+        ("client", "SELECT coalesce(client_status, 'no client events'), count(*) FROM accounts GROUP BY 1 ORDER BY 1"),
+        ("server", "SELECT server_status, count(*) FROM accounts GROUP BY 1 ORDER BY 1"),
+        ("task", "SELECT outcome, count(*) FROM tasks GROUP BY 1 ORDER BY 1"),
+        ("resource", "SELECT resource_status, count(*) FROM accounts GROUP BY 1 ORDER BY 1"),
+    ):
+        for i, (status, n) in enumerate(con.execute(sql).fetchall()):
+            t.add_row(account if i == 0 else "", status, str(n))
+    return t
+
+
+def print_summary(ledger_path: Path, console: Console | None = None) -> None:
+    import duckdb
+
+    console = console or Console()
+    con = duckdb.connect(str(ledger_path), read_only=True)
+    try:
+        console.print(latency_table(con))
+        console.print(accounts_table(con))
+        good, judged, att = con.execute(
+            "SELECT count(*) FILTER (WHERE good), count(good), count(*) FROM request_metrics").fetchone()
+        checks = con.execute("SELECT status, count(*) FROM stream_checks GROUP BY 1 ORDER BY 1").fetchall()
+        n_gaps = con.execute("SELECT count(*) FROM gaps").fetchone()[0]
+        console.print(f"good results (correct and on time): [bold]{good}[/] of {judged} judged, {att} attempts")
+        console.print("stream checks: " + ", ".join(f"{s} {n}" for s, n in checks))
+        console.print(f"gap register: {n_gaps} row(s)" + ("  (query: select * from gaps)" if n_gaps else ""))
+    finally:
+        con.close()

@@ -1,0 +1,33 @@
+"""Build small run directories from event dicts and reconstruct them (test helper)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+
+from inferledger.collectors.writer import RunWriter
+from inferledger.ledger.reconstruct import reconstruct
+
+
+def build_run(run_dir: Path, events: list[dict], *, domains=("c",), maps=()) -> duckdb.DuckDBPyConnection:
+    """events: dicts with name, ms (float) or ts_ns, and optional clock/source/ids/value/attrs."""
+    w = RunWriter(run_dir, run_dir.name)
+    for d in domains:
+        w.clock_domain(d, host="h", kind="monotonic")
+    for m in maps:
+        w.clock_map(*m)
+    seqs: dict[str, int] = {}
+    for e in events:
+        src = e.get("source", "client")
+        seq = seqs.get(src, 0)
+        seqs[src] = seq + 1
+        ts = e["ts_ns"] if "ts_ns" in e else int(round(e["ms"] * 1_000_000))
+        w.emit({"run_id": run_dir.name, "event_id": f"{src}:{seq}", "seq": seq, "source": src, "host": "h",
+                "name": e["name"], "ts_ns": ts, "clock": e.get("clock", domains[0]),
+                "task_id": e.get("task_id"), "session_id": e.get("session_id"),
+                "request_id": e.get("request_id", "R1"), "attempt_id": e.get("attempt_id", "A1"),
+                "step_id": e.get("step_id"), "value": e.get("value"), "attrs": json.dumps(e.get("attrs", {}))})
+    w.close()
+    summary = reconstruct(run_dir)
+    return duckdb.connect(str(summary.path), read_only=True)

@@ -1,0 +1,105 @@
+"""Stream rebuilding: tiling, double counting, unattributed time, clock rule, determinism."""
+from __future__ import annotations
+
+import hashlib
+
+import duckdb
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from ledger_util import build_run
+
+from inferledger.ledger.reconstruct import PUBLIC_TABLES, reconstruct
+
+
+def _span(name, a, b, stream="client", attempt="A1"):
+    attrs = {"span": name, "stream": stream}
+    return [{"name": "span.start", "ms": a, "source": "gw", "attrs": attrs, "attempt_id": attempt},
+            {"name": "span.end", "ms": b, "source": "gw", "attrs": attrs, "attempt_id": attempt}]
+
+
+def test_span_only_stream_leaves_unattributed_gap(tmp_path):
+    # A kernel span of 100 ms inside a 1000 ms window that also has a 50 ms tail span: the
+    # 850 ms between them is unattributed, not silently dropped or added.
+    con = build_run(tmp_path / "r", _span("kernel", 0, 100, "gpu") + _span("tail", 950, 1000, "gpu"))
+    row = con.execute("select span_ms, path_sum_ms, residual_ms, unattributed_ms, status from stream_checks "
+                      "where stream = 'gpu'").fetchone()
+    assert row == (1000.0, 150.0, 850.0, 850.0, "unattributed")
+    iv = con.execute("select name, dur_ms, on_path from intervals where stream = 'gpu' order by start_ns").fetchall()
+    assert iv == [("kernel", 100.0, True), ("unattributed", 850.0, False), ("tail", 50.0, True)]
+
+
+def test_span_registered_twice_is_double_counted(tmp_path):
+    con = build_run(tmp_path / "r", _span("a", 0, 10) + _span("a", 0, 10))
+    assert con.execute("select path_sum_ms, residual_ms, status from stream_checks where stream='client'").fetchone() \
+        == (20.0, -10.0, "double_counted")
+    assert con.execute("select count(*) from intervals where stream='client' and not on_path").fetchone()[0] == 1
+
+
+def test_states_fill_time_around_spans(tmp_path):
+    ev = [{"name": "attempt.sent", "ms": 0}, {"name": "attempt.chunk", "ms": 300, "attrs": {"kinds": ["content"]}},
+          {"name": "attempt.done", "ms": 1000}] + _span("gateway", 100, 200)
+    con = build_run(tmp_path / "r", ev)
+    iv = con.execute("select name, kind, dur_ms from intervals where stream='client' order by start_ns").fetchall()
+    assert iv == [("await_first_byte", "state", 100.0), ("gateway", "span", 100.0),
+                  ("await_first_byte", "state", 100.0), ("stream", "state", 700.0)]
+    assert con.execute("select status, residual_ms from stream_checks where stream='client'").fetchone() == ("ok", 0.0)
+
+
+def test_unmapped_clocks_refuse_the_subtraction(tmp_path):
+    ev = [{"name": "attempt.sent", "ms": 0, "clock": "c"},
+          {"name": "engine.enqueued", "ms": 5, "clock": "s", "source": "engine"},
+          {"name": "engine.token", "ms": 50, "clock": "s", "source": "engine", "value": 1},
+          {"name": "engine.finished", "ms": 60, "clock": "s", "source": "engine", "attrs": {"reason": "stop"}},
+          {"name": "attempt.chunk", "ms": 70, "clock": "c", "attrs": {"kinds": ["content"]}},
+          {"name": "attempt.done", "ms": 80, "clock": "c"}]
+    con = build_run(tmp_path / "r", ev, domains=("c", "s"))
+    row = con.execute("select uplink_ms, uplink_label, ttft_client_ms, ttft_server_ms from request_metrics").fetchone()
+    assert row == (None, "unknown", 70.0, 45.0)
+    affects = {r[0] for r in con.execute("select affects from gaps where scope = 'clock'").fetchall()}
+    assert affects == {"uplink", "downlink_first"}
+    con2 = build_run(tmp_path / "r2", ev, domains=("c", "s"), maps=[("s", "c", 3_000_000, 500_000, "round-trip")])
+    assert con2.execute("select uplink_ms, uplink_eps_ms, uplink_label from request_metrics").fetchone() \
+        == (8.0, 0.5, "derived")
+
+
+def _digest(path):
+    con = duckdb.connect(str(path), read_only=True)
+    h = hashlib.sha256()
+    for t in PUBLIC_TABLES:
+        h.update(repr(con.execute(f"select * from {t}").fetchall()).encode())
+    con.close()
+    return h.hexdigest()
+
+
+def test_reconstruct_twice_gives_identical_tables(tmp_path):
+    ev = [{"name": "attempt.sent", "ms": 0}, {"name": "attempt.chunk", "ms": 3, "attrs": {"kinds": ["content"]}},
+          {"name": "attempt.done", "ms": 9}] + _span("x", 1, 2) + _span("y", 1, 5)
+    build_run(tmp_path / "r", ev).close()
+    first = _digest(tmp_path / "r" / "ledger.duckdb")
+    reconstruct(tmp_path / "r")
+    assert _digest(tmp_path / "r" / "ledger.duckdb") == first
+
+
+spans_strategy = st.lists(
+    st.tuples(st.integers(0, 50), st.integers(1, 30)), min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spans=spans_strategy, with_milestones=st.booleans())
+def test_path_sum_never_exceeds_span_without_flag(tmp_path_factory, spans, with_milestones):
+    ev = []
+    for i, (start, length) in enumerate(spans):
+        ev += _span(f"s{i}", start, start + length)
+    if with_milestones:
+        ev += [{"name": "attempt.sent", "ms": 10}, {"name": "attempt.done", "ms": 60}]
+    con = build_run(tmp_path_factory.mktemp("p") / "r", ev)
+    span_ms, path_sum, residual, status = con.execute(
+        "select span_ms, path_sum_ms, residual_ms, status from stream_checks where stream = 'client'").fetchone()
+    assert abs(span_ms - path_sum - residual) < 1e-9
+    if path_sum > span_ms:
+        assert status == "double_counted"
+    if status == "ok":
+        assert residual == 0
+    # on-path intervals never overlap one another
+    iv = con.execute("select start_ns, end_ns from intervals where stream='client' and on_path order by start_ns").fetchall()
+    assert all(a[1] <= b[0] for a, b in zip(iv, iv[1:]))
