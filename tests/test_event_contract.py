@@ -1,0 +1,43 @@
+"""The event contract: docs/EVENTS.md lists exactly the vocabulary in code; probe rows fit the schema."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from inferledger.probes import EVENT_SCHEMA, ListSink, Probe
+from inferledger.probes.events import VOCABULARY, missing_requirements, render_markdown
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "EVENTS.md"
+
+
+def test_events_doc_is_generated_from_the_vocabulary():
+    assert DOC.read_text().endswith(render_markdown())
+
+
+def test_probe_rows_fit_the_schema_and_are_sequenced():
+    sink = ListSink()
+    p = Probe(sink, "engine", run_id="r", host="h")
+    p.emit("engine.enqueued", attempt_id="A1", request_id="R1", value=12)
+    p.emit("step.end", step_id=3, value=7, mode="eager")
+    table = pa.Table.from_pylist(sink.rows, schema=EVENT_SCHEMA)
+    assert table.num_rows == 2
+    assert [r["seq"] for r in sink.rows] == [0, 1]
+    assert [r["event_id"] for r in sink.rows] == ["engine:0", "engine:1"]
+    assert all(r["clock"] == "mono:h" for r in sink.rows)
+    assert all(missing_requirements(r) == [] for r in sink.rows)
+    assert sink.rows[1]["attrs"] == '{"mode":"eager"}'
+
+
+def test_disabled_probe_emits_nothing():
+    sink = ListSink()
+    Probe(sink, "engine", enabled=False).emit("engine.enqueued", attempt_id="A1")
+    assert sink.rows == []
+
+
+def test_requirements_name_what_is_missing():
+    assert missing_requirements({"name": "attempt.sent"}) == ["attempt_id"]
+    assert missing_requirements({"name": "span.start", "attrs": "{}"}) == ["attrs.span"]
+    assert missing_requirements({"name": "clock.map", "attrs": {"from": "a", "to": "b", "offset_ns": 0}}) \
+        == ["attrs.epsilon_ns"]
+    assert set(VOCABULARY) >= {"attempt.chunk", "engine.token", "kv.free", "verdict"}
