@@ -69,7 +69,8 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   CASE WHEN c.deadline_ms IS NULL THEN NULL ELSE f.done_since_reference_ms <= c.deadline_ms END AS on_time,
   -- good = completed at the client AND correct AND on time; SQL's three-valued AND keeps an unknown
   -- verdict or deadline NULL unless another part is already false.
-  CASE WHEN a.client_status IS DISTINCT FROM 'completed' THEN false
+  CASE WHEN a.client_status IS NULL THEN NULL
+       WHEN a.client_status <> 'completed' THEN false
        ELSE m.correct AND (CASE WHEN c.deadline_ms IS NULL THEN NULL
                                 ELSE f.done_since_reference_ms <= c.deadline_ms END) END AS good,
   f.done_since_reference_ms
