@@ -1,0 +1,213 @@
+"""The read-only query surface: inferledger.open over runs, refusals, SQL errors, and the CLI."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+import inferledger
+from inferledger.cli.app import app
+from inferledger.ledger.query import LedgerError, QueryError, ReadOnlyError, open_ledger
+
+
+def make_ledger(run: Path, ttfts: list[float], *, gaps_without_run_id: bool = False) -> None:
+    run.mkdir(parents=True)
+    con = duckdb.connect(str(run / "ledger.duckdb"))
+    con.execute("CREATE TABLE attempts (run_id VARCHAR, attempt_id VARCHAR, client_status VARCHAR)")
+    con.execute("CREATE TABLE request_metrics (run_id VARCHAR, attempt_id VARCHAR, ttft_client_ms DOUBLE)")
+    for i, ttft in enumerate(ttfts):
+        con.execute("INSERT INTO attempts VALUES (?, ?, 'completed')", [run.name, f"A{i}"])
+        con.execute("INSERT INTO request_metrics VALUES (?, ?, ?)", [run.name, f"A{i}", ttft])
+    if gaps_without_run_id:
+        con.execute("CREATE TABLE gaps (gap_id VARCHAR, needs VARCHAR)")
+        con.execute("INSERT INTO gaps VALUES ('g1', 'an energy counter')")
+    con.close()
+
+
+@pytest.fixture()
+def runs(tmp_path) -> Path:
+    make_ledger(tmp_path / "runs" / "r0", [10.0, 30.0])
+    make_ledger(tmp_path / "runs" / "r1", [20.0, None, 5.5], gaps_without_run_id=True)
+    (tmp_path / "runs" / "notes.txt").write_text("not a run")
+    return tmp_path / "runs"
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_glob_unions_runs_and_run_id_tells_them_apart(runs):
+    with inferledger.open(str(runs / "*")) as led:
+        assert led.runs == ["r0", "r1"]
+        assert led.tables() == ["attempts", "gaps", "request_metrics"]
+        rows = led.sql("select run_id, count(*) from attempts group by run_id order by run_id").fetchall()
+        assert rows == [("r0", 2), ("r1", 3)]
+        top = led.sql("select run_id, attempt_id from request_metrics order by ttft_client_ms desc nulls last limit 2")
+        assert top.fetchall() == [("r0", "A1"), ("r1", "A0")]
+        # A table that lacks run_id gets it from the run folder's name.
+        assert led.sql("select run_id, gap_id from gaps").fetchall() == [("r1", "g1")]
+
+
+def test_one_run_folder_or_its_ledger_file(runs):
+    for target in (runs / "r1", runs / "r1" / "ledger.duckdb"):
+        with open_ledger(target) as led:
+            assert led.sql("select count(*) from attempts").fetchall() == [(3,)]
+
+
+def test_frames_params_and_arrow(runs):
+    with open_ledger(str(runs / "*")) as led:
+        rel = led.sql("select attempt_id, ttft_client_ms from request_metrics where run_id = ? order by attempt_id", ["r0"])
+        assert rel.pl()["ttft_client_ms"].to_list() == [10.0, 30.0]
+        assert rel.df()["attempt_id"].tolist() == ["A0", "A1"]
+        assert rel.arrow().read_all().num_rows == 2  # duckdb 2: .arrow() is a RecordBatchReader
+
+
+def test_missing_ledger_says_to_reconstruct(tmp_path):
+    (tmp_path / "raw").mkdir()
+    with pytest.raises(LedgerError, match=r"raw has no ledger.duckdb: run `inferledger reconstruct .*raw` first"):
+        open_ledger(tmp_path / "raw")
+    with pytest.raises(LedgerError, match="no such run"):
+        open_ledger(tmp_path / "absent")
+    with pytest.raises(LedgerError, match="no run matches"):
+        open_ledger(str(tmp_path / "nothing-*"))
+
+
+WRITES = {
+    "UPDATE": "update attempts set client_status = 'x'",
+    "DELETE": "delete from run_0.attempts",
+    "DROP": "drop view attempts",
+    "CREATE": "create table t as select 1",
+    "COPY": "copy (select * from attempts) to 'out.csv'",
+    "ATTACH": "attach 'other.duckdb' as o",
+    "DETACH": "detach run_0",
+    "INSTALL": "install httpfs",
+    "LOAD": "load httpfs",
+    "SET": "set enable_external_access = true",
+    "PRAGMA": "pragma enable_profiling",
+    "INSERT": "insert into attempts values ('r', 'A', 'x')",
+    "ALTER": "alter table attempts add column x int",
+    "EXPORT": "export database 'dump'",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WRITES))
+def test_writes_are_refused_and_files_unchanged(runs, kind):
+    before = digests(runs)
+    with open_ledger(str(runs / "*")) as led:
+        with pytest.raises(ReadOnlyError) as info:
+            led.sql(WRITES[kind])
+        assert str(info.value) == f"inferledger query is read-only: {kind} statements are refused"
+        assert led.sql("select count(*) from attempts").fetchall() == [(5,)]  # still intact
+    assert digests(runs) == before
+
+
+@pytest.mark.parametrize("sql", ["select 1; drop view attempts", "explain analyze update attempts set run_id = 'x'",
+                                 "-- sneaky\nEXPLAIN ANALYZE delete from attempts"])
+def test_a_write_hidden_behind_a_read_is_refused(runs, sql):
+    with open_ledger(runs / "r0") as led, pytest.raises(ReadOnlyError):
+        led.sql(sql)
+
+
+def test_reads_of_every_kind_pass(runs):
+    with open_ledger(runs / "r0") as led:
+        for sql in ("with a as (select * from attempts) select count(*) from a", "explain select * from attempts",
+                    "show tables", "describe attempts", "summarize request_metrics", "from attempts"):
+            assert led.sql(sql).fetchall()
+
+
+def test_external_access_is_locked(runs, tmp_path):
+    (tmp_path / "secret.csv").write_text("a\n1\n")
+    with open_ledger(runs / "r0") as led, pytest.raises(QueryError, match="disabled by configuration"):
+        led.sql(f"select * from read_csv('{tmp_path / 'secret.csv'}')")
+
+
+def test_relation_methods_cannot_write_files_either(runs, tmp_path):
+    before = digests(runs)
+    with open_ledger(runs / "r0") as led:
+        rel = led.sql("select * from attempts")
+        with pytest.raises(duckdb.Error, match="disabled by configuration"):
+            rel.to_csv(str(tmp_path / "out.csv"))
+        with pytest.raises(duckdb.Error):
+            led.sql("select * from run_0.main.attempts").update({"client_status": duckdb.ConstantExpression("x")})
+    assert not (tmp_path / "out.csv").exists() and digests(runs) == before
+
+
+def test_misspelled_column_error_keeps_the_sql_position(runs):
+    with open_ledger(runs / "r0") as led:
+        with pytest.raises(QueryError) as info:
+            led.sql("select ttft_clinet_ms from request_metrics")
+    msg = str(info.value)
+    assert 'Referenced column "ttft_clinet_ms" not found' in msg
+    assert "LINE 1: select ttft_clinet_ms from request_metrics\n               ^^^^" in msg
+    with open_ledger(runs / "r0") as led, pytest.raises(QueryError, match="syntax error"):
+        led.sql("selec 1")
+    with open_ledger(runs / "r0") as led, pytest.raises(QueryError, match="empty query"):
+        led.sql("  ")
+
+
+runner = CliRunner()
+
+
+def test_cli_query_csv_and_json(runs):
+    res = runner.invoke(app, ["query", str(runs / "*"), "select run_id, attempt_id, ttft_client_ms from request_metrics "
+                              "order by run_id, attempt_id", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines() == ["run_id,attempt_id,ttft_client_ms", "r0,A0,10.0", "r0,A1,30.0",
+                                       "r1,A0,20.0", "r1,A1,", "r1,A2,5.5"]
+    res = runner.invoke(app, ["query", str(runs / "r1"), "select attempt_id, ttft_client_ms from request_metrics "
+                              "order by attempt_id", "--format", "json", "--limit", "2"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == [{"attempt_id": "A0", "ttft_client_ms": 20.0},
+                                      {"attempt_id": "A1", "ttft_client_ms": None}]
+
+
+def test_cli_query_table(runs):
+    res = runner.invoke(app, ["query", str(runs / "r0"), "select * from attempts order by attempt_id", "-n", "1"])
+    assert res.exit_code == 0, res.output
+    assert "attempt_id" in res.stdout and "A0" in res.stdout and "A1" not in res.stdout
+    assert "more exist" in res.stdout
+
+
+def test_cli_query_refusal_and_sql_error_exit_2(runs):
+    before = digests(runs)
+    res = runner.invoke(app, ["query", str(runs / "r0"), "delete from attempts"])
+    assert res.exit_code == 2
+    assert "inferledger query is read-only: DELETE statements are refused" in res.stderr
+    res = runner.invoke(app, ["query", str(runs / "r0"), "select nope from attempts"])
+    assert res.exit_code == 2
+    assert "LINE 1: select nope from attempts" in res.stderr and "^^^^" in res.stderr
+    res = runner.invoke(app, ["query", str(runs.parent / "missing"), "select 1"])
+    assert res.exit_code == 2 and "no such run" in res.stderr
+    assert digests(runs) == before
+
+
+def test_cli_help_teaches(runs):
+    res = runner.invoke(app, ["query", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    for word in ("read-only", "Example", "request_metrics", "critical_path", "run_metrics", "gaps", "--format"):
+        assert word in res.stdout
+    res = runner.invoke(app, ["import", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "--lenient" in res.stdout and "Example" in res.stdout
+
+
+def test_cli_import_strict_and_lenient(tmp_path):
+    archive = tmp_path / "a.jsonl"
+    archive.write_text("\n".join(json.dumps(x) for x in [
+        {"name": "clock.domain", "clock": "cm", "attrs": {"host": "c1"}},
+        {"name": "attempt.sent", "source": "client", "attempt_id": "A1", "ts_ns": 5, "clock": "cm"},
+        {"name": "attempt.sent", "source": "client", "attempt_id": "A2", "ts_ns": 5.5, "clock": "cm"},
+    ]) + "\n")
+    res = runner.invoke(app, ["import", str(archive), "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2
+    assert f"{archive}:3: ts_ns must be an integer" in res.stderr
+    assert not (tmp_path / "run").exists()
+    res = runner.invoke(app, ["import", str(archive), "--out", str(tmp_path / "run"), "--lenient"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "gap register" in res.stderr and f"{archive}:3:" in res.stderr
+    assert "events" in res.stdout and (tmp_path / "run" / "gaps.parquet").exists()
+    res = runner.invoke(app, ["import", str(archive), "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2 and "already holds a run" in res.stderr
