@@ -1,0 +1,154 @@
+"""What a request asks for (`SamplingParams`) and how the engine is set up (`EngineConfig`).
+
+Both validate on construction and refuse out-of-range values with a `ValueError` that names the
+parameter and the allowed range, so the HTTP front end can turn the message into a 400 as it is.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+MAX_N = 16  # parallel samples of one prompt
+
+
+def _fail(name: str, value, allowed: str) -> None:
+    raise ValueError(f"{name}={value!r} is out of range: {name} must be {allowed}")
+
+
+def _int(name: str, value, lo: int, hi: int | None = None, *, allowed: str | None = None) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
+    if not ok:
+        _fail(name, value, allowed or (f"an integer in [{lo}, {hi}]" if hi is not None else f"an integer >= {lo}"))
+
+
+def _float(name: str, value, lo: float, hi: float, *, lo_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > lo if lo_open else value >= lo) and value <= hi
+    if not ok:
+        _fail(name, value, f"a number in {'(' if lo_open else '['}{lo}, {hi}]")
+
+
+@dataclass
+class SamplingParams:
+    """Generation settings of one request. temperature 0 means greedy; top_k 0 (or -1) and top_p 1
+    switch those filters off; seed makes a sampled output reproducible whatever the batch."""
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        _int("max_tokens", self.max_tokens, 1)
+        _int("min_tokens", self.min_tokens, 0, self.max_tokens,
+             allowed=f"an integer in [0, max_tokens={self.max_tokens}]")
+        _float("temperature", self.temperature, 0.0, 2.0)
+        _float("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        if self.top_k == -1:
+            self.top_k = 0
+        _int("top_k", self.top_k, 0, allowed="an integer >= 0 (0 or -1 disables it)")
+        if self.seed is not None:
+            _int("seed", self.seed, 0, 2**63 - 1)
+        _int("n", self.n, 1, MAX_N)
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                _fail("stop", s, "a list of non-empty strings")
+        for t in self.stop_token_ids:
+            _int("stop_token_ids", t, 0, allowed="a list of token ids >= 0")
+        if not isinstance(self.ignore_eos, bool):
+            _fail("ignore_eos", self.ignore_eos, "true or false")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding by prompt lookup: drafts of up to k tokens copied from the context after
+    the longest matching n-gram (ngram_max down to ngram_min tokens)."""
+
+    method: str = "prompt_lookup"
+    k: int = 4
+    ngram_max: int = 3
+    ngram_min: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method != "prompt_lookup":
+            _fail("speculative.method", self.method, "'prompt_lookup'")
+        _int("speculative.k", self.k, 1, 32)
+        _int("speculative.ngram_min", self.ngram_min, 1, 16)
+        _int("speculative.ngram_max", self.ngram_max, self.ngram_min, 16,
+             allowed=f"an integer in [ngram_min={self.ngram_min}, 16]")
+
+
+@dataclass
+class EngineConfig:
+    """How the engine batches, caches and admits. num_blocks wins over kv_cache_bytes; with neither,
+    the KV cache gets DEFAULT_KV_BYTES."""
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_bytes: int | None = None
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None
+    chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    admission: str = "on_demand"  # "reserve": prompt + max_tokens blocks per request, never preempts
+    batching: str = "continuous"  # "fixed": admit a batch, admit more only when all of it finished
+    speculative: SpeculativeConfig | dict | None = None
+    device: str | None = None  # None: where the model is
+    dtype: str | None = None
+    probes: bool = True
+
+    DEFAULT_KV_BYTES = 256 * 2**20
+
+    def __post_init__(self) -> None:
+        _int("block_size", self.block_size, 1, 1024)
+        if self.num_blocks is not None:
+            _int("num_blocks", self.num_blocks, 1)
+        if self.kv_cache_bytes is not None:
+            _int("kv_cache_bytes", self.kv_cache_bytes, 1)
+        _int("max_num_seqs", self.max_num_seqs, 1, 4096)
+        _int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.max_model_len is not None:
+            _int("max_model_len", self.max_model_len, 1)
+        if self.admission not in ("reserve", "on_demand"):
+            _fail("admission", self.admission, "'reserve' or 'on_demand'")
+        if self.batching not in ("continuous", "fixed"):
+            _fail("batching", self.batching, "'continuous' or 'fixed'")
+        if isinstance(self.speculative, dict):
+            self.speculative = SpeculativeConfig(**self.speculative)
+        elif isinstance(self.speculative, str):
+            self.speculative = SpeculativeConfig(method=self.speculative)
+        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
+            _fail("speculative", self.speculative, "None, a SpeculativeConfig or a dict of its fields")
+
+    def resolve_num_blocks(self, kv_bytes_per_token: int) -> int:
+        """Blocks that fit the KV budget (num_blocks when given)."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        budget = self.kv_cache_bytes or self.DEFAULT_KV_BYTES
+        n = budget // (kv_bytes_per_token * self.block_size)
+        if n < 1:
+            raise ValueError(f"kv_cache_bytes={budget} holds no block of {self.block_size} tokens "
+                             f"({kv_bytes_per_token} bytes each); raise kv_cache_bytes or set num_blocks")
+        return int(n)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return d
