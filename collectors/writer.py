@@ -42,6 +42,8 @@ class _PartBuffer:
     def _next_part_index(self) -> int:
         if not self.folder.exists():
             return 0
+        for stale in self.folder.glob(".part-*.tmp-*"):  # left by a killed writer; never a part
+            stale.unlink(missing_ok=True)
         nums = [int(p.stem.split("-")[1]) for p in self.folder.glob("part-*.parquet")]
         return max(nums, default=-1) + 1
 
@@ -52,9 +54,12 @@ class _PartBuffer:
     def flush(self) -> None:
         if not self.rows:
             return
-        rows, self.rows = self.rows, []
-        table = pa.Table.from_pylist(rows, schema=self.schema)
-        write_table_atomic(table, self.folder / f"part-{self.part:05d}.parquet")
+        try:
+            table = pa.Table.from_pylist(self.rows, schema=self.schema)
+            write_table_atomic(table, self.folder / f"part-{self.part:05d}.parquet")
+        except Exception as exc:  # keep the buffer: nothing already emitted is lost to one bad row
+            raise ValueError(f"{self.folder}: could not write part {self.part}: {exc}") from exc
+        self.rows = []
         self.part += 1
 
 

@@ -1,4 +1,5 @@
-"""The event contract: one Arrow schema for events, one for samples, and the vocabulary.
+"""The event contract: the Arrow schemas of a run directory (events, samples, clocks, tasks, gaps)
+and the event vocabulary.
 
 Everything that writes or reads a run directory goes through these definitions. The vocabulary is
 documented for people in docs/EVENTS.md; a test keeps that page and `VOCABULARY` in step.
@@ -156,7 +157,8 @@ def missing_requirements(row: dict) -> list[str]:
             attrs = json.loads(attrs) if attrs else {}
         except ValueError:
             attrs = {}
-    attrs = attrs or {}
+    if not isinstance(attrs, dict):
+        attrs = {}
     out = []
     for req in kind.requires:
         if req.startswith("attrs."):
