@@ -7,7 +7,8 @@ WITH m AS (SELECT * FROM marks),
 engine_seq AS (
   -- engine milestones: every scheduled, the first token after each (re)schedule, every preemption
   SELECT attempt_id, name, ts_ns, clock, event_id, seq,
-         lag(name) OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq) AS prev_name,
+         last_value(CASE WHEN name IN ('engine.scheduled', 'engine.token', 'engine.preempted') THEN name END IGNORE NULLS)
+             OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_name,
          count(*) FILTER (WHERE name = 'engine.preempted')
              OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS preempted_before
   FROM ev WHERE attempt_id IS NOT NULL
