@@ -38,7 +38,7 @@ SELECT
   m.n_output_tokens::BIGINT AS n_output_tokens,
   m.n_tokens_engine::BIGINT AS n_tokens_engine,
   m.n_tokens_usage::BIGINT AS n_tokens_usage,
-  m.n_chunks::BIGINT AS n_chunks,
+  CASE WHEN i.n_client_events > 0 THEN m.n_chunks END::BIGINT AS n_chunks,
   m.sent.ns AS sent_ns, m.sent.clock AS client_clock,
   m.client_end.ns AS client_end_ns,
   m.enqueued.ns AS enqueued_ns, m.enqueued.clock AS server_clock,

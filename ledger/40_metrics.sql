@@ -58,11 +58,13 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   CASE WHEN a.server_status = 'completed' AND a.n_output_tokens > 1
        THEN (f.e2e_server_ms - f.ttft_server_ms) / (a.n_output_tokens - 1) END AS tpot_server_ms,
   x.itl_client_max_ms, x.itl_server_max_ms, x.itl_engine_max_ms,
-  m.preemptions::BIGINT AS preemptions, m.recomputed_tokens::BIGINT AS recomputed_tokens,
+  -- engine counts are counts only where the engine left evidence; otherwise unknown
+  CASE WHEN i.n_server_events > 0 THEN m.preemptions END::BIGINT AS preemptions,
+  CASE WHEN i.n_server_events > 0 THEN m.recomputed_tokens END::BIGINT AS recomputed_tokens,
   f.release_after_cancel_ms, f.release_after_cancel_eps_ms, f.release_after_cancel_label,
   f.uplink_ms, f.uplink_eps_ms, f.uplink_label,
   f.downlink_first_ms, f.downlink_first_eps_ms, f.downlink_first_label,
-  m.spec_rounds::BIGINT AS spec_rounds, m.spec_forward_passes::BIGINT AS spec_forward_passes,
+  CASE WHEN i.n_server_events > 0 THEN m.spec_rounds END::BIGINT AS spec_rounds, m.spec_forward_passes::BIGINT AS spec_forward_passes,
   m.spec_drafted_tokens::BIGINT AS spec_drafted_tokens, m.spec_accepted_tokens::BIGINT AS spec_accepted_tokens,
   a.n_output_tokens, a.n_chunks,
   m.correct,
@@ -76,6 +78,7 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   f.done_since_reference_ms
 FROM attempts a
 JOIN marks m USING (attempt_id)
+JOIN attempt_ids i USING (attempt_id)
 LEFT JOIN fig_wide f USING (attempt_id)
 LEFT JOIN itl_max x USING (attempt_id)
 LEFT JOIN contracts c ON c.task_id = a.task_id
