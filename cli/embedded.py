@@ -16,7 +16,7 @@ class EmbeddedTarget:
         self.tokenizer = tokenizer
 
     async def stream(self, messages: list[dict], params: dict, *, request_id: str, attempt_id: str,
-                     task_id: str) -> AsyncIterator[Chunk]:
+                     task_id: str, on_first_byte=None) -> AsyncIterator[Chunk]:
         from inferledger.engine import SamplingParams
 
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -24,6 +24,9 @@ class EmbeddedTarget:
         n_out = 0
         async for d in self.engine.generate(prompt, SamplingParams(**params), request_id=request_id,
                                             attempt_id=attempt_id, task_id=task_id):
+            if n_out == 0 and on_first_byte is not None:
+                on_first_byte()
+                on_first_byte = None
             n_out += len(d.new_token_ids)
             kinds = (["content"] if d.new_token_ids else []) + (["finish", "usage"] if d.request_finished else [])
             usage = {"prompt_tokens": len(prompt), "completion_tokens": n_out} if d.request_finished else None

@@ -9,6 +9,7 @@ server's own evidence, never inferred here.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
 import re
@@ -32,7 +33,11 @@ class Chunk:
 
 class Transport(Protocol):
     def stream(self, prompt: list[dict], params: dict, *, request_id: str, attempt_id: str,
-               task_id: str) -> AsyncIterator[Chunk]: ...
+               task_id: str, on_first_byte=None) -> AsyncIterator[Chunk]:
+        """One attempt's stream events; calls on_first_byte() when the response starts arriving."""
+
+
+RETRYABLE_STATUS = (429, 502, 503, 504)  # and connection failures (no status)
 
 
 @dataclass
@@ -57,6 +62,7 @@ class Workload:
     max_tokens: int
     tasks: list[TaskSpec]
     spec: dict = field(default_factory=dict)
+    sha256: str = ""  # of the workload file and its task set: the run's input identity
 
     @classmethod
     def load(cls, path: str | Path) -> "Workload":
@@ -73,7 +79,19 @@ class Workload:
             return value
 
         taskset = path.parent / get("taskset", "file")
-        rows = [json.loads(line) for line in taskset.read_text().splitlines() if line.strip()]
+        try:
+            lines = taskset.read_text().splitlines()
+        except OSError as exc:
+            raise ValueError(f"{path}: [taskset] file {taskset} cannot be read ({exc})") from exc
+        rows = []
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                    rows.append({"prompt": str(row["prompt"]), "answer": str(row["answer"]), **row})
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise ValueError(f"{taskset}:{n}: a task needs JSON with prompt and answer ({exc})") from exc
+        digest = hashlib.sha256(path.read_bytes() + taskset.read_bytes()).hexdigest()
         n_tasks = int(get("arrivals", "n_tasks"))
         cancel_every = int(spec.get("inject", {}).get("cancel_every", 0))
         cancel_after = int(spec.get("inject", {}).get("cancel_after_tokens", 4))
@@ -89,7 +107,7 @@ class Workload:
                    timeout_ms=float(get("client", "timeout_ms")),
                    max_attempts=int(get("client", "max_attempts", 1)),
                    backoff_ms=float(get("client", "backoff_ms", 100)),
-                   max_tokens=int(get("generation", "max_tokens")), tasks=tasks, spec=spec)
+                   max_tokens=int(get("generation", "max_tokens")), tasks=tasks, spec=spec, sha256=digest)
 
 
 @dataclass
@@ -138,7 +156,7 @@ class LoadClient:
         rid = spec.task_id + ":R1"
         for attempt in range(1, self.w.max_attempts + 1):
             status = await self._attempt(spec, rid, f"{rid}:A{attempt}")
-            if status != "timeout" or attempt == self.w.max_attempts:
+            if status not in ("timeout", "retryable") or attempt == self.w.max_attempts:
                 break
             backoff = self.w.backoff_ms * 2 ** (attempt - 1) * (0.5 + self.rng.random())  # jittered
             await asyncio.sleep(backoff / 1000)
@@ -151,15 +169,13 @@ class LoadClient:
         self.result.attempts += 1
         p.emit("attempt.created", **ids)
         params = {"max_tokens": self.w.max_tokens, "temperature": 0.0}
-        stream = self.transport.stream(spec.messages, params, request_id=rid, attempt_id=aid, task_id=spec.task_id)
+        stream = self.transport.stream(spec.messages, params, request_id=rid, attempt_id=aid, task_id=spec.task_id,
+                                       on_first_byte=lambda: p.emit("attempt.first_byte", **ids))
         p.emit("attempt.sent", **ids)
-        text, tokens, first, finish, usage = [], 0, True, None, None
+        text, tokens, finish, usage = [], 0, None, None
         try:
             async with asyncio.timeout(self.w.timeout_ms / 1000):
                 async for chunk in stream:
-                    if first:
-                        p.emit("attempt.first_byte", **ids)
-                        first = False
                     p.emit("attempt.chunk", value=chunk.tokens, kinds=chunk.kinds, **ids)
                     text.append(chunk.text)
                     tokens += chunk.tokens or 0
@@ -172,10 +188,11 @@ class LoadClient:
             p.emit("attempt.timeout", timeout_ms=self.w.timeout_ms, **ids)
             self.result.timeouts += 1
             return "timeout"
-        except Exception as exc:  # transport failure: the client's own account, nothing more
-            p.emit("attempt.error", error=repr(exc)[:200], **ids)
+        except Exception as exc:  # transport or HTTP failure: the client's own account, nothing more
+            status = getattr(exc, "status", None)
+            p.emit("attempt.error", error=repr(exc)[:200], status=status, **ids)
             self.result.errors += 1
-            return "error"
+            return "retryable" if status in RETRYABLE_STATUS or status is None else "error"
         finally:
             await stream.aclose()  # a disconnect: the server learns of it its own way
         p.emit("attempt.done", finish_reason=finish, usage=usage, **ids)

@@ -1,0 +1,106 @@
+"""The load client's HTTP transport: streaming `/v1/chat/completions` over aiohttp, SSE parsed by hand.
+
+Every SSE event becomes one `Chunk` with the kinds it carries (content, reasoning, tool_call, finish,
+usage). The OpenAI protocol does not say how many tokens a chunk holds, so `tokens` stays None: the
+ledger takes the count from `usage` (requested with `stream_options.include_usage`), never from the
+number of chunks.
+"""
+from __future__ import annotations
+
+import json
+from typing import AsyncIterator
+
+import aiohttp
+
+from inferledger.collectors.loadgen import Chunk
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:200]}")
+        self.status = status
+        self.body = body
+
+
+def chunk_from_event(event: dict) -> Chunk:
+    kinds, text, finish = [], [], None
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            kinds.append("content")
+            text.append(delta["content"])
+        if delta.get("reasoning_content") or delta.get("reasoning"):
+            kinds.append("reasoning")
+        if delta.get("tool_calls"):
+            kinds.append("tool_call")
+        if choice.get("text"):  # /v1/completions
+            kinds.append("content")
+            text.append(choice["text"])
+        if choice.get("finish_reason"):
+            kinds.append("finish")
+            finish = choice["finish_reason"]
+    usage = event.get("usage")
+    if usage:
+        kinds.append("usage")
+    return Chunk(kinds=sorted(set(kinds)), text="".join(text), tokens=None, finish_reason=finish, usage=usage)
+
+
+class HTTPTarget:
+    """One aiohttp session for the whole run; ids travel in headers so the server can log them."""
+
+    def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
+                 limit: int = 1000) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self._session: aiohttp.ClientSession | None = None
+        self._limit = limit
+
+    async def __aenter__(self) -> "HTTPTarget":
+        # no total timeout here: the client's own per-attempt timeout decides, and is recorded
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._limit),
+                                              timeout=aiohttp.ClientTimeout(total=None))
+        if self.model is None:
+            async with self._session.get(f"{self.base_url}/v1/models", headers=self._headers({})) as r:
+                data = await r.json()
+                self.model = data["data"][0]["id"]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _headers(self, ids: dict) -> dict:
+        h = {"content-type": "application/json"}
+        if self.api_key:
+            h["authorization"] = f"Bearer {self.api_key}"
+        if ids:
+            h["x-request-id"] = ids["attempt_id"]
+            h["x-inferledger-attempt-id"] = ids["attempt_id"]
+            h["x-inferledger-request-id"] = ids["request_id"]
+            h["x-inferledger-task-id"] = ids["task_id"]
+        return h
+
+    async def stream(self, messages: list[dict], params: dict, *, request_id: str, attempt_id: str,
+                     task_id: str, on_first_byte=None) -> AsyncIterator[Chunk]:
+        body = {"model": self.model, "messages": messages, "stream": True,
+                "stream_options": {"include_usage": True}, **params}
+        ids = {"attempt_id": attempt_id, "request_id": request_id, "task_id": task_id}
+        async with self._session.post(f"{self.base_url}/v1/chat/completions", json=body,
+                                      headers=self._headers(ids)) as resp:
+            if on_first_byte is not None:
+                on_first_byte()
+            if resp.status != 200:
+                raise HTTPError(resp.status, await resp.text())
+            buffer = b""
+            async for data in resp.content.iter_any():
+                buffer += data
+                while b"\n\n" in buffer:
+                    raw, buffer = buffer.split(b"\n\n", 1)
+                    for line in raw.split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            return
+                        yield chunk_from_event(json.loads(payload))
