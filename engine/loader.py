@@ -142,11 +142,17 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 def _read_gguf(path: Path):
     import gguf
 
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path}: not a GGUF file (starts with {magic!r}, not b'GGUF'); "
+                             "pass a .gguf file or a Hugging Face folder")
     try:
         reader = gguf.GGUFReader(path)
         meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     except Exception as e:  # the gguf package raises ValueError, struct.error, IndexError... on bad files
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+        raise ModelLoadError(f"{path}: unreadable GGUF, probably truncated or corrupt "
+                             f"({type(e).__name__}: {e}); replace the file") from e
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise ModelLoadError(f"{path}: general.architecture is {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")

@@ -6,6 +6,9 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the Hugging Face oracle reads the same local GGUF; nothing may be downloaded
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -14,3 +17,24 @@ def bundle():
     from inferledger.engine.loader import load_model
 
     return load_model()
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    """Hugging Face transformers' model loaded from the same GGUF: the correctness oracle."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from inferledger.engine.loader import default_model_path
+
+    path = default_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer():
+    transformers = pytest.importorskip("transformers")
+    from inferledger.engine.loader import default_model_path
+
+    path = default_model_path()
+    return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -1,0 +1,121 @@
+"""Loading: clear errors on bad input, HF-folder round trips against transformers, run identity."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from inferledger.engine.loader import ModelLoadError, default_model_path, load_model
+from inferledger.engine.model import full_sequence_logits
+from inferledger.engine.runner import ModelRunner, SeqChunk
+
+
+def test_missing_file_names_the_path(tmp_path):
+    missing = tmp_path / "nope.gguf"
+    with pytest.raises(ModelLoadError, match="nope.gguf"):
+        load_model(missing)
+
+
+@pytest.mark.parametrize("n_bytes", [0, 7, 4096, 2_000_000])
+def test_truncated_gguf_names_the_file(tmp_path, n_bytes):
+    bad = tmp_path / "broken.gguf"
+    with open(default_model_path(), "rb") as f:
+        bad.write_bytes(f.read(n_bytes))
+    with pytest.raises(ModelLoadError, match="broken.gguf"):
+        load_model(bad)
+
+
+def test_garbage_gguf_names_the_file(tmp_path):
+    bad = tmp_path / "garbage.gguf"
+    bad.write_bytes(b"GGUF" + bytes(range(256)) * 4)
+    with pytest.raises(ModelLoadError, match="garbage.gguf"):
+        load_model(bad)
+
+
+def test_unsupported_gguf_architecture_names_the_field(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "tiny-gpt2.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match=r"general\.architecture.*'gpt2'"):
+        load_model(path)
+
+
+def test_unsupported_hf_model_type_names_config_and_field(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    with pytest.raises(ModelLoadError, match=r"config\.json.*model_type 'gpt2'"):
+        load_model(tmp_path)
+
+
+def test_hf_folder_without_weights_or_tokenizer(tmp_path, bundle):
+    cfg = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
+           "intermediate_size": 64, "vocab_size": 49152}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="tokenizer.json"):
+        load_model(tmp_path)
+    bundle.tokenizer.save_hf(tmp_path)
+    with pytest.raises(ModelLoadError, match="safetensors"):
+        load_model(tmp_path)
+
+
+def _tiny_hf_model(kind: str):
+    transformers = pytest.importorskip("transformers")
+    common = dict(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+                  eos_token_id=2, bos_token_id=1)
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[kind]
+    extra = {"llama": dict(tie_word_embeddings=True), "qwen2": dict(tie_word_embeddings=False),
+             "qwen3": dict(tie_word_embeddings=False, head_dim=24)}[kind]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cls(**common, **extra), dtype=torch.float32).eval()
+    with torch.no_grad():  # random biases / norm weights, so wrong handling of them would show
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_hf_folder_round_trip_matches_transformers(tmp_path, bundle, kind):
+    hf = _tiny_hf_model(kind)
+    hf.save_pretrained(tmp_path)
+    bundle.tokenizer.save_hf(tmp_path)
+    ours = load_model(tmp_path)
+    assert ours.identity["format"] == "safetensors"
+    assert (ours.config.arch, ours.config.qkv_bias, ours.config.qk_norm) == (kind, kind == "qwen2", kind == "qwen3")
+    weights = tmp_path / "model.safetensors"
+    assert ours.identity["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert ours.tokenizer.hash == bundle.tokenizer.hash
+    assert ours.tokenizer.template_sha256 == bundle.tokenizer.template_sha256
+    text = "The  2 cats 🙂 sat"
+    assert ours.tokenizer.encode(text) == bundle.tokenizer.encode(text)
+    ids = [5, 900, 17, 3000, 42, 7, 49151, 12, 8, 1000]
+    with torch.inference_mode():
+        ref = hf(input_ids=torch.tensor([ids])).logits[0]
+    assert torch.allclose(full_sequence_logits(ours.model, ids), ref, atol=1e-4, rtol=0)
+    runner = ModelRunner(ours.model, ours.config, num_blocks=4, block_size=4)
+    paged = runner.forward([SeqChunk(ids, 0, [3, 0, 2], logits="all")])[0]
+    assert torch.allclose(paged, ref, atol=1e-4, rtol=0)
+
+
+def test_identity_of_the_bundled_model(bundle):
+    ident, path = bundle.identity, default_model_path()
+    assert ident["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert (ident["format"], ident["quantization"]) == ("gguf", "Q4_1")
+    assert ident["kv_bytes_per_token"] == bundle.config.kv_bytes_per_token(torch.float32) == 2 * 30 * 3 * 64 * 4
+    arch = ident["architecture"]
+    assert (arch["n_layers"], arch["d_model"], arch["n_heads"], arch["n_kv_heads"], arch["head_dim"]) == (30, 576, 9, 3, 64)
+    assert (arch["rope_base"], arch["tie_embeddings"], arch["vocab_size"]) == (100000.0, True, 49152)
+    assert ident["dtype"] == {"weights_stored": "Q4_1", "weights": "float32", "activations": "float32",
+                              "accumulation": "float32", "kv": "float32"}
+    assert ident["tokenizer"]["hash"] == bundle.tokenizer.hash
+    assert (ident["tokenizer"]["bos_token"], ident["tokenizer"]["eos_tokens"]) == ("<|im_start|>", ["<|im_end|>"])
+    assert ident["chat_template_sha256"] == bundle.tokenizer.template_sha256
+    json.dumps(ident)  # goes into manifest.json as is
