@@ -1,0 +1,344 @@
+"""LLMEngine: requests in, one step at a time, deltas out, every lifecycle event emitted.
+
+`add_request` and `abort` may be called from any thread: they land in an inbox that `step()` (one
+thread) drains at the next iteration boundary. A step: drain the inbox (admit, cancel), schedule,
+copy-on-write, one runner forward over every scheduled chunk, then sample / verify, detokenize,
+check stops, release the blocks of what finished. Cancelled requests get no further output; their
+blocks are released at the first boundary after the abort, when no forward is using them.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import torch
+
+from inferledger.probes.probe import Probe
+
+from .block_manager import BlockManager
+from .engine_events import EngineEvents
+from .outputs import CompletionOutput, RequestDelta, RequestOutput
+from .params import EngineConfig, SamplingParams
+from .sampler import Sampler, check_stop, stop_holdback
+from .scheduler import Scheduler, ScheduledSeq
+from .sequence import Sequence, SequenceStatus
+from .spec_decode import PromptLookupProposer, verify
+
+
+class EngineStepError(RuntimeError):
+    """The forward pass failed; the requests in that batch were finished with reason 'error'."""
+
+    def __init__(self, cause: BaseException, deltas: list[RequestDelta]) -> None:
+        super().__init__(f"engine step failed: {cause!r}")
+        self.deltas = deltas
+
+
+class _Request:
+    def __init__(self, seq: Sequence) -> None:
+        self.seqs = [seq]
+        self.prompt_token_ids = seq.prompt_token_ids
+        self.abort_requested = False
+        self.finished = False
+        self.forward_passes = 0
+        self.last_step = -1
+        self.dropped_blocks: set[int] = set()  # released since the last kv.release
+
+    @property
+    def seq(self) -> Sequence:
+        return self.seqs[0]
+
+
+class LLMEngine:
+    def __init__(self, bundle_or_runner, config: EngineConfig | None = None, *, sink=None,
+                 run_id: str = "run", host: str | None = None, clock: str | None = None,
+                 tokenizer=None, now_ns=time.monotonic_ns) -> None:
+        self.config = cfg = config or EngineConfig()
+        if hasattr(bundle_or_runner, "forward") and hasattr(bundle_or_runner, "copy_block"):
+            self.runner = bundle_or_runner
+        else:
+            self.runner = self._make_runner(bundle_or_runner, cfg)
+            tokenizer = tokenizer or bundle_or_runner.tokenizer
+        if self.runner.block_size != cfg.block_size:
+            raise ValueError(f"runner block_size {self.runner.block_size} != config block_size {cfg.block_size}")
+        self.model_config = self.runner.config
+        self.tokenizer = tokenizer
+        self.max_model_len = min(cfg.max_model_len or 1 << 62, self.model_config.max_position)
+        self.eos_ids = list(self.model_config.eos_ids or getattr(tokenizer, "eos_ids", []) or [])
+        self.block_manager = BlockManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        proposer = PromptLookupProposer(cfg.speculative) if cfg.speculative else None
+        self.scheduler = Scheduler(cfg, self.block_manager, proposer)
+        self.sampler = Sampler(self.eos_ids)
+        self.probe = Probe(sink, "engine", run_id=run_id, host=host, clock=clock, enabled=cfg.probes,
+                           now_ns=now_ns)
+        self.events = EngineEvents(self.probe, sink, self.block_manager)
+        self.requests: dict[str, _Request] = {}  # unfinished, by attempt id
+        self._inbox: deque = deque()
+        self._lock = threading.Lock()
+        self.step_id = 0
+
+    @staticmethod
+    def _make_runner(bundle, cfg: EngineConfig):
+        from .runner import ModelRunner
+
+        param = next(bundle.model.parameters())
+        device = torch.device(cfg.device) if cfg.device else param.device
+        if device.type != param.device.type:
+            raise ValueError(f"EngineConfig.device={cfg.device!r} but the model is on {param.device}; "
+                             f"load it with load_model(device={cfg.device!r})")
+        dtype = getattr(torch, cfg.dtype) if cfg.dtype else param.dtype
+        num_blocks = cfg.resolve_num_blocks(bundle.config.kv_bytes_per_token(dtype))
+        return ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks,
+                           block_size=cfg.block_size, device=device, dtype=dtype)
+
+    # -- requests ---------------------------------------------------------------------------------
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
+                    request_id: str, attempt_id: str | None = None, task_id: str | None = None,
+                    session_id: str | None = None) -> str:
+        """Queue a request; returns its attempt id. Raises ValueError for a request the engine
+        can never serve (empty prompt, unknown token ids, too long for the model or the KV cache)."""
+        params = params or SamplingParams()
+        prompt = [int(t) for t in prompt_token_ids]
+        self._validate(prompt, params)
+        seq = Sequence(prompt, params, request_id=str(request_id), attempt_id=attempt_id,
+                       task_id=task_id, session_id=session_id)
+        req = _Request(seq)
+        with self._lock:
+            if seq.attempt_id in self.requests:
+                raise ValueError(f"attempt_id {seq.attempt_id!r} is already running; give each attempt its own id")
+            self.requests[seq.attempt_id] = req
+            self._inbox.append(("add", req))
+        self.events.request(seq, "engine.enqueued", value=len(prompt), max_tokens=params.max_tokens, n=params.n)
+        return seq.attempt_id
+
+    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        if not prompt:
+            raise ValueError("prompt_token_ids is empty: the prompt needs at least one token")
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt_token_ids has ids outside [0, {vocab}): {bad[:5]}")
+        total = len(prompt) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                             f"exceeds max_model_len {self.max_model_len}; shorten the prompt or lower max_tokens")
+        cfg, bm = self.config, self.block_manager
+        if params.n > cfg.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs={cfg.max_num_seqs}")
+        probe_seq = Sequence(prompt, params, request_id="-")
+        need = probe_seq.reserved_blocks(bm.block_size) if cfg.admission == "reserve" else bm.blocks_for(total)
+        if need > bm.num_blocks:
+            raise ValueError(f"the request needs {need} KV blocks but the cache has {bm.num_blocks}; "
+                             "lower max_tokens or n, or give the engine more KV memory")
+
+    def abort(self, attempt_or_request_id: str) -> bool:
+        """Cancel by attempt id (or every unfinished attempt of a request id). Output stops at once;
+        the request leaves and its blocks are released at the next iteration boundary."""
+        with self._lock:
+            req = self.requests.get(attempt_or_request_id)
+            reqs = [req] if req else [r for r in self.requests.values() if r.seq.request_id == attempt_or_request_id]
+            reqs = [r for r in reqs if not r.finished and not r.abort_requested]
+            for r in reqs:
+                r.abort_requested = True
+                self._inbox.append(("abort", r))
+        for r in reqs:
+            self.events.request(r.seq, "engine.cancel_received")
+        return bool(reqs)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._inbox or self.requests or self.scheduler.has_unfinished())
+
+    def check_integrity(self) -> bool:
+        return self.block_manager.check_integrity()
+
+    # -- one iteration ----------------------------------------------------------------------------
+    def step(self) -> list[RequestDelta]:
+        deltas: list[RequestDelta] = []
+        self._drain_inbox(deltas)
+        out = self.scheduler.schedule()
+        for p in out.preempted:
+            req = self.requests[p.seq.attempt_id]
+            self.events.request(p.seq, "engine.preempted", value=p.recompute_tokens, step_id=self.step_id + 1,
+                                recompute_tokens=p.recompute_tokens, blocks=len(p.freed_blocks))
+            req.dropped_blocks.update(p.freed_blocks)
+            self._maybe_release(req, "preempted")
+        if out.is_empty:
+            if out.preempted or deltas:
+                self.events.kv_samples()
+            return deltas
+        self.step_id += 1
+        step_id = self.step_id
+        self.events.step_start(step_id, out, self.config.max_num_batched_tokens,
+                               len(self.scheduler.running), len(self.scheduler.waiting))
+        chunks = []
+        for item in out.scheduled:
+            self.events.scheduled(item, step_id)
+            for src, dst in item.copies:
+                self.runner.copy_block(src, dst)
+            chunks.append(self._chunk(item))
+        try:
+            logits = self.runner.forward(chunks)
+            for item, lg in zip(out.scheduled, logits):
+                self._postprocess(item, lg, step_id, deltas)
+        except Exception as exc:  # the batch cannot be trusted: finish its requests as errors
+            for item in out.scheduled:
+                req = self.requests.get(item.seq.attempt_id)
+                if req is not None and not req.finished:
+                    self._finish_request(req, "error", deltas)
+            self.events.step_end(step_id, out, error=repr(exc))
+            self.events.kv_samples()
+            raise EngineStepError(exc, deltas) from exc
+        self.events.step_end(step_id, out)
+        self.events.kv_samples()
+        return deltas
+
+    def _drain_inbox(self, deltas: list[RequestDelta]) -> None:
+        with self._lock:
+            items, self._inbox = list(self._inbox), deque()
+        for kind, req in items:
+            if kind == "add":
+                if not req.finished:
+                    self.scheduler.add(req.seq)
+            elif not req.finished:
+                self.events.request(req.seq, "engine.cancel_effective", step_id=self.step_id)
+                self._finish_request(req, "cancelled", deltas)
+
+    @staticmethod
+    def _chunk(item: ScheduledSeq):
+        from .runner import SeqChunk
+
+        seq, drafts = item.seq, item.draft_token_ids
+        real = item.num_tokens - len(drafts)
+        ids = seq.token_ids[item.start_pos:item.start_pos + real] + drafts
+        logits = "all" if drafts else ("last" if item.samples else "none")
+        return SeqChunk(ids, item.start_pos, list(seq.block_table), logits)
+
+    def _postprocess(self, item: ScheduledSeq, logits, step_id: int, deltas) -> None:
+        seq = item.seq
+        req = self.requests[seq.attempt_id]
+        if req.last_step != step_id:
+            req.forward_passes, req.last_step = req.forward_passes + 1, step_id
+        seq.forward_passes += 1
+        if item.kind == "prefill":
+            real = item.num_tokens
+            seq.mark_computed(item.start_pos, real)
+            seq.num_computed_prompt_tokens += real
+            self.events.request(seq, "engine.prefill", value=real, step_id=step_id, start_pos=item.start_pos,
+                                cached_tokens=item.cached_tokens, recompute=seq.preemptions > 0)
+        if req.abort_requested or not item.samples:
+            self.block_manager.cache_full_blocks(seq)
+            return  # cancelled: the in-flight result is suppressed
+        children = self._fork(seq, req) if seq.pending_forks else []
+        self._commit(seq, req, item, logits, step_id, deltas)
+        for child in children:
+            self._commit(child, req, item, logits, step_id, deltas)
+
+    def _fork(self, parent: Sequence, req: _Request) -> list[Sequence]:
+        """n > 1: the prompt is computed once; siblings share its blocks (copy-on-write)."""
+        children = []
+        for i in range(1, parent.params.n):
+            child = parent.fork(i)
+            self.block_manager.fork(parent, child)
+            self.scheduler.add_forked(child)
+            req.seqs.append(child)
+            children.append(child)
+        parent.pending_forks = 0
+        return children
+
+    def _commit(self, seq: Sequence, req: _Request, item: ScheduledSeq, logits, step_id, deltas) -> None:
+        drafts = item.draft_token_ids
+        if drafts:
+            tokens, accepted = verify(self.sampler, seq, logits, drafts)
+            seq.mark_computed(item.start_pos, 1 + accepted)
+        else:
+            tokens, accepted = [self.sampler.sample(logits, seq)], 0
+            if item.kind != "prefill":
+                seq.mark_computed(item.start_pos, 1)
+        committed, reason = [], None
+        for t in tokens:
+            seq.append_token(t)
+            committed.append(t)
+            self._detokenize(seq, t)
+            reason = check_stop(seq, t, self.eos_ids)
+            if reason:
+                break
+        self.block_manager.cache_full_blocks(seq)
+        seq.decode_steps += 1
+        self.events.request(seq, "engine.token", value=len(committed), step_id=step_id, index=seq.sample_index)
+        if drafts:
+            seq.spec_rounds += 1
+            seq.drafted_tokens += len(drafts)
+            seq.accepted_tokens += accepted
+            self.events.request(seq, "spec.round", value=len(committed), step_id=step_id, drafted=len(drafts),
+                                accepted=accepted, forward_passes=1, index=seq.sample_index)
+            if not reason:
+                req.dropped_blocks.update(self.block_manager.trim(seq, seq.num_tokens))
+        if reason:
+            self._finish_seq(seq, req, reason)
+        deltas.append(self._delta(seq, req, committed))
+        if reason and all(s.is_finished for s in req.seqs):
+            self._finish_request(req, reason, deltas)
+
+    def _detokenize(self, seq: Sequence, token_id: int) -> None:
+        if self.tokenizer is None:
+            return
+        if seq.detok_state is None:
+            from .tokenizer import DetokState
+
+            seq.detok_state = DetokState(self.tokenizer)
+        seq.output_text += seq.detok_state.add(token_id)
+
+    def _delta(self, seq: Sequence, req: _Request, new_ids: list[int]) -> RequestDelta:
+        end = len(seq.output_text) - stop_holdback(seq)
+        text = seq.output_text[seq.sent_text_len:end] if end > seq.sent_text_len else ""
+        seq.sent_text_len = max(seq.sent_text_len, end)
+        return RequestDelta(seq.request_id, seq.attempt_id, seq.sample_index, list(new_ids), text,
+                            seq.is_finished, seq.finish_reason, False, seq.num_output_tokens)
+
+    # -- leaving ----------------------------------------------------------------------------------
+    def _finish_seq(self, seq: Sequence, req: _Request, reason: str) -> None:
+        if seq.detok_state is not None and reason != "cancelled" and seq.stop_string is None:
+            seq.output_text += seq.detok_state.flush()
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        req.dropped_blocks.update(self.scheduler.remove(seq))
+        self._maybe_release(req, reason)
+
+    def _maybe_release(self, req: _Request, reason: str) -> None:
+        """kv.release once no sequence of the request holds a block; kv.free right after: the
+        step that used them is over (CPU execution is synchronous)."""
+        if any(s.block_table for s in req.seqs) or not req.dropped_blocks:
+            return
+        blocks, req.dropped_blocks = sorted(req.dropped_blocks), set()
+        self.events.release(req.seq, blocks, reason, self.step_id)
+
+    def _finish_request(self, req: _Request, reason: str, deltas: list[RequestDelta]) -> None:
+        """Finish every unfinished sample (cancel / error), then the request itself."""
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self._finish_seq(seq, req, reason)
+                deltas.append(self._delta(seq, req, []))
+        req.finished = True
+        with self._lock:
+            self.requests.pop(req.seq.attempt_id, None)
+        n_out = sum(s.num_output_tokens for s in req.seqs)
+        reason = "cancelled" if req.abort_requested else reason
+        self.events.request(req.seq, "engine.finished", value=n_out, step_id=self.step_id, reason=reason,
+                            reasons=[s.finish_reason for s in req.seqs])
+        if deltas and deltas[-1].attempt_id == req.seq.attempt_id:
+            deltas[-1].request_finished = True
+            deltas[-1].output = self._output(req)
+
+    def _output(self, req: _Request) -> RequestOutput:
+        seqs = sorted(req.seqs, key=lambda s: s.sample_index)
+        s0 = seqs[0]
+        return RequestOutput(
+            s0.request_id, s0.attempt_id, req.prompt_token_ids, s0.output_token_ids, s0.output_text,
+            s0.finish_reason,
+            [CompletionOutput(s.sample_index, s.output_token_ids, s.output_text, s.finish_reason) for s in seqs],
+            forward_passes=req.forward_passes, decode_steps=s0.decode_steps,
+            computed_prompt_tokens=sum(s.num_computed_prompt_tokens for s in seqs),
+            cached_tokens=sum(s.num_cached_tokens for s in seqs),
+            preemptions=sum(s.preemptions for s in seqs),
+            recomputed_tokens=sum(s.recomputed_tokens for s in seqs),
+            spec_rounds=sum(s.spec_rounds for s in seqs), drafted_tokens=sum(s.drafted_tokens for s in seqs),
+            accepted_tokens=sum(s.accepted_tokens for s in seqs))

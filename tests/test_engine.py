@@ -1,0 +1,287 @@
+"""The engine on the real model: batching, chunking, caching, preemption and speculation change no
+greedy token; cancellation and every other scenario leave no block behind; every event is valid."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from engine_checks import RecordingSink, assert_no_leak, attrs, check_events, reference_greedy
+
+from inferledger.engine import LLM, AsyncEngine, EngineConfig, LLMEngine, SamplingParams
+
+MAX = 10
+
+
+@pytest.fixture(scope="module")
+def prompts(bundle):
+    tok = bundle.tokenizer
+
+    def chat(q):
+        return tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
+
+    return [chat("What is the capital of France?"), chat("Write a haiku about the sea."),
+            tok.encode("The quick brown fox")]
+
+
+@pytest.fixture(scope="module")
+def refs(bundle, prompts):
+    return [reference_greedy(bundle, p, MAX) for p in prompts]
+
+
+def run(bundle, prompts, params, **cfg):
+    sink = RecordingSink()
+    llm = LLM(bundle=bundle, config=EngineConfig(**cfg), sink=sink)
+    outs = llm.generate(prompts, params)
+    assert_no_leak(llm.engine)
+    return outs, sink, llm
+
+
+def test_batched_greedy_equals_the_runner_alone(bundle, prompts, refs):
+    outs, sink, _ = run(bundle, prompts, SamplingParams(max_tokens=MAX), num_blocks=64, chunked_prefill=False)
+    assert [o.token_ids for o in outs] == refs
+    by = check_events(sink, outs)
+    first = next(r for r in sink.rows if r["name"] == "step.start")
+    assert [b[1:] for b in attrs(first)["batch"]] == [["prefill", len(p)] for p in prompts]
+    assert any(len(attrs(r)["batch"]) == 3 for r in sink.rows if r["name"] == "step.start"
+               and all(b[1] == "decode" for b in attrs(r)["batch"]))
+    for o in outs:
+        assert o.text == bundle.tokenizer.decode(o.token_ids)
+        names = [e["name"] for e in by[o.attempt_id]]
+        assert names.index("engine.scheduled") < names.index("engine.prefill") < names.index("engine.token")
+    assert outs[0].finish_reason == "stop" and outs[2].finish_reason == "length"
+
+
+def test_chunked_prefill_equals_unchunked(bundle, prompts, refs):
+    outs, sink, _ = run(bundle, prompts, SamplingParams(max_tokens=MAX), num_blocks=64,
+                        max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert [o.token_ids for o in outs] == refs
+    check_events(sink, outs)
+    chunks = [r["value"] for r in sink.rows if r["name"] == "engine.prefill" and r["attempt_id"] == outs[1].attempt_id]
+    assert len(chunks) > 1 and sum(chunks) == len(prompts[1]) and max(chunks) <= 16
+    mixed = [attrs(r)["batch"] for r in sink.rows if r["name"] == "step.start"]
+    assert any({b[1] for b in batch} == {"prefill", "decode"} for batch in mixed)
+    assert all(sum(b[2] for b in batch) <= 16 for batch in mixed)
+
+
+def test_prefix_hit_gives_the_same_tokens_with_fewer_computed_prompt_tokens(bundle, prompts, refs):
+    sink = RecordingSink()
+    llm = LLM(bundle=bundle, config=EngineConfig(num_blocks=64), sink=sink)
+    p = SamplingParams(max_tokens=3)
+    cold = llm.generate([prompts[0]], p)[0]
+    warm, other = llm.generate([prompts[0], prompts[1]], p)
+    assert cold.token_ids == warm.token_ids == refs[0][:3] and other.token_ids == refs[1][:3]
+    assert cold.cached_tokens == 0 and cold.computed_prompt_tokens == len(prompts[0])
+    assert warm.cached_tokens == (len(prompts[0]) - 1) // 16 * 16 > 0
+    assert warm.computed_prompt_tokens == len(prompts[0]) - warm.cached_tokens
+    assert other.cached_tokens > 0  # the chat template's system prompt is a shared prefix
+    by = check_events(sink, [cold, warm, other])
+    hit = next(e for e in by[warm.attempt_id] if e["name"] == "kv.prefix_hit")
+    assert attrs(hit)["tokens"] == warm.cached_tokens
+    assert_no_leak(llm.engine)
+
+
+def test_preemption_by_recompute_gives_the_same_tokens(bundle, prompts, refs):
+    # block_size 4: prompt 0 (37 tokens) takes 10 blocks, the short prompt 1; decoding needs more
+    # than the 12 blocks there are, so the newest is preempted and recomputed later
+    order = [prompts[0], prompts[2]]
+    outs, sink, _ = run(bundle, order, SamplingParams(max_tokens=MAX), num_blocks=12, block_size=4,
+                        admission="on_demand", enable_prefix_caching=False)
+    assert [o.token_ids for o in outs] == [refs[0], refs[2]]
+    assert sum(o.preemptions for o in outs) >= 1
+    by = check_events(sink, outs)
+    for o in outs:
+        pre = [e for e in by[o.attempt_id] if e["name"] == "engine.preempted"]
+        assert len(pre) == o.preemptions
+        if pre:
+            assert o.recomputed_tokens == sum(e["value"] for e in pre) > 0
+            assert sum(1 for e in by[o.attempt_id] if e["name"] == "engine.scheduled") == 1 + len(pre)
+
+
+def test_cancellation_under_load_releases_every_block(bundle, prompts, refs):
+    sink = RecordingSink()
+    engine = LLMEngine(bundle, EngineConfig(num_blocks=64, max_num_seqs=3), sink=sink)
+    keep = engine.add_request(prompts[0], SamplingParams(max_tokens=MAX), request_id="keep")
+    a = engine.add_request(prompts[1], SamplingParams(max_tokens=40), request_id="a")
+    b = engine.add_request(prompts[2], SamplingParams(max_tokens=40), request_id="b", attempt_id="b-1")
+    queued = engine.add_request(prompts[2], SamplingParams(max_tokens=40), request_id="q")  # waits: max_num_seqs
+    tokens = {k: [] for k in (keep, a, b, queued)}
+    outputs = {}
+    for _ in range(3):
+        for d in engine.step():
+            tokens[d.attempt_id] += d.new_token_ids
+    assert tokens[a] and tokens[b] and not tokens[queued]
+    assert engine.abort("a") and engine.abort("b-1") and engine.abort("q")  # request id, attempt id
+    assert not engine.abort("nope")
+    while engine.has_unfinished():
+        for d in engine.step():
+            tokens[d.attempt_id] += d.new_token_ids
+            if d.request_finished:
+                outputs[d.attempt_id] = d.output
+    assert_no_leak(engine)
+    assert outputs[keep].token_ids == refs[0]
+    for aid in (a, b, queued):
+        assert outputs[aid].finish_reason == "cancelled"
+        assert outputs[aid].token_ids == tokens[aid] and len(tokens[aid]) < 40
+    by = check_events(sink, list(outputs.values()))
+    for aid in (a, b):
+        names = [e["name"] for e in by[aid]]
+        assert names.index("engine.cancel_received") < names.index("engine.cancel_effective") \
+            < names.index("kv.release") < names.index("kv.free") < names.index("engine.finished")
+        assert attrs(by[aid][-1])["reason"] == "cancelled"
+        free = next(e for e in by[aid] if e["name"] == "kv.free")
+        cancel = next(e for e in by[aid] if e["name"] == "engine.cancel_received")
+        assert free["ts_ns"] >= cancel["ts_ns"] and free["value"] > 0
+    assert "engine.scheduled" not in [e["name"] for e in by[queued]]
+
+
+def test_prompt_lookup_equals_greedy_with_fewer_forward_passes(bundle):
+    tok = bundle.tokenizer
+    text = "Copy the following text word for word: The cat sat on the mat. The dog sat on the log."
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
+    n = 16
+    ref = reference_greedy(bundle, prompt, n)
+    outs, sink, _ = run(bundle, [prompt], SamplingParams(max_tokens=n), num_blocks=64,
+                        speculative={"k": 4, "ngram_max": 3, "ngram_min": 1})
+    o = outs[0]
+    assert o.token_ids == ref
+    assert o.accepted_tokens > 0 and o.forward_passes < len(ref) // 2  # plain decoding: len(ref)
+    by = check_events(sink, outs)
+    rounds = [e for e in by[o.attempt_id] if e["name"] == "spec.round"]
+    assert len(rounds) == o.spec_rounds and sum(attrs(e)["accepted"] for e in rounds) == o.accepted_tokens
+    assert all(attrs(e)["forward_passes"] == 1 and e["value"] <= attrs(e)["accepted"] + 1 for e in rounds)
+    assert any(e["value"] > 1 for e in by[o.attempt_id] if e["name"] == "engine.token")
+    # sampled requests use exact rejection sampling: a seed still reproduces the output
+    sp = SamplingParams(max_tokens=12, temperature=0.7, seed=11)
+    again, _, _ = run(bundle, [prompt, prompt], sp, num_blocks=64, speculative={"k": 4})
+    assert again[0].token_ids == again[1].token_ids and again[0].drafted_tokens > 0
+
+
+def test_seed_reproduces_a_sampled_output(bundle, prompts):
+    sp = lambda seed: SamplingParams(max_tokens=8, temperature=1.0, top_p=0.95, top_k=100, seed=seed)
+    outs, sink, llm = run(bundle, [prompts[2]] * 3, [sp(1), sp(1), sp(2)], num_blocks=64)
+    assert outs[0].token_ids == outs[1].token_ids != outs[2].token_ids
+    alone = llm.generate([prompts[2]], sp(1))[0]  # batch composition does not matter
+    assert alone.token_ids == outs[0].token_ids
+    check_events(sink, outs + [alone])
+
+
+def test_parallel_samples_share_the_prompt_and_copy_on_write(bundle, prompts):
+    sp = SamplingParams(max_tokens=6, temperature=1.0, seed=5, n=2)
+    outs, sink, llm = run(bundle, [prompts[1]], sp, num_blocks=64)
+    o = outs[0]
+    assert [c.index for c in o.outputs] == [0, 1] and all(len(c.token_ids) == 6 for c in o.outputs)
+    assert o.computed_prompt_tokens == len(prompts[1])  # the prompt was computed once
+    by = check_events(sink, outs)
+    allocs = [e for e in by[o.attempt_id] if e["name"] == "kv.alloc"]
+    assert any("copy_on_write" in attrs(e) for e in allocs)
+    n_prompt_blocks = -(-len(prompts[1]) // 16)
+    assert sum(e["value"] for e in allocs) <= n_prompt_blocks + 2  # no second copy of the prompt
+    assert [e["name"] for e in by[o.attempt_id]].count("engine.finished") == 1
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"temperature": -0.1}, "temperature"), ({"temperature": 3.0}, "temperature"),
+    ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k"),
+    ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"),
+    ({"n": 0}, "n"), ({"n": 99}, "n"), ({"seed": -1}, "seed"), ({"stop": [""]}, "stop"),
+    ({"stop_token_ids": [-3]}, "stop_token_ids"), ({"temperature": float("nan")}, "temperature"),
+])
+def test_out_of_range_params_are_refused_by_name(kwargs, name):
+    with pytest.raises(ValueError, match=rf"^{name}=.*must be"):
+        SamplingParams(**kwargs)
+
+
+def test_engine_refuses_requests_it_can_never_serve(bundle):
+    with pytest.raises(ValueError, match="admission"):
+        EngineConfig(admission="greedy")
+    with pytest.raises(ValueError, match="speculative.k"):
+        EngineConfig(speculative={"k": 0})
+    sink = RecordingSink()
+    engine = LLMEngine(bundle, EngineConfig(num_blocks=4, max_num_seqs=2, probes=False), sink=sink)
+    for ids, p, msg in [([], None, "empty"), ([1, 10**9], None, "outside"),
+                        ([1] * 60, SamplingParams(max_tokens=8), "KV blocks"),
+                        ([1], SamplingParams(max_tokens=9000), "max_model_len"),
+                        ([1], SamplingParams(n=3), "max_num_seqs")]:
+        with pytest.raises(ValueError, match=msg):
+            engine.add_request(ids, p, request_id="x")
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), request_id="ok")
+    while engine.has_unfinished():
+        engine.step()
+    assert sink.rows == [] and sink.samples == []  # probes off: nothing emitted
+    assert_no_leak(engine)
+
+
+def test_stop_strings_min_tokens_ignore_eos_and_max_tokens(bundle, prompts, refs):
+    ref, eos = refs[0], bundle.config.eos_ids
+    assert ref[-1] in eos and len(ref) < MAX  # the reference answer ends with EOS
+    full = bundle.tokenizer.decode(ref)
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    cut = ref[3]
+    cases = {
+        "len": SamplingParams(max_tokens=4),
+        "eos": SamplingParams(max_tokens=MAX),
+        "ignore": SamplingParams(max_tokens=len(ref) + 2, ignore_eos=True),
+        "min": SamplingParams(max_tokens=len(ref) + 2, min_tokens=len(ref) + 1),
+        "str": SamplingParams(max_tokens=MAX, stop=[stop]),
+        "tok": SamplingParams(max_tokens=MAX, stop_token_ids=[cut]),
+    }
+    sink = RecordingSink()
+    engine = LLMEngine(bundle, EngineConfig(num_blocks=64), sink=sink)
+    for name, p in cases.items():
+        engine.add_request(prompts[0], p, request_id=name)
+    streamed, out = {k: "" for k in cases}, {}
+    while engine.has_unfinished():
+        for d in engine.step():
+            streamed[d.request_id] += d.text
+            if d.request_finished:
+                out[d.request_id] = d.output
+    assert_no_leak(engine)
+    check_events(sink, list(out.values()))
+    assert all(streamed[k] == out[k].text for k in cases)  # streamed text adds up to the final text
+    assert (out["len"].token_ids, out["len"].finish_reason) == (ref[:4], "length")
+    assert (out["eos"].token_ids, out["eos"].finish_reason) == (ref, "stop")
+    assert "<|" not in out["eos"].text and out["eos"].text == full
+    assert out["ignore"].token_ids[:len(ref)] == ref and out["ignore"].finish_reason == "length"
+    assert len(out["ignore"].token_ids) == len(ref) + 2
+    m = out["min"].token_ids
+    assert len(m) >= len(ref) + 1 and m[:len(ref) - 1] == ref[:-1] and m[len(ref) - 1] not in eos
+    assert out["str"].finish_reason == "stop" and out["str"].text == full[:full.index(stop)]
+    k = ref.index(cut) + 1
+    assert (out["tok"].token_ids, out["tok"].finish_reason) == (ref[:k], "stop")
+
+
+def test_async_engine_streams_and_cancelling_the_consumer_aborts(bundle, prompts, refs):
+    sink = RecordingSink()
+    engine = LLMEngine(bundle, EngineConfig(num_blocks=64), sink=sink)
+
+    async def consume(rid, prompt, max_tokens, stop_after=None):
+        got = []
+        async for d in aeng.generate(prompt, SamplingParams(max_tokens=max_tokens), request_id=rid):
+            got += d.new_token_ids
+            if stop_after and len(got) >= stop_after:
+                await asyncio.sleep(3600)  # a stuck client: the task gets cancelled here
+        return got
+
+    async def main():
+        full = asyncio.create_task(consume("full", prompts[0], MAX))
+        early = asyncio.create_task(consume("early", prompts[1], 40, stop_after=2))
+        while sum(1 for r in sink.rows if r["name"] == "engine.token" and r["request_id"] == "early") < 2:
+            await asyncio.sleep(0.01)
+        early.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await early
+        return await full
+
+    aeng = AsyncEngine(engine)
+    try:
+        assert asyncio.run(main()) == refs[0]
+        for _ in range(500):
+            if not engine.has_unfinished():
+                break
+            asyncio.run(asyncio.sleep(0.01))
+    finally:
+        aeng.close()
+    assert_no_leak(engine)
+    by = check_events(sink)
+    assert attrs(by["early"][-1])["reason"] == "cancelled"
+    assert "engine.cancel_effective" in [e["name"] for e in by["early"]]
