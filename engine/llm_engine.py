@@ -18,9 +18,11 @@ from inferledger.probes.probe import Probe
 
 from .block_manager import BlockManager
 from .engine_events import EngineEvents
-from .outputs import CompletionOutput, RequestDelta, RequestOutput
+from .outputs import RequestDelta
 from .params import EngineConfig, SamplingParams
-from .sampler import Sampler, check_stop, stop_holdback
+from .request import Request, validate_request
+from .output_processor import commit_tokens, flush_text, make_delta
+from .sampler import Sampler
 from .scheduler import Scheduler, ScheduledSeq
 from .sequence import Sequence, SequenceStatus
 from .spec_decode import PromptLookupProposer, verify
@@ -32,21 +34,6 @@ class EngineStepError(RuntimeError):
     def __init__(self, cause: BaseException, deltas: list[RequestDelta]) -> None:
         super().__init__(f"engine step failed: {cause!r}")
         self.deltas = deltas
-
-
-class _Request:
-    def __init__(self, seq: Sequence) -> None:
-        self.seqs = [seq]
-        self.prompt_token_ids = seq.prompt_token_ids
-        self.abort_requested = False
-        self.finished = False
-        self.forward_passes = 0
-        self.last_step = -1
-        self.dropped_blocks: set[int] = set()  # released since the last kv.release
-
-    @property
-    def seq(self) -> Sequence:
-        return self.seqs[0]
 
 
 class LLMEngine:
@@ -72,7 +59,7 @@ class LLMEngine:
         self.probe = Probe(sink, "engine", run_id=run_id, host=host, clock=clock, enabled=cfg.probes,
                            now_ns=now_ns)
         self.events = EngineEvents(self.probe, sink, self.block_manager)
-        self.requests: dict[str, _Request] = {}  # unfinished, by attempt id
+        self.requests: dict[str, Request] = {}  # unfinished, by attempt id
         self._inbox: deque = deque()
         self._lock = threading.Lock()
         self.step_id = 0
@@ -99,37 +86,18 @@ class LLMEngine:
         can never serve (empty prompt, unknown token ids, too long for the model or the KV cache)."""
         params = params or SamplingParams()
         prompt = [int(t) for t in prompt_token_ids]
-        self._validate(prompt, params)
+        validate_request(prompt, params, vocab_size=self.model_config.vocab_size, max_model_len=self.max_model_len,
+                         config=self.config, block_manager=self.block_manager)
         seq = Sequence(prompt, params, request_id=str(request_id), attempt_id=attempt_id,
                        task_id=task_id, session_id=session_id)
-        req = _Request(seq)
-        with self._lock:
+        req = Request(seq)
+        with self._lock:  # emitting under the lock: the step thread cannot schedule it first
             if seq.attempt_id in self.requests:
                 raise ValueError(f"attempt_id {seq.attempt_id!r} is already running; give each attempt its own id")
             self.requests[seq.attempt_id] = req
+            self.events.request(seq, "engine.enqueued", value=len(prompt), max_tokens=params.max_tokens, n=params.n)
             self._inbox.append(("add", req))
-        self.events.request(seq, "engine.enqueued", value=len(prompt), max_tokens=params.max_tokens, n=params.n)
         return seq.attempt_id
-
-    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
-        vocab = self.model_config.vocab_size
-        if not prompt:
-            raise ValueError("prompt_token_ids is empty: the prompt needs at least one token")
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt_token_ids has ids outside [0, {vocab}): {bad[:5]}")
-        total = len(prompt) + params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                             f"exceeds max_model_len {self.max_model_len}; shorten the prompt or lower max_tokens")
-        cfg, bm = self.config, self.block_manager
-        if params.n > cfg.max_num_seqs:
-            raise ValueError(f"n={params.n} exceeds max_num_seqs={cfg.max_num_seqs}")
-        probe_seq = Sequence(prompt, params, request_id="-")
-        need = probe_seq.reserved_blocks(bm.block_size) if cfg.admission == "reserve" else bm.blocks_for(total)
-        if need > bm.num_blocks:
-            raise ValueError(f"the request needs {need} KV blocks but the cache has {bm.num_blocks}; "
-                             "lower max_tokens or n, or give the engine more KV memory")
 
     def abort(self, attempt_or_request_id: str) -> bool:
         """Cancel by attempt id (or every unfinished attempt of a request id). Output stops at once;
@@ -140,9 +108,8 @@ class LLMEngine:
             reqs = [r for r in reqs if not r.finished and not r.abort_requested]
             for r in reqs:
                 r.abort_requested = True
+                self.events.request(r.seq, "engine.cancel_received")
                 self._inbox.append(("abort", r))
-        for r in reqs:
-            self.events.request(r.seq, "engine.cancel_received")
         return bool(reqs)
 
     def has_unfinished(self) -> bool:
@@ -162,6 +129,9 @@ class LLMEngine:
                                 recompute_tokens=p.recompute_tokens, blocks=len(p.freed_blocks))
             req.dropped_blocks.update(p.freed_blocks)
             self._maybe_release(req, "preempted")
+        if out.is_empty and self.scheduler.waiting and not self.scheduler.running:
+            # nothing runs and the head cannot be admitted: a scheduler bug, not a state to wait in
+            self._finish_request(self.requests[self.scheduler.waiting[0].attempt_id], "error", deltas)
         if out.is_empty:
             if out.preempted or deltas:
                 self.events.kv_samples()
@@ -233,7 +203,7 @@ class LLMEngine:
         for child in children:
             self._commit(child, req, item, logits, step_id, deltas)
 
-    def _fork(self, parent: Sequence, req: _Request) -> list[Sequence]:
+    def _fork(self, parent: Sequence, req: Request) -> list[Sequence]:
         """n > 1: the prompt is computed once; siblings share its blocks (copy-on-write)."""
         children = []
         for i in range(1, parent.params.n):
@@ -245,7 +215,7 @@ class LLMEngine:
         parent.pending_forks = 0
         return children
 
-    def _commit(self, seq: Sequence, req: _Request, item: ScheduledSeq, logits, step_id, deltas) -> None:
+    def _commit(self, seq: Sequence, req: Request, item: ScheduledSeq, logits, step_id, deltas) -> None:
         drafts = item.draft_token_ids
         if drafts:
             tokens, accepted = verify(self.sampler, seq, logits, drafts)
@@ -254,14 +224,7 @@ class LLMEngine:
             tokens, accepted = [self.sampler.sample(logits, seq)], 0
             if item.kind != "prefill":
                 seq.mark_computed(item.start_pos, 1)
-        committed, reason = [], None
-        for t in tokens:
-            seq.append_token(t)
-            committed.append(t)
-            self._detokenize(seq, t)
-            reason = check_stop(seq, t, self.eos_ids)
-            if reason:
-                break
+        committed, reason = commit_tokens(seq, tokens, self.tokenizer, self.eos_ids)
         self.block_manager.cache_full_blocks(seq)
         seq.decode_steps += 1
         self.events.request(seq, "engine.token", value=len(committed), step_id=step_id, index=seq.sample_index)
@@ -275,48 +238,34 @@ class LLMEngine:
                 req.dropped_blocks.update(self.block_manager.trim(seq, seq.num_tokens))
         if reason:
             self._finish_seq(seq, req, reason)
-        deltas.append(self._delta(seq, req, committed))
+        deltas.append(make_delta(seq, committed))
         if reason and all(s.is_finished for s in req.seqs):
             self._finish_request(req, reason, deltas)
 
-    def _detokenize(self, seq: Sequence, token_id: int) -> None:
-        if self.tokenizer is None:
-            return
-        if seq.detok_state is None:
-            from .tokenizer import DetokState
-
-            seq.detok_state = DetokState(self.tokenizer)
-        seq.output_text += seq.detok_state.add(token_id)
-
-    def _delta(self, seq: Sequence, req: _Request, new_ids: list[int]) -> RequestDelta:
-        end = len(seq.output_text) - stop_holdback(seq)
-        text = seq.output_text[seq.sent_text_len:end] if end > seq.sent_text_len else ""
-        seq.sent_text_len = max(seq.sent_text_len, end)
-        return RequestDelta(seq.request_id, seq.attempt_id, seq.sample_index, list(new_ids), text,
-                            seq.is_finished, seq.finish_reason, False, seq.num_output_tokens)
-
     # -- leaving ----------------------------------------------------------------------------------
-    def _finish_seq(self, seq: Sequence, req: _Request, reason: str) -> None:
-        if seq.detok_state is not None and reason != "cancelled" and seq.stop_string is None:
-            seq.output_text += seq.detok_state.flush()
+    def _finish_seq(self, seq: Sequence, req: Request, reason: str) -> None:
+        flush_text(seq, reason)
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
         req.dropped_blocks.update(self.scheduler.remove(seq))
         self._maybe_release(req, reason)
 
-    def _maybe_release(self, req: _Request, reason: str) -> None:
+    def _maybe_release(self, req: Request, reason: str, final: bool = False) -> None:
         """kv.release once no sequence of the request holds a block; kv.free right after: the
-        step that used them is over (CPU execution is synchronous)."""
-        if any(s.block_table for s in req.seqs) or not req.dropped_blocks:
+        step that used them is over (CPU execution is synchronous). A request that never held a
+        block gets an empty pair when it finishes, as evidence that it holds nothing."""
+        if req.holds_blocks or not (req.dropped_blocks or (final and not req.ever_released)):
             return
         blocks, req.dropped_blocks = sorted(req.dropped_blocks), set()
+        req.ever_released = True
         self.events.release(req.seq, blocks, reason, self.step_id)
 
-    def _finish_request(self, req: _Request, reason: str, deltas: list[RequestDelta]) -> None:
+    def _finish_request(self, req: Request, reason: str, deltas: list[RequestDelta]) -> None:
         """Finish every unfinished sample (cancel / error), then the request itself."""
         for seq in req.seqs:
             if not seq.is_finished:
                 self._finish_seq(seq, req, reason)
-                deltas.append(self._delta(seq, req, []))
+                deltas.append(make_delta(seq, []))
+        self._maybe_release(req, reason, final=True)
         req.finished = True
         with self._lock:
             self.requests.pop(req.seq.attempt_id, None)
@@ -326,19 +275,4 @@ class LLMEngine:
                             reasons=[s.finish_reason for s in req.seqs])
         if deltas and deltas[-1].attempt_id == req.seq.attempt_id:
             deltas[-1].request_finished = True
-            deltas[-1].output = self._output(req)
-
-    def _output(self, req: _Request) -> RequestOutput:
-        seqs = sorted(req.seqs, key=lambda s: s.sample_index)
-        s0 = seqs[0]
-        return RequestOutput(
-            s0.request_id, s0.attempt_id, req.prompt_token_ids, s0.output_token_ids, s0.output_text,
-            s0.finish_reason,
-            [CompletionOutput(s.sample_index, s.output_token_ids, s.output_text, s.finish_reason) for s in seqs],
-            forward_passes=req.forward_passes, decode_steps=s0.decode_steps,
-            computed_prompt_tokens=sum(s.num_computed_prompt_tokens for s in seqs),
-            cached_tokens=sum(s.num_cached_tokens for s in seqs),
-            preemptions=sum(s.preemptions for s in seqs),
-            recomputed_tokens=sum(s.recomputed_tokens for s in seqs),
-            spec_rounds=sum(s.spec_rounds for s in seqs), drafted_tokens=sum(s.drafted_tokens for s in seqs),
-            accepted_tokens=sum(s.accepted_tokens for s in seqs))
+            deltas[-1].output = req.to_output()

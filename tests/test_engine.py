@@ -132,6 +132,8 @@ def test_cancellation_under_load_releases_every_block(bundle, prompts, refs):
         cancel = next(e for e in by[aid] if e["name"] == "engine.cancel_received")
         assert free["ts_ns"] >= cancel["ts_ns"] and free["value"] > 0
     assert "engine.scheduled" not in [e["name"] for e in by[queued]]
+    assert [(e["name"], e["value"]) for e in by[queued] if e["name"].startswith("kv.")] == \
+        [("kv.release", 0), ("kv.free", 0)]  # held nothing: said so, not left unknown
 
 
 def test_prompt_lookup_equals_greedy_with_fewer_forward_passes(bundle):
