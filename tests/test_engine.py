@@ -287,3 +287,54 @@ def test_async_engine_streams_and_cancelling_the_consumer_aborts(bundle, prompts
     by = check_events(sink)
     assert attrs(by["early"][-1])["reason"] == "cancelled"
     assert "engine.cancel_effective" in [e["name"] for e in by["early"]]
+
+
+# -- model-free pieces: drafting, exact acceptance, filters --------------------------------------
+
+def test_prompt_lookup_drafts_continue_the_latest_earlier_match():
+    from inferledger.engine.spec_decode import propose_ngram
+
+    toks = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert propose_ngram(toks, 2, 3, 1) == [7, 8]  # longest suffix n-gram, most recent occurrence
+    assert propose_ngram(toks + [4], 3, 3, 1) == []  # 3-gram [2, 3, 4] and shorter never seen before
+    assert propose_ngram([5, 6, 5], 4, 2, 1) == [6, 5]
+    assert propose_ngram([1, 2], 0, 3, 1) == []
+
+
+def test_rejection_sampling_keeps_the_target_distribution():
+    import torch
+
+    from inferledger.engine.sampler import Sampler
+    from inferledger.engine.sequence import Sequence
+    from inferledger.engine.spec_decode import verify
+
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    p = torch.softmax(logits[0], -1)
+    seq = Sequence([0, 1], SamplingParams(max_tokens=4, temperature=1.0, seed=0), request_id="r")
+    sampler, trials = Sampler([]), 20000
+    counts = torch.zeros(5)
+    for draft in (1, 3):  # a likely and an unlikely draft token
+        counts.zero_()
+        accepted = 0
+        for _ in range(trials):
+            out, n_acc = verify(sampler, seq, logits, [draft])
+            counts[out[0]] += 1
+            accepted += n_acc
+        assert torch.allclose(counts / trials, p, atol=0.015), (draft, counts / trials, p)
+        assert abs(accepted / trials - p[draft].item()) < 0.015
+
+
+def test_top_k_and_top_p_filter_the_distribution():
+    import torch
+
+    from inferledger.engine.sampler import Sampler
+    from inferledger.engine.sequence import Sequence
+
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    mk = lambda **kw: Sequence([0], SamplingParams(temperature=1.0, **kw), request_id="r")  # noqa: E731
+    s = Sampler([3])
+    assert torch.allclose(s.probs(logits, mk(top_k=2)), torch.tensor([0.625, 0.375, 0, 0]))
+    assert torch.allclose(s.probs(logits, mk(top_p=0.8)), torch.tensor([0.625, 0.375, 0, 0]))
+    assert torch.allclose(s.probs(logits, mk(top_p=0.81)), torch.tensor([0.5, 0.3, 0.15, 0]) / 0.95)
+    # before min_tokens, EOS (id 3) can never be drawn
+    assert s.probs(logits, mk(min_tokens=2, max_tokens=4))[3] == 0
