@@ -56,6 +56,12 @@ def _peak_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 ** 2)  # KiB on Linux
 
 
+def _cpu_s() -> float:
+    """user + system CPU seconds of this process (all its threads): steadier than wall time on a busy host."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 # --------------------------------------------------------------------------------------------------
 # import: generate and write the run directory
 # --------------------------------------------------------------------------------------------------
@@ -200,7 +206,7 @@ def phase_import(run_dir: Path, n: int, t: int, seed: int) -> dict:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_id = run_dir.name
-    t0 = time.perf_counter()
+    c0, t0 = _cpu_s(), time.perf_counter()
     table = generate(n, t, seed, run_id)
     t1 = time.perf_counter()
     for i, start in enumerate(range(0, table.num_rows, PART_ROWS)):
@@ -213,7 +219,7 @@ def phase_import(run_dir: Path, n: int, t: int, seed: int) -> dict:
                                    "deadline_ms": 7000}})
     t2 = time.perf_counter()
     size = sum(p.stat().st_size for p in (run_dir / "events").glob("part-*.parquet"))
-    return {"seconds": t2 - t0, "generate_s": t1 - t0, "write_s": t2 - t1, "events": table.num_rows,
+    return {"seconds": t2 - t0, "cpu_s": _cpu_s() - c0, "generate_s": t1 - t0, "write_s": t2 - t1, "events": table.num_rows,
             "parts": -(-table.num_rows // PART_ROWS), "parquet_mib": size / 2 ** 20, "peak_gib": _peak_gib()}
 
 
@@ -223,10 +229,10 @@ def phase_import(run_dir: Path, n: int, t: int, seed: int) -> dict:
 def phase_ledger(run_dir: Path) -> dict:
     from inferledger.ledger.reconstruct import reconstruct
 
-    t0 = time.perf_counter()
+    c0, t0 = _cpu_s(), time.perf_counter()
     s = reconstruct(run_dir)
     sec = time.perf_counter() - t0
-    return {"seconds": sec, "events": s.n_events, "attempts": s.n_attempts, "peak_gib": _peak_gib(),
+    return {"seconds": sec, "cpu_s": _cpu_s() - c0, "events": s.n_events, "attempts": s.n_attempts, "peak_gib": _peak_gib(),
             "ledger_mib": s.path.stat().st_size / 2 ** 20}
 
 
@@ -290,7 +296,7 @@ def phase_peer(run_dir: Path, result: Path) -> dict:
     import numpy as np
     import pandas as pd
 
-    t0 = time.perf_counter()
+    c0, t0 = _cpu_s(), time.perf_counter()
     df = pd.read_parquet(run_dir / "events", columns=["attempt_id", "name", "ts_ns", "seq", "attrs"])
     df = df[df["attempt_id"].notna()]
     rows = []
@@ -316,9 +322,9 @@ def phase_peer(run_dir: Path, result: Path) -> dict:
                 tpot = (e2e - ttft_client) / (n_tokens - 1)
         rows.append((attempt_id, ttft_client, ttft_server, tpot, itl_max))
     out = pd.DataFrame(rows, columns=["attempt_id", *COMPARED])
-    sec = time.perf_counter() - t0
+    sec, cpu = time.perf_counter() - t0, _cpu_s() - c0
     out.to_parquet(result)
-    return {"seconds": sec, "events": len(df), "attempts": len(out), "peak_gib": _peak_gib()}
+    return {"seconds": sec, "cpu_s": cpu, "events": len(df), "attempts": len(out), "peak_gib": _peak_gib()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -408,9 +414,9 @@ def main(argv=None) -> int:
     n_events = imp["events"]
     ratio = peer["seconds"] / led["seconds"]
     print()
-    print(f"{'phase':<8} {'seconds':>9} {'peak GiB':>9} {'events/s':>12}")
+    print(f"{'phase':<8} {'seconds':>9} {'cpu s':>8} {'peak GiB':>9} {'events/s':>12}")
     for label, r in (("import", imp), ("ledger", led), ("peer", peer)):
-        print(f"{label:<8} {r['seconds']:>9.2f} {r['peak_gib']:>9.2f} {n_events / r['seconds']:>12,.0f}")
+        print(f"{label:<8} {r['seconds']:>9.2f} {r['cpu_s']:>8.2f} {r['peak_gib']:>9.2f} {n_events / r['seconds']:>12,.0f}")
     print(f"  (import: generate {imp['generate_s']:.2f} s, Parquet write {imp['write_s']:.2f} s = "
           f"{n_events / imp['write_s']:,.0f} events/s)")
     print(f"peer_seconds / ledger_seconds = {ratio:.2f}   (load average now {os.getloadavg()[0]:.2f})")
