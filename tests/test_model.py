@@ -154,3 +154,24 @@ def test_runner_rejects_bad_chunks_and_reports_kv_bytes(bundle):
     with pytest.raises(ValueError, match="outside"):
         runner.forward([SeqChunk([5], 0, [9])])
     assert runner.forward([]) == []
+
+
+def test_padded_decode_buckets_equal_eager(bundle):
+    """The static, padded decode step that CUDA graphs capture (run eagerly on the CPU) gives the
+    same logits as the unpadded path, for batches below a bucket and wider block tables."""
+    p = _prompts(bundle.tokenizer)
+    seqs = [p[0], p[4], p[6]]
+    eager = ModelRunner(bundle.model, bundle.config, num_blocks=24)
+    padded = ModelRunner(bundle.model, bundle.config, num_blocks=24, graph_batch_sizes=(2, 4))
+    assert padded.kv_bytes() == eager.kv_bytes() * 25 // 24  # plus the scratch block for padding rows
+    tables = _blocks(eager, 3, 8, seed=5)
+    results = []
+    for runner in (eager, padded):
+        runner.forward([SeqChunk(s[:-1], 0, t, "none") for s, t in zip(seqs, tables)])
+        out = runner.forward([SeqChunk(s[-1:], len(s) - 1, t) for s, t in zip(seqs, tables)])
+        results.append(torch.stack(out))
+    assert padded.last_step == {"mode": "padded", "padded_batch": 4}
+    assert eager.last_step == {"mode": "eager", "padded_batch": 3}
+    assert torch.allclose(results[0], results[1], atol=1e-4, rtol=0)
+    for s, logits in zip(seqs, results[1]):
+        assert torch.allclose(logits, full_sequence_logits(bundle.model, s)[-1], atol=1e-4, rtol=0)
