@@ -118,12 +118,10 @@ def file_sha256(path: Path) -> str:
 
 
 # ---- GGUF ---------------------------------------------------------------------------------------
-_GGUF_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
+_GGUF_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
+               "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+               "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
+               "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 _GGUF_TOP = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 
 
@@ -166,6 +164,8 @@ def _read_gguf(path: Path):
         return meta[full]
 
     names = {t.name for t in reader.tensors}
+    if field("rope.scaling.type", "none") != "none" or "rope_freqs.weight" in names:
+        raise ModelLoadError(f"{path}: RoPE scaling ({arch}.rope.scaling.type / rope_freqs) is not supported")
     n_heads, d_model = int(field("attention.head_count")), int(field("embedding_length"))
     try:
         tokenizer = Tokenizer.from_gguf_metadata(meta)
@@ -194,19 +194,14 @@ def _read_gguf(path: Path):
             arr = _unpermute(arr, n_heads if t.name.split(".")[-2] == "attn_q" else cfg.n_kv_heads)
         weights[_gguf_tensor_name(t.name)] = torch.from_numpy(np.ascontiguousarray(arr))
     file_type = meta.get("general.file_type")
-    try:
-        quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
-    except ValueError:
-        quant = f"file_type={file_type}"
+    known = {int(t) for t in gguf.LlamaFileType}
+    quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type in known else None
     extra = {"sha256": file_sha256(path), "format": "gguf", "quantization": quant,
              "name": meta.get("general.name")}
     return cfg, weights, tokenizer, extra
 
 
 # ---- Hugging Face folder ------------------------------------------------------------------------
-_HF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-
-
 def _read_hf_folder(folder: Path):
     from safetensors import safe_open
 
@@ -215,10 +210,9 @@ def _read_hf_folder(folder: Path):
         hf = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"{cfg_path}: cannot read the model config ({e})") from e
-    arch = _HF_ARCHS.get(hf.get("model_type"))
-    if arch is None:
-        raise ModelLoadError(f"{cfg_path}: model_type {hf.get('model_type')!r} is not supported; "
-                             f"supported: {', '.join(_HF_ARCHS)}")
+    arch = hf.get("model_type")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelLoadError(f"{cfg_path}: model_type {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
     rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     if rope.get("rope_type", rope.get("type", "default")) != "default":
         raise ModelLoadError(f"{cfg_path}: rope scaling {rope.get('rope_type', rope.get('type'))!r} is not supported")
@@ -250,7 +244,7 @@ def _read_hf_folder(folder: Path):
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder}: no *.safetensors weight files")
-    weights, digests, stored = {}, {}, set()
+    weights, digests = {}, {}
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as st:
