@@ -1,0 +1,232 @@
+"""From an HTTP request to an engine stream: ids, API key, body, checks, admission.
+
+Order, so that each refusal is the cheapest one that applies: id headers -> API key (401) -> JSON body
+(400/413) -> `server.received` -> fields and ranges (400), model (404) -> admission (429/503/409) ->
+prompt tokens and the engine's own checks (400) -> the first delta, and only then the response
+headers (`server_stream.produce`). Every refusal with an attempt id is a `server.rejected` event.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import re
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from .openai_protocol import (CHAT, COMPLETIONS, DEFAULT_COMPLETION_MAX_TOKENS, KNOWN_FIELDS, ApiError,
+                              GenerationRequest, Shaper, engine_error, parse_chat, parse_completion)
+from .server_stream import Attempt, produce
+
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+ID_HEADERS = ("x-request-id", "x-inferledger-request-id", "x-inferledger-attempt-id", "x-inferledger-task-id",
+              "x-inferledger-session-id")
+
+
+@dataclass
+class Ids:
+    request_id: str
+    attempt_id: str
+    task_id: str | None = None
+    session_id: str | None = None
+    client_request_id: str | None = None  # the client's x-request-id, echoed back
+    trace: dict = field(default_factory=dict)
+    problem: tuple[str, str] | None = None  # (header, message) of an unusable id header
+
+    def columns(self) -> dict:
+        return {"request_id": self.request_id, "attempt_id": self.attempt_id, "task_id": self.task_id,
+                "session_id": self.session_id}
+
+    def headers(self) -> dict:
+        return {"x-request-id": self.client_request_id or self.request_id, "x-inferledger-attempt-id": self.attempt_id}
+
+
+def parse_traceparent(value: str | None) -> dict:
+    """W3C trace context: version-traceid-parentid-flags. Invalid values are kept apart, never guessed."""
+    if not value:
+        return {}
+    m = _TRACEPARENT.match(value.strip().lower())
+    if not m or m.group(1) == "ff" or set(m.group(2)) == {"0"} or set(m.group(3)) == {"0"}:
+        return {"traceparent_invalid": value[:80]}
+    return {"trace_id": m.group(2), "parent_span_id": m.group(3), "trace_flags": m.group(4)}
+
+
+class IdAssigner:
+    """attempt id = x-inferledger-attempt-id, else x-request-id (suffixed #2, #3 ... when a client reuses
+    it, so a retry is a new attempt of the same request), else generated; request id =
+    x-inferledger-request-id, else x-request-id, else the attempt id."""
+
+    def __init__(self, remember: int = 100_000) -> None:
+        self._seen: OrderedDict[str, int] = OrderedDict()
+        self.remember = remember
+
+    def assign(self, headers) -> Ids:
+        got, problem = {}, None
+        for name in ID_HEADERS:
+            v = (headers.get(name) or "").strip()
+            if v and (len(v) > 256 or not v.isprintable()):
+                problem = (name, f"header {name} must be 1 to 256 printable characters")
+            elif v:
+                got[name] = v
+        xrid, aid = got.get("x-request-id"), got.get("x-inferledger-attempt-id")
+        if aid is None and xrid is not None:
+            aid = xrid
+            if xrid in self._seen:
+                self._seen[xrid] += 1
+                self._seen.move_to_end(xrid)
+                aid = f"{xrid}#{self._seen[xrid]}"
+            else:
+                self._seen[xrid] = 1
+                if len(self._seen) > self.remember:
+                    self._seen.popitem(last=False)
+        aid = aid or f"srv-{uuid.uuid4().hex}"
+        return Ids(request_id=got.get("x-inferledger-request-id") or xrid or aid, attempt_id=aid,
+                   task_id=got.get("x-inferledger-task-id"), session_id=got.get("x-inferledger-session-id"),
+                   client_request_id=xrid, trace=parse_traceparent(headers.get("traceparent")), problem=problem)
+
+
+def check_auth(api_key: str | None, headers) -> None:
+    if api_key is None:
+        return
+    scheme, _, token = headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        raise ApiError(401, "missing or incorrect API key: send the header 'Authorization: Bearer <key>'",
+                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def read_json(request: web.Request) -> dict:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, f"the request body is larger than {request.client_max_size} bytes",
+                       code="body_too_large") from None
+    if not raw.strip():
+        raise ApiError(400, "the request body is empty: send a JSON object", code="invalid_json")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, not {type(body).__name__}", code="invalid_json")
+    return body
+
+
+def _admit(server, ids: Ids) -> None:
+    down = server.engine_down()
+    if down:
+        raise ApiError(503, down, code="engine_unavailable")
+    if server.in_flight >= server.max_queue:
+        raise ApiError(429, f"the server is at its admission limit ({server.max_queue} requests waiting or "
+                            "running); retry after the delay in Retry-After", type="rate_limit_error",
+                       code="rate_limit_exceeded", headers={"Retry-After": "1"})
+    if ids.attempt_id in server.active:
+        raise ApiError(409, f"attempt id {ids.attempt_id!r} is already in flight on this server; give each "
+                            "attempt its own id", param="x-inferledger-attempt-id", code="duplicate_attempt_id")
+    server.in_flight += 1
+    server.active.add(ids.attempt_id)
+
+
+def _prompt_ids(tok, req: GenerationRequest) -> list[int]:
+    """Same encoding as `LLM.encode`: text with the checkpoint's special tokens, chat via its template."""
+    try:
+        if req.messages is not None:
+            return tok.encode(tok.apply_chat_template(req.messages, add_generation_prompt=True), add_special=False)
+        if isinstance(req.prompt, str):
+            return tok.encode(req.prompt, add_special=True)
+        return list(req.prompt)
+    except ValueError as exc:
+        raise engine_error(exc, req) from None
+    except Exception as exc:  # the template's own errors (jinja)
+        raise ApiError(400, f"the chat template could not render these messages: {exc}", param="messages",
+                       code="invalid_messages") from None
+
+
+def _max_tokens(server, req: GenerationRequest, n_prompt: int) -> int:
+    if "max_tokens" in req.sampling:
+        return req.sampling["max_tokens"]
+    if req.endpoint == COMPLETIONS:
+        return DEFAULT_COMPLETION_MAX_TOKENS
+    room = server.context_tokens - n_prompt  # chat: the rest of the context, as OpenAI does
+    if room < 1:
+        raise ApiError(400, f"the prompt has {n_prompt} tokens and fills the context of {server.context_tokens} "
+                            "tokens; shorten the messages", param="messages", code="context_length_exceeded")
+    return min(room, server.default_max_tokens or room)
+
+
+def _params(req: GenerationRequest, max_tokens: int):
+    try:
+        return req.params(max_tokens)
+    except ValueError as exc:
+        raise engine_error(exc, req) from None
+
+
+async def handle_generation(server, request: web.Request, endpoint: str) -> web.StreamResponse:
+    t0 = time.monotonic()
+    ids = server.ids.assign(request.headers)
+    admitted, received = False, False
+    try:
+        if ids.problem:
+            raise ApiError(400, ids.problem[1], param=ids.problem[0], code="invalid_header")
+        check_auth(server.api_key, request.headers)
+        body = await read_json(request)
+        ignored = sorted(k for k in body if k not in KNOWN_FIELDS[endpoint])
+        server.emit("server.received", ids, endpoint=endpoint, stream=body.get("stream") is True,
+                    **({"ignored_fields": ignored} if ignored else {}), **ids.trace)
+        received = True
+        req = (parse_chat if endpoint == CHAT else parse_completion)(body)
+        if req.model is not None and req.model != server.model_name:
+            raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {server.model_name!r} "
+                                "(GET /v1/models)", param="model", code="model_not_found")
+        _params(req, max(1, req.sampling.get("min_tokens", 1)))  # range checks before admission
+        _admit(server, ids)
+        admitted = True
+        prompt = _prompt_ids(server.tokenizer, req)
+        params = _params(req, _max_tokens(server, req, len(prompt)))
+        gen = server.engine.generate(prompt, params, **ids.columns())
+        a = Attempt(ids, endpoint, req.stream, params.n, t0)
+        work = asyncio.create_task(_start(server, request, a, req, gen, len(prompt)))
+        server.watch(work, request)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise  # this handler is being cancelled (shutdown)
+            return web.Response(status=499)  # the client left; produce() has recorded it
+        finally:
+            server.watched.pop(work, None)
+            server.gone.discard(work)
+    except ApiError as exc:
+        server.emit("server.rejected", ids, status=exc.status, error=exc.message, code=exc.code, param=exc.param,
+                    endpoint=endpoint, **({} if received else ids.trace))
+        server.metrics.http.inc(label_value=str(exc.status))
+        return web.json_response(exc.body(), status=exc.status, headers={**exc.headers, **ids.headers()})
+    finally:
+        if admitted:
+            server.in_flight -= 1
+            server.active.discard(ids.attempt_id)
+
+
+async def _start(server, request, a: Attempt, req: GenerationRequest, gen, n_prompt: int):
+    try:
+        first = await gen.__anext__()  # the engine's refusal (ValueError) surfaces here, before any byte
+    except ValueError as exc:
+        raise engine_error(exc, req) from None
+    except RuntimeError as exc:
+        raise ApiError(503, f"the engine loop stopped: {exc.__cause__ or exc}", code="engine_unavailable") from None
+    except asyncio.CancelledError:
+        me = asyncio.current_task()
+        if me not in server.gone:  # server shutdown; the engine gets the abort as the generator closes
+            server.emit("server.done", a.ids, status=None, stream=a.stream, aborted="server shutting down")
+            raise
+        server.gone.discard(me)  # the client left while its request was still queued
+        server.emit("server.disconnect", a.ids, phase="queued", tokens_out=0, tokens_written=0, cause="CancelledError")
+        server.metrics.disconnects.inc()
+        return web.Response(status=499)
+    server.metrics.prompt_tokens.inc(n_prompt)
+    shaper = Shaper(a.endpoint, ("chatcmpl-" if a.endpoint == CHAT else "cmpl-") + a.ids.request_id,
+                    int(time.time()), server.model_name, req.include_usage)
+    return await produce(server, request, a, shaper, gen, first)
