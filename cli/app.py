@@ -24,7 +24,7 @@ def _register_commands() -> None:
     # libraries are imported inside the commands).
     import importlib
 
-    for mod in ("cmd_data", "cmd_ledger", "cmd_demo"):
+    for mod in ("cmd_data", "cmd_ledger", "cmd_serve", "cmd_capture", "cmd_demo"):
         try:
             module = importlib.import_module(f"inferledger.cli.{mod}")
         except ModuleNotFoundError as exc:

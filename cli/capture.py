@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import platform
 import statistics
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,47 +38,20 @@ class EmbeddedServer:
     def __init__(self, writer: RunWriter, host: str, *, max_num_seqs: int = 8, model: str | None = None) -> None:
         from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
         from inferledger.engine.loader import load_model
+        from inferledger.engine.server import build_app
+        from inferledger.engine.server_thread import ServerThread
 
         self.bundle = load_model(model)
         self.config = EngineConfig(max_num_seqs=max_num_seqs)
         self.engine = LLMEngine(self.bundle, self.config, sink=writer, run_id=writer.run_id, host=host)
         self.async_engine = AsyncEngine(self.engine)
-        self.writer, self.host = writer, host
-        self.url: str | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="inferledger-server", daemon=True)
-
-    def _run(self) -> None:
-        from aiohttp import web
-
-        from inferledger.engine.server import build_app
-
-        async def main() -> None:
-            app = build_app(self.async_engine, self.bundle.tokenizer, model_name="SmolLM2-135M-Instruct",
-                            sink=self.writer, run_id=self.writer.run_id, host=self.host)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = site._server.sockets[0].getsockname()[1]
-            self.url = f"http://127.0.0.1:{port}"
-            self._stop = asyncio.Event()
-            self._ready.set()
-            await self._stop.wait()
-            await runner.cleanup()
-
-        self._loop = asyncio.new_event_loop()
-        self._loop.run_until_complete(main())
-        self._loop.close()
+        app = build_app(self.async_engine, self.bundle.tokenizer, model_name=Path(self.bundle.identity["path"]).stem,
+                        sink=writer, run_id=writer.run_id, host=host)
+        self.thread = ServerThread(app)
 
     def start(self) -> str:
         self.async_engine.start()
-        self._thread.start()
-        if not self._ready.wait(60):
-            raise RuntimeError("the embedded server did not start within 60 s")
-        return self.url
+        return self.thread.start().url
 
     def stop(self, drain_s: float = 60.0) -> None:
         # Attempts the client gave up on are the server's to finish or cancel: let the engine reach
@@ -87,8 +59,7 @@ class EmbeddedServer:
         deadline = time.monotonic() + drain_s
         while self.engine.has_unfinished() and time.monotonic() < deadline:
             time.sleep(0.01)
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
+        self.thread.stop()
         self.async_engine.close()
 
 

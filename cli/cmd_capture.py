@@ -1,0 +1,66 @@
+"""`inferledger capture`: run a workload against a target and record both sides."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, max_num_seqs: int,
+                model: Optional[str]):
+    """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from inferledger.cli.app import console
+    from inferledger.cli.capture import capture
+    from inferledger.collectors.loadgen import Workload
+
+    if out.exists() and any(out.iterdir()):
+        raise typer.BadParameter(f"{out} already holds files; choose a new --out", param_hint="--out")
+    try:
+        wl = Workload.load(workload)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workload")
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        bar = progress.add_task(f"{wl.name}: loading the model", total=wl.n_tasks)
+        result = capture(workload, out, target=target, separate_clocks=separate_clocks,
+                         max_num_seqs=max_num_seqs, model=model,
+                         on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks"),
+                         progress=lambda: progress.advance(bar))
+    r = result.load
+    console.print(f"[bold]{wl.name}[/] against {result.manifest['target']['url']}: {r.tasks} tasks, "
+                  f"{r.attempts} attempts ({r.completed} completed, {r.timeouts} client timeouts, "
+                  f"{r.cancelled} cancelled, {r.errors} errors) in {result.wall_s:.1f} s")
+    if result.client_bound:
+        console.print(f"[yellow]warning:[/] the client's event loop lagged {result.loop_lag_p99_ms:.2f} ms at p99 "
+                      "(> 1 ms): this run is client-bound, its client-side latencies include the client's own delay")
+    return result
+
+
+def capture_cmd(
+    workload: Path = typer.Option(..., "--workload", "-w", help="Workload TOML (samples/workloads/*.toml)."),
+    out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
+    target: str = typer.Option("embedded", help="'embedded' (serve the bundled engine on loopback) or the base URL "
+                               "of any OpenAI-compatible server (black-box: client events only)."),
+    separate_clocks: bool = typer.Option(False, help="Give the client its own clock domain and estimate the "
+                                         "server's offset by round trips to /clock (as across hosts)."),
+    max_num_seqs: int = typer.Option(8, help="Embedded engine: batch size limit."),
+    model: Optional[str] = typer.Option(None, help="Embedded engine: a GGUF file or HF folder (default: bundled)."),
+) -> None:
+    """Drive a workload against a target and record the run: client events on the client's clock,
+    server and engine events (embedded target), KV samples, the clock mapping and the manifest.
+
+    Example: [cyan]inferledger capture -w samples/workloads/cpu_demo.toml -o runs/r1 && inferledger reconstruct runs/r1[/]
+
+    Against another server: [cyan]inferledger capture -w W.toml -o runs/v1 --target http://127.0.0.1:8000[/]
+    """
+    from inferledger.cli.app import console
+
+    result = run_capture(workload, out, target, separate_clocks, max_num_seqs, model)
+    console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("capture")(capture_cmd)
