@@ -6,6 +6,8 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# sleeping (not spinning) OpenMP workers: on a busy 2-core host spinning made steps ~10x slower
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # the Hugging Face oracle reads the same local GGUF; nothing may be downloaded
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
