@@ -98,7 +98,8 @@ class AsyncEngine:
                        request_id: str, attempt_id: str | None = None, task_id: str | None = None,
                        session_id: str | None = None) -> AsyncIterator[RequestDelta]:
         """Deltas of one request until it finishes (the last has request_finished=True and the
-        whole RequestOutput). Raises ValueError at once for a request the engine refuses."""
+        whole RequestOutput). A request the engine refuses raises ValueError on the first
+        iteration (call validate() first to answer before streaming)."""
         self.start()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
@@ -131,6 +132,10 @@ class AsyncEngine:
                 self._streams.pop(aid, None)
             if not done:  # cancelled, disconnected or closed early
                 self.abort(aid)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams | None = None) -> None:
+        """Raise now the ValueError that generate() would raise on its first iteration."""
+        self.engine.validate(prompt_token_ids, params)
 
     def abort(self, attempt_or_request_id: str) -> bool:
         ok = self.engine.abort(attempt_or_request_id)

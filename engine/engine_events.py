@@ -1,7 +1,35 @@
 """The engine's events and KV occupancy samples, in one place (names from probes/events.py).
 
-Every method returns at its first branch when the probe is off, so an engine without a sink pays
-one attribute test per call.
+Request-level events carry request_id, attempt_id (default: the request id), task_id, session_id;
+step-level ones carry step_id (the engine iteration; request events of a step carry it too).
+
+  engine.enqueued         add_request accepted it; value = prompt tokens; attrs max_tokens, n
+  engine.scheduled        it enters a batch, first time or on resume after a preemption (attrs.resume)
+  engine.prefill          a prefill chunk computed; value = tokens computed; attrs.cached_tokens = prompt
+                          tokens served from the prefix cache (on the admission's first chunk, else 0),
+                          attrs.start_pos, attrs.recompute
+  engine.token            tokens committed in one step (> 1 with speculation); attrs.index = sample
+  spec.round              one verify forward: attrs drafted, accepted, forward_passes (1); value = tokens
+  engine.preempted        KV dropped to recompute later; value = attrs.recompute_tokens = tokens that
+                          had KV (the prefix cache may spare part of the recompute)
+  engine.cancel_received  abort() called (any thread)
+  engine.cancel_effective the first iteration boundary after it: no work is scheduled for it any more
+  engine.finished         it left the engine; attrs.reason stop | length | cancelled | error; value =
+                          output tokens (all samples); attrs.reasons per sample
+  kv.prefix_hit           cached blocks reused at admission; value = blocks; attrs blocks, tokens
+  kv.alloc                blocks newly taken from the pool; value = count; attrs.blocks (physical ids),
+                          attrs.copy_on_write [[src, dst]] when a shared partial block was copied
+  kv.release              the request holds no block any more (finished, cancelled or preempted);
+                          value = blocks it dropped; attrs blocks, reason
+  kv.free                 right after: of those, the blocks back in the pool (free or cached, i.e.
+                          reallocatable; the step that used them is over); attrs.shared = still held
+                          by other requests. A request that never held a block gets an empty pair.
+  step.start / step.end   one iteration; start attrs: batch [[attempt_id, kind, tokens]] with kind
+                          prefill | decode | verify, token_budget, num_seqs, num_running,
+                          num_waiting; end: value = tokens processed, attrs mode (eager),
+                          padded_tokens, num_seqs
+Samples after each step (when the sink has `sample`): kv_blocks_used, kv_blocks_cached,
+kv_blocks_free, unit "blocks". Every method returns at its first branch when the probe is off.
 """
 from __future__ import annotations
 

@@ -86,8 +86,7 @@ class LLMEngine:
         can never serve (empty prompt, unknown token ids, too long for the model or the KV cache)."""
         params = params or SamplingParams()
         prompt = [int(t) for t in prompt_token_ids]
-        validate_request(prompt, params, vocab_size=self.model_config.vocab_size, max_model_len=self.max_model_len,
-                         config=self.config, block_manager=self.block_manager)
+        self.validate(prompt, params)
         seq = Sequence(prompt, params, request_id=str(request_id), attempt_id=attempt_id,
                        task_id=task_id, session_id=session_id)
         req = Request(seq)
@@ -98,6 +97,11 @@ class LLMEngine:
             self.events.request(seq, "engine.enqueued", value=len(prompt), max_tokens=params.max_tokens, n=params.n)
             self._inbox.append(("add", req))
         return seq.attempt_id
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams | None = None) -> None:
+        """Raise the ValueError add_request would raise (a front end answers 400 before streaming)."""
+        validate_request(list(prompt_token_ids), params or SamplingParams(), vocab_size=self.model_config.vocab_size,
+                         max_model_len=self.max_model_len, config=self.config, block_manager=self.block_manager)
 
     def abort(self, attempt_or_request_id: str) -> bool:
         """Cancel by attempt id (or every unfinished attempt of a request id). Output stops at once;
@@ -198,22 +202,11 @@ class LLMEngine:
         if req.abort_requested or not item.samples:
             self.block_manager.cache_full_blocks(seq)
             return  # cancelled: the in-flight result is suppressed
-        children = self._fork(seq, req) if seq.pending_forks else []
+        children = self.scheduler.fork(seq) if seq.pending_forks else []
+        req.seqs += children
         self._commit(seq, req, item, logits, step_id, deltas)
         for child in children:
             self._commit(child, req, item, logits, step_id, deltas)
-
-    def _fork(self, parent: Sequence, req: Request) -> list[Sequence]:
-        """n > 1: the prompt is computed once; siblings share its blocks (copy-on-write)."""
-        children = []
-        for i in range(1, parent.params.n):
-            child = parent.fork(i)
-            self.block_manager.fork(parent, child)
-            self.scheduler.add_forked(child)
-            req.seqs.append(child)
-            children.append(child)
-        parent.pending_forks = 0
-        return children
 
     def _commit(self, seq: Sequence, req: Request, item: ScheduledSeq, logits, step_id, deltas) -> None:
         drafts = item.draft_token_ids

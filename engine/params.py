@@ -124,7 +124,8 @@ class EngineConfig:
         if self.kv_cache_bytes is not None:
             _int("kv_cache_bytes", self.kv_cache_bytes, 1)
         _int("max_num_seqs", self.max_num_seqs, 1, 4096)
-        _int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _int("max_num_batched_tokens", self.max_num_batched_tokens, self.max_num_seqs,
+             allowed=f"an integer >= max_num_seqs={self.max_num_seqs} (every running sequence decodes each step)")
         if self.max_model_len is not None:
             _int("max_model_len", self.max_model_len, 1)
         if self.admission not in ("reserve", "on_demand"):

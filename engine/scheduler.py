@@ -70,9 +70,15 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def add_forked(self, child: Sequence) -> None:
-        child.status = SequenceStatus.RUNNING
-        self.running.append(child)
+    def fork(self, parent: Sequence) -> list[Sequence]:
+        """n > 1: once the prompt is computed, its siblings join, sharing its blocks."""
+        children = [parent.fork(i) for i in range(1, parent.params.n)]
+        for child in children:
+            self.bm.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)
+        parent.pending_forks = 0
+        return children
 
     def remove(self, seq: Sequence) -> list[int]:
         """Take seq out (finished or aborted) and drop its block references."""
@@ -99,14 +105,15 @@ class Scheduler:
             self._admit_fixed_batch()
         decodes = [s for s in self.running if s.in_decode]
         prefills = [s for s in self.running if not s.in_decode]
-        for seq in decodes + prefills:
+        for i, seq in enumerate(decodes + prefills):
             if seq.status != SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             if self._budget <= 0:
                 break
+            self._decodes_left = max(0, len(decodes) - i - 1)  # drafts never starve later decodes
             self._schedule_running(seq, out)
-        if self.config.batching == "continuous":
-            self._admit_waiting(out)
+        if self.config.batching == "continuous" and not out.preempted:
+            self._admit_waiting(out)  # not after a preemption: the pool is short, admitting would thrash
         return out
 
     def _chunk(self, remaining: int, out: SchedulerOutput) -> int:
@@ -121,7 +128,7 @@ class Scheduler:
         if self.propose is None or not seq.in_decode:
             return []
         k = min(self.config.speculative.k, seq.params.max_tokens - seq.num_output_tokens - 1,
-                self._budget - 1)
+                self._budget - 1 - self._decodes_left)
         return self.propose(seq, k)[:k] if k > 0 else []
 
     def _schedule_running(self, seq: Sequence, out: SchedulerOutput) -> None:

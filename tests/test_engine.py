@@ -198,6 +198,8 @@ def test_engine_refuses_requests_it_can_never_serve(bundle):
         EngineConfig(admission="greedy")
     with pytest.raises(ValueError, match="speculative.k"):
         EngineConfig(speculative={"k": 0})
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        EngineConfig(max_num_seqs=8, max_num_batched_tokens=4)
     sink = RecordingSink()
     engine = LLMEngine(bundle, EngineConfig(num_blocks=4, max_num_seqs=2, probes=False), sink=sink)
     for ids, p, msg in [([], None, "empty"), ([1, 10**9], None, "outside"),

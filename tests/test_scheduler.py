@@ -58,7 +58,7 @@ def test_continuous_runs_decodes_first_then_admits_within_budget():
 
 
 def test_chunked_prefill_splits_a_long_prompt_and_keeps_decodes_going():
-    sched, bm = make(max_num_batched_tokens=8)
+    sched, bm = make(max_num_batched_tokens=8, max_num_seqs=4)
     a, b = seq("a", 3, max_tokens=6), seq("b", 20)
     sched.add(a)
     run_step(sched, bm)
@@ -71,7 +71,7 @@ def test_chunked_prefill_splits_a_long_prompt_and_keeps_decodes_going():
 
 
 def test_unchunked_prefill_waits_for_room_or_runs_alone():
-    sched, bm = make(max_num_batched_tokens=8, chunked_prefill=False)
+    sched, bm = make(max_num_batched_tokens=8, max_num_seqs=4, chunked_prefill=False)
     a, b = seq("a", 3, max_tokens=3), seq("b", 20)
     sched.add(a)
     run_step(sched, bm)
@@ -154,7 +154,7 @@ def test_prefix_hit_skips_cached_blocks_at_admission():
 
 
 def test_removing_a_request_releases_its_blocks_wherever_it_is():
-    sched, bm = make(max_num_batched_tokens=8)
+    sched, bm = make(max_num_batched_tokens=8, max_num_seqs=4)
     a, b = seq("a", 6, max_tokens=8), seq("b", 30)
     sched.add(a)
     sched.add(b)
@@ -182,3 +182,16 @@ def test_speculative_drafts_are_scheduled_as_verify():
     # drafts are capped so that at most max_tokens outputs can be committed
     assert item.kind == "verify" and item.draft_token_ids == [7] and item.num_tokens == 2
     assert len(a.block_table) == bm.blocks_for(a.num_tokens + 1)
+
+
+def test_drafts_leave_budget_for_every_decode():
+    config = EngineConfig(block_size=4, num_blocks=32, max_num_seqs=2, max_num_batched_tokens=3,
+                          speculative={"k": 4})
+    bm = BlockManager(32, 4)
+    sched = Scheduler(config, bm, propose=lambda s, k: [7, 8, 9, 10][:k])
+    a, b = seq("a", 2, max_tokens=8), seq("b", 1, max_tokens=8, base=50)
+    sched.add(a)
+    sched.add(b)
+    run_step(sched, bm)
+    out = sched.schedule()
+    assert [(i.seq.request_id, i.kind, i.num_tokens) for i in out.scheduled] == [("a", "verify", 2), ("b", "decode", 1)]
