@@ -340,3 +340,20 @@ def test_top_k_and_top_p_filter_the_distribution():
     assert torch.allclose(s.probs(logits, mk(top_p=0.81)), torch.tensor([0.5, 0.3, 0.15, 0]) / 0.95)
     # before min_tokens, EOS (id 3) can never be drawn
     assert s.probs(logits, mk(min_tokens=2, max_tokens=4))[3] == 0
+
+
+def test_events_and_kv_samples_land_in_a_run_directory(bundle, prompts, tmp_path):
+    import pyarrow.parquet as pq
+
+    from inferledger.collectors.writer import RunWriter
+
+    with RunWriter(tmp_path / "r1") as writer:
+        llm = LLM(bundle=bundle, config=EngineConfig(num_blocks=32), sink=writer, run_id="r1")
+        out = llm.generate([prompts[2]], SamplingParams(max_tokens=3))[0]
+    events = pq.read_table(tmp_path / "r1" / "events").to_pylist()
+    samples = pq.read_table(tmp_path / "r1" / "samples").to_pylist()
+    assert {e["run_id"] for e in events} == {"r1"}
+    assert [e["value"] for e in events if e["name"] == "engine.token"] == [1, 1, 1] == [1] * len(out.token_ids)
+    assert {s["metric"] for s in samples} == {"kv_blocks_used", "kv_blocks_cached", "kv_blocks_free"}
+    last = {s["metric"]: s["value"] for s in samples[-3:]}
+    assert last["kv_blocks_used"] == 0 and sum(last.values()) == 32
