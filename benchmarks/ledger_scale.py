@@ -237,48 +237,16 @@ def phase_ledger(run_dir: Path) -> dict:
 
 
 def phase_stages(run_dir: Path) -> dict:
-    """reconstruct's steps one by one, the way reconstruct runs them, each SQL statement timed."""
-    import duckdb
+    """reconstruct's steps one by one (its own `profile` hook), each SQL statement timed."""
+    from inferledger.ledger.reconstruct import reconstruct
 
-    from inferledger.ledger import reconstruct as r
-    from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, GAP_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
-
-    steps = []
     tmpdir = Path(tempfile.mkdtemp(prefix="ledger_stages_"))
-    con = duckdb.connect(str(tmpdir / "ledger.duckdb"))
-
-    def timed(stage, label, fn):
-        t0 = time.perf_counter()
-        fn()
-        steps.append({"stage": stage, "step": label, "seconds": time.perf_counter() - t0})
-
+    profile: list = []
     try:
-        con.execute("SET VARIABLE run_id = ?", [r._run_id(run_dir)])
-        parts = sorted((run_dir / "events").glob("part-*.parquet"))
-        timed("load", "events_raw <- parquet", lambda: r._load(con, "events_raw", parts, EVENT_SCHEMA, temp=True))
-        timed("load", "events (sorted)", lambda: con.execute(
-            "CREATE TABLE events AS SELECT * FROM events_raw ORDER BY clock, ts_ns, source, seq"))
-        con.execute("DROP TABLE events_raw")
-
-        def small():
-            r._load(con, "samples", sorted((run_dir / "samples").glob("part-*.parquet")), SAMPLE_SCHEMA, temp=False)
-            for name, schema, table, temp in (("clocks.parquet", CLOCK_SCHEMA, "clocks", False),
-                                              ("tasks.parquet", TASK_SCHEMA, "task_contracts", True),
-                                              ("gaps.parquet", GAP_SCHEMA, "collector_gaps", True)):
-                f = run_dir / name
-                r._load(con, table, [f] if f.exists() else [], schema, temp=temp)
-        timed("load", "samples, clocks, tasks, gaps", small)
-        for stage in r.STAGES:
-            for st in con.extract_statements(r._stage_sql(stage)):
-                q = " ".join(" ".join(ln for ln in st.query.splitlines() if not ln.strip().startswith("--")).split())
-                label = q.split(" AS ")[0].replace("CREATE OR REPLACE ", "")[:48]
-                timed(stage, label, lambda st=st: con.execute(st))
-        timed("finish", "counts + CHECKPOINT", lambda: (con.execute(
-            "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
-            "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone(), con.execute("CHECKPOINT")))
+        reconstruct(run_dir, out=tmpdir / "ledger.duckdb", profile=profile)
     finally:
-        con.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
+    steps = [{"stage": st, "step": label, "seconds": sec} for st, label, sec in profile]
     return {"steps": steps, "seconds": sum(s["seconds"] for s in steps), "peak_gib": _peak_gib()}
 
 

@@ -1,11 +1,10 @@
 -- Stage 1: per-attempt milestones (docs/LEDGER.md "Attempt milestones").
 -- Input tables: events, clocks, task_contracts. Every milestone keeps its ns, clock and event id.
 
+-- Three narrow working sets instead of one wide copy: the per-output rows (client chunks, server
+-- writes, engine tokens) are most of a run and need only a few columns.
 CREATE OR REPLACE TEMP TABLE ev AS
-SELECT e.*,
-       CASE WHEN name IN ('attempt.chunk', 'server.write') THEN
-            CASE WHEN json_extract(attrs, '$.kinds') IS NULL THEN NULL
-                 ELSE from_json(json_extract(attrs, '$.kinds'), '["VARCHAR"]') END END AS kinds,
+SELECT event_id, seq, source, name, ts_ns, clock, task_id, session_id, request_id, attempt_id, step_id, value, attrs,
        CASE WHEN name = 'engine.finished' THEN json_extract_string(attrs, '$.reason')
             WHEN name = 'attempt.done' THEN json_extract_string(attrs, '$.finish_reason') END AS reason,
        CASE WHEN name = 'attempt.done'
@@ -14,25 +13,51 @@ SELECT e.*,
        CASE WHEN name IN ('span.start', 'span.end') THEN json_extract_string(attrs, '$.span') END AS span_name,
        CASE WHEN name IN ('span.start', 'span.end')
             THEN coalesce(json_extract_string(attrs, '$.stream'), source) END AS span_stream
-FROM events e;
+FROM events
+WHERE name NOT IN ('attempt.chunk', 'server.write', 'engine.token');
 
 -- Output-bearing: a client chunk or server write that carries content, reasoning or a tool call.
 -- A chunk or write without a `kinds` attribute counts as content.
 CREATE OR REPLACE TEMP TABLE ev_out AS
-SELECT *, (kinds IS NULL OR list_has_any(kinds, ['content', 'reasoning', 'tool_call'])) AS output_bearing,
-          (kinds IS NULL OR list_contains(kinds, 'content')) AS answer_bearing
-FROM ev WHERE name IN ('attempt.chunk', 'server.write');
+WITH k AS (
+  SELECT attempt_id, name, ts_ns, seq, clock, event_id, value,
+         CASE WHEN json_extract(attrs, '$.kinds') IS NOT NULL
+              THEN from_json(json_extract(attrs, '$.kinds'), '["VARCHAR"]') END AS kinds
+  FROM events WHERE name IN ('attempt.chunk', 'server.write')
+)
+SELECT attempt_id, name, ts_ns, seq, clock, event_id, value,
+       (kinds IS NULL OR list_has_any(kinds, ['content', 'reasoning', 'tool_call'])) AS output_bearing,
+       (kinds IS NULL OR list_contains(kinds, 'content')) AS answer_bearing
+FROM k;
+
+CREATE OR REPLACE TEMP TABLE ev_tok AS
+SELECT attempt_id, ts_ns, seq, clock, event_id, value FROM events WHERE name = 'engine.token';
 
 CREATE OR REPLACE TEMP TABLE attempt_ids AS
-SELECT attempt_id,
-       arg_min(task_id, ts_ns) FILTER (WHERE task_id IS NOT NULL) AS task_id,
-       arg_min(session_id, ts_ns) FILTER (WHERE session_id IS NOT NULL) AS session_id,
-       arg_min(request_id, ts_ns) FILTER (WHERE request_id IS NOT NULL) AS request_id,
-       count(*) FILTER (WHERE source = 'client' AND name NOT IN ('verdict')) AS n_client_events,
-       count(*) FILTER (WHERE name LIKE 'server.%' OR name LIKE 'engine.%') AS n_server_events,
-       count(*) FILTER (WHERE name LIKE 'kv.%') AS n_kv_events
-FROM ev WHERE attempt_id IS NOT NULL
-GROUP BY attempt_id;
+WITH per_output AS (
+  SELECT attempt_id,
+         count(*) FILTER (WHERE name = 'attempt.chunk') AS n_client,
+         count(*) FILTER (WHERE name = 'server.write') AS n_server
+  FROM ev_out WHERE attempt_id IS NOT NULL GROUP BY attempt_id
+  UNION ALL
+  SELECT attempt_id, 0, count(*) FROM ev_tok WHERE attempt_id IS NOT NULL GROUP BY attempt_id
+), control AS (
+  SELECT attempt_id,
+         arg_min(task_id, ts_ns) FILTER (WHERE task_id IS NOT NULL) AS task_id,
+         arg_min(session_id, ts_ns) FILTER (WHERE session_id IS NOT NULL) AS session_id,
+         arg_min(request_id, ts_ns) FILTER (WHERE request_id IS NOT NULL) AS request_id,
+         count(*) FILTER (WHERE source = 'client' AND name <> 'verdict') AS n_client,
+         count(*) FILTER (WHERE name LIKE 'server.%' OR name LIKE 'engine.%') AS n_server,
+         count(*) FILTER (WHERE name LIKE 'kv.%') AS n_kv_events
+  FROM ev WHERE attempt_id IS NOT NULL GROUP BY attempt_id
+), outputs AS (
+  SELECT attempt_id, sum(n_client) AS n_client, sum(n_server) AS n_server FROM per_output GROUP BY attempt_id
+)
+SELECT coalesce(c.attempt_id, o.attempt_id) AS attempt_id, c.task_id, c.session_id, c.request_id,
+       coalesce(c.n_client, 0) + coalesce(o.n_client, 0) AS n_client_events,
+       coalesce(c.n_server, 0) + coalesce(o.n_server, 0) AS n_server_events,
+       coalesce(c.n_kv_events, 0) AS n_kv_events
+FROM control c FULL OUTER JOIN outputs o USING (attempt_id);
 
 CREATE OR REPLACE TEMP TABLE marks AS
 WITH firsts AS (
@@ -41,7 +66,6 @@ WITH firsts AS (
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.created') AS created,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.sent') AS sent,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.first_byte') AS first_byte_ev,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.chunk') AS first_chunk,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.done') AS done,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id, name := name), (ts_ns, seq))
         FILTER (WHERE name IN ('attempt.done', 'attempt.timeout', 'attempt.cancel', 'attempt.error')) AS client_end,
@@ -53,7 +77,6 @@ WITH firsts AS (
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'server.disconnect') AS disconnect,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.enqueued') AS enqueued,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.scheduled') AS scheduled,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.token') AS first_token,
     arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id, reason := reason), (ts_ns, seq)) FILTER (WHERE name = 'engine.finished') AS finished,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.cancel_received') AS cancel_received,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.cancel_effective') AS cancel_effective,
@@ -64,8 +87,6 @@ WITH firsts AS (
     arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'mem.returned') AS mem_returned,
     count(*) FILTER (WHERE name IN ('kv.alloc', 'kv.prefix_hit')) AS n_kv_alloc,
     -- counts
-    count(*) FILTER (WHERE name = 'attempt.chunk') AS n_chunks,
-    sum(value) FILTER (WHERE name = 'engine.token') AS n_tokens_engine,
     arg_max(usage_completion, (ts_ns, seq)) FILTER (WHERE name = 'attempt.done') AS n_tokens_usage,
     arg_max(reason, (ts_ns, seq)) FILTER (WHERE name = 'attempt.done') AS client_finish_reason,
     count(*) FILTER (WHERE name = 'engine.preempted') AS preemptions,
@@ -77,8 +98,16 @@ WITH firsts AS (
     arg_max(verdict_correct, (ts_ns, seq)) FILTER (WHERE name = 'verdict') AS correct
   FROM ev WHERE attempt_id IS NOT NULL
   GROUP BY attempt_id
+), toks AS (
+  SELECT attempt_id,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) AS first_token,
+    sum(value) AS n_tokens_engine
+  FROM ev_tok WHERE attempt_id IS NOT NULL
+  GROUP BY attempt_id
 ), outs AS (
   SELECT attempt_id,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.chunk') AS first_chunk,
+    count(*) FILTER (WHERE name = 'attempt.chunk') AS n_chunks,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.chunk' AND output_bearing) AS first_content,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.chunk' AND answer_bearing) AS first_visible,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'server.write' AND output_bearing) AS first_write
@@ -88,13 +117,16 @@ WITH firsts AS (
   -- the last prefill chunk computed before the first token
   SELECT p.attempt_id,
          arg_max(struct_pack(ns := p.ts_ns, clock := p.clock, eid := p.event_id), (p.ts_ns, p.seq)) AS prefill_end
-  FROM ev p JOIN firsts f USING (attempt_id)
-  WHERE p.name = 'engine.prefill' AND (f.first_token IS NULL OR p.ts_ns <= f.first_token.ns)
+  FROM ev p LEFT JOIN toks t USING (attempt_id)
+  WHERE p.name = 'engine.prefill' AND (t.first_token IS NULL OR p.ts_ns <= t.first_token.ns)
   GROUP BY p.attempt_id
 )
-SELECT f.*, o.first_content, o.first_visible, o.first_write, pe.prefill_end,
-       coalesce(f.first_byte_ev, f.first_chunk) AS first_byte,
+SELECT a.attempt_id, f.* EXCLUDE (attempt_id), o.first_content, o.first_visible, o.first_write, pe.prefill_end,
+       t.first_token, t.n_tokens_engine, coalesce(o.n_chunks, 0) AS n_chunks,
+       coalesce(f.first_byte_ev, o.first_chunk) AS first_byte,
        coalesce(f.server_done, f.rejected, CASE WHEN f.finished IS NOT NULL THEN struct_pack(ns := f.finished.ns, clock := f.finished.clock, eid := f.finished.eid) END,
                 f.cancel_effective) AS server_end,
-       coalesce(f.n_tokens_engine, f.n_tokens_usage) AS n_output_tokens
-FROM firsts f LEFT JOIN outs o USING (attempt_id) LEFT JOIN prefill_end pe USING (attempt_id);
+       coalesce(t.n_tokens_engine, f.n_tokens_usage) AS n_output_tokens
+FROM (SELECT attempt_id FROM attempt_ids) a
+LEFT JOIN firsts f USING (attempt_id) LEFT JOIN toks t USING (attempt_id)
+LEFT JOIN outs o USING (attempt_id) LEFT JOIN prefill_end pe USING (attempt_id);

@@ -4,7 +4,7 @@ CREATE OR REPLACE TABLE itl AS
 WITH outputs AS (
   SELECT attempt_id, 'client' AS layer, ts_ns, seq, value FROM ev_out WHERE name = 'attempt.chunk' AND output_bearing
   UNION ALL SELECT attempt_id, 'server', ts_ns, seq, value FROM ev_out WHERE name = 'server.write' AND output_bearing
-  UNION ALL SELECT attempt_id, 'engine', ts_ns, seq, value FROM ev WHERE name = 'engine.token'
+  UNION ALL SELECT attempt_id, 'engine', ts_ns, seq, value FROM ev_tok
 ), ordered AS (
   SELECT attempt_id, layer, value AS tokens,
          row_number() OVER w - 1 AS idx,
@@ -13,8 +13,7 @@ WITH outputs AS (
   WINDOW w AS (PARTITION BY attempt_id, layer ORDER BY ts_ns, seq)
 )
 SELECT getvariable('run_id') AS run_id, attempt_id, layer, idx::INTEGER AS idx, gap_ms, tokens
-FROM ordered WHERE idx > 0
-ORDER BY attempt_id, layer, idx;
+FROM ordered WHERE idx > 0;  -- millions of rows: left unsorted (order by attempt_id, layer, idx to browse)
 
 CREATE OR REPLACE TEMP TABLE fig_wide AS
 SELECT subject_id AS attempt_id,

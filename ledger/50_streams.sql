@@ -11,9 +11,11 @@ engine_seq AS (
              OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_name,
          count(*) FILTER (WHERE name = 'engine.preempted')
              OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS preempted_before
-  FROM ev WHERE attempt_id IS NOT NULL
-    AND name IN ('engine.enqueued', 'engine.scheduled', 'engine.token', 'engine.preempted',
-                 'engine.cancel_received', 'engine.cancel_effective', 'engine.finished')
+  FROM (SELECT attempt_id, name, ts_ns, clock, event_id, seq FROM ev
+        WHERE name IN ('engine.enqueued', 'engine.scheduled', 'engine.preempted',
+                       'engine.cancel_received', 'engine.cancel_effective', 'engine.finished')
+        UNION ALL SELECT attempt_id, 'engine.token', ts_ns, clock, event_id, seq FROM ev_tok)
+  WHERE attempt_id IS NOT NULL
 ), engine_ms AS (
   SELECT attempt_id, 'engine' AS stream, ts_ns, clock, event_id,
          CASE name WHEN 'engine.enqueued' THEN 'queue'

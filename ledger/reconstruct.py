@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -64,7 +65,21 @@ def _load(con: duckdb.DuckDBPyConnection, table: str, files: list[Path], schema:
         con.unregister("_empty")
 
 
-def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = None) -> LedgerSummary:
+def _execute(con, sql: str, stage: str, profile: list | None) -> None:
+    if profile is None:
+        con.execute(sql)
+        return
+    for statement in con.extract_statements(sql):  # timed one by one
+        text = " ".join(ln for ln in statement.query.splitlines() if not ln.strip().startswith("--"))
+        label = " ".join(text.split()).split(" AS ")[0].replace("CREATE OR REPLACE ", "")[:48]
+        t0 = time.perf_counter()
+        con.execute(statement)
+        profile.append((stage, label, time.perf_counter() - t0))
+
+
+def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = None,
+                profile: list | None = None) -> LedgerSummary:
+    """Build the ledger; with `profile` (a list), append (stage, statement, seconds) for every step."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: no such run directory")
@@ -79,19 +94,22 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
 
     con = duckdb.connect(str(tmp))
     try:
+        con.execute("SET enable_progress_bar = false")
         con.execute("SET VARIABLE run_id = ?", [run_id])
-        _load(con, "events_raw", parts, EVENT_SCHEMA, temp=True)
-        con.execute("CREATE TABLE events AS SELECT * FROM events_raw ORDER BY clock, ts_ns, source, seq")
-        con.execute("DROP TABLE events_raw")
+        t0 = time.perf_counter()
+        # file order is deterministic (insertion order is preserved), so no sort is needed
+        _load(con, "events", parts, EVENT_SCHEMA, temp=False)
         _load(con, "samples", sorted((run_dir / "samples").glob("part-*.parquet")), SAMPLE_SCHEMA, temp=False)
         for name, schema, table, temp in (("clocks.parquet", CLOCK_SCHEMA, "clocks", False),
                                           ("tasks.parquet", TASK_SCHEMA, "task_contracts", True),
                                           ("gaps.parquet", GAP_SCHEMA, "collector_gaps", True)):
             f = run_dir / name
             _load(con, table, [f] if f.exists() else [], schema, temp=temp)
+        if profile is not None:
+            profile.append(("load", "events, samples, clocks, tasks, gaps", time.perf_counter() - t0))
         for stage in STAGES:
             try:
-                con.execute(_stage_sql(stage))
+                _execute(con, _stage_sql(stage), stage, profile)
             except duckdb.Error as exc:
                 raise RuntimeError(f"ledger stage {stage} failed on {run_dir}: {exc}") from exc
         counts = con.execute(

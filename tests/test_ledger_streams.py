@@ -66,7 +66,8 @@ def _digest(path):
     con = duckdb.connect(str(path), read_only=True)
     h = hashlib.sha256()
     for t in PUBLIC_TABLES:
-        h.update(repr(con.execute(f"select * from {t}").fetchall()).encode())
+        # a table is a set of rows: compare contents, not storage order
+        h.update(repr(sorted(map(repr, con.execute(f"select * from {t}").fetchall()))).encode())
     con.close()
     return h.hexdigest()
 
