@@ -19,16 +19,20 @@ WHERE name NOT IN ('attempt.chunk', 'server.write', 'engine.token');
 -- Output-bearing: a client chunk or server write that carries content, reasoning or a tool call.
 -- A chunk or write without a `kinds` attribute counts as content.
 CREATE OR REPLACE TEMP TABLE ev_out AS
-WITH k AS (
-  SELECT attempt_id, name, ts_ns, seq, clock, event_id, value,
-         CASE WHEN json_extract(attrs, '$.kinds') IS NOT NULL
-              THEN from_json(json_extract(attrs, '$.kinds'), '["VARCHAR"]') END AS kinds
-  FROM events WHERE name IN ('attempt.chunk', 'server.write')
+WITH distinct_attrs AS (  -- a run has few distinct chunk attrs: parse each once
+  SELECT DISTINCT coalesce(attrs, '{}') AS attrs FROM events WHERE name IN ('attempt.chunk', 'server.write')
+), parsed AS (
+  SELECT attrs, CASE WHEN json_extract(attrs, '$.kinds') IS NOT NULL
+                     THEN from_json(json_extract(attrs, '$.kinds'), '["VARCHAR"]') END AS kinds
+  FROM distinct_attrs
+), flags AS (
+  SELECT attrs, (kinds IS NULL OR list_has_any(kinds, ['content', 'reasoning', 'tool_call'])) AS output_bearing,
+                (kinds IS NULL OR list_contains(kinds, 'content')) AS answer_bearing
+  FROM parsed
 )
-SELECT attempt_id, name, ts_ns, seq, clock, event_id, value,
-       (kinds IS NULL OR list_has_any(kinds, ['content', 'reasoning', 'tool_call'])) AS output_bearing,
-       (kinds IS NULL OR list_contains(kinds, 'content')) AS answer_bearing
-FROM k;
+SELECT e.attempt_id, e.name, e.ts_ns, e.seq, e.clock, e.event_id, e.value, f.output_bearing, f.answer_bearing
+FROM events e JOIN flags f ON coalesce(e.attrs, '{}') = f.attrs
+WHERE e.name IN ('attempt.chunk', 'server.write');
 
 CREATE OR REPLACE TEMP TABLE ev_tok AS
 SELECT attempt_id, ts_ns, seq, clock, event_id, value FROM events WHERE name = 'engine.token';
