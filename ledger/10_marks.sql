@@ -47,9 +47,9 @@ WITH per_output AS (
   SELECT attempt_id, 0, count(*) FROM ev_tok WHERE attempt_id IS NOT NULL GROUP BY attempt_id
 ), control AS (
   SELECT attempt_id,
-         arg_min(task_id, ts_ns) FILTER (WHERE task_id IS NOT NULL) AS task_id,
-         arg_min(session_id, ts_ns) FILTER (WHERE session_id IS NOT NULL) AS session_id,
-         arg_min(request_id, ts_ns) FILTER (WHERE request_id IS NOT NULL) AS request_id,
+         arg_min(task_id, (ts_ns, event_id)) FILTER (WHERE task_id IS NOT NULL) AS task_id,
+         arg_min(session_id, (ts_ns, event_id)) FILTER (WHERE session_id IS NOT NULL) AS session_id,
+         arg_min(request_id, (ts_ns, event_id)) FILTER (WHERE request_id IS NOT NULL) AS request_id,
          count(*) FILTER (WHERE source = 'client' AND name <> 'verdict') AS n_client,
          count(*) FILTER (WHERE name LIKE 'server.%' OR name LIKE 'engine.%') AS n_server,
          count(*) FILTER (WHERE name LIKE 'kv.%') AS n_kv_events
@@ -67,60 +67,60 @@ CREATE OR REPLACE TEMP TABLE marks AS
 WITH firsts AS (
   SELECT attempt_id,
     -- client
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.created') AS created,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.sent') AS sent,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.first_byte') AS first_byte_ev,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.done') AS done,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id, name := name), (ts_ns, seq))
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.created') AS created,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.sent') AS sent,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.first_byte') AS first_byte_ev,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS done,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id, name := name), (ts_ns, seq, event_id))
         FILTER (WHERE name IN ('attempt.done', 'attempt.timeout', 'attempt.cancel', 'attempt.error')) AS client_end,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.cancel') AS client_cancel,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.cancel') AS client_cancel,
     -- server / engine
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'server.received') AS received,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'server.rejected') AS rejected,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'server.done') AS server_done,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'server.disconnect') AS disconnect,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.enqueued') AS enqueued,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.scheduled') AS scheduled,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id, reason := reason), (ts_ns, seq)) FILTER (WHERE name = 'engine.finished') AS finished,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.cancel_received') AS cancel_received,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.cancel_effective') AS cancel_effective,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.scheduled') AS last_scheduled,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'engine.preempted') AS last_preempted,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'kv.release') AS kv_release,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'kv.free') AS kv_free,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'mem.returned') AS mem_returned,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.received') AS received,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.rejected') AS rejected,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.done') AS server_done,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.disconnect') AS disconnect,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.enqueued') AS enqueued,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.scheduled') AS scheduled,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id, reason := reason), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.finished') AS finished,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.cancel_received') AS cancel_received,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.cancel_effective') AS cancel_effective,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.scheduled') AS last_scheduled,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.preempted') AS last_preempted,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'kv.release') AS kv_release,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'kv.free') AS kv_free,
+    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'mem.returned') AS mem_returned,
     count(*) FILTER (WHERE name IN ('kv.alloc', 'kv.prefix_hit')) AS n_kv_alloc,
     -- counts
-    arg_max(usage_completion, (ts_ns, seq)) FILTER (WHERE name = 'attempt.done') AS n_tokens_usage,
-    arg_max(reason, (ts_ns, seq)) FILTER (WHERE name = 'attempt.done') AS client_finish_reason,
+    arg_max(usage_completion, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS n_tokens_usage,
+    arg_max(reason, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS client_finish_reason,
     count(*) FILTER (WHERE name = 'engine.preempted') AS preemptions,
     coalesce(sum(value) FILTER (WHERE name = 'engine.preempted'), 0) AS recomputed_tokens,
     count(*) FILTER (WHERE name = 'spec.round') AS spec_rounds,
     sum(TRY_CAST(json_extract_string(attrs, '$.forward_passes') AS BIGINT)) FILTER (WHERE name = 'spec.round') AS spec_forward_passes,
     sum(TRY_CAST(json_extract_string(attrs, '$.drafted') AS BIGINT)) FILTER (WHERE name = 'spec.round') AS spec_drafted_tokens,
     sum(TRY_CAST(json_extract_string(attrs, '$.accepted') AS BIGINT)) FILTER (WHERE name = 'spec.round') AS spec_accepted_tokens,
-    arg_max(verdict_correct, (ts_ns, seq)) FILTER (WHERE name = 'verdict') AS correct
+    arg_max(verdict_correct, (ts_ns, seq, event_id)) FILTER (WHERE name = 'verdict') AS correct
   FROM ev WHERE attempt_id IS NOT NULL
   GROUP BY attempt_id
 ), toks AS (
   SELECT attempt_id,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) AS first_token,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) AS first_token,
     sum(value) AS n_tokens_engine
   FROM ev_tok WHERE attempt_id IS NOT NULL
   GROUP BY attempt_id
 ), outs AS (
   SELECT attempt_id,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.chunk') AS first_chunk,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.chunk') AS first_chunk,
     count(*) FILTER (WHERE name = 'attempt.chunk') AS n_chunks,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.chunk' AND output_bearing) AS first_content,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'attempt.chunk' AND answer_bearing) AS first_visible,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq)) FILTER (WHERE name = 'server.write' AND output_bearing) AS first_write
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.chunk' AND output_bearing) AS first_content,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.chunk' AND answer_bearing) AS first_visible,
+    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.write' AND output_bearing) AS first_write
   FROM ev_out WHERE attempt_id IS NOT NULL
   GROUP BY attempt_id
 ), prefill_end AS (
   -- the last prefill chunk computed before the first token
   SELECT p.attempt_id,
-         arg_max(struct_pack(ns := p.ts_ns, clock := p.clock, eid := p.event_id), (p.ts_ns, p.seq)) AS prefill_end
+         arg_max(struct_pack(ns := p.ts_ns, clock := p.clock, eid := p.event_id), (p.ts_ns, p.seq, p.event_id)) AS prefill_end
   FROM ev p LEFT JOIN toks t USING (attempt_id)
   WHERE p.name = 'engine.prefill' AND (t.first_token IS NULL OR p.ts_ns <= t.first_token.ns)
   GROUP BY p.attempt_id

@@ -26,10 +26,10 @@ WITH from_events AS (
          json_extract_string(attrs, '$.on_missing') AS on_missing,
          TRY_CAST(json_extract_string(attrs, '$.max_attempts') AS BIGINT) AS max_attempts
   FROM ev WHERE name = 'task.start' AND task_id IS NOT NULL
-  QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY ts_ns, seq) = 1
+  QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY ts_ns, seq, event_id) = 1
 ), from_file AS (
   SELECT task_id, deadline_ms, required, on_missing, max_attempts FROM task_contracts
-  QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY task_id) = 1
+  QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY contract, deadline_ms, required) = 1
 ), all_tasks AS (
   SELECT DISTINCT task_id FROM ev WHERE task_id IS NOT NULL
   UNION SELECT task_id FROM task_contracts
@@ -56,8 +56,8 @@ WITH cand AS (
 )
 SELECT r.task_id, r.ts_ns AS ref_ns, r.clock AS ref_clock, r.event_id AS ref_eid, r.name AS ref_name,
        e.ts_ns AS end_ns, e.clock AS end_clock, e.event_id AS end_eid
-FROM (SELECT * FROM cand QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY pri, ts_ns) = 1) r
-LEFT JOIN (SELECT * FROM ends QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY pri, ts_ns DESC) = 1) e
+FROM (SELECT * FROM cand QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY pri, ts_ns, event_id) = 1) r
+LEFT JOIN (SELECT * FROM ends QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY pri, ts_ns DESC, event_id) = 1) e
 USING (task_id);
 
 CREATE OR REPLACE TEMP TABLE pairs AS

@@ -68,7 +68,7 @@ WHERE st.name = 'span.start';
 -- Each stream keeps the clock of its first-listed milestone (else of its first span); other points
 -- are converted by the clock rule or dropped (and registered as a gap in stage 7).
 CREATE OR REPLACE TEMP TABLE stream_clock AS
-SELECT attempt_id, stream, arg_min(clock, (pri, ts_ns)) AS clock FROM (
+SELECT attempt_id, stream, arg_min(clock, (pri, ts_ns, clock)) AS clock FROM (
   SELECT attempt_id, stream, clock, prio AS pri, ts_ns FROM ms_raw
   UNION ALL SELECT attempt_id, stream, start_clock, 100, start_ns FROM spans_raw
 ) GROUP BY attempt_id, stream;
@@ -90,14 +90,14 @@ WHERE r.end_ns IS NOT NULL;
 
 -- Cut points: milestones and span boundaries; the event named at a point prefers a milestone.
 CREATE OR REPLACE TEMP TABLE cuts AS
-SELECT attempt_id, stream, t, arg_max(event_id, pri) AS event_id, max(eps_ns) AS eps_ns, bool_or(conv) AS conv FROM (
+SELECT attempt_id, stream, t, arg_max(event_id, (pri, event_id)) AS event_id, max(eps_ns) AS eps_ns, bool_or(conv) AS conv FROM (
   SELECT attempt_id, stream, t, event_id, prio + 10 AS pri, eps_ns, conv FROM ms
   UNION ALL SELECT attempt_id, stream, t0, start_eid, 1, eps_ns, conv FROM sp
   UNION ALL SELECT attempt_id, stream, t1, end_eid, 0, eps_ns, conv FROM sp
 ) GROUP BY attempt_id, stream, t;
 
 CREATE OR REPLACE TEMP TABLE ms_state AS
-SELECT attempt_id, stream, t, arg_max(state, prio) AS state FROM ms GROUP BY attempt_id, stream, t;
+SELECT attempt_id, stream, t, arg_max(state, (prio, state)) AS state FROM ms GROUP BY attempt_id, stream, t;
 
 CREATE OR REPLACE TEMP TABLE segs AS
 WITH s AS (
@@ -130,7 +130,7 @@ FROM g GROUP BY attempt_id, stream, island, state;
 
 -- Overlapping spans: the contained one (or the later-starting one) leaves the path.
 CREATE OR REPLACE TEMP TABLE span_off AS
-SELECT b.attempt_id, b.stream, b.start_eid, string_agg(a.span, ', ' ORDER BY a.t0) AS overlaps_with
+SELECT b.attempt_id, b.stream, b.start_eid, string_agg(a.span, ', ' ORDER BY a.t0, a.span, a.start_eid) AS overlaps_with
 FROM sp a JOIN sp b ON a.attempt_id = b.attempt_id AND a.stream = b.stream AND a.start_eid <> b.start_eid
  AND a.t0 < b.t1 AND b.t0 < a.t1
  AND ((a.t0 <= b.t0 AND b.t1 <= a.t1 AND NOT (b.t0 <= a.t0 AND a.t1 <= b.t1))   -- b strictly inside a
