@@ -18,7 +18,14 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/inferledger demo
 
+# The report test drives Debian's headless Chromium; install it once if the machine lacks it.
+CHROMIUM := $(shell command -v chromium 2>/dev/null)
+
 test: $(STAMP)
+ifeq ($(CHROMIUM),)
+	(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+	  echo "warning: could not install chromium; the report's browser test will fail" >&2
+endif
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -30,7 +30,8 @@ def _register_commands() -> None:
     # libraries are imported inside the commands).
     import importlib
 
-    for mod in ("cmd_data", "cmd_ledger", "cmd_serve", "cmd_capture", "cmd_demo"):
+    for mod in ("cmd_data", "cmd_ledger", "cmd_serve", "cmd_capture", "cmd_demo", "cmd_whatif", "cmd_report",
+                "cmd_export", "cmd_doctor"):
         try:
             module = importlib.import_module(f"inferledger.cli.{mod}")
         except ModuleNotFoundError as exc:
