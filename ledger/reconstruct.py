@@ -16,13 +16,15 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from inferledger.ledger import critical_path
 from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, GAP_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
 
 STAGES = ("10_marks.sql", "20_attempts.sql", "30_figures.sql", "40_metrics.sql", "50_streams.sql",
-          "60_tasks.sql", "70_gaps.sql")
+          "60_tasks.sql", "80_diagnosis.sql", "90_gaps.sql")
 
 PUBLIC_TABLES = ("events", "samples", "clocks", "attempts", "request_metrics", "intervals", "stream_checks",
-                 "itl", "accounts", "tasks", "gaps")
+                 "itl", "accounts", "tasks", "reconciliation", "step_attribution", "slo_misses", "run_metrics",
+                 "critical_path", "critical_path_edges", "gaps")
 
 
 class RunDirError(Exception):
@@ -108,6 +110,14 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
         if profile is not None:
             profile.append(("load", "events, samples, clocks, tasks, gaps", time.perf_counter() - t0))
         for stage in STAGES:
+            if stage == "90_gaps.sql":  # the critical paths (Python: DAG validation and longest path)
+                t0 = time.perf_counter()
+                problems = critical_path.build(con)
+                con.execute("CREATE OR REPLACE TEMP TABLE dag_problems (scope VARCHAR, subject_id VARCHAR, detail VARCHAR)")
+                if problems:
+                    con.executemany("INSERT INTO dag_problems VALUES (?, ?, ?)", problems)
+                if profile is not None:
+                    profile.append(("critical_path", "critical_path, critical_path_edges", time.perf_counter() - t0))
             try:
                 _execute(con, _stage_sql(stage), stage, profile)
             except duckdb.Error as exc:

@@ -42,6 +42,19 @@ WITH ledger_gaps AS (
   FROM attempt_ids WHERE n_client_events = 0 AND n_server_events > 0
     AND EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
   UNION ALL
+  SELECT scope, subject_id, 'critical_path', 'a dependency graph without cycles or negative durations', detail
+  FROM dag_problems
+  UNION ALL
+  -- energy: no counter samples in the run (the ledger never reports 0 J for "not measured")
+  SELECT 'energy', NULL, 'energy_gpu_j, energy_cpu_j, energy_per_good_j',
+         'an energy source: NVML (GPU driver) or read access to RAPL powercap (see inferledger doctor)',
+         'the run has no energy counter samples'
+  WHERE NOT EXISTS (SELECT 1 FROM samples WHERE metric LIKE '%energy%') AND EXISTS (SELECT 1 FROM attempt_ids)
+  UNION ALL
+  SELECT 'run', NULL, 'gpu_s_per_good', 'device.step events on a CUDA clock (a GPU run)',
+         'the run has no device time: engine_s_per_good counts engine step time instead'
+  WHERE NOT EXISTS (SELECT 1 FROM ev WHERE name = 'device.step') AND EXISTS (SELECT 1 FROM steps)
+  UNION ALL
   SELECT 'attempt', attempt_id, 'n_output_tokens, tpot_ms, tpot_server_ms',
          'engine.token events or usage in attempt.done (a chunk is not a token)',
          'the server reported no token count'

@@ -1,0 +1,152 @@
+-- Stage 8: reconciliation, step attribution, SLO-miss causes and the run's goodput (docs/LEDGER.md).
+
+-- Ghost load: server work after the client stopped waiting (same clock or mapped, by the clock rule).
+CREATE OR REPLACE TEMP TABLE ghost AS
+WITH gave_up AS (
+  SELECT a.attempt_id, a.server_end_ns, m.client_end.ns + c.offset_ns AS gave_up_ns  -- in the server's clock
+  FROM attempts a JOIN marks m USING (attempt_id)
+  JOIN clock_conv c ON c.from_clock = m.client_end.clock AND c.to_clock = a.server_clock
+  WHERE a.client_status IN ('timeout', 'cancelled', 'error') AND a.server_end_ns IS NOT NULL
+)
+SELECT g.attempt_id, (g.server_end_ns - g.gave_up_ns) / 1e6 AS ghost_ms,
+       (SELECT coalesce(sum(t.value), 0) FROM ev_tok t WHERE t.attempt_id = g.attempt_id AND t.ts_ns > g.gave_up_ns) AS ghost_tokens
+FROM gave_up g WHERE g.server_end_ns > g.gave_up_ns;
+
+CREATE OR REPLACE TABLE reconciliation AS
+WITH att AS (SELECT * FROM attempts a JOIN attempt_ids i USING (attempt_id)),
+p AS (
+  SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_status IS NOT NULL) AS n
+  FROM attempts
+), per_request AS (
+  SELECT request_id, count(*) AS n_attempts FROM attempts WHERE request_id IS NOT NULL GROUP BY request_id
+), per_task AS (
+  SELECT task_id, count(*) AS n_calls FROM attempts WHERE task_id IS NOT NULL GROUP BY task_id
+), retries AS (
+  SELECT max(max_attempts) - 1 AS r FROM contracts
+)
+SELECT getvariable('run_id') AS run_id,
+  (SELECT count(*) FROM marks WHERE created IS NOT NULL) AS created,
+  (SELECT count(*) FROM marks WHERE sent IS NOT NULL) AS sent,
+  (SELECT count(*) FROM marks WHERE received IS NOT NULL OR enqueued IS NOT NULL) AS received,
+  (SELECT count(*) FROM attempts WHERE client_status = 'completed') AS completed,
+  (SELECT count(*) FROM attempts WHERE client_status = 'cancelled') AS cancelled,
+  (SELECT count(*) FROM attempts WHERE client_status = 'timeout') AS timed_out,
+  (SELECT count(*) FROM attempts WHERE server_status = 'rejected') AS rejected,
+  (SELECT count(*) FROM attempts WHERE client_status = 'error') AS errored,
+  (SELECT count(*) FROM attempts WHERE client_status = 'unterminated' OR server_status = 'unterminated') AS unterminated,
+  (SELECT count(*) FROM attempts WHERE server_status = 'completed') AS server_completed,
+  (SELECT count(*) FROM attempts WHERE server_status = 'cancelled') AS server_cancelled,
+  (SELECT count(*) FROM ghost) AS ghost_attempts,
+  (SELECT coalesce(sum(ghost_ms), 0) FROM ghost) AS ghost_ms,
+  (SELECT sum(ghost_tokens) FROM ghost) AS ghost_tokens,
+  (SELECT avg(n_attempts) FROM per_request) AS attempts_per_request,
+  (SELECT avg(n_calls) FROM per_task) AS calls_per_task,
+  -- the measured probability that an attempt does not complete, and the retry formula's E[N]
+  CASE WHEN p.n > 0 THEN 1 - p.ok / p.n END AS p_fail,
+  (SELECT r FROM retries) AS max_retries,
+  CASE WHEN p.n = 0 OR (SELECT r FROM retries) IS NULL THEN NULL
+       WHEN p.ok = p.n THEN 1.0
+       WHEN p.ok = 0 THEN (SELECT r FROM retries) + 1.0
+       ELSE (1 - pow(1 - p.ok / p.n, (SELECT r FROM retries) + 1)) / (p.ok / p.n) END AS expected_attempts_per_request
+FROM p;
+
+-- Step attribution: each engine step's time is charged to the attempts in its batch in proportion to
+-- the tokens each processed in that step (policy 'by_tokens'); shares add up to the step's time.
+CREATE OR REPLACE TEMP TABLE steps AS
+SELECT s.step_id, s.ts_ns AS start_ns, e.ts_ns AS end_ns, (e.ts_ns - s.ts_ns) / 1e6 AS step_ms, s.attrs AS start_attrs
+FROM ev s JOIN ev e ON e.step_id = s.step_id AND e.name = 'step.end' AND e.clock = s.clock
+WHERE s.name = 'step.start';
+
+CREATE OR REPLACE TABLE step_attribution AS
+WITH items AS (
+  SELECT st.step_id, st.step_ms, unnest(from_json(json_extract(st.start_attrs, '$.batch'), '[["JSON"]]')) AS item
+  FROM steps st WHERE json_extract(st.start_attrs, '$.batch') IS NOT NULL
+), parsed AS (
+  SELECT step_id, step_ms, json_extract_string(item[1], '$') AS attempt_id, json_extract_string(item[2], '$') AS kind,
+         TRY_CAST(json_extract_string(item[3], '$') AS DOUBLE) AS tokens
+  FROM items
+)
+SELECT getvariable('run_id') AS run_id, step_id, attempt_id, kind, tokens, step_ms,
+       step_ms * tokens / sum(tokens) OVER (PARTITION BY step_id) AS share_ms, 'by_tokens' AS policy
+FROM parsed
+ORDER BY step_id, attempt_id;
+
+-- SLO misses: attempts of a task with a deadline that finished late or timed out, with the time each
+-- cause took (ms) and the dominant one.
+CREATE OR REPLACE TABLE slo_misses AS
+WITH missed AS (
+  SELECT a.attempt_id, a.task_id, a.client_status, r.done_since_reference_ms, c.deadline_ms, r.queue_ms,
+         r.prefill_ms, r.e2e_client_ms, r.e2e_server_ms, r.uplink_ms
+  FROM attempts a JOIN request_metrics r USING (attempt_id) JOIN contracts c ON c.task_id = a.task_id
+  WHERE c.deadline_ms IS NOT NULL AND (r.on_time = false OR a.client_status = 'timeout')
+), client_queue AS (
+  SELECT attempt_id, sum(dur_ms) AS ms FROM intervals WHERE stream = 'client' AND name = 'client_queue' GROUP BY 1
+), preempt AS (
+  SELECT attempt_id, sum(dur_ms) AS ms FROM intervals WHERE stream = 'engine' AND name IN ('preempted', 'recompute') GROUP BY 1
+), interference AS (
+  -- time this attempt's decode steps spent on other attempts' prefill tokens
+  SELECT me.attempt_id, sum(o.share_ms) AS ms
+  FROM step_attribution me JOIN step_attribution o ON o.step_id = me.step_id AND o.attempt_id <> me.attempt_id
+  WHERE me.kind = 'decode' AND o.kind = 'prefill' GROUP BY 1
+), stalls AS (
+  -- engine gaps beyond twice the attempt's median gap
+  SELECT i.attempt_id, sum(i.gap_ms - 2 * med.m) AS ms
+  FROM itl i JOIN (SELECT attempt_id, median(gap_ms) AS m FROM itl WHERE layer = 'engine' GROUP BY 1) med USING (attempt_id)
+  WHERE i.layer = 'engine' AND i.gap_ms > 2 * med.m GROUP BY 1
+), causes AS (
+  SELECT m.*, coalesce(cq.ms, 0) AS client_queue_ms, coalesce(m.queue_ms, 0) AS server_queue_ms,
+         coalesce(f.ms, 0) AS prefill_interference_ms, coalesce(s.ms, 0) AS decode_stall_ms,
+         coalesce(p.ms, 0) AS preemption_ms,
+         greatest(coalesce(m.e2e_client_ms - m.e2e_server_ms, 0), 0) AS transfer_client_ms
+  FROM missed m LEFT JOIN client_queue cq USING (attempt_id) LEFT JOIN preempt p USING (attempt_id)
+  LEFT JOIN interference f USING (attempt_id) LEFT JOIN stalls s USING (attempt_id)
+)
+SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, deadline_ms, done_since_reference_ms,
+       client_queue_ms, server_queue_ms, prefill_interference_ms, decode_stall_ms, preemption_ms, transfer_client_ms,
+       CASE greatest(client_queue_ms, server_queue_ms, prefill_interference_ms, decode_stall_ms, preemption_ms, transfer_client_ms)
+            WHEN 0 THEN NULL
+            WHEN server_queue_ms THEN 'server_queue'
+            WHEN client_queue_ms THEN 'client_queue'
+            WHEN prefill_interference_ms THEN 'prefill_interference'
+            WHEN decode_stall_ms THEN 'decode_stall'
+            WHEN preemption_ms THEN 'preemption'
+            ELSE 'transfer_client' END AS dominant_cause
+FROM causes ORDER BY attempt_id;
+
+-- The run's goodput over its observation window: from the first planned arrival (else the first
+-- client event) to the last client terminal event (else the last server end).
+CREATE OR REPLACE TABLE run_metrics AS
+WITH win AS (
+  SELECT coalesce(
+           (SELECT min(ts_ns) FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')),
+           (SELECT min(enqueued_ns) FROM attempts)) AS t0,
+         coalesce((SELECT max(client_end_ns) FROM attempts), (SELECT max(server_end_ns) FROM attempts)) AS t1
+), counts AS (
+  SELECT count(*) FILTER (WHERE good) AS n_good, count(*) FILTER (WHERE client_status = 'completed') AS n_completed,
+         count(*) FILTER (WHERE good IS NULL) AS n_unjudged
+  FROM request_metrics JOIN attempts USING (attempt_id)
+), little AS (
+  SELECT sum(client_span_ms) / 1e3 AS busy_s, avg(client_span_ms) / 1e3 AS w_s, count(*) AS n
+  FROM request_metrics WHERE client_span_ms IS NOT NULL
+), arrivals AS (
+  SELECT count(DISTINCT task_id) AS n FROM ev WHERE name = 'arrival.planned'
+), engine AS (
+  SELECT sum(step_ms) / 1e3 AS busy_s FROM steps
+)
+SELECT getvariable('run_id') AS run_id,
+  (win.t1 - win.t0) / 1e9 AS t_obs_s, 'first arrival or client event → last client terminal' AS window,
+  counts.n_good, counts.n_completed, counts.n_unjudged,
+  counts.n_good / ((win.t1 - win.t0) / 1e9) AS goodput_rps,
+  counts.n_completed / ((win.t1 - win.t0) / 1e9) AS completed_rps,
+  -- Little's law: mean number in system (time-averaged) against arrival rate × mean time in system
+  little.busy_s / ((win.t1 - win.t0) / 1e9) AS mean_in_system,
+  little.n / ((win.t1 - win.t0) / 1e9) AS arrival_rps,
+  little.w_s AS mean_time_in_system_s,
+  arrivals.n AS planned_arrivals,
+  engine.busy_s AS engine_busy_s,
+  CASE WHEN counts.n_good > 0 THEN engine.busy_s / counts.n_good END AS engine_s_per_good,
+  CAST(NULL AS DOUBLE) AS energy_gpu_j, CAST(NULL AS DOUBLE) AS energy_cpu_j,
+  CAST(NULL AS DOUBLE) AS energy_per_good_j, CAST(NULL AS DOUBLE) AS gpu_s_per_good,
+  (SELECT sum(share_ms) FROM step_attribution) AS attributed_step_ms,
+  (SELECT sum(step_ms) FROM steps WHERE step_id IN (SELECT step_id FROM step_attribution)) AS attributed_steps_total_ms
+FROM win, counts, little, arrivals, engine;

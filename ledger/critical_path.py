@@ -1,0 +1,234 @@
+"""Critical paths: stages as a DAG of real dependencies, earliest finish, longest path, slack, what-if.
+
+E(v) = d(v) + max over predecessors E(u) (0 without predecessors); the task's end-to-end is the
+largest E; the critical path walks back from it through the predecessor that set each E; slack is
+how much a node can grow before the end-to-end moves. Edges come from the events, not log order:
+a span's `attrs.after` names the spans it waited for; without `after`, nodes of one stream (a
+session or request for attempts, `attrs.stream` for spans) follow each other in time order.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+class DagError(ValueError):
+    """A graph the longest-path rule cannot be applied to (a cycle, a negative duration)."""
+
+
+@dataclass
+class Dag:
+    scope: str  # "task" or "attempt"
+    scope_id: str
+    dur_ms: dict[str, float] = field(default_factory=dict)
+    kind: dict[str, str] = field(default_factory=dict)
+    preds: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class PathResult:
+    e2e_ms: float
+    finish_ms: dict[str, float]
+    slack_ms: dict[str, float]
+    path: list[str]
+
+
+def _topological(dag: Dag) -> list[str]:
+    order, state = [], {}
+
+    def visit(v: str, trail: list[str]) -> None:
+        if state.get(v) == 2:
+            return
+        if state.get(v) == 1:
+            cycle = trail[trail.index(v):] + [v]
+            raise DagError(f"{dag.scope} {dag.scope_id}: dependency cycle {' -> '.join(cycle)}")
+        state[v] = 1
+        for u in dag.preds.get(v, []):
+            visit(u, trail + [v])
+        state[v] = 2
+        order.append(v)
+
+    for v in sorted(dag.dur_ms):
+        visit(v, [])
+    return order
+
+
+def longest_path(dag: Dag, dur_ms: dict[str, float] | None = None) -> PathResult:
+    dur = dag.dur_ms if dur_ms is None else dur_ms
+    for v, d in dur.items():
+        if d is None or d < 0:
+            raise DagError(f"{dag.scope} {dag.scope_id}: node {v} has duration {d} (must be known and >= 0)")
+    order = _topological(dag)
+    finish: dict[str, float] = {}
+    for v in order:
+        finish[v] = dur[v] + max((finish[u] for u in dag.preds.get(v, [])), default=0.0)
+    e2e = max(finish.values(), default=0.0)
+    succs: dict[str, list[str]] = {v: [] for v in order}
+    for v in order:
+        for u in dag.preds.get(v, []):
+            succs[u].append(v)
+    latest_finish: dict[str, float] = {}
+    for v in reversed(order):
+        latest_finish[v] = min((latest_finish[s] - dur[s] for s in succs[v]), default=e2e)
+    slack = {v: latest_finish[v] - finish[v] for v in order}
+    path, v = [], max(order, key=lambda n: (finish[n], n)) if order else None
+    while v is not None:
+        path.append(v)
+        preds = dag.preds.get(v, [])
+        v = max(preds, key=lambda u: (finish[u], u)) if preds else None
+    return PathResult(e2e, finish, slack, list(reversed(path)))
+
+
+def _unique(name: str, taken: dict) -> str:
+    if name not in taken:
+        return name
+    k = 2
+    while f"{name}#{k}" in taken:
+        k += 1
+    return f"{name}#{k}"
+
+
+def task_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]]]]:
+    """One DAG per task from its spans, tool calls and attempts; with each node's (name, start, end)."""
+    rows = con.execute("""
+        WITH spans AS (
+          SELECT task_id, coalesce(json_extract_string(attrs, '$.span'), json_extract_string(attrs, '$.tool'), 'tool') AS name,
+                 CASE WHEN name LIKE 'tool.%' THEN 'tool' ELSE 'span' END AS kind,
+                 CASE WHEN name IN ('span.start', 'tool.start') THEN 'start' ELSE 'end' END AS edge,
+                 coalesce(json_extract_string(attrs, '$.stream'), CASE WHEN name LIKE 'tool.%' THEN 'tool' ELSE source END) AS stream,
+                 json_extract(attrs, '$.after')::VARCHAR AS after, ts_ns, seq, event_id
+          FROM ev WHERE task_id IS NOT NULL AND attempt_id IS NULL
+            AND name IN ('span.start', 'span.end', 'tool.start', 'tool.end')
+        ), numbered AS (
+          SELECT *, row_number() OVER (PARTITION BY task_id, kind, name, edge ORDER BY ts_ns, seq, event_id) AS k FROM spans
+        )
+        SELECT s.task_id, s.kind, s.name, s.stream, s.after, s.ts_ns, e.ts_ns
+        FROM numbered s JOIN numbered e ON e.task_id = s.task_id AND e.kind = s.kind AND e.name = s.name
+             AND e.k = s.k AND e.edge = 'end'
+        WHERE s.edge = 'start'
+        UNION ALL
+        SELECT a.task_id, 'attempt', a.attempt_id, coalesce(a.session_id, a.request_id, a.attempt_id), NULL,
+               coalesce(m.created.ns, m.sent.ns, m.enqueued.ns), coalesce(m.client_end.ns, a.server_end_ns)
+        FROM attempts a JOIN marks m USING (attempt_id)
+        WHERE a.task_id IS NOT NULL AND coalesce(m.created.ns, m.sent.ns, m.enqueued.ns) IS NOT NULL
+          AND coalesce(m.client_end.ns, a.server_end_ns) IS NOT NULL
+        ORDER BY 1, 6, 3
+    """).fetchall()
+    by_task: dict[str, list] = {}
+    for row in rows:
+        by_task.setdefault(row[0], []).append(row)
+    out = []
+    for task_id, items in sorted(by_task.items()):
+        dag, times, after, streams = Dag("task", task_id), [], {}, {}
+        for _, kind, name, stream, after_json, t0, t1 in items:
+            node = _unique(name, dag.dur_ms)
+            dag.dur_ms[node] = (t1 - t0) / 1e6
+            dag.kind[node] = kind
+            times.append((node, t0, t1))
+            after[node] = json.loads(after_json) if after_json else None
+            streams.setdefault(stream, []).append(node)
+        known = set(dag.dur_ms)
+        start = {n: t0 for n, t0, _ in times}
+        end = {n: t1 for n, _, t1 in times}
+        for node in dag.dur_ms:
+            if after[node] is not None:
+                dag.preds[node] = [u for u in after[node] if u in known]
+        for stream, nodes in streams.items():
+            for node in nodes:
+                if after[node] is None:  # time order within its stream
+                    before = [u for u in nodes if u != node and end[u] <= start[node]]
+                    dag.preds[node] = [max(before, key=lambda u: (end[u], u))] if before else []
+        out.append((dag, times))
+    return out
+
+
+def attempt_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]]]]:
+    """One chain per attempt: the registered intervals of its client stream (else its server stream)."""
+    rows = con.execute("""
+        WITH pick AS (
+          SELECT attempt_id, CASE WHEN bool_or(stream = 'client') THEN 'client' ELSE 'server' END AS stream
+          FROM intervals WHERE stream IN ('client', 'server') GROUP BY attempt_id
+        )
+        SELECT i.attempt_id, i.name, i.start_ns, i.end_ns FROM intervals i JOIN pick p USING (attempt_id, stream)
+        WHERE i.on_path AND i.kind IN ('span', 'state')
+        ORDER BY i.attempt_id, i.start_ns, i.name
+    """).fetchall()
+    out, cur = [], None
+    for attempt_id, name, t0, t1 in rows:
+        if cur is None or cur[0].scope_id != attempt_id:
+            cur = (Dag("attempt", attempt_id), [])
+            out.append(cur)
+            prev = None
+        dag, times = cur
+        node = _unique(name, dag.dur_ms)
+        dag.dur_ms[node] = (t1 - t0) / 1e6
+        dag.kind[node] = "stage"
+        dag.preds[node] = [prev] if prev else []
+        times.append((node, t0, t1))
+        prev = node
+    return out
+
+
+def build(con) -> list[tuple[str, str, str]]:
+    """Create the critical_path and critical_path_edges tables; returns (scope, subject, problem) gaps."""
+    nodes, edges, problems = [], [], []
+    for dag, times in task_dags(con) + attempt_dags(con):
+        try:
+            res = longest_path(dag)
+        except DagError as exc:
+            problems.append((dag.scope, dag.scope_id, str(exc)))
+            continue
+        origin = min((t0 for _, t0, _ in times), default=0)
+        on_path = set(res.path)
+        for node, t0, _ in times:
+            d = dag.dur_ms[node]
+            nodes.append((dag.scope, dag.scope_id, node, dag.kind[node], res.finish_ms[node] - d, d, res.finish_ms[node],
+                          res.slack_ms[node], node in on_path, (t0 - origin) / 1e6, res.e2e_ms))
+            edges.extend((dag.scope, dag.scope_id, u, node) for u in dag.preds.get(node, []))
+    con.execute("""CREATE OR REPLACE TABLE critical_path (run_id VARCHAR, scope VARCHAR, scope_id VARCHAR,
+        node VARCHAR, kind VARCHAR, start_ms DOUBLE, dur_ms DOUBLE, finish_ms DOUBLE, slack_ms DOUBLE,
+        on_path BOOLEAN, observed_start_ms DOUBLE, e2e_ms DOUBLE)""")
+    con.execute("CREATE OR REPLACE TABLE critical_path_edges (run_id VARCHAR, scope VARCHAR, scope_id VARCHAR, "
+                "src VARCHAR, dst VARCHAR)")
+    run_id = con.execute("SELECT getvariable('run_id')").fetchone()[0]
+    if nodes:
+        con.executemany("INSERT INTO critical_path VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(run_id, *n) for n in nodes])
+    if edges:
+        con.executemany("INSERT INTO critical_path_edges VALUES (?, ?, ?, ?, ?)", [(run_id, *e) for e in edges])
+    return problems
+
+
+def load_dags(con, scope: str | None = None, scope_id: str | None = None) -> list[Dag]:
+    """The DAGs stored in a ledger (for what-if questions)."""
+    where, params = [], []
+    if scope:
+        where.append("scope = ?")
+        params.append(scope)
+    if scope_id:
+        where.append("scope_id = ?")
+        params.append(scope_id)
+    clause = (" WHERE " + " AND ".join(where)) if where else ""
+    dags: dict[tuple, Dag] = {}
+    for sc, sid, node, kind, dur in con.execute(
+            f"SELECT scope, scope_id, node, kind, dur_ms FROM critical_path{clause} ORDER BY scope, scope_id, node",
+            params).fetchall():
+        dag = dags.setdefault((sc, sid), Dag(sc, sid))
+        dag.dur_ms[node], dag.kind[node] = dur, kind
+        dag.preds.setdefault(node, [])
+    for sc, sid, src, dst in con.execute(f"SELECT scope, scope_id, src, dst FROM critical_path_edges{clause}",
+                                         params).fetchall():
+        if (sc, sid) in dags:
+            dags[(sc, sid)].preds.setdefault(dst, []).append(src)
+    return list(dags.values())
+
+
+def what_if(dag: Dag, node: str, *, shrink: float | None = None, to_ms: float | None = None):
+    """(before, after) PathResults with `node` (and its #n repeats) shortened by a fraction or set to to_ms."""
+    targets = [n for n in dag.dur_ms if n == node or n.startswith(node + "#")]
+    if not targets:
+        return None
+    dur = dict(dag.dur_ms)
+    for n in targets:
+        dur[n] = to_ms if to_ms is not None else dur[n] * (1 - shrink)
+    return longest_path(dag), longest_path(dag, dur)

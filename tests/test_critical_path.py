@@ -1,0 +1,85 @@
+"""Critical paths and what-if on the book's chapter-1 case and the two-branch join."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from inferledger.cli.app import app
+from inferledger.collectors.importer import import_archive
+from inferledger.ledger.critical_path import Dag, DagError, load_dags, longest_path, what_if
+from inferledger.ledger.reconstruct import reconstruct
+
+BOOK = Path(__file__).resolve().parent.parent / "samples" / "e0" / "critical_path_book" / "archive.jsonl"
+
+
+@pytest.fixture(scope="module")
+def book_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("cp") / "book"
+    import_archive(BOOK, run)
+    reconstruct(run)
+    return run
+
+
+def _dag(run, task):
+    con = duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
+    try:
+        return load_dags(con, scope="task", scope_id=task)[0]
+    finally:
+        con.close()
+
+
+def test_book_case_whatif_decode(book_run):
+    dag = _dag(book_run, "T1")
+    before, cut = what_if(dag, "S6_decode", shrink=0.30)
+    assert before.e2e_ms == pytest.approx(6700.0)
+    assert cut.e2e_ms == pytest.approx(5770.0)
+    _, zero = what_if(dag, "S6_decode", to_ms=0.0)
+    assert zero.e2e_ms == pytest.approx(3600.0)
+    for res in (before, cut, zero):
+        assert "tool_clause_lookup" not in res.path
+    assert zero.path == ["S1_upload", "S2_parse", "S3_retrieve", "S4_rerank", "S5_prefill", "S6_decode", "S8_assemble"]
+
+
+def test_two_branches_path_switches(book_run):
+    dag = _dag(book_run, "T2")
+    assert what_if(dag, "branch_short", to_ms=1000.0)[1].e2e_ms == pytest.approx(5000.0)
+    long_cut = what_if(dag, "branch_long", to_ms=1000.0)[1]
+    assert long_cut.e2e_ms == pytest.approx(2000.0)
+    assert long_cut.path == ["branch_short", "join"]
+
+
+def test_whatif_command_prints_the_new_end_to_end(book_run):
+    result = CliRunner().invoke(app, ["whatif", str(book_run), "--node", "S6_decode", "--shrink", "30%"],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "6,700.0" in result.output and "5,770.0" in result.output and "-930.0" in result.output
+    bad = CliRunner().invoke(app, ["whatif", str(book_run), "--node", "nope", "--to", "0ms"])
+    assert bad.exit_code == 2 and "no critical-path node named 'nope'" in bad.output
+
+
+def test_cycle_and_negative_duration_are_refused():
+    dag = Dag("task", "T", {"a": 1.0, "b": 2.0}, {"a": "span", "b": "span"}, {"a": ["b"], "b": ["a"]})
+    with pytest.raises(DagError, match="cycle"):
+        longest_path(dag)
+    with pytest.raises(DagError, match="duration"):
+        longest_path(Dag("task", "T", {"a": -1.0}, {"a": "span"}, {}))
+
+
+def test_a_cycle_in_an_archive_becomes_a_gap(tmp_path):
+    lines = [{"name": "clock.domain", "clock": "c", "source": "archive", "attrs": {"host": "h"}}]
+    for name, after in (("a", ["b"]), ("b", ["a"])):
+        lines.append({"name": "span.start", "source": "app", "task_id": "T9", "ts_ns": 0, "clock": "c",
+                      "attrs": {"span": name, "after": after}})
+        lines.append({"name": "span.end", "source": "app", "task_id": "T9", "ts_ns": 10, "clock": "c",
+                      "attrs": {"span": name}})
+    archive = tmp_path / "cycle.jsonl"
+    archive.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    import_archive(archive, tmp_path / "run")
+    con = duckdb.connect(str(reconstruct(tmp_path / "run").path), read_only=True)
+    assert con.execute("select count(*) from critical_path where scope_id = 'T9'").fetchone()[0] == 0
+    detail = con.execute("select detail from gaps where affects = 'critical_path'").fetchone()[0]
+    assert "cycle" in detail
