@@ -152,12 +152,24 @@ def _print_table(columns: list[str], rows: list[tuple], more: bool) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(show_header=True, header_style="bold")
-    for col in columns:
-        table.add_column(escape(col), overflow="fold")
-    for row in rows:
-        table.add_row(*("[dim]NULL[/]" if v is None else escape(str(_plain(v))) for v in row))
+    def cell(v) -> str:
+        return "[dim]NULL[/]" if v is None else escape(str(_plain(v)))
+
     console = Console()
+    if len(rows) <= 3 and len(columns) * 12 > console.width:
+        # a few wide rows (run_metrics, reconciliation ...): one column per row, one line per field
+        table = Table(show_header=True, header_style="bold")
+        table.add_column("column")
+        for i in range(len(rows)):
+            table.add_column(f"row {i + 1}", overflow="fold")
+        for j, col in enumerate(columns):
+            table.add_row(escape(col), *(cell(row[j]) for row in rows))
+    else:
+        table = Table(show_header=True, header_style="bold")
+        for col in columns:
+            table.add_column(escape(col), overflow="fold")
+        for row in rows:
+            table.add_row(*(cell(v) for v in row))
     console.print(table)
     tail = f"{len(rows)} row(s)" + (" shown; more exist: raise --limit, or use --format csv" if more else "")
     console.print(tail, style="dim")
