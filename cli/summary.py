@@ -69,6 +69,22 @@ def print_summary(ledger_path: Path, console: Console | None = None) -> None:
         checks = con.execute("SELECT status, count(*) FROM stream_checks GROUP BY 1 ORDER BY 1").fetchall()
         n_gaps = con.execute("SELECT count(*) FROM gaps").fetchone()[0]
         console.print(f"good results (correct and on time): [bold]{good}[/] of {judged} judged, {att} attempts")
+        rm = con.execute("SELECT t_obs_s, goodput_rps, completed_rps, energy_per_good_j FROM run_metrics").fetchone()
+        if rm and rm[0]:
+            console.print(f"goodput [bold]{rm[1]:.3f}[/] good/s beside {rm[2]:.3f} completed/s over a {rm[0]:.1f} s window")
+            if rm[3] is None:
+                why = con.execute("SELECT needs FROM gaps WHERE affects LIKE '%energy_per_good_j%' LIMIT 1").fetchone()
+                console.print("energy per good result: [yellow]unknown[/]" + (f" — needs {why[0]}" if why else ""))
+            else:
+                console.print(f"energy per good result: [bold]{rm[3]:.1f} J[/]")
+        causes = con.execute("SELECT dominant_cause, count(*), round(avg(server_queue_ms)), round(avg(prefill_interference_ms)) "
+                             "FROM slo_misses GROUP BY 1 ORDER BY 2 DESC").fetchall()
+        if causes:
+            console.print("deadline misses by dominant cause: " + ", ".join(f"{c or 'none'} {n}" for c, n, *_ in causes))
+        ghost = con.execute("SELECT ghost_attempts, ghost_ms, ghost_tokens FROM reconciliation").fetchone()
+        if ghost and ghost[0]:
+            console.print(f"ghost load: {ghost[0]} attempt(s) the client gave up on kept the server busy "
+                          f"{ghost[1]:,.0f} ms and {int(ghost[2] or 0)} tokens")
         console.print("stream checks: " + ", ".join(f"{s} {n}" for s, n in checks))
         console.print(f"gap register: {n_gaps} row(s)" + ("  (query: select * from gaps)" if n_gaps else ""))
     finally:
