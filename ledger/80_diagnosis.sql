@@ -115,13 +115,63 @@ FROM causes ORDER BY attempt_id;
 
 -- The run's goodput over its observation window: from the first planned arrival (else the first
 -- client event) to the last client terminal event (else the last server end).
+CREATE OR REPLACE TEMP TABLE window_bounds AS
+SELECT coalesce(
+         (SELECT min(ts_ns) FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')),
+         (SELECT min(enqueued_ns) FROM attempts)) AS t0,
+       coalesce((SELECT max(client_end_ns) FROM attempts), (SELECT max(server_end_ns) FROM attempts)) AS t1,
+       coalesce((SELECT arg_min(clock, ts_ns) FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')),
+                (SELECT min(server_clock) FROM attempts)) AS clock;
+
+-- Energy over the observation window, from raw counters (docs/ENERGY.md). Each counter sample is
+-- placed in the window's clock by the clock rule; RAPL deltas unwrap at max_energy_range_uj; an NVML
+-- counter that goes down (driver reload) invalidates its device's window.
+CREATE OR REPLACE TEMP TABLE counter_deltas AS
+WITH s AS (
+  SELECT sm.metric, sm.device, sm.ts_ns + c.offset_ns AS t, sm.value,
+         lag(sm.value) OVER w AS prev, lag(sm.ts_ns + c.offset_ns) OVER w AS prev_t
+  FROM samples sm JOIN window_bounds wb ON true
+  JOIN clock_conv c ON c.from_clock = sm.clock AND c.to_clock = wb.clock
+  WHERE sm.metric IN ('gpu_energy_mj', 'cpu_package_energy_uj', 'cpu_dram_energy_uj')
+  WINDOW w AS (PARTITION BY sm.metric, sm.device ORDER BY sm.ts_ns)
+), ranges AS (
+  SELECT device, max(value) AS max_range FROM samples WHERE metric = 'rapl_max_energy_range_uj' GROUP BY device
+)
+SELECT s.metric, s.device, s.prev_t, s.t,
+       CASE WHEN s.value >= s.prev THEN s.value - s.prev
+            WHEN s.metric LIKE 'cpu_%' AND r.max_range IS NOT NULL THEN r.max_range - s.prev + s.value END AS delta,
+       s.value < s.prev AS went_down
+FROM s LEFT JOIN ranges r USING (device)
+WHERE s.prev IS NOT NULL;
+
+-- Window energy (J) per metric: deltas whose interval lies inside the window; the idle baseline is the
+-- mean power of the deltas before the window, times the window's length (its own term).
+CREATE OR REPLACE TEMP TABLE window_energy AS
+SELECT d.metric,
+       count(DISTINCT d.device) AS devices,
+       sum(d.delta) FILTER (WHERE d.prev_t >= wb.t0 AND d.t <= wb.t1)
+         / CASE WHEN d.metric = 'gpu_energy_mj' THEN 1e3 ELSE 1e6 END AS energy_j,
+       bool_or(d.went_down AND d.metric = 'gpu_energy_mj' AND d.t >= wb.t0 AND d.prev_t <= wb.t1)
+         OR bool_or(d.delta IS NULL AND d.t >= wb.t0 AND d.prev_t <= wb.t1) AS invalid,
+       max(d.t) FILTER (WHERE d.t <= wb.t1) - min(d.prev_t) FILTER (WHERE d.prev_t >= wb.t0) AS covered_ns,
+       sum(d.delta) FILTER (WHERE d.t <= wb.t0) / nullif(sum(d.t - d.prev_t) FILTER (WHERE d.t <= wb.t0), 0)
+         * 1e9 / CASE WHEN d.metric = 'gpu_energy_mj' THEN 1e3 ELSE 1e6 END AS idle_w
+FROM counter_deltas d, window_bounds wb
+GROUP BY d.metric;
+
+CREATE OR REPLACE TEMP TABLE power_check AS
+WITH p AS (
+  SELECT sm.ts_ns + c.offset_ns AS t, sm.value, sm.device,
+         lag(sm.ts_ns + c.offset_ns) OVER (PARTITION BY sm.device ORDER BY sm.ts_ns) AS prev_t,
+         lag(sm.value) OVER (PARTITION BY sm.device ORDER BY sm.ts_ns) AS prev
+  FROM samples sm JOIN window_bounds wb ON true JOIN clock_conv c ON c.from_clock = sm.clock AND c.to_clock = wb.clock
+  WHERE sm.metric = 'gpu_power_instant_mw'
+)
+SELECT sum((p.value + p.prev) / 2 * (p.t - p.prev_t)) / 1e12 AS gpu_power_integrated_j  -- mW x ns -> J
+FROM p, window_bounds wb WHERE p.prev_t >= wb.t0 AND p.t <= wb.t1;
+
 CREATE OR REPLACE TABLE run_metrics AS
-WITH win AS (
-  SELECT coalesce(
-           (SELECT min(ts_ns) FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')),
-           (SELECT min(enqueued_ns) FROM attempts)) AS t0,
-         coalesce((SELECT max(client_end_ns) FROM attempts), (SELECT max(server_end_ns) FROM attempts)) AS t1
-), counts AS (
+WITH win AS (SELECT * FROM window_bounds), counts AS (
   SELECT count(*) FILTER (WHERE good) AS n_good, count(*) FILTER (WHERE client_status = 'completed') AS n_completed,
          count(*) FILTER (WHERE good IS NULL) AS n_unjudged
   FROM request_metrics JOIN attempts USING (attempt_id)
@@ -145,8 +195,33 @@ SELECT getvariable('run_id') AS run_id,
   arrivals.n AS planned_arrivals,
   engine.busy_s AS engine_busy_s,
   CASE WHEN counts.n_good > 0 THEN engine.busy_s / counts.n_good END AS engine_s_per_good,
-  CAST(NULL AS DOUBLE) AS energy_gpu_j, CAST(NULL AS DOUBLE) AS energy_cpu_j,
-  CAST(NULL AS DOUBLE) AS energy_per_good_j, CAST(NULL AS DOUBLE) AS gpu_s_per_good,
+  gpu.energy_j AS energy_gpu_j, cpu.energy_j AS energy_cpu_j, dram.energy_j AS energy_dram_j,
+  gpu.idle_w * (win.t1 - win.t0) / 1e9 AS idle_gpu_j, cpu.idle_w * (win.t1 - win.t0) / 1e9 AS idle_cpu_j,
+  (SELECT gpu_power_integrated_j FROM power_check) AS gpu_power_integrated_j,
+  gpu.covered_ns < 100e6 AS gpu_window_short,  -- shorter than the NVML counter's ~100 ms update period
+  CASE WHEN gpu.energy_j IS NULL AND cpu.energy_j IS NULL THEN NULL
+       WHEN gpu.energy_j IS NOT NULL AND cpu.energy_j IS NOT NULL THEN 'gpu+cpu_package'
+       WHEN gpu.energy_j IS NOT NULL THEN 'gpu' ELSE 'cpu_package' END AS energy_scope,
+  CASE WHEN counts.n_good > 0 AND coalesce(gpu.energy_j, cpu.energy_j) IS NOT NULL
+       THEN (coalesce(gpu.energy_j, 0) + coalesce(cpu.energy_j, 0)) / counts.n_good END AS energy_per_good_j,
+  CASE WHEN counts.n_good > 0 THEN gpu.energy_j / counts.n_good END AS energy_gpu_per_good_j,
+  CASE WHEN counts.n_good > 0 THEN cpu.energy_j / counts.n_good END AS energy_cpu_per_good_j,
+  CASE WHEN counts.n_good > 0 THEN (SELECT sum(value) / 1e3 FROM ev WHERE name = 'device.step') / counts.n_good
+       END AS gpu_s_per_good,
   (SELECT sum(share_ms) FROM step_attribution) AS attributed_step_ms,
   (SELECT sum(step_ms) FROM steps WHERE step_id IN (SELECT step_id FROM step_attribution)) AS attributed_steps_total_ms
-FROM win, counts, little, arrivals, engine;
+FROM win, counts, little, arrivals, engine
+LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'gpu_energy_mj' AND NOT invalid) gpu ON true
+LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_package_energy_uj' AND NOT invalid) cpu ON true
+LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_dram_energy_uj' AND NOT invalid) dram ON true;
+
+-- Each attempt's share of the window's energy: the window total split by its share of engine step time
+-- (itself split by tokens processed per step), so the shares add up to the total.
+CREATE OR REPLACE TABLE energy_shares AS
+WITH busy AS (SELECT attempt_id, sum(share_ms) AS ms FROM step_attribution GROUP BY attempt_id),
+tot AS (SELECT sum(ms) AS ms FROM busy)
+SELECT getvariable('run_id') AS run_id, b.attempt_id, b.ms / tot.ms AS fraction,
+       r.energy_gpu_j * b.ms / tot.ms AS gpu_j, r.energy_cpu_j * b.ms / tot.ms AS cpu_j
+FROM busy b, tot, run_metrics r
+WHERE r.energy_gpu_j IS NOT NULL OR r.energy_cpu_j IS NOT NULL
+ORDER BY b.attempt_id;

@@ -51,6 +51,11 @@ WITH ledger_gaps AS (
          'the run has no energy counter samples'
   WHERE NOT EXISTS (SELECT 1 FROM samples WHERE metric LIKE '%energy%') AND EXISTS (SELECT 1 FROM attempt_ids)
   UNION ALL
+  SELECT 'energy', metric, CASE WHEN metric LIKE 'gpu%' THEN 'energy_gpu_j, energy_per_good_j' ELSE 'energy_cpu_j, energy_per_good_j' END,
+         'a window without a counter reset (NVML restarts after a driver reload) and with RAPL wrap ranges',
+         'the counter went down inside the observation window, or a RAPL wrap could not be unwrapped'
+  FROM window_energy WHERE invalid
+  UNION ALL
   SELECT 'run', NULL, 'gpu_s_per_good', 'device.step events on a CUDA clock (a GPU run)',
          'the run has no device time: engine_s_per_good counts engine step time instead'
   WHERE NOT EXISTS (SELECT 1 FROM ev WHERE name = 'device.step') AND EXISTS (SELECT 1 FROM steps)

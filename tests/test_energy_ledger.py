@@ -1,0 +1,91 @@
+"""Energy per good result from raw counters: window energy, RAPL wrap, driver reset, idle term, shares."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ledger_util import build_run
+
+
+def _attempt(aid, sent, done, correct=True):
+    return [
+        {"name": "task.start", "ms": sent, "task_id": "T" + aid, "attempt_id": aid, "request_id": "R" + aid,
+         "attrs": {"deadline_ms": 5000}},
+        {"name": "attempt.sent", "ms": sent, "task_id": "T" + aid, "attempt_id": aid, "request_id": "R" + aid},
+        {"name": "attempt.chunk", "ms": done - 1, "attempt_id": aid, "attrs": {"kinds": ["content"]}},
+        {"name": "attempt.done", "ms": done, "attempt_id": aid, "attrs": {"usage": {"completion_tokens": 4}}},
+        {"name": "verdict", "ms": done, "attempt_id": aid, "source": "checker", "attrs": {"correct": correct}},
+    ]
+
+
+def _steps():
+    # two steps: A1 prefills 30 tokens beside A2's 10; then both decode one token each
+    ev = []
+    for sid, t0, t1, batch in ((1, 100, 400, [["A1", "prefill", 30], ["A2", "prefill", 10]]),
+                               (2, 400, 600, [["A1", "decode", 1], ["A2", "decode", 1]])):
+        ev.append({"name": "step.start", "ms": t0, "source": "engine", "step_id": sid, "attempt_id": None,
+                   "attrs": {"batch": batch}})
+        ev.append({"name": "step.end", "ms": t1, "source": "engine", "step_id": sid, "attempt_id": None})
+    return ev
+
+
+def _gpu_samples(values_at):
+    return [(ms, "gpu_energy_mj", v, "mJ", "gpu0") for ms, v in values_at]
+
+
+def test_gpu_window_energy_idle_term_and_per_good(tmp_path):
+    # 50 W before the window (5 J per 100 ms), 200 W inside it (20 J per 100 ms); window 0..1000 ms
+    values, v = [], 0.0
+    for ms in range(-500, 1001, 100):
+        values.append((ms, v))
+        v += 5000.0 if ms < 0 else 20000.0
+    con = build_run(tmp_path / "r", _attempt("A1", 0, 1000) + _steps(), samples=_gpu_samples(values))
+    row = con.execute("select energy_gpu_j, idle_gpu_j, energy_cpu_j, energy_scope, energy_per_good_j, "
+                      "energy_gpu_per_good_j, gpu_window_short from run_metrics").fetchone()
+    assert row == (pytest.approx(200.0), pytest.approx(50.0), None, "gpu", pytest.approx(200.0),
+                   pytest.approx(200.0), False)
+    assert con.execute("select count(*) from gaps where affects like '%energy_gpu_j%'").fetchone()[0] == 0
+
+
+def test_rapl_wrap_is_unwrapped_with_the_zone_range(tmp_path):
+    zone = "/sys/class/powercap/intel-rapl:0"
+    samples = [(-600, "rapl_max_energy_range_uj", 1_000_000, "uJ", zone),
+               (-500, "cpu_package_energy_uj", 900_000, "uJ", zone), (0, "cpu_package_energy_uj", 950_000, "uJ", zone),
+               (500, "cpu_package_energy_uj", 20_000, "uJ", zone), (1000, "cpu_package_energy_uj", 120_000, "uJ", zone)]
+    con = build_run(tmp_path / "r", _attempt("A1", 0, 1000), samples=samples)
+    energy, idle, scope = con.execute("select energy_cpu_j, idle_cpu_j, energy_scope from run_metrics").fetchone()
+    assert energy == pytest.approx((1_000_000 - 950_000 + 20_000 + 100_000) / 1e6)  # 0.17 J across the wrap
+    assert idle == pytest.approx(0.05 / 0.5 * 1.0)  # 50 000 uJ in the 0.5 s before, times the 1 s window
+    assert scope == "cpu_package"
+
+
+def test_driver_reset_invalidates_the_window(tmp_path):
+    values = [(0, 10_000.0), (500, 30_000.0), (600, 100.0), (1000, 5_000.0)]  # the counter restarts at 600
+    con = build_run(tmp_path / "r", _attempt("A1", 0, 1000), samples=_gpu_samples(values))
+    assert con.execute("select energy_gpu_j, energy_per_good_j from run_metrics").fetchone() == (None, None)
+    assert con.execute("select count(*) from gaps where scope = 'energy' and subject_id = 'gpu_energy_mj'").fetchone()[0] == 1
+
+
+def test_no_source_is_unknown_not_zero(tmp_path):
+    con = build_run(tmp_path / "r", _attempt("A1", 0, 1000))
+    assert con.execute("select energy_gpu_j, energy_cpu_j, energy_per_good_j, energy_scope from run_metrics").fetchone() \
+        == (None, None, None, None)
+    needs = con.execute("select needs from gaps where scope = 'energy'").fetchone()[0]
+    assert "NVML" in needs and "RAPL" in needs
+
+
+def test_shares_follow_tokens_per_step_and_add_up(tmp_path):
+    values = [(ms, ms * 100.0) for ms in range(0, 1001, 100)]  # 100 J over the window
+    con = build_run(tmp_path / "r", _attempt("A1", 0, 1000) + _attempt("A2", 0, 1000, correct=False) + _steps(),
+                    samples=_gpu_samples(values))
+    total = con.execute("select energy_gpu_j from run_metrics").fetchone()[0]
+    assert total == pytest.approx(100.0)
+    shares = dict(con.execute("select attempt_id, gpu_j from energy_shares").fetchall())
+    # step 1 (300 ms) splits 30:10, step 2 (200 ms) 1:1 -> A1 325 ms, A2 175 ms of 500 ms
+    assert shares == {"A1": pytest.approx(65.0), "A2": pytest.approx(35.0)}
+    assert sum(shares.values()) == pytest.approx(total)
+    # one good result (A2 was wrong): all window energy is charged to it
+    assert con.execute("select n_good, energy_per_good_j from run_metrics").fetchone() == (1, pytest.approx(100.0))
+    attributed, steps_total = con.execute("select attributed_step_ms, attributed_steps_total_ms from run_metrics").fetchone()
+    assert attributed == pytest.approx(steps_total) == pytest.approx(500.0)
