@@ -8,9 +8,51 @@ WITH gave_up AS (
   JOIN clock_conv c ON c.from_clock = m.client_end.clock AND c.to_clock = a.server_clock
   WHERE a.client_status IN ('timeout', 'cancelled', 'error') AND a.server_end_ns IS NOT NULL
 )
-SELECT g.attempt_id, (g.server_end_ns - g.gave_up_ns) / 1e6 AS ghost_ms,
+SELECT g.attempt_id, g.gave_up_ns, (g.server_end_ns - g.gave_up_ns) / 1e6 AS ghost_ms,
        (SELECT coalesce(sum(t.value), 0) FROM ev_tok t WHERE t.attempt_id = g.attempt_id AND t.ts_ns > g.gave_up_ns) AS ghost_tokens
 FROM gave_up g WHERE g.server_end_ns > g.gave_up_ns;
+
+-- KV holding: ∫M(t)dt per attempt, each physical block counted once. An attempt holds a block from
+-- the kv.alloc / kv.prefix_hit that names it to its next kv.release (or to the copy-on-write that
+-- replaced it); while several attempts hold one block, its bytes are split equally among them
+-- (policy 'equal_split'), so the attempts' integrals add up to the physical total.
+CREATE OR REPLACE TEMP TABLE kv_holds AS
+WITH acq AS (
+  SELECT attempt_id, ts_ns, seq, event_id,
+         unnest(from_json(coalesce(json_extract(attrs, '$.blocks'), '[]'), '["BIGINT"]')) AS block
+  FROM ev WHERE name IN ('kv.alloc', 'kv.prefix_hit') AND attempt_id IS NOT NULL
+), rel AS (
+  SELECT attempt_id, ts_ns FROM ev WHERE name = 'kv.release' AND attempt_id IS NOT NULL
+), cow AS (
+  SELECT attempt_id, ts_ns, TRY_CAST(json_extract_string(pair, '$[0]') AS BIGINT) AS block
+  FROM (SELECT attempt_id, ts_ns, unnest(from_json(json_extract(attrs, '$.copy_on_write'), '["JSON"]')) AS pair
+        FROM ev WHERE name = 'kv.alloc' AND json_extract(attrs, '$.copy_on_write') IS NOT NULL)
+)
+SELECT a.attempt_id, a.block, a.ts_ns AS start_ns,
+       least((SELECT min(r.ts_ns) FROM rel r WHERE r.attempt_id = a.attempt_id AND r.ts_ns >= a.ts_ns),
+             (SELECT min(c.ts_ns) FROM cow c WHERE c.attempt_id = a.attempt_id AND c.block = a.block AND c.ts_ns > a.ts_ns))
+         AS end_ns
+FROM acq a;
+
+CREATE OR REPLACE TEMP TABLE kv_integral AS
+WITH holds AS (
+  SELECT attempt_id, block, start_ns, coalesce(end_ns, (SELECT max(ts_ns) FROM ev)) AS end_ns FROM kv_holds
+), pts AS (
+  SELECT block, start_ns AS t FROM holds UNION SELECT block, end_ns FROM holds
+), segs AS (
+  SELECT block, t AS t0, lead(t) OVER (PARTITION BY block ORDER BY t) AS t1 FROM pts
+), covered AS (
+  SELECT s.block, s.t0, s.t1, h.attempt_id, count(*) OVER (PARTITION BY s.block, s.t0) AS holders
+  FROM segs s JOIN holds h ON h.block = s.block AND h.start_ns <= s.t0 AND h.end_ns >= s.t1
+  WHERE s.t1 IS NOT NULL AND s.t1 > s.t0
+)
+SELECT attempt_id, sum((t1 - t0) / holders) / 1e9 * getvariable('kv_block_bytes') / 2^30 AS kv_gib_s,
+       sum(t1 - t0) / 1e9 AS block_s_unshared
+FROM covered GROUP BY attempt_id;
+
+CREATE OR REPLACE TEMP TABLE accounts_base AS SELECT * FROM accounts;
+CREATE OR REPLACE TABLE accounts AS
+SELECT a.*, k.kv_gib_s FROM accounts_base a LEFT JOIN kv_integral k USING (attempt_id) ORDER BY a.attempt_id;
 
 CREATE OR REPLACE TABLE reconciliation AS
 WITH att AS (SELECT * FROM attempts a JOIN attempt_ids i USING (attempt_id)),
@@ -39,6 +81,9 @@ SELECT getvariable('run_id') AS run_id,
   (SELECT count(*) FROM ghost) AS ghost_attempts,
   (SELECT coalesce(sum(ghost_ms), 0) FROM ghost) AS ghost_ms,
   (SELECT sum(ghost_tokens) FROM ghost) AS ghost_tokens,
+  (SELECT sum(greatest(0, (least(h.end_ns, a.server_end_ns) - greatest(h.start_ns, g.gave_up_ns)))) / 1e9
+          * getvariable('kv_block_bytes') / 2^30
+   FROM kv_holds h JOIN ghost g USING (attempt_id) JOIN attempts a USING (attempt_id)) AS ghost_kv_gib_s,
   (SELECT avg(n_attempts) FROM per_request) AS attempts_per_request,
   (SELECT avg(n_calls) FROM per_task) AS calls_per_task,
   -- the measured probability that an attempt does not complete, and the retry formula's E[N]
@@ -208,6 +253,7 @@ SELECT getvariable('run_id') AS run_id,
   CASE WHEN counts.n_good > 0 THEN cpu.energy_j / counts.n_good END AS energy_cpu_per_good_j,
   CASE WHEN counts.n_good > 0 THEN (SELECT sum(value) / 1e3 FROM ev WHERE name = 'device.step') / counts.n_good
        END AS gpu_s_per_good,
+  (SELECT sum(kv_gib_s) FROM kv_integral) AS kv_gib_s,
   (SELECT sum(share_ms) FROM step_attribution) AS attributed_step_ms,
   (SELECT sum(step_ms) FROM steps WHERE step_id IN (SELECT step_id FROM step_attribution)) AS attributed_steps_total_ms
 FROM win, counts, little, arrivals, engine

@@ -56,6 +56,10 @@ WITH ledger_gaps AS (
          'the counter went down inside the observation window, or a RAPL wrap could not be unwrapped'
   FROM window_energy WHERE invalid
   UNION ALL
+  SELECT 'run', NULL, 'kv_gib_s, ghost_kv_gib_s', 'the KV block size in bytes (manifest model.kv_bytes_per_token and engine_config.block_size)',
+         'the run holds KV events but its manifest does not declare the bytes of a block'
+  WHERE getvariable('kv_block_bytes') IS NULL AND EXISTS (SELECT 1 FROM kv_holds)
+  UNION ALL
   SELECT 'run', NULL, 'gpu_s_per_good', 'device.step events on a CUDA clock (a GPU run)',
          'the run has no device time: engine_s_per_good counts engine step time instead'
   WHERE NOT EXISTS (SELECT 1 FROM ev WHERE name = 'device.step') AND EXISTS (SELECT 1 FROM steps)

@@ -45,14 +45,25 @@ def _stage_sql(name: str) -> str:
     return resources.files("inferledger.ledger").joinpath(name).read_text()
 
 
-def _run_id(run_dir: Path) -> str:
+def _manifest(run_dir: Path) -> dict:
     manifest = run_dir / "manifest.json"
-    if manifest.exists():
-        try:
-            return json.loads(manifest.read_text()).get("run_id") or run_dir.name
-        except ValueError as exc:
-            raise RunDirError(f"{manifest}: not valid JSON ({exc})") from exc
-    return run_dir.name
+    if not manifest.exists():
+        return {}
+    try:
+        return json.loads(manifest.read_text())
+    except ValueError as exc:
+        raise RunDirError(f"{manifest}: not valid JSON ({exc})") from exc
+
+
+def _run_id(run_dir: Path) -> str:
+    return _manifest(run_dir).get("run_id") or run_dir.name
+
+
+def _kv_block_bytes(manifest: dict) -> int | None:
+    """Bytes of one KV block, declared by the engine's manifest (None when the run does not say)."""
+    per_token = (manifest.get("model") or {}).get("kv_bytes_per_token")
+    block = (manifest.get("engine_config") or {}).get("block_size")
+    return int(per_token) * int(block) if per_token and block else None
 
 
 def _load(con: duckdb.DuckDBPyConnection, table: str, files: list[Path], schema: pa.Schema, temp: bool) -> None:
@@ -98,6 +109,7 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
     try:
         con.execute("SET enable_progress_bar = false")
         con.execute("SET VARIABLE run_id = ?", [run_id])
+        con.execute("SET VARIABLE kv_block_bytes = ?", [_kv_block_bytes(_manifest(run_dir))])
         t0 = time.perf_counter()
         # file order is deterministic (insertion order is preserved), so no sort is needed
         _load(con, "events", parts, EVENT_SCHEMA, temp=False)

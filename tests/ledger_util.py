@@ -10,7 +10,8 @@ from inferledger.collectors.writer import RunWriter
 from inferledger.ledger.reconstruct import reconstruct
 
 
-def build_run(run_dir: Path, events: list[dict], *, domains=("c",), maps=(), samples=()) -> duckdb.DuckDBPyConnection:
+def build_run(run_dir: Path, events: list[dict], *, domains=("c",), maps=(), samples=(),
+              manifest: dict | None = None) -> duckdb.DuckDBPyConnection:
     """events: dicts with name, ms (float) or ts_ns, and optional clock/source/ids/value/attrs;
     samples: (ms, metric, value, unit, device) on the first domain."""
     w = RunWriter(run_dir, run_dir.name)
@@ -32,6 +33,8 @@ def build_run(run_dir: Path, events: list[dict], *, domains=("c",), maps=(), sam
     for ms, metric, value, unit, device in samples:
         w.sample(ts_ns=int(round(ms * 1_000_000)), clock=domains[0], source="probe", host="h", metric=metric,
                  value=value, unit=unit, device=device)
+    if manifest is not None:
+        w.write_manifest(manifest)
     w.close()
     summary = reconstruct(run_dir)
     return duckdb.connect(str(summary.path), read_only=True)
