@@ -232,6 +232,16 @@ SELECT getvariable('run_id') AS run_id,
   (win.t1 - win.t0) / 1e9 AS t_obs_s, 'first arrival or client event → last client terminal' AS window,
   counts.n_good, counts.n_completed, counts.n_unjudged,
   counts.n_good / ((win.t1 - win.t0) / 1e9) AS goodput_rps,
+  -- the vLLM-bench variant: completed requests within TTFT / TPOT / E2E thresholds (TPOT 0 when n <= 1)
+  CASE WHEN coalesce(getvariable('slo_ttft_ms'), getvariable('slo_tpot_ms'), getvariable('slo_e2e_ms')) IS NOT NULL THEN
+    (SELECT count(*) FROM request_metrics r JOIN attempts a USING (attempt_id)
+     WHERE a.client_status = 'completed'
+       AND (getvariable('slo_ttft_ms') IS NULL OR r.ttft_client_ms <= getvariable('slo_ttft_ms'))
+       AND (getvariable('slo_tpot_ms') IS NULL OR coalesce(r.tpot_ms, 0) <= getvariable('slo_tpot_ms'))
+       AND (getvariable('slo_e2e_ms') IS NULL OR r.e2e_client_ms <= getvariable('slo_e2e_ms')))
+    / ((win.t1 - win.t0) / 1e9) END AS vllm_goodput_rps,
+  getvariable('slo_ttft_ms') AS slo_ttft_ms, getvariable('slo_tpot_ms') AS slo_tpot_ms,
+  getvariable('slo_e2e_ms') AS slo_e2e_ms,
   counts.n_completed / ((win.t1 - win.t0) / 1e9) AS completed_rps,
   -- Little's law: mean number in system (time-averaged) against arrival rate × mean time in system
   little.busy_s / ((win.t1 - win.t0) / 1e9) AS mean_in_system,

@@ -90,6 +90,11 @@ def _execute(con, sql: str, stage: str, profile: list | None) -> None:
         profile.append((stage, label, time.perf_counter() - t0))
 
 
+def _slo(manifest: dict) -> dict:
+    """vLLM-style SLO thresholds, from the manifest's `slo` or its workload's `[slo]` section."""
+    return manifest.get("slo") or ((manifest.get("workload") or {}).get("spec") or {}).get("slo") or {}
+
+
 def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = None,
                 profile: list | None = None) -> LedgerSummary:
     """Build the ledger; with `profile` (a list), append (stage, statement, seconds) for every step."""
@@ -109,7 +114,11 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
     try:
         con.execute("SET enable_progress_bar = false")
         con.execute("SET VARIABLE run_id = ?", [run_id])
-        con.execute("SET VARIABLE kv_block_bytes = ?", [_kv_block_bytes(_manifest(run_dir))])
+        manifest = _manifest(run_dir)
+        con.execute("SET VARIABLE kv_block_bytes = ?", [_kv_block_bytes(manifest)])
+        slo = _slo(manifest)
+        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            con.execute(f"SET VARIABLE slo_{key} = ?::DOUBLE", [slo.get(key)])
         t0 = time.perf_counter()
         # file order is deterministic (insertion order is preserved), so no sort is needed
         _load(con, "events", parts, EVENT_SCHEMA, temp=False)

@@ -89,3 +89,13 @@ def test_shares_follow_tokens_per_step_and_add_up(tmp_path):
     assert con.execute("select n_good, energy_per_good_j from run_metrics").fetchone() == (1, pytest.approx(100.0))
     attributed, steps_total = con.execute("select attributed_step_ms, attributed_steps_total_ms from run_metrics").fetchone()
     assert attributed == pytest.approx(steps_total) == pytest.approx(500.0)
+
+
+def test_vllm_style_goodput_uses_declared_thresholds(tmp_path):
+    ev = _attempt("A1", 0, 1000) + _attempt("A2", 0, 400)
+    con = build_run(tmp_path / "r", ev, manifest={"slo": {"e2e_ms": 500}})
+    # only A2 finished within 500 ms; the window is 1 s
+    assert con.execute("select vllm_goodput_rps, slo_e2e_ms, slo_ttft_ms from run_metrics").fetchone() \
+        == (pytest.approx(1.0), 500.0, None)
+    con2 = build_run(tmp_path / "r2", ev)
+    assert con2.execute("select vllm_goodput_rps from run_metrics").fetchone()[0] is None
