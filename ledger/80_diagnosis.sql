@@ -281,3 +281,16 @@ SELECT getvariable('run_id') AS run_id, b.attempt_id, b.ms / tot.ms AS fraction,
 FROM busy b, tot, run_metrics r
 WHERE r.energy_gpu_j IS NOT NULL OR r.energy_cpu_j IS NOT NULL
 ORDER BY b.attempt_id;
+
+-- Ghost joules: the window energy charged (by step-time shares) to ghost attempts in steps that
+-- started after their client gave up. NULL when the window's energy is unknown.
+CREATE OR REPLACE TEMP TABLE reconciliation_base AS SELECT * FROM reconciliation;
+CREATE OR REPLACE TABLE reconciliation AS
+WITH ghost_ms AS (
+  SELECT sum(sa.share_ms) AS ms FROM step_attribution sa JOIN ghost g USING (attempt_id)
+  JOIN steps st USING (step_id) WHERE st.start_ns >= g.gave_up_ns
+), all_ms AS (SELECT sum(share_ms) AS ms FROM step_attribution)
+SELECT r.*,
+       (coalesce(m.energy_gpu_j, 0) + coalesce(m.energy_cpu_j, 0)) * coalesce(gm.ms, 0) / nullif(am.ms, 0)
+         * CASE WHEN coalesce(m.energy_gpu_j, m.energy_cpu_j) IS NULL THEN NULL ELSE 1 END AS ghost_energy_j
+FROM reconciliation_base r, run_metrics m, ghost_ms gm, all_ms am;

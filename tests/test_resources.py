@@ -51,3 +51,18 @@ def test_unknown_block_size_is_null_with_a_gap(tmp_path):
     con = build_run(tmp_path / "r", _events())
     assert con.execute("select kv_gib_s from run_metrics").fetchone()[0] is None
     assert con.execute("select count(*) from gaps where affects like 'kv_gib_s%'").fetchone()[0] == 1
+
+
+def test_ghost_energy_follows_step_shares_after_the_client_gave_up(tmp_path):
+    ev = _events("attempt.timeout")
+    for sid, t0, t1, batch in ((1, 100, 900, [["A1", "decode", 1], ["A2", "decode", 1]]),
+                               (2, 1250, 1450, [["A2", "decode", 1]])):
+        ev += [{"name": "step.start", "ms": t0, "source": "engine", "step_id": sid, "attempt_id": None,
+                "attrs": {"batch": batch}},
+               {"name": "step.end", "ms": t1, "source": "engine", "step_id": sid, "attempt_id": None}]
+    samples = [(ms, "gpu_energy_mj", ms * 10.0, "mJ", "gpu0") for ms in range(0, 1501, 100)]  # 10 W
+    con = build_run(tmp_path / "r", ev, manifest=GIB_BLOCK, samples=samples)
+    # window 0..1200 ms (last client terminal): 12 J; step time 800 + 200 ms; the 200 ms step after
+    # A2's client gave up is all A2's: 12 J x 200 / 1000
+    assert con.execute("select energy_gpu_j from run_metrics").fetchone()[0] == pytest.approx(12.0)
+    assert con.execute("select ghost_energy_j from reconciliation").fetchone()[0] == pytest.approx(2.4)
