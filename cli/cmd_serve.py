@@ -31,7 +31,8 @@ def serve_cmd(
     flush_every: float = typer.Option(5.0, help="Seconds between flushes of --out (and once more on shutdown)."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
 ) -> None:
-    """Serve a checkpoint with the reference engine over an OpenAI-compatible API:
+    """Serve a checkpoint with the reference engine over an OpenAI-compatible HTTP API.
+
     POST /v1/completions and /v1/chat/completions (streaming with usage), GET /v1/models, /health,
     /metrics (Prometheus), /clock (the server's monotonic clock, for offset estimation). Binds
     127.0.0.1 by default. A client that disconnects cancels its request in the engine. Send
