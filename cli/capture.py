@@ -3,23 +3,29 @@
 Embedded: the reference engine and its OpenAI-compatible server run in this process on a loopback
 port (their own thread and event loop), the load client talks to them over real HTTP, and engine,
 server and client events land in one run directory. A URL target is black-box: only the client's
-events exist, and the gap register says so.
+events exist, and the gap register says so. The client watches its own overhead (event-loop lag,
+pacing error) and the manifest marks a run client-bound when the lag exceeds 1 ms at p99.
 """
 from __future__ import annotations
 
 import asyncio
 import platform
 import statistics
+import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 
-from inferledger.collectors.loadgen import LoadClient, LoadResult, Workload
+from inferledger.collectors.loadgen import LoadClient, LoadResult
+from inferledger.collectors.workload import Workload, load_tokenizer
 from inferledger.collectors.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
 from inferledger.probes.probe import Probe, host_id, mono_clock
+
+CLIENT_BOUND_LAG_MS = 1.0  # p99 event-loop lag above which the client's own delay taints its figures
 
 
 @dataclass
@@ -35,19 +41,24 @@ class CaptureResult:
 class EmbeddedServer:
     """The engine plus its HTTP front end on 127.0.0.1:<ephemeral>, in a thread of its own."""
 
-    def __init__(self, writer: RunWriter, host: str, *, max_num_seqs: int = 8, model: str | None = None) -> None:
+    def __init__(self, writer: RunWriter, host: str, *, max_num_seqs: int = 8, model: str | None = None,
+                 bundle=None, engine_config: dict | None = None) -> None:
         from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
-        from inferledger.engine.loader import load_model
         from inferledger.engine.server import build_app
         from inferledger.engine.server_thread import ServerThread
 
-        self.bundle = load_model(model)
-        self.config = EngineConfig(max_num_seqs=max_num_seqs)
+        if bundle is None:
+            from inferledger.engine.loader import load_model
+
+            bundle = load_model(model)
+        self.bundle = bundle
+        self.config = EngineConfig(**{"max_num_seqs": max_num_seqs, **(engine_config or {})})
         self.engine = LLMEngine(self.bundle, self.config, sink=writer, run_id=writer.run_id, host=host)
         self.async_engine = AsyncEngine(self.engine)
-        app = build_app(self.async_engine, self.bundle.tokenizer, model_name=Path(self.bundle.identity["path"]).stem,
+        self.model_name = Path(self.bundle.identity["path"]).stem
+        app = build_app(self.async_engine, self.bundle.tokenizer, model_name=self.model_name,
                         sink=writer, run_id=writer.run_id, host=host)
-        self.thread = ServerThread(app)
+        self.thread = ServerThread(app)  # binds 127.0.0.1 only
 
     def start(self) -> str:
         self.async_engine.start()
@@ -59,6 +70,7 @@ class EmbeddedServer:
         deadline = time.monotonic() + drain_s
         while self.engine.has_unfinished() and time.monotonic() < deadline:
             time.sleep(0.01)
+        time.sleep(0.05)  # the front end's last writes and server.done after the engine's finish
         self.thread.stop()
         self.async_engine.close()
 
@@ -72,29 +84,44 @@ async def _watch_loop_lag(samples: list[tuple[int, float]], stop: asyncio.Event,
         samples.append((now, max(0.0, (now - t) / 1e6 - period_s * 1000)))
 
 
-async def _drive(wl: Workload, url: str, probe: Probe, writer: RunWriter, *, separate_clocks: bool,
-                 progress=None) -> tuple[LoadResult, list[tuple[int, float]]]:
+async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter, *, separate_clocks: bool,
+                 served_model: str | None, api_key: str | None, progress=None):
     from inferledger.collectors.clocksync import estimate
     from inferledger.collectors.http_transport import HTTPTarget
 
+    mappings = []
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else None
     if separate_clocks:
-        mapping = await estimate(url, probe.clock)
-        writer.clock_domain(mapping.from_clock, host=probe.host, kind="monotonic")
-        writer.clock_map(mapping.from_clock, mapping.to_clock, mapping.offset_ns, mapping.epsilon_ns, mapping.method)
+        mappings.append(await estimate(url, probe.clock, headers=headers, label="start"))
     lags: list[tuple[int, float]] = []
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch_loop_lag(lags, stop))
-    async with HTTPTarget(url) as target:
-        client = LoadClient(wl, target, probe, on_task_done=progress)
-        result = await client.run()
-    stop.set()
-    await watcher
-    return result, lags
+    try:
+        async with HTTPTarget(url, model=served_model, api_key=api_key) as target:
+            client = LoadClient(wl, target, probe, plans=plans, on_task_done=progress)
+            result = await client.run()
+    finally:
+        stop.set()
+        await watcher
+    if separate_clocks:
+        mappings.append(await estimate(url, probe.clock, headers=headers, label="end"))
+    return result, lags, mappings
 
 
-def capture(workload: str | Path, out: str | Path, *, target: str = "embedded", separate_clocks: bool = False,
-            max_num_seqs: int = 8, model: str | None = None, progress=None, on_ready=None) -> CaptureResult:
-    wl = Workload.load(workload)
+def _lag_p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else 0.0
+
+
+def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "embedded",
+            separate_clocks: bool = False, max_num_seqs: int = 8, model: str | None = None, bundle=None,
+            engine_config: dict | None = None, served_model: str | None = None, api_key: str | None = None,
+            switch_interval_s: float | None = 0.0005, progress=None, on_ready=None) -> CaptureResult:
+    """Run `workload` against `target` ('embedded' or a base URL) and write the run directory `out`.
+
+    `bundle` reuses an already loaded model (tests); `switch_interval_s` shortens the interpreter's
+    thread switch interval during the run so the client's loop is not held for 5 ms by the server's
+    or engine's threads (None leaves it alone)."""
+    wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
     host = host_id()
     writer = RunWriter(out)
@@ -104,22 +131,34 @@ def capture(workload: str | Path, out: str | Path, *, target: str = "embedded", 
     probe = Probe(writer, "client", run_id=writer.run_id, host=host, clock=client_clock)
     server = None
     if target == "embedded":
-        server = EmbeddedServer(writer, host, max_num_seqs=max_num_seqs, model=model)
-        url = server.start()  # one host, one CLOCK_MONOTONIC: unless told apart, both use mono:<host>
-    else:
-        url = target
+        server = EmbeddedServer(writer, host, max_num_seqs=max_num_seqs, model=model, bundle=bundle,
+                                engine_config=engine_config)
+    tokenizer = None
+    if wl.needs_tokenizer:
+        own = server is not None and (wl.tokenizer is None or (wl.tokenizer == "bundled" and model is None))
+        tokenizer = server.bundle.tokenizer if own else load_tokenizer(wl.tokenizer)
+    plans = wl.plan(tokenizer)
+    url = server.start() if server is not None else target  # one host, one CLOCK_MONOTONIC
     if on_ready:
         on_ready()
+    old_switch = sys.getswitchinterval()
+    if switch_interval_s:
+        sys.setswitchinterval(switch_interval_s)
     t0 = time.monotonic()
     try:
-        result, lags = asyncio.run(_drive(wl, url, probe, writer, separate_clocks=separate_clocks,
-                                          progress=progress))
+        result, lags, mappings = asyncio.run(_drive(wl, plans, url, probe, writer, separate_clocks=separate_clocks,
+                                                    served_model=served_model or (server.model_name if server else None),
+                                                    api_key=api_key, progress=progress))
     finally:
+        sys.setswitchinterval(old_switch)
         if server is not None:
             server.stop()
     wall_s = time.monotonic() - t0
+    for m in mappings:
+        writer.clock_domain(m.from_clock, host=host if server else None, kind="monotonic")
+        writer.clock_map(m.from_clock, m.to_clock, m.offset_ns, m.epsilon_ns, m.method)
     lag_values = [lag for _, lag in lags]
-    lag_p99 = statistics.quantiles(lag_values, n=100)[98] if len(lag_values) >= 2 else 0.0
+    lag_p99 = _lag_p99(lag_values)
     for ts_ns, lag in lags[:: max(1, len(lags) // 2000)]:  # a bounded trace of the client's own lag
         writer.sample(ts_ns=ts_ns, clock=client_clock, source="client", host=host, metric="client_loop_lag_ms",
                       value=lag, unit="ms")
@@ -130,24 +169,38 @@ def capture(workload: str | Path, out: str | Path, *, target: str = "embedded", 
                      "needs": "server-side events: serve with `inferledger serve --out` or import the server's trace",
                      "detail": f"black-box target {url}: only the client's events were recorded"})
     write_table_atomic(pa.Table.from_pylist(gaps, schema=GAP_SCHEMA), out / "gaps.parquet")
+    client_bound = lag_p99 > CLIENT_BOUND_LAG_MS
+    classes = Counter(p.cls.name for p in plans)
     manifest = {
         "source": "inferledger capture",
         "target": {"kind": "embedded" if server else "url", "url": url},
-        "workload": {"path": str(workload), "name": wl.name, "sha256": wl.sha256, "spec": wl.spec},
+        "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec,
+                     "arrivals": wl.process, "n_tasks": wl.n_tasks, "classes": dict(classes),
+                     "requests": sum(len(p.requests) for p in plans)},
+        "prompts": {"tokenizer": (tokenizer.hash if tokenizer is not None else None),
+                    "tokenizer_source": (wl.tokenizer or ("embedded model" if server else "bundled"))
+                    if tokenizer is not None else None,
+                    "exact_prompt_tokens": sorted({r.prompt_tokens for p in plans for r in p.requests
+                                                   if r.prompt_tokens})},
         "wall_s": round(wall_s, 3),
-        "client": {"clock": client_clock, "loop_lag_p99_ms": round(lag_p99, 3), "client_bound": lag_p99 > 1.0,
-                   "result": result.__dict__},
+        "client": {"clock": client_clock, "loop_lag_p99_ms": round(lag_p99, 3),
+                   "loop_lag_max_ms": round(max(lag_values, default=0.0), 3), "client_bound": client_bound,
+                   "client_bound_rule": f"event-loop lag p99 > {CLIENT_BOUND_LAG_MS} ms",
+                   "pacing_error_ms": result.pacing_summary(), "switch_interval_s": switch_interval_s,
+                   "result": result.counts()},
+        "clock_mappings": [m.__dict__ for m in mappings],
         "system_under_test": {
             "inside": ["reference engine", "OpenAI-compatible HTTP front end"] if server else [url],
-            "outside": ["load client", "checker"]},
+            "outside": ["load client", "checker", "simulated tools"]},
         "host": {"name": host, "platform": platform.platform(), "python": platform.python_version(),
                  "processor": platform.processor()},
         "evidence": {"engine_config": "declared", "model": "declared", "events": "observed",
-                     "clock_mapping": "observed (round trips)" if separate_clocks else "same domain"},
+                     "clock_mapping": "observed (round trips)" if separate_clocks else "same domain",
+                     "client_overhead": "observed (loop lag, pacing error)"},
     }
     if server is not None:
         manifest["model"] = server.bundle.identity
         manifest["engine_config"] = {k: v for k, v in vars(server.config).items()}
     writer.write_manifest(manifest)
     writer.close()
-    return CaptureResult(out, result, wall_s, lag_p99, lag_p99 > 1.0, manifest)
+    return CaptureResult(out, result, wall_s, lag_p99, client_bound, manifest)

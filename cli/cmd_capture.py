@@ -8,16 +8,18 @@ import typer
 
 
 def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, max_num_seqs: int,
-                model: Optional[str]):
+                model: Optional[str], served_model: Optional[str] = None, api_key: Optional[str] = None):
     """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from inferledger.cli.app import console
     from inferledger.cli.capture import capture
-    from inferledger.collectors.loadgen import Workload
+    from inferledger.collectors.workload import Workload
 
     if out.exists() and any(out.iterdir()):
         raise typer.BadParameter(f"{out} already holds files; choose a new --out", param_hint="--out")
+    if target != "embedded" and not target.startswith(("http://", "https://")):
+        raise typer.BadParameter(f"{target!r} is neither 'embedded' nor an http(s):// base URL", param_hint="--target")
     try:
         wl = Workload.load(workload)
     except ValueError as exc:
@@ -25,14 +27,18 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         bar = progress.add_task(f"{wl.name}: loading the model", total=wl.n_tasks)
-        result = capture(workload, out, target=target, separate_clocks=separate_clocks,
-                         max_num_seqs=max_num_seqs, model=model,
+        result = capture(wl, out, target=target, separate_clocks=separate_clocks,
+                         max_num_seqs=max_num_seqs, model=model, served_model=served_model, api_key=api_key,
                          on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks"),
                          progress=lambda: progress.advance(bar))
     r = result.load
     console.print(f"[bold]{wl.name}[/] against {result.manifest['target']['url']}: {r.tasks} tasks, "
-                  f"{r.attempts} attempts ({r.completed} completed, {r.timeouts} client timeouts, "
-                  f"{r.cancelled} cancelled, {r.errors} errors) in {result.wall_s:.1f} s")
+                  f"{r.attempts} attempts ({r.completed} completed, {r.timeouts} client timeouts of which "
+                  f"{r.abandoned} abandoned, {r.retries} retries, {r.cancelled} cancelled, {r.errors} errors, "
+                  f"{r.tool_calls} tool calls; {r.correct} answers correct) in {result.wall_s:.1f} s")
+    pace = result.manifest["client"]["pacing_error_ms"]["arrival"]
+    console.print(f"client overhead: event-loop lag p99 {result.loop_lag_p99_ms:.2f} ms; pacing error (sent − planned "
+                  f"arrival) p50 {pace.get('p50', 0):.2f} ms, p99 {pace.get('p99', 0):.2f} ms over {pace['n']} arrivals")
     if result.client_bound:
         console.print(f"[yellow]warning:[/] the client's event loop lagged {result.loop_lag_p99_ms:.2f} ms at p99 "
                       "(> 1 ms): this run is client-bound, its client-side latencies include the client's own delay")
@@ -48,6 +54,9 @@ def capture_cmd(
                                          "server's offset by round trips to /clock (as across hosts)."),
     max_num_seqs: int = typer.Option(8, help="Embedded engine: batch size limit."),
     model: Optional[str] = typer.Option(None, help="Embedded engine: a GGUF file or HF folder (default: bundled)."),
+    served_model: Optional[str] = typer.Option(None, help="URL target: the model name to request (default: the "
+                                               "first of its /v1/models)."),
+    api_key: Optional[str] = typer.Option(None, envvar="INFERLEDGER_API_KEY", help="URL target: bearer token."),
 ) -> None:
     """Drive a workload against a target and record the run: client events on the client's clock,
     server and engine events (embedded target), KV samples, the clock mapping and the manifest.
@@ -58,7 +67,7 @@ def capture_cmd(
     """
     from inferledger.cli.app import console
 
-    result = run_capture(workload, out, target, separate_clocks, max_num_seqs, model)
+    result = run_capture(workload, out, target, separate_clocks, max_num_seqs, model, served_model, api_key)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 
 

@@ -22,6 +22,7 @@ class ClockMapping:
     epsilon_ns: int
     method: str = "round-trip"
     samples: int = 0
+    label: str = ""  # when in the run it was taken (start, end)
 
 
 def best_offset(samples: list[tuple[int, int, int]]) -> tuple[int, int]:
@@ -34,7 +35,7 @@ def best_offset(samples: list[tuple[int, int, int]]) -> tuple[int, int]:
 
 async def estimate(base_url: str, client_clock: str, *, rounds: int = 16,
                    session: aiohttp.ClientSession | None = None, now_ns=time.monotonic_ns,
-                   headers: dict | None = None) -> ClockMapping:
+                   headers: dict | None = None, label: str = "") -> ClockMapping:
     own = session is None
     session = session or aiohttp.ClientSession()
     samples, server_clock = [], None
@@ -52,4 +53,4 @@ async def estimate(base_url: str, client_clock: str, *, rounds: int = 16,
         if own:
             await session.close()
     offset, eps = best_offset(samples)
-    return ClockMapping(server_clock, client_clock, offset, eps, "round-trip", len(samples))
+    return ClockMapping(server_clock, client_clock, offset, eps, "round-trip", len(samples), label)

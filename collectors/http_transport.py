@@ -4,6 +4,11 @@ Every SSE event becomes one `Chunk` with the kinds it carries (content, reasonin
 usage). The OpenAI protocol does not say how many tokens a chunk holds, so `tokens` stays None: the
 ledger takes the count from `usage` (requested with `stream_options.include_usage`), never from the
 number of chunks.
+
+`attempt.sent` is the moment the request body is handed to the socket (aiohttp's request-chunk-sent
+trace signal; headers are coalesced with the body), `attempt.first_byte` the moment the response
+status line and headers have arrived. Transport failures (connect, reset, a stream cut short) raise
+`TransportError`, which the client retries; a non-200 answer raises `HTTPError` with its status.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import AsyncIterator
 
 import aiohttp
 
-from inferledger.collectors.loadgen import Chunk
+from inferledger.collectors.loadgen import Chunk, TransportError
 
 
 class HTTPError(Exception):
@@ -45,6 +50,19 @@ def chunk_from_event(event: dict) -> Chunk:
     return Chunk(kinds=sorted(set(kinds)), text="".join(text), tokens=None, finish_reason=finish, usage=usage)
 
 
+async def _on_chunk_sent(session, ctx, params) -> None:
+    cb = getattr(ctx.trace_request_ctx, "on_sent", None) if ctx.trace_request_ctx is not None else None
+    if cb is not None:
+        cb()
+
+
+class _TraceCtx:
+    __slots__ = ("on_sent",)
+
+    def __init__(self, on_sent) -> None:
+        self.on_sent = on_sent
+
+
 class HTTPTarget:
     """One aiohttp session for the whole run; ids travel in headers so the server can log them."""
 
@@ -57,13 +75,20 @@ class HTTPTarget:
         self._limit = limit
 
     async def __aenter__(self) -> "HTTPTarget":
+        trace = aiohttp.TraceConfig()
+        trace.on_request_chunk_sent.append(_on_chunk_sent)
         # no total timeout here: the client's own per-attempt timeout decides, and is recorded
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._limit),
-                                              timeout=aiohttp.ClientTimeout(total=None))
+                                              timeout=aiohttp.ClientTimeout(total=None), trace_configs=[trace])
         if self.model is None:
-            async with self._session.get(f"{self.base_url}/v1/models", headers=self._headers({})) as r:
-                data = await r.json()
-                self.model = data["data"][0]["id"]
+            try:
+                async with self._session.get(f"{self.base_url}/v1/models", headers=self._headers({})) as r:
+                    data = await r.json(content_type=None)
+                    self.model = data["data"][0]["id"]
+            except (aiohttp.ClientError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+                await self._session.close()
+                raise ValueError(f"{self.base_url}/v1/models did not name a model ({exc!r}); "
+                                 "pass the model name explicitly") from exc
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -79,28 +104,32 @@ class HTTPTarget:
             h["x-inferledger-attempt-id"] = ids["attempt_id"]
             h["x-inferledger-request-id"] = ids["request_id"]
             h["x-inferledger-task-id"] = ids["task_id"]
+            if ids.get("session_id"):
+                h["x-inferledger-session-id"] = ids["session_id"]
         return h
 
-    async def stream(self, messages: list[dict], params: dict, *, request_id: str, attempt_id: str,
-                     task_id: str, on_first_byte=None) -> AsyncIterator[Chunk]:
+    async def stream(self, messages: list[dict], params: dict, *, ids: dict, on_sent=None,
+                     on_first_byte=None) -> AsyncIterator[Chunk]:
         body = {"model": self.model, "messages": messages, "stream": True,
                 "stream_options": {"include_usage": True}, **params}
-        ids = {"attempt_id": attempt_id, "request_id": request_id, "task_id": task_id}
-        async with self._session.post(f"{self.base_url}/v1/chat/completions", json=body,
-                                      headers=self._headers(ids)) as resp:
-            if on_first_byte is not None:
-                on_first_byte()
-            if resp.status != 200:
-                raise HTTPError(resp.status, await resp.text())
-            buffer = b""
-            async for data in resp.content.iter_any():
-                buffer += data
-                while b"\n\n" in buffer:
-                    raw, buffer = buffer.split(b"\n\n", 1)
-                    for line in raw.split(b"\n"):
-                        if not line.startswith(b"data:"):
-                            continue
-                        payload = line[5:].strip()
-                        if payload == b"[DONE]":
-                            return
-                        yield chunk_from_event(json.loads(payload))
+        try:
+            async with self._session.post(f"{self.base_url}/v1/chat/completions", json=body,
+                                          headers=self._headers(ids), trace_request_ctx=_TraceCtx(on_sent)) as resp:
+                if on_first_byte is not None:
+                    on_first_byte()
+                if resp.status != 200:
+                    raise HTTPError(resp.status, await resp.text())
+                buffer = b""
+                async for data in resp.content.iter_any():
+                    buffer += data
+                    while b"\n\n" in buffer:
+                        raw, buffer = buffer.split(b"\n\n", 1)
+                        for line in raw.split(b"\n"):
+                            if not line.startswith(b"data:"):
+                                continue
+                            payload = line[5:].strip()
+                            if payload == b"[DONE]":
+                                return
+                            yield chunk_from_event(json.loads(payload))
+        except aiohttp.ClientError as exc:
+            raise TransportError(f"{type(exc).__name__}: {exc}") from exc

@@ -1,25 +1,30 @@
-"""The load client: open-loop arrivals, client timeouts, retries, injected cancellations, a checker.
+"""The load client: open- or closed-loop arrivals, tasks of one call, session turns or parallel branches,
+simulated tool calls, client timeouts, retries with backoff and jitter, injected cancellations, a checker.
 
-It records the client's side of every attempt on its own monotonic clock (`attempt.*`,
-`arrival.planned`, `task.*`, `verdict`) through a `Probe`, whatever carries the requests: a
-`Transport` turns one attempt into a stream of `Chunk`s (the in-process engine today, HTTP in the
-serving issue). A client timeout or cancellation closes the stream; what the server does then is the
-server's own evidence, never inferred here.
+It records the client's side of every task and attempt on its own monotonic clock through a `Probe`
+(`arrival.planned`, `task.*`, `attempt.*`, `tool.*`, `verdict`; docs/CAPTURE.md), whatever carries the
+requests: a `Transport` turns one attempt into a stream of `Chunk`s (HTTP in `http_transport`, the
+in-process engine in `cli/embedded.py`). A timeout or cancellation closes the stream (or, with
+`on_timeout = "abandon"`, stops listening while the connection drains); what the server does then is
+the server's own evidence, never inferred here. The workload format and task plans live in
+`collectors/workload.py`.
 """
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import random
 import re
+import statistics
 import time
-import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, Callable, Protocol
 
+from inferledger.collectors.workload import Question, RequestPlan, TaskPlan, Workload
 from inferledger.probes.probe import Probe
+
+RETRYABLE_STATUS = (429, 500, 502, 503, 504)  # and transport failures (no status)
+OUTPUT_KINDS = ("content", "reasoning", "tool_call")
 
 
 @dataclass
@@ -31,83 +36,35 @@ class Chunk:
     usage: dict | None = None
 
 
+class TransportError(Exception):
+    """A failure below HTTP (connect, reset, truncated stream): retryable, no status."""
+
+    status = None
+    retryable = True
+
+
 class Transport(Protocol):
-    def stream(self, prompt: list[dict], params: dict, *, request_id: str, attempt_id: str,
-               task_id: str, on_first_byte=None) -> AsyncIterator[Chunk]:
-        """One attempt's stream events; calls on_first_byte() when the response starts arriving."""
+    def stream(self, messages: list[dict], params: dict, *, ids: dict, on_sent: Callable[[], None] | None = None,
+               on_first_byte: Callable[[], None] | None = None) -> AsyncIterator[Chunk]:
+        """One attempt's stream events. `ids` holds task_id, session_id, request_id, attempt_id; the
+        transport calls on_sent() when the request is handed to the socket and on_first_byte() when the
+        response starts arriving."""
 
 
-RETRYABLE_STATUS = (429, 502, 503, 504)  # and connection failures (no status)
+def check_answer(q: Question, text: str) -> bool:
+    if q.match == "exact":
+        norm = lambda s: s.strip().rstrip(".!").strip().casefold()
+        return norm(text) == norm(q.answer)
+    return re.search(q.answer, text, re.IGNORECASE) is not None
 
 
-@dataclass
-class TaskSpec:
-    task_id: str
-    messages: list[dict]
-    answer: str  # a regular expression the answer must match (case-insensitive)
-    kind: str = "qa"
-    cancel_after_tokens: int | None = None
-
-
-@dataclass
-class Workload:
-    name: str
-    seed: int
-    rate_rps: float
-    n_tasks: int
-    deadline_ms: float
-    timeout_ms: float
-    max_attempts: int
-    backoff_ms: float
-    max_tokens: int
-    tasks: list[TaskSpec]
-    spec: dict = field(default_factory=dict)
-    sha256: str = ""  # of the workload file and its task set: the run's input identity
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Workload":
-        path = Path(path)
-        try:
-            spec = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ValueError(f"{path}: cannot read workload ({exc})") from exc
-
-        def get(section: str, key: str, default=None):
-            value = spec.get(section, {}).get(key, default)
-            if value is None:
-                raise ValueError(f"{path}: [{section}] {key} is required")
-            return value
-
-        taskset = path.parent / get("taskset", "file")
-        try:
-            lines = taskset.read_text().splitlines()
-        except OSError as exc:
-            raise ValueError(f"{path}: [taskset] file {taskset} cannot be read ({exc})") from exc
-        rows = []
-        for n, line in enumerate(lines, 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                    rows.append({"prompt": str(row["prompt"]), "answer": str(row["answer"]), **row})
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ValueError(f"{taskset}:{n}: a task needs JSON with prompt and answer ({exc})") from exc
-        digest = hashlib.sha256(path.read_bytes() + taskset.read_bytes()).hexdigest()
-        n_tasks = int(get("arrivals", "n_tasks"))
-        cancel_every = int(spec.get("inject", {}).get("cancel_every", 0))
-        cancel_after = int(spec.get("inject", {}).get("cancel_after_tokens", 4))
-        tasks = []
-        for i in range(n_tasks):
-            row = rows[i % len(rows)]
-            cancel = cancel_after if cancel_every and (i + 1) % cancel_every == 0 else None
-            tasks.append(TaskSpec(f"T{i:04d}", [{"role": "user", "content": row["prompt"]}], row["answer"],
-                                  row.get("kind", "qa"), cancel))
-        return cls(name=spec.get("name", path.stem), seed=int(spec.get("seed", 0)),
-                   rate_rps=float(get("arrivals", "rate_rps")), n_tasks=n_tasks,
-                   deadline_ms=float(get("contract", "deadline_ms")),
-                   timeout_ms=float(get("client", "timeout_ms")),
-                   max_attempts=int(get("client", "max_attempts", 1)),
-                   backoff_ms=float(get("client", "backoff_ms", 100)),
-                   max_tokens=int(get("generation", "max_tokens")), tasks=tasks, spec=spec, sha256=digest)
+def _quantiles(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0}
+    s = sorted(values)
+    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))]
+    return {"n": len(s), "mean": round(statistics.fmean(s), 3), "p50": round(pick(0.5), 3),
+            "p99": round(pick(0.99), 3), "max": round(s[-1], 3)}
 
 
 @dataclass
@@ -119,86 +76,276 @@ class LoadResult:
     cancelled: int = 0
     errors: int = 0
     correct: int = 0
+    retries: int = 0
+    abandoned: int = 0  # timed-out attempts left draining (ghost load on the server unless it notices)
+    tool_calls: int = 0
+    max_in_flight: int = 0  # tasks in flight at once
+    pacing: dict = field(default_factory=lambda: {"arrival": [], "retry": [], "turn": []})
+
+    def counts(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "pacing"}
+
+    def pacing_summary(self) -> dict:
+        """Send time minus planned time (ms) per kind of plan: the client's own scheduling error."""
+        return {k: _quantiles(v) for k, v in self.pacing.items()}
+
+
+@dataclass
+class _Att:
+    planned_ns: int
+    plan_kind: str
+    sent_ns: int | None = None
+    first_byte: bool = False
+    text: list = field(default_factory=list)
+    tokens: int = 0
+    tokens_known: bool = False
+    output_chunks: int = 0
+    finish: str | None = None
+    usage: dict | None = None
+    cancelled: bool = False
+    abandoned: bool = False
+    late_chunks: int = 0
+
+
+@dataclass
+class _Req:
+    status: str  # completed, timeout, cancelled, error, gave_up
+    text: str | None = None
 
 
 class LoadClient:
-    def __init__(self, workload: Workload, transport: Transport, probe: Probe, *, on_task_done=None) -> None:
+    def __init__(self, workload: Workload, transport: Transport, probe: Probe, *, plans: list[TaskPlan] | None = None,
+                 tokenizer=None, on_task_done=None) -> None:
         self.w = workload
+        self.plans = plans if plans is not None else workload.plan(tokenizer)
         self.transport = transport
         self.probe = probe
-        self.checker = Probe(probe.sink, "checker", run_id=probe.run_id, host=probe.host, clock=probe.clock,
-                             enabled=probe.enabled)
-        self.rng = random.Random(workload.seed)
+        kw = dict(run_id=probe.run_id, host=probe.host, clock=probe.clock, enabled=probe.enabled, now_ns=probe.now_ns)
+        self.checker = Probe(probe.sink, "checker", **kw)
+        self.tool = Probe(probe.sink, "tool", **kw)
+        self.now = probe.now_ns
+        self.rng = random.Random(f"{workload.seed}:client")
         self.result = LoadResult()
         self.on_task_done = on_task_done
+        self._in_flight = 0
+        self._draining: set[asyncio.Task] = set()
 
-    async def run(self) -> LoadResult:
-        start = time.monotonic_ns()
-        offsets, t = [], 0.0
-        for _ in self.w.tasks:  # Poisson arrivals: exponential gaps, fixed by the seed
-            offsets.append(t)
-            t += self.rng.expovariate(self.w.rate_rps)
-        jobs = [asyncio.create_task(self._task(spec, start + int(off * 1e9)))
-                for spec, off in zip(self.w.tasks, offsets)]
-        await asyncio.gather(*jobs)
-        return self.result
-
-    async def _task(self, spec: TaskSpec, planned_ns: int) -> None:
-        p = self.probe
-        delay = (planned_ns - time.monotonic_ns()) / 1e9
+    # ---- arrivals ----------------------------------------------------------------------------------
+    async def _sleep_until(self, t_ns: int) -> None:
+        delay = (t_ns - self.now()) / 1e9
         if delay > 0:
             await asyncio.sleep(delay)
-        p.emit("arrival.planned", ts_ns=planned_ns, task_id=spec.task_id)
-        p.emit("task.start", task_id=spec.task_id, deadline_ms=self.w.deadline_ms,
-               required=[spec.task_id + ":R1"], on_missing="failure", max_attempts=self.w.max_attempts,
-               expected=spec.answer)
-        self.result.tasks += 1
-        rid = spec.task_id + ":R1"
-        for attempt in range(1, self.w.max_attempts + 1):
-            status = await self._attempt(spec, rid, f"{rid}:A{attempt}")
-            if status not in ("timeout", "retryable") or attempt == self.w.max_attempts:
-                break
-            backoff = self.w.backoff_ms * 2 ** (attempt - 1) * (0.5 + self.rng.random())  # jittered
-            await asyncio.sleep(backoff / 1000)
-        p.emit("task.end", task_id=spec.task_id)
-        if self.on_task_done:
-            self.on_task_done()
 
-    async def _attempt(self, spec: TaskSpec, rid: str, aid: str) -> str:
-        p, ids = self.probe, {"task_id": spec.task_id, "request_id": rid, "attempt_id": aid}
-        self.result.attempts += 1
-        p.emit("attempt.created", **ids)
-        params = {"max_tokens": self.w.max_tokens, "temperature": 0.0}
-        stream = self.transport.stream(spec.messages, params, request_id=rid, attempt_id=aid, task_id=spec.task_id,
-                                       on_first_byte=lambda: p.emit("attempt.first_byte", **ids))
-        p.emit("attempt.sent", **ids)
-        text, tokens, finish, usage = [], 0, None, None
+    async def run(self) -> LoadResult:
+        start = self.now()
+        offsets = self.w.arrival_offsets()
+        if offsets is None:  # closed loop: N workers, each starts its next task when its last one ends
+            todo = iter(self.plans)
+
+            async def worker() -> None:
+                planned = start
+                for plan in todo:
+                    await self._sleep_until(planned)
+                    await self._task(plan, planned)
+                    planned = self.now() + int(self.w.think_ms * 1e6)
+
+            await asyncio.gather(*(worker() for _ in range(self.w.concurrency)))
+        else:
+            async def arrive(plan: TaskPlan, planned: int) -> None:
+                await self._sleep_until(planned)
+                await self._task(plan, planned)
+
+            await asyncio.gather(*(arrive(p, start + round(off * 1e9)) for p, off in zip(self.plans, offsets)))
+        await self._drain()
+        return self.result
+
+    async def _drain(self) -> None:
+        """Abandoned streams read to their end (bounded by drain_s), so the server finishes its work."""
+        if self._draining:
+            _, pending = await asyncio.wait(set(self._draining), timeout=self.w.drain_s)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    # ---- tasks ---------------------------------------------------------------------------------
+    async def _task(self, plan: TaskPlan, planned_ns: int) -> None:
+        p, c = self.probe, plan.cls
+        tids = {"task_id": plan.task_id, "session_id": plan.session_id}
+        self._in_flight += 1
+        self.result.max_in_flight = max(self.result.max_in_flight, self._in_flight)
+        self.result.tasks += 1
+        p.emit("arrival.planned", ts_ns=planned_ns, **tids, process=self.w.process)
+        expected = plan.requests[0].question.answer if len(plan.requests) == 1 else \
+            json.dumps({r.request_id: r.question.answer for r in plan.requests})
+        p.emit("task.start", **tids, **plan.contract(), expected=expected, shape=c.shape, task_class=c.name)
+        if hasattr(p.sink, "task"):
+            p.sink.task(plan.task_id, expected=expected, contract={**plan.contract(), "shape": c.shape,
+                                                                   "task_class": c.name}, **plan.contract())
+        deadline_ns = planned_ns + int(plan.deadline_ms * 1e6)
+        system = lambda r: [{"role": "system", "content": r.system}] if r.system is not None else []
+        results: list[_Req] = []
         try:
-            async with asyncio.timeout(self.w.timeout_ms / 1000):
-                async for chunk in stream:
-                    p.emit("attempt.chunk", value=chunk.tokens, kinds=chunk.kinds, **ids)
-                    text.append(chunk.text)
-                    tokens += chunk.tokens or 0
-                    finish, usage = chunk.finish_reason or finish, chunk.usage or usage
-                    if spec.cancel_after_tokens is not None and tokens >= spec.cancel_after_tokens:
-                        p.emit("attempt.cancel", after_tokens=tokens, **ids)
-                        self.result.cancelled += 1
-                        return "cancelled"
-        except TimeoutError:
-            p.emit("attempt.timeout", timeout_ms=self.w.timeout_ms, **ids)
-            self.result.timeouts += 1
-            return "timeout"
-        except Exception as exc:  # transport or HTTP failure: the client's own account, nothing more
-            status = getattr(exc, "status", None)
-            p.emit("attempt.error", error=repr(exc)[:200], status=status, **ids)
-            self.result.errors += 1
-            return "retryable" if status in RETRYABLE_STATUS or status is None else "error"
+            if c.shape == "parallel":
+                results = list(await asyncio.gather(*(
+                    self._request(plan, r, system(r) + [{"role": "user", "content": r.user}], planned_ns, "arrival",
+                                  deadline_ns) for r in plan.requests)))
+            else:
+                history, planned, kind = system(plan.requests[0]), planned_ns, "arrival"
+                for k, r in enumerate(plan.requests, 1):
+                    if k > 1 and c.tool_ms and k in c.tool_before:
+                        await self._tool(plan, k, after=plan.requests[k - 2].request_id, before=r.request_id)
+                        planned = self.now()
+                    messages = history + [{"role": "user", "content": r.user}]
+                    res = await self._request(plan, r, messages, planned, kind, deadline_ns)
+                    results.append(res)
+                    if res.status != "completed":
+                        break  # no answer to carry into the next turn: the session stops here
+                    history = messages + [{"role": "assistant", "content": res.text}]
+                    planned, kind = self.now(), "turn"
         finally:
-            await stream.aclose()  # a disconnect: the server learns of it its own way
-        p.emit("attempt.done", finish_reason=finish, usage=usage, **ids)
+            p.emit("task.end", **tids, requests_planned=len(plan.requests),
+                   requests_completed=sum(r.status == "completed" for r in results),
+                   gave_up=[r.request_id for r, s in zip(plan.requests, results) if s.status == "gave_up"])
+            self._in_flight -= 1
+            if self.on_task_done:
+                self.on_task_done()
+
+    async def _tool(self, plan: TaskPlan, turn: int, *, after: str, before: str) -> None:
+        """A simulated external tool call: the task waits, no model works, the interval is the tool's."""
+        ids = {"task_id": plan.task_id, "session_id": plan.session_id}
+        call = f"{plan.task_id}:tool{turn}"
+        self.tool.emit("tool.start", **ids, tool="lookup", call_id=call, planned_ms=plan.cls.tool_ms,
+                       after_request=after, before_request=before)
+        await asyncio.sleep(plan.cls.tool_ms / 1000)
+        self.tool.emit("tool.end", **ids, tool="lookup", call_id=call, status="ok")
+        self.result.tool_calls += 1
+
+    async def _request(self, plan: TaskPlan, req: RequestPlan, messages: list[dict], planned_ns: int, kind: str,
+                       deadline_ns: int) -> _Req:
+        c, w = plan.cls, self.w
+        params = {"max_tokens": c.max_tokens or w.max_tokens, "temperature": w.temperature}
+        if c.ignore_eos if c.ignore_eos is not None else w.ignore_eos:
+            params["ignore_eos"] = True
+        out = _Req("error")
+        for k in range(1, plan.max_attempts + 1):
+            # injected faults hit first attempts: a timeout the task's first request, a cancellation its
+            # last one (the last turn of a session, the last branch), so the other requests still run
+            first = k == 1 and req is plan.requests[0]
+            timeout = plan.first_timeout_ms if first and plan.first_timeout_ms else (c.timeout_ms or w.timeout_ms)
+            cancel = (plan.cancel_after_tokens, plan.cancel_after_ms) if k == 1 and req is plan.requests[-1] \
+                else (None, None)
+            out = await self._attempt(plan, req, k, messages, params, timeout, cancel, planned_ns, kind)
+            if out.status not in ("timeout", "retryable") or k == plan.max_attempts:
+                break
+            backoff_ms = min(w.backoff_max_ms, w.backoff_ms * 2 ** (k - 1)) * (1 + w.jitter * (2 * self.rng.random() - 1))
+            planned_ns, kind = self.now() + int(backoff_ms * 1e6), "retry"
+            if w.give_up_after_deadline and planned_ns >= deadline_ns:
+                return _Req("gave_up")  # a retry could only finish late: the task's contract is lost already
+            self.result.retries += 1
+            await self._sleep_until(planned_ns)
+        return _Req("error") if out.status == "retryable" else out
+
+    # ---- attempts ------------------------------------------------------------------------------
+    async def _attempt(self, plan: TaskPlan, req: RequestPlan, k: int, messages, params, timeout_ms: float,
+                       cancel: tuple, planned_ns: int, kind: str) -> _Req:
+        p = self.probe
+        ids = {"task_id": plan.task_id, "session_id": plan.session_id, "request_id": req.request_id,
+               "attempt_id": f"{req.request_id}:A{k}"}
+        cancel_tokens, cancel_ms = cancel
+        self.result.attempts += 1
+        p.emit("attempt.created", **ids, attempt_index=k, timeout_ms=timeout_ms, max_tokens=params["max_tokens"],
+               prompt_tokens=req.prompt_tokens if len(messages) <= 2 else None, n_messages=len(messages),
+               on_timeout="abandon" if plan.abandon else "disconnect",
+               **({"cancel_after_tokens": cancel_tokens} if cancel_tokens else {}),
+               **({"cancel_after_ms": cancel_ms} if cancel_ms else {}))
+        st = _Att(planned_ns, kind)
+        t_created = self.now()
+
+        def on_sent() -> None:
+            if st.sent_ns is None:
+                st.sent_ns = self.now()
+                err = (st.sent_ns - st.planned_ns) / 1e6
+                self.result.pacing[st.plan_kind].append(err)
+                p.emit("attempt.sent", ts_ns=st.sent_ns, **ids, planned=kind, pacing_error_ms=round(err, 4))
+
+        def on_first_byte() -> None:
+            if not st.first_byte:
+                on_sent()
+                st.first_byte = True
+                p.emit("attempt.first_byte", **ids)
+
+        stream = self.transport.stream(messages, params, ids=ids, on_sent=on_sent, on_first_byte=on_first_byte)
+        consumer = asyncio.create_task(self._consume(stream, st, ids, cancel_tokens, on_first_byte))
+        limit_s = timeout_ms / 1000
+        wait_s = min(limit_s, cancel_ms / 1000) if cancel_ms else limit_s
+        await asyncio.wait({consumer}, timeout=wait_s)
+        if not consumer.done():
+            elapsed = (self.now() - t_created) / 1e6
+            if cancel_ms and cancel_ms / 1000 <= limit_s:
+                p.emit("attempt.cancel", **ids, trigger="after_ms", after_ms=round(elapsed, 3),
+                       after_chunks=st.output_chunks)
+                st.cancelled = True
+            else:
+                p.emit("attempt.timeout", **ids, timeout_ms=timeout_ms, after_chunks=st.output_chunks,
+                       on_timeout="abandon" if plan.abandon else "disconnect")
+                self.result.timeouts += 1
+                if plan.abandon:  # stop listening, leave the connection open: the server may finish
+                    st.abandoned = True
+                    self.result.abandoned += 1
+                    self._draining.add(consumer)
+                    consumer.add_done_callback(self._draining.discard)
+                    consumer.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved, not raised
+                    return _Req("timeout")
+            consumer.cancel()
+            await asyncio.gather(consumer, return_exceptions=True)
+            if st.cancelled:
+                self.result.cancelled += 1
+                return _Req("cancelled")
+            return _Req("timeout")
+        exc = consumer.exception()
+        if exc is not None:
+            status = getattr(exc, "status", None)
+            retryable = status in RETRYABLE_STATUS or (status is None and getattr(exc, "retryable", False))
+            p.emit("attempt.error", **ids, error=repr(exc)[:300], status=status, retryable=retryable)
+            self.result.errors += 1
+            return _Req("retryable" if retryable else "error")
+        if st.cancelled:
+            self.result.cancelled += 1
+            return _Req("cancelled")
+        text = "".join(st.text)
+        p.emit("attempt.done", **ids, finish_reason=st.finish, usage=st.usage, output_chunks=st.output_chunks)
         self.result.completed += 1
-        correct = re.search(spec.answer, "".join(text), re.IGNORECASE) is not None
+        correct = check_answer(req.question, text)
         self.result.correct += correct
-        self.checker.emit("verdict", attempt_id=aid, task_id=spec.task_id, request_id=rid, correct=correct,
-               checker="regex", source_text="".join(text)[:200])
-        return "completed"
+        self.checker.emit("verdict", **ids, correct=correct, checker=req.question.match, kind=req.question.kind,
+                          expected=req.question.answer, answer=text[:300])
+        return _Req("completed", text)
+
+    async def _consume(self, stream, st: _Att, ids: dict, cancel_tokens: int | None, on_first_byte) -> None:
+        """Read one attempt's stream; every event is recorded until the client stops listening."""
+        p = self.probe
+        try:
+            async for chunk in stream:
+                if st.abandoned:
+                    st.late_chunks += 1
+                    continue
+                on_first_byte()
+                p.emit("attempt.chunk", value=chunk.tokens, **ids, kinds=chunk.kinds)
+                st.text.append(chunk.text)
+                if chunk.tokens is not None:
+                    st.tokens += chunk.tokens
+                    st.tokens_known = True
+                if any(k in OUTPUT_KINDS for k in chunk.kinds):
+                    st.output_chunks += 1
+                st.finish, st.usage = chunk.finish_reason or st.finish, chunk.usage or st.usage
+                # tokens when the server says how many a chunk holds, else output-bearing chunks (each >= 1 token)
+                seen = st.tokens if st.tokens_known else st.output_chunks
+                if cancel_tokens is not None and seen >= cancel_tokens and st.finish is None:
+                    st.cancelled = True
+                    p.emit("attempt.cancel", **ids, trigger="after_tokens", after_tokens=seen,
+                           counted="tokens" if st.tokens_known else "output chunks", after_chunks=st.output_chunks)
+                    return
+            if st.finish is None and not st.abandoned:
+                raise TransportError("the stream ended without a finish reason")
+        finally:
+            await stream.aclose()  # closes the connection when the stream did not finish

@@ -1,0 +1,221 @@
+"""Capture end to end: the embedded engine served on loopback, the load client over real HTTP, then the
+ledger. One scenario run covers a ghost timeout and its retry, a cancellation, a session with a tool call
+and parallel branches; a second run gives the client its own clock; a third is black-box against a stub."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+from aiohttp import web
+
+from inferledger.cli.capture import capture
+from inferledger.collectors.workload import Workload
+from inferledger.engine.server_thread import ServerThread
+from inferledger.ledger.reconstruct import reconstruct
+from inferledger.probes.events import missing_requirements
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = [  # greedy answers of the bundled model that these patterns accept
+    ("What is the capital of France? Answer in one word.", "paris"),
+    ("What is the capital of Japan? Answer in one word.", "tokyo"),
+    ("What is the capital of Germany? Answer in one word.", "berlin"),
+    ("What is the capital of Italy? Answer in one word.", "rome"),
+    ("What is the capital of France? Answer in one word.", "paris"),
+    ("What is the capital of Japan? Answer in one word.", "tokyo"),
+    ("What is the capital of Germany? Answer in one word.", "berlin"),
+]
+
+
+def _spec(tmp: Path, **over) -> dict:
+    (tmp / "tasks.jsonl").write_text("".join(json.dumps({"kind": "lookup", "prompt": p, "answer": a}) + "\n"
+                                             for p, a in QUESTIONS))
+    spec = {"name": "capture-test", "seed": 1, "taskset": {"file": "tasks.jsonl"},
+            "arrivals": {"process": "replay", "file": "arrivals.txt"},
+            "contract": {"deadline_ms": 120_000}, "client": {"timeout_ms": 60_000, "max_attempts": 2, "backoff_ms": 20},
+            "generation": {"max_tokens": 12, "temperature": 0.0}}
+    spec.update(over)
+    return spec
+
+
+def _ledger(run: Path):
+    reconstruct(run)
+    return duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
+
+
+def _rows(con, sql, *args):
+    cur = con.execute(sql, list(args))
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+@pytest.fixture(scope="module")
+def scenario(bundle, tmp_path_factory):
+    """T0000 single: first attempt times out after 400 ms and abandons its connection (the server
+    completes: ghost load), the retry completes. T0001 session of two turns with a 200 ms tool call
+    between them. T0002 three parallel branches under partial_success, the last one cancelled after 2
+    tokens. T0003 single, cancelled after 2 tokens."""
+    tmp = tmp_path_factory.mktemp("scenario")
+    (tmp / "arrivals.txt").write_text("0\n50\n100\n150\n")
+    spec = _spec(tmp,
+                 inject={"timeout_tasks": [1], "timeout_ms": 400, "abandon_tasks": [1], "cancel_tasks": [3, 4],
+                         "cancel_after_tokens": 2},
+                 classes=[{"name": "single", "weight": 2, "ignore_eos": True, "max_tokens": 16},
+                          {"name": "session", "shape": "session", "turns": 2, "tool_ms": 200, "tool_before": [2],
+                           "prompt_tokens": 48},
+                          {"name": "branches", "shape": "parallel", "branches": 3, "on_missing": "partial_success",
+                           "ignore_eos": True, "shared_prefix_tokens": 32}])
+    wl = Workload.from_dict(spec, base=tmp)
+    assert [p.cls.name for p in wl.plan(bundle.tokenizer)] == ["single", "session", "branches", "single"]
+    run = tmp / "run"
+    result = capture(wl, run, bundle=bundle, max_num_seqs=8)
+    return run, result, _ledger(run)
+
+
+def test_every_client_event_is_complete_and_nothing_unterminated(scenario):
+    run, result, con = scenario
+    events = pq.read_table(run / "events").to_pylist()
+    mine = [e for e in events if e["source"] in ("client", "checker", "tool")]
+    assert mine and all(missing_requirements(e) == [] for e in mine)
+    statuses = _rows(con, "SELECT client_status, server_status FROM accounts")
+    assert statuses and not [s for s in statuses if "unterminated" in s.values()]
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["client"]["pacing_error_ms"]["arrival"]["n"] == 3 + 3  # three branches sent at one arrival
+    assert isinstance(m["client"]["client_bound"], bool) and m["client"]["loop_lag_p99_ms"] >= 0
+    assert json.loads(events[[e["name"] for e in events].index("attempt.sent")]["attrs"])["pacing_error_ms"] >= 0
+
+
+def test_ghost_timeout_then_retry(scenario):
+    _, result, con = scenario
+    a = {r["attempt_id"]: r for r in _rows(con, "SELECT * FROM accounts WHERE task_id = 'T0000'")}
+    assert a["T0000:R1:A1"]["client_status"] == "timeout"
+    assert a["T0000:R1:A1"]["server_status"] == "completed"  # the server finished work nobody read
+    assert a["T0000:R1:A2"]["attempt_index"] == 2 and a["T0000:R1:A2"]["client_status"] == "completed"
+    assert result.load.abandoned == 1 and result.load.retries >= 1
+    t = _rows(con, "SELECT * FROM tasks WHERE task_id = 'T0000'")[0]
+    assert t["n_attempts"] == 2 and t["outcome"] == "success"  # the retry answered right, in time
+    ghost = _rows(con, "SELECT ghost_attempts, ghost_tokens FROM reconciliation")[0]
+    assert ghost["ghost_attempts"] >= 1 and ghost["ghost_tokens"] >= 1
+
+
+def test_cancellation_releases_every_block(scenario):
+    run, _, con = scenario
+    acc = _rows(con, "SELECT * FROM accounts WHERE attempt_id = 'T0003:R1:A1'")[0]
+    assert (acc["client_status"], acc["server_status"], acc["resource_status"]) == \
+        ("cancelled", "cancelled", "reallocatable")
+    assert acc["task_outcome"] == "failure"
+    rm = _rows(con, "SELECT release_after_cancel_ms, release_after_cancel_label FROM request_metrics "
+                    "WHERE attempt_id = 'T0003:R1:A1'")[0]
+    assert rm["release_after_cancel_ms"] >= 0 and rm["release_after_cancel_label"] == "measured"
+    last_used = con.execute("SELECT value FROM samples WHERE metric = 'kv_blocks_used' "
+                            "ORDER BY ts_ns DESC LIMIT 1").fetchone()[0]
+    assert last_used == 0  # no block still held at the end of the run
+
+
+def test_session_reuses_its_prefix_and_the_tool_call_sits_between_turns(scenario):
+    _, _, con = scenario
+    hits = _rows(con, "SELECT attempt_id, value FROM events WHERE name = 'kv.prefix_hit' AND task_id = 'T0001'")
+    assert any(h["attempt_id"] == "T0001:R2:A1" and h["value"] >= 2 for h in hits)  # turn 2 reuses turn 1's blocks
+    sessions = _rows(con, "SELECT DISTINCT source, session_id FROM events WHERE task_id = 'T0001' "
+                          "AND name NOT LIKE 'step.%'")
+    assert {s["session_id"] for s in sessions} == {"T0001:S"}
+    assert {"client", "server", "engine", "tool"} <= {s["source"] for s in sessions}
+    ts = {r["name"]: r["ts_ns"] for r in _rows(
+        con, "SELECT name, ts_ns FROM events WHERE task_id = 'T0001' AND name IN ('tool.start', 'tool.end') "
+             "UNION ALL SELECT name || ':' || attempt_id, ts_ns FROM events WHERE task_id = 'T0001' "
+             "AND name IN ('attempt.done', 'attempt.sent')")}
+    assert ts["attempt.done:T0001:R1:A1"] <= ts["tool.start"] < ts["tool.end"] <= ts["attempt.sent:T0001:R2:A1"]
+    assert ts["tool.end"] - ts["tool.start"] >= 200e6
+    t = _rows(con, "SELECT * FROM tasks WHERE task_id = 'T0001'")[0]
+    assert (t["n_requests"], t["n_attempts"], t["n_required"]) == (2, 2, 2)
+    assert t["e2e_ms"] >= 200 + (ts["attempt.done:T0001:R1:A1"] - ts["attempt.sent:T0001:R1:A1"]) / 1e6
+    created = _rows(con, "SELECT attrs FROM events WHERE name = 'attempt.created' AND attempt_id = 'T0001:R1:A1'")
+    assert json.loads(created[0]["attrs"])["prompt_tokens"] == 48
+    usage = _rows(con, "SELECT attrs FROM events WHERE name = 'attempt.done' AND attempt_id = 'T0001:R1:A1'")
+    assert json.loads(usage[0]["attrs"])["usage"]["prompt_tokens"] == 48  # the server counted what we built
+
+
+def test_parallel_branches_follow_their_contract(scenario):
+    _, _, con = scenario
+    acc = {r["request_id"]: r for r in _rows(con, "SELECT * FROM accounts WHERE task_id = 'T0002'")}
+    assert set(acc) == {"T0002:R1", "T0002:R2", "T0002:R3"}
+    assert acc["T0002:R3"]["client_status"] == "cancelled"
+    assert acc["T0002:R1"]["client_status"] == acc["T0002:R2"]["client_status"] == "completed"
+    t = _rows(con, "SELECT * FROM tasks WHERE task_id = 'T0002'")[0]
+    correct = _rows(con, "SELECT count(*) AS n FROM request_metrics WHERE task_id = 'T0002' AND correct")[0]["n"]
+    assert t["n_required"] == 3 and t["on_missing"] == "partial_success"
+    assert t["outcome"] == ("partial_success" if correct else "failure")
+
+
+def test_separate_clocks_map_within_epsilon_and_uplink_is_derived(bundle, tmp_path):
+    (tmp_path / "arrivals.txt").write_text("0\n30\n")
+    wl = Workload.from_dict(_spec(tmp_path, generation={"max_tokens": 4}), base=tmp_path)
+    run = tmp_path / "run"
+    capture(wl, run, bundle=bundle, separate_clocks=True)
+    maps = [r for r in pq.read_table(run / "clocks.parquet").to_pylist() if r["from_clock"]]
+    assert maps and all(r["to_clock"].startswith("client-mono:") and r["method"] == "round-trip" for r in maps)
+    for r in maps:  # both sides read the same CLOCK_MONOTONIC here: the true offset is 0
+        assert abs(r["offset_ns"]) <= r["epsilon_ns"]
+    con = _ledger(run)
+    up = _rows(con, "SELECT uplink_ms, uplink_eps_ms, uplink_label FROM request_metrics")
+    assert up and all(u["uplink_label"] == "derived" and u["uplink_eps_ms"] > 0 and u["uplink_ms"] is not None
+                      for u in up)
+
+
+class _Stub:
+    """A tiny OpenAI-ish server on loopback: /v1/models and streaming /v1/chat/completions; the first
+    attempt of the first task gets a 429."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        self.thread = ServerThread(app)
+
+    async def models(self, request):
+        return web.json_response({"object": "list", "data": [{"id": "stub-model"}]})
+
+    async def chat(self, request):
+        body = await request.json()
+        self.seen.append({"headers": dict(request.headers), "body": body})
+        if request.headers.get("x-inferledger-attempt-id") == "T0000:R1:A1":
+            return web.json_response({"error": {"message": "busy"}}, status=429)
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in ("Paris", " is", " the answer."):
+            await asyncio.sleep(0.01)
+            await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": piece}}]}).encode()
+                             + b"\n\n")
+        await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+                         .encode() + b"\n\n")
+        await resp.write(b"data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 5}})
+                         .encode() + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+
+def test_black_box_target_has_unknown_server_and_a_gap(tmp_path):
+    (tmp_path / "arrivals.txt").write_text("0\n20\n")
+    wl = Workload.from_dict(_spec(tmp_path), base=tmp_path)
+    stub = _Stub()
+    with stub.thread as srv:
+        assert srv.host == "127.0.0.1"
+        result = capture(wl, tmp_path / "run", target=srv.url)
+    assert stub.seen[0]["body"]["model"] == "stub-model" and stub.seen[0]["body"]["stream"] is True
+    assert stub.seen[0]["headers"]["x-inferledger-task-id"] == "T0000"
+    con = _ledger(tmp_path / "run")
+    acc = _rows(con, "SELECT * FROM accounts ORDER BY attempt_id")
+    assert [a["attempt_id"] for a in acc] == ["T0000:R1:A1", "T0000:R1:A2", "T0001:R1:A1"]
+    assert {a["server_status"] for a in acc} == {"unknown"}
+    assert [a["client_status"] for a in acc] == ["error", "completed", "completed"]  # the 429 was retried
+    gaps = _rows(con, "SELECT * FROM gaps WHERE scope = 'run'")
+    bb = [g for g in gaps if g["gap_id"] == "collector:black-box"]
+    assert bb and "only the client's events" in bb[0]["detail"] and "server_status" in bb[0]["affects"]
+    rm = _rows(con, "SELECT n_output_tokens, correct FROM request_metrics WHERE attempt_id = 'T0000:R1:A2'")[0]
+    assert rm["n_output_tokens"] == 5 and rm["correct"] is True  # usage, not the 3 chunks; checker ran
+    assert result.manifest["target"]["kind"] == "url" and "model" not in result.manifest
