@@ -1,0 +1,51 @@
+"""`inferledger export`: a run as a Perfetto trace or OpenTelemetry spans (cli/export.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def export_cmd(
+    run: Path = typer.Argument(..., help="A run folder holding ledger.duckdb (run `inferledger reconstruct` first)."),
+    format: str = typer.Option(..., "--format", "-f", help="perfetto (Chrome trace-event JSON) or otlp (OpenTelemetry)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="Output file (default RUN/trace.perfetto.json or RUN/spans.otlp.jsonl)."),
+    endpoint: Optional[str] = typer.Option(None, help="OTLP/HTTP collector URL, e.g. http://localhost:4318 "
+                                                      "(otlp only; /v1/traces is added to a bare host)."),
+) -> None:
+    """Export the ledger for other tools.
+
+    [bold]perfetto[/]: a trace for ui.perfetto.dev: a lane per attempt and stream with its stages as
+    slices, engine steps, KV and power counters, a flow from the client's send to the server's receipt;
+    each clock without a mapping in its own process.
+
+    [bold]otlp[/]: one span per attempt with gen_ai.* attributes and a child span per stage, to a
+    JSON-lines file (OTLP/JSON) or to an OTLP/HTTP endpoint.
+
+    Example: [cyan]inferledger export runs/r1 --format perfetto[/]  (then open the file at ui.perfetto.dev)
+    """
+    from inferledger.cli.app import console, err
+    from inferledger.cli.export import FORMATS, export_run
+    from inferledger.ledger.query import LedgerError
+
+    fmt = format.lower()
+    if fmt not in FORMATS:
+        raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}", param_hint="--format")
+    if endpoint and fmt != "otlp":
+        raise typer.BadParameter("--endpoint goes with --format otlp", param_hint="--endpoint")
+    try:
+        result = export_run(run, fmt, out, endpoint=endpoint)
+    except LedgerError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2)
+    except (ValueError, RuntimeError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1)
+    what = ", ".join(f"{k} {v:,}" for k, v in result.counts.items())
+    console.print(f"{fmt}: [bold]{result.destination}[/]  ({what}; {result.seconds:.1f} s)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_cmd)

@@ -1,0 +1,39 @@
+"""`inferledger report`: the run's HTML report (cli/report.py builds it)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def report_cmd(
+    run: Path = typer.Argument(..., help="A run folder holding ledger.duckdb (run `inferledger reconstruct` first)."),
+    compare: Optional[Path] = typer.Option(None, "--compare", help="A second run to show side by side, with deltas."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the HTML (default RUN/report.html)."),
+    detail: int = typer.Option(300, help="Attempts drawn as timeline rows; a bigger run shows a sample of them."),
+) -> None:
+    """Write [bold]one self-contained HTML file[/]: run identity, goodput and latency per observation
+    layer, a per-request timeline with drill-down, ITL, TTFT client vs server, KV blocks, the four
+    accounts, the critical path, reconciliation and the gap register. plotly.js is inlined, so the file
+    opens with no network. docs/REPORT.md says which ledger table each panel is drawn from.
+
+    Example: [cyan]inferledger report runs/r1 --compare runs/r0[/]
+    """
+    from inferledger.cli.app import console, err
+    from inferledger.cli.report import build_report
+    from inferledger.ledger.query import LedgerError
+
+    if detail < 1:
+        raise typer.BadParameter("needs at least 1 row", param_hint="--detail")
+    try:
+        result = build_report(run, out, compare=compare, detail_limit=detail)
+    except LedgerError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2)
+    console.print(f"report: [bold]{result.path}[/]  ({result.bytes / 2**20:.1f} MiB, {result.attempts:,} attempts, "
+                  f"{result.seconds:.1f} s)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report_cmd)

@@ -1,0 +1,217 @@
+"""The report's panels for one run, each from the ledger table its heading names (docs/REPORT.md)."""
+from __future__ import annotations
+
+from inferledger.cli import report_data as rd
+from inferledger.cli import report_figs as figs
+from inferledger.cli.report_drill import drill, drill_ids
+from inferledger.cli.report_html import esc, flatten, fmt, kv_table, note, section, table
+from inferledger.cli.report_timeline import STATE_COLORS, aggregate, attempt_index, choose_sample, gantt
+
+IDENTITY_KEYS = (("model", ("path", "sha256", "format", "quantization", "architecture", "dtype", "tokenizer",
+                            "chat_template_sha256")),
+                 ("engine_config", None), ("workload", ("name", "path", "sha256", "hash")), ("target", None),
+                 ("host", None), ("system_under_test", None), ("evidence", None), ("source", None),
+                 ("archive", None), ("served_model_name", None))
+
+
+def missing(table: str, what: str) -> str:
+    return (f'<p class="missing">not in this ledger: no <code>{esc(table)}</code> table, so {esc(what)} cannot be '
+            "shown (this ledger was built by an inferledger without it; rebuild with "
+            "<code>inferledger reconstruct RUN</code> once it exists).</p>")
+
+
+def identity(rv, p: str) -> str:
+    m = rv.manifest
+    c = rd.counts(rv)
+    facts = [("run", rv.name), ("run folder", str(rv.run_dir)), ("events", c["events"]), ("attempts", c["attempts"]),
+             ("tasks", c["tasks"]), ("gap register rows", c["gaps"])]
+    if m is None:
+        return section(f"{p}-identity", f"Run identity: {rv.name}",
+                       kv_table(facts) + note(f"no run identity: {rv.manifest_error}"), "manifest.json")
+    parts = []
+    for key, keep in IDENTITY_KEYS:
+        v = m.get(key)
+        if v is None:
+            continue
+        if isinstance(v, dict):
+            sub = {k: v[k] for k in keep if k in v} if keep else v
+            parts.append(f"<h3>{esc(key)}</h3>" + kv_table(flatten(sub)))
+        else:
+            facts.append((key, v))
+    if "workload" not in m:
+        facts.append(("workload", "not recorded in manifest.json"))
+    full = kv_table(flatten(m, depth=4))
+    body = (kv_table(facts) + '<div class="cols">' + "".join(f"<div>{x}</div>" for x in parts) + "</div>"
+            + f"<details><summary>the whole manifest.json</summary>{full}</details>")
+    return section(f"{p}-identity", f"Run identity: {rv.name}", body, "manifest.json and the ledger's row counts")
+
+
+def headline(rv, p: str, h: dict) -> str:
+    c = h["counts"]
+    w = h["window"]
+    if h["source"] == "run_metrics":
+        src = "run_metrics (t_obs_s, window, n_good, goodput_rps, completed_rps, energy_per_good_j, gpu_s_per_good)"
+        said = (h["run_metrics"] or {}).get("window")
+        window = f"T_obs = {fmt(h['t_obs_s'], 3)} s (run_metrics.t_obs_s)" + (f": {said}" if said else "")
+    elif w:
+        src = "request_metrics.good and attempts.client_status, over the window below (the ledger has no run_metrics)"
+        window = (f"T_obs = {w['t_obs_s']:.3f} s on clock {w['clock']}: from the earliest arrival.planned or "
+                  "attempt.sent to the latest client terminal event (attempt.done / timeout / cancel / error)")
+    else:
+        src, window = "request_metrics.good", "no observation window: the run has no client send and end on one clock"
+    energy = (f"{fmt(h['energy_per_good_j'], 2)} J" if h["energy_per_good_j"] is not None else "unknown")
+    cards = [("goodput", f"{fmt(h['goodput_rps'], 3)} req/s", "good results (correct and on time) / T_obs"),
+             ("completed throughput", f"{fmt(h['completed_rps'], 3)} req/s", "client-completed attempts / T_obs"),
+             ("good results", f"{fmt(h['n_good'])} of {fmt(c['judged'])} judged", f"{fmt(c['attempts'])} attempts, "
+              f"{fmt(c['completed'])} completed at the client"),
+             ("energy per good result", energy, "run_metrics.energy_per_good_j")]
+    if h["gpu_s_per_good"] is not None:
+        cards.append(("GPU-seconds per good result", fmt(h["gpu_s_per_good"], 3), "run_metrics.gpu_s_per_good"))
+    big = '<div class="big">' + "".join(f"<div><span>{esc(a)}</span><b>{esc(b)}</b><span>{esc(s)}</span></div>"
+                                        for a, b, s in cards) + "</div>"
+    body = big + note(window, "source")
+    if h["energy_per_good_j"] is None:
+        body += note(f"energy per good result is unknown: {h['energy_reason']}")
+    rows = [[r["metric"], r["layer"], r["n"], *r["values"], r["column"]] for r in rd.latency(rv)]
+    body += "<h3>Latency by observation layer (ms)</h3>" + table(
+        ["metric", "layer", "n", "p50", "p90", "p99", "max", "ledger column"], rows)
+    if h["run_metrics"]:
+        body += "<details><summary>run_metrics row</summary>" + kv_table(h["run_metrics"].items()) + "</details>"
+    return section(f"{p}-headline", "Headline figures", body, src)
+
+
+def timeline(rv, page, p: str, tb, detail_limit: int, drill_limit: int) -> str:
+    atts = attempt_index(rv, tb)
+    if not atts:
+        return section(f"{p}-timeline", "Per-request timeline", note("the ledger has no attempts"))
+    body = ""
+    agg, stream = aggregate(rv, tb)
+    if agg:
+        body += (f"<h3>Attempts in each {esc(stream)} state over time (all {len(atts):,} attempts)</h3>"
+                 + page.figure(f"{p}-agg", agg))
+    sample = choose_sample(atts, detail_limit)
+    fig, left = gantt(rv, tb, sample)
+    what = (f"all {len(atts):,} attempts" if len(sample) == len(atts) else
+            f"{len(sample):,} of {len(atts):,} attempts: the slowest end to end and to first token, the ones not "
+            "completed on every layer, and an even spread by arrival (hover a row for why it was drawn)")
+    body += (f"<h3>One row per attempt: {esc(what)}</h3>"
+             '<p class="source">wide pale bar: client stream; narrow bar: engine stream; triangle: arrival '
+             "(the task's arrival.planned, else the attempt's creation); ticks: prefill chunks; crosses: "
+             "cancellations, timeouts, errors. Drag to zoom, use the slider below, double-click to reset; "
+             "click a row to open it in the drill-down.</p>" + page.figure(f"{p}-gantt", fig))
+    if left["intervals"]:
+        body += note(f"{left['intervals']} intervals or markers are on clocks with no mapping to {tb.ref} "
+                     f"({', '.join(left['clocks'])}) and are not drawn on this axis (the drill-down lists them).")
+    ids = drill_ids(sample, drill_limit)
+    page.data["drill"][p] = drill(rv, tb, ids, dict(sample))
+    page.data["gantt"][f"{p}-gantt"] = p
+    page.data["colors"] = STATE_COLORS
+    body += (f'<h3>Drill-down: one attempt ({len(ids):,} attempts available)</h3><div class="drill" data-key="{esc(p)}">'
+             '<select aria-label="attempt"></select><div class="plot drill-plot" id="' + esc(p) + '-drill-plot"></div>'
+             '<div class="cols"><div><table class="kv drill-metrics"></table></div><div class="scroll">'
+             '<table class="grid drill-events"><thead><tr><th>ms</th><th>event</th><th>source</th><th>clock</th>'
+             "<th>ts_ns</th><th>value</th><th>attrs</th><th>event_id</th></tr></thead><tbody></tbody></table>"
+             "</div></div></div>")
+    return section(f"{p}-timeline", "Per-request timeline", body,
+                   f"intervals (stream, name, start_ns, end_ns, label) and events, on clock {tb.ref}")
+
+
+def itl(rv, page, p: str) -> str:
+    hist = rd.itl_histogram(rv)
+    if not hist:
+        return section(f"{p}-itl", "Inter-token latency", note("the itl table is empty (no output events)"), "itl")
+    maxes = [[layer, h["max_ms"], sum(h["counts"])] for layer, h in sorted(hist.items())]
+    body = page.figure(f"{p}-itl-fig", figs.itl_fig([(rv.name, hist)])) + table(
+        ["layer", "maximum ITL, ms", "gaps"], maxes)
+    return section(f"{p}-itl", "Inter-token latency: distribution and maximum per layer", body,
+                   "itl.gap_ms per layer (a chunk is a gap, not a token); per-attempt maxima in the latency table")
+
+
+def ttft(rv, page, p: str) -> str:
+    rows, n = rd.ttft_pairs(rv)
+    if not rows:
+        return section(f"{p}-ttft", "TTFT: client vs server",
+                       note("no attempt has both ttft_client_ms and ttft_server_ms (one layer is missing)"))
+    return section(f"{p}-ttft", "TTFT: client vs server", page.figure(f"{p}-ttft-fig", figs.ttft_fig(rows, n)),
+                   "request_metrics.ttft_client_ms against request_metrics.ttft_server_ms")
+
+
+def kv(rv, page, p: str, tb) -> str:
+    series = rd.kv_series(rv, tb)
+    if not series:
+        return section(f"{p}-kv", "KV blocks over time",
+                       note("no kv_blocks_used / cached / free samples in this run"), "samples")
+    body = page.figure(f"{p}-kv-fig", figs.kv_fig(series, tb.ref))
+    if series["other_clocks"]:
+        body += note(f"KV samples on other clocks not drawn: {', '.join(series['other_clocks'])}")
+    return section(f"{p}-kv", "KV blocks over time", body,
+                   f"samples kv_blocks_used / cached / free, mean per {series['bucket_ms']:.3f} ms bucket")
+
+
+def critical(rv, page, p: str, top: int = 3) -> str:
+    if not rv.has("critical_path"):
+        return section(f"{p}-critical", "Critical path of the slowest tasks", missing("critical_path", "the waterfall"))
+    has_scope = "scope" in rv.columns("critical_path")
+    scope_col = "scope" if has_scope else "NULL"
+    # the slowest task scopes (attempt scopes when the run has no task graph)
+    scopes = rv.all(f"SELECT * FROM (SELECT {scope_col} AS sc, scope_id, max(start_ms + dur_ms) AS end_ms "
+                    "FROM critical_path GROUP BY 1, 2) ORDER BY (sc = 'task') DESC NULLS LAST, end_ms DESC NULLS LAST, "
+                    f"scope_id LIMIT {int(top)}")
+    body = ""
+    for i, (scope, scope_id, _end) in enumerate(scopes):
+        where = "scope_id = $id" + (" AND scope = $scope" if has_scope else "")
+        params = {"id": scope_id, **({"scope": scope} if has_scope else {})}
+        nodes = rv.all(f"SELECT node, start_ms, dur_ms, slack_ms, on_path FROM critical_path WHERE {where} "
+                       "ORDER BY start_ms, node", params)
+        body += page.figure(f"{p}-cp-{i}", figs.waterfall_fig(f"{scope or 'scope'} {scope_id}", nodes))
+    return section(f"{p}-critical", "Critical path of the slowest tasks", body or note("critical_path is empty"),
+                   "critical_path (scope, scope_id, node, start_ms, dur_ms, slack_ms, on_path)")
+
+
+def accounts(rv, page, p: str) -> str:
+    counts = rd.account_counts(rv)
+    small = "".join(f"<div>{table([name, 'n'], rows)}</div>" for name, rows in counts.items())
+    cols, rows = rd.account_rows(rv)
+    page.data["accounts"][p] = {"cols": cols, "rows": rows}
+    body = (f'<div class="cols">{small}</div><div class="acct" data-key="{esc(p)}"><div class="filters"></div>'
+            '<div class="scroll"><table class="grid"><thead></thead><tbody></tbody></table></div></div>')
+    return section(f"{p}-accounts", "The four accounts", body,
+                   "accounts (client, server, resource status), tasks.outcome, request_metrics")
+
+
+def diagnosis(rv, page, p: str) -> str:
+    body = "<h3>Reconciliation</h3>"
+    if rv.has("reconciliation"):
+        cols, rows, _n = rd.table_rows(rv, "reconciliation")
+        body += "".join(kv_table(zip(cols, r)) for r in rows) or note("reconciliation is empty")
+    else:
+        body += missing("reconciliation", "created / sent / received / completed counts and ghost load")
+    body += "<h3>SLO misses and their causes</h3>"
+    if rv.has("slo_misses"):
+        cols, rows, n = rd.table_rows(rv, "slo_misses", limit=300)
+        cause = next((c for c in cols if c == "cause"), next((c for c in cols if "cause" in c), None))
+        causes_ms = [c for c in cols if c.endswith("_ms") and c not in ("deadline_ms", "done_since_reference_ms")]
+        plots = ""
+        if cause:
+            by = rv.all(f'SELECT "{cause}", count(*) FROM slo_misses GROUP BY 1 ORDER BY 2 DESC, 1')
+            plots += "<div>" + page.figure(f"{p}-slo-fig", figs.count_bar(
+                [b[0] for b in by], [b[1] for b in by], f"misses by {cause} ({n:,} misses)")) + "</div>"
+        if causes_ms and n:
+            sums = rv.one("SELECT " + ", ".join(f'sum("{c}")' for c in causes_ms) + " FROM slo_misses")
+            plots += "<div>" + page.figure(f"{p}-slo-ms", figs.count_bar(
+                causes_ms, [rd.num(v) for v in sums], "ms charged to each cause, all misses")) + "</div>"
+        body += f'<div class="cols">{plots}</div>' if plots else ""
+        body += (note(f"first {len(rows)} of {n:,} rows") if n > len(rows) else "")
+        body += f'<div class="scroll">{table(cols, rows)}</div>'
+    else:
+        body += missing("slo_misses", "the causes of SLO misses")
+    return section(f"{p}-diagnosis", "Reconciliation and SLO misses", body, "reconciliation, slo_misses")
+
+
+def gaps(rv, p: str) -> str:
+    cols, rows, n = rd.table_rows(rv, "gaps", order="origin, gap_id")
+    if not n:
+        return section(f"{p}-gaps", "Gap register", note("no gaps: every figure had its evidence", "source"), "gaps")
+    more = note(f"first {len(rows):,} of {n:,} rows (query: select * from gaps)") if n > len(rows) else ""
+    return section(f"{p}-gaps", f"Gap register ({n:,})", more + f'<div class="scroll">{table(cols, rows)}</div>',
+                   "gaps (gap_id, scope, subject_id, affects, needs, detail, origin)")

@@ -1,0 +1,213 @@
+"""The per-request timeline: one row per attempt (client stream behind, engine stream in front), arrival
+markers, prefill chunks, preemptions and cancellations, drawn from `intervals` and `events` on one
+clock axis (report_clocks). A big run is drawn as attempts-per-stage over time for every attempt plus
+the rows of a sample (the slowest, the abnormal, and an even spread by arrival); docs/REPORT.md.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from inferledger.cli.report_html import esc
+
+# Colours follow the book's timelines: prefill blue, decode green, queue grey.
+STATE_COLORS = {
+    "queue": "#9e9e9e", "prefill": "#1f77b4", "recompute": "#6baed6", "decode": "#2ca02c", "preempted": "#ff7f0e",
+    "cancelling": "#d62728", "releasing": "#e377c2", "sample": "#17becf", "await_first_write": "#bcbd22",
+    "stream": "#74c476", "finalize": "#8c564b", "front_end": "#dadaeb", "client_queue": "#c7c7c7",
+    "await_first_byte": "#bcbddc", "await_first_content": "#9e9ac8", "await_first_visible": "#807dba",
+    "uplink": "#f7b6d2", "downlink_first": "#c5b0d5", "unattributed": "#ffffff",
+}
+MARKERS = {  # event name -> (label, plotly symbol, colour)
+    "arrival": ("arrival", "triangle-right", "#000000"),
+    "engine.prefill": ("prefill chunk", "line-ns-open", "#08306b"),
+    "engine.preempted": ("preempted", "diamond", "#ff7f0e"),
+    "attempt.cancel": ("client cancel", "x", "#d62728"),
+    "engine.cancel_received": ("engine cancel received", "x-thin-open", "#d62728"),
+    "attempt.timeout": ("client timeout", "x", "#7f0000"),
+    "attempt.error": ("client error", "x", "#7f0000"),
+}
+DENSE_ROWS = 60  # above this many rows: no row labels, no bar outlines, smaller markers
+OVERVIEW_STREAMS = {"client": (0.8, 0.45), "engine": (0.42, 1.0)}  # stream -> (bar width, opacity)
+
+
+def attempt_index(rv, tb) -> list[dict]:
+    """Every attempt with where it starts on the axis and what makes it interesting."""
+    rows = rv.all("SELECT a.attempt_id, a.sent_ns, a.client_clock, a.enqueued_ns, a.server_clock, a.client_status, "
+                  "a.server_status, coalesce(r.e2e_client_ms, r.client_span_ms, r.e2e_server_ms), r.ttft_client_ms "
+                  "FROM attempts a JOIN request_metrics r USING (attempt_id)")
+    out = []
+    for aid, sent, cc, enq, sc, cs, ss, e2e, ttft in rows:
+        t = tb.ms(sent, cc)
+        t = tb.ms(enq, sc) if t is None else t
+        abnormal = cs not in (None, "completed") or ss not in ("completed", "unknown")
+        out.append({"id": aid, "t": t, "e2e": e2e, "ttft": ttft, "abnormal": abnormal})
+    out.sort(key=lambda a: (a["t"] is None, a["t"] or 0.0, a["id"]))
+    return out
+
+
+def choose_sample(atts: list[dict], limit: int) -> list[tuple[str, str]]:
+    """(attempt id, why chosen), in arrival order: all of them when they fit, else a sample."""
+    if len(atts) <= limit:
+        return [(a["id"], "all attempts drawn") for a in atts]
+    why: dict[str, str] = {}
+
+    def take(items, n, reason):
+        for a in items:
+            if n <= 0:
+                break
+            if a["id"] not in why:
+                why[a["id"]] = reason
+                n -= 1
+
+    take(sorted((a for a in atts if a["e2e"] is not None), key=lambda a: -a["e2e"]), max(1, limit // 5),
+         "slowest end to end")
+    take(sorted((a for a in atts if a["ttft"] is not None), key=lambda a: -a["ttft"]),
+         min(max(1, limit // 8), limit - len(why)), "slowest TTFT")
+    take((a for a in atts if a["abnormal"]), min(max(1, limit // 8), limit - len(why)), "not completed on every layer")
+    rest = [a for a in atts if a["id"] not in why]
+    room = limit - len(why)
+    if room > 0 and rest:
+        step = len(rest) / room
+        take((rest[int(i * step)] for i in range(room)), room, "even spread by arrival")
+    return [(a["id"], why[a["id"]]) for a in atts if a["id"] in why]
+
+
+def _arrivals(rv, ids: list[str]) -> list[tuple]:
+    return rv.all(
+        "WITH s AS (SELECT unnest($ids::VARCHAR[]) AS attempt_id), "
+        "ap AS (SELECT task_id, arg_min(ts_ns, (ts_ns, seq)) AS ns, arg_min(clock, (ts_ns, seq)) AS clock "
+        "       FROM events WHERE name = 'arrival.planned' AND task_id IS NOT NULL GROUP BY task_id), "
+        "cr AS (SELECT attempt_id, arg_min(ts_ns, (ts_ns, seq)) AS ns, arg_min(clock, (ts_ns, seq)) AS clock FROM events "
+        "       WHERE name IN ('attempt.created', 'attempt.sent') AND attempt_id IN (SELECT attempt_id FROM s) "
+        "       GROUP BY attempt_id) "
+        "SELECT s.attempt_id, coalesce(ap.ns, cr.ns), CASE WHEN ap.ns IS NOT NULL THEN ap.clock ELSE cr.clock END "
+        "FROM s JOIN attempts a USING (attempt_id) LEFT JOIN ap ON ap.task_id = a.task_id LEFT JOIN cr USING (attempt_id)",
+        {"ids": ids})
+
+
+def gantt(rv, tb, sample: list[tuple[str, str]]) -> tuple[dict, dict]:
+    """The row-per-attempt figure and what it left out (intervals on a clock that does not map)."""
+    ids = [aid for aid, _ in sample]
+    row_of = {aid: i for i, aid in enumerate(ids)}
+    reason = dict(sample)
+    ivs = rv.all("SELECT attempt_id, stream, name, clock, start_ns, end_ns, label, eps_ms FROM intervals "
+                 "WHERE start_ns IS NOT NULL AND kind <> 'link' AND stream IN ('client', 'engine') "
+                 "AND attempt_id IN (SELECT unnest($ids::VARCHAR[])) ORDER BY attempt_id, stream, start_ns",
+                 {"ids": ids})
+    traces: dict[tuple[str, str], dict] = {}
+    left_out = {"intervals": 0, "clocks": set()}
+    for aid, stream, name, clock, s, e, label, eps in ivs:
+        x0, x1 = tb.ms(s, clock), tb.ms(e, clock)
+        if x0 is None:
+            left_out["intervals"] += 1
+            left_out["clocks"].add(clock)
+            continue
+        width, opacity = OVERVIEW_STREAMS[stream]
+        t = traces.setdefault((stream, name), {
+            "type": "bar", "orientation": "h", "name": f"{stream}: {name}", "legendgroup": stream,
+            "x": [], "base": [], "y": [], "width": width, "opacity": opacity, "customdata": [],
+            "hovertext": [], "hoverinfo": "text",
+            "marker": {"color": STATE_COLORS.get(name, "#aaaaaa"),
+                       "line": {"width": 0.5 if len(ids) <= DENSE_ROWS else 0, "color": "#444444"}}})
+        t["x"].append(round(x1 - x0, 6))
+        t["base"].append(round(x0, 6))
+        t["y"].append(row_of[aid])
+        t["customdata"].append(aid)
+        plus = f" ± {eps:.3f}" if eps else ""
+        t["hovertext"].append(f"{esc(aid)}<br>{esc(stream)} · {esc(name)}: {x1 - x0:.3f} ms{plus} ({esc(label)})"
+                              f"<br>{x0:.3f} → {x1:.3f} ms<br>drawn because: {esc(reason[aid])}")
+    order = ["engine", "client"]
+    data = [traces[k] for k in sorted(traces, key=lambda k: (order.index(k[0]), k[1]))]
+    if not any(k[0] == "engine" for k in traces):  # black box: the client's view is all there is
+        for t in data:
+            t["opacity"] = 0.9
+    data += _marker_traces(rv, tb, ids, row_of, left_out)
+    n = len(ids)
+    fig = {"data": data, "layout": {
+        "barmode": "overlay", "height": max(260, min(1200, 16 * n + 160)), "hovermode": "closest",
+        "margin": {"l": 120, "r": 20, "t": 30, "b": 40},
+        "xaxis": {"title": {"text": f"ms since the run's first event (clock {esc(tb.ref)})"},
+                  "rangeslider": {"visible": True, "thickness": 0.05}},
+        "yaxis": {"autorange": "reversed", "automargin": True, "tickmode": "array", "tickvals": list(range(n)),
+                  "ticktext": [esc(a[:28]) for a in ids], "tickfont": {"size": 9 if n > 40 else 11},
+                  "showticklabels": n <= DENSE_ROWS, "title": {"text": "" if n <= DENSE_ROWS else
+                                                               f"{n} attempts by arrival (hover for ids)"}},
+        "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "font": {"size": 10}}}}
+    left_out["clocks"] = sorted(left_out["clocks"])
+    return fig, left_out
+
+
+def _marker_traces(rv, tb, ids, row_of, left_out) -> list[dict]:
+    pts: dict[str, dict] = {}
+
+    def add(kind, aid, ns, clock, extra=""):
+        x = tb.ms(ns, clock)
+        if x is None:
+            left_out["intervals"] += 1
+            left_out["clocks"].add(clock)
+            return
+        label, symbol, color = MARKERS[kind]
+        t = pts.setdefault(kind, {"type": "scatter", "mode": "markers", "name": label, "x": [], "y": [],
+                                  "customdata": [], "hovertext": [], "hoverinfo": "text",
+                                  "marker": {"symbol": symbol, "size": 9 if len(ids) <= DENSE_ROWS else 5,
+                                             "color": color,
+                                             "line": {"width": 1.5, "color": color}}})
+        t["x"].append(round(x, 6))
+        t["y"].append(row_of[aid])
+        t["customdata"].append(aid)
+        t["hovertext"].append(f"{esc(aid)}<br>{esc(label)} at {x:.3f} ms{extra}")
+
+    for aid, ns, clock in _arrivals(rv, ids):
+        if ns is not None:
+            add("arrival", aid, ns, clock)
+    for aid, name, ns, clock, value in rv.all(
+            "SELECT attempt_id, name, ts_ns, clock, value FROM events WHERE name IN ('engine.prefill', "
+            "'engine.preempted', 'attempt.cancel', 'engine.cancel_received', 'attempt.timeout', 'attempt.error') "
+            "AND attempt_id IN (SELECT unnest($ids::VARCHAR[])) ORDER BY attempt_id, ts_ns, seq", {"ids": ids}):
+        add(name, aid, ns, clock, "" if value is None else f"<br>value {value:g}")
+    return list(pts.values())
+
+
+def aggregate(rv, tb, bins: int = 300) -> tuple[dict | None, str | None]:
+    """Mean number of attempts in each state per time bin (time in state / bin width), every attempt."""
+    streams = [s for (s,) in rv.all("SELECT DISTINCT stream FROM intervals WHERE stream IN ('engine', 'client')")]
+    if not streams:
+        return None, None
+    stream = "engine" if "engine" in streams else "client"
+    cols = rv.numpy("SELECT name, clock, start_ns, end_ns FROM intervals WHERE stream = ? AND kind = 'state' "
+                    "AND start_ns IS NOT NULL", [stream])
+    names = np.asarray(cols["name"], dtype=object)
+    clocks = np.asarray(cols["clock"], dtype=object)
+    s = np.asarray(cols["start_ns"], dtype=np.int64)
+    e = np.asarray(cols["end_ns"], dtype=np.int64)
+    off = np.array([tb.offset(c) if tb.aligned(c) else 0 for c in clocks], dtype=np.int64)
+    ok = np.array([tb.aligned(c) for c in clocks], dtype=bool)
+    if not ok.any():
+        return None, stream
+    s = (s[ok] + off[ok] - tb.origin_ns).astype(np.float64)
+    e = (e[ok] + off[ok] - tb.origin_ns).astype(np.float64)
+    names = names[ok]
+    edges = np.linspace(s.min(), max(e.max(), s.min() + 1.0), bins + 1)
+    width = edges[1] - edges[0]
+    data = []
+    for name in sorted(set(names), key=lambda n: list(STATE_COLORS).index(n) if n in STATE_COLORS else 99):
+        m = names == name
+        data.append({"type": "scatter", "mode": "lines", "stackgroup": "states", "name": name, "line": {"width": 0.5, "shape": "hv"},
+                     "fillcolor": STATE_COLORS.get(name), "marker": {"color": STATE_COLORS.get(name)},
+                     "x": [round(x / 1e6, 3) for x in edges[:-1]],
+                     "y": [round(float(v), 4) for v in np.diff(_covered(s[m], e[m], edges)) / width]})
+    fig = {"data": data, "layout": {
+        "height": 320, "margin": {"l": 60, "r": 20, "t": 30, "b": 40}, "hovermode": "x unified",
+        "xaxis": {"title": {"text": f"ms since the run's first event (clock {esc(tb.ref)})"},
+                  "rangeslider": {"visible": True, "thickness": 0.06}},
+        "yaxis": {"title": {"text": f"attempts in state ({stream} stream)"}}}}
+    return fig, stream
+
+
+def _covered(s: np.ndarray, e: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """I(E) = total time the intervals [s, e) cover before each edge E (exact, via sorted prefix sums)."""
+    s, e = np.sort(s), np.sort(e)
+    ps = np.concatenate([[0.0], np.cumsum(s)])
+    pe = np.concatenate([[0.0], np.cumsum(e)])
+    ks, ke = np.searchsorted(s, edges), np.searchsorted(e, edges)
+    return (ks * edges - ps[ks]) - (ke * edges - pe[ke])
