@@ -26,11 +26,16 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
         raise typer.BadParameter(str(exc), param_hint="--workload")
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
-        bar = progress.add_task(f"{wl.name}: loading the model", total=wl.n_tasks)
-        result = capture(wl, out, target=target, separate_clocks=separate_clocks,
-                         max_num_seqs=max_num_seqs, model=model, served_model=served_model, api_key=api_key,
-                         on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks"),
-                         progress=lambda: progress.advance(bar))
+        bar = progress.add_task(f"{wl.name}: " + ("loading the model" if target == "embedded" else "preparing"),
+                                total=wl.n_tasks)
+        try:
+            result = capture(wl, out, target=target, separate_clocks=separate_clocks,
+                             max_num_seqs=max_num_seqs, model=model, served_model=served_model, api_key=api_key,
+                             on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks"),
+                             progress=lambda: progress.advance(bar))
+        except (ValueError, OSError) as exc:  # a workload that cannot be built, a target that cannot be reached
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2)
     r = result.load
     console.print(f"[bold]{wl.name}[/] against {result.manifest['target']['url']}: {r.tasks} tasks, "
                   f"{r.attempts} attempts ({r.completed} completed, {r.timeouts} client timeouts of which "

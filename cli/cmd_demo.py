@@ -17,8 +17,10 @@ def demo_cmd(
     max_num_seqs: int = typer.Option(8, help="Engine batch size limit."),
 ) -> None:
     """Serve the bundled SmolLM2-135M-Instruct with the reference engine on loopback, drive it over HTTP
-    with the load client (Poisson arrivals, client timeouts and retries, injected cancellations, a
-    checker), capture both sides, rebuild the ledger and print its summary.
+    with the load client near the engine's capacity (a mixed Poisson workload: chat, long context with
+    a shared prefix, sessions with a tool call, parallel branches; client timeouts and retries, an
+    abandoned timeout the server completes anyway, injected cancellations, a checker), capture both
+    sides, rebuild the ledger and print its summary.
 
     Example: [cyan]inferledger demo --out runs/demo[/], then
     [cyan]inferledger query runs/demo "select * from accounts"[/]
@@ -28,11 +30,13 @@ def demo_cmd(
     from inferledger.cli.summary import print_summary
     from inferledger.ledger.reconstruct import reconstruct
 
+    t0 = time.monotonic()
     out = out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     result = run_capture(workload, out, "embedded", False, max_num_seqs, None)
     summary = reconstruct(out)
     console.print(f"ledger: {summary.n_events} events, {summary.n_attempts} attempts → {summary.path}")
     print_summary(summary.path, console)
+    console.print(f"\ndemo: {time.monotonic() - t0:.0f} s in all (model load, {result.wall_s:.0f} s of load, ledger)")
     console.print(f"\nrun directory: [bold]{result.run_dir}[/]  "
                   f"(try: inferledger query {result.run_dir} \"select * from accounts\")")
 
