@@ -43,6 +43,7 @@ class EmbeddedServer:
 
     def __init__(self, writer: RunWriter, host: str, *, max_num_seqs: int = 8, model: str | None = None,
                  bundle=None, engine_config: dict | None = None) -> None:
+        """`bundle`: an already loaded model (else `model`, a path, or the bundled default, is loaded)."""
         from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
         from inferledger.engine.server import build_app
         from inferledger.engine.server_thread import ServerThread
@@ -123,6 +124,15 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     or engine's threads (None leaves it alone)."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
+    if target == "embedded" and bundle is None:
+        from inferledger.engine.loader import load_model
+
+        bundle = load_model(model)
+    tokenizer = None
+    if wl.needs_tokenizer:  # prompts are built before anything is written: a bad workload leaves no run
+        own = target == "embedded" and (wl.tokenizer is None or (wl.tokenizer == "bundled" and model is None))
+        tokenizer = bundle.tokenizer if own else load_tokenizer(wl.tokenizer)
+    plans = wl.plan(tokenizer)
     host = host_id()
     writer = RunWriter(out)
     engine_clock = mono_clock(host)
@@ -130,29 +140,34 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     writer.clock_domain(client_clock, host=host, kind="monotonic")
     probe = Probe(writer, "client", run_id=writer.run_id, host=host, clock=client_clock)
     server = None
-    if target == "embedded":
-        server = EmbeddedServer(writer, host, max_num_seqs=max_num_seqs, model=model, bundle=bundle,
-                                engine_config=engine_config)
-    tokenizer = None
-    if wl.needs_tokenizer:
-        own = server is not None and (wl.tokenizer is None or (wl.tokenizer == "bundled" and model is None))
-        tokenizer = server.bundle.tokenizer if own else load_tokenizer(wl.tokenizer)
-    plans = wl.plan(tokenizer)
-    url = server.start() if server is not None else target  # one host, one CLOCK_MONOTONIC
-    if on_ready:
-        on_ready()
     old_switch = sys.getswitchinterval()
-    if switch_interval_s:
-        sys.setswitchinterval(switch_interval_s)
     t0 = time.monotonic()
     try:
+        if target == "embedded":
+            server = EmbeddedServer(writer, host, max_num_seqs=max_num_seqs, bundle=bundle,
+                                    engine_config=engine_config)
+        url = server.start() if server is not None else target  # one host, one CLOCK_MONOTONIC
+        if on_ready:
+            on_ready()
+        if switch_interval_s:
+            sys.setswitchinterval(switch_interval_s)
+        t0 = time.monotonic()
         result, lags, mappings = asyncio.run(_drive(wl, plans, url, probe, writer, separate_clocks=separate_clocks,
                                                     served_model=served_model or (server.model_name if server else None),
                                                     api_key=api_key, progress=progress))
-    finally:
+    except BaseException as exc:  # interrupted or failed: keep what was recorded, say so, re-raise
         sys.setswitchinterval(old_switch)
         if server is not None:
-            server.stop()
+            server.stop(drain_s=5.0)
+        writer.write_manifest({"source": "inferledger capture", "interrupted": repr(exc)[:300],
+                               "target": {"kind": "embedded" if server else "url", "url": target},
+                               "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec},
+                               "wall_s": round(time.monotonic() - t0, 3)})
+        writer.close()
+        raise
+    sys.setswitchinterval(old_switch)
+    if server is not None:
+        server.stop()
     wall_s = time.monotonic() - t0
     for m in mappings:
         writer.clock_domain(m.from_clock, host=host if server else None, kind="monotonic")
