@@ -78,6 +78,7 @@ class LoadResult:
     correct: int = 0
     retries: int = 0
     abandoned: int = 0  # timed-out attempts left draining (ghost load on the server unless it notices)
+    late_chunks: int = 0  # stream events that arrived on abandoned attempts after their timeout (discarded)
     tool_calls: int = 0
     max_in_flight: int = 0  # tasks in flight at once
     pacing: dict = field(default_factory=lambda: {"arrival": [], "retry": [], "turn": []})
@@ -348,4 +349,5 @@ class LoadClient:
             if st.finish is None and not st.abandoned:
                 raise TransportError("the stream ended without a finish reason")
         finally:
+            self.result.late_chunks += st.late_chunks
             await stream.aclose()  # closes the connection when the stream did not finish

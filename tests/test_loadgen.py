@@ -206,7 +206,8 @@ def test_shapes_faults_and_every_event_is_complete(tmp_path):
     # T0004: timed out and abandoned: no close, the stream ran to its end, the retry completed
     assert _attrs(_events(rows, "attempt.timeout", attempt_id="T0004:R1:A1")[0])["on_timeout"] == "abandon"
     assert "T0004:R1:A1" in transport.finished_streams and not _events(rows, "attempt.chunk", attempt_id="T0004:R1:A1")
-    assert r.abandoned == 1 and r.timeouts == 2 and r.cancelled == 1 and r.errors == 2 and r.tool_calls == 1
+    assert r.abandoned == 1 and r.late_chunks == 6 and r.timeouts == 2 and r.cancelled == 1 and r.errors == 2
+    assert r.tool_calls == 1
     # verdicts: every completed attempt judged, against its own question
     verdicts = {x["attempt_id"]: _attrs(x)["correct"] for x in _events(rows, "verdict")}
     assert len(verdicts) == r.completed and all(verdicts.values())
