@@ -219,3 +219,30 @@ def test_black_box_target_has_unknown_server_and_a_gap(tmp_path):
     rm = _rows(con, "SELECT n_output_tokens, correct FROM request_metrics WHERE attempt_id = 'T0000:R1:A2'")[0]
     assert rm["n_output_tokens"] == 5 and rm["correct"] is True  # usage, not the 3 chunks; checker ran
     assert result.manifest["target"]["kind"] == "url" and "model" not in result.manifest
+
+
+def test_in_process_target_counts_tokens_per_chunk(bundle, tmp_path):
+    """The in-process transport (no HTTP): chunks carry the engine's token counts, so a cancellation
+    after N tokens counts tokens, not chunks, and the session id reaches the engine."""
+    from inferledger.cli.embedded import EmbeddedTarget
+    from inferledger.collectors.loadgen import LoadClient
+    from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
+    from inferledger.probes.probe import ListSink, Probe
+
+    (tmp_path / "arrivals.txt").write_text("0\n10\n")
+    wl = Workload.from_dict(_spec(tmp_path, inject={"cancel_tasks": [2], "cancel_after_tokens": 3},
+                                  classes=[{"name": "s", "shape": "session", "turns": 1, "ignore_eos": True}]),
+                            base=tmp_path)
+    sink = ListSink()
+    engine = AsyncEngine(LLMEngine(bundle, EngineConfig(max_num_seqs=4), sink=sink, run_id="t"))
+    try:
+        client = LoadClient(wl, EmbeddedTarget(engine, bundle.tokenizer), Probe(sink, "client", run_id="t"))
+        result = asyncio.run(client.run())
+    finally:
+        engine.close()
+    assert result.completed == 1 and result.cancelled == 1
+    cancel = [json.loads(r["attrs"]) for r in sink.rows if r["name"] == "attempt.cancel"][0]
+    assert cancel["counted"] == "tokens" and cancel["after_tokens"] >= 3
+    chunks = [r for r in sink.rows if r["name"] == "attempt.chunk" and r["attempt_id"] == "T0000:R1:A1"]
+    assert sum(r["value"] for r in chunks) == 12  # max_tokens, counted by the engine
+    assert {r["session_id"] for r in sink.rows if r["source"] == "engine" and r["task_id"] == "T0000"} == {"T0000:S"}
