@@ -21,10 +21,18 @@ from inferledger.collectors.loadgen import Chunk, TransportError
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, body: str) -> None:
+    def __init__(self, status: int, body: str, retry_after_s: float | None = None) -> None:
         super().__init__(f"HTTP {status}: {body[:200]}")
         self.status = status
         self.body = body
+        self.retry_after_s = retry_after_s  # the server's Retry-After (seconds form), honoured by the client
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # the HTTP-date form is not used by inference servers; ignored
 
 
 def chunk_from_event(event: dict) -> Chunk:
@@ -118,10 +126,10 @@ class HTTPTarget:
                 if on_first_byte is not None:
                     on_first_byte()
                 if resp.status != 200:
-                    raise HTTPError(resp.status, await resp.text())
+                    raise HTTPError(resp.status, await resp.text(), _retry_after(resp.headers.get("Retry-After")))
                 buffer = b""
                 async for data in resp.content.iter_any():
-                    buffer += data
+                    buffer += data.replace(b"\r\n", b"\n")
                     while b"\n\n" in buffer:
                         raw, buffer = buffer.split(b"\n\n", 1)
                         for line in raw.split(b"\n"):

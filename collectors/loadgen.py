@@ -112,6 +112,7 @@ class _Att:
 class _Req:
     status: str  # completed, timeout, cancelled, error, gave_up
     text: str | None = None
+    retry_after_s: float | None = None  # the server asked to wait this long before a retry
 
 
 class LoadClient:
@@ -239,6 +240,8 @@ class LoadClient:
             if out.status not in ("timeout", "retryable") or k == plan.max_attempts:
                 break
             backoff_ms = min(w.backoff_max_ms, w.backoff_ms * 2 ** (k - 1)) * (1 + w.jitter * (2 * self.rng.random() - 1))
+            if out.retry_after_s is not None:  # never sooner than the server asked (429 / 503 Retry-After)
+                backoff_ms = max(backoff_ms, out.retry_after_s * 1000)
             planned_ns, kind = self.now() + int(backoff_ms * 1e6), "retry"
             if w.give_up_after_deadline and planned_ns >= deadline_ns:
                 return _Req("gave_up")  # a retry could only finish late: the task's contract is lost already
@@ -307,9 +310,11 @@ class LoadClient:
         if exc is not None:
             status = getattr(exc, "status", None)
             retryable = status in RETRYABLE_STATUS or (status is None and getattr(exc, "retryable", False))
-            p.emit("attempt.error", **ids, error=repr(exc)[:300], status=status, retryable=retryable)
+            retry_after = getattr(exc, "retry_after_s", None)
+            p.emit("attempt.error", **ids, error=repr(exc)[:300], status=status, retryable=retryable,
+                   **({"retry_after_s": retry_after} if retry_after is not None else {}))
             self.result.errors += 1
-            return _Req("retryable" if retryable else "error")
+            return _Req("retryable" if retryable else "error", retry_after_s=retry_after)
         if st.cancelled:
             self.result.cancelled += 1
             return _Req("cancelled")

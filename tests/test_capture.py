@@ -185,7 +185,7 @@ class _Stub:
         body = await request.json()
         self.seen.append({"headers": dict(request.headers), "body": body})
         if request.headers.get("x-inferledger-attempt-id") == "T0000:R1:A1":
-            return web.json_response({"error": {"message": "busy"}}, status=429)
+            return web.json_response({"error": {"message": "busy"}}, status=429, headers={"Retry-After": "0.2"})
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         for piece in ("Paris", " is", " the answer."):
@@ -213,6 +213,10 @@ def test_black_box_target_has_unknown_server_and_a_gap(tmp_path):
     assert [a["attempt_id"] for a in acc] == ["T0000:R1:A1", "T0000:R1:A2", "T0001:R1:A1"]
     assert {a["server_status"] for a in acc} == {"unknown"}
     assert [a["client_status"] for a in acc] == ["error", "completed", "completed"]  # the 429 was retried
+    err = _rows(con, "SELECT ts_ns, attrs FROM events WHERE name = 'attempt.error'")[0]
+    assert json.loads(err["attrs"])["status"] == 429 and json.loads(err["attrs"])["retry_after_s"] == 0.2
+    retry = _rows(con, "SELECT ts_ns FROM events WHERE name = 'attempt.sent' AND attempt_id = 'T0000:R1:A2'")[0]
+    assert retry["ts_ns"] - err["ts_ns"] >= 200e6  # the server's Retry-After, not the 20 ms backoff
     gaps = _rows(con, "SELECT * FROM gaps WHERE scope = 'run'")
     bb = [g for g in gaps if g["gap_id"] == "collector:black-box"]
     assert bb and "only the client's events" in bb[0]["detail"] and "server_status" in bb[0]["affects"]
