@@ -90,27 +90,31 @@ def _unique(name: str, taken: dict) -> str:
     return f"{name}#{k}"
 
 
-def task_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]]]]:
-    """One DAG per task from its spans, tool calls and attempts; with each node's (name, start, end)."""
+def task_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]], str | None]]:
+    """One DAG per task from its spans, tool calls and attempts; with each node's (name, start, end)
+    and the reason the task has no graph (None when it has one)."""
     rows = con.execute("""
         WITH spans AS (
           SELECT task_id, coalesce(json_extract_string(attrs, '$.span'), json_extract_string(attrs, '$.tool'), 'tool') AS name,
                  CASE WHEN name LIKE 'tool.%' THEN 'tool' ELSE 'span' END AS kind,
                  CASE WHEN name IN ('span.start', 'tool.start') THEN 'start' ELSE 'end' END AS edge,
                  coalesce(json_extract_string(attrs, '$.stream'), CASE WHEN name LIKE 'tool.%' THEN 'tool' ELSE source END) AS stream,
-                 json_extract(attrs, '$.after')::VARCHAR AS after, ts_ns, seq, event_id
+                 json_extract(attrs, '$.after')::VARCHAR AS after, ts_ns, seq, event_id, clock
           FROM ev WHERE task_id IS NOT NULL AND attempt_id IS NULL
             AND name IN ('span.start', 'span.end', 'tool.start', 'tool.end')
         ), numbered AS (
           SELECT *, row_number() OVER (PARTITION BY task_id, kind, name, edge ORDER BY ts_ns, seq, event_id) AS k FROM spans
         )
-        SELECT s.task_id, s.kind, s.name, s.stream, s.after, s.ts_ns, e.ts_ns
+        SELECT s.task_id, s.kind, s.name, s.stream, s.after, s.ts_ns, e.ts_ns, s.clock, e.clock
         FROM numbered s JOIN numbered e ON e.task_id = s.task_id AND e.kind = s.kind AND e.name = s.name
              AND e.k = s.k AND e.edge = 'end'
         WHERE s.edge = 'start'
         UNION ALL
         SELECT a.task_id, 'attempt', a.attempt_id, coalesce(a.session_id, a.request_id, a.attempt_id), NULL,
-               coalesce(m.created.ns, m.sent.ns, m.enqueued.ns), coalesce(m.client_end.ns, a.server_end_ns)
+               coalesce(m.created.ns, m.sent.ns, m.enqueued.ns), coalesce(m.client_end.ns, a.server_end_ns),
+               CASE WHEN coalesce(m.created.ns, m.sent.ns) IS NOT NULL THEN coalesce(m.created.clock, m.sent.clock)
+                    ELSE m.enqueued.clock END,
+               CASE WHEN m.client_end.ns IS NOT NULL THEN m.client_end.clock ELSE a.server_clock END
         FROM attempts a JOIN marks m USING (attempt_id)
         WHERE a.task_id IS NOT NULL AND coalesce(m.created.ns, m.sent.ns, m.enqueued.ns) IS NOT NULL
           AND coalesce(m.client_end.ns, a.server_end_ns) IS NOT NULL
@@ -122,7 +126,12 @@ def task_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]]]]:
     out = []
     for task_id, items in sorted(by_task.items()):
         dag, times, after, streams = Dag("task", task_id), [], {}, {}
-        for _, kind, name, stream, after_json, t0, t1 in items:
+        clocks = {c for item in items for c in item[7:9]}
+        if len(clocks) > 1:  # durations and time order across unmapped domains would be guesses
+            out.append((Dag("task", task_id), [], f"task {task_id}: its stages lie in clocks {sorted(clocks)} "
+                        "that one graph cannot compare"))
+            continue
+        for _, kind, name, stream, after_json, t0, t1, _c0, _c1 in items:
             node = _unique(name, dag.dur_ms)
             dag.dur_ms[node] = (t1 - t0) / 1e6
             dag.kind[node] = kind
@@ -140,11 +149,11 @@ def task_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]]]]:
                 if after[node] is None:  # time order within its stream
                     before = [u for u in nodes if u != node and end[u] <= start[node]]
                     dag.preds[node] = [max(before, key=lambda u: (end[u], u))] if before else []
-        out.append((dag, times))
+        out.append((dag, times, None))
     return out
 
 
-def attempt_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]]]]:
+def attempt_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]], None]]:
     """One chain per attempt: the registered intervals of its client stream (else its server stream)."""
     rows = con.execute("""
         WITH pick AS (
@@ -158,10 +167,10 @@ def attempt_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]]]]:
     out, cur = [], None
     for attempt_id, name, t0, t1 in rows:
         if cur is None or cur[0].scope_id != attempt_id:
-            cur = (Dag("attempt", attempt_id), [])
+            cur = (Dag("attempt", attempt_id), [], None)
             out.append(cur)
             prev = None
-        dag, times = cur
+        dag, times, _ = cur
         node = _unique(name, dag.dur_ms)
         dag.dur_ms[node] = (t1 - t0) / 1e6
         dag.kind[node] = "stage"
@@ -174,7 +183,10 @@ def attempt_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]]]]:
 def build(con) -> list[tuple[str, str, str]]:
     """Create the critical_path and critical_path_edges tables; returns (scope, subject, problem) gaps."""
     nodes, edges, problems = [], [], []
-    for dag, times in task_dags(con) + attempt_dags(con):
+    for dag, times, problem in task_dags(con) + attempt_dags(con):
+        if problem:
+            problems.append((dag.scope, dag.scope_id, problem))
+            continue
         try:
             res = longest_path(dag)
         except DagError as exc:

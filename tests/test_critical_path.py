@@ -83,3 +83,20 @@ def test_a_cycle_in_an_archive_becomes_a_gap(tmp_path):
     assert con.execute("select count(*) from critical_path where scope_id = 'T9'").fetchone()[0] == 0
     detail = con.execute("select detail from gaps where affects = 'critical_path'").fetchone()[0]
     assert "cycle" in detail
+
+
+def test_stages_in_clocks_that_cannot_be_compared_become_a_gap(tmp_path):
+    lines = [{"name": "clock.domain", "clock": c, "source": "archive", "attrs": {"host": h}} for c, h in
+             (("c1", "h1"), ("c2", "h2"))]
+    for name, clock in (("a", "c1"), ("b", "c2")):
+        lines.append({"name": "span.start", "source": "app", "task_id": "T8", "ts_ns": 0, "clock": clock,
+                      "attrs": {"span": name}})
+        lines.append({"name": "span.end", "source": "app", "task_id": "T8", "ts_ns": 10, "clock": clock,
+                      "attrs": {"span": name}})
+    archive = tmp_path / "clocks.jsonl"
+    archive.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    import_archive(archive, tmp_path / "run")
+    con = duckdb.connect(str(reconstruct(tmp_path / "run").path), read_only=True)
+    assert con.execute("select count(*) from critical_path where scope_id = 'T8'").fetchone()[0] == 0
+    detail = con.execute("select detail from gaps where affects = 'critical_path' and subject_id = 'T8'").fetchone()[0]
+    assert "clocks ['c1', 'c2']" in detail
