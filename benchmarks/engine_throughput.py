@@ -1,10 +1,13 @@
 """Engine throughput against Hugging Face `generate` on the same weights, in the same run.
 
-Same prompts (mixed lengths), same fixed output length (ignore_eos / min_new_tokens), greedy.
-Concurrency c: our engine serves all requests with max_num_seqs=c (continuous batching); HF runs
-them in static batches of c (left-padded). Prints output tokens/s and the ratio to HF, then the
-engine's throughput with probes on (events + KV samples to memory) over probes off. Each figure is
-the best of --repeats runs, ours and HF interleaved, so a noisy shared CPU hurts both alike.
+Same prompts (mixed lengths), same fixed output length (ignore_eos / min_new_tokens), greedy, fp32,
+HF with its default attention. Concurrency c: our engine serves all requests with max_num_seqs=c
+(continuous batching); HF runs them in static batches of c (left-padded). Prints output tokens/s and
+the ratio to HF; then, per full-batch decode step of our engine at the highest concurrency, the bytes
+of weights and KV context it reads, the achieved bandwidth, and that over a memcpy bandwidth measured
+in this run (MBU); then throughput with probes on (events + KV samples to memory) over probes off.
+Each figure is the best of --repeats runs, ours and HF interleaved, so a noisy shared CPU hurts both
+alike; the load average is printed at the start and the end.
 
     .venv/bin/python benchmarks/engine_throughput.py [--requests 16] [--max-tokens 32] [--concurrency 1 4 16]
 """
@@ -43,19 +46,74 @@ def make_prompts(tokenizer, n: int, lengths=(16, 64, 160, 320)) -> list[list[int
     return [ids[i: i + lengths[i % len(lengths)]] for i in range(n)]
 
 
-def run_ours(bundle, prompts, max_tokens, concurrency, probes=True) -> tuple[float, int, int]:
+class _DecodeTimer:
+    """Wraps ModelRunner.forward: wall time and context lengths of each pure decode step."""
+
+    def __init__(self, runner) -> None:
+        self.forward, self.steps = runner.forward, []  # (seconds, [context tokens per sequence])
+
+    def __call__(self, chunks):
+        t0 = time.perf_counter()
+        out = self.forward(chunks)
+        if all(len(c.token_ids) == 1 and c.start_pos > 0 for c in chunks):
+            self.steps.append((time.perf_counter() - t0, [c.start_pos + 1 for c in chunks]))
+        return out
+
+
+def run_ours(bundle, prompts, max_tokens, concurrency, probes=True):
+    """-> (output tokens/s, steps, events emitted, [(s, contexts)] of its pure decode steps)."""
     cfg = EngineConfig(max_num_seqs=concurrency, max_num_batched_tokens=512, probes=probes,
                        enable_prefix_caching=False)
     sink = _Sink() if probes else None
     llm = LLM(bundle=bundle, config=cfg, sink=sink)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(max_tokens=2))  # warm-up
+    timer = llm.engine.runner.forward = _DecodeTimer(llm.engine.runner)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
     dt = time.perf_counter() - t0
     n_tokens = sum(len(o.token_ids) for o in outs)
     assert all(len(o.token_ids) == max_tokens for o in outs)
-    return n_tokens / dt, llm.engine.step_id, len(sink.rows) if sink else 0
+    return n_tokens / dt, llm.engine.step_id, len(sink.rows) if sink else 0, timer.steps
+
+
+def memcpy_gib_s(mib: int = 256, repeats: int = 5) -> float:
+    """Best of `repeats` dst.copy_(src) of `mib` MiB, counting bytes read plus bytes written."""
+    src = torch.ones(mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch
+    best = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
+    return 2 * mib / 1024 / best
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def weight_bytes_per_step(bundle) -> int:
+    """Parameter bytes a decode step reads: all of them, once (a tied embedding is read whole as
+    the lm_head), except an untied embedding table, of which only the batch's rows are read."""
+    model = bundle.model
+    total = sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights counted once
+    if not bundle.config.tie_embeddings:
+        total -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    return total
+
+
+def decode_bandwidth(bundle, steps, batch: int, memcpy: float) -> str:
+    """The median pure decode step of a full batch: time, bytes read, GiB/s, MBU."""
+    full = sorted((dt, ctx) for dt, ctx in steps if len(ctx) == batch)
+    if not full:
+        return f"no pure decode step at batch {batch}"
+    dt, ctx = full[len(full) // 2]
+    w = weight_bytes_per_step(bundle)
+    kv = sum(ctx) * bundle.config.kv_bytes_per_token(bundle.dtype)  # K and V of every context token, all layers
+    gib_s = (w + kv) / 2**30 / dt
+    return (f"decode step at batch {batch:>2} (median of {len(full)}): {dt * 1e3:5.1f} ms, reads weights "
+            f"{w / 2**20:.0f} MiB + KV {kv / 2**20:3.0f} MiB -> {gib_s:4.1f} GiB/s; "
+            f"memcpy {memcpy:.1f} GiB/s (read + write) -> MBU {gib_s / memcpy:.2f}")
 
 
 def run_hf(model, prompts, max_tokens, concurrency, pad_id) -> float:
@@ -80,6 +138,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--probe-repeats", type=int, default=5, help="runs each of probes on / off (best of)")
     args = ap.parse_args()
 
     import transformers
@@ -91,23 +150,35 @@ def main() -> None:
     prompts = make_prompts(bundle.tokenizer, args.requests)
     pad = bundle.config.eos_ids[0]
     print(f"model {path.name}, {args.requests} requests, prompt lengths {sorted({len(p) for p in prompts})}, "
-          f"{args.max_tokens} output tokens each, torch threads {torch.get_num_threads()}")
+          f"{args.max_tokens} output tokens each, torch threads {torch.get_num_threads()}, "
+          f"load average {_load()}")
+    memcpy = memcpy_gib_s()
     print(f"{'concurrency':>11} {'ours tok/s':>11} {'HF tok/s':>9} {'ours/HF':>8} {'steps':>6}")
+    decode_steps = {}
     for c in args.concurrency:
         ours = theirs = 0.0
         for _ in range(args.repeats):
-            tps, steps, _ = run_ours(bundle, prompts, args.max_tokens, c)
-            ours = max(ours, tps)
+            tps, steps, _, decodes = run_ours(bundle, prompts, args.max_tokens, c)
+            if tps > ours:
+                ours, decode_steps[c] = tps, decodes
             theirs = max(theirs, run_hf(hf, prompts, args.max_tokens, c, pad))
         print(f"{c:>11} {ours:>11.1f} {theirs:>9.1f} {ours / theirs:>8.2f} {steps:>6}")
+    memcpy = max(memcpy, memcpy_gib_s())  # the better of two, before and after: the less disturbed
+    for c in args.concurrency:
+        print(decode_bandwidth(bundle, decode_steps[c], min(c, args.requests), memcpy))
     c = max(args.concurrency)
     on = off = 0.0
-    for _ in range(args.repeats):
-        tps, _, n_events = run_ours(bundle, prompts, args.max_tokens, c, probes=True)
+    for _ in range(args.probe_repeats):
+        tps, _, n_events, _ = run_ours(bundle, prompts, args.max_tokens, c, probes=True)
         on = max(on, tps)
         off = max(off, run_ours(bundle, prompts, args.max_tokens, c, probes=False)[0])
     print(f"probes on/off at concurrency {c}: {on:.1f} / {off:.1f} tok/s = {on / off:.3f} "
           f"({n_events} events)")
+    print(f"load average at the end {_load()}")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ delegated to an `attn` callable passed into `forward`, so the same weights run o
 (engine/runner.py) or a plain contiguous sequence (`causal_attention`, used by tests). No state is
 kept between calls.
 Parameter names follow Hugging Face's llama layout (minus the leading "model."), so safetensors
-checkpoints load by name.
+checkpoints load by name. `fuse()` (the runner calls it) then stacks each layer's q/k/v and gate/up
+weights into one contiguous matrix each: one matmul instead of three (two). The named parameters
+become row views into the stacked matrices, so memory is not doubled and in-place loads still reach
+the fused weights.
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op, the same arithmetic as below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # normalise in fp32 whatever the activation dtype, as the reference implementation does
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -42,11 +47,50 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: tor
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D]; rotates pairs (i, i + D/2)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+def rope_tables(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
+    """(cos, signed sin) [T, 1, D] for `apply_rope`: sin's first half negated, so that
+    rotate_half(x) * sin == roll(x, D/2) * signed_sin exactly (a sign flip does not round)."""
+    cos, sin = rope_cos_sin(positions, head_dim, base, dtype)
+    half = head_dim // 2
+    return cos[:, None, :], torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None, :]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D] with tables from rope_tables; rotates pairs (i, i + D/2)."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * signed_sin
+
+
+def _fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One contiguous [sum(out), in] matrix (and bias) stacking the linears' weights; each linear's
+    weight and bias become row views into it."""
+    with torch.inference_mode(False), torch.no_grad():
+        w = torch.cat([lin.weight for lin in linears]).contiguous()
+        has_bias = linears[0].bias is not None
+        bias = torch.cat([lin.bias for lin in linears]) if has_bias else None
+        off = 0
+        for lin in linears:
+            n, grad = lin.out_features, lin.weight.requires_grad
+            lin.weight = nn.Parameter(w[off:off + n], requires_grad=grad)
+            if has_bias:
+                lin.bias = nn.Parameter(bias[off:off + n], requires_grad=grad)
+            off += n
+    return w, bias
+
+
+class _Fused:
+    """The stacked weights of some linears, valid while those linears keep the parameters that
+    were made views into them (a load with assign=True replaces them: then the model runs unfused)."""
+
+    def __init__(self, linears: list[nn.Linear]) -> None:
+        self.linears = linears
+        self.weight, self.bias = _fuse_linears(linears)
+        self.params = [(lin.weight, lin.bias) for lin in linears]
+
+    def valid(self) -> bool:
+        return all(lin.weight is w and lin.bias is b for lin, (w, b) in zip(self.linears, self.params))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
 
 
 class Attention(nn.Module):
@@ -60,17 +104,35 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
+        self.qkv: _Fused | None = None  # after fuse()
+
+    def fuse(self) -> None:
+        if not self.fused:
+            self.qkv = _Fused([self.q_proj, self.k_proj, self.v_proj])
+
+    @property
+    def fused(self) -> bool:
+        return self.qkv is not None and self.qkv.valid()
 
     def forward(self, x, cos, sin, attn: AttentionFn):
-        T = x.shape[0]
-        q = self.q_proj(x).view(T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(T, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(T, self.n_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attn(self.layer_idx, q, k, v)
-        return self.o_proj(out.reshape(T, self.n_heads * self.head_dim))
+        """cos, sin: tables from rope_tables."""
+        T, H, KV, D = x.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
+        if not self.fused:
+            q, k = self.q_proj(x).view(T, H, D), self.k_proj(x).view(T, KV, D)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            out = attn(self.layer_idx, q, k, self.v_proj(x).view(T, KV, D))
+            return self.o_proj(out.reshape(T, H * D))
+        qkv = self.qkv(x)
+        if self.q_norm is None:  # RoPE over the q and k heads at once
+            qk = apply_rope(qkv[:, :(H + KV) * D].view(T, H + KV, D), cos, sin)
+            q, k = qk[:, :H], qk[:, H:]
+        else:
+            q = apply_rope(self.q_norm(qkv[:, :H * D].view(T, H, D)), cos, sin)
+            k = apply_rope(self.k_norm(qkv[:, H * D:(H + KV) * D].view(T, KV, D)), cos, sin)
+        out = attn(self.layer_idx, q, k, qkv[:, (H + KV) * D:].view(T, KV, D))
+        return self.o_proj(out.reshape(T, H * D))
 
 
 class MLP(nn.Module):
@@ -79,8 +141,20 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
+        self.gate_up: _Fused | None = None  # after fuse()
+
+    def fuse(self) -> None:
+        if not self.fused:
+            self.gate_up = _Fused([self.gate_proj, self.up_proj])
+
+    @property
+    def fused(self) -> bool:
+        return self.gate_up is not None and self.gate_up.valid()
 
     def forward(self, x):
+        if self.fused:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate, inplace=True).mul_(up))  # in place: no [T, ffn] temporaries
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -108,10 +182,17 @@ class LlamaModel(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    def fuse(self) -> "LlamaModel":
+        """Stack each layer's q/k/v and gate/up weights for the fast path (idempotent)."""
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
         """input_ids, positions: [T] -> hidden states [T, d_model] before the final norm."""
         h = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_base, h.dtype)
+        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_base, h.dtype)
         for layer in self.layers:
             h = layer(h, cos, sin, attn)
         return h

@@ -1,9 +1,12 @@
 """ModelRunner: one engine step over a paged KV cache.
 
 All chunks' tokens are flattened into one batch [T] for the embedding, projection and MLP matmuls;
-only attention is done per sequence, or, for a pure decode batch, across sequences with padding.
-K/V of the token at position p of a sequence go to slot block_table[p // block_size] * block_size +
-p % block_size of the per-layer caches [num_blocks, block_size, n_kv_heads, head_dim].
+only attention is done per sequence, or, for the sequences decoding one token, batched across
+sequences in groups of similar context length (padding each group to its longest table). K/V of the token at position p of a sequence go to block block_table[p // block_size],
+offset p % block_size, of the per-layer caches [num_blocks, n_kv_heads, block_size, head_dim]: heads
+outermost within a block, so gathering whole (block, head) rows yields each sequence's keys per head
+contiguous, [KV, L, D], the layout attention reads without a transpose copy. The gather index is
+built once per step and reused by every layer; decode gathers into a workspace reused across layers.
 Optional: pure decode batches replayed from CUDA graphs captured per (batch, table-width) bucket.
 """
 from __future__ import annotations
@@ -24,61 +27,160 @@ class SeqChunk:
     logits: str = "last"     # "last": logits of the last token; "all": of every token; "none"
 
 
-def _write_kv(k_cache, v_cache, slots, k, v):
-    n_kv, head_dim = k_cache.shape[-2:]
-    k_cache.view(-1, n_kv, head_dim).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, n_kv, head_dim).index_copy_(0, slots, v.to(v_cache.dtype))
+def _write_rows(slots: torch.Tensor, n_kv: int, block_size: int) -> torch.Tensor:
+    """Rows [T * KV] of the cache viewed as [blocks * KV * block_size, D] that the K (or V) heads
+    of the tokens at these slots go to, token-major as k.reshape(T * KV, D)."""
+    heads = torch.arange(n_kv, device=slots.device)
+    return ((slots[:, None] // block_size * n_kv + heads) * block_size + slots[:, None] % block_size).reshape(-1)
+
+
+def _gather_rows(table: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """Rows of the cache viewed as [blocks * KV, block_size * D] holding the blocks of a table
+    [..., W], ordered [..., KV, W]: gathered, they are [..., KV, W * block_size, D]."""
+    heads = torch.arange(n_kv, device=table.device)
+    return (table[..., None, :] * n_kv + heads[:, None]).reshape(-1)
+
+
+def _write_kv(k_cache, v_cache, rows, k, v):
+    D = k_cache.shape[-1]
+    k_cache.view(-1, D).index_copy_(0, rows, k.reshape(-1, D).to(k_cache.dtype))
+    v_cache.view(-1, D).index_copy_(0, rows, v.reshape(-1, D).to(v_cache.dtype))
+
+
+def _gather(cache, rows, out=None):
+    """cache [blocks, KV, bs, D] -> the rows' blocks, [len(rows), bs * D] (into out when given)."""
+    flat = cache.view(-1, cache.shape[-2] * cache.shape[-1])
+    return torch.index_select(flat, 0, rows) if out is None else torch.index_select(flat, 0, rows, out=out)
+
+
+class BatchedDecode:
+    """Attention of one new token per sequence, batched across sequences: block tables padded to
+    one width [B, W], keys past each sequence's length masked by an additive bias. Query heads are
+    grouped per KV head, q [B, KV, H/KV, D], so no K/V is repeated for grouped-query attention.
+    Only tensor ops, so the same code is captured into CUDA graphs."""
+
+    def __init__(self, cache_shape, table: torch.Tensor, ctx_lens: torch.Tensor, dtype, k_buf=None, v_buf=None):
+        _, self.n_kv, bs, self.head_dim = cache_shape
+        self.rows = _gather_rows(table, self.n_kv)
+        n = self.rows.shape[0]
+        self.k_buf = None if k_buf is None else k_buf[:n]
+        self.v_buf = None if v_buf is None else v_buf[:n]
+        key_pos = torch.arange(table.shape[1] * bs, device=table.device)
+        bias = torch.zeros(key_pos.shape[0], dtype=dtype, device=table.device)
+        self.bias = bias.masked_fill(key_pos[None, :] >= ctx_lens[:, None], float("-inf"))[:, None, None, :]
+
+    def attend(self, k_cache, v_cache, q):
+        """q [B, H, D] -> [B, H, D]."""
+        B, H, D = q.shape
+        if self.bias.dtype != q.dtype:
+            self.bias = self.bias.to(q.dtype)
+        ks = _gather(k_cache, self.rows, self.k_buf).view(B, self.n_kv, -1, D).to(q.dtype)
+        vs = _gather(v_cache, self.rows, self.v_buf).view(B, self.n_kv, -1, D).to(q.dtype)
+        o = F.scaled_dot_product_attention(q.reshape(B, self.n_kv, H // self.n_kv, D), ks, vs, attn_mask=self.bias)
+        return o.reshape(B, H, D)
+
+
+def width_groups(widths: list[int], overhead_blocks: int = 16) -> list[list[int]]:
+    """Split decode rows into groups attended separately, each padded to its own widest block
+    table: the partition (of rows sorted by width) minimising padded blocks gathered plus
+    `overhead_blocks` per group (each group costs a gather and an attention call per layer).
+    Rows of mixed lengths then do not all pay for the longest one. Groups widest first."""
+    distinct = sorted(set(widths), reverse=True)
+    count = {w: 0 for w in distinct}
+    for w in widths:
+        count[w] += 1
+    best, cut = [0] + [float("inf")] * len(distinct), [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):  # best[j]: cost of the j widest distinct widths
+        rows = 0
+        for i in range(j - 1, -1, -1):  # last group: distinct[i:j], padded to distinct[i]
+            rows += count[distinct[i]]
+            cost = best[i] + overhead_blocks + rows * distinct[i]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    bounds, j = [], len(distinct)
+    while j:
+        bounds.append((distinct[cut[j]], distinct[j - 1]))
+        j = cut[j]
+    order = sorted(range(len(widths)), key=lambda r: -widths[r])
+    return [[r for r in order if lo <= widths[r] <= hi] for hi, lo in reversed(bounds)]
+
+
+def decode_groups(tables: list[list[int]], ctx_lens: list[int], cache_shape, dtype, device,
+                  bufs=(None, None)) -> list[tuple[list[int], BatchedDecode]]:
+    """Rows of single-token decodes (block tables covering exactly their context) in width groups,
+    each with its BatchedDecode; all groups gather into the same buffers, one after the other."""
+    groups = []
+    for rows in width_groups([len(t) for t in tables]):
+        width = len(tables[rows[0]])
+        table = torch.tensor([tables[r] + [0] * (width - len(tables[r])) for r in rows], device=device)
+        ctx = torch.tensor([ctx_lens[r] for r in rows], device=device)
+        groups.append((rows, BatchedDecode(cache_shape, table, ctx, dtype, *bufs)))
+    return groups
 
 
 class PagedAttention:
-    """Attention for a step of arbitrary chunks: writes the new K/V into the cache, then attends per
-    sequence over its paged context. Built per step; holds no state across steps."""
+    """Attention for a step of arbitrary chunks: writes the new K/V into the cache, then attends
+    over each sequence's paged context: single-token decodes batched (in width groups), the other
+    chunks one by one. Built per step; holds no state across steps."""
 
-    def __init__(self, k_cache, v_cache, slots, seqs: list[tuple[int, int, int, torch.Tensor]]):
-        self.k_cache, self.v_cache, self.slots = k_cache, v_cache, slots
-        self.seqs = seqs  # (offset in the flat batch, new tokens, start_pos, block ids)
+    def __init__(self, k_cache, v_cache, slots, seqs: list[tuple[int, int, int, list[int]]]):
+        self.k_cache, self.v_cache = k_cache, v_cache
+        _, _, n_kv, bs, _ = k_cache.shape
+        dev = slots.device
+        self.rows = _write_rows(slots, n_kv, bs)
+        decodes = [(q0, blocks, start + 1) for q0, n, start, blocks in seqs if n == 1 and start > 0]
+        self.decodes = []  # (query rows, BatchedDecode)
+        if decodes:
+            for rows, g in decode_groups([d[1] for d in decodes], [d[2] for d in decodes], k_cache.shape[1:],
+                                         k_cache.dtype, dev):
+                self.decodes.append((torch.tensor([decodes[r][0] for r in rows], device=dev), g))
+        # the others: (offset in the flat batch, new tokens, start_pos, gather rows of the blocks or None)
+        self.seqs = [(q0, n, start, _gather_rows(torch.tensor(blocks, device=dev), n_kv) if start else None)
+                     for q0, n, start, blocks in seqs if not (n == 1 and start > 0)]
 
     def __call__(self, layer: int, q, k, v):
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
-        _write_kv(k_cache, v_cache, self.slots, k, v)
-        n_kv, head_dim = k_cache.shape[-2:]
-        out = torch.empty_like(q)
-        for q0, n, start, blocks in self.seqs:
-            qs = q[q0:q0 + n].transpose(0, 1)  # [H, n, D]
-            if start == 0:  # fresh sequence: its whole context is this chunk, no gather needed
-                ks, vs = k[q0:q0 + n].transpose(0, 1), v[q0:q0 + n].transpose(0, 1)
+        _write_kv(k_cache, v_cache, self.rows, k, v)
+        _, n_kv, _, head_dim = k_cache.shape
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        for idx, g in self.decodes:
+            out.index_copy_(0, idx, g.attend(k_cache, v_cache, q.index_select(0, idx)))
+        for q0, n, start, rows in self.seqs:
+            # 4-D [1, heads, n, D]: the CPU flash kernel takes grouped-query 4-D input (3-D falls back to math)
+            qs = q[q0:q0 + n].transpose(0, 1)[None]
+            if rows is None:  # fresh sequence: its whole context is this chunk, no gather needed
+                ks, vs = k[q0:q0 + n].transpose(0, 1)[None], v[q0:q0 + n].transpose(0, 1)[None]
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=n > 1, enable_gqa=True)
             else:
                 ctx = start + n
-                ks = k_cache[blocks].view(-1, n_kv, head_dim)[:ctx].transpose(0, 1).to(q.dtype)
-                vs = v_cache[blocks].view(-1, n_kv, head_dim)[:ctx].transpose(0, 1).to(q.dtype)
+                ks = _gather(k_cache, rows).view(1, n_kv, -1, head_dim)[:, :, :ctx].to(q.dtype)
+                vs = _gather(v_cache, rows).view(1, n_kv, -1, head_dim)[:, :, :ctx].to(q.dtype)
                 mask = None
                 if n > 1:  # query i sits at position start + i and sees keys 0..start + i
                     q_pos = torch.arange(start, ctx, device=q.device)
                     mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
-            out[q0:q0 + n] = o.transpose(0, 1)
+            out[q0:q0 + n] = o[0].transpose(0, 1)
         return out
 
 
 class DecodeAttention:
-    """Attention for a batch of one new token per sequence, batched across sequences: block tables
-    padded to one width [B, W], keys past each sequence's length masked. Only tensor ops, so the
-    same code is captured into CUDA graphs."""
+    """Attention for a batch of one new token per sequence, whose rows come in consecutive groups
+    [(number of rows, BatchedDecode)] (a single group on the padded / CUDA-graph path)."""
 
-    def __init__(self, k_cache, v_cache, slots, table, ctx_lens):
-        self.k_cache, self.v_cache, self.slots, self.table = k_cache, v_cache, slots, table
-        key_pos = torch.arange(table.shape[1] * k_cache.shape[2], device=table.device)
-        self.mask = (key_pos[None, :] < ctx_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    def __init__(self, k_cache, v_cache, slots, groups: list[tuple[int, BatchedDecode]]):
+        self.k_cache, self.v_cache, self.groups = k_cache, v_cache, groups
+        _, _, n_kv, bs, _ = k_cache.shape
+        self.rows = _write_rows(slots, n_kv, bs)
 
     def __call__(self, layer: int, q, k, v):
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
-        _write_kv(k_cache, v_cache, self.slots, k, v)
-        B, (n_kv, head_dim) = q.shape[0], k_cache.shape[-2:]
-        ks = k_cache[self.table].view(B, -1, n_kv, head_dim).transpose(1, 2).to(q.dtype)  # [B, KV, L, D]
-        vs = v_cache[self.table].view(B, -1, n_kv, head_dim).transpose(1, 2).to(q.dtype)
-        o = F.scaled_dot_product_attention(q[:, :, None, :], ks, vs, attn_mask=self.mask, enable_gqa=True)
-        return o[:, :, 0, :]
+        _write_kv(k_cache, v_cache, self.rows, k, v)
+        outs, a = [], 0
+        for n, g in self.groups:
+            outs.append(g.attend(k_cache, v_cache, q[a:a + n]))
+            a += n
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 class ModelRunner:
@@ -91,11 +193,13 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = dtype or next(model.parameters()).dtype
         self.graph_batch_sizes = tuple(sorted(graph_batch_sizes or ()))
+        model.fuse()
         # padded decode rows write into one extra scratch block no block table may name
-        shape = (config.n_layers, num_blocks + bool(self.graph_batch_sizes), block_size,
-                 config.n_kv_heads, config.head_dim)
+        shape = (config.n_layers, num_blocks + bool(self.graph_batch_sizes), config.n_kv_heads,
+                 block_size, config.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._workspace = torch.empty(0, dtype=self.dtype, device=self.device)  # eager decode gathers
         self._graphs: dict[tuple[int, int], _DecodeGraph] = {}
         self._graph_pool = None
         self.last_step = {"mode": "eager", "padded_batch": 0}  # for step events: graph or eager
@@ -130,19 +234,16 @@ class ModelRunner:
             self._check(c)
         bs, dev = self.block_size, self.device
         n_blocks = [-(-(c.start_pos + len(c.token_ids)) // bs) for c in chunks]
-        width = max(n_blocks)
-        table = torch.tensor([c.block_table[:n] + [0] * (width - n) for c, n in zip(chunks, n_blocks)])
         if len(chunks) > 1 and all(len(c.token_ids) == 1 for c in chunks):
-            return self._decode(chunks, table)
+            return self._decode(chunks, n_blocks)
         self.last_step = {"mode": "eager", "padded_batch": 0}
         ids, positions, slots, seqs, rows = [], [], [], [], []
-        table = table.to(dev)
-        for i, (c, n) in enumerate(zip(chunks, n_blocks)):
+        for c, n in zip(chunks, n_blocks):
             q0, pos = len(ids), range(c.start_pos, c.start_pos + len(c.token_ids))
             ids += c.token_ids
             positions += pos
             slots += [c.block_table[p // bs] * bs + p % bs for p in pos]
-            seqs.append((q0, len(c.token_ids), c.start_pos, table[i, :n]))
+            seqs.append((q0, len(c.token_ids), c.start_pos, c.block_table[:n]))
             rows += {"last": [len(ids) - 1], "all": list(range(q0, len(ids))), "none": []}[c.logits]
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
         hidden = self.model(as_long(ids), as_long(positions), PagedAttention(self.k_cache, self.v_cache, as_long(slots), seqs))
@@ -154,27 +255,54 @@ class ModelRunner:
             i += n
         return out
 
-    def _decode(self, chunks: list[SeqChunk], table: torch.Tensor) -> list[torch.Tensor | None]:
+    def _decode(self, chunks: list[SeqChunk], n_blocks: list[int]) -> list[torch.Tensor | None]:
         bs, B = self.block_size, len(chunks)
-        pos = [c.start_pos for c in chunks]
-        ids = torch.tensor([c.token_ids[0] for c in chunks])
-        slots = torch.tensor([c.block_table[p // bs] * bs + p % bs for c, p in zip(chunks, pos)])
-        ctx_lens = torch.tensor(pos) + 1
         bucket = next((b for b in self.graph_batch_sizes if b >= B), None)
         if bucket is None:
             self.last_step = {"mode": "eager", "padded_batch": B}
-            logits = self._decode_step(*(t.to(self.device) for t in (ids, torch.tensor(pos), slots, table, ctx_lens)))
+            logits = self._decode_eager(chunks, n_blocks)
         else:
-            width = 1 << (table.shape[1] - 1).bit_length()  # table widths bucketed to powers of two
-            key = (bucket, width)
+            width = max(n_blocks)
+            table = torch.tensor([c.block_table[:n] + [0] * (width - n) for c, n in zip(chunks, n_blocks)])
+            pos = torch.tensor([c.start_pos for c in chunks])
+            ids = torch.tensor([c.token_ids[0] for c in chunks])
+            slots = torch.tensor([c.block_table[c.start_pos // bs] * bs + c.start_pos % bs for c in chunks])
+            key = (bucket, 1 << (width - 1).bit_length())  # table widths bucketed to powers of two
             if key not in self._graphs:
-                self._graphs[key] = _DecodeGraph(self, bucket, width)
+                self._graphs[key] = _DecodeGraph(self, *key)
             self.last_step = {"mode": "graph" if self.device.type == "cuda" else "padded", "padded_batch": bucket}
-            logits = self._graphs[key].run(ids, torch.tensor(pos), slots, table, ctx_lens)[:B]
+            logits = self._graphs[key].run(ids, pos, slots, table, pos + 1)[:B]
         return [None if c.logits == "none" else logits[i] for i, c in enumerate(chunks)]
 
-    def _decode_step(self, ids, positions, slots, table, ctx_lens):
-        attn = DecodeAttention(self.k_cache, self.v_cache, slots, table, ctx_lens)
+    def _decode_eager(self, chunks: list[SeqChunk], n_blocks: list[int]) -> torch.Tensor:
+        """Rows reordered so that each width group is consecutive; logits back in chunk order."""
+        bs, dev = self.block_size, self.device
+        tables = [c.block_table[:n] for c, n in zip(chunks, n_blocks)]
+        ctx = [c.start_pos + 1 for c in chunks]
+        n_rows = max(len(t) for t in tables) * len(chunks) * self.config.n_kv_heads
+        groups = decode_groups(tables, ctx, self.k_cache.shape[1:], self.dtype, dev, self.workspace(n_rows))
+        order = [r for rows, _ in groups for r in rows]
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
+        slots = as_long([chunks[r].block_table[chunks[r].start_pos // bs] * bs + chunks[r].start_pos % bs for r in order])
+        attn = DecodeAttention(self.k_cache, self.v_cache, slots, [(len(rows), g) for rows, g in groups])
+        hidden = self.model(as_long([chunks[r].token_ids[0] for r in order]), as_long([ctx[r] - 1 for r in order]), attn)
+        logits = self.model.compute_logits(hidden)
+        if order == sorted(order):
+            return logits
+        return logits.index_select(0, as_long(sorted(range(len(order)), key=order.__getitem__)))
+
+    def workspace(self, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V gather buffers of n_rows (block, head) rows, grown as needed and kept."""
+        row = self.block_size * self.config.head_dim
+        if self._workspace.numel() < 2 * n_rows * row:
+            self._workspace = torch.empty(2 * n_rows * row, dtype=self.dtype, device=self.device)
+        ws = self._workspace[:2 * n_rows * row].view(2, n_rows, row)
+        return ws[0], ws[1]
+
+    def _decode_step(self, ids, positions, slots, table, ctx_lens, bufs):
+        """The padded decode step of one bucket, as CUDA graphs capture it."""
+        group = BatchedDecode(self.k_cache.shape[1:], table, ctx_lens, self.dtype, *bufs)
+        attn = DecodeAttention(self.k_cache, self.v_cache, slots, [(ids.shape[0], group)])
         return self.model.compute_logits(self.model(ids, positions, attn))
 
 
@@ -190,12 +318,15 @@ class _DecodeGraph:
         self.slots = torch.full((batch,), scratch * runner.block_size, **long)
         self.table = torch.full((batch, width), scratch, **long)
         self.ctx_lens = torch.ones(batch, **long)
+        row = runner.block_size * runner.config.head_dim
+        n_rows = batch * width * runner.config.n_kv_heads  # the graph's own gather buffers, at fixed addresses
+        self.bufs = tuple(torch.empty(n_rows, row, dtype=runner.dtype, device=dev) for _ in range(2))
         self.graph = self.logits = None
         if dev.type == "cuda":
             self._capture()
 
     def _step(self):
-        return self.runner._decode_step(self.ids, self.pos, self.slots, self.table, self.ctx_lens)
+        return self.runner._decode_step(self.ids, self.pos, self.slots, self.table, self.ctx_lens, self.bufs)
 
     def _capture(self):
         stream = torch.cuda.Stream()
