@@ -16,11 +16,13 @@ def demo_cmd(
     workload: Path = typer.Option(DEFAULT_WORKLOAD, help="Workload TOML (arrivals, client, contract, task set)."),
     max_num_seqs: int = typer.Option(8, help="Engine batch size limit."),
 ) -> None:
-    """Serve the bundled SmolLM2-135M-Instruct with the reference engine on loopback, drive it over HTTP
+    """The whole loop on the embedded default: serve, load, capture, rebuild, summarise, report.
+
+    Serves the bundled SmolLM2-135M-Instruct with the reference engine on loopback, drives it over HTTP
     with the load client near the engine's capacity (a mixed Poisson workload: chat, long context with
     a shared prefix, sessions with a tool call, parallel branches; client timeouts and retries, an
     abandoned timeout the server completes anyway, injected cancellations, a checker), capture both
-    sides, rebuild the ledger and print its summary.
+    sides, rebuild the ledger, print its summary and write the HTML report.
 
     Example: [cyan]inferledger demo --out runs/demo[/], then
     [cyan]inferledger query runs/demo "select * from accounts"[/]
@@ -36,7 +38,11 @@ def demo_cmd(
     summary = reconstruct(out)
     console.print(f"ledger: {summary.n_events} events, {summary.n_attempts} attempts → {summary.path}")
     print_summary(summary.path, console)
-    console.print(f"\ndemo: {time.monotonic() - t0:.0f} s in all (model load, {result.wall_s:.0f} s of load, ledger)")
+    from inferledger.cli.report import build_report
+
+    report = build_report(out)
+    console.print(f"\ndemo: {time.monotonic() - t0:.0f} s in all (model load, {result.wall_s:.0f} s of load, ledger, report)")
+    console.print(f"report: [bold]{report.path}[/] (open it in a browser; it needs no network)")
     console.print(f"\nrun directory: [bold]{result.run_dir}[/]  "
                   f"(try: inferledger query {result.run_dir} \"select * from accounts\")")
 
