@@ -134,6 +134,7 @@ def test_openai_sdk_chat_and_completions_match_the_engine(stack):
     assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == ref_chat.text
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(stack.chat_ids), len(ref_chat.token_ids))
 
+    n_done = sum(r["name"] == "server.done" for r in list(stack.sink.rows))
     chunks = list(c.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=8, temperature=0,
                                             stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
@@ -142,7 +143,11 @@ def test_openai_sdk_chat_and_completions_match_the_engine(stack):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(ref_chat.token_ids)
     assert len({ch.id for ch in chunks}) == 1
 
-    # the streamed chat's evidence: server writes carry exactly the engine's tokens, role chunk first
+    # the streamed chat's evidence: server writes carry exactly the engine's tokens, role chunk first.
+    # server.done is logged after [DONE] reaches the socket, so the client can finish first: wait for it.
+    deadline = time.monotonic() + 10
+    while sum(r["name"] == "server.done" for r in list(stack.sink.rows)) <= n_done and time.monotonic() < deadline:
+        time.sleep(0.01)
     aid = next(r["attempt_id"] for r in reversed(stack.sink.rows) if r["name"] == "server.done")
     writes = [r for r in stack.events(aid) if r["name"] == "server.write"]
     kinds = [json.loads(w["attrs"])["kinds"] for w in writes]
