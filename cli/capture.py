@@ -109,6 +109,29 @@ async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter,
     return result, lags, mappings
 
 
+def probe_throughput(bundle, max_num_seqs: int = 8, tokens: int = 10) -> float:
+    """Output tokens per second of the engine on this machine now, at a full batch of short chats (a
+    first round computes and caches the prompts, the timed round decodes): the speed
+    `[arrivals] calibrate_tok_s` is compared with."""
+    from inferledger.engine import EngineConfig, LLMEngine, SamplingParams
+
+    engine = LLMEngine(bundle, EngineConfig(max_num_seqs=max_num_seqs, probes=False))
+    tok = bundle.tokenizer
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": f"Describe place number {i}."}],
+                                                  add_generation_prompt=True), add_special=False)
+               for i in range(max_num_seqs)]
+    rate = 0.0
+    for round_, n in enumerate((1, tokens)):
+        for i, ids in enumerate(prompts):
+            engine.add_request(ids, SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0),
+                               request_id=f"probe-{round_}-{i}")
+        t0, out = time.perf_counter(), 0
+        while engine.has_unfinished():
+            out += sum(len(d.new_token_ids) for d in engine.step())
+        rate = out / (time.perf_counter() - t0)
+    return rate
+
+
 def _lag_p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else 0.0
 
@@ -128,6 +151,9 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
         from inferledger.engine.loader import load_model
 
         bundle = load_model(model)
+    calibration = None
+    if wl.calibrate_tok_s and target == "embedded":
+        calibration = wl.calibrate(probe_throughput(bundle, max_num_seqs))
     tokenizer = None
     if wl.needs_tokenizer:  # prompts are built before anything is written: a bad workload leaves no run
         own = target == "embedded" and (wl.tokenizer is None or (wl.tokenizer == "bundled" and model is None))
@@ -197,6 +223,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
                     if tokenizer is not None else None,
                     "exact_prompt_tokens": sorted({r.prompt_tokens for p in plans for r in p.requests
                                                    if r.prompt_tokens})},
+        "calibration": calibration,
         "wall_s": round(wall_s, 3),
         "client": {"clock": client_clock, "loop_lag_p99_ms": round(lag_p99, 3),
                    "loop_lag_max_ms": round(max(lag_values, default=0.0), 3), "client_bound": client_bound,

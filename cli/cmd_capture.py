@@ -31,7 +31,7 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
         try:
             result = capture(wl, out, target=target, separate_clocks=separate_clocks,
                              max_num_seqs=max_num_seqs, model=model, served_model=served_model, api_key=api_key,
-                             on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks"),
+                             on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks", total=wl.n_tasks),
                              progress=lambda: progress.advance(bar))
         except (ValueError, OSError) as exc:  # a workload that cannot be built, a target that cannot be reached
             console.print(f"[red]error:[/] {exc}")
@@ -41,6 +41,13 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
                   f"{r.attempts} attempts ({r.completed} completed, {r.timeouts} client timeouts of which "
                   f"{r.abandoned} abandoned, {r.retries} retries, {r.cancelled} cancelled, {r.errors} errors, "
                   f"{r.tool_calls} tool calls; {r.correct} answers correct) in {result.wall_s:.1f} s")
+    cal = result.manifest.get("calibration")
+    if cal and cal["factor"] < 1:
+        b, a = cal["before"], cal["after"]
+        console.print(f"calibrated: the engine makes {cal['measured_tok_s']:.0f} tok/s here (tuned for "
+                      f"{cal['reference_tok_s']:.0f}): arrivals {b['rate_rps']:g}/s x {b['n_tasks']} → "
+                      f"{a['rate_rps']:.3g}/s x {a['n_tasks']}, timeout {b['timeout_ms']:.0f} → {a['timeout_ms']:.0f} ms, "
+                      f"deadline {b['deadline_ms']:.0f} → {a['deadline_ms']:.0f} ms")
     pace = result.manifest["client"]["pacing_error_ms"]["arrival"]
     console.print(f"client overhead: event-loop lag p99 {result.loop_lag_p99_ms:.2f} ms; pacing error (sent − planned "
                   f"arrival) p50 {pace.get('p50', 0):.2f} ms, p99 {pace.get('p99', 0):.2f} ms over {pace['n']} arrivals")

@@ -154,6 +154,7 @@ class Workload:
     inject: dict
     classes: list[TaskClass]
     questions: list[Question]
+    calibrate_tok_s: float | None = None  # [arrivals]: scale open-loop arrivals by measured/this engine speed
     tokenizer: str | None = None  # [prompt] tokenizer; None: the target's (embedded) or the bundled one
     spec: dict = field(default_factory=dict)
     sha256: str = ""  # of the workload file, its task set and replay file: the run's input identity
@@ -274,11 +275,32 @@ class Workload:
             max_tokens=int(num("generation", "max_tokens", required=True, lo=1, integer=True)),
             temperature=float(num("generation", "temperature", 0.0, lo=0)),
             ignore_eos=bool(sect("generation").get("ignore_eos", False)),
+            calibrate_tok_s=num("arrivals", "calibrate_tok_s", lo=1e-9),
             inject=inject, classes=classes, questions=questions, tokenizer=ptok, spec=spec,
             sha256=hashlib.sha256(b"".join(blobs)).hexdigest())
         if wl.jitter > 1:
             raise ValueError(f"{where}: [client] jitter must be within 0..1 (a fraction of the backoff)")
         return wl
+
+    def calibrate(self, measured_tok_s: float) -> dict:
+        """Scale an open-loop workload to a slower (or busier) machine than the one it was tuned on, by
+        f = measured / calibrate_tok_s (never above 1): rate and task count times f, client timeouts and
+        task deadlines divided by f (injected faults and tool delays unchanged), so the run keeps its
+        load relative to capacity and its duration. Returns what was done (for the manifest)."""
+        f = min(1.0, measured_tok_s / self.calibrate_tok_s)
+        keys = ("rate_rps", "n_tasks", "timeout_ms", "deadline_ms")
+        before = {k: getattr(self, k) for k in keys}
+        if self.process in ("poisson", "gamma") and f < 1.0:
+            self.rate_rps *= f
+            self.n_tasks = max(1, round(self.n_tasks * f))
+            self.timeout_ms /= f
+            self.deadline_ms /= f
+            for c in self.classes:
+                c.timeout_ms = c.timeout_ms / f if c.timeout_ms else c.timeout_ms
+                c.deadline_ms = c.deadline_ms / f if c.deadline_ms is not None else None
+        after = {k: round(v, 4) if isinstance(v, float) else v for k in keys for v in [getattr(self, k)]}
+        return {"measured_tok_s": round(measured_tok_s, 2), "reference_tok_s": self.calibrate_tok_s,
+                "factor": round(f, 3), "before": before, "after": after}
 
     # ---- what the client runs ------------------------------------------------------------------
     @property

@@ -275,3 +275,13 @@ def test_sample_workloads_build_exact_prompts(path, bundle):
                 head = ids[: p.cls.shared_prefix_tokens]
                 assert heads.setdefault(p.cls.name, head) == head
     assert wl.plan(tok)[0].requests[0].system == plans[0].requests[0].system  # deterministic from the seed
+
+
+def test_calibration_only_slows_open_loop_arrivals(tmp_path):
+    wl = _workload(tmp_path, arrivals={"rate_rps": 2.0, "n_tasks": 40, "calibrate_tok_s": 50.0})
+    done = wl.calibrate(25.0)  # a machine at half the speed the workload was tuned on
+    assert (wl.rate_rps, wl.n_tasks, done["factor"]) == (1.0, 20, 0.5)
+    assert (wl.timeout_ms, wl.deadline_ms) == (4000, 120_000)  # time limits stretch with the machine
+    assert done["before"] == {"rate_rps": 2.0, "n_tasks": 40, "timeout_ms": 2000, "deadline_ms": 60_000}
+    wl2 = _workload(tmp_path, arrivals={"rate_rps": 2.0, "n_tasks": 40, "calibrate_tok_s": 50.0})
+    assert wl2.calibrate(80.0)["factor"] == 1.0 and (wl2.rate_rps, wl2.n_tasks) == (2.0, 40)  # never faster
