@@ -23,6 +23,9 @@ from inferledger.collectors.loadgen import LoadClient, LoadResult
 from inferledger.collectors.workload import Workload, load_tokenizer
 from inferledger.collectors.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
+from inferledger.probes.sampler import EnergySampler
+
+IDLE_BASELINE_S = 1.0  # sampled before load: the idle term of energy per good result
 from inferledger.probes.probe import Probe, host_id, mono_clock
 
 CLIENT_BOUND_LAG_MS = 1.0  # p99 event-loop lag above which the client's own delay taints its figures
@@ -168,11 +171,17 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     server = None
     old_switch = sys.getswitchinterval()
     t0 = time.monotonic()
+    sampler = EnergySampler(writer, hz=10, host=host)
     try:
         if target == "embedded":
             server = EmbeddedServer(writer, host, max_num_seqs=max_num_seqs, bundle=bundle,
                                     engine_config=engine_config)
         url = server.start() if server is not None else target  # one host, one CLOCK_MONOTONIC
+        # Energy counters (NVML, RAPL) where this machine has them, raw, on the host clock; a short idle
+        # stretch before load gives the ledger its idle baseline. Without a source nothing runs.
+        if any(src.available for src in sampler.sources()):
+            sampler.start()
+            time.sleep(IDLE_BASELINE_S)
         if on_ready:
             on_ready()
         if switch_interval_s:
@@ -185,6 +194,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
         sys.setswitchinterval(old_switch)
         if server is not None:
             server.stop(drain_s=5.0)
+        sampler.stop()
         writer.write_manifest({"source": "inferledger capture", "interrupted": repr(exc)[:300],
                                "target": {"kind": "embedded" if server else "url", "url": target},
                                "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec},
@@ -194,6 +204,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     sys.setswitchinterval(old_switch)
     if server is not None:
         server.stop()
+    sampler.stop()
     wall_s = time.monotonic() - t0
     for m in mappings:
         writer.clock_domain(m.from_clock, host=host if server else None, kind="monotonic")
@@ -203,7 +214,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     for ts_ns, lag in lags[:: max(1, len(lags) // 2000)]:  # a bounded trace of the client's own lag
         writer.sample(ts_ns=ts_ns, clock=client_clock, source="client", host=host, metric="client_loop_lag_ms",
                       value=lag, unit="ms")
-    gaps = []
+    gaps = list(sampler.gap_rows(writer.run_id))
     if server is None:
         gaps.append({"run_id": writer.run_id, "gap_id": "collector:black-box", "scope": "run", "subject_id": None,
                      "affects": "server_status, ttft_server_ms, e2e_server_ms, queue/prefill/decode, resources",
@@ -240,6 +251,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
                      "clock_mapping": "observed (round trips)" if separate_clocks else "same domain",
                      "client_overhead": "observed (loop lag, pacing error)"},
     }
+    manifest["energy"] = sampler.manifest()
     if server is not None:
         manifest["model"] = server.bundle.identity
         manifest["engine_config"] = {k: v for k, v in vars(server.config).items()}
