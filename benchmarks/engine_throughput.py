@@ -5,9 +5,11 @@ HF with its default attention. Concurrency c: our engine serves all requests wit
 (continuous batching); HF runs them in static batches of c (left-padded). Prints output tokens/s and
 the ratio to HF; then, per full-batch decode step of our engine at the highest concurrency, the bytes
 of weights and KV context it reads, the achieved bandwidth, and that over a memcpy bandwidth measured
-in this run (MBU); then throughput with probes on (events + KV samples to memory) over probes off.
-Each figure is the best of --repeats runs, ours and HF interleaved, so a noisy shared CPU hurts both
-alike; the load average is printed at the start and the end.
+in this run (MBU); then the probes' cost two ways: throughput with probes on (events + KV samples to
+memory) over probes off in alternating pairs, and the share of the wall time spent inside the event
+calls themselves (timed around each call: robust where the A/B ratio drowns in a shared machine's
+noise). Each throughput figure is the best of --repeats runs, ours and HF interleaved, so a noisy
+CPU hurts both alike; the load average is printed at the start and the end.
 
     .venv/bin/python benchmarks/engine_throughput.py [--requests 16] [--max-tokens 32] [--concurrency 1 4 16]
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -60,8 +63,28 @@ class _DecodeTimer:
         return out
 
 
-def run_ours(bundle, prompts, max_tokens, concurrency, probes=True):
-    """-> (output tokens/s, steps, events emitted, [(s, contexts)] of its pure decode steps)."""
+class _TimedEvents:
+    """Stands in for the engine's EngineEvents: forwards every call and adds up the time spent in
+    them (building, serialising and handing over events and KV samples): the probes' direct cost."""
+
+    def __init__(self, events) -> None:
+        self._events, self.seconds = events, 0.0
+
+    def __getattr__(self, name):
+        fn = getattr(self._events, name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+        return timed
+
+
+def run_ours(bundle, prompts, max_tokens, concurrency, probes=True, time_probes=False):
+    """-> (output tokens/s, steps, events emitted, [(s, contexts)] of its pure decode steps,
+    (share of the wall time, seconds) spent inside the probes (time_probes) or None)."""
     cfg = EngineConfig(max_num_seqs=concurrency, max_num_batched_tokens=512, probes=probes,
                        enable_prefix_caching=False)
     sink = _Sink() if probes else None
@@ -69,12 +92,16 @@ def run_ours(bundle, prompts, max_tokens, concurrency, probes=True):
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(max_tokens=2))  # warm-up
     timer = llm.engine.runner.forward = _DecodeTimer(llm.engine.runner)
+    if time_probes:
+        llm.engine.events = _TimedEvents(llm.engine.events)
+    n_before = len(sink.rows) if sink else 0
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
     dt = time.perf_counter() - t0
     n_tokens = sum(len(o.token_ids) for o in outs)
     assert all(len(o.token_ids) == max_tokens for o in outs)
-    return n_tokens / dt, llm.engine.step_id, len(sink.rows) if sink else 0, timer.steps
+    share = (llm.engine.events.seconds / dt, llm.engine.events.seconds) if time_probes else None
+    return n_tokens / dt, llm.engine.step_id, (len(sink.rows) - n_before) if sink else 0, timer.steps, share
 
 
 def memcpy_gib_s(mib: int = 256, repeats: int = 5) -> float:
@@ -138,7 +165,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--probe-repeats", type=int, default=5, help="runs each of probes on / off (best of)")
+    ap.add_argument("--probe-repeats", type=int, default=6, help="pairs of runs with probes on / off")
     args = ap.parse_args()
 
     import transformers
@@ -158,7 +185,7 @@ def main() -> None:
     for c in args.concurrency:
         ours = theirs = 0.0
         for _ in range(args.repeats):
-            tps, steps, _, decodes = run_ours(bundle, prompts, args.max_tokens, c)
+            tps, steps, _, decodes, _ = run_ours(bundle, prompts, args.max_tokens, c)
             if tps > ours:
                 ours, decode_steps[c] = tps, decodes
             theirs = max(theirs, run_hf(hf, prompts, args.max_tokens, c, pad))
@@ -167,13 +194,21 @@ def main() -> None:
     for c in args.concurrency:
         print(decode_bandwidth(bundle, decode_steps[c], min(c, args.requests), memcpy))
     c = max(args.concurrency)
-    on = off = 0.0
-    for _ in range(args.probe_repeats):
-        tps, _, n_events, _ = run_ours(bundle, prompts, args.max_tokens, c, probes=True)
-        on = max(on, tps)
-        off = max(off, run_ours(bundle, prompts, args.max_tokens, c, probes=False)[0])
-    print(f"probes on/off at concurrency {c}: {on:.1f} / {off:.1f} tok/s = {on / off:.3f} "
-          f"({n_events} events)")
+    on, off = [], []
+    for i in range(args.probe_repeats):  # ABBA: neither setting always runs first
+        order = (True, False) if i % 2 == 0 else (False, True)
+        got = {p: run_ours(bundle, prompts, args.max_tokens, c, probes=p)[0] for p in order}
+        on.append(got[True])
+        off.append(got[False])
+    paired = sorted(a / b for a, b in zip(on, off))
+    print(f"probes on/off at concurrency {c}, {args.probe_repeats} pairs (order alternating): best "
+          f"{max(on):.1f} / {max(off):.1f} tok/s = {max(on) / max(off):.3f}; median of the paired ratios "
+          f"{statistics.median(paired):.3f} (range {paired[0]:.3f}-{paired[-1]:.3f}: on a shared machine the "
+          f"A/B ratio is only as good as the machine is quiet)")
+    _, _, n_events, _, (share, probe_s) = run_ours(bundle, prompts, args.max_tokens, c, probes=True, time_probes=True)
+    print(f"probes' direct cost: {share * 100:.2f} % of the wall time inside the event calls "
+          f"({n_events} events and their KV samples, {probe_s * 1e6 / max(n_events, 1):.1f} "
+          f"us per event)")
     print(f"load average at the end {_load()}")
 
 

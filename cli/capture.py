@@ -142,10 +142,12 @@ def _lag_p99(values: list[float]) -> float:
 def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "embedded",
             separate_clocks: bool = False, max_num_seqs: int = 8, model: str | None = None, bundle=None,
             engine_config: dict | None = None, served_model: str | None = None, api_key: str | None = None,
-            switch_interval_s: float | None = 0.0005, progress=None, on_ready=None) -> CaptureResult:
+            switch_interval_s: float | None = 0.0005, progress=None, on_ready=None,
+            device: str = "cpu") -> CaptureResult:
     """Run `workload` against `target` ('embedded' or a base URL) and write the run directory `out`.
 
-    `bundle` reuses an already loaded model (tests); `switch_interval_s` shortens the interpreter's
+    `bundle` reuses an already loaded model (tests), else `model` is loaded on `device` ("cpu" or
+    "cuda": bf16, CUDA graphs, device.step events); `switch_interval_s` shortens the interpreter's
     thread switch interval during the run so the client's loop is not held for 5 ms by the server's
     or engine's threads (None leaves it alone)."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
@@ -153,7 +155,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     if target == "embedded" and bundle is None:
         from inferledger.engine.loader import load_model
 
-        bundle = load_model(model)
+        bundle = load_model(model, device=device)
     calibration = None
     if wl.calibrate_tok_s and target == "embedded":
         calibration = wl.calibrate(probe_throughput(bundle, max_num_seqs))
@@ -229,6 +231,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
         "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec,
                      "arrivals": wl.process, "n_tasks": wl.n_tasks, "classes": dict(classes),
                      "requests": sum(len(p.requests) for p in plans)},
+        **({"slo": wl.slo} if wl.slo else {}),  # vLLM-style goodput thresholds (after calibration)
         "prompts": {"tokenizer": (tokenizer.hash if tokenizer is not None else None),
                     "tokenizer_source": (wl.tokenizer or ("embedded model" if server else "bundled"))
                     if tokenizer is not None else None,
@@ -253,8 +256,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     }
     manifest["energy"] = sampler.manifest()
     if server is not None:
-        manifest["model"] = server.bundle.identity
-        manifest["engine_config"] = {k: v for k, v in vars(server.config).items()}
+        manifest.update(server.engine.manifest())
     writer.write_manifest(manifest)
     writer.close()
     return CaptureResult(out, result, wall_s, lag_p99, client_bound, manifest)

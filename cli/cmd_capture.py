@@ -8,7 +8,8 @@ import typer
 
 
 def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, max_num_seqs: int,
-                model: Optional[str], served_model: Optional[str] = None, api_key: Optional[str] = None):
+                model: Optional[str], served_model: Optional[str] = None, api_key: Optional[str] = None,
+                device: str = "cpu"):
     """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -31,6 +32,7 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
         try:
             result = capture(wl, out, target=target, separate_clocks=separate_clocks,
                              max_num_seqs=max_num_seqs, model=model, served_model=served_model, api_key=api_key,
+                             device=device,
                              on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks", total=wl.n_tasks),
                              progress=lambda: progress.advance(bar))
         except (ValueError, OSError) as exc:  # a workload that cannot be built, a target that cannot be reached
@@ -69,9 +71,13 @@ def capture_cmd(
     served_model: Optional[str] = typer.Option(None, help="URL target: the model name to request (default: the "
                                                "first of its /v1/models)."),
     api_key: Optional[str] = typer.Option(None, envvar="INFERLEDGER_API_KEY", help="URL target: bearer token."),
+    device: str = typer.Option("cpu", help="Embedded engine: 'cpu' or 'cuda' (bf16, CUDA graphs for decode, "
+                               "device.step events on a cuda clock)."),
 ) -> None:
-    """Drive a workload against a target and record the run: client events on the client's clock,
-    server and engine events (embedded target), KV samples, the clock mapping and the manifest.
+    """Drive a workload against a target and record the run.
+
+    Records client events on the client's clock, server and engine events (embedded target), KV and
+    energy samples, the clock mapping and the manifest.
 
     Example: [cyan]inferledger capture -w samples/workloads/cpu_demo.toml -o runs/r1 && inferledger reconstruct runs/r1[/]
 
@@ -79,7 +85,10 @@ def capture_cmd(
     """
     from inferledger.cli.app import console
 
-    result = run_capture(workload, out, target, separate_clocks, max_num_seqs, model, served_model, api_key)
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise typer.BadParameter(f"{device!r}: expected 'cpu', 'cuda' or 'cuda:N'", param_hint="--device")
+    result = run_capture(workload, out, target, separate_clocks, max_num_seqs, model, served_model, api_key,
+                         device=device)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 
 

@@ -16,7 +16,7 @@ def demo_cmd(
     workload: Path = typer.Option(DEFAULT_WORKLOAD, help="Workload TOML (arrivals, client, contract, task set)."),
     max_num_seqs: int = typer.Option(8, help="Engine batch size limit."),
 ) -> None:
-    """The whole loop on the embedded default: serve, load, capture, rebuild, summarise, report.
+    """The whole loop on the bundled model: capture, ledger, summary, report.
 
     Serves the bundled SmolLM2-135M-Instruct with the reference engine on loopback, drives it over HTTP
     with the load client near the engine's capacity (a mixed Poisson workload: chat, long context with

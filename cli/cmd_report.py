@@ -13,7 +13,9 @@ def report_cmd(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the HTML (default RUN/report.html)."),
     detail: int = typer.Option(300, help="Attempts drawn as timeline rows; a bigger run shows a sample of them."),
 ) -> None:
-    """Write [bold]one self-contained HTML file[/]: run identity, goodput and latency per observation
+    """Write one self-contained HTML report of a run (or two, compared).
+
+    The file holds the headline (goodput, energy per good result), run identity, latency per observation
     layer, a per-request timeline with drill-down, ITL, TTFT client vs server, KV blocks, the four
     accounts, the critical path, reconciliation and the gap register. plotly.js is inlined, so the file
     opens with no network. docs/REPORT.md says which ledger table each panel is drawn from.

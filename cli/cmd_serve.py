@@ -74,8 +74,7 @@ def serve_cmd(
     engine = LLMEngine(bundle, config, sink=writer, run_id=writer.run_id if writer else "serve", host=hostname)
     async_engine = AsyncEngine(engine)
     manifest = {
-        "source": "inferledger serve", "target": "http", "model": bundle.identity, "served_model_name": name,
-        "engine_config": config.to_dict(),
+        "source": "inferledger serve", "target": "http", **engine.manifest(), "served_model_name": name,
         "server": {"host": host, "port": port, "max_queue": max_queue, "api_key": api_key is not None},
         "host": {"name": hostname, "platform": platform.platform(), "python": platform.python_version()},
         "system_under_test": {"inside": ["HTTP front end", "reference engine"], "outside": ["clients"]},

@@ -32,8 +32,9 @@ def whatif_cmd(
     to: Optional[str] = typer.Option(None, "--to", help="Set the node's duration: 0ms, 250ms, 1.5s."),
     scope: Optional[str] = typer.Option(None, help="One task (or attempt) id; default every DAG holding the node."),
 ) -> None:
-    """Recompute end-to-end after shortening one stage, on the ledger's dependency graphs (earliest
-    finish E(v) = d(v) + max over predecessors). The longest path may switch: the answer is often less
+    """Recompute end to end after shortening one stage of a task's critical path.
+
+    Works on the ledger's dependency graphs (earliest finish E(v) = d(v) + max over predecessors). The longest path may switch: the answer is often less
     than the stage's own saving.
 
     Example (the book's chapter-1 case): [cyan]inferledger whatif runs/r1 --node S6_decode --shrink 30%[/]

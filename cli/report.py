@@ -22,7 +22,7 @@ from inferledger.cli.report_html import Page, esc
 
 DETAIL_LIMIT = 300   # attempts drawn as timeline rows; beyond this the timeline shows a sample
 DRILL_LIMIT = 120    # attempts with a drill-down (every event and output time embedded)
-PANELS = (("identity", "Identity"), ("headline", "Headline"), ("timeline", "Timeline"), ("itl", "ITL"),
+PANELS = (("headline", "Headline"), ("identity", "Identity"), ("timeline", "Timeline"), ("itl", "ITL"),
           ("ttft", "TTFT"), ("kv", "KV blocks"), ("critical", "Critical path"), ("accounts", "Accounts"),
           ("diagnosis", "Reconciliation"), ("gaps", "Gaps"))
 
@@ -46,7 +46,7 @@ def run_panels(rv, page: Page, prefix: str, *, detail_limit: int, drill_limit: i
     """Every panel of one run; element ids start with `prefix` so two runs share a page."""
     tb = build_timebase(rv.led)
     h = h or headline(rv)
-    parts = [sec.identity(rv, prefix), sec.headline(rv, prefix, h),
+    parts = [sec.headline(rv, prefix, h), sec.identity(rv, prefix),
              sec.timeline(rv, page, prefix, tb, detail_limit, drill_limit), sec.itl(rv, page, prefix),
              sec.ttft(rv, page, prefix), sec.kv(rv, page, prefix, tb), sec.critical(rv, page, prefix),
              sec.accounts(rv, page, prefix), sec.diagnosis(rv, page, prefix), sec.gaps(rv, prefix)]
@@ -71,7 +71,7 @@ def build_report(run, out=None, *, compare=None, detail_limit: int = DETAIL_LIMI
         else:
             hb = headline(b)
             page.nav = ([("compare", "Comparison")] + [(f"a-{k}", label) for k, label in PANELS]
-                        + [("b-identity", f"Compared run: {b.name}")])
+                        + [("b-headline", f"Compared run: {b.name}")])
             body = (compare_section(page, a, ha, b, hb)
                     + f'<h2 class="run">This run: {esc(a.name)}</h2>'
                     + run_panels(a, page, "a", detail_limit=detail_limit, drill_limit=drill_limit, h=ha)

@@ -24,6 +24,9 @@ ON_TIMEOUT = ("disconnect", "abandon")
 # ---- arrival processes (offsets in seconds from the start of the run) --------------------------
 
 
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")  # [slo]: thresholds of the vLLM-style goodput (docs/LEDGER.md)
+
+
 def poisson_offsets(rate_rps: float, n: int, rng: random.Random) -> list[float]:
     """Open-loop Poisson arrivals: exponential gaps of mean 1/rate; the first task arrives at 0."""
     return gamma_offsets(rate_rps, 1.0, n, rng)
@@ -155,6 +158,7 @@ class Workload:
     classes: list[TaskClass]
     questions: list[Question]
     calibrate_tok_s: float | None = None  # [arrivals]: scale open-loop arrivals by measured/this engine speed
+    slo: dict = field(default_factory=dict)  # [slo] ttft_ms / tpot_ms / e2e_ms: vLLM-style goodput thresholds
     tokenizer: str | None = None  # [prompt] tokenizer; None: the target's (embedded) or the bundled one
     spec: dict = field(default_factory=dict)
     sha256: str = ""  # of the workload file, its task set and replay file: the run's input identity
@@ -178,7 +182,7 @@ class Workload:
                   extra_bytes: bytes | None = None) -> "Workload":
         base = Path(base)
         known = {"name", "seed", "description", "taskset", "prompt", "arrivals", "contract", "client",
-                 "generation", "inject", "classes"}
+                 "generation", "inject", "classes", "slo"}
         for key in spec:
             if key not in known:
                 raise ValueError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
@@ -255,6 +259,10 @@ class Workload:
         if any(inject.get(k) for k in ("timeout_every", "timeout_tasks")) and not inject.get("timeout_ms"):
             raise ValueError(f"{where}: [inject] timeout_every / timeout_tasks need timeout_ms")
 
+        for key in sect("slo"):
+            if key not in SLO_KEYS:
+                raise ValueError(f"{where}: [slo] unknown key {key!r} (known: {', '.join(SLO_KEYS)})")
+        slo = {k: float(num("slo", k, lo=1e-9)) for k in SLO_KEYS if sect("slo").get(k) is not None}
         contract_missing = choice("contract", "on_missing", "failure", ON_MISSING)
         classes = [_task_class(c, i, where) for i, c in enumerate(spec.get("classes") or [{"name": "default"}])]
         ptok = sect("prompt").get("tokenizer")
@@ -276,7 +284,7 @@ class Workload:
             temperature=float(num("generation", "temperature", 0.0, lo=0)),
             ignore_eos=bool(sect("generation").get("ignore_eos", False)),
             calibrate_tok_s=num("arrivals", "calibrate_tok_s", lo=1e-9),
-            inject=inject, classes=classes, questions=questions, tokenizer=ptok, spec=spec,
+            inject=inject, classes=classes, questions=questions, tokenizer=ptok, spec=spec, slo=slo,
             sha256=hashlib.sha256(b"".join(blobs)).hexdigest())
         if wl.jitter > 1:
             raise ValueError(f"{where}: [client] jitter must be within 0..1 (a fraction of the backoff)")
@@ -286,19 +294,24 @@ class Workload:
         """Scale an open-loop workload to a slower (or busier) machine than the one it was tuned on, by
         f = measured / calibrate_tok_s (never above 1): rate and task count times f, client timeouts and
         task deadlines divided by f (injected faults and tool delays unchanged), so the run keeps its
-        load relative to capacity and its duration. Returns what was done (for the manifest)."""
+        load relative to capacity and its duration; [slo] thresholds stretch like the deadlines. Returns
+        what was done (for the manifest)."""
         f = min(1.0, measured_tok_s / self.calibrate_tok_s)
         keys = ("rate_rps", "n_tasks", "timeout_ms", "deadline_ms")
         before = {k: getattr(self, k) for k in keys}
+        before_slo = dict(self.slo)
         if self.process in ("poisson", "gamma") and f < 1.0:
             self.rate_rps *= f
             self.n_tasks = max(1, round(self.n_tasks * f))
             self.timeout_ms /= f
             self.deadline_ms /= f
+            self.slo = {k: v / f for k, v in self.slo.items()}
             for c in self.classes:
                 c.timeout_ms = c.timeout_ms / f if c.timeout_ms else c.timeout_ms
                 c.deadline_ms = c.deadline_ms / f if c.deadline_ms is not None else None
         after = {k: round(v, 4) if isinstance(v, float) else v for k in keys for v in [getattr(self, k)]}
+        if self.slo:
+            before["slo"], after["slo"] = before_slo, {k: round(v, 4) for k, v in self.slo.items()}
         return {"measured_tok_s": round(measured_tok_s, 2), "reference_tok_s": self.calibrate_tok_s,
                 "factor": round(f, 3), "before": before, "after": after}
 

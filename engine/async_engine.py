@@ -43,12 +43,14 @@ class AsyncEngine:
                 self._thread.start()
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Stop the loop (requests still running are left as they are)."""
+        """Stop the loop (requests still running are left as they are) and close the engine's
+        device timer (its last device.step events and clock mapping)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        self.engine.close()
 
     async def aclose(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close)

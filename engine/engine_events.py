@@ -26,8 +26,10 @@ step-level ones carry step_id (the engine iteration; request events of a step ca
                           by other requests. A request that never held a block gets an empty pair.
   step.start / step.end   one iteration; start attrs: batch [[attempt_id, kind, tokens]] with kind
                           prefill | decode | verify, token_budget, num_seqs, num_running,
-                          num_waiting; end: value = tokens processed, attrs mode (eager),
-                          padded_tokens, num_seqs
+                          num_waiting; end: value = tokens processed, attrs mode (eager |
+                          padded | graph), padded_tokens (tokens run, padding rows included), num_seqs
+  device.step             (CUDA, probes/cuda_timer.py) the step's device time from CUDA events on the
+                          cuda:<host>:<device> clock; value = device ms, attrs end_ns, mode, padded_tokens
 Samples after each step (when the sink has `sample`): kv_blocks_used, kv_blocks_cached,
 kv_blocks_free, unit "blocks". Every method returns at its first branch when the probe is off.
 """
@@ -57,12 +59,14 @@ class EngineEvents:
                         num_seqs=len(out.scheduled), num_tokens=out.num_batched_tokens,
                         num_running=num_running, num_waiting=num_waiting, preempted=len(out.preempted))
 
-    def step_end(self, step_id: int, out, error: str | None = None) -> None:
+    def step_end(self, step_id: int, out, error: str | None = None, mode: str = "eager",
+                 padded_tokens: int | None = None) -> None:
         if not self.probe.enabled:
             return
         extra = {"error": error} if error else {}
-        self.probe.emit("step.end", step_id=step_id, value=out.num_batched_tokens, mode="eager",
-                        padded_tokens=out.num_batched_tokens, num_seqs=len(out.scheduled), **extra)
+        self.probe.emit("step.end", step_id=step_id, value=out.num_batched_tokens, mode=mode,
+                        padded_tokens=out.num_batched_tokens if padded_tokens is None else padded_tokens,
+                        num_seqs=len(out.scheduled), **extra)
 
     def scheduled(self, item, step_id: int) -> None:
         """A scheduled chunk's entry into the batch, cache hits and fresh blocks."""

@@ -27,6 +27,17 @@ class LLM:
         self.engine = LLMEngine(bundle, config, sink=sink, run_id=run_id, host=host, clock=clock)
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Flush what the engine holds back (on CUDA: the last device.step events and the clock
+        mapping of its device timer). Also `with LLM(...) as llm:`."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt: ids as given, text with the checkpoint's special tokens, chat
         messages through its chat template."""

@@ -41,6 +41,7 @@ class LLMEngine:
                  run_id: str = "run", host: str | None = None, clock: str | None = None,
                  tokenizer=None, now_ns=time.monotonic_ns) -> None:
         self.config = cfg = config or EngineConfig()
+        self.model_identity = getattr(bundle_or_runner, "identity", None)  # a bundle's; a bare runner has none
         if hasattr(bundle_or_runner, "forward") and hasattr(bundle_or_runner, "copy_block"):
             self.runner = bundle_or_runner
         else:
@@ -59,6 +60,12 @@ class LLMEngine:
         self.probe = Probe(sink, "engine", run_id=run_id, host=host, clock=clock, enabled=cfg.probes,
                            now_ns=now_ns)
         self.events = EngineEvents(self.probe, sink, self.block_manager)
+        self.device_timer = None
+        on_cuda = getattr(self.runner, "device", None) is not None and self.runner.device.type == "cuda"
+        if self.probe.enabled and on_cuda and cfg.device_timing in (True, "auto"):
+            from inferledger.probes.cuda_timer import CudaStepTimer
+
+            self.device_timer = CudaStepTimer(self.probe, sink, device_index=self.runner.device.index or 0)
         self.requests: dict[str, Request] = {}  # unfinished, by attempt id
         self._inbox: deque = deque()
         self._lock = threading.Lock()
@@ -75,8 +82,8 @@ class LLMEngine:
                              f"load it with load_model(device={cfg.device!r})")
         dtype = getattr(torch, cfg.dtype) if cfg.dtype else param.dtype
         num_blocks = cfg.resolve_num_blocks(bundle.config.kv_bytes_per_token(dtype))
-        return ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks,
-                           block_size=cfg.block_size, device=device, dtype=dtype)
+        return ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks, block_size=cfg.block_size,
+                           device=device, dtype=dtype, graph_batch_sizes=cfg.resolve_graph_batch_sizes(device.type))
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
@@ -150,8 +157,13 @@ class LLMEngine:
             for src, dst in item.copies:
                 self.runner.copy_block(src, dst)
             chunks.append(self._chunk(item))
+        timer = self.device_timer
         try:
+            if timer is not None:
+                timer.start(step_id)
             logits = self.runner.forward(chunks)
+            if timer is not None:
+                timer.end(step_id, **self._step_mode(out))
             for item, lg in zip(out.scheduled, logits):
                 self._postprocess(item, lg, step_id, deltas)
         except Exception as exc:  # the batch cannot be trusted: finish its requests as errors
@@ -162,9 +174,42 @@ class LLMEngine:
             self.events.step_end(step_id, out, error=repr(exc))
             self.events.kv_samples()
             raise EngineStepError(exc, deltas) from exc
-        self.events.step_end(step_id, out)
+        self.events.step_end(step_id, out, **self._step_mode(out))
         self.events.kv_samples()
+        if timer is not None:
+            timer.poll()
         return deltas
+
+    def _step_mode(self, out) -> dict:
+        """How the runner ran the step: eager, padded (CPU) or graph (CUDA), and the tokens it ran
+        including padding rows."""
+        last = getattr(self.runner, "last_step", None) or {}
+        padded = max(out.num_batched_tokens, last.get("padded_batch") or 0)
+        return {"mode": last.get("mode", "eager"), "padded_tokens": padded}
+
+    def manifest(self) -> dict:
+        """What a run manifest needs from the engine (DESIGN §6): the model's identity (file, sha256,
+        architecture, dtypes, tokenizer, KV bytes per token) and the engine configuration as declared
+        and as resolved on this device (blocks, graph buckets, device timing)."""
+        runner = self.runner
+        graphs = tuple(getattr(runner, "graph_batch_sizes", ()) or ())
+        device = getattr(runner, "device", None)
+        resolved = {"device": str(device) if device is not None else None,
+                    "dtype": str(getattr(runner, "dtype", "")).removeprefix("torch.") or None,
+                    "num_blocks": runner.num_blocks, "max_model_len": self.max_model_len,
+                    "graph_batch_sizes": list(graphs),
+                    "graph_mode": ("cuda graphs" if device is not None and device.type == "cuda" else "padded, eager")
+                    if graphs else "eager",
+                    "device_timing": self.device_timer is not None}
+        out = {"engine_config": {**self.config.to_dict(), "resolved": resolved}}
+        if self.model_identity is not None:
+            out["model"] = self.model_identity
+        return out
+
+    def close(self) -> None:
+        """Finish the device timer: its last device.step events and the cuda-to-host clock mapping."""
+        if self.device_timer is not None:
+            self.device_timer.close()
 
     def _drain_inbox(self, deltas: list[RequestDelta]) -> None:
         with self._lock:

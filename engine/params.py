@@ -114,6 +114,12 @@ class EngineConfig:
     device: str | None = None  # None: where the model is
     dtype: str | None = None
     probes: bool = True
+    # Pure decode batches padded up to these sizes; on CUDA each (size, table width) bucket is captured
+    # once as a CUDA graph and replayed. "auto": powers of two up to max_num_seqs on CUDA, none on the
+    # CPU. () or None: every step eager. An explicit tuple on the CPU runs the padded path eagerly.
+    graph_batch_sizes: tuple[int, ...] | str | None = "auto"
+    # device.step events from CUDA events (a cuda:<host>:<device> clock); "auto": on CUDA when probes are on
+    device_timing: bool | str = "auto"
 
     DEFAULT_KV_BYTES = 256 * 2**20
 
@@ -136,6 +142,14 @@ class EngineConfig:
             self.speculative = SpeculativeConfig(**self.speculative)
         elif isinstance(self.speculative, str):
             self.speculative = SpeculativeConfig(method=self.speculative)
+        if isinstance(self.graph_batch_sizes, list):
+            self.graph_batch_sizes = tuple(self.graph_batch_sizes)
+        if self.graph_batch_sizes is not None and self.graph_batch_sizes != "auto":
+            if not isinstance(self.graph_batch_sizes, tuple) or not all(
+                    isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 4096 for b in self.graph_batch_sizes):
+                _fail("graph_batch_sizes", self.graph_batch_sizes, "'auto', None or a tuple of integers in [1, 4096]")
+        if self.device_timing not in (True, False, "auto"):
+            _fail("device_timing", self.device_timing, "True, False or 'auto'")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             _fail("speculative", self.speculative, "None, a SpeculativeConfig or a dict of its fields")
 
@@ -149,6 +163,18 @@ class EngineConfig:
             raise ValueError(f"kv_cache_bytes={budget} holds no block of {self.block_size} tokens "
                              f"({kv_bytes_per_token} bytes each); raise kv_cache_bytes or set num_blocks")
         return int(n)
+
+    def resolve_graph_batch_sizes(self, device_type: str) -> tuple[int, ...]:
+        """The decode buckets on this device ("auto": powers of two covering max_num_seqs on CUDA)."""
+        if self.graph_batch_sizes == "auto":
+            if device_type != "cuda":
+                return ()
+            sizes, b = [], 1
+            while b < self.max_num_seqs:
+                sizes.append(b)
+                b *= 2
+            return tuple(sizes + [self.max_num_seqs])
+        return tuple(sorted(set(self.graph_batch_sizes or ())))
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -234,7 +234,7 @@ class ModelRunner:
             self._check(c)
         bs, dev = self.block_size, self.device
         n_blocks = [-(-(c.start_pos + len(c.token_ids)) // bs) for c in chunks]
-        if len(chunks) > 1 and all(len(c.token_ids) == 1 for c in chunks):
+        if (len(chunks) > 1 or self.graph_batch_sizes) and all(len(c.token_ids) == 1 for c in chunks):
             return self._decode(chunks, n_blocks)
         self.last_step = {"mode": "eager", "padded_batch": 0}
         ids, positions, slots, seqs, rows = [], [], [], [], []

@@ -126,11 +126,14 @@ WITH firsts AS (
   GROUP BY p.attempt_id
 )
 SELECT a.attempt_id, f.* EXCLUDE (attempt_id), o.first_content, o.first_visible, o.first_write, pe.prefill_end,
-       t.first_token, t.n_tokens_engine, coalesce(o.n_chunks, 0) AS n_chunks,
+       t.first_token,
+       -- an attempt the engine finished without committing a token (cancelled while queued) made 0
+       CASE WHEN t.n_tokens_engine IS NULL AND f.finished IS NOT NULL THEN 0 ELSE t.n_tokens_engine END AS n_tokens_engine,
+       coalesce(o.n_chunks, 0) AS n_chunks,
        coalesce(f.first_byte_ev, o.first_chunk) AS first_byte,
        coalesce(f.server_done, f.rejected, CASE WHEN f.finished IS NOT NULL THEN struct_pack(ns := f.finished.ns, clock := f.finished.clock, eid := f.finished.eid) END,
                 f.cancel_effective) AS server_end,
-       coalesce(t.n_tokens_engine, f.n_tokens_usage) AS n_output_tokens
+       coalesce(t.n_tokens_engine, CASE WHEN f.finished IS NOT NULL THEN 0 END, f.n_tokens_usage) AS n_output_tokens
 FROM (SELECT attempt_id FROM attempt_ids) a
 LEFT JOIN firsts f USING (attempt_id) LEFT JOIN toks t USING (attempt_id)
 LEFT JOIN outs o USING (attempt_id) LEFT JOIN prefill_end pe USING (attempt_id);

@@ -52,7 +52,11 @@ FROM covered GROUP BY attempt_id;
 
 CREATE OR REPLACE TEMP TABLE accounts_base AS SELECT * FROM accounts;
 CREATE OR REPLACE TABLE accounts AS
-SELECT a.*, k.kv_gib_s FROM accounts_base a LEFT JOIN kv_integral k USING (attempt_id) ORDER BY a.attempt_id;
+SELECT a.*,
+       -- KV events that show no block held (cancelled while queued: a release of none) are a known 0
+       CASE WHEN k.kv_gib_s IS NOT NULL THEN k.kv_gib_s
+            WHEN a.resource_status <> 'unknown' AND getvariable('kv_block_bytes') IS NOT NULL THEN 0.0 END AS kv_gib_s
+FROM accounts_base a LEFT JOIN kv_integral k USING (attempt_id) ORDER BY a.attempt_id;
 
 CREATE OR REPLACE TABLE reconciliation AS
 WITH att AS (SELECT * FROM attempts a JOIN attempt_ids i USING (attempt_id)),

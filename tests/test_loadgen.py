@@ -285,3 +285,17 @@ def test_calibration_only_slows_open_loop_arrivals(tmp_path):
     assert done["before"] == {"rate_rps": 2.0, "n_tasks": 40, "timeout_ms": 2000, "deadline_ms": 60_000}
     wl2 = _workload(tmp_path, arrivals={"rate_rps": 2.0, "n_tasks": 40, "calibrate_tok_s": 50.0})
     assert wl2.calibrate(80.0)["factor"] == 1.0 and (wl2.rate_rps, wl2.n_tasks) == (2.0, 40)  # never faster
+
+
+def test_slo_section_is_checked_and_stretches_with_calibration(tmp_path):
+    wl = _workload(tmp_path, slo={"ttft_ms": 500, "e2e_ms": 4000},
+                   arrivals={"rate_rps": 2.0, "n_tasks": 40, "calibrate_tok_s": 50.0})
+    assert wl.slo == {"ttft_ms": 500.0, "e2e_ms": 4000.0}  # tpot_ms not declared: not checked
+    done = wl.calibrate(25.0)
+    assert wl.slo == {"ttft_ms": 1000.0, "e2e_ms": 8000.0}
+    assert done["before"]["slo"] == {"ttft_ms": 500.0, "e2e_ms": 4000.0} and done["after"]["slo"] == wl.slo
+    assert _workload(tmp_path).slo == {}
+    with pytest.raises(ValueError, match=r"\[slo\] unknown key 'ttft'"):
+        _workload(tmp_path, slo={"ttft": 500})
+    with pytest.raises(ValueError, match=r"\[slo\] tpot_ms must be >= 1e-09, not -1"):
+        _workload(tmp_path, slo={"tpot_ms": -1})
