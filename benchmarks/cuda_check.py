@@ -126,7 +126,7 @@ def _gaps(run_dir: Path) -> list[str]:
     path = run_dir / "gaps.parquet"
     if not path.exists():
         return []
-    return [f"{g.get('field')}: {g.get('reason')}" for g in pq.read_table(path).to_pylist()]
+    return [f"{g['scope']}: {g['affects']}: {g['detail']}" for g in pq.read_table(path).to_pylist()]
 
 
 def run_checks(device: str, out: Path, *, n_prompts: int = 8, tokens: int = 32,

@@ -15,6 +15,7 @@ export PYTHONPATH=/tmp/il:/tmp/site INFERLEDGER_MODEL=/tmp/gpu/model.gguf
 # at most 8 files come back: the JSON, this log and six of the run directory
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
   python3 benchmarks/cuda_check.py --out /tmp/cuda_out "$@"; } 2>&1 | tee "$OUT/cuda_check.log"
+rc=${PIPESTATUS[0]}
 cp /tmp/cuda_out/cuda_check.json "$OUT/" 2>/dev/null
 # the run directory, at most two folders down: manifest, clocks, gaps, events and samples parts
 mkdir -p "$OUT/run/events" "$OUT/run/samples"
@@ -22,3 +23,4 @@ cp /tmp/cuda_out/run/*.json /tmp/cuda_out/run/*.parquet "$OUT/run/" 2>/dev/null
 cp /tmp/cuda_out/run/events/*.parquet "$OUT/run/events/" 2>/dev/null
 cp /tmp/cuda_out/run/samples/*.parquet "$OUT/run/samples/" 2>/dev/null
 ls -laR "$OUT"
+exit "$rc"

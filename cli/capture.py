@@ -26,7 +26,7 @@ from inferledger.probes.events import GAP_SCHEMA
 from inferledger.probes.sampler import EnergySampler
 
 IDLE_BASELINE_S = 1.0  # sampled before load: the idle term of energy per good result
-from inferledger.probes.probe import Probe, host_id, mono_clock
+from inferledger.probes.probe import Probe, WallMapping, host_id, mono_clock
 
 CLIENT_BOUND_LAG_MS = 1.0  # p99 event-loop lag above which the client's own delay taints its figures
 
@@ -170,6 +170,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     client_clock = f"client-mono:{host}" if separate_clocks else engine_clock
     writer.clock_domain(client_clock, host=host, kind="monotonic")
     probe = Probe(writer, "client", run_id=writer.run_id, host=host, clock=client_clock)
+    wall = WallMapping()  # mono -> Unix time, for exports in wall time (OTLP); checked again at the end
     server = None
     old_switch = sys.getswitchinterval()
     t0 = time.monotonic()
@@ -211,6 +212,9 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     for m in mappings:
         writer.clock_domain(m.from_clock, host=host if server else None, kind="monotonic")
         writer.clock_map(m.from_clock, m.to_clock, m.offset_ns, m.epsilon_ns, m.method)
+    # both of this process's monotonic domains (one clock, two names in a separate-clocks run); a
+    # black-box server's clock is another host's and gets no wall mapping from here
+    wall.write(writer, [client_clock] + ([engine_clock] if server is not None else []), host)
     lag_values = [lag for _, lag in lags]
     lag_p99 = _lag_p99(lag_values)
     for ts_ns, lag in lags[:: max(1, len(lags) // 2000)]:  # a bounded trace of the client's own lag

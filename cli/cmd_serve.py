@@ -58,7 +58,7 @@ def serve_cmd(
     from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
     from inferledger.engine.loader import ModelLoadError, load_model
     from inferledger.engine.server import serve
-    from inferledger.probes.probe import host_id, mono_clock
+    from inferledger.probes.probe import WallMapping, host_id, mono_clock
 
     if out is not None and out.exists() and any(out.iterdir()):
         raise typer.BadParameter(f"{out} already holds files; choose a new --out", param_hint="--out")
@@ -80,6 +80,7 @@ def serve_cmd(
         "system_under_test": {"inside": ["HTTP front end", "reference engine"], "outside": ["clients"]},
         "evidence": {"engine_config": "declared", "events": "observed"},
     }
+    wall = WallMapping()  # mono -> Unix time for exports, checked again at the end
     if writer is not None:
         writer.clock_domain(mono_clock(hostname), host=hostname, kind="monotonic")
         writer.write_manifest(manifest)
@@ -98,6 +99,7 @@ def serve_cmd(
             time.sleep(0.02)
         async_engine.close()
         if writer is not None:
+            wall.write(writer, [mono_clock(hostname)], hostname)
             writer.write_manifest({**manifest, "wall_s": round(time.monotonic() - t0, 3)})
             writer.close()
             console.print(f"run directory: [bold]{out}[/]  (next: inferledger reconstruct {out})")

@@ -151,10 +151,14 @@ def emit_spans(rv, exporter: SpanExporter, *, batch_size: int = 512) -> OtlpStat
             root.set_status(Status(StatusCode.ERROR, f"client {row[5]}, server {row[6]}"))
         ctx = trace.set_span_in_context(root)
         for r, s, e in placed:
-            child = tracer.start_span(f"{r[1]}.{r[2]}", context=ctx, start_time=s, attributes={
-                k: v for k, v in {"inferledger.stream": r[1], "inferledger.stage": r[2], "inferledger.kind": r[3],
-                                  "inferledger.label": r[7], "inferledger.eps_ms": r[8], "inferledger.on_path": r[9],
-                                  "inferledger.clock": r[4]}.items() if v is not None})
+            child_attrs = {k: v for k, v in {
+                "inferledger.stream": r[1], "inferledger.stage": r[2], "inferledger.kind": r[3],
+                "inferledger.label": r[7], "inferledger.eps_ms": r[8], "inferledger.on_path": r[9],
+                "inferledger.clock": r[4]}.items() if v is not None}
+            if e < s:  # a derived figure below zero within its epsilon: a span cannot end before it starts
+                child_attrs["inferledger.dur_ms"] = (e - s) / 1e6
+                e = s
+            child = tracer.start_span(f"{r[1]}.{r[2]}", context=ctx, start_time=s, attributes=child_attrs)
             child.end(end_time=e)
         root.end(end_time=t1)
         stats.attempts += 1

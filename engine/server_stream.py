@@ -2,8 +2,10 @@
 
 `produce()` runs as its own task per request so the disconnect watcher can cancel it without touching
 the HTTP handler; cancelling it (or a failed write) closes the engine's stream, which aborts the
-request in the engine. Events (DESIGN §4): `server.write` after each event is handed to the socket
-(value = output tokens it carries, attrs.kinds ⊆ role, content, finish, usage, done), `server.done`
+request in the engine. Events (DESIGN §4): `server.write` for each event handed to the socket, stamped
+at the hand-off (before the write call: on loopback the client can read the bytes before the call
+returns) and emitted once the write succeeded (value = output tokens it carries, attrs.kinds ⊆ role,
+content, finish, usage, done), `server.done`
 once the response is complete, `server.disconnect` when the client went away first.
 """
 from __future__ import annotations
@@ -98,10 +100,11 @@ def _tokens(server, a: Attempt, d) -> None:
 
 async def _write(server, a: Attempt, payload, kinds: list[str], tokens: int) -> None:
     data = sse(payload)
+    handed = server.probe.now_ns()  # the hand-off to the socket: the client may read it before write() returns
     await a.resp.write(data)
     a.tokens_written += tokens
     server.metrics.sse_events.inc()
-    server.emit("server.write", a.ids, value=tokens, kinds=kinds, bytes=len(data))
+    server.emit("server.write", a.ids, value=tokens, kinds=kinds, bytes=len(data), ts_ns=handed)
 
 
 async def _stream(server, request, a: Attempt, shaper: Shaper, gen, d) -> None:
@@ -146,11 +149,13 @@ async def _whole(server, request, a: Attempt, shaper: Shaper, gen, d) -> None:
                        code="engine_error")
     u = usage(len(out.prompt_token_ids), sum(len(o.token_ids) for o in out.outputs), out.cached_tokens)
     a.resp = web.json_response(shaper.response(out.outputs, u), headers=a.ids.headers())
+    handed = server.probe.now_ns()
     await a.resp.prepare(request)
     await a.resp.write_eof()
     kinds = (["content"] if any(o.text for o in out.outputs) else []) + ["finish", "usage"]
     a.tokens_written = u["completion_tokens"]
-    server.emit("server.write", a.ids, value=u["completion_tokens"], kinds=kinds, bytes=a.resp.body_length)
+    server.emit("server.write", a.ids, value=u["completion_tokens"], kinds=kinds, bytes=a.resp.body_length,
+                ts_ns=handed)
     _done(server, a, out, u)
 
 

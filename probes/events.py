@@ -109,7 +109,7 @@ _KINDS = [
     # server: the HTTP front end
     _k("server.received", "server", ["attempt_id"], "the front end parsed the request"),
     _k("server.rejected", "server", ["attempt_id"], "the front end refused it (attrs.status: 400, 429, 503 ...)"),
-    _k("server.write", "server", ["attempt_id"], "one stream event written to the socket", "tokens in that event"),
+    _k("server.write", "server", ["attempt_id"], "one stream event handed to the socket (stamped at the hand-off)", "tokens in that event"),
     _k("server.done", "server", ["attempt_id"], "the response was completed by the server"),
     _k("server.disconnect", "server", ["attempt_id"], "the server saw the client disconnect"),
     # engine

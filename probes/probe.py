@@ -22,6 +22,51 @@ def mono_clock(host: str | None = None) -> str:
     return f"mono:{host or host_id()}"
 
 
+def wall_clock(host: str | None = None) -> str:
+    """The CLOCK_REALTIME (Unix time) domain of this host."""
+    return f"wall:{host or host_id()}"
+
+
+def read_wall_offset(tries: int = 16, *, mono_ns=time.monotonic_ns, wall_ns=time.time_ns) -> tuple[int, int]:
+    """(offset_ns, epsilon_ns) with wall = mono + offset: each try reads mono, wall, mono; the try with
+    the tightest bracket wins, offset from its midpoint, epsilon = half its width (at least 1 ns)."""
+    best = None
+    for _ in range(tries):
+        m0 = mono_ns()
+        w = wall_ns()
+        m1 = mono_ns()
+        if best is None or m1 - m0 < best[1] - best[0]:
+            best = (m0, m1, w)
+    m0, m1, w = best
+    return w - (m0 + m1) // 2, max(1, (m1 - m0 + 1) // 2)
+
+
+class WallMapping:
+    """The mono -> wall mapping of one process's run: measured at start() and again at finish(); the
+    epsilon covers both brackets and how far the two clocks moved apart in between (NTP slewing or a
+    step of the wall clock), so `t_wall = t_mono + offset ± epsilon` holds across the run."""
+
+    def __init__(self, *, mono_ns=time.monotonic_ns, wall_ns=time.time_ns) -> None:
+        self._read = lambda: read_wall_offset(mono_ns=mono_ns, wall_ns=wall_ns)
+        self.offset_ns, self.epsilon_ns = self._read()
+        self.drift_ns: int | None = None
+
+    def finish(self) -> tuple[int, int]:
+        end_offset, end_eps = self._read()
+        self.drift_ns = end_offset - self.offset_ns
+        self.epsilon_ns = max(self.epsilon_ns, abs(self.drift_ns) + end_eps)
+        return self.offset_ns, self.epsilon_ns
+
+    def write(self, sink, from_clocks: list[str], host: str) -> None:
+        """Declare wall:<host> and map each monotonic domain to it (RunWriter.clock_map)."""
+        if self.drift_ns is None:
+            self.finish()
+        to = wall_clock(host)
+        sink.clock_domain(to, host=host, kind="wall")
+        for frm in dict.fromkeys(from_clocks):
+            sink.clock_map(frm, to, self.offset_ns, self.epsilon_ns, "clock pair (monotonic, realtime)")
+
+
 class EventSink(Protocol):
     def emit(self, row: dict) -> None: ...
 

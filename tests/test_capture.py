@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -69,11 +70,14 @@ def scenario(bundle, tmp_path_factory):
                           {"name": "session", "shape": "session", "turns": 2, "tool_ms": 200, "tool_before": [2],
                            "prompt_tokens": 48},
                           {"name": "branches", "shape": "parallel", "branches": 3, "on_missing": "partial_success",
-                           "ignore_eos": True, "shared_prefix_tokens": 32}])
+                           "ignore_eos": True, "shared_prefix_tokens": 32}],
+                 slo={"ttft_ms": 60_000, "e2e_ms": 60_000})
     wl = Workload.from_dict(spec, base=tmp)
     assert [p.cls.name for p in wl.plan(bundle.tokenizer)] == ["single", "session", "branches", "single"]
     run = tmp / "run"
+    wall_before = time.time_ns()
     result = capture(wl, run, bundle=bundle, max_num_seqs=8)
+    result.wall_window_ns = (wall_before, time.time_ns())
     return run, result, _ledger(run)
 
 
@@ -88,6 +92,38 @@ def test_every_client_event_is_complete_and_nothing_unterminated(scenario):
     assert m["client"]["pacing_error_ms"]["arrival"]["n"] == 3 + 3  # three branches sent at one arrival
     assert isinstance(m["client"]["client_bound"], bool) and m["client"]["loop_lag_p99_ms"] >= 0
     assert json.loads(events[[e["name"] for e in events].index("attempt.sent")]["attrs"])["pacing_error_ms"] >= 0
+
+
+def test_wall_clock_mapping_puts_otlp_spans_in_unix_time(scenario, tmp_path):
+    from inferledger.cli.export import export_run
+
+    run, result, con = scenario
+    maps = _rows(con, "SELECT * FROM clocks WHERE to_clock LIKE 'wall:%'")
+    assert [m["from_clock"] for m in maps] == [result.manifest["client"]["clock"]]  # one clock in this run
+    assert maps[0]["method"] == "clock pair (monotonic, realtime)" and maps[0]["epsilon_ns"] >= 1
+    res = export_run(run, "otlp", tmp_path / "spans.jsonl")
+    lo, hi = result.wall_window_ns
+    eps = maps[0]["epsilon_ns"]  # covers the drift between the clocks over the run
+    spans = [s for ln in Path(res.destination).read_text().splitlines()
+             for rs in json.loads(ln)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert spans
+    for s in spans:  # Unix time, inside the wall-clock window the capture ran in
+        start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
+        assert lo - eps <= start and end <= hi + eps, (lo, start, end, hi, eps, s["name"])
+        assert start <= end, s
+    bases = {a["value"]["stringValue"] for s in spans for a in s["attributes"] if a["key"] == "inferledger.time_base"}
+    assert bases == {f"unix ns via {maps[0]['to_clock']}"}
+
+
+def test_declared_slo_gives_the_vllm_goodput(scenario):
+    run, result, con = scenario
+    assert result.manifest["slo"] == {"ttft_ms": 60_000.0, "e2e_ms": 60_000.0}
+    m = _rows(con, "SELECT vllm_goodput_rps, t_obs_s, slo_ttft_ms, slo_e2e_ms, slo_tpot_ms FROM run_metrics")[0]
+    within = con.execute("SELECT count(*) FROM request_metrics r JOIN attempts a USING (attempt_id) "
+                         "WHERE a.client_status = 'completed' AND r.ttft_client_ms <= 60000 "
+                         "AND r.e2e_client_ms <= 60000").fetchone()[0]
+    assert within >= 4 and (m["slo_ttft_ms"], m["slo_e2e_ms"], m["slo_tpot_ms"]) == (60_000, 60_000, None)
+    assert m["vllm_goodput_rps"] == pytest.approx(within / m["t_obs_s"], rel=1e-12)
 
 
 def test_ghost_timeout_then_retry(scenario):
@@ -157,8 +193,13 @@ def test_separate_clocks_map_within_epsilon_and_uplink_is_derived(bundle, tmp_pa
     wl = Workload.from_dict(_spec(tmp_path, generation={"max_tokens": 4}), base=tmp_path)
     run = tmp_path / "run"
     capture(wl, run, bundle=bundle, separate_clocks=True)
-    maps = [r for r in pq.read_table(run / "clocks.parquet").to_pylist() if r["from_clock"]]
-    assert maps and all(r["to_clock"].startswith("client-mono:") and r["method"] == "round-trip" for r in maps)
+    rows = [r for r in pq.read_table(run / "clocks.parquet").to_pylist() if r["from_clock"]]
+    maps = [r for r in rows if r["method"] == "round-trip"]
+    assert len(maps) == 2 and all(r["to_clock"].startswith("client-mono:") for r in maps)  # start and end
+    # both domains also map to Unix time (one process, one CLOCK_MONOTONIC under two names)
+    walls = [r for r in rows if r["to_clock"].startswith("wall:")]
+    assert sorted(r["from_clock"].split(":")[0] for r in walls) == ["client-mono", "mono"]
+    assert len({(r["offset_ns"], r["epsilon_ns"]) for r in walls}) == 1 and len(rows) == 4
     for r in maps:  # both sides read the same CLOCK_MONOTONIC here: the true offset is 0
         assert abs(r["offset_ns"]) <= r["epsilon_ns"]
     con = _ledger(run)

@@ -59,3 +59,36 @@ def test_sse_events_become_chunks_with_kinds_never_tokens():
     assert (c.kinds, c.finish_reason) == (["finish"], "length")
     c = chunk_from_event({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
     assert c.kinds == []
+
+
+def test_wall_mapping_takes_the_tightest_bracket_and_covers_drift():
+    from inferledger.probes.probe import WallMapping, read_wall_offset
+
+    class Clocks:
+        """mono advances 100 ns per read, except every 3rd bracket which is slow (10 us); wall = mono
+        + offset, the offset growing by `slew` per read (an NTP slew)."""
+
+        def __init__(self, offset: int, slew: int = 0) -> None:
+            self.mono, self.offset, self.slew, self.reads = 1_000_000, offset, slew, 0
+
+        def mono_ns(self) -> int:
+            self.reads += 1
+            self.mono += 10_000 if self.reads % 9 == 0 else 100
+            return self.mono
+
+        def wall_ns(self) -> int:
+            self.offset += self.slew
+            return self.mono + self.offset
+
+    c = Clocks(offset=1_700_000_000_000_000_000)
+    off, eps = read_wall_offset(mono_ns=c.mono_ns, wall_ns=c.wall_ns)
+    # tightest bracket: 100 ns wide; the wall read happened 0 ns after the first mono read of it,
+    # so the midpoint estimate is 50 ns off, inside epsilon
+    assert eps == 50 and abs(off - 1_700_000_000_000_000_000) <= eps
+    c2 = Clocks(offset=5_000, slew=3)
+    wm = WallMapping(mono_ns=c2.mono_ns, wall_ns=c2.wall_ns)
+    start_offset = wm.offset_ns
+    c2.offset += 40_000  # the wall clock moved 40 us against the monotonic one during the run
+    offset, eps = wm.finish()
+    assert offset == start_offset and wm.drift_ns >= 40_000
+    assert eps >= abs(wm.drift_ns) + 50  # the end bracket (start offset + drift) lies inside epsilon
