@@ -29,7 +29,9 @@ endif
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
+	$(BIN)/python benchmarks/engine_throughput.py
 	$(BIN)/python benchmarks/ledger_scale.py
+	$(BIN)/python benchmarks/report_scale.py --exports
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis
