@@ -193,6 +193,23 @@ def test_out_of_range_params_are_refused_by_name(kwargs, name):
         SamplingParams(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs, name", [
+    ({"graph_batch_sizes": (0, 4)}, "graph_batch_sizes"), ({"graph_batch_sizes": "yes"}, "graph_batch_sizes"),
+    ({"graph_batch_sizes": (2.5,)}, "graph_batch_sizes"), ({"device_timing": "sometimes"}, "device_timing"),
+])
+def test_engine_config_refuses_bad_graph_and_timing_settings(kwargs, name):
+    with pytest.raises(ValueError, match=rf"^{name}=.*must be"):
+        EngineConfig(**kwargs)
+
+
+def test_graph_buckets_resolve_per_device():
+    assert EngineConfig(max_num_seqs=12).resolve_graph_batch_sizes("cuda") == (1, 2, 4, 8, 12)
+    assert EngineConfig(max_num_seqs=8).resolve_graph_batch_sizes("cuda") == (1, 2, 4, 8)
+    assert EngineConfig().resolve_graph_batch_sizes("cpu") == ()  # "auto": no padding on the CPU
+    assert EngineConfig(graph_batch_sizes=[4, 2, 4]).resolve_graph_batch_sizes("cpu") == (2, 4)
+    assert EngineConfig(graph_batch_sizes=None).resolve_graph_batch_sizes("cuda") == ()
+
+
 def test_engine_refuses_requests_it_can_never_serve(bundle):
     with pytest.raises(ValueError, match="admission"):
         EngineConfig(admission="greedy")
