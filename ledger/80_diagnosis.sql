@@ -170,7 +170,10 @@ SELECT coalesce(
          (SELECT min(enqueued_ns) FROM attempts)) AS t0,
        coalesce((SELECT max(client_end_ns) FROM attempts), (SELECT max(server_end_ns) FROM attempts)) AS t1,
        coalesce((SELECT arg_min(clock, ts_ns) FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')),
-                (SELECT min(server_clock) FROM attempts)) AS clock;
+                (SELECT min(server_clock) FROM attempts)) AS clock,
+       CASE WHEN EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent'))
+            THEN 'first arrival or client event → last client terminal'
+            ELSE 'first engine.enqueued → last server end (no client events)' END AS label;
 
 -- Energy over the observation window, from raw counters (docs/ENERGY.md). Each counter sample is
 -- placed in the window's clock by the clock rule; RAPL deltas unwrap at max_energy_range_uj; an NVML
@@ -233,7 +236,7 @@ WITH win AS (SELECT * FROM window_bounds), counts AS (
   SELECT sum(step_ms) / 1e3 AS busy_s FROM steps
 )
 SELECT getvariable('run_id') AS run_id,
-  (win.t1 - win.t0) / 1e9 AS t_obs_s, 'first arrival or client event → last client terminal' AS window,
+  (win.t1 - win.t0) / 1e9 AS t_obs_s, win.label AS window,
   counts.n_good, counts.n_completed, counts.n_unjudged,
   counts.n_good / ((win.t1 - win.t0) / 1e9) AS goodput_rps,
   -- the vLLM-bench variant: completed requests within TTFT / TPOT / E2E thresholds (TPOT 0 when n <= 1)

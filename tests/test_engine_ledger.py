@@ -105,6 +105,11 @@ def test_mixed_engine_run_puts_every_attempt_in_every_account(mixed):
     # the server's token count per attempt equals the engine.token values, samples of n=2 included
     tokens = dict(con.execute("SELECT attempt_id, sum(value) FROM events WHERE name = 'engine.token' "
                               "GROUP BY attempt_id").fetchall())
+    # the observation window of an engine-only run: first enqueued to last server end, and it says so
+    m = _rows(con, "SELECT t_obs_s, \"window\", n_completed FROM run_metrics")[0]
+    t0, t1 = con.execute("SELECT min(enqueued_ns), max(server_end_ns) FROM attempts").fetchone()
+    assert m["window"] == "first engine.enqueued → last server end (no client events)"
+    assert m["t_obs_s"] == (t1 - t0) / 1e9 and m["n_completed"] == 0  # completed counts the client's view
     n_out = dict(con.execute("SELECT attempt_id, n_output_tokens FROM attempts").fetchall())
     assert n_out == {aid: tokens.get(aid, 0) for aid in expected}
 
