@@ -114,10 +114,12 @@ def build_trace(rv) -> dict:
             tid = tr.tid(pid, tname, order.get(aid, 0) * 100 + STREAM_ORDER.get(stream, 5) * 10 + lane)
             if lane == 0:
                 lane_tid[(aid, stream)] = (pid, tid)
+            args = {"attempt_id": aid, "label": label, "eps_ms": eps, "on_path": bool(on_path),
+                    "start_event": se, "end_event": ee, "clock": clock}
+            if r[6] < r[5]:  # a derived interval below zero within its epsilon: drawn as zero length
+                args["dur_ms"] = (r[6] - r[5]) / 1e6
             tr.events.append({"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": f"{stream},{kind}",
-                              "ts": t0, "dur": (r[6] - r[5]) / 1000.0,
-                              "args": {"attempt_id": aid, "label": label, "eps_ms": eps, "on_path": bool(on_path),
-                                       "start_event": se, "end_event": ee, "clock": clock}})
+                              "ts": t0, "dur": max(0, r[6] - r[5]) / 1000.0, "args": args})
     _task_spans(rv, ax, tr, len(order))
     _flows(rv, ax, tr, lane_tid)
     _instants(rv, ax, tr, lane_tid)

@@ -198,3 +198,40 @@ def test_export_command(demo, tmp_path):
         assert (tmp_path / name).stat().st_size > 0
     res = CliRunner().invoke(app, ["export", str(demo), "--format", "zipkin"])
     assert res.exit_code != 0 and "perfetto" in res.output
+
+
+def test_a_derived_interval_below_zero_exports_as_zero_length(tmp_path):
+    """Client and server clocks mapped with 2 ms epsilon; the server's first write lands 0.5 ms after
+    the client's first chunk once mapped: a downlink of -0.5 ms ± 2 ms. Both exports keep the span
+    well-formed (zero length) and carry the signed figure."""
+    from ledger_util import build_run
+
+    s = {"clock": "s", "source": "server"}
+    e = {"clock": "s", "source": "engine"}
+    events = [
+        {"name": "attempt.created", "ms": 0}, {"name": "attempt.sent", "ms": 1},
+        {"name": "server.received", "ms": 3, **s}, {"name": "engine.enqueued", "ms": 3.5, **e},
+        {"name": "engine.scheduled", "ms": 4, **e}, {"name": "engine.token", "ms": 20, "value": 1, **e},
+        {"name": "server.write", "ms": 20.5, "value": 1, "attrs": {"kinds": ["content"]}, **s},
+        {"name": "attempt.chunk", "ms": 10, "value": 1, "attrs": {"kinds": ["content"]}},  # 20 ms on s
+        {"name": "engine.finished", "ms": 21, "value": 1, "attrs": {"reason": "stop"}, **e},
+        {"name": "server.done", "ms": 22, **s}, {"name": "attempt.done", "ms": 13},
+    ]
+    # t_c = t_s - 10 ms: server 20.5 ms is client 10.5 ms, after the chunk the client read at 10 ms
+    events = [{**ev, "ms": ev["ms"] + 1000} for ev in events]  # monotonic clocks far from zero
+    run = tmp_path / "neg"
+    con = build_run(run, events, domains=("c", "s"), maps=[("s", "c", -10_000_000, 2_000_000, "round-trip")])
+    dl = con.execute("SELECT downlink_first_ms, downlink_first_eps_ms, downlink_first_label FROM request_metrics").fetchone()
+    assert dl == (pytest.approx(-0.5), pytest.approx(2.0), "derived")
+    con.close()
+    trace = json.loads(Path(export_run(run, "perfetto", tmp_path / "t.json").destination).read_text())
+    validate_trace(trace)
+    link = [ev for ev in trace["traceEvents"] if ev.get("ph") == "X" and ev["name"] == "downlink_first"]
+    assert [(ev["dur"], ev["args"]["dur_ms"]) for ev in link] == [(0, pytest.approx(-0.5))]
+    lines = Path(export_run(run, "otlp", tmp_path / "s.jsonl").destination).read_text().splitlines()
+    spans = [sp for ln in lines for rs in json.loads(ln)["resourceSpans"] for ss in rs["scopeSpans"] for sp in ss["spans"]]
+    (down,) = [sp for sp in spans if sp["name"] == "link.downlink_first"]
+    assert down["startTimeUnixNano"] == down["endTimeUnixNano"]
+    attrs = {a["key"]: a["value"] for a in down["attributes"]}
+    assert attrs["inferledger.dur_ms"]["doubleValue"] == pytest.approx(-0.5)
+    assert all(int(sp["endTimeUnixNano"]) >= int(sp["startTimeUnixNano"]) for sp in spans)
