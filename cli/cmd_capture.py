@@ -25,6 +25,12 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
         wl = Workload.load(workload)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload")
+    # a workload that cannot be built, a target that cannot be reached, a model or device that cannot load
+    errors: tuple = (ValueError, OSError)
+    if target == "embedded":  # (torch is imported only for the embedded engine)
+        from inferledger.engine.loader import ModelLoadError
+
+        errors += (ModelLoadError,)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         bar = progress.add_task(f"{wl.name}: " + ("loading the model" if target == "embedded" else "preparing"),
@@ -35,7 +41,7 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
                              device=device,
                              on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks", total=wl.n_tasks),
                              progress=lambda: progress.advance(bar))
-        except (ValueError, OSError) as exc:  # a workload that cannot be built, a target that cannot be reached
+        except errors as exc:
             console.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2)
     r = result.load

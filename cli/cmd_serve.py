@@ -66,7 +66,7 @@ def serve_cmd(
         with console.status(f"loading {model or 'the bundled model'} ..."):
             bundle = load_model(model, device=device)
     except ModelLoadError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--model") from exc
+        raise typer.BadParameter(str(exc), param_hint="--device" if str(exc).startswith("device ") else "--model") from exc
     name = served_model_name or default_model_name(bundle.identity)
     hostname = host_id()
     writer = RunWriter(out) if out is not None else None

@@ -51,7 +51,15 @@ def default_model_path() -> Path:
 def load_model(path=None, device="cpu", dtype=None) -> ModelBundle:
     """GGUF file or HF folder -> ModelBundle. dtype defaults to fp32 on CPU, bf16 on CUDA."""
     path = Path(path) if path is not None else default_model_path()
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"device {device!r}: not a device torch knows ({exc})") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {str(device)!r}: this torch ({torch.__version__}) sees no CUDA device "
+                             f"(a CPU-only build, or no GPU / driver); use device 'cpu'")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ModelLoadError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s) here")
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if not path.exists():
         raise ModelLoadError(f"{path}: no such model file or folder")

@@ -18,6 +18,15 @@ def test_missing_file_names_the_path(tmp_path):
         load_model(missing)
 
 
+def test_a_device_torch_cannot_use_is_refused_by_name():
+    past_last = f"cuda:{torch.cuda.device_count()}"  # cuda:0 on a CPU-only build
+    with pytest.raises(ModelLoadError, match=rf"^device '{past_last}': "
+                                             r"(this torch \(.*\) sees no CUDA device|only \d+ CUDA device)"):
+        load_model(device=past_last)
+    with pytest.raises(ModelLoadError, match=r"^device 'tpu': not a device torch knows"):
+        load_model(device="tpu")
+
+
 @pytest.mark.parametrize("n_bytes", [0, 7, 4096, 2_000_000])
 def test_truncated_gguf_names_the_file(tmp_path, n_bytes):
     bad = tmp_path / "broken.gguf"
