@@ -3,6 +3,9 @@ requests puts every attempt in every account; device.step events from the CUDA t
 a fake device the real timer code accepts) land on their own clock with a checked mapping."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import duckdb
 import pytest
 from engine_checks import assert_no_leak
@@ -197,8 +200,6 @@ def test_cuda_timer_maps_its_clock_and_widens_epsilon_by_the_drift():
     steps = [r for r in sink.rows if r["name"] == "device.step"]
     assert [r["step_id"] for r in steps] == [1, 2, 3]
     assert all(r["clock"] == "cuda:h:0" for r in steps)
-    import json
-
     for r in steps:
         a = json.loads(r["attrs"])
         assert a["end_ns"] - r["ts_ns"] == round(r["value"] * 1e6)
@@ -233,8 +234,6 @@ def test_device_steps_from_an_engine_run_reach_the_ledger(bundle, tmp_path):
     ends = dict(con.execute("SELECT step_id, attrs FROM events WHERE name = 'step.end'").fetchall())
     dev = _rows(con, "SELECT step_id, clock, value, attrs FROM events WHERE name = 'device.step' ORDER BY step_id")
     assert [d["step_id"] for d in dev] == sorted(ends)  # one device.step per engine step
-    import json
-
     modes = {json.loads(a)["mode"] for a in ends.values()}
     assert modes == {"eager", "padded"}  # prefill / mixed steps eager, pure decodes padded to a bucket
     for d in dev:
@@ -247,3 +246,13 @@ def test_device_steps_from_an_engine_run_reach_the_ledger(bundle, tmp_path):
     assert [(m["from_clock"], m["method"]) for m in maps] == [(dev[0]["clock"], "cuda-event-anchor")]
     affects = [g[0] for g in con.execute("SELECT affects FROM gaps").fetchall()]
     assert not [a for a in affects if "gpu_s_per_good" in a]  # device time is known in this run
+    con.close()
+    # the Perfetto trace draws every device step on the cuda clock's own track, mapped onto the run's axis
+    from test_export import validate_trace
+
+    from inferledger.cli.export import export_run
+
+    trace = json.loads(Path(export_run(run_dir, "perfetto", tmp_path / "t.json").destination).read_text())
+    validate_trace(trace)
+    slices = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "device"]
+    assert sorted(int(e["name"].split()[-1]) for e in slices) == [d["step_id"] for d in dev]
