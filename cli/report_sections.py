@@ -50,7 +50,8 @@ def headline(rv, p: str, h: dict) -> str:
     c = h["counts"]
     w = h["window"]
     if h["source"] == "run_metrics":
-        src = "run_metrics (t_obs_s, window, n_good, goodput_rps, completed_rps, energy_per_good_j, gpu_s_per_good)"
+        src = ("run_metrics (t_obs_s, window, n_good, goodput_rps, completed_rps, vllm_goodput_rps, "
+               "energy_per_good_j, gpu_s_per_good)")
         said = (h["run_metrics"] or {}).get("window")
         window = f"T_obs = {fmt(h['t_obs_s'], 3)} s (run_metrics.t_obs_s)" + (f": {said}" if said else "")
     elif w:
@@ -65,6 +66,13 @@ def headline(rv, p: str, h: dict) -> str:
              ("good results", f"{fmt(h['n_good'])} of {fmt(c['judged'])} judged", f"{fmt(c['attempts'])} attempts, "
               f"{fmt(c['completed'])} completed at the client"),
              ("energy per good result", energy, "run_metrics.energy_per_good_j")]
+    rm = h["run_metrics"] or {}
+    if rm.get("vllm_goodput_rps") is not None:
+        from inferledger.cli.summary import slo_text
+
+        cards.insert(2, ("vLLM-style goodput", f"{fmt(rm['vllm_goodput_rps'], 3)} req/s",
+                         f"{slo_text(rm.get('slo_ttft_ms'), rm.get('slo_tpot_ms'), rm.get('slo_e2e_ms'))}; "
+                         "latency only, answers not checked (run_metrics.vllm_goodput_rps)"))
     if h["gpu_s_per_good"] is not None:
         cards.append(("GPU-seconds per good result", fmt(h["gpu_s_per_good"], 3), "run_metrics.gpu_s_per_good"))
     big = '<div class="big">' + "".join(f"<div><span>{esc(a)}</span><b>{esc(b)}</b><span>{esc(s)}</span></div>"

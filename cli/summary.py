@@ -20,6 +20,13 @@ LATENCY_ROWS = (
 ITL_LAYERS = ("client", "server", "engine")
 
 
+def slo_text(ttft_ms, tpot_ms, e2e_ms) -> str:
+    """The declared thresholds of the vLLM-style goodput, as `TTFT ≤ 300 ms, TPOT ≤ 100 ms`."""
+    parts = [f"{name} ≤ {v:g} ms" for name, v in (("TTFT", ttft_ms), ("TPOT", tpot_ms), ("E2E", e2e_ms))
+             if v is not None]
+    return ", ".join(parts)
+
+
 def _fmt(v) -> str:
     return "—" if v is None else f"{v:,.1f}"
 
@@ -69,9 +76,13 @@ def print_summary(ledger_path: Path, console: Console | None = None) -> None:
         checks = con.execute("SELECT status, count(*) FROM stream_checks GROUP BY 1 ORDER BY 1").fetchall()
         n_gaps = con.execute("SELECT count(*) FROM gaps").fetchone()[0]
         console.print(f"good results (correct and on time): [bold]{good}[/] of {judged} judged, {att} attempts")
-        rm = con.execute("SELECT t_obs_s, goodput_rps, completed_rps, energy_per_good_j FROM run_metrics").fetchone()
+        rm = con.execute("SELECT t_obs_s, goodput_rps, completed_rps, energy_per_good_j, vllm_goodput_rps, "
+                         "slo_ttft_ms, slo_tpot_ms, slo_e2e_ms FROM run_metrics").fetchone()
         if rm and rm[0]:
             console.print(f"goodput [bold]{rm[1]:.3f}[/] good/s beside {rm[2]:.3f} completed/s over a {rm[0]:.1f} s window")
+            if rm[4] is not None:
+                console.print(f"vLLM-style goodput {rm[4]:.3f} req/s ({slo_text(rm[5], rm[6], rm[7])}; "
+                              "latency only: answers not checked)")
             if rm[3] is None:
                 why = con.execute("SELECT needs FROM gaps WHERE affects LIKE '%energy_per_good_j%' LIMIT 1").fetchone()
                 console.print("energy per good result: [yellow]unknown[/]" + (f" — needs {why[0]}" if why else ""))

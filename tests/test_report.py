@@ -25,7 +25,8 @@ SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "e0"
 CLOCK = "mono:h"
 
 
-def build_demo_run(run_dir: Path, *, attempts: int = 4, gap_ms: float = 20.0, tokens: int = 8) -> Path:
+def build_demo_run(run_dir: Path, *, attempts: int = 4, gap_ms: float = 20.0, tokens: int = 8,
+                   slo: dict | None = None) -> Path:
     """A run on one clock: attempt 1 is preempted and resumed, attempt 2 is cancelled by its client,
     attempt 0's prompt, attempt 2's task id, the manifest and a gap carry a <script> tag."""
     w = RunWriter(run_dir, run_dir.name)
@@ -98,7 +99,8 @@ def build_demo_run(run_dir: Path, *, attempts: int = 4, gap_ms: float = 20.0, to
                                                   "format": "gguf", "quantization": "Q4_1"},
                       "engine_config": {"block_size": 16, "num_blocks": 64, "max_num_seqs": 4},
                       "workload": {"name": f"demo {XSS}", "sha256": "cd" * 32},
-                      "host": {"name": "h", "platform": "test"}, "evidence": {"engine_config": "declared"}})
+                      "host": {"name": "h", "platform": "test"}, "evidence": {"engine_config": "declared"},
+                      **({"slo": slo} if slo else {})})
     w.close()
     reconstruct(run_dir)
     return run_dir
@@ -240,6 +242,25 @@ def test_screenshot_shows_the_timeline(compared, tmp_path):
     assert len(colours) > 20, f"a near-blank screenshot ({len(colours)} colours)"
     prefill, decode = bytes((0x1F, 0x77, 0xB4)), bytes((0x2C, 0xA0, 0x2C))  # the engine's prefill and decode bars
     assert any(c[:3] == prefill for c in colours) and any(c[:3] == decode for c in colours)
+
+
+def test_declared_slo_puts_the_vllm_goodput_beside_ours(tmp_path):
+    import duckdb
+
+    from inferledger.cli.report_html import esc
+
+    run = build_demo_run(tmp_path / "slo", slo={"ttft_ms": 100, "e2e_ms": 250})  # A0 and A3 within, A1 too slow
+    con = duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
+    vllm, t_obs = con.execute("SELECT vllm_goodput_rps, t_obs_s FROM run_metrics").fetchone()
+    n = con.execute("SELECT count(*) FROM request_metrics r JOIN attempts a USING (attempt_id) WHERE "
+                    "a.client_status = 'completed' AND r.ttft_client_ms <= 100 AND r.e2e_client_ms <= 250").fetchone()[0]
+    con.close()
+    assert n == 2 and vllm == n / t_obs
+    html = build_report(run, tmp_path / "r.html").path.read_text(encoding="utf-8")
+    card = html[html.index("<span>vLLM-style goodput</span>"):][:400]
+    assert f"<b>{vllm:,.3f} req/s</b>" in card and esc("TTFT ≤ 100 ms, E2E ≤ 250 ms") in card
+    plain = build_report(build_demo_run(tmp_path / "no_slo"), tmp_path / "p.html").path.read_text(encoding="utf-8")
+    assert "vLLM-style goodput" not in plain  # no thresholds declared: no such figure, not a zero
 
 
 def test_single_run_report_draws_every_attempt(runs, tmp_path):

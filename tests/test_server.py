@@ -51,6 +51,14 @@ class Stack:
     def names(self, attempt_id: str) -> list[str]:
         return [r["name"] for r in self.events(attempt_id)]
 
+    def events_when_done(self, attempt_id: str, timeout: float = 10.0) -> list[dict]:
+        """The attempt's events once its server.done is logged: the server logs it after the response
+        reached the socket, so the client can hold the whole response first."""
+        deadline = time.monotonic() + timeout
+        while "server.done" not in self.names(attempt_id) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.events(attempt_id)
+
     def wait_idle(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while self.engine.has_unfinished():
@@ -294,7 +302,7 @@ def test_metrics_clock_and_client_ids(stack):
     a1, a2 = r1.headers["x-inferledger-attempt-id"], r2.headers["x-inferledger-attempt-id"]
     assert a1 == "client-rid-7" and a2 == "client-rid-7#2"
     for aid in (a1, a2):
-        events = stack.events(aid)
+        events = stack.events_when_done(aid)
         assert {e["request_id"] for e in events} == {"client-rid-7"}
         received = json.loads(next(e for e in events if e["name"] == "server.received")["attrs"])
         assert received["trace_id"] == trace_id and received["parent_span_id"] == parent
