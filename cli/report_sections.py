@@ -83,6 +83,14 @@ def headline(rv, p: str, h: dict) -> str:
     rows = [[r["metric"], r["layer"], r["n"], *r["values"], r["column"]] for r in rd.latency(rv)]
     body += "<h3>Latency by observation layer (ms)</h3>" + table(
         ["metric", "layer", "n", "p50", "p90", "p99", "max", "ledger column"], rows)
+    if rv.has("peer_views"):
+        peers = rv.all("SELECT metric, tool, definition, weighting, n, mean_ms, p50_ms, p90_ms, p99_ms FROM peer_views")
+        if any(r[4] for r in peers):
+            body += ("<h3>The same names in other tools (ms)</h3>"
+                     + note("peer_views: each tool's definition applied to this run's client events, over the "
+                            "attempts the client saw complete; docs/LEDGER.md gives every formula")
+                     + table(["metric", "tool", "definition", "weighting", "n", "mean", "p50", "p90", "p99"],
+                             [[m, t, d, w, n, *[fmt(v, 1) for v in vals]] for m, t, d, w, n, *vals in peers]))
     if h["run_metrics"]:
         body += "<details><summary>run_metrics row</summary>" + kv_table(h["run_metrics"].items()) + "</details>"
     return section(f"{p}-headline", "Headline figures", body, src)

@@ -27,10 +27,13 @@ WITH distinct_attrs AS (  -- a run has few distinct chunk attrs: parse each once
   FROM distinct_attrs
 ), flags AS (
   SELECT attrs, (kinds IS NULL OR list_has_any(kinds, ['content', 'reasoning', 'tool_call'])) AS output_bearing,
-                (kinds IS NULL OR list_contains(kinds, 'content')) AS answer_bearing
+                (kinds IS NULL OR list_contains(kinds, 'content')) AS answer_bearing,
+                -- a chunk with choices (vLLM bench's TTFT / ITL unit): any but a usage-only one
+                (kinds IS NULL OR NOT list_contains(kinds, 'usage') OR len(kinds) > 1) AS choices_bearing
   FROM parsed
 )
-SELECT e.attempt_id, e.name, e.ts_ns, e.seq, e.clock, e.event_id, e.value, f.output_bearing, f.answer_bearing
+SELECT e.attempt_id, e.name, e.ts_ns, e.seq, e.clock, e.event_id, e.value, f.output_bearing, f.answer_bearing,
+       f.choices_bearing
 FROM events e JOIN flags f ON coalesce(e.attrs, '{}') = f.attrs
 WHERE e.name IN ('attempt.chunk', 'server.write');
 

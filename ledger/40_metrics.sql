@@ -5,15 +5,15 @@ WITH outputs AS (
   SELECT attempt_id, 'client' AS layer, ts_ns, seq, value FROM ev_out WHERE name = 'attempt.chunk' AND output_bearing
   UNION ALL SELECT attempt_id, 'server', ts_ns, seq, value FROM ev_out WHERE name = 'server.write' AND output_bearing
   UNION ALL SELECT attempt_id, 'engine', ts_ns, seq, value FROM ev_tok
-), ordered AS (
-  SELECT attempt_id, layer, value AS tokens,
-         row_number() OVER w - 1 AS idx,
-         (ts_ns - lag(ts_ns) OVER w) / 1e6 AS gap_ms
-  FROM outputs WHERE attempt_id IS NOT NULL
-  WINDOW w AS (PARTITION BY attempt_id, layer ORDER BY ts_ns, seq)
+), ordered AS (  -- each attempt's outputs per layer as one ordered list: small sorts, no global window
+  SELECT attempt_id, layer, list(struct_pack(t := ts_ns, v := value) ORDER BY ts_ns, seq) AS xs
+  FROM outputs WHERE attempt_id IS NOT NULL GROUP BY attempt_id, layer
+), pairs AS (
+  SELECT attempt_id, layer, xs, unnest(range(2, len(xs) + 1)) AS i FROM ordered
 )
-SELECT getvariable('run_id') AS run_id, attempt_id, layer, idx::INTEGER AS idx, gap_ms, tokens
-FROM ordered WHERE idx > 0;  -- millions of rows: left unsorted (order by attempt_id, layer, idx to browse)
+SELECT getvariable('run_id') AS run_id, attempt_id, layer, (i - 1)::INTEGER AS idx,
+       (xs[i].t - xs[i - 1].t) / 1e6 AS gap_ms, xs[i].v AS tokens
+FROM pairs;  -- millions of rows: left unsorted (order by attempt_id, layer, idx to browse)
 
 CREATE OR REPLACE TEMP TABLE fig_wide AS
 SELECT subject_id AS attempt_id,

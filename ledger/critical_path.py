@@ -153,26 +153,36 @@ def task_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]], str | None]]:
     return out
 
 
-def attempt_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]], None]]:
-    """One chain per attempt: the registered intervals of its client stream (else its server stream)."""
-    rows = con.execute("""
-        WITH pick AS (
-          SELECT attempt_id, CASE WHEN bool_or(stream = 'client') THEN 'client' ELSE 'server' END AS stream
-          FROM intervals WHERE stream IN ('client', 'server') GROUP BY attempt_id
-        )
-        SELECT i.attempt_id, i.name, i.start_ns, i.end_ns FROM intervals i JOIN pick p USING (attempt_id, stream)
-        WHERE i.on_path AND i.kind IN ('span', 'state')
-        ORDER BY i.attempt_id, i.start_ns, i.name
-    """).fetchall()
+_ATTEMPT_NODES = """
+    WITH pick AS (
+      SELECT attempt_id, CASE WHEN bool_or(stream = 'client') THEN 'client' ELSE 'server' END AS stream
+      FROM intervals WHERE stream IN ('client', 'server') GROUP BY attempt_id
+    ), nodes AS (
+      SELECT i.attempt_id, i.name, i.start_ns, i.end_ns, (i.end_ns - i.start_ns) / 1e6 AS dur_ms,
+             row_number() OVER (PARTITION BY i.attempt_id ORDER BY i.start_ns, i.name) AS pos,
+             row_number() OVER (PARTITION BY i.attempt_id, i.name ORDER BY i.start_ns) AS dup
+      FROM intervals i JOIN pick p USING (attempt_id, stream)
+      WHERE i.on_path AND i.kind IN ('span', 'state')
+    )
+    SELECT *, CASE WHEN dup = 1 THEN name ELSE name || '#' || dup END AS node,
+           bool_and(dur_ms IS NOT NULL AND dur_ms >= 0) OVER (PARTITION BY attempt_id) AS clean
+    FROM nodes"""
+
+
+def attempt_dags(con, *, unclean_only: bool = False) -> list[tuple[Dag, list[tuple[str, int, int]], None]]:
+    """One chain per attempt: the registered intervals of its client stream (else its server stream),
+    in time order; a repeated name gets `#2`, `#3`. `unclean_only`: just the chains with a node of
+    unknown or negative duration (the ones `build` hands to the general rule to be refused)."""
+    rows = con.execute(f"SELECT attempt_id, node, start_ns, end_ns FROM ({_ATTEMPT_NODES}) "
+                       f"{'WHERE NOT clean' if unclean_only else ''} ORDER BY attempt_id, pos").fetchall()
     out, cur = [], None
-    for attempt_id, name, t0, t1 in rows:
+    for attempt_id, node, t0, t1 in rows:
         if cur is None or cur[0].scope_id != attempt_id:
             cur = (Dag("attempt", attempt_id), [], None)
             out.append(cur)
             prev = None
         dag, times, _ = cur
-        node = _unique(name, dag.dur_ms)
-        dag.dur_ms[node] = (t1 - t0) / 1e6
+        dag.dur_ms[node] = None if t0 is None or t1 is None else (t1 - t0) / 1e6
         dag.kind[node] = "stage"
         dag.preds[node] = [prev] if prev else []
         times.append((node, t0, t1))
@@ -180,10 +190,22 @@ def attempt_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]], None]]:
     return out
 
 
+# A chain's longest path is the chain: E(v) is the running sum of durations, every node is on the
+# path with zero slack. Computed in SQL for every chain whose durations are all known and >= 0.
+_CHAIN_NODES = f"""
+    SELECT 'attempt' AS scope, attempt_id AS scope_id, node, 'stage' AS kind,
+           fin - dur_ms AS start_ms, dur_ms, fin AS finish_ms, 0.0 AS slack_ms, true AS on_path,
+           (start_ns - min(start_ns) OVER (PARTITION BY attempt_id)) / 1e6 AS observed_start_ms,
+           sum(dur_ms) OVER (PARTITION BY attempt_id) AS e2e_ms, pos
+    FROM (SELECT *, sum(dur_ms) OVER (PARTITION BY attempt_id ORDER BY pos
+                                      ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS fin
+          FROM ({_ATTEMPT_NODES}) WHERE clean)"""
+
+
 def build(con) -> list[tuple[str, str, str]]:
     """Create the critical_path and critical_path_edges tables; returns (scope, subject, problem) gaps."""
     nodes, edges, problems = [], [], []
-    for dag, times, problem in task_dags(con) + attempt_dags(con):
+    for dag, times, problem in task_dags(con) + attempt_dags(con, unclean_only=True):
         if problem:
             problems.append((dag.scope, dag.scope_id, problem))
             continue
@@ -194,27 +216,32 @@ def build(con) -> list[tuple[str, str, str]]:
             continue
         origin = min((t0 for _, t0, _ in times), default=0)
         on_path = set(res.path)
-        for node, t0, _ in times:
+        for pos, (node, t0, _) in enumerate(times, 1):
             d = dag.dur_ms[node]
             nodes.append((dag.scope, dag.scope_id, node, dag.kind[node], res.finish_ms[node] - d, d, res.finish_ms[node],
-                          res.slack_ms[node], node in on_path, (t0 - origin) / 1e6, res.e2e_ms))
-            edges.extend((dag.scope, dag.scope_id, u, node) for u in dag.preds.get(node, []))
-    run_id = con.execute("SELECT getvariable('run_id')").fetchall()[0][0]
+                          res.slack_ms[node], node in on_path, (t0 - origin) / 1e6, res.e2e_ms, pos))
+            edges.extend((dag.scope, dag.scope_id, u, node, pos) for u in dag.preds.get(node, []))
     node_cols = ("scope", "scope_id", "node", "kind", "start_ms", "dur_ms", "finish_ms", "slack_ms", "on_path",
-                 "observed_start_ms", "e2e_ms")
-    node_types = (pa.string(),) * 4 + (pa.float64(),) * 4 + (pa.bool_(), pa.float64(), pa.float64())
-    _create(con, "critical_path", run_id, node_cols, node_types, nodes)
-    _create(con, "critical_path_edges", run_id, ("scope", "scope_id", "src", "dst"), (pa.string(),) * 4, edges)
+                 "observed_start_ms", "e2e_ms", "pos")
+    node_types = (pa.string(),) * 4 + (pa.float64(),) * 4 + (pa.bool_(), pa.float64(), pa.float64(), pa.int64())
+    _create(con, "critical_path", node_cols, node_types, nodes, f"SELECT {', '.join(node_cols)} FROM ({_CHAIN_NODES})")
+    _create(con, "critical_path_edges", ("scope", "scope_id", "src", "dst", "pos"), (pa.string(),) * 4 + (pa.int64(),),
+            edges, "SELECT 'attempt' AS scope, attempt_id AS scope_id, "
+                   "lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) AS src, node AS dst, pos "
+                   f"FROM ({_ATTEMPT_NODES}) WHERE clean "
+                   "QUALIFY lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) IS NOT NULL")
     return problems
 
 
-def _create(con, name: str, run_id: str, cols, types, rows: list[tuple]) -> None:
-    """A table from Python rows in one columnar insert (row-by-row inserts are far too slow at scale)."""
+def _create(con, name: str, cols, types, rows: list[tuple], chains_sql: str) -> None:
+    """The table from Python rows (one columnar insert: row-by-row inserts are far too slow at scale)
+    and the SQL-computed chains, ordered by scope, subject and node position (`pos`, not kept)."""
     columns = list(zip(*rows)) if rows else [[] for _ in cols]
-    table = pa.table({"run_id": pa.array([run_id] * len(rows), pa.string()),
-                      **{c: pa.array(list(v), t) for c, t, v in zip(cols, types, columns)}})
+    table = pa.table({c: pa.array(list(v), t) for c, t, v in zip(cols, types, columns)})
     con.register("_rows", table)
-    con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM _rows ORDER BY scope, scope_id")
+    con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT getvariable('run_id') AS run_id, * EXCLUDE (pos) "
+                f"FROM (SELECT * FROM _rows UNION ALL BY NAME SELECT * FROM ({chains_sql})) "
+                "ORDER BY scope, scope_id, pos")
     con.unregister("_rows")
 
 

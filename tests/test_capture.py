@@ -291,3 +291,23 @@ def test_in_process_target_counts_tokens_per_chunk(bundle, tmp_path):
     chunks = [r for r in sink.rows if r["name"] == "attempt.chunk" and r["attempt_id"] == "T0000:R1:A1"]
     assert sum(r["value"] for r in chunks) == 12  # max_tokens, counted by the engine
     assert {r["session_id"] for r in sink.rows if r["source"] == "engine" and r["task_id"] == "T0000"} == {"T0000:S"}
+
+
+def test_peer_views_agree_with_our_own_columns_on_a_real_run(scenario):
+    _, _, con = scenario
+    done = "attempt_id IN (SELECT attempt_id FROM attempts WHERE client_status = 'completed')"
+    ours = {
+        "TTFT": con.execute(f"SELECT count(ttft_client_ms), avg(ttft_client_ms), quantile_cont(ttft_client_ms, 0.9) "
+                            f"FROM request_metrics WHERE {done}").fetchone(),
+        "TPOT": con.execute(f"SELECT count(tpot_ms), avg(tpot_ms), quantile_cont(tpot_ms, 0.9) "
+                            f"FROM request_metrics WHERE {done}").fetchone(),
+        "ITL": con.execute(f"SELECT count(*), avg(gap_ms), quantile_cont(gap_ms, 0.9) FROM itl "
+                           f"WHERE layer = 'client' AND {done}").fetchone(),
+    }
+    rows = {(m, t): (n, mean, p90) for m, t, n, mean, p90 in
+            con.execute("SELECT metric, tool, n, mean_ms, p90_ms FROM peer_views").fetchall()}
+    for metric, (n, mean, p90) in ours.items():
+        got = rows[(metric, "inferledger")]
+        assert n > 0 and got[0] == n and got[1] == pytest.approx(mean, rel=1e-12) and got[2] == pytest.approx(p90, rel=1e-12)
+    # every per-request row covers the same completed attempts
+    assert rows[("TTFT", "vLLM bench")][0] == rows[("TTFT", "inferledger")][0] == rows[("TTFT", "MLPerf-style")][0]

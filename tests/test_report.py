@@ -263,6 +263,23 @@ def test_declared_slo_puts_the_vllm_goodput_beside_ours(tmp_path):
     assert "vLLM-style goodput" not in plain  # no thresholds declared: no such figure, not a zero
 
 
+def test_headline_sets_the_peers_definitions_beside_ours(runs, tmp_path):
+    import duckdb
+
+    from inferledger.cli.report_html import esc
+
+    html = build_report(runs[0], tmp_path / "peers.html").path.read_text(encoding="utf-8")
+    part = html[html.index("The same names in other tools"):]
+    part = part[:part.index("</table>")]
+    con = duckdb.connect(str(runs[0] / "ledger.duckdb"), read_only=True)
+    rows = con.execute("SELECT tool, definition, n, p50_ms FROM peer_views").fetchall()
+    con.close()
+    assert len(rows) == 10 == part.count("<tr>") - 1  # a header row, then one per metric x tool
+    for tool, definition, n, p50 in rows:
+        assert (p50 is None) == (n == 0)  # no planned send times in this run: the MLPerf-style row is empty
+        assert esc(definition) in part and (f"{p50:,.1f}" if n else "—") in part, (tool, definition)
+
+
 def test_single_run_report_draws_every_attempt(runs, tmp_path):
     res = build_report(runs[0], tmp_path / "one.html")
     html = res.path.read_text(encoding="utf-8")
