@@ -24,8 +24,14 @@ SQL_SURFACE = [
     ("intervals", "interval of a stream"), ("stream_checks", "attempt x stream: path sum vs span"),
     ("itl", "output event: inter-token gap per layer"), ("accounts", "attempt: client/server/task/resource"),
     ("tasks", "task: outcome against its contract"), ("critical_path", "node: duration, slack, on path"),
+    ("critical_path_edges", "edge of a critical-path graph"),
     ("reconciliation", "run: created ... unterminated, ghost load"),
-    ("run_metrics", "run: goodput, energy per good result"), ("gaps", "gap: what is missing, what it affects"),
+    ("step_attribution", "engine step x attempt: its share of the step"),
+    ("slo_misses", "attempt past its deadline: the dominant cause"),
+    ("run_metrics", "run: goodput, vLLM-style goodput, energy per good result"),
+    ("energy_shares", "attempt: its share of the window's energy"),
+    ("peer_views", "metric x tool: TTFT / ITL / TPOT as vLLM bench, AIPerf, GuideLLM define them"),
+    ("gaps", "gap: what is missing, what it affects"),
 ]
 QUERY_HELP = (
     "Run read-only SQL on the ledger of one run or of many runs at once.\n\n"

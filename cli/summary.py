@@ -20,6 +20,21 @@ LATENCY_ROWS = (
 ITL_LAYERS = ("client", "server", "engine")
 
 
+def print_peer_views(con, console) -> None:
+    """TTFT / ITL / TPOT under each tool's definition, p50 and p99 (the ledger's peer_views)."""
+    has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'peer_views'").fetchone()[0]
+    rows = con.execute("SELECT metric, tool, weighting, n, p50_ms, p99_ms FROM peer_views WHERE n > 0").fetchall() if has else []
+    if not rows:
+        return
+    t = Table(title="The same names in other tools (ms; peer_views)", title_justify="left")
+    for col, justify in (("metric", "left"), ("tool", "left"), ("weighting", "left"), ("n", "right"),
+                         ("p50", "right"), ("p99", "right")):
+        t.add_column(col, justify=justify)
+    for metric, tool, weighting, n, p50, p99 in rows:
+        t.add_row(metric, tool, weighting, f"{n:,}", _fmt(p50), _fmt(p99))
+    console.print(t)
+
+
 def slo_text(ttft_ms, tpot_ms, e2e_ms) -> str:
     """The declared thresholds of the vLLM-style goodput, as `TTFT ≤ 300 ms, TPOT ≤ 100 ms`."""
     parts = [f"{name} ≤ {v:g} ms" for name, v in (("TTFT", ttft_ms), ("TPOT", tpot_ms), ("E2E", e2e_ms))
@@ -88,6 +103,7 @@ def print_summary(ledger_path: Path, console: Console | None = None) -> None:
                 console.print("energy per good result: [yellow]unknown[/]" + (f" — needs {why[0]}" if why else ""))
             else:
                 console.print(f"energy per good result: [bold]{rm[3]:.1f} J[/]")
+        print_peer_views(con, console)
         causes = con.execute("SELECT dominant_cause, count(*), round(avg(server_queue_ms)), round(avg(prefill_interference_ms)) "
                              "FROM slo_misses GROUP BY 1 ORDER BY 2 DESC").fetchall()
         if causes:
