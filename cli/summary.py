@@ -107,7 +107,7 @@ def print_summary(ledger_path: Path, console: Console | None = None) -> None:
         causes = con.execute("SELECT dominant_cause, count(*), round(avg(server_queue_ms)), round(avg(prefill_interference_ms)) "
                              "FROM slo_misses GROUP BY 1 ORDER BY 2 DESC").fetchall()
         if causes:
-            console.print("deadline misses by dominant cause: " + ", ".join(f"{c or 'none'} {n}" for c, n, *_ in causes))
+            console.print("deadline misses by dominant cause: " + ", ".join(f"{c or 'none measured'} {n}" for c, n, *_ in causes))
         ghost = con.execute("SELECT ghost_attempts, ghost_ms, ghost_tokens FROM reconciliation").fetchone()
         if ghost and ghost[0]:
             console.print(f"ghost load: {ghost[0]} attempt(s) the client gave up on kept the server busy "

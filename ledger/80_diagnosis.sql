@@ -142,24 +142,36 @@ WITH missed AS (
   SELECT i.attempt_id, sum(i.gap_ms - 2 * med.m) AS ms
   FROM itl i JOIN (SELECT attempt_id, median(gap_ms) AS m FROM itl WHERE layer = 'engine' GROUP BY 1) med USING (attempt_id)
   WHERE i.layer = 'engine' AND i.gap_ms > 2 * med.m GROUP BY 1
+), layers AS (  -- which layers saw the attempt: a cause is 0 only where its layer could have seen it
+  SELECT attempt_id, client_status IS NOT NULL AS has_client, server_status <> 'unknown' AS has_engine,
+         attempt_id IN (SELECT attempt_id FROM step_attribution) AS has_steps
+  FROM attempts
 ), causes AS (
-  SELECT m.*, coalesce(cq.ms, 0) AS client_queue_ms, coalesce(m.queue_ms, 0) AS server_queue_ms,
-         coalesce(f.ms, 0) AS prefill_interference_ms, coalesce(s.ms, 0) AS decode_stall_ms,
-         coalesce(p.ms, 0) AS preemption_ms,
-         greatest(coalesce(m.e2e_client_ms - m.e2e_server_ms, 0), 0) AS transfer_client_ms
-  FROM missed m LEFT JOIN client_queue cq USING (attempt_id) LEFT JOIN preempt p USING (attempt_id)
-  LEFT JOIN interference f USING (attempt_id) LEFT JOIN stalls s USING (attempt_id)
+  SELECT m.*,
+         CASE WHEN l.has_client THEN coalesce(cq.ms, 0) END AS client_queue_ms,
+         CASE WHEN l.has_engine THEN coalesce(m.queue_ms, 0) END AS server_queue_ms,
+         CASE WHEN l.has_steps THEN coalesce(f.ms, 0) END AS prefill_interference_ms,
+         CASE WHEN l.has_engine THEN coalesce(s.ms, 0) END AS decode_stall_ms,
+         CASE WHEN l.has_engine THEN coalesce(p.ms, 0) END AS preemption_ms,
+         -- transfer: only for a response the client received whole; NULL when the server's E2E is unknown
+         CASE WHEN m.e2e_client_ms IS NULL THEN 0
+              WHEN m.e2e_server_ms IS NOT NULL THEN greatest(m.e2e_client_ms - m.e2e_server_ms, 0) END
+           AS transfer_client_ms
+  FROM missed m JOIN layers l USING (attempt_id) LEFT JOIN client_queue cq USING (attempt_id)
+  LEFT JOIN preempt p USING (attempt_id) LEFT JOIN interference f USING (attempt_id) LEFT JOIN stalls s USING (attempt_id)
 )
 SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, deadline_ms, done_since_reference_ms,
        client_queue_ms, server_queue_ms, prefill_interference_ms, decode_stall_ms, preemption_ms, transfer_client_ms,
-       CASE greatest(client_queue_ms, server_queue_ms, prefill_interference_ms, decode_stall_ms, preemption_ms, transfer_client_ms)
+       CASE WHEN client_queue_ms IS NULL OR server_queue_ms IS NULL OR prefill_interference_ms IS NULL
+                 OR decode_stall_ms IS NULL OR preemption_ms IS NULL OR transfer_client_ms IS NULL THEN 'unknown'
+            ELSE CASE greatest(client_queue_ms, server_queue_ms, prefill_interference_ms, decode_stall_ms, preemption_ms, transfer_client_ms)
             WHEN 0 THEN NULL
             WHEN server_queue_ms THEN 'server_queue'
             WHEN client_queue_ms THEN 'client_queue'
             WHEN prefill_interference_ms THEN 'prefill_interference'
             WHEN decode_stall_ms THEN 'decode_stall'
             WHEN preemption_ms THEN 'preemption'
-            ELSE 'transfer_client' END AS dominant_cause
+            ELSE 'transfer_client' END END AS dominant_cause
 FROM causes ORDER BY attempt_id;
 
 -- The run's goodput over its observation window: from the first planned arrival (else the first

@@ -1,0 +1,73 @@
+"""slo_misses: the causes of a missed deadline, each 0 only where its layer could see the attempt."""
+from __future__ import annotations
+
+import pytest
+
+from ledger_util import build_run
+
+
+def _e(name, ms, aid=None, source="client", task=None, **kw):
+    ev = {"name": name, "ms": ms, "source": source, "task_id": task, "attempt_id": aid,
+          "request_id": None if aid is None else "R" + aid}
+    ev.update(kw)
+    return ev
+
+
+def _events():
+    eng, srv = {"source": "engine"}, {"source": "server"}
+    content = {"attrs": {"kinds": ["content"]}}
+    return [
+        # A1 (T1, deadline 500 ms): queued 300 ms in the engine, decodes beside B1's prefill, done at 605
+        _e("task.start", 0, task="T1", attrs={"deadline_ms": 500}),
+        _e("attempt.created", 0, "A1", task="T1"), _e("attempt.sent", 0, "A1", task="T1"),
+        _e("server.received", 1, "A1", **srv), _e("engine.enqueued", 2, "A1", **eng),
+        _e("engine.scheduled", 302, "A1", **eng),
+        _e("step.start", 302, step_id=1, source="engine", attrs={"batch": [["A1", "prefill", 10]]}),
+        _e("step.end", 400, step_id=1, source="engine", value=10),
+        _e("engine.enqueued", 390, "B1", **eng), _e("engine.scheduled", 400, "B1", **eng),
+        _e("step.start", 400, step_id=2, source="engine", attrs={"batch": [["A1", "decode", 1], ["B1", "prefill", 3]]}),
+        _e("engine.token", 400, "A1", value=1, **eng), _e("server.write", 400.5, "A1", value=1, **srv, **content),
+        _e("attempt.chunk", 401, "A1", task="T1", **content),
+        _e("step.end", 500, step_id=2, source="engine", value=4),
+        _e("step.start", 500, step_id=3, source="engine", attrs={"batch": [["A1", "decode", 1]]}),
+        _e("engine.token", 500, "A1", value=1, **eng), _e("server.write", 500.5, "A1", value=1, **srv, **content),
+        _e("attempt.chunk", 501, "A1", task="T1", **content),
+        _e("engine.token", 500, "B1", value=1, **eng),
+        _e("engine.finished", 500, "B1", value=1, attrs={"reason": "stop"}, **eng),
+        _e("step.end", 600, step_id=3, source="engine", value=1),
+        _e("engine.token", 600, "A1", value=1, **eng), _e("server.write", 600.5, "A1", value=1, **srv, **content),
+        _e("attempt.chunk", 601, "A1", task="T1", **content),
+        _e("engine.finished", 600, "A1", value=3, attrs={"reason": "stop"}, **eng),
+        _e("server.done", 601, "A1", **srv),
+        _e("attempt.done", 605, "A1", task="T1", attrs={"finish_reason": "stop"}),
+        # A2 (T2, deadline 100 ms): seen by the client only, late
+        _e("task.start", 1000, task="T2", attrs={"deadline_ms": 100}),
+        _e("attempt.created", 1000, "A2", task="T2"), _e("attempt.sent", 1000, "A2", task="T2"),
+        _e("attempt.chunk", 1150, "A2", task="T2", **content),
+        _e("attempt.done", 1200, "A2", task="T2", attrs={"finish_reason": "stop"}),
+        # A3 (T3, deadline 1000 ms): the client times out, no server evidence
+        _e("task.start", 2000, task="T3", attrs={"deadline_ms": 1000}),
+        _e("attempt.created", 2000, "A3", task="T3"), _e("attempt.sent", 2000, "A3", task="T3"),
+        _e("attempt.timeout", 2300, "A3", task="T3"),
+    ]
+
+
+def test_causes_are_measured_where_the_layers_exist_and_unknown_elsewhere(tmp_path):
+    con = build_run(tmp_path / "r", _events())
+    cols = ("client_queue_ms", "server_queue_ms", "prefill_interference_ms", "decode_stall_ms",
+            "preemption_ms", "transfer_client_ms", "dominant_cause")
+    got = {r[0]: dict(zip(cols, r[1:])) for r in
+           con.execute(f"SELECT attempt_id, {', '.join(cols)} FROM slo_misses ORDER BY attempt_id").fetchall()}
+    assert set(got) == {"A1", "A2", "A3"}
+    # A1: queue 302 - 2; B1's prefill share of step 2 (3 of 4 tokens x 100 ms); engine gaps 100, 100 (no
+    # stall); no preemption; client E2E 605 - server E2E (601 - 2) = 6
+    assert got["A1"] == {"client_queue_ms": 0, "server_queue_ms": pytest.approx(300.0),
+                         "prefill_interference_ms": pytest.approx(75.0), "decode_stall_ms": 0, "preemption_ms": 0,
+                         "transfer_client_ms": pytest.approx(6.0), "dominant_cause": "server_queue"}
+    # A2: only the client saw it: every server-side cause is unknown, not 0, and so is the dominant one
+    assert got["A2"] == {"client_queue_ms": 0, "server_queue_ms": None, "prefill_interference_ms": None,
+                         "decode_stall_ms": None, "preemption_ms": None, "transfer_client_ms": None,
+                         "dominant_cause": "unknown"}
+    # A3: a client timeout carries no transfer of a whole response (0); the server side is unknown
+    assert got["A3"]["transfer_client_ms"] == 0 and got["A3"]["server_queue_ms"] is None
+    assert got["A3"]["dominant_cause"] == "unknown"
