@@ -92,12 +92,16 @@ def print_summary(ledger_path: Path, console: Console | None = None) -> None:
         n_gaps = con.execute("SELECT count(*) FROM gaps").fetchone()[0]
         console.print(f"good results (correct and on time): [bold]{good}[/] of {judged} judged, {att} attempts")
         rm = con.execute("SELECT t_obs_s, goodput_rps, completed_rps, energy_per_good_j, vllm_goodput_rps, "
-                         "slo_ttft_ms, slo_tpot_ms, slo_e2e_ms FROM run_metrics").fetchone()
+                         "slo_ttft_ms, slo_tpot_ms, slo_e2e_ms, output_tok_s, total_tok_s, computed_tok_s "
+                         "FROM run_metrics").fetchone()
         if rm and rm[0]:
             console.print(f"goodput [bold]{rm[1]:.3f}[/] good/s beside {rm[2]:.3f} completed/s over a {rm[0]:.1f} s window")
             if rm[4] is not None:
                 console.print(f"vLLM-style goodput {rm[4]:.3f} req/s ({slo_text(rm[5], rm[6], rm[7])}; "
                               "latency only: answers not checked)")
+            if rm[8] is not None:
+                console.print(f"output {rm[8]:,.1f} tok/s; with prompt tokens {_fmt(rm[9])} tok/s as the peers count "
+                              f"them (cached ones included), {_fmt(rm[10])} tok/s computed by the engine")
             if rm[3] is None:
                 why = con.execute("SELECT needs FROM gaps WHERE affects LIKE '%energy_per_good_j%' LIMIT 1").fetchone()
                 console.print("energy per good result: [yellow]unknown[/]" + (f" — needs {why[0]}" if why else ""))

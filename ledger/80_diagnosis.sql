@@ -246,6 +246,20 @@ WITH win AS (SELECT * FROM window_bounds), counts AS (
   SELECT count(DISTINCT task_id) AS n FROM ev WHERE name = 'arrival.planned'
 ), engine AS (
   SELECT sum(step_ms) / 1e3 AS busy_s FROM steps
+), tok AS (
+  -- token throughput over the attempts the client saw complete (the peers' denominator); a sum over
+  -- attempts of which any count is unknown is unknown
+  SELECT CASE WHEN count(*) = count(a.n_output_tokens) THEN coalesce(sum(a.n_output_tokens), 0) END AS output_tokens,
+         CASE WHEN count(*) = count(p.prompt) THEN coalesce(sum(p.prompt), 0) END AS prompt_tokens,
+         CASE WHEN count(*) = count(p.prompt) THEN coalesce(sum(coalesce(p.cached, 0)), 0) END AS prompt_tokens_cached,
+         CASE WHEN count(*) = count(p.prompt) THEN coalesce(sum(coalesce(p.computed, 0)), 0) END AS prefill_tokens_computed,
+         count(*) AS n
+  FROM attempts a LEFT JOIN (
+    SELECT attempt_id, max(value) FILTER (WHERE name = 'engine.enqueued') AS prompt,
+           sum(TRY_CAST(json_extract_string(attrs, '$.cached_tokens') AS BIGINT)) FILTER (WHERE name = 'engine.prefill') AS cached,
+           sum(value) FILTER (WHERE name = 'engine.prefill') AS computed
+    FROM ev WHERE name IN ('engine.enqueued', 'engine.prefill') GROUP BY attempt_id) p USING (attempt_id)
+  WHERE a.client_status = 'completed'
 )
 SELECT getvariable('run_id') AS run_id,
   (win.t1 - win.t0) / 1e9 AS t_obs_s, win.label AS window,
@@ -262,6 +276,13 @@ SELECT getvariable('run_id') AS run_id,
   getvariable('slo_ttft_ms') AS slo_ttft_ms, getvariable('slo_tpot_ms') AS slo_tpot_ms,
   getvariable('slo_e2e_ms') AS slo_e2e_ms,
   counts.n_completed / ((win.t1 - win.t0) / 1e9) AS completed_rps,
+  tok.output_tokens::BIGINT AS output_tokens, tok.output_tokens / ((win.t1 - win.t0) / 1e9) AS output_tok_s,
+  tok.prompt_tokens::BIGINT AS prompt_tokens, tok.prompt_tokens_cached::BIGINT AS prompt_tokens_cached,
+  tok.prefill_tokens_computed::BIGINT AS prefill_tokens_computed,
+  -- the peers' "total token throughput" counts every prompt token, cached or not; computed_tok_s counts
+  -- what the engine computed (prefill chunks, recomputation included, and output tokens)
+  (tok.prompt_tokens + tok.output_tokens) / ((win.t1 - win.t0) / 1e9) AS total_tok_s,
+  (tok.prefill_tokens_computed + tok.output_tokens) / ((win.t1 - win.t0) / 1e9) AS computed_tok_s,
   -- Little's law: mean number in system (time-averaged) against arrival rate × mean time in system
   little.busy_s / ((win.t1 - win.t0) / 1e9) AS mean_in_system,
   little.n / ((win.t1 - win.t0) / 1e9) AS arrival_rps,
@@ -285,7 +306,7 @@ SELECT getvariable('run_id') AS run_id,
   (SELECT sum(kv_gib_s) FROM kv_integral) AS kv_gib_s,
   (SELECT sum(share_ms) FROM step_attribution) AS attributed_step_ms,
   (SELECT sum(step_ms) FROM steps WHERE step_id IN (SELECT step_id FROM step_attribution)) AS attributed_steps_total_ms
-FROM win, counts, little, arrivals, engine
+FROM win, counts, little, arrivals, engine, tok
 LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'gpu_energy_mj' AND NOT invalid) gpu ON true
 LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_package_energy_uj' AND NOT invalid) cpu ON true
 LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_dram_energy_uj' AND NOT invalid) dram ON true;
