@@ -65,7 +65,8 @@ class LLMEngine:
         if self.probe.enabled and on_cuda and cfg.device_timing in (True, "auto"):
             from inferledger.probes.cuda_timer import CudaStepTimer
 
-            self.device_timer = CudaStepTimer(self.probe, sink, device_index=self.runner.device.index or 0)
+            self.device_timer = CudaStepTimer(self.probe, sink, device_index=self.runner.device.index or 0,
+                                              now_ns=self.probe.now_ns)  # mapped to the engine's own clock
         self.requests: dict[str, Request] = {}  # unfinished, by attempt id
         self._inbox: deque = deque()
         self._lock = threading.Lock()
