@@ -51,7 +51,7 @@ def headline(rv, p: str, h: dict) -> str:
     w = h["window"]
     if h["source"] == "run_metrics":
         src = ("run_metrics (t_obs_s, window, n_good, goodput_rps, completed_rps, vllm_goodput_rps, "
-               "energy_per_good_j, gpu_s_per_good)")
+               "output_tok_s, total_tok_s, computed_tok_s, energy_per_good_j, gpu_s_per_good)")
         said = (h["run_metrics"] or {}).get("window")
         window = f"T_obs = {fmt(h['t_obs_s'], 3)} s (run_metrics.t_obs_s)" + (f": {said}" if said else "")
     elif w:
@@ -73,6 +73,10 @@ def headline(rv, p: str, h: dict) -> str:
         cards.insert(2, ("vLLM-style goodput", f"{fmt(rm['vllm_goodput_rps'], 3)} req/s",
                          f"{slo_text(rm.get('slo_ttft_ms'), rm.get('slo_tpot_ms'), rm.get('slo_e2e_ms'))}; "
                          "latency only, answers not checked (run_metrics.vllm_goodput_rps)"))
+    if rm.get("output_tok_s") is not None:
+        cards.append(("output tokens/s", f"{fmt(rm['output_tok_s'], 1)} tok/s",
+                      f"{fmt(rm.get('total_tok_s'), 1)} with prompt tokens as peers count them (cached included), "
+                      f"{fmt(rm.get('computed_tok_s'), 1)} computed (run_metrics.*_tok_s)"))
     if h["gpu_s_per_good"] is not None:
         cards.append(("GPU-seconds per good result", fmt(h["gpu_s_per_good"], 3), "run_metrics.gpu_s_per_good"))
     big = '<div class="big">' + "".join(f"<div><span>{esc(a)}</span><b>{esc(b)}</b><span>{esc(s)}</span></div>"

@@ -259,6 +259,13 @@ def test_declared_slo_puts_the_vllm_goodput_beside_ours(tmp_path):
     html = build_report(run, tmp_path / "r.html").path.read_text(encoding="utf-8")
     card = html[html.index("<span>vLLM-style goodput</span>"):][:400]
     assert f"<b>{vllm:,.3f} req/s</b>" in card and esc("TTFT ≤ 100 ms, E2E ≤ 250 ms") in card
+    con = duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
+    out_tok_s, total_tok_s, computed_tok_s = con.execute(
+        "SELECT output_tok_s, total_tok_s, computed_tok_s FROM run_metrics").fetchone()
+    con.close()
+    card = html[html.index("<span>output tokens/s</span>"):][:400]
+    assert f"<b>{out_tok_s:,.1f} tok/s</b>" in card
+    assert f"{total_tok_s:,.1f} with prompt tokens" in card and f"{computed_tok_s:,.1f} computed" in card
     plain = build_report(build_demo_run(tmp_path / "no_slo"), tmp_path / "p.html").path.read_text(encoding="utf-8")
     assert "vLLM-style goodput" not in plain  # no thresholds declared: no such figure, not a zero
 
