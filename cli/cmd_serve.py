@@ -56,7 +56,7 @@ def serve_cmd(
     from inferledger.cli.app import console
     from inferledger.collectors.writer import RunWriter
     from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
-    from inferledger.engine.loader import ModelLoadError, load_model
+    from inferledger.engine.loader import DeviceUnavailableError, ModelLoadError, load_model
     from inferledger.engine.server import serve
     from inferledger.probes.probe import WallMapping, host_id, mono_clock
 
@@ -66,7 +66,8 @@ def serve_cmd(
         with console.status(f"loading {model or 'the bundled model'} ..."):
             bundle = load_model(model, device=device)
     except ModelLoadError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--device" if str(exc).startswith("device ") else "--model") from exc
+        hint = "--device" if isinstance(exc, DeviceUnavailableError) else "--model"
+        raise typer.BadParameter(str(exc), param_hint=hint) from exc
     name = served_model_name or default_model_name(bundle.identity)
     hostname = host_id()
     writer = RunWriter(out) if out is not None else None
@@ -80,7 +81,7 @@ def serve_cmd(
         "system_under_test": {"inside": ["HTTP front end", "reference engine"], "outside": ["clients"]},
         "evidence": {"engine_config": "declared", "events": "observed"},
     }
-    wall = WallMapping()  # mono -> Unix time for exports, checked again at the end
+    wall = WallMapping() if writer is not None else None  # mono -> Unix time for exports, checked at the end
     if writer is not None:
         writer.clock_domain(mono_clock(hostname), host=hostname, kind="monotonic")
         writer.write_manifest(manifest)

@@ -21,10 +21,10 @@ SHAPES = ("single", "session", "parallel")
 ON_MISSING = ("failure", "partial_success")
 ON_TIMEOUT = ("disconnect", "abandon")
 
-# ---- arrival processes (offsets in seconds from the start of the run) --------------------------
-
-
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")  # [slo]: thresholds of the vLLM-style goodput (docs/LEDGER.md)
+
+
+# ---- arrival processes (offsets in seconds from the start of the run) --------------------------
 
 
 def poisson_offsets(rate_rps: float, n: int, rng: random.Random) -> list[float]:

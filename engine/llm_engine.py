@@ -163,8 +163,9 @@ class LLMEngine:
             if timer is not None:
                 timer.start(step_id)
             logits = self.runner.forward(chunks)
+            mode = self._step_mode(out)
             if timer is not None:
-                timer.end(step_id, **self._step_mode(out))
+                timer.end(step_id, **mode)
             for item, lg in zip(out.scheduled, logits):
                 self._postprocess(item, lg, step_id, deltas)
         except Exception as exc:  # the batch cannot be trusted: finish its requests as errors
@@ -175,7 +176,7 @@ class LLMEngine:
             self.events.step_end(step_id, out, error=repr(exc))
             self.events.kv_samples()
             raise EngineStepError(exc, deltas) from exc
-        self.events.step_end(step_id, out, **self._step_mode(out))
+        self.events.step_end(step_id, out, **mode)
         self.events.kv_samples()
         if timer is not None:
             timer.poll()

@@ -27,6 +27,10 @@ class ModelLoadError(Exception):
     """The checkpoint is missing, unreadable or describes a model this engine cannot run."""
 
 
+class DeviceUnavailableError(ModelLoadError):
+    """The device asked for is not one this torch can use here (a front end blames --device)."""
+
+
 @dataclass
 class ModelBundle:
     config: ModelConfig
@@ -54,12 +58,12 @@ def load_model(path=None, device="cpu", dtype=None) -> ModelBundle:
     try:
         device = torch.device(device)
     except RuntimeError as exc:
-        raise ModelLoadError(f"device {device!r}: not a device torch knows ({exc})") from exc
+        raise DeviceUnavailableError(f"device {device!r}: not a device torch knows ({exc})") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"device {str(device)!r}: this torch ({torch.__version__}) sees no CUDA device "
+        raise DeviceUnavailableError(f"device {str(device)!r}: this torch ({torch.__version__}) sees no CUDA device "
                              f"(a CPU-only build, or no GPU / driver); use device 'cpu'")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise ModelLoadError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+        raise DeviceUnavailableError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s) here")
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if not path.exists():
         raise ModelLoadError(f"{path}: no such model file or folder")

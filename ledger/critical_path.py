@@ -172,8 +172,9 @@ _ATTEMPT_NODES = """
 def attempt_dags(con, *, unclean_only: bool = False) -> list[tuple[Dag, list[tuple[str, int, int]], None]]:
     """One chain per attempt: the registered intervals of its client stream (else its server stream),
     in time order; a repeated name gets `#2`, `#3`. `unclean_only`: just the chains with a node of
-    unknown or negative duration (the ones `build` hands to the general rule to be refused)."""
-    rows = con.execute(f"SELECT attempt_id, node, start_ns, end_ns FROM ({_ATTEMPT_NODES}) "
+    unknown or negative duration (the ones `build` hands to the general rule to be refused). Reads
+    the temp table `chain_nodes` (`_chain_nodes`)."""
+    rows = con.execute("SELECT attempt_id, node, start_ns, end_ns FROM chain_nodes "
                        f"{'WHERE NOT clean' if unclean_only else ''} ORDER BY attempt_id, pos").fetchall()
     out, cur = [], None
     for attempt_id, node, t0, t1 in rows:
@@ -192,19 +193,25 @@ def attempt_dags(con, *, unclean_only: bool = False) -> list[tuple[Dag, list[tup
 
 # A chain's longest path is the chain: E(v) is the running sum of durations, every node is on the
 # path with zero slack. Computed in SQL for every chain whose durations are all known and >= 0.
-_CHAIN_NODES = f"""
+_CHAIN_NODES = """
     SELECT 'attempt' AS scope, attempt_id AS scope_id, node, 'stage' AS kind,
            fin - dur_ms AS start_ms, dur_ms, fin AS finish_ms, 0.0 AS slack_ms, true AS on_path,
            (start_ns - min(start_ns) OVER (PARTITION BY attempt_id)) / 1e6 AS observed_start_ms,
            sum(dur_ms) OVER (PARTITION BY attempt_id) AS e2e_ms, pos
     FROM (SELECT *, sum(dur_ms) OVER (PARTITION BY attempt_id ORDER BY pos
                                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS fin
-          FROM ({_ATTEMPT_NODES}) WHERE clean)"""
+          FROM chain_nodes WHERE clean)"""
+
+
+def _chain_nodes(con) -> None:
+    """Every attempt's chain nodes, once, for the three readers (refusals, nodes, edges)."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE chain_nodes AS {_ATTEMPT_NODES}")
 
 
 def build(con) -> list[tuple[str, str, str]]:
     """Create the critical_path and critical_path_edges tables; returns (scope, subject, problem) gaps."""
     nodes, edges, problems = [], [], []
+    _chain_nodes(con)
     for dag, times, problem in task_dags(con) + attempt_dags(con, unclean_only=True):
         if problem:
             problems.append((dag.scope, dag.scope_id, problem))
@@ -228,7 +235,7 @@ def build(con) -> list[tuple[str, str, str]]:
     _create(con, "critical_path_edges", ("scope", "scope_id", "src", "dst", "pos"), (pa.string(),) * 4 + (pa.int64(),),
             edges, "SELECT 'attempt' AS scope, attempt_id AS scope_id, "
                    "lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) AS src, node AS dst, pos "
-                   f"FROM ({_ATTEMPT_NODES}) WHERE clean "
+                   "FROM chain_nodes WHERE clean "
                    "QUALIFY lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) IS NOT NULL")
     return problems
 

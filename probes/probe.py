@@ -42,7 +42,7 @@ def read_wall_offset(tries: int = 16, *, mono_ns=time.monotonic_ns, wall_ns=time
 
 
 class WallMapping:
-    """The mono -> wall mapping of one process's run: measured at start() and again at finish(); the
+    """The mono -> wall mapping of one process's run: measured when built and again at finish(); the
     epsilon covers both brackets and how far the two clocks moved apart in between (NTP slewing or a
     step of the wall clock), so `t_wall = t_mono + offset ± epsilon` holds across the run."""
 

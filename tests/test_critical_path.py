@@ -69,6 +69,14 @@ def test_cycle_and_negative_duration_are_refused():
         longest_path(Dag("task", "T", {"a": -1.0}, {"a": "span"}, {}))
 
 
+def _rebuild(tmp_path, lines: list[dict]):
+    """An E0 archive of `lines`, imported and reconstructed: a read-only connection to its ledger."""
+    archive = tmp_path / "archive.jsonl"
+    archive.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    import_archive(archive, tmp_path / "run")
+    return duckdb.connect(str(reconstruct(tmp_path / "run").path), read_only=True)
+
+
 def test_a_cycle_in_an_archive_becomes_a_gap(tmp_path):
     lines = [{"name": "clock.domain", "clock": "c", "source": "archive", "attrs": {"host": "h"}}]
     for name, after in (("a", ["b"]), ("b", ["a"])):
@@ -76,10 +84,7 @@ def test_a_cycle_in_an_archive_becomes_a_gap(tmp_path):
                       "attrs": {"span": name, "after": after}})
         lines.append({"name": "span.end", "source": "app", "task_id": "T9", "ts_ns": 10, "clock": "c",
                       "attrs": {"span": name}})
-    archive = tmp_path / "cycle.jsonl"
-    archive.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    import_archive(archive, tmp_path / "run")
-    con = duckdb.connect(str(reconstruct(tmp_path / "run").path), read_only=True)
+    con = _rebuild(tmp_path, lines)
     assert con.execute("select count(*) from critical_path where scope_id = 'T9'").fetchone()[0] == 0
     detail = con.execute("select detail from gaps where affects = 'critical_path'").fetchone()[0]
     assert "cycle" in detail
@@ -93,10 +98,7 @@ def test_stages_in_clocks_that_cannot_be_compared_become_a_gap(tmp_path):
                       "attrs": {"span": name}})
         lines.append({"name": "span.end", "source": "app", "task_id": "T8", "ts_ns": 10, "clock": clock,
                       "attrs": {"span": name}})
-    archive = tmp_path / "clocks.jsonl"
-    archive.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    import_archive(archive, tmp_path / "run")
-    con = duckdb.connect(str(reconstruct(tmp_path / "run").path), read_only=True)
+    con = _rebuild(tmp_path, lines)
     assert con.execute("select count(*) from critical_path where scope_id = 'T8'").fetchone()[0] == 0
     detail = con.execute("select detail from gaps where affects = 'critical_path' and subject_id = 'T8'").fetchone()[0]
     assert "clocks ['c1', 'c2']" in detail

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from inferledger.engine.loader import ModelLoadError, default_model_path, load_model
+from inferledger.engine.loader import DeviceUnavailableError, ModelLoadError, default_model_path, load_model
 from inferledger.engine.model import full_sequence_logits
 from inferledger.engine.runner import ModelRunner, SeqChunk
 
@@ -20,10 +20,10 @@ def test_missing_file_names_the_path(tmp_path):
 
 def test_a_device_torch_cannot_use_is_refused_by_name():
     past_last = f"cuda:{torch.cuda.device_count()}"  # cuda:0 on a CPU-only build
-    with pytest.raises(ModelLoadError, match=rf"^device '{past_last}': "
+    with pytest.raises(DeviceUnavailableError, match=rf"^device '{past_last}': "
                                              r"(this torch \(.*\) sees no CUDA device|only \d+ CUDA device)"):
         load_model(device=past_last)
-    with pytest.raises(ModelLoadError, match=r"^device 'tpu': not a device torch knows"):
+    with pytest.raises(DeviceUnavailableError, match=r"^device 'tpu': not a device torch knows"):
         load_model(device="tpu")
 
 
