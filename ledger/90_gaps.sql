@@ -68,6 +68,22 @@ WITH ledger_gaps AS (
          'engine.token events or usage in attempt.done (a chunk is not a token)',
          'the server reported no token count'
   FROM attempts WHERE n_output_tokens IS NULL AND client_status = 'completed'
+  UNION ALL
+  SELECT 'run', NULL, 'output_tokens, output_tok_s, total_tok_s, computed_tok_s',
+         'a token count for every completed attempt (engine.token events or usage in attempt.done)',
+         'a completed attempt has no token count (its own gap row names it), so the run''s sum is unknown'
+  FROM run_metrics WHERE output_tokens IS NULL AND n_completed > 0
+  UNION ALL
+  SELECT 'run', NULL, 'prompt_tokens, prompt_tokens_cached, prefill_tokens_computed, total_tok_s, computed_tok_s',
+         'engine.enqueued and engine.prefill events (the embedded engine, inferledger serve --out, or an engine trace)',
+         'a completed attempt has no engine.enqueued event: its prompt length and prefill work are unknown'
+  FROM run_metrics WHERE prompt_tokens IS NULL AND n_completed > 0
+  UNION ALL
+  SELECT 'run', NULL, format('peer_views ({} {})', metric, tool),
+         CASE WHEN tool = 'MLPerf-style' THEN 'attempt.sent attrs.pacing_error_ms (the planned send; the inferledger client records it)'
+              ELSE 'client chunks of completed attempts with enough output tokens' END,
+         format('no completed attempt gives a sample for {} as {} defines it', metric, tool)
+  FROM peer_views WHERE n = 0 AND EXISTS (SELECT 1 FROM peer_base)
 ), numbered AS (
   SELECT scope, subject_id, affects, needs, detail,
          format('{}:{}:{}', scope, coalesce(subject_id, '-'),

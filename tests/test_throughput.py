@@ -57,3 +57,6 @@ def test_token_counts_unknown_without_server_evidence(tmp_path):
     row = con.execute("SELECT output_tokens, output_tok_s, prompt_tokens, total_tok_s, computed_tok_s "
                       "FROM run_metrics").fetchone()
     assert row == (None, None, None, None, None)  # a chunk is not a token: unknown, not 1
+    affects = [r[0] for r in con.execute("SELECT affects FROM gaps WHERE scope = 'run'").fetchall()]
+    assert any(a.startswith("output_tokens, output_tok_s") for a in affects)  # each NULL has its gap row
+    assert any(a.startswith("prompt_tokens, prompt_tokens_cached") for a in affects)
