@@ -55,7 +55,12 @@ def chunk_from_event(event: dict) -> Chunk:
     usage = event.get("usage")
     if usage:
         kinds.append("usage")
-    return Chunk(kinds=sorted(set(kinds)), text="".join(text), tokens=None, finish_reason=finish, usage=usage)
+    # the choice index, when the event carries exactly one choice (n > 1 accounting)
+    indexes = [c.get("index", 0) for c in event.get("choices") or [] if isinstance(c, dict)]
+    one = indexes and type(indexes[0]) is int and all(i == indexes[0] for i in indexes)
+    choice = indexes[0] if one else None
+    return Chunk(kinds=sorted(set(kinds)), text="".join(text), tokens=None, finish_reason=finish, usage=usage,
+                 choice=choice)
 
 
 async def _on_chunk_sent(session, ctx, params) -> None:

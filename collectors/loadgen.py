@@ -34,6 +34,7 @@ class Chunk:
     tokens: int | None = None  # what the server says the chunk carries; None when it does not say
     finish_reason: str | None = None
     usage: dict | None = None
+    choice: int | None = None  # the choice index when the event carries one choice (n > 1 accounting)
 
 
 class TransportError(Exception):
@@ -336,7 +337,8 @@ class LoadClient:
                     st.late_chunks += 1
                     continue
                 on_first_byte()
-                p.emit("attempt.chunk", value=chunk.tokens, **ids, kinds=chunk.kinds)
+                extra = {} if chunk.choice is None else {"choice": chunk.choice}
+                p.emit("attempt.chunk", value=chunk.tokens, **ids, kinds=chunk.kinds, **extra)
                 st.text.append(chunk.text)
                 if chunk.tokens is not None:
                     st.tokens += chunk.tokens

@@ -8,7 +8,7 @@ step-level ones carry step_id (the engine iteration; request events of a step ca
   engine.prefill          a prefill chunk computed; value = tokens computed; attrs.cached_tokens = prompt
                           tokens served from the prefix cache (on the admission's first chunk, else 0),
                           attrs.start_pos, attrs.recompute
-  engine.token            tokens committed in one step (> 1 with speculation); attrs.index = sample
+  engine.token            tokens committed in one step (> 1 with speculation); attrs.choice = sample
   spec.round              one verify forward: attrs drafted, accepted, forward_passes (1); value = tokens
   engine.preempted        KV dropped to recompute later; value = attrs.recompute_tokens = tokens that
                           had KV (the prefix cache may spare part of the recompute)

@@ -267,7 +267,7 @@ class LLMEngine:
         committed, reason = commit_tokens(seq, tokens, self.tokenizer, self.eos_ids)
         self.block_manager.cache_full_blocks(seq)
         seq.decode_steps += 1
-        self.events.request(seq, "engine.token", value=len(committed), step_id=step_id, index=seq.sample_index)
+        self.events.request(seq, "engine.token", value=len(committed), step_id=step_id, choice=seq.sample_index)
         if drafts:
             seq.spec_rounds += 1
             seq.drafted_tokens += len(drafts)

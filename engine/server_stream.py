@@ -5,7 +5,7 @@ the HTTP handler; cancelling it (or a failed write) closes the engine's stream, 
 request in the engine. Events (DESIGN §4): `server.write` for each event handed to the socket, stamped
 at the hand-off (before the write call: on loopback the client can read the bytes before the call
 returns) and emitted once the write succeeded (value = output tokens it carries, attrs.kinds ⊆ role,
-content, finish, usage, done), `server.done`
+content, finish, usage, done; attrs.choice on role / content / finish), `server.done`
 once the response is complete, `server.disconnect` when the client went away first.
 """
 from __future__ import annotations
@@ -98,13 +98,14 @@ def _tokens(server, a: Attempt, d) -> None:
         server.watched.pop(asyncio.current_task(), None)  # the engine is done: nothing left to cancel
 
 
-async def _write(server, a: Attempt, payload, kinds: list[str], tokens: int) -> None:
+async def _write(server, a: Attempt, payload, kinds: list[str], tokens: int, choice: int | None = None) -> None:
     data = sse(payload)
     handed = server.probe.now_ns()  # the hand-off to the socket: the client may read it before write() returns
     await a.resp.write(data)
     a.tokens_written += tokens
     server.metrics.sse_events.inc()
-    server.emit("server.write", a.ids, value=tokens, kinds=kinds, bytes=len(data), ts_ns=handed)
+    extra = {} if choice is None else {"choice": choice}  # the choice index of a role / content / finish event
+    server.emit("server.write", a.ids, value=tokens, kinds=kinds, bytes=len(data), ts_ns=handed, **extra)
 
 
 async def _stream(server, request, a: Attempt, shaper: Shaper, gen, d) -> None:
@@ -114,14 +115,14 @@ async def _stream(server, request, a: Attempt, shaper: Shaper, gen, d) -> None:
     a.phase = "streaming"
     if a.endpoint == CHAT:
         for i in range(a.n):
-            await _write(server, a, shaper.role_chunk(i), ["role"], 0)
+            await _write(server, a, shaper.role_chunk(i), ["role"], 0, i)
     while True:
         _tokens(server, a, d)
         if d.text:
-            await _write(server, a, shaper.text_chunk(d.index, d.text), ["content"], a.pending.pop(d.index, 0))
+            await _write(server, a, shaper.text_chunk(d.index, d.text), ["content"], a.pending.pop(d.index, 0), d.index)
         if d.finished:
             await _write(server, a, shaper.text_chunk(d.index, "", d.finish_reason), ["finish"],
-                         a.pending.pop(d.index, 0))
+                         a.pending.pop(d.index, 0), d.index)
         if d.request_finished:
             break
         d = await gen.__anext__()

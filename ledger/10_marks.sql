@@ -23,22 +23,31 @@ WITH distinct_attrs AS (  -- a run has few distinct chunk attrs: parse each once
   SELECT DISTINCT coalesce(attrs, '{}') AS attrs FROM events WHERE name IN ('attempt.chunk', 'server.write')
 ), parsed AS (
   SELECT attrs, CASE WHEN json_extract(attrs, '$.kinds') IS NOT NULL
-                     THEN from_json(json_extract(attrs, '$.kinds'), '["VARCHAR"]') END AS kinds
+                     THEN from_json(json_extract(attrs, '$.kinds'), '["VARCHAR"]') END AS kinds,
+         TRY_CAST(json_extract_string(attrs, '$.choice') AS INTEGER) AS choice
   FROM distinct_attrs
 ), flags AS (
-  SELECT attrs, (kinds IS NULL OR list_has_any(kinds, ['content', 'reasoning', 'tool_call'])) AS output_bearing,
+  SELECT attrs, choice, (kinds IS NULL OR list_has_any(kinds, ['content', 'reasoning', 'tool_call'])) AS output_bearing,
                 (kinds IS NULL OR list_contains(kinds, 'content')) AS answer_bearing,
                 -- a chunk with choices (vLLM bench's TTFT / ITL unit): any but a usage-only one
-                (kinds IS NULL OR NOT list_contains(kinds, 'usage') OR len(kinds) > 1) AS choices_bearing
+                (kinds IS NULL OR NOT list_contains(kinds, 'usage') OR len(kinds) > 1) AS choices_bearing,
+                kinds IS NOT NULL AND list_contains(kinds, 'finish') AS finish_bearing
   FROM parsed
 )
 SELECT e.attempt_id, e.name, e.ts_ns, e.seq, e.clock, e.event_id, e.value, f.output_bearing, f.answer_bearing,
-       f.choices_bearing
+       f.choices_bearing, f.finish_bearing, coalesce(f.choice, 0) AS choice
 FROM events e JOIN flags f ON coalesce(e.attrs, '{}') = f.attrs
 WHERE e.name IN ('attempt.chunk', 'server.write');
 
+-- Engine tokens with their choice (attrs.choice; absent = choice 0, the only one of an n = 1 request).
 CREATE OR REPLACE TEMP TABLE ev_tok AS
-SELECT attempt_id, ts_ns, seq, clock, event_id, value FROM events WHERE name = 'engine.token';
+WITH distinct_attrs AS (
+  SELECT DISTINCT coalesce(attrs, '{}') AS attrs FROM events WHERE name = 'engine.token'
+), parsed AS (
+  SELECT attrs, coalesce(TRY_CAST(json_extract_string(attrs, '$.choice') AS INTEGER), 0) AS choice FROM distinct_attrs
+)
+SELECT e.attempt_id, e.ts_ns, e.seq, e.clock, e.event_id, e.value, p.choice
+FROM events e JOIN parsed p ON coalesce(e.attrs, '{}') = p.attrs WHERE e.name = 'engine.token';
 
 CREATE OR REPLACE TEMP TABLE attempt_ids AS
 WITH per_output AS (
@@ -108,13 +117,15 @@ WITH firsts AS (
 ), toks AS (
   SELECT attempt_id,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) AS first_token,
-    sum(value) AS n_tokens_engine
+    sum(value) AS n_tokens_engine,
+    count(DISTINCT choice) AS n_choices_engine
   FROM ev_tok WHERE attempt_id IS NOT NULL
   GROUP BY attempt_id
 ), outs AS (
   SELECT attempt_id,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.chunk') AS first_chunk,
     count(*) FILTER (WHERE name = 'attempt.chunk') AS n_chunks,
+    count(DISTINCT choice) FILTER (WHERE output_bearing) AS n_choices_output,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.chunk' AND output_bearing) AS first_content,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.chunk' AND answer_bearing) AS first_visible,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.write' AND output_bearing) AS first_write
@@ -136,7 +147,42 @@ SELECT a.attempt_id, f.* EXCLUDE (attempt_id), o.first_content, o.first_visible,
        coalesce(f.first_byte_ev, o.first_chunk) AS first_byte,
        coalesce(f.server_done, f.rejected, CASE WHEN f.finished IS NOT NULL THEN struct_pack(ns := f.finished.ns, clock := f.finished.clock, eid := f.finished.eid) END,
                 f.cancel_effective) AS server_end,
-       coalesce(t.n_tokens_engine, CASE WHEN f.finished IS NOT NULL THEN 0 END, f.n_tokens_usage) AS n_output_tokens
+       coalesce(t.n_tokens_engine, CASE WHEN f.finished IS NOT NULL THEN 0 END, f.n_tokens_usage) AS n_output_tokens,
+       nullif(greatest(coalesce(t.n_choices_engine, 0), coalesce(o.n_choices_output, 0)), 0) AS n_choices
 FROM (SELECT attempt_id FROM attempt_ids) a
 LEFT JOIN firsts f USING (attempt_id) LEFT JOIN toks t USING (attempt_id)
 LEFT JOIN outs o USING (attempt_id) LEFT JOIN prefill_end pe USING (attempt_id);
+
+-- Per-choice milestones (n > 1: docs/LEDGER.md "choice_metrics"). A choice exists where an engine
+-- token or an output-bearing chunk / write names it. It ends at its own finish chunk (finish write)
+-- when another choice finishes after it; the last one ends where the attempt does, as for n = 1.
+CREATE OR REPLACE TEMP TABLE choice_marks AS
+WITH tok AS (
+  SELECT attempt_id, choice,
+         arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) AS first_token,
+         sum(value) AS n_tokens_engine
+  FROM ev_tok WHERE attempt_id IS NOT NULL GROUP BY attempt_id, choice
+), out AS (
+  SELECT attempt_id, choice,
+         arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id))
+           FILTER (WHERE name = 'attempt.chunk' AND output_bearing) AS first_content,
+         arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id))
+           FILTER (WHERE name = 'attempt.chunk' AND finish_bearing) AS finish_chunk,
+         arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id))
+           FILTER (WHERE name = 'server.write' AND finish_bearing) AS finish_write,
+         bool_or(output_bearing) AS has_output
+  FROM ev_out WHERE attempt_id IS NOT NULL GROUP BY attempt_id, choice
+), c AS (
+  SELECT coalesce(t.attempt_id, o.attempt_id) AS attempt_id, coalesce(t.choice, o.choice) AS choice,
+         t.first_token, t.n_tokens_engine, o.first_content, o.finish_chunk, o.finish_write
+  FROM tok t FULL OUTER JOIN (SELECT * FROM out WHERE has_output) o USING (attempt_id, choice)
+)
+SELECT c.attempt_id, c.choice, c.first_token, c.first_content,
+       -- with one choice the attempt's count is the choice's (usage included); with several only the engine's per-choice count
+       coalesce(c.n_tokens_engine, CASE WHEN m.n_choices = 1 THEN m.n_output_tokens END) AS n_tokens,
+       CASE WHEN c.finish_chunk.ns < max(c.finish_chunk.ns) OVER (PARTITION BY c.attempt_id)
+            THEN c.finish_chunk ELSE m.done END AS client_end,
+       CASE WHEN c.finish_write.ns < max(c.finish_write.ns) OVER (PARTITION BY c.attempt_id)
+            THEN c.finish_write
+            WHEN m.server_done IS NOT NULL OR m.finished IS NOT NULL THEN m.server_end END AS server_end
+FROM c JOIN marks m USING (attempt_id);

@@ -86,6 +86,13 @@ p AS (
   UNION ALL SELECT a.attempt_id, 'since_reference',
                    struct_pack(ns := r.ref_ns, clock := r.ref_clock, eid := r.ref_eid), a.done
             FROM a JOIN task_refs r USING (task_id)
+  -- per choice (subject "attempt#choice"): its TTFTs and the decode span its TPOT divides
+  UNION ALL SELECT c.attempt_id || '#' || c.choice, 'choice_ttft_client', m.sent, c.first_content
+            FROM choice_marks c JOIN marks m USING (attempt_id)
+  UNION ALL SELECT c.attempt_id || '#' || c.choice, 'choice_ttft_server', m.enqueued, c.first_token
+            FROM choice_marks c JOIN marks m USING (attempt_id)
+  UNION ALL SELECT attempt_id || '#' || choice, 'choice_decode_client', first_content, client_end FROM choice_marks
+  UNION ALL SELECT attempt_id || '#' || choice, 'choice_decode_server', first_token, server_end FROM choice_marks
   UNION ALL SELECT task_id, 'task_e2e', struct_pack(ns := ref_ns, clock := ref_clock, eid := ref_eid),
                    CASE WHEN end_ns IS NOT NULL THEN struct_pack(ns := end_ns, clock := end_clock, eid := end_eid) END
             FROM task_refs

@@ -1,19 +1,59 @@
 -- Stage 4: inter-token latency per layer and the per-attempt metrics (docs/LEDGER.md).
 
 CREATE OR REPLACE TABLE itl AS
-WITH outputs AS (
-  SELECT attempt_id, 'client' AS layer, ts_ns, seq, value FROM ev_out WHERE name = 'attempt.chunk' AND output_bearing
-  UNION ALL SELECT attempt_id, 'server', ts_ns, seq, value FROM ev_out WHERE name = 'server.write' AND output_bearing
-  UNION ALL SELECT attempt_id, 'engine', ts_ns, seq, value FROM ev_tok
+WITH outputs AS (  -- gaps within one choice: the choices of an n > 1 request stream side by side
+  SELECT attempt_id, 'client' AS layer, choice, ts_ns, seq, value FROM ev_out WHERE name = 'attempt.chunk' AND output_bearing
+  UNION ALL SELECT attempt_id, 'server', choice, ts_ns, seq, value FROM ev_out WHERE name = 'server.write' AND output_bearing
+  UNION ALL SELECT attempt_id, 'engine', choice, ts_ns, seq, value FROM ev_tok
 ), ordered AS (  -- each attempt's outputs per layer as one ordered list: small sorts, no global window
-  SELECT attempt_id, layer, list(struct_pack(t := ts_ns, v := value) ORDER BY ts_ns, seq) AS xs
-  FROM outputs WHERE attempt_id IS NOT NULL GROUP BY attempt_id, layer
+  SELECT attempt_id, layer, choice, list(struct_pack(t := ts_ns, v := value) ORDER BY ts_ns, seq) AS xs
+  FROM outputs WHERE attempt_id IS NOT NULL GROUP BY attempt_id, layer, choice
 ), pairs AS (
-  SELECT attempt_id, layer, xs, unnest(range(2, len(xs) + 1)) AS i FROM ordered
+  SELECT attempt_id, layer, choice, xs, unnest(range(2, len(xs) + 1)) AS i FROM ordered
 )
 SELECT getvariable('run_id') AS run_id, attempt_id, layer, (i - 1)::INTEGER AS idx,
-       (xs[i].t - xs[i - 1].t) / 1e6 AS gap_ms, xs[i].v AS tokens
-FROM pairs;  -- millions of rows: left unsorted (order by attempt_id, layer, idx to browse)
+       (xs[i].t - xs[i - 1].t) / 1e6 AS gap_ms, xs[i].v AS tokens, choice
+FROM pairs;  -- millions of rows: left unsorted (order by attempt_id, layer, choice, idx to browse)
+
+-- Per choice: its token count, TTFTs, TPOTs and largest gaps. TPOT = its decode span / (tokens − 1).
+CREATE OR REPLACE TABLE choice_metrics AS
+WITH f AS (
+  SELECT split_part(subject_id, '#', 1) AS attempt_id, TRY_CAST(split_part(subject_id, '#', 2) AS INTEGER) AS choice,
+         max(ms) FILTER (WHERE figure = 'choice_ttft_client') AS ttft_client_ms,
+         max(ms) FILTER (WHERE figure = 'choice_ttft_server') AS ttft_server_ms,
+         max(ms) FILTER (WHERE figure = 'choice_decode_client') AS decode_client_ms,
+         max(ms) FILTER (WHERE figure = 'choice_decode_server') AS decode_server_ms
+  FROM figures WHERE figure LIKE 'choice\_%' ESCAPE '\' GROUP BY subject_id
+), g AS (
+  SELECT attempt_id, choice,
+         max(gap_ms) FILTER (WHERE layer = 'client') AS itl_client_max_ms,
+         max(gap_ms) FILTER (WHERE layer = 'server') AS itl_server_max_ms,
+         max(gap_ms) FILTER (WHERE layer = 'engine') AS itl_engine_max_ms
+  FROM itl GROUP BY attempt_id, choice
+)
+SELECT getvariable('run_id') AS run_id, c.attempt_id, c.choice, c.n_tokens::BIGINT AS n_output_tokens,
+       f.ttft_client_ms, f.ttft_server_ms, f.decode_client_ms, f.decode_server_ms,
+       CASE WHEN a.client_status = 'completed' AND c.n_tokens > 1 THEN f.decode_client_ms / (c.n_tokens - 1) END AS tpot_ms,
+       CASE WHEN a.server_status = 'completed' AND c.n_tokens > 1 THEN f.decode_server_ms / (c.n_tokens - 1) END AS tpot_server_ms,
+       g.itl_client_max_ms, g.itl_server_max_ms, g.itl_engine_max_ms
+FROM choice_marks c JOIN attempts a USING (attempt_id)
+LEFT JOIN f USING (attempt_id, choice) LEFT JOIN g USING (attempt_id, choice)
+ORDER BY c.attempt_id, c.choice;
+
+-- The attempt's TPOT over its choices, token-weighted: Σ decode spans / Σ (tokens − 1) over the choices
+-- with more than one token (= the n = 1 formula for one choice); unknown when any such choice's span
+-- or any choice's count is unknown.
+CREATE OR REPLACE TEMP TABLE choice_tpot AS
+SELECT attempt_id,
+       CASE WHEN count(*) FILTER (WHERE n_output_tokens IS NULL) = 0
+                 AND count(*) FILTER (WHERE n_output_tokens > 1 AND decode_client_ms IS NULL) = 0
+            THEN sum(decode_client_ms) FILTER (WHERE n_output_tokens > 1)
+                 / nullif(sum(n_output_tokens - 1) FILTER (WHERE n_output_tokens > 1), 0) END AS tpot_ms,
+       CASE WHEN count(*) FILTER (WHERE n_output_tokens IS NULL) = 0
+                 AND count(*) FILTER (WHERE n_output_tokens > 1 AND decode_server_ms IS NULL) = 0
+            THEN sum(decode_server_ms) FILTER (WHERE n_output_tokens > 1)
+                 / nullif(sum(n_output_tokens - 1) FILTER (WHERE n_output_tokens > 1), 0) END AS tpot_server_ms
+FROM choice_metrics GROUP BY attempt_id;
 
 CREATE OR REPLACE TEMP TABLE fig_wide AS
 SELECT subject_id AS attempt_id,
@@ -52,10 +92,8 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   f.ttft_client_ms, f.ttft_first_byte_ms, f.ttft_visible_ms, f.ttft_server_ms,
   f.e2e_client_ms, f.e2e_server_ms, f.client_span_ms,
   f.queue_ms, f.prefill_ms, f.decode_ms,
-  CASE WHEN a.client_status = 'completed' AND a.n_output_tokens > 1
-       THEN (f.e2e_client_ms - f.ttft_client_ms) / (a.n_output_tokens - 1) END AS tpot_ms,
-  CASE WHEN a.server_status = 'completed' AND a.n_output_tokens > 1
-       THEN (f.e2e_server_ms - f.ttft_server_ms) / (a.n_output_tokens - 1) END AS tpot_server_ms,
+  CASE WHEN a.client_status = 'completed' THEN ct.tpot_ms END AS tpot_ms,
+  CASE WHEN a.server_status = 'completed' THEN ct.tpot_server_ms END AS tpot_server_ms,
   x.itl_client_max_ms, x.itl_server_max_ms, x.itl_engine_max_ms,
   -- engine counts are counts only where the engine left evidence; otherwise unknown
   CASE WHEN i.n_server_events > 0 THEN m.preemptions END::BIGINT AS preemptions,
@@ -65,7 +103,7 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   f.downlink_first_ms, f.downlink_first_eps_ms, f.downlink_first_label,
   CASE WHEN i.n_server_events > 0 THEN m.spec_rounds END::BIGINT AS spec_rounds, m.spec_forward_passes::BIGINT AS spec_forward_passes,
   m.spec_drafted_tokens::BIGINT AS spec_drafted_tokens, m.spec_accepted_tokens::BIGINT AS spec_accepted_tokens,
-  a.n_output_tokens, a.n_chunks,
+  a.n_output_tokens, a.n_chunks, m.n_choices::INTEGER AS n_choices,
   m.correct,
   CASE WHEN c.deadline_ms IS NULL THEN NULL ELSE f.done_since_reference_ms <= c.deadline_ms END AS on_time,
   -- good = completed at the client AND correct AND on time; SQL's three-valued AND keeps an unknown
@@ -80,6 +118,7 @@ JOIN marks m USING (attempt_id)
 JOIN attempt_ids i USING (attempt_id)
 LEFT JOIN fig_wide f USING (attempt_id)
 LEFT JOIN itl_max x USING (attempt_id)
+LEFT JOIN choice_tpot ct USING (attempt_id)
 LEFT JOIN contracts c ON c.task_id = a.task_id
 ORDER BY a.attempt_id;
 

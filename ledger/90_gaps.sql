@@ -69,6 +69,12 @@ WITH ledger_gaps AS (
          'the server reported no token count'
   FROM attempts WHERE n_output_tokens IS NULL AND client_status = 'completed'
   UNION ALL
+  SELECT 'attempt', attempt_id, 'choice_metrics n_output_tokens and tpot, tpot_ms, tpot_server_ms',
+         'engine.token events with attrs.choice (usage counts all choices together; a chunk is not a token)',
+         format('{} choices without a per-choice token count', count(*))
+  FROM choice_metrics WHERE n_output_tokens IS NULL AND attempt_id IN (SELECT attempt_id FROM marks WHERE n_choices > 1)
+  GROUP BY attempt_id
+  UNION ALL
   SELECT 'run', NULL, 'output_tokens, output_tok_s, total_tok_s, computed_tok_s',
          'a token count for every completed attempt (engine.token events or usage in attempt.done)',
          'a completed attempt has no token count (its own gap row names it), so the run''s sum is unknown'

@@ -256,3 +256,30 @@ def test_device_steps_from_an_engine_run_reach_the_ledger(bundle, tmp_path):
     validate_trace(trace)
     slices = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "device"]
     assert sorted(int(e["name"].split()[-1]) for e in slices) == [d["step_id"] for d in dev]
+
+
+def test_n2_engine_run_counts_tokens_itl_and_tpot_per_choice(mixed):
+    """The two n=2 requests: each engine.token names its choice; the ledger keeps the choices apart.
+    Expected values come from the raw events here, not from the ledger's tables."""
+    run_dir, _ = mixed
+    con = duckdb.connect(str(run_dir / "ledger.duckdb"), read_only=True)
+    toks = con.execute("SELECT attempt_id, CAST(json_extract_string(attrs, '$.choice') AS INTEGER), ts_ns, value "
+                       "FROM events WHERE name = 'engine.token' ORDER BY attempt_id, ts_ns, seq").fetchall()
+    finished = dict(con.execute("SELECT attempt_id, ts_ns FROM events WHERE name = 'engine.finished'").fetchall())
+    by: dict = {}
+    for aid, choice, ts, value in toks:
+        by.setdefault(aid, {}).setdefault(choice, []).append((ts, value))
+    two = {aid: ch for aid, ch in by.items() if len(ch) == 2}
+    assert len(two) == 2 and all(set(ch) == {0, 1} for ch in two.values())
+    for aid, choices in two.items():
+        rows = dict(con.execute("SELECT choice, n_output_tokens FROM choice_metrics WHERE attempt_id = ?",
+                                [aid]).fetchall())
+        assert rows == {c: sum(v for _, v in ts) for c, ts in choices.items()}
+        n_itl = con.execute("SELECT count(*) FROM itl WHERE attempt_id = ? AND layer = 'engine'", [aid]).fetchone()[0]
+        assert n_itl == sum(len(ts) - 1 for ts in choices.values())  # gaps within a choice only
+        # engine only: every choice ends at engine.finished; TPOT token-weighted over the choices
+        span = sum(finished[aid] - ts[0][0] for ts in choices.values() if sum(v for _, v in ts) > 1)
+        per_token = sum(sum(v for _, v in ts) - 1 for ts in choices.values() if sum(v for _, v in ts) > 1)
+        tpot = con.execute("SELECT tpot_server_ms FROM request_metrics WHERE attempt_id = ?", [aid]).fetchone()[0]
+        assert tpot == pytest.approx(span / 1e6 / per_token)
+        assert con.execute("SELECT n_choices FROM request_metrics WHERE attempt_id = ?", [aid]).fetchone()[0] == 2
