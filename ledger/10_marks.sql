@@ -9,6 +9,8 @@ SELECT event_id, seq, source, name, ts_ns, clock, task_id, session_id, request_i
             WHEN name = 'attempt.done' THEN json_extract_string(attrs, '$.finish_reason') END AS reason,
        CASE WHEN name = 'attempt.done'
             THEN TRY_CAST(json_extract_string(attrs, '$.usage.completion_tokens') AS BIGINT) END AS usage_completion,
+       CASE WHEN name = 'attempt.done'
+            THEN TRY_CAST(json_extract_string(attrs, '$.usage.prompt_tokens') AS BIGINT) END AS usage_prompt,
        CASE WHEN name = 'verdict' THEN TRY_CAST(json_extract_string(attrs, '$.correct') AS BOOLEAN) END AS verdict_correct,
        CASE WHEN name IN ('span.start', 'span.end') THEN json_extract_string(attrs, '$.span') END AS span_name,
        CASE WHEN name IN ('span.start', 'span.end')
@@ -104,6 +106,7 @@ WITH firsts AS (
     count(*) FILTER (WHERE name IN ('kv.alloc', 'kv.prefix_hit')) AS n_kv_alloc,
     -- counts
     arg_max(usage_completion, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS n_tokens_usage,
+    arg_max(usage_prompt, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS n_prompt_usage,
     arg_max(reason, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS client_finish_reason,
     count(*) FILTER (WHERE name = 'engine.preempted') AS preemptions,
     coalesce(sum(value) FILTER (WHERE name = 'engine.preempted'), 0) AS recomputed_tokens,

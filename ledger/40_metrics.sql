@@ -106,11 +106,12 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   a.n_output_tokens, a.n_chunks, m.n_choices::INTEGER AS n_choices,
   m.correct,
   CASE WHEN c.deadline_ms IS NULL THEN NULL ELSE f.done_since_reference_ms <= c.deadline_ms END AS on_time,
-  -- good = completed at the client AND correct AND on time; SQL's three-valued AND keeps an unknown
-  -- verdict or deadline NULL unless another part is already false.
-  CASE WHEN a.client_status IS NULL THEN NULL
+  -- good = completed at the client AND correct AND (with a deadline) on time; SQL's three-valued AND
+  -- keeps a missing verdict, or an unknown time against a deadline, NULL unless another part is false.
+  -- An attempt still open when the run closed is unknown too. tasks (60_tasks.sql) reads this column.
+  CASE WHEN a.client_status IS NULL OR a.client_status = 'unterminated' THEN NULL
        WHEN a.client_status <> 'completed' THEN false
-       ELSE m.correct AND (CASE WHEN c.deadline_ms IS NULL THEN NULL
+       ELSE m.correct AND (CASE WHEN c.deadline_ms IS NULL THEN true
                                 ELSE f.done_since_reference_ms <= c.deadline_ms END) END AS good,
   f.done_since_reference_ms
 FROM attempts a

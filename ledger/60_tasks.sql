@@ -5,19 +5,17 @@ WITH task_requests AS (
   SELECT DISTINCT task_id, request_id FROM attempts WHERE task_id IS NOT NULL AND request_id IS NOT NULL
   UNION SELECT task_id, unnest(required) FROM contracts WHERE required IS NOT NULL
 ), att AS (
-  SELECT a.task_id, a.request_id, a.client_status, r.correct, r.on_time, c.deadline_ms, true AS attempted
+  SELECT a.task_id, a.request_id, r.good, r.correct, r.on_time, true AS attempted
   FROM attempts a JOIN request_metrics r USING (attempt_id) JOIN contracts c ON c.task_id = a.task_id
   WHERE c.max_attempts IS NULL OR a.attempt_index <= c.max_attempts
 )
+-- one rule with request_metrics.good: a request succeeded when one of its counted attempts is good;
+-- it is undetermined when none is good and one is unknown (no verdict, still open, no client events)
 SELECT tr.task_id, tr.request_id,
-  CASE WHEN bool_or(att.client_status = 'completed' AND coalesce(att.correct, true)
-                    AND (att.deadline_ms IS NULL OR att.on_time)) THEN 'succeeded'
-       WHEN bool_or(att.client_status = 'completed' AND coalesce(att.correct, true) AND att.on_time = false) THEN 'late'
-       -- an attempt without client evidence, or still open, leaves the request undetermined; a
-       -- required request never attempted (a later turn after a failed one) is simply failed
-       WHEN bool_or(att.attempted AND (att.client_status IS NULL OR att.client_status = 'unterminated'
-                    OR (att.client_status = 'completed' AND coalesce(att.correct, true)
-                        AND att.deadline_ms IS NOT NULL AND att.on_time IS NULL))) THEN 'undetermined'
+  CASE WHEN bool_or(att.good) THEN 'succeeded'
+       WHEN bool_or(att.on_time = false AND att.correct IS DISTINCT FROM false) THEN 'late'
+       WHEN bool_or(att.attempted AND att.good IS NULL) THEN 'undetermined'
+       -- a required request never attempted (a later turn after a failed one) is simply failed
        ELSE 'failed' END AS state
 FROM task_requests tr LEFT JOIN att USING (task_id, request_id)
 GROUP BY tr.task_id, tr.request_id;

@@ -3,13 +3,15 @@
 -- Ghost load: server work after the client stopped waiting (same clock or mapped, by the clock rule).
 CREATE OR REPLACE TEMP TABLE ghost AS
 WITH gave_up AS (
-  SELECT a.attempt_id, a.server_end_ns, m.client_end.ns + c.offset_ns AS gave_up_ns  -- in the server's clock
+  SELECT a.attempt_id, a.server_end_ns, a.server_clock, m.client_end.ns + c.offset_ns AS gave_up_ns  -- in the server's clock
   FROM attempts a JOIN marks m USING (attempt_id)
   JOIN clock_conv c ON c.from_clock = m.client_end.clock AND c.to_clock = a.server_clock
   WHERE a.client_status IN ('timeout', 'cancelled', 'error') AND a.server_end_ns IS NOT NULL
 )
 SELECT g.attempt_id, g.gave_up_ns, (g.server_end_ns - g.gave_up_ns) / 1e6 AS ghost_ms,
-       (SELECT coalesce(sum(t.value), 0) FROM ev_tok t WHERE t.attempt_id = g.attempt_id AND t.ts_ns > g.gave_up_ns) AS ghost_tokens
+       -- tokens after the give-up on the same clock (the engine saw the attempt: none is a known 0)
+       (SELECT CASE WHEN count(*) = 0 THEN 0 ELSE sum(t.value) END FROM ev_tok t
+        WHERE t.attempt_id = g.attempt_id AND t.clock = g.server_clock AND t.ts_ns > g.gave_up_ns) AS ghost_tokens
 FROM gave_up g WHERE g.server_end_ns > g.gave_up_ns;
 
 -- KV holding: ∫M(t)dt per attempt, each physical block counted once. An attempt holds a block from
@@ -74,17 +76,18 @@ SELECT getvariable('run_id') AS run_id,
   (SELECT count(*) FROM marks WHERE created IS NOT NULL) AS created,
   (SELECT count(*) FROM marks WHERE sent IS NOT NULL) AS sent,
   (SELECT count(*) FROM marks WHERE received IS NOT NULL OR enqueued IS NOT NULL) AS received,
-  (SELECT count(*) FROM attempts WHERE client_status = 'completed') AS completed,
-  (SELECT count(*) FROM attempts WHERE client_status = 'cancelled') AS cancelled,
-  (SELECT count(*) FROM attempts WHERE client_status = 'timeout') AS timed_out,
+  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM attempts WHERE client_status = 'completed') END AS completed,
+  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM attempts WHERE client_status = 'cancelled') END AS cancelled,
+  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM attempts WHERE client_status = 'timeout') END AS timed_out,
   (SELECT count(*) FROM attempts WHERE server_status = 'rejected') AS rejected,
-  (SELECT count(*) FROM attempts WHERE client_status = 'error') AS errored,
+  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM attempts WHERE client_status = 'error') END AS errored,
   (SELECT count(*) FROM attempts WHERE client_status = 'unterminated' OR server_status = 'unterminated') AS unterminated,
   (SELECT count(*) FROM attempts WHERE server_status = 'completed') AS server_completed,
   (SELECT count(*) FROM attempts WHERE server_status = 'cancelled') AS server_cancelled,
-  (SELECT count(*) FROM ghost) AS ghost_attempts,
-  (SELECT coalesce(sum(ghost_ms), 0) FROM ghost) AS ghost_ms,
-  (SELECT sum(ghost_tokens) FROM ghost) AS ghost_tokens,
+  -- ghost load needs the client's give-up time: unknown without client events, a known 0 without ghosts
+  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM ghost) END AS ghost_attempts,
+  CASE WHEN p.n > 0 THEN (SELECT CASE WHEN count(*) = 0 THEN 0 ELSE sum(ghost_ms) END FROM ghost) END AS ghost_ms,
+  CASE WHEN p.n > 0 THEN (SELECT CASE WHEN count(*) = 0 THEN 0 ELSE sum(ghost_tokens) END FROM ghost) END AS ghost_tokens,
   (SELECT sum(greatest(0, (least(h.end_ns, a.server_end_ns) - greatest(h.start_ns, g.gave_up_ns)))) / 1e9
           * getvariable('kv_block_bytes') / 2^30
    FROM kv_holds h JOIN ghost g USING (attempt_id) JOIN attempts a USING (attempt_id)) AS ghost_kv_gib_s,
@@ -116,7 +119,7 @@ WITH items AS (
   FROM items
 )
 SELECT getvariable('run_id') AS run_id, step_id, attempt_id, kind, tokens, step_ms,
-       step_ms * tokens / sum(tokens) OVER (PARTITION BY step_id) AS share_ms, 'by_tokens' AS policy
+       step_ms * tokens / nullif(sum(tokens) OVER (PARTITION BY step_id), 0) AS share_ms, 'by_tokens' AS policy
 FROM parsed
 ORDER BY step_id, attempt_id;
 
@@ -154,16 +157,17 @@ WITH missed AS (
          CASE WHEN l.has_engine THEN coalesce(s.ms, 0) END AS decode_stall_ms,
          CASE WHEN l.has_engine THEN coalesce(p.ms, 0) END AS preemption_ms,
          -- transfer: only for a response the client received whole; NULL when the server's E2E is unknown
-         CASE WHEN m.e2e_client_ms IS NULL THEN 0
-              WHEN m.e2e_server_ms IS NOT NULL THEN greatest(m.e2e_client_ms - m.e2e_server_ms, 0) END
-           AS transfer_client_ms
+         CASE WHEN m.e2e_client_ms IS NOT NULL AND m.e2e_server_ms IS NOT NULL
+              THEN greatest(m.e2e_client_ms - m.e2e_server_ms, 0) END AS transfer_client_ms
   FROM missed m JOIN layers l USING (attempt_id) LEFT JOIN client_queue cq USING (attempt_id)
   LEFT JOIN preempt p USING (attempt_id) LEFT JOIN interference f USING (attempt_id) LEFT JOIN stalls s USING (attempt_id)
 )
 SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, deadline_ms, done_since_reference_ms,
        client_queue_ms, server_queue_ms, prefill_interference_ms, decode_stall_ms, preemption_ms, transfer_client_ms,
        CASE WHEN client_queue_ms IS NULL OR server_queue_ms IS NULL OR prefill_interference_ms IS NULL
-                 OR decode_stall_ms IS NULL OR preemption_ms IS NULL OR transfer_client_ms IS NULL THEN 'unknown'
+                 OR decode_stall_ms IS NULL OR preemption_ms IS NULL
+                 -- a response the client never received whole has no transfer: not applicable, not unknown
+                 OR (transfer_client_ms IS NULL AND client_status = 'completed') THEN 'unknown'
             ELSE CASE greatest(client_queue_ms, server_queue_ms, prefill_interference_ms, decode_stall_ms, preemption_ms, transfer_client_ms)
             WHEN 0 THEN NULL
             WHEN server_queue_ms THEN 'server_queue'
@@ -174,18 +178,39 @@ SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, dead
             ELSE 'transfer_client' END END AS dominant_cause
 FROM causes ORDER BY attempt_id;
 
--- The run's goodput over its observation window: from the first planned arrival (else the first
--- client event) to the last client terminal event (else the last server end).
+-- The run's observation window, on ONE clock: from the first planned arrival or client event to the
+-- last client terminal event (else the last server end); an engine-only run uses the first
+-- engine.enqueued instead. The window's clock is the one most of its start events use; every other
+-- point is converted by the clock rule, or left out with a gap (never compared across clocks raw).
+CREATE OR REPLACE TEMP TABLE window_points AS
+WITH client AS (
+  SELECT EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')) AS yes,
+         EXISTS (SELECT 1 FROM marks WHERE client_end IS NOT NULL) AS ended
+), pts AS (
+  SELECT 'start' AS side, ts_ns, clock, event_id FROM ev
+  WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')
+  UNION ALL SELECT 'start', enqueued.ns, enqueued.clock, enqueued.eid FROM marks
+  WHERE enqueued IS NOT NULL AND NOT (SELECT yes FROM client)
+  UNION ALL SELECT 'end', client_end.ns, client_end.clock, client_end.eid FROM marks WHERE client_end IS NOT NULL
+  UNION ALL SELECT 'end', server_end.ns, server_end.clock, server_end.eid FROM marks
+  WHERE server_end IS NOT NULL AND NOT (SELECT ended FROM client)
+), ref AS (
+  SELECT clock FROM pts WHERE side = 'start' GROUP BY clock ORDER BY count(*) DESC, clock LIMIT 1
+)
+SELECT p.side, p.ts_ns, p.clock, p.event_id, ref.clock AS ref_clock, p.ts_ns + c.offset_ns AS t,
+       c.from_clock IS NULL AS dropped
+FROM pts p CROSS JOIN ref LEFT JOIN clock_conv c ON c.from_clock = p.clock AND c.to_clock = ref.clock;
+
 CREATE OR REPLACE TEMP TABLE window_bounds AS
-SELECT coalesce(
-         (SELECT min(ts_ns) FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')),
-         (SELECT min(enqueued_ns) FROM attempts)) AS t0,
-       coalesce((SELECT max(client_end_ns) FROM attempts), (SELECT max(server_end_ns) FROM attempts)) AS t1,
-       coalesce((SELECT arg_min(clock, ts_ns) FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')),
-                (SELECT min(server_clock) FROM attempts)) AS clock,
-       CASE WHEN EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent'))
-            THEN 'first arrival or client event → last client terminal'
-            ELSE 'first engine.enqueued → last server end (no client events)' END AS label;
+SELECT (SELECT min(t) FROM window_points WHERE side = 'start' AND NOT dropped) AS t0,
+       (SELECT max(t) FROM window_points WHERE side = 'end' AND NOT dropped) AS t1,
+       (SELECT any_value(ref_clock) FROM window_points) AS clock,
+       CASE WHEN NOT EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent'))
+            THEN 'first engine.enqueued → last server end (no client events)'
+            WHEN NOT EXISTS (SELECT 1 FROM marks WHERE client_end IS NOT NULL)
+            THEN 'first arrival or client event → last server end (no client terminal event)'
+            ELSE 'first arrival or client event → last client terminal' END AS label,
+       EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0) AS has_client;
 
 -- Energy over the observation window, from raw counters (docs/ENERGY.md). Each counter sample is
 -- placed in the window's clock by the clock rule; RAPL deltas unwrap at max_energy_range_uj; an NVML
@@ -234,13 +259,18 @@ WITH p AS (
 SELECT sum((p.value + p.prev) / 2 * (p.t - p.prev_t)) / 1e12 AS gpu_power_integrated_j  -- mW x ns -> J
 FROM p, window_bounds wb WHERE p.prev_t >= wb.t0 AND p.t <= wb.t1;
 
+-- A run without client events has no client-side count: its client figures are NULL (one run gap in
+-- 90_gaps.sql), not 0. Every rate divides by t_obs_s through nullif: a zero-length window is unknown.
 CREATE OR REPLACE TABLE run_metrics AS
-WITH win AS (SELECT * FROM window_bounds), counts AS (
-  SELECT count(*) FILTER (WHERE good) AS n_good, count(*) FILTER (WHERE client_status = 'completed') AS n_completed,
+WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), counts AS (
+  SELECT CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE good) END AS n_good,
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE client_status = 'completed') END AS n_completed,
          count(*) FILTER (WHERE good IS NULL) AS n_unjudged
   FROM request_metrics JOIN attempts USING (attempt_id)
 ), little AS (
-  SELECT sum(client_span_ms) / 1e3 AS busy_s, avg(client_span_ms) / 1e3 AS w_s, count(*) AS n
+  SELECT CASE WHEN (SELECT has_client FROM window_bounds) THEN sum(client_span_ms) / 1e3 END AS busy_s,
+         avg(client_span_ms) / 1e3 AS w_s,
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) END AS n
   FROM request_metrics WHERE client_span_ms IS NOT NULL
 ), arrivals AS (
   SELECT count(DISTINCT task_id) AS n FROM ev WHERE name = 'arrival.planned'
@@ -249,12 +279,18 @@ WITH win AS (SELECT * FROM window_bounds), counts AS (
 ), tok AS (
   -- token throughput over the attempts the client saw complete (the peers' denominator); a sum over
   -- attempts of which any count is unknown is unknown
-  SELECT CASE WHEN count(*) = count(a.n_output_tokens) THEN coalesce(sum(a.n_output_tokens), 0) END AS output_tokens,
-         CASE WHEN count(*) = count(p.prompt) THEN coalesce(sum(p.prompt), 0) END AS prompt_tokens,
-         CASE WHEN count(*) = count(p.prompt) THEN coalesce(sum(coalesce(p.cached, 0)), 0) END AS prompt_tokens_cached,
-         CASE WHEN count(*) = count(p.prompt) THEN coalesce(sum(coalesce(p.computed, 0)), 0) END AS prefill_tokens_computed,
+  -- (no completed attempt is a known 0 only where the client was watched)
+  SELECT CASE WHEN NOT (SELECT has_client FROM window_bounds) THEN NULL WHEN count(*) = 0 THEN 0
+              WHEN count(*) = count(a.n_output_tokens) THEN sum(a.n_output_tokens) END AS output_tokens,
+         -- prompt tokens: the engine's count, else the usage the client received (a black-box run)
+         CASE WHEN NOT (SELECT has_client FROM window_bounds) THEN NULL WHEN count(*) = 0 THEN 0
+              WHEN count(*) = count(coalesce(p.prompt, m.n_prompt_usage)) THEN sum(coalesce(p.prompt, m.n_prompt_usage)) END AS prompt_tokens,
+         CASE WHEN NOT (SELECT has_client FROM window_bounds) THEN NULL WHEN count(*) = 0 THEN 0
+              WHEN count(*) = count(p.prompt) THEN sum(coalesce(p.cached, 0)) END AS prompt_tokens_cached,
+         CASE WHEN NOT (SELECT has_client FROM window_bounds) THEN NULL WHEN count(*) = 0 THEN 0
+              WHEN count(*) = count(p.prompt) THEN sum(coalesce(p.computed, 0)) END AS prefill_tokens_computed,
          count(*) AS n
-  FROM attempts a LEFT JOIN (
+  FROM attempts a JOIN marks m USING (attempt_id) LEFT JOIN (
     SELECT attempt_id, max(value) FILTER (WHERE name = 'engine.enqueued') AS prompt,
            sum(TRY_CAST(json_extract_string(attrs, '$.cached_tokens') AS BIGINT)) FILTER (WHERE name = 'engine.prefill') AS cached,
            sum(value) FILTER (WHERE name = 'engine.prefill') AS computed
@@ -264,7 +300,7 @@ WITH win AS (SELECT * FROM window_bounds), counts AS (
 SELECT getvariable('run_id') AS run_id,
   (win.t1 - win.t0) / 1e9 AS t_obs_s, win.label AS window,
   counts.n_good, counts.n_completed, counts.n_unjudged,
-  counts.n_good / ((win.t1 - win.t0) / 1e9) AS goodput_rps,
+  counts.n_good / win.t_div AS goodput_rps,
   -- the vLLM-bench variant: completed requests within TTFT / TPOT / E2E thresholds (TPOT 0 when n <= 1)
   CASE WHEN coalesce(getvariable('slo_ttft_ms'), getvariable('slo_tpot_ms'), getvariable('slo_e2e_ms')) IS NOT NULL THEN
     (SELECT count(*) FROM request_metrics r JOIN attempts a USING (attempt_id)
@@ -272,20 +308,20 @@ SELECT getvariable('run_id') AS run_id,
        AND (getvariable('slo_ttft_ms') IS NULL OR r.ttft_client_ms <= getvariable('slo_ttft_ms'))
        AND (getvariable('slo_tpot_ms') IS NULL OR coalesce(r.tpot_ms, 0) <= getvariable('slo_tpot_ms'))
        AND (getvariable('slo_e2e_ms') IS NULL OR r.e2e_client_ms <= getvariable('slo_e2e_ms')))
-    / ((win.t1 - win.t0) / 1e9) END AS vllm_goodput_rps,
+    / win.t_div END AS vllm_goodput_rps,
   getvariable('slo_ttft_ms') AS slo_ttft_ms, getvariable('slo_tpot_ms') AS slo_tpot_ms,
   getvariable('slo_e2e_ms') AS slo_e2e_ms,
-  counts.n_completed / ((win.t1 - win.t0) / 1e9) AS completed_rps,
-  tok.output_tokens::BIGINT AS output_tokens, tok.output_tokens / ((win.t1 - win.t0) / 1e9) AS output_tok_s,
+  counts.n_completed / win.t_div AS completed_rps,
+  tok.output_tokens::BIGINT AS output_tokens, tok.output_tokens / win.t_div AS output_tok_s,
   tok.prompt_tokens::BIGINT AS prompt_tokens, tok.prompt_tokens_cached::BIGINT AS prompt_tokens_cached,
   tok.prefill_tokens_computed::BIGINT AS prefill_tokens_computed,
   -- the peers' "total token throughput" counts every prompt token, cached or not; computed_tok_s counts
   -- what the engine computed (prefill chunks, recomputation included, and output tokens)
-  (tok.prompt_tokens + tok.output_tokens) / ((win.t1 - win.t0) / 1e9) AS total_tok_s,
-  (tok.prefill_tokens_computed + tok.output_tokens) / ((win.t1 - win.t0) / 1e9) AS computed_tok_s,
+  (tok.prompt_tokens + tok.output_tokens) / win.t_div AS total_tok_s,
+  (tok.prefill_tokens_computed + tok.output_tokens) / win.t_div AS computed_tok_s,
   -- Little's law: mean number in system (time-averaged) against arrival rate × mean time in system
-  little.busy_s / ((win.t1 - win.t0) / 1e9) AS mean_in_system,
-  little.n / ((win.t1 - win.t0) / 1e9) AS arrival_rps,
+  little.busy_s / win.t_div AS mean_in_system,
+  little.n / win.t_div AS arrival_rps,
   little.w_s AS mean_time_in_system_s,
   arrivals.n AS planned_arrivals,
   engine.busy_s AS engine_busy_s,
@@ -316,8 +352,8 @@ LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_dram_energy_uj' AND N
 CREATE OR REPLACE TABLE energy_shares AS
 WITH busy AS (SELECT attempt_id, sum(share_ms) AS ms FROM step_attribution GROUP BY attempt_id),
 tot AS (SELECT sum(ms) AS ms FROM busy)
-SELECT getvariable('run_id') AS run_id, b.attempt_id, b.ms / tot.ms AS fraction,
-       r.energy_gpu_j * b.ms / tot.ms AS gpu_j, r.energy_cpu_j * b.ms / tot.ms AS cpu_j
+SELECT getvariable('run_id') AS run_id, b.attempt_id, b.ms / nullif(tot.ms, 0) AS fraction,
+       r.energy_gpu_j * b.ms / nullif(tot.ms, 0) AS gpu_j, r.energy_cpu_j * b.ms / nullif(tot.ms, 0) AS cpu_j
 FROM busy b, tot, run_metrics r
 WHERE r.energy_gpu_j IS NOT NULL OR r.energy_cpu_j IS NOT NULL
 ORDER BY b.attempt_id;

@@ -21,7 +21,10 @@ WITH ledger_gaps AS (
   FROM spans_raw WHERE end_ns IS NULL
   UNION ALL
   -- layer-wide absence: one run-scope row
-  SELECT 'run', NULL, 'ttft_client_ms, e2e_client_ms, tpot_ms, client_status',
+  SELECT 'run', NULL, 'ttft_client_ms, e2e_client_ms, tpot_ms, client_status, good; run_metrics n_good, n_completed, '
+                    || 'goodput_rps, completed_rps, output_tokens, output_tok_s, prompt_tokens, total_tok_s, '
+                    || 'computed_tok_s, arrival_rps, mean_in_system; reconciliation completed, cancelled, timed_out, '
+                    || 'errored, ghost_attempts, ghost_ms, ghost_tokens',
          'client events (capture with the inferledger client, or import the client''s trace)',
          'the run has no client events'
   WHERE NOT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0) AND EXISTS (SELECT 1 FROM attempt_ids)
@@ -41,6 +44,24 @@ WITH ledger_gaps AS (
          'the client''s events for this attempt', 'no client event carries this attempt id'
   FROM attempt_ids WHERE n_client_events = 0 AND n_server_events > 0
     AND EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
+  UNION ALL
+  -- the observation window: one clock, a positive length
+  SELECT 'run', NULL, 'goodput_rps, completed_rps, vllm_goodput_rps, output_tok_s, total_tok_s, computed_tok_s, '
+                    || 'arrival_rps, mean_in_system',
+         'a window of positive length (events spread over time)',
+         'the observation window has zero length: every rate over it is unknown'
+  FROM window_bounds WHERE t1 = t0
+  UNION ALL
+  SELECT 'clock', NULL, 't_obs_s and every rate over the observation window',
+         format('a clock.map between {} and {}', clock, ref_clock),
+         format('{} ({}) left out of the window: {} cannot be compared with the window''s clock {}',
+                event_id, CASE side WHEN 'start' THEN 'a start' ELSE 'an end' END, clock, ref_clock)
+  FROM window_points WHERE dropped
+  UNION ALL
+  SELECT 'step', step_id::VARCHAR, 'step_attribution share_ms, energy_shares',
+         'the tokens each attempt processed in the step (step.start attrs.batch)',
+         'the step''s batch lists 0 tokens in all: its time cannot be shared by tokens'
+  FROM step_attribution GROUP BY step_id HAVING sum(tokens) = 0
   UNION ALL
   SELECT scope, subject_id, 'critical_path', 'a dependency graph without cycles or negative durations', detail
   FROM dag_problems
@@ -80,10 +101,14 @@ WITH ledger_gaps AS (
          'a completed attempt has no token count (its own gap row names it), so the run''s sum is unknown'
   FROM run_metrics WHERE output_tokens IS NULL AND n_completed > 0
   UNION ALL
-  SELECT 'run', NULL, 'prompt_tokens, prompt_tokens_cached, prefill_tokens_computed, total_tok_s, computed_tok_s',
+  SELECT 'run', NULL,
+         CASE WHEN prompt_tokens IS NULL THEN 'prompt_tokens, prompt_tokens_cached, prefill_tokens_computed, total_tok_s, computed_tok_s'
+              ELSE 'prompt_tokens_cached, prefill_tokens_computed, computed_tok_s' END,
          'engine.enqueued and engine.prefill events (the embedded engine, inferledger serve --out, or an engine trace)',
-         'a completed attempt has no engine.enqueued event: its prompt length and prefill work are unknown'
-  FROM run_metrics WHERE prompt_tokens IS NULL AND n_completed > 0
+         CASE WHEN prompt_tokens IS NULL
+              THEN 'a completed attempt has no engine.enqueued event and no usage.prompt_tokens: its prompt length and prefill work are unknown'
+              ELSE 'a completed attempt has no engine.enqueued event: its prompt length comes from usage, its cached and computed prefill tokens are unknown' END
+  FROM run_metrics WHERE prefill_tokens_computed IS NULL AND n_completed > 0
   UNION ALL
   SELECT 'run', NULL, format('peer_views ({} {})', metric, tool),
          CASE WHEN tool = 'MLPerf-style' THEN 'attempt.sent attrs.pacing_error_ms (the planned send; the inferledger client records it)'
