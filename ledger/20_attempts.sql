@@ -1,14 +1,34 @@
 -- Stage 2: the attempts table and the client / server / resource accounts (docs/LEDGER.md).
 
-CREATE OR REPLACE TEMP TABLE attempt_first_event AS
-SELECT attempt_id, min(ts_ns) AS first_ns FROM ev WHERE attempt_id IS NOT NULL GROUP BY attempt_id;
+-- When each attempt started, for attempt_index: created, else sent, else its first event on the clock
+-- of its first client event (else of its first server / engine event). Attempts of one request are
+-- ordered on one clock, the one most of their starts use; a start no mapping brings to it is not
+-- placed (attempt_index NULL, with a gap): timestamps of two clocks are never compared raw.
+CREATE OR REPLACE TEMP TABLE attempt_start AS
+WITH own AS (
+  SELECT attempt_id, arg_min(clock, (source <> 'client', ts_ns, event_id)) AS clock FROM ev
+  WHERE attempt_id IS NOT NULL AND source <> 'checker' GROUP BY attempt_id
+), first_ev AS (
+  SELECT e.attempt_id, arg_min(struct_pack(ns := e.ts_ns, clock := e.clock, eid := e.event_id), (e.ts_ns, e.event_id)) AS p
+  FROM ev e JOIN own o ON o.attempt_id = e.attempt_id AND o.clock = e.clock GROUP BY e.attempt_id
+), s AS (
+  SELECT m.attempt_id, coalesce(i.request_id, m.attempt_id) AS grp, coalesce(m.created, m.sent, f.p) AS p
+  FROM marks m JOIN attempt_ids i USING (attempt_id) LEFT JOIN first_ev f USING (attempt_id)
+), ref AS (
+  SELECT grp, arg_max(clock, (n, clock)) AS clock FROM (
+    SELECT grp, p.clock AS clock, count(*) AS n FROM s WHERE p IS NOT NULL GROUP BY grp, p.clock
+  ) GROUP BY grp
+)
+SELECT s.attempt_id, s.grp, s.p, r.clock AS ref_clock, s.p.ns + c.offset_ns AS start_ref_ns
+FROM s LEFT JOIN ref r USING (grp) LEFT JOIN clock_conv c ON c.from_clock = s.p.clock AND c.to_clock = r.clock;
 
 CREATE OR REPLACE TABLE attempts AS
 SELECT
   getvariable('run_id') AS run_id,
   i.task_id, i.session_id, i.request_id, m.attempt_id,
-  row_number() OVER (PARTITION BY coalesce(i.request_id, m.attempt_id)
-                     ORDER BY coalesce(m.created.ns, m.sent.ns, fe.first_ns), m.attempt_id)::INTEGER AS attempt_index,
+  CASE WHEN st.start_ref_ns IS NOT NULL THEN
+    row_number() OVER (PARTITION BY st.grp, st.start_ref_ns IS NULL ORDER BY st.start_ref_ns, m.attempt_id) END::INTEGER
+    AS attempt_index,
   CASE WHEN i.n_client_events = 0 THEN NULL
        WHEN m.client_end.name = 'attempt.done' THEN 'completed'
        WHEN m.client_end.name = 'attempt.timeout' THEN 'timeout'
@@ -44,5 +64,5 @@ SELECT
   m.enqueued.ns AS enqueued_ns, m.enqueued.clock AS server_clock,
   m.server_end.ns AS server_end_ns,
   m.kv_release.ns AS kv_release_ns, m.kv_free.ns AS kv_free_ns
-FROM marks m JOIN attempt_ids i USING (attempt_id) JOIN attempt_first_event fe USING (attempt_id)
+FROM marks m JOIN attempt_ids i USING (attempt_id) JOIN attempt_start st USING (attempt_id)
 ORDER BY m.attempt_id;

@@ -1,21 +1,6 @@
 -- Stage 3: every difference of two events goes through one clock rule (docs/LEDGER.md).
 -- `pairs` lists (figure, a, b) per subject; `figures` applies the rule once: same clock → measured,
--- a mapping either way → derived ± epsilon, otherwise NULL and a gap.
-
-CREATE OR REPLACE TEMP TABLE clock_conv AS
-WITH domains AS (
-  SELECT DISTINCT clock FROM events
-  UNION SELECT clock FROM clocks WHERE clock IS NOT NULL
-), maps AS (
-  SELECT from_clock, to_clock, offset_ns, epsilon_ns FROM clocks WHERE from_clock IS NOT NULL
-  UNION ALL
-  SELECT to_clock, from_clock, -offset_ns, epsilon_ns FROM clocks WHERE from_clock IS NOT NULL
-)
-SELECT clock AS from_clock, clock AS to_clock, 0::BIGINT AS offset_ns, 0::BIGINT AS eps_ns, 'measured' AS label FROM domains
-UNION ALL
-SELECT from_clock, to_clock, offset_ns, eps_ns, 'derived' FROM (
-  SELECT from_clock, to_clock, offset_ns, epsilon_ns AS eps_ns FROM maps WHERE from_clock <> to_clock
-  QUALIFY row_number() OVER (PARTITION BY from_clock, to_clock ORDER BY epsilon_ns, offset_ns) = 1);
+-- a mapping either way → derived ± epsilon (`clock_conv`, 10_marks.sql), otherwise NULL and a gap.
 
 -- Task contracts: tasks.parquet first, else the contract carried by task.start.
 CREATE OR REPLACE TEMP TABLE contracts AS

@@ -20,25 +20,28 @@ FROM gave_up g WHERE g.server_end_ns > g.gave_up_ns;
 -- (policy 'equal_split'), so the attempts' integrals add up to the physical total.
 CREATE OR REPLACE TEMP TABLE kv_holds AS
 WITH acq AS (
-  SELECT attempt_id, ts_ns, seq, event_id,
+  SELECT attempt_id, ts_ns, clock, seq, event_id,
          unnest(from_json(coalesce(json_extract(attrs, '$.blocks'), '[]'), '["BIGINT"]')) AS block
   FROM ev WHERE name IN ('kv.alloc', 'kv.prefix_hit') AND attempt_id IS NOT NULL
 ), rel AS (
-  SELECT attempt_id, ts_ns FROM ev WHERE name = 'kv.release' AND attempt_id IS NOT NULL
+  SELECT attempt_id, ts_ns, clock FROM ev WHERE name = 'kv.release' AND attempt_id IS NOT NULL
 ), cow AS (
-  SELECT attempt_id, ts_ns, TRY_CAST(json_extract_string(pair, '$[0]') AS BIGINT) AS block
-  FROM (SELECT attempt_id, ts_ns, unnest(from_json(json_extract(attrs, '$.copy_on_write'), '["JSON"]')) AS pair
+  SELECT attempt_id, ts_ns, clock, TRY_CAST(json_extract_string(pair, '$[0]') AS BIGINT) AS block
+  FROM (SELECT attempt_id, ts_ns, clock, unnest(from_json(json_extract(attrs, '$.copy_on_write'), '["JSON"]')) AS pair
         FROM ev WHERE name = 'kv.alloc' AND json_extract(attrs, '$.copy_on_write') IS NOT NULL)
 )
-SELECT a.attempt_id, a.block, a.ts_ns AS start_ns,
-       least((SELECT min(r.ts_ns) FROM rel r WHERE r.attempt_id = a.attempt_id AND r.ts_ns >= a.ts_ns),
-             (SELECT min(c.ts_ns) FROM cow c WHERE c.attempt_id = a.attempt_id AND c.block = a.block AND c.ts_ns > a.ts_ns))
+SELECT a.attempt_id, a.block, a.clock, a.ts_ns AS start_ns,
+       least((SELECT min(r.ts_ns) FROM rel r WHERE r.attempt_id = a.attempt_id AND r.clock = a.clock AND r.ts_ns >= a.ts_ns),
+             (SELECT min(c.ts_ns) FROM cow c WHERE c.attempt_id = a.attempt_id AND c.clock = a.clock AND c.block = a.block
+                                              AND c.ts_ns > a.ts_ns))
          AS end_ns
 FROM acq a;
 
 CREATE OR REPLACE TEMP TABLE kv_integral AS
-WITH holds AS (
-  SELECT attempt_id, block, start_ns, coalesce(end_ns, (SELECT max(ts_ns) FROM ev)) AS end_ns FROM kv_holds
+WITH last_on_clock AS (SELECT clock, max(ts_ns) AS last_ns FROM events GROUP BY clock),
+holds AS (  -- a hold never released ends when the run closed: the last event on the hold's own clock
+  SELECT h.attempt_id, h.block, h.start_ns, coalesce(h.end_ns, l.last_ns) AS end_ns
+  FROM kv_holds h JOIN last_on_clock l USING (clock)
 ), pts AS (
   SELECT block, start_ns AS t FROM holds UNION SELECT block, end_ns FROM holds
 ), segs AS (

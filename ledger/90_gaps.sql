@@ -45,6 +45,11 @@ WITH ledger_gaps AS (
   FROM attempt_ids WHERE n_client_events = 0 AND n_server_events > 0
     AND EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
   UNION ALL
+  SELECT 'clock', attempt_id, 'attempt_index (and max_attempts counting)',
+         format('a clock.map between {} and {}', p.clock, ref_clock),
+         format('{} (the attempt''s start) cannot be compared with the other attempts of its request, on {}', p.eid, ref_clock)
+  FROM attempt_start WHERE p IS NOT NULL AND start_ref_ns IS NULL
+  UNION ALL
   -- the observation window: one clock, a positive length
   SELECT 'run', NULL, 'goodput_rps, completed_rps, vllm_goodput_rps, output_tok_s, total_tok_s, computed_tok_s, '
                     || 'arrival_rps, mean_in_system',
