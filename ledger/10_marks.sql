@@ -105,6 +105,7 @@ WITH firsts AS (
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id, name := name), (ts_ns, seq, event_id))
         FILTER (WHERE name IN ('attempt.done', 'attempt.timeout', 'attempt.cancel', 'attempt.error')) AS client_end,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.cancel') AS client_cancel,
+    list(DISTINCT name ORDER BY name) FILTER (WHERE name IN ('attempt.done', 'attempt.timeout', 'attempt.cancel', 'attempt.error')) AS client_terminals,
     -- server / engine
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.received') AS received,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.rejected') AS rejected,
@@ -159,7 +160,10 @@ WITH firsts AS (
   WHERE p.name = 'engine.prefill' AND (t.first_token IS NULL OR p.ts_ns <= t.first_token.ns)
   GROUP BY p.attempt_id
 )
-SELECT a.attempt_id, f.* EXCLUDE (attempt_id), o.first_content, o.first_visible, o.first_write, pe.prefill_end,
+SELECT a.attempt_id, f.* EXCLUDE (attempt_id, done),
+       -- the earliest client terminal decides: a done after a timeout (or a cancel) is not a completion
+       CASE WHEN f.client_end.name = 'attempt.done' THEN f.done END AS done,
+       o.first_content, o.first_visible, o.first_write, pe.prefill_end,
        t.first_token,
        -- an attempt the engine finished without committing a token (cancelled while queued) made 0
        CASE WHEN t.n_tokens_engine IS NULL AND f.finished IS NOT NULL THEN 0 ELSE t.n_tokens_engine END AS n_tokens_engine,

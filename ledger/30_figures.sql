@@ -86,9 +86,18 @@ SELECT subject_id, figure, a.ns AS a_ns, a.clock AS a_clock, a.eid AS a_eid,
        b.ns AS b_ns, b.clock AS b_clock, b.eid AS b_eid
 FROM p WHERE a IS NOT NULL AND b IS NOT NULL AND a.ns IS NOT NULL AND b.ns IS NOT NULL;
 
+-- A difference that comes out negative beyond the mapping's epsilon is an impossible order (a chunk
+-- before its send, a token before its enqueue): NULL, and a gap row names both events. The release
+-- after a cancel is signed on purpose (a block freed before the cancel arrived is a negative delay).
 CREATE OR REPLACE TEMP TABLE figures AS
-SELECT p.*, c.label IS NULL AS refused,
-       coalesce(c.label, 'unknown') AS label,
-       (p.b_ns - (p.a_ns + c.offset_ns)) / 1e6 AS ms,
-       c.eps_ns / 1e6 AS eps_ms
-FROM pairs p LEFT JOIN clock_conv c ON c.from_clock = p.a_clock AND c.to_clock = p.b_clock;
+WITH f AS (
+  SELECT p.*, c.label IS NULL AS refused, c.label, (p.b_ns - (p.a_ns + c.offset_ns)) / 1e6 AS raw_ms,
+         c.eps_ns / 1e6 AS eps_ms,
+         c.label IS NOT NULL AND p.figure <> 'release_after_cancel'
+           AND p.b_ns - (p.a_ns + c.offset_ns) < -c.eps_ns AS impossible
+  FROM pairs p LEFT JOIN clock_conv c ON c.from_clock = p.a_clock AND c.to_clock = p.b_clock
+)
+SELECT * EXCLUDE (label, raw_ms),
+       CASE WHEN refused THEN 'unknown' WHEN impossible THEN 'impossible' ELSE label END AS label,
+       CASE WHEN NOT impossible THEN raw_ms END AS ms, raw_ms
+FROM f;

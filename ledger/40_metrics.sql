@@ -33,8 +33,11 @@ WITH f AS (
 )
 SELECT getvariable('run_id') AS run_id, c.attempt_id, c.choice, c.n_tokens::BIGINT AS n_output_tokens,
        f.ttft_client_ms, f.ttft_server_ms, f.decode_client_ms, f.decode_server_ms,
-       CASE WHEN a.client_status = 'completed' AND c.n_tokens > 1 THEN f.decode_client_ms / (c.n_tokens - 1) END AS tpot_ms,
-       CASE WHEN a.server_status = 'completed' AND c.n_tokens > 1 THEN f.decode_server_ms / (c.n_tokens - 1) END AS tpot_server_ms,
+       -- a TPOT needs its TTFT: a choice whose first output is not after the send has neither
+       CASE WHEN a.client_status = 'completed' AND c.n_tokens > 1 AND f.ttft_client_ms IS NOT NULL
+            THEN f.decode_client_ms / (c.n_tokens - 1) END AS tpot_ms,
+       CASE WHEN a.server_status = 'completed' AND c.n_tokens > 1 AND f.ttft_server_ms IS NOT NULL
+            THEN f.decode_server_ms / (c.n_tokens - 1) END AS tpot_server_ms,
        g.itl_client_max_ms, g.itl_server_max_ms, g.itl_engine_max_ms
 FROM choice_marks c JOIN attempts a USING (attempt_id)
 LEFT JOIN f USING (attempt_id, choice) LEFT JOIN g USING (attempt_id, choice)
@@ -47,10 +50,12 @@ CREATE OR REPLACE TEMP TABLE choice_tpot AS
 SELECT attempt_id,
        CASE WHEN count(*) FILTER (WHERE n_output_tokens IS NULL) = 0
                  AND count(*) FILTER (WHERE n_output_tokens > 1 AND decode_client_ms IS NULL) = 0
+                 AND count(*) FILTER (WHERE n_output_tokens > 1 AND ttft_client_ms IS NULL) = 0
             THEN sum(decode_client_ms) FILTER (WHERE n_output_tokens > 1)
                  / nullif(sum(n_output_tokens - 1) FILTER (WHERE n_output_tokens > 1), 0) END AS tpot_ms,
        CASE WHEN count(*) FILTER (WHERE n_output_tokens IS NULL) = 0
                  AND count(*) FILTER (WHERE n_output_tokens > 1 AND decode_server_ms IS NULL) = 0
+                 AND count(*) FILTER (WHERE n_output_tokens > 1 AND ttft_server_ms IS NULL) = 0
             THEN sum(decode_server_ms) FILTER (WHERE n_output_tokens > 1)
                  / nullif(sum(n_output_tokens - 1) FILTER (WHERE n_output_tokens > 1), 0) END AS tpot_server_ms
 FROM choice_metrics GROUP BY attempt_id;
@@ -92,8 +97,8 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   f.ttft_client_ms, f.ttft_first_byte_ms, f.ttft_visible_ms, f.ttft_server_ms,
   f.e2e_client_ms, f.e2e_server_ms, f.client_span_ms,
   f.queue_ms, f.prefill_ms, f.decode_ms,
-  CASE WHEN a.client_status = 'completed' THEN ct.tpot_ms END AS tpot_ms,
-  CASE WHEN a.server_status = 'completed' THEN ct.tpot_server_ms END AS tpot_server_ms,
+  CASE WHEN a.client_status = 'completed' AND f.e2e_client_ms IS NOT NULL THEN ct.tpot_ms END AS tpot_ms,
+  CASE WHEN a.server_status = 'completed' AND f.e2e_server_ms IS NOT NULL THEN ct.tpot_server_ms END AS tpot_server_ms,
   x.itl_client_max_ms, x.itl_server_max_ms, x.itl_engine_max_ms,
   -- engine counts are counts only where the engine left evidence; otherwise unknown
   CASE WHEN i.n_server_events > 0 THEN m.preemptions END::BIGINT AS preemptions,

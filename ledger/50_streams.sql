@@ -149,9 +149,9 @@ WITH iv_rows AS (
   FROM state_iv v JOIN stream_clock sc USING (attempt_id, stream)
   UNION ALL
   SELECT subject_id, 'link', figure, 'link', a_eid, b_eid, b_clock,
-         CASE WHEN NOT refused THEN b_ns - round(ms * 1e6)::BIGINT END,
-         CASE WHEN NOT refused THEN b_ns END, CASE WHEN refused THEN NULL ELSE round(eps_ms * 1e6)::BIGINT END,
-         label = 'derived', NOT refused, NULL
+         CASE WHEN ms IS NOT NULL THEN b_ns - round(ms * 1e6)::BIGINT END,
+         CASE WHEN ms IS NOT NULL THEN b_ns END, CASE WHEN ms IS NULL THEN NULL ELSE round(eps_ms * 1e6)::BIGINT END,
+         label = 'derived', ms IS NOT NULL, NULL
   FROM figures WHERE figure IN ('uplink', 'downlink_first')
 )
 SELECT getvariable('run_id') AS run_id, attempt_id, stream, name, kind, start_event, end_event, clock,

@@ -8,6 +8,30 @@ WITH ledger_gaps AS (
          format('{} − {}: {} and {} cannot be compared', b_eid, a_eid, b_clock, a_clock) AS detail
   FROM figures WHERE refused
   UNION ALL
+  -- an impossible order on one clock (or beyond a mapping's epsilon): the figure is NULL, both events named
+  SELECT CASE WHEN f.figure = 'task_e2e' THEN 'task' ELSE 'attempt' END, split_part(f.subject_id, '#', 1),
+         CASE WHEN f.figure LIKE 'choice\_%' ESCAPE '\'
+              THEN format('choice_metrics {} (choice {})', f.figure, split_part(f.subject_id, '#', 2)) ELSE f.figure END,
+         'events in a possible order (a clock that does not run backwards; ids not reused)',
+         format('{} ({}) is {} ms before {} ({}){}: {} would be negative', f.b_eid, eb.name, round(-f.raw_ms, 3),
+                f.a_eid, ea.name, CASE WHEN f.label = 'impossible' AND f.a_clock <> f.b_clock
+                                        THEN format(' beyond the mapping''s ±{} ms', f.eps_ms) ELSE '' END, f.figure)
+  FROM figures f
+  LEFT JOIN (SELECT event_id, any_value(name) AS name FROM events
+             WHERE event_id IN (SELECT a_eid FROM figures WHERE impossible UNION SELECT b_eid FROM figures WHERE impossible)
+             GROUP BY event_id) ea ON ea.event_id = f.a_eid
+  LEFT JOIN (SELECT event_id, any_value(name) AS name FROM events
+             WHERE event_id IN (SELECT a_eid FROM figures WHERE impossible UNION SELECT b_eid FROM figures WHERE impossible)
+             GROUP BY event_id) eb ON eb.event_id = f.b_eid
+  WHERE f.impossible
+  UNION ALL
+  -- conflicting client terminal events: the earliest decides every client figure
+  SELECT 'attempt', attempt_id, 'client_status, e2e_client_ms, tpot_ms, on_time, good (the earliest terminal decides)',
+         'one terminal event per attempt from the client',
+         format('the client recorded {}; the earliest, {} ({}), decides', array_to_string(client_terminals, ' and '),
+                client_end.name, client_end.eid)
+  FROM marks WHERE len(client_terminals) > 1
+  UNION ALL
   -- stream points in a clock the stream's clock cannot be compared with
   SELECT 'clock', r.attempt_id, format('{} stream intervals', r.stream),
          format('a clock.map between {} and {}', r.clock, sc.clock),

@@ -127,6 +127,7 @@ class Ledger:
                     "SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND schema_name = 'main' "
                     "AND table_name = ?", [alias, table]).fetchall()}
                 by_table.setdefault(table, []).append((name, alias, "run_id" in cols))
+        self._refuse_shared_run_ids(runs, by_table)
         for table, parts in sorted(by_table.items()):
             selects = [f"SELECT * FROM {alias}.main.{_quote(table)}" if has_run_id else
                        f"SELECT {_sql_string(name)} AS run_id, * FROM {alias}.main.{_quote(table)}"
@@ -139,6 +140,26 @@ class Ledger:
         # From here on the connection can read the attached files and nothing else.
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
+
+    def _refuse_shared_run_ids(self, runs: list[tuple[str, Path]], by_table: dict) -> None:
+        """Two ledgers with one run_id would merge into one run in every GROUP BY run_id: refuse them."""
+        if len(runs) < 2:
+            return
+        seen: dict[str, Path] = {}
+        for i, (name, path) in enumerate(runs):
+            alias = f"run_{i}"
+            carriers = [t for t in ("run_metrics", "attempts", "gaps", "events")
+                        if (name, alias, True) in by_table.get(t, [])]
+            ids = {name}  # a ledger whose tables carry no run_id is labelled with its run folder's name
+            if carriers:
+                ids = {r for (r,) in self._con.execute(
+                    f"SELECT DISTINCT run_id FROM {alias}.main.{_quote(carriers[0])} LIMIT 10").fetchall()}
+            for run_id in ids:
+                if run_id in seen:
+                    raise LedgerError(f"run_id {run_id!r} is in two ledgers, {seen[run_id]} and {path}: their rows "
+                                      "would mix in every query by run_id; re-import one with a distinct "
+                                      "--run-id (or query them one at a time)")
+                seen[run_id] = path
 
     def tables(self) -> list[str]:
         """The views this ledger exposes (one per table name found in any run)."""
