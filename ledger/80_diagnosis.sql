@@ -236,20 +236,31 @@ SELECT s.metric, s.device, s.prev_t, s.t,
 FROM s LEFT JOIN ranges r USING (device)
 WHERE s.prev IS NOT NULL;
 
--- Window energy (J) per metric: deltas whose interval lies inside the window; the idle baseline is the
--- mean power of the deltas before the window, times the window's length (its own term).
+-- Window energy (J) per metric. A counter only says what was spent between two samples, so a delta
+-- is spread evenly over its interval: the part of it inside the window counts (a delta straddling an
+-- edge is apportioned by the time it overlaps, i.e. the counter is interpolated at the edge), the
+-- part before the window feeds the idle power. The idle term is that power times the time the window
+-- energy covers, so both terms stand on the same time base.
 CREATE OR REPLACE TEMP TABLE window_energy AS
-SELECT d.metric,
-       count(DISTINCT d.device) AS devices,
-       sum(d.delta) FILTER (WHERE d.prev_t >= wb.t0 AND d.t <= wb.t1)
-         / CASE WHEN d.metric = 'gpu_energy_mj' THEN 1e3 ELSE 1e6 END AS energy_j,
-       bool_or(d.went_down AND d.metric = 'gpu_energy_mj' AND d.t >= wb.t0 AND d.prev_t <= wb.t1)
-         OR bool_or(d.delta IS NULL AND d.t >= wb.t0 AND d.prev_t <= wb.t1) AS invalid,
-       max(d.t) FILTER (WHERE d.t <= wb.t1) - min(d.prev_t) FILTER (WHERE d.prev_t >= wb.t0) AS covered_ns,
-       sum(d.delta) FILTER (WHERE d.t <= wb.t0) / nullif(sum(d.t - d.prev_t) FILTER (WHERE d.t <= wb.t0), 0)
-         * 1e9 / CASE WHEN d.metric = 'gpu_energy_mj' THEN 1e3 ELSE 1e6 END AS idle_w
-FROM counter_deltas d, window_bounds wb
-GROUP BY d.metric;
+WITH d AS (
+  SELECT d.*, d.t - d.prev_t AS dur,
+         greatest(least(d.t, wb.t1) - greatest(d.prev_t, wb.t0), 0) AS inside_ns,
+         greatest(least(d.t, wb.t0) - d.prev_t, 0) AS before_ns,
+         wb.t0, wb.t1, CASE WHEN d.metric = 'gpu_energy_mj' THEN 1e3 ELSE 1e6 END AS per_j
+  FROM counter_deltas d, window_bounds wb
+)
+SELECT metric,
+       count(DISTINCT device) AS devices,
+       sum(delta * inside_ns / nullif(dur, 0)) FILTER (WHERE inside_ns > 0) / any_value(per_j) AS energy_j,
+       bool_or(went_down AND metric = 'gpu_energy_mj' AND t >= t0 AND prev_t <= t1)
+         OR bool_or(delta IS NULL AND t >= t0 AND prev_t <= t1) AS invalid,
+       -- per device the covered time is the same; the window's is that of one device
+       sum(inside_ns) / nullif(count(DISTINCT device), 0) AS covered_ns,
+       sum(delta * before_ns / nullif(dur, 0)) FILTER (WHERE before_ns > 0)
+         / nullif(sum(before_ns) FILTER (WHERE before_ns > 0), 0) * count(DISTINCT device)
+         * 1e9 / any_value(per_j) AS idle_w
+FROM d
+GROUP BY metric;
 
 CREATE OR REPLACE TEMP TABLE power_check AS
 WITH p AS (
@@ -258,9 +269,13 @@ WITH p AS (
          lag(sm.value) OVER (PARTITION BY sm.device ORDER BY sm.ts_ns) AS prev
   FROM samples sm JOIN window_bounds wb ON true JOIN clock_conv c ON c.from_clock = sm.clock AND c.to_clock = wb.clock
   WHERE sm.metric = 'gpu_power_instant_mw'
+), clipped AS (  -- each segment cut to the window, the power interpolated linearly at a cut
+  SELECT greatest(p.prev_t, wb.t0) AS a, least(p.t, wb.t1) AS b, p.prev, p.value, p.prev_t, p.t
+  FROM p, window_bounds wb WHERE p.prev_t IS NOT NULL AND p.t > p.prev_t AND p.t > wb.t0 AND p.prev_t < wb.t1
 )
-SELECT sum((p.value + p.prev) / 2 * (p.t - p.prev_t)) / 1e12 AS gpu_power_integrated_j  -- mW x ns -> J
-FROM p, window_bounds wb WHERE p.prev_t >= wb.t0 AND p.t <= wb.t1;
+SELECT sum(((prev + (value - prev) * (a - prev_t) / (t - prev_t)) + (prev + (value - prev) * (b - prev_t) / (t - prev_t)))
+           / 2 * (b - a)) / 1e12 AS gpu_power_integrated_j  -- mW x ns -> J
+FROM clipped;
 
 -- A run without client events has no client-side count: its client figures are NULL (one run gap in
 -- 90_gaps.sql), not 0. Every rate divides by t_obs_s through nullif: a zero-length window is unknown.
@@ -330,7 +345,7 @@ SELECT getvariable('run_id') AS run_id,
   engine.busy_s AS engine_busy_s,
   CASE WHEN counts.n_good > 0 THEN engine.busy_s / counts.n_good END AS engine_s_per_good,
   gpu.energy_j AS energy_gpu_j, cpu.energy_j AS energy_cpu_j, dram.energy_j AS energy_dram_j,
-  gpu.idle_w * (win.t1 - win.t0) / 1e9 AS idle_gpu_j, cpu.idle_w * (win.t1 - win.t0) / 1e9 AS idle_cpu_j,
+  gpu.idle_w * gpu.covered_ns / 1e9 AS idle_gpu_j, cpu.idle_w * cpu.covered_ns / 1e9 AS idle_cpu_j,
   (SELECT gpu_power_integrated_j FROM power_check) AS gpu_power_integrated_j,
   gpu.covered_ns < 100e6 AS gpu_window_short,  -- shorter than the NVML counter's ~100 ms update period
   CASE WHEN gpu.energy_j IS NULL AND cpu.energy_j IS NULL THEN NULL

@@ -15,8 +15,6 @@ import pynvml
 import pytest
 
 from inferledger.collectors.writer import RunWriter
-from inferledger.probes.energy import (NVML_UPDATE_PERIOD_NS, integrate_power, nvml_window_energy,
-                                       rapl_energy_by_kind, rapl_window_energy_j, short_window, unwrap_rapl)
 from inferledger.probes.events import GAP_SCHEMA, SAMPLE_SCHEMA
 from inferledger.probes.nvml import NvmlReader
 from inferledger.probes.probe import host_id, mono_clock
@@ -94,20 +92,8 @@ def test_rapl_wraparound_is_unwrapped_exactly(tree):
     for value in (MAX_UJ - 300_000, MAX_UJ - 100_000, 50_000, 450_000):  # wraps between 2nd and 3rd
         set_energy(zones["package"], value)
         raw.append(by_metric(reader.read())["cpu_package_energy_uj"].value)
-    assert raw == [MAX_UJ - 300_000, MAX_UJ - 100_000, 50_000, 450_000]  # stored raw
-    assert unwrap_rapl(raw, MAX_UJ) == [200_000, 150_000, 400_000]
-    assert rapl_window_energy_j(raw, MAX_UJ) == pytest.approx(0.75, abs=1e-12)
-    assert rapl_window_energy_j(raw[:1], MAX_UJ) is None  # one reading: unknown, not 0
-
-
-def test_unwrap_rapl_rules():
-    assert unwrap_rapl([10, 10, 25], 100) == [0, 15]
-    assert unwrap_rapl([90, 5], 100) == [15]  # (100 - 90) + 5
-    assert unwrap_rapl([], 100) == [] and unwrap_rapl([7], 100) == []
-    with pytest.raises(ValueError, match="outside the counter's range"):
-        unwrap_rapl([10, 150], 100)
-    with pytest.raises(ValueError, match="must be positive"):
-        unwrap_rapl([1, 2], 0)
+    # stored raw, wrap and all: the ledger unwraps with the zone's range (test_energy_ledger.py)
+    assert raw == [MAX_UJ - 300_000, MAX_UJ - 100_000, 50_000, 450_000]
 
 
 def test_psys_is_never_added_to_the_package(tree):
@@ -119,16 +105,13 @@ def test_psys_is_never_added_to_the_package(tree):
     set_energy(zones["psys"], 9_000_000)  # +4 J: contains both
     last = by_metric(reader.read())
     kinds = {z.metric: z.kind for z in reader.zones}
-    per_zone = [(kinds[m], rapl_window_energy_j([first[m].value, last[m].value], MAX_UJ)) for m in first]
-    totals = rapl_energy_by_kind(per_zone)
-    assert totals == {"psys": pytest.approx(4.0), "package": pytest.approx(2.0), "dram": pytest.approx(0.5)}
+    # each zone is its own metric: the ledger sums package zones only (test_energy_ledger.py)
+    assert {kinds[m]: last[m].value - first[m].value for m in first} == {"psys": 4_000_000, "package": 2_000_000,
+                                                                         "dram": 500_000}
     psys = next(z for z in reader.zones if z.kind == "psys")
     assert psys.contains_package
     row = next(s for s in reader.sources() if s.metric == "cpu_psys_energy_uj")
     assert "never added" in row.meaning
-    # two sockets add up per kind; one unknown zone makes its kind unknown, not a low total
-    assert rapl_energy_by_kind([("package", 2.0), ("package", 3.0)]) == {"package": 5.0}
-    assert rapl_energy_by_kind([("package", 2.0), ("package", None), ("dram", 1.0)]) == {"package": None, "dram": 1.0}
 
 
 def test_rapl_permission_denied_makes_that_zone_unavailable_with_how_to_grant(tree):
@@ -341,35 +324,6 @@ def test_nvml_library_not_found_is_unavailable():
 def test_open_all_gives_a_reader_per_gpu():
     readers = NvmlReader.open_all(FakeNvml(n_gpus=2))
     assert [r.device for r in readers] == ["gpu0/GPU-0000-0", "gpu1/GPU-0000-1"]
-
-
-# -- the pure energy math --------------------------------------------------------------------------
-
-def test_nvml_window_energy_and_driver_reset():
-    ok = nvml_window_energy([(0, 10_000), (200_000_000, 10_400), (400_000_000, 11_500)])
-    assert ok.valid and ok.energy_j == pytest.approx(1.5) and not ok.short_window
-    reset = nvml_window_energy([(0, 10_000), (200_000_000, 12_000), (300_000_000, 150)])
-    assert not reset.valid and reset.energy_j is None and "driver was reloaded" in reset.reason
-    one = nvml_window_energy([(0, 10_000)])
-    assert not one.valid and one.energy_j is None
-
-
-def test_short_window_is_flagged():
-    w = nvml_window_energy([(0, 10_000), (60_000_000, 10_000)])  # 60 ms: the counter had no update
-    assert w.valid and w.short_window and w.energy_j == 0.0 and "100 ms" in w.reason
-    assert short_window(NVML_UPDATE_PERIOD_NS - 1) and not short_window(NVML_UPDATE_PERIOD_NS)
-
-
-def test_integrate_power_trapezoid_is_exact():
-    # 1 W -> 3 W over 1 s (2 J), then 3 W for 2 s (6 J), then 3 W -> 0 W over 0.5 s (0.75 J)
-    ts = [0, 1_000_000_000, 3_000_000_000, 3_500_000_000]
-    mw = [1000, 3000, 3000, 0]
-    assert integrate_power(ts, mw) == 8.75
-    assert integrate_power([5], [100]) is None
-    with pytest.raises(ValueError, match="backwards"):
-        integrate_power([0, 2, 1], [1, 1, 1])
-    with pytest.raises(ValueError, match="timestamps but"):
-        integrate_power([0, 1], [1])
 
 
 # -- the sampler thread ---------------------------------------------------------------------------

@@ -99,3 +99,60 @@ def test_vllm_style_goodput_uses_declared_thresholds(tmp_path):
         == (pytest.approx(1.0), 500.0, None)
     con2 = build_run(tmp_path / "r2", ev)
     assert con2.execute("select vllm_goodput_rps from run_metrics").fetchone()[0] is None
+
+
+# -- samples that do not line up with the window (issue 10, item 7) --------------------------------
+
+def _counter(points):
+    """(ms, joules in the interval ending at ms) -> raw gpu_energy_mj samples, counter from 1000 J."""
+    out, v = [], 1_000_000.0
+    for ms, joules in points:
+        v += joules * 1000.0
+        out.append((ms, v))
+    return _gpu_samples(out)
+
+
+def test_counter_deltas_straddling_the_window_edges_are_apportioned(tmp_path):
+    # window 0 .. 1000 ms; samples every 300 ms from -550: -550, -250, 50, 350, 650, 950, 1250
+    # J per interval: (-550,-250) 30 = 100 W; (-250,50) 45 = 150 W; then 60, 60, 60 (200 W); (950,1250) 30
+    samples = _counter([(-550, 0), (-250, 30), (50, 45), (350, 60), (650, 60), (950, 60), (1250, 30)])
+    con = build_run(tmp_path / "r", _attempt("A1", 0, 1000) + _steps(), samples=samples)
+    energy, idle, short = con.execute("SELECT energy_gpu_j, idle_gpu_j, gpu_window_short FROM run_metrics").fetchone()
+    # inside: 45 x 50/300 = 7.5 (the part of (-250, 50) after 0) + 180 + 30 x 50/300 = 5  -> 192.5 J
+    assert energy == pytest.approx(192.5)
+    # idle power before the window: 30 J + 45 x 250/300 = 37.5 J over 0.3 + 0.25 s; times the 1 s covered
+    assert idle == pytest.approx(67.5 / 0.55 * 1.0)
+    assert short is False
+
+
+def test_idle_and_window_terms_share_the_covered_time(tmp_path):
+    # the sampler stopped at 950 ms: the counter covers 0 .. 950 of the 0 .. 1000 window
+    samples = _counter([(-550, 0), (-250, 30), (50, 45), (350, 60), (650, 60), (950, 60)])
+    con = build_run(tmp_path / "r", _attempt("A1", 0, 1000), samples=samples)
+    energy, idle = con.execute("SELECT energy_gpu_j, idle_gpu_j FROM run_metrics").fetchone()
+    assert energy == pytest.approx(7.5 + 180.0)
+    assert idle == pytest.approx(67.5 / 0.55 * 0.95)  # the same 0.95 s the window energy covers
+
+
+def test_instant_power_is_integrated_up_to_the_window_edges(tmp_path):
+    # 1 W at -500 ms rising linearly to 3 W at 500 ms, then 3 W until 1500 ms; window 0 .. 1000
+    samples = [(ms, "gpu_power_instant_mw", mw, "mW", "gpu0") for ms, mw in ((-500, 1000.0), (500, 3000.0), (1500, 3000.0))]
+    con = build_run(tmp_path / "r", _attempt("A1", 0, 1000), samples=samples)
+    # 0 .. 500: 2 W -> 3 W, 1.25 J; 500 .. 1000: 3 W, 1.5 J
+    assert con.execute("SELECT gpu_power_integrated_j FROM run_metrics").fetchone()[0] == pytest.approx(2.75)
+
+
+def test_psys_is_never_added_to_the_cpu_package(tmp_path):
+    zone = "/sys/class/powercap/intel-rapl:0"
+    s = [(-600, "rapl_max_energy_range_uj", 10_000_000_000, "uJ", zone)]
+    for ms, pkg, psys in ((0, 1_000_000, 5_000_000), (1000, 3_000_000, 9_000_000)):
+        s += [(ms, "cpu_package_energy_uj", pkg, "uJ", zone), (ms, "cpu_psys_energy_uj", psys, "uJ", zone + ":psys")]
+    con = build_run(tmp_path / "r", _attempt("A1", 0, 1000), samples=s)
+    assert con.execute("SELECT energy_cpu_j, energy_scope FROM run_metrics").fetchone() == (pytest.approx(2.0), "cpu_package")
+
+
+def test_a_window_shorter_than_the_nvml_update_period_is_flagged(tmp_path):
+    # 60 ms window: the counter did not move (NVML updates about every 100 ms): 0 J, flagged, not dropped
+    samples = _gpu_samples([(0, 10_000.0), (60, 10_000.0)])
+    con = build_run(tmp_path / "r", _attempt("A1", 0, 60), samples=samples)
+    assert con.execute("SELECT energy_gpu_j, gpu_window_short FROM run_metrics").fetchone() == (0.0, True)
