@@ -65,7 +65,7 @@ WITH distinct_attrs AS (
 ), parsed AS (
   SELECT attrs, coalesce(TRY_CAST(json_extract_string(attrs, '$.choice') AS INTEGER), 0) AS choice FROM distinct_attrs
 )
-SELECT e.attempt_id, e.ts_ns, e.seq, e.clock, e.event_id, e.value, p.choice
+SELECT e.attempt_id, e.ts_ns, e.seq, e.clock, e.event_id, e.value, p.choice, e.step_id
 FROM events e JOIN parsed p ON coalesce(e.attrs, '{}') = p.attrs WHERE e.name = 'engine.token';
 
 CREATE OR REPLACE TEMP TABLE attempt_ids AS

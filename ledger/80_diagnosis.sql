@@ -143,11 +143,31 @@ WITH missed AS (
   SELECT me.attempt_id, sum(o.share_ms) AS ms
   FROM step_attribution me JOIN step_attribution o ON o.step_id = me.step_id AND o.attempt_id <> me.attempt_id
   WHERE me.kind = 'decode' AND o.kind = 'prefill' GROUP BY 1
+), tok_gaps AS (  -- engine gaps between consecutive tokens of one choice, with the step of the later token
+  SELECT attempt_id, choice, clock, step_id, ts_ns, prev_ns, (ts_ns - prev_ns) / 1e6 AS gap_ms FROM (
+    SELECT attempt_id, choice, clock, step_id, ts_ns,
+           lag(ts_ns) OVER (PARTITION BY attempt_id, choice, clock ORDER BY ts_ns, seq) AS prev_ns
+    FROM ev_tok WHERE attempt_id IN (SELECT attempt_id FROM missed))
+  WHERE prev_ns IS NOT NULL
+), explained AS (  -- the part of each gap another cause already holds: preemption and recompute time, and
+                   -- the interference charged to the step that produced the later token
+  SELECT g.attempt_id, g.choice, g.ts_ns,
+         coalesce((SELECT sum(greatest(least(g.ts_ns, v.end_ns) - greatest(g.prev_ns, v.start_ns), 0)) / 1e6
+                   FROM intervals v WHERE v.attempt_id = g.attempt_id AND v.stream = 'engine' AND v.clock = g.clock
+                     AND v.name IN ('preempted', 'recompute')), 0)
+         + coalesce((SELECT sum(o.share_ms) FROM step_attribution me JOIN step_attribution o
+                       ON o.step_id = me.step_id AND o.attempt_id <> me.attempt_id AND o.kind = 'prefill'
+                     WHERE me.attempt_id = g.attempt_id AND me.step_id = g.step_id AND me.kind = 'decode'), 0) AS ms
+  FROM tok_gaps g
 ), stalls AS (
-  -- engine gaps beyond twice the attempt's median gap
-  SELECT i.attempt_id, sum(i.gap_ms - 2 * med.m) AS ms
-  FROM itl i JOIN (SELECT attempt_id, median(gap_ms) AS m FROM itl WHERE layer = 'engine' GROUP BY 1) med USING (attempt_id)
-  WHERE i.layer = 'engine' AND i.gap_ms > 2 * med.m GROUP BY 1
+  -- engine gaps beyond twice the attempt's median gap, less what preemption and interference explain;
+  -- choices decode in the same steps, so the attempt's stall is its most stalled choice's
+  SELECT attempt_id, max(ms) AS ms FROM (
+    SELECT g.attempt_id, g.choice, sum(greatest(g.gap_ms - x.ms - 2 * med.m, 0)) AS ms
+    FROM tok_gaps g JOIN explained x USING (attempt_id, choice, ts_ns)
+    JOIN (SELECT attempt_id, median(gap_ms) AS m FROM tok_gaps GROUP BY 1) med USING (attempt_id)
+    GROUP BY g.attempt_id, g.choice)
+  GROUP BY attempt_id
 ), layers AS (  -- which layers saw the attempt: a cause is 0 only where its layer could have seen it
   SELECT attempt_id, client_status IS NOT NULL AS has_client, server_status <> 'unknown' AS has_engine,
          attempt_id IN (SELECT attempt_id FROM step_attribution) AS has_steps

@@ -71,3 +71,49 @@ def test_causes_are_measured_where_the_layers_exist_and_unknown_elsewhere(tmp_pa
     # A3: a client timeout has no client E2E, so no transfer figure (NULL, not 0); the server side is unknown
     assert got["A3"]["transfer_client_ms"] is None and got["A3"]["server_queue_ms"] is None
     assert got["A3"]["dominant_cause"] == "unknown"
+
+
+def _preempted_and_interfered():
+    """A1 (T1, deadline 200 ms) decodes, is preempted at 42 ms, recomputes 142 -> 152, and its step 7
+    (162 -> 222) is shared 1:1 with B1's prefill. Engine gaps 10, 10, 10, 110, 10, 60, 10 ms."""
+    eng, srv = {"source": "engine"}, {"source": "server"}
+    ev = [_e("task.start", 0, task="T1", attrs={"deadline_ms": 200}),
+          _e("attempt.created", 0, "A1", task="T1"), _e("attempt.sent", 0, "A1", task="T1"),
+          _e("server.received", 1, "A1", **srv), _e("engine.enqueued", 2, "A1", **eng),
+          _e("engine.scheduled", 2, "A1", **eng),
+          _e("engine.preempted", 42, "A1", value=13, **eng), _e("engine.scheduled", 142, "A1", **eng),
+          _e("engine.enqueued", 150, "B1", **eng), _e("engine.scheduled", 162, "B1", **eng)]
+    steps = [(1, 2, 12, [["A1", "prefill", 10]]), (2, 12, 22, [["A1", "decode", 1]]), (3, 22, 32, [["A1", "decode", 1]]),
+             (4, 32, 42, [["A1", "decode", 1]]), (5, 142, 152, [["A1", "prefill", 13]]),
+             (6, 152, 162, [["A1", "decode", 1]]), (7, 162, 222, [["A1", "decode", 1], ["B1", "prefill", 1]]),
+             (8, 222, 232, [["A1", "decode", 1]])]
+    for sid, t0, t1, batch in steps:
+        ev += [_e("step.start", t0, step_id=sid, source="engine", attrs={"batch": batch}),
+               _e("step.end", t1, step_id=sid, source="engine", value=sum(b[2] for b in batch)),
+               _e("engine.token", t1, "A1", step_id=sid, value=1, **eng)]
+    ev += [_e("engine.finished", 232, "A1", value=8, attrs={"reason": "stop"}, **eng), _e("server.done", 233, "A1", **srv),
+           _e("attempt.chunk", 234, "A1", task="T1", attrs={"kinds": ["content"]}),
+           _e("attempt.done", 235, "A1", task="T1", attrs={"finish_reason": "stop"})]
+    return ev
+
+
+def test_causes_are_disjoint_a_preemption_gap_is_not_also_a_stall(tmp_path):
+    con = build_run(tmp_path / "r", _preempted_and_interfered())
+    cols = ("client_queue_ms", "server_queue_ms", "prefill_interference_ms", "decode_stall_ms", "preemption_ms",
+            "transfer_client_ms", "dominant_cause")
+    row = dict(zip(cols, con.execute(f"SELECT {', '.join(cols)} FROM slo_misses WHERE attempt_id = 'A1'").fetchone()))
+    # preemption: preempted 42 -> 142 and recompute 142 -> 152 = 110. Interference: B1's half of step 7 = 30.
+    # Stalls (median gap 10, threshold 20): the 110 ms gap is all preemption -> 0; the 60 ms gap holds
+    # 30 ms of interference -> 60 − 30 − 20 = 10. Transfer: client E2E 235 − server E2E (233 − 2) = 4.
+    assert row == {"client_queue_ms": 0, "server_queue_ms": 0.0, "prefill_interference_ms": pytest.approx(30.0),
+                   "decode_stall_ms": pytest.approx(10.0), "preemption_ms": pytest.approx(110.0),
+                   "transfer_client_ms": pytest.approx(4.0), "dominant_cause": "preemption"}
+
+
+def test_the_causes_of_a_miss_never_add_up_to_more_than_its_span(tmp_path):
+    con = build_run(tmp_path / "r", _preempted_and_interfered())
+    rows = con.execute("SELECT s.attempt_id, client_queue_ms + server_queue_ms + prefill_interference_ms "
+                       "+ decode_stall_ms + preemption_ms + transfer_client_ms, r.client_span_ms "
+                       "FROM slo_misses s JOIN request_metrics r USING (attempt_id)").fetchall()
+    known = [(aid, total, span) for aid, total, span in rows if total is not None]
+    assert known and all(total <= span for _, total, span in known), known
