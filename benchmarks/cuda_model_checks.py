@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from cuda_probes import _timer, pinned, sdpa_ops_run
+from cuda_probes import _timer, pinned, sdpa_ops_run, sdpa_priority
 from engine_throughput import weight_bytes_per_step
 from inferledger.engine import LLM, EngineConfig, SamplingParams
 from inferledger.engine.runner import ModelRunner, SeqChunk
@@ -96,6 +96,7 @@ def correctness(bundle, name: str, sdpa: list[str] | None, cpu_ref: dict, prompt
     graphs = buckets_up_to(len(prompts))
     out = {"dtype": dtype, "sdpa_pinned": sdpa}
     with pinned(sdpa):
+        out["sdpa_priority"] = sdpa_priority()
         holder = {}
         out["sdpa_ops_run"] = sdpa_ops_run(lambda: holder.update(
             eager=forced_logits(bundle, prompts, cpu_ref["tokens"])))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,9 @@ def sdpa_backends() -> dict:
 
 
 def pinned(names: list[str] | None):
-    """A context that allows only these SDPA backends (None: the dispatcher's own choice)."""
+    """A context that allows only these SDPA backends, tried in this order (None: the dispatcher's
+    own choice). The order matters: PyTorch's default priority puts math before cuDNN, so
+    ["cudnn", "math"] without set_priority would always run math."""
     import contextlib
 
     from torch.nn.attention import sdpa_kernel
@@ -38,7 +41,16 @@ def pinned(names: list[str] | None):
     if names is None:
         return contextlib.nullcontext()
     table = sdpa_backends()
-    return sdpa_kernel([table[n] for n in names])
+    return sdpa_kernel([table[n] for n in names], set_priority=True)
+
+
+def sdpa_priority() -> list[str] | None:
+    """The dispatcher's backend order as set now (first that takes the inputs runs)."""
+    order = getattr(torch._C, "_get_sdp_priority_order", None)
+    if order is None:
+        return None
+    by_value = {int(v): k for k, v in sdpa_backends().items()}
+    return [by_value.get(int(i), str(i)) for i in order()]
 
 
 def sdpa_ops_run(fn) -> dict[str, int]:
@@ -60,7 +72,8 @@ def environment(device: torch.device) -> dict:
     on_cuda = device.type == "cuda"
     env = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device),
            "cuda_runtime": torch.version.cuda, "cudnn_version": torch.backends.cudnn.version()
-           if torch.backends.cudnn.is_available() else None, "flags": numeric_flags()}
+           if torch.backends.cudnn.is_available() else None, "flags": numeric_flags(),
+           "sdpa_priority": sdpa_priority()}
     if on_cuda:
         props = torch.cuda.get_device_properties(device)
         uuid = "GPU-" + str(props.uuid).removeprefix("GPU-")
@@ -197,11 +210,15 @@ def attention_backends(device: torch.device, n_heads: int = 9, n_kv: int = 3, he
         qd, kd, vd = (t.to(device, dtype) for t in (q, k, v))
         row = {"default": sdpa_ops_run(lambda: _call(qd, kd, vd, spec, dtype))}
         for backend in sdpa_backends():
-            try:
-                with pinned([backend]):
-                    got = _call(qd, kd, vd, spec, dtype)
-                row[backend] = {"ok": True, "max_abs_err": float(f"{(got.cpu().double() - ref).abs().max().item():.3g}")}
-            except RuntimeError as exc:  # "No available kernel": this backend does not take the shape
-                row[backend] = {"ok": False, "why": str(exc).strip().splitlines()[0][:200]}
+            with warnings.catch_warnings(record=True) as said:  # a refusing backend warns why, then raises
+                warnings.simplefilter("always")
+                try:
+                    with pinned([backend]):
+                        got = _call(qd, kd, vd, spec, dtype)
+                    row[backend] = {"ok": True,
+                                    "max_abs_err": float(f"{(got.cpu().double() - ref).abs().max().item():.3g}")}
+                except RuntimeError as exc:  # "No available kernel": this backend does not take the shape
+                    why = [str(w.message).strip().splitlines()[0][:160] for w in said[:3]]
+                    row[backend] = {"ok": False, "why": why or [str(exc).strip().splitlines()[0][:200]]}
         out[name] = row
     return out

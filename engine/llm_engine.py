@@ -82,6 +82,8 @@ class LLMEngine:
         if device.type != param.device.type:
             raise ValueError(f"EngineConfig.device={cfg.device!r} but the model is on {param.device}; "
                              f"load it with load_model(device={cfg.device!r})")
+        if device.type == "cuda" and device.index is None:
+            device = param.device  # "cuda" is the model's own cuda:N, not whichever device is current later
         dtype = getattr(torch, cfg.dtype) if cfg.dtype else param.dtype
         num_blocks = cfg.resolve_num_blocks(bundle.config.kv_bytes_per_token(dtype))
         return ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks, block_size=cfg.block_size,
