@@ -187,11 +187,18 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--mbu-batches", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--mbu-context", type=int, default=256, help="context tokens of each sequence in the MBU steps")
+    ap.add_argument("--bandwidth-mib", type=int, default=1024, help="buffer copied by the bandwidth phase")
+    ap.add_argument("--capture-seqs", type=int, default=16, help="max_num_seqs of the capture phase")
+    ap.add_argument("--workload", type=Path, default=WORKLOAD, help="the capture phase's workload")
     ap.add_argument("--budget-s", type=float, default=400.0, help="no phase starts after this many seconds")
     ap.add_argument("--model-free", action="store_true", help="only the phases that need no model")
     args = ap.parse_args()
     data = run_checks(args.device, args.out, n_prompts=args.prompts, tokens=args.tokens,
-                      concurrency=tuple(args.concurrency), budget_s=args.budget_s, model_free=args.model_free)
+                      concurrency=tuple(args.concurrency), mbu_batches=tuple(args.mbu_batches),
+                      mbu_context=args.mbu_context, bandwidth_mib=args.bandwidth_mib, capture_seqs=args.capture_seqs,
+                      workload=args.workload, budget_s=args.budget_s, model_free=args.model_free)
     failed = [n for n, p in data["phases"].items() if not p.get("ok")]
     print(f"wrote {args.out / 'cuda_check.json'}; phases not ok: {failed or 'none'}")
     sys.exit(1 if failed else 0)

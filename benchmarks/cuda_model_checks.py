@@ -146,7 +146,8 @@ def decode_mbu(bundle, batch: int, ctx: int, graphs: bool, bandwidth_gb_s: float
     w = weight_bytes_per_step(bundle)
     kv = batch * (ctx + steps // 2) * bundle.config.kv_bytes_per_token(bundle.dtype)
     gb_s = (w + kv) / 1e9 / dt
-    return {"batch": batch, "context_tokens": ctx, "mode": modes, "steps": len(times), "median_step_ms": round(dt * 1e3, 4),
+    return {"batch": batch, "context_tokens": ctx, "mode": modes, "steps": len(times),
+            "median_step_ms": round(dt * 1e3, 4),
             "weight_mb": round(w / 1e6, 1), "kv_mb": round(kv / 1e6, 1), "achieved_gb_s": round(gb_s, 1),
             "mbu": round(gb_s / bandwidth_gb_s, 3) if bandwidth_gb_s else None,
             "mbu_against": "memcpy best GB/s (read + write) measured in this run"}

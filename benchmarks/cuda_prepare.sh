@@ -6,7 +6,8 @@
 # GPU image lacks) in the second, which runs benchmarks/cuda_run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> "$(git rev-parse --git-path info/exclude)"
+exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
 model=$(.venv/bin/python -c "from inferledger.engine.loader import default_model_path as d; print(d())")
 rm -rf .gpu && mkdir -p .gpu/a .gpu/b
 split -n 2 -d "$model" .gpu/model.part

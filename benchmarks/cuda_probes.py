@@ -173,15 +173,14 @@ def accumulation(device: torch.device, ks=(576, 1536), seed: int = 0) -> dict:
 
 
 def attention_shapes(n_heads: int, n_kv: int, head_dim: int, batches=(1, 64), ctx: int = 256, prompt: int = 128):
-    """name -> (q, k, v, kwargs) builders of the engine's SDPA calls (engine/runner.py): the batched
-    decode (query heads grouped per KV head, additive mask), a fresh prefill (causal, enable_gqa) and
-    a chunk over cached context (boolean mask, enable_gqa)."""
+    """name -> (q shape, k/v shape, how it is called) of the engine's SDPA calls (engine/runner.py):
+    the batched decode (query heads grouped per KV head, additive mask), a fresh prefill (causal,
+    enable_gqa) and a chunk over cached context (boolean mask, enable_gqa)."""
     G = n_heads // n_kv
-    shapes = {}
-    for b in batches:
-        shapes[f"decode_b{b}_ctx{ctx}"] = (lambda b=b: ((b, n_kv, G, head_dim), (b, n_kv, ctx, head_dim), {"bias": (b, 1, 1, ctx)}))
-    shapes[f"prefill_{prompt}"] = lambda: ((1, n_heads, prompt, head_dim), (1, n_kv, prompt, head_dim), {"causal": True})
-    shapes[f"chunk_16_ctx{ctx}"] = lambda: ((1, n_heads, 16, head_dim), (1, n_kv, ctx, head_dim), {"chunk": 16})
+    shapes = {f"decode_b{b}_ctx{ctx}": ((b, n_kv, G, head_dim), (b, n_kv, ctx, head_dim), {"bias": (b, 1, 1, ctx)})
+              for b in batches}
+    shapes[f"prefill_{prompt}"] = ((1, n_heads, prompt, head_dim), (1, n_kv, prompt, head_dim), {"causal": True})
+    shapes[f"chunk_16_ctx{ctx}"] = ((1, n_heads, 16, head_dim), (1, n_kv, ctx, head_dim), {"chunk": 16})
     return shapes
 
 
@@ -203,8 +202,7 @@ def attention_backends(device: torch.device, n_heads: int = 9, n_kv: int = 3, he
     backend pinned alone: whether it takes the shape, its max abs error against fp64 math."""
     g = torch.Generator().manual_seed(0)
     out = {}
-    for name, make in attention_shapes(n_heads, n_kv, head_dim, batches).items():
-        qs, ks, spec = make()
+    for name, (qs, ks, spec) in attention_shapes(n_heads, n_kv, head_dim, batches).items():
         q, k, v = (torch.randn(s, generator=g) for s in (qs, ks, ks))
         ref = _call(*(t.double() for t in (q, k, v)), spec, torch.double)
         qd, kd, vd = (t.to(device, dtype) for t in (q, k, v))

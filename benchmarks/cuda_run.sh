@@ -27,7 +27,7 @@ rc=0
 if ! [ -f "$STAGE/model.part00" ] || ! (cd "$STAGE" && sha256sum -c --quiet model.part00.sha256); then
   echo "FIRST HALF MISSING: $STAGE/model.part00 is not on this machine (it went cold after call 1, or call 1" \
        "was not made). Running the model-free phases only; then repeat call 1 and call 2 back to back." | tee -a "$log"
-  timeout 240 python3 benchmarks/cuda_check.py --out /tmp/cuda_out --model-free 2>&1 | tee -a "$log"
+  timeout 240 python3 benchmarks/cuda_check.py --out /tmp/cuda_out --model-free "$@" 2>&1 | tee -a "$log"
   rc=3
 else
   (cd .gpu/b && sha256sum -c --quiet model.part01.sha256) || { echo "second half corrupt in transit" | tee -a "$log"; exit 2; }

@@ -2,8 +2,9 @@
 
 Greedy is argmax, one per step: `prepare` takes the argmax of every sequence's logits row at once
 (the rows of one [batch, vocab] tensor) with one transfer to the host, and `greedy_token` uses it for
-those rows; a per-row argmax + `.item()` is a launch and a device sync per sequence. Sampling applies temperature, then top-k, then top-p, and draws with the
-sequence's own `torch.Generator`, so a seed reproduces an output whatever else shares the batch.
+those rows; a per-row argmax + `.item()` is a launch and a device sync per sequence. Sampling
+applies temperature, then top-k, then top-p, and draws with the sequence's own
+`torch.Generator`, so a seed reproduces an output whatever else shares the batch.
 Before min_tokens outputs, EOS and stop_token_ids are masked out. Stop strings are matched on the
 detokenized text and cut from it; the token ids stay as generated.
 """
