@@ -132,3 +132,73 @@ def test_gpu_energy_is_read_only_from_the_nvml_device_with_the_cuda_uuid():
     assert matched == "gpu1/GPU-bbbb" and fig["joules"] == 2.0 and fig["window_s"] == 2.0
     none, nobody = gpu_energy(samples, "GPU-cccc")
     assert nobody is None and none["joules"] is None and "UUID" in none["why_none"]
+
+
+def test_cudnn_pinned_first_really_comes_first():
+    """PyTorch's default order puts math before cuDNN: a pin of [cudnn, math] must reorder, or the
+    cuDNN configuration would silently run math."""
+    _load_script()
+    import cuda_probes
+
+    before = cuda_probes.sdpa_priority()
+    assert before.index("math") < before.index("cudnn")
+    with cuda_probes.pinned(["cudnn", "math"]):
+        assert cuda_probes.sdpa_priority()[:2] == ["cudnn", "math"]
+    assert cuda_probes.sdpa_priority() == before
+
+
+def _run_sh(tmp_path: Path, *args: str, stage: Path) -> tuple[int, str, list[str]]:
+    """benchmarks/cuda_run.sh with `python3` replaced by a stub that logs its arguments."""
+    import os
+    import subprocess
+
+    stub = tmp_path / "bin"
+    stub.mkdir(exist_ok=True)
+    calls = tmp_path / "calls.txt"
+    (stub / "python3").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (stub / "python3").chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "OUT": str(out),
+           "INFERLEDGER_GPU_STAGE": str(stage), "INFERLEDGER_GPU_CARRY": str(tmp_path / "carry"),
+           "INFERLEDGER_GPU_RESULTS": str(tmp_path / "results"), "INFERLEDGER_GPU_SITE": str(tmp_path / "site"),
+           "INFERLEDGER_GPU_PKG": str(tmp_path / "pkg")}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "cuda_run.sh"), *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode, proc.stdout + proc.stderr, calls.read_text().splitlines() if calls.exists() else []
+
+
+def _carry(tmp_path: Path, first: bytes, second: bytes) -> None:
+    import hashlib
+
+    for half, name, data in (("a", "model.part00", first), ("b", "model.part01", second)):
+        d = tmp_path / "carry" / half
+        d.mkdir(parents=True, exist_ok=True)
+        (d / name).write_bytes(data)
+        (d / f"{name}.sha256").write_text(f"{hashlib.sha256(data).hexdigest()}  {name}\n")
+    (tmp_path / "carry" / "b" / "model.sha256").write_text(hashlib.sha256(first + second).hexdigest() + "\n")
+    (tmp_path / "carry" / "b" / "gguf-0-py3-none-any.whl").write_bytes(b"")
+
+
+def test_the_second_call_says_when_the_first_half_is_gone_and_runs_only_the_model_free_phases(tmp_path):
+    _carry(tmp_path, b"first half", b"second half")
+    rc, text, calls = _run_sh(tmp_path, stage=tmp_path / "cold-machine")  # call 1 never reached this machine
+    assert rc == 3 and "FIRST HALF MISSING" in text
+    assert "FIRST HALF MISSING" in (tmp_path / "out" / "cuda_check.log").read_text()
+    assert calls[-1] == f"benchmarks/cuda_check.py --out {tmp_path / 'results'} --model-free"
+
+
+def test_the_two_calls_reassemble_the_model_and_run_the_whole_check(tmp_path):
+    _carry(tmp_path, b"first half", b"second half")
+    stage = tmp_path / "stage"
+    rc, text, _ = _run_sh(tmp_path, "stage", stage=stage)
+    assert rc == 0 and (stage / "model.part00").read_bytes() == b"first half"
+    rc, text, calls = _run_sh(tmp_path, "--budget-s", "300", stage=stage)
+    assert rc == 0, text
+    assert (stage / "model.gguf").read_bytes() == b"first halfsecond half"
+    assert calls[-1] == f"benchmarks/cuda_check.py --out {tmp_path / 'results'} --budget-s 300"
+    assert (tmp_path / "pkg" / "inferledger" / "engine" / "runner.py").exists()  # the tree, importable
+    # a half damaged in transit stops the call before anything runs
+    (tmp_path / "carry" / "a" / "model.part00").write_bytes(b"first hal!")
+    rc, text, _ = _run_sh(tmp_path, "stage", stage=tmp_path / "stage2")
+    assert rc == 2 and "corrupt" in text

@@ -235,3 +235,70 @@ def test_nvml_reader_for_a_cuda_device_is_matched_by_uuid_not_by_index():
     assert NvmlReader.for_uuid(readers, "gpu-0000-1").index == 1  # CUDA's spelling is lower case
     assert NvmlReader.for_uuid(readers, "0000-0") is readers[0]  # CUDA's properties omit "GPU-"
     assert NvmlReader.for_uuid(readers, "GPU-9999") is None and NvmlReader.for_uuid(readers, None) is None
+
+
+class _FakeCudaRuntime:
+    """The torch.cuda calls GraphCapture makes, recording the current stream and device as a CUDA
+    runtime would see them; torch.cuda.graph makes its `stream` current, as the real one does."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.current_device, self.made = 0, []
+        self.graph_calls, self.waits = [], []
+        rt = self
+
+        class Stream:
+            def __init__(self, side=True):
+                if side:
+                    rt.made.append(self)
+
+            def wait_stream(self, other):
+                rt.waits.append((self, other))
+
+        self.default = self.current = Stream(side=False)
+
+        @contextlib.contextmanager
+        def switch(attr, value):
+            prev = getattr(rt, attr)
+            setattr(rt, attr, value)
+            try:
+                yield
+            finally:
+                setattr(rt, attr, prev)
+
+        @contextlib.contextmanager
+        def graph(g, pool=None, stream=None):
+            rt.graph_calls.append((g, pool, stream))
+            with switch("current", stream if stream is not None else object()), switch("capturing", True):
+                yield
+
+        self.capturing = False
+        for name, value in {"Stream": Stream, "graph_pool_handle": lambda: "pool",
+                            "device": lambda d: switch("current_device", d.index),
+                            "stream": lambda s: switch("current", s), "graph": graph,
+                            "current_stream": lambda: rt.current,
+                            "CUDAGraph": lambda: object()}.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_graph_warm_up_and_capture_run_on_one_side_stream_of_the_runners_device(monkeypatch):
+    from types import SimpleNamespace
+
+    from inferledger.engine.cuda_graph import WARMUP_STEPS, GraphCapture
+
+    rt = _FakeCudaRuntime(monkeypatch)
+    calls = []
+
+    def step(g):
+        calls.append((g.name, rt.current, rt.current_device, rt.capturing))
+        return f"logits of {g.name}"
+    capture = GraphCapture(torch.device("cuda", 1))
+    buckets = [SimpleNamespace(name=n, graph=None, logits=None) for n in ("b1", "b2")]
+    for g in buckets:
+        capture.capture(g, step)
+    (side,) = rt.made  # one side stream for the runner, made once
+    assert calls == [(g.name, side, 1, i == WARMUP_STEPS) for g in buckets for i in range(WARMUP_STEPS + 1)]
+    assert [(pool, stream) for _, pool, stream in rt.graph_calls] == [("pool", side)] * 2  # one pool, that stream
+    assert [g.logits for g in buckets] == ["logits of b1", "logits of b2"] and all(g.graph for g in buckets)
+    # the side stream waits for the buffers' fills; the default stream waits for the capture
+    assert rt.waits == [(side, rt.default), (rt.default, side)] * 2
+    assert rt.current is rt.default and rt.current_device == 0 and capture.captured == 2
