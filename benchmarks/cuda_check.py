@@ -1,43 +1,57 @@
-"""The CUDA path, checked in one run on a GPU machine; docs/CUDA.md records what it printed.
+"""The CUDA path, checked in one run of at most 8 minutes on a GPU machine (docs/CUDA.md).
 
-1. Greedy equality: the same prompts, 32 tokens each, batched, through the engine on the CPU (fp32,
-   the reference) and on the device in fp32 and bf16, each eager and with CUDA graphs. Reports, per
-   configuration, how many sequences are identical to the reference and the tokens matched before
-   the first divergence; graphs against eager in the same dtype must be identical.
-2. Throughput on the device (bf16): eager against CUDA graphs at several concurrencies, output
-   tokens/s and the ratio.
-3. Device clock and energy: an embedded `capture` on the device (HTTP server, load client, the NVML
-   energy sampler, `device.step` events from CUDA events). The run directory is written under --out
-   so the ledger can rebuild it on a machine that has DuckDB; the script itself checks that every
-   step.end has its device.step, the cuda clock's mapping (epsilon, drift) and the energy readings.
+Phases, each written to DIR/cuda_check.json as soon as it ends (its result, or its traceback: a
+failing phase loses nothing already measured, and the phases after it still run unless they need
+what failed):
 
-    python benchmarks/cuda_check.py --out DIR [--device cuda] [--prompts 8] [--tokens 32]
+  env          versions, cuDNN, the device, its UUID and the NVML device matched to it by UUID
+  bandwidth    memcpy GB/s on the device (read + write): the ceiling MBU is measured against
+  numerics     what bf16 matmuls accumulate in, measured; fp32 matmul precision (TF32 or not)
+  attention    per attention shape of the engine: the SDPA backend the dispatcher runs, and each
+               backend pinned alone (takes the shape? error against fp64?)
+  load         the model on the CPU (fp32, the reference) and on the device (fp32, bf16)
+  reference    CPU fp32 greedy tokens and teacher-forced logits along them
+  correctness  per configuration (dtype x SDPA pin, cuDNN apart), eager and CUDA graphs over the
+               batch buckets: logits and tokens against the CPU reference (cuda_model_checks.py)
+  mbu          decode step device time at batch 1 and 64 (CUDA events), eager and graphs -> MBU
+  throughput   tokens/s eager against graphs at several concurrencies, every bucket captured first
+  capture      an embedded capture on the device: device.step per step.end, the cuda clock's mapping
+               and drift, NVML energy of the matched GPU, joules per good result
+
+    python benchmarks/cuda_check.py --out DIR [--device cuda] [--budget-s 400] [--model-free]
 
 `--device cpu` runs the same code as a dry run on the CPU (no graphs, no device clock, no NVML):
-the test suite does that, so the script cannot rot between GPU sessions. Everything measured goes
-to DIR/cuda_check.json; the run directory to DIR/run.
+the test suite does that. `--model-free` runs only env, bandwidth, numerics and attention (the
+first call on a GPU machine, before the second half of the model arrives). A phase that would start
+after --budget-s is recorded as skipped, so the run ends inside the device call's limit.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from inferledger.engine import LLM, EngineConfig, SamplingParams  # noqa: E402
-from inferledger.engine.loader import load_model  # noqa: E402
+import cuda_model_checks as mc  # noqa: E402
+import cuda_probes as probes  # noqa: E402
 
+WORKLOAD = Path(__file__).resolve().parent.parent / "samples" / "workloads" / "cuda_check.toml"
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Name three prime numbers.",
              "Why is the sky blue?", "Explain what a hash table is.", "Count from one to ten.",
              "What is photosynthesis?", "Give me a word that rhymes with cat.", "Who wrote Hamlet?",
              "Describe a sunset in one sentence."]
+# the SDPA configurations the model is checked under: the dispatcher's choice, cuDNN excluded
+# (the pinned main one), cuDNN alone with math as its fallback, and math alone
+SDPA_CONFIGS = {"default": None, "no_cudnn": ["flash", "efficient", "math"], "cudnn": ["cudnn", "math"],
+                "math": ["math"]}
 
 
 def chat_prompts(tokenizer, n: int) -> list[list[int]]:
@@ -45,124 +59,125 @@ def chat_prompts(tokenizer, n: int) -> list[list[int]]:
     return [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}])) for q in qs]
 
 
-def greedy(bundle, prompts, tokens: int, graphs) -> list[list[int]]:
-    cfg = EngineConfig(max_num_seqs=len(prompts), graph_batch_sizes=graphs, probes=False,
-                       enable_prefix_caching=False)
-    llm = LLM(bundle=bundle, config=cfg)
-    return [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=tokens, ignore_eos=True))]
+class Report:
+    """The JSON on disk, rewritten (atomically) after every phase."""
+
+    def __init__(self, path: Path, budget_s: float, header: dict) -> None:
+        self.path, self.budget_s, self.t0 = path, budget_s, time.perf_counter()
+        self.data = {**header, "budget_s": budget_s, "phases": {}}
+        self.write()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def phase(self, name: str, fn, *, needs: tuple[str, ...] = ()):
+        """Run fn() as phase `name`; -> its result, or None when it failed or was skipped."""
+        entry: dict = {}
+        missing = [n for n in needs if not self.data["phases"].get(n, {}).get("ok")]
+        if missing:
+            entry = {"ok": False, "skipped": f"needs {', '.join(missing)}"}
+        elif self.elapsed() > self.budget_s:
+            entry = {"ok": False, "skipped": f"budget: {self.elapsed():.0f} s of {self.budget_s:.0f} s spent"}
+        result = None
+        if not entry:
+            t0 = time.perf_counter()
+            try:
+                result = fn()
+                entry = {"ok": True, "result": _jsonable(result)}
+            except Exception as exc:  # recorded with its traceback; the next phases still run
+                entry = {"ok": False, "error": repr(exc)[:500], "traceback": traceback.format_exc()[-4000:]}
+            entry["seconds"] = round(time.perf_counter() - t0, 2)
+        self.data["phases"][name] = entry
+        self.write()
+        print(f"[{self.elapsed():6.1f} s] {name}: " + ("ok" if entry.get("ok") else entry.get("skipped")
+                                                      or entry.get("error")), flush=True)
+        return result
+
+    def write(self) -> None:
+        self.data["seconds"] = round(self.elapsed(), 1)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2))
+        os.replace(tmp, self.path)
 
 
-def agreement(ref: list[list[int]], got: list[list[int]]) -> dict:
-    prefix = []
-    for a, b in zip(ref, got):
-        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        prefix.append(n)
-    return {"identical": sum(a == b for a, b in zip(ref, got)), "sequences": len(ref),
-            "matched_prefix_tokens": prefix, "tokens_each": len(ref[0]) if ref else 0}
+def _jsonable(value):
+    """Drop what JSON cannot hold (tensors in the reference) from a phase's result."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items() if not isinstance(v, torch.Tensor)}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
 
 
-def throughput(bundle, prompts, tokens: int, concurrency: int, graphs) -> float:
-    cfg = EngineConfig(max_num_seqs=concurrency, graph_batch_sizes=graphs, probes=False,
-                       enable_prefix_caching=False, max_num_batched_tokens=max(512, concurrency))
-    llm = LLM(bundle=bundle, config=cfg)
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-    llm.generate(prompts, params)  # warm-up: graph capture for every bucket and width it meets
-    _sync(bundle)
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    _sync(bundle)
-    return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
-
-
-def _sync(bundle) -> None:
-    if bundle.device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-WORKLOAD = Path(__file__).resolve().parent.parent / "samples" / "workloads" / "cpu_short_chat.toml"
-
-
-def capture_run(bundle, run_dir: Path, max_num_seqs: int, workload: Path = WORKLOAD) -> dict:
-    """An embedded capture on the device, then what can be checked without the ledger."""
-    import pyarrow.parquet as pq
-
-    from inferledger.cli.capture import capture
-
-    capture(workload, run_dir, bundle=bundle, max_num_seqs=max_num_seqs)
-    events = pq.read_table(run_dir / "events").to_pylist()
-    samples = pq.read_table(run_dir / "samples").to_pylist() if (run_dir / "samples").exists() else []
-    clocks = pq.read_table(run_dir / "clocks.parquet").to_pylist()
-    ends = {e["step_id"]: json.loads(e["attrs"]) for e in events if e["name"] == "step.end"}
-    dev = [e for e in events if e["name"] == "device.step"]
-    host_ms = {}
-    starts = {e["step_id"]: e["ts_ns"] for e in events if e["name"] == "step.start"}
-    for e in events:
-        if e["name"] == "step.end" and e["step_id"] in starts:
-            host_ms[e["step_id"]] = (e["ts_ns"] - starts[e["step_id"]]) / 1e6
-    modes: dict[str, int] = {}
-    for a in ends.values():
-        modes[a["mode"]] = modes.get(a["mode"], 0) + 1
-    mapping = [c for c in clocks if c.get("from_clock") and c["from_clock"].startswith("cuda:")]
-    energy = sorted((s["ts_ns"], s["value"]) for s in samples if s["metric"] == "gpu_energy_mj")
-    n_out = sum(e["value"] for e in events if e["name"] == "engine.token")
-    return {
-        "steps": len(ends), "device_steps": len(dev),
-        "every_step_has_device_time": sorted(d["step_id"] for d in dev) == sorted(ends),
-        "step_modes": modes,
-        "device_ms_total": round(sum(d["value"] for d in dev), 3),
-        "host_step_ms_total": round(sum(host_ms.values()), 3),
-        "cuda_mapping": [{k: c[k] for k in ("from_clock", "to_clock", "offset_ns", "epsilon_ns", "method")}
-                         for c in mapping],
-        "gpu_energy_readings": len(energy),
-        "gpu_energy_j": round((energy[-1][1] - energy[0][1]) / 1e3, 3) if len(energy) > 1 else None,
-        "output_tokens": n_out,
-        "gaps": [g for g in _gaps(run_dir)],
-    }
-
-
-def _gaps(run_dir: Path) -> list[str]:
-    import pyarrow.parquet as pq
-
-    path = run_dir / "gaps.parquet"
-    if not path.exists():
-        return []
-    return [f"{g['scope']}: {g['affects']}: {g['detail']}" for g in pq.read_table(path).to_pylist()]
-
-
-def run_checks(device: str, out: Path, *, n_prompts: int = 8, tokens: int = 32,
-               concurrency=(1, 8, 32), capture_seqs: int = 8, workload: Path = WORKLOAD,
+def run_checks(device: str, out: Path, *, n_prompts: int = 8, tokens: int = 32, concurrency=(1, 8, 64),
+               mbu_batches=(1, 64), mbu_context: int = 256, capture_seqs: int = 16, workload: Path = WORKLOAD,
+               budget_s: float = 400.0, model_free: bool = False, sdpa_configs=None, bandwidth_mib: int = 1024,
                cpu_bundle=None, device_bundles=None) -> dict:
-    """Every check; `cpu_bundle` / `device_bundles` ({"float32": b, "bfloat16": b}) reuse loaded models."""
+    """Every phase; `cpu_bundle` / `device_bundles` ({"float32": b, "bfloat16": b}) reuse loaded models."""
     out.mkdir(parents=True, exist_ok=True)
-    on_cuda = device.startswith("cuda")
-    report: dict = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
-                    "gpu": torch.cuda.get_device_name(0) if on_cuda else None}
-    t_start = time.perf_counter()
-    cpu = cpu_bundle or load_model(device="cpu")
-    dtypes = ("float32", "bfloat16") if on_cuda else ("float32",)
-    bundles = device_bundles or {d: load_model(device=device, dtype=getattr(torch, d)) for d in dtypes}
-    prompts = chat_prompts(cpu.tokenizer, n_prompts)
-    ref = greedy(cpu, prompts, tokens, graphs=None)
-    buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b < n_prompts) + (n_prompts,)
-    eq = report["greedy"] = {}
-    for d, b in bundles.items():
-        eager = greedy(b, prompts, tokens, graphs=None)
-        graphs = greedy(b, prompts, tokens, graphs=buckets)
-        eq[d] = {"eager_vs_cpu_fp32": agreement(ref, eager), "graphs_vs_cpu_fp32": agreement(ref, graphs),
-                 "graphs_vs_eager": agreement(eager, graphs)}
-    main = bundles["bfloat16" if on_cuda else "float32"]
-    tp = report["throughput"] = []
-    for c in concurrency:
-        ps = chat_prompts(cpu.tokenizer, max(c, n_prompts))
-        gb = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < c) + (c,)
-        eager = throughput(main, ps, tokens, c, graphs=None)
-        graphs = throughput(main, ps, tokens, c, graphs=gb)
-        tp.append({"concurrency": c, "eager_tok_s": round(eager, 1), "graphs_tok_s": round(graphs, 1),
-                   "graphs_over_eager": round(graphs / eager, 3)})
-    report["capture"] = capture_run(main, out / "run", capture_seqs, workload)
-    report["seconds"] = round(time.perf_counter() - t_start, 1)
-    (out / "cuda_check.json").write_text(json.dumps(report, indent=2))
-    return report
+    dev = torch.device(device)
+    on_cuda = dev.type == "cuda"
+    if on_cuda:  # the numerics under test are the defaults except TF32, which no fp32 check may use
+        torch.backends.cuda.matmul.allow_tf32 = False
+    rep = Report(out / "cuda_check.json", budget_s, {"device": device, "model_free": model_free})
+    P = rep.phase
+    P("env", lambda: probes.environment(dev))
+    bw = P("bandwidth", lambda: probes.memory_bandwidth(dev, bandwidth_mib))
+    P("numerics", lambda: probes.accumulation(dev))
+    P("attention", lambda: probes.attention_backends(dev))
+    if model_free:
+        return rep.data
+    from inferledger.engine.loader import load_model
+
+    loaded: dict = {}
+
+    def load():
+        loaded["cpu"] = cpu_bundle or load_model(device="cpu")
+        dtypes = ("float32", "bfloat16") if on_cuda else ("float32",)
+        loaded["dev"] = device_bundles or {d: load_model(device=device, dtype=getattr(torch, d)) for d in dtypes}
+        return {"identity": loaded["cpu"].identity, "device_dtypes": list(loaded["dev"])}
+    P("load", load)
+    prompts = chat_prompts(loaded["cpu"].tokenizer, n_prompts) if "cpu" in loaded else []
+    ref = P("reference", lambda: mc.cpu_reference(loaded["cpu"], prompts, tokens), needs=("load",))
+
+    def correctness():
+        configs = sdpa_configs or (SDPA_CONFIGS if on_cuda else {"default": None})
+        res = {}
+        for dtype, bundle in loaded["dev"].items():
+            for name, pin in configs.items():
+                if dtype == "float32" and name not in ("default", "math"):
+                    continue  # fp32 checks the arithmetic; the kernel choices are compared in bf16
+                key = f"{dtype}/{name}"
+                try:
+                    res[key] = mc.correctness(bundle, name, pin, ref, prompts, tokens)
+                except Exception as exc:  # one configuration failing (a backend refusing a shape) is a result
+                    res[key] = {"error": repr(exc)[:500], "traceback": traceback.format_exc()[-2000:]}
+                rep.data["phases"]["correctness"] = {"ok": None, "partial": _jsonable(res)}
+                rep.write()
+        return res
+    P("correctness", correctness, needs=("reference",))
+    main = (loaded.get("dev") or {}).get("bfloat16" if on_cuda else "float32")
+    hbm = (bw or {}).get("best_gb_s")
+
+    def mbu():
+        return [mc.decode_mbu(main, b, mbu_context, graphs, hbm) for b in mbu_batches
+                for graphs in ((False, True) if on_cuda else (False,))]
+    P("mbu", mbu, needs=("load",))
+
+    def throughput():
+        rows = []
+        for c in concurrency:
+            ps = chat_prompts(loaded["cpu"].tokenizer, max(c, n_prompts))
+            eager, graphs = mc.throughput(main, ps, tokens, c, False), mc.throughput(main, ps, tokens, c, True)
+            rows.append({"concurrency": c, "eager_tok_s": eager["tok_s"], "graphs_tok_s": graphs["tok_s"],
+                         "graphs_over_eager": round(graphs["tok_s"] / eager["tok_s"], 3) if eager["tok_s"] else None,
+                         "graphs_captured_before": graphs["graphs_captured_before"]})
+        return rows
+    P("throughput", throughput, needs=("load",))
+    from cuda_capture_check import capture_run
+
+    P("capture", lambda: capture_run(main, out / "run", capture_seqs, workload), needs=("load",))
+    return rep.data
 
 
 def main() -> None:
@@ -171,12 +186,22 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--mbu-batches", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--mbu-context", type=int, default=256, help="context tokens of each sequence in the MBU steps")
+    ap.add_argument("--bandwidth-mib", type=int, default=1024, help="buffer copied by the bandwidth phase")
+    ap.add_argument("--capture-seqs", type=int, default=16, help="max_num_seqs of the capture phase")
+    ap.add_argument("--workload", type=Path, default=WORKLOAD, help="the capture phase's workload")
+    ap.add_argument("--budget-s", type=float, default=400.0, help="no phase starts after this many seconds")
+    ap.add_argument("--model-free", action="store_true", help="only the phases that need no model")
     args = ap.parse_args()
-    report = run_checks(args.device, args.out, n_prompts=args.prompts, tokens=args.tokens,
-                        concurrency=tuple(args.concurrency))
-    json.dump(report, sys.stdout, indent=2)
-    print()
+    data = run_checks(args.device, args.out, n_prompts=args.prompts, tokens=args.tokens,
+                      concurrency=tuple(args.concurrency), mbu_batches=tuple(args.mbu_batches),
+                      mbu_context=args.mbu_context, bandwidth_mib=args.bandwidth_mib, capture_seqs=args.capture_seqs,
+                      workload=args.workload, budget_s=args.budget_s, model_free=args.model_free)
+    failed = [n for n, p in data["phases"].items() if not p.get("ok")]
+    print(f"wrote {args.out / 'cuda_check.json'}; phases not ok: {failed or 'none'}")
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

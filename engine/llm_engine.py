@@ -42,7 +42,8 @@ class LLMEngine:
                  tokenizer=None, now_ns=time.monotonic_ns) -> None:
         self.config = cfg = config or EngineConfig()
         self.model_identity = getattr(bundle_or_runner, "identity", None)  # a bundle's; a bare runner has none
-        if hasattr(bundle_or_runner, "forward") and hasattr(bundle_or_runner, "copy_block"):
+        self._owns_runner = not (hasattr(bundle_or_runner, "forward") and hasattr(bundle_or_runner, "copy_block"))
+        if not self._owns_runner:
             self.runner = bundle_or_runner
         else:
             self.runner = self._make_runner(bundle_or_runner, cfg)
@@ -81,6 +82,8 @@ class LLMEngine:
         if device.type != param.device.type:
             raise ValueError(f"EngineConfig.device={cfg.device!r} but the model is on {param.device}; "
                              f"load it with load_model(device={cfg.device!r})")
+        if device.type == "cuda" and device.index is None:
+            device = param.device  # "cuda" is the model's own cuda:N, not whichever device is current later
         dtype = getattr(torch, cfg.dtype) if cfg.dtype else param.dtype
         num_blocks = cfg.resolve_num_blocks(bundle.config.kv_bytes_per_token(dtype))
         return ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks, block_size=cfg.block_size,
@@ -166,6 +169,7 @@ class LLMEngine:
             mode = self._step_mode(out)
             if timer is not None:
                 timer.end(step_id, **mode)
+            self.sampler.prepare(logits)  # one argmax for the whole batch's greedy rows (after the step's end event)
             for item, lg in zip(out.scheduled, logits):
                 self._postprocess(item, lg, step_id, deltas)
         except Exception as exc:  # the batch cannot be trusted: finish its requests as errors
@@ -206,12 +210,17 @@ class LLMEngine:
         out = {"engine_config": {**self.config.to_dict(), "resolved": resolved}}
         if self.model_identity is not None:
             out["model"] = self.model_identity
+        if self.device_timer is not None:  # the device's UUID, and the clock drift once closed
+            out["device_clock"] = self.device_timer.summary()
         return out
 
     def close(self) -> None:
-        """Finish the device timer: its last device.step events and the cuda-to-host clock mapping."""
+        """Finish the device timer (its last device.step events, the cuda-to-host clock mapping),
+        then free the runner this engine made (graphs, KV cache) now rather than at a later GC."""
         if self.device_timer is not None:
             self.device_timer.close()
+        if self._owns_runner and hasattr(self.runner, "close"):
+            self.runner.close()
 
     def _drain_inbox(self, deltas: list[RequestDelta]) -> None:
         with self._lock:

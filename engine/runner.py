@@ -7,7 +7,8 @@ offset p % block_size, of the per-layer caches [num_blocks, n_kv_heads, block_si
 outermost within a block, so gathering whole (block, head) rows yields each sequence's keys per head
 contiguous, [KV, L, D], the layout attention reads without a transpose copy. The gather index is
 built once per step and reused by every layer; decode gathers into a workspace reused across layers.
-Optional: pure decode batches replayed from CUDA graphs captured per (batch, table-width) bucket.
+Optional: pure decode batches replayed from CUDA graphs captured per (batch, table-width) bucket
+(engine/cuda_graph.py); `close()` frees graphs and caches at once.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .cuda_graph import DecodeGraph, GraphCapture, device_guard
 
 
 @dataclass
@@ -200,8 +202,8 @@ class ModelRunner:
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self._workspace = torch.empty(0, dtype=self.dtype, device=self.device)  # eager decode gathers
-        self._graphs: dict[tuple[int, int], _DecodeGraph] = {}
-        self._graph_pool = None
+        self._graphs: dict[tuple[int, int], DecodeGraph] = {}
+        self._capture = GraphCapture(self.device)
         self.last_step = {"mode": "eager", "padded_batch": 0}  # for step events: graph or eager
 
     def kv_bytes(self) -> int:
@@ -230,6 +232,8 @@ class ModelRunner:
         """One engine step; per chunk fp32 logits [vocab] ("last"), [n, vocab] ("all") or None."""
         if not chunks:
             return []
+        if self.k_cache is None:
+            raise RuntimeError("ModelRunner.forward after close()")
         for c in chunks:
             self._check(c)
         bs, dev = self.block_size, self.device
@@ -256,7 +260,7 @@ class ModelRunner:
         return out
 
     def _decode(self, chunks: list[SeqChunk], n_blocks: list[int]) -> list[torch.Tensor | None]:
-        bs, B = self.block_size, len(chunks)
+        bs, B, dev = self.block_size, len(chunks), self.device
         bucket = next((b for b in self.graph_batch_sizes if b >= B), None)
         if bucket is None:
             self.last_step = {"mode": "eager", "padded_batch": B}
@@ -268,10 +272,13 @@ class ModelRunner:
             ids = torch.tensor([c.token_ids[0] for c in chunks])
             slots = torch.tensor([c.block_table[c.start_pos // bs] * bs + c.start_pos % bs for c in chunks])
             key = (bucket, 1 << (width - 1).bit_length())  # table widths bucketed to powers of two
+            # a step that captures is labelled so: it also ran the capture's warm-up steps
+            mode = "graph" if self.device.type == "cuda" else "padded"
             if key not in self._graphs:
-                self._graphs[key] = _DecodeGraph(self, *key)
-            self.last_step = {"mode": "graph" if self.device.type == "cuda" else "padded", "padded_batch": bucket}
-            logits = self._graphs[key].run(ids, pos, slots, table, pos + 1)[:B]
+                mode = self._new_graph(*key) or mode
+            self.last_step = {"mode": mode, "padded_batch": bucket}
+            with device_guard(dev):
+                logits = self._graphs[key].run(self._decode_step, ids, pos, slots, table, pos + 1)[:B]
         return [None if c.logits == "none" else logits[i] for i, c in enumerate(chunks)]
 
     def _decode_eager(self, chunks: list[SeqChunk], n_blocks: list[int]) -> torch.Tensor:
@@ -299,59 +306,43 @@ class ModelRunner:
         ws = self._workspace[:2 * n_rows * row].view(2, n_rows, row)
         return ws[0], ws[1]
 
-    def _decode_step(self, ids, positions, slots, table, ctx_lens, bufs):
-        """The padded decode step of one bucket, as CUDA graphs capture it."""
-        group = BatchedDecode(self.k_cache.shape[1:], table, ctx_lens, self.dtype, *bufs)
-        attn = DecodeAttention(self.k_cache, self.v_cache, slots, [(ids.shape[0], group)])
-        return self.model.compute_logits(self.model(ids, positions, attn))
+    def _decode_step(self, g: DecodeGraph):
+        """The padded decode step of one bucket over its static buffers, as CUDA graphs capture it."""
+        group = BatchedDecode(self.k_cache.shape[1:], g.table, g.ctx_lens, self.dtype, *g.bufs)
+        attn = DecodeAttention(self.k_cache, self.v_cache, g.slots, [(g.ids.shape[0], group)])
+        return self.model.compute_logits(self.model(g.ids, g.pos, attn))
 
+    def _new_graph(self, batch: int, width: int) -> str | None:
+        """Static buffers for a bucket and, on CUDA, its graph; -> "graph_capture" when it captured."""
+        c = self.config
+        g = self._graphs[(batch, width)] = DecodeGraph(
+            batch, width, scratch_block=self.num_blocks, block_size=self.block_size, n_kv_heads=c.n_kv_heads,
+            head_dim=c.head_dim, dtype=self.dtype, device=self.device)
+        if self.device.type != "cuda":
+            return None
+        self._capture.capture(g, self._decode_step)
+        return "graph_capture"
 
-class _DecodeGraph:
-    """Static input buffers for a decode bucket (batch B, table width W) and, on CUDA, the graph
-    captured over them. Padding rows point at the scratch block. On the CPU `run` executes the
-    same padded step eagerly, which is how tests check the padding without a GPU."""
+    @torch.inference_mode()
+    def capture_graphs(self, max_context: int) -> int:
+        """Build every bucket (each batch size, each power-of-two table width up to `max_context`
+        tokens) now, before a measured run: -> how many were new. On CUDA each is a graph capture."""
+        widths, w = [], 1
+        while True:
+            widths.append(w)
+            if w * self.block_size >= max_context:
+                break
+            w *= 2
+        new = [(b, w) for b in self.graph_batch_sizes for w in widths if (b, w) not in self._graphs]
+        for key in new:
+            self._new_graph(*key)
+        return len(new)
 
-    def __init__(self, runner: ModelRunner, batch: int, width: int):
-        self.runner, dev, scratch = runner, runner.device, runner.num_blocks
-        long = dict(dtype=torch.long, device=dev)
-        self.ids, self.pos = torch.zeros(batch, **long), torch.zeros(batch, **long)
-        self.slots = torch.full((batch,), scratch * runner.block_size, **long)
-        self.table = torch.full((batch, width), scratch, **long)
-        self.ctx_lens = torch.ones(batch, **long)
-        row = runner.block_size * runner.config.head_dim
-        n_rows = batch * width * runner.config.n_kv_heads  # the graph's own gather buffers, at fixed addresses
-        self.bufs = tuple(torch.empty(n_rows, row, dtype=runner.dtype, device=dev) for _ in range(2))
-        self.graph = self.logits = None
-        if dev.type == "cuda":
-            self._capture()
-
-    def _step(self):
-        return self.runner._decode_step(self.ids, self.pos, self.slots, self.table, self.ctx_lens, self.bufs)
-
-    def _capture(self):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up outside the graph; writes only the scratch block
-            for _ in range(2):
-                self._step()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        if self.runner._graph_pool is None:
-            self.runner._graph_pool = torch.cuda.graph_pool_handle()
-        # one memory pool for all buckets: graphs replay one at a time and outputs are cloned at once
-        with torch.cuda.graph(self.graph, pool=self.runner._graph_pool):
-            self.logits = self._step()
-
-    def run(self, ids, pos, slots, table, ctx_lens) -> torch.Tensor:
-        B, W = table.shape
-        scratch = self.runner.num_blocks
-        for buf, val, pad in ((self.ids, ids, 0), (self.pos, pos, 0), (self.slots, slots, scratch * self.runner.block_size),
-                              (self.ctx_lens, ctx_lens, 1)):
-            buf[B:].fill_(pad)
-            buf[:B].copy_(val, non_blocking=True)
-        self.table.fill_(scratch)
-        self.table[:B, :W].copy_(table, non_blocking=True)
-        if self.graph is None:
-            return self._step()
-        self.graph.replay()
-        return self.logits.clone()
+    def close(self) -> None:
+        """Free the graphs, their pool and the KV cache now rather than when the collector runs
+        (idempotent); the runner cannot step afterwards."""
+        for g in self._graphs.values():
+            g.close()
+        self._graphs.clear()
+        self._capture.close()
+        self.k_cache = self.v_cache = self._workspace = None

@@ -1,7 +1,10 @@
 """Choosing tokens from logits, and deciding when a sequence stops.
 
-Greedy is argmax. Sampling applies temperature, then top-k, then top-p, and draws with the
-sequence's own `torch.Generator`, so a seed reproduces an output whatever else shares the batch.
+Greedy is argmax, one per step: `prepare` takes the argmax of every sequence's logits row at once
+(the rows of one [batch, vocab] tensor) with one transfer to the host, and `greedy_token` uses it for
+those rows; a per-row argmax + `.item()` is a launch and a device sync per sequence. Sampling
+applies temperature, then top-k, then top-p, and draws with the sequence's own
+`torch.Generator`, so a seed reproduces an output whatever else shares the batch.
 Before min_tokens outputs, EOS and stop_token_ids are masked out. Stop strings are matched on the
 detokenized text and cut from it; the token ids stay as generated.
 """
@@ -15,6 +18,21 @@ from .sequence import Sequence
 class Sampler:
     def __init__(self, eos_ids: list[int] | tuple[int, ...] = ()) -> None:
         self.eos_ids = list(eos_ids)
+        self._argmax: dict[int, tuple[torch.Tensor, int]] = {}  # id(row) -> (row, its argmax)
+
+    def prepare(self, logits: list) -> None:
+        """The argmax of every 1-D logits row of a step, in one op and one host transfer; rows that
+        lie back to back in one storage (as the runner returns them) are read in place, others stacked."""
+        rows = [x for x in logits if x is not None and x.dim() == 1]
+        self._argmax = {}
+        if len(rows) < 2:
+            return
+        first, V = rows[0], rows[0].shape[0]
+        ptr, off = first.untyped_storage().data_ptr(), first.storage_offset()
+        in_place = all(r.shape[0] == V and r.stride(0) == 1 and r.storage_offset() == off + i * V
+                       and r.untyped_storage().data_ptr() == ptr for i, r in enumerate(rows))
+        batch = first.as_strided((len(rows), V), (V, 1)) if in_place else torch.stack(rows)
+        self._argmax = {id(r): (r, t) for r, t in zip(rows, torch.argmax(batch, dim=-1).tolist())}
 
     def _banned(self, seq: Sequence, num_output: int) -> list[int]:
         p = seq.params
@@ -48,6 +66,10 @@ class Sampler:
         return logits
 
     def greedy_token(self, logits: torch.Tensor, seq: Sequence, num_output: int | None = None) -> int:
+        if not self._banned(seq, seq.num_output_tokens if num_output is None else num_output):
+            row, token = self._argmax.get(id(logits), (None, 0))
+            if row is logits:  # the very row prepare() saw (an id alone could be a new tensor's)
+                return token
         return int(torch.argmax(self._masked(logits, seq, num_output)).item())
 
     def sample(self, logits: torch.Tensor, seq: Sequence, num_output: int | None = None) -> int:

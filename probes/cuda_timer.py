@@ -3,8 +3,11 @@
 A CUDA event gives no absolute time, only the interval between two events of one device. So the
 timer records an *anchor* event once and defines the domain `cuda:<host>:<device>` as nanoseconds
 since that anchor: a `device.step` event's `ts_ns` is its start event's distance from the anchor,
-`attrs.end_ns` its end event's, and `value` the device milliseconds in between (measured: both ends
-are in the same domain).
+`value` the device milliseconds from its start event to its end event, read as that one interval
+(`start.elapsed_time(end)`), and `attrs.end_ns` = ts_ns + value. `elapsed_time` is a float32 count
+of milliseconds: a minute from the anchor its resolution is ~4 us, so a step's length taken as the
+difference of two anchor distances would lose the microseconds a graph-replayed step is made of;
+only the placement on the run's axis carries that (relative 6e-8) rounding.
 
 The mapping to the host's monotonic clock comes from bracketing: with the device idle, read the host
 clock (t0), record the anchor, synchronise, read it again (t1). The anchor ran somewhere in [t0, t1],
@@ -17,11 +20,16 @@ than use an unchecked offset.
 
 Events are read without blocking: `poll()` emits the steps whose end event has completed, in order;
 `close()` waits for the rest. `cuda` is the `torch.cuda` module or anything with its
-`Event(enable_timing=True)` / `synchronize()` shape (tests pass a fake device). The events come from
-their own probe (source `device`, the cuda clock) into the engine probe's sink.
+`Event(enable_timing=True)` / `synchronize()` / `device(i)` shape (tests pass a fake device). Every
+event is recorded, and every synchronisation made, under `cuda.device(device_index)`: an event
+records on the current device's stream, which is not the engine's when it runs on cuda:1. The events
+come from their own probe (source `device`, the cuda clock) into the engine probe's sink.
+`summary()` is what a manifest records: the device's UUID (to match NVML's readings to this device),
+the anchor's epsilon and, after `close()`, the drift measured and the epsilon written.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 
@@ -46,37 +54,45 @@ class CudaStepTimer:
         self._open = None
         self.offset_ns, self.epsilon_ns = self._bracket(None)
         self.drift_ns: int | None = None
+        self.mapped_epsilon_ns: int | None = None
         self.closed = False
         if sink is not None and hasattr(sink, "clock_domain"):
             sink.clock_domain(self.clock, host=probe.host, kind="cuda-event")
         # a device.step's ts_ns and end_ns are in this domain, whatever the engine's clock is
 
+    def _on_device(self):
+        device = getattr(self.cuda, "device", None)
+        return device(self.device_index) if device is not None else contextlib.nullcontext()
+
+    def _record(self):
+        with self._on_device():
+            ev = self.cuda.Event(enable_timing=True)
+            ev.record()
+        return ev
+
     def _bracket(self, event) -> tuple[int, int]:
         """Record `event` (a new one for the anchor) with the device idle; -> (host midpoint, half gap)."""
-        self.cuda.synchronize()
-        t0 = self.now_ns()
-        if event is None:
-            event = self.anchor = self.cuda.Event(enable_timing=True)
-        event.record()
-        self.cuda.synchronize()
-        t1 = self.now_ns()
+        with self._on_device():
+            self.cuda.synchronize()
+            t0 = self.now_ns()
+            if event is None:
+                event = self.anchor = self.cuda.Event(enable_timing=True)
+            event.record()
+            self.cuda.synchronize()
+            t1 = self.now_ns()
         return (t0 + t1) // 2, (t1 - t0 + 1) // 2
 
     def _ns(self, event) -> int:
         return round(self.anchor.elapsed_time(event) * 1e6)
 
     def start(self, step_id: int) -> None:
-        ev = self.cuda.Event(enable_timing=True)
-        ev.record()
-        self._open = (step_id, ev)
+        self._open = (step_id, self._record())
 
     def end(self, step_id: int, **attrs) -> None:
         """Close the step opened by start(step_id); attrs (mode, padded batch) go on its event."""
         if self._open is None or self._open[0] != step_id:
             raise RuntimeError(f"CudaStepTimer.end({step_id}) without a matching start")
-        ev = self.cuda.Event(enable_timing=True)
-        ev.record()
-        self._pending.append((step_id, self._open[1], ev, attrs))
+        self._pending.append((step_id, self._open[1], self._record(), attrs))
         self._open = None
 
     def poll(self) -> int:
@@ -88,21 +104,35 @@ class CudaStepTimer:
         return n
 
     def _emit(self, step_id: int, start, end, attrs: dict) -> None:
-        t0, t1 = self._ns(start), self._ns(end)
+        t0, ms = self._ns(start), float(start.elapsed_time(end))  # the step's own interval, not t1 - t0
         self.probe.emit("device.step", ts_ns=t0, step_id=step_id,
-                        value=(t1 - t0) / 1e6, end_ns=t1, device=self.device_index, **attrs)
+                        value=ms, end_ns=t0 + round(ms * 1e6), device=self.device_index, **attrs)
 
     def close(self) -> None:
         """Wait for the pending steps, emit them, measure drift and write the mapping (once)."""
         if self.closed:
             return
         self.closed = True
-        self.cuda.synchronize()
+        with self._on_device():
+            self.cuda.synchronize()
+            probe_event = self.cuda.Event(enable_timing=True)
         while self._pending:
             self._emit(*self._pending.popleft())
-        probe_event = self.cuda.Event(enable_timing=True)
         host_mid, half_gap = self._bracket(probe_event)
         self.drift_ns = host_mid - (self.offset_ns + self._ns(probe_event))
-        epsilon = max(self.epsilon_ns, abs(self.drift_ns) + half_gap)
+        epsilon = self.mapped_epsilon_ns = max(self.epsilon_ns, abs(self.drift_ns) + half_gap)
         if self.sink is not None and hasattr(self.sink, "clock_map"):
             self.sink.clock_map(self.clock, self.host_clock, self.offset_ns, epsilon, "cuda-event-anchor")
+
+    def summary(self) -> dict:
+        """For the manifest: which device (UUID), the anchor's epsilon, the drift measured at close."""
+        return {"clock": self.clock, "device_index": self.device_index, "device_uuid": self.device_uuid(),
+                "anchor_epsilon_ns": self.epsilon_ns, "drift_ns": self.drift_ns,
+                "mapped_epsilon_ns": self.mapped_epsilon_ns,
+                "step_ms_from": "start.elapsed_time(end), float32 ms per step"}
+
+    def device_uuid(self) -> str | None:
+        """NVML's spelling ("GPU-<uuid>") of this device's UUID, or None where the device has none."""
+        props = getattr(self.cuda, "get_device_properties", None)
+        uuid = getattr(props(self.device_index), "uuid", None) if props is not None else None
+        return None if uuid is None else "GPU-" + str(uuid).removeprefix("GPU-")

@@ -93,6 +93,15 @@ class NvmlReader:
             count = 1
         return [first] + [cls.open(i, first.nvml, **clocks) for i in range(1, count)]
 
+    @staticmethod
+    def for_uuid(readers: list["NvmlReader"], uuid: str | None) -> "NvmlReader | None":
+        """The reader of the GPU with this UUID ("GPU-..." as NVML spells it, as CUDA's device
+        properties give it once prefixed): NVML numbers devices its own way, and CUDA_VISIBLE_DEVICES
+        renumbers CUDA's, so index 0 on one side need not be index 0 on the other. None: no match."""
+        bare = lambda u: (u or "").lower().removeprefix("gpu-")
+        want = bare(uuid)
+        return next((r for r in readers if want and r.uuid and bare(r.uuid) == want), None)
+
     def _init_reason(self, exc: BaseException) -> str:
         lib_missing = getattr(self.nvml, "NVMLError_LibraryNotFound", None)
         if lib_missing is not None and isinstance(exc, lib_missing):
