@@ -92,6 +92,11 @@ WITH ledger_gaps AS (
          'the step''s batch lists 0 tokens in all: its time cannot be shared by tokens'
   FROM step_attribution GROUP BY step_id HAVING sum(tokens) = 0
   UNION ALL
+  SELECT 'run', NULL, 'energy_shares fraction, gpu_j, cpu_j',
+         'engine steps that take time (step.start before step.end)',
+         'the attributed engine steps took 0 ms in all (or had no token shares): the window energy cannot be split by step time'
+  WHERE EXISTS (SELECT 1 FROM energy_shares WHERE fraction IS NULL)
+  UNION ALL
   SELECT scope, subject_id, 'critical_path', 'a dependency graph without cycles or negative durations', detail
   FROM dag_problems
   UNION ALL

@@ -1,8 +1,6 @@
 """Unknown is NULL plus a gap row, never 0, inf or NaN (issue 10, item 4): expected values by hand."""
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from ledger_util import build_run
@@ -90,8 +88,9 @@ def test_zero_step_time_gives_null_shares_not_nan(tmp_path):
     con = build_run(tmp_path / "r", ev, samples=samples)
     shares = con.execute("SELECT share_ms FROM step_attribution").fetchall()
     assert shares == [(None,)]  # 0 tokens of 0: no share, not NaN
-    for (v,) in con.execute("SELECT fraction FROM energy_shares").fetchall():
-        assert v is None or not math.isnan(v)
+    assert con.execute("SELECT fraction, gpu_j FROM energy_shares").fetchall() == [(None, None)]  # not NaN
+    assert con.execute("SELECT count(*) FROM gaps WHERE scope = 'step' AND subject_id = '1'").fetchone()[0] == 1
+    assert con.execute("SELECT count(*) FROM gaps WHERE affects LIKE 'energy_shares fraction%'").fetchone()[0] == 1
 
 
 def test_a_missing_verdict_leaves_good_and_the_task_outcome_both_unknown(tmp_path):
