@@ -225,8 +225,9 @@ SELECT p.side, p.ts_ns, p.clock, p.event_id, ref.clock AS ref_clock, p.ts_ns + c
 FROM pts p CROSS JOIN ref LEFT JOIN clock_conv c ON c.from_clock = p.clock AND c.to_clock = ref.clock;
 
 CREATE OR REPLACE TEMP TABLE window_bounds AS
-SELECT (SELECT min(t) FROM window_points WHERE side = 'start' AND NOT dropped) AS t0,
-       (SELECT max(t) FROM window_points WHERE side = 'end' AND NOT dropped) AS t1,
+-- a point left out could be the first start or the last end: the window is then unknown, not shorter
+SELECT (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE min(t) END FROM window_points WHERE side = 'start') AS t0,
+       (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE max(t) END FROM window_points WHERE side = 'end') AS t1,
        (SELECT any_value(ref_clock) FROM window_points) AS clock,
        CASE WHEN NOT EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent'))
             THEN 'first engine.enqueued → last server end (no client events)'

@@ -82,10 +82,10 @@ WITH ledger_gaps AS (
   FROM window_bounds WHERE t1 = t0
   UNION ALL
   SELECT 'clock', NULL, 't_obs_s and every rate over the observation window',
-         format('a clock.map between {} and {}', clock, ref_clock),
-         format('{} ({}) left out of the window: {} cannot be compared with the window''s clock {}',
-                event_id, CASE side WHEN 'start' THEN 'a start' ELSE 'an end' END, clock, ref_clock)
-  FROM window_points WHERE dropped
+         format('a clock.map between {} and {}', clock, any_value(ref_clock)),
+         format('{} window point(s) left out (first {}): {} cannot be compared with the window''s clock {}',
+                count(*), min(event_id), clock, any_value(ref_clock))
+  FROM window_points WHERE dropped GROUP BY clock
   UNION ALL
   SELECT 'step', step_id::VARCHAR, 'step_attribution share_ms, energy_shares',
          'the tokens each attempt processed in the step (step.start attrs.batch)',
@@ -105,6 +105,14 @@ WITH ledger_gaps AS (
          'an energy source: NVML (GPU driver) or read access to RAPL powercap (see inferledger doctor)',
          'the run has no energy counter samples'
   WHERE NOT EXISTS (SELECT 1 FROM samples WHERE metric LIKE '%energy%') AND EXISTS (SELECT 1 FROM attempt_ids)
+  UNION ALL
+  SELECT 'clock', NULL, 'energy_gpu_j, energy_cpu_j, energy_dram_j, idle_gpu_j, idle_cpu_j, energy_per_good_j',
+         format('a clock.map between {} and {}', sm.clock, wb.clock),
+         format('{} energy samples on {} cannot be placed in the window''s clock {}', count(*), sm.clock, wb.clock)
+  FROM samples sm, window_bounds wb
+  WHERE sm.metric IN ('gpu_energy_mj', 'cpu_package_energy_uj', 'cpu_dram_energy_uj') AND wb.clock IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM clock_conv c WHERE c.from_clock = sm.clock AND c.to_clock = wb.clock)
+  GROUP BY sm.clock, wb.clock
   UNION ALL
   SELECT 'energy', metric, CASE WHEN metric LIKE 'gpu%' THEN 'energy_gpu_j, energy_per_good_j' ELSE 'energy_cpu_j, energy_per_good_j' END,
          'a window without a counter reset (NVML restarts after a driver reload) and with RAPL wrap ranges',
