@@ -206,8 +206,9 @@ FROM causes ORDER BY attempt_id;
 -- engine.enqueued instead. The window's clock is the one most of its start events use; every other
 -- point is converted by the clock rule, or left out with a gap (never compared across clocks raw).
 CREATE OR REPLACE TEMP TABLE window_points AS
-WITH client AS (
-  SELECT EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')) AS yes,
+WITH client AS (  -- with client events the window opens at a client start, or is unknown
+  SELECT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
+         OR EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')) AS yes,
          EXISTS (SELECT 1 FROM marks WHERE client_end IS NOT NULL) AS ended
 ), pts AS (
   SELECT 'start' AS side, ts_ns, clock, event_id FROM ev
@@ -230,6 +231,7 @@ SELECT (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE min(t) END FROM window_
        (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE max(t) END FROM window_points WHERE side = 'end') AS t1,
        (SELECT any_value(ref_clock) FROM window_points) AS clock,
        CASE WHEN NOT EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent'))
+                 AND NOT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
             THEN 'first engine.enqueued → last server end (no client events)'
             WHEN NOT EXISTS (SELECT 1 FROM marks WHERE client_end IS NOT NULL)
             THEN 'first arrival or client event → last server end (no client terminal event)'

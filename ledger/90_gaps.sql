@@ -81,6 +81,12 @@ WITH ledger_gaps AS (
          'the observation window has zero length: every rate over it is unknown'
   FROM window_bounds WHERE t1 = t0
   UNION ALL
+  SELECT 'run', NULL, 't_obs_s and every rate over the observation window',
+         'a start (arrival.planned, attempt.created or attempt.sent; engine.enqueued without a client) and an end (a terminal event)',
+         format('the observation window has no {} event', CASE WHEN t0 IS NULL THEN 'start' ELSE 'end' END)
+  FROM window_bounds WHERE (t0 IS NULL OR t1 IS NULL) AND EXISTS (SELECT 1 FROM attempt_ids)
+    AND NOT EXISTS (SELECT 1 FROM window_points WHERE dropped)
+  UNION ALL
   SELECT 'clock', NULL, 't_obs_s and every rate over the observation window',
          format('a clock.map between {} and {}', clock, any_value(ref_clock)),
          format('{} window point(s) left out (first {}): {} cannot be compared with the window''s clock {}',

@@ -108,3 +108,13 @@ def test_a_missing_verdict_leaves_good_and_the_task_outcome_both_unknown(tmp_pat
     outcome = dict(con.execute("SELECT task_id, outcome FROM tasks").fetchall())
     assert good == {"A1": None, "A2": True}
     assert outcome == {"T1": "unknown", "T2": "success"}
+
+
+def test_a_window_without_a_start_event_is_unknown_with_a_gap(tmp_path):
+    # chunks and a done, but no created / sent / planned arrival: when the window opened is unknown
+    ev = [{"name": "attempt.chunk", "ms": 10, **CONTENT}, {"name": "attempt.done", "ms": 20},
+          {"name": "engine.enqueued", "ms": 1, **ENG}]
+    con = build_run(tmp_path / "r", ev)
+    assert con.execute("SELECT t_obs_s, completed_rps FROM run_metrics").fetchone() == (None, None)
+    assert con.execute("SELECT count(*) FROM gaps WHERE detail = 'the observation window has no start event'"
+                       ).fetchone()[0] == 1
