@@ -206,8 +206,9 @@ FROM causes ORDER BY attempt_id;
 -- engine.enqueued instead. The window's clock is the one most of its start events use; every other
 -- point is converted by the clock rule, or left out with a gap (never compared across clocks raw).
 CREATE OR REPLACE TEMP TABLE window_points AS
-WITH client AS (
-  SELECT EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')) AS yes,
+WITH client AS (  -- with client events the window opens at a client start, or is unknown
+  SELECT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
+         OR EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')) AS yes,
          EXISTS (SELECT 1 FROM marks WHERE client_end IS NOT NULL) AS ended
 ), pts AS (
   SELECT 'start' AS side, ts_ns, clock, event_id FROM ev
@@ -225,10 +226,12 @@ SELECT p.side, p.ts_ns, p.clock, p.event_id, ref.clock AS ref_clock, p.ts_ns + c
 FROM pts p CROSS JOIN ref LEFT JOIN clock_conv c ON c.from_clock = p.clock AND c.to_clock = ref.clock;
 
 CREATE OR REPLACE TEMP TABLE window_bounds AS
-SELECT (SELECT min(t) FROM window_points WHERE side = 'start' AND NOT dropped) AS t0,
-       (SELECT max(t) FROM window_points WHERE side = 'end' AND NOT dropped) AS t1,
+-- a point left out could be the first start or the last end: the window is then unknown, not shorter
+SELECT (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE min(t) END FROM window_points WHERE side = 'start') AS t0,
+       (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE max(t) END FROM window_points WHERE side = 'end') AS t1,
        (SELECT any_value(ref_clock) FROM window_points) AS clock,
        CASE WHEN NOT EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent'))
+                 AND NOT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
             THEN 'first engine.enqueued → last server end (no client events)'
             WHEN NOT EXISTS (SELECT 1 FROM marks WHERE client_end IS NOT NULL)
             THEN 'first arrival or client event → last server end (no client terminal event)'

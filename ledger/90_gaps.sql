@@ -81,16 +81,27 @@ WITH ledger_gaps AS (
          'the observation window has zero length: every rate over it is unknown'
   FROM window_bounds WHERE t1 = t0
   UNION ALL
+  SELECT 'run', NULL, 't_obs_s and every rate over the observation window',
+         'a start (arrival.planned, attempt.created or attempt.sent; engine.enqueued without a client) and an end (a terminal event)',
+         format('the observation window has no {} event', CASE WHEN t0 IS NULL THEN 'start' ELSE 'end' END)
+  FROM window_bounds WHERE (t0 IS NULL OR t1 IS NULL) AND EXISTS (SELECT 1 FROM attempt_ids)
+    AND NOT EXISTS (SELECT 1 FROM window_points WHERE dropped)
+  UNION ALL
   SELECT 'clock', NULL, 't_obs_s and every rate over the observation window',
-         format('a clock.map between {} and {}', clock, ref_clock),
-         format('{} ({}) left out of the window: {} cannot be compared with the window''s clock {}',
-                event_id, CASE side WHEN 'start' THEN 'a start' ELSE 'an end' END, clock, ref_clock)
-  FROM window_points WHERE dropped
+         format('a clock.map between {} and {}', clock, any_value(ref_clock)),
+         format('{} window point(s) left out (first {}): {} cannot be compared with the window''s clock {}',
+                count(*), min(event_id), clock, any_value(ref_clock))
+  FROM window_points WHERE dropped GROUP BY clock
   UNION ALL
   SELECT 'step', step_id::VARCHAR, 'step_attribution share_ms, energy_shares',
          'the tokens each attempt processed in the step (step.start attrs.batch)',
          'the step''s batch lists 0 tokens in all: its time cannot be shared by tokens'
   FROM step_attribution GROUP BY step_id HAVING sum(tokens) = 0
+  UNION ALL
+  SELECT 'run', NULL, 'energy_shares fraction, gpu_j, cpu_j',
+         'engine steps that take time (step.start before step.end)',
+         'the attributed engine steps took 0 ms in all (or had no token shares): the window energy cannot be split by step time'
+  WHERE EXISTS (SELECT 1 FROM energy_shares WHERE fraction IS NULL)
   UNION ALL
   SELECT scope, subject_id, 'critical_path', 'a dependency graph without cycles or negative durations', detail
   FROM dag_problems
@@ -100,6 +111,14 @@ WITH ledger_gaps AS (
          'an energy source: NVML (GPU driver) or read access to RAPL powercap (see inferledger doctor)',
          'the run has no energy counter samples'
   WHERE NOT EXISTS (SELECT 1 FROM samples WHERE metric LIKE '%energy%') AND EXISTS (SELECT 1 FROM attempt_ids)
+  UNION ALL
+  SELECT 'clock', NULL, 'energy_gpu_j, energy_cpu_j, energy_dram_j, idle_gpu_j, idle_cpu_j, energy_per_good_j',
+         format('a clock.map between {} and {}', sm.clock, wb.clock),
+         format('{} energy samples on {} cannot be placed in the window''s clock {}', count(*), sm.clock, wb.clock)
+  FROM samples sm, window_bounds wb
+  WHERE sm.metric IN ('gpu_energy_mj', 'cpu_package_energy_uj', 'cpu_dram_energy_uj') AND wb.clock IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM clock_conv c WHERE c.from_clock = sm.clock AND c.to_clock = wb.clock)
+  GROUP BY sm.clock, wb.clock
   UNION ALL
   SELECT 'energy', metric, CASE WHEN metric LIKE 'gpu%' THEN 'energy_gpu_j, energy_per_good_j' ELSE 'energy_cpu_j, energy_per_good_j' END,
          'a window without a counter reset (NVML restarts after a driver reload) and with RAPL wrap ranges',

@@ -15,8 +15,17 @@ E0 = Path(__file__).resolve().parent.parent / "samples" / "e0"
 CASES = sorted(p.name for p in E0.iterdir() if (p / "expected.json").exists()) if E0.exists() else []
 
 
-def test_there_are_at_least_eight_cases():
-    assert len(CASES) >= 8, CASES
+def test_every_sample_folder_is_a_complete_checked_case():
+    # a folder missing expected.json would drop out of CASES silently: each must have all three files,
+    # and each expected.json must check something
+    folders = sorted(p.name for p in E0.iterdir() if p.is_dir())
+    incomplete = [f for f in folders if not all((E0 / f / n).is_file() for n in ("README.md", "archive.jsonl",
+                                                                               "expected.json"))]
+    assert folders and not incomplete, incomplete
+    assert CASES == folders
+    empty = [c for c in CASES if not any(b["rows"] for b in json.loads((E0 / c / "expected.json").read_text())
+                                         .get("rows", {}).values())]
+    assert not empty, empty
 
 
 @pytest.fixture(scope="module")

@@ -110,7 +110,9 @@ def test_mixed_engine_run_puts_every_attempt_in_every_account(mixed):
                               "GROUP BY attempt_id").fetchall())
     # the observation window of an engine-only run: first enqueued to last server end, and it says so
     m = _rows(con, "SELECT t_obs_s, \"window\", n_completed FROM run_metrics")[0]
-    t0, t1 = con.execute("SELECT min(enqueued_ns), max(server_end_ns) FROM attempts").fetchone()
+    # from the raw events, not the ledger's own attempts table: the engine-only run ends at engine.finished
+    t0, t1 = con.execute("SELECT min(ts_ns) FILTER (WHERE name = 'engine.enqueued'), "
+                         "max(ts_ns) FILTER (WHERE name = 'engine.finished') FROM events").fetchone()
     assert m["window"] == "first engine.enqueued → last server end (no client events)"
     assert m["t_obs_s"] == (t1 - t0) / 1e9 and m["n_completed"] is None  # the client's view: unknown, not 0
     n_out = dict(con.execute("SELECT attempt_id, n_output_tokens FROM attempts").fetchall())

@@ -50,3 +50,14 @@ def test_attempt_order_converts_clocks_before_comparing(tmp_path):
     idx = dict(con2.execute("SELECT attempt_id, attempt_index FROM attempts").fetchall())
     assert sorted(idx.values(), key=str) == [1, None]
     assert con2.execute("SELECT count(*) FROM gaps WHERE affects LIKE '%attempt_index%'").fetchone()[0] == 1
+
+
+def test_energy_samples_on_an_unmapped_clock_are_a_named_gap(tmp_path):
+    from ledger_util import build_run as _build  # samples go on the first domain: make it the sampler's
+
+    ev = [{"name": "attempt.sent", "ms": 0, "clock": "c"}, {"name": "attempt.done", "ms": 1000, "clock": "c"}]
+    samples = [(ms, "gpu_energy_mj", ms * 10.0, "mJ", "gpu0") for ms in (0, 500, 1000)]
+    con = _build(tmp_path / "r", ev, domains=("probe", "c"), samples=samples)
+    assert con.execute("SELECT energy_gpu_j FROM run_metrics").fetchone() == (None,)
+    (detail,) = con.execute("SELECT detail FROM gaps WHERE scope = 'clock' AND affects LIKE 'energy_gpu_j%'").fetchone()
+    assert "3 energy samples on probe" in detail

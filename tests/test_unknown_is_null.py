@@ -1,8 +1,6 @@
 """Unknown is NULL plus a gap row, never 0, inf or NaN (issue 10, item 4): expected values by hand."""
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from ledger_util import build_run
@@ -90,8 +88,9 @@ def test_zero_step_time_gives_null_shares_not_nan(tmp_path):
     con = build_run(tmp_path / "r", ev, samples=samples)
     shares = con.execute("SELECT share_ms FROM step_attribution").fetchall()
     assert shares == [(None,)]  # 0 tokens of 0: no share, not NaN
-    for (v,) in con.execute("SELECT fraction FROM energy_shares").fetchall():
-        assert v is None or not math.isnan(v)
+    assert con.execute("SELECT fraction, gpu_j FROM energy_shares").fetchall() == [(None, None)]  # not NaN
+    assert con.execute("SELECT count(*) FROM gaps WHERE scope = 'step' AND subject_id = '1'").fetchone()[0] == 1
+    assert con.execute("SELECT count(*) FROM gaps WHERE affects LIKE 'energy_shares fraction%'").fetchone()[0] == 1
 
 
 def test_a_missing_verdict_leaves_good_and_the_task_outcome_both_unknown(tmp_path):
@@ -109,3 +108,13 @@ def test_a_missing_verdict_leaves_good_and_the_task_outcome_both_unknown(tmp_pat
     outcome = dict(con.execute("SELECT task_id, outcome FROM tasks").fetchall())
     assert good == {"A1": None, "A2": True}
     assert outcome == {"T1": "unknown", "T2": "success"}
+
+
+def test_a_window_without_a_start_event_is_unknown_with_a_gap(tmp_path):
+    # chunks and a done, but no created / sent / planned arrival: when the window opened is unknown
+    ev = [{"name": "attempt.chunk", "ms": 10, **CONTENT}, {"name": "attempt.done", "ms": 20},
+          {"name": "engine.enqueued", "ms": 1, **ENG}]
+    con = build_run(tmp_path / "r", ev)
+    assert con.execute("SELECT t_obs_s, completed_rps FROM run_metrics").fetchone() == (None, None)
+    assert con.execute("SELECT count(*) FROM gaps WHERE detail = 'the observation window has no start event'"
+                       ).fetchone()[0] == 1
