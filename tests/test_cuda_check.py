@@ -131,7 +131,8 @@ def test_gpu_energy_is_read_only_from_the_nvml_device_with_the_cuda_uuid():
     fig, matched = gpu_energy(samples, "GPU-BBBB")  # CUDA's device 0 is NVML's device 1 here
     assert matched == "gpu1/GPU-bbbb" and fig["joules"] == 2.0 and fig["window_s"] == 2.0
     none, nobody = gpu_energy(samples, "GPU-cccc")
-    assert nobody is None and none["joules"] is None and "UUID" in none["why_none"]
+    assert nobody is None and none["joules"] is None and "UUID GPU-cccc" in none["why_none"]
+    assert "no NVML energy samples" in gpu_energy([], "GPU-aaaa")[0]["why_none"]
 
 
 def test_cudnn_pinned_first_really_comes_first():
