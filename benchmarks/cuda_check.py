@@ -83,7 +83,9 @@ class Report:
         elif self.elapsed() > self.budget_s:
             entry = {"ok": False, "skipped": f"budget: {self.elapsed():.0f} s of {self.budget_s:.0f} s spent"}
         result = None
-        if not entry:
+        if not entry:  # on disk while it runs: a run killed by its timeout shows where it was
+            self.data["phases"][name] = {"ok": None, "running_since_s": round(self.elapsed(), 1)}
+            self.write()
             t0 = time.perf_counter()
             try:
                 result = fn()

@@ -87,7 +87,10 @@ def test_each_phase_is_on_disk_as_it_ends_and_a_failure_keeps_its_traceback(tmp_
     rep.phase("after", first, needs=("broken",))
     rep.phase("independent", first)
     disk = json.loads((tmp_path / "r.json").read_text())["phases"]
-    assert seen == [{"first": {"ok": True, "result": {"value": 1}, "seconds": seen[0]["first"]["seconds"]}}]
+    (meanwhile,) = seen  # the first phase's result, and the second marked as running
+    assert meanwhile["first"] == {"ok": True, "result": {"value": 1}, "seconds": meanwhile["first"]["seconds"]}
+    assert list(meanwhile) == ["first", "broken"] and meanwhile["broken"]["ok"] is None
+    assert "running_since_s" in meanwhile["broken"]
     assert disk["broken"]["ok"] is False and "ValueError('kernel refused')" == disk["broken"]["error"]
     assert "raise ValueError" in disk["broken"]["traceback"]
     assert disk["after"] == {"ok": False, "skipped": "needs broken"}
