@@ -76,8 +76,17 @@ def gpu_energy(samples: list[dict], uuid: str | None) -> tuple[dict, str | None]
     return ({"nvml_devices": devices, "readings": len(readings),
              "window_s": round((readings[-1][0] - readings[0][0]) / 1e9, 3) if len(readings) > 1 else None,
              "joules": round((readings[-1][1] - readings[0][1]) / 1e3, 3) if ok else None,
-             "why_none": None if ok else ("no NVML device has the CUDA device's UUID" if matched is None
-                                          else "fewer than two readings or a counter reset")}, matched)
+             "why_none": None if ok else _why_no_joules(uuid, devices, matched)}, matched)
+
+
+def _why_no_joules(uuid: str | None, devices: list[str], matched: str | None) -> str:
+    if not devices:
+        return "no NVML energy samples in the run"
+    if not uuid:
+        return "the engine recorded no CUDA device UUID (no device timer), so no NVML device can be matched"
+    if matched is None:
+        return f"no NVML device has the CUDA device's UUID {uuid} (NVML saw {', '.join(devices)})"
+    return "fewer than two readings, or the counter went back (driver reload)"
 
 
 def _gaps(run_dir: Path) -> list[str]:

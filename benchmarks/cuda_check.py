@@ -11,12 +11,14 @@ what failed):
                backend pinned alone (takes the shape? error against fp64?)
   load         the model on the CPU (fp32, the reference) and on the device (fp32, bf16)
   reference    CPU fp32 greedy tokens and teacher-forced logits along them
-  correctness  per configuration (dtype x SDPA pin, cuDNN apart), eager and CUDA graphs over the
-               batch buckets: logits and tokens against the CPU reference (cuda_model_checks.py)
+  correctness  per configuration (dtype x SDPA pin), eager and CUDA graphs over the batch
+               buckets: logits and tokens against the CPU reference (cuda_model_checks.py)
   mbu          decode step device time at batch 1 and 64 (CUDA events), eager and graphs -> MBU
   throughput   tokens/s eager against graphs at several concurrencies, every bucket captured first
   capture      an embedded capture on the device: device.step per step.end, the cuda clock's mapping
                and drift, NVML energy of the matched GPU, joules per good result
+  cudnn        last (a cuDNN fault can poison the CUDA context): the attention shapes with cuDNN
+               pinned, and bf16 correctness with cuDNN first, math its fallback
 
     python benchmarks/cuda_check.py --out DIR [--device cuda] [--budget-s 400] [--model-free]
 
@@ -49,9 +51,11 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "
              "What is photosynthesis?", "Give me a word that rhymes with cat.", "Who wrote Hamlet?",
              "Describe a sunset in one sentence."]
 # the SDPA configurations the model is checked under: the dispatcher's choice, cuDNN excluded
-# (the pinned main one), cuDNN alone with math as its fallback, and math alone
-SDPA_CONFIGS = {"default": None, "no_cudnn": ["flash", "efficient", "math"], "cudnn": ["cudnn", "math"],
-                "math": ["math"]}
+# (the pinned main one) and math alone; cuDNN first (math its fallback) runs in its own phase, last,
+# so that a cuDNN failure that poisons the CUDA context cannot take the other phases with it
+SDPA_CONFIGS = {"default": None, "no_cudnn": ["flash", "efficient", "math"], "math": ["math"]}
+CUDNN_CONFIG = ["cudnn", "math"]
+NOT_CUDNN = ["flash", "efficient", "math"]
 
 
 def chat_prompts(tokenizer, n: int) -> list[list[int]]:
@@ -79,7 +83,9 @@ class Report:
         elif self.elapsed() > self.budget_s:
             entry = {"ok": False, "skipped": f"budget: {self.elapsed():.0f} s of {self.budget_s:.0f} s spent"}
         result = None
-        if not entry:
+        if not entry:  # on disk while it runs: a run killed by its timeout shows where it was
+            self.data["phases"][name] = {"ok": None, "running_since_s": round(self.elapsed(), 1)}
+            self.write()
             t0 = time.perf_counter()
             try:
                 result = fn()
@@ -124,7 +130,7 @@ def run_checks(device: str, out: Path, *, n_prompts: int = 8, tokens: int = 32, 
     P("env", lambda: probes.environment(dev))
     bw = P("bandwidth", lambda: probes.memory_bandwidth(dev, bandwidth_mib))
     P("numerics", lambda: probes.accumulation(dev))
-    P("attention", lambda: probes.attention_backends(dev))
+    P("attention", lambda: probes.attention_backends(dev, backends=NOT_CUDNN))
     if model_free:
         return rep.data
     from inferledger.engine.loader import load_model
@@ -177,6 +183,16 @@ def run_checks(device: str, out: Path, *, n_prompts: int = 8, tokens: int = 32, 
     from cuda_capture_check import capture_run
 
     P("capture", lambda: capture_run(main, out / "run", capture_seqs, workload), needs=("load",))
+
+    def cudnn():
+        res = {"attention": probes.attention_backends(dev, backends=["cudnn"], default=False)}
+        try:
+            res["bfloat16/cudnn"] = mc.correctness(main, "cudnn", CUDNN_CONFIG, ref, prompts, tokens)
+        except Exception as exc:  # a refusal is the result of this configuration
+            res["bfloat16/cudnn"] = {"error": repr(exc)[:500], "traceback": traceback.format_exc()[-2000:]}
+        return res
+    if on_cuda:
+        P("cudnn", cudnn, needs=("reference",))
     return rep.data
 
 

@@ -21,7 +21,7 @@ if [ "${1:-}" = "stage" ]; then
   exit 0
 fi
 rm -rf "$RESULTS"  # nothing of an earlier run may come back as this one's
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$CARRY"/b/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$CARRY"/b/*.whl || exit 1
 mkdir -p "$PKG/inferledger"
 for d in engine probes collectors ledger cli; do ln -sfn "$PWD/$d" "$PKG/inferledger/$d"; done
 cp inferledger/__init__.py "$PKG/inferledger/"

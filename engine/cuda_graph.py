@@ -29,6 +29,15 @@ def device_guard(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def table_widths(max_context: int, block_size: int) -> list[int]:
+    """The power-of-two block-table widths a bucket is keyed by, up to the first that holds
+    `max_context` tokens."""
+    widths = [1]
+    while widths[-1] * block_size < max_context:
+        widths.append(widths[-1] * 2)
+    return widths
+
+
 class GraphCapture:
     """The side stream and memory pool every bucket of one runner is captured with."""
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ModelConfig
-from .cuda_graph import DecodeGraph, GraphCapture, device_guard
+from .cuda_graph import DecodeGraph, GraphCapture, device_guard, table_widths
 
 
 @dataclass
@@ -327,12 +327,7 @@ class ModelRunner:
     def capture_graphs(self, max_context: int) -> int:
         """Build every bucket (each batch size, each power-of-two table width up to `max_context`
         tokens) now, before a measured run: -> how many were new. On CUDA each is a graph capture."""
-        widths, w = [], 1
-        while True:
-            widths.append(w)
-            if w * self.block_size >= max_context:
-                break
-            w *= 2
+        widths = table_widths(max_context, self.block_size)
         new = [(b, w) for b in self.graph_batch_sizes for w in widths if (b, w) not in self._graphs]
         for key in new:
             self._new_graph(*key)

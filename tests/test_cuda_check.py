@@ -87,7 +87,10 @@ def test_each_phase_is_on_disk_as_it_ends_and_a_failure_keeps_its_traceback(tmp_
     rep.phase("after", first, needs=("broken",))
     rep.phase("independent", first)
     disk = json.loads((tmp_path / "r.json").read_text())["phases"]
-    assert seen == [{"first": {"ok": True, "result": {"value": 1}, "seconds": seen[0]["first"]["seconds"]}}]
+    (meanwhile,) = seen  # the first phase's result, and the second marked as running
+    assert meanwhile["first"] == {"ok": True, "result": {"value": 1}, "seconds": meanwhile["first"]["seconds"]}
+    assert list(meanwhile) == ["first", "broken"] and meanwhile["broken"]["ok"] is None
+    assert "running_since_s" in meanwhile["broken"]
     assert disk["broken"]["ok"] is False and "ValueError('kernel refused')" == disk["broken"]["error"]
     assert "raise ValueError" in disk["broken"]["traceback"]
     assert disk["after"] == {"ok": False, "skipped": "needs broken"}
@@ -131,7 +134,8 @@ def test_gpu_energy_is_read_only_from_the_nvml_device_with_the_cuda_uuid():
     fig, matched = gpu_energy(samples, "GPU-BBBB")  # CUDA's device 0 is NVML's device 1 here
     assert matched == "gpu1/GPU-bbbb" and fig["joules"] == 2.0 and fig["window_s"] == 2.0
     none, nobody = gpu_energy(samples, "GPU-cccc")
-    assert nobody is None and none["joules"] is None and "UUID" in none["why_none"]
+    assert nobody is None and none["joules"] is None and "UUID GPU-cccc" in none["why_none"]
+    assert "no NVML energy samples" in gpu_energy([], "GPU-aaaa")[0]["why_none"]
 
 
 def test_cudnn_pinned_first_really_comes_first():
