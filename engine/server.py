@@ -175,7 +175,9 @@ def build_app(async_engine, tokenizer, *, model_name: str, sink=None, run_id: st
 
 
 def serve(async_engine, tokenizer, *, host: str = "127.0.0.1", port: int = 8000, model_name: str,
-          shutdown_timeout: float = 5.0, print=print, **app_kwargs) -> None:
-    """Run the server until interrupted (Ctrl-C / SIGTERM). Binds loopback unless told otherwise."""
+          shutdown_timeout: float = 5.0, print=print, handle_signals: bool = True, **app_kwargs) -> None:
+    """Run the server until interrupted (Ctrl-C / SIGTERM; `handle_signals=False` leaves both to the caller,
+    as KeyboardInterrupt). Binds loopback unless told otherwise."""
     app = build_app(async_engine, tokenizer, model_name=model_name, **app_kwargs)
-    web.run_app(app, host=host, port=port, shutdown_timeout=shutdown_timeout, access_log=None, print=print)
+    web.run_app(app, host=host, port=port, shutdown_timeout=shutdown_timeout, access_log=None, print=print,
+                handle_signals=handle_signals)

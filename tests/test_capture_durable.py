@@ -92,3 +92,42 @@ def test_sigterm_flushes_marks_the_manifest_and_exits_143(tmp_path):
     manifest = json.loads((run / "manifest.json").read_text())
     assert (manifest["state"], manifest["interrupted"]) == ("interrupted", "SIGTERM")
     assert done <= _completed(run)
+
+
+def test_serve_out_flushes_while_serving_and_stops_on_sigterm(tmp_path):
+    import urllib.request
+
+    run, port = tmp_path / "srv", 21117
+    proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(port), "--out", str(run),
+                             "--served-model-name", "m"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, up = time.monotonic() + START_LIMIT_S, False
+        while not up and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                up = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
+            except OSError:
+                pass
+        assert up and json.loads((run / "manifest.json").read_text())["state"] == "running"
+        body = json.dumps({"model": "m", "prompt": "The capital of France is", "max_tokens": 4}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"content-type": "application/json", "x-request-id": "S1"})
+        assert urllib.request.urlopen(req, timeout=120).status == 200
+        deadline, flushed = time.monotonic() + 60, False  # flushed within a period or two
+        while not flushed and time.monotonic() < deadline:
+            time.sleep(0.5)
+            flushed = any(r["name"] == "server.done" for p in (run / "events").glob("part-*.parquet")
+                          for r in pq.read_table(p, columns=["name"]).to_pylist())
+        assert flushed, "the server's events reach the disk while it still serves"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err, err
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert (manifest["state"], manifest["interrupted"]) == ("interrupted", "SIGTERM")
+    assert len(list((run / "events").glob("part-*.parquet"))) == 1  # compacted at the end
+    con_done = _completed(run)
+    assert con_done == set()  # no client events: nothing is client-completed, the server's side is there
+    con = duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
+    assert con.execute("SELECT server_status FROM attempts WHERE attempt_id = 'S1'").fetchone()[0] == "completed"
