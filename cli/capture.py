@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -21,7 +22,8 @@ import pyarrow as pa
 
 from inferledger.collectors.loadgen import LoadClient, LoadResult
 from inferledger.collectors.workload import Workload, load_tokenizer
-from inferledger.collectors.writer import RunWriter, write_table_atomic
+from inferledger.cli.interrupt import Interrupted, signal_name, sigterm_like_sigint
+from inferledger.collectors.writer import AUTOFLUSH_S, RunWriter, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
 from inferledger.probes.sampler import EnergySampler
 
@@ -165,9 +167,15 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
         tokenizer = bundle.tokenizer if own else load_tokenizer(wl.tokenizer)
     plans = wl.plan(tokenizer)
     host = host_id()
-    writer = RunWriter(out)
+    writer = RunWriter(out, autoflush_s=AUTOFLUSH_S)  # a kill loses at most the last 2 s
     engine_clock = mono_clock(host)
     client_clock = f"client-mono:{host}" if separate_clocks else engine_clock
+    head = {"source": "inferledger capture", "state": "running",
+            "target": {"kind": "embedded" if target == "embedded" else "url", "url": target},
+            "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec},
+            **({"slo": wl.slo} if wl.slo else {}), "client": {"clock": client_clock},
+            "host": {"name": host, "platform": platform.platform(), "python": platform.python_version()}}
+    writer.write_manifest(head)  # from the first second: a killed run still says what it was
     writer.clock_domain(client_clock, host=host, kind="monotonic")
     probe = Probe(writer, "client", run_id=writer.run_id, host=host, clock=client_clock)
     wall = WallMapping()  # mono -> Unix time, for exports in wall time (OTLP); checked again at the end
@@ -175,40 +183,66 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     old_switch = sys.getswitchinterval()
     t0 = time.monotonic()
     sampler = EnergySampler(writer, hz=10, host=host)
-    try:
-        if target == "embedded":
-            server = EmbeddedServer(writer, host, max_num_seqs=max_num_seqs, bundle=bundle,
-                                    engine_config=engine_config)
-        url = server.start() if server is not None else target  # one host, one CLOCK_MONOTONIC
-        # Energy counters (NVML, RAPL) where this machine has them, raw, on the host clock; a short idle
-        # stretch before load gives the ledger its idle baseline. Without a source nothing runs.
-        if any(src.available for src in sampler.sources()):
-            sampler.start()
-            time.sleep(IDLE_BASELINE_S)
-        if on_ready:
-            on_ready()
-        if switch_interval_s:
-            sys.setswitchinterval(switch_interval_s)
-        t0 = time.monotonic()
-        result, lags, mappings = asyncio.run(_drive(wl, plans, url, probe, writer, separate_clocks=separate_clocks,
-                                                    served_model=served_model or (server.model_name if server else None),
-                                                    api_key=api_key, progress=progress))
-    except BaseException as exc:  # interrupted or failed: keep what was recorded, say so, re-raise
-        sys.setswitchinterval(old_switch)
-        if server is not None:
-            server.stop(drain_s=5.0)
-        sampler.stop()
-        writer.write_manifest({"source": "inferledger capture", "interrupted": repr(exc)[:300],
-                               "target": {"kind": "embedded" if server else "url", "url": target},
-                               "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec},
-                               "wall_s": round(time.monotonic() - t0, 3)})
-        writer.close()
-        raise
-    sys.setswitchinterval(old_switch)
-    if server is not None:
-        server.stop()
-    sampler.stop()
-    wall_s = time.monotonic() - t0
+    clean = False
+    with sigterm_like_sigint() as got:
+        try:
+            if target == "embedded":
+                server = EmbeddedServer(writer, host, max_num_seqs=max_num_seqs, bundle=bundle,
+                                        engine_config=engine_config)
+                head.update(server.engine.manifest())
+                writer.write_manifest(head)
+            url = server.start() if server is not None else target  # one host, one CLOCK_MONOTONIC
+            # Energy counters (NVML, RAPL) where this machine has them, raw, on the host clock; a short idle
+            # stretch before load gives the ledger its idle baseline. Without a source nothing runs.
+            if any(src.available for src in sampler.sources()):
+                sampler.start()
+                time.sleep(IDLE_BASELINE_S)
+            if on_ready:
+                on_ready()
+            if switch_interval_s:
+                sys.setswitchinterval(switch_interval_s)
+            t0 = time.monotonic()
+            result, lags, mappings = asyncio.run(_drive(wl, plans, url, probe, writer, separate_clocks=separate_clocks,
+                                                        served_model=served_model or (server.model_name if server else None),
+                                                        api_key=api_key, progress=progress))
+            sys.setswitchinterval(old_switch)
+            if server is not None:
+                server.stop()
+            sampler.stop()
+            manifest = _finish(writer, wl, plans, tokenizer, server, sampler, result, lags, mappings, wall, out,
+                               host=host, url=url, client_clock=client_clock, engine_clock=engine_clock,
+                               separate_clocks=separate_clocks, calibration=calibration,
+                               switch_interval_s=switch_interval_s, wall_s=time.monotonic() - t0)
+            clean = True
+        except BaseException as exc:  # interrupted or failed: keep what was recorded, say so, re-raise
+            why = signal_name(got, exc)
+            sys.setswitchinterval(old_switch)
+            _stop_quietly(server, sampler)
+            writer.write_manifest({**head, "state": "interrupted", "interrupted": why,
+                                   "wall_s": round(time.monotonic() - t0, 3)})
+            if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Interrupted):
+                raise Interrupted(got["signum"] or signal.SIGINT) from None
+            raise
+        finally:
+            writer.close(compact_parts=clean)  # even when stopping the server or a timer failed
+    return CaptureResult(out, result, manifest["wall_s"], manifest["client"]["loop_lag_p99_ms"],
+                         manifest["client"]["client_bound"], manifest)
+
+
+def _stop_quietly(server, sampler) -> None:
+    """Stop what runs, each part on its own: one failing (a CUDA timer's close) must not stop the rest."""
+    for stop in ((lambda: server.stop(drain_s=5.0)) if server is not None else None, sampler.stop):
+        if stop is None:
+            continue
+        try:
+            stop()
+        except BaseException as exc:  # reported, not raised: the run directory still gets closed
+            print(f"inferledger capture: while stopping: {exc!r}", file=sys.stderr)
+
+
+def _finish(writer, wl, plans, tokenizer, server, sampler, result, lags, mappings, wall, out, *, host, url,
+            client_clock, engine_clock, separate_clocks, calibration, switch_interval_s, wall_s) -> dict:
+    """After a clean run: clock mappings, the client's lag trace, gaps and the full manifest."""
     for m in mappings:
         writer.clock_domain(m.from_clock, host=host if server else None, kind="monotonic")
         writer.clock_map(m.from_clock, m.to_clock, m.offset_ns, m.epsilon_ns, m.method)
@@ -242,6 +276,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
                     "exact_prompt_tokens": sorted({r.prompt_tokens for p in plans for r in p.requests
                                                    if r.prompt_tokens})},
         "calibration": calibration,
+        "state": "complete",
         "wall_s": round(wall_s, 3),
         "client": {"clock": client_clock, "loop_lag_p99_ms": round(lag_p99, 3),
                    "loop_lag_max_ms": round(max(lag_values, default=0.0), 3), "client_bound": client_bound,
@@ -262,5 +297,4 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     if server is not None:
         manifest.update(server.engine.manifest())
     writer.write_manifest(manifest)
-    writer.close()
-    return CaptureResult(out, result, wall_s, lag_p99, client_bound, manifest)
+    return manifest

@@ -17,8 +17,13 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
     from inferledger.cli.capture import capture
     from inferledger.collectors.workload import Workload
 
-    if out.exists() and any(out.iterdir()):
-        raise typer.BadParameter(f"{out} already holds files; choose a new --out", param_hint="--out")
+    from inferledger.cli.interrupt import Interrupted
+    from inferledger.collectors.out_dir import OutDirError, check_new_run_dir
+
+    try:
+        check_new_run_dir(out)
+    except OutDirError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--out") from None
     if target != "embedded" and not target.startswith(("http://", "https://")):
         raise typer.BadParameter(f"{target!r} is neither 'embedded' nor an http(s):// base URL", param_hint="--target")
     try:
@@ -44,6 +49,12 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
         except errors as exc:
             console.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2)
+        except Interrupted as exc:  # the run directory is closed: say what it holds, no traceback
+            progress.stop()
+            console.print(f"[yellow]interrupted[/] ({exc}): everything recorded so far is in {out} (manifest "
+                          f"state 'interrupted'); the attempts in flight show as unterminated after "
+                          f"[cyan]inferledger reconstruct {out}[/]")
+            raise typer.Exit(exc.exit_code)
     r = result.load
     console.print(f"[bold]{wl.name}[/] against {result.manifest['target']['url']}: {r.tasks} tasks, "
                   f"{r.attempts} attempts ({r.completed} completed, {r.timeouts} client timeouts of which "

@@ -80,7 +80,7 @@ def import_cmd(
     from rich.markup import escape
     from rich.table import Table
 
-    from inferledger.collectors.importer import ArchiveError, RunExistsError, import_archive
+    from inferledger.collectors.importer import ArchiveError, OutDirError, import_archive
 
     try:
         res = import_archive(archive, out, run_id=run_id, lenient=lenient)
@@ -89,7 +89,7 @@ def import_cmd(
             typer.echo(f"{archive}:{n}: {reason}", err=True)
         _fail(f"{len(exc.refusals)} line(s) of {archive} refused; nothing was written. "
               "Fix them, or rerun with --lenient to import the rest and register these as gaps.")
-    except (RunExistsError, FileNotFoundError, IsADirectoryError) as exc:
+    except (OutDirError, FileNotFoundError, IsADirectoryError) as exc:
         _fail(f"inferledger import: {exc}")
     for n, reason in res.refusals:
         typer.echo(f"warning: {archive}:{n}: {reason}", err=True)

@@ -28,7 +28,8 @@ def serve_cmd(
     max_queue: int = typer.Option(512, help="Requests waiting + running before new ones get 429 with Retry-After."),
     out: Optional[Path] = typer.Option(None, help="Run directory: the engine's and server's events, KV samples and "
                                        "manifest.json go there (then `inferledger reconstruct RUN_DIR`)."),
-    flush_every: float = typer.Option(5.0, help="Seconds between flushes of --out (and once more on shutdown)."),
+    flush_every: float = typer.Option(2.0, help="Seconds between flushes of --out (events, samples, manifest; and "
+                                      "once more on shutdown): a kill loses at most this much."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
 ) -> None:
     """Serve a checkpoint with the reference engine over an OpenAI-compatible HTTP API.
@@ -60,8 +61,14 @@ def serve_cmd(
     from inferledger.engine.server import serve
     from inferledger.probes.probe import WallMapping, host_id, mono_clock
 
-    if out is not None and out.exists() and any(out.iterdir()):
-        raise typer.BadParameter(f"{out} already holds files; choose a new --out", param_hint="--out")
+    from inferledger.cli.interrupt import sigterm_like_sigint
+    from inferledger.collectors.out_dir import OutDirError, check_new_run_dir
+
+    if out is not None:
+        try:
+            check_new_run_dir(out)
+        except OutDirError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--out") from None
     try:
         with console.status(f"loading {model or 'the bundled model'} ..."):
             bundle = load_model(model, device=device)
@@ -70,7 +77,7 @@ def serve_cmd(
         raise typer.BadParameter(str(exc), param_hint=hint) from exc
     name = served_model_name or default_model_name(bundle.identity)
     hostname = host_id()
-    writer = RunWriter(out) if out is not None else None
+    writer = RunWriter(out, autoflush_s=flush_every) if out is not None else None
     config = EngineConfig(max_num_seqs=max_num_seqs)
     engine = LLMEngine(bundle, config, sink=writer, run_id=writer.run_id if writer else "serve", host=hostname)
     async_engine = AsyncEngine(engine)
@@ -84,16 +91,19 @@ def serve_cmd(
     wall = WallMapping() if writer is not None else None  # mono -> Unix time for exports, checked at the end
     if writer is not None:
         writer.clock_domain(mono_clock(hostname), host=hostname, kind="monotonic")
-        writer.write_manifest(manifest)
+        writer.write_manifest({**manifest, "state": "running"})
     t0 = time.monotonic()
 
     def banner(_msg: str) -> None:
         console.print(f"serving [bold]{name}[/] on [bold]http://{host}:{port}/v1[/]"
                       + (f", events into [bold]{out}[/]" if out else "") + "  (Ctrl-C stops)")
 
+    stopped_by = "SIGINT"
     try:
-        serve(async_engine, bundle.tokenizer, host=host, port=port, model_name=name, sink=writer,
-              api_key=api_key, max_queue=max_queue, flush_every_s=flush_every if writer else None, print=banner)
+        with sigterm_like_sigint() as got:  # SIGTERM (docker stop, a CI timeout) stops it as Ctrl-C does
+            serve(async_engine, bundle.tokenizer, host=host, port=port, model_name=name, sink=writer,
+                  api_key=api_key, max_queue=max_queue, print=banner, handle_signals=False)
+        stopped_by = "SIGTERM" if got["signum"] else "SIGINT"
     finally:
         deadline = time.monotonic() + 5  # let aborted requests reach their terminal event
         while engine.has_unfinished() and time.monotonic() < deadline:
@@ -101,9 +111,12 @@ def serve_cmd(
         async_engine.close()
         if writer is not None:
             wall.write(writer, [mono_clock(hostname)], hostname)
-            writer.write_manifest({**manifest, "wall_s": round(time.monotonic() - t0, 3)})
-            writer.close()
+            writer.write_manifest({**manifest, "state": "interrupted", "interrupted": stopped_by,
+                                   "wall_s": round(time.monotonic() - t0, 3)})
+            writer.close(compact_parts=True)
             console.print(f"run directory: [bold]{out}[/]  (next: inferledger reconstruct {out})")
+    if stopped_by == "SIGTERM":
+        raise typer.Exit(143)
 
 
 def register(app: typer.Typer) -> None:

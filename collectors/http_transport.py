@@ -9,6 +9,8 @@ number of chunks.
 trace signal; headers are coalesced with the body), `attempt.first_byte` the moment the response
 status line and headers have arrived. Transport failures (connect, reset, a stream cut short) raise
 `TransportError`, which the client retries; a non-200 answer raises `HTTPError` with its status.
+A stream event whose data is not JSON (a proxy's HTML error page, a truncated object) is a transport
+failure too: nothing in it can be counted. SSE framing is `collectors/sse.py`.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import AsyncIterator
 import aiohttp
 
 from inferledger.collectors.loadgen import Chunk, TransportError
+from inferledger.collectors.sse import SSEDecoder
 
 
 class HTTPError(Exception):
@@ -61,6 +64,16 @@ def chunk_from_event(event: dict) -> Chunk:
     choice = indexes[0] if one else None
     return Chunk(kinds=sorted(set(kinds)), text="".join(text), tokens=None, finish_reason=finish, usage=usage,
                  choice=choice)
+
+
+def _event(payload: str) -> dict:
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        raise TransportError(f"a stream event's data is not JSON: {payload[:120]!r}") from None
+    if not isinstance(event, dict):
+        raise TransportError(f"a stream event's data is not a JSON object: {payload[:120]!r}")
+    return event
 
 
 async def _on_chunk_sent(session, ctx, params) -> None:
@@ -132,17 +145,15 @@ class HTTPTarget:
                     on_first_byte()
                 if resp.status != 200:
                     raise HTTPError(resp.status, await resp.text(), _retry_after(resp.headers.get("Retry-After")))
-                buffer = b""
+                decoder = SSEDecoder()
                 async for data in resp.content.iter_any():
-                    buffer += data.replace(b"\r\n", b"\n")
-                    while b"\n\n" in buffer:
-                        raw, buffer = buffer.split(b"\n\n", 1)
-                        for line in raw.split(b"\n"):
-                            if not line.startswith(b"data:"):
-                                continue
-                            payload = line[5:].strip()
-                            if payload == b"[DONE]":
-                                return
-                            yield chunk_from_event(json.loads(payload))
+                    for payload in decoder.feed(data):
+                        if payload.strip() == "[DONE]":
+                            return
+                        yield chunk_from_event(_event(payload))
+                for payload in decoder.close():
+                    if payload.strip() == "[DONE]":
+                        return
+                    yield chunk_from_event(_event(payload))
         except aiohttp.ClientError as exc:
             raise TransportError(f"{type(exc).__name__}: {exc}") from exc

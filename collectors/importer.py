@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from pathlib import Path
 
 import pyarrow as pa
 
+from inferledger.collectors.out_dir import OutDirError, RunExistsError, check_new_run_dir
 from inferledger.collectors.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import EVENT_SCHEMA, GAP_SCHEMA, VOCABULARY, missing_requirements
 
@@ -25,6 +27,13 @@ EVENT_COLUMNS = tuple(EVENT_SCHEMA.names)
 STRING_COLUMNS = ("run_id", "event_id", "source", "host", "name", "clock",
                   "task_id", "session_id", "request_id", "attempt_id")
 INT64 = (-(2**63), 2**63 - 1)
+# Times and clock offsets are differenced, mapped and summed in int64 by the ledger: keeping each
+# within ±2^61 ns (±73 years around the clock's zero; Unix time until 2043) keeps every such result
+# inside int64. Epsilons are bounds on an error: half of that span is already absurd.
+TS_SPAN = (-(2**61), 2**61)
+EPS_MAX = 2**60
+MAX_DEPTH = 32  # nesting of objects and arrays in one line; an event needs 3 or 4
+__all__ = ["ArchiveError", "ImportResult", "OutDirError", "RunExistsError", "import_archive"]
 
 
 class ArchiveError(ValueError):
@@ -38,10 +47,6 @@ class ArchiveError(ValueError):
         super().__init__(f"{archive}: {len(refusals)} line(s) refused, nothing was written "
                          "(fix them, or pass --lenient to import the rest and register these as gaps):\n"
                          + "\n".join(shown))
-
-
-class RunExistsError(FileExistsError):
-    """The out folder already holds a run; importing would mix two runs."""
 
 
 @dataclass
@@ -65,15 +70,59 @@ def _kind(v) -> str:
             dict: "object", type(None): "null"}.get(type(v), type(v).__name__)
 
 
+class _Unreadable(ValueError):
+    """A number JSON does not allow, or one no column can hold."""
+
+
+def _constant(token: str):
+    raise _Unreadable(f"{token} is not a JSON number (NaN and infinities have no JSON spelling; "
+                      "a NaN deadline is an unreadable contract): write null for an unknown")
+
+
+def _finite(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise _Unreadable(f"the number {text[:40]} overflows a double: write a smaller number or null")
+    return v
+
+
+def _out_of_span(v, path: str) -> list[str]:
+    """Numbers no column or figure can hold: every number of an event fits int64 (ns, tokens, bytes)."""
+    if isinstance(v, bool) or v is None:
+        return []
+    if isinstance(v, (int, float)):
+        return [] if INT64[0] <= v <= INT64[1] else [f"{path} = {json.dumps(v)[:40]} is outside the int64 span "
+                                                     "(±9.2e18): no figure can hold it"]
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    return [r for k, x in items for r in _out_of_span(x, f"{path}.{k}" if isinstance(v, dict) else f"{path}[{k}]")]
+
+
+def _depth_exceeds(obj, limit: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            if d > limit:
+                return True
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
 def _parse(raw: bytes) -> tuple[dict | None, str | None]:
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_constant, parse_float=_finite)
     except UnicodeDecodeError:
         return None, "not valid UTF-8"
+    except _Unreadable as exc:
+        return None, str(exc)
+    except RecursionError:
+        return None, f"nested deeper than {MAX_DEPTH} levels of objects and arrays"
     except ValueError as exc:
-        return None, f"not JSON ({exc.msg} at column {exc.colno})"
+        return None, f"not JSON ({exc.msg} at column {exc.colno})" if hasattr(exc, "msg") else f"not JSON ({exc})"
     if not isinstance(obj, dict):
         return None, f"not a JSON object (got a JSON {_kind(obj)})"
+    if _depth_exceeds(obj, MAX_DEPTH):
+        return None, f"nested deeper than {MAX_DEPTH} levels of objects and arrays"
     return obj, None
 
 
@@ -88,6 +137,7 @@ class _Archive:
         self.contracts: dict[str, tuple[int, dict]] = {}
         self.seq: dict[str, int] = {}  # next sequence number per source
         self.seq_of: dict[int, int] = {}  # line -> the sequence number it took
+        self.owners: dict[str, tuple[int, str | None, str | None]] = {}  # attempt -> (line, task, request)
 
     def declare(self, n: int, obj: dict) -> str | None:
         clock, attrs = obj.get("clock"), obj.get("attrs") or {}
@@ -136,10 +186,13 @@ class _Archive:
         v = obj.get("value")
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             reasons.append(f"value must be a number, got a JSON {_kind(v)}")
+        reasons += _out_of_span(v, "value") + _out_of_span(attrs, "attrs")
         if obj.get("ts_ns") is None:
             reasons.append("ts_ns missing (integer nanoseconds in the event's clock)")
         elif not _is_int(obj["ts_ns"]):
             reasons.append(f"ts_ns must be an integer number of nanoseconds, got {json.dumps(obj['ts_ns'])}")
+        elif not TS_SPAN[0] <= obj["ts_ns"] <= TS_SPAN[1]:
+            reasons.append(f"ts_ns {obj['ts_ns']} is outside ±2^61 ns, where differences of times stay exact")
         clock = obj.get("clock")
         if not src:
             reasons.append("source missing (who emitted the event: client, server, engine ...)")
@@ -160,10 +213,26 @@ class _Archive:
         if not reasons and eid in self.event_ids:
             reasons.append(f"duplicate event_id '{eid}' (first on line {self.event_ids[eid]})")
         if not reasons:
+            reasons += self.check_owner(n, obj)
+        if not reasons:
             self.event_ids[eid] = n
             if contract is not None:
                 self.contracts.setdefault(obj["task_id"], (n, contract))
         return reasons
+
+    def check_owner(self, n: int, obj: dict) -> list[str]:
+        """One attempt belongs to one task and one request: a second owner is a collision of ids."""
+        aid = obj.get("attempt_id")
+        if aid is None:
+            return []
+        line, task, request = self.owners.get(aid, (n, None, None))
+        for col, known in (("task_id", task), ("request_id", request)):
+            v = obj.get(col)
+            if v is not None and known is not None and v != known:
+                return [f"attempt_id '{aid}' belongs to {col.removesuffix('_id')} '{known}' (line {line}); this "
+                        f"line puts it under '{v}': give each attempt its own id"]
+        self.owners[aid] = (line, task or obj.get("task_id"), request or obj.get("request_id"))
+        return []
 
     def check_map(self, n: int, a: dict) -> list[str]:
         reasons = []
@@ -172,6 +241,10 @@ class _Archive:
                 reasons.append(f"attrs.{key} must be an integer number of nanoseconds, got {json.dumps(a.get(key))}")
         if _is_int(a.get("epsilon_ns")) and a["epsilon_ns"] < 0:
             reasons.append("attrs.epsilon_ns must not be negative")
+        if _is_int(a.get("epsilon_ns")) and a["epsilon_ns"] > EPS_MAX:
+            reasons.append(f"attrs.epsilon_ns {a['epsilon_ns']} is above 2^60 ns (36 years): not a bound on anything")
+        if _is_int(a.get("offset_ns")) and not TS_SPAN[0] <= a["offset_ns"] <= TS_SPAN[1]:
+            reasons.append(f"attrs.offset_ns {a['offset_ns']} is outside ±2^61 ns, where mapped times stay exact")
         for key in ("from", "to"):
             c = a.get(key)
             if not isinstance(c, str):
@@ -244,16 +317,10 @@ def _write_row(w: RunWriter, ar: _Archive, res: ImportResult, n: int, obj: dict)
             res.tasks += 1
 
 
-def _refuse_existing(out: Path) -> None:
-    if (out / "manifest.json").exists() or (out / "events").exists():
-        raise RunExistsError(f"{out} already holds a run (manifest.json or events/ present); "
-                             "import into a new folder, the existing run was left untouched")
-
-
 def import_archive(archive: Path, out: Path, *, run_id: str | None = None, lenient: bool = False) -> ImportResult:
     """Import an E0 JSONL archive into the run directory `out` (which must not hold a run yet)."""
     archive, out = Path(archive), Path(out)
-    _refuse_existing(out)
+    check_new_run_dir(out)
     data = archive.read_bytes()  # FileNotFoundError names the path
     run_id = run_id or out.resolve().name
     res = ImportResult(run_id=run_id, out=out)
@@ -278,7 +345,7 @@ def import_archive(archive: Path, out: Path, *, run_id: str | None = None, lenie
     res.refused = len(res.refusals)
     if res.refusals and not lenient:
         raise ArchiveError(archive, res.refusals)
-    _refuse_existing(out)
+    check_new_run_dir(out)  # again: another process may have written there while we read
     with RunWriter(out, run_id) as w:
         for n, obj in good:
             _write_row(w, ar, res, n, obj)

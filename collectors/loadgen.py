@@ -283,7 +283,12 @@ class LoadClient:
         consumer = asyncio.create_task(self._consume(stream, st, ids, cancel_tokens, on_first_byte))
         limit_s = timeout_ms / 1000
         wait_s = min(limit_s, cancel_ms / 1000) if cancel_ms else limit_s
-        await asyncio.wait({consumer}, timeout=wait_s)
+        try:
+            await asyncio.wait({consumer}, timeout=wait_s)
+        except asyncio.CancelledError:  # the run is stopping (Ctrl-C, SIGTERM): its reader stops with it
+            consumer.cancel()
+            await asyncio.gather(consumer, return_exceptions=True)
+            raise
         if not consumer.done():
             elapsed = (self.now() - t_created) / 1e6
             if cancel_ms and cancel_ms / 1000 <= limit_s:

@@ -3,18 +3,28 @@
 Layout (DESIGN §3): manifest.json, events/part-*.parquet, samples/part-*.parquet, clocks.parquet,
 tasks.parquet. Every file is written under a temporary name in the same folder and renamed, so a
 killed process leaves only complete files; a flush never rewrites a part already on disk.
+
+Durability: with `autoflush_s` a background thread flushes every buffer, clocks, tasks and the
+manifest (with a `flushed` section: rows on disk, when) at that period, so SIGKILL, the OOM killer or
+a CI timeout lose at most the last period. `close(compact=True)` merges the many small parts of a
+clean run into one per folder (collectors/run_parts.py), so they cost `reconstruct` nothing.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from inferledger.collectors.run_parts import compact, next_part_number
 from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
+
+AUTOFLUSH_S = 2.0  # capture and serve --out: the most recorded time a kill can lose
 
 
 def write_table_atomic(table: pa.Table, path: Path) -> None:
@@ -44,8 +54,7 @@ class _PartBuffer:
             return 0
         for stale in self.folder.glob(".part-*.tmp-*"):  # left by a killed writer; never a part
             stale.unlink(missing_ok=True)
-        nums = [int(p.stem.split("-")[1]) for p in self.folder.glob("part-*.parquet")]
-        return max(nums, default=-1) + 1
+        return next_part_number(self.folder)
 
     def add(self, row: dict) -> bool:
         self.rows.append(row)
@@ -66,7 +75,8 @@ class _PartBuffer:
 class RunWriter:
     """The sink probes and collectors write through. Thread-safe; call close() (or use `with`)."""
 
-    def __init__(self, run_dir: str | os.PathLike, run_id: str | None = None, *, flush_rows: int = 50_000) -> None:
+    def __init__(self, run_dir: str | os.PathLike, run_id: str | None = None, *, flush_rows: int = 50_000,
+                 autoflush_s: float | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id or self.run_dir.name
@@ -77,6 +87,14 @@ class RunWriter:
         self._tasks: list[dict] = []
         self.n_events = 0
         self.n_samples = 0
+        self._manifest: dict | None = None
+        self._flushes = 0
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if autoflush_s:
+            self._flusher = threading.Thread(target=self._autoflush, args=(autoflush_s,), name="run-writer-flush",
+                                             daemon=True)
+            self._flusher.start()
 
     # -- rows ---------------------------------------------------------------------------------
     def emit(self, row: dict) -> None:
@@ -120,13 +138,41 @@ class RunWriter:
             self._samples.flush()
             write_table_atomic(pa.Table.from_pylist(self._clocks, schema=CLOCK_SCHEMA), self.run_dir / "clocks.parquet")
             write_table_atomic(pa.Table.from_pylist(self._tasks, schema=TASK_SCHEMA), self.run_dir / "tasks.parquet")
+            self._flushes += 1
+            if self._manifest is not None and self._flusher is not None:
+                self._write_manifest_locked()
 
-    def write_manifest(self, manifest: dict) -> None:
-        body = {"run_id": self.run_id, **manifest}
+    def _write_manifest_locked(self) -> None:
+        body = {"run_id": self.run_id, **(self._manifest or {})}
+        if self._flusher is not None:  # what a reader of a killed run can count on
+            body["flushed"] = {"events": self.n_events - len(self._events.rows),
+                               "samples": self.n_samples - len(self._samples.rows),
+                               "flushes": self._flushes, "at_unix_s": round(time.time(), 3)}
         write_json_atomic(body, self.run_dir / "manifest.json")
 
-    def close(self) -> None:
+    def write_manifest(self, manifest: dict) -> None:
+        """Write manifest.json now; with autoflush it is rewritten at every flush (with `flushed`)."""
+        with self._lock:
+            self._manifest = dict(manifest)
+            self._write_manifest_locked()
+
+    def _autoflush(self, period_s: float) -> None:
+        while not self._stop.wait(period_s):
+            try:
+                self.flush()
+            except Exception as exc:  # a full disk: say so, keep the rows, try again next period
+                print(f"inferledger: flush of {self.run_dir} failed, will retry: {exc}", file=sys.stderr)
+
+    def close(self, *, compact_parts: bool = False) -> None:
+        """Stop the flush thread and write what is buffered; `compact_parts` merges the parts (a clean end)."""
+        self._stop.set()
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join()
         self.flush()
+        if compact_parts:
+            with self._lock:
+                compact(self._events.folder, EVENT_SCHEMA)
+                compact(self._samples.folder, SAMPLE_SCHEMA)
 
     def __enter__(self) -> "RunWriter":
         return self

@@ -28,7 +28,7 @@ from inferledger.probes.probe import Probe
 
 from .openai_protocol import CHAT, COMPLETIONS, ApiError
 from .server_metrics import ServerMetrics
-from .server_request import IdAssigner, Ids, check_auth, handle_generation
+from .server_request import IdAssigner, Ids, check_auth, handle_generation, max_token_bytes
 
 log = logging.getLogger(__name__)
 SERVER_KEY = web.AppKey("inferledger_server", object)
@@ -51,6 +51,7 @@ class OpenAIServer:
         self.metrics = ServerMetrics(model_name, self.llm, self)
         bm = self.llm.block_manager
         self.context_tokens = min(self.llm.max_model_len, bm.num_blocks * bm.block_size)
+        self.max_token_bytes = max_token_bytes(tokenizer)  # bounds a prompt's tokens before tokenising it
         self.ids = IdAssigner()
         self.in_flight = 0  # admitted here and not finished: the admission count
         self.active: set[str] = set()  # attempt ids in flight here
@@ -174,7 +175,9 @@ def build_app(async_engine, tokenizer, *, model_name: str, sink=None, run_id: st
 
 
 def serve(async_engine, tokenizer, *, host: str = "127.0.0.1", port: int = 8000, model_name: str,
-          shutdown_timeout: float = 5.0, print=print, **app_kwargs) -> None:
-    """Run the server until interrupted (Ctrl-C / SIGTERM). Binds loopback unless told otherwise."""
+          shutdown_timeout: float = 5.0, print=print, handle_signals: bool = True, **app_kwargs) -> None:
+    """Run the server until interrupted (Ctrl-C / SIGTERM; `handle_signals=False` leaves both to the caller,
+    as KeyboardInterrupt). Binds loopback unless told otherwise."""
     app = build_app(async_engine, tokenizer, model_name=model_name, **app_kwargs)
-    web.run_app(app, host=host, port=port, shutdown_timeout=shutdown_timeout, access_log=None, print=print)
+    web.run_app(app, host=host, port=port, shutdown_timeout=shutdown_timeout, access_log=None, print=print,
+                handle_signals=handle_signals)

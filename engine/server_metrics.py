@@ -14,6 +14,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 20.0, 40.0, 80.0, 160.0, 640.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0, 1920.0)
+HTTP_STATUSES = ("200", "400", "401", "404", "409", "413", "429", "500", "503")  # all the front end answers
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0)
 
@@ -122,7 +123,10 @@ class ServerMetrics:
         self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
                               "Per request (e2e - ttft) / (output tokens - 1), requests with > 1 token.",
                               TPOT_BUCKETS, b)
-        self.http = Counter("inferledger_http_requests_total", "HTTP responses by status code.", (), "status")
+        # every label value a response can take, at 0 from the start: scrapers that diff two scrapes
+        # (AIPerf) read a series that first appears mid-run as lost requests
+        self.http = Counter("inferledger_http_requests_total", "HTTP responses by status code.", (), "status",
+                            HTTP_STATUSES)
         self.disconnects = Counter("inferledger_client_disconnects_total",
                                    "Clients that went away before their response completed (engine cancelled).")
         self.sse_events = Counter("inferledger_sse_events_total", "Server-sent events written.")

@@ -4,6 +4,11 @@ Order, so that each refusal is the cheapest one that applies: id headers -> API 
 (400/413) -> `server.received` -> fields and ranges (400), model (404) -> admission (429/503/409) ->
 prompt tokens and the engine's own checks (400) -> the first delta, and only then the response
 headers (`server_stream.produce`). Every refusal with an attempt id is a `server.rejected` event.
+
+The event loop never does work proportional to a request's size: a body over `OFF_LOOP_BYTES` is
+decoded and checked in a worker thread, every prompt is templated and tokenised in one, and a text
+whose bytes cannot fit the context even at the longest token of the vocabulary is refused before it
+is tokenised at all (a lower bound, so nothing that fits is refused).
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from aiohttp import web
+
+OFF_LOOP_BYTES = 64 * 1024  # bodies above this are decoded off the event loop
 
 from .openai_protocol import (CHAT, COMPLETIONS, DEFAULT_COMPLETION_MAX_TOKENS, KNOWN_FIELDS, ApiError,
                               GenerationRequest, Shaper, engine_error, parse_chat, parse_completion)
@@ -98,6 +105,19 @@ def check_auth(api_key: str | None, headers) -> None:
                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
+def max_token_bytes(tokenizer) -> int | None:
+    """The longest token of the vocabulary in UTF-8 bytes (an upper bound on what one token can cover)."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None:
+        return None
+    return max((len(t.encode("utf-8")) for t in backend.get_vocab(with_added_tokens=True)), default=None)
+
+
+async def off_loop(fn, *args):
+    """`fn(*args)` in the default executor: the loop keeps serving /health and other streams meanwhile."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
 async def read_json(request: web.Request) -> dict:
     try:
         raw = await request.read()
@@ -107,7 +127,7 @@ async def read_json(request: web.Request) -> dict:
     if not raw.strip():
         raise ApiError(400, "the request body is empty: send a JSON object", code="invalid_json")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw) if len(raw) <= OFF_LOOP_BYTES else await off_loop(json.loads, raw)
     except ValueError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
@@ -128,6 +148,25 @@ def _admit(server, ids: Ids) -> None:
                             "attempt its own id", param="x-inferledger-attempt-id", code="duplicate_attempt_id")
     server.in_flight += 1
     server.active.add(ids.attempt_id)
+
+
+def _too_long(server, req: GenerationRequest) -> None:
+    """Refuse a text that needs more tokens than the context even if every token were the longest one."""
+    per_token = getattr(server, "max_token_bytes", None)
+    if not per_token:
+        return
+    if req.messages is not None:
+        n_bytes = sum(len(m["content"].encode("utf-8")) for m in req.messages)
+    elif isinstance(req.prompt, str):
+        n_bytes = len(req.prompt.encode("utf-8"))
+    else:
+        return
+    at_least = -(-n_bytes // per_token)
+    if at_least > server.context_tokens:
+        raise ApiError(400, f"'{req.prompt_field}' holds {n_bytes} bytes, at least {at_least} tokens (no token of "
+                            f"this vocabulary spans more than {per_token} bytes): more than the context of "
+                            f"{server.context_tokens} tokens; shorten the {req.prompt_field}",
+                       param=req.prompt_field, code="context_length_exceeded")
 
 
 def _prompt_ids(tok, req: GenerationRequest) -> list[int]:
@@ -173,18 +212,21 @@ async def handle_generation(server, request: web.Request, endpoint: str) -> web.
             raise ApiError(400, ids.problem[1], param=ids.problem[0], code="invalid_header")
         check_auth(server.api_key, request.headers)
         body = await read_json(request)
+        big = request.content_length is None or request.content_length > OFF_LOOP_BYTES
         ignored = sorted(k for k in body if k not in KNOWN_FIELDS[endpoint])
         server.emit("server.received", ids, endpoint=endpoint, stream=body.get("stream") is True,
                     **({"ignored_fields": ignored} if ignored else {}), **ids.trace)
         received = True
-        req = (parse_chat if endpoint == CHAT else parse_completion)(body)
+        parse = parse_chat if endpoint == CHAT else parse_completion
+        req = await off_loop(parse, body) if big else parse(body)
         if req.model is not None and req.model != server.model_name:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {server.model_name!r} "
                                 "(GET /v1/models)", param="model", code="model_not_found")
         _params(req, max(1, req.sampling.get("min_tokens", 1)))  # range checks before admission
         _admit(server, ids)
         admitted = True
-        prompt = _prompt_ids(server.tokenizer, req)
+        _too_long(server, req)
+        prompt = await off_loop(_prompt_ids, server.tokenizer, req)
         params = _params(req, _max_tokens(server, req, len(prompt)))
         gen = server.engine.generate(prompt, params, **ids.columns())
         a = Attempt(ids, endpoint, req.stream, params.n, t0)

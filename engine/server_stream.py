@@ -6,7 +6,9 @@ request in the engine. Events (DESIGN §4): `server.write` for each event handed
 at the hand-off (before the write call: on loopback the client can read the bytes before the call
 returns) and emitted once the write succeeded (value = output tokens it carries, attrs.kinds ⊆ role,
 content, finish, usage, done; attrs.choice on role / content / finish), `server.done`
-once the response is complete, `server.disconnect` when the client went away first.
+once the response is complete, stamped at the hand-off of its last bytes (the `[DONE]` event, or the
+whole body), so on one clock the server's E2E never exceeds the client's, `server.disconnect` when the
+client went away first.
 """
 from __future__ import annotations
 
@@ -98,7 +100,8 @@ def _tokens(server, a: Attempt, d) -> None:
         server.watched.pop(asyncio.current_task(), None)  # the engine is done: nothing left to cancel
 
 
-async def _write(server, a: Attempt, payload, kinds: list[str], tokens: int, choice: int | None = None) -> None:
+async def _write(server, a: Attempt, payload, kinds: list[str], tokens: int, choice: int | None = None) -> int:
+    """Write one SSE event; returns the hand-off time it was stamped with."""
     data = sse(payload)
     handed = server.probe.now_ns()  # the hand-off to the socket: the client may read it before write() returns
     await a.resp.write(data)
@@ -106,6 +109,7 @@ async def _write(server, a: Attempt, payload, kinds: list[str], tokens: int, cho
     server.metrics.sse_events.inc()
     extra = {} if choice is None else {"choice": choice}  # the choice index of a role / content / finish event
     server.emit("server.write", a.ids, value=tokens, kinds=kinds, bytes=len(data), ts_ns=handed, **extra)
+    return handed
 
 
 async def _stream(server, request, a: Attempt, shaper: Shaper, gen, d) -> None:
@@ -130,12 +134,12 @@ async def _stream(server, request, a: Attempt, shaper: Shaper, gen, d) -> None:
     u = usage(len(out.prompt_token_ids), sum(len(o.token_ids) for o in out.outputs), out.cached_tokens)
     if shaper.include_usage:
         await _write(server, a, shaper.usage_chunk(u), ["usage"], 0)
-    await _write(server, a, "[DONE]", ["done"], 0)
+    handed = await _write(server, a, "[DONE]", ["done"], 0)
     try:
         await a.resp.write_eof()
     except ConnectionError:
         pass  # everything was handed to the socket; the client closed after [DONE]
-    _done(server, a, out, u)
+    _done(server, a, out, u, handed)
 
 
 async def _whole(server, request, a: Attempt, shaper: Shaper, gen, d) -> None:
@@ -157,10 +161,11 @@ async def _whole(server, request, a: Attempt, shaper: Shaper, gen, d) -> None:
     a.tokens_written = u["completion_tokens"]
     server.emit("server.write", a.ids, value=u["completion_tokens"], kinds=kinds, bytes=a.resp.body_length,
                 ts_ns=handed)
-    _done(server, a, out, u)
+    _done(server, a, out, u, handed)
 
 
-def _done(server, a: Attempt, out, u: dict) -> None:
+def _done(server, a: Attempt, out, u: dict, handed_ns: int) -> None:
+    """Metrics and `server.done`, stamped `handed_ns`: when the response's last bytes went to the socket."""
     a.phase = "done"
     m, now = server.metrics, time.monotonic()
     if out.finish_reason in ("stop", "length"):
@@ -172,4 +177,4 @@ def _done(server, a: Attempt, out, u: dict) -> None:
     m.preemptions.inc(out.preemptions)
     m.http.inc(label_value="200")
     server.emit("server.done", a.ids, status=200, stream=a.stream, finish_reason=out.finish_reason,
-                prompt_tokens=u["prompt_tokens"], completion_tokens=u["completion_tokens"])
+                prompt_tokens=u["prompt_tokens"], completion_tokens=u["completion_tokens"], ts_ns=handed_ns)

@@ -128,7 +128,7 @@ def task_dags(con) -> list[tuple[Dag, list[tuple[str, int, int]], str | None]]:
         dag, times, after, streams = Dag("task", task_id), [], {}, {}
         clocks = {c for item in items for c in item[7:9]}
         if len(clocks) > 1:  # durations and time order across unmapped domains would be guesses
-            out.append((Dag("task", task_id), [], f"task {task_id}: its stages lie in clocks {sorted(clocks)} "
+            out.append((Dag("task", task_id), [], f"task {task_id}: its stages lie in clocks {sorted(map(str, clocks))} "
                         "that one graph cannot compare"))
             continue
         for _, kind, name, stream, after_json, t0, t1, _c0, _c1 in items:

@@ -16,6 +16,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from inferledger.collectors.run_parts import PartError, list_parts
 from inferledger.ledger import critical_path
 from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, GAP_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
 
@@ -29,6 +30,10 @@ PUBLIC_TABLES = ("events", "samples", "clocks", "attempts", "request_metrics", "
 
 class RunDirError(Exception):
     """The run directory is missing or unreadable; the message names the file."""
+
+
+class StageError(RunDirError):
+    """A ledger stage failed on this run's data; the message names the stage and the run."""
 
 
 @dataclass
@@ -101,7 +106,11 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: no such run directory")
-    parts = sorted((run_dir / "events").glob("part-*.parquet"))
+    try:  # every part checked whole and of our schema, merged ranges over their leftovers
+        parts = list_parts(run_dir / "events", EVENT_SCHEMA)
+        sample_parts = list_parts(run_dir / "samples", SAMPLE_SCHEMA)
+    except PartError as exc:
+        raise RunDirError(str(exc)) from None
     if not parts:
         raise RunDirError(f"{run_dir}/events: no event parts (part-*.parquet); capture or import a run first")
     run_id = _run_id(run_dir)
@@ -122,7 +131,7 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
         t0 = time.perf_counter()
         # file order is deterministic (insertion order is preserved), so no sort is needed
         _load(con, "events", parts, EVENT_SCHEMA, temp=False)
-        _load(con, "samples", sorted((run_dir / "samples").glob("part-*.parquet")), SAMPLE_SCHEMA, temp=False)
+        _load(con, "samples", sample_parts, SAMPLE_SCHEMA, temp=False)
         for name, schema, table, temp in (("clocks.parquet", CLOCK_SCHEMA, "clocks", False),
                                           ("tasks.parquet", TASK_SCHEMA, "task_contracts", True),
                                           ("gaps.parquet", GAP_SCHEMA, "collector_gaps", True)):
@@ -133,7 +142,10 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
         for stage in STAGES:
             if stage == "90_gaps.sql":  # the critical paths (Python: DAG validation and longest path)
                 t0 = time.perf_counter()
-                problems = critical_path.build(con)
+                try:
+                    problems = critical_path.build(con)
+                except duckdb.Error as exc:
+                    raise StageError(f"ledger stage critical_path failed on {run_dir}: {exc}") from exc
                 con.execute("CREATE OR REPLACE TEMP TABLE dag_problems (scope VARCHAR, subject_id VARCHAR, detail VARCHAR)")
                 if problems:
                     con.executemany("INSERT INTO dag_problems VALUES (?, ?, ?)", problems)
@@ -142,7 +154,7 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
             try:
                 _execute(con, _stage_sql(stage), stage, profile)
             except duckdb.Error as exc:
-                raise RuntimeError(f"ledger stage {stage} failed on {run_dir}: {exc}") from exc
+                raise StageError(f"ledger stage {stage} failed on {run_dir}: {exc}") from exc
         counts = con.execute(
             "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
             "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone()

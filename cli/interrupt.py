@@ -1,0 +1,56 @@
+"""SIGTERM taken the way of SIGINT, and the exit code each owes (128 + the signal's number).
+
+A CI timeout, `docker stop` or systemd sends SIGTERM; it must stop a capture or a server the way
+Ctrl-C does: inside `asyncio.run` its main task is cancelled (asyncio's own SIGINT path, so every
+task is awaited and none is left with an unretrieved exception), elsewhere KeyboardInterrupt is
+raised. The command then records what stopped it, closes the run and exits 143 (130 for SIGINT).
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+
+
+class Interrupted(KeyboardInterrupt):
+    """A capture stopped by a signal after its run directory was closed; `.signum` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+@contextmanager
+def sigterm_like_sigint():
+    """Within the block SIGTERM acts as SIGINT; yields a dict whose "signum" is set by SIGTERM."""
+    got: dict = {"signum": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def on_term(signum, frame):
+        got["signum"] = signum
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler) and handler is not signal.default_int_handler:
+            handler(signal.SIGINT, frame)  # asyncio.run's handler: cancels its main task
+        else:
+            raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def signal_name(got: dict, exc: BaseException) -> str:
+    """What stopped the run, as the manifest records it."""
+    if got.get("signum") == signal.SIGTERM:
+        return "SIGTERM"
+    if isinstance(exc, KeyboardInterrupt):
+        return "SIGINT"
+    return repr(exc)[:300]

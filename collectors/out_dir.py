@@ -1,0 +1,50 @@
+"""The one rule for a new run directory (`capture --out`, `serve --out`, `import --out`).
+
+A new run goes into a folder that does not exist yet or is empty, and that this process can create
+and write: a file, a folder holding another run or other files, or a place we cannot write is refused
+before anything is loaded or recorded, with the reason and what to do. Checking writes a probe file
+and removes it again (with any folder it had to create), so a refusal leaves the disk as it was.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class OutDirError(ValueError):
+    """`--out` cannot hold a new run; the message names the folder and the reason."""
+
+
+class RunExistsError(OutDirError, FileExistsError):
+    """The out folder already holds a run; writing there would mix two runs."""
+
+
+def check_new_run_dir(out: Path) -> None:
+    """Raise OutDirError unless `out` can become a new run directory; leaves nothing behind."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OutDirError(f"{out} is a file, not a folder; choose a new folder for --out")
+    if out.is_dir():
+        entries = sorted(p.name for p in out.iterdir())
+        if (out / "manifest.json").exists() or (out / "events").exists():
+            raise RunExistsError(f"{out} already holds a run (manifest.json or events/ present); write into a "
+                                 "new folder, the existing run was left untouched")
+        if entries:
+            shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
+            raise OutDirError(f"{out} already holds files that are not a run ({shown}); choose a new or empty "
+                              "folder for --out")
+    created = [p for p in (out, *out.parents) if not p.exists()]
+    probe = out / f".inferledger-write-check-{os.getpid()}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+    except OSError as exc:
+        raise OutDirError(f"{out}: cannot create or write this folder ({exc.strerror or exc}); choose a --out "
+                          "in a folder you can write") from None
+    finally:
+        probe.unlink(missing_ok=True)
+        for p in created:  # innermost first
+            try:
+                p.rmdir()
+            except OSError:
+                break

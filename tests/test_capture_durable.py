@@ -1,0 +1,133 @@
+"""A real `inferledger capture` killed mid-run (SIGKILL, SIGTERM) keeps everything flushed before the kill:
+the run rebuilds, every attempt whose `attempt.done` was on disk is a completed attempt of the ledger,
+and SIGTERM ends like Ctrl-C (manifest interrupted, exit 143, no traceback)."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from inferledger.ledger.reconstruct import reconstruct
+
+pytestmark = pytest.mark.slow
+START_LIMIT_S = 600  # model load and first answers on a busy 2-core host: a bound, not a timing
+WORKLOAD = """
+name = "durable"
+seed = 1
+[taskset]
+file = "tasks.jsonl"
+[arrivals]
+process = "poisson"
+rate_rps = 2.0
+n_tasks = 2000
+[contract]
+deadline_ms = 600000
+[client]
+timeout_ms = 600000
+[generation]
+max_tokens = 6
+temperature = 0.0
+"""
+
+
+def _done_on_disk(run: Path) -> set[str]:
+    done = set()
+    for part in sorted((run / "events").glob("part-*.parquet")):  # parts are renamed in whole
+        t = pq.read_table(part, columns=["name", "attempt_id"]).to_pylist()
+        done |= {r["attempt_id"] for r in t if r["name"] == "attempt.done"}
+    return done
+
+
+def _capture_until(tmp_path: Path, n_done: int):
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"kind": "lookup", "answer": "paris", "prompt":
+                                                      "What is the capital of France? Answer in one word."}) + "\n")
+    (tmp_path / "w.toml").write_text(WORKLOAD)
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "capture", "-w", str(tmp_path / "w.toml"),
+                             "-o", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + START_LIMIT_S
+    done: set[str] = set()
+    while len(done) < n_done and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        done = _done_on_disk(run) if (run / "events").is_dir() else set()
+    assert (run / "manifest.json").exists(), "the manifest exists while the capture runs"
+    return proc, run, done
+
+
+def _completed(run: Path) -> set[str]:
+    reconstruct(run)
+    con = duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
+    return {r[0] for r in con.execute("SELECT attempt_id FROM attempts WHERE client_status = 'completed'").fetchall()}
+
+
+def test_sigkill_keeps_every_flushed_attempt(tmp_path):
+    proc, run, done = _capture_until(tmp_path, 3)
+    try:
+        assert len(done) >= 3, "attempts finished but none reached the disk: nothing is flushed while running"
+    finally:
+        proc.kill()
+        proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["state"] == "running" and manifest["flushed"]["events"] > 0  # a killed run says so
+    assert done <= _completed(run)
+
+
+def test_sigterm_flushes_marks_the_manifest_and_exits_143(tmp_path):
+    proc, run, done = _capture_until(tmp_path, 3)
+    try:
+        assert len(done) >= 3
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "never retrieved" not in err, err
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert (manifest["state"], manifest["interrupted"]) == ("interrupted", "SIGTERM")
+    assert done <= _completed(run)
+
+
+def test_serve_out_flushes_while_serving_and_stops_on_sigterm(tmp_path):
+    import urllib.request
+
+    run, port = tmp_path / "srv", 21117
+    proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(port), "--out", str(run),
+                             "--served-model-name", "m"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, up = time.monotonic() + START_LIMIT_S, False
+        while not up and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                up = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
+            except OSError:
+                pass
+        assert up and json.loads((run / "manifest.json").read_text())["state"] == "running"
+        body = json.dumps({"model": "m", "prompt": "The capital of France is", "max_tokens": 4}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"content-type": "application/json", "x-request-id": "S1"})
+        assert urllib.request.urlopen(req, timeout=120).status == 200
+        deadline, flushed = time.monotonic() + 60, False  # flushed within a period or two
+        while not flushed and time.monotonic() < deadline:
+            time.sleep(0.5)
+            flushed = any(r["name"] == "server.done" for p in (run / "events").glob("part-*.parquet")
+                          for r in pq.read_table(p, columns=["name"]).to_pylist())
+        assert flushed, "the server's events reach the disk while it still serves"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err, err
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert (manifest["state"], manifest["interrupted"]) == ("interrupted", "SIGTERM")
+    assert len(list((run / "events").glob("part-*.parquet"))) == 1  # compacted at the end
+    con_done = _completed(run)
+    assert con_done == set()  # no client events: nothing is client-completed, the server's side is there
+    con = duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
+    assert con.execute("SELECT server_status FROM attempts WHERE attempt_id = 'S1'").fetchone()[0] == "completed"
