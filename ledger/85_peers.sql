@@ -17,7 +17,7 @@ CREATE OR REPLACE TEMP TABLE peer_base AS
 WITH c AS (
   SELECT attempt_id,
          min(ts_ns) FILTER (WHERE choices_bearing) AS first_choices_ns,
-         max(ts_ns) AS last_chunk_ns,
+         max(ts_ns) FILTER (WHERE choices_bearing) AS last_choices_ns,
          min(ts_ns) FILTER (WHERE output_bearing) AS first_content_ns,
          max(ts_ns) FILTER (WHERE output_bearing) AS last_content_ns
   FROM ev_out WHERE name = 'attempt.chunk' GROUP BY attempt_id
@@ -40,7 +40,7 @@ WITH c AS (
 SELECT a.attempt_id, a.sent_ns, a.client_end_ns AS done_ns, a.n_output_tokens AS n,
        coalesce(k.n_reported, a.n_output_tokens) AS n_tool,
        CASE WHEN k.choices_ok THEN c.first_choices_ns END AS first_choices_ns,
-       CASE WHEN k.choices_ok THEN c.last_chunk_ns END AS last_message_ns,
+       CASE WHEN k.choices_ok THEN c.last_choices_ns END AS last_choices_ns,
        CASE WHEN k.content_ok THEN c.first_content_ns END AS first_content_ns,
        CASE WHEN k.content_ok THEN c.last_content_ns END AS last_content_ns,
        k.choices_ok, k.every_content_ok, s.pacing_error_ms
@@ -68,13 +68,13 @@ WITH per_request(k, v, w) AS (
   UNION ALL
   SELECT 8, (done_ns - first_content_ns) / 1e6 / (n - 1), 1 FROM peer_base WHERE n > 1
   UNION ALL
-  SELECT 9, (last_message_ns - first_choices_ns) / 1e6 / (n_tool - 1), 1 FROM peer_base WHERE n_tool > 1
+  SELECT 9, (last_choices_ns - first_choices_ns) / 1e6 / (n_tool - 1), 1 FROM peer_base WHERE n_tool > 1
   UNION ALL
   SELECT 10, (last_content_ns - sent_ns) / 1e6 / n_tool, n_tool FROM peer_base WHERE n_tool > 0
   UNION ALL
   SELECT 13, (done_ns - sent_ns) / 1e6, 1 FROM peer_base
   UNION ALL
-  SELECT 14, (last_message_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE last_message_ns IS NOT NULL
+  SELECT 14, (last_choices_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE last_choices_ns IS NOT NULL
   UNION ALL
   SELECT 15, (last_content_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE last_content_ns IS NOT NULL
   UNION ALL
@@ -117,10 +117,10 @@ WITH per_request(k, v, w) AS (
   (6, 8, 'ITL', 'AIPerf', '(last content − first content) / (tokens − 1) per request', 'request', 'linear', NULL),
   (7, 9, 'ITL', 'GuideLLM', '(last content − first content) / (tokens − 1) per request', 'token (tokens − 1)', 'cumulative weight', NULL),
   (8, 10, 'TPOT', 'inferledger', '(done − first content) / (tokens − 1) per request', 'request', 'linear', 'request_metrics.tpot_ms'),
-  (9, 11, 'TPOT', 'vLLM bench', '(last message − first chunk with choices) / (tokens − 1) per request', 'request', 'linear', NULL),
+  (9, 11, 'TPOT', 'vLLM bench', '(last chunk with choices − first chunk with choices) / (tokens − 1) per request', 'request', 'linear', NULL),
   (10, 12, 'TPOT', 'GuideLLM', '(last content − sent) / tokens per request: includes the TTFT', 'token', 'cumulative weight', NULL),
   (13, 13, 'E2E', 'inferledger', 'sent → done (the stream''s end)', 'request', 'linear', 'request_metrics.e2e_client_ms'),
-  (14, 14, 'E2E', 'vLLM bench', 'sent → last message received (the usage chunk counts)', 'request', 'linear', NULL),
+  (14, 14, 'E2E', 'vLLM bench', 'sent → last chunk with choices (the usage chunk does not count)', 'request', 'linear', NULL),
   (15, 15, 'E2E', 'AIPerf', 'request start → last content response', 'request', 'linear', NULL),
   (16, 16, 'E2E', 'GuideLLM', 'request start → request end', 'request', 'cumulative weight', NULL)
 )
