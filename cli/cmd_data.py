@@ -30,7 +30,8 @@ SQL_SURFACE = [
     ("slo_misses", "attempt past its deadline: the dominant cause"),
     ("run_metrics", "run: goodput, vLLM-style goodput, energy per good result"),
     ("energy_shares", "attempt: its share of the window's energy"),
-    ("peer_views", "metric x tool: TTFT / ITL / TPOT as vLLM bench, AIPerf, GuideLLM define them"),
+    ("peer_views", "metric x tool: TTFT / ITL / TPOT / E2E as vLLM bench, AIPerf, GuideLLM define them"),
+    ("peer_comparison", "metric x tool: the tool's reading beside ours and the engine's, and why"),
     ("gaps", "gap: what is missing, what it affects"),
 ]
 QUERY_HELP = (

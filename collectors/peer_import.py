@@ -159,6 +159,8 @@ def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None,
         "join": {"key_rules": res.key_rules, "server_run": str(server) if server else None},
         "clock": {"tool_clock": clock, "kind": kind, "mapping": res.mapping},
         "server_manifest": srv.manifest if srv is not None else None,
+        # what the ledger reads from a manifest (KV block bytes, SLOs) comes from the server's run
+        **{k: srv.manifest[k] for k in ("model", "engine_config", "slo") if srv is not None and k in srv.manifest},
         "lenient": lenient,
         "evidence": {"events": "reported", "server_events": "as in the server run", "clock_mapping": "estimated"},
     })

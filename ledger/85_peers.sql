@@ -129,3 +129,58 @@ SELECT getvariable('run_id') AS run_id, d.metric, d.tool, d.definition, d.weight
        d.ledger_column
 FROM defs d LEFT JOIN stats s USING (k)
 ORDER BY d.ord;
+
+-- One row per (metric, tool): the tool's reading beside ours on the same attempts (our client's
+-- definition on the same events, and the engine's own account where the run has server evidence),
+-- and why they differ (docs/LEDGER.md "peer_comparison" gives each formula). `imported` marks the
+-- rows of the tool whose own records this run was imported from (attrs.reporter of its events).
+CREATE OR REPLACE TABLE peer_comparison AS
+WITH reporters AS (
+  SELECT json_extract_string(attrs, '$.reporter') AS reporter, count(*) AS n
+  FROM ev WHERE source = 'client' AND name = 'attempt.sent' AND json_extract_string(attrs, '$.reporter') IS NOT NULL
+  GROUP BY 1
+), tool_names(prefix, tool) AS (VALUES ('aiperf-', 'AIPerf'), ('vllm-bench-', 'vLLM bench'), ('guidellm-', 'GuideLLM')
+), imported AS (
+  SELECT t.tool, r.reporter FROM reporters r JOIN tool_names t ON starts_with(r.reporter, t.prefix)
+  QUALIFY row_number() OVER (ORDER BY r.n DESC, r.reporter) = 1
+), server_side AS (  -- the engine's account of the same attempts (NULL n = 0 where the run has none)
+  SELECT 'TTFT' AS metric, 'request_metrics.ttft_server_ms' AS col, count(ttft_server_ms) AS n, avg(ttft_server_ms) AS mean_ms,
+         quantile_cont(ttft_server_ms, [0.5, 0.99]) AS q
+  FROM request_metrics SEMI JOIN peer_base USING (attempt_id)
+  UNION ALL
+  SELECT 'TPOT', 'request_metrics.tpot_server_ms', count(tpot_server_ms), avg(tpot_server_ms), quantile_cont(tpot_server_ms, [0.5, 0.99])
+  FROM request_metrics SEMI JOIN peer_base USING (attempt_id)
+  UNION ALL
+  SELECT 'E2E', 'request_metrics.e2e_server_ms', count(e2e_server_ms), avg(e2e_server_ms), quantile_cont(e2e_server_ms, [0.5, 0.99])
+  FROM request_metrics SEMI JOIN peer_base USING (attempt_id)
+  UNION ALL
+  SELECT 'ITL', 'itl.gap_ms (server)', count(gap_ms), avg(gap_ms), quantile_cont(gap_ms, [0.5, 0.99])
+  FROM itl i SEMI JOIN peer_base b USING (attempt_id) WHERE i.layer = 'server' AND i.gap_ms IS NOT NULL
+), reasons(metric, tool, reason) AS (VALUES
+  ('TTFT', 'vLLM bench', 'stops at the first chunk with choices: for chat the role chunk, written before the first token, so prefill is left out'),
+  ('TTFT', 'AIPerf', 'the same span (first non-empty content); AIPerf times it on its perf counter from a wall-clock start'),
+  ('TTFT', 'GuideLLM', 'the same span; percentiles are the smallest value whose share reaches p (no interpolation)'),
+  ('TTFT', 'MLPerf-style', 'counts from the planned send: adds the client''s own issue delay'),
+  ('ITL', 'vLLM bench', 'pools the gaps of every chunk with choices: the role-to-first-token gap (prefill) and the finish chunk are samples too'),
+  ('ITL', 'AIPerf', 'one value per request, (last − first content) / (tokens − 1) with AIPerf''s re-tokenised count; we pool every content gap'),
+  ('ITL', 'GuideLLM', 'one value per request as AIPerf''s, weighted by tokens − 1, cumulative-weight percentiles; the usage count'),
+  ('TPOT', 'vLLM bench', 'from the role chunk, not the first content: adds the prefill after it; ends at the last chunk with choices'),
+  ('TPOT', 'GuideLLM', '(last content − request start) / tokens: includes the TTFT, token-weighted'),
+  ('E2E', 'vLLM bench', 'ends at the last chunk with choices (the finish chunk), before the usage chunk and [DONE]'),
+  ('E2E', 'AIPerf', 'ends at the last content response, before the finish and usage chunks and [DONE]'),
+  ('E2E', 'GuideLLM', 'the same span (request start → request end); cumulative-weight percentiles')
+)
+SELECT getvariable('run_id') AS run_id, p.metric, p.tool, (p.tool = i.tool) IS TRUE AS imported, i.reporter,
+       p.n AS tool_n, p.mean_ms AS tool_mean_ms, p.p50_ms AS tool_p50_ms, p.p99_ms AS tool_p99_ms,
+       o.n AS ours_n, o.mean_ms AS ours_mean_ms, o.p50_ms AS ours_p50_ms, o.p99_ms AS ours_p99_ms,
+       p.mean_ms - o.mean_ms AS diff_mean_ms,
+       s.col AS server_column, nullif(s.n, 0) AS server_n, s.mean_ms AS server_mean_ms,
+       s.q[1] AS server_p50_ms, s.q[2] AS server_p99_ms,
+       CASE WHEN o.n = 0 AND p.n > 0 THEN 'ours is unknown: the tool kept too few chunks for it; ' ELSE '' END
+         || r.reason AS reason
+FROM peer_views p JOIN peer_views o ON o.metric = p.metric AND o.tool = 'inferledger'
+LEFT JOIN imported i ON true
+LEFT JOIN server_side s ON s.metric = p.metric
+LEFT JOIN reasons r ON r.metric = p.metric AND r.tool = p.tool
+WHERE p.tool <> 'inferledger'
+ORDER BY p.metric = 'E2E', p.metric = 'TPOT', p.metric = 'ITL', p.metric, p.tool;
