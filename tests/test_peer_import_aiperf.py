@@ -104,3 +104,24 @@ def test_lenient_keeps_each_refused_record_as_a_gap(tmp_path):
     gaps = pq.read_table(run / "gaps.parquet").to_pylist()
     assert [(g["subject_id"], g["needs"]) for g in gaps] == [(f"{path}:1", f"fix {path}:1: field metadata.x_request_id")]
     assert json.loads((run / "manifest.json").read_text())["counts"]["refused"] == 1
+
+
+def test_report_and_summary_put_aiperfs_numbers_beside_ours(imported):
+    from inferledger.cli.report import build_report
+
+    run, _ = imported
+    theirs = SUMMARY["time_to_first_token"]
+    html = build_report(run, run / "report.html").path.read_text(encoding="utf-8")
+    part = html[html.index("aiperf-0.13.0: its own numbers beside ours"):]
+    part = part[:part.index("</table>")]
+    assert f"{theirs['avg']:,.1f} / {theirs['p50']:,.1f} / {theirs['p99']:,.1f}" in part
+    assert part.count("<tr>") == 4  # a header, then TTFT, ITL, E2E: the metrics AIPerf prints
+    res = CliRunner().invoke(app, ["summary", str(run), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["metric"]: r for r in json.loads(res.output)}
+    assert set(rows) == {"TTFT", "ITL", "E2E"} and all(r["reporter"] == "aiperf-0.13.0" for r in rows.values())
+    itl = rows["ITL"]
+    assert itl["tool_mean_ms"] == pytest.approx(SUMMARY["inter_token_latency"]["avg"], abs=1e-6)
+    assert itl["ours_n"] > itl["tool_n"] == 40 and "re-tokenised" in itl["reason"]
+    csv_out = CliRunner().invoke(app, ["summary", str(run), "--format", "csv"]).output.splitlines()
+    assert csv_out[0].startswith("metric,tool,imported,reporter") and len(csv_out) == 4
