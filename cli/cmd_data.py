@@ -75,6 +75,8 @@ def import_cmd(
                                                  "--save-detailed result JSON), guidellm (the --output kind=json file).")] = ImportSource.e0,
     server: Annotated[Optional[Path], typer.Option("--server", help="A server-side run directory (serve --out, "
                                                    "capture, imported vLLM evidence) to merge and join per request.")] = None,
+    tool_version: Annotated[Optional[str], typer.Option("--tool-version", help="The tool's version when its output does "
+                                                        "not record it (vLLM bench's result JSON does not).")] = None,
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id for every row (default: the out folder's name).")] = None,
     lenient: Annotated[bool, typer.Option("--lenient", help="Import the good lines; register each refused line in gaps.parquet.")] = False,
 ) -> None:
@@ -100,7 +102,8 @@ def import_cmd(
     if source != ImportSource.e0:
         from inferledger.cli.import_peer import import_peer_cmd
 
-        return import_peer_cmd(source.value, archive, out, server=server, run_id=run_id, lenient=lenient, fail=_fail)
+        return import_peer_cmd(source.value, archive, out, server=server, run_id=run_id, lenient=lenient,
+                               tool_version=tool_version, fail=_fail)
     if server is not None:
         _fail("inferledger import: --server goes with --from aiperf|vllm-bench|guidellm (an E0 archive carries its own server events)")
     from rich.console import Console

@@ -7,7 +7,7 @@ import typer
 
 
 def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, run_id: str | None, lenient: bool,
-                    fail) -> None:
+                    tool_version: str | None, fail) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -17,7 +17,7 @@ def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, ru
     from inferledger.collectors.peer_records import RecordError
 
     try:
-        res = import_peer(tool, path, out, server=server, lenient=lenient, run_id=run_id)
+        res = import_peer(tool, path, out, server=server, lenient=lenient, run_id=run_id, tool_version=tool_version)
     except PeerRecordsError as exc:
         for e in exc.errors:
             typer.echo(str(e), err=True)

@@ -28,7 +28,6 @@ TOOLS = {
     "vllm-bench": ("peer_vllm_bench", "perf:vllm-bench", "perf_counter", "vLLM bench"),
     "guidellm": ("peer_guidellm", "wall:guidellm-client", "wall", "GuideLLM"),
 }
-KNOWN_VERSIONS = {"aiperf": None, "vllm-bench": None, "guidellm": None}
 MAX_LISTED = 50
 
 
@@ -75,7 +74,7 @@ def _unique_ids(reqs) -> list[str]:
 
 
 def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None, lenient: bool = False,
-                run_id: str | None = None, **reader_options) -> PeerImportResult:
+                run_id: str | None = None, tool_version: str | None = None) -> PeerImportResult:
     if tool not in TOOLS:
         raise ValueError(f"--from {tool!r}: expected one of {', '.join(TOOLS)}")
     modname, clock, kind, _display = TOOLS[tool]
@@ -83,14 +82,21 @@ def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None,
     path, out = Path(path), Path(out)
     _refuse_existing(out)
     srv = peer_join.load(server) if server is not None else None
-    reqs, errors, meta = reader.read(path, **reader_options) if reader_options else reader.read(path)
+    reqs, errors, meta = reader.read(path)
     if errors and not lenient:
         raise PeerRecordsError(errors)
-    version = meta.get("version")
+    version = meta.get("version") or tool_version  # what the output records wins over what is said
+    if tool_version and meta.get("version") and tool_version != meta["version"]:
+        meta["tool_version_given"] = tool_version
     reporter = f"{tool}-{version or 'unknown'}"
     run_id = run_id or out.resolve().name
     res = PeerImportResult(run_id, out, tool, version, records=len(reqs) + len(errors), refused=len(errors),
                            refusals=[str(e) for e in errors])
+    if tool == "vllm-bench":  # keys are dataset indexes: the prefix is found among the server's ids
+        prefix = (peer_join.index_prefix(len(reqs), srv.attempts) if srv is not None else None) or "vllm-bench-"
+        meta["request_id_prefix"] = prefix
+        for r in reqs:
+            r.key = prefix + r.key
     ids = _unique_ids(reqs)
     gaps = [_gap(run_id, f"peer-record:{i}", "import", e.where, "that request and every figure that needs it",
                  f"fix {e.where}: field {e.field_name}", e.problem) for i, e in enumerate(errors)]
@@ -115,6 +121,12 @@ def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None,
             why = "no request joined" if mapping is None else mapping.problem
             gaps.append(_gap(run_id, "peer-clock", "run", clock, "every difference between the tool's and the "
                              "server's timestamps", f"a mapping {clock} -> server clock", why))
+    for r in reqs:  # chunks no join labelled: choices of unknown kinds ([]), never counted as content
+        if r.chunks_kept == "choices":
+            if r.chunks and all(k is not None for _t, k in r.chunks):
+                r.chunks_kept = "labelled"
+            else:
+                r.chunks = [(t, [] if k is None else k) for t, k in r.chunks]
     with RunWriter(out, run_id) as w:
         w.clock_domain(clock, host=clock.split(":", 1)[1], kind=kind)
         seq = 0

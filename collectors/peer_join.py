@@ -16,6 +16,7 @@ mapping and a gap.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +109,17 @@ def match(key: str, server_ids) -> tuple[str | None, str]:
         if p + key in server_ids:
             return p + key, f"with the {p} prefix"
     return None, "no server attempt has this id"
+
+
+def index_prefix(n: int, server_ids) -> str | None:
+    """The prefix P with P + str(i) a server attempt id for the most i in range(n) (vLLM bench sends
+    x-request-id = prefix + dataset index, and records no id): None when no server id ends in an index."""
+    counts: Counter = Counter()
+    for sid in server_ids:
+        m = re.fullmatch(r"(.*?)(0|[1-9][0-9]*)", sid)
+        if m and int(m.group(2)) < n:
+            counts[m.group(1)] += 1
+    return counts.most_common(1)[0][0] if counts else None
 
 
 @dataclass

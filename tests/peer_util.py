@@ -14,11 +14,12 @@ from inferledger.ledger.reconstruct import reconstruct
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "peers"
 
 
-def import_sample(tool: str, sample: str, tmp: Path, *, tool_path: str = "tool") -> tuple[Path, duckdb.DuckDBPyConnection]:
+def import_sample(tool: str, sample: str, tmp: Path, *, tool_path: str = "tool",
+                  extra: tuple[str, ...] = ()) -> tuple[Path, duckdb.DuckDBPyConnection]:
     """`inferledger import --from TOOL sample/tool --server sample/server --out RUN`, then reconstruct."""
     run = tmp / f"{tool}-run"
     res = CliRunner().invoke(app, ["import", "--from", tool, str(SAMPLES / sample / tool_path),
-                                   "--server", str(SAMPLES / sample / "server"), "--out", str(run)])
+                                   "--server", str(SAMPLES / sample / "server"), "--out", str(run), *extra])
     assert res.exit_code == 0, res.output
     summary = reconstruct(run)
     return run, duckdb.connect(str(summary.path), read_only=True)
