@@ -35,8 +35,11 @@ sample_aiperf() {
     --synthetic-input-tokens-stddev 0 --output-tokens-mean $OUTPUT_TOKENS --output-tokens-stddev 0
     --random-seed 7 --artifact-dir "$dir/tool" --ui-type none)
   printf '%q ' "${cmd[@]}" > "$dir/command.txt"; echo >> "$dir/command.txt"
-  timeout 600 "${cmd[@]}" > "$dir/tool.stdout" 2>&1 || { stop_server; return 1; }
+  local log; log=$(mktemp)
+  timeout 600 "${cmd[@]}" > "$log" 2>&1 || { cat "$log" >&2; stop_server; return 1; }
   stop_server
+  # trimmed to what the tests read: the records, the summary, the printed tables, the server metrics
+  rm -rf "$dir/tool/logs" "$dir/tool/inputs.json" "$dir/tool/gpu_telemetry_export.jsonl" "$log"
 }
 
 sample_guidellm() {
@@ -50,8 +53,12 @@ sample_guidellm() {
     --data "kind=synthetic_text,prompt_tokens=$PROMPT_TOKENS,output_tokens=$OUTPUT_TOKENS"
     --output "kind=json,path=$dir/tool/benchmarks.json")
   printf '%q ' "${cmd[@]}" > "$dir/command.txt"; echo >> "$dir/command.txt"
-  HF_HUB_OFFLINE=1 timeout 600 "${cmd[@]}" > "$dir/tool.stdout" 2>&1 || { stop_server; return 1; }
+  local log; log=$(mktemp)
+  HF_HUB_OFFLINE=1 timeout 600 "${cmd[@]}" > "$log" 2>&1 || { cat "$log" >&2; stop_server; return 1; }
   stop_server
+  # the printed tables as GuideLLM wrote them, without its progress lines
+  grep -v "|INFO " "$log" | grep -v "^\s*$" | sed -n '/Request Latency Statistics/,$p' > "$dir/tool/console.txt"
+  rm -f "$log"
 }
 
 sample_vllm_bench() {
@@ -68,8 +75,11 @@ sample_vllm_bench() {
     --result-dir "$dir/tool" --result-filename result.json --percentile-metrics ttft,tpot,itl,e2el
     --metric-percentiles 50,90,99)
   printf '%q ' "${cmd[@]}" > "$dir/command.txt"; echo >> "$dir/command.txt"
-  HF_HUB_OFFLINE=1 timeout 600 "${cmd[@]}" > "$dir/tool.stdout" 2>&1 || { stop_server; return 1; }
+  local log; log=$(mktemp)
+  HF_HUB_OFFLINE=1 timeout 600 "${cmd[@]}" > "$log" 2>&1 || { cat "$log" >&2; stop_server; return 1; }
   stop_server
+  sed -n '/Serving Benchmark Result/,/^=====*$/p' "$log" > "$dir/tool/console.txt"  # its printed summary
+  rm -f "$log"
 }
 
 run_samples() {
