@@ -125,3 +125,21 @@ def test_report_and_summary_put_aiperfs_numbers_beside_ours(imported):
     assert itl["ours_n"] > itl["tool_n"] == 40 and "re-tokenised" in itl["reason"]
     csv_out = CliRunner().invoke(app, ["summary", str(run), "--format", "csv"]).output.splitlines()
     assert csv_out[0].startswith("metric,tool,imported,reporter") and len(csv_out) == 4
+
+
+def test_a_request_the_server_never_saw_is_a_gap_and_no_clock_is_assumed(tmp_path):
+    # AIPerf's records against another run's server: nothing joins, so every request is a gap and no
+    # mapping is made up between the two clocks
+    run = tmp_path / "wrong-server"
+    res = CliRunner().invoke(app, ["import", "--from", "aiperf", str(SAMPLE / "tool"), "--out", str(run),
+                                   "--server", str(SAMPLES / "guidellm-0.8.1" / "server")])
+    assert res.exit_code == 0, res.output
+    assert "no clock mapping" in res.output
+    import pyarrow.parquet as pq
+
+    gaps = pq.read_table(run / "gaps.parquet").to_pylist()
+    joins = [g for g in gaps if g["gap_id"].startswith("peer-join:")]
+    assert len(joins) == 40 and {g["scope"] for g in joins} == {"attempt"}
+    assert [g["gap_id"] for g in gaps if g["gap_id"] == "peer-clock"] == ["peer-clock"]
+    clocks = pq.read_table(run / "clocks.parquet").to_pylist()
+    assert not [c for c in clocks if c["from_clock"] == "wall:aiperf-client" or c["to_clock"] == "wall:aiperf-client"]

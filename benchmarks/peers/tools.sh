@@ -13,7 +13,7 @@ PY="${PYTHON:-python3}"
 AIPERF_VERSION=0.13.0
 GUIDELLM_VERSION=0.8.1
 TORCH_VERSION=2.13.0
-TOKENIZER_DIR="$PEERS/tokenizers/smollm2-135m"
+TOKENIZER_DIR="${TOKENIZER_DIR:-$PEERS/tokenizers/smollm2-135m}"
 
 log() { echo "[tools.sh] $*" >&2; }
 
