@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from tests.peer_util import SAMPLES, assert_every_request_joins, import_sample, peer_row
+from peer_util import SAMPLES, assert_every_request_joins, import_sample, peer_row
 
 SAMPLE = SAMPLES / "aiperf-0.13.0"
 SUMMARY = json.loads((SAMPLE / "tool" / "profile_export_aiperf.json").read_text())

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from tests.peer_util import SAMPLES, assert_every_request_joins, import_sample, peer_row
+from peer_util import SAMPLES, assert_every_request_joins, import_sample, peer_row
 
 SAMPLE = SAMPLES / "guidellm-0.8.1"
 REPORT = json.loads((SAMPLE / "tool" / "benchmarks.json").read_text())

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from tests.peer_util import SAMPLES, assert_every_request_joins, import_sample, peer_row
+from peer_util import SAMPLES, assert_every_request_joins, import_sample, peer_row
 
 SAMPLE = SAMPLES / "vllm-bench-0.32.0"
 RESULT = json.loads((SAMPLE / "tool" / "result.json").read_text())
