@@ -1,6 +1,6 @@
 # Sourced by tools.sh: regenerates samples/peers/<tool>-<version>/ by driving `inferledger serve --out`
 # with each real tool on loopback (ports 19100-19199), one small bounded run each.
-SAMPLES="$ROOT/samples/peers"
+SAMPLES="${SAMPLES:-$ROOT/samples/peers}"  # override to record elsewhere
 IL="$ROOT/.venv/bin/inferledger"
 MODEL=smol
 PROMPT_TOKENS=32
