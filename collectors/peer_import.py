@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,7 +137,7 @@ def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None,
                                               reporter=reporter)):
                 w.emit({**row, "run_id": run_id, "event_id": f"{tool}:{attempt}:{i}", "seq": seq,
                         "task_id": None, "session_id": None, "step_id": None, "value": None,
-                        "attrs": _json(row["attrs"])})
+                        "attrs": json.dumps(row["attrs"], separators=(",", ":"), sort_keys=True)})
                 seq += 1
                 res.events += 1
         if srv is not None:
@@ -152,8 +153,11 @@ def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None,
                     w.clock_domain(c["clock"], host=c.get("host"), kind=c.get("kind"))
                 else:
                     w.clock_map(c["from_clock"], c["to_clock"], c["offset_ns"], c["epsilon_ns"], c.get("method"))
-            for t in srv.tasks:
-                w.task(t["task_id"], deadline_ms=t.get("deadline_ms"), max_attempts=t.get("max_attempts"))
+            for t in srv.tasks:  # the server run's task contracts, unchanged
+                w.task(t["task_id"], deadline_ms=t.get("deadline_ms"), max_attempts=t.get("max_attempts"),
+                       required=json.loads(t["required"]) if t.get("required") else None,
+                       on_missing=t.get("on_missing"), expected=t.get("expected"),
+                       contract=json.loads(t["contract"]) if t.get("contract") else None)
             gaps += [{**g, "run_id": run_id} for g in srv.gaps]
             m = res.mapping
             if m and m.get("offset_ns") is not None:
@@ -177,12 +181,6 @@ def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None,
         "evidence": {"events": "reported", "server_events": "as in the server run", "clock_mapping": "estimated"},
     })
     return res
-
-
-def _json(attrs: dict) -> str:
-    import json
-
-    return json.dumps(attrs, separators=(",", ":"), sort_keys=True)
 
 
 __all__ = ["TOOLS", "PeerImportResult", "PeerRecordsError", "RunExistsError", "import_peer"]

@@ -83,6 +83,7 @@ sample_vllm_bench() {
 }
 
 run_samples() {
+  [[ -x "$IL" ]] || make -C "$ROOT" .venv/.installed  # the server side is this checkout's inferledger
   local tools=("$@")
   [[ ${#tools[@]} -gt 0 ]] || tools=(aiperf guidellm vllm-bench)
   for t in "${tools[@]}"; do
