@@ -157,16 +157,16 @@ WITH reporters AS (
   SELECT 'ITL', 'itl.gap_ms (server)', count(gap_ms), avg(gap_ms), quantile_cont(gap_ms, [0.5, 0.99])
   FROM itl i SEMI JOIN peer_base b USING (attempt_id) WHERE i.layer = 'server' AND i.gap_ms IS NOT NULL
 ), reasons(metric, tool, reason) AS (VALUES
-  ('TTFT', 'vLLM bench', 'stops at the first chunk with choices: for chat the role chunk, written before the first token, so prefill is left out'),
+  ('TTFT', 'vLLM bench', 'stops at the first chunk with choices (for chat the role chunk): a server that sends it on arrival leaves prefill out; inferledger serve sends it with the first token, so the two nearly agree'),
   ('TTFT', 'AIPerf', 'the same span (first non-empty content); AIPerf times it on its perf counter from a wall-clock start'),
   ('TTFT', 'GuideLLM', 'the same span; percentiles are the smallest value whose share reaches p (no interpolation)'),
   ('TTFT', 'MLPerf-style', 'counts from the planned send: adds the client''s own issue delay'),
-  ('ITL', 'vLLM bench', 'pools the gaps of every chunk with choices: the role-to-first-token gap (prefill) and the finish chunk are samples too'),
+  ('ITL', 'vLLM bench', 'pools the gaps of every chunk with choices: role → first content and last content → finish are samples too (near 0 where they are written back to back, as inferledger serve does), so its mean is lower'),
   ('ITL', 'AIPerf', 'one value per request, (last − first content) / (tokens − 1) with AIPerf''s re-tokenised count; we pool every content gap'),
   ('ITL', 'GuideLLM', 'one value per request as AIPerf''s, weighted by tokens − 1, cumulative-weight percentiles; the usage count'),
-  ('TPOT', 'vLLM bench', 'from the role chunk, not the first content: adds the prefill after it; ends at the last chunk with choices'),
+  ('TPOT', 'vLLM bench', 'from the first chunk with choices (the role chunk) to the last (the finish chunk), over tokens − 1; on its own records ours ends where vLLM bench stopped recording'),
   ('TPOT', 'GuideLLM', '(last content − request start) / tokens: includes the TTFT, token-weighted'),
-  ('E2E', 'vLLM bench', 'ends at the last chunk with choices (the finish chunk), before the usage chunk and [DONE]'),
+  ('E2E', 'vLLM bench', 'ends at the last chunk with choices (the finish chunk), before the usage chunk and [DONE]; it records no later time, so on its records ours ends there too'),
   ('E2E', 'AIPerf', 'ends at the last content response, before the finish and usage chunks and [DONE]'),
   ('E2E', 'GuideLLM', 'the same span (request start → request end); cumulative-weight percentiles')
 )
