@@ -143,3 +143,14 @@ def test_a_request_the_server_never_saw_is_a_gap_and_no_clock_is_assumed(tmp_pat
     assert [g["gap_id"] for g in gaps if g["gap_id"] == "peer-clock"] == ["peer-clock"]
     clocks = pq.read_table(run / "clocks.parquet").to_pylist()
     assert not [c for c in clocks if c["from_clock"] == "wall:aiperf-client" or c["to_clock"] == "wall:aiperf-client"]
+
+
+def test_a_server_folder_that_is_no_run_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    res = CliRunner().invoke(app, ["import", "--from", "aiperf", str(SAMPLE / "tool"), "--out", str(tmp_path / "run"),
+                                   "--server", str(tmp_path / "empty")])
+    assert res.exit_code == 2 and "not a run directory (no events/part-*.parquet)" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "run").exists()
+    res = CliRunner().invoke(app, ["import", str(SAMPLE / "tool" / "profile_export.jsonl"), "--out", str(tmp_path / "r2"),
+                                   "--server", str(SAMPLE / "server")])
+    assert res.exit_code == 2 and "--server goes with --from" in res.output
