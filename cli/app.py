@@ -31,7 +31,7 @@ def _register_commands() -> None:
     import importlib
 
     for mod in ("cmd_data", "cmd_ledger", "cmd_serve", "cmd_capture", "cmd_demo", "cmd_whatif", "cmd_report",
-                "cmd_export", "cmd_doctor"):
+                "cmd_export", "cmd_doctor", "cmd_summary"):
         try:
             module = importlib.import_module(f"inferledger.cli.{mod}")
         except ModuleNotFoundError as exc:

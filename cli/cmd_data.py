@@ -31,7 +31,8 @@ SQL_SURFACE = [
     ("slo_misses", "attempt past its deadline: the dominant cause"),
     ("run_metrics", "run: goodput, vLLM-style goodput, energy per good result"),
     ("energy_shares", "attempt: its share of the window's energy"),
-    ("peer_views", "metric x tool: TTFT / ITL / TPOT as vLLM bench, AIPerf, GuideLLM define them"),
+    ("peer_views", "metric x tool: TTFT / ITL / TPOT / E2E as vLLM bench, AIPerf, GuideLLM define them"),
+    ("peer_comparison", "metric x tool: the tool's reading beside ours and the engine's, and why"),
     ("gaps", "gap: what is missing, what it affects"),
 ]
 QUERY_HELP = (
@@ -59,23 +60,53 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+class ImportSource(str, Enum):
+    e0 = "e0"
+    aiperf = "aiperf"
+    vllm_bench = "vllm-bench"
+    guidellm = "guidellm"
+
+
 def import_cmd(
-    archive: Annotated[Path, typer.Argument(metavar="ARCHIVE.jsonl", help="The E0 archive: JSON Lines, one event per line.")],
+    archive: Annotated[Path, typer.Argument(metavar="PATH", help="The E0 archive (JSON Lines), or the tool's output "
+                                            "file or folder with --from.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The run folder to create (must not hold a run).")],
+    source: Annotated[ImportSource, typer.Option("--from", help="What PATH is: e0 (our archive), aiperf (an "
+                                                 "--artifact-dir or profile_export.jsonl), vllm-bench (the "
+                                                 "--save-detailed result JSON), guidellm (the --output kind=json file).")] = ImportSource.e0,
+    server: Annotated[Optional[Path], typer.Option("--server", help="A server-side run directory (serve --out, "
+                                                   "capture, imported vLLM evidence) to merge and join per request.")] = None,
+    tool_version: Annotated[Optional[str], typer.Option("--tool-version", help="The tool's version when its output does "
+                                                        "not record it (vLLM bench's result JSON does not).")] = None,
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id for every row (default: the out folder's name).")] = None,
     lenient: Annotated[bool, typer.Option("--lenient", help="Import the good lines; register each refused line in gaps.parquet.")] = False,
 ) -> None:
-    """Import an E0 archive (JSON Lines) into a new run directory.
+    """Import an E0 archive, or a load tool's own output, into a new run directory.
 
-    Each line is one event with the columns of DESIGN §4; run_id, event_id, seq and host are filled
-    in when missing. clock.domain and clock.map lines go to clocks.parquet, task.start contracts to
-    tasks.parquet. Any bad line (unknown name, missing id, non-integer ts_ns, undeclared clock,
-    duplicate event_id, contradicting clock.map ...) is reported as ARCHIVE:LINE: reason; by default
-    nothing is written then (exit 2), with --lenient the rest is imported and the refusals become gaps.
+    [bold]--from e0[/] (default): each line is one event with the columns of DESIGN §4; run_id,
+    event_id, seq and host are filled in when missing. clock.domain and clock.map lines go to
+    clocks.parquet, task.start contracts to tasks.parquet. Any bad line (unknown name, missing id,
+    non-integer ts_ns, undeclared clock, duplicate event_id, contradicting clock.map ...) is reported as
+    ARCHIVE:LINE: reason; by default nothing is written then (exit 2), with --lenient the rest is
+    imported and the refusals become gaps.
 
-    Example: [bold]inferledger import samples/e0/retry.jsonl --out runs/retry[/], then
-    [bold]inferledger reconstruct runs/retry[/].
+    [bold]--from aiperf|vllm-bench|guidellm[/]: the tool's per-request records become attempt.* client
+    events on the tool's own clock (attrs.evidence = reported); with [bold]--server[/] the server run is
+    merged, each request joined to its server attempt (x-request-id, prefix+index, response id; see
+    docs/PEERS.md "Load tools") and the clock mapping estimated from the join. A malformed record is
+    refused as FILE:LINE: field ... (exit 2), or kept as a gap with --lenient.
+
+    Examples: [bold]inferledger import samples/e0/retry.jsonl --out runs/retry[/];
+    [bold]inferledger import --from aiperf artifacts/ --server runs/s1 --out runs/a1[/], then
+    [bold]inferledger reconstruct runs/a1[/] and [bold]inferledger report runs/a1[/].
     """
+    if source != ImportSource.e0:
+        from inferledger.cli.import_peer import import_peer_cmd
+
+        return import_peer_cmd(source.value, archive, out, server=server, run_id=run_id, lenient=lenient,
+                               tool_version=tool_version, fail=_fail)
+    if server is not None:
+        _fail("inferledger import: --server goes with --from aiperf|vllm-bench|guidellm (an E0 archive carries its own server events)")
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table

@@ -95,9 +95,30 @@ def headline(rv, p: str, h: dict) -> str:
                             "attempts the client saw complete; docs/LEDGER.md gives every formula")
                      + table(["metric", "tool", "definition", "weighting", "n", "mean", "p50", "p90", "p99"],
                              [[m, t, d, w, n, *[fmt(v, 1) for v in vals]] for m, t, d, w, n, *vals in peers]))
+    body += peer_comparison_html(rv)
     if h["run_metrics"]:
         body += "<details><summary>run_metrics row</summary>" + kv_table(h["run_metrics"].items()) + "</details>"
     return section(f"{p}-headline", "Headline figures", body, src)
+
+
+def peer_comparison_html(rv) -> str:
+    """For a run imported from a load tool: its own numbers, ours on the same requests, the engine's, why."""
+    if not rv.has("peer_comparison"):
+        return ""
+    rows = rv.all("SELECT metric, reporter, tool_n, tool_mean_ms, tool_p50_ms, tool_p99_ms, ours_n, ours_mean_ms, "
+                  "ours_p50_ms, ours_p99_ms, server_n, server_mean_ms, server_p50_ms, server_p99_ms, reason "
+                  "FROM peer_comparison WHERE imported")
+    if not rows:
+        return ""
+
+    def three(n, *vals) -> str:
+        return "—" if not n else " / ".join(fmt(v, 1) for v in vals)
+
+    return (f"<h3>{esc(rows[0][1])}: its own numbers beside ours on the same requests (ms)</h3>"
+            + note("peer_comparison: the tool's reading reproduced from its own records, our client definition on "
+                   "the same events, the engine's account of the same attempts; mean / p50 / p99")
+            + table(["metric", "the tool's", "ours (client)", "engine", "why they differ"],
+                    [[r[0], three(*r[2:6]), three(*r[6:10]), three(*r[10:14]), r[14]] for r in rows]))
 
 
 def timeline(rv, page, p: str, tb, detail_limit: int, drill_limit: int) -> str:

@@ -35,6 +35,44 @@ def print_peer_views(con, console) -> None:
     console.print(t)
 
 
+COMPARISON_COLUMNS = ("metric", "tool", "imported", "reporter", "tool_n", "tool_mean_ms", "tool_p50_ms", "tool_p99_ms",
+                      "ours_n", "ours_mean_ms", "ours_p50_ms", "ours_p99_ms", "diff_mean_ms", "server_column",
+                      "server_n", "server_mean_ms", "server_p50_ms", "server_p99_ms", "reason")
+
+
+def comparison_rows(con, *, imported_only: bool) -> list[dict]:
+    """peer_comparison as dicts; for an imported run only the importing tool's rows unless asked."""
+    has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'peer_comparison'").fetchone()[0]
+    if not has:
+        return []
+    rows = [dict(zip(COMPARISON_COLUMNS, r)) for r in
+            con.execute(f"SELECT {', '.join(COMPARISON_COLUMNS)} FROM peer_comparison").fetchall()]
+    if imported_only and any(r["imported"] for r in rows):
+        rows = [r for r in rows if r["imported"]]
+    return rows
+
+
+def print_peer_comparison(con, console) -> None:
+    """For a run imported from a load tool: its own numbers, ours on the same requests, the engine's, why."""
+    rows = [r for r in comparison_rows(con, imported_only=True) if r["imported"]]
+    if not rows:
+        return
+    t = Table(title=f"{rows[0]['reporter']}: its own numbers beside ours on the same requests (ms, mean / p50 / p99)",
+              title_justify="left")
+    for col, justify in (("metric", "left"), ("tool's", "right"), ("ours (client)", "right"),
+                         ("engine", "right"), ("why they differ", "left")):
+        t.add_column(col, justify=justify, overflow="fold")
+    for r in rows:
+        t.add_row(r["metric"], _three(r, "tool"), _three(r, "ours"), _three(r, "server"), r["reason"] or "")
+    console.print(t)
+
+
+def _three(r: dict, side: str) -> str:
+    if not r[f"{side}_n"]:
+        return "—"
+    return " / ".join(_fmt(r[f"{side}_{s}_ms"]) for s in ("mean", "p50", "p99"))
+
+
 def slo_text(ttft_ms, tpot_ms, e2e_ms) -> str:
     """The declared thresholds of the vLLM-style goodput, as `TTFT ≤ 300 ms, TPOT ≤ 100 ms`."""
     parts = [f"{name} ≤ {v:g} ms" for name, v in (("TTFT", ttft_ms), ("TPOT", tpot_ms), ("E2E", e2e_ms))
@@ -108,6 +146,7 @@ def print_summary(ledger_path: Path, console: Console | None = None) -> None:
             else:
                 console.print(f"energy per good result: [bold]{rm[3]:.1f} J[/]")
         print_peer_views(con, console)
+        print_peer_comparison(con, console)
         causes = con.execute("SELECT dominant_cause, count(*), round(avg(server_queue_ms)), round(avg(prefill_interference_ms)) "
                              "FROM slo_misses GROUP BY 1 ORDER BY 2 DESC").fetchall()
         if causes:

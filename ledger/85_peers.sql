@@ -1,12 +1,23 @@
--- Stage 8b: the peers' definitions of TTFT / ITL / TPOT, computed from this run's own client events
--- (docs/LEDGER.md "peer_views"). Same attempts for every row: those the client saw complete. The
--- peers' names collide (AIPerf's "ITL" is vLLM's TPOT; GuideLLM's TPOT includes the TTFT), so every
--- row names its tool, its formula and its weighting.
+-- Stage 8b: the peers' definitions of TTFT / ITL / TPOT / E2E, computed from this run's client events
+-- (docs/LEDGER.md "peer_views"): our own client's, or a load tool's own records imported with
+-- `inferledger import --from`. Same attempts for every row: those the client saw complete. The peers'
+-- names collide (AIPerf's "ITL" is vLLM's TPOT; GuideLLM's TPOT includes the TTFT), so every row names
+-- its tool, its formula, its weighting and its percentile rule.
+--
+-- What an imported tool kept decides which rows its events can feed (attempt.done attrs.chunks):
+--   absent      our own client: every chunk, with its kinds
+--   content     AIPerf: every content chunk, no role / finish / usage chunk
+--   first_last  GuideLLM: the first and the last content chunk only
+--   choices     vLLM bench: every chunk with choices, kinds unknown (no server to label them)
+--   labelled    vLLM bench joined with the server: every chunk with choices, kinds from its server write
+-- Tokens: the importing tool's own count when it kept one (attrs.reported_output_tokens; AIPerf
+-- re-tokenises the text), else the server's (attempts.n_output_tokens).
 
 CREATE OR REPLACE TEMP TABLE peer_base AS
 WITH c AS (
   SELECT attempt_id,
          min(ts_ns) FILTER (WHERE choices_bearing) AS first_choices_ns,
+         max(ts_ns) FILTER (WHERE choices_bearing) AS last_choices_ns,
          min(ts_ns) FILTER (WHERE output_bearing) AS first_content_ns,
          max(ts_ns) FILTER (WHERE output_bearing) AS last_content_ns
   FROM ev_out WHERE name = 'attempt.chunk' GROUP BY attempt_id
@@ -14,15 +25,30 @@ WITH c AS (
   SELECT attempt_id, TRY_CAST(json_extract_string(attrs, '$.pacing_error_ms') AS DOUBLE) AS pacing_error_ms
   FROM ev WHERE name = 'attempt.sent'
   QUALIFY row_number() OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq, event_id) = 1
+), done AS (
+  SELECT attempt_id, json_extract_string(attrs, '$.chunks') AS chunks,
+         TRY_CAST(json_extract_string(attrs, '$.reported_output_tokens') AS BIGINT) AS n_reported
+  FROM ev WHERE name = 'attempt.done' AND source = 'client'
+  QUALIFY row_number() OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq, event_id) = 1
+), kept AS (
+  SELECT b.attempt_id, b.chunks, b.n_reported,
+         b.chunks IS NULL OR b.chunks IN ('content', 'first_last', 'labelled') AS content_ok,
+         b.chunks IS NULL OR b.chunks IN ('choices', 'labelled') AS choices_ok,
+         b.chunks IS NULL OR b.chunks IN ('content', 'labelled') AS every_content_ok
+  FROM done b
 )
 SELECT a.attempt_id, a.sent_ns, a.client_end_ns AS done_ns, a.n_output_tokens AS n,
-       c.first_choices_ns, c.first_content_ns, c.last_content_ns, s.pacing_error_ms
-FROM attempts a JOIN c USING (attempt_id) LEFT JOIN sent s USING (attempt_id)
+       coalesce(k.n_reported, a.n_output_tokens) AS n_tool,
+       CASE WHEN k.choices_ok THEN c.first_choices_ns END AS first_choices_ns,
+       CASE WHEN k.choices_ok THEN c.last_choices_ns END AS last_choices_ns,
+       CASE WHEN k.content_ok THEN c.first_content_ns END AS first_content_ns,
+       CASE WHEN k.content_ok THEN c.last_content_ns END AS last_content_ns,
+       k.choices_ok, k.every_content_ok, s.pacing_error_ms
+FROM attempts a JOIN c USING (attempt_id) LEFT JOIN sent s USING (attempt_id) LEFT JOIN kept k USING (attempt_id)
 WHERE a.client_status = 'completed' AND a.sent_ns IS NOT NULL;
 
--- The samples of each row: (row number, value in ms, weight); weight 1 unless the tool weights by
--- output tokens. The two pooled-gap rows (millions of samples in a big run) are aggregated where
--- they are read, never copied into a table of their own.
+-- The samples of each row: (row number, value in ms, weight). The two pooled-gap rows (millions of
+-- samples in a big run) are aggregated where they are read, never copied into a table of their own.
 CREATE OR REPLACE TABLE peer_views AS
 WITH per_request(k, v, w) AS (
   SELECT 1, (first_content_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE first_content_ns IS NOT NULL
@@ -32,55 +58,129 @@ WITH per_request(k, v, w) AS (
   SELECT 3, (first_content_ns - sent_ns) / 1e6 + pacing_error_ms, 1 FROM peer_base
   WHERE first_content_ns IS NOT NULL AND pacing_error_ms IS NOT NULL
   UNION ALL
-  SELECT 6, (last_content_ns - first_content_ns) / 1e6 / (n - 1), 1 FROM peer_base WHERE n > 1
+  SELECT 11, (first_content_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE first_content_ns IS NOT NULL
   UNION ALL
-  SELECT 7, (last_content_ns - first_content_ns) / 1e6 / (n - 1), n FROM peer_base WHERE n > 1
+  SELECT 12, (first_content_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE first_content_ns IS NOT NULL
+  UNION ALL
+  SELECT 6, (last_content_ns - first_content_ns) / 1e6 / (n_tool - 1), 1 FROM peer_base WHERE n_tool > 1
+  UNION ALL
+  SELECT 7, (last_content_ns - first_content_ns) / 1e6 / (n_tool - 1), n_tool - 1 FROM peer_base WHERE n_tool > 1
   UNION ALL
   SELECT 8, (done_ns - first_content_ns) / 1e6 / (n - 1), 1 FROM peer_base WHERE n > 1
   UNION ALL
-  SELECT 9, (done_ns - first_choices_ns) / 1e6 / (n - 1), 1 FROM peer_base WHERE n > 1 AND first_choices_ns IS NOT NULL
+  SELECT 9, (last_choices_ns - first_choices_ns) / 1e6 / (n_tool - 1), 1 FROM peer_base WHERE n_tool > 1
   UNION ALL
-  SELECT 10, (last_content_ns - sent_ns) / 1e6 / n, n FROM peer_base WHERE n > 0
+  SELECT 10, (last_content_ns - sent_ns) / 1e6 / n_tool, n_tool FROM peer_base WHERE n_tool > 0
+  UNION ALL
+  SELECT 13, (done_ns - sent_ns) / 1e6, 1 FROM peer_base
+  UNION ALL
+  SELECT 14, (last_choices_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE last_choices_ns IS NOT NULL
+  UNION ALL
+  SELECT 15, (last_content_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE last_content_ns IS NOT NULL
+  UNION ALL
+  SELECT 16, (done_ns - sent_ns) / 1e6, 1 FROM peer_base
 ), vllm_chunks AS (
   SELECT list(ts_ns ORDER BY ts_ns, seq) AS ts
-  FROM ev_out o SEMI JOIN peer_base b USING (attempt_id)
+  FROM ev_out o SEMI JOIN (SELECT attempt_id FROM peer_base WHERE choices_ok IS NOT FALSE) b USING (attempt_id)
   WHERE o.name = 'attempt.chunk' AND o.choices_bearing GROUP BY attempt_id
 ), vllm_gaps AS (
   SELECT unnest(list_transform(range(1, len(ts)), lambda i: (ts[i + 1] - ts[i]) / 1e6)) AS v FROM vllm_chunks
-), plain AS (
+), plain AS (  -- linear interpolation between ranks (numpy's default, DuckDB's quantile_cont)
   SELECT k, count(v) AS n, avg(v) AS mean_ms, quantile_cont(v, [0.5, 0.9, 0.99]) AS q
-  FROM per_request WHERE v IS NOT NULL AND k NOT IN (7, 10) GROUP BY k
+  FROM per_request WHERE v IS NOT NULL AND k NOT IN (7, 10, 12, 16) GROUP BY k
   UNION ALL
   SELECT 4, count(gap_ms), avg(gap_ms), quantile_cont(gap_ms, [0.5, 0.9, 0.99])
-  FROM itl i SEMI JOIN peer_base b USING (attempt_id) WHERE i.layer = 'client' AND i.gap_ms IS NOT NULL
+  FROM itl i SEMI JOIN (SELECT attempt_id FROM peer_base WHERE every_content_ok IS NOT FALSE) b USING (attempt_id)
+  WHERE i.layer = 'client' AND i.gap_ms IS NOT NULL
   UNION ALL
   SELECT 5, count(v), avg(v), quantile_cont(v, [0.5, 0.9, 0.99]) FROM vllm_gaps WHERE v IS NOT NULL
 ), cum AS (
   SELECT k, v, w,
          sum(w) OVER (PARTITION BY k ORDER BY v ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cw,
          sum(w) OVER (PARTITION BY k) AS tw
-  FROM per_request WHERE v IS NOT NULL AND k IN (7, 10)  -- the token-weighted rows
-), weighted AS (  -- the smallest value whose cumulative weight reaches q of the total
-  SELECT k, count(*) AS n, sum(v * w) / sum(w) AS mean_ms,
+  FROM per_request WHERE v IS NOT NULL AND k IN (7, 10, 12, 16)  -- GuideLLM's rows
+), weighted AS (  -- GuideLLM's rule: the smallest value whose cumulative weight reaches q of the total
+  SELECT k, count(*) AS n, sum(v * w) / nullif(sum(w), 0) AS mean_ms,
          [min(v) FILTER (WHERE cw >= 0.5 * tw), min(v) FILTER (WHERE cw >= 0.9 * tw),
           min(v) FILTER (WHERE cw >= 0.99 * tw)] AS q
   FROM cum GROUP BY k
 ), stats AS (
   SELECT * FROM plain UNION ALL SELECT * FROM weighted
-), defs(k, metric, tool, definition, weighting, ledger_column) AS (VALUES
-  (1, 'TTFT', 'inferledger', 'sent → first chunk with content, reasoning or a tool call', 'request', 'request_metrics.ttft_client_ms'),
-  (2, 'TTFT', 'vLLM bench', 'sent → first chunk with choices (the role chunk counts)', 'request', NULL),
-  (3, 'TTFT', 'MLPerf-style', 'planned send → first content chunk (includes the client''s issue delay)', 'request', NULL),
-  (4, 'ITL', 'inferledger', 'gap between consecutive output-bearing chunks, pooled', 'gap', 'itl.gap_ms (client)'),
-  (5, 'ITL', 'vLLM bench', 'gap between consecutive chunks with choices, pooled (a chunk is not a token)', 'gap', NULL),
-  (6, 'ITL', 'AIPerf', '(last content − first content) / (tokens − 1) per request', 'request', NULL),
-  (7, 'ITL', 'GuideLLM', '(last content − first content) / (tokens − 1) per request', 'token', NULL),
-  (8, 'TPOT', 'inferledger', '(done − first content) / (tokens − 1) per request', 'request', 'request_metrics.tpot_ms'),
-  (9, 'TPOT', 'vLLM bench', '(done − first chunk with choices) / (tokens − 1) per request', 'request', NULL),
-  (10, 'TPOT', 'GuideLLM', '(last content − sent) / tokens per request: includes the TTFT', 'token', NULL)
+), defs(k, ord, metric, tool, definition, weighting, percentiles, ledger_column) AS (VALUES
+  (1, 1, 'TTFT', 'inferledger', 'sent → first chunk with content, reasoning or a tool call', 'request', 'linear', 'request_metrics.ttft_client_ms'),
+  (2, 2, 'TTFT', 'vLLM bench', 'sent → first chunk with choices (the role chunk counts)', 'request', 'linear', NULL),
+  (11, 3, 'TTFT', 'AIPerf', 'request start → first non-empty content response', 'request', 'linear', NULL),
+  (12, 4, 'TTFT', 'GuideLLM', 'request start → first token iteration', 'request', 'cumulative weight', NULL),
+  (3, 5, 'TTFT', 'MLPerf-style', 'planned send → first content chunk (includes the client''s issue delay)', 'request', 'linear', NULL),
+  (4, 6, 'ITL', 'inferledger', 'gap between consecutive output-bearing chunks, pooled', 'gap', 'linear', 'itl.gap_ms (client)'),
+  (5, 7, 'ITL', 'vLLM bench', 'gap between consecutive chunks with choices, pooled (a chunk is not a token)', 'gap', 'linear', NULL),
+  (6, 8, 'ITL', 'AIPerf', '(last content − first content) / (tokens − 1) per request', 'request', 'linear', NULL),
+  (7, 9, 'ITL', 'GuideLLM', '(last content − first content) / (tokens − 1) per request', 'token (tokens − 1)', 'cumulative weight', NULL),
+  (8, 10, 'TPOT', 'inferledger', '(done − first content) / (tokens − 1) per request', 'request', 'linear', 'request_metrics.tpot_ms'),
+  (9, 11, 'TPOT', 'vLLM bench', '(last chunk with choices − first chunk with choices) / (tokens − 1) per request', 'request', 'linear', NULL),
+  (10, 12, 'TPOT', 'GuideLLM', '(last content − sent) / tokens per request: includes the TTFT', 'token', 'cumulative weight', NULL),
+  (13, 13, 'E2E', 'inferledger', 'sent → done (the stream''s end)', 'request', 'linear', 'request_metrics.e2e_client_ms'),
+  (14, 14, 'E2E', 'vLLM bench', 'sent → last chunk with choices (the usage chunk does not count)', 'request', 'linear', NULL),
+  (15, 15, 'E2E', 'AIPerf', 'request start → last content response', 'request', 'linear', NULL),
+  (16, 16, 'E2E', 'GuideLLM', 'request start → request end', 'request', 'cumulative weight', NULL)
 )
-SELECT getvariable('run_id') AS run_id, d.metric, d.tool, d.definition, d.weighting,
+SELECT getvariable('run_id') AS run_id, d.metric, d.tool, d.definition, d.weighting, d.percentiles,
        coalesce(s.n, 0)::BIGINT AS n, s.mean_ms, s.q[1] AS p50_ms, s.q[2] AS p90_ms, s.q[3] AS p99_ms,
        d.ledger_column
 FROM defs d LEFT JOIN stats s USING (k)
-ORDER BY d.k;
+ORDER BY d.ord;
+
+-- One row per (metric, tool): the tool's reading beside ours on the same attempts (our client's
+-- definition on the same events, and the engine's own account where the run has server evidence),
+-- and why they differ (docs/LEDGER.md "peer_comparison" gives each formula). `imported` marks the
+-- rows of the tool whose own records this run was imported from (attrs.reporter of its events).
+CREATE OR REPLACE TABLE peer_comparison AS
+WITH reporters AS (
+  SELECT json_extract_string(attrs, '$.reporter') AS reporter, count(*) AS n
+  FROM ev WHERE source = 'client' AND name = 'attempt.sent' AND json_extract_string(attrs, '$.reporter') IS NOT NULL
+  GROUP BY 1
+), tool_names(prefix, tool) AS (VALUES ('aiperf-', 'AIPerf'), ('vllm-bench-', 'vLLM bench'), ('guidellm-', 'GuideLLM')
+), imported AS (
+  SELECT t.tool, r.reporter FROM reporters r JOIN tool_names t ON starts_with(r.reporter, t.prefix)
+  QUALIFY row_number() OVER (ORDER BY r.n DESC, r.reporter) = 1
+), server_side AS (  -- the engine's account of the same attempts (NULL n = 0 where the run has none)
+  SELECT 'TTFT' AS metric, 'request_metrics.ttft_server_ms' AS col, count(ttft_server_ms) AS n, avg(ttft_server_ms) AS mean_ms,
+         quantile_cont(ttft_server_ms, [0.5, 0.99]) AS q
+  FROM request_metrics SEMI JOIN peer_base USING (attempt_id)
+  UNION ALL
+  SELECT 'TPOT', 'request_metrics.tpot_server_ms', count(tpot_server_ms), avg(tpot_server_ms), quantile_cont(tpot_server_ms, [0.5, 0.99])
+  FROM request_metrics SEMI JOIN peer_base USING (attempt_id)
+  UNION ALL
+  SELECT 'E2E', 'request_metrics.e2e_server_ms', count(e2e_server_ms), avg(e2e_server_ms), quantile_cont(e2e_server_ms, [0.5, 0.99])
+  FROM request_metrics SEMI JOIN peer_base USING (attempt_id)
+  UNION ALL
+  SELECT 'ITL', 'itl.gap_ms (server)', count(gap_ms), avg(gap_ms), quantile_cont(gap_ms, [0.5, 0.99])
+  FROM itl i SEMI JOIN peer_base b USING (attempt_id) WHERE i.layer = 'server' AND i.gap_ms IS NOT NULL
+), reasons(metric, tool, reason) AS (VALUES
+  ('TTFT', 'vLLM bench', 'stops at the first chunk with choices (for chat the role chunk): a server that sends it on arrival leaves prefill out; inferledger serve sends it with the first token, so the two nearly agree'),
+  ('TTFT', 'AIPerf', 'the same span (first non-empty content); AIPerf times it on its perf counter from a wall-clock start'),
+  ('TTFT', 'GuideLLM', 'the same span; percentiles are the smallest value whose share reaches p (no interpolation)'),
+  ('TTFT', 'MLPerf-style', 'counts from the planned send: adds the client''s own issue delay'),
+  ('ITL', 'vLLM bench', 'pools the gaps of every chunk with choices: role → first content and last content → finish are samples too (near 0 where they are written back to back, as inferledger serve does), so its mean is lower'),
+  ('ITL', 'AIPerf', 'one value per request, (last − first content) / (tokens − 1) with AIPerf''s re-tokenised count; we pool every content gap'),
+  ('ITL', 'GuideLLM', 'one value per request as AIPerf''s, weighted by tokens − 1, cumulative-weight percentiles; the usage count'),
+  ('TPOT', 'vLLM bench', 'from the first chunk with choices (the role chunk) to the last (the finish chunk), over tokens − 1; on its own records ours ends where vLLM bench stopped recording'),
+  ('TPOT', 'GuideLLM', '(last content − request start) / tokens: includes the TTFT, token-weighted'),
+  ('E2E', 'vLLM bench', 'ends at the last chunk with choices (the finish chunk), before the usage chunk and [DONE]; it records no later time, so on its records ours ends there too'),
+  ('E2E', 'AIPerf', 'ends at the last content response, before the finish and usage chunks and [DONE]'),
+  ('E2E', 'GuideLLM', 'the same span (request start → request end); cumulative-weight percentiles')
+)
+SELECT getvariable('run_id') AS run_id, p.metric, p.tool, (p.tool = i.tool) IS TRUE AS imported, i.reporter,
+       p.n AS tool_n, p.mean_ms AS tool_mean_ms, p.p50_ms AS tool_p50_ms, p.p99_ms AS tool_p99_ms,
+       o.n AS ours_n, o.mean_ms AS ours_mean_ms, o.p50_ms AS ours_p50_ms, o.p99_ms AS ours_p99_ms,
+       p.mean_ms - o.mean_ms AS diff_mean_ms,
+       s.col AS server_column, nullif(s.n, 0) AS server_n, s.mean_ms AS server_mean_ms,
+       s.q[1] AS server_p50_ms, s.q[2] AS server_p99_ms,
+       CASE WHEN o.n = 0 AND p.n > 0 THEN 'ours is unknown: the tool kept too few chunks for it; ' ELSE '' END
+         || r.reason AS reason
+FROM peer_views p JOIN peer_views o ON o.metric = p.metric AND o.tool = 'inferledger'
+LEFT JOIN imported i ON true
+LEFT JOIN server_side s ON s.metric = p.metric
+LEFT JOIN reasons r ON r.metric = p.metric AND r.tool = p.tool
+WHERE p.tool <> 'inferledger'
+ORDER BY p.metric = 'E2E', p.metric = 'TPOT', p.metric = 'ITL', p.metric, p.tool;

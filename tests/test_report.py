@@ -281,7 +281,7 @@ def test_headline_sets_the_peers_definitions_beside_ours(runs, tmp_path):
     con = duckdb.connect(str(runs[0] / "ledger.duckdb"), read_only=True)
     rows = con.execute("SELECT tool, definition, n, p50_ms FROM peer_views").fetchall()
     con.close()
-    assert len(rows) == 10 == part.count("<tr>") - 1  # a header row, then one per metric x tool
+    assert len(rows) == 16 == part.count("<tr>") - 1  # a header row, then one per metric x tool
     for tool, definition, n, p50 in rows:
         assert (p50 is None) == (n == 0)  # no planned send times in this run: the MLPerf-style row is empty
         assert esc(definition) in part and (f"{p50:,.1f}" if n else "—") in part, (tool, definition)

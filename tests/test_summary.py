@@ -22,7 +22,7 @@ def test_summary_sets_the_peers_readings_beside_ours(tmp_path):
     for row in (("TTFT", "inferledger", "request", "2", "85.0", "109.5"),
                 ("TTFT", "vLLM bench", "request", "2", "70.0", "99.4"),
                 ("ITL", "vLLM bench", "gap", "8", "20.0", "39.3"),
-                ("ITL", "GuideLLM", "token", "2", "15.0", "20.0"),
+                ("ITL", "GuideLLM", "token (tokens − 1)", "2", "15.0", "20.0"),
                 ("TPOT", "GuideLLM", "token", "2", "34.0", "34.0")):
         line = next(ln for ln in text.splitlines() if f" {row[0]} " in ln and f" {row[1]} " in ln)
         assert line.split("│")[1:-1] and [c.strip() for c in line.split("│")[1:-1]] == list(row), line
