@@ -12,7 +12,7 @@ def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, ru
     from rich.markup import escape
     from rich.table import Table
 
-    from inferledger.collectors.peer_import import PeerRecordsError, RunExistsError, import_peer
+    from inferledger.collectors.peer_import import OutDirError, PeerRecordsError, import_peer
     from inferledger.collectors.peer_join import ServerRunError
     from inferledger.collectors.peer_records import RecordError
 
@@ -25,7 +25,7 @@ def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, ru
              "--lenient to import the rest and register these as gaps.")
     except RecordError as exc:  # the document itself is not the tool's output
         fail(f"inferledger import --from {tool}: {exc}")
-    except (RunExistsError, ServerRunError, FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+    except (OutDirError, ServerRunError, FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
         fail(f"inferledger import --from {tool}: {exc}")
     for r in res.refusals:
         typer.echo(f"warning: {r}", err=True)

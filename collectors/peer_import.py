@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from inferledger.collectors import peer_join
-from inferledger.collectors.importer import RunExistsError, _refuse_existing
+from inferledger.collectors.out_dir import OutDirError, RunExistsError, check_new_run_dir
 from inferledger.collectors.peer_records import RecordError, events_of
 from inferledger.collectors.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
@@ -81,7 +81,7 @@ def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None,
     modname, clock, kind, _display = TOOLS[tool]
     reader = importlib.import_module(f"inferledger.collectors.{modname}")
     path, out = Path(path), Path(out)
-    _refuse_existing(out)
+    check_new_run_dir(out)
     srv = peer_join.load(server) if server is not None else None
     reqs, errors, meta = reader.read(path)
     if errors and not lenient:
@@ -183,4 +183,4 @@ def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None,
     return res
 
 
-__all__ = ["TOOLS", "PeerImportResult", "PeerRecordsError", "RunExistsError", "import_peer"]
+__all__ = ["TOOLS", "OutDirError", "PeerImportResult", "PeerRecordsError", "RunExistsError", "import_peer"]
