@@ -42,7 +42,10 @@ def check_new_run_dir(out: Path) -> None:
         raise OutDirError(f"{out}: cannot create or write this folder ({exc.strerror or exc}); choose a --out "
                           "in a folder you can write") from None
     finally:
-        probe.unlink(missing_ok=True)
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:  # its folder could not be made: there is nothing to remove
+            pass
         for p in created:  # innermost first
             try:
                 p.rmdir()

@@ -60,16 +60,34 @@ class _PartBuffer:
         self.rows.append(row)
         return len(self.rows) >= self.flush_rows
 
-    def flush(self) -> None:
-        if not self.rows:
+    def take(self) -> tuple[list[dict], int]:
+        """The buffered rows and the part number they will have (under the writer's lock)."""
+        rows, part = self.rows, self.part
+        self.rows = []
+        if rows:
+            self.part += 1
+        return rows, part
+
+    def write(self, rows: list[dict], part: int) -> None:
+        """Write `rows` as part `part` (outside the lock: emitters never wait for the disk)."""
+        if not rows:
             return
         try:
-            table = pa.Table.from_pylist(self.rows, schema=self.schema)
-            write_table_atomic(table, self.folder / f"part-{self.part:05d}.parquet")
-        except Exception as exc:  # keep the buffer: nothing already emitted is lost to one bad row
-            raise ValueError(f"{self.folder}: could not write part {self.part}: {exc}") from exc
-        self.rows = []
-        self.part += 1
+            table = pa.Table.from_pylist(rows, schema=self.schema)
+            write_table_atomic(table, self.folder / f"part-{part:05d}.parquet")
+        except Exception as exc:
+            raise ValueError(f"{self.folder}: could not write part {part}: {exc}") from exc
+
+    def restore(self, rows: list[dict]) -> None:
+        self.rows = rows + self.rows  # nothing already emitted is lost to a failed write
+
+    def flush(self) -> None:
+        rows, part = self.take()
+        try:
+            self.write(rows, part)
+        except Exception:
+            self.restore(rows)
+            raise
 
 
 class RunWriter:
@@ -88,6 +106,8 @@ class RunWriter:
         self.n_events = 0
         self.n_samples = 0
         self._manifest: dict | None = None
+        self._io = threading.Lock()  # one flush or manifest write at a time; `_lock` guards the buffers
+        self._on_disk = (0, 0)  # events, samples known to be in parts
         self._flushes = 0
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
@@ -133,28 +153,41 @@ class RunWriter:
 
     # -- files --------------------------------------------------------------------------------
     def flush(self) -> None:
-        with self._lock:
-            self._events.flush()
-            self._samples.flush()
-            write_table_atomic(pa.Table.from_pylist(self._clocks, schema=CLOCK_SCHEMA), self.run_dir / "clocks.parquet")
-            write_table_atomic(pa.Table.from_pylist(self._tasks, schema=TASK_SCHEMA), self.run_dir / "tasks.parquet")
+        """Write everything buffered. The rows are swapped out under the lock and written outside it, so
+        the server's event loop, which emits, never waits for Parquet or the disk."""
+        with self._io:
+            with self._lock:
+                (ev, ev_part), (sa, sa_part) = self._events.take(), self._samples.take()
+                clocks, tasks = list(self._clocks), list(self._tasks)
+                counts = (self.n_events - len(self._events.rows), self.n_samples - len(self._samples.rows))
+            for buf, rows, part in ((self._events, ev, ev_part), (self._samples, sa, sa_part)):
+                try:
+                    buf.write(rows, part)
+                except Exception:
+                    with self._lock:
+                        buf.restore(rows)
+                        if buf is self._events:
+                            self._samples.restore(sa)
+                    raise
+            write_table_atomic(pa.Table.from_pylist(clocks, schema=CLOCK_SCHEMA), self.run_dir / "clocks.parquet")
+            write_table_atomic(pa.Table.from_pylist(tasks, schema=TASK_SCHEMA), self.run_dir / "tasks.parquet")
             self._flushes += 1
+            self._on_disk = counts
             if self._manifest is not None and self._flusher is not None:
-                self._write_manifest_locked()
+                self._write_manifest_io()
 
-    def _write_manifest_locked(self) -> None:
+    def _write_manifest_io(self) -> None:
         body = {"run_id": self.run_id, **(self._manifest or {})}
         if self._flusher is not None:  # what a reader of a killed run can count on
-            body["flushed"] = {"events": self.n_events - len(self._events.rows),
-                               "samples": self.n_samples - len(self._samples.rows),
+            body["flushed"] = {"events": self._on_disk[0], "samples": self._on_disk[1],
                                "flushes": self._flushes, "at_unix_s": round(time.time(), 3)}
         write_json_atomic(body, self.run_dir / "manifest.json")
 
     def write_manifest(self, manifest: dict) -> None:
         """Write manifest.json now; with autoflush it is rewritten at every flush (with `flushed`)."""
-        with self._lock:
+        with self._io:
             self._manifest = dict(manifest)
-            self._write_manifest_locked()
+            self._write_manifest_io()
 
     def _autoflush(self, period_s: float) -> None:
         while not self._stop.wait(period_s):
@@ -170,7 +203,7 @@ class RunWriter:
             self._flusher.join()
         self.flush()
         if compact_parts:
-            with self._lock:
+            with self._io:
                 compact(self._events.folder, EVENT_SCHEMA)
                 compact(self._samples.folder, SAMPLE_SCHEMA)
 
