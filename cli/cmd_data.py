@@ -32,6 +32,8 @@ SQL_SURFACE = [
     ("energy_shares", "attempt: its share of the window's energy"),
     ("peer_views", "metric x tool: TTFT / ITL / TPOT as vLLM bench, AIPerf, GuideLLM define them"),
     ("gaps", "gap: what is missing, what it affects"),
+    ("reported_spans", "engine span (vLLM llm_request): its own figures beside ours"),
+    ("reported_counters", "engine /metrics counter: run delta vs the spans' sum"),
 ]
 QUERY_HELP = (
     "Run read-only SQL on the ledger of one run or of many runs at once.\n\n"
@@ -63,6 +65,12 @@ def import_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="The run folder to create (must not hold a run).")],
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id for every row (default: the out folder's name).")] = None,
     lenient: Annotated[bool, typer.Option("--lenient", help="Import the good lines; register each refused line in gaps.parquet.")] = False,
+    from_: Annotated[str, typer.Option("--from", help="What ARCHIVE is: e0 (our JSON Lines archive) or otlp (an "
+                                       "OpenTelemetry Collector file-exporter file: OTLP/JSON trace requests, one a line).")] = "e0",
+    host: Annotated[Optional[str], typer.Option("--host", help="--from otlp: the host whose wall clock the spans are on "
+                                                "(default: the resource's host.name).")] = None,
+    reporter: Annotated[Optional[str], typer.Option("--reporter", help="--from otlp: who reported the spans, e.g. "
+                                                    "vllm-0.32.0 (default: the resource's service.name).")] = None,
 ) -> None:
     """Import an E0 archive (JSON Lines) into a new run directory.
 
@@ -74,6 +82,9 @@ def import_cmd(
 
     Example: [bold]inferledger import samples/e0/retry.jsonl --out runs/retry[/], then
     [bold]inferledger reconstruct runs/retry[/].
+
+    Spans from an OpenTelemetry Collector (vLLM's llm_request spans become reported server and engine
+    events): [bold]inferledger import --from otlp traces.jsonl --out runs/vllm-server --reporter vllm-0.32.0[/].
     """
     from rich.console import Console
     from rich.markup import escape
@@ -81,6 +92,10 @@ def import_cmd(
 
     from inferledger.collectors.importer import ArchiveError, RunExistsError, import_archive
 
+    if from_ == "otlp":
+        return _import_otlp(archive, out, run_id, host, reporter)
+    if from_ != "e0":
+        raise typer.BadParameter(f"{from_!r}: expected e0 or otlp", param_hint="--from")
     try:
         res = import_archive(archive, out, run_id=run_id, lenient=lenient)
     except ArchiveError as exc:
@@ -102,6 +117,25 @@ def import_cmd(
         table.add_column(col, justify="right")
     table.add_row(*(str(getattr(res, c)) for c in ("lines", "events", "clocks", "tasks", "refused")))
     console.print(table)
+
+
+def _import_otlp(path: Path, out: Path, run_id, host, reporter) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from inferledger.collectors.importer import RunExistsError
+    from inferledger.collectors.otlp_import import import_otlp
+    from inferledger.collectors.vllm_spans import OtlpFileError
+
+    try:
+        res = import_otlp(path, out, run_id=run_id, host=host, reporter=reporter)
+    except OtlpFileError as exc:
+        _fail(f"inferledger import --from otlp: {exc}; nothing was written")
+    except (RunExistsError, FileNotFoundError, IsADirectoryError) as exc:
+        _fail(f"inferledger import: {exc}")
+    Console().print(f"imported {escape(str(path))} -> {escape(str(out))} (run [bold]{escape(res.run_id)}[/]): "
+                    f"{res.spans} spans ({res.request_spans} llm_request) -> {res.events} events on wall:"
+                    f"{escape(res.host)}, reported by {escape(res.reporter)}", highlight=False)
 
 
 def _plain(v):
