@@ -34,6 +34,7 @@ SQL_SURFACE = [
     ("gaps", "gap: what is missing, what it affects"),
     ("reported_spans", "engine span (vLLM llm_request): its own figures beside ours"),
     ("reported_counters", "engine /metrics counter: run delta vs the spans' sum"),
+    ("request_path", "reported attempt x node: client -> link -> queue -> prefill -> decode"),
 ]
 QUERY_HELP = (
     "Run read-only SQL on the ledger of one run or of many runs at once.\n\n"

@@ -2,13 +2,14 @@
 
 A recorded run (samples/peers/vllm-0.32-cpu/) keeps what each side produced, not what we made of it:
 `client/` (the client's, checker's and tool's event parts, clocks, tasks), `otlp/traces.jsonl` (the
-OTLP requests vLLM exported, as received), `scrapes/metrics.jsonl` (every /metrics scrape) and
+OTLP requests vLLM exported, as received), `scrapes/metrics.jsonl.gz` (every /metrics scrape) and
 `manifest.json`. `rejoin()` joins them again exactly as capture does (collectors.vllm_spans,
 collectors.metrics_scrape) into a run directory the ledger reads, so the join is checked on real
 vLLM output without vLLM installed.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -37,10 +38,14 @@ def record(run_dir: str | Path, sample_dir: str | Path) -> None:
     gaps = pq.read_table(run_dir / "gaps.parquet").to_pylist()  # the collectors' own, less the join's
     write_table_atomic(pa.Table.from_pylist([g for g in gaps if not g["gap_id"].startswith("otlp:")], schema=GAP_SCHEMA),
                        sample_dir / "client" / "gaps.parquet")
-    for rel in ("otlp/traces.jsonl", "scrapes/metrics.jsonl", "manifest.json"):
-        if (run_dir / rel).exists():
-            (sample_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(run_dir / rel, sample_dir / rel)
+    for rel in ("otlp/traces.jsonl", "manifest.json"):
+        (sample_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(run_dir / rel, sample_dir / rel)
+    if (run_dir / "scrapes" / "metrics.jsonl").exists():  # 2 Hz of ~2.5 kB lines: kept compressed
+        (sample_dir / "scrapes").mkdir(exist_ok=True)
+        with (run_dir / "scrapes" / "metrics.jsonl").open("rb") as src, \
+                gzip.open(sample_dir / "scrapes" / "metrics.jsonl.gz", "wb", mtime=0) as dst:
+            shutil.copyfileobj(src, dst)
 
 
 def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
@@ -61,10 +66,10 @@ def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
                      attempts=attempts, trace_salt=run_id)
     for row in join.rows:
         writer.emit(row)
-    scrapes = sample_dir / "scrapes" / "metrics.jsonl"
+    scrapes = sample_dir / "scrapes" / "metrics.jsonl.gz"
     types = (ev.get("metrics") or {}).get("types") or {}
     if scrapes.exists():
-        for line in scrapes.read_text().splitlines():
+        for line in gzip.open(scrapes, "rt").read().splitlines():
             s = json.loads(line)
             for name, value in s["values"].items():
                 writer.sample(ts_ns=(s["t0_ns"] + s["t1_ns"]) // 2, clock=s["clock"], source=SOURCE,

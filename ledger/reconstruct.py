@@ -25,7 +25,7 @@ STAGES = ("10_marks.sql", "20_attempts.sql", "30_figures.sql", "40_metrics.sql",
 PUBLIC_TABLES = ("events", "samples", "clocks", "attempts", "request_metrics", "intervals", "stream_checks",
                  "itl", "accounts", "tasks", "reconciliation", "step_attribution", "slo_misses", "run_metrics",
                  "energy_shares", "peer_views", "critical_path", "critical_path_edges", "gaps",
-                 "reported_spans", "reported_counters")
+                 "reported_spans", "reported_counters", "request_path")
 
 
 class RunDirError(Exception):

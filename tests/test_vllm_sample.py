@@ -21,7 +21,7 @@ def led(tmp_path_factory):
     summary = rejoin(SAMPLE, run)
     reconstruct(run)
     with open_ledger(run) as ledger:
-        yield ledger, summary
+        yield ledger, summary, run
 
 
 def one(led, sql):
@@ -86,3 +86,12 @@ def test_readme_figures(led):
     readme = (SAMPLE / "README.md").read_text()
     n_att, n_joined = one(led, "select count(*), count(*) filter (where server_evidence = 'reported') from request_metrics")
     assert f"{n_joined} of {n_att} attempts" in readme
+
+
+def test_report_shows_the_engines_own_account(led, tmp_path):
+    from inferledger.cli.report import build_report
+
+    res = build_report(led[2], tmp_path / "report.html")
+    html = res.path.read_text()
+    assert "Engine&#x27;s own account (reported)" in html or "Engine's own account (reported)" in html
+    assert "vllm-0.32.0" in html and "num_requests_running" in html
