@@ -44,7 +44,8 @@ def record(run_dir: str | Path, sample_dir: str | Path) -> None:
     if (run_dir / "scrapes" / "metrics.jsonl").exists():  # 2 Hz of ~2.5 kB lines: kept compressed
         (sample_dir / "scrapes").mkdir(exist_ok=True)
         with (run_dir / "scrapes" / "metrics.jsonl").open("rb") as src, \
-                gzip.open(sample_dir / "scrapes" / "metrics.jsonl.gz", "wb", mtime=0) as dst:
+                (sample_dir / "scrapes" / "metrics.jsonl.gz").open("wb") as raw, \
+                gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
             shutil.copyfileobj(src, dst)
 
 

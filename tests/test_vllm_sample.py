@@ -95,3 +95,18 @@ def test_report_shows_the_engines_own_account(led, tmp_path):
     html = res.path.read_text()
     assert "Engine&#x27;s own account (reported)" in html or "Engine's own account (reported)" in html
     assert "vllm-0.32.0" in html and "num_requests_running" in html
+
+
+def test_readme_key_figures_are_the_ledgers(led):
+    readme = " ".join((SAMPLE / "README.md").read_text().split())
+    ghosts = led[0].rows("select round((a.server_end_ns - (a.client_end_ns + c.offset_ns)) / 1e6) from attempts a "
+                         "join clocks c on c.from_clock = a.client_clock and c.to_clock = a.server_clock "
+                         "where a.client_status = 'timeout' order by a.attempt_id")[1]
+    assert f"{int(ghosts[0][0]):,}, {int(ghosts[1][0]):,} and {int(ghosts[2][0]):,} ms" in readme
+    gen = one(led, "select run_delta from reported_counters where metric = 'vllm:generation_tokens_total'")[0]
+    assert f"generation tokens {int(gen):,}" in readme
+    p50 = one(led, "select round(quantile_cont(ttft_client_ms, 0.5)), round(quantile_cont(ttft_server_ms, 0.5)) "
+                   "from request_metrics")
+    assert f"client {int(p50[0]):,} /" in readme and f"server {int(p50[1]):,} /" in readme
+    causes = dict(led[0].rows("select dominant_cause, count(*) from slo_misses group by 1")[1])
+    assert f"decode {causes['decode']}, prefill {causes['prefill']}" in readme
