@@ -91,7 +91,7 @@ async def _watch_loop_lag(samples: list[tuple[int, float]], stop: asyncio.Event,
 
 
 async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter, *, separate_clocks: bool,
-                 served_model: str | None, api_key: str | None, progress=None):
+                 served_model: str | None, api_key: str | None, progress=None, trace_salt: str | None = None):
     from inferledger.collectors.clocksync import estimate
     from inferledger.collectors.http_transport import HTTPTarget
 
@@ -103,7 +103,7 @@ async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter,
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch_loop_lag(lags, stop))
     try:
-        async with HTTPTarget(url, model=served_model, api_key=api_key) as target:
+        async with HTTPTarget(url, model=served_model, api_key=api_key, trace_salt=trace_salt) as target:
             client = LoadClient(wl, target, probe, plans=plans, on_task_done=progress)
             result = await client.run()
     finally:
@@ -145,13 +145,16 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             separate_clocks: bool = False, max_num_seqs: int = 8, model: str | None = None, bundle=None,
             engine_config: dict | None = None, served_model: str | None = None, api_key: str | None = None,
             switch_interval_s: float | None = 0.0005, progress=None, on_ready=None,
-            device: str = "cpu") -> CaptureResult:
+            device: str = "cpu", otlp_port: int | None = None, scrape_metrics: bool = False,
+            engine_host: str | None = None, engine_clock_epsilon_ms: float = 5.0) -> CaptureResult:
     """Run `workload` against `target` ('embedded' or a base URL) and write the run directory `out`.
 
     `bundle` reuses an already loaded model (tests), else `model` is loaded on `device` ("cpu" or
     "cuda": bf16, CUDA graphs, device.step events); `switch_interval_s` shortens the interpreter's
     thread switch interval during the run so the client's loop is not held for 5 ms by the server's
-    or engine's threads (None leaves it alone)."""
+    or engine's threads (None leaves it alone). A URL target's own evidence (collectors.engine_evidence):
+    `otlp_port` receives its OTLP spans, `scrape_metrics` scrapes its /metrics; `engine_host` names the
+    engine's host when it is not this one (its wall clock then maps within `engine_clock_epsilon_ms`)."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
     if target == "embedded" and bundle is None:
@@ -183,6 +186,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     old_switch = sys.getswitchinterval()
     t0 = time.monotonic()
     sampler = EnergySampler(writer, hz=10, host=host)
+    evidence = None
     clean = False
     with sigterm_like_sigint() as got:
         try:
@@ -192,6 +196,12 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
                 head.update(server.engine.manifest())
                 writer.write_manifest(head)
             url = server.start() if server is not None else target  # one host, one CLOCK_MONOTONIC
+            if server is None and (otlp_port is not None or scrape_metrics):
+                from inferledger.collectors.engine_evidence import EngineEvidence
+
+                evidence = EngineEvidence(out, writer, host=host, client_clock=client_clock, target_url=url,
+                                          otlp_port=otlp_port, scrape_metrics=scrape_metrics,
+                                          engine_host=engine_host)
             # Energy counters (NVML, RAPL) where this machine has them, raw, on the host clock; a short idle
             # stretch before load gives the ledger its idle baseline. Without a source nothing runs.
             if any(src.available for src in sampler.sources()):
@@ -204,20 +214,22 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             t0 = time.monotonic()
             result, lags, mappings = asyncio.run(_drive(wl, plans, url, probe, writer, separate_clocks=separate_clocks,
                                                         served_model=served_model or (server.model_name if server else None),
-                                                        api_key=api_key, progress=progress))
+                                                        api_key=api_key, progress=progress,
+                                                        trace_salt=evidence.trace_salt if evidence else None))
             sys.setswitchinterval(old_switch)
             if server is not None:
                 server.stop()
             sampler.stop()
-            manifest = _finish(writer, wl, plans, tokenizer, server, sampler, result, lags, mappings, wall, out,
-                               host=host, url=url, client_clock=client_clock, engine_clock=engine_clock,
+            manifest = _finish(writer, wl, plans, tokenizer, server, sampler, evidence, result, lags, mappings,
+                               wall, out, host=host, url=url, client_clock=client_clock, engine_clock=engine_clock,
                                separate_clocks=separate_clocks, calibration=calibration,
-                               switch_interval_s=switch_interval_s, wall_s=time.monotonic() - t0)
+                               switch_interval_s=switch_interval_s, wall_s=time.monotonic() - t0,
+                               engine_clock_epsilon_ms=engine_clock_epsilon_ms)
             clean = True
         except BaseException as exc:  # interrupted or failed: keep what was recorded, say so, re-raise
             why = signal_name(got, exc)
             sys.setswitchinterval(old_switch)
-            _stop_quietly(server, sampler)
+            _stop_quietly(server, sampler, evidence)
             writer.write_manifest({**head, "state": "interrupted", "interrupted": why,
                                    "wall_s": round(time.monotonic() - t0, 3)})
             if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Interrupted):
@@ -229,9 +241,10 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
                          manifest["client"]["client_bound"], manifest)
 
 
-def _stop_quietly(server, sampler) -> None:
+def _stop_quietly(server, sampler, evidence=None) -> None:
     """Stop what runs, each part on its own: one failing (a CUDA timer's close) must not stop the rest."""
-    for stop in ((lambda: server.stop(drain_s=5.0)) if server is not None else None, sampler.stop):
+    for stop in ((lambda: server.stop(drain_s=5.0)) if server is not None else None, sampler.stop,
+                 evidence.abort if evidence is not None else None):
         if stop is None:
             continue
         try:
@@ -240,22 +253,26 @@ def _stop_quietly(server, sampler) -> None:
             print(f"inferledger capture: while stopping: {exc!r}", file=sys.stderr)
 
 
-def _finish(writer, wl, plans, tokenizer, server, sampler, result, lags, mappings, wall, out, *, host, url,
-            client_clock, engine_clock, separate_clocks, calibration, switch_interval_s, wall_s) -> dict:
+def _finish(writer, wl, plans, tokenizer, server, sampler, evidence, result, lags, mappings, wall, out, *, host,
+            url, client_clock, engine_clock, separate_clocks, calibration, switch_interval_s, wall_s,
+            engine_clock_epsilon_ms) -> dict:
     """After a clean run: clock mappings, the client's lag trace, gaps and the full manifest."""
+    evidence_gaps, evidence_manifest = evidence.finish(result.completed + result.abandoned) if evidence else ([], None)
     for m in mappings:
         writer.clock_domain(m.from_clock, host=host if server else None, kind="monotonic")
         writer.clock_map(m.from_clock, m.to_clock, m.offset_ns, m.epsilon_ns, m.method)
     # both of this process's monotonic domains (one clock, two names in a separate-clocks run); a
     # black-box server's clock is another host's and gets no wall mapping from here
     wall.write(writer, [client_clock] + ([engine_clock] if server is not None else []), host)
+    if evidence is not None:
+        evidence.write_clock(wall, client_clock, engine_clock_epsilon_ms)
     lag_values = [lag for _, lag in lags]
     lag_p99 = _lag_p99(lag_values)
     for ts_ns, lag in lags[:: max(1, len(lags) // 2000)]:  # a bounded trace of the client's own lag
         writer.sample(ts_ns=ts_ns, clock=client_clock, source="client", host=host, metric="client_loop_lag_ms",
                       value=lag, unit="ms")
-    gaps = list(sampler.gap_rows(writer.run_id))
-    if server is None:
+    gaps = list(sampler.gap_rows(writer.run_id)) + evidence_gaps
+    if server is None and not (evidence_manifest or {}).get("spans", {}).get("joined"):
         gaps.append({"run_id": writer.run_id, "gap_id": "collector:black-box", "scope": "run", "subject_id": None,
                      "affects": "server_status, ttft_server_ms, e2e_server_ms, queue/prefill/decode, resources",
                      "needs": "server-side events: serve with `inferledger serve --out` or import the server's trace",
@@ -294,6 +311,8 @@ def _finish(writer, wl, plans, tokenizer, server, sampler, result, lags, mapping
                      "client_overhead": "observed (loop lag, pacing error)"},
     }
     manifest["energy"] = sampler.manifest()
+    if evidence_manifest is not None:
+        manifest["engine_evidence"] = evidence_manifest
     if server is not None:
         manifest.update(server.engine.manifest())
     writer.write_manifest(manifest)

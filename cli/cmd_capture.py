@@ -9,7 +9,7 @@ import typer
 
 def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, max_num_seqs: int,
                 model: Optional[str], served_model: Optional[str] = None, api_key: Optional[str] = None,
-                device: str = "cpu"):
+                device: str = "cpu", engine_evidence: dict | None = None):
     """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -43,7 +43,7 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
         try:
             result = capture(wl, out, target=target, separate_clocks=separate_clocks,
                              max_num_seqs=max_num_seqs, model=model, served_model=served_model, api_key=api_key,
-                             device=device,
+                             device=device, **(engine_evidence or {}),
                              on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks", total=wl.n_tasks),
                              progress=lambda: progress.advance(bar))
         except errors as exc:
@@ -90,6 +90,16 @@ def capture_cmd(
     api_key: Optional[str] = typer.Option(None, envvar="INFERLEDGER_API_KEY", help="URL target: bearer token."),
     device: str = typer.Option("cpu", help="Embedded engine: 'cpu' or 'cuda' (bf16, CUDA graphs for decode, "
                                "device.step events on a cuda clock)."),
+    otlp_port: Optional[int] = typer.Option(None, min=0, max=65535, help="URL target: receive the engine's OTLP "
+                                            "spans on http://127.0.0.1:PORT/v1/traces (vLLM: --otlp-traces-endpoint) "
+                                            "and send a traceparent per attempt; spans become reported server/engine "
+                                            "events."),
+    scrape_metrics: bool = typer.Option(False, help="URL target: scrape <target>/metrics at 2 Hz (vLLM's gauges "
+                                        "and counters, as reported samples)."),
+    engine_host: Optional[str] = typer.Option(None, help="URL target: the engine's host when not this one (its "
+                                              "span times are on wall:<host>)."),
+    engine_clock_epsilon_ms: float = typer.Option(5.0, min=0, help="With --engine-host: the declared bound of "
+                                                  "that host's wall clock against this one's (NTP)."),
 ) -> None:
     """Drive a workload against a target and record the run.
 
@@ -99,13 +109,21 @@ def capture_cmd(
     Example: [cyan]inferledger capture -w samples/workloads/cpu_demo.toml -o runs/r1 && inferledger reconstruct runs/r1[/]
 
     Against another server: [cyan]inferledger capture -w W.toml -o runs/v1 --target http://127.0.0.1:8000[/]
+
+    Against vLLM with its own evidence: [cyan]... --target http://127.0.0.1:18100 --otlp-port 18101 --scrape-metrics[/]
+    (docs/PEERS.md "Engines").
     """
     from inferledger.cli.app import console
 
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise typer.BadParameter(f"{device!r}: expected 'cpu', 'cuda' or 'cuda:N'", param_hint="--device")
+    evidence = {"otlp_port": otlp_port, "scrape_metrics": scrape_metrics, "engine_host": engine_host,
+                "engine_clock_epsilon_ms": engine_clock_epsilon_ms}
+    if target == "embedded" and (otlp_port is not None or scrape_metrics):
+        raise typer.BadParameter("--otlp-port / --scrape-metrics need a URL --target (the embedded engine "
+                                 "records its own events)", param_hint="--otlp-port")
     result = run_capture(workload, out, target, separate_clocks, max_num_seqs, model, served_model, api_key,
-                         device=device)
+                         device=device, engine_evidence=evidence)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 
 

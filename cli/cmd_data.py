@@ -34,6 +34,9 @@ SQL_SURFACE = [
     ("peer_views", "metric x tool: TTFT / ITL / TPOT / E2E as vLLM bench, AIPerf, GuideLLM define them"),
     ("peer_comparison", "metric x tool: the tool's reading beside ours and the engine's, and why"),
     ("gaps", "gap: what is missing, what it affects"),
+    ("reported_spans", "engine span (vLLM llm_request): its own figures beside ours"),
+    ("reported_counters", "engine /metrics counter: run delta vs the spans' sum"),
+    ("request_path", "reported attempt x node: client -> link -> queue -> prefill -> decode"),
 ]
 QUERY_HELP = (
     "Run read-only SQL on the ledger of one run or of many runs at once.\n\n"
@@ -62,6 +65,7 @@ def _fail(message: str) -> None:
 
 class ImportSource(str, Enum):
     e0 = "e0"
+    otlp = "otlp"
     aiperf = "aiperf"
     vllm_bench = "vllm-bench"
     guidellm = "guidellm"
@@ -71,7 +75,9 @@ def import_cmd(
     archive: Annotated[Path, typer.Argument(metavar="PATH", help="The E0 archive (JSON Lines), or the tool's output "
                                             "file or folder with --from.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The run folder to create (must not hold a run).")],
-    source: Annotated[ImportSource, typer.Option("--from", help="What PATH is: e0 (our archive), aiperf (an "
+    source: Annotated[ImportSource, typer.Option("--from", help="What PATH is: e0 (our archive), otlp (an "
+                                                 "OpenTelemetry Collector file-exporter file: OTLP/JSON trace "
+                                                 "requests, one a line), aiperf (an "
                                                  "--artifact-dir or profile_export.jsonl), vllm-bench (the "
                                                  "--save-detailed result JSON), guidellm (the --output kind=json file).")] = ImportSource.e0,
     server: Annotated[Optional[Path], typer.Option("--server", help="A server-side run directory (serve --out, "
@@ -80,6 +86,10 @@ def import_cmd(
                                                         "not record it (vLLM bench's result JSON does not).")] = None,
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id for every row (default: the out folder's name).")] = None,
     lenient: Annotated[bool, typer.Option("--lenient", help="Import the good lines; register each refused line in gaps.parquet.")] = False,
+    host: Annotated[Optional[str], typer.Option("--host", help="--from otlp: the host whose wall clock the spans are on "
+                                                "(default: the resource's host.name).")] = None,
+    reporter: Annotated[Optional[str], typer.Option("--reporter", help="--from otlp: who reported the spans, e.g. "
+                                                    "vllm-0.32.0 (default: the resource's service.name).")] = None,
 ) -> None:
     """Import an E0 archive, or a load tool's own output, into a new run directory.
 
@@ -99,7 +109,13 @@ def import_cmd(
     Examples: [bold]inferledger import samples/e0/retry.jsonl --out runs/retry[/];
     [bold]inferledger import --from aiperf artifacts/ --server runs/s1 --out runs/a1[/], then
     [bold]inferledger reconstruct runs/a1[/] and [bold]inferledger report runs/a1[/].
+
+    [bold]--from otlp[/]: spans from an OpenTelemetry Collector file (vLLM's llm_request spans become
+    reported server and engine events): [bold]inferledger import --from otlp traces.jsonl --out runs/vllm-server
+    --reporter vllm-0.32.0[/]; such a run can be the --server of a load tool's import.
     """
+    if source == ImportSource.otlp:
+        return _import_otlp(archive, out, run_id, host, reporter)
     if source != ImportSource.e0:
         from inferledger.cli.import_peer import import_peer_cmd
 
@@ -134,6 +150,25 @@ def import_cmd(
         table.add_column(col, justify="right")
     table.add_row(*(str(getattr(res, c)) for c in ("lines", "events", "clocks", "tasks", "refused")))
     console.print(table)
+
+
+def _import_otlp(path: Path, out: Path, run_id, host, reporter) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from inferledger.collectors.out_dir import OutDirError
+    from inferledger.collectors.otlp_import import import_otlp
+    from inferledger.collectors.vllm_spans import OtlpFileError
+
+    try:
+        res = import_otlp(path, out, run_id=run_id, host=host, reporter=reporter)
+    except OtlpFileError as exc:
+        _fail(f"inferledger import --from otlp: {exc}; nothing was written")
+    except (OutDirError, FileNotFoundError, IsADirectoryError) as exc:
+        _fail(f"inferledger import: {exc}")
+    Console().print(f"imported {escape(str(path))} -> {escape(str(out))} (run [bold]{escape(res.run_id)}[/]): "
+                    f"{res.spans} spans ({res.request_spans} llm_request) -> {res.events} events on wall:"
+                    f"{escape(res.host)}, reported by {escape(res.reporter)}", highlight=False)
 
 
 def _plain(v):

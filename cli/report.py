@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferledger.cli import report_reported as reported
 from inferledger.cli import report_sections as sec
 from inferledger.cli.report_clocks import build_timebase
 from inferledger.cli.report_compare import compare_section
@@ -48,7 +49,8 @@ def run_panels(rv, page: Page, prefix: str, *, detail_limit: int, drill_limit: i
     h = h or headline(rv)
     parts = [sec.headline(rv, prefix, h), sec.identity(rv, prefix),
              sec.timeline(rv, page, prefix, tb, detail_limit, drill_limit), sec.itl(rv, page, prefix),
-             sec.ttft(rv, page, prefix), sec.kv(rv, page, prefix, tb), sec.critical(rv, page, prefix),
+             sec.ttft(rv, page, prefix), sec.kv(rv, page, prefix, tb), reported.engine_account(rv, page, prefix, tb),
+             sec.critical(rv, page, prefix),
              sec.accounts(rv, page, prefix), sec.diagnosis(rv, page, prefix), sec.gaps(rv, prefix)]
     return "".join(parts)
 

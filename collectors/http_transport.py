@@ -21,6 +21,7 @@ import aiohttp
 
 from inferledger.collectors.loadgen import Chunk, TransportError
 from inferledger.collectors.sse import SSEDecoder
+from inferledger.collectors.trace_context import traceparent_for
 
 
 class HTTPError(Exception):
@@ -63,7 +64,7 @@ def chunk_from_event(event: dict) -> Chunk:
     one = indexes and type(indexes[0]) is int and all(i == indexes[0] for i in indexes)
     choice = indexes[0] if one else None
     return Chunk(kinds=sorted(set(kinds)), text="".join(text), tokens=None, finish_reason=finish, usage=usage,
-                 choice=choice)
+                 choice=choice, metrics=event.get("metrics") if isinstance(event.get("metrics"), dict) else None)
 
 
 def _event(payload: str) -> dict:
@@ -93,8 +94,10 @@ class HTTPTarget:
     """One aiohttp session for the whole run; ids travel in headers so the server can log them."""
 
     def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
-                 limit: int = 1000) -> None:
+                 limit: int = 1000, trace_salt: str | None = None) -> None:
+        """`trace_salt`: send a W3C `traceparent` per attempt (ids from salt + attempt id; None: none)."""
         self.base_url = base_url.rstrip("/")
+        self.trace_salt = trace_salt
         self.model = model
         self.api_key = api_key
         self._session: aiohttp.ClientSession | None = None
@@ -132,6 +135,8 @@ class HTTPTarget:
             h["x-inferledger-task-id"] = ids["task_id"]
             if ids.get("session_id"):
                 h["x-inferledger-session-id"] = ids["session_id"]
+            if self.trace_salt is not None:  # W3C trace context: an engine's span joins the attempt's trace
+                h["traceparent"] = traceparent_for(ids["attempt_id"], self.trace_salt)
         return h
 
     async def stream(self, messages: list[dict], params: dict, *, ids: dict, on_sent=None,

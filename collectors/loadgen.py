@@ -35,6 +35,7 @@ class Chunk:
     finish_reason: str | None = None
     usage: dict | None = None
     choice: int | None = None  # the choice index when the event carries one choice (n > 1 accounting)
+    metrics: dict | None = None  # the server's own per-request metrics (vLLM --enable-per-request-metrics)
 
 
 class TransportError(Exception):
@@ -104,6 +105,7 @@ class _Att:
     output_chunks: int = 0
     finish: str | None = None
     usage: dict | None = None
+    server_metrics: dict | None = None
     cancelled: bool = False
     abandoned: bool = False
     late_chunks: int = 0
@@ -325,7 +327,9 @@ class LoadClient:
             self.result.cancelled += 1
             return _Req("cancelled")
         text = "".join(st.text)
-        p.emit("attempt.done", **ids, finish_reason=st.finish, usage=st.usage, output_chunks=st.output_chunks)
+        p.emit("attempt.done", **ids, finish_reason=st.finish, usage=st.usage, output_chunks=st.output_chunks,
+               **({"server_metrics": st.server_metrics, "server_metrics_evidence": "reported"}
+                  if st.server_metrics else {}))
         self.result.completed += 1
         correct = check_answer(req.question, text)
         self.result.correct += correct
@@ -351,6 +355,7 @@ class LoadClient:
                 if any(k in OUTPUT_KINDS for k in chunk.kinds):
                     st.output_chunks += 1
                 st.finish, st.usage = chunk.finish_reason or st.finish, chunk.usage or st.usage
+                st.server_metrics = chunk.metrics or st.server_metrics
                 # tokens when the server says how many a chunk holds, else output-bearing chunks (each >= 1 token)
                 seen = st.tokens if st.tokens_known else st.output_chunks
                 if cancel_tokens is not None and seen >= cancel_tokens and st.finish is None:

@@ -20,12 +20,13 @@ from inferledger.collectors.run_parts import PartError, list_parts
 from inferledger.ledger import critical_path
 from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, GAP_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
 
-STAGES = ("10_marks.sql", "20_attempts.sql", "30_figures.sql", "40_metrics.sql", "50_streams.sql",
-          "60_tasks.sql", "80_diagnosis.sql", "85_peers.sql", "90_gaps.sql")
+STAGES = ("10_marks.sql", "20_attempts.sql", "30_figures.sql", "40_metrics.sql", "45_reported.sql", "50_streams.sql",
+          "60_tasks.sql", "80_diagnosis.sql", "85_peers.sql", "90_gaps.sql", "95_reported.sql")
 
 PUBLIC_TABLES = ("events", "samples", "clocks", "attempts", "request_metrics", "choice_metrics", "intervals", "stream_checks",
                  "itl", "accounts", "tasks", "reconciliation", "step_attribution", "slo_misses", "run_metrics",
-                 "energy_shares", "peer_views", "peer_comparison", "critical_path", "critical_path_edges", "gaps")
+                 "energy_shares", "peer_views", "peer_comparison", "critical_path", "critical_path_edges", "gaps",
+                 "reported_spans", "reported_counters", "request_path")
 
 
 class RunDirError(Exception):

@@ -145,6 +145,21 @@ VOCABULARY: dict[str, EventKind] = {k.name: k for k in _KINDS}
 
 CLIENT_TERMINAL = ("attempt.done", "attempt.timeout", "attempt.cancel", "attempt.error")
 
+# Evidence strength of an event's content (`attrs.evidence`; absent = observed). Another program's
+# account of itself (an engine's span, its /metrics, its per-request response metrics, a load tool's
+# report) is `reported` and names its `attrs.reporter` ("<tool>-<version>", e.g. "vllm-0.32.0").
+EVIDENCE = {
+    "observed": "stamped by our own probes or client at the moment it happened, on a declared clock",
+    "reported": "another program's account of itself, taken as it says (attrs.reporter names it); its times are "
+                "the reporter's own readings, placed on its host's clock",
+    "declared": "written by hand or by an archive (inferledger import of an E0 archive), not measured by us",
+}
+
+
+def evidence_of(attrs: dict | None) -> str:
+    """The evidence strength of an event from its attrs (observed when not said)."""
+    return (attrs or {}).get("evidence") or "observed"
+
 
 def missing_requirements(row: dict) -> list[str]:
     """Names of the ids or attrs the row's event kind requires but lacks (empty when complete)."""
@@ -166,7 +181,14 @@ def missing_requirements(row: dict) -> list[str]:
                 out.append(req)
         elif row.get(req) in (None, ""):
             out.append(req)
+    if attrs.get("evidence") == "reported" and attrs.get("reporter") in (None, ""):
+        out.append("attrs.reporter")  # a report names its reporter
     return out
+
+
+def render_evidence_markdown() -> str:
+    """docs/EVENTS.md's evidence-strength table, generated from EVIDENCE."""
+    return "| evidence | meaning |\n| --- | --- |\n" + "".join(f"| `{k}` | {v} |\n" for k, v in EVIDENCE.items())
 
 
 def render_markdown() -> str:

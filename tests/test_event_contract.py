@@ -6,7 +6,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from inferledger.probes import EVENT_SCHEMA, ListSink, Probe
-from inferledger.probes.events import VOCABULARY, missing_requirements, render_markdown
+from inferledger.probes.events import VOCABULARY, evidence_of, missing_requirements, render_evidence_markdown, render_markdown
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "EVENTS.md"
 
@@ -41,3 +41,12 @@ def test_requirements_name_what_is_missing():
     assert missing_requirements({"name": "clock.map", "attrs": {"from": "a", "to": "b", "offset_ns": 0}}) \
         == ["attrs.epsilon_ns"]
     assert set(VOCABULARY) >= {"attempt.chunk", "engine.token", "kv.free", "verdict"}
+
+
+def test_evidence_strengths_are_documented_and_a_report_names_its_reporter():
+    assert render_evidence_markdown() in DOC.read_text()
+    assert evidence_of(None) == "observed" and evidence_of({"evidence": "reported"}) == "reported"
+    row = {"name": "server.received", "attempt_id": "A1", "attrs": '{"evidence":"reported"}'}
+    assert missing_requirements(row) == ["attrs.reporter"]
+    row["attrs"] = '{"evidence":"reported","reporter":"vllm-0.32.0"}'
+    assert missing_requirements(row) == []

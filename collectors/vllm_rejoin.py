@@ -1,0 +1,84 @@
+"""Rebuild a vLLM capture from its raw evidence: the client's events plus vLLM's own spans and scrapes.
+
+A recorded run (samples/peers/vllm-0.32-cpu/) keeps what each side produced, not what we made of it:
+`client/` (the client's, checker's and tool's event parts, clocks, tasks), `otlp/traces.jsonl` (the
+OTLP requests vLLM exported, as received), `scrapes/metrics.jsonl.gz` (every /metrics scrape) and
+`manifest.json`. `rejoin()` joins them again exactly as capture does (collectors.vllm_spans,
+collectors.metrics_scrape) into a run directory the ledger reads, so the join is checked on real
+vLLM output without vLLM installed.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from inferledger.collectors.metrics_scrape import SOURCE, unit_of
+from inferledger.collectors.vllm_spans import map_spans, read_otlp_file
+from inferledger.collectors.writer import RunWriter, write_table_atomic
+from inferledger.probes.events import EVENT_SCHEMA, GAP_SCHEMA
+
+CLIENT_SOURCES = ("client", "checker", "tool")
+
+
+def record(run_dir: str | Path, sample_dir: str | Path) -> None:
+    """Keep a capture's raw evidence as a sample: client-side events only, the OTLP and scrape files."""
+    run_dir, sample_dir = Path(run_dir), Path(sample_dir)
+    (sample_dir / "client").mkdir(parents=True, exist_ok=True)
+    table = ds.dataset(str(run_dir / "events"), format="parquet").to_table()
+    mask = pa.compute.is_in(table["source"], value_set=pa.array(CLIENT_SOURCES))
+    pq.write_table(table.filter(mask), sample_dir / "client" / "events.parquet", compression="zstd")
+    for name in ("clocks.parquet", "tasks.parquet"):
+        shutil.copyfile(run_dir / name, sample_dir / "client" / name)
+    gaps = pq.read_table(run_dir / "gaps.parquet").to_pylist()  # the collectors' own, less the join's
+    write_table_atomic(pa.Table.from_pylist([g for g in gaps if not g["gap_id"].startswith("otlp:")], schema=GAP_SCHEMA),
+                       sample_dir / "client" / "gaps.parquet")
+    for rel in ("otlp/traces.jsonl", "manifest.json"):
+        (sample_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(run_dir / rel, sample_dir / rel)
+    if (run_dir / "scrapes" / "metrics.jsonl").exists():  # 2 Hz of ~2.5 kB lines: kept compressed
+        (sample_dir / "scrapes").mkdir(exist_ok=True)
+        with (run_dir / "scrapes" / "metrics.jsonl").open("rb") as src, \
+                (sample_dir / "scrapes" / "metrics.jsonl.gz").open("wb") as raw, \
+                gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
+            shutil.copyfileobj(src, dst)
+
+
+def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
+    """Write run directory `out` from a recorded sample; returns the span join's summary."""
+    sample_dir, out = Path(sample_dir), Path(out)
+    manifest = json.loads((sample_dir / "manifest.json").read_text())
+    run_id = manifest["run_id"]
+    ev = manifest.get("engine_evidence") or {}
+    engine_clock = (ev.get("spans") or {}).get("clock") or f"wall:{manifest['host']['name']}"
+    writer = RunWriter(out, run_id=run_id)
+    client = pq.read_table(sample_dir / "client" / "events.parquet").cast(EVENT_SCHEMA)
+    for row in client.to_pylist():
+        writer.emit(row)
+    attempts = {r["attempt_id"]: {"task_id": r["task_id"], "request_id": r["request_id"], "session_id": r["session_id"]}
+                for r in client.filter(pa.compute.equal(client["name"], "attempt.sent")).to_pylist()}
+    spans = read_otlp_file(sample_dir / "otlp" / "traces.jsonl")
+    join = map_spans(spans, run_id=run_id, host=engine_clock.split(":", 1)[1], reporter=ev.get("reporter", "unknown"),
+                     attempts=attempts, trace_salt=run_id)
+    for row in join.rows:
+        writer.emit(row)
+    scrapes = sample_dir / "scrapes" / "metrics.jsonl.gz"
+    types = (ev.get("metrics") or {}).get("types") or {}
+    if scrapes.exists():
+        for line in gzip.open(scrapes, "rt").read().splitlines():
+            s = json.loads(line)
+            for name, value in s["values"].items():
+                writer.sample(ts_ns=(s["t0_ns"] + s["t1_ns"]) // 2, clock=s["clock"], source=SOURCE,
+                              host=manifest["host"]["name"], metric=name, value=value, unit=unit_of(name, types))
+    writer.close()
+    for name in ("clocks.parquet", "tasks.parquet"):  # the client's clocks and contracts, as captured
+        shutil.copyfile(sample_dir / "client" / name, out / name)
+    collector_gaps = pq.read_table(sample_dir / "client" / "gaps.parquet").to_pylist()
+    write_table_atomic(pa.Table.from_pylist(collector_gaps + join.gaps, schema=GAP_SCHEMA), out / "gaps.parquet")
+    shutil.copyfile(sample_dir / "manifest.json", out / "manifest.json")
+    return join.summary()

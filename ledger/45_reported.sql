@@ -1,0 +1,110 @@
+-- Stage 4b: what an engine reported about itself (attrs.evidence = 'reported'), kept apart from what
+-- our probes observed (docs/LEDGER.md "Reported evidence"). Input: events (vLLM's llm_request spans
+-- mapped by collectors.vllm_spans), samples of source 'vllm-metrics', request_metrics, itl.
+
+-- Per attempt: whose account the server / engine figures rest on, and who gave it.
+CREATE OR REPLACE TEMP TABLE attempt_evidence AS
+SELECT attempt_id,
+       CASE WHEN bool_or(json_extract_string(attrs, '$.evidence') = 'reported') THEN 'reported' ELSE 'observed' END AS evidence,
+       max(json_extract_string(attrs, '$.reporter')) AS reporter,
+       bool_or(name = 'engine.token' AND json_extract_string(attrs, '$.aggregate') = 'true') AS aggregate_tokens
+FROM events
+WHERE attempt_id IS NOT NULL AND (name LIKE 'server.%' OR name LIKE 'engine.%')
+GROUP BY attempt_id;
+
+ALTER TABLE request_metrics ADD COLUMN server_evidence VARCHAR;
+ALTER TABLE request_metrics ADD COLUMN server_reporter VARCHAR;
+UPDATE request_metrics SET server_evidence = e.evidence, server_reporter = e.reporter
+FROM attempt_evidence e WHERE request_metrics.attempt_id = e.attempt_id;
+
+-- A span gives the first token and the last one, not each token: the tokens between are one
+-- aggregate engine.token, so engine-layer inter-token gaps of such an attempt are unknown, not one
+-- decode-long gap.
+DELETE FROM itl WHERE layer = 'engine'
+  AND attempt_id IN (SELECT attempt_id FROM attempt_evidence WHERE aggregate_tokens);
+UPDATE request_metrics SET itl_engine_max_ms = NULL
+WHERE attempt_id IN (SELECT attempt_id FROM attempt_evidence WHERE aggregate_tokens);
+
+-- One row per reported llm_request span: vLLM's own figures beside ours, and the per-request
+-- metrics vLLM put in its response (attempt.done attrs.server_metrics) checked against the span.
+CREATE OR REPLACE TABLE reported_spans AS
+WITH rec AS (
+  SELECT attempt_id, event_id, attrs, json_extract(attrs, '$.otel') AS o
+  FROM events
+  WHERE name = 'server.received' AND json_extract_string(attrs, '$.evidence') = 'reported'
+    AND json_extract_string(attrs, '$.otel_span') = 'llm_request'
+), done AS (
+  SELECT attempt_id, arg_max(json_extract(attrs, '$.server_metrics'), (ts_ns, seq)) AS pr,
+         arg_max(TRY_CAST(json_extract_string(attrs, '$.usage.completion_tokens') AS BIGINT), (ts_ns, seq)) AS usage_completion
+  FROM events WHERE name = 'attempt.done' AND attempt_id IS NOT NULL GROUP BY attempt_id
+), figs AS (
+  SELECT r.attempt_id, r.event_id,
+         json_extract_string(r.attrs, '$.reporter') AS reporter,
+         json_extract_string(r.attrs, '$.joined_by') AS joined_by,
+         json_extract_string(r.attrs, '$.span_id') AS span_id,
+         json_extract_string(r.attrs, '$.trace_id') AS trace_id,
+         json_extract_string(r.o, '$."gen_ai.request.id"') AS engine_request_id,
+         TRY_CAST(json_extract_string(r.o, '$."gen_ai.latency.time_to_first_token"') AS DOUBLE) * 1000 AS ttft_reported_ms,
+         TRY_CAST(json_extract_string(r.o, '$."gen_ai.latency.time_in_queue"') AS DOUBLE) * 1000 AS queue_reported_ms,
+         TRY_CAST(json_extract_string(r.o, '$."gen_ai.latency.time_in_model_prefill"') AS DOUBLE) * 1000 AS prefill_reported_ms,
+         TRY_CAST(json_extract_string(r.o, '$."gen_ai.latency.time_in_model_decode"') AS DOUBLE) * 1000 AS decode_reported_ms,
+         TRY_CAST(json_extract_string(r.o, '$."gen_ai.latency.time_in_model_inference"') AS DOUBLE) * 1000 AS inference_reported_ms,
+         TRY_CAST(json_extract_string(r.o, '$."gen_ai.latency.e2e"') AS DOUBLE) * 1000 AS e2e_reported_ms,
+         TRY_CAST(json_extract_string(r.o, '$."gen_ai.usage.prompt_tokens"') AS BIGINT) AS prompt_tokens,
+         TRY_CAST(json_extract_string(r.o, '$."gen_ai.usage.completion_tokens"') AS BIGINT) AS completion_tokens
+  FROM rec r
+)
+SELECT getvariable('run_id') AS run_id, f.*,
+       d.usage_completion AS client_usage_completion_tokens,
+       -- vLLM's per-request response metrics: queue_time_ms = scheduled - queued, time_to_first_token_ms
+       -- = first token - scheduled (prefill only), generation_time_ms = last token - first token
+       TRY_CAST(json_extract_string(d.pr, '$.queue_time_ms') AS DOUBLE) AS response_queue_ms,
+       TRY_CAST(json_extract_string(d.pr, '$.time_to_first_token_ms') AS DOUBLE) AS response_prefill_ms,
+       TRY_CAST(json_extract_string(d.pr, '$.generation_time_ms') AS DOUBLE) AS response_decode_ms,
+       TRY_CAST(json_extract_string(d.pr, '$.mean_itl_ms') AS DOUBLE) AS response_mean_itl_ms,
+       TRY_CAST(json_extract_string(d.pr, '$.queue_time_ms') AS DOUBLE) - f.queue_reported_ms AS queue_check_ms,
+       TRY_CAST(json_extract_string(d.pr, '$.time_to_first_token_ms') AS DOUBLE) - f.prefill_reported_ms AS prefill_check_ms,
+       TRY_CAST(json_extract_string(d.pr, '$.generation_time_ms') AS DOUBLE) - f.decode_reported_ms AS decode_check_ms,
+       d.usage_completion - f.completion_tokens AS completion_tokens_check,
+       'reported' AS evidence
+FROM figs f LEFT JOIN done d USING (attempt_id)
+ORDER BY f.attempt_id;
+
+-- vLLM's /metrics counters over the run: last scrape - first scrape, set beside the sum of the
+-- spans that the same engine reported (a difference says spans were lost or work ran outside the run).
+CREATE OR REPLACE TABLE reported_counters AS
+WITH s AS (
+  SELECT metric, ts_ns, value, lag(value) OVER (PARTITION BY metric ORDER BY ts_ns) AS prev
+  FROM samples
+  WHERE source = 'vllm-metrics' AND (suffix(metric, '_total') OR suffix(metric, '_count') OR suffix(metric, '_sum'))
+), agg AS (
+  SELECT metric, count(*) AS n_scrapes, arg_min(value, ts_ns) AS first_value, arg_max(value, ts_ns) AS last_value,
+         coalesce(bool_or(value < prev), false) AS went_down
+  FROM s GROUP BY metric
+), spans AS (
+  SELECT count(*) AS n, sum(prompt_tokens) AS prompt, sum(completion_tokens) AS completion,
+         sum(e2e_reported_ms) / 1000 AS e2e_s, sum(queue_reported_ms) / 1000 AS queue_s,
+         sum(prefill_reported_ms) / 1000 AS prefill_s, sum(decode_reported_ms) / 1000 AS decode_s,
+         sum(inference_reported_ms) / 1000 AS inference_s
+  FROM reported_spans
+), joined AS (
+  SELECT a.*,
+         CASE WHEN a.n_scrapes >= 2 AND NOT a.went_down THEN a.last_value - a.first_value END AS run_delta,
+         CASE a.metric
+           WHEN 'vllm:prompt_tokens_total' THEN sp.prompt
+           WHEN 'vllm:generation_tokens_total' THEN sp.completion
+           WHEN 'vllm:request_success_total' THEN sp.n
+           WHEN 'vllm:e2e_request_latency_seconds_count' THEN sp.n
+           WHEN 'vllm:e2e_request_latency_seconds_sum' THEN sp.e2e_s
+           WHEN 'vllm:request_queue_time_seconds_sum' THEN sp.queue_s
+           WHEN 'vllm:request_prefill_time_seconds_sum' THEN sp.prefill_s
+           WHEN 'vllm:request_decode_time_seconds_sum' THEN sp.decode_s
+           WHEN 'vllm:request_inference_time_seconds_sum' THEN sp.inference_s
+         END AS span_sum
+  FROM agg a, spans sp
+)
+SELECT getvariable('run_id') AS run_id, metric, n_scrapes, first_value, last_value, went_down, run_delta,
+       CASE WHEN (SELECT n FROM spans) > 0 THEN span_sum END AS span_sum,
+       CASE WHEN (SELECT n FROM spans) > 0 THEN run_delta - span_sum END AS delta_minus_spans,
+       'reported' AS evidence
+FROM joined ORDER BY metric;
