@@ -17,6 +17,7 @@ import torch
 from inferledger.probes.probe import Probe
 
 from .block_manager import BlockManager
+from .cpu_host import place_current_thread, plan_placement
 from .engine_events import EngineEvents
 from .outputs import RequestDelta
 from .params import EngineConfig, SamplingParams
@@ -67,6 +68,9 @@ class LLMEngine:
 
             self.device_timer = CudaStepTimer(self.probe, sink, device_index=self.runner.device.index or 0,
                                               now_ns=self.probe.now_ns)  # mapped to the engine's own clock
+        # where a background step loop (AsyncEngine) runs; applied by place_step_thread() in that thread
+        self.cpu_placement = plan_placement(cfg.cpu_threads) if not on_cuda else None
+        self.cpu_placement_applied = False
         self.requests: dict[str, Request] = {}  # unfinished, by attempt id
         self._inbox: deque = deque()
         self._lock = threading.Lock()
@@ -166,8 +170,9 @@ class LLMEngine:
             mode = self._step_mode(out)
             if timer is not None:
                 timer.end(step_id, **mode)
+            picks = self._batched_greedy(out.scheduled, logits)
             for item, lg in zip(out.scheduled, logits):
-                self._postprocess(item, lg, step_id, deltas)
+                self._postprocess(item, lg, step_id, deltas, picks.get(id(item)))
         except Exception as exc:  # the batch cannot be trusted: finish its requests as errors
             for item in out.scheduled:
                 req = self.requests.get(item.seq.attempt_id)
@@ -202,11 +207,20 @@ class LLMEngine:
                     "graph_batch_sizes": list(graphs),
                     "graph_mode": ("cuda graphs" if device is not None and device.type == "cuda" else "padded, eager")
                     if graphs else "eager",
-                    "device_timing": self.device_timer is not None}
+                    "device_timing": self.device_timer is not None,
+                    "cpu_placement": self.cpu_placement and {
+                        **self.cpu_placement, "applies_to": "the background step thread (AsyncEngine)",
+                        "applied": self.cpu_placement_applied}}
         out = {"engine_config": {**self.config.to_dict(), "resolved": resolved}}
         if self.model_identity is not None:
             out["model"] = self.model_identity
         return out
+
+    def place_step_thread(self) -> bool:
+        """Called by the thread that will run step() behind a front end: takes the CPUs planned for
+        it (EngineConfig.cpu_threads), leaving the rest to the front end and the client."""
+        self.cpu_placement_applied = place_current_thread(self.cpu_placement) or self.cpu_placement_applied
+        return self.cpu_placement_applied
 
     def close(self) -> None:
         """Finish the device timer: its last device.step events and the cuda-to-host clock mapping."""
@@ -234,7 +248,18 @@ class LLMEngine:
         logits = "all" if drafts else ("last" if item.samples else "none")
         return SeqChunk(ids, item.start_pos, list(seq.block_table), logits)
 
-    def _postprocess(self, item: ScheduledSeq, logits, step_id: int, deltas) -> None:
+    def _batched_greedy(self, scheduled: list[ScheduledSeq], logits) -> dict[int, int]:
+        """{id(item): token} for the items whose next token is a plain argmax of one logits row
+        (no draft to verify, no fork, nothing masked): one batched argmax for all of them."""
+        items = [(item, lg) for item, lg in zip(scheduled, logits)
+                 if lg is not None and lg.dim() == 1 and item.samples and not item.draft_token_ids
+                 and not item.seq.pending_forks and self.sampler.batchable_greedy(item.seq)]
+        if len(items) < 2:
+            return {}
+        tokens = self.sampler.greedy_tokens([lg for _, lg in items])
+        return {id(item): t for (item, _), t in zip(items, tokens)}
+
+    def _postprocess(self, item: ScheduledSeq, logits, step_id: int, deltas, token: int | None = None) -> None:
         seq = item.seq
         req = self.requests[seq.attempt_id]
         if req.last_step != step_id:
@@ -251,17 +276,19 @@ class LLMEngine:
             return  # cancelled: the in-flight result is suppressed
         children = self.scheduler.fork(seq) if seq.pending_forks else []
         req.seqs += children
-        self._commit(seq, req, item, logits, step_id, deltas)
+        self._commit(seq, req, item, logits, step_id, deltas, token)
         for child in children:
             self._commit(child, req, item, logits, step_id, deltas)
 
-    def _commit(self, seq: Sequence, req: Request, item: ScheduledSeq, logits, step_id, deltas) -> None:
+    def _commit(self, seq: Sequence, req: Request, item: ScheduledSeq, logits, step_id, deltas,
+                token: int | None = None) -> None:
+        """token: the sample already taken by the step's batched argmax, if any."""
         drafts = item.draft_token_ids
         if drafts:
             tokens, accepted = verify(self.sampler, seq, logits, drafts)
             seq.mark_computed(item.start_pos, 1 + accepted)
         else:
-            tokens, accepted = [self.sampler.sample(logits, seq)], 0
+            tokens, accepted = [self.sampler.sample(logits, seq) if token is None else token], 0
             if item.kind != "prefill":
                 seq.mark_computed(item.start_pos, 1)
         committed, reason = commit_tokens(seq, tokens, self.tokenizer, self.eos_ids)

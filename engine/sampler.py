@@ -47,6 +47,19 @@ class Sampler:
             logits[banned] = float("-inf")
         return logits
 
+    def batchable_greedy(self, seq: Sequence) -> bool:
+        """True when the next token of seq is a plain argmax (greedy, nothing masked): it may be
+        taken in one batched argmax with the others' (`greedy_tokens`)."""
+        return seq.params.greedy and not self._banned(seq, seq.num_output_tokens)
+
+    @staticmethod
+    def greedy_tokens(rows: list[torch.Tensor]) -> list[int]:
+        """The argmax of each logits row, in one batched argmax and one transfer instead of one
+        call and one .item() per sequence."""
+        if not rows:
+            return []
+        return torch.stack(rows).argmax(-1).tolist()
+
     def greedy_token(self, logits: torch.Tensor, seq: Sequence, num_output: int | None = None) -> int:
         return int(torch.argmax(self._masked(logits, seq, num_output)).item())
 
