@@ -170,7 +170,7 @@ class LLMEngine:
             mode = self._step_mode(out)
             if timer is not None:
                 timer.end(step_id, **mode)
-            picks = self._batched_greedy(out.scheduled, logits)
+            picks = self.sampler.batched_greedy(out.scheduled, logits)
             for item, lg in zip(out.scheduled, logits):
                 self._postprocess(item, lg, step_id, deltas, picks.get(id(item)))
         except Exception as exc:  # the batch cannot be trusted: finish its requests as errors
@@ -247,17 +247,6 @@ class LLMEngine:
         ids = seq.token_ids[item.start_pos:item.start_pos + real] + drafts
         logits = "all" if drafts else ("last" if item.samples else "none")
         return SeqChunk(ids, item.start_pos, list(seq.block_table), logits)
-
-    def _batched_greedy(self, scheduled: list[ScheduledSeq], logits) -> dict[int, int]:
-        """{id(item): token} for the items whose next token is a plain argmax of one logits row
-        (no draft to verify, no fork, nothing masked): one batched argmax for all of them."""
-        items = [(item, lg) for item, lg in zip(scheduled, logits)
-                 if lg is not None and lg.dim() == 1 and item.samples and not item.draft_token_ids
-                 and not item.seq.pending_forks and self.sampler.batchable_greedy(item.seq)]
-        if len(items) < 2:
-            return {}
-        tokens = self.sampler.greedy_tokens([lg for _, lg in items])
-        return {id(item): t for (item, _), t in zip(items, tokens)}
 
     def _postprocess(self, item: ScheduledSeq, logits, step_id: int, deltas, token: int | None = None) -> None:
         seq = item.seq

@@ -49,16 +49,20 @@ class Sampler:
 
     def batchable_greedy(self, seq: Sequence) -> bool:
         """True when the next token of seq is a plain argmax (greedy, nothing masked): it may be
-        taken in one batched argmax with the others' (`greedy_tokens`)."""
+        taken in one batched argmax with the others (`batched_greedy`)."""
         return seq.params.greedy and not self._banned(seq, seq.num_output_tokens)
 
-    @staticmethod
-    def greedy_tokens(rows: list[torch.Tensor]) -> list[int]:
-        """The argmax of each logits row, in one batched argmax and one transfer instead of one
-        call and one .item() per sequence."""
-        if not rows:
-            return []
-        return torch.stack(rows).argmax(-1).tolist()
+    def batched_greedy(self, scheduled, logits) -> dict[int, int]:
+        """{id(item): token} for a step's scheduled items whose next token is a plain argmax of one
+        logits row (no draft to verify, no fork, nothing masked): one batched argmax and one
+        transfer for all of them instead of one call and one .item() per sequence."""
+        items = [(item, lg) for item, lg in zip(scheduled, logits)
+                 if lg is not None and lg.dim() == 1 and item.samples and not item.draft_token_ids
+                 and not item.seq.pending_forks and self.batchable_greedy(item.seq)]
+        if len(items) < 2:
+            return {}
+        tokens = torch.stack([lg for _, lg in items]).argmax(-1).tolist()
+        return {id(item): t for (item, _), t in zip(items, tokens)}
 
     def greedy_token(self, logits: torch.Tensor, seq: Sequence, num_output: int | None = None) -> int:
         return int(torch.argmax(self._masked(logits, seq, num_output)).item())
