@@ -185,12 +185,17 @@ def ratios(rows: list[dict], client: str) -> list[str]:
     return lines
 
 
+def _terminate(signum, frame):  # a killed benchmark still stops the server it started (finally below)
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     global OUT
+    signal.signal(signal.SIGTERM, _terminate)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    ap.add_argument("--prompts-per-concurrency", type=int, default=2, help="bench prompts = this x c (at least 6)")
+    ap.add_argument("--prompts-per-concurrency", type=int, default=2, help="bench prompts = this x c (at least 4)")
     ap.add_argument("--capture-concurrency", type=int, nargs="*", default=[4], help="our client's runs (none: skip)")
     ap.add_argument("--ours-dtype", default="auto")
     ap.add_argument("--vllm-dtype", default="bfloat16", help="vllm_cpu.sh serves bf16; float32 = the same work as ours here")
@@ -215,7 +220,7 @@ def main() -> None:
             server.start()
             try:
                 for c in args.concurrency:
-                    n = max(6, args.prompts_per_concurrency * c)
+                    n = max(4, args.prompts_per_concurrency * c)
                     rows.append({"round": rnd + 1, **bench(server, c, n, tokenizer, f"r{rnd + 1}-{server.name}-c{c}")})
                 for c in args.capture_concurrency:
                     rows.append({"round": rnd + 1, **capture_run(server, c, 2 * c, f"r{rnd + 1}-{server.name}-capture-c{c}")})
