@@ -4,10 +4,12 @@ dtype "auto" resolves to bf16 only where the CPU multiplies bf16 natively (AMX o
 and oneDNN's bf16 path available); elsewhere bf16 matmuls are emulated through fp32 and measured
 slower than fp32 itself (docs/BENCHMARKS.md), so "auto" stays fp32 there. The reason is recorded.
 
-Thread placement: when the engine's step loop runs beside an HTTP front end and a load client in the
-same machine (AsyncEngine's background thread), "auto" gives the step thread and its intra-op threads
-every CPU of this process but the first, which stays to the front end and the client, instead of
-letting all of them compete for every core (a client that loses that race reports its own lag).
+Thread placement: when the engine's step loop runs beside an HTTP front end and a load client on the
+same machine (AsyncEngine's background thread), "auto" gives the step thread one intra-op thread
+fewer than this process has CPUs, so a core's worth of CPU stays to the front end and the client
+instead of every thread competing for every core. Not pinned by default: on a shared, busy host a
+thread pinned to one core cannot move to whichever core frees first (measured 1.5-3x slower decode,
+docs/BENCHMARKS.md); "pinned" pins it to all CPUs but the first, for a quiet or dedicated machine.
 """
 from __future__ import annotations
 
@@ -67,28 +69,30 @@ def resolve_dtype(device: torch.device, dtype=None) -> tuple[torch.dtype, str]:
 
 
 def plan_placement(spec, cpus: list[int] | None = None) -> dict | None:
-    """Where the step thread should run: {'threads', 'cpus', 'front_end_cpus'}, or None to leave
-    torch as it is. spec: 'auto' (all CPUs but the first, when there are at least two), an int n
-    (n intra-op threads on the last n CPUs), or None."""
+    """How the step thread should run: {'threads', 'pinned_cpus' (None: the OS places it),
+    'cpus_left'}, or None to leave torch as it is. spec: 'auto' (one intra-op thread fewer than the
+    CPUs, not pinned, when there are at least two), 'pinned' (the same, pinned to all CPUs but the
+    first), an int n (n intra-op threads, not pinned), or None."""
     if spec is None:
         return None
     cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
-    if spec == "auto":
+    if spec in ("auto", "pinned"):
         if len(cpus) < 2:
             return None
         n = len(cpus) - 1
     else:
         n = int(spec)
-    engine = cpus[-n:] if n < len(cpus) else cpus
-    return {"threads": n, "cpus": engine, "front_end_cpus": [c for c in cpus if c not in engine]}
+    pinned = cpus[-n:] if spec == "pinned" else None
+    return {"threads": n, "pinned_cpus": pinned, "cpus_left": max(0, len(cpus) - n)}
 
 
-def place_current_thread(plan: dict | None) -> bool:
-    """Apply a plan to the calling thread: torch's intra-op threads, then this thread's CPU affinity
-    (Linux: the calling thread only; intra-op workers it starts inherit it). False when nothing was done."""
+def place_current_thread(plan: dict | None) -> int | None:
+    """Apply a plan to the calling thread: torch's intra-op threads, then (when pinned) this thread's
+    CPU affinity (Linux: the calling thread only; intra-op workers it starts inherit it). Returns the
+    intra-op thread count read back in this thread, or None when there was nothing to do."""
     if not plan:
-        return False
+        return None
     torch.set_num_threads(plan["threads"])
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, plan["cpus"])
-    return True
+    if plan["pinned_cpus"] and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, plan["pinned_cpus"])
+    return torch.get_num_threads()

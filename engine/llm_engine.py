@@ -70,7 +70,7 @@ class LLMEngine:
                                               now_ns=self.probe.now_ns)  # mapped to the engine's own clock
         # where a background step loop (AsyncEngine) runs; applied by place_step_thread() in that thread
         self.cpu_placement = plan_placement(cfg.cpu_threads) if not on_cuda else None
-        self.cpu_placement_applied = False
+        self.cpu_threads_read_back: int | None = None  # by the step thread, once placed
         self.requests: dict[str, Request] = {}  # unfinished, by attempt id
         self._inbox: deque = deque()
         self._lock = threading.Lock()
@@ -210,17 +210,19 @@ class LLMEngine:
                     "device_timing": self.device_timer is not None,
                     "cpu_placement": self.cpu_placement and {
                         **self.cpu_placement, "applies_to": "the background step thread (AsyncEngine)",
-                        "applied": self.cpu_placement_applied}}
+                        "threads_read_back": self.cpu_threads_read_back}}
         out = {"engine_config": {**self.config.to_dict(), "resolved": resolved}}
         if self.model_identity is not None:
             out["model"] = self.model_identity
         return out
 
-    def place_step_thread(self) -> bool:
-        """Called by the thread that will run step() behind a front end: takes the CPUs planned for
-        it (EngineConfig.cpu_threads), leaving the rest to the front end and the client."""
-        self.cpu_placement_applied = place_current_thread(self.cpu_placement) or self.cpu_placement_applied
-        return self.cpu_placement_applied
+    def place_step_thread(self) -> int | None:
+        """Called by the thread that will run step() behind a front end: takes the intra-op threads
+        (and CPUs, when pinned) planned for it by EngineConfig.cpu_threads, leaving the rest to the
+        front end and the client. Returns the thread count it reads back (None: nothing planned)."""
+        got = place_current_thread(self.cpu_placement)
+        self.cpu_threads_read_back = got if got is not None else self.cpu_threads_read_back
+        return got
 
     def close(self) -> None:
         """Finish the device timer: its last device.step events and the cuda-to-host clock mapping."""

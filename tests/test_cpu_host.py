@@ -44,15 +44,18 @@ def test_a_bad_dtype_variable_is_a_load_error_naming_it(monkeypatch):
         load_model()
 
 
-def test_plan_leaves_the_first_cpu_to_the_front_end():
-    assert plan_placement("auto", [0, 1]) == {"threads": 1, "cpus": [1], "front_end_cpus": [0]}
-    assert plan_placement("auto", [3, 1, 2, 0]) == {"threads": 3, "cpus": [1, 2, 3], "front_end_cpus": [0]}
+def test_plan_leaves_a_core_to_the_front_end():
+    assert plan_placement("auto", [0, 1]) == {"threads": 1, "pinned_cpus": None, "cpus_left": 1}
+    assert plan_placement("pinned", [3, 1, 2, 0]) == {"threads": 3, "pinned_cpus": [1, 2, 3], "cpus_left": 1}
     assert plan_placement("auto", [5]) is None  # one CPU: nothing to leave
-    assert plan_placement(2, [0, 1, 2, 3]) == {"threads": 2, "cpus": [2, 3], "front_end_cpus": [0, 1]}
-    assert plan_placement(4, [0, 1]) == {"threads": 4, "cpus": [0, 1], "front_end_cpus": []}
+    assert plan_placement("pinned", [5]) is None
+    assert plan_placement(2, [0, 1, 2, 3]) == {"threads": 2, "pinned_cpus": None, "cpus_left": 2}
+    assert plan_placement(4, [0, 1]) == {"threads": 4, "pinned_cpus": None, "cpus_left": 0}
     assert plan_placement(None, [0, 1]) is None
     with pytest.raises(ValueError, match="cpu_threads"):
         EngineConfig(cpu_threads=0)
+    with pytest.raises(ValueError, match="cpu_threads"):
+        EngineConfig(cpu_threads="all")
 
 
 def _allowed_cpus(native_id: int) -> str:
@@ -60,15 +63,10 @@ def _allowed_cpus(native_id: int) -> str:
         return next(line.split(":")[1].strip() for line in f if line.startswith("Cpus_allowed_list"))
 
 
-@pytest.mark.slow
-def test_the_async_step_thread_runs_where_it_was_placed(bundle):
-    """cpu_threads=1: the step thread is pinned to the last CPU of the process; the caller is not."""
-    import os
-
-    cpus = sorted(os.sched_getaffinity(0))
-    before = _allowed_cpus(threading.get_native_id())
-    engine = LLMEngine(bundle, EngineConfig(max_num_seqs=2, cpu_threads=1, probes=False))
-    assert engine.manifest()["engine_config"]["resolved"]["cpu_placement"]["applied"] is False
+def _run_placed(bundle, cpu_threads):
+    """One request through an AsyncEngine; (deltas, the step thread's allowed CPUs, manifest placement)."""
+    engine = LLMEngine(bundle, EngineConfig(max_num_seqs=2, cpu_threads=cpu_threads, probes=False))
+    assert engine.manifest()["engine_config"]["resolved"]["cpu_placement"]["threads_read_back"] is None
 
     async def run():
         async with AsyncEngine(engine) as ae:
@@ -78,7 +76,21 @@ def test_the_async_step_thread_runs_where_it_was_placed(bundle):
 
     deltas, step_cpus = asyncio.run(run())
     assert deltas[-1].request_finished
-    assert step_cpus == str(cpus[-1])
+    return step_cpus, engine.manifest()["engine_config"]["resolved"]["cpu_placement"]
+
+
+@pytest.mark.slow
+def test_the_async_step_thread_takes_its_threads_and_pins_only_when_asked(bundle):
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    before = _allowed_cpus(threading.get_native_id())
+    step_cpus, placement = _run_placed(bundle, 1)  # 1 thread, the OS places it
+    assert placement["threads_read_back"] == 1 and placement["pinned_cpus"] is None
+    assert step_cpus == before
+    if len(cpus) >= 2:  # "pinned": all CPUs but the first (the step thread only; the caller is not)
+        step_cpus, placement = _run_placed(bundle, "pinned")
+        last = cpus[1:]
+        assert placement["pinned_cpus"] == last and placement["threads_read_back"] == len(last)
+        assert step_cpus == (str(last[0]) if len(last) == 1 else f"{last[0]}-{last[-1]}")
     assert _allowed_cpus(threading.get_native_id()) == before
-    placement = engine.manifest()["engine_config"]["resolved"]["cpu_placement"]
-    assert placement["applied"] is True and placement["cpus"] == [cpus[-1]] and placement["threads"] == 1
