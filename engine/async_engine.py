@@ -64,6 +64,7 @@ class AsyncEngine:
 
     # -- the loop thread --------------------------------------------------------------------------
     def _run(self) -> None:
+        self.engine.place_step_thread()  # its own CPUs, the rest left to the front end (cpu_threads)
         while not self._stop.is_set():
             if not self.engine.has_unfinished():
                 self._wake.wait(self.idle_wait_s)

@@ -17,6 +17,7 @@ import torch
 from inferledger.probes.probe import Probe
 
 from .block_manager import BlockManager
+from .cpu_host import place_current_thread, plan_placement
 from .engine_events import EngineEvents
 from .outputs import RequestDelta
 from .params import EngineConfig, SamplingParams
@@ -68,6 +69,9 @@ class LLMEngine:
 
             self.device_timer = CudaStepTimer(self.probe, sink, device_index=self.runner.device.index or 0,
                                               now_ns=self.probe.now_ns)  # mapped to the engine's own clock
+        # where a background step loop (AsyncEngine) runs; applied by place_step_thread() in that thread
+        self.cpu_placement = plan_placement(cfg.cpu_threads) if not on_cuda else None
+        self.cpu_threads_read_back: int | None = None  # by the step thread, once placed
         self.requests: dict[str, Request] = {}  # unfinished, by attempt id
         self._inbox: deque = deque()
         self._lock = threading.Lock()
@@ -206,13 +210,24 @@ class LLMEngine:
                     "graph_batch_sizes": list(graphs),
                     "graph_mode": ("cuda graphs" if device is not None and device.type == "cuda" else "padded, eager")
                     if graphs else "eager",
-                    "device_timing": self.device_timer is not None}
+                    "device_timing": self.device_timer is not None,
+                    "cpu_placement": self.cpu_placement and {
+                        **self.cpu_placement, "applies_to": "the background step thread (AsyncEngine)",
+                        "threads_read_back": self.cpu_threads_read_back}}
         out = {"engine_config": {**self.config.to_dict(), "resolved": resolved}}
         if self.model_identity is not None:
             out["model"] = self.model_identity
         if self.device_timer is not None:  # the device's UUID, and the clock drift once closed
             out["device_clock"] = self.device_timer.summary()
         return out
+
+    def place_step_thread(self) -> int | None:
+        """Called by the thread that will run step() behind a front end: takes the intra-op threads
+        (and CPUs, when pinned) planned for it by EngineConfig.cpu_threads, leaving the rest to the
+        front end and the client. Returns the thread count it reads back (None: nothing planned)."""
+        got = place_current_thread(self.cpu_placement)
+        self.cpu_threads_read_back = got if got is not None else self.cpu_threads_read_back
+        return got
 
     def close(self) -> None:
         """Finish the device timer (its last device.step events, the cuda-to-host clock mapping),

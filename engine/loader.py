@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .config import SUPPORTED_ARCHS, ModelConfig
+from .cpu_host import resolve_dtype
 from .model import LlamaModel
 from .tokenizer import Tokenizer
 
@@ -53,7 +54,9 @@ def default_model_path() -> Path:
 
 
 def load_model(path=None, device="cpu", dtype=None) -> ModelBundle:
-    """GGUF file or HF folder -> ModelBundle. dtype defaults to fp32 on CPU, bf16 on CUDA."""
+    """GGUF file or HF folder -> ModelBundle. dtype: a torch dtype, 'float32', 'bfloat16' or 'auto'
+    (None: $INFERLEDGER_DTYPE, else 'auto' = bf16 on CUDA and on CPUs with native bf16 matmul, else
+    fp32; engine/cpu_host.py). The resolved dtype and the reason are in identity['dtype']."""
     path = Path(path) if path is not None else default_model_path()
     try:
         device = torch.device(device)
@@ -64,7 +67,10 @@ def load_model(path=None, device="cpu", dtype=None) -> ModelBundle:
                              f"(a CPU-only build, or no GPU / driver); use device 'cpu'")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise DeviceUnavailableError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s) here")
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    try:
+        dtype, dtype_reason = resolve_dtype(device, dtype)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
     if not path.exists():
         raise ModelLoadError(f"{path}: no such model file or folder")
     if path.is_dir():
@@ -77,7 +83,7 @@ def load_model(path=None, device="cpu", dtype=None) -> ModelBundle:
         **extra,
         "architecture": {k: v for k, v in cfg.to_dict().items() if k not in ("bos_id", "eos_ids")},
         "dtype": {"weights_stored": extra["quantization"], "weights": _name(dtype), "activations": _name(dtype),
-                  "accumulation": "float32", "kv": _name(dtype)},
+                  "accumulation": "float32", "kv": _name(dtype), "resolved_by": dtype_reason},
         "tokenizer": {"hash": tokenizer.hash, "pre_tokenizer": tokenizer.pre_tokenizer,
                       "vocab_size": tokenizer.vocab_size, "bos_token": tokenizer.bos_token,
                       "bos_id": cfg.bos_id, "eos_tokens": tokenizer.eos_tokens, "eos_ids": cfg.eos_ids},

@@ -120,6 +120,10 @@ class EngineConfig:
     graph_batch_sizes: tuple[int, ...] | str | None = "auto"
     # device.step events from CUDA events (a cuda:<host>:<device> clock); "auto": on CUDA when probes are on
     device_timing: bool | str = "auto"
+    # The step thread's intra-op threads when it runs behind a front end (AsyncEngine): "auto" one fewer
+    # than the CPUs (a core's worth left to the front end and the client), not pinned; "pinned" the same
+    # pinned to all CPUs but the first; an int n: n threads, not pinned; None: torch as it is.
+    cpu_threads: int | str | None = "auto"
 
     DEFAULT_KV_BYTES = 256 * 2**20
 
@@ -150,6 +154,8 @@ class EngineConfig:
                 _fail("graph_batch_sizes", self.graph_batch_sizes, "'auto', None or a tuple of integers in [1, 4096]")
         if self.device_timing not in (True, False, "auto"):
             _fail("device_timing", self.device_timing, "True, False or 'auto'")
+        if self.cpu_threads not in (None, "auto", "pinned"):
+            _int("cpu_threads", self.cpu_threads, 1, 4096, allowed="'auto', 'pinned', None or an integer in [1, 4096]")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             _fail("speculative", self.speculative, "None, a SpeculativeConfig or a dict of its fields")
 

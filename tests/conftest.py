@@ -15,10 +15,13 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 @pytest.fixture(scope="session")
 def bundle():
-    """The bundled SmolLM2-135M-Instruct (GGUF Q4_1, dequantised to fp32 on the CPU)."""
+    """The bundled SmolLM2-135M-Instruct (GGUF Q4_1, dequantised to fp32 on the CPU): fp32 whatever
+    this CPU's 'auto' dtype is, because it is the Hugging Face parity path."""
+    import torch
+
     from inferledger.engine.loader import load_model
 
-    return load_model()
+    return load_model(dtype=torch.float32)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,239 @@
+"""Our engine against vLLM-CPU on this machine: the same client, workload and tokenizer, A B A B.
+
+Each round starts `inferledger serve`, drives it with `vllm bench serve` (random dataset, 64-token
+prompts, 64 output tokens with ignore_eos, at each --concurrency), then with our own capture client
+(closed loop, chat prompts of 64 tokens through each server's chat template), and stops it; then the
+same against vLLM started by benchmarks/peers/vllm_cpu.sh (its install in .peers/vllm is reused).
+Rounds alternate the two servers; a ratio ours / vLLM is taken within a round, so both sides of it
+ran minutes apart on the same (shared, noisy) machine. Printed per concurrency and round: output
+tok/s, TTFT and TPOT p50 / p99, the prompt tokens each server counted (its own /metrics, evidence
+`reported`), the load average before each run; and what differs in the work (dtype, prefix caching,
+threads). Everything lands in --out as the bench's own JSON files plus summary.json.
+
+    .venv/bin/python benchmarks/engine_vs_vllm.py [--rounds 2] [--concurrency 1 4 16] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_VENV = ROOT / ".peers" / "vllm"
+OURS_PORT, VLLM_PORT = 20100, 20110  # this benchmark's fixed loopback ports
+NAME = "smollm2"
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def http_get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def prompt_tokens_counted(port: int) -> float | None:
+    """The server's own count of prompt tokens admitted (vllm:prompt_tokens_total; both expose it)."""
+    try:
+        text = http_get(f"http://127.0.0.1:{port}/metrics")
+    except OSError:
+        return None
+    vals = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("vllm:prompt_tokens_total")]
+    return sum(vals) if vals else None
+
+
+class Ours:
+    name, port = "ours", OURS_PORT
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype, self.proc = dtype, None
+
+    def start(self) -> None:
+        env = {**os.environ, "INFERLEDGER_DTYPE": self.dtype}
+        self.log = open(OUT / f"ours-{self.port}.log", "a")
+        self.proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "inferledger"), "serve", "--port", str(self.port),
+                                      "--served-model-name", NAME], env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        for _ in range(600):
+            if self.proc.poll() is not None:
+                raise SystemExit(f"inferledger serve exited ({self.proc.returncode}); see {self.log.name}")
+            try:
+                http_get(f"http://127.0.0.1:{self.port}/health", 1)
+                return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise SystemExit("inferledger serve did not answer /health within 300 s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def manifest(self) -> dict:
+        return {"dtype": self.dtype, "prefix_caching": True, "threads": "1 intra-op thread pinned to the last CPU "
+                "(cpu_threads auto), the HTTP front end free on the other", "endpoint": "inferledger serve"}
+
+
+class VLLM:
+    name, port = "vllm", VLLM_PORT
+
+    def __init__(self, script: Path, dtype: str) -> None:
+        self.script, self.dtype = script, dtype
+
+    def _run(self, action: str) -> None:
+        env = {**os.environ, "VLLM_PORT": str(self.port), "VLLM_OTLP_ENDPOINT": "",
+               "VLLM_EXTRA_ARGS": f"--dtype {self.dtype}"}  # after the script's own --dtype: the last one wins
+        subprocess.run(["bash", str(self.script), action], env=env, check=True)
+
+    def start(self) -> None:
+        self._run("start")
+
+    def stop(self) -> None:
+        self._run("stop")
+
+    def manifest(self) -> dict:
+        return {"dtype": self.dtype, "prefix_caching": True, "threads": "OMP_NUM_THREADS=1, not bound "
+                "(benchmarks/peers/vllm_cpu.sh)", "endpoint": "vllm serve (vllm-cpu, V1 engine)"}
+
+
+def bench(server, c: int, n: int, tokenizer: str, tag: str) -> dict:
+    """One `vllm bench serve` run; returns its result JSON plus our load and prompt-token readings."""
+    before, avg = prompt_tokens_counted(server.port), load()
+    fname = f"{tag}.json"
+    cmd = [str(VLLM_VENV / "bin" / "vllm"), "bench", "serve", "--backend", "vllm", "--base-url",
+           f"http://127.0.0.1:{server.port}", "--model", NAME, "--tokenizer", tokenizer, "--dataset-name", "random",
+           "--random-input-len", "64", "--random-output-len", "64", "--ignore-eos", "--max-concurrency", str(c),
+           "--num-prompts", str(n), "--num-warmups", "1", "--seed", "7", "--percentile-metrics", "ttft,tpot,itl",
+           "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(OUT), "--result-filename", fname,
+           "--disable-tqdm"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    subprocess.run(cmd, env=env, check=True, stdout=open(OUT / f"{tag}.log", "w"), stderr=subprocess.STDOUT)
+    res = json.loads((OUT / fname).read_text())
+    after = prompt_tokens_counted(server.port)
+    counted = after - before if before is not None and after is not None else None
+    row = {"server": server.name, "client": "vllm bench serve", "concurrency": c, "prompts": n, "load_before": avg,
+           "tok_s": res["output_throughput"], "ttft_p50": res["median_ttft_ms"], "ttft_p99": res["p99_ttft_ms"],
+           "tpot_p50": res["median_tpot_ms"], "tpot_p99": res["p99_tpot_ms"], "completed": res["completed"],
+           "input_tokens_client": res["total_input_tokens"], "prompt_tokens_server": counted,
+           "prompt_tokens_per_request_server": counted / (n + 1) if counted is not None else None}  # + 1 warm-up
+    print(f"  {server.name:>4} bench c={c:<2} {row['tok_s']:7.1f} tok/s  TTFT {row['ttft_p50']:7.0f}/{row['ttft_p99']:7.0f}"
+          f"  TPOT {row['tpot_p50']:6.1f}/{row['tpot_p99']:6.1f} ms  prompt tokens client {row['input_tokens_client']}"
+          f" server {counted} (incl. 1 warm-up)  load {avg}", flush=True)
+    return row
+
+
+def capture_run(server, c: int, n: int, tag: str) -> dict:
+    """Our own client (inferledger capture, closed loop at c) against the running server; figures
+    from the ledger it rebuilds (output tok/s, client TTFT and TPOT)."""
+    import duckdb
+
+    from inferledger.cli.capture import capture
+    from inferledger.ledger.reconstruct import reconstruct
+
+    wl = OUT / f"closed-c{c}.toml"
+    wl.write_text(f'name = "closed-c{c}"\nseed = 3\n[taskset]\nfile = "{ROOT}/samples/tasks/basic.jsonl"\n'
+                  f'[arrivals]\nprocess = "closed"\nconcurrency = {c}\nn_tasks = {n}\n[contract]\ndeadline_ms = 600000\n'
+                  f'[client]\ntimeout_ms = 300000\nmax_attempts = 1\n[generation]\nmax_tokens = 64\n'
+                  f'temperature = 0.0\nignore_eos = true\n[[classes]]\nname = "chat"\nprompt_tokens = 64\n')
+    avg, before = load(), prompt_tokens_counted(server.port)
+    result = capture(wl, OUT / tag, target=f"http://127.0.0.1:{server.port}", served_model=NAME)
+    after = prompt_tokens_counted(server.port)
+    con = duckdb.connect(str(reconstruct(OUT / tag).path), read_only=True)
+    tok_s, = con.execute("select output_tok_s from run_metrics").fetchone()
+    q = con.execute("select quantile_cont(ttft_client_ms, 0.5), quantile_cont(ttft_client_ms, 0.99), "
+                    "quantile_cont(tpot_ms, 0.5), quantile_cont(tpot_ms, 0.99), count(*) from request_metrics").fetchone()
+    con.close()
+    row = {"server": server.name, "client": "inferledger capture (closed loop)", "concurrency": c, "prompts": n,
+           "load_before": avg, "tok_s": tok_s, "ttft_p50": q[0], "ttft_p99": q[1], "tpot_p50": q[2], "tpot_p99": q[3],
+           "completed": q[4], "loop_lag_p99_ms": result.loop_lag_p99_ms,
+           "prompt_tokens_server": after - before if before is not None and after is not None else None}
+    print(f"  {server.name:>4} capture c={c:<2} {tok_s or 0:7.1f} tok/s  TTFT {q[0] or 0:7.0f}/{q[1] or 0:7.0f}  TPOT "
+          f"{q[2] or 0:6.1f}/{q[3] or 0:6.1f} ms  prompt tokens server {row['prompt_tokens_server']}  "
+          f"client loop lag p99 {result.loop_lag_p99_ms:.2f} ms  load {avg}", flush=True)
+    return row
+
+
+def ratios(rows: list[dict], client: str) -> list[str]:
+    lines = []
+    for c in sorted({r["concurrency"] for r in rows if r["client"] == client}):
+        per_round = []
+        for rnd in sorted({r["round"] for r in rows}):
+            got = {r["server"]: r for r in rows if r["round"] == rnd and r["concurrency"] == c and r["client"] == client}
+            if {"ours", "vllm"} <= set(got) and got["vllm"]["tok_s"]:
+                per_round.append((got["ours"]["tok_s"] / got["vllm"]["tok_s"],
+                                  got["vllm"]["tpot_p50"] / got["ours"]["tpot_p50"] if got["ours"]["tpot_p50"] else None))
+        if per_round:
+            tok = ", ".join(f"{a:.2f}" for a, _ in per_round)
+            tp = ", ".join(f"{b:.2f}" for _, b in per_round if b is not None)
+            lines.append(f"  {client}, c={c:<2}: ours/vLLM tok/s per round {tok} (median "
+                         f"{statistics.median(a for a, _ in per_round):.2f}); vLLM/ours TPOT p50 {tp}")
+    return lines
+
+
+def _terminate(signum, frame):  # a killed benchmark still stops the server it started (finally below)
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    global OUT
+    signal.signal(signal.SIGTERM, _terminate)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--prompts-per-concurrency", type=int, default=2, help="bench prompts = this x c (at least 4)")
+    ap.add_argument("--capture-concurrency", type=int, nargs="*", default=[4], help="our client's runs (none: skip)")
+    ap.add_argument("--ours-dtype", default="auto")
+    ap.add_argument("--vllm-dtype", default="bfloat16", help="vllm_cpu.sh serves bf16; float32 = the same work as ours here")
+    ap.add_argument("--vllm-script", type=Path, default=ROOT / "benchmarks" / "peers" / "vllm_cpu.sh")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / time.strftime("engine-vs-vllm-%Y%m%d-%H%M%S"))
+    args = ap.parse_args()
+    marker = VLLM_VENV / ".installed"
+    if not marker.exists():
+        sys.exit(f"error: {marker} missing: install vLLM first (bash {args.vllm_script} install)")
+    if not args.vllm_script.exists():
+        sys.exit(f"error: --vllm-script {args.vllm_script}: no such file")
+    tokenizer = marker.read_text().split(" model ", 1)[1].strip()  # the HF folder vllm_cpu.sh converted
+    OUT = args.out
+    OUT.mkdir(parents=True, exist_ok=True)
+    servers = [Ours(args.ours_dtype), VLLM(args.vllm_script, args.vllm_dtype)]
+    print(f"engine vs vLLM: {args.rounds} rounds A B, concurrency {args.concurrency}, tokenizer {tokenizer}, "
+          f"{os.cpu_count()} CPUs, load average {load()}; results in {OUT}", flush=True)
+    rows = []
+    for rnd in range(args.rounds):
+        for server in servers:
+            print(f"round {rnd + 1}: {server.name} (load {load()})", flush=True)
+            server.start()
+            try:
+                for c in args.concurrency:
+                    n = max(4, args.prompts_per_concurrency * c)
+                    rows.append({"round": rnd + 1, **bench(server, c, n, tokenizer, f"r{rnd + 1}-{server.name}-c{c}")})
+                for c in args.capture_concurrency:
+                    rows.append({"round": rnd + 1, **capture_run(server, c, 2 * c, f"r{rnd + 1}-{server.name}-capture-c{c}")})
+            finally:
+                server.stop()
+    print("\nratios within a round (the figures that count on a shared machine):")
+    for client in ("vllm bench serve", "inferledger capture (closed loop)"):
+        print("\n".join(ratios(rows, client)))
+    summary = {"rows": rows, "servers": {s.name: s.manifest() for s in servers}, "load_end": load(),
+               "cpus": os.cpu_count(), "concurrency": args.concurrency, "rounds": args.rounds}
+    (OUT / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"load average at the end {load()}; differences in work: {json.dumps(summary['servers'])}")
+
+
+if __name__ == "__main__":
+    main()

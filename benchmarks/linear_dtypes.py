@@ -1,0 +1,58 @@
+"""fp32 against bf16 (and fp16) for the model's own matmul shapes on this CPU: what dtype "auto" rests on.
+
+One "step" = the 4 linears of each of SmolLM2-135M's 30 layers (fused q/k/v 960x576, o 576x576, fused
+gate/up 3072x576, down 576x1536) plus the 49152x576 LM head, at M rows (1 = a batch-1 decode step,
+more = batched decode or prefill). Prints the best of 5 per dtype, the ISA torch uses and whether
+oneDNN has a bf16 path; the load average, since the machine may be shared.
+
+    .venv/bin/python benchmarks/linear_dtypes.py [--threads 1] [--rows 1 4 16 64]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+
+
+def step_ms(dtype: torch.dtype, rows: int, layers: int = 30, repeats: int = 5) -> float:
+    weights = [[torch.randn(o, i).to(dtype) for o, i in SHAPES] for _ in range(layers)]
+    head = torch.randn(49152, 576).to(dtype)
+    x = {i: torch.randn(rows, i).to(dtype) for _, i in SHAPES}
+
+    def step():
+        for layer in weights:
+            for w in layer:
+                F.linear(x[w.shape[1]], w)
+        F.linear(x[576], head)
+
+    step()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64])
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, ISA {torch.backends.cpu.get_cpu_capability()}, oneDNN bf16 "
+          f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}, {args.threads} thread(s), load {os.getloadavg()[0]:.2f}")
+    for m in args.rows:
+        f32, b16, f16 = (step_ms(d, m) for d in (torch.float32, torch.bfloat16, torch.float16))
+        print(f"rows {m:>3}: fp32 {f32:7.1f} ms  bf16 {b16:7.1f} ms ({b16 / f32:4.2f}x)  fp16 {f16:7.1f} ms "
+              f"({f16 / f32:4.2f}x)", flush=True)
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
