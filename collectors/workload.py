@@ -181,6 +181,7 @@ class Workload:
     def from_dict(cls, spec: dict, *, base: Path | str = ".", where: str = "workload", default_name: str = "workload",
                   extra_bytes: bytes | None = None) -> "Workload":
         base = Path(base)
+        _refuse_non_finite(spec, where)
         known = {"name", "seed", "description", "taskset", "prompt", "arrivals", "contract", "client",
                  "generation", "inject", "classes", "slo"}
         for key in spec:
@@ -376,6 +377,18 @@ class Workload:
                 first_timeout_ms=self.inject.get("timeout_ms") if every("timeout", i) else None,
                 abandon=self.on_timeout == "abandon" or every("abandon", i)))
         return plans
+
+
+def _refuse_non_finite(value, where: str, key: str = "") -> None:
+    """TOML allows nan and inf; no workload number may be either (a NaN deadline is no contract)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {key} must be a finite number, not {value}")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _refuse_non_finite(v, where, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _refuse_non_finite(v, where, f"{key}[{i}]")
 
 
 def _task_class(c: dict, i: int, where: str) -> TaskClass:

@@ -257,6 +257,18 @@ def test_workload_errors_name_the_key(tmp_path):
         _workload(tmp_path, classes=[{"name": "x", "prompt_tokens": 64}]).plan()
 
 
+def test_a_workload_number_that_is_nan_or_infinite_is_refused_by_its_key(tmp_path):
+    # TOML allows nan and inf; a NaN deadline is an unreadable contract, wherever it is declared
+    with pytest.raises(ValueError, match=r"contract\.deadline_ms must be a finite number, not nan"):
+        _workload(tmp_path, contract={"deadline_ms": float("nan")})
+    with pytest.raises(ValueError, match=r"classes\[0\]\.deadline_ms must be a finite number, not inf"):
+        _workload(tmp_path, classes=[{"name": "x", "deadline_ms": float("inf")}])
+    path = tmp_path / "nan.toml"
+    path.write_text('[arrivals]\nrate_rps = nan\n')
+    with pytest.raises(ValueError, match=rf"{path}: arrivals\.rate_rps must be a finite number"):
+        Workload.load(path)
+
+
 @pytest.mark.parametrize("path", WORKLOADS, ids=lambda p: p.name)
 def test_sample_workloads_build_exact_prompts(path, bundle):
     wl = Workload.load(path)
