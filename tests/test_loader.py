@@ -123,7 +123,8 @@ def test_identity_of_the_bundled_model(bundle):
     assert (arch["n_layers"], arch["d_model"], arch["n_heads"], arch["n_kv_heads"], arch["head_dim"]) == (30, 576, 9, 3, 64)
     assert (arch["rope_base"], arch["tie_embeddings"], arch["vocab_size"]) == (100000.0, True, 49152)
     assert ident["dtype"] == {"weights_stored": "Q4_1", "weights": "float32", "activations": "float32",
-                              "accumulation": "float32", "kv": "float32"}
+                              "accumulation": "float32", "kv": "float32",
+                              "resolved_by": "asked for (argument)"}  # the test bundle asks for fp32 by name
     assert ident["tokenizer"]["hash"] == bundle.tokenizer.hash
     assert (ident["tokenizer"]["bos_token"], ident["tokenizer"]["eos_tokens"]) == ("<|im_start|>", ["<|im_end|>"])
     assert ident["chat_template_sha256"] == bundle.tokenizer.template_sha256
