@@ -8,10 +8,9 @@ and `attempt.done` says so (`attrs.chunks = "first_last"`), so no per-chunk figu
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from inferledger.collectors.peer_records import PeerRequest, RecordError, need, seconds_to_ns
+from inferledger.collectors.peer_records import PeerRequest, RecordError, need, read_json_document, seconds_to_ns
 
 TOOL = "guidellm"
 STATUSES = (("successful", "completed"), ("incomplete", "cancelled"), ("errored", "error"))
@@ -81,10 +80,7 @@ def _request(rec: dict, where: str, status: str) -> PeerRequest:
 def read(path: Path) -> tuple[list[PeerRequest], list[RecordError], dict]:
     """Records of every benchmark in the file (one, for the command in samples/peers)."""
     path = find_output(path)
-    try:
-        report = json.loads(path.read_text())
-    except ValueError as exc:
-        raise RecordError(f"{path}:{getattr(exc, 'lineno', 1)}", "(document)", f"not JSON ({exc})") from exc
+    report = read_json_document(path)
     benches = report.get("benchmarks") if isinstance(report, dict) else None
     if not isinstance(benches, list) or not benches:
         raise RecordError(f"{path}:1", "benchmarks", "missing or empty: not a GuideLLM JSON report")

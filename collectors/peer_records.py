@@ -7,6 +7,7 @@ tool's account of what it saw, not our observation.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -38,6 +39,14 @@ class PeerRequest:
     token_rule: str | None = None  # how the tool counted them: usage, retokenised, iterations ...
     figures: dict = field(default_factory=dict)  # the tool's own per-request figures (ms), as it wrote them
     chunks_kept: str = "content"  # which chunks the tool kept: content, first_last, choices, labelled (85_peers.sql)
+
+
+def read_json_document(path) -> object:
+    """A tool's whole-file JSON output; RecordError naming the file and line where it does not parse."""
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise RecordError(f"{path}:{getattr(exc, 'lineno', 1)}", "(document)", f"not JSON ({exc})") from exc
 
 
 def seconds_to_ns(v: float) -> int:

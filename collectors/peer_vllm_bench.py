@@ -11,10 +11,9 @@ unknown kinds until the join labels them from the server's writes.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from inferledger.collectors.peer_records import PeerRequest, RecordError, seconds_to_ns
+from inferledger.collectors.peer_records import PeerRequest, RecordError, read_json_document, seconds_to_ns
 
 TOOL = "vllm-bench"
 LISTS = ("start_times", "ttfts", "itls", "latencies", "output_lens")
@@ -67,10 +66,7 @@ def _request(doc: dict, i: int, where: str) -> PeerRequest:
 
 def read(path: Path) -> tuple[list[PeerRequest], list[RecordError], dict]:
     path = find_result(path)
-    try:
-        doc = json.loads(path.read_text())
-    except ValueError as exc:
-        raise RecordError(f"{path}:{getattr(exc, 'lineno', 1)}", "(document)", f"not JSON ({exc})") from exc
+    doc = read_json_document(path)
     if not isinstance(doc, dict):
         raise RecordError(f"{path}:1", "(document)", "not a vLLM bench result object")
     for name in LISTS:
