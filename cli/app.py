@@ -7,8 +7,6 @@ import os
 # and the load client's event loops (measured 15x slower decode under contention).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console

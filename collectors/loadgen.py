@@ -16,7 +16,6 @@ import json
 import random
 import re
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol
 

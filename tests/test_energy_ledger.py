@@ -1,7 +1,6 @@
 """Energy per good result from raw counters: window energy, RAPL wrap, driver reset, idle term, shares."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
