@@ -23,7 +23,7 @@ import pyarrow as pa
 from inferledger.collectors.loadgen import LoadClient, LoadResult
 from inferledger.collectors.workload import Workload, load_tokenizer
 from inferledger.cli.interrupt import Interrupted, signal_name, sigterm_like_sigint
-from inferledger.collectors.writer import AUTOFLUSH_S, RunWriter, write_table_atomic
+from inferledger.collectors.writer import AUTOFLUSH_S, RunWriter, write_json_atomic, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
 from inferledger.probes.sampler import EnergySampler
 
@@ -157,18 +157,24 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     engine's host when it is not this one (its wall clock then maps within `engine_clock_epsilon_ms`)."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
-    if target == "embedded" and bundle is None:
-        from inferledger.engine.loader import load_model
+    # The manifest exists from the first second (state "starting") while the model loads and the
+    # prompts are built; if that fails, nothing was recorded and the folder is taken away again.
+    starting = _StartingManifest(out, {"source": "inferledger capture", "state": "starting",
+                                       "target": {"kind": "embedded" if target == "embedded" else "url", "url": target},
+                                       "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256}})
+    with starting:
+        if target == "embedded" and bundle is None:
+            from inferledger.engine.loader import load_model
 
-        bundle = load_model(model, device=device)
-    calibration = None
-    if wl.calibrate_tok_s and target == "embedded":
-        calibration = wl.calibrate(probe_throughput(bundle, max_num_seqs))
-    tokenizer = None
-    if wl.needs_tokenizer:  # prompts are built before anything is written: a bad workload leaves no run
-        own = target == "embedded" and (wl.tokenizer is None or (wl.tokenizer == "bundled" and model is None))
-        tokenizer = bundle.tokenizer if own else load_tokenizer(wl.tokenizer)
-    plans = wl.plan(tokenizer)
+            bundle = load_model(model, device=device)
+        calibration = None
+        if wl.calibrate_tok_s and target == "embedded":
+            calibration = wl.calibrate(probe_throughput(bundle, max_num_seqs))
+        tokenizer = None
+        if wl.needs_tokenizer:  # prompts are built before anything is recorded: a bad workload leaves no run
+            own = target == "embedded" and (wl.tokenizer is None or (wl.tokenizer == "bundled" and model is None))
+            tokenizer = bundle.tokenizer if own else load_tokenizer(wl.tokenizer)
+        plans = wl.plan(tokenizer)
     host = host_id()
     writer = RunWriter(out, autoflush_s=AUTOFLUSH_S)  # a kill loses at most the last 2 s
     engine_clock = mono_clock(host)
@@ -239,6 +245,29 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             writer.close(compact_parts=clean)  # even when stopping the server or a timer failed
     return CaptureResult(out, result, manifest["wall_s"], manifest["client"]["loop_lag_p99_ms"],
                          manifest["client"]["client_bound"], manifest)
+
+
+class _StartingManifest:
+    """manifest.json with state "starting" before anything slow; on a failure inside the block the
+    manifest goes again, and the folder too when this capture made it (a bad workload leaves no run)."""
+
+    def __init__(self, out: Path, body: dict) -> None:
+        self.out, self.made = out, [p for p in (out, *out.parents) if not p.exists()]
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic({"run_id": out.name, **body}, out / "manifest.json")
+
+    def __enter__(self) -> "_StartingManifest":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is None:
+            return
+        (self.out / "manifest.json").unlink(missing_ok=True)
+        for p in self.made:  # innermost first; a folder something else wrote into stays
+            try:
+                p.rmdir()
+            except OSError:
+                break
 
 
 def _stop_quietly(server, sampler, evidence=None) -> None:

@@ -1,0 +1,49 @@
+"""A capture's first second: the manifest is there before the model loads, and a capture whose
+preparation fails (model, tokenizer, prompts) leaves no folder behind."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from inferledger.cli import capture as capture_mod
+from inferledger.collectors.workload import Workload
+from inferledger.engine import loader
+
+WORKLOAD = Path(__file__).resolve().parent.parent / "samples" / "workloads" / "cpu_short_chat.toml"
+
+
+class LoadStopped(RuntimeError):
+    pass
+
+
+def test_the_manifest_exists_while_the_model_loads_and_goes_if_loading_fails(tmp_path, monkeypatch):
+    out = tmp_path / "new" / "run"
+    seen = {}
+
+    def load_model_spy(model=None, device="cpu"):  # the real loader would take seconds to get here
+        seen.update(json.loads((out / "manifest.json").read_text()))
+        raise LoadStopped("stopped while loading")
+
+    monkeypatch.setattr(loader, "load_model", load_model_spy)
+    with pytest.raises(LoadStopped):
+        capture_mod.capture(WORKLOAD, out)
+    assert seen["state"] == "starting" and seen["run_id"] == "run"
+    assert seen["workload"]["sha256"] == Workload.load(WORKLOAD).sha256
+    assert seen["target"] == {"kind": "embedded", "url": "embedded"}
+    # nothing was recorded: the folder this capture made (and its new parent) are gone again
+    assert not out.exists() and not out.parent.exists() and tmp_path.exists()
+
+
+def test_a_tokenizer_that_cannot_load_leaves_no_run(tmp_path):
+    wl = tmp_path / "w.toml"
+    text = WORKLOAD.read_text().replace('file = "../tasks/basic.jsonl"',
+                                        f'file = "{WORKLOAD.parent.parent / "tasks" / "basic.jsonl"}"')
+    wl.write_text(text + '\n[prompt]\ntokenizer = "/nonexistent/tokenizer"\n')
+    assert Workload.load(wl).needs_tokenizer  # this workload builds exact prompts: it needs the tokenizer
+    out = tmp_path / "run"
+    out.mkdir()  # an empty folder the user made stays, empty
+    with pytest.raises(Exception, match="nonexistent"):
+        capture_mod.capture(wl, out, target="http://127.0.0.1:9")
+    assert out.exists() and list(out.iterdir()) == []
