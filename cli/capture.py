@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from inferledger.collectors.loadgen import LoadClient, LoadResult
 from inferledger.collectors.workload import Workload, load_tokenizer
+from inferledger.cli.embedded_server import EmbeddedServer, probe_throughput
 from inferledger.cli.interrupt import Interrupted, signal_name, sigterm_like_sigint
 from inferledger.collectors.writer import AUTOFLUSH_S, RunWriter, write_json_atomic, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
@@ -41,44 +42,6 @@ class CaptureResult:
     loop_lag_p99_ms: float
     client_bound: bool
     manifest: dict = field(default_factory=dict)
-
-
-class EmbeddedServer:
-    """The engine plus its HTTP front end on 127.0.0.1:<ephemeral>, in a thread of its own."""
-
-    def __init__(self, writer: RunWriter, host: str, *, max_num_seqs: int = 8, model: str | None = None,
-                 bundle=None, engine_config: dict | None = None) -> None:
-        """`bundle`: an already loaded model (else `model`, a path, or the bundled default, is loaded)."""
-        from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
-        from inferledger.engine.server import build_app
-        from inferledger.engine.server_thread import ServerThread
-
-        if bundle is None:
-            from inferledger.engine.loader import load_model
-
-            bundle = load_model(model)
-        self.bundle = bundle
-        self.config = EngineConfig(**{"max_num_seqs": max_num_seqs, **(engine_config or {})})
-        self.engine = LLMEngine(self.bundle, self.config, sink=writer, run_id=writer.run_id, host=host)
-        self.async_engine = AsyncEngine(self.engine)
-        self.model_name = Path(self.bundle.identity["path"]).stem
-        app = build_app(self.async_engine, self.bundle.tokenizer, model_name=self.model_name,
-                        sink=writer, run_id=writer.run_id, host=host)
-        self.thread = ServerThread(app)  # binds 127.0.0.1 only
-
-    def start(self) -> str:
-        self.async_engine.start()
-        return self.thread.start().url
-
-    def stop(self, drain_s: float = 60.0) -> None:
-        # Attempts the client gave up on are the server's to finish or cancel: let the engine reach
-        # its own terminal states before stopping, so the ledger sees no unterminated work.
-        deadline = time.monotonic() + drain_s
-        while self.engine.has_unfinished() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.05)  # the front end's last writes and server.done after the engine's finish
-        self.thread.stop()
-        self.async_engine.close()
 
 
 async def _watch_loop_lag(samples: list[tuple[int, float]], stop: asyncio.Event, period_s: float = 0.01) -> None:
@@ -112,29 +75,6 @@ async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter,
     if separate_clocks:
         mappings.append(await estimate(url, probe.clock, headers=headers, label="end"))
     return result, lags, mappings
-
-
-def probe_throughput(bundle, max_num_seqs: int = 8, tokens: int = 10) -> float:
-    """Output tokens per second of the engine on this machine now, at a full batch of short chats (a
-    first round computes and caches the prompts, the timed round decodes): the speed
-    `[arrivals] calibrate_tok_s` is compared with."""
-    from inferledger.engine import EngineConfig, LLMEngine, SamplingParams
-
-    engine = LLMEngine(bundle, EngineConfig(max_num_seqs=max_num_seqs, probes=False))
-    tok = bundle.tokenizer
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": f"Describe place number {i}."}],
-                                                  add_generation_prompt=True), add_special=False)
-               for i in range(max_num_seqs)]
-    rate = 0.0
-    for round_, n in enumerate((1, tokens)):
-        for i, ids in enumerate(prompts):
-            engine.add_request(ids, SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0),
-                               request_id=f"probe-{round_}-{i}")
-        t0, out = time.perf_counter(), 0
-        while engine.has_unfinished():
-            out += sum(len(d.new_token_ids) for d in engine.step())
-        rate = out / (time.perf_counter() - t0)
-    return rate
 
 
 def _lag_p99(values: list[float]) -> float:
