@@ -1,5 +1,9 @@
 -- Stage 7: the gap register: what is missing, which figures it leaves NULL, what would close it.
 
+CREATE OR REPLACE TEMP TABLE client_reporter AS  -- who reported the client events, when a load tool did
+SELECT min(json_extract_string(attrs, '$.reporter')) AS reporter FROM ev
+WHERE name = 'attempt.sent' AND json_extract_string(attrs, '$.evidence') = 'reported';
+
 CREATE OR REPLACE TABLE gaps AS
 WITH ledger_gaps AS (
   -- a subtraction across clock domains with no mapping
@@ -160,6 +164,10 @@ WITH ledger_gaps AS (
   UNION ALL
   SELECT 'run', NULL, format('peer_views ({} {})', metric, tool),
          CASE WHEN tool = 'MLPerf-style' THEN 'attempt.sent attrs.pacing_error_ms (the planned send; the inferledger client records it)'
+              -- an imported load tool's records keep only what that tool measures (GuideLLM: first and last token)
+              WHEN (SELECT reporter FROM client_reporter) IS NOT NULL
+                THEN format('client chunk times that {}''s records do not keep (our own client records every chunk)',
+                            (SELECT reporter FROM client_reporter))
               ELSE 'client chunks of completed attempts with enough output tokens' END,
          format('no completed attempt gives a sample for {} as {} defines it', metric, tool)
   FROM peer_views WHERE n = 0 AND EXISTS (SELECT 1 FROM peer_base)

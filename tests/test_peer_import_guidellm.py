@@ -81,6 +81,9 @@ def test_guidellm_keeps_only_first_and_last_token_times(imported):
     assert peer_row(con, "ITL", "inferledger")["n"] == 0 and peer_row(con, "ITL", "vLLM bench")["n"] == 0
     reason = con.execute("SELECT reason FROM peer_comparison WHERE metric = 'ITL' AND tool = 'GuideLLM'").fetchone()[0]
     assert reason.startswith("ours is unknown")
+    # and the gap register says why: the tool's records, not a client that saw too little
+    needs = con.execute("SELECT needs FROM gaps WHERE affects = 'peer_views (ITL inferledger)'").fetchone()[0]
+    assert needs == "client chunk times that guidellm-0.8.1's records do not keep (our own client records every chunk)"
 
 
 def test_a_malformed_guidellm_record_is_refused_by_path_and_field(tmp_path):
