@@ -85,8 +85,8 @@ class Ours:
         self.proc = None
 
     def manifest(self) -> dict:
-        return {"dtype": self.dtype, "prefix_caching": True, "threads": "1 intra-op thread pinned to the last CPU "
-                "(cpu_threads auto), the HTTP front end free on the other", "endpoint": "inferledger serve"}
+        return {"dtype": self.dtype, "prefix_caching": True, "threads": "one intra-op thread fewer than the CPUs, "
+                "not pinned (cpu_threads auto), a core's worth left to the HTTP front end", "endpoint": "inferledger serve"}
 
 
 class VLLM:
