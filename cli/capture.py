@@ -109,7 +109,8 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             bundle = load_model(model, device=device)
         calibration = None
         if wl.calibrate_tok_s and target == "embedded":
-            calibration = wl.calibrate(probe_throughput(bundle, max_num_seqs))
+            speed = probe_throughput(bundle, max_num_seqs, engine_config=engine_config)
+            calibration = {**wl.calibrate(speed.tok_s), "probe_threads": speed.threads}
         tokenizer = None
         if wl.needs_tokenizer:  # prompts are built before anything is recorded: a bad workload leaves no run
             own = target == "embedded" and (wl.tokenizer is None or (wl.tokenizer == "bundled" and model is None))

@@ -47,3 +47,19 @@ def test_a_tokenizer_that_cannot_load_leaves_no_run(tmp_path):
     with pytest.raises(Exception, match="nonexistent"):
         capture_mod.capture(wl, out, target="http://127.0.0.1:9")
     assert out.exists() and list(out.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_the_calibration_probe_runs_as_the_step_thread_will(bundle):
+    import os
+
+    import torch
+
+    from inferledger.cli.embedded_server import probe_throughput
+
+    before = torch.get_num_threads()
+    speed = probe_throughput(bundle, max_num_seqs=2, tokens=2)
+    # cpu_threads "auto": one intra-op thread fewer than the CPUs this process may use (2 here: 1)
+    assert speed.threads == len(os.sched_getaffinity(0)) - 1 and speed.tok_s > 0
+    assert torch.get_num_threads() == before  # the caller's own thread count is left alone
+    assert probe_throughput(bundle, max_num_seqs=2, tokens=2, engine_config={"cpu_threads": None}).threads is None
