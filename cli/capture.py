@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from inferledger.collectors.loadgen import LoadClient, LoadResult
+from inferledger.collectors.out_dir import check_new_run_dir
 from inferledger.collectors.workload import Workload, load_tokenizer
 from inferledger.cli.embedded_server import EmbeddedServer, probe_throughput
 from inferledger.cli.interrupt import Interrupted, signal_name, sigterm_like_sigint
@@ -189,10 +190,12 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
 
 
 class _StartingManifest:
-    """manifest.json with state "starting" before anything slow; on a failure inside the block the
-    manifest goes again, and the folder too when this capture made it (a bad workload leaves no run)."""
+    """manifest.json with state "starting" before anything slow, in a folder that holds no run yet; on a
+    failure inside the block the manifest goes again, and the folder too when this capture made it (a
+    bad workload leaves no run)."""
 
     def __init__(self, out: Path, body: dict) -> None:
+        check_new_run_dir(out)  # so the clean-up below can only take away what this capture wrote
         self.out, self.made = out, [p for p in (out, *out.parents) if not p.exists()]
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic({"run_id": out.name, **body}, out / "manifest.json")

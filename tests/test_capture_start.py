@@ -49,6 +49,17 @@ def test_a_tokenizer_that_cannot_load_leaves_no_run(tmp_path):
     assert out.exists() and list(out.iterdir()) == []
 
 
+def test_a_folder_holding_a_run_is_refused_and_keeps_its_manifest(tmp_path):
+    from inferledger.collectors.out_dir import RunExistsError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"run_id": "run", "state": "complete"}')
+    with pytest.raises(RunExistsError):
+        capture_mod.capture(WORKLOAD, out, target="http://127.0.0.1:9")
+    assert json.loads((out / "manifest.json").read_text()) == {"run_id": "run", "state": "complete"}
+
+
 @pytest.mark.slow
 def test_the_calibration_probe_runs_as_the_step_thread_will(bundle):
     import os
