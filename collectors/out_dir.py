@@ -7,7 +7,11 @@ and removes it again (with any folder it had to create), so a refusal leaves the
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -51,3 +55,25 @@ def check_new_run_dir(out: Path) -> None:
                 p.rmdir()
             except OSError:
                 break
+
+
+@contextlib.contextmanager
+def building_run_dir(out: Path) -> Iterator[Path]:
+    """Write a new run into a hidden sibling folder and rename it to `out` only when the block succeeds.
+
+    An import that fails part-way (a refusal found late, a full disk) then leaves nothing at `out`, so
+    the same command can be run again once its input is fixed. `out` is checked as a new run directory
+    before and again just before the rename (another process may have written there meanwhile)."""
+    out = Path(out)
+    check_new_run_dir(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        yield staging
+        check_new_run_dir(out)
+        if out.is_dir():  # an empty folder the user made for the run
+            out.rmdir()
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
