@@ -14,10 +14,10 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from inferledger.cli.app import console
-    from inferledger.cli.capture import capture
+    from inferledger.collectors.capture.run import capture
     from inferledger.collectors.workload import Workload
 
-    from inferledger.cli.interrupt import Interrupted
+    from inferledger.collectors.capture.interrupt import Interrupted
     from inferledger.collectors.out_dir import OutDirError, check_new_run_dir
 
     try:

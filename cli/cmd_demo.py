@@ -38,7 +38,7 @@ def demo_cmd(
     summary = reconstruct(out)
     console.print(f"ledger: {summary.n_events} events, {summary.n_attempts} attempts → {summary.path}")
     print_summary(summary.path, console)
-    from inferledger.cli.report import build_report
+    from inferledger.report.build import build_report
 
     report = build_report(out)
     console.print(f"\ndemo: {time.monotonic() - t0:.0f} s in all (model load, {result.wall_s:.0f} s of load, ledger, report)")

@@ -1,4 +1,4 @@
-"""`inferledger export`: a run as a Perfetto trace or OpenTelemetry spans (cli/export.py)."""
+"""`inferledger export`: a run as a Perfetto trace or OpenTelemetry spans (report/export.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,7 +27,7 @@ def export_cmd(
     Example: [cyan]inferledger export runs/r1 --format perfetto[/]  (then open the file at ui.perfetto.dev)
     """
     from inferledger.cli.app import console, err
-    from inferledger.cli.export import FORMATS, export_run
+    from inferledger.report.export import FORMATS, export_run
     from inferledger.ledger.query import LedgerError
 
     fmt = format.lower()

@@ -58,10 +58,10 @@ def serve_cmd(
     from inferledger.collectors.writer import RunWriter
     from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
     from inferledger.engine.loader import DeviceUnavailableError, ModelLoadError, load_model
-    from inferledger.engine.server import serve
+    from inferledger.serve.app import serve
     from inferledger.probes.probe import WallMapping, host_id, mono_clock
 
-    from inferledger.cli.interrupt import sigterm_like_sigint
+    from inferledger.collectors.capture.interrupt import sigterm_like_sigint
     from inferledger.collectors.out_dir import OutDirError, check_new_run_dir
 
     if out is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from inferledger.collectors.run_parts import PartError, list_parts
+from inferledger.probes.run_dir import PartError, list_parts
 from inferledger.ledger import critical_path
 from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, GAP_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inferledger.cli import capture as capture_mod
+from inferledger.collectors.capture import run as capture_mod
 from inferledger.collectors.workload import Workload
 from inferledger.engine import loader
 
@@ -66,7 +66,7 @@ def test_the_calibration_probe_runs_as_the_step_thread_will(bundle):
 
     import torch
 
-    from inferledger.cli.embedded_server import probe_throughput
+    from inferledger.collectors.capture.embedded import probe_throughput
 
     before = torch.get_num_threads()
     speed = probe_throughput(bundle, max_num_seqs=2, tokens=2)

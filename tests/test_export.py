@@ -11,9 +11,9 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_report import SAMPLES, build_demo_run
 
-from inferledger.cli.export import export_run
-from inferledger.cli.export_otlp import emit_spans
-from inferledger.cli.report_data import open_run
+from inferledger.report.export import export_run
+from inferledger.report.export_otlp import emit_spans
+from inferledger.report.data import open_run
 from inferledger.collectors.importer import import_archive
 from inferledger.ledger.reconstruct import reconstruct
 

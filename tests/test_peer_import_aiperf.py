@@ -107,7 +107,7 @@ def test_lenient_keeps_each_refused_record_as_a_gap(tmp_path):
 
 
 def test_report_and_summary_put_aiperfs_numbers_beside_ours(imported):
-    from inferledger.cli.report import build_report
+    from inferledger.report.build import build_report
 
     run, _ = imported
     theirs = SUMMARY["time_to_first_token"]

@@ -89,7 +89,7 @@ def test_readme_figures(led):
 
 
 def test_report_shows_the_engines_own_account(led, tmp_path):
-    from inferledger.cli.report import build_report
+    from inferledger.report.build import build_report
 
     res = build_report(led[2], tmp_path / "report.html")
     html = res.path.read_text()

@@ -1,11 +1,11 @@
 """The report's panels for one run, each from the ledger table its heading names (docs/REPORT.md)."""
 from __future__ import annotations
 
-from inferledger.cli import report_data as rd
-from inferledger.cli import report_figs as figs
-from inferledger.cli.report_drill import drill, drill_ids
-from inferledger.cli.report_html import esc, flatten, fmt, kv_table, note, section, table
-from inferledger.cli.report_timeline import STATE_COLORS, aggregate, attempt_index, choose_sample, gantt
+from inferledger.report import data as rd
+from inferledger.report import figs
+from inferledger.report.drill import drill, drill_ids
+from inferledger.report.page import esc, flatten, fmt, kv_table, note, section, table
+from inferledger.report.timeline import STATE_COLORS, aggregate, attempt_index, choose_sample, gantt
 
 IDENTITY_KEYS = (("model", ("path", "sha256", "format", "quantization", "architecture", "dtype", "tokenizer",
                             "chat_template_sha256")),

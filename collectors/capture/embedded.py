@@ -17,8 +17,8 @@ class EmbeddedServer:
                  bundle=None, engine_config: dict | None = None) -> None:
         """`bundle`: an already loaded model (else `model`, a path, or the bundled default, is loaded)."""
         from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
-        from inferledger.engine.server import build_app
-        from inferledger.engine.server_thread import ServerThread
+        from inferledger.serve.app import build_app
+        from inferledger.serve.thread import ServerThread
 
         if bundle is None:
             from inferledger.engine.loader import load_model

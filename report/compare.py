@@ -5,9 +5,9 @@ single-run report shows (report_data), read from each run's own ledger.
 """
 from __future__ import annotations
 
-from inferledger.cli import report_data as rd
-from inferledger.cli import report_figs as figs
-from inferledger.cli.report_html import esc, flatten, fmt, note, section
+from inferledger.report import data as rd
+from inferledger.report import figs
+from inferledger.report.page import esc, flatten, fmt, note, section
 
 IDENTITY_PARTS = (("model", ("path", "sha256", "format", "quantization")), ("engine_config", None),
                   ("workload", ("name", "sha256", "hash")), ("host", None), ("evidence", None), ("source", None))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from inferledger.cli.report_html import esc
+from inferledger.report.page import esc
 
 # Colours follow the book's timelines: prefill blue, decode green, queue grey.
 STATE_COLORS = {

@@ -25,9 +25,9 @@ from aiohttp import web
 
 OFF_LOOP_BYTES = 64 * 1024  # bodies above this are decoded off the event loop
 
-from .openai_protocol import (CHAT, COMPLETIONS, DEFAULT_COMPLETION_MAX_TOKENS, KNOWN_FIELDS, ApiError,
+from .protocol import (CHAT, COMPLETIONS, DEFAULT_COMPLETION_MAX_TOKENS, KNOWN_FIELDS, ApiError,
                               GenerationRequest, Shaper, engine_error, parse_chat, parse_completion)
-from .server_stream import Attempt, produce
+from .stream import Attempt, produce
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 ID_HEADERS = ("x-request-id", "x-inferledger-request-id", "x-inferledger-attempt-id", "x-inferledger-task-id",

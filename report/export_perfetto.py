@@ -15,7 +15,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from inferledger.cli.report_clocks import build_timebase
+from inferledger.report.clocks import build_timebase
 
 STREAM_ORDER = {"client": 0, "link": 1, "server": 2, "engine": 3}
 INSTANTS = ("attempt.cancel", "attempt.timeout", "attempt.error", "engine.preempted", "engine.cancel_received",

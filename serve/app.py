@@ -26,9 +26,9 @@ from aiohttp import web
 
 from inferledger.probes.probe import Probe
 
-from .openai_protocol import CHAT, COMPLETIONS, ApiError
-from .server_metrics import ServerMetrics
-from .server_request import IdAssigner, Ids, check_auth, handle_generation, max_token_bytes
+from .protocol import CHAT, COMPLETIONS, ApiError
+from .metrics import ServerMetrics
+from .request import IdAssigner, Ids, check_auth, handle_generation, max_token_bytes
 
 log = logging.getLogger(__name__)
 SERVER_KEY = web.AppKey("inferledger_server", object)

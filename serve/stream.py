@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .openai_protocol import CHAT, ApiError, Shaper, sse, usage
+from .protocol import CHAT, ApiError, Shaper, sse, usage
 
 if TYPE_CHECKING:
-    from .server_request import Ids
+    from .request import Ids
 
 log = logging.getLogger(__name__)
 
