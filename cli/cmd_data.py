@@ -4,15 +4,13 @@ Heavy libraries (duckdb, pyarrow) are imported inside the commands so `inferledg
 """
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, echo_rows, fail, plain
 
 TABLE_ROWS = 100  # rows a terminal table shows when --limit is not given
 
@@ -51,18 +49,6 @@ QUERY_HELP = (
 )
 
 
-class OutputFormat(str, Enum):
-    table = "table"
-    csv = "csv"
-    json = "json"
-
-
-def _fail(message: str) -> None:
-    # Plain echo, not rich: DuckDB's caret under "LINE 1:" must stay aligned and unwrapped.
-    typer.echo(message, err=True)
-    raise typer.Exit(2)
-
-
 class ImportSource(str, Enum):
     e0 = "e0"
     otlp = "otlp"
@@ -86,8 +72,9 @@ def import_cmd(
                                                         "not record it (vLLM bench's result JSON does not).")] = None,
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id for every row (default: the out folder's name).")] = None,
     lenient: Annotated[bool, typer.Option("--lenient", help="Import the good lines; register each refused line in gaps.parquet.")] = False,
-    host: Annotated[Optional[str], typer.Option("--host", help="--from otlp: the host whose wall clock the spans are on "
-                                                "(default: the resource's host.name).")] = None,
+    engine_host: Annotated[Optional[str], typer.Option("--engine-host", help="--from otlp: the engine's host, whose "
+                                                       "wall clock the spans are on (default: the resource's "
+                                                       "host.name).")] = None,
     reporter: Annotated[Optional[str], typer.Option("--reporter", help="--from otlp: who reported the spans, e.g. "
                                                     "vllm-0.32.0 (default: the resource's service.name).")] = None,
 ) -> None:
@@ -115,14 +102,14 @@ def import_cmd(
     --reporter vllm-0.32.0[/]; such a run can be the --server of a load tool's import.
     """
     if source == ImportSource.otlp:
-        return _import_otlp(archive, out, run_id, host, reporter)
+        return _import_otlp(archive, out, run_id, engine_host, reporter)
     if source != ImportSource.e0:
         from inferledger.cli.import_peer import import_peer_cmd
 
         return import_peer_cmd(source.value, archive, out, server=server, run_id=run_id, lenient=lenient,
-                               tool_version=tool_version, fail=_fail)
+                               tool_version=tool_version, fail=fail)
     if server is not None:
-        _fail("inferledger import: --server goes with --from aiperf|vllm-bench|guidellm (an E0 archive carries its own server events)")
+        fail("inferledger import: --server goes with --from aiperf|vllm-bench|guidellm (an E0 archive carries its own server events)")
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -134,10 +121,10 @@ def import_cmd(
     except ArchiveError as exc:
         for n, reason in exc.refusals:
             typer.echo(f"{archive}:{n}: {reason}", err=True)
-        _fail(f"{len(exc.refusals)} line(s) of {archive} refused; nothing was written. "
+        fail(f"{len(exc.refusals)} line(s) of {archive} refused; nothing was written. "
               "Fix them, or rerun with --lenient to import the rest and register these as gaps.")
     except (OutDirError, FileNotFoundError, IsADirectoryError) as exc:
-        _fail(f"inferledger import: {exc}")
+        fail(f"inferledger import: {exc}")
     for n, reason in res.refusals:
         typer.echo(f"warning: {archive}:{n}: {reason}", err=True)
     if res.refusals:
@@ -163,38 +150,18 @@ def _import_otlp(path: Path, out: Path, run_id, host, reporter) -> None:
     try:
         res = import_otlp(path, out, run_id=run_id, host=host, reporter=reporter)
     except OtlpFileError as exc:
-        _fail(f"inferledger import --from otlp: {exc}; nothing was written")
+        fail(f"inferledger import --from otlp: {exc}; nothing was written")
     except (OutDirError, FileNotFoundError, IsADirectoryError) as exc:
-        _fail(f"inferledger import: {exc}")
+        fail(f"inferledger import: {exc}")
     Console().print(f"imported {escape(str(path))} -> {escape(str(out))} (run [bold]{escape(res.run_id)}[/]): "
                     f"{res.spans} spans ({res.request_spans} llm_request) -> {res.events} events on wall:"
                     f"{escape(res.host)}, reported by {escape(res.reporter)}", highlight=False)
 
 
-def _plain(v):
-    """A JSON-ready Python value (NaN and infinities have no JSON spelling: null)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if hasattr(v, "isoformat"):
-        return v.isoformat()
-    return str(v)
-
-
-def _csv_cell(v) -> str:
-    v = _plain(v)
-    return "" if v is None else json.dumps(v) if isinstance(v, (list, dict)) else str(v)
-
-
 def query_cmd(
     target: Annotated[str, typer.Argument(metavar="RUN_DIR|GLOB", help="A run folder, a quoted glob like 'runs/*', or a ledger.duckdb file.")],
     sql: Annotated[str, typer.Argument(metavar="SQL", help="One read-only query (SELECT, WITH, EXPLAIN, SHOW, DESCRIBE, SUMMARIZE).")],
-    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="table for people; csv or json (one array of records) for scripts.")] = OutputFormat.table,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help=FORMAT_HELP)] = OutputFormat.table,
     limit: Annotated[Optional[int], typer.Option("--limit", "-n", min=1, help=f"At most N rows (a table shows {TABLE_ROWS} by default).")] = None,
 ) -> None:
     """Run read-only SQL on the ledger of one run or of many runs at once."""
@@ -205,18 +172,10 @@ def query_cmd(
         with open_ledger(target) as led:
             columns, rows = led.rows(sql, limit=None if n is None else n + 1)
     except LedgerError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     more = n is not None and len(rows) > n
     rows = rows[:n] if n is not None else rows
-    if fmt == OutputFormat.csv:
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows([_csv_cell(v) for v in row] for row in rows)
-        typer.echo(buf.getvalue(), nl=False)
-    elif fmt == OutputFormat.json:
-        typer.echo(json.dumps([dict(zip(columns, map(_plain, row))) for row in rows], allow_nan=False))
-    else:
+    if not echo_rows(fmt, columns, rows):
         _print_table(columns, rows, more)
 
 
@@ -226,7 +185,7 @@ def _print_table(columns: list[str], rows: list[tuple], more: bool) -> None:
     from rich.table import Table
 
     def cell(v) -> str:
-        return "[dim]NULL[/]" if v is None else escape(str(_plain(v)))
+        return "[dim]NULL[/]" if v is None else escape(str(plain(v)))
 
     console = Console()
     if len(rows) <= 3 and len(columns) * 12 > console.width:

@@ -22,7 +22,7 @@ def report_cmd(
 
     Example: [cyan]inferledger report runs/r1 --compare runs/r0[/]
     """
-    from inferledger.cli.app import console, err
+    from inferledger.cli.output import console, err
     from inferledger.report.build import build_report
     from inferledger.ledger.query import LedgerError
 

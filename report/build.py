@@ -18,7 +18,8 @@ from inferledger.report import reported
 from inferledger.report import sections as sec
 from inferledger.report.clocks import build_timebase
 from inferledger.report.compare import compare_section
-from inferledger.report.data import headline, open_run
+from inferledger.report.data import headline
+from inferledger.report.read import open_run
 from inferledger.report.page import Page, esc
 
 DETAIL_LIMIT = 300   # attempts drawn as timeline rows; beyond this the timeline shows a sample

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from inferledger.report.data import num
+from inferledger.report.read import num
 
 OUTPUT_EVENTS = {"attempt.chunk": "client", "server.write": "server", "engine.token": "engine"}
 METRIC_COLUMNS = ("ttft_client_ms", "ttft_first_byte_ms", "ttft_visible_ms", "ttft_server_ms", "e2e_client_ms",

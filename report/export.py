@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from inferledger.report.data import open_run
+from inferledger.report.read import open_run
 
 FORMATS = ("perfetto", "otlp")
 DEFAULT_NAMES = {"perfetto": "trace.perfetto.json", "otlp": "spans.otlp.jsonl"}

@@ -17,14 +17,11 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from .ids import Ids
 from .protocol import CHAT, ApiError, Shaper, sse, usage
-
-if TYPE_CHECKING:
-    from .request import Ids
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +30,7 @@ log = logging.getLogger(__name__)
 class Attempt:
     """One generation request in flight: its ids, timings and what has been written so far."""
 
-    ids: "Ids"
+    ids: Ids
     endpoint: str
     stream: bool
     n: int

@@ -30,7 +30,7 @@ VLLM_OTLP_ENDPOINT="http://127.0.0.1:$OTLP_PORT/v1/traces" bash "$ROOT/benchmark
   || die "vLLM did not start (see .peers/vllm-run/vllm-$VLLM_PORT.log)"
 started=1
 
-"$IL" capture -w "$WORKLOAD" -o "$OUT" --target "http://127.0.0.1:$VLLM_PORT" --served-model smollm2 \
+"$IL" capture -w "$WORKLOAD" -o "$OUT" --target "http://127.0.0.1:$VLLM_PORT" --served-model-name smollm2 \
   --otlp-port "$OTLP_PORT" --scrape-metrics || die "capture failed (partial run kept in $OUT)"
 bash "$ROOT/benchmarks/peers/vllm_cpu.sh" stop
 started=0

@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,14 +23,15 @@ import pyarrow as pa
 from inferledger.collectors.loadgen import LoadClient, LoadResult
 from inferledger.collectors.out_dir import check_new_run_dir
 from inferledger.collectors.workload import Workload, load_tokenizer
-from inferledger.collectors.capture.embedded import EmbeddedServer, probe_throughput
+from inferledger.collectors.capture.speed_probe import probe_throughput
 from inferledger.collectors.capture.interrupt import Interrupted, signal_name, sigterm_like_sigint
 from inferledger.collectors.writer import AUTOFLUSH_S, RunWriter, write_json_atomic, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
+from inferledger.probes.probe import Probe, WallMapping, host_id, mono_clock
 from inferledger.probes.sampler import EnergySampler
+from inferledger.serve import DRAIN_TIMEOUT_S
 
 IDLE_BASELINE_S = 1.0  # sampled before load: the idle term of energy per good result
-from inferledger.probes.probe import Probe, WallMapping, host_id, mono_clock
 
 CLIENT_BOUND_LAG_MS = 1.0  # p99 event-loop lag above which the client's own delay taints its figures
 
@@ -87,7 +88,8 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             engine_config: dict | None = None, served_model: str | None = None, api_key: str | None = None,
             switch_interval_s: float | None = 0.0005, progress=None, on_ready=None,
             device: str = "cpu", otlp_port: int | None = None, scrape_metrics: bool = False,
-            engine_host: str | None = None, engine_clock_epsilon_ms: float = 5.0) -> CaptureResult:
+            engine_host: str | None = None, engine_clock_epsilon_ms: float = 5.0,
+            drain_timeout_s: float = DRAIN_TIMEOUT_S) -> CaptureResult:
     """Run `workload` against `target` ('embedded' or a base URL) and write the run directory `out`.
 
     `bundle` reuses an already loaded model (tests), else `model` is loaded on `device` ("cpu" or
@@ -95,7 +97,8 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     thread switch interval during the run so the client's loop is not held for 5 ms by the server's
     or engine's threads (None leaves it alone). A URL target's own evidence (collectors.engine_evidence):
     `otlp_port` receives its OTLP spans, `scrape_metrics` scrapes its /metrics; `engine_host` names the
-    engine's host when it is not this one (its wall clock then maps within `engine_clock_epsilon_ms`)."""
+    engine's host when it is not this one (its wall clock then maps within `engine_clock_epsilon_ms`).
+    The embedded server stops by the serving drain rule (serve/lifecycle.py) within `drain_timeout_s`."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
     # The manifest exists from the first second (state "starting") while the model loads and the
@@ -139,8 +142,11 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     with sigterm_like_sigint() as got:
         try:
             if target == "embedded":
-                server = EmbeddedServer(writer, host, max_num_seqs=max_num_seqs, bundle=bundle,
-                                        engine_config=engine_config)
+                from inferledger.engine import EngineConfig
+                from inferledger.serve.lifecycle import Serving
+
+                config = EngineConfig(**{"max_num_seqs": max_num_seqs, **(engine_config or {})})
+                server = Serving(bundle, config, sink=writer, host=host, source="inferledger capture")
                 head.update(server.engine.manifest())
                 writer.write_manifest(head)
             url = server.start() if server is not None else target  # one host, one CLOCK_MONOTONIC
@@ -166,7 +172,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
                                                         trace_salt=evidence.trace_salt if evidence else None))
             sys.setswitchinterval(old_switch)
             if server is not None:
-                server.stop()
+                server.stop(drain_timeout_s)
             sampler.stop()
             manifest = _finish(writer, wl, plans, tokenizer, server, sampler, evidence, result, lags, mappings,
                                wall, out, host=host, url=url, client_clock=client_clock, engine_clock=engine_clock,
@@ -177,7 +183,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
         except BaseException as exc:  # interrupted or failed: keep what was recorded, say so, re-raise
             why = signal_name(got, exc)
             sys.setswitchinterval(old_switch)
-            _stop_quietly(server, sampler, evidence)
+            _stop_quietly(server, sampler, evidence, drain_timeout_s)
             writer.write_manifest({**head, "state": "interrupted", "interrupted": why,
                                    "wall_s": round(time.monotonic() - t0, 3)})
             if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Interrupted):
@@ -214,9 +220,9 @@ class _StartingManifest:
                 break
 
 
-def _stop_quietly(server, sampler, evidence=None) -> None:
+def _stop_quietly(server, sampler, evidence=None, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
     """Stop what runs, each part on its own: one failing (a CUDA timer's close) must not stop the rest."""
-    for stop in ((lambda: server.stop(drain_s=5.0)) if server is not None else None, sampler.stop,
+    for stop in ((lambda: server.stop(drain_timeout_s)) if server is not None else None, sampler.stop,
                  evidence.abort if evidence is not None else None):
         if stop is None:
             continue
@@ -288,5 +294,6 @@ def _finish(writer, wl, plans, tokenizer, server, sampler, evidence, result, lag
         manifest["engine_evidence"] = evidence_manifest
     if server is not None:
         manifest.update(server.engine.manifest())
+        manifest["drain"] = asdict(server.drain)
     writer.write_manifest(manifest)
     return manifest
