@@ -14,7 +14,7 @@ from inferledger.cli.output import FORMAT_HELP, OutputFormat, echo_rows, fail, p
 
 TABLE_ROWS = 100  # rows a terminal table shows when --limit is not given
 
-# The public SQL surface (DESIGN "Public SQL surface"): name -> one row per ...
+# The public SQL surface (docs/LEDGER.md defines every table): name -> one row per ...
 SQL_SURFACE = [
     ("events", "raw event"), ("samples", "raw sample (energy, power, KV blocks)"),
     ("clocks", "clock domain or mapping"), ("attempts", "attempt: ids and the four statuses"),
@@ -80,7 +80,7 @@ def import_cmd(
 ) -> None:
     """Import an E0 archive, or a load tool's own output, into a new run directory.
 
-    [bold]--from e0[/] (default): each line is one event with the columns of DESIGN §4; run_id,
+    [bold]--from e0[/] (default): each line is one event with the columns of docs/EVENTS.md; run_id,
     event_id, seq and host are filled in when missing. clock.domain and clock.map lines go to
     clocks.parquet, task.start contracts to tasks.parquet. Any bad line (unknown name, missing id,
     non-integer ts_ns, undeclared clock, duplicate event_id, contradicting clock.map ...) is reported as

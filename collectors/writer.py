@@ -1,6 +1,6 @@
 """Writing a run directory: buffered Parquet parts, renamed into place whole.
 
-Layout (DESIGN §3): manifest.json, events/part-*.parquet, samples/part-*.parquet, clocks.parquet,
+Layout (docs/ARCHITECTURE.md "The run directory"): manifest.json, events/part-*.parquet, samples/part-*.parquet, clocks.parquet,
 tasks.parquet. Every file is written under a temporary name in the same folder and renamed, so a
 killed process leaves only complete files; a flush never rewrites a part already on disk.
 

@@ -1,7 +1,7 @@
 """`report --compare`: two runs side by side, headline figures with Δ and Δ%, overlaid distributions.
 
 Δ = this run − the compared run; Δ% is relative to the compared run. Every figure is the one the
-single-run report shows (report_data), read from each run's own ledger.
+single-run report shows (report/data.py), read from each run's own ledger.
 """
 from __future__ import annotations
 

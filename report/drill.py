@@ -1,7 +1,7 @@
 """Drill-down data for single attempts: every interval of every stream, every event with its attrs, and
 the output events (client chunks, server writes, engine tokens) as times, on the report's axis.
 
-The page draws one attempt at a time from this data (report_assets.JS); strings travel as data and
+The page draws one attempt at a time from this data (report/assets.py, PAGE_JS); strings travel as data and
 reach the page through textContent, or escaped where plotly renders them.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `produce()` runs as its own task per request so the disconnect watcher can cancel it without touching
 the HTTP handler; cancelling it (or a failed write) closes the engine's stream, which aborts the
-request in the engine. Events (DESIGN §4): `server.write` for each event handed to the socket, stamped
+request in the engine. Events (docs/EVENTS.md): `server.write` for each event handed to the socket, stamped
 at the hand-off (before the write call: on loopback the client can read the bytes before the call
 returns) and emitted once the write succeeded (value = output tokens it carries, attrs.kinds ⊆ role,
 content, finish, usage, done; attrs.choice on role / content / finish), `server.done`
