@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from inferledger.cli.output import FORMAT_HELP, OutputFormat, echo_rows, fail, plain
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, echo_result, echo_rows, fail, plain
 
 TABLE_ROWS = 100  # rows a terminal table shows when --limit is not given
 
@@ -77,6 +77,8 @@ def import_cmd(
                                                        "host.name).")] = None,
     reporter: Annotated[Optional[str], typer.Option("--reporter", help="--from otlp: who reported the spans, e.g. "
                                                     "vllm-0.32.0 (default: the resource's service.name).")] = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help=FORMAT_HELP + " One row: what was imported "
+                                              "(refusals and warnings go to stderr in every format).")] = OutputFormat.table,
 ) -> None:
     """Import an E0 archive, or a load tool's own output, into a new run directory.
 
@@ -93,7 +95,7 @@ def import_cmd(
     docs/PEERS.md "Load tools") and the clock mapping estimated from the join. A malformed record is
     refused as FILE:LINE: field ... (exit 2), or kept as a gap with --lenient.
 
-    Examples: [bold]inferledger import samples/e0/retry.jsonl --out runs/retry[/];
+    Examples: [bold]inferledger import samples/e0/r2_timeout_retry/archive.jsonl --out runs/retry[/];
     [bold]inferledger import --from aiperf artifacts/ --server runs/s1 --out runs/a1[/], then
     [bold]inferledger reconstruct runs/a1[/] and [bold]inferledger report runs/a1[/].
 
@@ -102,12 +104,12 @@ def import_cmd(
     --reporter vllm-0.32.0[/]; such a run can be the --server of a load tool's import.
     """
     if source == ImportSource.otlp:
-        return _import_otlp(archive, out, run_id, engine_host, reporter)
+        return _import_otlp(archive, out, run_id, engine_host, reporter, fmt)
     if source != ImportSource.e0:
         from inferledger.cli.import_peer import import_peer_cmd
 
         return import_peer_cmd(source.value, archive, out, server=server, run_id=run_id, lenient=lenient,
-                               tool_version=tool_version, fail=fail)
+                               tool_version=tool_version, fail=fail, fmt=fmt)
     if server is not None:
         fail("inferledger import: --server goes with --from aiperf|vllm-bench|guidellm (an E0 archive carries its own server events)")
     from rich.console import Console
@@ -129,6 +131,8 @@ def import_cmd(
         typer.echo(f"warning: {archive}:{n}: {reason}", err=True)
     if res.refusals:
         typer.echo(f"warning: {res.refused} refused line(s) went to the gap register ({out / 'gaps.parquet'})", err=True)
+    if echo_result(fmt, res):
+        return
     console = Console()
     console.print(f"imported {escape(str(archive))} -> {escape(str(out))} (run [bold]{escape(res.run_id)}[/])",
                   highlight=False)
@@ -139,7 +143,7 @@ def import_cmd(
     console.print(table)
 
 
-def _import_otlp(path: Path, out: Path, run_id, host, reporter) -> None:
+def _import_otlp(path: Path, out: Path, run_id, host, reporter, fmt: OutputFormat) -> None:
     from rich.console import Console
     from rich.markup import escape
 
@@ -153,6 +157,8 @@ def _import_otlp(path: Path, out: Path, run_id, host, reporter) -> None:
         fail(f"inferledger import --from otlp: {exc}; nothing was written")
     except (OutDirError, FileNotFoundError, IsADirectoryError) as exc:
         fail(f"inferledger import: {exc}")
+    if echo_result(fmt, res):
+        return
     Console().print(f"imported {escape(str(path))} -> {escape(str(out))} (run [bold]{escape(res.run_id)}[/]): "
                     f"{res.spans} spans ({res.request_spans} llm_request) -> {res.events} events on wall:"
                     f"{escape(res.host)}, reported by {escape(res.reporter)}", highlight=False)

@@ -78,6 +78,15 @@ def echo_rows(fmt: OutputFormat, columns, rows) -> bool:
     return False
 
 
+def echo_result(fmt: OutputFormat, result) -> bool:
+    """A command's result (a dataclass) as one csv / json row, its `refusals` left out (they went to
+    stderr); False for `table`."""
+    from dataclasses import asdict
+
+    row = {k: (str(v) if k == "out" else v) for k, v in asdict(result).items() if k != "refusals"}
+    return echo_rows(fmt, list(row), [list(row.values())])
+
+
 def section_rows(value) -> tuple[list[str], list[list]]:
     """(columns, rows) of one section: a list of records, or one record."""
     records = value if isinstance(value, list) else [value]
