@@ -110,3 +110,15 @@ def test_the_checker_sees_a_forbidden_arrow_and_a_cycle(tmp_path):
     assert imports("inferledger.x.b", b, known) == {"inferledger.x", "inferledger.x.a"}
     with pytest.raises(graphlib.CycleError):
         list(graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}}).static_order())
+
+
+def test_the_report_the_exports_and_the_summary_share_only_the_read_helpers(graph):
+    # the HTML report does not read the terminal summary, and the exports do not read the report's panels
+    report = {m for m in graph if m.startswith("inferledger.report.")}
+    exports = {m for m in report if m.rpartition(".")[2].startswith("export")}
+    summary = {"inferledger.report.summary"}
+    panels = report - exports - summary - {"inferledger.report.read", "inferledger.report.clocks",
+                                           "inferledger.report.tables"}
+    assert sorted(f"{m} -> {t}" for m in panels for t in graph[m] if t in summary) == []
+    assert sorted(f"{m} -> {t}" for m in exports for t in graph[m] if t in panels | summary) == []
+    assert sorted(f"{m} -> {t}" for m in summary for t in graph[m] if t in panels | exports) == []
