@@ -74,27 +74,30 @@ def serve_cmd(
     writer = RunWriter(out, autoflush_s=flush_every) if out is not None else None
     life = Serving(bundle, EngineConfig(max_num_seqs=max_num_seqs), sink=writer, model_name=served_model_name,
                    api_key=api_key, max_queue=max_queue, owns_run=True)
-    try:
-        life.start(host, port)
-    except OSError as exc:
-        life.stop(0, stopped_by=f"could not bind {host}:{port}")
-        raise typer.BadParameter(f"cannot listen on {host}:{port}: {exc.strerror or exc}", param_hint="--port") from None
-    console.print(f"serving [bold]{life.model_name}[/] on [bold]http://{host}:{life.thread.port}/v1[/]"
-                  + (f", events into [bold]{out}[/]" if out else "") + "  (Ctrl-C stops)")
-    got = {"signum": None}
-    try:
-        with sigterm_like_sigint() as got:  # SIGTERM (docker stop, a CI timeout) stops it as Ctrl-C does
+    # SIGTERM (docker stop, a CI timeout) stops it as Ctrl-C does; a second signal during the drain
+    # cancels what is left at once
+    with sigterm_like_sigint() as got:
+        try:
+            life.start(host, port)
+        except OSError as exc:
+            life.stop(0, stopped_by=f"could not listen on {host}:{port}")
+            raise typer.BadParameter(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                                     param_hint="--port") from None
+        console.print(f"serving [bold]{life.model_name}[/] on [bold]http://{host}:{life.thread.port}/v1[/]"
+                      + (f", events into [bold]{out}[/]" if out else "") + "  (Ctrl-C stops)")
+        try:
             life.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stopped_by = "SIGTERM" if got["signum"] else "SIGINT"
-        with console.status(f"stopping: in-flight requests get up to {drain_timeout:g} s, then are cancelled"):
+        except KeyboardInterrupt:
+            pass
+        finally:
+            stopped_by = "SIGTERM" if got["signum"] else "SIGINT"
+            console.print(f"stopping ({stopped_by}): in-flight requests get up to {drain_timeout:g} s, then are "
+                          "cancelled")
             drain = life.stop(drain_timeout, stopped_by=stopped_by)
-        console.print(f"stopped ({stopped_by}): {drain.in_flight} request(s) in flight, {drain.cancelled} cancelled "
-                      f"after the drain timeout")
-        if out is not None:
-            console.print(f"run directory: [bold]{out}[/]  (next: inferledger reconstruct {out})")
+    console.print(f"stopped: {drain.in_flight} request(s) were in flight, {drain.cancelled} cancelled after the "
+                  "drain timeout")
+    if out is not None:
+        console.print(f"run directory: [bold]{out}[/]  (next: inferledger reconstruct {out})")
     if stopped_by == "SIGTERM":
         raise typer.Exit(143)
 

@@ -93,7 +93,7 @@ class Serving:
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Start the engine loop and the front end on `host:port` (0: an ephemeral port); returns the URL.
-        An address that cannot be bound raises OSError."""
+        An address that cannot be bound raises OSError; `stop` then still closes the engine and the run."""
         self.t0 = time.monotonic()
         if self.owns_run:
             self.wall = WallMapping()  # mono -> Unix time for the exports, checked again at the end
@@ -103,7 +103,6 @@ class Serving:
         try:
             self.thread.start()
         except RuntimeError as exc:
-            self.async_engine.close()
             cause = exc.__cause__
             raise cause if isinstance(cause, OSError) else exc
         if self.owns_run:
