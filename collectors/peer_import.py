@@ -166,8 +166,8 @@ def _join(res: PeerImportResult, reqs, ids, srv, clock: str, gaps: list, run_id:
         why = f"the join by prefix + index did not prove itself: {mapping.problem}"
         for aid in joined:
             rules[aid] = f"prefix+index, refused ({why})"
-        joined, pairs, mapping = {}, [], None
-        res.refused_join = why
+        joined, pairs = {}, []
+        mapping.problem, res.refused_join = why, why
     for r, aid in zip(reqs, ids):
         res.key_rules[rules[aid]] = res.key_rules.get(rules[aid], 0) + 1
         if aid in joined:
@@ -179,7 +179,7 @@ def _join(res: PeerImportResult, reqs, ids, srv, clock: str, gaps: list, run_id:
     res.joined, res.unjoined = len(joined), len(reqs) - len(joined)
     res.mapping = mapping.as_dict() if mapping else None
     if mapping is None or mapping.offset_ns is None:
-        why = res.refused_join or ("no request joined" if mapping is None else mapping.problem)
+        why = "no request joined" if mapping is None else mapping.problem
         gaps.append(_gap(run_id, "peer-clock", "run", clock, "every difference between the tool's and the "
                          "server's timestamps", f"a mapping {clock} -> server clock", why))
     return joined

@@ -1,15 +1,23 @@
 """Hostile or broken load-tool output is refused by file:line (or JSON path) and field, exit 2, no
 traceback, and nothing at --out: NaN and infinities, wrong JSON types, non-integer or negative or huge
-token counts, lists of unequal length, deep nesting, invalid UTF-8, times past the ledger's span."""
+token counts, lists of unequal length, deep nesting, invalid UTF-8, times past the ledger's span; and a
+hypothesis pass: whatever one value of a record becomes, the import refuses it clearly or the run rebuilds."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
+from inferledger.collectors.peer_import import PeerRecordsError, import_peer
+from inferledger.collectors.peer_records import RecordError
+from inferledger.ledger.reconstruct import reconstruct
 from peer_util import SAMPLES
 
 AIPERF = (SAMPLES / "aiperf-0.13.0" / "tool" / "profile_export.jsonl").read_text().splitlines()
@@ -193,3 +201,46 @@ REC = ":$.benchmarks[0].requests.successful"
 def test_a_bad_guidellm_field_is_refused_by_path_and_field(tmp_path, edit, words):
     path = _guidellm(tmp_path, edit)
     assert f"{path}{words}" in refused(tmp_path, "guidellm", path)
+
+
+# -- hypothesis: any one value of a record changed, the import refuses it clearly or the run rebuilds --
+_ANY = st.one_of(st.none(), st.booleans(), st.integers(-(2**64), 2**64), st.floats(), st.text(max_size=3),
+                 st.sampled_from([[], [1.5], {}, {"value": 1}, [[[]]], "\ud800"]))
+
+
+def _paths(o, at=()):
+    if isinstance(o, dict):
+        for k, v in o.items():
+            yield at + (k,)
+            yield from _paths(v, at + (k,))
+    elif isinstance(o, list):
+        for i, v in enumerate(o[:4]):
+            yield at + (i,)
+            yield from _paths(v, at + (i,))
+
+
+AIPERF_RECORD = json.loads(AIPERF[3])
+AIPERF_PATHS = list(_paths(AIPERF_RECORD))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, len(AIPERF_PATHS) - 1), _ANY, st.booleans())
+def test_whatever_one_aiperf_value_becomes_the_import_refuses_it_or_the_run_rebuilds(k, value, lenient):
+    tmp = Path(tempfile.mkdtemp())
+    try:
+        rec = json.loads(json.dumps(AIPERF_RECORD))
+        node, path = rec, AIPERF_PATHS[k]
+        for p in path[:-1]:
+            node = node[p]
+        node[path[-1]] = value
+        d = tmp / "tool"
+        d.mkdir()
+        (d / "profile_export.jsonl").write_text("\n".join(AIPERF[:3] + [json.dumps(rec)] + AIPERF[4:8]) + "\n")
+        try:
+            import_peer("aiperf", d, tmp / "run", server=SAMPLES / "aiperf-0.13.0" / "server", lenient=lenient)
+        except (RecordError, PeerRecordsError):
+            assert not (tmp / "run").exists()
+            return
+        reconstruct(tmp / "run")  # any exception here fails the test
+    finally:
+        shutil.rmtree(tmp)
