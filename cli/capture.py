@@ -21,7 +21,8 @@ import pyarrow as pa
 
 from inferledger.collectors.loadgen import LoadClient, LoadResult
 from inferledger.collectors.out_dir import check_new_run_dir
-from inferledger.collectors.workload import Workload, load_tokenizer
+from inferledger.collectors.prompt_tokenizer import load_tokenizer
+from inferledger.collectors.workload import Workload
 from inferledger.cli.embedded_server import EmbeddedServer, probe_throughput
 from inferledger.cli.interrupt import Interrupted, signal_name, sigterm_like_sigint
 from inferledger.collectors.writer import AUTOFLUSH_S, RunWriter, write_json_atomic, write_table_atomic

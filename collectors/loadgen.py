@@ -7,7 +7,7 @@ requests: a `Transport` turns one attempt into a stream of `Chunk`s (HTTP in `ht
 in-process engine in `cli/embedded.py`). A timeout or cancellation closes the stream (or, with
 `on_timeout = "abandon"`, stops listening while the connection drains); what the server does then is
 the server's own evidence, never inferred here. The workload format and task plans live in
-`collectors/workload.py`.
+the `collectors/workload` package.
 """
 from __future__ import annotations
 
