@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from inferledger.collectors.workload import Workload, load_tokenizer
+from inferledger.collectors.prompt_tokenizer import load_tokenizer
+from inferledger.collectors.workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = ROOT / "samples" / "workloads" / "vllm_cpu.toml"
