@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -206,3 +209,47 @@ def test_a_part_that_cannot_be_written_never_leaves_a_complete_manifest(tmp_path
         capture(_workload(tmp_path), tmp_path / "run", target=srv.url, otlp_port=port)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["state"] == "interrupted"
+
+
+WORKLOAD_TOML = """
+name = "evidence-sigterm"
+seed = 1
+[taskset]
+file = "tasks.jsonl"
+[arrivals]
+process = "replay"
+file = "arrivals.txt"
+[contract]
+deadline_ms = 60000
+[client]
+timeout_ms = 30000
+max_attempts = 1
+[generation]
+max_tokens = 5
+temperature = 0.0
+"""
+
+
+def test_sigterm_stops_a_capture_whose_metrics_endpoint_trickles(tmp_path):
+    _workload(tmp_path)
+    (tmp_path / "arrivals.txt").write_text("".join(f"{500 * i}\n" for i in range(N_TASKS * 2)))  # 8 s of load
+    (tmp_path / "tasks.jsonl").write_text((tmp_path / "tasks.jsonl").read_text() * 2)
+    (tmp_path / "w.toml").write_text(WORKLOAD_TOML)
+    port, run = _free_port(), tmp_path / "run"
+    with _Vllm(port, trickle=True).thread as srv:
+        proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "capture", "-w", str(tmp_path / "w.toml"),
+                                 "-o", str(run), "--target", srv.url, "--otlp-port", str(port), "--scrape-metrics"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300  # a bound for a slow start, not a timing
+        while not (run / "scrapes" / "refused.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the first scrape has met its deadline: the load is under way
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise AssertionError("SIGTERM did not stop the capture")
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err, err
+    assert json.loads((run / "manifest.json").read_text())["state"] == "interrupted"
