@@ -50,7 +50,7 @@ def test_a_tokenizer_that_cannot_load_leaves_no_run(tmp_path):
 
 
 def test_the_workload_tokenizer_is_read_through_the_loaders_checks(tmp_path):
-    from inferledger.collectors.workload import load_tokenizer
+    from inferledger.collectors.prompt_tokenizer import load_tokenizer
     from inferledger.engine.loader import ModelLoadError
 
     bad = tmp_path / "half.gguf"

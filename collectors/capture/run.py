@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import platform
 import signal
-import statistics
 import sys
 import time
 from collections import Counter
@@ -20,14 +19,16 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from inferledger.collectors.capture.interrupt import Interrupted, signal_name, sigterm_like_sigint
+from inferledger.collectors.capture.speed_probe import probe_throughput
 from inferledger.collectors.loadgen import LoadClient, LoadResult
 from inferledger.collectors.out_dir import check_new_run_dir
-from inferledger.collectors.workload import Workload, load_tokenizer
-from inferledger.collectors.capture.speed_probe import probe_throughput
-from inferledger.collectors.capture.interrupt import Interrupted, signal_name, sigterm_like_sigint
+from inferledger.collectors.prompt_tokenizer import load_tokenizer
+from inferledger.collectors.workload import Workload
 from inferledger.collectors.writer import AUTOFLUSH_S, RunWriter, write_json_atomic, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
 from inferledger.probes.probe import Probe, WallMapping, host_id, mono_clock
+from inferledger.probes.quantile import quantile
 from inferledger.probes.sampler import EnergySampler
 from inferledger.serve import DRAIN_TIMEOUT_S
 
@@ -48,11 +49,13 @@ class CaptureResult:
 
 async def _watch_loop_lag(samples: list[tuple[int, float]], stop: asyncio.Event, period_s: float = 0.01) -> None:
     """How late the client's event loop wakes: its own overhead, recorded so a client-bound run shows."""
-    while not stop.is_set():
+    while True:
         t = time.monotonic_ns()
         await asyncio.sleep(period_s)
         now = time.monotonic_ns()
         samples.append((now, max(0.0, (now - t) / 1e6 - period_s * 1000)))
+        if stop.is_set():
+            break
 
 
 async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter, *, separate_clocks: bool,
@@ -80,7 +83,7 @@ async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter,
 
 
 def _lag_p99(values: list[float]) -> float:
-    return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else 0.0
+    return quantile(values, 0.99)  # never empty: the watcher records a sample before it checks for the stop
 
 
 def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "embedded",
@@ -287,7 +290,8 @@ def _finish(writer, wl, plans, tokenizer, server, sampler, evidence, result, lag
                  "processor": platform.processor()},
         "evidence": {"engine_config": "declared", "model": "declared", "events": "observed",
                      "clock_mapping": "observed (round trips)" if separate_clocks else "same domain",
-                     "client_overhead": "observed (loop lag, pacing error)"},
+                     "client_overhead": "observed (loop lag, pacing error)",
+                     **(evidence.evidence_kinds() if evidence is not None else {})},
     }
     manifest["energy"] = sampler.manifest()
     if evidence_manifest is not None:
@@ -295,5 +299,6 @@ def _finish(writer, wl, plans, tokenizer, server, sampler, evidence, result, lag
     if server is not None:
         manifest.update(server.engine.manifest())
         manifest["drain"] = asdict(server.drain)
+    writer.flush()  # every part on disk before the manifest says "complete" (a failed write says interrupted)
     writer.write_manifest(manifest)
     return manifest
