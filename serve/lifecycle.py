@@ -122,12 +122,7 @@ class Serving:
         t0 = time.monotonic()
         self.front.draining = True
         busy = self._busy()
-        deadline = t0 + drain_timeout_s
-        try:
-            while self._busy() and time.monotonic() < deadline:
-                time.sleep(POLL_S)
-        except KeyboardInterrupt:  # a second Ctrl-C: cancel now
-            pass
+        self._wait_idle(t0 + drain_timeout_s)
         cancelled = 0
         if self._busy() and self.thread is not None and self.thread.alive():
             try:
@@ -135,9 +130,7 @@ class Serving:
             except TimeoutError:  # the front end's loop does not answer: the engine's requests are aborted
                 for rid in list(self.engine.requests):
                     self.engine.abort(rid)
-            deadline = time.monotonic() + CANCEL_WAIT_S
-            while self._busy() and time.monotonic() < deadline:
-                time.sleep(POLL_S)
+            self._wait_idle(time.monotonic() + CANCEL_WAIT_S)
         left = len(self.engine.requests)
         self.drain = DrainResult(drain_timeout_s, busy, cancelled, left, round(time.monotonic() - t0, 3))
         try:
@@ -149,6 +142,13 @@ class Serving:
             if self.owns_run:
                 self._write_run(stopped_by)
         return self.drain
+
+    def _wait_idle(self, deadline: float) -> None:
+        try:
+            while self._busy() and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:  # another Ctrl-C (or SIGTERM): stop waiting, go on to the next step
+            pass
 
     def _busy(self) -> int:
         """Requests not yet at their end: admitted at the front end, or still in the engine."""

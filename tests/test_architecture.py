@@ -122,3 +122,10 @@ def test_the_report_the_exports_and_the_summary_share_only_the_read_helpers(grap
     assert sorted(f"{m} -> {t}" for m in panels for t in graph[m] if t in summary) == []
     assert sorted(f"{m} -> {t}" for m in exports for t in graph[m] if t in panels | summary) == []
     assert sorted(f"{m} -> {t}" for m in summary for t in graph[m] if t in panels | exports) == []
+
+
+def test_commands_are_registered_by_app_and_import_neither_it_nor_each_other(graph):
+    commands = {m for m in graph if m.rpartition(".")[2].startswith("cmd_")}
+    assert sorted(f"{m} -> {t}" for m in commands for t in graph[m]
+                  if t == "inferledger.cli.app" or t in commands) == []
+    assert commands <= graph["inferledger.cli.app"]  # each one imported by name, none dropped quietly
