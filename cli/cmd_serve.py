@@ -74,26 +74,30 @@ def serve_cmd(
     writer = RunWriter(out, autoflush_s=flush_every) if out is not None else None
     life = Serving(bundle, EngineConfig(max_num_seqs=max_num_seqs), sink=writer, model_name=served_model_name,
                    api_key=api_key, max_queue=max_queue, owns_run=True)
-    # SIGTERM (docker stop, a CI timeout) stops it as Ctrl-C does; a second signal during the drain
-    # cancels what is left at once
+    # SIGTERM (docker stop, a CI timeout) stops it as Ctrl-C does, from the first moment on; a second
+    # signal during the drain cancels what is left at once
+    unbound = None
     with sigterm_like_sigint() as got:
         try:
-            life.start(host, port)
-        except OSError as exc:
-            life.stop(0, stopped_by=f"could not listen on {host}:{port}")
-            raise typer.BadParameter(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-                                     param_hint="--port") from None
-        console.print(f"serving [bold]{life.model_name}[/] on [bold]http://{host}:{life.thread.port}/v1[/]"
-                      + (f", events into [bold]{out}[/]" if out else "") + "  (Ctrl-C stops)")
-        try:
+            try:
+                life.start(host, port)
+            except OSError as exc:
+                unbound = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+                raise typer.BadParameter(unbound, param_hint="--port") from None
+            console.print(f"serving [bold]{life.model_name}[/] on [bold]http://{host}:{life.thread.port}/v1[/]"
+                          + (f", events into [bold]{out}[/]" if out else "") + "  (Ctrl-C stops)")
             life.wait()
         except KeyboardInterrupt:
             pass
         finally:
-            stopped_by = "SIGTERM" if got["signum"] else "SIGINT"
-            console.print(f"stopping ({stopped_by}): in-flight requests get up to {drain_timeout:g} s, then are "
-                          "cancelled")
-            drain = life.stop(drain_timeout, stopped_by=stopped_by)
+            stopped_by = unbound or ("SIGTERM" if got["signum"] else "SIGINT")
+            try:
+                if unbound is None:
+                    console.print(f"stopping ({stopped_by}): in-flight requests get up to {drain_timeout:g} s, "
+                                  "then are cancelled")
+            except KeyboardInterrupt:  # a second signal while printing must not skip the stop
+                pass
+            drain = life.stop(0 if unbound else drain_timeout, stopped_by=stopped_by)
     console.print(f"stopped: {drain.in_flight} request(s) were in flight, {drain.cancelled} cancelled after the "
                   "drain timeout")
     if out is not None:
