@@ -1,4 +1,7 @@
--- Stage 6: task outcomes from each task's contract and the checker's verdicts, then the four accounts.
+-- Task outcomes from each task's contract and the checker's verdicts (docs/LEDGER.md "tasks").
+--
+-- reads: attempts, request_metrics, contracts, task_refs, figures
+-- creates: request_state, tasks
 
 CREATE OR REPLACE TEMP TABLE request_state AS
 WITH task_requests AS (
@@ -51,10 +54,3 @@ LEFT JOIN att USING (task_id)
 LEFT JOIN task_refs r USING (task_id)
 LEFT JOIN figures f ON f.subject_id = c.task_id AND f.figure = 'task_e2e'
 ORDER BY c.task_id;
-
-CREATE OR REPLACE TABLE accounts AS
-SELECT a.run_id, a.attempt_id, a.task_id, a.request_id, a.attempt_index,
-       a.client_status, a.server_status, t.outcome AS task_outcome, a.resource_status,
-       a.kv_release_ns, a.kv_free_ns, r.release_after_cancel_ms
-FROM attempts a LEFT JOIN tasks t USING (task_id) JOIN request_metrics r USING (attempt_id)
-ORDER BY a.attempt_id;

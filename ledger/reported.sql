@@ -1,29 +1,10 @@
--- Stage 4b: what an engine reported about itself (attrs.evidence = 'reported'), kept apart from what
--- our probes observed (docs/LEDGER.md "Reported evidence"). Input: events (vLLM's llm_request spans
--- mapped by collectors.vllm_spans), samples of source 'vllm-metrics', request_metrics, itl.
-
--- Per attempt: whose account the server / engine figures rest on, and who gave it.
-CREATE OR REPLACE TEMP TABLE attempt_evidence AS
-SELECT attempt_id,
-       CASE WHEN bool_or(json_extract_string(attrs, '$.evidence') = 'reported') THEN 'reported' ELSE 'observed' END AS evidence,
-       max(json_extract_string(attrs, '$.reporter')) AS reporter,
-       bool_or(name = 'engine.token' AND json_extract_string(attrs, '$.aggregate') = 'true') AS aggregate_tokens
-FROM events
-WHERE attempt_id IS NOT NULL AND (name LIKE 'server.%' OR name LIKE 'engine.%')
-GROUP BY attempt_id;
-
-ALTER TABLE request_metrics ADD COLUMN server_evidence VARCHAR;
-ALTER TABLE request_metrics ADD COLUMN server_reporter VARCHAR;
-UPDATE request_metrics SET server_evidence = e.evidence, server_reporter = e.reporter
-FROM attempt_evidence e WHERE request_metrics.attempt_id = e.attempt_id;
-
--- A span gives the first token and the last one, not each token: the tokens between are one
--- aggregate engine.token, so engine-layer inter-token gaps of such an attempt are unknown, not one
--- decode-long gap.
-DELETE FROM itl WHERE layer = 'engine'
-  AND attempt_id IN (SELECT attempt_id FROM attempt_evidence WHERE aggregate_tokens);
-UPDATE request_metrics SET itl_engine_max_ms = NULL
-WHERE attempt_id IN (SELECT attempt_id FROM attempt_evidence WHERE aggregate_tokens);
+-- What an engine reported about itself (attrs.evidence = 'reported'), kept apart from what our probes
+-- observed (docs/LEDGER.md "Reported evidence"): vLLM's llm_request spans (mapped to events by
+-- collectors.vllm_spans) beside its response metrics, and its /metrics counters (samples of source
+-- 'vllm-metrics') beside the sum of its spans.
+--
+-- reads: events, samples, json_double, json_bigint
+-- creates: reported_spans, reported_counters
 
 -- One row per reported llm_request span: vLLM's own figures beside ours, and the per-request
 -- metrics vLLM put in its response (attempt.done attrs.server_metrics) checked against the span.
@@ -35,7 +16,7 @@ WITH rec AS (
     AND json_extract_string(attrs, '$.otel_span') = 'llm_request'
 ), done AS (
   SELECT attempt_id, arg_max(json_extract(attrs, '$.server_metrics'), (ts_ns, seq)) AS pr,
-         arg_max(TRY_CAST(json_extract_string(attrs, '$.usage.completion_tokens') AS BIGINT), (ts_ns, seq)) AS usage_completion
+         arg_max(json_bigint(attrs, '$.usage.completion_tokens'), (ts_ns, seq)) AS usage_completion
   FROM events WHERE name = 'attempt.done' AND attempt_id IS NOT NULL GROUP BY attempt_id
 ), figs AS (
   SELECT r.attempt_id, r.event_id,
@@ -44,27 +25,27 @@ WITH rec AS (
          json_extract_string(r.attrs, '$.span_id') AS span_id,
          json_extract_string(r.attrs, '$.trace_id') AS trace_id,
          json_extract_string(r.o, '$."gen_ai.request.id"') AS engine_request_id,
-         TRY_CAST(json_extract_string(r.o, '$."gen_ai.latency.time_to_first_token"') AS DOUBLE) * 1000 AS ttft_reported_ms,
-         TRY_CAST(json_extract_string(r.o, '$."gen_ai.latency.time_in_queue"') AS DOUBLE) * 1000 AS queue_reported_ms,
-         TRY_CAST(json_extract_string(r.o, '$."gen_ai.latency.time_in_model_prefill"') AS DOUBLE) * 1000 AS prefill_reported_ms,
-         TRY_CAST(json_extract_string(r.o, '$."gen_ai.latency.time_in_model_decode"') AS DOUBLE) * 1000 AS decode_reported_ms,
-         TRY_CAST(json_extract_string(r.o, '$."gen_ai.latency.time_in_model_inference"') AS DOUBLE) * 1000 AS inference_reported_ms,
-         TRY_CAST(json_extract_string(r.o, '$."gen_ai.latency.e2e"') AS DOUBLE) * 1000 AS e2e_reported_ms,
-         TRY_CAST(json_extract_string(r.o, '$."gen_ai.usage.prompt_tokens"') AS BIGINT) AS prompt_tokens,
-         TRY_CAST(json_extract_string(r.o, '$."gen_ai.usage.completion_tokens"') AS BIGINT) AS completion_tokens
+         json_double(r.o, '$."gen_ai.latency.time_to_first_token"') * 1000 AS ttft_reported_ms,
+         json_double(r.o, '$."gen_ai.latency.time_in_queue"') * 1000 AS queue_reported_ms,
+         json_double(r.o, '$."gen_ai.latency.time_in_model_prefill"') * 1000 AS prefill_reported_ms,
+         json_double(r.o, '$."gen_ai.latency.time_in_model_decode"') * 1000 AS decode_reported_ms,
+         json_double(r.o, '$."gen_ai.latency.time_in_model_inference"') * 1000 AS inference_reported_ms,
+         json_double(r.o, '$."gen_ai.latency.e2e"') * 1000 AS e2e_reported_ms,
+         json_bigint(r.o, '$."gen_ai.usage.prompt_tokens"') AS prompt_tokens,
+         json_bigint(r.o, '$."gen_ai.usage.completion_tokens"') AS completion_tokens
   FROM rec r
 )
 SELECT getvariable('run_id') AS run_id, f.*,
        d.usage_completion AS client_usage_completion_tokens,
        -- vLLM's per-request response metrics: queue_time_ms = scheduled - queued, time_to_first_token_ms
        -- = first token - scheduled (prefill only), generation_time_ms = last token - first token
-       TRY_CAST(json_extract_string(d.pr, '$.queue_time_ms') AS DOUBLE) AS response_queue_ms,
-       TRY_CAST(json_extract_string(d.pr, '$.time_to_first_token_ms') AS DOUBLE) AS response_prefill_ms,
-       TRY_CAST(json_extract_string(d.pr, '$.generation_time_ms') AS DOUBLE) AS response_decode_ms,
-       TRY_CAST(json_extract_string(d.pr, '$.mean_itl_ms') AS DOUBLE) AS response_mean_itl_ms,
-       TRY_CAST(json_extract_string(d.pr, '$.queue_time_ms') AS DOUBLE) - f.queue_reported_ms AS queue_check_ms,
-       TRY_CAST(json_extract_string(d.pr, '$.time_to_first_token_ms') AS DOUBLE) - f.prefill_reported_ms AS prefill_check_ms,
-       TRY_CAST(json_extract_string(d.pr, '$.generation_time_ms') AS DOUBLE) - f.decode_reported_ms AS decode_check_ms,
+       json_double(d.pr, '$.queue_time_ms') AS response_queue_ms,
+       json_double(d.pr, '$.time_to_first_token_ms') AS response_prefill_ms,
+       json_double(d.pr, '$.generation_time_ms') AS response_decode_ms,
+       json_double(d.pr, '$.mean_itl_ms') AS response_mean_itl_ms,
+       json_double(d.pr, '$.queue_time_ms') - f.queue_reported_ms AS queue_check_ms,
+       json_double(d.pr, '$.time_to_first_token_ms') - f.prefill_reported_ms AS prefill_check_ms,
+       json_double(d.pr, '$.generation_time_ms') - f.decode_reported_ms AS decode_check_ms,
        d.usage_completion - f.completion_tokens AS completion_tokens_check,
        'reported' AS evidence
 FROM figs f LEFT JOIN done d USING (attempt_id)

@@ -1,4 +1,4 @@
--- Stage 8b: the peers' definitions of TTFT / ITL / TPOT / E2E, computed from this run's client events
+-- The peers' definitions of TTFT / ITL / TPOT / E2E, computed from this run's client events
 -- (docs/LEDGER.md "peer_views"): our own client's, or a load tool's own records imported with
 -- `inferledger import --from`. Same attempts for every row: those the client saw complete. The peers'
 -- names collide (AIPerf's "ITL" is vLLM's TPOT; GuideLLM's TPOT includes the TTFT), so every row names
@@ -12,6 +12,9 @@
 --   labelled    vLLM bench joined with the server: every chunk with choices, kinds from its server write
 -- Tokens: the importing tool's own count when it kept one (attrs.reported_output_tokens; AIPerf
 -- re-tokenises the text), else the server's (attempts.n_output_tokens).
+--
+-- reads: ev_out, ev, attempts, itl, request_metrics, quantiles_linear
+-- creates: peer_base, peer_views, peer_comparison
 
 CREATE OR REPLACE TEMP TABLE peer_base AS
 WITH c AS (
@@ -145,16 +148,16 @@ WITH reporters AS (
   QUALIFY row_number() OVER (ORDER BY r.n DESC, r.reporter) = 1
 ), server_side AS (  -- the engine's account of the same attempts (NULL n = 0 where the run has none)
   SELECT 'TTFT' AS metric, 'request_metrics.ttft_server_ms' AS col, count(ttft_server_ms) AS n, avg(ttft_server_ms) AS mean_ms,
-         quantile_cont(ttft_server_ms, [0.5, 0.99]) AS q
+         quantiles_linear(ttft_server_ms, [0.5, 0.99]) AS q
   FROM request_metrics SEMI JOIN peer_base USING (attempt_id)
   UNION ALL
-  SELECT 'TPOT', 'request_metrics.tpot_server_ms', count(tpot_server_ms), avg(tpot_server_ms), quantile_cont(tpot_server_ms, [0.5, 0.99])
+  SELECT 'TPOT', 'request_metrics.tpot_server_ms', count(tpot_server_ms), avg(tpot_server_ms), quantiles_linear(tpot_server_ms, [0.5, 0.99])
   FROM request_metrics SEMI JOIN peer_base USING (attempt_id)
   UNION ALL
-  SELECT 'E2E', 'request_metrics.e2e_server_ms', count(e2e_server_ms), avg(e2e_server_ms), quantile_cont(e2e_server_ms, [0.5, 0.99])
+  SELECT 'E2E', 'request_metrics.e2e_server_ms', count(e2e_server_ms), avg(e2e_server_ms), quantiles_linear(e2e_server_ms, [0.5, 0.99])
   FROM request_metrics SEMI JOIN peer_base USING (attempt_id)
   UNION ALL
-  SELECT 'ITL', 'itl.gap_ms (server)', count(gap_ms), avg(gap_ms), quantile_cont(gap_ms, [0.5, 0.99])
+  SELECT 'ITL', 'itl.gap_ms (server)', count(gap_ms), avg(gap_ms), quantiles_linear(gap_ms, [0.5, 0.99])
   FROM itl i SEMI JOIN peer_base b USING (attempt_id) WHERE i.layer = 'server' AND i.gap_ms IS NOT NULL
 ), reasons(metric, tool, reason) AS (VALUES
   ('TTFT', 'vLLM bench', 'stops at the first chunk with choices (for chat the role chunk): a server that sends it on arrival leaves prefill out; inferledger serve sends it with the first token, so the two nearly agree'),

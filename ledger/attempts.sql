@@ -1,4 +1,8 @@
--- Stage 2: the attempts table and the client / server / resource accounts (docs/LEDGER.md).
+-- The attempts table: each attempt's place among its request's attempts and its client, server and
+-- resource statuses (docs/LEDGER.md "attempts and accounts").
+--
+-- reads: ev, marks, attempt_ids, clock_conv
+-- creates: attempt_start, attempts
 
 -- When each attempt started, for attempt_index: created, else sent, else its first event on the clock
 -- of its first client event (else of its first server / engine event). Attempts of one request are

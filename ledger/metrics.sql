@@ -1,19 +1,26 @@
--- Stage 4: inter-token latency per layer and the per-attempt metrics (docs/LEDGER.md).
+-- Inter-token latency per layer, the per-choice metrics and the per-attempt metrics (docs/LEDGER.md
+-- "request_metrics", "itl", "choice_metrics").
+--
+-- reads: ev_out, ev_tok, figures, choice_marks, attempts, marks, attempt_ids, contracts, attempt_evidence
+-- creates: itl, choice_metrics, choice_tpot, fig_wide, itl_max, request_metrics
 
 CREATE OR REPLACE TABLE itl AS
 WITH outputs AS (  -- gaps within one choice: the choices of an n > 1 request stream side by side
   SELECT attempt_id, 'client' AS layer, choice, ts_ns, seq, value FROM ev_out WHERE name = 'attempt.chunk' AND output_bearing
   UNION ALL SELECT attempt_id, 'server', choice, ts_ns, seq, value FROM ev_out WHERE name = 'server.write' AND output_bearing
+  -- a span gives the first token and the last one, not each token: the tokens between are one
+  -- aggregate engine.token, so engine-layer gaps of such an attempt are unknown, not one decode-long gap
   UNION ALL SELECT attempt_id, 'engine', choice, ts_ns, seq, value FROM ev_tok
+  WHERE attempt_id NOT IN (SELECT attempt_id FROM attempt_evidence WHERE aggregate_tokens)
 ), ordered AS (  -- each attempt's outputs per layer as one ordered list: small sorts, no global window
   SELECT attempt_id, layer, choice, list(struct_pack(t := ts_ns, v := value) ORDER BY ts_ns, seq) AS xs
   FROM outputs WHERE attempt_id IS NOT NULL GROUP BY attempt_id, layer, choice
-), pairs AS (
+), positions AS (
   SELECT attempt_id, layer, choice, xs, unnest(range(2, len(xs) + 1)) AS i FROM ordered
 )
 SELECT getvariable('run_id') AS run_id, attempt_id, layer, (i - 1)::INTEGER AS idx,
        (xs[i].t - xs[i - 1].t) / 1e6 AS gap_ms, xs[i].v AS tokens, choice
-FROM pairs;  -- millions of rows: left unsorted (order by attempt_id, layer, choice, idx to browse)
+FROM positions;  -- millions of rows: left unsorted (order by attempt_id, layer, choice, idx to browse)
 
 -- Per choice: its token count, TTFTs, TPOTs and largest gaps. TPOT = its decode span / (tokens − 1).
 CREATE OR REPLACE TABLE choice_metrics AS
@@ -118,7 +125,8 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
        WHEN a.client_status <> 'completed' THEN false
        ELSE m.correct AND (CASE WHEN c.deadline_ms IS NULL THEN true
                                 ELSE f.done_since_reference_ms <= c.deadline_ms END) END AS good,
-  f.done_since_reference_ms
+  f.done_since_reference_ms,
+  e.evidence AS server_evidence, e.reporter AS server_reporter
 FROM attempts a
 JOIN marks m USING (attempt_id)
 JOIN attempt_ids i USING (attempt_id)
@@ -126,5 +134,6 @@ LEFT JOIN fig_wide f USING (attempt_id)
 LEFT JOIN itl_max x USING (attempt_id)
 LEFT JOIN choice_tpot ct USING (attempt_id)
 LEFT JOIN contracts c ON c.task_id = a.task_id
+LEFT JOIN attempt_evidence e USING (attempt_id)
 ORDER BY a.attempt_id;
 

@@ -1,0 +1,54 @@
+-- Reconciliation, one row per run: what was created, sent, received, completed, cancelled, timed out,
+-- rejected, errored, unterminated; ghost load; attempts per request against the retry formula
+-- (docs/LEDGER.md "reconciliation").
+--
+-- reads: attempts, marks, contracts, ghost, kv_holds, run_metrics, step_attribution, steps
+-- creates: reconciliation
+
+CREATE OR REPLACE TABLE reconciliation AS
+WITH p AS (
+  SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_status IS NOT NULL) AS n
+  FROM attempts
+), per_request AS (
+  SELECT request_id, count(*) AS n_attempts FROM attempts WHERE request_id IS NOT NULL GROUP BY request_id
+), per_task AS (
+  SELECT task_id, count(*) AS n_calls FROM attempts WHERE task_id IS NOT NULL GROUP BY task_id
+), retries AS (
+  SELECT max(max_attempts) - 1 AS r FROM contracts
+), ghost_steps AS (  -- step time charged to ghost attempts in steps that started after their client gave up
+  SELECT sum(sa.share_ms) AS ms FROM step_attribution sa JOIN ghost g USING (attempt_id)
+  JOIN steps st USING (step_id) WHERE st.start_ns >= g.gave_up_ns
+), all_steps AS (SELECT sum(share_ms) AS ms FROM step_attribution)
+SELECT getvariable('run_id') AS run_id,
+  (SELECT count(*) FROM marks WHERE created IS NOT NULL) AS created,
+  (SELECT count(*) FROM marks WHERE sent IS NOT NULL) AS sent,
+  (SELECT count(*) FROM marks WHERE received IS NOT NULL OR enqueued IS NOT NULL) AS received,
+  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM attempts WHERE client_status = 'completed') END AS completed,
+  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM attempts WHERE client_status = 'cancelled') END AS cancelled,
+  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM attempts WHERE client_status = 'timeout') END AS timed_out,
+  (SELECT count(*) FROM attempts WHERE server_status = 'rejected') AS rejected,
+  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM attempts WHERE client_status = 'error') END AS errored,
+  (SELECT count(*) FROM attempts WHERE client_status = 'unterminated' OR server_status = 'unterminated') AS unterminated,
+  (SELECT count(*) FROM attempts WHERE server_status = 'completed') AS server_completed,
+  (SELECT count(*) FROM attempts WHERE server_status = 'cancelled') AS server_cancelled,
+  -- ghost load needs the client's give-up time: unknown without client events, a known 0 without ghosts
+  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM ghost) END AS ghost_attempts,
+  CASE WHEN p.n > 0 THEN (SELECT CASE WHEN count(*) = 0 THEN 0 ELSE sum(ghost_ms) END FROM ghost) END AS ghost_ms,
+  CASE WHEN p.n > 0 THEN (SELECT CASE WHEN count(*) = 0 THEN 0 ELSE sum(ghost_tokens) END FROM ghost) END AS ghost_tokens,
+  (SELECT sum(greatest(0, (least(h.end_ns, a.server_end_ns) - greatest(h.start_ns, g.gave_up_ns)))) / 1e9
+          * getvariable('kv_block_bytes') / 2^30
+   FROM kv_holds h JOIN ghost g USING (attempt_id) JOIN attempts a USING (attempt_id)) AS ghost_kv_gib_s,
+  (SELECT avg(n_attempts) FROM per_request) AS attempts_per_request,
+  (SELECT avg(n_calls) FROM per_task) AS calls_per_task,
+  -- the measured probability that an attempt does not complete, and the retry formula's E[N]
+  CASE WHEN p.n > 0 THEN 1 - p.ok / p.n END AS p_fail,
+  (SELECT r FROM retries) AS max_retries,
+  CASE WHEN p.n = 0 OR (SELECT r FROM retries) IS NULL THEN NULL
+       WHEN p.ok = p.n THEN 1.0
+       WHEN p.ok = 0 THEN (SELECT r FROM retries) + 1.0
+       ELSE (1 - pow(1 - p.ok / p.n, (SELECT r FROM retries) + 1)) / (p.ok / p.n) END AS expected_attempts_per_request,
+  -- ghost joules: the window energy charged to ghost attempts by their step-time shares after the
+  -- give-up; NULL when the window's energy is unknown
+  (coalesce(m.energy_gpu_j, 0) + coalesce(m.energy_cpu_j, 0)) * coalesce(gs.ms, 0) / nullif(al.ms, 0)
+    * CASE WHEN coalesce(m.energy_gpu_j, m.energy_cpu_j) IS NULL THEN NULL ELSE 1 END AS ghost_energy_j
+FROM p, run_metrics m, ghost_steps gs, all_steps al;
