@@ -243,6 +243,25 @@ def build(con, run=None) -> None:
         con.executemany("INSERT INTO dag_problems VALUES (?, ?, ?)", problems)
 
 
+# @table critical_path: one row per node of each task's DAG and each attempt's chain (docs/LEDGER.md
+#   "critical_path and critical_path_edges")
+# @column scope: task (spans, tool calls and attempts of a task) or attempt (the chain of its intervals)
+# @column scope_id: the task or attempt id
+# @column node: the stage (a repeated name gets #2, #3)
+# @column kind: span, tool, attempt or stage
+# @column start_ms: its earliest start, E(v) − d(v), from the scope's start
+# @column dur_ms: its duration d(v)
+# @column finish_ms: its earliest finish E(v) = d(v) + max over predecessors E(u)
+# @column slack_ms: latest finish − earliest finish: how much it can grow before e2e_ms does
+# @column on_path: on the longest path
+# @column observed_start_ms: when it really started, from the scope's first event
+# @column e2e_ms: the scope's longest path, max E
+#
+# @table critical_path_edges: one row per dependency edge of those graphs
+# @column scope: as critical_path.scope
+# @column scope_id: as critical_path.scope_id
+# @column src: the node waited for
+# @column dst: the node that waited
 def _create(con, name: str, cols, types, rows: list[tuple], chains_sql: str) -> None:
     """The table from Python rows (one columnar insert: row-by-row inserts are far too slow at scale)
     and the SQL-computed chains, ordered by scope, subject and node position (`pos`, not kept)."""

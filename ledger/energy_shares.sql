@@ -3,6 +3,11 @@
 --
 -- reads: step_attribution, run_metrics
 -- creates: energy_shares
+-- @table energy_shares: one row per attempt with engine step time, when the window's energy is known
+--   (docs/LEDGER.md "energy_shares")
+-- @column fraction: the attempt's share of the attributed engine step time (step_attribution share_ms)
+-- @column gpu_j: run_metrics.energy_gpu_j × fraction
+-- @column cpu_j: run_metrics.energy_cpu_j × fraction
 CREATE OR REPLACE TABLE energy_shares AS
 WITH busy AS (SELECT attempt_id, sum(share_ms) AS ms FROM step_attribution GROUP BY attempt_id),
 tot AS (SELECT sum(ms) AS ms FROM busy)

@@ -12,6 +12,17 @@ CREATE OR REPLACE TEMP TABLE client_reporter AS  -- who reported the client even
 SELECT min(json_extract_string(attrs, '$.reporter')) AS reporter FROM ev
 WHERE name = 'attempt.sent' AND json_extract_string(attrs, '$.evidence') = 'reported';
 
+-- @table gaps: one row per gap: what is missing, which figures it leaves NULL, what would close it
+--   (docs/LEDGER.md "gaps")
+-- @column gap_id: deterministic: scope:subject:n for the ledger's rows, reported:... for reported
+--   evidence, the collector's own id for its rows
+-- @column scope: run, import, attempt, task, clock, energy, step, event
+-- @column subject_id: what the gap is about: an attempt, task, step or event id, a part file, a metric
+--   (NULL for the run)
+-- @column affects: the figures (columns, tables) it leaves NULL or changes
+-- @column needs: what would close it
+-- @column detail: what was found, naming events and files
+-- @column origin: ledger (found by the rebuild) or collector (gaps.parquet, written at capture or import)
 CREATE OR REPLACE TABLE gaps AS
 WITH ledger_gaps AS (
   -- a subtraction across clock domains with no mapping

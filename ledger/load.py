@@ -125,6 +125,45 @@ def _dedupe(con, run: RunFiles) -> list[tuple]:
     return gaps
 
 
+# @column *.run_id: the run's id (the manifest's run_id, else the run folder's name); every table has it
+# @column *.attempt_id: the attempt (events' attempt_id); an attempt is one try of a request
+#
+# @table events: one row per event, as recorded (docs/EVENTS.md), each event_id once
+# @column event_id: unique within the run (e.g. source:seq); a copy under the same id is counted once
+#   (gaps scope event)
+# @column seq: the emitter's sequence number; a jump in it reveals lost events
+# @column source: the emitter: client, server, engine, device, probe, checker, or an importing tool's name
+# @column host: the emitter's host
+# @column name: what happened, from the vocabulary of docs/EVENTS.md
+# @column ts_ns: when, in ns on `clock`
+# @column clock: the clock domain of ts_ns (docs/LEDGER.md "Clock rule")
+# @column task_id: the task the event belongs to (NULL when none)
+# @column session_id: the session, a context container shared by a task's turns (NULL when none)
+# @column request_id: the request; retries of one request share it (NULL when none)
+# @column step_id: the engine iteration (NULL outside engine steps)
+# @column value: the event's number: tokens for engine.token / prefill / enqueued / preempted, blocks,
+#   bytes, or a device time in ms (NULL when the event has none)
+# @column attrs: everything else, as a JSON object
+#
+# @table samples: one row per sample of a time series: counters and gauges (energy, power, KV blocks, memory)
+# @column ts_ns: when it was read, in ns on `clock`
+# @column clock: the clock domain of ts_ns
+# @column source: the sampler (probe, vllm-metrics, ...)
+# @column host: the host it was read on
+# @column device: the device or zone read (a GPU index, a RAPL zone), NULL for the host itself
+# @column metric: what was read (gpu_energy_mj, cpu_package_energy_uj, kv_blocks_used, vllm:...)
+# @column value: the reading as the source gave it: counters raw (the ledger unwraps them)
+# @column unit: the value's unit
+#
+# @table clocks: one row per clock domain or mapping between two domains (docs/LEDGER.md "Clock rule")
+# @column clock: the domain a row declares (NULL on a mapping row)
+# @column host: the domain's host
+# @column kind: the domain's kind (monotonic, wall, cuda, ...)
+# @column from_clock: a mapping's source domain (NULL on a domain row)
+# @column to_clock: a mapping's target domain: t_to = t_from + offset_ns
+# @column offset_ns: the mapping's offset, ns
+# @column epsilon_ns: the mapping's uncertainty, ± ns: a difference across it is derived ± epsilon
+# @column method: how the mapping was found (round-trip, cuda-anchor, ...)
 def build(con, run: RunFiles) -> None:
     """events, samples, clocks (public) and the task contracts, collector gaps and load gaps (internal)."""
     _load(con, "events", run.event_parts, EVENT_SCHEMA, False, run)

@@ -52,6 +52,19 @@ WHERE a.client_status = 'completed' AND a.sent_ns IS NOT NULL;
 
 -- The samples of each row: (row number, value in ms, weight). The two pooled-gap rows (millions of
 -- samples in a big run) are aggregated where they are read, never copied into a table of their own.
+-- @table peer_views: one row per metric × tool: the run read through each tool's definition of TTFT,
+--   ITL, TPOT and E2E, over the attempts the client saw complete (docs/LEDGER.md "peer_views")
+-- @column metric: TTFT, ITL, TPOT or E2E
+-- @column tool: inferledger (ours), vLLM bench, AIPerf, GuideLLM, MLPerf-style
+-- @column definition: the tool's formula, in words
+-- @column weighting: request, gap, token or token (tokens − 1): what one sample is
+-- @column percentiles: linear (interpolation between ranks) or cumulative weight (GuideLLM's rule)
+-- @column n: the samples (0 when the events cannot feed the row: its figures are then NULL, with a gap)
+-- @column mean_ms: the mean (weighted by the row's weighting)
+-- @column p50_ms: the 50th percentile by the row's rule
+-- @column p90_ms: the 90th percentile by the row's rule
+-- @column p99_ms: the 99th percentile by the row's rule
+-- @column ledger_column: the ledger column the row equals, for our own rows
 CREATE OR REPLACE TABLE peer_views AS
 WITH per_request(k, v, w) AS (
   SELECT 1, (first_content_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE first_content_ns IS NOT NULL
@@ -137,6 +150,27 @@ ORDER BY d.ord;
 -- definition on the same events, and the engine's own account where the run has server evidence),
 -- and why they differ (docs/LEDGER.md "peer_comparison" gives each formula). `imported` marks the
 -- rows of the tool whose own records this run was imported from (attrs.reporter of its events).
+-- @table peer_comparison: one row per metric × tool other than ours: the tool's reading beside ours on
+--   the same attempts, and why they differ (docs/LEDGER.md "peer_comparison")
+-- @column metric: TTFT, ITL, TPOT or E2E
+-- @column tool: the tool of the row
+-- @column imported: the run's client events are this tool's own records (imported with import --from)
+-- @column reporter: the importing tool and version (attrs.reporter), where one did
+-- @column tool_n: the tool row's samples (peer_views.n)
+-- @column tool_mean_ms: its mean
+-- @column tool_p50_ms: its p50
+-- @column tool_p99_ms: its p99
+-- @column ours_n: our row's samples for the metric, from the same client events
+-- @column ours_mean_ms: our mean
+-- @column ours_p50_ms: our p50
+-- @column ours_p99_ms: our p99
+-- @column diff_mean_ms: tool_mean_ms − ours_mean_ms
+-- @column server_column: the engine-side column set beside them
+-- @column server_n: its samples over the same attempts (NULL where the run has no server evidence)
+-- @column server_mean_ms: its mean
+-- @column server_p50_ms: its p50 (linear)
+-- @column server_p99_ms: its p99 (linear)
+-- @column reason: why the two readings differ
 CREATE OR REPLACE TABLE peer_comparison AS
 WITH reporters AS (
   SELECT json_extract_string(attrs, '$.reporter') AS reporter, count(*) AS n

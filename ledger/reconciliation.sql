@@ -5,6 +5,31 @@
 -- reads: attempts, marks, contracts, ghost, kv_holds, run_metrics, step_attribution, steps
 -- creates: reconciliation
 
+-- @table reconciliation: one row per run: the attempts counted at each layer, ghost load and the retry
+--   check (docs/LEDGER.md "reconciliation")
+-- @column created: attempts with an attempt.created event
+-- @column sent: attempts with an attempt.sent event
+-- @column received: attempts the server saw (server.received or engine.enqueued)
+-- @column completed: client_status completed (NULL without client events, as the next four)
+-- @column cancelled: client_status cancelled
+-- @column timed_out: client_status timeout
+-- @column rejected: server_status rejected
+-- @column errored: client_status error
+-- @column unterminated: attempts unterminated at the client or the server
+-- @column server_completed: server_status completed
+-- @column server_cancelled: server_status cancelled
+-- @column ghost_attempts: attempts whose client timed out, cancelled or failed while the server went on
+-- @column ghost_ms: Σ (server end − the client's terminal event), by the clock rule
+-- @column ghost_tokens: engine tokens committed after the client gave up
+-- @column ghost_kv_gib_s: the KV GiB·s those attempts held after the give-up (NULL without the block size)
+-- @column attempts_per_request: mean attempts per request
+-- @column calls_per_task: mean attempts (model calls) per task
+-- @column p_fail: the measured probability that an attempt does not complete at the client
+-- @column max_retries: the contracts' largest max_attempts − 1 (NULL when no contract limits it)
+-- @column expected_attempts_per_request: the retry formula (1 − p^(r+1)) / (1 − p) with p = p_fail,
+--   r = max_retries
+-- @column ghost_energy_j: the window energy charged to ghost attempts by their step-time shares in steps
+--   that started after the give-up; NULL when the window's energy is unknown
 CREATE OR REPLACE TABLE reconciliation AS
 WITH p AS (
   SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_status IS NOT NULL) AS n

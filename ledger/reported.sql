@@ -8,6 +8,32 @@
 
 -- One row per reported llm_request span: vLLM's own figures beside ours, and the per-request
 -- metrics vLLM put in its response (attempt.done attrs.server_metrics) checked against the span.
+-- @table reported_spans: one row per llm_request span an engine reported: its own figures beside the
+--   per-request metrics it put in its response (docs/LEDGER.md "Reported evidence")
+-- @column event_id: the span's server.received event
+-- @column reporter: the engine and version that reported it
+-- @column joined_by: how the span was joined to the attempt (traceparent, gen_ai.request.id or both)
+-- @column span_id: the span's id
+-- @column trace_id: the span's trace id
+-- @column engine_request_id: the engine's request id (gen_ai.request.id)
+-- @column ttft_reported_ms: the engine's time to first token (arrival → first token)
+-- @column queue_reported_ms: its time in queue
+-- @column prefill_reported_ms: its time in model prefill
+-- @column decode_reported_ms: its time in model decode (first token → last token)
+-- @column inference_reported_ms: its time in model inference
+-- @column e2e_reported_ms: its arrival → finish
+-- @column prompt_tokens: its prompt tokens
+-- @column completion_tokens: its completion tokens
+-- @column client_usage_completion_tokens: the completion tokens of the usage the client received
+-- @column response_queue_ms: the response's queue_time_ms (scheduled − queued)
+-- @column response_prefill_ms: the response's time_to_first_token_ms (first token − scheduled: prefill only)
+-- @column response_decode_ms: the response's generation_time_ms (last token − first token)
+-- @column response_mean_itl_ms: the response's mean_itl_ms
+-- @column queue_check_ms: response_queue_ms − queue_reported_ms
+-- @column prefill_check_ms: response_prefill_ms − prefill_reported_ms
+-- @column decode_check_ms: response_decode_ms − decode_reported_ms
+-- @column completion_tokens_check: client_usage_completion_tokens − completion_tokens
+-- @column evidence: always reported
 CREATE OR REPLACE TABLE reported_spans AS
 WITH rec AS (
   SELECT attempt_id, event_id, attrs, json_extract(attrs, '$.otel') AS o
@@ -53,6 +79,17 @@ ORDER BY f.attempt_id;
 
 -- vLLM's /metrics counters over the run: last scrape - first scrape, set beside the sum of the
 -- spans that the same engine reported (a difference says spans were lost or work ran outside the run).
+-- @table reported_counters: one row per /metrics counter, histogram _sum or _count an engine exposed
+--   (samples of source vllm-metrics), over the run (docs/LEDGER.md "Reported evidence")
+-- @column metric: the counter's name
+-- @column n_scrapes: the scrapes that read it
+-- @column first_value: its first reading
+-- @column last_value: its last reading
+-- @column went_down: it went down between two scrapes (an engine restart)
+-- @column run_delta: last_value − first_value; NULL with fewer than two scrapes or when it went down
+-- @column span_sum: the same quantity summed over reported_spans (tokens, requests, seconds)
+-- @column delta_minus_spans: run_delta − span_sum (not 0: spans lost, or work outside the run)
+-- @column evidence: always reported
 CREATE OR REPLACE TABLE reported_counters AS
 WITH s AS (
   SELECT metric, ts_ns, value, lag(value) OVER (PARTITION BY metric ORDER BY ts_ns) AS prev

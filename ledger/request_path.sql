@@ -9,6 +9,17 @@
 -- decode. Client and link nodes are ours (link ones derived through the clock mapping, ± eps_ms);
 -- front end, queue, prefill and decode rest on the engine's report. `share_of_e2e` is the node's part
 -- of the client's E2E (NULL when that is unknown, e.g. a timeout).
+-- @table request_path: one row per node of the path of each attempt whose server side an engine
+--   reported: client_queue, uplink, front_end, queue, prefill, downlink_first, decode
+--   (docs/LEDGER.md "Reported evidence")
+-- @column step: the node's place on the path, 1 to 7
+-- @column layer: client, link, server or engine
+-- @column node: the interval's name (intervals.name)
+-- @column dur_ms: its duration (intervals.dur_ms)
+-- @column eps_ms: its ± ms (link nodes across clocks)
+-- @column label: measured, derived or unknown (intervals.label)
+-- @column evidence: observed (client and link nodes) or reported (server and engine nodes)
+-- @column share_of_e2e: dur_ms / e2e_client_ms (NULL when the client E2E is unknown)
 CREATE OR REPLACE TABLE request_path AS
 WITH nodes AS (
   SELECT * FROM (VALUES (1, 'client', 'client_queue'), (2, 'link', 'uplink'), (3, 'server', 'front_end'),

@@ -6,6 +6,60 @@
 -- reads: window_bounds, request_metrics, attempts, marks, ev, steps, window_energy, power_check,
 --        kv_integral, step_attribution
 -- creates: run_metrics
+-- @table run_metrics: one row per run: its figures over the observation window (docs/LEDGER.md
+--   "run_metrics")
+-- @column t_obs_s: the observation window's length, s, on one clock (NULL when a point cannot be placed)
+-- @column window: which events bound the window (client terminals, else server ends; engine-only runs)
+-- @column n_good: attempts whose good is true; NULL without client events
+-- @column n_completed: attempts the client saw complete; NULL without client events
+-- @column n_unjudged: attempts whose good is unknown
+-- @column goodput_rps: n_good / t_obs_s
+-- @column vllm_goodput_rps: completed requests within slo_ttft_ms / slo_tpot_ms / slo_e2e_ms (TPOT 0
+--   with ≤ 1 token) per second of the window; NULL without thresholds
+-- @column slo_ttft_ms: the TTFT threshold declared in the manifest's slo (or the workload's [slo])
+-- @column slo_tpot_ms: the TPOT threshold declared likewise
+-- @column slo_e2e_ms: the E2E threshold declared likewise
+-- @column completed_rps: n_completed / t_obs_s
+-- @column output_tokens: Σ n_output_tokens over the attempts the client saw complete; NULL when one is unknown
+-- @column output_tok_s: output_tokens / t_obs_s
+-- @column prompt_tokens: Σ prompt tokens over those attempts (engine.enqueued values, else the usage
+--   the client received)
+-- @column prompt_tokens_cached: Σ engine.prefill attrs.cached_tokens over those attempts
+-- @column prefill_tokens_computed: Σ engine.prefill values (recomputation after preemption included)
+-- @column total_tok_s: (prompt + output tokens) / t_obs_s: the peers' total token throughput (cached
+--   prompt tokens counted as if computed)
+-- @column computed_tok_s: (prefill tokens computed + output tokens) / t_obs_s: the work the engine did
+-- @column mean_in_system: Σ client_span_ms / t_obs_s, the time-averaged attempts in the client's system
+-- @column arrival_rps: attempts with a client span per second of the window (Little's law: arrival_rps
+--   × mean_time_in_system_s against mean_in_system)
+-- @column mean_time_in_system_s: mean client_span_ms, s
+-- @column planned_arrivals: tasks with an arrival.planned event
+-- @column engine_busy_s: Σ engine step time (step.start → step.end), s
+-- @column engine_s_per_good: engine_busy_s / n_good
+-- @column energy_gpu_j: GPU energy in the window from the NVML counters, J (docs/ENERGY.md); NULL
+--   without them
+-- @column energy_cpu_j: CPU package energy in the window from the RAPL counters (psys never added), J
+-- @column energy_dram_j: DRAM energy in the window from the RAPL counters, J
+-- @column idle_gpu_j: the GPU's idle term: mean power before the window × the time the window energy
+--   covers, J (a term of its own, not subtracted)
+-- @column idle_cpu_j: the CPU package's idle term, likewise
+-- @column gpu_power_integrated_j: the instant GPU power integrated over the window (trapezoid), J: a
+--   cross-check of energy_gpu_j
+-- @column gpu_window_short: the GPU window is shorter than the NVML counter's ~100 ms update period
+-- @column energy_scope: which energies energy_per_good_j adds: gpu+cpu_package, gpu or cpu_package
+-- @column energy_per_good_j: (GPU + CPU package energy, whichever are known) / n_good, J
+-- @column energy_gpu_per_good_j: energy_gpu_j / n_good
+-- @column energy_cpu_per_good_j: energy_cpu_j / n_good
+-- @column gpu_s_per_good: Σ device.step time / n_good, s (NULL without a device clock)
+-- @column kv_gib_s: Σ accounts.kv_gib_s, the physical KV holding of the run, GiB·s
+-- @column attributed_step_ms: Σ step_attribution.share_ms (equals attributed_steps_total_ms: the
+--   conservation check)
+-- @column attributed_steps_total_ms: Σ step_ms of the steps step_attribution shares
+-- @column window_clock: the clock the window lives on: the one most of its start events use
+-- @column window_start_ns: the window's start (the first planned arrival or client event; the first
+--   engine.enqueued of an engine-only run), ns on window_clock, every point converted by the clock rule
+-- @column window_end_ns: the window's end (the last client terminal, else the last server end), ns on
+--   window_clock; t_obs_s = (window_end_ns − window_start_ns) / 1e9
 CREATE OR REPLACE TABLE run_metrics AS
 WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), counts AS (
   SELECT CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE good) END AS n_good,
@@ -86,7 +140,8 @@ SELECT getvariable('run_id') AS run_id,
        END AS gpu_s_per_good,
   (SELECT sum(kv_gib_s) FROM kv_integral) AS kv_gib_s,
   (SELECT sum(share_ms) FROM step_attribution) AS attributed_step_ms,
-  (SELECT sum(step_ms) FROM steps WHERE step_id IN (SELECT step_id FROM step_attribution)) AS attributed_steps_total_ms
+  (SELECT sum(step_ms) FROM steps WHERE step_id IN (SELECT step_id FROM step_attribution)) AS attributed_steps_total_ms,
+  win.clock AS window_clock, win.t0 AS window_start_ns, win.t1 AS window_end_ns
 FROM win, counts, little, arrivals, engine, tok
 LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'gpu_energy_mj' AND NOT invalid) gpu ON true
 LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_package_energy_uj' AND NOT invalid) cpu ON true

@@ -7,6 +7,27 @@
 -- reads: attempts, request_metrics, contracts, intervals, step_attribution, ev_tok
 -- creates: slo_misses
 
+-- @table slo_misses: one row per attempt of a task with a deadline that finished late or timed out,
+--   with the time each cause took (disjoint stretches of its timeline) and the dominant one
+--   (docs/LEDGER.md "slo_misses")
+-- @column task_id: the attempt's task
+-- @column client_status: as attempts.client_status (completed late, or timeout)
+-- @column deadline_ms: the task's deadline
+-- @column done_since_reference_ms: as request_metrics.done_since_reference_ms
+-- @column client_queue_ms: the client's own queue (client_queue intervals); NULL without client events
+-- @column server_queue_ms: request_metrics.queue_ms; NULL without engine events
+-- @column prefill_interference_ms: this attempt's decode steps' time charged to other attempts' prefill
+--   tokens; NULL without steps, or when a span reported the engine side
+-- @column decode_stall_ms: engine gaps beyond twice the attempt's median gap, less what preemption and
+--   interference explain (its most stalled choice's); NULL as prefill_interference_ms
+-- @column preemption_ms: its preempted and recompute intervals; NULL without engine events
+-- @column transfer_client_ms: client E2E − server E2E (≥ 0), for a response the client received whole
+-- @column dominant_cause: the largest cause: server_queue, client_queue, prefill_interference,
+--   decode_stall, preemption, transfer_client (prefill, decode where a span reported the engine side);
+--   unknown when a cause that applies is unknown; NULL when every cause is measured and 0
+-- @column prefill_ms: request_metrics.prefill_ms (NULL without server evidence)
+-- @column decode_ms: request_metrics.decode_ms (NULL without server evidence)
+-- @column cause_evidence: observed (our engine's probes) or reported (a span); NULL without server evidence
 CREATE OR REPLACE TABLE slo_misses AS
 WITH missed AS (
   SELECT a.attempt_id, a.task_id, a.client_status, r.done_since_reference_ms, c.deadline_ms, r.queue_ms,

@@ -9,6 +9,14 @@ SELECT s.step_id, s.ts_ns AS start_ns, e.ts_ns AS end_ns, (e.ts_ns - s.ts_ns) / 
 FROM ev s JOIN ev e ON e.step_id = s.step_id AND e.name = 'step.end' AND e.clock = s.clock
 WHERE s.name = 'step.start';
 
+-- @table step_attribution: one row per engine step × attempt in its batch (docs/LEDGER.md
+--   "step_attribution")
+-- @column step_id: the engine step
+-- @column kind: what the attempt did in the step (prefill, decode, ...: step.start attrs.batch)
+-- @column tokens: the tokens it processed in the step
+-- @column step_ms: step.end − step.start
+-- @column share_ms: step_ms × its tokens / the step's tokens (NULL when the batch lists 0 tokens)
+-- @column policy: how the step was shared: by_tokens
 CREATE OR REPLACE TABLE step_attribution AS
 WITH items AS (
   SELECT st.step_id, st.step_ms, unnest(from_json(json_extract(st.start_attrs, '$.batch'), '[["JSON"]]')) AS item

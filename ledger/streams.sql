@@ -142,6 +142,24 @@ FROM span_iv a JOIN span_iv b ON a.attempt_id = b.attempt_id AND a.stream = b.st
       OR (NOT (a.t0 <= b.t0 AND b.t1 <= a.t1) AND NOT (b.t0 <= a.t0 AND a.t1 <= b.t1) AND a.t0 < b.t0))
 GROUP BY ALL;
 
+-- @table intervals: one row per interval of an attempt's stream: explicit spans, the states between
+--   milestones, unattributed time and the link figures (docs/LEDGER.md "intervals and stream_checks")
+-- @column stream: client, server, engine, link, or a stream an explicit span names
+-- @column name: the span's name, the state's (queue, prefill, decode, await_first_byte, ...),
+--   unattributed, or the link figure (uplink, downlink_first)
+-- @column kind: span, state, unattributed or link
+-- @column start_event: the event id where it starts
+-- @column end_event: the event id where it ends
+-- @column clock: the stream's clock (the clock of its first-listed milestone)
+-- @column start_ns: start, ns on clock (NULL for an unknown link)
+-- @column end_ns: end, ns on clock
+-- @column dur_ms: end_ns − start_ns
+-- @column eps_ms: its ± ms (the mappings' epsilons of converted points)
+-- @column label: measured (one clock), derived (a point converted by a mapping), unknown (a link across
+--   clocks no mapping joins)
+-- @column on_path: registered on the stream's path: false for unattributed time, an unknown link, and a
+--   span contained in another, or the later-starting of two that overlap
+-- @column overlaps_with: the spans an off-path span overlaps
 CREATE OR REPLACE TABLE intervals AS
 WITH iv_rows AS (
   SELECT s.attempt_id, s.stream, s.span AS name, 'span' AS kind, s.start_eid AS start_event, s.end_eid AS end_event,
@@ -166,6 +184,13 @@ SELECT getvariable('run_id') AS run_id, attempt_id, stream, name, kind, start_ev
 FROM iv_rows
 ORDER BY attempt_id, stream, start_ns NULLS LAST, name, start_event;
 
+-- @table stream_checks: one row per attempt × stream: the path sum against the stream's span
+-- @column stream: as intervals.stream
+-- @column span_ms: the stream's end − start (its earliest to latest point)
+-- @column path_sum_ms: Σ registered intervals (spans and states)
+-- @column residual_ms: span_ms − path_sum_ms
+-- @column unattributed_ms: Σ unattributed intervals
+-- @column status: double_counted (registered intervals overlap), unattributed (residual > 0), else ok
 CREATE OR REPLACE TABLE stream_checks AS
 WITH b AS (
   SELECT attempt_id, stream, min(t) AS t_start, max(t) AS t_end FROM cuts GROUP BY attempt_id, stream
