@@ -11,6 +11,7 @@ SELECT subject_id AS attempt_id,
   max(ms) FILTER (WHERE figure = 'ttft_visible') AS ttft_visible_ms,
   max(ms) FILTER (WHERE figure = 'ttft_server') AS ttft_server_ms,
   max(ms) FILTER (WHERE figure = 'e2e_client') AS e2e_client_ms,
+  max(label) FILTER (WHERE figure = 'e2e_client') AS e2e_client_label,
   max(ms) FILTER (WHERE figure = 'client_span') AS client_span_ms,
   max(ms) FILTER (WHERE figure = 'e2e_server') AS e2e_server_ms,
   max(ms) FILTER (WHERE figure = 'queue') AS queue_ms,
@@ -81,7 +82,8 @@ FROM itl GROUP BY attempt_id;
 -- @column n_chunks: the client's chunks of any kind (attempts.n_chunks)
 -- @column n_choices: the choices that left an engine token or an output-bearing chunk or write; NULL when none did
 -- @column correct: the last verdict of the attempt (attrs.correct); NULL without one
--- @column on_time: done_since_reference_ms ≤ the task's deadline_ms; NULL without a deadline or a done
+-- @column on_time: done_since_reference_ms ≤ the task's deadline_ms; NULL without a deadline or a done,
+--   and when the done's own E2E is refused (a done before sent, clocks no mapping joins)
 -- @column good: correct AND on time (with a deadline), for an attempt the client saw complete; false
 --   when the client ended it otherwise; NULL without client events, while unterminated, or when a
 --   part is unknown and none is false (docs/LEDGER.md "request_metrics")
@@ -108,13 +110,16 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   m.spec_drafted_tokens::BIGINT AS spec_drafted_tokens, m.spec_accepted_tokens::BIGINT AS spec_accepted_tokens,
   a.n_output_tokens, a.n_chunks, m.n_choices::INTEGER AS n_choices,
   m.correct,
-  CASE WHEN c.deadline_ms IS NULL THEN NULL ELSE f.done_since_reference_ms <= c.deadline_ms END AS on_time,
+  -- a done whose own E2E is refused (before its send, clocks no mapping joins) is not on time either
+  CASE WHEN c.deadline_ms IS NULL OR f.e2e_client_label IN ('impossible', 'unknown') THEN NULL
+       ELSE f.done_since_reference_ms <= c.deadline_ms END AS on_time,
   -- good = completed at the client AND correct AND (with a deadline) on time; SQL's three-valued AND
   -- keeps a missing verdict, or an unknown time against a deadline, NULL unless another part is false.
-  -- An attempt still open when the run closed is unknown too. tasks (60_tasks.sql) reads this column.
+  -- An attempt still open when the run closed is unknown too. tasks.sql reads this column.
   CASE WHEN a.client_status IS NULL OR a.client_status = 'unterminated' THEN NULL
        WHEN a.client_status <> 'completed' THEN false
        ELSE m.correct AND (CASE WHEN c.deadline_ms IS NULL THEN true
+                                WHEN f.e2e_client_label IN ('impossible', 'unknown') THEN NULL
                                 ELSE f.done_since_reference_ms <= c.deadline_ms END) END AS good,
   f.done_since_reference_ms,
   e.evidence AS server_evidence, e.reporter AS server_reporter

@@ -2,6 +2,7 @@
 reference is the one generated from those comments."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from inferledger.ledger import docgen
@@ -35,3 +36,12 @@ def test_the_table_reference_in_the_docs_is_current():
     assert docgen.BEGIN in text and docgen.END in text
     assert docgen.splice(text, docgen.generated()) == text, \
         "docs/LEDGER.md is stale: run `python -m inferledger.ledger.docgen --write`"
+
+
+def test_no_doc_says_energy_per_good_result_subtracts_the_idle_term():
+    # the ledger adds the window's energy, idle time included, and keeps the idle power a term of its
+    # own (idle_gpu_j, idle_cpu_j); tests/test_energy_ledger.py holds the SQL to that
+    for doc in sorted((LEDGER_MD.parent).glob("*.md")):
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            if "energy_per_good_j" in line:
+                assert not re.search(r"subtract\w*\s+(the\s+)?idle", line), f"{doc.name}:{n}: {line}"
