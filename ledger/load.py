@@ -66,13 +66,13 @@ def _check_counts(con, run: RunFiles) -> None:
     bad = con.execute(
         f"SELECT event_id, name, value FROM events WHERE name IN {COUNT_EVENTS} AND value IS NOT NULL "
         "AND (NOT isfinite(value) OR value < 0 OR value > ? OR value <> floor(value)) "
-        "ORDER BY event_id LIMIT 1", [MAX_COUNT]).fetchone()
-    if bad is None:
+        "ORDER BY event_id LIMIT 1", [MAX_COUNT]).fetchall()
+    if not bad:
         return
-    event_id, name, value = bad
+    event_id, name, value = bad[0]
     part = con.execute("SELECT filename, file_row_number FROM read_parquet(?, filename = true, file_row_number = true) "
-                       "WHERE event_id = ? LIMIT 1", [[str(p) for p in run.event_parts], event_id]).fetchone()
-    where = f"{run.name(part[0])} row {part[1]}" if part else "events/"
+                       "WHERE event_id = ? LIMIT 1", [[str(p) for p in run.event_parts], event_id]).fetchall()
+    where = f"{run.name(part[0][0])} row {part[0][1]}" if part else "events/"
     raise LoadError(f"{where}: event {event_id} ({name}) has value {value!r}, which is not a token count "
                     f"(a whole number from 0 to {MAX_COUNT}); fix or re-import the source that wrote it")
 
@@ -81,7 +81,7 @@ def _dedupe(con, run: RunFiles) -> list[tuple]:
     """Keep one copy of every event id; return the gap rows (scope, subject_id, affects, needs, detail)."""
     con.execute("CREATE OR REPLACE TEMP TABLE event_dups AS "
                 "SELECT event_id FROM events GROUP BY event_id HAVING count(*) > 1")
-    if not con.execute("SELECT count(*) FROM event_dups").fetchone()[0]:
+    if not con.execute("SELECT count(*) FROM event_dups").fetchall()[0][0]:
         con.execute("DROP TABLE event_dups")
         return []
     order = pa.table({"filename": [str(p) for p in run.event_parts], "part_index": list(range(len(run.event_parts)))})
