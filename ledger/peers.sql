@@ -13,7 +13,7 @@
 -- Tokens: the importing tool's own count when it kept one (attrs.reported_output_tokens; AIPerf
 -- re-tokenises the text), else the server's (attempts.n_output_tokens).
 --
--- reads: ev_out, ev, attempts, itl, request_metrics, quantiles_linear
+-- reads: ev_out, ev, attempts, itl, request_metrics, figures, quantiles_linear
 -- creates: peer_base, peer_views, peer_comparison
 
 CREATE OR REPLACE TEMP TABLE peer_base AS
@@ -33,6 +33,10 @@ WITH c AS (
          TRY_CAST(json_extract_string(attrs, '$.reported_output_tokens') AS BIGINT) AS n_reported
   FROM ev WHERE name = 'attempt.done' AND source = 'client'
   QUALIFY row_number() OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq, event_id) = 1
+), refused AS (  -- request_metrics' impossible-order rule: an attempt with a client figure it refuses
+  SELECT DISTINCT split_part(subject_id, '#', 1) AS attempt_id FROM figures
+  WHERE impossible AND figure IN ('ttft_client', 'ttft_first_byte', 'ttft_visible', 'e2e_client', 'client_span',
+                                  'choice_ttft_client', 'choice_decode_client')
 ), kept AS (
   SELECT b.attempt_id, b.chunks, b.n_reported,
          b.chunks IS NULL OR b.chunks IN ('content', 'first_last', 'labelled') AS content_ok,
@@ -46,8 +50,9 @@ SELECT a.attempt_id, a.sent_ns, a.client_end_ns AS done_ns, a.n_output_tokens AS
        CASE WHEN k.choices_ok THEN c.last_choices_ns END AS last_choices_ns,
        CASE WHEN k.content_ok THEN c.first_content_ns END AS first_content_ns,
        CASE WHEN k.content_ok THEN c.last_content_ns END AS last_content_ns,
-       k.choices_ok, k.every_content_ok, s.pacing_error_ms
+       k.choices_ok, k.every_content_ok, s.pacing_error_ms, r.attempt_id IS NOT NULL AS refused
 FROM attempts a JOIN c USING (attempt_id) LEFT JOIN sent s USING (attempt_id) LEFT JOIN kept k USING (attempt_id)
+LEFT JOIN refused r USING (attempt_id)
 WHERE a.client_status = 'completed' AND a.sent_ns IS NOT NULL;
 
 -- The samples of each row: (row number, value in ms, weight). The two pooled-gap rows (millions of
@@ -65,63 +70,102 @@ WHERE a.client_status = 'completed' AND a.sent_ns IS NOT NULL;
 -- @column p90_ms: the 90th percentile by the row's rule
 -- @column p99_ms: the 99th percentile by the row's rule
 -- @column ledger_column: the ledger column the row equals, for our own rows
+-- @column n_refused: samples left out because their attempt has a client figure request_metrics refuses
+--   as an impossible order (a chunk or done before the send, a done before the first content)
+-- @column mean_incl_refused_ms: the mean with those samples in, as a tool that keeps them counts (NULL
+--   when none was left out)
+-- @column p50_incl_refused_ms: the p50 with them, by the row's rule
+-- @column p90_incl_refused_ms: the p90 with them
+-- @column p99_incl_refused_ms: the p99 with them
 CREATE OR REPLACE TABLE peer_views AS
-WITH per_request(k, v, w) AS (
-  SELECT 1, (first_content_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE first_content_ns IS NOT NULL
+WITH per_request(k, v, w, refused) AS (
+  SELECT 1, (first_content_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE first_content_ns IS NOT NULL
   UNION ALL
-  SELECT 2, (first_choices_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE first_choices_ns IS NOT NULL
+  SELECT 2, (first_choices_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE first_choices_ns IS NOT NULL
   UNION ALL
-  SELECT 3, (first_content_ns - sent_ns) / 1e6 + pacing_error_ms, 1 FROM peer_base
+  SELECT 3, (first_content_ns - sent_ns) / 1e6 + pacing_error_ms, 1, refused FROM peer_base
   WHERE first_content_ns IS NOT NULL AND pacing_error_ms IS NOT NULL
   UNION ALL
-  SELECT 11, (first_content_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE first_content_ns IS NOT NULL
+  SELECT 11, (first_content_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE first_content_ns IS NOT NULL
   UNION ALL
-  SELECT 12, (first_content_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE first_content_ns IS NOT NULL
+  SELECT 12, (first_content_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE first_content_ns IS NOT NULL
   UNION ALL
-  SELECT 6, (last_content_ns - first_content_ns) / 1e6 / (n_tool - 1), 1 FROM peer_base WHERE n_tool > 1
+  SELECT 6, (last_content_ns - first_content_ns) / 1e6 / (n_tool - 1), 1, refused FROM peer_base WHERE n_tool > 1
   UNION ALL
-  SELECT 7, (last_content_ns - first_content_ns) / 1e6 / (n_tool - 1), n_tool - 1 FROM peer_base WHERE n_tool > 1
+  SELECT 7, (last_content_ns - first_content_ns) / 1e6 / (n_tool - 1), n_tool - 1, refused FROM peer_base WHERE n_tool > 1
   UNION ALL
-  SELECT 8, (done_ns - first_content_ns) / 1e6 / (n - 1), 1 FROM peer_base WHERE n > 1
+  SELECT 8, (done_ns - first_content_ns) / 1e6 / (n - 1), 1, refused FROM peer_base WHERE n > 1
   UNION ALL
-  SELECT 9, (last_choices_ns - first_choices_ns) / 1e6 / (n_tool - 1), 1 FROM peer_base WHERE n_tool > 1
+  SELECT 9, (last_choices_ns - first_choices_ns) / 1e6 / (n_tool - 1), 1, refused FROM peer_base WHERE n_tool > 1
   UNION ALL
-  SELECT 10, (last_content_ns - sent_ns) / 1e6 / n_tool, n_tool FROM peer_base WHERE n_tool > 0
+  SELECT 10, (last_content_ns - sent_ns) / 1e6 / n_tool, n_tool, refused FROM peer_base WHERE n_tool > 0
   UNION ALL
-  SELECT 13, (done_ns - sent_ns) / 1e6, 1 FROM peer_base
+  SELECT 13, (done_ns - sent_ns) / 1e6, 1, refused FROM peer_base
   UNION ALL
-  SELECT 14, (last_choices_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE last_choices_ns IS NOT NULL
+  SELECT 14, (last_choices_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE last_choices_ns IS NOT NULL
   UNION ALL
-  SELECT 15, (last_content_ns - sent_ns) / 1e6, 1 FROM peer_base WHERE last_content_ns IS NOT NULL
+  SELECT 15, (last_content_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE last_content_ns IS NOT NULL
   UNION ALL
-  SELECT 16, (done_ns - sent_ns) / 1e6, 1 FROM peer_base
+  SELECT 16, (done_ns - sent_ns) / 1e6, 1, refused FROM peer_base
 ), vllm_chunks AS (
-  SELECT list(ts_ns ORDER BY ts_ns, seq) AS ts
-  FROM ev_out o SEMI JOIN (SELECT attempt_id FROM peer_base WHERE choices_ok IS NOT FALSE) b USING (attempt_id)
+  SELECT any_value(b.refused) AS refused, list(ts_ns ORDER BY ts_ns, seq) AS ts
+  FROM ev_out o JOIN (SELECT attempt_id, refused FROM peer_base WHERE choices_ok IS NOT FALSE) b USING (attempt_id)
   WHERE o.name = 'attempt.chunk' AND o.choices_bearing GROUP BY attempt_id
 ), vllm_gaps AS (
-  SELECT unnest(list_transform(range(1, len(ts)), lambda i: (ts[i + 1] - ts[i]) / 1e6)) AS v FROM vllm_chunks
-), plain AS (  -- linear interpolation between ranks (numpy's default, DuckDB's quantile_cont)
-  SELECT k, count(v) AS n, avg(v) AS mean_ms, quantile_cont(v, [0.5, 0.9, 0.99]) AS q
+  SELECT refused, unnest(list_transform(range(1, len(ts)), lambda i: (ts[i + 1] - ts[i]) / 1e6)) AS v FROM vllm_chunks
+), content_gaps AS (
+  SELECT b.refused, i.gap_ms AS v
+  FROM itl i JOIN (SELECT attempt_id, refused FROM peer_base WHERE every_content_ok IS NOT FALSE) b USING (attempt_id)
+  WHERE i.layer = 'client' AND i.gap_ms IS NOT NULL
+), plain AS (  -- linear interpolation between ranks (numpy's default, DuckDB's quantile_cont); refused left out
+  SELECT k, count(v) FILTER (WHERE NOT refused) AS n, avg(v) FILTER (WHERE NOT refused) AS mean_ms,
+         quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused) AS q, count(v) FILTER (WHERE refused) AS n_refused
   FROM per_request WHERE v IS NOT NULL AND k NOT IN (7, 10, 12, 16) GROUP BY k
   UNION ALL
-  SELECT 4, count(gap_ms), avg(gap_ms), quantile_cont(gap_ms, [0.5, 0.9, 0.99])
-  FROM itl i SEMI JOIN (SELECT attempt_id FROM peer_base WHERE every_content_ok IS NOT FALSE) b USING (attempt_id)
-  WHERE i.layer = 'client' AND i.gap_ms IS NOT NULL
+  SELECT 4, count(v) FILTER (WHERE NOT refused), avg(v) FILTER (WHERE NOT refused),
+         quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused), count(v) FILTER (WHERE refused)
+  FROM content_gaps
   UNION ALL
-  SELECT 5, count(v), avg(v), quantile_cont(v, [0.5, 0.9, 0.99]) FROM vllm_gaps WHERE v IS NOT NULL
+  SELECT 5, count(v) FILTER (WHERE NOT refused), avg(v) FILTER (WHERE NOT refused),
+         quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused), count(v) FILTER (WHERE refused)
+  FROM vllm_gaps WHERE v IS NOT NULL
+), plain_all AS (  -- the same rows with the refused samples in, as a tool that keeps them counts: only
+                   -- where a row has any (the pooled gaps of a big run are not read twice for nothing)
+  SELECT k, avg(v) AS mean_ms, quantile_cont(v, [0.5, 0.9, 0.99]) AS q
+  FROM per_request WHERE v IS NOT NULL AND k NOT IN (7, 10, 12, 16)
+    AND k IN (SELECT k FROM per_request WHERE refused AND v IS NOT NULL) GROUP BY k
+  UNION ALL
+  SELECT 4, avg(v), quantile_cont(v, [0.5, 0.9, 0.99]) FROM content_gaps
+  WHERE EXISTS (SELECT 1 FROM content_gaps WHERE refused) HAVING count(*) > 0
+  UNION ALL
+  SELECT 5, avg(v), quantile_cont(v, [0.5, 0.9, 0.99]) FROM vllm_gaps
+  WHERE v IS NOT NULL AND EXISTS (SELECT 1 FROM vllm_gaps WHERE refused) HAVING count(*) > 0
+), guidellm AS (  -- GuideLLM's rows without the refused samples, and with them where a row has any
+  SELECT k, v, w, false AS with_refused FROM per_request
+  WHERE v IS NOT NULL AND k IN (7, 10, 12, 16) AND NOT refused
+  UNION ALL
+  SELECT k, v, w, true FROM per_request
+  WHERE v IS NOT NULL AND k IN (SELECT k FROM per_request WHERE refused AND v IS NOT NULL AND k IN (7, 10, 12, 16))
 ), cum AS (
-  SELECT k, v, w,
-         sum(w) OVER (PARTITION BY k ORDER BY v ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cw,
-         sum(w) OVER (PARTITION BY k) AS tw
-  FROM per_request WHERE v IS NOT NULL AND k IN (7, 10, 12, 16)  -- GuideLLM's rows
-), weighted AS (  -- GuideLLM's rule: the smallest value whose cumulative weight reaches q of the total
-  SELECT k, count(*) AS n, sum(v * w) / nullif(sum(w), 0) AS mean_ms,
+  SELECT k, with_refused, v, w,
+         sum(w) OVER (PARTITION BY k, with_refused ORDER BY v ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cw,
+         sum(w) OVER (PARTITION BY k, with_refused) AS tw
+  FROM guidellm
+), weighted_both AS (  -- GuideLLM's rule: the smallest value whose cumulative weight reaches q of the total
+  SELECT k, with_refused, count(*) AS n, sum(v * w) / nullif(sum(w), 0) AS mean_ms,
          [min(v) FILTER (WHERE cw >= 0.5 * tw), min(v) FILTER (WHERE cw >= 0.9 * tw),
           min(v) FILTER (WHERE cw >= 0.99 * tw)] AS q
-  FROM cum GROUP BY k
+  FROM cum GROUP BY k, with_refused
+), refused_n AS (
+  SELECT k, count(*) AS n_refused FROM per_request WHERE refused AND v IS NOT NULL GROUP BY k
+), weighted AS (  -- a row whose every sample is refused keeps its count of them
+  SELECT k, coalesce(w.n, 0), w.mean_ms, w.q, coalesce(r.n_refused, 0)
+  FROM (SELECT * FROM weighted_both WHERE NOT with_refused) w FULL JOIN refused_n r USING (k)
+  WHERE k IN (7, 10, 12, 16)
 ), stats AS (
   SELECT * FROM plain UNION ALL SELECT * FROM weighted
+), stats_all AS (
+  SELECT * FROM plain_all UNION ALL SELECT k, mean_ms, q FROM weighted_both WHERE with_refused
 ), defs(k, ord, metric, tool, definition, weighting, percentiles, ledger_column) AS (VALUES
   (1, 1, 'TTFT', 'inferledger', 'sent → first chunk with content, reasoning or a tool call', 'request', 'linear', 'request_metrics.ttft_client_ms'),
   (2, 2, 'TTFT', 'vLLM bench', 'sent → first chunk with choices (the role chunk counts)', 'request', 'linear', NULL),
@@ -142,8 +186,12 @@ WITH per_request(k, v, w) AS (
 )
 SELECT getvariable('run_id') AS run_id, d.metric, d.tool, d.definition, d.weighting, d.percentiles,
        coalesce(s.n, 0)::BIGINT AS n, s.mean_ms, s.q[1] AS p50_ms, s.q[2] AS p90_ms, s.q[3] AS p99_ms,
-       d.ledger_column
-FROM defs d LEFT JOIN stats s USING (k)
+       d.ledger_column, coalesce(s.n_refused, 0)::BIGINT AS n_refused,
+       CASE WHEN s.n_refused > 0 THEN sa.mean_ms END AS mean_incl_refused_ms,
+       CASE WHEN s.n_refused > 0 THEN sa.q[1] END AS p50_incl_refused_ms,
+       CASE WHEN s.n_refused > 0 THEN sa.q[2] END AS p90_incl_refused_ms,
+       CASE WHEN s.n_refused > 0 THEN sa.q[3] END AS p99_incl_refused_ms
+FROM defs d LEFT JOIN stats s USING (k) LEFT JOIN stats_all sa USING (k)
 ORDER BY d.ord;
 
 -- One row per (metric, tool): the tool's reading beside ours on the same attempts (our client's
@@ -170,7 +218,12 @@ ORDER BY d.ord;
 -- @column server_mean_ms: its mean
 -- @column server_p50_ms: its p50 (linear)
 -- @column server_p99_ms: its p99 (linear)
--- @column reason: why the two readings differ
+-- @column tool_n_refused: the tool row's samples left out as impossible orders (peer_views.n_refused)
+-- @column tool_mean_incl_refused_ms: its mean with them in, as a tool that keeps them counts
+-- @column tool_p50_incl_refused_ms: its p50 with them
+-- @column tool_p99_incl_refused_ms: its p99 with them
+-- @column reason: why the two readings differ: what always holds of the two definitions, what this run's
+--   chunks show (the role chunk's lead), and the samples left out
 CREATE OR REPLACE TABLE peer_comparison AS
 WITH reporters AS (
   SELECT json_extract_string(attrs, '$.reporter') AS reporter, count(*) AS n
@@ -193,19 +246,10 @@ WITH reporters AS (
   UNION ALL
   SELECT 'ITL', 'itl.gap_ms (server)', count(gap_ms), avg(gap_ms), quantiles_linear(gap_ms, [0.5, 0.99])
   FROM itl i SEMI JOIN peer_base b USING (attempt_id) WHERE i.layer = 'server' AND i.gap_ms IS NOT NULL
-), reasons(metric, tool, reason) AS (VALUES
-  ('TTFT', 'vLLM bench', 'stops at the first chunk with choices (for chat the role chunk): a server that sends it on arrival leaves prefill out; inferledger serve sends it with the first token, so the two nearly agree'),
-  ('TTFT', 'AIPerf', 'the same span (first non-empty content); AIPerf times it on its perf counter from a wall-clock start'),
-  ('TTFT', 'GuideLLM', 'the same span; percentiles are the smallest value whose share reaches p (no interpolation)'),
-  ('TTFT', 'MLPerf-style', 'counts from the planned send: adds the client''s own issue delay'),
-  ('ITL', 'vLLM bench', 'pools the gaps of every chunk with choices: role → first content and last content → finish are samples too (near 0 where they are written back to back, as inferledger serve does), so its mean is lower'),
-  ('ITL', 'AIPerf', 'one value per request, (last − first content) / (tokens − 1) with AIPerf''s re-tokenised count; we pool every content gap'),
-  ('ITL', 'GuideLLM', 'one value per request as AIPerf''s, weighted by tokens − 1, cumulative-weight percentiles; the usage count'),
-  ('TPOT', 'vLLM bench', 'from the first chunk with choices (the role chunk) to the last (the finish chunk), over tokens − 1; on its own records ours ends where vLLM bench stopped recording'),
-  ('TPOT', 'GuideLLM', '(last content − request start) / tokens: includes the TTFT, token-weighted'),
-  ('E2E', 'vLLM bench', 'ends at the last chunk with choices (the finish chunk), before the usage chunk and [DONE]; it records no later time, so on its records ours ends there too'),
-  ('E2E', 'AIPerf', 'ends at the last content response, before the finish and usage chunks and [DONE]'),
-  ('E2E', 'GuideLLM', 'the same span (request start → request end); cumulative-weight percentiles')
+), facts AS (  -- what this run's chunks show, for the reasons that depend on it
+  SELECT count(*) AS n, avg(first_content_ns - first_choices_ns) / 1e6 AS role_lead_ms,
+         avg(last_choices_ns - last_content_ns) / 1e6 AS finish_lag_ms
+  FROM peer_base WHERE NOT refused AND first_choices_ns IS NOT NULL AND first_content_ns IS NOT NULL
 )
 SELECT getvariable('run_id') AS run_id, p.metric, p.tool, (p.tool = i.tool) IS TRUE AS imported, i.reporter,
        p.n AS tool_n, p.mean_ms AS tool_mean_ms, p.p50_ms AS tool_p50_ms, p.p99_ms AS tool_p99_ms,
@@ -213,11 +257,51 @@ SELECT getvariable('run_id') AS run_id, p.metric, p.tool, (p.tool = i.tool) IS T
        p.mean_ms - o.mean_ms AS diff_mean_ms,
        s.col AS server_column, nullif(s.n, 0) AS server_n, s.mean_ms AS server_mean_ms,
        s.q[1] AS server_p50_ms, s.q[2] AS server_p99_ms,
+       p.n_refused AS tool_n_refused, p.mean_incl_refused_ms AS tool_mean_incl_refused_ms,
+       p.p50_incl_refused_ms AS tool_p50_incl_refused_ms, p.p99_incl_refused_ms AS tool_p99_incl_refused_ms,
+       -- each clause states what always holds of the two definitions, or what this run's events show
        CASE WHEN o.n = 0 AND p.n > 0 THEN 'ours is unknown: the tool kept too few chunks for it; ' ELSE '' END
-         || r.reason AS reason
+       || CASE WHEN p.n_refused > 0
+               THEN format('{} sample(s) left out, on both sides: their attempts have a client figure the ledger '
+                           'refuses as an impossible order; a tool that keeps them gives mean {} ms, p50 {} ms, '
+                           'p99 {} ms; ', p.n_refused, round(p.mean_incl_refused_ms, 1),
+                           round(p.p50_incl_refused_ms, 1), round(p.p99_incl_refused_ms, 1)) ELSE '' END
+       || CASE p.metric || ' ' || p.tool
+            WHEN 'TTFT vLLM bench' THEN 'stops at the first chunk with choices (for chat the role chunk), not at the '
+                 || 'first content' || CASE WHEN f.role_lead_ms IS NOT NULL
+                      THEN format(': on this run that chunk came {} ms before the first content on average '
+                                  '({} attempts)', round(f.role_lead_ms, 1), f.n) ELSE '' END
+            WHEN 'TTFT AIPerf' THEN 'the same span (request start → first non-empty content)'
+                 || CASE WHEN i.tool = 'AIPerf' THEN '; AIPerf times it on its perf counter from a wall-clock start'
+                         ELSE '' END
+            WHEN 'TTFT GuideLLM' THEN 'the same span; percentiles are the smallest value whose share reaches p '
+                 || '(no interpolation)'
+            WHEN 'TTFT MLPerf-style' THEN 'counts from the planned send: adds the client''s own issue delay'
+            WHEN 'ITL vLLM bench' THEN 'pools the gaps of every chunk with choices: role → first content and last '
+                 || 'content → finish are samples too, and a chunk of several tokens is one gap'
+                 || CASE WHEN f.role_lead_ms IS NOT NULL
+                      THEN format('; on this run those two gaps average {} ms and {} ms', round(f.role_lead_ms, 1),
+                                  round(f.finish_lag_ms, 1)) ELSE '' END
+            WHEN 'ITL AIPerf' THEN 'one value per request, (last − first content) / (tokens − 1) with '
+                 || CASE WHEN i.tool = 'AIPerf' THEN 'AIPerf''s re-tokenised count' ELSE 'the server''s count' END
+                 || '; we pool every content gap'
+            WHEN 'ITL GuideLLM' THEN 'one value per request as AIPerf''s, weighted by tokens − 1, cumulative-weight '
+                 || 'percentiles'
+            WHEN 'TPOT vLLM bench' THEN 'from the first chunk with choices (the role chunk) to the last (the finish '
+                 || 'chunk), over tokens − 1'
+                 || CASE WHEN i.tool = 'vLLM bench' THEN '; on its own records ours ends where vLLM bench stopped '
+                         || 'recording' ELSE '' END
+            WHEN 'TPOT GuideLLM' THEN '(last content − request start) / tokens: includes the TTFT, token-weighted'
+            WHEN 'E2E vLLM bench' THEN 'ends at the last chunk with choices (the finish chunk), before the usage '
+                 || 'chunk and [DONE]'
+                 || CASE WHEN i.tool = 'vLLM bench' THEN '; it records no later time, so on its records ours ends '
+                         || 'there too' ELSE '' END
+            WHEN 'E2E AIPerf' THEN 'ends at the last content response, before the finish and usage chunks and [DONE]'
+            WHEN 'E2E GuideLLM' THEN 'the same span (request start → request end); cumulative-weight percentiles'
+          END AS reason
 FROM peer_views p JOIN peer_views o ON o.metric = p.metric AND o.tool = 'inferledger'
 LEFT JOIN imported i ON true
 LEFT JOIN server_side s ON s.metric = p.metric
-LEFT JOIN reasons r ON r.metric = p.metric AND r.tool = p.tool
+CROSS JOIN facts f
 WHERE p.tool <> 'inferledger'
 ORDER BY p.metric = 'E2E', p.metric = 'TPOT', p.metric = 'ITL', p.metric, p.tool;
