@@ -1,7 +1,7 @@
 -- Expressions several stages need, declared once as DuckDB macros (temporary: not part of the ledger).
 --
 -- reads:
--- creates: first_point, last_point, point_of, json_double, json_bigint, quantiles_linear
+-- creates: first_point, last_point, point_of, json_double, json_bigint, sum_if_known, quantiles_linear
 
 -- The first (last) event of a group for which `cond` holds, as a point (ns, clock, eid). Ties on the
 -- timestamp break by seq, then event id, in every stage alike.
@@ -17,6 +17,10 @@ CREATE OR REPLACE TEMP MACRO point_of(m) AS
 -- A number inside a JSON document; NULL when absent or not a number of that type.
 CREATE OR REPLACE TEMP MACRO json_double(doc, path) AS TRY_CAST(json_extract_string(doc, path) AS DOUBLE);
 CREATE OR REPLACE TEMP MACRO json_bigint(doc, path) AS TRY_CAST(json_extract_string(doc, path) AS BIGINT);
+
+-- Σ x over a group whose every row knows `known`: 0 over no row, unknown (NULL) when any row does not.
+CREATE OR REPLACE TEMP MACRO sum_if_known(known, x) AS
+  CASE WHEN count(*) = 0 THEN 0 WHEN count(*) = count(known) THEN sum(x) END;
 
 -- The ledger's one quantile rule for its own figures: linear interpolation between closest ranks
 -- (Hyndman-Fan type 7, NumPy's default; docs/LEDGER.md "Quantiles"). Peers' rows keep their own rules.

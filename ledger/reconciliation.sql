@@ -31,8 +31,11 @@
 -- @column ghost_energy_j: the window energy charged to ghost attempts by their step-time shares in steps
 --   that started after the give-up; NULL when the window's energy is unknown
 CREATE OR REPLACE TABLE reconciliation AS
-WITH p AS (
-  SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_status IS NOT NULL) AS n
+WITH p AS (  -- client counts: unknown (NULL) without client events, a count otherwise
+  SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_status IS NOT NULL) AS n,
+         count(*) FILTER (WHERE client_status = 'cancelled') AS n_cancelled,
+         count(*) FILTER (WHERE client_status = 'timeout') AS n_timed_out,
+         count(*) FILTER (WHERE client_status = 'error') AS n_errored
   FROM attempts
 ), per_request AS (
   SELECT request_id, count(*) AS n_attempts FROM attempts WHERE request_id IS NOT NULL GROUP BY request_id
@@ -48,11 +51,11 @@ SELECT getvariable('run_id') AS run_id,
   (SELECT count(*) FROM marks WHERE created IS NOT NULL) AS created,
   (SELECT count(*) FROM marks WHERE sent IS NOT NULL) AS sent,
   (SELECT count(*) FROM marks WHERE received IS NOT NULL OR enqueued IS NOT NULL) AS received,
-  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM attempts WHERE client_status = 'completed') END AS completed,
-  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM attempts WHERE client_status = 'cancelled') END AS cancelled,
-  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM attempts WHERE client_status = 'timeout') END AS timed_out,
+  CASE WHEN p.n > 0 THEN p.ok END AS completed,
+  CASE WHEN p.n > 0 THEN p.n_cancelled END AS cancelled,
+  CASE WHEN p.n > 0 THEN p.n_timed_out END AS timed_out,
   (SELECT count(*) FROM attempts WHERE server_status = 'rejected') AS rejected,
-  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM attempts WHERE client_status = 'error') END AS errored,
+  CASE WHEN p.n > 0 THEN p.n_errored END AS errored,
   (SELECT count(*) FROM attempts WHERE client_status = 'unterminated' OR server_status = 'unterminated') AS unterminated,
   (SELECT count(*) FROM attempts WHERE server_status = 'completed') AS server_completed,
   (SELECT count(*) FROM attempts WHERE server_status = 'cancelled') AS server_cancelled,

@@ -4,7 +4,7 @@
 -- the register), not 0. Every rate divides by t_obs_s through nullif: a zero-length window is unknown.
 --
 -- reads: window_bounds, request_metrics, attempts, marks, ev, steps, window_energy, power_check,
---        kv_integral, step_attribution
+--        kv_integral, step_attribution, sum_if_known
 -- creates: run_metrics
 -- @table run_metrics: one row per run: its figures over the observation window (docs/LEDGER.md
 --   "run_metrics")
@@ -79,15 +79,15 @@ WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), 
   -- token throughput over the attempts the client saw complete (the peers' denominator); a sum over
   -- attempts of which any count is unknown is unknown
   -- (no completed attempt is a known 0 only where the client was watched)
-  SELECT CASE WHEN NOT (SELECT has_client FROM window_bounds) THEN NULL WHEN count(*) = 0 THEN 0
-              WHEN count(*) = count(a.n_output_tokens) THEN sum(a.n_output_tokens) END AS output_tokens,
+  SELECT CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(a.n_output_tokens, a.n_output_tokens)
+              END AS output_tokens,
          -- prompt tokens: the engine's count, else the usage the client received (a black-box run)
-         CASE WHEN NOT (SELECT has_client FROM window_bounds) THEN NULL WHEN count(*) = 0 THEN 0
-              WHEN count(*) = count(coalesce(p.prompt, m.n_prompt_usage)) THEN sum(coalesce(p.prompt, m.n_prompt_usage)) END AS prompt_tokens,
-         CASE WHEN NOT (SELECT has_client FROM window_bounds) THEN NULL WHEN count(*) = 0 THEN 0
-              WHEN count(*) = count(p.prompt) THEN sum(coalesce(p.cached, 0)) END AS prompt_tokens_cached,
-         CASE WHEN NOT (SELECT has_client FROM window_bounds) THEN NULL WHEN count(*) = 0 THEN 0
-              WHEN count(*) = count(p.prompt) THEN sum(coalesce(p.computed, 0)) END AS prefill_tokens_computed,
+         CASE WHEN (SELECT has_client FROM window_bounds)
+              THEN sum_if_known(coalesce(p.prompt, m.n_prompt_usage), coalesce(p.prompt, m.n_prompt_usage)) END AS prompt_tokens,
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(p.prompt, coalesce(p.cached, 0))
+              END AS prompt_tokens_cached,
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(p.prompt, coalesce(p.computed, 0))
+              END AS prefill_tokens_computed,
          count(*) AS n
   FROM attempts a JOIN marks m USING (attempt_id) LEFT JOIN (
     SELECT attempt_id, max(value) FILTER (WHERE name = 'engine.enqueued') AS prompt,
