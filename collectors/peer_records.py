@@ -38,7 +38,7 @@ class PeerRequest:
     tool_output_tokens: int | None = None  # the tool's own output-token count
     token_rule: str | None = None  # how the tool counted them: usage, retokenised, iterations ...
     figures: dict = field(default_factory=dict)  # the tool's own per-request figures (ms), as it wrote them
-    chunks_kept: str = "content"  # which chunks the tool kept: content, first_last, choices, labelled (ledger/peers.sql)
+    chunks_kept: str = "content"  # which chunks the tool kept: content, first_last, choices, labelled (ledger/peer_views.sql)
 
 
 def read_json_document(path) -> object:
