@@ -16,7 +16,7 @@ WHERE name = 'attempt.sent' AND json_extract_string(attrs, '$.evidence') = 'repo
 --   (docs/LEDGER.md "gaps")
 -- @column gap_id: deterministic: scope:subject:n for the ledger's rows, reported:... for reported
 --   evidence, the collector's own id for its rows
--- @column scope: run, import, attempt, task, clock, energy, step, event
+-- @column scope: run, import, attempt, task, clock, energy, step, otlp (a reported span), event
 -- @column subject_id: what the gap is about: an attempt, task, step or event id, a part file, a metric
 --   (NULL for the run)
 -- @column affects: the figures (columns, tables) it leaves NULL or changes
