@@ -1,53 +1,25 @@
-"""The figure tables a run's report and its terminal summary both show, defined once here.
+"""The figure tables a run's report and its terminal summary both show, read here once.
 
-The latency table (percentiles per metric and observation layer: `request_metrics` columns over
-attempts, `itl.gap_ms` over output events) and the counts of the four accounts. Every number is a
-ledger column (docs/LEDGER.md); percentiles are DuckDB's `quantile_cont`.
+The latency table (the ledger's `latency_percentiles`: percentiles per metric and observation layer)
+and the counts of the four accounts. Every number is a ledger column (docs/LEDGER.md).
 """
 from __future__ import annotations
 
 from inferledger.report.read import RunView, num
 
-# (label, request_metrics column, layer): the latency table's rows over attempts, in print order.
-LATENCY = (
-    ("TTFT", "ttft_client_ms", "client (first content)"),
-    ("TTFT", "ttft_visible_ms", "client (first answer)"),
-    ("TTFT", "ttft_first_byte_ms", "client (first byte)"),
-    ("TTFT", "ttft_server_ms", "engine"),
-    ("TPOT", "tpot_ms", "client"),
-    ("TPOT", "tpot_server_ms", "server"),
-    ("E2E", "e2e_client_ms", "client"),
-    ("E2E", "e2e_server_ms", "server"),
-    ("queue", "queue_ms", "engine"),
-)
-ITL_LAYERS = ("client", "server", "engine")
-ITL_MAX = (("client", "itl_client_max_ms"), ("server", "itl_server_max_ms"), ("engine", "itl_engine_max_ms"))
-QUANTILES = (0.5, 0.9, 0.99)
-LATENCY_COLUMNS = ("metric", "layer", "column", "n", "p50_ms", "p90_ms", "p99_ms", "max_ms")
-
 
 def latency(rv: RunView) -> list[dict]:
-    """Percentiles per observation layer: request_metrics columns over attempts, itl gaps per layer;
-    `values` is (p50, p90, p99, max) in ms."""
-    qs = ", ".join(f"quantile_cont({{c}}, {q})" for q in QUANTILES)
-    rows = []
-    for label, column, layer in LATENCY:
-        n, *vals = rv.one(f"SELECT count({column}), {qs.format(c=column)}, max({column}) FROM request_metrics")
-        rows.append({"metric": label, "layer": layer, "column": f"request_metrics.{column}", "n": n,
-                     "values": [num(v) for v in vals]})
-    itl = {r[0]: r[1:] for r in rv.all(
-        f"SELECT layer, count(*), {qs.format(c='gap_ms')}, max(gap_ms) FROM itl GROUP BY layer")}
-    for layer in ITL_LAYERS:
-        if layer in itl:
-            n, *vals = itl[layer]
-            rows.append({"metric": "ITL", "layer": f"{layer} (per output event)", "column": f"itl.gap_ms ({layer})",
-                         "n": n, "values": [num(v) for v in vals]})
-    for layer, column in ITL_MAX:
-        n, *vals = rv.one(f"SELECT count({column}), {qs.format(c=column)}, max({column}) FROM request_metrics")
-        if n:
-            rows.append({"metric": "max ITL", "layer": f"{layer} (per attempt)", "column": f"request_metrics.{column}",
-                         "n": n, "values": [num(v) for v in vals]})
-    return rows
+    """The ledger's latency_percentiles rows in its order (`values`: p50, p90, p99, max in ms); ITL and
+    max-ITL rows of a layer with no values are left out."""
+    from inferledger.ledger.query import LedgerError
+
+    if not rv.has("latency_percentiles"):
+        raise LedgerError(f"{rv.run_dir}: this ledger has no latency_percentiles table (built by an older "
+                          f"version): rebuild it with `inferledger reconstruct {rv.run_dir}`")
+    rows = rv.all("SELECT metric, label, source_column, n, p50_ms, p90_ms, p99_ms, max_ms FROM latency_percentiles "
+                  "WHERE n > 0 OR metric NOT IN ('ITL', 'max ITL') ORDER BY position")
+    return [{"metric": m, "layer": label, "column": col, "n": n, "values": [num(v) for v in vals]}
+            for m, label, col, n, *vals in rows]
 
 
 def account_counts(rv: RunView) -> dict[str, list[tuple]]:
