@@ -100,12 +100,14 @@ class Serving:
             self.sink.clock_domain(self.clock, host=self.host, kind="monotonic")
         self.async_engine.start()
         self.thread = ServerThread(self.app, host, port)
+        if self.owns_run:  # before the first request can arrive; again below with the port it got
+            self.sink.write_manifest({**self.manifest(), "state": "running"})
         try:
             self.thread.start()
         except RuntimeError as exc:
             cause = exc.__cause__
             raise cause if isinstance(cause, OSError) else exc
-        if self.owns_run:
+        if self.owns_run and port == 0:
             self.sink.write_manifest({**self.manifest(), "state": "running"})
         return self.thread.url
 
