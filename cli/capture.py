@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import platform
 import signal
-import statistics
 import sys
 import time
 from collections import Counter
@@ -22,11 +21,13 @@ import pyarrow as pa
 
 from inferledger.collectors.loadgen import LoadClient, LoadResult
 from inferledger.collectors.out_dir import check_new_run_dir
-from inferledger.collectors.workload import Workload, load_tokenizer
+from inferledger.collectors.prompt_tokenizer import load_tokenizer
+from inferledger.collectors.workload import Workload
 from inferledger.cli.embedded_server import EmbeddedServer, probe_throughput
 from inferledger.cli.interrupt import Interrupted, signal_name, sigterm_like_sigint
 from inferledger.collectors.writer import AUTOFLUSH_S, RunWriter, write_json_atomic, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
+from inferledger.probes.quantile import quantile
 from inferledger.probes.sampler import EnergySampler
 
 IDLE_BASELINE_S = 1.0  # sampled before load: the idle term of energy per good result
@@ -47,11 +48,13 @@ class CaptureResult:
 
 async def _watch_loop_lag(samples: list[tuple[int, float]], stop: asyncio.Event, period_s: float = 0.01) -> None:
     """How late the client's event loop wakes: its own overhead, recorded so a client-bound run shows."""
-    while not stop.is_set():
+    while True:
         t = time.monotonic_ns()
         await asyncio.sleep(period_s)
         now = time.monotonic_ns()
         samples.append((now, max(0.0, (now - t) / 1e6 - period_s * 1000)))
+        if stop.is_set():
+            break
 
 
 async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter, *, separate_clocks: bool,
@@ -79,7 +82,7 @@ async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter,
 
 
 def _lag_p99(values: list[float]) -> float:
-    return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else 0.0
+    return quantile(values, 0.99)  # never empty: the watcher records a sample before it checks for the stop
 
 
 def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "embedded",

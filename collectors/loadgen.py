@@ -7,7 +7,7 @@ requests: a `Transport` turns one attempt into a stream of `Chunk`s (HTTP in `ht
 in-process engine in `cli/embedded.py`). A timeout or cancellation closes the stream (or, with
 `on_timeout = "abandon"`, stops listening while the connection drains); what the server does then is
 the server's own evidence, never inferred here. The workload format and task plans live in
-`collectors/workload.py`.
+the `collectors/workload` package.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from typing import AsyncIterator, Callable, Protocol
 
 from inferledger.collectors.workload import Question, RequestPlan, TaskPlan, Workload
 from inferledger.probes.probe import Probe
+from inferledger.probes.quantile import quantile
 
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)  # and transport failures (no status)
 OUTPUT_KINDS = ("content", "reasoning", "tool_call")
@@ -59,13 +60,12 @@ def check_answer(q: Question, text: str) -> bool:
     return re.search(q.answer, text, re.IGNORECASE) is not None
 
 
-def _quantiles(values: list[float]) -> dict:
+def _summary(values: list[float]) -> dict:
+    """n, mean, p50, p99 (the project's one quantile rule) and max, in ms to the µs; only n when empty."""
     if not values:
         return {"n": 0}
-    s = sorted(values)
-    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))]
-    return {"n": len(s), "mean": round(statistics.fmean(s), 3), "p50": round(pick(0.5), 3),
-            "p99": round(pick(0.99), 3), "max": round(s[-1], 3)}
+    return {"n": len(values), "mean": round(statistics.fmean(values), 3), "p50": round(quantile(values, 0.5), 3),
+            "p99": round(quantile(values, 0.99), 3), "max": round(max(values), 3)}
 
 
 @dataclass
@@ -89,7 +89,7 @@ class LoadResult:
 
     def pacing_summary(self) -> dict:
         """Send time minus planned time (ms) per kind of plan: the client's own scheduling error."""
-        return {k: _quantiles(v) for k, v in self.pacing.items()}
+        return {k: _summary(v) for k, v in self.pacing.items()}
 
 
 @dataclass

@@ -93,6 +93,26 @@ def test_every_client_event_is_complete_and_nothing_unterminated(scenario):
     assert json.loads(events[[e["name"] for e in events].index("attempt.sent")]["attrs"])["pacing_error_ms"] >= 0
 
 
+def test_client_overhead_percentiles_follow_the_ledger_quantile_rule(scenario):
+    """The manifest's loop-lag p99 and pacing p50 / p99 are DuckDB's quantile_cont over what the run
+    recorded (the lag trace, and attempt.sent pacing_error_ms per kind), not another rule."""
+    run, _, _ = scenario
+    m = json.loads((run / "manifest.json").read_text())["client"]
+    con = duckdb.connect()
+    n, p99 = con.execute(f"SELECT count(*), quantile_cont(value, 0.99) FROM '{run}/samples/*.parquet' "
+                         "WHERE metric = 'client_loop_lag_ms'").fetchone()
+    assert 2 <= n < 2000  # under 2000 wakes the trace holds every one of them
+    assert m["loop_lag_p99_ms"] == pytest.approx(p99, abs=5e-4)  # the manifest rounds to the µs
+    for kind, stats in m["pacing_error_ms"].items():
+        row = con.execute(f"SELECT count(*), quantile_cont(v, 0.5), quantile_cont(v, 0.99) FROM ("
+                          f"SELECT CAST(json_extract_string(attrs, '$.pacing_error_ms') AS DOUBLE) AS v "
+                          f"FROM '{run}/events/*.parquet' WHERE name = 'attempt.sent' "
+                          f"AND json_extract_string(attrs, '$.planned') = ?)", [kind]).fetchone()
+        assert stats["n"] == row[0]
+        if row[0]:  # the attrs carry 4 decimals, the summary 3
+            assert (stats["p50"], stats["p99"]) == (pytest.approx(row[1], abs=6e-4), pytest.approx(row[2], abs=6e-4))
+
+
 def test_wall_clock_mapping_puts_otlp_spans_in_unix_time(scenario, tmp_path):
     from inferledger.cli.export import export_run
 

@@ -1,0 +1,124 @@
+"""Reading a workload: its TOML checked against the format (schema), its task set and replay file
+read, and everything the load client needs gathered in one `Workload`, with its input identity."""
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .arrivals import planned_offsets, read_replay
+from .calibration import calibrate
+from .plans import TaskPlan, build_plans, class_sequence
+from .schema import Inject, TaskClass, parse
+from .tasks import Question, load_questions
+
+
+@dataclass
+class Workload:
+    """A checked workload; the defaults and bounds of every key are the format's (schema)."""
+
+    name: str
+    seed: int
+    process: str
+    n_tasks: int
+    rate_rps: float | None
+    cv2: float
+    replay_ms: list[float] | None
+    speed: float
+    concurrency: int
+    think_ms: float
+    deadline_ms: float
+    on_missing: str
+    timeout_ms: float
+    max_attempts: int
+    backoff_ms: float
+    backoff_max_ms: float
+    jitter: float
+    give_up_after_deadline: bool
+    on_timeout: str
+    drain_s: float
+    max_tokens: int
+    temperature: float
+    ignore_eos: bool
+    inject: Inject
+    classes: list[TaskClass]
+    questions: list[Question]
+    calibrate_tok_s: float | None = None  # [arrivals]: scale open-loop arrivals by measured/this engine speed
+    slo: dict = field(default_factory=dict)  # [slo] ttft_ms / tpot_ms / e2e_ms that were declared
+    tokenizer: str | None = None  # [prompt] tokenizer; None: the target's (embedded) or the bundled one
+    spec: dict = field(default_factory=dict)  # the file as parsed, for the manifest
+    sha256: str = ""  # of the workload file, its task set and replay file: the run's input identity
+    path: str | None = None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Workload":
+        path = Path(path)
+        try:
+            raw = path.read_bytes()
+            spec = tomllib.loads(raw.decode())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"{path}: cannot read workload ({exc})") from exc
+        wl = cls.from_dict(spec, base=path.parent, where=str(path), default_name=path.stem, extra_bytes=raw)
+        wl.path = str(path)
+        return wl
+
+    @classmethod
+    def from_dict(cls, spec: dict, *, base: Path | str = ".", where: str = "workload", default_name: str = "workload",
+                  extra_bytes: bytes | None = None) -> "Workload":
+        """A workload from its parsed TOML; relative files are relative to `base`; errors name `where`."""
+        base = Path(base)
+        f = parse(spec, where)
+        blobs = [extra_bytes or json.dumps(spec, sort_keys=True).encode()]
+        taskpath = base / f.taskset.file
+        questions = load_questions(taskpath)
+        blobs.append(taskpath.read_bytes())
+        a = f.arrivals
+        replay_ms = None
+        if a.process == "replay":
+            rpath = base / a.file
+            try:
+                replay_ms = read_replay(rpath)
+                blobs.append(rpath.read_bytes())
+            except OSError as exc:
+                raise ValueError(f"{where}: [arrivals].file: {rpath} cannot be read ({exc})") from exc
+        n_tasks = a.n_tasks if a.n_tasks is not None else len(replay_ms)
+        if replay_ms is not None and n_tasks > len(replay_ms):
+            raise ValueError(f"{where}: [arrivals].n_tasks: {n_tasks}, but the replay file has "
+                             f"{len(replay_ms)} arrivals")
+        classes = f.classes or [TaskClass(name="default")]
+        for i, c in enumerate(classes):
+            c.name = c.name if c.name is not None else f"class{i}"
+        return cls(
+            name=f.name if f.name is not None else default_name, seed=f.seed, process=a.process, n_tasks=n_tasks,
+            rate_rps=a.rate_rps, cv2=a.cv2, replay_ms=replay_ms, speed=a.speed,
+            concurrency=a.concurrency if a.concurrency is not None else 1, think_ms=a.think_ms,
+            deadline_ms=f.contract.deadline_ms, on_missing=f.contract.on_missing, timeout_ms=f.client.timeout_ms,
+            max_attempts=f.client.max_attempts, backoff_ms=f.client.backoff_ms,
+            backoff_max_ms=f.client.backoff_max_ms, jitter=f.client.jitter,
+            give_up_after_deadline=f.client.give_up_after_deadline, on_timeout=f.client.on_timeout,
+            drain_s=f.client.drain_s, max_tokens=f.generation.max_tokens, temperature=f.generation.temperature,
+            ignore_eos=f.generation.ignore_eos, calibrate_tok_s=a.calibrate_tok_s, inject=f.inject,
+            classes=classes, questions=questions, tokenizer=f.prompt.tokenizer, spec=spec,
+            slo=f.slo.model_dump(exclude_none=True), sha256=hashlib.sha256(b"".join(blobs)).hexdigest())
+
+    # ---- what the client runs ------------------------------------------------------------------
+    @property
+    def needs_tokenizer(self) -> bool:
+        return any(c.prompt_tokens or c.shared_prefix_tokens for c in self.classes)
+
+    def arrival_offsets(self) -> list[float] | None:
+        """Planned arrival offsets (s) of the open-loop processes; None for the closed loop."""
+        return planned_offsets(self.process, seed=self.seed, n_tasks=self.n_tasks, rate_rps=self.rate_rps,
+                               cv2=self.cv2, replay_ms=self.replay_ms, speed=self.speed)
+
+    def class_sequence(self) -> list[TaskClass]:
+        return class_sequence(self.classes, self.n_tasks)
+
+    def plan(self, tokenizer=None) -> list[TaskPlan]:
+        """Every task's plan, prompts built to exact token counts with the caller's `tokenizer`."""
+        return build_plans(self, tokenizer)
+
+    def calibrate(self, measured_tok_s: float) -> dict:
+        return calibrate(self, measured_tok_s)

@@ -1,0 +1,186 @@
+"""The workload file's format: unknown keys refused in every section, values of exactly their key's
+type (no string is a boolean, no 1.7 an integer), each refusal naming the file and the key; every
+shipped sample still loads, and docs/CAPTURE.md lists exactly the keys the format has."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from inferledger.collectors.workload import Workload
+from inferledger.collectors.workload.schema import SECTIONS, TaskClass, WorkloadFile
+
+REPO = Path(__file__).resolve().parent.parent
+GOOD = """name = "w"
+seed = 3
+[taskset]
+file = "tasks.jsonl"
+[arrivals]
+rate_rps = 2.0
+n_tasks = 4
+[contract]
+deadline_ms = 60000
+[client]
+timeout_ms = 2000
+[generation]
+max_tokens = 8
+"""
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"prompt": "q?", "answer": "a"}) + "\n")
+    return tmp_path
+
+
+def _load(folder: Path, toml: str, name: str = "cpu_demo.toml") -> Workload:
+    path = folder / name
+    path.write_text(toml)
+    return Workload.load(path)
+
+
+def _refused(folder: Path, toml: str) -> str:
+    with pytest.raises(ValueError) as info:
+        _load(folder, toml)
+    return str(info.value)
+
+
+def _with(section: str, line: str) -> str:
+    """GOOD with `line` in [section] instead of its key's line there (a new table when GOOD has none;
+    "" is the top level; GOOD's keys are all different, so the key's line is the one to take out)."""
+    key = line.split("=")[0].strip()
+    good = "".join(g for g in GOOD.splitlines(keepends=True) if section == "classes" or not g.startswith(f"{key} ="))
+    if not section:
+        return line + "\n" + good
+    if section == "classes":
+        return good + "[[classes]]\n" + line + "\n"
+    head = f"[{section}]\n"
+    return good.replace(head, head + line + "\n") if head in good else good + head + line + "\n"
+
+
+def test_the_good_file_loads(folder):
+    wl = _load(folder, GOOD)
+    assert (wl.name, wl.seed, wl.n_tasks, wl.timeout_ms, wl.max_attempts) == ("w", 3, 4, 2000.0, 1)
+
+
+def test_a_typo_in_client_is_refused_with_the_file_the_key_and_the_closest_key(folder):
+    message = _refused(folder, _with("client", "timout = 5000"))
+    assert message == f"{folder / 'cpu_demo.toml'}: [client].timout: unknown key (did you mean timeout_ms?)"
+
+
+@pytest.mark.parametrize("section, key, where", [
+    ("", "sede", "sede"),
+    ("taskset", "fil", "[taskset].fil"),
+    ("prompt", "tokeniser", "[prompt].tokeniser"),
+    ("arrivals", "n_task", "[arrivals].n_task"),
+    ("contract", "deadline", "[contract].deadline"),
+    ("client", "max_attempt", "[client].max_attempt"),
+    ("generation", "max_token", "[generation].max_token"),
+    ("slo", "ttft", "[slo].ttft"),
+    ("inject", "cancel_evry", "[inject].cancel_evry"),
+    ("classes", "shap", "[[classes]][0].shap"),
+])
+def test_an_unknown_key_is_refused_in_every_section(folder, section, key, where):
+    assert f": {where}: unknown key (did you mean " in _refused(folder, _with(section, f"{key} = 1"))
+
+
+def test_a_key_with_nothing_close_lists_the_known_ones(folder):
+    assert "[generation].zzz: unknown key (known: max_tokens, temperature, ignore_eos)" in \
+        _refused(folder, _with("generation", "zzz = 1"))
+
+
+@pytest.mark.parametrize("section, line, where", [
+    ("generation", 'ignore_eos = "false"', "[generation].ignore_eos: must be true or false, not 'false'"),
+    ("client", 'give_up_after_deadline = "no"', "[client].give_up_after_deadline: must be true or false, not 'no'"),
+    ("client", "give_up_after_deadline = 0", "[client].give_up_after_deadline: must be true or false, not 0"),
+    ("classes", 'ignore_eos = "yes"', "[[classes]][0].ignore_eos: must be true or false, not 'yes'"),
+])
+def test_a_string_or_number_is_not_a_boolean(folder, section, line, where):
+    assert _refused(folder, _with(section, line)) == f"{folder / 'cpu_demo.toml'}: {where}"
+
+
+@pytest.mark.parametrize("section, line, where", [
+    ("", "seed = 1.7", "seed: must be an integer, not 1.7"),
+    ("", 'seed = "abc"', "seed: must be an integer, not 'abc'"),
+    ("", "seed = true", "seed: must be an integer, not True"),
+    ("client", "max_attempts = 2.0", "[client].max_attempts: must be an integer, not 2.0"),
+    ("arrivals", "concurrency = 1.5", "[arrivals].concurrency: must be an integer, not 1.5"),
+    ("inject", "cancel_every = 2.5", "[inject].cancel_every: must be an integer, not 2.5"),
+    ("inject", "cancel_tasks = [1, 2.5]", "[inject].cancel_tasks[1]: must be an integer, not 2.5"),
+    ("classes", "turns = 1.5", "[[classes]][0].turns: must be an integer, not 1.5"),
+    ("classes", "tool_before = [1.5]", "[[classes]][0].tool_before[0]: must be an integer, not 1.5"),
+    ("client", 'timeout_ms = "5000"', "[client].timeout_ms: must be a number, not '5000'"),
+    ("client", "jitter = true", "[client].jitter: must be a number, not True"),
+    ("", "name = 7", "name: must be a string, not 7"),
+    ("", "classes = 3", "[[classes]]: must be a list, not 3"),
+    ("", "client = 3", "[client]: must be a table"),
+])
+def test_a_value_of_the_wrong_type_is_refused_by_its_key(folder, section, line, where):
+    text = _with(section, line)
+    if line.startswith("client = "):  # the table [client] becomes a number
+        text = text.replace("[client]\ntimeout_ms = 2000\n", "")
+    assert _refused(folder, text) == f"{folder / 'cpu_demo.toml'}: {where}"
+
+
+@pytest.mark.parametrize("section, line, where", [
+    ("contract", "on_missing = nan", "[contract].on_missing: must be one of 'failure' or 'partial_success', not nan"),
+    ("arrivals", "cv2 = inf", "[arrivals].cv2: must be a finite number, not inf"),
+    ("slo", "ttft_ms = -inf", "[slo].ttft_ms: must be a finite number, not -inf"),
+    ("classes", "tool_ms = nan", "[[classes]][0].tool_ms: must be a finite number, not nan"),
+])
+def test_nan_and_inf_are_refused_by_their_key(folder, section, line, where):
+    assert _refused(folder, _with(section, line)).endswith(where)
+
+
+def test_every_refusal_is_listed_one_per_line(folder):
+    text = _with("client", "timout = 1").replace("seed = 3", "seed = 1.5").replace("max_tokens = 8", "")
+    lines = _refused(folder, text).splitlines()
+    path = folder / "cpu_demo.toml"
+    assert lines == [f"{path}: seed: must be an integer, not 1.5",
+                     f"{path}: [client].timout: unknown key (did you mean timeout_ms?)",
+                     f"{path}: [generation].max_tokens: required"]
+
+
+@pytest.mark.parametrize("line, where", [
+    ("[arrivals]\nprocess = \"closed\"", "[arrivals].concurrency: required for process = 'closed'"),
+    ("[inject]\ntimeout_tasks = [1]", "[inject].timeout_ms: required by timeout_every / timeout_tasks"),
+    ("[[classes]]\nprompt_tokens = 16\nshared_prefix_tokens = 32",
+     "[[classes]][0].prompt_tokens: 16 is shorter than shared_prefix_tokens = 32"),
+])
+def test_rules_between_keys_name_the_key(folder, line, where):
+    text = GOOD.replace("[arrivals]\n", line + "\n") if line.startswith("[arrivals]") else GOOD + line + "\n"
+    assert where in _refused(folder, text)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "samples" / "workloads").glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_sample_workload_loads(path):
+    wl = Workload.load(path)
+    assert wl.n_tasks >= 1 and wl.classes and wl.questions and len(wl.sha256) == 64
+
+
+def _documented_keys() -> dict[str, set[str]]:
+    """The keys of docs/CAPTURE.md's workload table, by section ('' for the top level)."""
+    text = (REPO / "docs" / "CAPTURE.md").read_text()
+    table = text.split("## The workload file", 1)[1].split("\n### ", 1)[0]
+    out, section = {"": set()}, ""
+    for row in table.splitlines():
+        if not row.startswith("| "):
+            continue
+        first = row.split("|")[1]
+        head = re.fullmatch(r"\s*\*\*`\[{1,2}(\w+)\]{1,2}`\*\*\s*", first)
+        if head:
+            section = head.group(1)
+            out[section] = set()
+        elif first.strip() not in ("key", "---"):
+            out[section] |= set(re.findall(r"`(\w+)`", first))
+    return out
+
+
+def test_docs_list_exactly_the_keys_of_the_format():
+    expected = {"": {k for k in WorkloadFile.model_fields if k not in (*SECTIONS, "classes")},
+                "classes": set(TaskClass.model_fields)}
+    for section in SECTIONS:
+        expected[section] = set(WorkloadFile.model_fields[section].annotation.model_fields)
+    assert _documented_keys() == expected
