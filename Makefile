@@ -27,6 +27,10 @@ ifeq ($(CHROMIUM),)
 	  echo "warning: could not install chromium; the report's browser test will fail" >&2
 endif
 	$(BIN)/python -m pytest -q
+	# the tests marked `dtype` run the model at the resolved dtype ("auto" picks per CPU): once more
+	# with each dtype forced, so bf16 and fp32 both run whatever the CPU
+	INFERLEDGER_DTYPE=bfloat16 $(BIN)/python -m pytest -q -m dtype
+	INFERLEDGER_DTYPE=float32 $(BIN)/python -m pytest -q -m dtype
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_throughput.py
