@@ -31,7 +31,7 @@ class TraceSource:
 
     @classmethod
     def load(cls, spec: Trace, base: Path, speed: float, where: str) -> "TraceSource":
-        path = base / spec.file
+        path = Path(os.path.normpath(base / spec.file))
         try:
             read = read_trace(path, spec.format, skip_rows=spec.skip_rows, max_rows=spec.max_rows,
                               start_s=spec.start_s, end_s=spec.end_s)
@@ -113,7 +113,7 @@ def trace_tasks(wl: "Workload", tokenizer, context_tokens: int | None = None) \
         raise ValueError("\n".join(problems))
     rows = src.read.rows
     src.summary = {
-        "format": spec.format, "file": os.path.normpath(path), "sha256": src.read.sha256, "rows_read": src.read.rows_read,
+        "format": spec.format, "file": str(path), "sha256": src.read.sha256, "rows_read": src.read.rows_read,
         "window_rows": len(rows), "first_line": rows[0].line, "last_line": rows[-1].line, "sent": len(tasks),
         "speed": src.speed, "token_scale": spec.token_scale,
         "block_tokens": prompts.block_tokens if spec.format == "mooncake" else None,

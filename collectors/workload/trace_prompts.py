@@ -36,9 +36,10 @@ class BlockPrompts:
         return len(self.tok.encode(self._text(system, question), add_special=False))
 
     def min_tokens(self, question: str) -> int:
-        """The shortest prompt around `question`: the template and the question, no filler."""
+        """The shortest prompt around `question`: the template, one filler word (a system message is
+        never empty: some templates drop an empty one) and the question."""
         if question not in self._floor:
-            self._floor[question] = self.count("", question)
+            self._floor[question] = self.count(" " + self.words[0], question)
         return self._floor[question]
 
     def _make_block(self, key: str) -> tuple[str, ...]:
@@ -52,8 +53,8 @@ class BlockPrompts:
         def key(j: int) -> str:
             return f"id:{hash_ids[j]}" if hash_ids is not None and j < len(hash_ids) else f"row:{row_key}:{j}"
 
-        n = n_tokens - self.min_tokens(question)
-        if n < 0:
+        n = n_tokens - self.min_tokens(question) + 1  # filler words
+        if n < 1:
             raise ValueError(f"a prompt of {n_tokens} tokens is shorter than the template and question "
                              f"({self.min_tokens(question)})")
         for _ in range(8):  # one pass when filler words stay one token each (tokenizers that split on spaces)
@@ -62,5 +63,5 @@ class BlockPrompts:
             got = self.count(system, question)
             if got == n_tokens:
                 return system
-            n = max(0, n + n_tokens - got)
+            n = max(1, n + n_tokens - got)
         raise ValueError(f"cannot build a prompt of exactly {n_tokens} tokens with this tokenizer (closest: {got})")
