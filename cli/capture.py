@@ -289,12 +289,14 @@ def _finish(writer, wl, plans, tokenizer, server, sampler, evidence, result, lag
                  "processor": platform.processor()},
         "evidence": {"engine_config": "declared", "model": "declared", "events": "observed",
                      "clock_mapping": "observed (round trips)" if separate_clocks else "same domain",
-                     "client_overhead": "observed (loop lag, pacing error)"},
+                     "client_overhead": "observed (loop lag, pacing error)",
+                     **(evidence.evidence_kinds() if evidence is not None else {})},
     }
     manifest["energy"] = sampler.manifest()
     if evidence_manifest is not None:
         manifest["engine_evidence"] = evidence_manifest
     if server is not None:
         manifest.update(server.engine.manifest())
+    writer.flush()  # every part on disk before the manifest says "complete" (a failed write says interrupted)
     writer.write_manifest(manifest)
     return manifest

@@ -112,10 +112,11 @@ def import_cmd(
 
     [bold]--from otlp[/]: spans from an OpenTelemetry Collector file (vLLM's llm_request spans become
     reported server and engine events): [bold]inferledger import --from otlp traces.jsonl --out runs/vllm-server
-    --reporter vllm-0.32.0[/]; such a run can be the --server of a load tool's import.
+    --reporter vllm-0.32.0[/]; such a run can be the --server of a load tool's import. A span whose
+    fields cannot be held is refused as FILE:LINE: span ID: field ... (exit 2), or kept as a gap with --lenient.
     """
     if source == ImportSource.otlp:
-        return _import_otlp(archive, out, run_id, host, reporter)
+        return _import_otlp(archive, out, run_id, host, reporter, lenient)
     if source != ImportSource.e0:
         from inferledger.cli.import_peer import import_peer_cmd
 
@@ -152,20 +153,27 @@ def import_cmd(
     console.print(table)
 
 
-def _import_otlp(path: Path, out: Path, run_id, host, reporter) -> None:
+def _import_otlp(path: Path, out: Path, run_id, host, reporter, lenient: bool) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    from inferledger.collectors.out_dir import OutDirError
+    from inferledger.collectors.otlp_file import OtlpFileError
     from inferledger.collectors.otlp_import import import_otlp
-    from inferledger.collectors.vllm_spans import OtlpFileError
+    from inferledger.collectors.out_dir import OutDirError
 
     try:
-        res = import_otlp(path, out, run_id=run_id, host=host, reporter=reporter)
+        res = import_otlp(path, out, run_id=run_id, host=host, reporter=reporter, lenient=lenient)
     except OtlpFileError as exc:
-        _fail(f"inferledger import --from otlp: {exc}; nothing was written")
+        typer.echo(str(exc), err=True)
+        _fail(f"inferledger import --from otlp: {len(exc.refusals)} span(s) or line(s) of {path} refused; nothing "
+              "was written. Fix them, or rerun with --lenient to import the rest and register these as gaps.")
     except (OutDirError, FileNotFoundError, IsADirectoryError) as exc:
         _fail(f"inferledger import: {exc}")
+    except OSError as exc:  # a full disk part-way: the run was being built aside, nothing is left at --out
+        _fail(f"inferledger import --from otlp: {exc}; nothing was written to {out}")
+    if res.refused:
+        typer.echo(f"warning: {res.refused} refused span(s) or line(s) went to the gap register and "
+                   f"{out / 'otlp' / 'refused.jsonl'}", err=True)
     Console().print(f"imported {escape(str(path))} -> {escape(str(out))} (run [bold]{escape(res.run_id)}[/]): "
                     f"{res.spans} spans ({res.request_spans} llm_request) -> {res.events} events on wall:"
                     f"{escape(res.host)}, reported by {escape(res.reporter)}", highlight=False)

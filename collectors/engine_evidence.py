@@ -3,23 +3,27 @@
 `capture --otlp-port P` starts the loopback OTLP receiver (the engine exports to
 http://127.0.0.1:P/v1/traces) and sends a `traceparent` with every attempt; `--scrape-metrics`
 scrapes `<target>/metrics` at 2 Hz. After the load, `finish()` waits (bounded) for the spans of the
-attempts the engine should have finished (vLLM exports in batches every ~5 s), stops both, maps
-the spans to reported server / engine events on the engine host's `wall:<host>` clock (the client's
-monotonic clock is mapped to it by capture's WallMapping, same host; `engine_host` names another
-host, whose wall clock then needs a declared mapping) and returns the gap rows and the manifest part.
+attempts the engine should have finished (vLLM exports in batches every ~5 s; a refused span has
+arrived too, so it ends the wait as well), stops both, maps the spans to reported server / engine
+events on the engine host's `wall:<host>` clock (the client's monotonic clock is mapped to it by
+capture's WallMapping, same host; `engine_host` names another host, whose wall clock then needs a
+declared mapping) and returns the gap rows and the manifest part. Each source is isolated per item:
+a refused span, request, scrape line or scrape is one gap row, kept raw in `otlp/refused.jsonl` or
+`scrapes/refused.jsonl`, and every read of the target (`/version`, `/metrics`) has a total deadline.
 """
 from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from pathlib import Path
 
 import pyarrow.dataset as ds
 
+from inferledger.collectors.bounded_get import GetFailed, bounded_get
 from inferledger.collectors.metrics_scrape import MetricsScraper
+from inferledger.collectors.otlp_file import read_otlp_file, refused_gaps
 from inferledger.collectors.otlp_receiver import OTLPReceiver
-from inferledger.collectors.vllm_spans import REQUEST_SPAN, map_spans, read_otlp_file
+from inferledger.collectors.vllm_spans import map_spans
 
 SPAN_WAIT_S = 30.0  # longest wait after the load for the engine's last span export
 
@@ -27,9 +31,9 @@ SPAN_WAIT_S = 30.0  # longest wait after the load for the engine's last span exp
 def engine_reporter(base_url: str) -> tuple[str, str | None]:
     """("vllm-<version>", raw version) from the target's GET /version; ("unknown", None) without one."""
     try:
-        with urllib.request.urlopen(f"{base_url.rstrip('/')}/version", timeout=5) as resp:
-            version = json.loads(resp.read()).get("version")
-    except (OSError, ValueError, AttributeError):
+        status, body = bounded_get(f"{base_url.rstrip('/')}/version", deadline_s=5.0, max_bytes=1 << 16)
+        version = json.loads(body).get("version") if status == 200 else None
+    except (GetFailed, ValueError, AttributeError, RecursionError):
         return "unknown", None
     if not isinstance(version, str) or not version:
         return "unknown", None
@@ -42,6 +46,7 @@ class EngineEvidence:
                  span_wait_s: float = SPAN_WAIT_S) -> None:
         self.run_dir, self.writer, self.host, self.engine_host = Path(run_dir), writer, host, engine_host or host
         self.span_wait_s = span_wait_s
+        self.mapped_spans = 0
         self.reporter, self.version = engine_reporter(target_url)
         self.receiver = OTLPReceiver(run_dir, otlp_port).start() if otlp_port is not None else None
         self.scraper = (MetricsScraper(f"{target_url.rstrip('/')}/metrics", run_dir, writer, clock=client_clock,
@@ -50,12 +55,6 @@ class EngineEvidence:
     @property
     def trace_salt(self) -> str | None:
         return self.writer.run_id if self.receiver is not None else None
-
-    def _request_spans(self) -> int:
-        path = self.receiver.path
-        if not path.exists():
-            return 0
-        return path.read_text().count(f'"name":"{REQUEST_SPAN}"')
 
     def _sent_attempts(self) -> dict[str, dict]:
         self.writer.flush()
@@ -73,26 +72,27 @@ class EngineEvidence:
         gaps: list[dict] = []
         if self.receiver is not None:
             deadline = time.monotonic() + self.span_wait_s
-            while self._request_spans() < expected_spans and time.monotonic() < deadline:
+            while self.receiver.request_spans_seen < expected_spans and time.monotonic() < deadline:
                 time.sleep(0.5)
         if self.scraper is not None:
             self.scraper.stop()
             manifest["metrics"] = self.scraper.summary()
-            if self.scraper.scrapes == 0:
-                gaps.append({"run_id": self.writer.run_id, "gap_id": "collector:metrics", "scope": "run",
-                             "subject_id": None, "affects": "reported gauges and counter deltas",
-                             "needs": "a reachable <target>/metrics", "detail": self.scraper.last_error})
+            gaps.extend(self.scraper.gap_rows(self.writer.run_id))
         if self.receiver is not None:
             self.receiver.stop()
+            spans, late = read_otlp_file(self.receiver.path) if self.receiver.path.exists() else ([], [])
+            if late:  # the receiver checked every span it kept; a line it wrote that reads back refused is kept too
+                self.receiver.add_refused([{**r.record(), "from": "otlp/traces.jsonl"} for r in late])
             manifest["otlp"] = self.receiver.summary()
-            spans = read_otlp_file(self.receiver.path) if self.receiver.path.exists() else []
             join = map_spans(spans, run_id=self.writer.run_id, host=self.engine_host, reporter=self.reporter,
                              attempts=self._sent_attempts(), trace_salt=self.trace_salt)
             for row in join.rows:
                 self.writer.emit(row)
-            gaps.extend(join.gaps)
-            manifest["spans"] = {**join.summary(), "expected_request_spans": expected_spans,
-                                 "clock": f"wall:{self.engine_host}", "evidence": "reported"}
+            self.mapped_spans = join.spans
+            gaps.extend(join.gaps + refused_gaps(self.writer.run_id, self.receiver.refused, "otlp/refused.jsonl"))
+            manifest["spans"] = {**join.summary(), "refused": len(self.receiver.refused),
+                                 "expected_request_spans": expected_spans, "clock": f"wall:{self.engine_host}",
+                                 "evidence": "reported"}
         return gaps, manifest
 
     def write_clock(self, wall, client_clock: str, epsilon_ms: float) -> None:
@@ -106,9 +106,19 @@ class EngineEvidence:
         self.writer.clock_map(client_clock, to, wall.offset_ns, wall.epsilon_ns + int(epsilon_ms * 1e6),
                               f"declared: this host's wall clock, the engine host's within {epsilon_ms} ms")
 
+    def evidence_kinds(self) -> dict:
+        """The manifest's `evidence` entries once finished: the target's own spans and scrapes are reported."""
+        out = {}
+        if self.mapped_spans:
+            out["events"] = (f"observed (client, checker, tool); reported (server and engine events, from "
+                             f"{self.reporter}'s spans)")
+        if self.scraper is not None and self.scraper.scrapes:
+            out["metrics"] = f"reported ({self.reporter}'s /metrics)"
+        return out
+
     def abort(self) -> None:
-        """Stop both without mapping (an interrupted capture keeps the raw files)."""
+        """Stop both without mapping (an interrupted capture keeps the raw files); no last scrape."""
         if self.scraper is not None:
-            self.scraper.stop()
+            self.scraper.stop(final_scrape=False)
         if self.receiver is not None:
             self.receiver.stop()

@@ -3,20 +3,23 @@
 Two passes: the first checks the `clock.domain` lines (a domain may be declared after its first
 use), the second every other line; good lines become event, clock or task rows. Strict mode writes
 nothing unless every line is good; lenient mode writes the good rows and registers each refused line
-in gaps.parquet. Everything an archive says is evidence of strength "declared".
+in gaps.parquet. The run is built in a hidden sibling folder and renamed to `out` at the end
+(collectors/out_dir.py), so a failure part-way leaves nothing there. Everything an archive says is
+evidence of strength "declared".
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from pathlib import Path
 
 import pyarrow as pa
 
-from inferledger.collectors.out_dir import OutDirError, RunExistsError, check_new_run_dir
+from inferledger.collectors.out_dir import OutDirError, RunExistsError, building_run_dir, check_new_run_dir
 from inferledger.collectors.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import EVENT_SCHEMA, GAP_SCHEMA, VOCABULARY, missing_requirements
 
@@ -33,6 +36,7 @@ INT64 = (-(2**63), 2**63 - 1)
 TS_SPAN = (-(2**61), 2**61)
 EPS_MAX = 2**60
 MAX_DEPTH = 32  # nesting of objects and arrays in one line; an event needs 3 or 4
+_SURROGATE = re.compile("[\ud800-\udfff]")
 __all__ = ["ArchiveError", "ImportResult", "OutDirError", "RunExistsError", "import_archive"]
 
 
@@ -97,15 +101,22 @@ def _out_of_span(v, path: str) -> list[str]:
     return [r for k, x in items for r in _out_of_span(x, f"{path}.{k}" if isinstance(v, dict) else f"{path}[{k}]")]
 
 
-def _depth_exceeds(obj, limit: int) -> bool:
+def _tree_problem(obj, limit: int) -> str | None:
+    """Why no column can hold this object: nesting past `limit`, or a lone UTF-16 surrogate (which JSON's
+    \\u escapes can spell but UTF-8, and so Parquet, cannot)."""
     stack = [(obj, 1)]
     while stack:
         v, d = stack.pop()
-        if isinstance(v, (dict, list)):
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return f"the string {v[:40]!r} holds a lone UTF-16 surrogate: not valid Unicode"
+        elif isinstance(v, (dict, list)):
             if d > limit:
-                return True
+                return f"nested deeper than {limit} levels of objects and arrays"
+            if isinstance(v, dict):
+                stack.extend((k, d) for k in v)
             stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return False
+    return None
 
 
 def _parse(raw: bytes) -> tuple[dict | None, str | None]:
@@ -121,9 +132,8 @@ def _parse(raw: bytes) -> tuple[dict | None, str | None]:
         return None, f"not JSON ({exc.msg} at column {exc.colno})" if hasattr(exc, "msg") else f"not JSON ({exc})"
     if not isinstance(obj, dict):
         return None, f"not a JSON object (got a JSON {_kind(obj)})"
-    if _depth_exceeds(obj, MAX_DEPTH):
-        return None, f"nested deeper than {MAX_DEPTH} levels of objects and arrays"
-    return obj, None
+    problem = _tree_problem(obj, MAX_DEPTH)
+    return (None, problem) if problem else (obj, None)
 
 
 class _Archive:
@@ -345,22 +355,22 @@ def import_archive(archive: Path, out: Path, *, run_id: str | None = None, lenie
     res.refused = len(res.refusals)
     if res.refusals and not lenient:
         raise ArchiveError(archive, res.refusals)
-    check_new_run_dir(out)  # again: another process may have written there while we read
-    with RunWriter(out, run_id) as w:
-        for n, obj in good:
-            _write_row(w, ar, res, n, obj)
     raws = {n: raw for n, raw, _o, _w in parsed}
     gaps = [{"run_id": run_id, "gap_id": f"import:L{n}", "scope": "import", "subject_id": f"line {n}",
              "affects": "the event on that line and every figure that needs it",
              "needs": f"fix line {n}: {reason}",
              "detail": raws[n].decode("utf-8", "replace")[:500]} for n, reason in res.refusals]
-    write_table_atomic(pa.Table.from_pylist(gaps, schema=GAP_SCHEMA), out / "gaps.parquet")
-    w.write_manifest({
-        "source": "e0-import",
-        "archive": {"path": str(archive.resolve()), "sha256": hashlib.sha256(data).hexdigest()},
-        "counts": {k: getattr(res, k) for k in ("lines", "events", "clocks", "tasks", "refused")},
-        "importer": {"module": __name__, "version": IMPORTER_VERSION, "lenient": lenient},
-        "clocks": {c: {"host": h, "kind": k} for c, (_n, h, k) in ar.domains.items()},
-        "evidence": {k: "declared" for k in ("default", "events", "clocks", "tasks", "hosts")},
-    })
+    with building_run_dir(out) as staging:  # checked again there: another process may have written meanwhile
+        with RunWriter(staging, run_id) as w:
+            for n, obj in good:
+                _write_row(w, ar, res, n, obj)
+        write_table_atomic(pa.Table.from_pylist(gaps, schema=GAP_SCHEMA), staging / "gaps.parquet")
+        w.write_manifest({
+            "source": "e0-import",
+            "archive": {"path": str(archive.resolve()), "sha256": hashlib.sha256(data).hexdigest()},
+            "counts": {k: getattr(res, k) for k in ("lines", "events", "clocks", "tasks", "refused")},
+            "importer": {"module": __name__, "version": IMPORTER_VERSION, "lenient": lenient},
+            "clocks": {c: {"host": h, "kind": k} for c, (_n, h, k) in ar.domains.items()},
+            "evidence": {k: "declared" for k in ("default", "events", "clocks", "tasks", "hosts")},
+        })
     return res

@@ -3,50 +3,97 @@
 A thread GETs the endpoint at `hz` (1-2 Hz is enough for queue depth and KV usage), stamps each
 scrape with the client's monotonic clock before and after (the scrape's own timestamps; a value is
 placed at the midpoint, the half-width says how well), and keeps the `vllm:*` series that are not
-histogram buckets: every scrape as one JSON line in `<run>/scrapes/metrics.jsonl` (the raw record)
-and as samples (metric = series name, labels summed over) that the ledger turns into gauge series
-and counter deltas. Values are the engine's report about itself: samples of source `vllm-metrics`
-are evidence of strength "reported". A failed scrape is counted, never filled in.
+histogram buckets: every scrape as one JSON line in `<run>/scrapes/metrics.jsonl` and as samples
+(metric = series name, labels summed over) that the ledger turns into gauge series and counter
+deltas. Values are the engine's report about itself: samples of source `vllm-metrics` are evidence
+of strength "reported".
+
+Each scrape has a total deadline of at most one period (collectors.bounded_get), so a slow endpoint
+costs that scrape, never the capture. Parsing follows the text exposition format (Prometheus 0.0.4
+and OpenMetrics: `# TYPE`, `# HELP`, `# EOF`, escapes in label values, timestamps, exemplars), one
+sample line at a time through prometheus-client's parser, so a malformed line is refused alone and
+the rest of the scrape is kept. A sample's own timestamp is not used (the scrape's times are). What
+is refused (a line, a failed scrape, a series whose value is NaN or infinite, left out of that
+scrape) is one record of `<run>/scrapes/refused.jsonl`; `refused_gaps` makes the gap rows.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import threading
 import time
-import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from inferledger.collectors.bounded_get import GetFailed, bounded_get
 
 SOURCE = "vllm-metrics"
 PREFIX = "vllm:"
 UNITS = {"_seconds_sum": "s", "_seconds_count": "count", "_perc": "ratio", "_tokens_total": "tokens",
          "_total": "count", "_count": "count", "_sum": "sum"}
+MAX_SCRAPE_BYTES = 16 * 2**20
+ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5"
 
 
-def parse_prometheus(text: str, prefix: str = PREFIX) -> tuple[dict[str, float], dict[str, str]]:
-    """({series name: value summed over label sets}, {family name: TYPE}) of the families under `prefix`;
-    histogram buckets and non-numeric values are left out."""
-    values: dict[str, float] = {}
-    types: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            parts = line.split()
-            if len(parts) >= 4 and parts[2].startswith(prefix):
-                types[parts[2]] = parts[3]
+@dataclass
+class Scrape:
+    values: dict[str, float] = field(default_factory=dict)  # series name -> value summed over label sets
+    types: dict[str, str] = field(default_factory=dict)  # family name -> TYPE
+    refused: list[tuple[int, str, str]] = field(default_factory=list)  # (line number, line, reason)
+    not_finite: list[str] = field(default_factory=list)  # series left out: a label set was NaN or infinite
+
+
+def _sample(line: str) -> tuple[str, float]:
+    (family,) = text_string_to_metric_families(line)
+    (sample,) = family.samples
+    return sample.name, float(sample.value)
+
+
+def parse_prometheus(body: bytes | str, prefix: str = PREFIX) -> Scrape:
+    """The families under `prefix` of one exposition; histogram buckets and `_created` are left out."""
+    lines = body.split(b"\n") if isinstance(body, bytes) else body.split("\n")
+    out, unknown, ended = Scrape(), set(), False
+    for n, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError as exc:
+            out.refused.append((n, raw.decode("utf-8", "backslashreplace"), f"not UTF-8 ({exc.reason})"))
+            continue
+        line = line.rstrip("\r")
+        if not line.strip():
+            continue
+        if ended:
+            out.refused.append((n, line, "after # EOF"))
+            continue
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            ended = parts == ["#", "EOF"]
+            if len(parts) >= 3 and parts[1] == "TYPE" and parts[2].startswith(prefix):
+                if len(parts) < 4:
+                    out.refused.append((n, line, "# TYPE without a type"))
+                else:
+                    out.types[parts[2]] = parts[3].strip()
             continue
         if not line.startswith(prefix):
             continue
-        if "{" in line.split(" ", 1)[0]:
-            name, value_text = line[:line.index("{")], line[line.rindex("}") + 1:].split()
-        else:
-            name, *value_text = line.split()
-        if not value_text or name.endswith("_bucket") or name.endswith("_created"):
-            continue
         try:
-            value = float(value_text[0])
-        except ValueError:
+            name, value = _sample(line)
+        except Exception as exc:  # the parser's ValueError, or any shape it did not expect
+            out.refused.append((n, line, f"not a sample line ({type(exc).__name__}: {str(exc)[:120]})"))
             continue
-        values[name] = values.get(name, 0.0) + value
-    return values, types
+        if name.endswith(("_bucket", "_created")):
+            continue
+        if not math.isfinite(value):
+            unknown.add(name)
+        out.values[name] = out.values.get(name, 0.0) + value
+    for name in sorted(unknown):
+        del out.values[name]
+        out.not_finite.append(name)
+    return out
 
 
 def unit_of(name: str, types: dict[str, str]) -> str:
@@ -54,6 +101,30 @@ def unit_of(name: str, types: dict[str, str]) -> str:
         if name.endswith(suffix):
             return unit
     return "requests" if name.startswith(PREFIX + "num_requests") else types.get(name, "value")
+
+
+def refused_gaps(run_id: str, records: list[dict], scrapes: int, kept_in: str = "scrapes/refused.jsonl") -> list[dict]:
+    """Gap rows (`metrics:*`) for the refused records: one per distinct malformed line, one per series that
+    was not finite, one for the failed scrapes (`scrapes`: how many succeeded)."""
+    lines = Counter(r["text"] for r in records if r["kind"] == "line")
+    series = Counter(r["series"] for r in records if r["kind"] == "not-finite")
+    failed = [r for r in records if r["kind"] == "scrape"]
+    gaps = [{"run_id": run_id, "gap_id": f"metrics:line:{hashlib.sha256(text.encode()).hexdigest()[:12]}",
+             "scope": "run", "subject_id": None, "affects": "the series of that line in those scrapes",
+             "needs": "sample lines that follow the Prometheus text exposition format",
+             "detail": f"{text[:200]!r} refused in {n} scrape(s): "
+                       f"{next(r['reason'] for r in records if r['kind'] == 'line' and r['text'] == text)} "
+                       f"(each kept in {kept_in})"} for text, n in lines.items()]
+    gaps += [{"run_id": run_id, "gap_id": f"metrics:not-finite:{name}", "scope": "run", "subject_id": None,
+              "affects": f"{name} in those scrapes (left out, not a number)", "needs": "a finite value",
+              "detail": f"{name} was NaN or infinite in {n} scrape(s)"} for name, n in series.items()]
+    if failed and scrapes:  # with none at all, the scraper's `collector:metrics` row says so
+        gaps.append({"run_id": run_id, "gap_id": "metrics:failed-scrapes", "scope": "run", "subject_id": None,
+                     "affects": "reported gauges and counters between the scrapes that succeeded",
+                     "needs": "a /metrics that answers within the scrape period",
+                     "detail": f"{len(failed)} scrape(s) failed, {scrapes} succeeded; last: {failed[-1]['error']} "
+                               f"(each kept in {kept_in})"})
+    return gaps
 
 
 class MetricsScraper:
@@ -64,38 +135,64 @@ class MetricsScraper:
         if not 0.1 <= hz <= 10:
             raise ValueError(f"scrape rate {hz} Hz: expected 0.1 to 10")
         self.url, self.sink, self.clock, self.host, self.period_s = url, sink, clock, host, 1.0 / hz
-        self.now_ns, self.timeout_s = now_ns, timeout_s
+        self.now_ns, self.deadline_s = now_ns, min(timeout_s, self.period_s)  # a scrape never outlasts its period
         folder = Path(run_dir) / "scrapes"
         folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / "metrics.jsonl"
-        self.scrapes = 0
-        self.failures = 0
+        self.path, self.refused_path = folder / "metrics.jsonl", folder / "refused.jsonl"
+        self.scrapes = self.failures = 0
         self.last_error: str | None = None
         self.types: dict[str, str] = {}
+        self.refused: list[dict] = []
+        self._lock = threading.Lock()  # the thread's scrapes and the last one after stop()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def scrape_once(self) -> bool:
-        t0 = self.now_ns()
-        try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:
-                text = resp.read().decode("utf-8", "replace")
-        except OSError as exc:
-            self.failures += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"[:200]
-            return False
-        t1 = self.now_ns()
-        values, types = parse_prometheus(text)
-        self.types.update(types)
+        """One scrape; never raises: a failure is counted and kept, never filled in."""
+        with self._lock:
+            t0 = self.now_ns()
+            try:
+                status, body = bounded_get(self.url, deadline_s=self.deadline_s, max_bytes=MAX_SCRAPE_BYTES,
+                                           headers={"accept": ACCEPT})
+                if status != 200:
+                    raise GetFailed(f"HTTP {status}")
+            except GetFailed as exc:
+                return self._failed(t0, str(exc))
+            try:
+                return self._keep(t0, self.now_ns(), parse_prometheus(body))
+            except Exception as exc:  # a disk error writing the record: the next scrape tries again
+                return self._failed(t0, f"{type(exc).__name__}: {exc}"[:200])
+
+    def _keep(self, t0: int, t1: int, scrape: Scrape) -> bool:
+        self.types.update(scrape.types)
         mid = (t0 + t1) // 2
+        line = {"clock": self.clock, "t0_ns": t0, "t1_ns": t1, "values": scrape.values}
         with self.path.open("a") as f:
-            f.write(json.dumps({"clock": self.clock, "t0_ns": t0, "t1_ns": t1, "values": values},
-                               separators=(",", ":"), sort_keys=True) + "\n")
-        for name, value in values.items():
+            f.write(json.dumps(line, separators=(",", ":"), sort_keys=True) + "\n")
+        self.scrapes += 1
+        self._record([{"kind": "line", "scrape": self.scrapes, "t0_ns": t0, "line": n, "text": text, "reason": why}
+                      for n, text, why in scrape.refused] +
+                     [{"kind": "not-finite", "scrape": self.scrapes, "t0_ns": t0, "series": name}
+                      for name in scrape.not_finite])
+        for name, value in scrape.values.items():
             self.sink.sample(ts_ns=mid, clock=self.clock, source=SOURCE, host=self.host, metric=name,
                              value=value, unit=unit_of(name, self.types))
-        self.scrapes += 1
         return True
+
+    def _failed(self, t0: int, error: str) -> bool:
+        self.failures += 1
+        self.last_error = error
+        try:
+            self._record([{"kind": "scrape", "t0_ns": t0, "t1_ns": self.now_ns(), "error": error}])
+        except OSError:  # the count and last_error still say so
+            pass
+        return False
+
+    def _record(self, records: list[dict]) -> None:
+        if records:
+            with self.refused_path.open("a") as f:
+                f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+            self.refused.extend(records)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -108,13 +205,26 @@ class MetricsScraper:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, final_scrape: bool = True) -> None:
+        """Stop the thread (each scrape ends within its deadline) and, by default, scrape once more after
+        the load: the counters' final values."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.timeout_s + 1)
-        self.scrape_once()  # a last scrape after the load: the counters' final values
+            self._thread.join(timeout=self.deadline_s + self.period_s + 1)
+        if final_scrape:
+            self.scrape_once()
+
+    def gap_rows(self, run_id: str) -> list[dict]:
+        gaps = refused_gaps(run_id, self.refused, self.scrapes)
+        if self.scrapes == 0:
+            gaps.append({"run_id": run_id, "gap_id": "collector:metrics", "scope": "run", "subject_id": None,
+                         "affects": "reported gauges and counter deltas", "needs": "a reachable <target>/metrics",
+                         "detail": self.last_error})
+        return gaps
 
     def summary(self) -> dict:
+        kinds = Counter(r["kind"] for r in self.refused)
         return {"url": self.url, "scrapes": self.scrapes, "failures": self.failures, "last_error": self.last_error,
-                "period_s": self.period_s, "file": "scrapes/metrics.jsonl", "types": self.types,
-                "evidence": "reported"}
+                "period_s": self.period_s, "deadline_s": self.deadline_s, "file": "scrapes/metrics.jsonl",
+                "refused_lines": kinds["line"], "not_finite_values": kinds["not-finite"],
+                "refused_file": "scrapes/refused.jsonl", "types": self.types, "evidence": "reported"}

@@ -66,6 +66,7 @@ def building_run_dir(out: Path) -> Iterator[Path]:
     before and again just before the rename (another process may have written there meanwhile)."""
     out = Path(out)
     check_new_run_dir(out)
+    created = [p for p in out.parents if not p.exists()]  # outermost last
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     try:
@@ -76,4 +77,9 @@ def building_run_dir(out: Path) -> Iterator[Path]:
         os.replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        for p in created:  # innermost first: the folders made for this run, if still empty
+            try:
+                p.rmdir()
+            except OSError:
+                break
         raise

@@ -6,20 +6,28 @@ is a wall clock) and `metrics` (each `{"value", "unit"}`: time_to_first_token, i
 a list, request_latency, output_sequence_length: AIPerf re-tokenises the text it received, so its
 count is its own, carried as `reported_output_tokens`). The content chunks are rebuilt at
 start + TTFT + the running sum of the inter-chunk latencies; AIPerf keeps content responses only.
+
+A cancelled record (`was_cancelled`, AIPerf 0.13) is made when AIPerf cancels the request, and its
+wall clock is read then: `request_start_ns` is the instant of the cancel, and the end is that plus
+the perf-counter time from the send to the cancel. The send is therefore placed at
+`request_start_ns - (request_end_ns - request_start_ns)` and the cancel at `request_start_ns`, each
+where AIPerf really observed it (docs/PEERS.md "Cancelled requests").
 """
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
-from inferledger.collectors.peer_records import PeerRequest, RecordError, need
+from inferledger.collectors.peer_records import (PeerRequest, RecordError, check_times, count, finite, need,
+                                                 parse_json, section)
 
 TOOL = "aiperf"
 RECORDS = "profile_export.jsonl"
 SUMMARY = "profile_export_aiperf.json"
 TO_NS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "sec": 1_000_000_000}
-KEPT = ("time_to_first_token", "time_to_second_token", "inter_token_latency", "request_latency",
-        "output_sequence_length", "input_sequence_length", "usage_completion_tokens", "usage_prompt_tokens")
+TOKENS = ("output_sequence_length", "input_sequence_length", "usage_completion_tokens", "usage_prompt_tokens")
+KEPT = ("time_to_first_token", "time_to_second_token", "inter_token_latency", "request_latency") + TOKENS
 
 
 def find_records(path: Path) -> Path:
@@ -31,58 +39,97 @@ def find_records(path: Path) -> Path:
     return path
 
 
-def _metric_ns(metrics: dict, tag: str, where: str, *, optional=False) -> list[int] | int | None:
-    if tag not in metrics:
+def _metric(metrics: dict, tag: str, where: str) -> dict | None:
+    """metrics[tag] as `{"value", "unit"}`, or None when AIPerf did not write it."""
+    if metrics.get(tag) is None:
+        return None
+    m = metrics[tag]
+    need(m, "value", where, (int, float, list), prefix=f"metrics.{tag}.")
+    return m
+
+
+def _ns(v, scale: int, where: str, name: str) -> int:
+    x = finite(v, where, name) * scale
+    if not math.isfinite(x):
+        raise RecordError(where, name, f"{v} overflows when converted to ns")
+    return round(x)
+
+
+def _time_ns(metrics: dict, tag: str, where: str, *, optional=False) -> list[int] | int | None:
+    m = _metric(metrics, tag, where)
+    if m is None:
         if optional:
             return None
         raise RecordError(where, f"metrics.{tag}", "missing")
-    m = metrics[tag]
-    value = need(m, "value", where, (int, float, list), prefix=f"metrics.{tag}.")
     unit = need(m, "unit", where, (str,), prefix=f"metrics.{tag}.")
     if unit not in TO_NS:
         raise RecordError(where, f"metrics.{tag}.unit", f"unknown time unit {unit!r} (ns, us, ms, s)")
-    scale = TO_NS[unit]
-    if isinstance(value, list):
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
-            raise RecordError(where, f"metrics.{tag}.value", "must be a list of numbers")
-        return [round(x * scale) for x in value]
-    return round(value * scale)
+    name = f"metrics.{tag}.value"
+    if isinstance(m["value"], list):
+        return [_ns(x, TO_NS[unit], where, f"{name}[{i}]") for i, x in enumerate(m["value"])]
+    return _ns(m["value"], TO_NS[unit], where, name)
+
+
+def _tokens(metrics: dict, tag: str, where: str) -> int | None:
+    m = _metric(metrics, tag, where)
+    return None if m is None else count(m["value"], where, f"metrics.{tag}.value")
 
 
 def _request(obj: dict, where: str) -> PeerRequest:
     meta = need(obj, "metadata", where, (dict,))
-    metrics = obj.get("metrics") or {}
-    if not isinstance(metrics, dict):
-        raise RecordError(where, "metrics", "must be a JSON object")
+    metrics = section(obj, "metrics", where)
     start = need(meta, "request_start_ns", where, (int,), prefix="metadata.")
     end = need(meta, "request_end_ns", where, (int,), prefix="metadata.")
     xrid = need(meta, "x_request_id", where, (str,), prefix="metadata.")
-    cancelled = bool(meta.get("was_cancelled"))
+    if not xrid:
+        raise RecordError(where, "metadata.x_request_id", "empty")
+    cancelled = meta.get("was_cancelled", False)
+    if not isinstance(cancelled, bool):
+        raise RecordError(where, "metadata.was_cancelled", f"must be true or false, got {cancelled!r}")
     err = obj.get("error")
     status = "cancelled" if cancelled else "error" if err else "completed"
     req = PeerRequest(key=xrid, where=where, key_rule="x-request-id", sent_ns=start, end_ns=end, status=status)
+    if cancelled:  # the record's wall clock was read at the cancel (module docstring)
+        req.sent_ns, req.end_ns = start - (end - start), start
     if status == "error":
-        req.error = json.dumps(err)[:300] if not isinstance(err, str) else err
+        req.error = err if isinstance(err, str) else json.dumps(err)[:300]
     if status == "completed":
-        ttft = _metric_ns(metrics, "time_to_first_token", where)
-        icl = _metric_ns(metrics, "inter_chunk_latency", where, optional=True) or []
-        if not isinstance(icl, list):
-            icl = [icl]
+        ttft = _time_ns(metrics, "time_to_first_token", where)
+        icl = _time_ns(metrics, "inter_chunk_latency", where, optional=True) or []
+        if not isinstance(ttft, int):
+            raise RecordError(where, "metrics.time_to_first_token.value", "must be a number, got a list")
         t = start + ttft
         req.chunks.append((t, ["content"]))
-        for gap in icl:
+        for gap in icl if isinstance(icl, list) else [icl]:
             t += gap
             req.chunks.append((t, ["content"]))
-        osl = metrics.get("output_sequence_length")
-        n = need(osl, "value", where, (int, float), prefix="metrics.output_sequence_length.") if osl else None
-        req.tool_output_tokens = None if n is None else int(n)
+        req.tool_output_tokens = _tokens(metrics, "output_sequence_length", where)
         req.token_rule = "re-tokenised from the text (AIPerf's tokenizer)"
-        usage = (metrics.get("usage_completion_tokens") or {}).get("value")
-        if isinstance(usage, int):
-            req.usage = {"completion_tokens": usage,
-                         "prompt_tokens": (metrics.get("usage_prompt_tokens") or {}).get("value")}
-    req.figures = {k: metrics[k].get("value") for k in KEPT if isinstance(metrics.get(k), dict)}
-    return req
+        usage = _tokens(metrics, "usage_completion_tokens", where)
+        if usage is not None:
+            req.usage = {"completion_tokens": usage, "prompt_tokens": _tokens(metrics, "usage_prompt_tokens", where)}
+    for k in KEPT:
+        m = _metric(metrics, k, where)
+        if m is not None:
+            v = count(m["value"], where, f"metrics.{k}.value") if k in TOKENS else finite(m["value"], where, f"metrics.{k}.value")
+            req.figures[k] = v
+    if cancelled:
+        req.figures.update(request_start_ns=start, request_end_ns=end)  # as AIPerf wrote them
+    return check_times(req)
+
+
+def _summary(path: Path, meta: dict) -> None:
+    """Version and command line from AIPerf's summary, each checked for type."""
+    s = parse_json(path.read_bytes(), path)
+    where = f"{path}:1"
+    if not isinstance(s, dict):
+        raise RecordError(where, "(document)", f"not an AIPerf summary object (got a JSON {type(s).__name__})")
+    version = s.get("aiperf_version") or section(s, "metadata", where).get("aiperf_version")
+    command = section(s, "run_info", where).get("cli_command") or s.get("cli_command")
+    for name, v in (("aiperf_version", version), ("run_info.cli_command", command)):
+        if v is not None and not isinstance(v, str):
+            raise RecordError(where, name, f"must be a string, got {type(v).__name__}")
+    meta.update(version=version, command=command, summary_file=str(path))
 
 
 def read(path: Path) -> tuple[list[PeerRequest], list[RecordError], dict]:
@@ -93,22 +140,12 @@ def read(path: Path) -> tuple[list[PeerRequest], list[RecordError], dict]:
             continue
         where = f"{records}:{n}"
         try:
-            obj = json.loads(raw)
-        except ValueError as exc:
-            errors.append(RecordError(where, "(line)", f"not JSON ({exc})"))
-            continue
-        try:
+            obj = parse_json(raw, records, line=n, what="(line)")
             reqs.append(_request(obj, where))
         except RecordError as exc:
             errors.append(exc)
     meta = {"tool": TOOL, "version": None, "file": str(records), "command": None}
     summary = records.with_name(SUMMARY)
     if summary.exists():
-        try:
-            s = json.loads(summary.read_text())
-            meta["version"] = (s.get("aiperf_version") or (s.get("metadata") or {}).get("aiperf_version"))
-            meta["command"] = (s.get("run_info") or {}).get("cli_command") or s.get("cli_command")
-            meta["summary_file"] = str(summary)
-        except ValueError:
-            pass
+        _summary(summary, meta)
     return reqs, errors, meta

@@ -8,9 +8,11 @@ and `attempt.done` says so (`attrs.chunks = "first_last"`), so no per-chunk figu
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from inferledger.collectors.peer_records import PeerRequest, RecordError, need, read_json_document, seconds_to_ns
+from inferledger.collectors.peer_records import (PeerRequest, RecordError, check_times, count, finite, need,
+                                                 read_json_document, seconds_to_ns, section)
 
 TOOL = "guidellm"
 STATUSES = (("successful", "completed"), ("incomplete", "cancelled"), ("errored", "error"))
@@ -26,20 +28,33 @@ def find_output(path: Path) -> Path:
     return path
 
 
-def version_of(report: dict) -> str | None:
-    meta = report.get("metadata") or {}
-    return meta.get("guidellm_version") or (report.get("args") or {}).get("version") or meta.get("version")
+FIGURES = ("time_to_first_token_ms", "inter_token_latency_ms", "time_per_output_token_ms", "request_latency")
+
+
+def _meta(report: dict, where: str) -> tuple[str | None, object]:
+    """(version, command) from the report's metadata; `metadata.version` is its schema's number, not GuideLLM's."""
+    meta, args = section(report, "metadata", where), report.get("args")
+    version = meta.get("guidellm_version")
+    if version is not None and not isinstance(version, str):
+        raise RecordError(where, "metadata.guidellm_version", f"must be a string, got {type(version).__name__}")
+    if version is None:
+        version = next((v for v in ((args or {}).get("version") if isinstance(args, dict) else None, meta.get("version"))
+                        if isinstance(v, str)), None)
+    return version, meta.get("command") or args
 
 
 def _key(rec: dict, where: str) -> tuple[str, str]:
-    rid = rec.get("response_id")
-    if isinstance(rid, str) and rid:
+    rid = need(rec, "response_id", where, (str,), nullable=True) if "response_id" in rec else None
+    if rid:
         for p in RESPONSE_PREFIXES:
             if rid.startswith(p):
                 return rid[len(p):], "response id (chatcmpl-<id>)"
         return rid, "response id"
     # fallback: GuideLLM's own request id (never seen by the server): the request cannot join
-    return need(rec, "request_id", where, (str,)), "guidellm request_id (no response id: no join)"
+    rid = need(rec, "request_id", where, (str,))
+    if not rid:
+        raise RecordError(where, "request_id", "empty (and no response_id)")
+    return rid, "guidellm request_id (no response id: no join)"
 
 
 def _request(rec: dict, where: str, status: str) -> PeerRequest:
@@ -51,11 +66,10 @@ def _request(rec: dict, where: str, status: str) -> PeerRequest:
     first = need(t, "first_token_iteration", where, num, prefix="info.timings.", nullable=status != "completed")
     last = need(t, "last_token_iteration", where, num, prefix="info.timings.", nullable=status != "completed")
     out = need(rec, "output_metrics", where, (dict,))
-    inp = rec.get("input_metrics") or {}
-    tokens = out.get("total_tokens")
-    iterations = t.get("token_iterations")
-    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)):
-        raise RecordError(where, "output_metrics.total_tokens", f"must be an integer, got {tokens!r}")
+    inp = section(rec, "input_metrics", where)
+    tokens = count(out.get("total_tokens"), where, "output_metrics.total_tokens", nullable=True)
+    iterations = count(t.get("token_iterations"), where, "info.timings.token_iterations", nullable=True)
+    prompt = count(inp.get("total_tokens"), where, "input_metrics.total_tokens", nullable=True)
     key, rule = _key(rec, where)
     req = PeerRequest(key=key, where=where, key_rule=rule, sent_ns=seconds_to_ns(start), status=status,
                       chunks_kept="first_last")
@@ -68,13 +82,13 @@ def _request(rec: dict, where: str, status: str) -> PeerRequest:
     req.tool_output_tokens = tokens if tokens is not None else (iterations or None)
     req.token_rule = "usage" if tokens is not None else "token iterations"
     if tokens is not None:
-        req.usage = {"completion_tokens": tokens, "prompt_tokens": inp.get("total_tokens")}
+        req.usage = {"completion_tokens": tokens, "prompt_tokens": prompt}
     if status == "error":
-        req.error = str(rec.get("error") or info.get("error") or "errored")
-    req.figures = {k: rec.get(k) for k in ("time_to_first_token_ms", "inter_token_latency_ms",
-                                          "time_per_output_token_ms", "request_latency") if k in rec}
+        err = rec.get("error") or info.get("error") or "errored"
+        req.error = (err if isinstance(err, str) else json.dumps(err))[:300]
+    req.figures = {k: finite(rec[k], where, k, nullable=True) for k in FIGURES if k in rec}
     req.figures["token_iterations"] = iterations
-    return req
+    return check_times(req)
 
 
 def read(path: Path) -> tuple[list[PeerRequest], list[RecordError], dict]:
@@ -84,19 +98,24 @@ def read(path: Path) -> tuple[list[PeerRequest], list[RecordError], dict]:
     benches = report.get("benchmarks") if isinstance(report, dict) else None
     if not isinstance(benches, list) or not benches:
         raise RecordError(f"{path}:1", "benchmarks", "missing or empty: not a GuideLLM JSON report")
+    version, command = _meta(report, f"{path}:1")
     reqs, errors = [], []
     for b, bench in enumerate(benches):
-        groups = (bench or {}).get("requests")
+        groups = bench.get("requests") if isinstance(bench, dict) else None
         if not isinstance(groups, dict):
             errors.append(RecordError(f"{path}:$.benchmarks[{b}]", "requests", "missing (run with the JSON output)"))
             continue
         for group, status in STATUSES:
-            for i, rec in enumerate(groups.get(group) or []):
+            records = groups.get(group)
+            if records is not None and not isinstance(records, list):
+                errors.append(RecordError(f"{path}:$.benchmarks[{b}].requests", group,
+                                          f"must be a list of records, got {type(records).__name__}"))
+                continue
+            for i, rec in enumerate(records or []):
                 where = f"{path}:$.benchmarks[{b}].requests.{group}[{i}]"
                 try:
                     reqs.append(_request(rec, where, status))
                 except RecordError as exc:
                     errors.append(exc)
-    meta = {"tool": TOOL, "version": version_of(report), "file": str(path),
-            "command": (report.get("metadata") or {}).get("command") or report.get("args")}
+    meta = {"tool": TOOL, "version": version, "file": str(path), "command": command}
     return reqs, errors, meta

@@ -1,8 +1,11 @@
 """`inferledger import --from TOOL`: a load tool's per-request output -> a run directory of client events,
 optionally merged with a server-side run and joined per request (collectors/peer_join.py).
 
-The readers (one module per tool) refuse malformed records with file:line (or file:JSON path) and the
-field; strict mode writes nothing then, lenient mode keeps each refused record as a gap. The manifest
+The readers (one module per tool) check every field they use and refuse a malformed record with
+file:line (or file:JSON path) and the field; strict mode writes nothing then, lenient mode keeps each
+refused record as a gap. The tool's output and the server run are read and checked whole before
+anything is written, and the run is built in a hidden sibling folder renamed to --out at the end
+(collectors/out_dir.py), so a refusal or a failure part-way leaves nothing at --out. The manifest
 names the tool, its version, its command line when the output records it, the join and the clock
 mapping with its epsilon.
 """
@@ -18,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from inferledger.collectors import peer_join
-from inferledger.collectors.out_dir import OutDirError, RunExistsError, check_new_run_dir
+from inferledger.collectors.out_dir import OutDirError, RunExistsError, building_run_dir, check_new_run_dir
 from inferledger.collectors.peer_records import RecordError, events_of
 from inferledger.collectors.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
@@ -57,6 +60,7 @@ class PeerImportResult:
     mapping: dict | None = None
     key_rules: dict = field(default_factory=dict)
     refusals: list[str] = field(default_factory=list)
+    refused_join: str | None = None  # why a join by position was not kept
 
 
 def _gap(run_id: str, gap_id: str, scope: str, subject: str, affects: str, needs: str, detail: str) -> dict:
@@ -94,40 +98,95 @@ def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None,
     res = PeerImportResult(run_id, out, tool, version, records=len(reqs) + len(errors), refused=len(errors),
                            refusals=[str(e) for e in errors])
     if tool == "vllm-bench":  # keys are dataset indexes: the prefix is found among the server's ids
-        prefix = (peer_join.index_prefix(len(reqs), srv.attempts) if srv is not None else None) or "vllm-bench-"
-        meta["request_id_prefix"] = prefix
+        prefix, why = peer_join.index_prefix(len(reqs), srv.attempts) if srv is not None else (None, None)
+        meta["request_id_prefix"] = prefix = prefix or "vllm-bench-"
+        if srv is not None and prefix == "vllm-bench-":
+            meta["request_id_prefix_problem"] = why
         for r in reqs:
             r.key = prefix + r.key
     ids = _unique_ids(reqs)
     gaps = [_gap(run_id, f"peer-record:{i}", "import", e.where, "that request and every figure that needs it",
                  f"fix {e.where}: field {e.field_name}", e.problem) for i, e in enumerate(errors)]
-    pairs, joined_ids = [], {}
+    joined_ids = {}
     if srv is not None:
-        for r, aid in zip(reqs, ids):
-            sid, rule = peer_join.match(aid, srv.attempts)
-            res.key_rules[f"{r.key_rule}, {rule}"] = res.key_rules.get(f"{r.key_rule}, {rule}", 0) + 1
-            if sid is None:
-                res.unjoined += 1
-                gaps.append(_gap(run_id, f"peer-join:{aid}", "attempt", aid, "the server's account of this request",
-                                 f"a server attempt with id {aid!r} ({r.key_rule})", f"{r.where}: {rule}"))
-                continue
-            res.joined += 1
-            joined_ids[aid] = sid
-            pairs.append((r, srv.attempts[sid]))
-            if tool == "vllm-bench":
-                peer_join.relabel_by_writes(r, srv.attempts[sid])
-        mapping = peer_join.estimate(pairs, clock)
-        res.mapping = mapping.as_dict() if mapping else None
-        if mapping is None or mapping.offset_ns is None:
-            why = "no request joined" if mapping is None else mapping.problem
-            gaps.append(_gap(run_id, "peer-clock", "run", clock, "every difference between the tool's and the "
-                             "server's timestamps", f"a mapping {clock} -> server clock", why))
+        joined_ids = _join(res, reqs, ids, srv, clock, gaps, run_id, prefix_problem=meta.get("request_id_prefix_problem"))
     for r in reqs:  # chunks no join labelled: choices of unknown kinds ([]), never counted as content
         if r.chunks_kept == "choices":
             if r.chunks and all(k is not None for _t, k in r.chunks):
                 r.chunks_kept = "labelled"
             else:
                 r.chunks = [(t, [] if k is None else k) for t, k in r.chunks]
+    src = Path(meta["file"])
+    manifest = {
+        "source": "peer-import", "tool": tool, "tool_version": version, "reporter": reporter,
+        "command": _plain(meta.get("command")),
+        "input": {"path": str(src.resolve()), "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
+                  **{k: v for k, v in meta.items() if k not in ("tool", "version", "file", "command")}},
+        "counts": None,
+        "join": {"key_rules": res.key_rules, "server_run": str(server) if server else None},
+        "clock": {"tool_clock": clock, "kind": kind, "mapping": res.mapping},
+        "server_manifest": srv.manifest if srv is not None else None,
+        # what the ledger reads from a manifest (KV block bytes, SLOs) comes from the server's run
+        **{k: srv.manifest[k] for k in ("model", "engine_config", "slo") if srv is not None and k in srv.manifest},
+        "lenient": lenient,
+        "evidence": {"events": "reported", "server_events": "as in the server run", "clock_mapping": "estimated"},
+    }
+    with building_run_dir(out) as staging:
+        _write(staging, run_id, tool, clock, kind, reporter, reqs, ids, joined_ids, srv, res, gaps, manifest)
+    return res
+
+
+def _plain(v):
+    """A command line as the tool recorded it, kept only when it is plain JSON (no NaN, no infinity)."""
+    try:
+        json.dumps(v, allow_nan=False)
+    except ValueError:
+        return None
+    return v
+
+
+def _join(res: PeerImportResult, reqs, ids, srv, clock: str, gaps: list, run_id: str, *,
+          prefix_problem: str | None) -> dict[str, str]:
+    """Join each request to its server attempt and estimate the mapping; {tool id: server attempt id}.
+
+    A join by position (vLLM bench's prefix + index) is kept only when it proves itself: one mapping,
+    from at least MIN_JOINS of its pairs, holds for every one of them; otherwise none of it is kept."""
+    pairs, joined, rules = [], {}, {}
+    for r, aid in zip(reqs, ids):
+        sid, rule = peer_join.match(aid, srv.attempts)
+        if sid is None and prefix_problem:
+            rule = f"{rule}: {prefix_problem}"
+        rules[aid] = f"{r.key_rule}, {rule}"
+        if sid is not None:
+            joined[aid] = sid
+            pairs.append((r, srv.attempts[sid]))
+    mapping = peer_join.estimate(pairs, clock)
+    positional = bool(pairs) and all(r.key_rule == "prefix+index" for r, _s in pairs)
+    if positional and (mapping is None or mapping.offset_ns is None):
+        why = f"the join by prefix + index did not prove itself: {mapping.problem}"
+        for aid in joined:
+            rules[aid] = f"prefix+index, refused ({why})"
+        joined, pairs = {}, []
+        mapping.problem, res.refused_join = why, why
+    for r, aid in zip(reqs, ids):
+        res.key_rules[rules[aid]] = res.key_rules.get(rules[aid], 0) + 1
+        if aid in joined:
+            if positional:
+                peer_join.relabel_by_writes(r, srv.attempts[joined[aid]])
+            continue
+        gaps.append(_gap(run_id, f"peer-join:{aid}", "attempt", aid, "the server's account of this request",
+                         f"a server attempt with id {aid!r} ({r.key_rule})", f"{r.where}: {rules[aid]}"))
+    res.joined, res.unjoined = len(joined), len(reqs) - len(joined)
+    res.mapping = mapping.as_dict() if mapping else None
+    if mapping is None or mapping.offset_ns is None:
+        why = "no request joined" if mapping is None else mapping.problem
+        gaps.append(_gap(run_id, "peer-clock", "run", clock, "every difference between the tool's and the "
+                         "server's timestamps", f"a mapping {clock} -> server clock", why))
+    return joined
+
+
+def _write(out: Path, run_id: str, tool: str, clock: str, kind: str, reporter: str, reqs, ids, joined_ids,
+           srv, res: PeerImportResult, gaps: list, manifest: dict) -> None:
     with RunWriter(out, run_id) as w:
         w.clock_domain(clock, host=clock.split(":", 1)[1], kind=kind)
         seq = 0
@@ -165,22 +224,9 @@ def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None,
                             f"estimated from the join of {m['n']} requests (sent before received, first "
                             "chunk after first write)")
     write_table_atomic(pa.Table.from_pylist(gaps, schema=GAP_SCHEMA), out / "gaps.parquet")
-    src = Path(meta["file"])
-    w.write_manifest({
-        "source": "peer-import", "tool": tool, "tool_version": version, "reporter": reporter,
-        "command": meta.get("command"),
-        "input": {"path": str(src.resolve()), "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
-                  **{k: v for k, v in meta.items() if k not in ("tool", "version", "file", "command")}},
-        "counts": {k: getattr(res, k) for k in ("records", "events", "refused", "joined", "unjoined", "server_events")},
-        "join": {"key_rules": res.key_rules, "server_run": str(server) if server else None},
-        "clock": {"tool_clock": clock, "kind": kind, "mapping": res.mapping},
-        "server_manifest": srv.manifest if srv is not None else None,
-        # what the ledger reads from a manifest (KV block bytes, SLOs) comes from the server's run
-        **{k: srv.manifest[k] for k in ("model", "engine_config", "slo") if srv is not None and k in srv.manifest},
-        "lenient": lenient,
-        "evidence": {"events": "reported", "server_events": "as in the server run", "clock_mapping": "estimated"},
-    })
-    return res
+    manifest["counts"] = {k: getattr(res, k) for k in ("records", "events", "refused", "joined", "unjoined",
+                                                         "server_events")}
+    w.write_manifest(manifest)
 
 
 __all__ = ["TOOLS", "OutDirError", "PeerImportResult", "PeerRecordsError", "RunExistsError", "import_peer"]

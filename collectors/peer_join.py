@@ -1,102 +1,31 @@
-"""Joining a load tool's requests with a server-side run directory, and the clock mapping between them.
+"""Joining a load tool's requests with a server-side run (collectors/peer_server.py reads it), and the
+clock mapping between them.
 
-The server run is any run directory (ours from `serve --out` or capture, or vLLM's evidence imported
-from OTLP): its server/engine events are keyed by attempt id. A tool's request joins the server
-attempt whose id equals its key; failing that, the key with a `chatcmpl-` / `cmpl-` prefix added or
-removed (an OpenAI response id against a raw id). Every rule used is recorded; a request that joins
-nothing becomes a gap.
+A tool's request joins the server attempt whose id equals its key; failing that, the key with a
+`chatcmpl-` / `cmpl-` prefix added or removed (an OpenAI response id against a raw id). vLLM bench
+writes no ids: its requests join by prefix + dataset index, a join by position that must prove
+itself (`index_prefix`: ids that follow vLLM bench's scheme; `estimate`: one clock offset that
+holds for every joined pair). Every rule used is recorded; a request that joins nothing is a gap.
 
 The mapping tool clock -> server clock is estimated from the joined requests, never assumed: the
 server saw each request after the tool sent it (offset <= received - sent) and the tool saw each
 chunk after the server wrote the first one (offset >= first write - first chunk). The offset is the
 middle of the tightest interval over all requests and epsilon its half width; a true bound while the
-two clocks tick at the same rate over the run. An empty interval (the bounds contradict) gives no
-mapping and a gap.
+two clocks tick at the same rate over the run. An empty interval (the bounds contradict), or fewer
+than MIN_JOINS requests that bound it, gives no mapping and a gap.
 """
 from __future__ import annotations
 
-import json
 import re
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from pathlib import Path
-
-import pyarrow.parquet as pq
+from collections import Counter
+from dataclasses import dataclass
 
 from inferledger.collectors.peer_records import PeerRequest
+from inferledger.collectors.peer_server import ServerAttempt, ServerRun, ServerRunError, load  # noqa: F401
 
-SERVER_SOURCES = ("server", "engine")
 PREFIXES = ("chatcmpl-", "cmpl-")
-OUTPUT_NAMES = ("server.write", "engine.token")
-
-
-class ServerRunError(ValueError):
-    """The --server folder is not a run directory."""
-
-
-@dataclass
-class ServerAttempt:
-    attempt_id: str
-    clock: str
-    first_ns: int  # the earliest server/engine event: after the client sent
-    first_write_ns: int | None = None  # the first server.write (else engine.token): before any client chunk
-    writes: list[tuple[int, list[str]]] = field(default_factory=list)  # server.write (ts, kinds), in order
-    tokens: int | None = None  # engine.token sum
-
-
-@dataclass
-class ServerRun:
-    path: Path
-    manifest: dict
-    events: list  # pyarrow tables of events/part-*.parquet
-    samples: list
-    clocks: list[dict]
-    tasks: list[dict]
-    gaps: list[dict]
-    attempts: dict[str, ServerAttempt]
-
-
-def _table_rows(path: Path) -> list[dict]:
-    return pq.read_table(path).to_pylist() if path.exists() else []
-
-
-def load(path: Path) -> ServerRun:
-    path = Path(path)
-    parts = sorted((path / "events").glob("part-*.parquet"))
-    if not path.is_dir() or not parts:
-        raise ServerRunError(f"{path}: not a run directory (no events/part-*.parquet); pass the folder given "
-                             "to `inferledger serve --out` or a captured or imported run")
-    manifest = json.loads((path / "manifest.json").read_text()) if (path / "manifest.json").exists() else {}
-    events = [pq.read_table(p) for p in parts]
-    samples = [pq.read_table(p) for p in sorted((path / "samples").glob("part-*.parquet"))]
-    run = ServerRun(path, manifest, events, samples, _table_rows(path / "clocks.parquet"),
-                    _table_rows(path / "tasks.parquet"), _table_rows(path / "gaps.parquet"), {})
-    run.attempts = _attempts(events)
-    return run
-
-
-def _attempts(tables: list) -> dict[str, ServerAttempt]:
-    rows = defaultdict(list)
-    for t in tables:
-        cols = t.select(["source", "name", "ts_ns", "seq", "clock", "attempt_id", "value", "attrs"]).to_pylist()
-        for r in cols:
-            if r["attempt_id"] is not None and r["source"] in SERVER_SOURCES:
-                rows[r["attempt_id"]].append(r)
-    out = {}
-    for aid, evs in rows.items():
-        clock = Counter(e["clock"] for e in evs).most_common(1)[0][0]
-        evs = sorted((e for e in evs if e["clock"] == clock), key=lambda e: (e["ts_ns"], e["seq"]))
-        a = ServerAttempt(aid, clock, evs[0]["ts_ns"])
-        toks = [e for e in evs if e["name"] == "engine.token"]
-        for e in evs:
-            if e["name"] == "server.write":
-                kinds = (json.loads(e["attrs"] or "{}")).get("kinds") or []
-                a.writes.append((e["ts_ns"], kinds))
-        first_out = [e["ts_ns"] for e in evs if e["name"] in OUTPUT_NAMES]
-        a.first_write_ns = a.writes[0][0] if a.writes else (min(first_out) if first_out else None)
-        a.tokens = int(sum(e["value"] or 0 for e in toks)) if toks else None
-        out[aid] = a
-    return out
+MIN_JOINS = 3  # joined requests a mapping needs: one or two agree with any offset by chance
+BENCH_PREFIX = re.compile(r"bench-[0-9a-f]{8}-")  # vLLM bench's default --request-id-prefix
 
 
 def match(key: str, server_ids) -> tuple[str | None, str]:
@@ -111,15 +40,20 @@ def match(key: str, server_ids) -> tuple[str | None, str]:
     return None, "no server attempt has this id"
 
 
-def index_prefix(n: int, server_ids) -> str | None:
-    """The prefix P with P + str(i) a server attempt id for the most i in range(n) (vLLM bench sends
-    x-request-id = prefix + dataset index, and records no id): None when no server id ends in an index."""
+def index_prefix(n: int, server_ids) -> tuple[str | None, str]:
+    """(P, why): the prefix P with P + str(i) a server attempt id for the most i in range(n) (vLLM bench
+    sends x-request-id = prefix + dataset index, and records no id). P must follow vLLM bench's scheme:
+    its default `bench-<8 hex>-`, or a prefix of the user's naming every one of the n indexes; else None."""
     counts: Counter = Counter()
     for sid in server_ids:
         m = re.fullmatch(r"(.*?)(0|[1-9][0-9]*)", sid)
         if m and int(m.group(2)) < n:
             counts[m.group(1)] += 1
-    return counts.most_common(1)[0][0] if counts else None
+    for prefix, named in counts.most_common():
+        if BENCH_PREFIX.fullmatch(prefix) or named == n >= MIN_JOINS:
+            return prefix, f"{prefix}<index> names {named} of the {n} requests"
+    return None, (f"no server attempt id is vLLM bench's bench-<8 hex>-<index> (nor one prefix followed by "
+                  f"every index 0..{n - 1}): the server run is not the one vLLM bench drove")
 
 
 @dataclass
@@ -149,7 +83,10 @@ def estimate(pairs: list[tuple[PeerRequest, ServerAttempt]], from_clock: str) ->
     m = Mapping(from_clock, to_clock, None, None, len(his))
     m.hi_ns = min(his)
     m.lo_ns = max(los) if los else None
-    if m.lo_ns is None:
+    if len(his) < MIN_JOINS:
+        m.problem = (f"only {len(his)} joined request(s) on the server's clock: a mapping needs at least "
+                     f"{MIN_JOINS} whose bounds agree")
+    elif m.lo_ns is None:
         m.problem = "no joined request has both a tool chunk and a server write: only an upper bound on the offset"
     elif m.lo_ns > m.hi_ns:
         m.problem = (f"the bounds contradict (offset >= {m.lo_ns} ns from the chunks, <= {m.hi_ns} ns from the "

@@ -3,9 +3,10 @@
 A recorded run (samples/peers/vllm-0.32-cpu/) keeps what each side produced, not what we made of it:
 `client/` (the client's, checker's and tool's event parts, clocks, tasks), `otlp/traces.jsonl` (the
 OTLP requests vLLM exported, as received), `scrapes/metrics.jsonl.gz` (every /metrics scrape) and
-`manifest.json`. `rejoin()` joins them again exactly as capture does (collectors.vllm_spans,
-collectors.metrics_scrape) into a run directory the ledger reads, so the join is checked on real
-vLLM output without vLLM installed.
+`manifest.json`, and what capture refused (`otlp/refused.jsonl`, `scrapes/refused.jsonl`) where it
+refused anything. `rejoin()` joins them again exactly as capture does (collectors.vllm_spans,
+collectors.metrics_scrape), the refusals as the same gap rows, into a run directory the ledger reads,
+so the join is checked on real vLLM output without vLLM installed.
 """
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from inferledger.collectors.metrics_scrape import SOURCE, unit_of
-from inferledger.collectors.vllm_spans import map_spans, read_otlp_file
+from inferledger.collectors.metrics_scrape import SOURCE, refused_gaps as scrape_gaps, unit_of
+from inferledger.collectors.otlp_checks import dumps
+from inferledger.collectors.otlp_file import read_otlp_file, refused_gaps
+from inferledger.collectors.vllm_spans import map_spans
 from inferledger.collectors.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import EVENT_SCHEMA, GAP_SCHEMA
 
@@ -36,17 +39,23 @@ def record(run_dir: str | Path, sample_dir: str | Path) -> None:
     for name in ("clocks.parquet", "tasks.parquet"):
         shutil.copyfile(run_dir / name, sample_dir / "client" / name)
     gaps = pq.read_table(run_dir / "gaps.parquet").to_pylist()  # the collectors' own, less the join's
-    write_table_atomic(pa.Table.from_pylist([g for g in gaps if not g["gap_id"].startswith("otlp:")], schema=GAP_SCHEMA),
-                       sample_dir / "client" / "gaps.parquet")
-    for rel in ("otlp/traces.jsonl", "manifest.json"):
-        (sample_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(run_dir / rel, sample_dir / rel)
+    regenerated = ("otlp:", "metrics:")  # rebuilt by rejoin() from the raw files
+    write_table_atomic(pa.Table.from_pylist([g for g in gaps if not g["gap_id"].startswith(regenerated)],
+                                            schema=GAP_SCHEMA), sample_dir / "client" / "gaps.parquet")
+    for rel in ("otlp/traces.jsonl", "manifest.json", "otlp/refused.jsonl", "scrapes/refused.jsonl"):
+        if rel == "otlp/traces.jsonl" or (run_dir / rel).exists():
+            (sample_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(run_dir / rel, sample_dir / rel)
     if (run_dir / "scrapes" / "metrics.jsonl").exists():  # 2 Hz of ~2.5 kB lines: kept compressed
         (sample_dir / "scrapes").mkdir(exist_ok=True)
         with (run_dir / "scrapes" / "metrics.jsonl").open("rb") as src, \
                 (sample_dir / "scrapes" / "metrics.jsonl.gz").open("wb") as raw, \
                 gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
             shutil.copyfileobj(src, dst)
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
@@ -62,23 +71,30 @@ def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
         writer.emit(row)
     attempts = {r["attempt_id"]: {"task_id": r["task_id"], "request_id": r["request_id"], "session_id": r["session_id"]}
                 for r in client.filter(pa.compute.equal(client["name"], "attempt.sent")).to_pylist()}
-    spans = read_otlp_file(sample_dir / "otlp" / "traces.jsonl")
+    spans, late = read_otlp_file(sample_dir / "otlp" / "traces.jsonl")
+    refused = _records(sample_dir / "otlp" / "refused.jsonl") + [{**r.record(), "from": "otlp/traces.jsonl"}
+                                                                  for r in late]
     join = map_spans(spans, run_id=run_id, host=engine_clock.split(":", 1)[1], reporter=ev.get("reporter", "unknown"),
                      attempts=attempts, trace_salt=run_id)
     for row in join.rows:
         writer.emit(row)
     scrapes = sample_dir / "scrapes" / "metrics.jsonl.gz"
     types = (ev.get("metrics") or {}).get("types") or {}
-    if scrapes.exists():
-        for line in gzip.open(scrapes, "rt").read().splitlines():
-            s = json.loads(line)
-            for name, value in s["values"].items():
-                writer.sample(ts_ns=(s["t0_ns"] + s["t1_ns"]) // 2, clock=s["clock"], source=SOURCE,
-                              host=manifest["host"]["name"], metric=name, value=value, unit=unit_of(name, types))
+    gaps = join.gaps + refused_gaps(run_id, refused, "otlp/refused.jsonl")
+    if refused:
+        (out / "otlp").mkdir(parents=True, exist_ok=True)
+        (out / "otlp" / "refused.jsonl").write_text("".join(dumps(r) + "\n" for r in refused))
+    lines = gzip.open(scrapes, "rt").read().splitlines() if scrapes.exists() else []
+    gaps += scrape_gaps(run_id, _records(sample_dir / "scrapes" / "refused.jsonl"), len(lines))
+    for line in lines:
+        s = json.loads(line)
+        for name, value in s["values"].items():
+            writer.sample(ts_ns=(s["t0_ns"] + s["t1_ns"]) // 2, clock=s["clock"], source=SOURCE,
+                          host=manifest["host"]["name"], metric=name, value=value, unit=unit_of(name, types))
     writer.close()
     for name in ("clocks.parquet", "tasks.parquet"):  # the client's clocks and contracts, as captured
         shutil.copyfile(sample_dir / "client" / name, out / name)
     collector_gaps = pq.read_table(sample_dir / "client" / "gaps.parquet").to_pylist()
-    write_table_atomic(pa.Table.from_pylist(collector_gaps + join.gaps, schema=GAP_SCHEMA), out / "gaps.parquet")
+    write_table_atomic(pa.Table.from_pylist(collector_gaps + gaps, schema=GAP_SCHEMA), out / "gaps.parquet")
     shutil.copyfile(sample_dir / "manifest.json", out / "manifest.json")
     return join.summary()

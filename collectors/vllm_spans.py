@@ -21,47 +21,24 @@ vLLM ends no span for a request it aborted (a client that disconnected): such an
 
 Join: by the trace id of the `traceparent` the client sent (collectors.trace_context) and by
 `gen_ai.request.id` (`chatcmpl-<x-request-id>`, our attempt id). A span joining no attempt and an
-attempt with no span each get a gap row.
+attempt with no span each get a gap row. A span that came more than once (same trace and span id: an
+exporter's retry, a file concatenated twice) is mapped once, with one gap naming its copies. Spans
+whose fields a run cannot hold (collectors.otlp_checks) never reach the mapping: reading a file
+returns them as refusals by line (collectors.otlp_file), which an import refuses or keeps as gaps.
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from inferledger.collectors.otlp_decode import OtlpDecodeError, Span, flatten, request_from_json
+from inferledger.collectors.otlp_checks import LAT, REQUEST_SPAN, dumps
+from inferledger.collectors.otlp_decode import Span
 from inferledger.collectors.trace_context import trace_ids_for
 from inferledger.probes.probe import wall_clock
 
-REQUEST_SPAN = "llm_request"
 ID_PREFIXES = ("chatcmpl-", "cmpl-")  # vLLM's prefixes before the client's x-request-id
-LAT = "gen_ai.latency."
 SPAN_GAP_NEEDS = ("vLLM's llm_request span for this attempt (serve with --otlp-traces-endpoint and a receiver "
                   "that outlives the export; vLLM ends no span for a request it aborted)")
-
-
-class OtlpFileError(ValueError):
-    """A line of an OTLP file that does not decode; names the file and line."""
-
-    def __init__(self, path: Path, line: int, reason: str) -> None:
-        self.path, self.line, self.reason = path, line, reason
-        super().__init__(f"{path}:{line}: {reason}")
-
-
-def read_otlp_file(path: str | Path) -> list[Span]:
-    """Every span of a Collector file-exporter file (one ExportTraceServiceRequest OTLP/JSON a line)."""
-    path = Path(path)
-    spans: list[Span] = []
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                spans.extend(flatten(request_from_json(json.loads(line))))
-            except (ValueError, OtlpDecodeError) as exc:
-                raise OtlpFileError(path, n, str(exc)) from None
-    return spans
 
 
 def attempt_of_request_id(request_id: str | None) -> str | None:
@@ -83,13 +60,25 @@ class SpanJoin:
     joined: int = 0
     unjoined_spans: int = 0
     attempts_without_span: int = 0
+    duplicate_spans: int = 0  # copies of a span already mapped, not mapped again
     joined_by: Counter = field(default_factory=Counter)
     other_span_names: Counter = field(default_factory=Counter)
 
     def summary(self) -> dict:
+        """`spans`: distinct spans mapped (each copy of one counted in `duplicate_spans` instead)."""
         return {"spans": self.spans, "llm_request_spans": self.request_spans, "joined": self.joined,
                 "unjoined_spans": self.unjoined_spans, "attempts_without_span": self.attempts_without_span,
-                "joined_by": dict(self.joined_by), "other_span_names": dict(self.other_span_names)}
+                "duplicate_spans": self.duplicate_spans, "joined_by": dict(self.joined_by),
+                "other_span_names": dict(self.other_span_names)}
+
+    def add_gap(self, row: dict) -> None:
+        """A gap row whose id is never one already given (two spans may share a span id across traces)."""
+        taken = {g["gap_id"] for g in self.gaps}
+        base, k = row["gap_id"], 1
+        while row["gap_id"] in taken:
+            k += 1
+            row = {**row, "gap_id": f"{base}:{k}"}
+        self.gaps.append(row)
 
 
 def _ns(seconds) -> int | None:
@@ -110,7 +99,7 @@ class _Emitter:
                           "clock": self.clock, "task_id": ids.get("task_id"), "session_id": ids.get("session_id"),
                           "request_id": ids.get("request_id"), "attempt_id": ids.get("attempt_id"), "step_id": None,
                           "value": None if value is None else float(value),
-                          "attrs": json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)})
+                          "attrs": dumps(body)})
         self.seq += 1
 
 
@@ -145,7 +134,7 @@ def map_spans(spans: list[Span], *, run_id: str, host: str, reporter: str, attem
               trace_salt: str | None = None) -> SpanJoin:
     """Events and gap rows for `spans`. `attempts`: the client's attempts (id -> task/request/session
     ids) to join with, or None for a server-only run (spans keep the attempt id vLLM names)."""
-    out = SpanJoin(spans=len(spans))
+    spans, out = _distinct(spans, run_id)
     em = _Emitter(run_id, host, reporter)
     by_trace = {}
     if attempts is not None and trace_salt is not None:
@@ -159,7 +148,7 @@ def map_spans(spans: list[Span], *, run_id: str, host: str, reporter: str, attem
             via_trace = by_trace.get(span.trace_id)
             via_id = rid if attempts is None or rid in attempts else None
             if via_trace and via_id and via_trace != via_id:
-                out.gaps.append(_gap(run_id, f"otlp:conflict:{span.span_id}", "otlp", span.span_id,
+                out.add_gap(_gap(run_id, f"otlp:conflict:{span.span_id}", "otlp", span.span_id,
                                      f"traceparent names {via_trace}, gen_ai.request.id names {via_id}"))
                 via_trace = via_id = None
             aid = via_trace or via_id
@@ -168,7 +157,7 @@ def map_spans(spans: list[Span], *, run_id: str, host: str, reporter: str, attem
                 out.unjoined_spans += 1
                 why = "a second span for one attempt" if aid in seen else "no attempt has its trace id or request id"
                 aid = f"otlp:{span.span_id}"  # kept as a server-only attempt, not dropped
-                out.gaps.append(_gap(run_id, f"otlp:unjoined:{span.span_id}", "otlp", span.span_id,
+                out.add_gap(_gap(run_id, f"otlp:unjoined:{span.span_id}", "otlp", span.span_id,
                                      f"{why} (gen_ai.request.id={span.attributes.get('gen_ai.request.id')!r}, "
                                      f"trace {span.trace_id})"))
                 joined_by = "none"
@@ -191,11 +180,35 @@ def map_spans(spans: list[Span], *, run_id: str, host: str, reporter: str, attem
     if attempts is not None:
         for aid in sorted(set(attempts) - seen):
             out.attempts_without_span += 1
-            out.gaps.append({"run_id": run_id, "gap_id": f"otlp:no-span:{aid}", "scope": "attempt", "subject_id": aid,
+            out.add_gap({"run_id": run_id, "gap_id": f"otlp:no-span:{aid}", "scope": "attempt", "subject_id": aid,
                              "affects": "server_status, ttft_server_ms, queue_ms, prefill_ms, decode_ms, ghost load",
                              "needs": SPAN_GAP_NEEDS, "detail": "the engine reported no span for this attempt"})
     out.rows = em.rows
     return out
+
+
+def _distinct(spans: list[Span], run_id: str) -> tuple[list[Span], SpanJoin]:
+    """Each (trace id, span id) once, the first copy kept; one gap per span that came more than once."""
+    first: dict[tuple[str, str], Span] = {}
+    copies: dict[tuple[str, str], list[Span]] = {}
+    for sp in spans:
+        key = (sp.trace_id, sp.span_id)
+        if key in first:
+            copies.setdefault(key, [first[key]]).append(sp)
+        else:
+            first[key] = sp
+    out = SpanJoin(spans=len(first), duplicate_spans=len(spans) - len(first))
+    for (trace_id, span_id), group in copies.items():
+        same = all(sp == group[0] for sp in group)
+        lines = [sp.line for sp in group if sp.line is not None]
+        where = f" (lines {', '.join(map(str, lines))})" if lines else ""
+        out.add_gap({"run_id": run_id, "gap_id": f"otlp:duplicate:{span_id}", "scope": "otlp", "subject_id": span_id,
+                     "affects": "nothing: the span is counted once",
+                     "needs": "each span exported once (a retried export or a file concatenated twice repeats it)",
+                     "detail": f"span {span_id} of trace {trace_id} came in {len(group)} copies{where}, " +
+                               ("identical: counted once" if same else
+                                "that differ: the first" + (f" (line {lines[0]})" if lines else "") + " was kept")})
+    return list(first.values()), out
 
 
 def _gap(run_id: str, gap_id: str, scope: str, subject: str, detail: str) -> dict:

@@ -239,3 +239,18 @@ def test_a_normal_import_leaves_no_temporary_files(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
         "clocks.parquet", "events", "gaps.parquet", "manifest.json", "tasks.parquet"]
     assert pq.read_table(tmp_path / "run" / "events").num_rows == 50
+
+
+def test_a_failure_while_writing_leaves_nothing_at_out(tmp_path, monkeypatch):
+    from inferledger.collectors import writer
+
+    def full_disk(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    path = write(tmp_path, DECL, ev())
+    monkeypatch.setattr(writer.RunWriter, "write_manifest", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        import_archive(path, tmp_path / "runs" / "r1")
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+    monkeypatch.undo()
+    assert import_archive(path, tmp_path / "runs" / "r1").events == 1  # the same command, again

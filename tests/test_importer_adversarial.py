@@ -45,6 +45,10 @@ def _refused(tmp_path: Path, *lines: str) -> list[tuple[int, str]]:
     (json.dumps({**SENT, "ts_ns": -(2**63)}), "outside ±2^61 ns"),
     (json.dumps({**SENT, "attrs": {"x": json.loads("[" * 40 + "]" * 40)}}), "nested deeper than 32 levels"),
     ('{"name": "attempt.sent", "attrs": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper than 32 levels"),
+    ('{"name": "attempt.sent", "source": "client", "attempt_id": "A\\ud800", "ts_ns": 100, "clock": "cm"}',
+     "the string 'A\\ud800' holds a lone UTF-16 surrogate: not valid Unicode"),
+    ('{"name": "attempt.sent", "source": "client", "attempt_id": "A1", "ts_ns": 100, "clock": "cm", "attrs": {"k\\udfff": 1}}',
+     "holds a lone UTF-16 surrogate"),
 ])
 def test_unreadable_numbers_and_nesting_are_refused_at_their_line(tmp_path, line, words):
     got = _refused(tmp_path, line)

@@ -10,9 +10,11 @@ import json
 
 import pytest
 
-from inferledger.collectors.otlp_decode import OtlpDecodeError, decode_body, flatten, request_from_json, request_to_json_line
+from inferledger.collectors.otlp_decode import OtlpDecodeError, decode_body, flatten, request_to_json_line
+from inferledger.collectors.otlp_decode import request_from_json as _from_json
+from inferledger.collectors.otlp_file import read_otlp_file
 from inferledger.collectors.trace_context import trace_ids_for, traceparent_for
-from inferledger.collectors.vllm_spans import OtlpFileError, map_spans, read_otlp_file
+from inferledger.collectors.vllm_spans import map_spans
 
 T = 1764578400 * 10**9
 MS = 10**6
@@ -41,6 +43,12 @@ def request(*spans):
                                "scopeSpans": [{"scope": {"name": "vllm.tracing", "version": "x"}, "spans": list(spans)}]}]}
 
 
+def request_from_json(obj):
+    req, refused = _from_json(obj)
+    assert refused == []
+    return req
+
+
 def test_json_decodes_with_hex_ids_and_every_attribute():
     (sp,) = flatten(request_from_json(request(llm_request())))
     assert (sp.trace_id, sp.span_id, sp.parent_span_id) == ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331",
@@ -53,21 +61,24 @@ def test_json_decodes_with_hex_ids_and_every_attribute():
 
 def test_protobuf_and_file_line_round_trip():
     req = request_from_json(request(llm_request()))
-    again = decode_body(req.SerializeToString(), "application/x-protobuf")
-    assert again == req
+    again, refused = decode_body(req.SerializeToString(), "application/x-protobuf")
+    assert again == req and refused == []
     line = json.loads(request_to_json_line(again))  # the file exporter's hex ids, not base64
     assert line["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] == "0af7651916cd43dd8448eb211c80319c"
     assert request_from_json(line) == req
 
 
 def test_bad_bodies_are_refused_with_a_reason():
-    with pytest.raises(OtlpDecodeError, match="not hex"):
-        bad = request(llm_request(trace_id="zz"))
-        request_from_json(bad)
+    req, refused = _from_json(request(llm_request(trace_id="zz"), llm_request(span_id="1111111111111111")))
+    assert [sp.span_id for sp in flatten(req)] == ["1111111111111111"]  # the good span of the request stays
+    assert len(refused) == 1 and "traceId" in refused[0].reason and "not hex" in refused[0].reason
+    assert refused[0].span["traceId"] == "zz"  # kept as it came
     with pytest.raises(OtlpDecodeError, match="content-type"):
         decode_body(b"{}", "text/plain")
     with pytest.raises(OtlpDecodeError, match="not JSON"):
         decode_body(b"{", "application/json")
+    with pytest.raises(OtlpDecodeError, match="nested deeper"):
+        decode_body(b"[" * 100_000, "application/json")
 
 
 def _rows(join):
@@ -126,8 +137,8 @@ def test_a_file_with_a_bad_line_names_it(tmp_path):
     broken["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["spanId"] = "not-hex"
     f = tmp_path / "traces.jsonl"
     f.write_text(good + "\n\n" + json.dumps(broken) + "\n")
-    with pytest.raises(OtlpFileError) as info:
-        read_otlp_file(f)
-    assert info.value.line == 3 and "spanId" in info.value.reason
+    spans, refusals = read_otlp_file(f)
+    assert len(spans) == 1 and spans[0].line == 1
+    assert [(r.line, r.span_id) for r in refusals] == [(3, "not-hex")] and "spanId" in refusals[0].reason
     f.write_text(good + "\n")
-    assert len(read_otlp_file(f)) == 1
+    assert len(read_otlp_file(f)[0]) == 1 and read_otlp_file(f)[1] == []

@@ -24,6 +24,14 @@ def test_failure_part_way_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_failure_takes_away_the_parent_folders_it_made(tmp_path):
+    out = tmp_path / "new" / "deeper" / "r1"
+    with pytest.raises(RuntimeError):
+        with building_run_dir(out):
+            raise RuntimeError("refused")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_empty_folder_made_for_the_run_is_used(tmp_path):
     out = tmp_path / "r1"
     out.mkdir()

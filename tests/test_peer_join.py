@@ -24,22 +24,47 @@ def test_ids_match_exactly_else_with_or_without_the_response_prefix():
 
 def test_the_vllm_bench_prefix_is_the_one_naming_most_indexes():
     ids = ["bench-1a2b3c4d-0", "bench-1a2b3c4d-1", "bench-1a2b3c4d-2", "srv-17", "x-40"]
-    assert index_prefix(3, ids) == "bench-1a2b3c4d-"  # srv-17 and x-40 are past the 3 indexes
-    assert index_prefix(3, ["srv-abc"]) is None
+    assert index_prefix(3, ids)[0] == "bench-1a2b3c4d-"  # srv-17 and x-40 are past the 3 indexes
+    assert index_prefix(3, ["srv-abc"])[0] is None
+
+
+def test_only_ids_of_vllm_benchs_scheme_make_a_prefix():
+    # another tool's server run: ids that merely end in a small number are not vLLM bench's
+    foreign = ["srv-09b512a5152149c1b6f328f33cb94ea2", "srv-1fc0e6151f9f4216a9a901d27f2e6c93", "941a689e-...-cd83b3"]
+    prefix, why = index_prefix(40, foreign)
+    assert prefix is None and "bench-<8 hex>-<index>" in why
+    assert index_prefix(40, ["bench-1a2b3c4d-7"])[0] == "bench-1a2b3c4d-"  # the default scheme, even for one
+    assert index_prefix(40, ["bench-1a2b3c4-7"])[0] is None  # 7 hex digits: not the default
+    # a prefix of the user's (--request-id-prefix) is taken only when it names every index
+    assert index_prefix(4, [f"run7-{i}" for i in range(4)])[0] == "run7-"
+    assert index_prefix(4, [f"run7-{i}" for i in range(3)])[0] is None
+
+
+THREE = [(req(100, 320), srv(1_150, 1_300)), (req(1_480, 1_610), srv(2_500, 2_600)), (req(5_000, 5_100), srv(6_100, 6_120))]
 
 
 def test_the_mapping_is_the_middle_of_the_tightest_bounds():
     # t_server = t_tool + offset. Request 1: sent 100, server first event 1_150 -> offset <= 1_050;
     # first write 1_300, tool's first chunk 320 -> offset >= 980. Request 2: <= 2_500 - 1_480 = 1_020,
-    # >= 2_600 - 1_610 = 990. Tightest: [990, 1_020] -> offset 1_005 ± 15.
-    m = estimate([(req(100, 320), srv(1_150, 1_300)), (req(1_480, 1_610), srv(2_500, 2_600))], "wall:t")
-    assert (m.lo_ns, m.hi_ns, m.offset_ns, m.epsilon_ns, m.n) == (990, 1_020, 1_005, 15, 2)
+    # >= 2_600 - 1_610 = 990. Request 3: <= 1_100, >= 1_020. Tightest: [1_020, 1_020] -> 1_020 ± 1 (the
+    # smallest epsilon a bound can have).
+    m = estimate(THREE, "wall:t")
+    assert (m.lo_ns, m.hi_ns, m.offset_ns, m.epsilon_ns, m.n) == (1_020, 1_020, 1_020, 1, 3)
+    m = estimate(THREE[:2] + [(req(5_000, 5_100), srv(6_100, 6_090))], "wall:t")  # request 3: >= 990
+    assert (m.lo_ns, m.hi_ns, m.offset_ns, m.epsilon_ns, m.n) == (990, 1_020, 1_005, 15, 3)
     assert (m.from_clock, m.to_clock, m.problem) == ("wall:t", "mono:s", None)
+
+
+def test_a_mapping_needs_three_joins():
+    # two requests whose bounds agree ([990, 1_020]) are still no mapping: one or two agree by chance
+    m = estimate(THREE[:2], "wall:t")
+    assert m.offset_ns is None and m.epsilon_ns is None and m.n == 2
+    assert m.problem == "only 2 joined request(s) on the server's clock: a mapping needs at least 3 whose bounds agree"
 
 
 def test_contradicting_bounds_give_no_mapping():
     # the chunk arrived before the server wrote anything, by more than the send allows
-    m = estimate([(req(100, 200), srv(1_000, 2_000))], "wall:t")
+    m = estimate(THREE[:2] + [(req(100, 200), srv(1_000, 2_000))], "wall:t")
     assert m.offset_ns is None and m.epsilon_ns is None and "contradict" in m.problem
     assert estimate([], "wall:t") is None
 

@@ -314,7 +314,7 @@ def test_metrics_clock_and_client_ids(stack):
     lbl = f'{{model_name="{MODEL}"}}'
     assert after[f"vllm:generation_tokens_total{lbl}"] - before[f"vllm:generation_tokens_total{lbl}"] == 6
     assert after[f"vllm:prompt_tokens_total{lbl}"] > before[f"vllm:prompt_tokens_total{lbl}"]
-    key = f'vllm:request_success_total{{model_name="{MODEL}",finished_reason="length"}}'
+    key = f'vllm:request_success_total{{finished_reason="length",model_name="{MODEL}"}}'
     assert after[key] - before[key] == 2
     assert after[f"vllm:time_to_first_token_seconds_count{lbl}"] - before[f"vllm:time_to_first_token_seconds_count{lbl}"] == 2
     assert 0.0 <= after[f"vllm:gpu_cache_usage_perc{lbl}"] <= 1.0

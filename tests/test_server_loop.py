@@ -50,7 +50,7 @@ def test_metrics_declare_every_status_label_before_the_first_request(bundle):
     for status in ("200", "400", "401", "404", "409", "413", "429", "500", "503"):  # every answer the server gives
         assert f'inferledger_http_requests_total{{status="{status}"}} 0.0' in text
     for reason in ("stop", "length"):
-        assert f'vllm:request_success_total{{model_name="m",finished_reason="{reason}"}} 0.0' in text
+        assert f'vllm:request_success_total{{finished_reason="{reason}",model_name="m"}} 0.0' in text
 
 
 def test_a_6mb_prompt_is_refused_before_tokenising_while_health_answers(served):

