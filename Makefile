@@ -31,6 +31,8 @@ endif
 	# with each dtype forced, so bf16 and fp32 both run whatever the CPU
 	INFERLEDGER_DTYPE=bfloat16 $(BIN)/python -m pytest -q -m dtype
 	INFERLEDGER_DTYPE=float32 $(BIN)/python -m pytest -q -m dtype
+	# and as on the other CPU kind: oneDNN and ATen held to AVX2, where "auto" is fp32 and bf16 emulated
+	ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 $(BIN)/python -m pytest -q -m "dtype or isa"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_throughput.py

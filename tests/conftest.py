@@ -41,6 +41,9 @@ def resolved_bundle():
 def pytest_configure(config):
     config.addinivalue_line("markers", "dtype: runs the model at the resolved dtype; `make test` reruns "
                                        "these with INFERLEDGER_DTYPE=bfloat16 and =float32")
+    config.addinivalue_line("markers", "isa: the result depends on the CPU's instruction set (native or "
+                                       "emulated bf16); `make test` reruns these with oneDNN and ATen held "
+                                       "to AVX2, as on an AVX2-only CPU")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker

@@ -30,7 +30,7 @@ from inferledger.engine.runner import ModelRunner
 
 from test_model import _blocks, _prompts, greedy_paged
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.isa]
 
 REL_L2_TOL = 0.05       # per prompt; measured 0.010-0.043 on every path above
 NEAR_TIE = 0.5          # fp32's margin at any change of token; measured 0.002-0.24
