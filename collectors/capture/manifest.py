@@ -82,7 +82,8 @@ def finish_run(writer, wl, plans, tokenizer, server, sampler, evidence, result, 
         "target": {"kind": "embedded" if server else "url", "url": url},
         "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec,
                      "arrivals": wl.process, "n_tasks": wl.n_tasks, "classes": dict(classes),
-                     "requests": sum(len(p.requests) for p in plans)},
+                     "requests": sum(len(p.requests) for p in plans),
+                     **({"trace": wl.trace.summary} if wl.trace else {})},  # what was done to the trace's rows
         **({"slo": wl.slo} if wl.slo else {}),  # vLLM-style goodput thresholds (after calibration)
         "prompts": {"tokenizer": (tokenizer.hash if tokenizer is not None else None),
                     "tokenizer_source": (wl.tokenizer or ("embedded model" if server else "bundled"))
