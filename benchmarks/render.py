@@ -61,19 +61,18 @@ def source_line(rs: list[dict]) -> str:
             f"`{r['command']}`; {fmt(r.get('wall_s'), '.0f')} s.*")
 
 
-def render_table(table_id: str, results: list[dict]) -> str:
-    if table_id not in TABLES:
-        raise RenderError(f"no table {table_id!r} in benchmarks/render_tables.py (known: {', '.join(TABLES)})")
+def render_table(table_id: str, results: list[dict], *, after: str | None = None) -> str:
+    """One table under its source line; `after`: the results file of the table just above it in the
+    doc, which the source line then only names."""
+    rs = qualifying(table_id, results)
     spec = TABLES[table_id]
-    rs = [r for r in results if r["benchmark"] == spec.benchmark and spec.select(r.get("parameters") or {})]
-    if not rs:
-        raise RenderError(f"table {table_id!r}: no results file of {spec.benchmark} qualifies in "
-                          f"benchmarks/results/; run benchmarks/{spec.benchmark}.py (see its marker's section)")
     try:
         body = spec.render(rs)
     except (KeyError, TypeError, ValueError) as exc:
         raise RenderError(f"table {table_id!r}: benchmarks/results/{rs[-1]['_file']} lacks a figure ({exc!r})") from None
-    return f"{source_line(rs)}\n\n{body}\n"
+    head = f"*Same run: `benchmarks/results/{rs[-1]['_file']}`.*" if after == rs[-1]["_file"] and len(rs) == 1 \
+        else source_line(rs)
+    return f"{head}\n\n{body}\n"
 
 
 def render_doc(text: str, results: list[dict], *, doc_name: str = "docs/BENCHMARKS.md") -> str:
@@ -86,8 +85,27 @@ def render_doc(text: str, results: list[dict], *, doc_name: str = "docs/BENCHMAR
             line = text.count("\n", 0, m.start()) + 1
             raise RenderError(f"{doc_name}:{line}: marker {m.group(0)!r} has no partner (a table is "
                               f"'<!-- rendered: ID -->' ... '<!-- end rendered: ID -->', each on a line of its own)")
-    return BLOCK.sub(lambda m: f"<!-- rendered: {m['id']} -->\n{render_table(m['id'], results)}"
-                               f"<!-- end rendered: {m['id']} -->\n", text)
+    out, last, previous = [], 0, None
+    for m in BLOCK.finditer(text):
+        if re.search(r"^## ", text[last:m.start()], re.M):
+            previous = None  # a new section names its source in full
+        table = render_table(m["id"], results, after=previous)
+        previous = qualifying(m["id"], results)[-1]["_file"]
+        out += [text[last:m.start()], f"<!-- rendered: {m['id']} -->\n{table}<!-- end rendered: {m['id']} -->\n"]
+        last = m.end()
+    return "".join(out + [text[last:]])
+
+
+def qualifying(table_id: str, results: list[dict]) -> list[dict]:
+    """The results files a table may draw on, oldest first; at least one, or RenderError."""
+    if table_id not in TABLES:
+        raise RenderError(f"no table {table_id!r} in benchmarks/render_tables.py (known: {', '.join(TABLES)})")
+    spec = TABLES[table_id]
+    rs = [r for r in results if r["benchmark"] == spec.benchmark and spec.select(r.get("parameters") or {})]
+    if not rs:
+        raise RenderError(f"table {table_id!r}: no results file of {spec.benchmark} qualifies in "
+                          f"benchmarks/results/; run benchmarks/{spec.benchmark}.py (see its marker's section)")
+    return rs
 
 
 def main(argv=None) -> int:

@@ -142,3 +142,13 @@ def test_the_benchmarks_doc_is_current_with_the_committed_results():
     doc = (ROOT / "docs" / "BENCHMARKS.md").read_text()
     assert render.BLOCK.search(doc), "docs/BENCHMARKS.md has no rendered table"
     assert render.render_doc(doc, render.load_results()) == doc, "run: .venv/bin/python benchmarks/render.py"
+
+
+def test_a_second_table_of_the_same_run_in_a_section_only_names_its_file_and_a_new_section_names_it_in_full():
+    r = result("parts_compaction", "2026-12-01T21:00:07Z", PARTS)
+    doc = ("## A\n\n<!-- rendered: parts_compaction -->\n<!-- end rendered: parts_compaction -->\n\nprose\n\n"
+           "<!-- rendered: parts_compaction -->\n<!-- end rendered: parts_compaction -->\n\n## B\n\n"
+           "<!-- rendered: parts_compaction -->\n<!-- end rendered: parts_compaction -->\n")
+    heads = [line for line in render.render_doc(doc, [r]).splitlines() if line.startswith("*")]
+    assert [h[:20] for h in heads] == ["*From `benchmarks/re", "*Same run: `benchmar", "*From `benchmarks/re"]
+    assert heads[1] == "*Same run: `benchmarks/results/parts_compaction-20261201T210007Z-a51c9bb.json`.*"
