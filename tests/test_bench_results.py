@@ -158,3 +158,31 @@ def test_every_benchmark_script_records_its_run():
     assert len(scripts) >= 8
     missing = [p.name for p in scripts if "results.start(" not in p.read_text()]
     assert missing == []
+
+
+def test_a_gpu_check_keeps_its_few_figures_and_says_why_a_phase_gave_none():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from cuda_results import cuda_figures
+
+    data = {"device": "cuda", "seconds": 301.2, "phases": {
+        "env": {"ok": True, "result": {"gpu": "NVIDIA H200", "capability": "sm90", "cuda_runtime": "12.8",
+                                       "cudnn_version": 91000}},
+        "bandwidth": {"ok": True, "result": {"best_gb_s": 3900.5, "median_gb_s": 3800.0}},
+        "correctness": {"ok": True, "result": {"bfloat16/default": {"pass": True}, "float32/math": {"pass": False}}},
+        "mbu": {"ok": True, "result": [{"batch": 1, "mode": "graph", "context_tokens": 256, "steps": 20,
+                                        "median_step_ms": 0.81, "weight_mb": 270.0, "kv_mb": 1.2,
+                                        "achieved_gb_s": 335.0, "mbu": 0.086, "mbu_against": "memcpy"}]},
+        "throughput": {"ok": False, "error": "RuntimeError('CUDA out of memory')", "traceback": "..."},
+        "capture": {"ok": False, "skipped": "budget: 401 s of 400 s spent"}}}
+    figures = cuda_figures(data)
+    results.check_figures(figures)
+    assert figures == {
+        "device": "cuda", "gpu": "NVIDIA H200", "capability": "sm90", "cuda_runtime": "12.8", "cudnn_version": 91000,
+        "memcpy_best_gb_s": 3900.5, "memcpy_median_gb_s": 3800.0,
+        "correctness_pass": {"bfloat16/default": True, "float32/math": False},
+        "mbu": [{"batch": 1, "mode": "graph", "context_tokens": 256, "median_step_ms": 0.81, "achieved_gb_s": 335.0,
+                 "mbu_ratio": 0.086}],
+        "throughput": [], "capture": None,
+        "phases": {"env": "ok", "bandwidth": "ok", "correctness": "ok", "mbu": "ok",
+                   "throughput": "RuntimeError('CUDA out of memory')", "capture": "budget: 401 s of 400 s spent"},
+        "check_s": 301.2}
