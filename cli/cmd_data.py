@@ -37,6 +37,7 @@ SQL_SURFACE = [
     ("reported_spans", "engine span (vLLM llm_request): its own figures beside ours"),
     ("reported_counters", "engine /metrics counter: run delta vs the spans' sum"),
     ("request_path", "reported attempt x node: client -> link -> queue -> prefill -> decode"),
+    ("latency_percentiles", "figure x layer: n, mean, p50 / p90 / p95 / p99, max"),
 ]
 QUERY_HELP = (
     "Run read-only SQL on the ledger of one run or of many runs at once.\n\n"

@@ -44,7 +44,7 @@ class PeerRequest:
     tool_output_tokens: int | None = None  # the tool's own output-token count
     token_rule: str | None = None  # how the tool counted them: usage, retokenised, iterations ...
     figures: dict = field(default_factory=dict)  # the tool's own per-request figures (ms), as it wrote them
-    chunks_kept: str = "content"  # which chunks the tool kept: content, first_last, choices, labelled (85_peers.sql)
+    chunks_kept: str = "content"  # which chunks the tool kept: content, first_last, choices, labelled (ledger/peer_views.sql)
 
 
 def parse_json(data: bytes, path, *, line: int = 1, what: str = "(document)") -> object:

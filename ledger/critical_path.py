@@ -8,10 +8,15 @@ session or request for attempts, `attrs.stream` for spans) follow each other in 
 """
 from __future__ import annotations
 
+import graphlib
 import json
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+
+READS = ("ev", "attempts", "marks", "intervals")
+CREATES = ("chain_nodes", "critical_path", "critical_path_edges", "dag_problems")
+PUBLIC = ("critical_path", "critical_path_edges")
 
 
 class DagError(ValueError):
@@ -36,22 +41,18 @@ class PathResult:
 
 
 def _topological(dag: Dag) -> list[str]:
-    order, state = [], {}
-
-    def visit(v: str, trail: list[str]) -> None:
-        if state.get(v) == 2:
-            return
-        if state.get(v) == 1:
-            cycle = trail[trail.index(v):] + [v]
-            raise DagError(f"{dag.scope} {dag.scope_id}: dependency cycle {' -> '.join(cycle)}")
-        state[v] = 1
-        for u in dag.preds.get(v, []):
-            visit(u, trail + [v])
-        state[v] = 2
-        order.append(v)
-
-    for v in sorted(dag.dur_ms):
-        visit(v, [])
+    """The nodes, each after its predecessors (iterative, so a chain of any length is fine); ties by name."""
+    sorter = graphlib.TopologicalSorter({v: dag.preds.get(v, []) for v in dag.dur_ms})
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as exc:
+        cycle = list(reversed(exc.args[1]))  # graphlib lists it against the edges' direction
+        raise DagError(f"{dag.scope} {dag.scope_id}: dependency cycle {' -> '.join(cycle)}") from None
+    order = []
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready())
+        order += [v for v in ready if v in dag.dur_ms]
+        sorter.done(*ready)
     return order
 
 
@@ -208,8 +209,8 @@ def _chain_nodes(con) -> None:
     con.execute(f"CREATE OR REPLACE TEMP TABLE chain_nodes AS {_ATTEMPT_NODES}")
 
 
-def build(con) -> list[tuple[str, str, str]]:
-    """Create the critical_path and critical_path_edges tables; returns (scope, subject, problem) gaps."""
+def build(con, run=None) -> None:
+    """Create critical_path and critical_path_edges, and dag_problems: (scope, subject, problem) gaps."""
     nodes, edges, problems = [], [], []
     _chain_nodes(con)
     for dag, times, problem in task_dags(con) + attempt_dags(con, unclean_only=True):
@@ -237,9 +238,30 @@ def build(con) -> list[tuple[str, str, str]]:
                    "lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) AS src, node AS dst, pos "
                    "FROM chain_nodes WHERE clean "
                    "QUALIFY lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) IS NOT NULL")
-    return problems
+    con.execute("CREATE OR REPLACE TEMP TABLE dag_problems (scope VARCHAR, subject_id VARCHAR, detail VARCHAR)")
+    if problems:
+        con.executemany("INSERT INTO dag_problems VALUES (?, ?, ?)", problems)
 
 
+# @table critical_path: one row per node of each task's DAG and each attempt's chain (docs/LEDGER.md
+#   "critical_path and critical_path_edges")
+# @column scope: task (spans, tool calls and attempts of a task) or attempt (the chain of its intervals)
+# @column scope_id: the task or attempt id
+# @column node: the stage (a repeated name gets #2, #3)
+# @column kind: span, tool, attempt or stage
+# @column start_ms: its earliest start, E(v) − d(v), from the scope's start
+# @column dur_ms: its duration d(v)
+# @column finish_ms: its earliest finish E(v) = d(v) + max over predecessors E(u)
+# @column slack_ms: latest finish − earliest finish: how much it can grow before e2e_ms does
+# @column on_path: on the longest path
+# @column observed_start_ms: when it really started, from the scope's first event
+# @column e2e_ms: the scope's longest path, max E
+#
+# @table critical_path_edges: one row per dependency edge of those graphs
+# @column scope: as critical_path.scope
+# @column scope_id: as critical_path.scope_id
+# @column src: the node waited for
+# @column dst: the node that waited
 def _create(con, name: str, cols, types, rows: list[tuple], chains_sql: str) -> None:
     """The table from Python rows (one columnar insert: row-by-row inserts are far too slow at scale)
     and the SQL-computed chains, ordered by scope, subject and node position (`pos`, not kept)."""

@@ -1,8 +1,10 @@
 """Build `ledger.duckdb` from a run directory with DuckDB SQL over its Parquet files.
 
-The stages live in `ledger/NN_*.sql` (one definition per figure; docs/LEDGER.md explains each). The
-ledger is written to a temporary file and renamed into place, so a failed rebuild never destroys the
-previous ledger, and the raw files are only read.
+The stages are the ledger's modules (`ledger/modules.py`): SQL files `ledger/<name>.sql` and two Python
+stages (the load, the critical paths), each declaring what it reads and creates; they run in the order
+derived from those declarations. docs/LEDGER.md explains every table. The ledger is written to a
+temporary file and renamed into place, so a failed rebuild never destroys the previous ledger, and
+the raw files are only read.
 """
 from __future__ import annotations
 
@@ -10,23 +12,16 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
 
 from inferledger.collectors.run_parts import PartError, list_parts
-from inferledger.ledger import critical_path
-from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, GAP_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
+from inferledger.ledger.load import LoadError, RunFiles
+from inferledger.ledger.modules import Module, ledger_modules, public_tables
+from inferledger.probes.events import EVENT_SCHEMA, SAMPLE_SCHEMA
 
-STAGES = ("10_marks.sql", "20_attempts.sql", "30_figures.sql", "40_metrics.sql", "45_reported.sql", "50_streams.sql",
-          "60_tasks.sql", "80_diagnosis.sql", "85_peers.sql", "90_gaps.sql", "95_reported.sql")
-
-PUBLIC_TABLES = ("events", "samples", "clocks", "attempts", "request_metrics", "choice_metrics", "intervals", "stream_checks",
-                 "itl", "accounts", "tasks", "reconciliation", "step_attribution", "slo_misses", "run_metrics",
-                 "energy_shares", "peer_views", "peer_comparison", "critical_path", "critical_path_edges", "gaps",
-                 "reported_spans", "reported_counters", "request_path")
+PUBLIC_TABLES = public_tables()
 
 
 class RunDirError(Exception):
@@ -45,10 +40,6 @@ class LedgerSummary:
     n_attempts: int
     n_tasks: int
     n_gaps: int
-
-
-def _stage_sql(name: str) -> str:
-    return resources.files("inferledger.ledger").joinpath(name).read_text()
 
 
 def _manifest(run_dir: Path) -> dict:
@@ -72,28 +63,23 @@ def _kv_block_bytes(manifest: dict) -> int | None:
     return int(per_token) * int(block) if per_token and block else None
 
 
-def _load(con: duckdb.DuckDBPyConnection, table: str, files: list[Path], schema: pa.Schema, temp: bool) -> None:
-    kind = "TEMP TABLE" if temp else "TABLE"
-    if files:
-        paths = [str(p) for p in files]
-        con.execute(f"CREATE {kind} {table} AS SELECT * FROM read_parquet(?, union_by_name = true)", [paths])
-    else:
-        empty = schema.empty_table()
-        con.register("_empty", empty)
-        con.execute(f"CREATE {kind} {table} AS SELECT * FROM _empty")
-        con.unregister("_empty")
-
-
-def _execute(con, sql: str, stage: str, profile: list | None) -> None:
-    if profile is None:
-        con.execute(sql)
+def _run_module(con, module: Module, run: RunFiles, profile: list | None) -> None:
+    """One stage; with `profile`, (module, statement, seconds) for each SQL statement or Python stage."""
+    t0 = time.perf_counter()
+    if module.build is not None:
+        module.build(con, run)
+        if profile is not None:
+            profile.append((module.source, ", ".join(module.public or module.creates), time.perf_counter() - t0))
         return
-    for statement in con.extract_statements(sql):  # timed one by one
+    if profile is None:
+        con.execute(module.sql)
+        return
+    for statement in con.extract_statements(module.sql):  # timed one by one
         text = " ".join(ln for ln in statement.query.splitlines() if not ln.strip().startswith("--"))
         label = " ".join(text.split()).split(" AS ")[0].replace("CREATE OR REPLACE ", "")[:48]
         t0 = time.perf_counter()
         con.execute(statement)
-        profile.append((stage, label, time.perf_counter() - t0))
+        profile.append((module.source, label, time.perf_counter() - t0))
 
 
 def _slo(manifest: dict) -> dict:
@@ -125,37 +111,18 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
         con.execute("SET enable_progress_bar = false")
         con.execute("SET VARIABLE run_id = ?", [run_id])
         manifest = _manifest(run_dir)
-        con.execute("SET VARIABLE kv_block_bytes = ?", [_kv_block_bytes(manifest)])
+        con.execute("SET VARIABLE kv_block_bytes = ?::BIGINT", [_kv_block_bytes(manifest)])
         slo = _slo(manifest)
         for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
             con.execute(f"SET VARIABLE slo_{key} = ?::DOUBLE", [slo.get(key)])
-        t0 = time.perf_counter()
-        # file order is deterministic (insertion order is preserved), so no sort is needed
-        _load(con, "events", parts, EVENT_SCHEMA, temp=False)
-        _load(con, "samples", sample_parts, SAMPLE_SCHEMA, temp=False)
-        for name, schema, table, temp in (("clocks.parquet", CLOCK_SCHEMA, "clocks", False),
-                                          ("tasks.parquet", TASK_SCHEMA, "task_contracts", True),
-                                          ("gaps.parquet", GAP_SCHEMA, "collector_gaps", True)):
-            f = run_dir / name
-            _load(con, table, [f] if f.exists() else [], schema, temp=temp)
-        if profile is not None:
-            profile.append(("load", "events, samples, clocks, tasks, gaps", time.perf_counter() - t0))
-        for stage in STAGES:
-            if stage == "90_gaps.sql":  # the critical paths (Python: DAG validation and longest path)
-                t0 = time.perf_counter()
-                try:
-                    problems = critical_path.build(con)
-                except duckdb.Error as exc:
-                    raise StageError(f"ledger stage critical_path failed on {run_dir}: {exc}") from exc
-                con.execute("CREATE OR REPLACE TEMP TABLE dag_problems (scope VARCHAR, subject_id VARCHAR, detail VARCHAR)")
-                if problems:
-                    con.executemany("INSERT INTO dag_problems VALUES (?, ?, ?)", problems)
-                if profile is not None:
-                    profile.append(("critical_path", "critical_path, critical_path_edges", time.perf_counter() - t0))
+        run = RunFiles(run_dir, parts, sample_parts)
+        for module in ledger_modules():
             try:
-                _execute(con, _stage_sql(stage), stage, profile)
+                _run_module(con, module, run, profile)
+            except LoadError as exc:
+                raise RunDirError(str(exc)) from None
             except duckdb.Error as exc:
-                raise StageError(f"ledger stage {stage} failed on {run_dir}: {exc}") from exc
+                raise StageError(f"ledger stage {module.source} failed on {run_dir}: {exc}") from exc
         counts = con.execute(
             "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
             "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone()

@@ -4,7 +4,7 @@ The readers live in `probes/nvml.py` (GPU) and `probes/rapl.py` (CPU), the backg
 `probes/sampler.py`. This module owns what they share: `Reading`, `SourceStatus`, metric names and
 units, and what a missing source means. Counters are stored raw in `samples` (NVML mJ since driver
 load, RAPL µJ that wraps); turning them into joules has one definition, the ledger's SQL
-(`ledger/80_diagnosis.sql`, docs/LEDGER.md "Energy"): RAPL unwrapping, driver resets, deltas
+(`ledger/energy.sql`, docs/LEDGER.md "Energy"): RAPL unwrapping, driver resets, deltas
 apportioned at the window's edges, the idle term. Nothing here repeats it.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `RaplReader.open(root)` walks a powercap tree (default `/sys/class/powercap`; tests pass a folder
 they built) for zones `intel-rapl:N` and sub-zones `intel-rapl:N:M`, names them by their `name`
 file (`package-N`, `dram`, `core`, `uncore`, `psys`), never by index, and reads `energy_uj` raw.
-Wraps are unwrapped by the ledger (`ledger/80_diagnosis.sql`) with the zone's `max_energy_range_uj`, written
+Wraps are unwrapped by the ledger (`ledger/energy.sql`) with the zone's `max_energy_range_uj`, written
 once at start. `intel-rapl-mmio:*` zones that repeat a zone already found are skipped, and said so.
 
 No tree, a zone that refuses reading (root-only since CVE-2020-8694), a counter that does not parse:

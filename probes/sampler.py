@@ -3,7 +3,7 @@
 Each tick asks every reader (NVML per GPU, RAPL for the CPU) for its raw values and writes them
 through a sink with `.sample(...)` (a `collectors.writer.RunWriter`) on the host monotonic clock
 `mono:<host>`, the clock the engine's and the client's events use. Counters go out raw; the
-ledger turns them into joules (`ledger/80_diagnosis.sql`). Sources that are
+ledger turns them into joules (`ledger/energy.sql`). Sources that are
 unavailable write nothing (never a 0): `sources()` and `gap_rows()` say why.
 
     with EnergySampler(writer, hz=10) as s:    # reads once at start, then every 100 ms

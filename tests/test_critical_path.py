@@ -102,3 +102,36 @@ def test_stages_in_clocks_that_cannot_be_compared_become_a_gap(tmp_path):
     assert con.execute("select count(*) from critical_path where scope_id = 'T8'").fetchone()[0] == 0
     detail = con.execute("select detail from gaps where affects = 'critical_path' and subject_id = 'T8'").fetchone()[0]
     assert "clocks ['c1', 'c2']" in detail
+
+
+def test_a_chain_of_1200_stages_has_its_longest_path_without_recursion():
+    n = 1200
+    name = [f"s{n - 1 - i:04d}" for i in range(n)]  # the last stage's name sorts first: the deepest walk
+    dag = Dag("task", "T", {v: 1.0 for v in name}, {v: "span" for v in name},
+              {v: [name[i - 1]] if i else [] for i, v in enumerate(name)})
+    res = longest_path(dag)
+    assert res.e2e_ms == 1200.0 and res.path == name
+    assert set(res.slack_ms.values()) == {0.0}
+
+
+def test_a_task_of_1200_sequential_spans_is_rebuilt(tmp_path):
+    lines = [{"name": "clock.domain", "clock": "c", "source": "archive", "attrs": {"host": "h"}}]
+    for i in range(1200):  # one stream, no `after`: each span follows the previous one in time
+        for name, t in (("span.start", 10 * i), ("span.end", 10 * i + 4)):
+            lines.append({"name": name, "source": "app", "task_id": "T1", "ts_ns": t * 1_000_000, "clock": "c",
+                          "attrs": {"span": f"s{1199 - i:04d}"}})
+    con = _rebuild(tmp_path, lines)
+    n, on_path, e2e = con.execute("SELECT count(*), count(*) FILTER (WHERE on_path), max(e2e_ms) FROM critical_path "
+                                  "WHERE scope_id = 'T1'").fetchone()
+    assert (n, on_path, e2e) == (1200, 1200, 4800.0)
+    assert con.execute("SELECT count(*) FROM gaps WHERE affects = 'critical_path'").fetchone()[0] == 0
+
+
+def test_a_cycle_is_named_in_the_order_of_its_edges():
+    dag = Dag("task", "T", {"a": 1.0, "b": 1.0, "c": 1.0}, {}, {"a": ["c"], "b": ["a"], "c": ["b"]})
+    with pytest.raises(DagError) as err:
+        longest_path(dag)
+    cycle = str(err.value).split("dependency cycle ")[1].split(" -> ")
+    assert len(cycle) == 4 and cycle[0] == cycle[-1] and set(cycle) == {"a", "b", "c"}
+    for waiter, waited_for in zip(cycle, cycle[1:]):  # each node waits for the next one named
+        assert waited_for in dag.preds[waiter]

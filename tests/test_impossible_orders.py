@@ -71,6 +71,22 @@ def test_done_after_timeout_follows_the_earliest_terminal_for_every_figure(tmp_p
     assert "attempt.timeout" in detail and "attempt.done" in detail
 
 
+def test_a_done_before_its_send_is_not_on_time_but_unknown(tmp_path):
+    # the done (t = 40) precedes the send (t = 50): its E2E is impossible, so its time against the
+    # deadline is unknown too, and good follows the rule for unknowns (NULL, the task unknown)
+    ev = [{"name": "task.start", "ms": 0, "task_id": "T1", "attrs": {"deadline_ms": 1000}},
+          {"name": "attempt.sent", "ms": 50, "task_id": "T1"},
+          {"name": "attempt.done", "ms": 40, "task_id": "T1", "attrs": {"usage": {"completion_tokens": 3}}},
+          {"name": "verdict", "ms": 60, "source": "checker", "attrs": {"correct": True}}]
+    con = build_run(tmp_path / "r", ev)
+    row = con.execute("SELECT client_status, e2e_client_ms, done_since_reference_ms, on_time, good "
+                      "FROM attempts JOIN request_metrics USING (attempt_id)").fetchone()
+    assert row == ("completed", None, 40.0, None, None)
+    assert con.execute("SELECT outcome FROM tasks").fetchone()[0] == "unknown"
+    assert con.execute("SELECT n_good, n_unjudged FROM run_metrics").fetchone() == (0, 1)
+    assert con.execute("SELECT count(*) FROM slo_misses").fetchone()[0] == 0  # not a miss either
+
+
 def _ledger(run, run_id):
     run.mkdir(parents=True)
     con = duckdb.connect(str(run / "ledger.duckdb"))

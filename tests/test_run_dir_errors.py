@@ -15,7 +15,7 @@ from inferledger.cli.app import app
 from inferledger.collectors.importer import import_archive
 from inferledger.collectors.run_parts import compact
 from inferledger.ledger.reconstruct import RunDirError, StageError, reconstruct
-from inferledger.probes.events import EVENT_SCHEMA
+from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA
 
 LINES = [{"name": "clock.domain", "clock": "cm", "attrs": {"host": "c1"}}] + [
     {"name": n, "source": "client", "attempt_id": "A1", "request_id": "R1", "task_id": "T1", "ts_ns": t, "clock": "cm"}
@@ -72,7 +72,9 @@ def test_parts_left_by_an_interrupted_compaction_are_read_once(tmp_path):
 def test_a_failed_stage_is_a_run_dir_error_naming_the_stage(tmp_path):
     run = _run(tmp_path)
     (run / "clocks.parquet").unlink()
-    pq.write_table(pa.table({"run_id": ["r"], "clock": [1]}), run / "clocks.parquet")  # clock must be text
+    cols = {c: [None] for c in CLOCK_SCHEMA.names}  # every column, but an offset that is text
+    pq.write_table(pa.table({**cols, "run_id": ["r"], "from_clock": ["a"], "to_clock": ["b"], "offset_ns": ["x"]}),
+                   run / "clocks.parquet")
     with pytest.raises(StageError, match=r"ledger stage \S+ failed on "):
         reconstruct(run)
     res = _reconstruct_cli(run)

@@ -1,5 +1,9 @@
--- Stage 5: each attempt rebuilt per stream, intervals labelled, double counting detected
--- (docs/LEDGER.md "intervals and stream_checks").
+-- Each attempt rebuilt per stream, intervals labelled, double counting detected (docs/LEDGER.md
+-- "intervals and stream_checks").
+--
+-- reads: marks, ev, ev_tok, clock_conv, figures, point_of
+-- creates: ms_raw, spans_raw, stream_clock, stream_points, span_iv, cuts, ms_state, stream_segs, state_iv,
+--          span_off, intervals, stream_checks
 
 -- Milestones and the state each one starts (NULL state = the stream's end).
 CREATE OR REPLACE TEMP TABLE ms_raw AS
@@ -36,14 +40,14 @@ engine_seq AS (
     UNION ALL SELECT attempt_id, 'client', first_byte, 'await_first_content', 3 FROM m
     UNION ALL SELECT attempt_id, 'client', first_content, 'await_first_visible', 4 FROM m
     UNION ALL SELECT attempt_id, 'client', first_visible, 'stream', 5 FROM m
-    UNION ALL SELECT attempt_id, 'client', struct_pack(ns := client_end.ns, clock := client_end.clock, eid := client_end.eid), NULL, 6 FROM m
+    UNION ALL SELECT attempt_id, 'client', point_of(client_end), NULL, 6 FROM m
     UNION ALL SELECT attempt_id, 'server', received, 'front_end', 1 FROM m
     UNION ALL SELECT attempt_id, 'server', enqueued, 'queue', 2 FROM m
     UNION ALL SELECT attempt_id, 'server', scheduled, 'prefill', 3 FROM m
     UNION ALL SELECT attempt_id, 'server', prefill_end, 'sample', 4 FROM m
     UNION ALL SELECT attempt_id, 'server', first_token, 'await_first_write', 5 FROM m
     UNION ALL SELECT attempt_id, 'server', first_write, 'stream', 6 FROM m
-    UNION ALL SELECT attempt_id, 'server', struct_pack(ns := finished.ns, clock := finished.clock, eid := finished.eid), 'finalize', 7 FROM m
+    UNION ALL SELECT attempt_id, 'server', point_of(finished), 'finalize', 7 FROM m
     UNION ALL SELECT attempt_id, 'server', server_end, NULL, 8 FROM m
   ) WHERE p.ns IS NOT NULL
 )
@@ -73,13 +77,13 @@ SELECT attempt_id, stream, arg_min(clock, (pri, ts_ns, clock)) AS clock FROM (
   UNION ALL SELECT attempt_id, stream, start_clock, 100, start_ns FROM spans_raw
 ) GROUP BY attempt_id, stream;
 
-CREATE OR REPLACE TEMP TABLE ms AS
+CREATE OR REPLACE TEMP TABLE stream_points AS
 SELECT r.attempt_id, r.stream, r.ts_ns + c.offset_ns AS t, r.event_id, r.state, r.prio, c.eps_ns, sc.clock,
        r.clock <> sc.clock AS conv
 FROM ms_raw r JOIN stream_clock sc USING (attempt_id, stream)
 JOIN clock_conv c ON c.from_clock = r.clock AND c.to_clock = sc.clock;
 
-CREATE OR REPLACE TEMP TABLE sp AS
+CREATE OR REPLACE TEMP TABLE span_iv AS
 SELECT r.attempt_id, r.stream, r.span, r.k, r.start_eid, r.end_eid, r.start_seq, sc.clock,
        r.start_ns + c1.offset_ns AS t0, r.end_ns + c2.offset_ns AS t1, c1.eps_ns + c2.eps_ns AS eps_ns,
        (r.start_clock <> sc.clock OR r.end_clock <> sc.clock) AS conv
@@ -91,22 +95,22 @@ WHERE r.end_ns IS NOT NULL;
 -- Cut points: milestones and span boundaries; the event named at a point prefers a milestone.
 CREATE OR REPLACE TEMP TABLE cuts AS
 SELECT attempt_id, stream, t, arg_max(event_id, (pri, event_id)) AS event_id, max(eps_ns) AS eps_ns, bool_or(conv) AS conv FROM (
-  SELECT attempt_id, stream, t, event_id, prio + 10 AS pri, eps_ns, conv FROM ms
-  UNION ALL SELECT attempt_id, stream, t0, start_eid, 1, eps_ns, conv FROM sp
-  UNION ALL SELECT attempt_id, stream, t1, end_eid, 0, eps_ns, conv FROM sp
+  SELECT attempt_id, stream, t, event_id, prio + 10 AS pri, eps_ns, conv FROM stream_points
+  UNION ALL SELECT attempt_id, stream, t0, start_eid, 1, eps_ns, conv FROM span_iv
+  UNION ALL SELECT attempt_id, stream, t1, end_eid, 0, eps_ns, conv FROM span_iv
 ) GROUP BY attempt_id, stream, t;
 
 CREATE OR REPLACE TEMP TABLE ms_state AS
-SELECT attempt_id, stream, t, arg_max(state, (prio, state)) AS state FROM ms GROUP BY attempt_id, stream, t;
+SELECT attempt_id, stream, t, arg_max(state, (prio, state)) AS state FROM stream_points GROUP BY attempt_id, stream, t;
 
-CREATE OR REPLACE TEMP TABLE segs AS
+CREATE OR REPLACE TEMP TABLE stream_segs AS
 WITH s AS (
   SELECT attempt_id, stream, t AS t0, event_id AS start_eid, eps_ns AS eps0, conv AS conv0,
          lead(t) OVER w AS t1, lead(event_id) OVER w AS end_eid, lead(eps_ns) OVER w AS eps1, lead(conv) OVER w AS conv1
   FROM cuts WINDOW w AS (PARTITION BY attempt_id, stream ORDER BY t)
 ), cov AS (
-  SELECT s.attempt_id, s.stream, s.t0, count(sp.span) AS n_cover
-  FROM s LEFT JOIN sp ON sp.attempt_id = s.attempt_id AND sp.stream = s.stream AND sp.t0 <= s.t0 AND sp.t1 >= s.t1
+  SELECT s.attempt_id, s.stream, s.t0, count(span_iv.span) AS n_cover
+  FROM s LEFT JOIN span_iv ON span_iv.attempt_id = s.attempt_id AND span_iv.stream = s.stream AND span_iv.t0 <= s.t0 AND span_iv.t1 >= s.t1
   WHERE s.t1 IS NOT NULL GROUP BY ALL
 )
 SELECT s.*, cov.n_cover > 0 AS covered, st.state
@@ -119,7 +123,7 @@ CREATE OR REPLACE TEMP TABLE state_iv AS
 WITH f AS (
   SELECT *, CASE WHEN covered OR lag(covered) OVER w OR state IS DISTINCT FROM lag(state) OVER w
                  OR lag(t1) OVER w IS NULL THEN 1 ELSE 0 END AS brk
-  FROM segs WINDOW w AS (PARTITION BY attempt_id, stream ORDER BY t0)
+  FROM stream_segs WINDOW w AS (PARTITION BY attempt_id, stream ORDER BY t0)
 ), g AS (
   SELECT *, sum(brk) OVER (PARTITION BY attempt_id, stream ORDER BY t0) AS island FROM f WHERE NOT covered
 )
@@ -131,18 +135,36 @@ FROM g GROUP BY attempt_id, stream, island, state;
 -- Overlapping spans: the contained one (or the later-starting one) leaves the path.
 CREATE OR REPLACE TEMP TABLE span_off AS
 SELECT b.attempt_id, b.stream, b.start_eid, string_agg(a.span, ', ' ORDER BY a.t0, a.span, a.start_eid) AS overlaps_with
-FROM sp a JOIN sp b ON a.attempt_id = b.attempt_id AND a.stream = b.stream AND a.start_eid <> b.start_eid
+FROM span_iv a JOIN span_iv b ON a.attempt_id = b.attempt_id AND a.stream = b.stream AND a.start_eid <> b.start_eid
  AND a.t0 < b.t1 AND b.t0 < a.t1
  AND ((a.t0 <= b.t0 AND b.t1 <= a.t1 AND NOT (b.t0 <= a.t0 AND a.t1 <= b.t1))   -- b strictly inside a
       OR (a.t0 = b.t0 AND a.t1 = b.t1 AND a.start_seq < b.start_seq)          -- registered twice
       OR (NOT (a.t0 <= b.t0 AND b.t1 <= a.t1) AND NOT (b.t0 <= a.t0 AND a.t1 <= b.t1) AND a.t0 < b.t0))
 GROUP BY ALL;
 
+-- @table intervals: one row per interval of an attempt's stream: explicit spans, the states between
+--   milestones, unattributed time and the link figures (docs/LEDGER.md "intervals and stream_checks")
+-- @column stream: client, server, engine, link, or a stream an explicit span names
+-- @column name: the span's name, the state's (queue, prefill, decode, await_first_byte, ...),
+--   unattributed, or the link figure (uplink, downlink_first)
+-- @column kind: span, state, unattributed or link
+-- @column start_event: the event id where it starts
+-- @column end_event: the event id where it ends
+-- @column clock: the stream's clock (the clock of its first-listed milestone)
+-- @column start_ns: start, ns on clock (NULL for an unknown link)
+-- @column end_ns: end, ns on clock
+-- @column dur_ms: end_ns − start_ns
+-- @column eps_ms: its ± ms (the mappings' epsilons of converted points)
+-- @column label: measured (one clock), derived (a point converted by a mapping), unknown (a link across
+--   clocks no mapping joins)
+-- @column on_path: registered on the stream's path: false for unattributed time, an unknown link, and a
+--   span contained in another, or the later-starting of two that overlap
+-- @column overlaps_with: the spans an off-path span overlaps
 CREATE OR REPLACE TABLE intervals AS
 WITH iv_rows AS (
   SELECT s.attempt_id, s.stream, s.span AS name, 'span' AS kind, s.start_eid AS start_event, s.end_eid AS end_event,
          s.clock, s.t0 AS start_ns, s.t1 AS end_ns, s.eps_ns, s.conv, o.start_eid IS NULL AS on_path, o.overlaps_with
-  FROM sp s LEFT JOIN span_off o USING (attempt_id, stream, start_eid)
+  FROM span_iv s LEFT JOIN span_off o USING (attempt_id, stream, start_eid)
   UNION ALL
   SELECT v.attempt_id, v.stream, v.name, CASE WHEN v.unattributed THEN 'unattributed' ELSE 'state' END,
          v.start_eid, v.end_eid, sc.clock, v.t0, v.t1, v.eps_ns, v.conv, NOT v.unattributed, NULL
@@ -162,6 +184,13 @@ SELECT getvariable('run_id') AS run_id, attempt_id, stream, name, kind, start_ev
 FROM iv_rows
 ORDER BY attempt_id, stream, start_ns NULLS LAST, name, start_event;
 
+-- @table stream_checks: one row per attempt × stream: the path sum against the stream's span
+-- @column stream: as intervals.stream
+-- @column span_ms: the stream's end − start (its earliest to latest point)
+-- @column path_sum_ms: Σ registered intervals (spans and states)
+-- @column residual_ms: span_ms − path_sum_ms
+-- @column unattributed_ms: Σ unattributed intervals
+-- @column status: double_counted (registered intervals overlap), unattributed (residual > 0), else ok
 CREATE OR REPLACE TABLE stream_checks AS
 WITH b AS (
   SELECT attempt_id, stream, min(t) AS t_start, max(t) AS t_end FROM cuts GROUP BY attempt_id, stream

@@ -1,9 +1,28 @@
--- Stage 7: the gap register: what is missing, which figures it leaves NULL, what would close it.
+-- The gap register: what is missing, which figures it leaves NULL, what would close it (docs/LEDGER.md
+-- "gaps"). Rows the ledger finds, numbered per subject; rows of reported evidence with ids of their
+-- own; and the collectors' rows (gaps.parquet) as they were written.
+--
+-- reads: ev, events, samples, figures, marks, ms_raw, stream_clock, clock_conv, spans_raw, attempt_ids,
+--        attempt_start, window_bounds, window_points, step_attribution, energy_shares, dag_problems,
+--        window_energy, kv_holds, steps, attempts, choice_metrics, run_metrics, peer_views, peer_base,
+--        attempt_evidence, reported_counters, collector_gaps, load_gaps
+-- creates: client_reporter, gaps
 
 CREATE OR REPLACE TEMP TABLE client_reporter AS  -- who reported the client events, when a load tool did
 SELECT min(json_extract_string(attrs, '$.reporter')) AS reporter FROM ev
 WHERE name = 'attempt.sent' AND json_extract_string(attrs, '$.evidence') = 'reported';
 
+-- @table gaps: one row per gap: what is missing, which figures it leaves NULL, what would close it
+--   (docs/LEDGER.md "gaps")
+-- @column gap_id: deterministic: scope:subject:n for the ledger's rows, reported:... for reported
+--   evidence, the collector's own id for its rows
+-- @column scope: run, import, attempt, task, clock, energy, step, otlp (a reported span), event
+-- @column subject_id: what the gap is about: an attempt, task, step or event id, a part file, a metric
+--   (NULL for the run)
+-- @column affects: the figures (columns, tables) it leaves NULL or changes
+-- @column needs: what would close it
+-- @column detail: what was found, naming events and files
+-- @column origin: ledger (found by the rebuild) or collector (gaps.parquet, written at capture or import)
 CREATE OR REPLACE TABLE gaps AS
 WITH ledger_gaps AS (
   -- a subtraction across clock domains with no mapping
@@ -110,6 +129,9 @@ WITH ledger_gaps AS (
   SELECT scope, subject_id, 'critical_path', 'a dependency graph without cycles or negative durations', detail
   FROM dag_problems
   UNION ALL
+  -- an event id found more than once in the run's parts (ledger/load.py keeps the first copy)
+  SELECT scope, subject_id, affects, needs, detail FROM load_gaps
+  UNION ALL
   -- energy: no counter samples in the run (the ledger never reports 0 J for "not measured")
   SELECT 'energy', NULL, 'energy_gpu_j, energy_cpu_j, energy_per_good_j',
          'an energy source: NVML (GPU driver) or read access to RAPL powercap (see inferledger doctor)',
@@ -179,6 +201,18 @@ WITH ledger_gaps AS (
 )
 SELECT getvariable('run_id') AS run_id, gap_id, scope, subject_id, affects, needs, detail, 'ledger' AS origin
 FROM numbered
+UNION ALL
+-- reported evidence: engine-layer token gaps a span cannot give, and a counter that went down between
+-- scrapes (the engine restarted: its run delta is unknown)
+SELECT getvariable('run_id'), 'reported:itl', 'run', NULL, 'itl (engine layer), itl_engine_max_ms',
+       'per-token engine events (a span reports the first and the last token only)',
+       format('{} attempt(s) with tokens reported by {} as a span', count(*), string_agg(DISTINCT reporter, ', ')), 'ledger'
+FROM attempt_evidence WHERE aggregate_tokens HAVING count(*) > 0
+UNION ALL
+SELECT getvariable('run_id'), format('reported:counter:{}', metric), 'run', metric, format('reported_counters.run_delta ({})', metric),
+       'a scrape series in which the counter does not go down (no engine restart during the run)',
+       format('{} went down between scrapes', metric), 'ledger'
+FROM reported_counters WHERE went_down
 UNION ALL
 SELECT getvariable('run_id'), gap_id, scope, subject_id, affects, needs, detail, 'collector' FROM collector_gaps
 ORDER BY origin, gap_id;

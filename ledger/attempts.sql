@@ -1,4 +1,8 @@
--- Stage 2: the attempts table and the client / server / resource accounts (docs/LEDGER.md).
+-- The attempts table: each attempt's place among its request's attempts and its client, server and
+-- resource statuses (docs/LEDGER.md "attempts and accounts").
+--
+-- reads: ev, marks, attempt_ids, clock_conv
+-- creates: attempt_start, attempts
 
 -- When each attempt started, for attempt_index: created, else sent, else its first event on the clock
 -- of its first client event (else of its first server / engine event). Attempts of one request are
@@ -22,6 +26,36 @@ WITH own AS (
 SELECT s.attempt_id, s.grp, s.p, r.clock AS ref_clock, s.p.ns + c.offset_ns AS start_ref_ns
 FROM s LEFT JOIN ref r USING (grp) LEFT JOIN clock_conv c ON c.from_clock = s.p.clock AND c.to_clock = r.clock;
 
+-- @table attempts: one row per attempt: its ids, its place among its request's attempts, and its
+--   client, server and resource statuses (docs/LEDGER.md "attempts and accounts")
+-- @column task_id: the attempt's task (first event that names one)
+-- @column session_id: the attempt's session
+-- @column request_id: the attempt's request
+-- @column attempt_index: 1 for the first attempt of its request, by attempt.created (else sent, else its
+--   first event), compared on one clock; NULL (with a clock gap) when no mapping places its start
+-- @column client_status: completed, timeout, cancelled, error (the earliest client terminal event),
+--   unterminated (client events, none terminal); NULL without client events
+-- @column server_status: rejected, completed, cancelled, failed, unterminated from server and engine
+--   evidence only; unknown without any (docs/LEDGER.md "attempts and accounts")
+-- @column server_last_state: for an unterminated server side, where it stopped: queued, running, preempted
+-- @column resource_status: the highest level reached: returned, reallocatable, released, held;
+--   unknown without kv.* events
+-- @column finish_reason: engine.finished attrs.reason, else the client's attempt.done attrs.finish_reason
+-- @column n_output_tokens: the server's count of output tokens, all choices together: engine.token
+--   values, else the usage the client received; NULL without either (a chunk is not a token)
+-- @column n_tokens_engine: the sum of the attempt's engine.token values (0 when the engine finished it
+--   without a token); NULL without engine events
+-- @column n_tokens_usage: usage.completion_tokens the client received in attempt.done; NULL without
+-- @column n_chunks: the client's attempt.chunk events of any kind; NULL without client events
+-- @column sent_ns: attempt.sent, ns on client_clock
+-- @column client_clock: the clock of sent_ns and client_end_ns
+-- @column client_end_ns: the earliest client terminal event, ns on client_clock
+-- @column enqueued_ns: engine.enqueued, ns on server_clock
+-- @column server_clock: the clock of enqueued_ns, server_end_ns and the kv times
+-- @column server_end_ns: server.done, else server.rejected, else engine.finished, else
+--   engine.cancel_effective, ns on server_clock
+-- @column kv_release_ns: the last kv.release (the attempt holds no more references), ns on server_clock
+-- @column kv_free_ns: the last kv.free (its blocks back in the free pool), ns on server_clock
 CREATE OR REPLACE TABLE attempts AS
 SELECT
   getvariable('run_id') AS run_id,

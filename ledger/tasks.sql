@@ -1,4 +1,7 @@
--- Stage 6: task outcomes from each task's contract and the checker's verdicts, then the four accounts.
+-- Task outcomes from each task's contract and the checker's verdicts (docs/LEDGER.md "tasks").
+--
+-- reads: attempts, request_metrics, contracts, task_refs, figures
+-- creates: request_state, tasks
 
 CREATE OR REPLACE TEMP TABLE request_state AS
 WITH task_requests AS (
@@ -20,6 +23,21 @@ SELECT tr.task_id, tr.request_id,
 FROM task_requests tr LEFT JOIN att USING (task_id, request_id)
 GROUP BY tr.task_id, tr.request_id;
 
+-- @table tasks: one row per task: its outcome judged by its contract (docs/LEDGER.md "tasks")
+-- @column task_id: the task
+-- @column outcome: success (every required request succeeded), unknown (one undetermined, or no
+--   required request), partial_success (on_missing = partial_success and one succeeded), failure
+-- @column deadline_ms: the contract's deadline, from the reference (NULL: none)
+-- @column e2e_ms: (task.end, else the task's last client terminal) − the reference
+-- @column deadline_reference: the event the deadline counts from: arrival.planned, task.start,
+--   attempt.created or attempt.sent
+-- @column n_requests: the task's requests (attempted, or required by its contract)
+-- @column n_attempts: the task's attempts
+-- @column n_required: its required requests (default: all of them)
+-- @column n_required_succeeded: the required ones that succeeded (one of their first max_attempts
+--   attempts good)
+-- @column on_missing: what a missing required request makes the task: failure (default) or partial_success
+-- @column max_attempts: the attempts counted per request (NULL: unlimited)
 CREATE OR REPLACE TABLE tasks AS
 WITH req AS (
   SELECT s.task_id, s.request_id, s.state,
@@ -51,10 +69,3 @@ LEFT JOIN att USING (task_id)
 LEFT JOIN task_refs r USING (task_id)
 LEFT JOIN figures f ON f.subject_id = c.task_id AND f.figure = 'task_e2e'
 ORDER BY c.task_id;
-
-CREATE OR REPLACE TABLE accounts AS
-SELECT a.run_id, a.attempt_id, a.task_id, a.request_id, a.attempt_index,
-       a.client_status, a.server_status, t.outcome AS task_outcome, a.resource_status,
-       a.kv_release_ns, a.kv_free_ns, r.release_after_cancel_ms
-FROM attempts a LEFT JOIN tasks t USING (task_id) JOIN request_metrics r USING (attempt_id)
-ORDER BY a.attempt_id;

@@ -1,22 +1,8 @@
--- Stage 1: per-attempt milestones (docs/LEDGER.md "Attempt milestones").
--- Input tables: events, clocks, task_contracts. Every milestone keeps its ns, clock and event id.
-
--- The clock rule's conversions (docs/LEDGER.md "Clock rule"): identity per domain (measured) and each
--- mapping in both directions (derived ± epsilon). Every stage converts through this table.
-CREATE OR REPLACE TEMP TABLE clock_conv AS
-WITH domains AS (
-  SELECT DISTINCT clock FROM events
-  UNION SELECT clock FROM clocks WHERE clock IS NOT NULL
-), maps AS (
-  SELECT from_clock, to_clock, offset_ns, epsilon_ns FROM clocks WHERE from_clock IS NOT NULL
-  UNION ALL
-  SELECT to_clock, from_clock, -offset_ns, epsilon_ns FROM clocks WHERE from_clock IS NOT NULL
-)
-SELECT clock AS from_clock, clock AS to_clock, 0::BIGINT AS offset_ns, 0::BIGINT AS eps_ns, 'measured' AS label FROM domains
-UNION ALL
-SELECT from_clock, to_clock, offset_ns, eps_ns, 'derived' FROM (
-  SELECT from_clock, to_clock, offset_ns, epsilon_ns AS eps_ns FROM maps WHERE from_clock <> to_clock
-  QUALIFY row_number() OVER (PARTITION BY from_clock, to_clock ORDER BY epsilon_ns, offset_ns) = 1);
+-- Per-attempt milestones (docs/LEDGER.md "Attempt milestones"): the narrow working sets of events and
+-- each attempt's first / last events of every kind, each kept as a point (ns, clock, event id).
+--
+-- reads: events, first_point, last_point, point_of, json_bigint
+-- creates: ev, ev_out, ev_tok, attempt_ids, marks, choice_marks
 
 -- Three narrow working sets instead of one wide copy: the per-output rows (client chunks, server
 -- writes, engine tokens) are most of a run and need only a few columns.
@@ -25,9 +11,9 @@ SELECT event_id, seq, source, name, ts_ns, clock, task_id, session_id, request_i
        CASE WHEN name = 'engine.finished' THEN json_extract_string(attrs, '$.reason')
             WHEN name = 'attempt.done' THEN json_extract_string(attrs, '$.finish_reason') END AS reason,
        CASE WHEN name = 'attempt.done'
-            THEN TRY_CAST(json_extract_string(attrs, '$.usage.completion_tokens') AS BIGINT) END AS usage_completion,
+            THEN json_bigint(attrs, '$.usage.completion_tokens') END AS usage_completion,
        CASE WHEN name = 'attempt.done'
-            THEN TRY_CAST(json_extract_string(attrs, '$.usage.prompt_tokens') AS BIGINT) END AS usage_prompt,
+            THEN json_bigint(attrs, '$.usage.prompt_tokens') END AS usage_prompt,
        CASE WHEN name = 'verdict' THEN TRY_CAST(json_extract_string(attrs, '$.correct') AS BOOLEAN) END AS verdict_correct,
        CASE WHEN name IN ('span.start', 'span.end') THEN json_extract_string(attrs, '$.span') END AS span_name,
        CASE WHEN name IN ('span.start', 'span.end')
@@ -98,29 +84,29 @@ CREATE OR REPLACE TEMP TABLE marks AS
 WITH firsts AS (
   SELECT attempt_id,
     -- client
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.created') AS created,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.sent') AS sent,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.first_byte') AS first_byte_ev,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS done,
+    first_point(ts_ns, clock, event_id, seq, name = 'attempt.created') AS created,
+    first_point(ts_ns, clock, event_id, seq, name = 'attempt.sent') AS sent,
+    first_point(ts_ns, clock, event_id, seq, name = 'attempt.first_byte') AS first_byte_ev,
+    first_point(ts_ns, clock, event_id, seq, name = 'attempt.done') AS done,
     arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id, name := name), (ts_ns, seq, event_id))
         FILTER (WHERE name IN ('attempt.done', 'attempt.timeout', 'attempt.cancel', 'attempt.error')) AS client_end,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.cancel') AS client_cancel,
+    first_point(ts_ns, clock, event_id, seq, name = 'attempt.cancel') AS client_cancel,
     list(DISTINCT name ORDER BY name) FILTER (WHERE name IN ('attempt.done', 'attempt.timeout', 'attempt.cancel', 'attempt.error')) AS client_terminals,
     -- server / engine
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.received') AS received,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.rejected') AS rejected,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.done') AS server_done,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.disconnect') AS disconnect,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.enqueued') AS enqueued,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.scheduled') AS scheduled,
+    first_point(ts_ns, clock, event_id, seq, name = 'server.received') AS received,
+    first_point(ts_ns, clock, event_id, seq, name = 'server.rejected') AS rejected,
+    last_point(ts_ns, clock, event_id, seq, name = 'server.done') AS server_done,
+    first_point(ts_ns, clock, event_id, seq, name = 'server.disconnect') AS disconnect,
+    first_point(ts_ns, clock, event_id, seq, name = 'engine.enqueued') AS enqueued,
+    first_point(ts_ns, clock, event_id, seq, name = 'engine.scheduled') AS scheduled,
     arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id, reason := reason), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.finished') AS finished,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.cancel_received') AS cancel_received,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.cancel_effective') AS cancel_effective,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.scheduled') AS last_scheduled,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'engine.preempted') AS last_preempted,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'kv.release') AS kv_release,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'kv.free') AS kv_free,
-    arg_max(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'mem.returned') AS mem_returned,
+    first_point(ts_ns, clock, event_id, seq, name = 'engine.cancel_received') AS cancel_received,
+    first_point(ts_ns, clock, event_id, seq, name = 'engine.cancel_effective') AS cancel_effective,
+    last_point(ts_ns, clock, event_id, seq, name = 'engine.scheduled') AS last_scheduled,
+    last_point(ts_ns, clock, event_id, seq, name = 'engine.preempted') AS last_preempted,
+    last_point(ts_ns, clock, event_id, seq, name = 'kv.release') AS kv_release,
+    last_point(ts_ns, clock, event_id, seq, name = 'kv.free') AS kv_free,
+    last_point(ts_ns, clock, event_id, seq, name = 'mem.returned') AS mem_returned,
     count(*) FILTER (WHERE name IN ('kv.alloc', 'kv.prefix_hit')) AS n_kv_alloc,
     -- counts
     arg_max(usage_completion, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS n_tokens_usage,
@@ -129,33 +115,33 @@ WITH firsts AS (
     count(*) FILTER (WHERE name = 'engine.preempted') AS preemptions,
     coalesce(sum(value) FILTER (WHERE name = 'engine.preempted'), 0) AS recomputed_tokens,
     count(*) FILTER (WHERE name = 'spec.round') AS spec_rounds,
-    sum(TRY_CAST(json_extract_string(attrs, '$.forward_passes') AS BIGINT)) FILTER (WHERE name = 'spec.round') AS spec_forward_passes,
-    sum(TRY_CAST(json_extract_string(attrs, '$.drafted') AS BIGINT)) FILTER (WHERE name = 'spec.round') AS spec_drafted_tokens,
-    sum(TRY_CAST(json_extract_string(attrs, '$.accepted') AS BIGINT)) FILTER (WHERE name = 'spec.round') AS spec_accepted_tokens,
+    sum(json_bigint(attrs, '$.forward_passes')) FILTER (WHERE name = 'spec.round') AS spec_forward_passes,
+    sum(json_bigint(attrs, '$.drafted')) FILTER (WHERE name = 'spec.round') AS spec_drafted_tokens,
+    sum(json_bigint(attrs, '$.accepted')) FILTER (WHERE name = 'spec.round') AS spec_accepted_tokens,
     arg_max(verdict_correct, (ts_ns, seq, event_id)) FILTER (WHERE name = 'verdict') AS correct
   FROM ev WHERE attempt_id IS NOT NULL
   GROUP BY attempt_id
 ), toks AS (
   SELECT attempt_id,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) AS first_token,
+    first_point(ts_ns, clock, event_id, seq, true) AS first_token,
     sum(value) AS n_tokens_engine,
     count(DISTINCT choice) AS n_choices_engine
   FROM ev_tok WHERE attempt_id IS NOT NULL
   GROUP BY attempt_id
 ), outs AS (
   SELECT attempt_id,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.chunk') AS first_chunk,
+    first_point(ts_ns, clock, event_id, seq, name = 'attempt.chunk') AS first_chunk,
     count(*) FILTER (WHERE name = 'attempt.chunk') AS n_chunks,
     count(DISTINCT choice) FILTER (WHERE output_bearing) AS n_choices_output,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.chunk' AND output_bearing) AS first_content,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.chunk' AND answer_bearing) AS first_visible,
-    arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) FILTER (WHERE name = 'server.write' AND output_bearing) AS first_write
+    first_point(ts_ns, clock, event_id, seq, name = 'attempt.chunk' AND output_bearing) AS first_content,
+    first_point(ts_ns, clock, event_id, seq, name = 'attempt.chunk' AND answer_bearing) AS first_visible,
+    first_point(ts_ns, clock, event_id, seq, name = 'server.write' AND output_bearing) AS first_write
   FROM ev_out WHERE attempt_id IS NOT NULL
   GROUP BY attempt_id
 ), prefill_end AS (
   -- the last prefill chunk computed before the first token
   SELECT p.attempt_id,
-         arg_max(struct_pack(ns := p.ts_ns, clock := p.clock, eid := p.event_id), (p.ts_ns, p.seq, p.event_id)) AS prefill_end
+         last_point(p.ts_ns, p.clock, p.event_id, p.seq, true) AS prefill_end
   FROM ev p LEFT JOIN toks t USING (attempt_id)
   WHERE p.name = 'engine.prefill' AND (t.first_token IS NULL OR p.ts_ns <= t.first_token.ns)
   GROUP BY p.attempt_id
@@ -169,7 +155,7 @@ SELECT a.attempt_id, f.* EXCLUDE (attempt_id, done),
        CASE WHEN t.n_tokens_engine IS NULL AND f.finished IS NOT NULL THEN 0 ELSE t.n_tokens_engine END AS n_tokens_engine,
        coalesce(o.n_chunks, 0) AS n_chunks,
        coalesce(f.first_byte_ev, o.first_chunk) AS first_byte,
-       coalesce(f.server_done, f.rejected, CASE WHEN f.finished IS NOT NULL THEN struct_pack(ns := f.finished.ns, clock := f.finished.clock, eid := f.finished.eid) END,
+       coalesce(f.server_done, f.rejected, point_of(f.finished),
                 f.cancel_effective) AS server_end,
        coalesce(t.n_tokens_engine, CASE WHEN f.finished IS NOT NULL THEN 0 END, f.n_tokens_usage) AS n_output_tokens,
        nullif(greatest(coalesce(t.n_choices_engine, 0), coalesce(o.n_choices_output, 0)), 0) AS n_choices
@@ -183,17 +169,14 @@ LEFT JOIN outs o USING (attempt_id) LEFT JOIN prefill_end pe USING (attempt_id);
 CREATE OR REPLACE TEMP TABLE choice_marks AS
 WITH tok AS (
   SELECT attempt_id, choice,
-         arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id)) AS first_token,
+         first_point(ts_ns, clock, event_id, seq, true) AS first_token,
          sum(value) AS n_tokens_engine
   FROM ev_tok WHERE attempt_id IS NOT NULL GROUP BY attempt_id, choice
 ), out AS (
   SELECT attempt_id, choice,
-         arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id))
-           FILTER (WHERE name = 'attempt.chunk' AND output_bearing) AS first_content,
-         arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id))
-           FILTER (WHERE name = 'attempt.chunk' AND finish_bearing) AS finish_chunk,
-         arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id), (ts_ns, seq, event_id))
-           FILTER (WHERE name = 'server.write' AND finish_bearing) AS finish_write,
+         first_point(ts_ns, clock, event_id, seq, name = 'attempt.chunk' AND output_bearing) AS first_content,
+         first_point(ts_ns, clock, event_id, seq, name = 'attempt.chunk' AND finish_bearing) AS finish_chunk,
+         first_point(ts_ns, clock, event_id, seq, name = 'server.write' AND finish_bearing) AS finish_write,
          bool_or(output_bearing) AS has_output
   FROM ev_out WHERE attempt_id IS NOT NULL GROUP BY attempt_id, choice
 ), c AS (

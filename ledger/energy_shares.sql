@@ -1,0 +1,18 @@
+-- Each attempt's share of the window's energy: the window total split by its share of engine step time
+-- (itself split by tokens processed per step), so the shares add up to the total.
+--
+-- reads: step_attribution, run_metrics
+-- creates: energy_shares
+-- @table energy_shares: one row per attempt with engine step time, when the window's energy is known
+--   (docs/LEDGER.md "energy_shares")
+-- @column fraction: the attempt's share of the attributed engine step time (step_attribution share_ms)
+-- @column gpu_j: run_metrics.energy_gpu_j × fraction
+-- @column cpu_j: run_metrics.energy_cpu_j × fraction
+CREATE OR REPLACE TABLE energy_shares AS
+WITH busy AS (SELECT attempt_id, sum(share_ms) AS ms FROM step_attribution GROUP BY attempt_id),
+tot AS (SELECT sum(ms) AS ms FROM busy)
+SELECT getvariable('run_id') AS run_id, b.attempt_id, b.ms / nullif(tot.ms, 0) AS fraction,
+       r.energy_gpu_j * b.ms / nullif(tot.ms, 0) AS gpu_j, r.energy_cpu_j * b.ms / nullif(tot.ms, 0) AS cpu_j
+FROM busy b, tot, run_metrics r
+WHERE r.energy_gpu_j IS NOT NULL OR r.energy_cpu_j IS NOT NULL
+ORDER BY b.attempt_id;

@@ -1,0 +1,44 @@
+-- KV holding: ∫M(t)dt per attempt, each physical block counted once. An attempt holds a block from
+-- the kv.alloc / kv.prefix_hit that names it to its next kv.release (or to the copy-on-write that
+-- replaced it); while several attempts hold one block, its bytes are split equally among them
+-- (policy 'equal_split'), so the attempts' integrals add up to the physical total (docs/LEDGER.md
+-- "The resource account").
+--
+-- reads: ev, events
+-- creates: kv_holds, kv_integral
+CREATE OR REPLACE TEMP TABLE kv_holds AS
+WITH acq AS (
+  SELECT attempt_id, ts_ns, clock, seq, event_id,
+         unnest(from_json(coalesce(json_extract(attrs, '$.blocks'), '[]'), '["BIGINT"]')) AS block
+  FROM ev WHERE name IN ('kv.alloc', 'kv.prefix_hit') AND attempt_id IS NOT NULL
+), rel AS (
+  SELECT attempt_id, ts_ns, clock FROM ev WHERE name = 'kv.release' AND attempt_id IS NOT NULL
+), cow AS (
+  SELECT attempt_id, ts_ns, clock, TRY_CAST(json_extract_string(pair, '$[0]') AS BIGINT) AS block
+  FROM (SELECT attempt_id, ts_ns, clock, unnest(from_json(json_extract(attrs, '$.copy_on_write'), '["JSON"]')) AS pair
+        FROM ev WHERE name = 'kv.alloc' AND json_extract(attrs, '$.copy_on_write') IS NOT NULL)
+)
+SELECT a.attempt_id, a.block, a.clock, a.ts_ns AS start_ns,
+       least((SELECT min(r.ts_ns) FROM rel r WHERE r.attempt_id = a.attempt_id AND r.clock = a.clock AND r.ts_ns >= a.ts_ns),
+             (SELECT min(c.ts_ns) FROM cow c WHERE c.attempt_id = a.attempt_id AND c.clock = a.clock AND c.block = a.block
+                                              AND c.ts_ns > a.ts_ns))
+         AS end_ns
+FROM acq a;
+
+CREATE OR REPLACE TEMP TABLE kv_integral AS
+WITH last_on_clock AS (SELECT clock, max(ts_ns) AS last_ns FROM events GROUP BY clock),
+holds AS (  -- a hold never released ends when the run closed: the last event on the hold's own clock
+  SELECT h.attempt_id, h.block, h.start_ns, coalesce(h.end_ns, l.last_ns) AS end_ns
+  FROM kv_holds h JOIN last_on_clock l USING (clock)
+), pts AS (
+  SELECT block, start_ns AS t FROM holds UNION SELECT block, end_ns FROM holds
+), segs AS (
+  SELECT block, t AS t0, lead(t) OVER (PARTITION BY block ORDER BY t) AS t1 FROM pts
+), covered AS (
+  SELECT s.block, s.t0, s.t1, h.attempt_id, count(*) OVER (PARTITION BY s.block, s.t0) AS holders
+  FROM segs s JOIN holds h ON h.block = s.block AND h.start_ns <= s.t0 AND h.end_ns >= s.t1
+  WHERE s.t1 IS NOT NULL AND s.t1 > s.t0
+)
+SELECT attempt_id, sum((t1 - t0) / holders) / 1e9 * getvariable('kv_block_bytes') / 2^30 AS kv_gib_s,
+       sum(t1 - t0) / 1e9 AS block_s_unshared
+FROM covered GROUP BY attempt_id;

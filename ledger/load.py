@@ -1,0 +1,186 @@
+"""The ledger's first stage: the run directory's Parquet files as tables, each event counted once.
+
+Loads `events/` and `samples/` parts (already listed and checked whole by the caller), `clocks.parquet`,
+`tasks.parquet` and `gaps.parquet`. A file DuckDB cannot read is refused with its name. An event id
+found more than once is kept once: the copy in the earliest part (parts are numbered in the order
+they were flushed, so it is the one recorded first), and a row in `load_gaps` names the copies; a
+copy whose content differs is named on its own, with the columns that differ. A token count that is
+not a whole number from 0 to 2^53 is refused naming the file and the event: the ledger sums and
+casts these values, and a wrong one must not surface as a cast error far from its cause.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, GAP_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
+
+READS: tuple[str, ...] = ()
+CREATES = ("events", "samples", "clocks", "task_contracts", "collector_gaps", "load_gaps")
+PUBLIC = ("events", "samples", "clocks")
+
+# Events whose value is a token count (docs/EVENTS.md): summed and cast to integers downstream.
+COUNT_EVENTS = ("engine.token", "engine.prefill", "engine.enqueued", "engine.preempted", "engine.finished")
+MAX_COUNT = 2 ** 53  # the largest count a float64 value holds exactly
+
+
+class LoadError(Exception):
+    """A file of the run directory cannot be loaded as what it claims to be; the message names it."""
+
+
+@dataclass
+class RunFiles:
+    run_dir: Path
+    event_parts: list[Path]
+    sample_parts: list[Path] = field(default_factory=list)
+
+    def name(self, path: str | Path) -> str:
+        """A file's name relative to the run directory, as messages give it."""
+        p = Path(path)
+        try:
+            return str(p.relative_to(self.run_dir))
+        except ValueError:
+            return str(p)
+
+
+def _load(con, table: str, files: list[Path], schema: pa.Schema, temp: bool, run: RunFiles) -> None:
+    kind = "TEMP TABLE" if temp else "TABLE"
+    if not files:
+        con.register("_empty", schema.empty_table())
+        con.execute(f"CREATE {kind} {table} AS SELECT * FROM _empty")
+        con.unregister("_empty")
+        return
+    try:  # file order is kept (insertion order is preserved): the first copy of an event comes first
+        con.execute(f"CREATE {kind} {table} AS SELECT * FROM read_parquet(?, union_by_name = true)",
+                    [[str(p) for p in files]])
+    except duckdb.Error as exc:
+        what = run.name(files[0]) if len(files) == 1 else f"{run.name(files[0].parent)}/ (one of {len(files)} parts)"
+        raise LoadError(f"{what}: not a readable Parquet file of its kind ({exc}); it is torn or foreign. "
+                        "Move it out of the run directory and rebuild (or rewrite it from its source)") from None
+
+
+def _check_counts(con, run: RunFiles) -> None:
+    bad = con.execute(
+        f"SELECT event_id, name, value FROM events WHERE name IN {COUNT_EVENTS} AND value IS NOT NULL "
+        "AND (NOT isfinite(value) OR value < 0 OR value > ? OR value <> floor(value)) "
+        "ORDER BY event_id LIMIT 1", [MAX_COUNT]).fetchall()
+    if not bad:
+        return
+    event_id, name, value = bad[0]
+    part = con.execute("SELECT filename, file_row_number FROM read_parquet(?, filename = true, file_row_number = true) "
+                       "WHERE event_id = ? LIMIT 1", [[str(p) for p in run.event_parts], event_id]).fetchall()
+    where = f"{run.name(part[0][0])} row {part[0][1]}" if part else "events/"
+    raise LoadError(f"{where}: event {event_id} ({name}) has value {value!r}, which is not a token count "
+                    f"(a whole number from 0 to {MAX_COUNT}); fix or re-import the source that wrote it")
+
+
+def _dedupe(con, run: RunFiles) -> list[tuple]:
+    """Keep one copy of every event id; return the gap rows (scope, subject_id, affects, needs, detail)."""
+    con.execute("CREATE OR REPLACE TEMP TABLE event_dups AS "
+                "SELECT event_id FROM events GROUP BY event_id HAVING count(*) > 1")
+    if not con.execute("SELECT count(*) FROM event_dups").fetchall()[0][0]:
+        con.execute("DROP TABLE event_dups")
+        return []
+    order = pa.table({"filename": [str(p) for p in run.event_parts], "part_index": list(range(len(run.event_parts)))})
+    con.register("_part_order", order)
+    cols = [c for c in EVENT_SCHEMA.names]
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE event_copy_rows AS
+        SELECT r.*, o.part_index,
+               row_number() OVER (PARTITION BY r.event_id ORDER BY o.part_index, r.file_row_number) AS k
+        FROM read_parquet(?, union_by_name = true, filename = true, file_row_number = true) r
+        JOIN _part_order o USING (filename) SEMI JOIN event_dups USING (event_id)""",
+                [[str(p) for p in run.event_parts]])
+    con.unregister("_part_order")
+    differs = " || ".join(f"CASE WHEN c.{c} IS DISTINCT FROM w.{c} THEN ['{c}'] ELSE [] END" for c in cols)
+    rows = con.execute(f"""
+        SELECT c.event_id, c.filename, w.filename, {differs} AS differs
+        FROM event_copy_rows c JOIN event_copy_rows w ON w.event_id = c.event_id AND w.k = 1
+        WHERE c.k > 1 ORDER BY c.part_index, c.file_row_number""").fetchall()
+    con.execute("DELETE FROM events WHERE event_id IN (SELECT event_id FROM event_dups)")
+    con.execute(f"INSERT INTO events BY NAME SELECT {', '.join(cols)} FROM event_copy_rows WHERE k = 1")
+    con.execute("DROP TABLE event_copy_rows")
+    con.execute("DROP TABLE event_dups")
+    gaps, same = [], {}
+    for event_id, copy_file, kept_file, differs in rows:
+        copy_name, kept_name = run.name(copy_file), run.name(kept_file)
+        if differs:
+            where = "the same part" if copy_file == kept_file else f"{kept_name} and {copy_name}"
+            gaps.append(("event", event_id, "events and every figure that reads this event",
+                         "a distinct event_id for each distinct event",
+                         f"event {event_id} is twice in {where} with different {', '.join(differs)}: the copy in "
+                         f"{kept_name} that comes first (parts are numbered in the order they were flushed) is "
+                         "kept, the other is left out"))
+        else:
+            same.setdefault((copy_name, kept_name), []).append(event_id)
+    for (copy_name, kept_name), ids in same.items():
+        gaps.append(("event", copy_name, "events (each counted once)",
+                     "each event once in the run directory (a part copied under a second number, or an event "
+                     "written twice)",
+                     f"{len(ids)} event(s) of {copy_name} are identical copies of events in {kept_name} "
+                     f"(first: {ids[0]}): each counted once"))
+    return gaps
+
+
+# @column *.run_id: the run's id (the manifest's run_id, else the run folder's name); every table has it
+# @column *.attempt_id: the attempt (events' attempt_id); an attempt is one try of a request
+#
+# @table events: one row per event, as recorded (docs/EVENTS.md), each event_id once
+# @column event_id: unique within the run (e.g. source:seq); a copy under the same id is counted once
+#   (gaps scope event)
+# @column seq: the emitter's sequence number; a jump in it reveals lost events
+# @column source: the emitter: client, server, engine, device, probe, checker, or an importing tool's name
+# @column host: the emitter's host
+# @column name: what happened, from the vocabulary of docs/EVENTS.md
+# @column ts_ns: when, in ns on `clock`
+# @column clock: the clock domain of ts_ns (docs/LEDGER.md "Clock rule")
+# @column task_id: the task the event belongs to (NULL when none)
+# @column session_id: the session, a context container shared by a task's turns (NULL when none)
+# @column request_id: the request; retries of one request share it (NULL when none)
+# @column step_id: the engine iteration (NULL outside engine steps)
+# @column value: the event's number: tokens for engine.token / prefill / enqueued / preempted, blocks,
+#   bytes, or a device time in ms (NULL when the event has none)
+# @column attrs: everything else, as a JSON object
+#
+# @table samples: one row per sample of a time series: counters and gauges (energy, power, KV blocks, memory)
+# @column ts_ns: when it was read, in ns on `clock`
+# @column clock: the clock domain of ts_ns
+# @column source: the sampler (probe, vllm-metrics, ...)
+# @column host: the host it was read on
+# @column device: the device or zone read (a GPU index, a RAPL zone), NULL for the host itself
+# @column metric: what was read (gpu_energy_mj, cpu_package_energy_uj, kv_blocks_used, vllm:...)
+# @column value: the reading as the source gave it: counters raw (the ledger unwraps them)
+# @column unit: the value's unit
+#
+# @table clocks: one row per clock domain or mapping between two domains (docs/LEDGER.md "Clock rule")
+# @column clock: the domain a row declares (NULL on a mapping row)
+# @column host: the domain's host
+# @column kind: the domain's kind (monotonic, wall, cuda, ...)
+# @column from_clock: a mapping's source domain (NULL on a domain row)
+# @column to_clock: a mapping's target domain: t_to = t_from + offset_ns
+# @column offset_ns: the mapping's offset, ns
+# @column epsilon_ns: the mapping's uncertainty, ± ns: a difference across it is derived ± epsilon
+# @column method: how the mapping was found (round-trip, cuda-anchor, ...)
+def build(con, run: RunFiles) -> None:
+    """events, samples, clocks (public) and the task contracts, collector gaps and load gaps (internal)."""
+    _load(con, "events", run.event_parts, EVENT_SCHEMA, False, run)
+    _load(con, "samples", run.sample_parts, SAMPLE_SCHEMA, False, run)
+    for name, schema, table, temp in (("clocks.parquet", CLOCK_SCHEMA, "clocks", False),
+                                      ("tasks.parquet", TASK_SCHEMA, "task_contracts", True),
+                                      ("gaps.parquet", GAP_SCHEMA, "collector_gaps", True)):
+        f = run.run_dir / name
+        _load(con, table, [f] if f.exists() else [], schema, temp, run)
+        have = {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+        missing = [c for c in schema.names if c not in have]
+        if missing:
+            raise LoadError(f"{name}: a Parquet file of another kind (lacks column(s) {', '.join(missing)}); "
+                            "move it out of the run directory and rebuild")
+    gaps = _dedupe(con, run)
+    _check_counts(con, run)
+    con.execute("CREATE TEMP TABLE load_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, "
+                "detail VARCHAR)")
+    if gaps:
+        con.executemany("INSERT INTO load_gaps VALUES (?, ?, ?, ?, ?)", gaps)

@@ -1,0 +1,195 @@
+-- The peers' definitions of TTFT / ITL / TPOT / E2E, computed from this run's client events
+-- (docs/LEDGER.md "peer_views"): our own client's, or a load tool's own records imported with
+-- `inferledger import --from`. Same attempts for every row: those the client saw complete. The peers'
+-- names collide (AIPerf's "ITL" is vLLM's TPOT; GuideLLM's TPOT includes the TTFT), so every row names
+-- its tool, its formula, its weighting and its percentile rule.
+--
+-- What an imported tool kept decides which rows its events can feed (attempt.done attrs.chunks):
+--   absent      our own client: every chunk, with its kinds
+--   content     AIPerf: every content chunk, no role / finish / usage chunk
+--   first_last  GuideLLM: the first and the last content chunk only
+--   choices     vLLM bench: every chunk with choices, kinds unknown (no server to label them)
+--   labelled    vLLM bench joined with the server: every chunk with choices, kinds from its server write
+-- Tokens: the importing tool's own count when it kept one (attrs.reported_output_tokens; AIPerf
+-- re-tokenises the text), else the server's (attempts.n_output_tokens).
+--
+-- reads: ev_out, ev, attempts, itl, figures
+-- creates: peer_base, peer_views
+
+CREATE OR REPLACE TEMP TABLE peer_base AS
+WITH c AS (
+  SELECT attempt_id,
+         min(ts_ns) FILTER (WHERE choices_bearing) AS first_choices_ns,
+         max(ts_ns) FILTER (WHERE choices_bearing) AS last_choices_ns,
+         min(ts_ns) FILTER (WHERE output_bearing) AS first_content_ns,
+         max(ts_ns) FILTER (WHERE output_bearing) AS last_content_ns
+  FROM ev_out WHERE name = 'attempt.chunk' GROUP BY attempt_id
+), sent AS (
+  SELECT attempt_id, TRY_CAST(json_extract_string(attrs, '$.pacing_error_ms') AS DOUBLE) AS pacing_error_ms
+  FROM ev WHERE name = 'attempt.sent'
+  QUALIFY row_number() OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq, event_id) = 1
+), done AS (
+  SELECT attempt_id, json_extract_string(attrs, '$.chunks') AS chunks,
+         TRY_CAST(json_extract_string(attrs, '$.reported_output_tokens') AS BIGINT) AS n_reported
+  FROM ev WHERE name = 'attempt.done' AND source = 'client'
+  QUALIFY row_number() OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq, event_id) = 1
+), refused AS (  -- request_metrics' impossible-order rule: an attempt with a client figure it refuses
+  SELECT DISTINCT split_part(subject_id, '#', 1) AS attempt_id FROM figures
+  WHERE impossible AND figure IN ('ttft_client', 'ttft_first_byte', 'ttft_visible', 'e2e_client', 'client_span',
+                                  'choice_ttft_client', 'choice_decode_client')
+), kept AS (
+  SELECT b.attempt_id, b.chunks, b.n_reported,
+         b.chunks IS NULL OR b.chunks IN ('content', 'first_last', 'labelled') AS content_ok,
+         b.chunks IS NULL OR b.chunks IN ('choices', 'labelled') AS choices_ok,
+         b.chunks IS NULL OR b.chunks IN ('content', 'labelled') AS every_content_ok
+  FROM done b
+)
+SELECT a.attempt_id, a.sent_ns, a.client_end_ns AS done_ns, a.n_output_tokens AS n,
+       coalesce(k.n_reported, a.n_output_tokens) AS n_tool,
+       CASE WHEN k.choices_ok THEN c.first_choices_ns END AS first_choices_ns,
+       CASE WHEN k.choices_ok THEN c.last_choices_ns END AS last_choices_ns,
+       CASE WHEN k.content_ok THEN c.first_content_ns END AS first_content_ns,
+       CASE WHEN k.content_ok THEN c.last_content_ns END AS last_content_ns,
+       k.choices_ok, k.every_content_ok, s.pacing_error_ms, r.attempt_id IS NOT NULL AS refused
+FROM attempts a JOIN c USING (attempt_id) LEFT JOIN sent s USING (attempt_id) LEFT JOIN kept k USING (attempt_id)
+LEFT JOIN refused r USING (attempt_id)
+WHERE a.client_status = 'completed' AND a.sent_ns IS NOT NULL;
+
+-- The samples of each row: (row number, value in ms, weight). The two pooled-gap rows (millions of
+-- samples in a big run) are aggregated where they are read, never copied into a table of their own.
+-- @table peer_views: one row per metric × tool: the run read through each tool's definition of TTFT,
+--   ITL, TPOT and E2E, over the attempts the client saw complete (docs/LEDGER.md "peer_views")
+-- @column metric: TTFT, ITL, TPOT or E2E
+-- @column tool: inferledger (ours), vLLM bench, AIPerf, GuideLLM, MLPerf-style
+-- @column definition: the tool's formula, in words
+-- @column weighting: request, gap, token or token (tokens − 1): what one sample is
+-- @column percentiles: linear (interpolation between ranks) or cumulative weight (GuideLLM's rule)
+-- @column n: the samples (0 when the events cannot feed the row: its figures are then NULL, with a gap)
+-- @column mean_ms: the mean (weighted by the row's weighting)
+-- @column p50_ms: the 50th percentile by the row's rule
+-- @column p90_ms: the 90th percentile by the row's rule
+-- @column p99_ms: the 99th percentile by the row's rule
+-- @column ledger_column: the ledger column the row equals, for our own rows
+-- @column n_refused: samples left out because their attempt has a client figure request_metrics refuses
+--   as an impossible order (a chunk or done before the send, a done before the first content)
+-- @column mean_incl_refused_ms: the mean with those samples in, as a tool that keeps them counts (NULL
+--   when none was left out)
+-- @column p50_incl_refused_ms: the p50 with them, by the row's rule
+-- @column p90_incl_refused_ms: the p90 with them
+-- @column p99_incl_refused_ms: the p99 with them
+CREATE OR REPLACE TABLE peer_views AS
+WITH per_request(k, v, w, refused) AS (
+  SELECT 1, (first_content_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE first_content_ns IS NOT NULL
+  UNION ALL
+  SELECT 2, (first_choices_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE first_choices_ns IS NOT NULL
+  UNION ALL
+  SELECT 3, (first_content_ns - sent_ns) / 1e6 + pacing_error_ms, 1, refused FROM peer_base
+  WHERE first_content_ns IS NOT NULL AND pacing_error_ms IS NOT NULL
+  UNION ALL
+  SELECT 11, (first_content_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE first_content_ns IS NOT NULL
+  UNION ALL
+  SELECT 12, (first_content_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE first_content_ns IS NOT NULL
+  UNION ALL
+  SELECT 6, (last_content_ns - first_content_ns) / 1e6 / (n_tool - 1), 1, refused FROM peer_base WHERE n_tool > 1
+  UNION ALL
+  SELECT 7, (last_content_ns - first_content_ns) / 1e6 / (n_tool - 1), n_tool - 1, refused FROM peer_base WHERE n_tool > 1
+  UNION ALL
+  SELECT 8, (done_ns - first_content_ns) / 1e6 / (n - 1), 1, refused FROM peer_base WHERE n > 1
+  UNION ALL
+  SELECT 9, (last_choices_ns - first_choices_ns) / 1e6 / (n_tool - 1), 1, refused FROM peer_base WHERE n_tool > 1
+  UNION ALL
+  SELECT 10, (last_content_ns - sent_ns) / 1e6 / n_tool, n_tool, refused FROM peer_base WHERE n_tool > 0
+  UNION ALL
+  SELECT 13, (done_ns - sent_ns) / 1e6, 1, refused FROM peer_base
+  UNION ALL
+  SELECT 14, (last_choices_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE last_choices_ns IS NOT NULL
+  UNION ALL
+  SELECT 15, (last_content_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE last_content_ns IS NOT NULL
+  UNION ALL
+  SELECT 16, (done_ns - sent_ns) / 1e6, 1, refused FROM peer_base
+), vllm_chunks AS (
+  SELECT any_value(b.refused) AS refused, list(ts_ns ORDER BY ts_ns, seq) AS ts
+  FROM ev_out o JOIN (SELECT attempt_id, refused FROM peer_base WHERE choices_ok IS NOT FALSE) b USING (attempt_id)
+  WHERE o.name = 'attempt.chunk' AND o.choices_bearing GROUP BY attempt_id
+), vllm_gaps AS (
+  SELECT refused, unnest(list_transform(range(1, len(ts)), lambda i: (ts[i + 1] - ts[i]) / 1e6)) AS v FROM vllm_chunks
+), content_gaps AS (
+  SELECT b.refused, i.gap_ms AS v
+  FROM itl i JOIN (SELECT attempt_id, refused FROM peer_base WHERE every_content_ok IS NOT FALSE) b USING (attempt_id)
+  WHERE i.layer = 'client' AND i.gap_ms IS NOT NULL
+), plain AS (  -- linear interpolation between ranks (numpy's default, DuckDB's quantile_cont); refused left out
+  SELECT k, count(v) FILTER (WHERE NOT refused) AS n, avg(v) FILTER (WHERE NOT refused) AS mean_ms,
+         quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused) AS q, count(v) FILTER (WHERE refused) AS n_refused
+  FROM per_request WHERE v IS NOT NULL AND k NOT IN (7, 10, 12, 16) GROUP BY k
+  UNION ALL
+  SELECT 4, count(v) FILTER (WHERE NOT refused), avg(v) FILTER (WHERE NOT refused),
+         quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused), count(v) FILTER (WHERE refused)
+  FROM content_gaps
+  UNION ALL
+  SELECT 5, count(v) FILTER (WHERE NOT refused), avg(v) FILTER (WHERE NOT refused),
+         quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused), count(v) FILTER (WHERE refused)
+  FROM vllm_gaps WHERE v IS NOT NULL
+), plain_all AS (  -- the same rows with the refused samples in, as a tool that keeps them counts: only
+                   -- where a row has any (the pooled gaps of a big run are not read twice for nothing)
+  SELECT k, avg(v) AS mean_ms, quantile_cont(v, [0.5, 0.9, 0.99]) AS q
+  FROM per_request WHERE v IS NOT NULL AND k NOT IN (7, 10, 12, 16)
+    AND k IN (SELECT k FROM per_request WHERE refused AND v IS NOT NULL) GROUP BY k
+  UNION ALL
+  SELECT 4, avg(v), quantile_cont(v, [0.5, 0.9, 0.99]) FROM content_gaps
+  WHERE EXISTS (SELECT 1 FROM content_gaps WHERE refused) HAVING count(*) > 0
+  UNION ALL
+  SELECT 5, avg(v), quantile_cont(v, [0.5, 0.9, 0.99]) FROM vllm_gaps
+  WHERE v IS NOT NULL AND EXISTS (SELECT 1 FROM vllm_gaps WHERE refused) HAVING count(*) > 0
+), guidellm AS (  -- GuideLLM's rows without the refused samples, and with them where a row has any
+  SELECT k, v, w, false AS with_refused FROM per_request
+  WHERE v IS NOT NULL AND k IN (7, 10, 12, 16) AND NOT refused
+  UNION ALL
+  SELECT k, v, w, true FROM per_request
+  WHERE v IS NOT NULL AND k IN (SELECT k FROM per_request WHERE refused AND v IS NOT NULL AND k IN (7, 10, 12, 16))
+), cum AS (
+  SELECT k, with_refused, v, w,
+         sum(w) OVER (PARTITION BY k, with_refused ORDER BY v ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cw,
+         sum(w) OVER (PARTITION BY k, with_refused) AS tw
+  FROM guidellm
+), weighted_both AS (  -- GuideLLM's rule: the smallest value whose cumulative weight reaches q of the total
+  SELECT k, with_refused, count(*) AS n, sum(v * w) / nullif(sum(w), 0) AS mean_ms,
+         [min(v) FILTER (WHERE cw >= 0.5 * tw), min(v) FILTER (WHERE cw >= 0.9 * tw),
+          min(v) FILTER (WHERE cw >= 0.99 * tw)] AS q
+  FROM cum GROUP BY k, with_refused
+), refused_n AS (
+  SELECT k, count(*) AS n_refused FROM per_request WHERE refused AND v IS NOT NULL GROUP BY k
+), weighted AS (  -- a row whose every sample is refused keeps its count of them
+  SELECT k, coalesce(w.n, 0), w.mean_ms, w.q, coalesce(r.n_refused, 0)
+  FROM (SELECT * FROM weighted_both WHERE NOT with_refused) w FULL JOIN refused_n r USING (k)
+  WHERE k IN (7, 10, 12, 16)
+), stats AS (
+  SELECT * FROM plain UNION ALL SELECT * FROM weighted
+), stats_all AS (
+  SELECT * FROM plain_all UNION ALL SELECT k, mean_ms, q FROM weighted_both WHERE with_refused
+), defs(k, ord, metric, tool, definition, weighting, percentiles, ledger_column) AS (VALUES
+  (1, 1, 'TTFT', 'inferledger', 'sent → first chunk with content, reasoning or a tool call', 'request', 'linear', 'request_metrics.ttft_client_ms'),
+  (2, 2, 'TTFT', 'vLLM bench', 'sent → first chunk with choices (the role chunk counts)', 'request', 'linear', NULL),
+  (11, 3, 'TTFT', 'AIPerf', 'request start → first non-empty content response', 'request', 'linear', NULL),
+  (12, 4, 'TTFT', 'GuideLLM', 'request start → first token iteration', 'request', 'cumulative weight', NULL),
+  (3, 5, 'TTFT', 'MLPerf-style', 'planned send → first content chunk (includes the client''s issue delay)', 'request', 'linear', NULL),
+  (4, 6, 'ITL', 'inferledger', 'gap between consecutive output-bearing chunks, pooled', 'gap', 'linear', 'itl.gap_ms (client)'),
+  (5, 7, 'ITL', 'vLLM bench', 'gap between consecutive chunks with choices, pooled (a chunk is not a token)', 'gap', 'linear', NULL),
+  (6, 8, 'ITL', 'AIPerf', '(last content − first content) / (tokens − 1) per request', 'request', 'linear', NULL),
+  (7, 9, 'ITL', 'GuideLLM', '(last content − first content) / (tokens − 1) per request', 'token (tokens − 1)', 'cumulative weight', NULL),
+  (8, 10, 'TPOT', 'inferledger', '(done − first content) / (tokens − 1) per request', 'request', 'linear', 'request_metrics.tpot_ms'),
+  (9, 11, 'TPOT', 'vLLM bench', '(last chunk with choices − first chunk with choices) / (tokens − 1) per request', 'request', 'linear', NULL),
+  (10, 12, 'TPOT', 'GuideLLM', '(last content − sent) / tokens per request: includes the TTFT', 'token', 'cumulative weight', NULL),
+  (13, 13, 'E2E', 'inferledger', 'sent → done (the stream''s end)', 'request', 'linear', 'request_metrics.e2e_client_ms'),
+  (14, 14, 'E2E', 'vLLM bench', 'sent → last chunk with choices (the usage chunk does not count)', 'request', 'linear', NULL),
+  (15, 15, 'E2E', 'AIPerf', 'request start → last content response', 'request', 'linear', NULL),
+  (16, 16, 'E2E', 'GuideLLM', 'request start → request end', 'request', 'cumulative weight', NULL)
+)
+SELECT getvariable('run_id') AS run_id, d.metric, d.tool, d.definition, d.weighting, d.percentiles,
+       coalesce(s.n, 0)::BIGINT AS n, s.mean_ms, s.q[1] AS p50_ms, s.q[2] AS p90_ms, s.q[3] AS p99_ms,
+       d.ledger_column, coalesce(s.n_refused, 0)::BIGINT AS n_refused,
+       CASE WHEN s.n_refused > 0 THEN sa.mean_ms END AS mean_incl_refused_ms,
+       CASE WHEN s.n_refused > 0 THEN sa.q[1] END AS p50_incl_refused_ms,
+       CASE WHEN s.n_refused > 0 THEN sa.q[2] END AS p90_incl_refused_ms,
+       CASE WHEN s.n_refused > 0 THEN sa.q[3] END AS p99_incl_refused_ms
+FROM defs d LEFT JOIN stats s USING (k) LEFT JOIN stats_all sa USING (k)
+ORDER BY d.ord;

@@ -1,0 +1,82 @@
+-- Reconciliation, one row per run: what was created, sent, received, completed, cancelled, timed out,
+-- rejected, errored, unterminated; ghost load; attempts per request against the retry formula
+-- (docs/LEDGER.md "reconciliation").
+--
+-- reads: attempts, marks, contracts, ghost, kv_holds, run_metrics, step_attribution, steps
+-- creates: reconciliation
+
+-- @table reconciliation: one row per run: the attempts counted at each layer, ghost load and the retry
+--   check (docs/LEDGER.md "reconciliation")
+-- @column created: attempts with an attempt.created event
+-- @column sent: attempts with an attempt.sent event
+-- @column received: attempts the server saw (server.received or engine.enqueued)
+-- @column completed: client_status completed (NULL without client events, as the next four)
+-- @column cancelled: client_status cancelled
+-- @column timed_out: client_status timeout
+-- @column rejected: server_status rejected
+-- @column errored: client_status error
+-- @column unterminated: attempts unterminated at the client or the server
+-- @column server_completed: server_status completed
+-- @column server_cancelled: server_status cancelled
+-- @column ghost_attempts: attempts whose client timed out, cancelled or failed while the server went on
+-- @column ghost_ms: Σ (server end − the client's terminal event), by the clock rule
+-- @column ghost_tokens: engine tokens committed after the client gave up
+-- @column ghost_kv_gib_s: the KV GiB·s those attempts held after the give-up (NULL without the block size)
+-- @column attempts_per_request: mean attempts per request
+-- @column calls_per_task: mean attempts (model calls) per task
+-- @column p_fail: the measured probability that an attempt does not complete at the client
+-- @column max_retries: the contracts' largest max_attempts − 1 (NULL when no contract limits it)
+-- @column expected_attempts_per_request: the retry formula (1 − p^(r+1)) / (1 − p) with p = p_fail,
+--   r = max_retries
+-- @column ghost_energy_j: the window energy charged to ghost attempts by their step-time shares in steps
+--   that started after the give-up; NULL when the window's energy is unknown
+CREATE OR REPLACE TABLE reconciliation AS
+WITH p AS (  -- client counts: unknown (NULL) without client events, a count otherwise
+  SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_status IS NOT NULL) AS n,
+         count(*) FILTER (WHERE client_status = 'cancelled') AS n_cancelled,
+         count(*) FILTER (WHERE client_status = 'timeout') AS n_timed_out,
+         count(*) FILTER (WHERE client_status = 'error') AS n_errored
+  FROM attempts
+), per_request AS (
+  SELECT request_id, count(*) AS n_attempts FROM attempts WHERE request_id IS NOT NULL GROUP BY request_id
+), per_task AS (
+  SELECT task_id, count(*) AS n_calls FROM attempts WHERE task_id IS NOT NULL GROUP BY task_id
+), retries AS (
+  SELECT max(max_attempts) - 1 AS r FROM contracts
+), ghost_steps AS (  -- step time charged to ghost attempts in steps that started after their client gave up
+  SELECT sum(sa.share_ms) AS ms FROM step_attribution sa JOIN ghost g USING (attempt_id)
+  JOIN steps st USING (step_id) WHERE st.start_ns >= g.gave_up_ns
+), all_steps AS (SELECT sum(share_ms) AS ms FROM step_attribution)
+SELECT getvariable('run_id') AS run_id,
+  (SELECT count(*) FROM marks WHERE created IS NOT NULL) AS created,
+  (SELECT count(*) FROM marks WHERE sent IS NOT NULL) AS sent,
+  (SELECT count(*) FROM marks WHERE received IS NOT NULL OR enqueued IS NOT NULL) AS received,
+  CASE WHEN p.n > 0 THEN p.ok END AS completed,
+  CASE WHEN p.n > 0 THEN p.n_cancelled END AS cancelled,
+  CASE WHEN p.n > 0 THEN p.n_timed_out END AS timed_out,
+  (SELECT count(*) FROM attempts WHERE server_status = 'rejected') AS rejected,
+  CASE WHEN p.n > 0 THEN p.n_errored END AS errored,
+  (SELECT count(*) FROM attempts WHERE client_status = 'unterminated' OR server_status = 'unterminated') AS unterminated,
+  (SELECT count(*) FROM attempts WHERE server_status = 'completed') AS server_completed,
+  (SELECT count(*) FROM attempts WHERE server_status = 'cancelled') AS server_cancelled,
+  -- ghost load needs the client's give-up time: unknown without client events, a known 0 without ghosts
+  CASE WHEN p.n > 0 THEN (SELECT count(*) FROM ghost) END AS ghost_attempts,
+  CASE WHEN p.n > 0 THEN (SELECT CASE WHEN count(*) = 0 THEN 0 ELSE sum(ghost_ms) END FROM ghost) END AS ghost_ms,
+  CASE WHEN p.n > 0 THEN (SELECT CASE WHEN count(*) = 0 THEN 0 ELSE sum(ghost_tokens) END FROM ghost) END AS ghost_tokens,
+  (SELECT sum(greatest(0, (least(h.end_ns, a.server_end_ns) - greatest(h.start_ns, g.gave_up_ns)))) / 1e9
+          * getvariable('kv_block_bytes') / 2^30
+   FROM kv_holds h JOIN ghost g USING (attempt_id) JOIN attempts a USING (attempt_id)) AS ghost_kv_gib_s,
+  (SELECT avg(n_attempts) FROM per_request) AS attempts_per_request,
+  (SELECT avg(n_calls) FROM per_task) AS calls_per_task,
+  -- the measured probability that an attempt does not complete, and the retry formula's E[N]
+  CASE WHEN p.n > 0 THEN 1 - p.ok / p.n END AS p_fail,
+  (SELECT r FROM retries) AS max_retries,
+  CASE WHEN p.n = 0 OR (SELECT r FROM retries) IS NULL THEN NULL
+       WHEN p.ok = p.n THEN 1.0
+       WHEN p.ok = 0 THEN (SELECT r FROM retries) + 1.0
+       ELSE (1 - pow(1 - p.ok / p.n, (SELECT r FROM retries) + 1)) / (p.ok / p.n) END AS expected_attempts_per_request,
+  -- ghost joules: the window energy charged to ghost attempts by their step-time shares after the
+  -- give-up; NULL when the window's energy is unknown
+  (coalesce(m.energy_gpu_j, 0) + coalesce(m.energy_cpu_j, 0)) * coalesce(gs.ms, 0) / nullif(al.ms, 0)
+    * CASE WHEN coalesce(m.energy_gpu_j, m.energy_cpu_j) IS NULL THEN NULL ELSE 1 END AS ghost_energy_j
+FROM p, run_metrics m, ghost_steps gs, all_steps al;

@@ -1,0 +1,148 @@
+-- The run's figures over its observation window: goodput beside completed throughput, token
+-- throughput, Little's law, energy and its cost per good result (docs/LEDGER.md "run_metrics").
+-- A run without client events has no client-side count: its client figures are NULL (one run gap in
+-- the register), not 0. Every rate divides by t_obs_s through nullif: a zero-length window is unknown.
+--
+-- reads: window_bounds, request_metrics, attempts, marks, ev, steps, window_energy, power_check,
+--        kv_integral, step_attribution, sum_if_known
+-- creates: run_metrics
+-- @table run_metrics: one row per run: its figures over the observation window (docs/LEDGER.md
+--   "run_metrics")
+-- @column t_obs_s: the observation window's length, s, on one clock (NULL when a point cannot be placed)
+-- @column window: which events bound the window (client terminals, else server ends; engine-only runs)
+-- @column n_good: attempts whose good is true; NULL without client events
+-- @column n_completed: attempts the client saw complete; NULL without client events
+-- @column n_unjudged: attempts whose good is unknown
+-- @column goodput_rps: n_good / t_obs_s
+-- @column vllm_goodput_rps: completed requests within slo_ttft_ms / slo_tpot_ms / slo_e2e_ms (TPOT 0
+--   with ≤ 1 token) per second of the window; NULL without thresholds
+-- @column slo_ttft_ms: the TTFT threshold declared in the manifest's slo (or the workload's [slo])
+-- @column slo_tpot_ms: the TPOT threshold declared likewise
+-- @column slo_e2e_ms: the E2E threshold declared likewise
+-- @column completed_rps: n_completed / t_obs_s
+-- @column output_tokens: Σ n_output_tokens over the attempts the client saw complete; NULL when one is unknown
+-- @column output_tok_s: output_tokens / t_obs_s
+-- @column prompt_tokens: Σ prompt tokens over those attempts (engine.enqueued values, else the usage
+--   the client received)
+-- @column prompt_tokens_cached: Σ engine.prefill attrs.cached_tokens over those attempts
+-- @column prefill_tokens_computed: Σ engine.prefill values (recomputation after preemption included)
+-- @column total_tok_s: (prompt + output tokens) / t_obs_s: the peers' total token throughput (cached
+--   prompt tokens counted as if computed)
+-- @column computed_tok_s: (prefill tokens computed + output tokens) / t_obs_s: the work the engine did
+-- @column mean_in_system: Σ client_span_ms / t_obs_s, the time-averaged attempts in the client's system
+-- @column arrival_rps: attempts with a client span per second of the window (Little's law: arrival_rps
+--   × mean_time_in_system_s against mean_in_system)
+-- @column mean_time_in_system_s: mean client_span_ms, s
+-- @column planned_arrivals: tasks with an arrival.planned event
+-- @column engine_busy_s: Σ engine step time (step.start → step.end), s
+-- @column engine_s_per_good: engine_busy_s / n_good
+-- @column energy_gpu_j: GPU energy in the window from the NVML counters, J (docs/ENERGY.md); NULL
+--   without them
+-- @column energy_cpu_j: CPU package energy in the window from the RAPL counters (psys never added), J
+-- @column energy_dram_j: DRAM energy in the window from the RAPL counters, J
+-- @column idle_gpu_j: the GPU's idle term: mean power before the window × the time the window energy
+--   covers, J (a term of its own, not subtracted)
+-- @column idle_cpu_j: the CPU package's idle term, likewise
+-- @column gpu_power_integrated_j: the instant GPU power integrated over the window (trapezoid), J: a
+--   cross-check of energy_gpu_j
+-- @column gpu_window_short: the GPU window is shorter than the NVML counter's ~100 ms update period
+-- @column energy_scope: which energies energy_per_good_j adds: gpu+cpu_package, gpu or cpu_package
+-- @column energy_per_good_j: (GPU + CPU package energy, whichever are known) / n_good, J
+-- @column energy_gpu_per_good_j: energy_gpu_j / n_good
+-- @column energy_cpu_per_good_j: energy_cpu_j / n_good
+-- @column gpu_s_per_good: Σ device.step time / n_good, s (NULL without a device clock)
+-- @column kv_gib_s: Σ accounts.kv_gib_s, the physical KV holding of the run, GiB·s
+-- @column attributed_step_ms: Σ step_attribution.share_ms (equals attributed_steps_total_ms: the
+--   conservation check)
+-- @column attributed_steps_total_ms: Σ step_ms of the steps step_attribution shares
+-- @column window_clock: the clock the window lives on: the one most of its start events use
+-- @column window_start_ns: the window's start (the first planned arrival or client event; the first
+--   engine.enqueued of an engine-only run), ns on window_clock, every point converted by the clock rule
+-- @column window_end_ns: the window's end (the last client terminal, else the last server end), ns on
+--   window_clock; t_obs_s = (window_end_ns − window_start_ns) / 1e9
+CREATE OR REPLACE TABLE run_metrics AS
+WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), counts AS (
+  SELECT CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE good) END AS n_good,
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE client_status = 'completed') END AS n_completed,
+         count(*) FILTER (WHERE good IS NULL) AS n_unjudged
+  FROM request_metrics JOIN attempts USING (attempt_id)
+), little AS (
+  SELECT CASE WHEN (SELECT has_client FROM window_bounds) THEN sum(client_span_ms) / 1e3 END AS busy_s,
+         avg(client_span_ms) / 1e3 AS w_s,
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) END AS n
+  FROM request_metrics WHERE client_span_ms IS NOT NULL
+), arrivals AS (
+  SELECT count(DISTINCT task_id) AS n FROM ev WHERE name = 'arrival.planned'
+), engine AS (
+  SELECT sum(step_ms) / 1e3 AS busy_s FROM steps
+), tok AS (
+  -- token throughput over the attempts the client saw complete (the peers' denominator); a sum over
+  -- attempts of which any count is unknown is unknown
+  -- (no completed attempt is a known 0 only where the client was watched)
+  SELECT CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(a.n_output_tokens, a.n_output_tokens)
+              END AS output_tokens,
+         -- prompt tokens: the engine's count, else the usage the client received (a black-box run)
+         CASE WHEN (SELECT has_client FROM window_bounds)
+              THEN sum_if_known(coalesce(p.prompt, m.n_prompt_usage), coalesce(p.prompt, m.n_prompt_usage)) END AS prompt_tokens,
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(p.prompt, coalesce(p.cached, 0))
+              END AS prompt_tokens_cached,
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(p.prompt, coalesce(p.computed, 0))
+              END AS prefill_tokens_computed,
+         count(*) AS n
+  FROM attempts a JOIN marks m USING (attempt_id) LEFT JOIN (
+    SELECT attempt_id, max(value) FILTER (WHERE name = 'engine.enqueued') AS prompt,
+           sum(TRY_CAST(json_extract_string(attrs, '$.cached_tokens') AS BIGINT)) FILTER (WHERE name = 'engine.prefill') AS cached,
+           sum(value) FILTER (WHERE name = 'engine.prefill') AS computed
+    FROM ev WHERE name IN ('engine.enqueued', 'engine.prefill') GROUP BY attempt_id) p USING (attempt_id)
+  WHERE a.client_status = 'completed'
+)
+SELECT getvariable('run_id') AS run_id,
+  (win.t1 - win.t0) / 1e9 AS t_obs_s, win.label AS window,
+  counts.n_good, counts.n_completed, counts.n_unjudged,
+  counts.n_good / win.t_div AS goodput_rps,
+  -- the vLLM-bench variant: completed requests within TTFT / TPOT / E2E thresholds (TPOT 0 when n <= 1)
+  CASE WHEN coalesce(getvariable('slo_ttft_ms'), getvariable('slo_tpot_ms'), getvariable('slo_e2e_ms')) IS NOT NULL THEN
+    (SELECT count(*) FROM request_metrics r JOIN attempts a USING (attempt_id)
+     WHERE a.client_status = 'completed'
+       AND (getvariable('slo_ttft_ms') IS NULL OR r.ttft_client_ms <= getvariable('slo_ttft_ms'))
+       AND (getvariable('slo_tpot_ms') IS NULL OR coalesce(r.tpot_ms, 0) <= getvariable('slo_tpot_ms'))
+       AND (getvariable('slo_e2e_ms') IS NULL OR r.e2e_client_ms <= getvariable('slo_e2e_ms')))
+    / win.t_div END AS vllm_goodput_rps,
+  getvariable('slo_ttft_ms') AS slo_ttft_ms, getvariable('slo_tpot_ms') AS slo_tpot_ms,
+  getvariable('slo_e2e_ms') AS slo_e2e_ms,
+  counts.n_completed / win.t_div AS completed_rps,
+  tok.output_tokens::BIGINT AS output_tokens, tok.output_tokens / win.t_div AS output_tok_s,
+  tok.prompt_tokens::BIGINT AS prompt_tokens, tok.prompt_tokens_cached::BIGINT AS prompt_tokens_cached,
+  tok.prefill_tokens_computed::BIGINT AS prefill_tokens_computed,
+  -- the peers' "total token throughput" counts every prompt token, cached or not; computed_tok_s counts
+  -- what the engine computed (prefill chunks, recomputation included, and output tokens)
+  (tok.prompt_tokens + tok.output_tokens) / win.t_div AS total_tok_s,
+  (tok.prefill_tokens_computed + tok.output_tokens) / win.t_div AS computed_tok_s,
+  -- Little's law: mean number in system (time-averaged) against arrival rate × mean time in system
+  little.busy_s / win.t_div AS mean_in_system,
+  little.n / win.t_div AS arrival_rps,
+  little.w_s AS mean_time_in_system_s,
+  arrivals.n AS planned_arrivals,
+  engine.busy_s AS engine_busy_s,
+  CASE WHEN counts.n_good > 0 THEN engine.busy_s / counts.n_good END AS engine_s_per_good,
+  gpu.energy_j AS energy_gpu_j, cpu.energy_j AS energy_cpu_j, dram.energy_j AS energy_dram_j,
+  gpu.idle_w * gpu.covered_ns / 1e9 AS idle_gpu_j, cpu.idle_w * cpu.covered_ns / 1e9 AS idle_cpu_j,
+  (SELECT gpu_power_integrated_j FROM power_check) AS gpu_power_integrated_j,
+  gpu.covered_ns < 100e6 AS gpu_window_short,  -- shorter than the NVML counter's ~100 ms update period
+  CASE WHEN gpu.energy_j IS NULL AND cpu.energy_j IS NULL THEN NULL
+       WHEN gpu.energy_j IS NOT NULL AND cpu.energy_j IS NOT NULL THEN 'gpu+cpu_package'
+       WHEN gpu.energy_j IS NOT NULL THEN 'gpu' ELSE 'cpu_package' END AS energy_scope,
+  CASE WHEN counts.n_good > 0 AND coalesce(gpu.energy_j, cpu.energy_j) IS NOT NULL
+       THEN (coalesce(gpu.energy_j, 0) + coalesce(cpu.energy_j, 0)) / counts.n_good END AS energy_per_good_j,
+  CASE WHEN counts.n_good > 0 THEN gpu.energy_j / counts.n_good END AS energy_gpu_per_good_j,
+  CASE WHEN counts.n_good > 0 THEN cpu.energy_j / counts.n_good END AS energy_cpu_per_good_j,
+  CASE WHEN counts.n_good > 0 THEN (SELECT sum(value) / 1e3 FROM ev WHERE name = 'device.step') / counts.n_good
+       END AS gpu_s_per_good,
+  (SELECT sum(kv_gib_s) FROM kv_integral) AS kv_gib_s,
+  (SELECT sum(share_ms) FROM step_attribution) AS attributed_step_ms,
+  (SELECT sum(step_ms) FROM steps WHERE step_id IN (SELECT step_id FROM step_attribution)) AS attributed_steps_total_ms,
+  win.clock AS window_clock, win.t0 AS window_start_ns, win.t1 AS window_end_ns
+FROM win, counts, little, arrivals, engine, tok
+LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'gpu_energy_mj' AND NOT invalid) gpu ON true
+LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_package_energy_uj' AND NOT invalid) cpu ON true
+LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_dram_energy_uj' AND NOT invalid) dram ON true;

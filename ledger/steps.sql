@@ -1,0 +1,32 @@
+-- Step attribution: each engine step's time is charged to the attempts in its batch in proportion to
+-- the tokens each processed in that step (policy 'by_tokens'); shares add up to the step's time
+-- (docs/LEDGER.md "step_attribution").
+--
+-- reads: ev
+-- creates: steps, step_attribution
+CREATE OR REPLACE TEMP TABLE steps AS
+SELECT s.step_id, s.ts_ns AS start_ns, e.ts_ns AS end_ns, (e.ts_ns - s.ts_ns) / 1e6 AS step_ms, s.attrs AS start_attrs
+FROM ev s JOIN ev e ON e.step_id = s.step_id AND e.name = 'step.end' AND e.clock = s.clock
+WHERE s.name = 'step.start';
+
+-- @table step_attribution: one row per engine step × attempt in its batch (docs/LEDGER.md
+--   "step_attribution")
+-- @column step_id: the engine step
+-- @column kind: what the attempt did in the step (prefill, decode, ...: step.start attrs.batch)
+-- @column tokens: the tokens it processed in the step
+-- @column step_ms: step.end − step.start
+-- @column share_ms: step_ms × its tokens / the step's tokens (NULL when the batch lists 0 tokens)
+-- @column policy: how the step was shared: by_tokens
+CREATE OR REPLACE TABLE step_attribution AS
+WITH items AS (
+  SELECT st.step_id, st.step_ms, unnest(from_json(json_extract(st.start_attrs, '$.batch'), '[["JSON"]]')) AS item
+  FROM steps st WHERE json_extract(st.start_attrs, '$.batch') IS NOT NULL
+), parsed AS (
+  SELECT step_id, step_ms, json_extract_string(item[1], '$') AS attempt_id, json_extract_string(item[2], '$') AS kind,
+         TRY_CAST(json_extract_string(item[3], '$') AS DOUBLE) AS tokens
+  FROM items
+)
+SELECT getvariable('run_id') AS run_id, step_id, attempt_id, kind, tokens, step_ms,
+       step_ms * tokens / nullif(sum(tokens) OVER (PARTITION BY step_id), 0) AS share_ms, 'by_tokens' AS policy
+FROM parsed
+ORDER BY step_id, attempt_id;

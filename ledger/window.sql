@@ -1,0 +1,39 @@
+-- The run's observation window, on ONE clock: from the first planned arrival or client event to the
+-- last client terminal event (else the last server end); an engine-only run uses the first
+-- engine.enqueued instead. The window's clock is the one most of its start events use; every other
+-- point is converted by the clock rule, or left out with a gap (never compared across clocks raw).
+--
+-- reads: attempt_ids, ev, marks, clock_conv
+-- creates: window_points, window_bounds
+CREATE OR REPLACE TEMP TABLE window_points AS
+WITH client AS (  -- with client events the window opens at a client start, or is unknown
+  SELECT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
+         OR EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')) AS yes,
+         EXISTS (SELECT 1 FROM marks WHERE client_end IS NOT NULL) AS ended
+), pts AS (
+  SELECT 'start' AS side, ts_ns, clock, event_id FROM ev
+  WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')
+  UNION ALL SELECT 'start', enqueued.ns, enqueued.clock, enqueued.eid FROM marks
+  WHERE enqueued IS NOT NULL AND NOT (SELECT yes FROM client)
+  UNION ALL SELECT 'end', client_end.ns, client_end.clock, client_end.eid FROM marks WHERE client_end IS NOT NULL
+  UNION ALL SELECT 'end', server_end.ns, server_end.clock, server_end.eid FROM marks
+  WHERE server_end IS NOT NULL AND NOT (SELECT ended FROM client)
+), ref AS (
+  SELECT clock FROM pts WHERE side = 'start' GROUP BY clock ORDER BY count(*) DESC, clock LIMIT 1
+)
+SELECT p.side, p.ts_ns, p.clock, p.event_id, ref.clock AS ref_clock, p.ts_ns + c.offset_ns AS t,
+       c.from_clock IS NULL AS dropped
+FROM pts p CROSS JOIN ref LEFT JOIN clock_conv c ON c.from_clock = p.clock AND c.to_clock = ref.clock;
+
+CREATE OR REPLACE TEMP TABLE window_bounds AS
+-- a point left out could be the first start or the last end: the window is then unknown, not shorter
+SELECT (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE min(t) END FROM window_points WHERE side = 'start') AS t0,
+       (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE max(t) END FROM window_points WHERE side = 'end') AS t1,
+       (SELECT any_value(ref_clock) FROM window_points) AS clock,
+       CASE WHEN NOT EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent'))
+                 AND NOT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
+            THEN 'first engine.enqueued → last server end (no client events)'
+            WHEN NOT EXISTS (SELECT 1 FROM marks WHERE client_end IS NOT NULL)
+            THEN 'first arrival or client event → last server end (no client terminal event)'
+            ELSE 'first arrival or client event → last client terminal' END AS label,
+       EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0) AS has_client;

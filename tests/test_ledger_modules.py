@@ -1,0 +1,92 @@
+"""The ledger's stages are declared modules: each says what it reads and creates, the order is derived
+from that, and declarations that do not hold together are refused naming the module."""
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+
+from inferledger.ledger.modules import Module, ModuleError, check, ledger_modules, sql_module
+from inferledger.ledger.reconstruct import PUBLIC_TABLES
+
+
+def _sql(name: str, reads: str, creates: str, body: str) -> Module:
+    return sql_module(name, f"-- {name}\n--\n-- reads: {reads}\n-- creates: {creates}\n\n{body}")
+
+
+def test_every_table_of_the_ledger_is_created_by_one_statement_in_one_file():
+    created: dict[str, list[str]] = {}
+    for f in resources.files("inferledger.ledger").iterdir():
+        if f.name.endswith(".sql"):
+            for table in re.findall(r"CREATE OR REPLACE (?:TEMP )?TABLE (\w+)", f.read_text()):
+                created.setdefault(table, []).append(f.name)
+    twice = {t: files for t, files in created.items() if len(files) > 1}
+    assert twice == {}
+    assert created["accounts"] == ["accounts.sql"] and created["reconciliation"] == ["reconciliation.sql"]
+    for f in resources.files("inferledger.ledger").iterdir():  # and no module alters a table afterwards
+        if f.name.endswith(".sql"):
+            assert not re.search(r"\b(ALTER TABLE|INSERT INTO|UPDATE|DELETE FROM)\b", f.read_text()), f.name
+
+
+def test_the_order_runs_every_creator_before_its_readers():
+    order = ledger_modules()
+    position = {name: i for i, m in enumerate(order) for name in m.creates}
+    for i, m in enumerate(order):
+        for name in m.reads:
+            assert position[name] < i, (m.source, name)
+    assert {m.name for m in order} >= {"load", "critical_path", "marks", "gaps"}
+    assert len(PUBLIC_TABLES) == len(set(PUBLIC_TABLES)) and {"accounts", "gaps", "critical_path"} <= set(PUBLIC_TABLES)
+
+
+def test_the_order_follows_the_declarations_not_the_file_names():
+    a = _sql("a_late", "zz_first_made", "late", "CREATE OR REPLACE TABLE late AS SELECT * FROM zz_first_made;")
+    z = _sql("zz_first", "", "zz_first_made", "CREATE OR REPLACE TEMP TABLE zz_first_made AS SELECT 1 AS x;")
+    assert [m.name for m in check([a, z])] == ["zz_first", "a_late"]
+    assert a.public == ("late",) and z.public == ()
+
+
+def test_a_table_created_by_two_modules_is_refused_naming_both():
+    a = _sql("one", "", "t", "CREATE OR REPLACE TABLE t AS SELECT 1;")
+    b = _sql("two", "", "t", "CREATE OR REPLACE TABLE t AS SELECT 2;")
+    with pytest.raises(ModuleError, match=r"t is created by two ledger modules, one.sql and two.sql"):
+        check([a, b])
+
+
+def test_an_undeclared_read_is_refused_naming_the_module():
+    a = _sql("maker", "", "made", "CREATE OR REPLACE TEMP TABLE made AS SELECT 1 AS x;")
+    b = _sql("user", "", "used", "CREATE OR REPLACE TABLE used AS SELECT x FROM made;")
+    with pytest.raises(ModuleError, match=r"user.sql reads made without declaring it \(created by maker.sql\)"):
+        check([a, b])
+
+
+def test_a_read_nobody_creates_or_never_used_is_refused():
+    a = _sql("a", "ghost_table", "x", "CREATE OR REPLACE TABLE x AS SELECT * FROM ghost_table;")
+    with pytest.raises(ModuleError, match="a.sql reads ghost_table, which no module creates"):
+        check([a])
+    m = _sql("m", "", "made", "CREATE OR REPLACE TEMP TABLE made AS SELECT 1 AS x;")
+    b = _sql("b", "made", "y", "CREATE OR REPLACE TABLE y AS SELECT 1 AS x;")
+    with pytest.raises(ModuleError, match="b.sql declares a read of made but never names it"):
+        check([m, b])
+
+
+def test_a_cycle_is_refused_naming_its_modules():
+    a = _sql("a", "y", "x", "CREATE OR REPLACE TEMP TABLE x AS SELECT * FROM y;")
+    b = _sql("b", "x", "y", "CREATE OR REPLACE TEMP TABLE y AS SELECT * FROM x;")
+    with pytest.raises(ModuleError, match=r"cycle: (a -> b -> a|b -> a -> b)"):
+        check([a, b])
+
+
+def test_statements_must_create_what_the_header_declares_and_change_nothing_else():
+    with pytest.raises(ModuleError, match=r"s.sql declares creates: x but its statements create x, extra"):
+        _sql("s", "", "x", "CREATE OR REPLACE TABLE x AS SELECT 1; CREATE OR REPLACE TEMP TABLE extra AS SELECT 2;")
+    with pytest.raises(ModuleError, match=r"s.sql changes other_table, a table it does not create"):
+        _sql("s", "other_table", "x", "CREATE OR REPLACE TABLE x AS SELECT 1; "
+                                       "ALTER TABLE other_table ADD COLUMN c INTEGER;")
+
+
+def test_names_in_comments_and_strings_are_not_reads():
+    a = _sql("maker", "", "made", "CREATE OR REPLACE TEMP TABLE made AS SELECT 1 AS x;")
+    b = _sql("user", "", "used", "-- made is mentioned here only\n"
+                                 "CREATE OR REPLACE TABLE used AS SELECT 'made' AS what, m.made AS f FROM (SELECT 1) m;")
+    assert [m.name for m in check([a, b])] == ["maker", "user"]
