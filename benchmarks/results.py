@@ -37,7 +37,7 @@ CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
              "amx_tile", "amx_bf16", "amx_int8")
 LIBRARIES = ("torch", "duckdb", "numpy", "pyarrow", "pandas", "transformers")
 # a float figure's name ends in its unit; "_ratio" and "_share" for the unitless ones
-UNIT_SUFFIXES = ("_ns", "_us", "_ms", "_s", "_j", "_w", "_kib", "_mib", "_gib", "_mb", "_gb", "_bytes",
+UNIT_SUFFIXES = ("_ns", "_us", "_ms", "_s", "_j", "_w", "_kib", "_mib", "_gib", "_mb", "_gb", "_bytes", "_tokens",
                  "_tok_s", "_per_s", "_gib_s", "_gb_s", "_ratio", "_share", "_pct")
 # the environment that changes the figures (threads, OpenMP waiting, dtype), recorded when set
 ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "INFERLEDGER_DTYPE", "INFERLEDGER_MODEL",

@@ -152,3 +152,51 @@ def test_a_second_table_of_the_same_run_in_a_section_only_names_its_file_and_a_n
     heads = [line for line in render.render_doc(doc, [r]).splitlines() if line.startswith("*")]
     assert [h[:20] for h in heads] == ["*From `benchmarks/re", "*Same run: `benchmar", "*From `benchmarks/re"]
     assert heads[1] == "*Same run: `benchmarks/results/parts_compaction-20261201T210007Z-a51c9bb.json`.*"
+
+
+def test_the_engine_against_vllm_run_keeps_its_rows_with_units_and_renders_its_ratios_per_round():
+    import argparse
+    import importlib.util
+
+    import results
+
+    spec = importlib.util.spec_from_file_location("engine_vs_vllm", ROOT / "benchmarks" / "engine_vs_vllm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(rnd, server, client, c, tok_s, tpot_p50, load="2.88 3.01 3.2"):
+        return {"round": rnd, "server": server, "client": client, "concurrency": c, "prompts": 4, "load_before": load,
+                "tok_s": tok_s, "ttft_p50": 277.4, "ttft_p99": 303.0, "tpot_p50": tpot_p50, "tpot_p99": 68.0,
+                "completed": 4, "input_tokens_client": 256, "prompt_tokens_server": 320.0,
+                "prompt_tokens_per_request_server": 64.0}
+    bench = "vllm bench serve"
+    rows = [row(1, "ours", bench, 1, 3.0, 322.0), row(1, "vllm", bench, 1, 7.5, 74.0),
+            row(2, "ours", bench, 1, 14.7, 65.0), row(2, "vllm", bench, 1, 12.8, 53.0)]
+
+    class Server:
+        def __init__(self, name):
+            self.name = name
+
+        def manifest(self):
+            return {"dtype": "bf16"}
+    args = argparse.Namespace(concurrency=[1], capture_concurrency=[], rounds=2)
+    figures = mod.figures(rows, [Server("ours"), Server("vllm")], args)
+    results.check_figures(figures)
+    assert figures["rows"][0] == {"round": 1, "server": "ours", "client": bench, "concurrency": 1, "prompts": 4,
+                                  "tok_s": 3.0, "ttft_p50_ms": 277.4, "ttft_p99_ms": 303.0, "tpot_p50_ms": 322.0,
+                                  "tpot_p99_ms": 68.0, "completed": 4, "input_tokens_client": 256, "load_1m_before": 2.88,
+                                  "prompt_tokens_server": 320, "prompt_per_request_server_tokens": 64.0}
+    assert figures["ratios"] == [{"client": bench, "concurrency": 1, "ours_over_vllm_tok_s_ratio": [0.4, 1.1484],
+                                  "vllm_over_ours_tpot_p50_ratio": [0.2298, 0.8154]}]
+    out = render.render_table("engine_vs_vllm", [result("engine_vs_vllm", "2026-12-01T21:00:00Z", figures)])
+    assert out.splitlines()[2:] == [
+        "| round | server | client | c | tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | load (1 min) before |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| 1 | ours | vllm bench serve | 1 | 3.0 | 277 / 303 | 322 / 68 | 2.88 |",
+        "| 1 | vllm | vllm bench serve | 1 | 7.5 | 277 / 303 | 74 / 68 | 2.88 |",
+        "| 2 | ours | vllm bench serve | 1 | 14.7 | 277 / 303 | 65 / 68 | 2.88 |",
+        "| 2 | vllm | vllm bench serve | 1 | 12.8 | 277 / 303 | 53 / 68 | 2.88 |",
+        "",
+        "| client | c | ours / vLLM tok/s, per round | vLLM / ours TPOT p50, per round |",
+        "| --- | --- | --- | --- |",
+        "| vllm bench serve | 1 | 0.40, 1.15 | 0.23, 0.82 |"]
