@@ -27,6 +27,12 @@ ifeq ($(CHROMIUM),)
 	  echo "warning: could not install chromium; the report's browser test will fail" >&2
 endif
 	$(BIN)/python -m pytest -q
+	# the tests marked `dtype` run the model at the resolved dtype ("auto" picks per CPU): once more
+	# with each dtype forced, so bf16 and fp32 both run whatever the CPU
+	INFERLEDGER_DTYPE=bfloat16 $(BIN)/python -m pytest -q -m dtype
+	INFERLEDGER_DTYPE=float32 $(BIN)/python -m pytest -q -m dtype
+	# and as on the other CPU kind: oneDNN and ATen held to AVX2, where "auto" is fp32 and bf16 emulated
+	ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 $(BIN)/python -m pytest -q -m "dtype or isa"
 
 # The cheap benchmarks (about half an hour on a shared 2-core host), each writing its results file
 # under benchmarks/results/, then docs/BENCHMARKS.md's tables drawn from them.

@@ -119,14 +119,18 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
         if wl.needs_tokenizer:  # prompts are built before anything is recorded: a bad workload leaves no run
             own = target == "embedded" and (wl.tokenizer is None or (wl.tokenizer == "bundled" and model is None))
             tokenizer = bundle.tokenizer if own else load_tokenizer(wl.tokenizer)
-        plans = wl.plan(tokenizer)
+        # the engine refuses prompt + max_tokens past its context: a trace's rows are fitted to it
+        context = min(bundle.config.max_position, (engine_config or {}).get("max_model_len") or 1 << 62) \
+            if target == "embedded" else None
+        plans = wl.plan(tokenizer, context_tokens=context)
     host = host_id()
     writer = RunWriter(out, autoflush_s=AUTOFLUSH_S)  # a kill loses at most the last 2 s
     engine_clock = mono_clock(host)
     client_clock = f"client-mono:{host}" if separate_clocks else engine_clock
     head = {"source": "inferledger capture", "state": "running",
             "target": {"kind": "embedded" if target == "embedded" else "url", "url": target},
-            "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec},
+            "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec,
+                         **({"trace": wl.trace.summary} if wl.trace else {})},
             **({"slo": wl.slo} if wl.slo else {}), "client": {"clock": client_clock},
             "host": {"name": host, "platform": platform.platform(), "python": platform.python_version()}}
     writer.write_manifest(head)  # from the first second: a killed run still says what it was
@@ -261,7 +265,8 @@ def _finish(writer, wl, plans, tokenizer, server, sampler, evidence, result, lag
         "target": {"kind": "embedded" if server else "url", "url": url},
         "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec,
                      "arrivals": wl.process, "n_tasks": wl.n_tasks, "classes": dict(classes),
-                     "requests": sum(len(p.requests) for p in plans)},
+                     "requests": sum(len(p.requests) for p in plans),
+                     **({"trace": wl.trace.summary} if wl.trace else {})},  # what was done to the trace's rows
         **({"slo": wl.slo} if wl.slo else {}),  # vLLM-style goodput thresholds (after calibration)
         "prompts": {"tokenizer": (tokenizer.hash if tokenizer is not None else None),
                     "tokenizer_source": (wl.tokenizer or ("embedded model" if server else "bundled"))

@@ -43,7 +43,9 @@ def native_bf16(flags: set[str] | None = None) -> tuple[bool, str]:
         isa = torch.backends.cpu.get_cpu_capability()
         return False, f"no native bf16 matmul on this CPU (no {' / '.join(NATIVE_BF16_FLAGS)}; torch ISA {isa}): fp32"
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return False, f"CPU has {', '.join(have)} but oneDNN's bf16 path is unavailable in this torch: fp32"
+        limit = os.environ.get("ONEDNN_MAX_CPU_ISA")
+        why = f"ONEDNN_MAX_CPU_ISA={limit} limits oneDNN" if limit else "this torch's oneDNN has no bf16 path"
+        return False, f"CPU has {', '.join(have)} but oneDNN will not use it ({why}): fp32"
     return True, f"native bf16 matmul ({', '.join(have)}): bf16"
 
 

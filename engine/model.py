@@ -1,9 +1,9 @@
 """The llama-family decoder (SmolLM2, Llama, Qwen2, Qwen3) in plain PyTorch.
 
 The model computes over a flat batch of tokens [T] with their positions; attention itself is
-delegated to an `attn` callable passed into `forward`, so the same weights run over a paged KV cache
-(engine/runner.py) or a plain contiguous sequence (`causal_attention`, used by tests). No state is
-kept between calls.
+delegated to an `attn` callable passed into `forward` (the kernels of engine/attention.py), so the
+same weights run over a paged KV cache (the runner's step) or a plain contiguous sequence
+(`causal_attention`, for `full_sequence_logits`). No state is kept between calls.
 Parameter names follow Hugging Face's llama layout (minus the leading "model."), so safetensors
 checkpoints load by name. `fuse()` (the runner calls it) then stacks each layer's q/k/v and gate/up
 weights into one contiguous matrix each: one matmul instead of three (two). The named parameters
@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import causal_attention
 from .config import ModelConfig
 
 # attn(layer_idx, q [T, H, D], k [T, KV, D], v [T, KV, D]) -> [T, H, D]
@@ -203,14 +204,6 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, d_model] -> fp32 logits [N, vocab]."""
         return self.lm_head(self.norm(hidden)).float()
-
-
-def causal_attention(layer_idx: int, q, k, v):
-    """Attention for one whole sequence held in q/k/v (no cache): the plain reference path."""
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
-    )
-    return out.transpose(0, 1)
 
 
 @torch.inference_mode()

@@ -1,4 +1,10 @@
-"""Shared fixtures. The model is loaded once per test session, never per test."""
+"""Shared fixtures. The model is loaded once per test session, never per test.
+
+Two bundles: `bundle` is fp32 whatever the CPU (the Hugging Face parity path, which exactness tests
+use); `resolved_bundle` takes the dtype this run resolves ($INFERLEDGER_DTYPE, else "auto": bf16 where
+the CPU multiplies bf16 natively, else fp32). A test that runs the model at the resolved dtype is
+marked `dtype` (tests using `resolved_bundle` are marked here); `make test` runs the marked tests once
+more with the dtype forced to bfloat16 and to float32, so both paths run on every kind of CPU."""
 from __future__ import annotations
 
 import os
@@ -22,6 +28,29 @@ def bundle():
     from inferledger.engine.loader import load_model
 
     return load_model(dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def resolved_bundle():
+    """The bundled model at the dtype this run resolves, as `serve`, `capture` and `LLM()` load it."""
+    from inferledger.engine.loader import load_model
+
+    return load_model()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "dtype: runs the model at the resolved dtype; `make test` reruns "
+                                       "these with INFERLEDGER_DTYPE=bfloat16 and =float32")
+    config.addinivalue_line("markers", "isa: the result depends on the CPU's instruction set (native or "
+                                       "emulated bf16); `make test` reruns these with oneDNN and ATen held "
+                                       "to AVX2, as on an AVX2-only CPU")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "resolved_bundle" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.dtype)
 
 
 @pytest.fixture(scope="session")

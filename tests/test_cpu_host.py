@@ -12,6 +12,7 @@ from inferledger.engine.cpu_host import native_bf16, plan_placement, resolve_dty
 from inferledger.engine.loader import ModelLoadError, load_model
 
 CPU = torch.device("cpu")
+pytestmark = pytest.mark.isa
 
 
 def test_auto_is_fp32_without_native_bf16_and_says_why():
@@ -94,3 +95,18 @@ def test_the_async_step_thread_takes_its_threads_and_pins_only_when_asked(bundle
         assert placement["pinned_cpus"] == last and placement["threads_read_back"] == len(last)
         assert step_cpus == (str(last[0]) if len(last) == 1 else f"{last[0]}-{last[-1]}")
     assert _allowed_cpus(threading.get_native_id()) == before
+
+
+def test_a_onednn_isa_limit_is_named_as_the_reason_for_fp32():
+    # oneDNN reads its ISA limit once, at start: so a fresh interpreter, with flags that would allow bf16
+    import os
+    import subprocess
+    import sys
+
+    code = ("from inferledger.engine.cpu_host import native_bf16; "
+            "ok, why = native_bf16({'avx512f', 'avx512_bf16'}); print(ok); print(why)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}).stdout
+    ok, why = out.splitlines()
+    assert ok == "False"
+    assert "ONEDNN_MAX_CPU_ISA=AVX2 limits oneDNN" in why and why.endswith(": fp32")

@@ -96,8 +96,9 @@ def test_hf_folder_round_trip_matches_transformers(tmp_path, bundle, kind):
     hf = _tiny_hf_model(kind)
     hf.save_pretrained(tmp_path)
     bundle.tokenizer.save_hf(tmp_path)
-    ours = load_model(tmp_path)
+    ours = load_model(tmp_path, dtype=torch.float32)  # an exactness check: fp32, whatever this CPU's "auto" is
     assert ours.identity["format"] == "safetensors"
+    assert next(ours.model.parameters()).dtype == torch.float32
     assert (ours.config.arch, ours.config.qkv_bias, ours.config.qk_norm) == (kind, kind == "qwen2", kind == "qwen3")
     weights = tmp_path / "model.safetensors"
     assert ours.identity["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()

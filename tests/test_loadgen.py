@@ -246,7 +246,7 @@ def test_workload_errors_name_the_key(tmp_path):
         _workload(tmp_path, arrival={"rate_rps": 1})
     with pytest.raises(ValueError, match=r"\[arrivals\]\.rate_rps: required for process = 'poisson'"):
         _workload(tmp_path, arrivals={"rate_rps": None})
-    with pytest.raises(ValueError, match=r"\[arrivals\]\.process: must be one of 'poisson', 'gamma', 'replay' or 'closed', not 'uniform'"):
+    with pytest.raises(ValueError, match=r"\[arrivals\]\.process: must be one of 'poisson', 'gamma', 'replay', 'closed' or 'trace', not 'uniform'"):
         _workload(tmp_path, arrivals={"process": "uniform"})
     with pytest.raises(ValueError, match=r"\[arrivals\]\.concurrency: required for process = 'closed'"):
         _workload(tmp_path, arrivals={"process": "closed", "rate_rps": None})

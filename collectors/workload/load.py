@@ -1,5 +1,5 @@
-"""Reading a workload: its TOML checked against the format (schema), its task set and replay file
-read, and everything the load client needs gathered in one `Workload`, with its input identity."""
+"""Reading a workload: its TOML checked against the format (schema), its task set and its replay file
+or trace read, and everything the load client needs gathered in one `Workload`, with its input identity."""
 from __future__ import annotations
 
 import hashlib
@@ -13,6 +13,7 @@ from .calibration import calibrate
 from .plans import TaskPlan, build_plans, class_sequence
 from .schema import Inject, TaskClass, parse
 from .tasks import Question, load_questions
+from .trace_plans import TraceSource
 
 
 @dataclass
@@ -48,8 +49,9 @@ class Workload:
     calibrate_tok_s: float | None = None  # [arrivals]: scale open-loop arrivals by measured/this engine speed
     slo: dict = field(default_factory=dict)  # [slo] ttft_ms / tpot_ms / e2e_ms that were declared
     tokenizer: str | None = None  # [prompt] tokenizer; None: the target's (embedded) or the bundled one
+    trace: TraceSource | None = None  # process = 'trace': the rows replayed (their arrivals and tasks)
     spec: dict = field(default_factory=dict)  # the file as parsed, for the manifest
-    sha256: str = ""  # of the workload file, its task set and replay file: the run's input identity
+    sha256: str = ""  # of the workload file, its task set, replay file or trace: the run's input identity
     path: str | None = None
 
     @classmethod
@@ -83,11 +85,16 @@ class Workload:
                 blobs.append(rpath.read_bytes())
             except OSError as exc:
                 raise ValueError(f"{where}: [arrivals].file: {rpath} cannot be read ({exc})") from exc
-        n_tasks = a.n_tasks if a.n_tasks is not None else len(replay_ms)
+        trace = None
+        if a.process == "trace":
+            trace = TraceSource.load(f.trace, base, a.speed, where)
+            blobs.append(trace.read.sha256.encode())  # the trace's own digest: real traces are large
+        n_tasks = a.n_tasks if a.n_tasks is not None else len(trace.sent_rows) if trace else len(replay_ms)
         if replay_ms is not None and n_tasks > len(replay_ms):
             raise ValueError(f"{where}: [arrivals].n_tasks: {n_tasks}, but the replay file has "
                              f"{len(replay_ms)} arrivals")
-        classes = f.classes or [TaskClass(name="default")]
+        classes = f.classes or ([TaskClass(name=n) for n in trace.class_names()] if trace else
+                                [TaskClass(name="default")])
         for i, c in enumerate(classes):
             c.name = c.name if c.name is not None else f"class{i}"
         return cls(
@@ -99,26 +106,30 @@ class Workload:
             backoff_max_ms=f.client.backoff_max_ms, jitter=f.client.jitter,
             give_up_after_deadline=f.client.give_up_after_deadline, on_timeout=f.client.on_timeout,
             drain_s=f.client.drain_s, max_tokens=f.generation.max_tokens, temperature=f.generation.temperature,
-            ignore_eos=f.generation.ignore_eos, calibrate_tok_s=a.calibrate_tok_s, inject=f.inject,
-            classes=classes, questions=questions, tokenizer=f.prompt.tokenizer, spec=spec,
+            ignore_eos=f.generation.ignore_eos if f.generation.ignore_eos is not None else trace is not None,
+            calibrate_tok_s=a.calibrate_tok_s, inject=f.inject, classes=classes, questions=questions,
+            tokenizer=f.prompt.tokenizer, trace=trace, spec=spec,
             slo=f.slo.model_dump(exclude_none=True), sha256=hashlib.sha256(b"".join(blobs)).hexdigest())
 
     # ---- what the client runs ------------------------------------------------------------------
     @property
     def needs_tokenizer(self) -> bool:
-        return any(c.prompt_tokens or c.shared_prefix_tokens for c in self.classes)
+        return self.trace is not None or any(c.prompt_tokens or c.shared_prefix_tokens for c in self.classes)
 
     def arrival_offsets(self) -> list[float] | None:
         """Planned arrival offsets (s) of the open-loop processes; None for the closed loop."""
+        if self.trace is not None:
+            return self.trace.offsets_s()[: self.n_tasks]
         return planned_offsets(self.process, seed=self.seed, n_tasks=self.n_tasks, rate_rps=self.rate_rps,
                                cv2=self.cv2, replay_ms=self.replay_ms, speed=self.speed)
 
     def class_sequence(self) -> list[TaskClass]:
         return class_sequence(self.classes, self.n_tasks)
 
-    def plan(self, tokenizer=None) -> list[TaskPlan]:
-        """Every task's plan, prompts built to exact token counts with the caller's `tokenizer`."""
-        return build_plans(self, tokenizer)
+    def plan(self, tokenizer=None, context_tokens: int | None = None) -> list[TaskPlan]:
+        """Every task's plan, prompts built to exact token counts with the caller's `tokenizer`; a trace's
+        rows fitted to `context_tokens` (the served model's context) when it is known."""
+        return build_plans(self, tokenizer, context_tokens)
 
     def calibrate(self, measured_tok_s: float) -> dict:
         return calibrate(self, measured_tok_s)

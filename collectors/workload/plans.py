@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from .prompts import PromptBuilder
 from .schema import TaskClass
 from .tasks import Question
+from .trace_plans import trace_tasks
 
 if TYPE_CHECKING:
     from .load import Workload
@@ -60,13 +61,13 @@ def class_sequence(classes: list[TaskClass], n_tasks: int) -> list[TaskClass]:
     return out
 
 
-def build_plans(wl: "Workload", tokenizer=None) -> list[TaskPlan]:
-    """Every task's plan: ids, contract, prompts (built to exact token counts with `tokenizer`)."""
+def build_plans(wl: "Workload", tokenizer=None, context_tokens: int | None = None) -> list[TaskPlan]:
+    """Every task's plan: ids, contract, prompts (built to exact token counts with `tokenizer`); a
+    trace's rows are fitted to `context_tokens`, the served model's context, when it is known."""
     if wl.needs_tokenizer and tokenizer is None:
-        raise ValueError(f"workload {wl.name}: prompt_tokens / shared_prefix_tokens need the model's tokenizer")
+        raise ValueError(f"workload {wl.name}: prompt_tokens / shared_prefix_tokens / a trace need the model's "
+                         f"tokenizer")
     inject = wl.inject
-    builders: dict[str, PromptBuilder] = {}
-    plans, q = [], 0
 
     def chosen(what: str, i: int) -> bool:  # [inject] <what>_every = N (i % N == 0) or <what>_tasks = [i, ...]
         every = getattr(inject, f"{what}_every")
@@ -75,6 +76,30 @@ def build_plans(wl: "Workload", tokenizer=None) -> list[TaskPlan]:
     cancel_after_tokens = inject.cancel_after_tokens
     if cancel_after_tokens is None and inject.cancel_after_ms is None:
         cancel_after_tokens = 4  # the documented default of a cancellation without a trigger
+    if wl.trace is not None:
+        tasks = [(c, [(q, system, n)]) for c, q, system, n in trace_tasks(wl, tokenizer, context_tokens)]
+    else:
+        tasks = _class_tasks(wl, tokenizer)
+    plans = []
+    for i, (c, parts) in enumerate(tasks, 1):
+        tid = f"T{i - 1:04d}"
+        reqs = [RequestPlan(f"{tid}:R{k + 1}", q, q.prompt, system, n) for k, (q, system, n) in enumerate(parts)]
+        cancel = chosen("cancel", i)
+        plans.append(TaskPlan(
+            index=i, task_id=tid, cls=c, session_id=f"{tid}:S" if c.shape == "session" else None,
+            requests=reqs, deadline_ms=c.deadline_ms if c.deadline_ms is not None else wl.deadline_ms,
+            on_missing=c.on_missing or wl.on_missing, max_attempts=wl.max_attempts,
+            cancel_after_tokens=cancel_after_tokens if cancel else None,
+            cancel_after_ms=inject.cancel_after_ms if cancel else None,
+            first_timeout_ms=inject.timeout_ms if chosen("timeout", i) else None,
+            abandon=wl.on_timeout == "abandon" or chosen("abandon", i)))
+    return plans
+
+
+def _class_tasks(wl: "Workload", tokenizer) -> list[tuple[TaskClass, list[tuple[Question, str | None, int | None]]]]:
+    """(class, [(question, system message, exact prompt tokens)] of each request) of each task of the mix."""
+    builders: dict[str, PromptBuilder] = {}
+    out, q = [], 0
     for i, c in enumerate(class_sequence(wl.classes, wl.n_tasks), 1):
         tid = f"T{i - 1:04d}"
         n_req = c.turns if c.shape == "session" else c.branches if c.shape == "parallel" else 1
@@ -88,14 +113,5 @@ def build_plans(wl: "Workload", tokenizer=None) -> list[TaskPlan]:
                 systems[k], counts[k] = b.request(qs[k].prompt, f"{tid}:{k}")
             if c.shape == "session":
                 systems = [systems[0]] * n_req
-        reqs = [RequestPlan(f"{tid}:R{k + 1}", qs[k], qs[k].prompt, systems[k], counts[k]) for k in range(n_req)]
-        cancel = chosen("cancel", i)
-        plans.append(TaskPlan(
-            index=i, task_id=tid, cls=c, session_id=f"{tid}:S" if c.shape == "session" else None,
-            requests=reqs, deadline_ms=c.deadline_ms if c.deadline_ms is not None else wl.deadline_ms,
-            on_missing=c.on_missing or wl.on_missing, max_attempts=wl.max_attempts,
-            cancel_after_tokens=cancel_after_tokens if cancel else None,
-            cancel_after_ms=inject.cancel_after_ms if cancel else None,
-            first_timeout_ms=inject.timeout_ms if chosen("timeout", i) else None,
-            abandon=wl.on_timeout == "abandon" or chosen("abandon", i)))
-    return plans
+        out.append((c, list(zip(qs, systems, counts))))
+    return out

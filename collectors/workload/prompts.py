@@ -17,6 +17,14 @@ _WORDS = ("the river market opened early and traders carried baskets of grain fr
 SENTINEL = "\u0001USER\u0001"
 
 
+def one_token_words(tokenizer) -> list[str]:
+    """The filler words that are one token each, with their leading space, for this tokenizer."""
+    words = [w for w in _WORDS if len(tokenizer.encode(" " + w)) == 1]
+    if len(words) < 20:
+        raise ValueError("this tokenizer splits most filler words; cannot build exact prompts")
+    return words
+
+
 class PromptBuilder:
     """Prompts whose templated token count is exact for one tokenizer, made of deterministic filler.
 
@@ -32,9 +40,7 @@ class PromptBuilder:
 
     def __init__(self, tokenizer, seed: int, cls: TaskClass) -> None:
         self.tok, self.seed, self.cls = tokenizer, seed, cls
-        self.words = [w for w in _WORDS if len(tokenizer.encode(" " + w)) == 1]
-        if len(self.words) < 20:
-            raise ValueError("this tokenizer splits most filler words; cannot build exact prompts")
+        self.words = one_token_words(tokenizer)
         self.shared, self.head = None, []
         if cls.shared_prefix_tokens:
             make = lambda n: self.LEAD + self._filler("prefix", n)

@@ -14,7 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-Process = Literal["poisson", "gamma", "replay", "closed"]
+Process = Literal["poisson", "gamma", "replay", "closed", "trace"]
+TraceFormat = Literal["mooncake", "burstgpt", "azure"]
 Shape = Literal["single", "session", "parallel"]
 OnMissing = Literal["failure", "partial_success"]
 OnTimeout = Literal["disconnect", "abandon"]
@@ -37,7 +38,7 @@ class Prompt(Section):
 
 class Arrivals(Section):
     process: Process = "poisson"
-    n_tasks: int | None = Field(None, ge=1)  # replay: defaults to the file's arrivals
+    n_tasks: int | None = Field(None, ge=1)  # replay: defaults to the file's arrivals; a trace: refused
     rate_rps: float | None = Field(None, gt=0)
     cv2: float = Field(1.0, gt=0)
     file: str | None = None
@@ -66,7 +67,22 @@ class Client(Section):
 class Generation(Section):
     max_tokens: int = Field(ge=1)
     temperature: float = Field(0.0, ge=0)
-    ignore_eos: bool = False
+    ignore_eos: bool | None = None  # None: false, true for a trace (its rows fix each output's length)
+
+
+class Trace(Section):
+    """A public trace replayed as the workload ([arrivals] process = 'trace'): its rows are the tasks."""
+
+    format: TraceFormat | None = None  # required with process = 'trace'
+    file: str | None = None  # relative to the workload file
+    skip_rows: int = Field(0, ge=0)  # rows of the window passed over before the first replayed one
+    max_rows: int | None = Field(None, ge=1)  # None: every row of the window
+    start_s: float = Field(0.0, ge=0)  # window on trace time (s since the file's first row)
+    end_s: float | None = Field(None, gt=0)
+    token_scale: float = Field(1.0, gt=0)  # multiplies input, output and block lengths alike
+    block_tokens: int = Field(512, ge=1)  # Mooncake: the tokens of one hash id, before token_scale
+    context_tokens: int | None = Field(None, ge=1)  # the served model's context; embedded: at most the engine's
+    strict: bool = False  # refuse a row that cannot be replayed at its own length instead of fitting it
 
 
 class Slo(Section):
@@ -120,10 +136,11 @@ class WorkloadFile(Section):
     generation: Generation
     slo: Slo
     inject: Inject
+    trace: Trace
     classes: list[TaskClass] | None = None  # None or empty: one class, "default"
 
 
-SECTIONS = ("taskset", "prompt", "arrivals", "contract", "client", "generation", "slo", "inject")
+SECTIONS = ("taskset", "prompt", "arrivals", "contract", "client", "generation", "slo", "inject", "trace")
 
 
 def parse(spec: dict, where: str) -> WorkloadFile:
@@ -149,12 +166,13 @@ def cross_checks(f: WorkloadFile) -> list[tuple[str, str]]:
     a, out = f.arrivals, []
     if a.process == "replay" and not a.file:
         out.append(("[arrivals].file", "required for process = 'replay'"))
-    if a.process != "replay" and a.n_tasks is None:
+    if a.process not in ("replay", "trace") and a.n_tasks is None:
         out.append(("[arrivals].n_tasks", "required"))
     if a.process in ("poisson", "gamma") and a.rate_rps is None:
         out.append(("[arrivals].rate_rps", f"required for process = {a.process!r}"))
     if a.process == "closed" and a.concurrency is None:
         out.append(("[arrivals].concurrency", "required for process = 'closed'"))
+    out += _trace_checks(f)
     i = f.inject
     if (i.timeout_every or i.timeout_tasks) and i.timeout_ms is None:
         out.append(("[inject].timeout_ms", "required by timeout_every / timeout_tasks (the injected timeout)"))
@@ -162,6 +180,25 @@ def cross_checks(f: WorkloadFile) -> list[tuple[str, str]]:
         if c.prompt_tokens is not None and c.prompt_tokens < c.shared_prefix_tokens:
             out.append((f"[[classes]][{n}].prompt_tokens",
                         f"{c.prompt_tokens} is shorter than shared_prefix_tokens = {c.shared_prefix_tokens}"))
+    return out
+
+
+def _trace_checks(f: WorkloadFile) -> list[tuple[str, str]]:
+    """A trace is the task source and the arrival process: it takes no task count and no classes."""
+    t, out = f.trace, []
+    if f.arrivals.process != "trace":
+        if t.model_fields_set:
+            out.append(("[trace]", "only with [arrivals].process = 'trace'"))
+        return out
+    out += [(f"[trace].{k}", "required for process = 'trace'") for k in ("format", "file") if getattr(t, k) is None]
+    if f.arrivals.n_tasks is not None:
+        out.append(("[arrivals].n_tasks", "a trace's rows are its tasks: limit them with [trace].max_rows"))
+    if f.classes:
+        out.append(("[[classes]]", "a trace's rows are its tasks (single calls): no classes with process = 'trace'"))
+    if t.end_s is not None and t.end_s <= t.start_s:
+        out.append(("[trace].end_s", f"{t.end_s} is not after start_s = {t.start_s}"))
+    if "block_tokens" in t.model_fields_set and t.format not in (None, "mooncake"):
+        out.append(("[trace].block_tokens", f"only Mooncake traces have blocks, not {t.format!r}"))
     return out
 
 

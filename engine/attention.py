@@ -1,0 +1,184 @@
+"""Attention kernels over the paged KV cache, and the cache layout they read and write.
+
+Layout: the K (or V) cache of one layer is [num_blocks, n_kv_heads, block_size, head_dim]; K/V of the
+token at position p of a sequence go to block block_table[p // block_size], offset p % block_size.
+Heads are outermost within a block, so gathering whole (block, head) rows yields each sequence's keys
+per head contiguous, [KV, L, D], the layout attention reads without a transpose copy.
+
+`PagedAttention` serves a step of arbitrary chunks (single-token decodes batched, every other chunk
+attended on its own); `DecodeAttention` a step of single-token decodes only, its rows in consecutive
+groups; both batch decodes through `BatchedDecode`, grouped by similar context length
+(`width_groups`). A kernel is built once per step (its write and gather indices computed then, reused
+by every layer) and called per layer with the model's attention signature, attn(layer, q [T, H, D],
+k [T, KV, D], v [T, KV, D]) -> [T, H, D]; it holds no state across steps. Only tensor ops run inside
+the call, so the decode kernels are what CUDA graphs capture. `causal_attention` is the plain
+reference path over one contiguous sequence, with no cache.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _write_rows(slots: torch.Tensor, n_kv: int, block_size: int) -> torch.Tensor:
+    """Rows [T * KV] of the cache viewed as [blocks * KV * block_size, D] that the K (or V) heads
+    of the tokens at these slots go to, token-major as k.reshape(T * KV, D)."""
+    heads = torch.arange(n_kv, device=slots.device)
+    return ((slots[:, None] // block_size * n_kv + heads) * block_size + slots[:, None] % block_size).reshape(-1)
+
+
+def _gather_rows(table: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """Rows of the cache viewed as [blocks * KV, block_size * D] holding the blocks of a table
+    [..., W], ordered [..., KV, W]: gathered, they are [..., KV, W * block_size, D]."""
+    heads = torch.arange(n_kv, device=table.device)
+    return (table[..., None, :] * n_kv + heads[:, None]).reshape(-1)
+
+
+def _write_kv(k_cache, v_cache, rows, k, v):
+    D = k_cache.shape[-1]
+    k_cache.view(-1, D).index_copy_(0, rows, k.reshape(-1, D).to(k_cache.dtype))
+    v_cache.view(-1, D).index_copy_(0, rows, v.reshape(-1, D).to(v_cache.dtype))
+
+
+def _gather(cache, rows, out=None):
+    """cache [blocks, KV, bs, D] -> the rows' blocks, [len(rows), bs * D] (into out when given)."""
+    flat = cache.view(-1, cache.shape[-2] * cache.shape[-1])
+    return torch.index_select(flat, 0, rows) if out is None else torch.index_select(flat, 0, rows, out=out)
+
+
+class BatchedDecode:
+    """Attention of one new token per sequence, batched across sequences: block tables padded to
+    one width [B, W], keys past each sequence's length masked by an additive bias. Query heads are
+    grouped per KV head, q [B, KV, H/KV, D], so no K/V is repeated for grouped-query attention.
+    Only tensor ops, so the same code is captured into CUDA graphs."""
+
+    def __init__(self, cache_shape, table: torch.Tensor, ctx_lens: torch.Tensor, dtype, k_buf=None, v_buf=None):
+        _, self.n_kv, bs, self.head_dim = cache_shape
+        self.rows = _gather_rows(table, self.n_kv)
+        n = self.rows.shape[0]
+        self.k_buf = None if k_buf is None else k_buf[:n]
+        self.v_buf = None if v_buf is None else v_buf[:n]
+        key_pos = torch.arange(table.shape[1] * bs, device=table.device)
+        bias = torch.zeros(key_pos.shape[0], dtype=dtype, device=table.device)
+        self.bias = bias.masked_fill(key_pos[None, :] >= ctx_lens[:, None], float("-inf"))[:, None, None, :]
+
+    def attend(self, k_cache, v_cache, q):
+        """q [B, H, D] -> [B, H, D]."""
+        B, H, D = q.shape
+        if self.bias.dtype != q.dtype:
+            self.bias = self.bias.to(q.dtype)
+        ks = _gather(k_cache, self.rows, self.k_buf).view(B, self.n_kv, -1, D).to(q.dtype)
+        vs = _gather(v_cache, self.rows, self.v_buf).view(B, self.n_kv, -1, D).to(q.dtype)
+        o = F.scaled_dot_product_attention(q.reshape(B, self.n_kv, H // self.n_kv, D), ks, vs, attn_mask=self.bias)
+        return o.reshape(B, H, D)
+
+
+def width_groups(widths: list[int], overhead_blocks: int = 16) -> list[list[int]]:
+    """Split decode rows into groups attended separately, each padded to its own widest block
+    table: the partition (of rows sorted by width) minimising padded blocks gathered plus
+    `overhead_blocks` per group (each group costs a gather and an attention call per layer).
+    Rows of mixed lengths then do not all pay for the longest one. Groups widest first."""
+    distinct = sorted(set(widths), reverse=True)
+    count = {w: 0 for w in distinct}
+    for w in widths:
+        count[w] += 1
+    best, cut = [0] + [float("inf")] * len(distinct), [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):  # best[j]: cost of the j widest distinct widths
+        rows = 0
+        for i in range(j - 1, -1, -1):  # last group: distinct[i:j], padded to distinct[i]
+            rows += count[distinct[i]]
+            cost = best[i] + overhead_blocks + rows * distinct[i]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    bounds, j = [], len(distinct)
+    while j:
+        bounds.append((distinct[cut[j]], distinct[j - 1]))
+        j = cut[j]
+    order = sorted(range(len(widths)), key=lambda r: -widths[r])
+    return [[r for r in order if lo <= widths[r] <= hi] for hi, lo in reversed(bounds)]
+
+
+def decode_groups(tables: list[list[int]], ctx_lens: list[int], cache_shape, dtype, device,
+                  bufs=(None, None)) -> list[tuple[list[int], BatchedDecode]]:
+    """Rows of single-token decodes (block tables covering exactly their context) in width groups,
+    each with its BatchedDecode; all groups gather into the same buffers, one after the other."""
+    groups = []
+    for rows in width_groups([len(t) for t in tables]):
+        width = len(tables[rows[0]])
+        table = torch.tensor([tables[r] + [0] * (width - len(tables[r])) for r in rows], device=device)
+        ctx = torch.tensor([ctx_lens[r] for r in rows], device=device)
+        groups.append((rows, BatchedDecode(cache_shape, table, ctx, dtype, *bufs)))
+    return groups
+
+
+class PagedAttention:
+    """Attention for a step of arbitrary chunks: writes the new K/V into the cache, then attends
+    over each sequence's paged context: single-token decodes batched (in width groups), the other
+    chunks one by one. Built per step; holds no state across steps."""
+
+    def __init__(self, k_cache, v_cache, slots, seqs: list[tuple[int, int, int, list[int]]]):
+        self.k_cache, self.v_cache = k_cache, v_cache
+        _, _, n_kv, bs, _ = k_cache.shape
+        dev = slots.device
+        self.rows = _write_rows(slots, n_kv, bs)
+        decodes = [(q0, blocks, start + 1) for q0, n, start, blocks in seqs if n == 1 and start > 0]
+        self.decodes = []  # (query rows, BatchedDecode)
+        if decodes:
+            for rows, g in decode_groups([d[1] for d in decodes], [d[2] for d in decodes], k_cache.shape[1:],
+                                         k_cache.dtype, dev):
+                self.decodes.append((torch.tensor([decodes[r][0] for r in rows], device=dev), g))
+        # the others: (offset in the flat batch, new tokens, start_pos, gather rows of the blocks or None)
+        self.seqs = [(q0, n, start, _gather_rows(torch.tensor(blocks, device=dev), n_kv) if start else None)
+                     for q0, n, start, blocks in seqs if not (n == 1 and start > 0)]
+
+    def __call__(self, layer: int, q, k, v):
+        k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
+        _write_kv(k_cache, v_cache, self.rows, k, v)
+        _, n_kv, _, head_dim = k_cache.shape
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        for idx, g in self.decodes:
+            out.index_copy_(0, idx, g.attend(k_cache, v_cache, q.index_select(0, idx)))
+        for q0, n, start, rows in self.seqs:
+            # 4-D [1, heads, n, D]: the CPU flash kernel takes grouped-query 4-D input (3-D falls back to math)
+            qs = q[q0:q0 + n].transpose(0, 1)[None]
+            if rows is None:  # fresh sequence: its whole context is this chunk, no gather needed
+                ks, vs = k[q0:q0 + n].transpose(0, 1)[None], v[q0:q0 + n].transpose(0, 1)[None]
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=n > 1, enable_gqa=True)
+            else:
+                ctx = start + n
+                ks = _gather(k_cache, rows).view(1, n_kv, -1, head_dim)[:, :, :ctx].to(q.dtype)
+                vs = _gather(v_cache, rows).view(1, n_kv, -1, head_dim)[:, :, :ctx].to(q.dtype)
+                mask = None
+                if n > 1:  # query i sits at position start + i and sees keys 0..start + i
+                    q_pos = torch.arange(start, ctx, device=q.device)
+                    mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+            out[q0:q0 + n] = o[0].transpose(0, 1)
+        return out
+
+
+class DecodeAttention:
+    """Attention for a batch of one new token per sequence, whose rows come in consecutive groups
+    [(number of rows, BatchedDecode)] (a single group on the padded / CUDA-graph path)."""
+
+    def __init__(self, k_cache, v_cache, slots, groups: list[tuple[int, BatchedDecode]]):
+        self.k_cache, self.v_cache, self.groups = k_cache, v_cache, groups
+        _, _, n_kv, bs, _ = k_cache.shape
+        self.rows = _write_rows(slots, n_kv, bs)
+
+    def __call__(self, layer: int, q, k, v):
+        k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
+        _write_kv(k_cache, v_cache, self.rows, k, v)
+        outs, a = [], 0
+        for n, g in self.groups:
+            outs.append(g.attend(k_cache, v_cache, q[a:a + n]))
+            a += n
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def causal_attention(layer_idx: int, q, k, v):
+    """Attention for one whole sequence held in q/k/v (no cache): the plain reference path."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+    )
+    return out.transpose(0, 1)
