@@ -58,6 +58,7 @@ def source_line(rs: list[dict]) -> str:
             f"{host.get('cpus_usable') or host.get('cores')} CPUs, torch ISA {host.get('torch_isa') or '?'}, "
             f"dtype auto → {host.get('dtype_auto') or '?'}; load (1 min) {load_span(r)}"
             f"{'; other processes busy at the start: ' + busy if busy else ''}; "
+            f"{''.join(f'{k}={v} ' for k, v in (r.get('environment') or {}).items())}"
             f"`{r['command']}`; {fmt(r.get('wall_s'), '.0f')} s.*")
 
 
@@ -101,7 +102,8 @@ def qualifying(table_id: str, results: list[dict]) -> list[dict]:
     if table_id not in TABLES:
         raise RenderError(f"no table {table_id!r} in benchmarks/render_tables.py (known: {', '.join(TABLES)})")
     spec = TABLES[table_id]
-    rs = [r for r in results if r["benchmark"] == spec.benchmark and spec.select(r.get("parameters") or {})]
+    rs = [r for r in results if r["benchmark"] == spec.benchmark and spec.select(r.get("parameters") or {})
+          and spec.isa_held == bool((r.get("environment") or {}).get("ONEDNN_MAX_CPU_ISA"))]
     if not rs:
         raise RenderError(f"table {table_id!r}: no results file of {spec.benchmark} qualifies in "
                           f"benchmarks/results/; run benchmarks/{spec.benchmark}.py (see its marker's section)")

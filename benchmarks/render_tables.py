@@ -185,6 +185,7 @@ class Table:
     benchmark: str
     render: Callable[[list[dict]], str]
     select: Callable[[dict], bool] = lambda params: True  # on the results file's parameters
+    isa_held: bool = False  # True: only runs with oneDNN held to a narrower ISA; False: only runs without
 
 
 def _default_sweep(p: dict) -> bool:
@@ -199,6 +200,7 @@ TABLES = {
                                           lambda p: p.get("concurrency") == [1] and p.get("threads") == 1),
     "engine_vs_vllm": Table("engine_vs_vllm", engine_vs_vllm),
     "linear_dtypes": Table("linear_dtypes", linear_dtypes),
+    "linear_dtypes.held_to_avx2": Table("linear_dtypes", linear_dtypes, isa_held=True),
     "thread_placement": Table("thread_placement", thread_placement),
     "loop_lag": Table("loop_lag", loop_lag),
     "ledger_scale": Table("ledger_scale", ledger_scale, lambda p: (p.get("attempts"), p.get("tokens")) == (10_000, 256)),

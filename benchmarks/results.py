@@ -40,8 +40,8 @@ LIBRARIES = ("torch", "duckdb", "numpy", "pyarrow", "pandas", "transformers")
 UNIT_SUFFIXES = ("_ns", "_us", "_ms", "_s", "_j", "_w", "_kib", "_mib", "_gib", "_mb", "_gb", "_bytes", "_tokens",
                  "_tok_s", "_per_s", "_gib_s", "_gb_s", "_ratio", "_share", "_pct")
 # the environment that changes the figures (threads, OpenMP waiting, dtype), recorded when set
-ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "INFERLEDGER_DTYPE", "INFERLEDGER_MODEL",
-            "CUDA_VISIBLE_DEVICES")
+ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
+            "INFERLEDGER_DTYPE", "INFERLEDGER_MODEL", "CUDA_VISIBLE_DEVICES")
 LOAD_PREFIX = "load_"  # load averages: runnable threads, no unit
 BUSY_MIN_PCT = 10.0  # a process below this share of one CPU is not worth naming
 BUSY_TOP = 8

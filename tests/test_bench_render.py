@@ -200,3 +200,18 @@ def test_the_engine_against_vllm_run_keeps_its_rows_with_units_and_renders_its_r
         "| client | c | ours / vLLM tok/s, per round | vLLM / ours TPOT p50, per round |",
         "| --- | --- | --- | --- |",
         "| vllm bench serve | 1 | 0.40, 1.15 | 0.23, 0.82 |"]
+
+
+def test_a_run_with_onednn_held_to_avx2_is_drawn_only_by_the_held_table_and_says_so():
+    rows = {"threads": 1, "repeats": 5, "torch_isa": "AVX512", "onednn_bf16": True,
+            "rows": [{"rows": 1, "fp32_ms": 100.0, "bf16_ms": 60.0, "fp16_ms": 70.0, "bf16_over_fp32_ratio": 0.6,
+                      "fp16_over_fp32_ratio": 0.7}]}
+    held = json.loads(json.dumps(rows)) | {"torch_isa": "AVX2", "onednn_bf16": False}
+    native = result("linear_dtypes", "2026-12-01T21:00:00Z", rows)
+    avx2 = result("linear_dtypes", "2026-12-01T22:00:00Z", held)
+    avx2["environment"] = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    plain = render.render_table("linear_dtypes", [native, avx2])
+    assert native["_file"] in plain and "torch ISA AVX512, oneDNN bf16 path available" in plain
+    limited = render.render_table("linear_dtypes.held_to_avx2", [native, avx2])
+    assert avx2["_file"] in limited and "ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 `" in limited
+    assert "torch ISA AVX2, oneDNN bf16 path unavailable" in limited
