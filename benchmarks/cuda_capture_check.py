@@ -18,7 +18,7 @@ from pathlib import Path
 def capture_run(bundle, run_dir: Path, max_num_seqs: int, workload: Path) -> dict:
     import pyarrow.parquet as pq
 
-    from inferledger.cli.capture import capture
+    from inferledger.collectors.capture.run import capture
 
     capture(workload, run_dir, bundle=bundle, max_num_seqs=max_num_seqs)
     events = pq.read_table(run_dir / "events").to_pylist()

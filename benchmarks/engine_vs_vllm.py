@@ -145,7 +145,7 @@ def capture_run(server, c: int, n: int, tag: str) -> dict:
     from the ledger it rebuilds (output tok/s, client TTFT and TPOT)."""
     import duckdb
 
-    from inferledger.cli.capture import capture
+    from inferledger.collectors.capture.run import capture
     from inferledger.ledger.reconstruct import reconstruct
 
     wl = OUT / f"closed-c{c}.toml"

@@ -5,7 +5,7 @@
 A capture flushes its buffers every 2 s (collectors/writer.py), so a 10-minute run leaves about 300
 parts per folder and an hour-long `serve --out` about 1800. The synthetic run of
 `benchmarks/ledger_scale.py` (same generator) is written as N parts of equal size, rebuilt, then
-compacted by `collectors/run_parts.compact` (what a clean end of capture and serve does) and
+compacted by `probes/run_dir.compact` (what a clean end of capture and serve does) and
 rebuilt again; the best of `--repeat` rebuilds is kept each time. The ledger's row counts must agree
 between the two layouts (else exit 1), and the script prints seconds and the ratio many/one.
 """
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     a = ap.parse_args(argv)
 
-    from inferledger.collectors.run_parts import compact
+    from inferledger.probes.run_dir import compact
     from inferledger.collectors.writer import RunWriter, write_table_atomic
     from inferledger.probes.events import EVENT_SCHEMA
 

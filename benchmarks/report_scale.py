@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     ls = _ledger_scale()
-    from inferledger.cli.report import build_report
+    from inferledger.report.build import build_report
     from inferledger.ledger.reconstruct import reconstruct
 
     base = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="report_scale_"))
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         mb = res.bytes / 1e6
         extra = []
         if a.exports:
-            from inferledger.cli.export import export_run
+            from inferledger.report.export import export_run
 
             for fmt in ("perfetto", "otlp"):
                 t0 = time.perf_counter()

@@ -9,7 +9,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 import typer
-from rich.console import Console
+
+from inferledger.cli import (cmd_capture, cmd_data, cmd_demo, cmd_doctor, cmd_export, cmd_ledger, cmd_report,  # noqa: E402
+                             cmd_serve, cmd_summary, cmd_whatif)
 
 app = typer.Typer(
     add_completion=False,
@@ -19,27 +21,11 @@ app = typer.Typer(
     "TTFT / ITL / TPOT per observation layer, goodput, with evidence for every figure.\n\n"
     "Typical use: [bold]import[/] or capture a run, [bold]reconstruct[/] its ledger, then [bold]query[/] it with SQL.",
 )
-console = Console()
-err = Console(stderr=True)
-
-
-def _register_commands() -> None:
-    # Each command module owns its commands and adds them here; importing them is cheap (heavy
-    # libraries are imported inside the commands).
-    import importlib
-
-    for mod in ("cmd_data", "cmd_ledger", "cmd_serve", "cmd_capture", "cmd_demo", "cmd_whatif", "cmd_report",
-                "cmd_export", "cmd_doctor", "cmd_summary"):
-        try:
-            module = importlib.import_module(f"inferledger.cli.{mod}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"inferledger.cli.{mod}":
-                raise
-            continue
-        module.register(app)
-
-
-_register_commands()
+# Each command module owns its commands and registers them here. Importing them is cheap: heavy
+# libraries (torch, duckdb, pyarrow) are imported inside the commands.
+for _module in (cmd_data, cmd_ledger, cmd_serve, cmd_capture, cmd_demo, cmd_whatif, cmd_report, cmd_export,
+                cmd_doctor, cmd_summary):
+    _module.register(app)
 
 
 def main() -> None:

@@ -4,19 +4,17 @@ Heavy libraries (duckdb, pyarrow) are imported inside the commands so `inferledg
 """
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, echo_result, echo_rows, fail, plain
+
 TABLE_ROWS = 100  # rows a terminal table shows when --limit is not given
 
-# The public SQL surface (DESIGN "Public SQL surface"): name -> one row per ...
+# The public SQL surface (docs/LEDGER.md defines every table): name -> one row per ...
 SQL_SURFACE = [
     ("events", "raw event"), ("samples", "raw sample (energy, power, KV blocks)"),
     ("clocks", "clock domain or mapping"), ("attempts", "attempt: ids and the four statuses"),
@@ -52,18 +50,6 @@ QUERY_HELP = (
 )
 
 
-class OutputFormat(str, Enum):
-    table = "table"
-    csv = "csv"
-    json = "json"
-
-
-def _fail(message: str) -> None:
-    # Plain echo, not rich: DuckDB's caret under "LINE 1:" must stay aligned and unwrapped.
-    typer.echo(message, err=True)
-    raise typer.Exit(2)
-
-
 class ImportSource(str, Enum):
     e0 = "e0"
     otlp = "otlp"
@@ -87,14 +73,17 @@ def import_cmd(
                                                         "not record it (vLLM bench's result JSON does not).")] = None,
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id for every row (default: the out folder's name).")] = None,
     lenient: Annotated[bool, typer.Option("--lenient", help="Import the good lines; register each refused line in gaps.parquet.")] = False,
-    host: Annotated[Optional[str], typer.Option("--host", help="--from otlp: the host whose wall clock the spans are on "
-                                                "(default: the resource's host.name).")] = None,
+    engine_host: Annotated[Optional[str], typer.Option("--engine-host", help="--from otlp: the engine's host, whose "
+                                                       "wall clock the spans are on (default: the resource's "
+                                                       "host.name).")] = None,
     reporter: Annotated[Optional[str], typer.Option("--reporter", help="--from otlp: who reported the spans, e.g. "
                                                     "vllm-0.32.0 (default: the resource's service.name).")] = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help=FORMAT_HELP + " One row: what was imported "
+                                              "(refusals and warnings go to stderr in every format).")] = OutputFormat.table,
 ) -> None:
     """Import an E0 archive, or a load tool's own output, into a new run directory.
 
-    [bold]--from e0[/] (default): each line is one event with the columns of DESIGN §4; run_id,
+    [bold]--from e0[/] (default): each line is one event with the columns of docs/EVENTS.md; run_id,
     event_id, seq and host are filled in when missing. clock.domain and clock.map lines go to
     clocks.parquet, task.start contracts to tasks.parquet. Any bad line (unknown name, missing id,
     non-integer ts_ns, undeclared clock, duplicate event_id, contradicting clock.map ...) is reported as
@@ -107,7 +96,7 @@ def import_cmd(
     docs/PEERS.md "Load tools") and the clock mapping estimated from the join. A malformed record is
     refused as FILE:LINE: field ... (exit 2), or kept as a gap with --lenient.
 
-    Examples: [bold]inferledger import samples/e0/retry.jsonl --out runs/retry[/];
+    Examples: [bold]inferledger import samples/e0/r2_timeout_retry/archive.jsonl --out runs/retry[/];
     [bold]inferledger import --from aiperf artifacts/ --server runs/s1 --out runs/a1[/], then
     [bold]inferledger reconstruct runs/a1[/] and [bold]inferledger report runs/a1[/].
 
@@ -117,14 +106,14 @@ def import_cmd(
     fields cannot be held is refused as FILE:LINE: span ID: field ... (exit 2), or kept as a gap with --lenient.
     """
     if source == ImportSource.otlp:
-        return _import_otlp(archive, out, run_id, host, reporter, lenient)
+        return _import_otlp(archive, out, run_id, engine_host, reporter, lenient, fmt)
     if source != ImportSource.e0:
         from inferledger.cli.import_peer import import_peer_cmd
 
         return import_peer_cmd(source.value, archive, out, server=server, run_id=run_id, lenient=lenient,
-                               tool_version=tool_version, fail=_fail)
+                               tool_version=tool_version, fail=fail, fmt=fmt)
     if server is not None:
-        _fail("inferledger import: --server goes with --from aiperf|vllm-bench|guidellm (an E0 archive carries its own server events)")
+        fail("inferledger import: --server goes with --from aiperf|vllm-bench|guidellm (an E0 archive carries its own server events)")
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -136,14 +125,16 @@ def import_cmd(
     except ArchiveError as exc:
         for n, reason in exc.refusals:
             typer.echo(f"{archive}:{n}: {reason}", err=True)
-        _fail(f"{len(exc.refusals)} line(s) of {archive} refused; nothing was written. "
+        fail(f"{len(exc.refusals)} line(s) of {archive} refused; nothing was written. "
               "Fix them, or rerun with --lenient to import the rest and register these as gaps.")
     except (OutDirError, FileNotFoundError, IsADirectoryError) as exc:
-        _fail(f"inferledger import: {exc}")
+        fail(f"inferledger import: {exc}")
     for n, reason in res.refusals:
         typer.echo(f"warning: {archive}:{n}: {reason}", err=True)
     if res.refusals:
         typer.echo(f"warning: {res.refused} refused line(s) went to the gap register ({out / 'gaps.parquet'})", err=True)
+    if echo_result(fmt, res):
+        return
     console = Console()
     console.print(f"imported {escape(str(archive))} -> {escape(str(out))} (run [bold]{escape(res.run_id)}[/])",
                   highlight=False)
@@ -154,7 +145,7 @@ def import_cmd(
     console.print(table)
 
 
-def _import_otlp(path: Path, out: Path, run_id, host, reporter, lenient: bool) -> None:
+def _import_otlp(path: Path, out: Path, run_id, host, reporter, lenient: bool, fmt: OutputFormat) -> None:
     from rich.console import Console
     from rich.markup import escape
 
@@ -166,44 +157,26 @@ def _import_otlp(path: Path, out: Path, run_id, host, reporter, lenient: bool) -
         res = import_otlp(path, out, run_id=run_id, host=host, reporter=reporter, lenient=lenient)
     except OtlpFileError as exc:
         typer.echo(str(exc), err=True)
-        _fail(f"inferledger import --from otlp: {len(exc.refusals)} span(s) or line(s) of {path} refused; nothing "
-              "was written. Fix them, or rerun with --lenient to import the rest and register these as gaps.")
+        fail(f"inferledger import --from otlp: {len(exc.refusals)} span(s) or line(s) of {path} refused; nothing "
+             "was written. Fix them, or rerun with --lenient to import the rest and register these as gaps.")
     except (OutDirError, FileNotFoundError, IsADirectoryError) as exc:
-        _fail(f"inferledger import: {exc}")
+        fail(f"inferledger import: {exc}")
     except OSError as exc:  # a full disk part-way: the run was being built aside, nothing is left at --out
-        _fail(f"inferledger import --from otlp: {exc}; nothing was written to {out}")
+        fail(f"inferledger import --from otlp: {exc}; nothing was written to {out}")
     if res.refused:
         typer.echo(f"warning: {res.refused} refused span(s) or line(s) went to the gap register and "
                    f"{out / 'otlp' / 'refused.jsonl'}", err=True)
+    if echo_result(fmt, res):
+        return
     Console().print(f"imported {escape(str(path))} -> {escape(str(out))} (run [bold]{escape(res.run_id)}[/]): "
                     f"{res.spans} spans ({res.request_spans} llm_request) -> {res.events} events on wall:"
                     f"{escape(res.host)}, reported by {escape(res.reporter)}", highlight=False)
 
 
-def _plain(v):
-    """A JSON-ready Python value (NaN and infinities have no JSON spelling: null)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if hasattr(v, "isoformat"):
-        return v.isoformat()
-    return str(v)
-
-
-def _csv_cell(v) -> str:
-    v = _plain(v)
-    return "" if v is None else json.dumps(v) if isinstance(v, (list, dict)) else str(v)
-
-
 def query_cmd(
     target: Annotated[str, typer.Argument(metavar="RUN_DIR|GLOB", help="A run folder, a quoted glob like 'runs/*', or a ledger.duckdb file.")],
     sql: Annotated[str, typer.Argument(metavar="SQL", help="One read-only query (SELECT, WITH, EXPLAIN, SHOW, DESCRIBE, SUMMARIZE).")],
-    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="table for people; csv or json (one array of records) for scripts.")] = OutputFormat.table,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help=FORMAT_HELP)] = OutputFormat.table,
     limit: Annotated[Optional[int], typer.Option("--limit", "-n", min=1, help=f"At most N rows (a table shows {TABLE_ROWS} by default).")] = None,
 ) -> None:
     """Run read-only SQL on the ledger of one run or of many runs at once."""
@@ -214,18 +187,10 @@ def query_cmd(
         with open_ledger(target) as led:
             columns, rows = led.rows(sql, limit=None if n is None else n + 1)
     except LedgerError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     more = n is not None and len(rows) > n
     rows = rows[:n] if n is not None else rows
-    if fmt == OutputFormat.csv:
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows([_csv_cell(v) for v in row] for row in rows)
-        typer.echo(buf.getvalue(), nl=False)
-    elif fmt == OutputFormat.json:
-        typer.echo(json.dumps([dict(zip(columns, map(_plain, row))) for row in rows], allow_nan=False))
-    else:
+    if not echo_rows(fmt, columns, rows):
         _print_table(columns, rows, more)
 
 
@@ -235,7 +200,7 @@ def _print_table(columns: list[str], rows: list[tuple], more: bool) -> None:
     from rich.table import Table
 
     def cell(v) -> str:
-        return "[dim]NULL[/]" if v is None else escape(str(_plain(v)))
+        return "[dim]NULL[/]" if v is None else escape(str(plain(v)))
 
     console = Console()
     if len(rows) <= 3 and len(columns) * 12 > console.width:

@@ -12,8 +12,9 @@ DEFAULT_WORKLOAD = REPO / "samples" / "workloads" / "cpu_demo.toml"
 
 
 def demo_cmd(
-    out: Optional[Path] = typer.Option(None, help="Run directory (default runs/demo-<time>)."),
-    workload: Path = typer.Option(DEFAULT_WORKLOAD, help="Workload TOML (arrivals, client, contract, task set)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default runs/demo-<time>)."),
+    workload: Path = typer.Option(DEFAULT_WORKLOAD, "--workload", "-w", help="Workload TOML (arrivals, client, "
+                                  "contract, task set)."),
     max_num_seqs: int = typer.Option(8, help="Engine batch size limit."),
 ) -> None:
     """The whole loop on the bundled model: capture, ledger, summary, report.
@@ -27,8 +28,8 @@ def demo_cmd(
     Example: [cyan]inferledger demo --out runs/demo[/], then
     [cyan]inferledger query runs/demo "select * from accounts"[/]
     """
-    from inferledger.cli.app import console
-    from inferledger.cli.cmd_capture import run_capture
+    from inferledger.cli.output import console
+    from inferledger.cli.capture_progress import run_capture
     from inferledger.cli.summary import print_summary
     from inferledger.ledger.reconstruct import reconstruct
 
@@ -38,7 +39,7 @@ def demo_cmd(
     summary = reconstruct(out)
     console.print(f"ledger: {summary.n_events} events, {summary.n_attempts} attempts → {summary.path}")
     print_summary(summary.path, console)
-    from inferledger.cli.report import build_report
+    from inferledger.report.build import build_report
 
     report = build_report(out)
     console.print(f"\ndemo: {time.monotonic() - t0:.0f} s in all (model load, {result.wall_s:.0f} s of load, ledger, report)")

@@ -14,6 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from inferledger.cli.output import FORMAT_HELP, OutputFormat
+
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 DOCTOR_HELP = """Check which measurement sources this machine offers, and what each missing one costs.
@@ -32,7 +34,8 @@ Unknown is never zero: without a GPU energy counter or a readable RAPL package z
 \b
 Examples:
   inferledger doctor
-  inferledger doctor --json | jq '.sources[] | select(.status == "unavailable")'
+  inferledger doctor --format json | jq '.sources[] | select(.status == "unavailable")'
+  inferledger doctor --format csv
 """
 
 
@@ -81,7 +84,7 @@ def _chromium_source():
 
 
 def collect(powercap_root: str | Path | None = None, nvml=None) -> dict:
-    """Everything `doctor` reports, as plain data (the --json output)."""
+    """Everything `doctor` reports, as plain data (the --format json output)."""
     from inferledger.probes.nvml import NvmlReader
     from inferledger.probes.probe import host_id, mono_clock
     from inferledger.probes.rapl import DEFAULT_ROOT, RaplReader
@@ -110,13 +113,19 @@ def collect(powercap_root: str | Path | None = None, nvml=None) -> dict:
 
 
 def doctor_cmd(
-    as_json: Annotated[bool, typer.Option("--json", help="Print the sources as JSON for scripts.")] = False,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help=FORMAT_HELP + " json: the whole report (host, "
+                                              "clock, energy verdicts, sources); csv: the sources, one per line.")]
+    = OutputFormat.table,
     powercap_root: Annotated[Optional[Path], typer.Option(
         "--powercap-root", help="Read RAPL zones from this folder instead of /sys/class/powercap.")] = None,
 ) -> None:
+    from inferledger.cli.output import echo_rows, section_rows
+
     report = collect(powercap_root)
-    if as_json:
+    if fmt == OutputFormat.json:
         typer.echo(json.dumps(report, indent=2))
+        return
+    if echo_rows(fmt, *section_rows(report["sources"])):
         return
     from rich.console import Console
     from rich.markup import escape

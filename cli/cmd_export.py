@@ -1,4 +1,4 @@
-"""`inferledger export`: a run as a Perfetto trace or OpenTelemetry spans (cli/export.py)."""
+"""`inferledger export`: a run as a Perfetto trace or OpenTelemetry spans (report/export.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,11 +9,12 @@ import typer
 
 def export_cmd(
     run: Path = typer.Argument(..., help="A run folder holding ledger.duckdb (run `inferledger reconstruct` first)."),
-    format: str = typer.Option(..., "--format", "-f", help="perfetto (Chrome trace-event JSON) or otlp (OpenTelemetry)."),
+    kind: str = typer.Option(..., "--as", help="The file type to write: perfetto (Chrome trace-event JSON) or otlp "
+                             "(OpenTelemetry spans)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o",
                                        help="Output file (default RUN/trace.perfetto.json or RUN/spans.otlp.jsonl)."),
     endpoint: Optional[str] = typer.Option(None, help="OTLP/HTTP collector URL, e.g. http://localhost:4318 "
-                                                      "(otlp only; /v1/traces is added to a bare host)."),
+                                                      "(--as otlp only; /v1/traces is added to a bare host)."),
 ) -> None:
     """Export the ledger for other tools.
 
@@ -24,17 +25,17 @@ def export_cmd(
     [bold]otlp[/]: one span per attempt with gen_ai.* attributes and a child span per stage, to a
     JSON-lines file (OTLP/JSON) or to an OTLP/HTTP endpoint.
 
-    Example: [cyan]inferledger export runs/r1 --format perfetto[/]  (then open the file at ui.perfetto.dev)
+    Example: [cyan]inferledger export runs/r1 --as perfetto[/]  (then open the file at ui.perfetto.dev)
     """
-    from inferledger.cli.app import console, err
-    from inferledger.cli.export import FORMATS, export_run
+    from inferledger.cli.output import console, err
+    from inferledger.report.export import FORMATS, export_run
     from inferledger.ledger.query import LedgerError
 
-    fmt = format.lower()
+    fmt = kind.lower()
     if fmt not in FORMATS:
-        raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}", param_hint="--format")
+        raise typer.BadParameter(f"{kind!r}: choose one of {', '.join(FORMATS)}", param_hint="--as")
     if endpoint and fmt != "otlp":
-        raise typer.BadParameter("--endpoint goes with --format otlp", param_hint="--endpoint")
+        raise typer.BadParameter("--endpoint goes with --as otlp", param_hint="--endpoint")
     try:
         result = export_run(run, fmt, out, endpoint=endpoint)
     except LedgerError as exc:

@@ -1,16 +1,23 @@
 """`inferledger reconstruct`: build a run's ledger."""
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from inferledger.cli.output import FORMAT_HELP, OutputFormat
+
 
 def reconstruct_cmd(
     run_dir: Path = typer.Argument(..., help="A run directory (events/, clocks.parquet, ...)."),
-    out: Optional[Path] = typer.Option(None, help="Where to write the ledger (default RUN_DIR/ledger.duckdb)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the ledger (default "
+                                       "RUN_DIR/ledger.duckdb)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the ledger path."),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " json and csv hold "
+                                     "what was built (section ledger) and the whole summary, as `inferledger "
+                                     "summary` gives them."),
 ) -> None:
     """Rebuild every request of a run into [bold]ledger.duckdb[/] (DuckDB SQL over the Parquet files).
 
@@ -20,8 +27,8 @@ def reconstruct_cmd(
 
     Example: [cyan]inferledger reconstruct runs/r1 && inferledger query runs/r1 "select * from accounts"[/]
     """
-    from inferledger.cli.app import console, err
-    from inferledger.cli.summary import print_summary
+    from inferledger.cli.output import console, echo_sections, err
+    from inferledger.cli.summary import print_sections, summary_sections
     from inferledger.ledger.reconstruct import RunDirError, reconstruct
 
     try:
@@ -32,9 +39,12 @@ def reconstruct_cmd(
     if quiet:
         console.print(str(summary.path))
         return
+    sections = summary_sections(summary.path)
+    if echo_sections(fmt, {"ledger": {**asdict(summary), "path": str(summary.path)}, **sections}):
+        return
     console.print(f"[bold]{summary.run_id}[/]: {summary.n_events} events, {summary.n_attempts} attempts, "
                   f"{summary.n_tasks} tasks, {summary.n_gaps} gaps → {summary.path}")
-    print_summary(summary.path, console)
+    print_sections(sections, console)
 
 
 def register(app: typer.Typer) -> None:

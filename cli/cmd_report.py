@@ -1,4 +1,4 @@
-"""`inferledger report`: the run's HTML report (cli/report.py builds it)."""
+"""`inferledger report`: the run's HTML report (report/build.py builds it)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +22,8 @@ def report_cmd(
 
     Example: [cyan]inferledger report runs/r1 --compare runs/r0[/]
     """
-    from inferledger.cli.app import console, err
-    from inferledger.cli.report import build_report
+    from inferledger.cli.output import console, err
+    from inferledger.report.build import build_report
     from inferledger.ledger.query import LedgerError
 
     if detail < 1:

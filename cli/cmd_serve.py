@@ -1,17 +1,12 @@
 """`inferledger serve`: the reference engine behind an OpenAI-compatible HTTP server."""
 from __future__ import annotations
 
-import platform
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-
-def default_model_name(identity: dict) -> str:
-    """What clients pass as `model`: the checkpoint's file or folder name without `.gguf`."""
-    return Path(identity.get("path", "model")).name.removesuffix(".gguf")
+from inferledger.serve import DRAIN_TIMEOUT_S
 
 
 def serve_cmd(
@@ -26,11 +21,14 @@ def serve_cmd(
                                           "KEY' on /v1/* (401 otherwise); /health, /metrics and /clock stay open."),
     max_num_seqs: int = typer.Option(16, help="Engine batch size limit (sequences decoded together)."),
     max_queue: int = typer.Option(512, help="Requests waiting + running before new ones get 429 with Retry-After."),
-    out: Optional[Path] = typer.Option(None, help="Run directory: the engine's and server's events, KV samples and "
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory: the engine's and server's events, KV samples and "
                                        "manifest.json go there (then `inferledger reconstruct RUN_DIR`)."),
     flush_every: float = typer.Option(2.0, help="Seconds between flushes of --out (events, samples, manifest; and "
                                       "once more on shutdown): a kill loses at most this much."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
+    drain_timeout: float = typer.Option(DRAIN_TIMEOUT_S, min=0, help="On Ctrl-C / SIGTERM: seconds in-flight requests get to "
+                                        "finish (new ones get 503); what is still running then is cancelled, so "
+                                        "every request ends with a terminal event."),
 ) -> None:
     """Serve a checkpoint with the reference engine over an OpenAI-compatible HTTP API.
 
@@ -54,15 +52,13 @@ def serve_cmd(
 
     Stop it with Ctrl-C; with --out, then run [cyan]inferledger reconstruct runs/s1[/].
     """
-    from inferledger.cli.app import console
-    from inferledger.collectors.writer import RunWriter
-    from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
-    from inferledger.engine.loader import DeviceUnavailableError, ModelLoadError, load_model
-    from inferledger.engine.server import serve
-    from inferledger.probes.probe import WallMapping, host_id, mono_clock
-
-    from inferledger.cli.interrupt import sigterm_like_sigint
+    from inferledger.cli.output import console
+    from inferledger.collectors.capture.interrupt import sigterm_like_sigint
     from inferledger.collectors.out_dir import OutDirError, check_new_run_dir
+    from inferledger.collectors.writer import RunWriter
+    from inferledger.engine import EngineConfig
+    from inferledger.engine.loader import DeviceUnavailableError, ModelLoadError, load_model
+    from inferledger.serve.lifecycle import Serving
 
     if out is not None:
         try:
@@ -75,46 +71,37 @@ def serve_cmd(
     except ModelLoadError as exc:
         hint = "--device" if isinstance(exc, DeviceUnavailableError) else "--model"
         raise typer.BadParameter(str(exc), param_hint=hint) from exc
-    name = served_model_name or default_model_name(bundle.identity)
-    hostname = host_id()
     writer = RunWriter(out, autoflush_s=flush_every) if out is not None else None
-    config = EngineConfig(max_num_seqs=max_num_seqs)
-    engine = LLMEngine(bundle, config, sink=writer, run_id=writer.run_id if writer else "serve", host=hostname)
-    async_engine = AsyncEngine(engine)
-    manifest = {
-        "source": "inferledger serve", "target": "http", **engine.manifest(), "served_model_name": name,
-        "server": {"host": host, "port": port, "max_queue": max_queue, "api_key": api_key is not None},
-        "host": {"name": hostname, "platform": platform.platform(), "python": platform.python_version()},
-        "system_under_test": {"inside": ["HTTP front end", "reference engine"], "outside": ["clients"]},
-        "evidence": {"engine_config": "declared", "events": "observed"},
-    }
-    wall = WallMapping() if writer is not None else None  # mono -> Unix time for exports, checked at the end
-    if writer is not None:
-        writer.clock_domain(mono_clock(hostname), host=hostname, kind="monotonic")
-        writer.write_manifest({**manifest, "state": "running"})
-    t0 = time.monotonic()
-
-    def banner(_msg: str) -> None:
-        console.print(f"serving [bold]{name}[/] on [bold]http://{host}:{port}/v1[/]"
-                      + (f", events into [bold]{out}[/]" if out else "") + "  (Ctrl-C stops)")
-
-    stopped_by = "SIGINT"
-    try:
-        with sigterm_like_sigint() as got:  # SIGTERM (docker stop, a CI timeout) stops it as Ctrl-C does
-            serve(async_engine, bundle.tokenizer, host=host, port=port, model_name=name, sink=writer,
-                  api_key=api_key, max_queue=max_queue, print=banner, handle_signals=False)
-        stopped_by = "SIGTERM" if got["signum"] else "SIGINT"
-    finally:
-        deadline = time.monotonic() + 5  # let aborted requests reach their terminal event
-        while engine.has_unfinished() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        async_engine.close()
-        if writer is not None:
-            wall.write(writer, [mono_clock(hostname)], hostname)
-            writer.write_manifest({**manifest, "state": "interrupted", "interrupted": stopped_by,
-                                   "wall_s": round(time.monotonic() - t0, 3)})
-            writer.close(compact_parts=True)
-            console.print(f"run directory: [bold]{out}[/]  (next: inferledger reconstruct {out})")
+    life = Serving(bundle, EngineConfig(max_num_seqs=max_num_seqs), sink=writer, model_name=served_model_name,
+                   api_key=api_key, max_queue=max_queue, owns_run=True)
+    # SIGTERM (docker stop, a CI timeout) stops it as Ctrl-C does, from the first moment on; a second
+    # signal during the drain cancels what is left at once
+    unbound = None
+    with sigterm_like_sigint() as got:
+        try:
+            try:
+                life.start(host, port)
+            except OSError as exc:
+                unbound = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+                raise typer.BadParameter(unbound, param_hint="--port") from None
+            console.print(f"serving [bold]{life.model_name}[/] on [bold]http://{host}:{life.thread.port}/v1[/]"
+                          + (f", events into [bold]{out}[/]" if out else "") + "  (Ctrl-C stops)")
+            life.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            stopped_by = unbound or ("SIGTERM" if got["signum"] else "SIGINT")
+            try:
+                if unbound is None:
+                    console.print(f"stopping ({stopped_by}): in-flight requests get up to {drain_timeout:g} s, "
+                                  "then are cancelled")
+            except KeyboardInterrupt:  # a second signal while printing must not skip the stop
+                pass
+            drain = life.stop(0 if unbound else drain_timeout, stopped_by=stopped_by)
+    console.print(f"stopped: {drain.in_flight} request(s) were in flight, {drain.cancelled} cancelled after the "
+                  "drain timeout")
+    if out is not None:
+        console.print(f"run directory: [bold]{out}[/]  (next: inferledger reconstruct {out})")
     if stopped_by == "SIGTERM":
         raise typer.Exit(143)
 

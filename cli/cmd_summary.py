@@ -1,60 +1,51 @@
-"""`inferledger summary`: a built ledger's summary again, or its peer comparison for scripts."""
+"""`inferledger summary`: a built ledger's summary again, whole or one section, for people or scripts."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
-from inferledger.cli.cmd_data import OutputFormat
+from inferledger.cli.output import FORMAT_HELP, OutputFormat
+from inferledger.report.summary import SECTIONS
 
 
 def summary_cmd(
     run_dir: Path = typer.Argument(..., help="A run directory with its ledger.duckdb (inferledger reconstruct RUN)."),
-    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
-                                     help="table: the whole summary; csv or json: the peer comparison only, one row "
-                                          "per metric × tool (the tool's reading, ours, the engine's, the reason)."),
-    all_tools: bool = typer.Option(False, "--all", help="csv/json of an imported run: every tool's row, not only "
-                                   "the importing tool's."),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " Without --table: "
+                                     "the whole summary (json: an object of sections; csv: one line per cell, "
+                                     "section,row,column,value)."),
+    table: Optional[str] = typer.Option(None, "--table", "-t", help="Only this section: " + ", ".join(SECTIONS)
+                                        + " (peers: the load tool's own numbers beside ours and the engine's)."),
+    all_tools: bool = typer.Option(False, "--all", help="--table peers of an imported run: every tool's rows, not "
+                                   "only the importing tool's."),
 ) -> None:
     """Print the summary of a run's ledger without rebuilding it.
 
-    For a run imported from a load tool ([bold]inferledger import --from aiperf|vllm-bench|guidellm[/]),
-    the last table puts the tool's own TTFT / ITL / TPOT / E2E (the numbers it printed, reproduced from
-    its records) beside ours on the same requests and the engine's, with the reason they differ.
+    Sections: latency per observation layer, the four accounts, the run's figures (good results,
+    goodput, token rates, energy per good result), other tools' definitions of the same names
+    (peer_views), for a run imported from a load tool ([bold]inferledger import --from
+    aiperf|vllm-bench|guidellm[/]) the tool's own TTFT / ITL / TPOT / E2E beside ours on the same
+    requests and the engine's with the reason they differ (peers), deadline misses by cause, ghost
+    load, stream checks and the gap register's size. Unknown figures are null, never 0.
 
-    Example: [cyan]inferledger summary runs/a1 --format csv[/]
+    Examples: [cyan]inferledger summary runs/a1 --table peers --format csv[/];
+    [cyan]inferledger summary runs/r1 --format json | jq .run.goodput_rps[/]
     """
-    import duckdb
+    from inferledger.cli.output import console, echo_rows, echo_sections, fail, section_rows
+    from inferledger.cli.summary import print_sections, summary_sections
 
-    from inferledger.cli.app import console
-    from inferledger.cli.cmd_data import _fail
-    from inferledger.cli.summary import COMPARISON_COLUMNS, comparison_rows, print_summary
-
+    if table is not None and table not in SECTIONS:
+        raise typer.BadParameter(f"{table!r}: choose one of {', '.join(SECTIONS)}", param_hint="--table")
     ledger = run_dir / "ledger.duckdb"
     if not ledger.exists():
-        _fail(f"{ledger}: no ledger; build it with: inferledger reconstruct {run_dir}")
-    if fmt == OutputFormat.table:
-        print_summary(ledger, console)
-        return
-    import csv
-    import io
-    import json
-
-    from inferledger.cli.cmd_data import _csv_cell, _plain
-
-    con = duckdb.connect(str(ledger), read_only=True)
-    try:
-        rows = comparison_rows(con, imported_only=not all_tools)
-    finally:
-        con.close()
-    if fmt == OutputFormat.json:
-        typer.echo(json.dumps([{k: _plain(v) for k, v in r.items()} for r in rows], allow_nan=False))
-        return
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(COMPARISON_COLUMNS)
-    w.writerows([_csv_cell(r[c]) for c in COMPARISON_COLUMNS] for r in rows)
-    typer.echo(buf.getvalue(), nl=False)
+        fail(f"{ledger}: no ledger; build it with: inferledger reconstruct {run_dir}")
+    sections = summary_sections(ledger, all_tools=all_tools)
+    if table is None:
+        if not echo_sections(fmt, sections):
+            print_sections(sections, console)
+    elif not echo_rows(fmt, *section_rows(sections[table])):
+        print_sections(sections, console, only=table)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from inferledger.cli.output import FORMAT_HELP, OutputFormat
+
 
 def _parse_shrink(text: str) -> float:
     m = re.fullmatch(r"\s*([0-9.]+)\s*(%?)\s*", text)
@@ -25,12 +27,17 @@ def _parse_duration(text: str) -> float:
     return float(m.group(1)) * (1000 if m.group(2) == "s" else 1)
 
 
+COLUMNS = ("scope", "scope_id", "e2e_before_ms", "e2e_after_ms", "delta_ms", "path_after")
+
+
 def whatif_cmd(
     run: Path = typer.Argument(..., help="A reconstructed run directory (or its ledger.duckdb)."),
-    node: str = typer.Option(..., "--node", "-n", help="Stage to change: a span, tool, attempt or stage name."),
+    node: str = typer.Option(..., "--node", help="Stage to change: a span, tool, attempt or stage name."),
     shrink: Optional[str] = typer.Option(None, help="Shorten the node by a fraction: 30% or 0.3."),
     to: Optional[str] = typer.Option(None, "--to", help="Set the node's duration: 0ms, 250ms, 1.5s."),
     scope: Optional[str] = typer.Option(None, help="One task (or attempt) id; default every DAG holding the node."),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " One row per "
+                                     "graph: " + ", ".join(COLUMNS) + " (the critical path after, as a list)."),
 ) -> None:
     """Recompute end to end after shortening one stage of a task's critical path.
 
@@ -42,7 +49,7 @@ def whatif_cmd(
     import duckdb
     from rich.table import Table
 
-    from inferledger.cli.app import console, err
+    from inferledger.cli.output import console, echo_rows, err
     from inferledger.ledger.critical_path import load_dags, what_if
 
     if (shrink is None) == (to is None):
@@ -57,22 +64,26 @@ def whatif_cmd(
     finally:
         con.close()
     frac, to_ms = (_parse_shrink(shrink), None) if shrink is not None else (None, _parse_duration(to))
-    table = Table(title=f"what if {node} {'shrinks by ' + format(frac, '.0%') if frac is not None else 'takes ' + format(to_ms, 'g') + ' ms'}")
-    for col in ("scope", "id", "e2e before (ms)", "e2e after (ms)", "Δ (ms)", "critical path after"):
-        table.add_column(col, justify="right" if "ms" in col else "left")
-    found = 0
+    rows = []
     for dag in dags:
         res = what_if(dag, node, shrink=frac, to_ms=to_ms)
-        if res is None:
-            continue
-        found += 1
-        before, after = res
-        table.add_row(dag.scope, dag.scope_id, f"{before.e2e_ms:,.1f}", f"{after.e2e_ms:,.1f}",
-                      f"{after.e2e_ms - before.e2e_ms:+,.1f}", " → ".join(after.path))
-    if not found:
+        if res is not None:
+            before, after = res
+            rows.append([dag.scope, dag.scope_id, before.e2e_ms, after.e2e_ms, after.e2e_ms - before.e2e_ms,
+                         list(after.path)])
+    if not rows:
         err.print(f"[red]error:[/] no critical-path node named {node!r}" + (f" in {scope}" if scope else "")
                   + f" (list them: inferledger query {run} \"select distinct node from critical_path\")")
         raise typer.Exit(2)
+    if echo_rows(fmt, COLUMNS, rows):
+        return
+    change = f"shrinks by {frac:.0%}" if frac is not None else f"takes {to_ms:g} ms"
+    table = Table(title=f"what if {node} {change}")
+    for col in ("scope", "id", "e2e before (ms)", "e2e after (ms)", "Δ (ms)", "critical path after"):
+        table.add_column(col, justify="right" if "ms" in col else "left")
+    for scope_name, scope_id, before_ms, after_ms, delta_ms, path_after in rows:
+        table.add_row(scope_name, scope_id, f"{before_ms:,.1f}", f"{after_ms:,.1f}", f"{delta_ms:+,.1f}",
+                      " → ".join(path_after))
     console.print(table)
 
 

@@ -5,9 +5,11 @@ from pathlib import Path
 
 import typer
 
+from inferledger.cli.output import OutputFormat, echo_result
+
 
 def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, run_id: str | None, lenient: bool,
-                    tool_version: str | None, fail) -> None:
+                    tool_version: str | None, fail, fmt: OutputFormat = OutputFormat.table) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -31,6 +33,8 @@ def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, ru
         typer.echo(f"warning: {r}", err=True)
     if res.refused:
         typer.echo(f"warning: {res.refused} refused record(s) went to the gap register ({out / 'gaps.parquet'})", err=True)
+    if echo_result(fmt, res):
+        return
     console = Console()
     console.print(f"imported {escape(tool)} {escape(res.version or '(version unknown)')} output {escape(str(path))} "
                   f"-> {escape(str(out))} (run [bold]{escape(res.run_id)}[/])", highlight=False)

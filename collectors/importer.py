@@ -1,4 +1,4 @@
-"""Importing an E0 archive (DESIGN §4): JSON Lines, one event per line, into a run directory.
+"""Importing an E0 archive (docs/EVENTS.md "E0 archives"): JSON Lines, one event a line, into a run folder.
 
 Two passes: the first checks the `clock.domain` lines (a domain may be declared after its first
 use), the second every other line; good lines become event, clock or task rows. Strict mode writes

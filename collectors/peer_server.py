@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from inferledger.collectors.run_parts import PartError, list_parts
+from inferledger.probes.run_dir import PartError, list_parts
 from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, GAP_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
 
 SERVER_SOURCES = ("server", "engine")

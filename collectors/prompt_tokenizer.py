@@ -6,19 +6,8 @@ from pathlib import Path
 
 
 def load_tokenizer(spec: str | None):
-    """'bundled' / None: the bundled model's; else a GGUF file or a Hugging Face folder."""
-    from inferledger.engine.tokenizer import Tokenizer
+    """'bundled' / None: the bundled model's; else a GGUF file or a Hugging Face folder, read through
+    the engine loader's checked path (a bad file is a ModelLoadError naming it)."""
+    from inferledger.engine.loader import load_tokenizer as checkpoint_tokenizer
 
-    if spec in (None, "", "bundled"):
-        from inferledger.engine.loader import default_model_path
-
-        path = default_model_path()
-    else:
-        path = Path(spec)
-    if path.is_dir():
-        return Tokenizer.from_hf_dir(path)
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-    return Tokenizer.from_gguf_metadata(meta)
+    return checkpoint_tokenizer(None if spec in (None, "", "bundled") else Path(spec))

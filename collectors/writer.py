@@ -1,13 +1,13 @@
 """Writing a run directory: buffered Parquet parts, renamed into place whole.
 
-Layout (DESIGN §3): manifest.json, events/part-*.parquet, samples/part-*.parquet, clocks.parquet,
+Layout (docs/ARCHITECTURE.md "The run directory"): manifest.json, events/part-*.parquet, samples/part-*.parquet, clocks.parquet,
 tasks.parquet. Every file is written under a temporary name in the same folder and renamed, so a
 killed process leaves only complete files; a flush never rewrites a part already on disk.
 
 Durability: with `autoflush_s` a background thread flushes every buffer, clocks, tasks and the
 manifest (with a `flushed` section: rows on disk, when) at that period, so SIGKILL, the OOM killer or
 a CI timeout lose at most the last period. `close(compact=True)` merges the many small parts of a
-clean run into one per folder (collectors/run_parts.py), so they cost `reconstruct` nothing.
+clean run into one per folder (probes/run_dir.py), so they cost `reconstruct` nothing.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from inferledger.collectors.run_parts import compact, next_part_number
+from inferledger.probes.run_dir import compact, next_part_number
 from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
 
 AUTOFLUSH_S = 2.0  # capture and serve --out: the most recorded time a kill can lose

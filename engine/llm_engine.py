@@ -198,7 +198,7 @@ class LLMEngine:
         return {"mode": last.get("mode", "eager"), "padded_tokens": padded}
 
     def manifest(self) -> dict:
-        """What a run manifest needs from the engine (DESIGN §6): the model's identity (file, sha256,
+        """What a run manifest needs from the engine (docs/ARCHITECTURE.md "The run directory"): the model's identity (file, sha256,
         architecture, dtypes, tokenizer, KV bytes per token) and the engine configuration as declared
         and as resolved on this device (blocks, graph buckets, device timing)."""
         runner = self.runner

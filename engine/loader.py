@@ -155,7 +155,19 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _read_gguf(path: Path):
+def load_tokenizer(path=None) -> Tokenizer:
+    """The tokenizer of a checkpoint (GGUF file or HF folder; None: the bundled default) without its
+    weights, read and checked as `load_model` reads it; a bad checkpoint raises ModelLoadError."""
+    path = Path(path) if path is not None else default_model_path()
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such model file or folder")
+    if path.is_dir():  # a tokenizer-only folder has no config.json: no end-of-sequence ids then
+        return _hf_tokenizer(path, _hf_config(path).get("eos_token_id") if (path / "config.json").exists() else None)
+    _reader, meta = _gguf_reader(path)
+    return _gguf_tokenizer(path, meta)
+
+
+def _gguf_reader(path: Path):
     import gguf
 
     with open(path, "rb") as f:
@@ -169,6 +181,20 @@ def _read_gguf(path: Path):
     except Exception as e:  # the gguf package raises ValueError, struct.error, IndexError... on bad files
         raise ModelLoadError(f"{path}: unreadable GGUF, probably truncated or corrupt "
                              f"({type(e).__name__}: {e}); replace the file") from e
+    return reader, meta
+
+
+def _gguf_tokenizer(path: Path, meta: dict) -> Tokenizer:
+    try:
+        return Tokenizer.from_gguf_metadata(meta)
+    except (KeyError, ValueError) as e:
+        raise ModelLoadError(f"{path}: cannot build the tokenizer: {e}") from e
+
+
+def _read_gguf(path: Path):
+    import gguf
+
+    reader, meta = _gguf_reader(path)
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise ModelLoadError(f"{path}: general.architecture is {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
@@ -185,10 +211,7 @@ def _read_gguf(path: Path):
     if field("rope.scaling.type", "none") != "none" or "rope_freqs.weight" in names:
         raise ModelLoadError(f"{path}: RoPE scaling ({arch}.rope.scaling.type / rope_freqs) is not supported")
     n_heads, d_model = int(field("attention.head_count")), int(field("embedding_length"))
-    try:
-        tokenizer = Tokenizer.from_gguf_metadata(meta)
-    except (KeyError, ValueError) as e:
-        raise ModelLoadError(f"{path}: cannot build the tokenizer: {e}") from e
+    tokenizer = _gguf_tokenizer(path, meta)
     cfg = ModelConfig(
         arch=arch, n_layers=int(field("block_count")), d_model=d_model, n_heads=n_heads,
         n_kv_heads=int(field("attention.head_count_kv", n_heads)),
@@ -220,14 +243,32 @@ def _read_gguf(path: Path):
 
 
 # ---- Hugging Face folder ------------------------------------------------------------------------
-def _read_hf_folder(folder: Path):
-    from safetensors import safe_open
-
+def _hf_config(folder: Path) -> dict:
     cfg_path = folder / "config.json"
     try:
         hf = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"{cfg_path}: cannot read the model config ({e})") from e
+    if not isinstance(hf, dict):
+        raise ModelLoadError(f"{cfg_path}: the model config is not a JSON object")
+    return hf
+
+
+def _hf_tokenizer(folder: Path, eos) -> Tokenizer:
+    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    if not (folder / "tokenizer.json").exists():
+        raise ModelLoadError(f"{folder / 'tokenizer.json'}: missing; the engine needs the checkpoint's tokenizer")
+    try:
+        return Tokenizer.from_hf_dir(folder, eos_ids=eos_ids)
+    except Exception as e:
+        raise ModelLoadError(f"{folder / 'tokenizer.json'}: cannot build the tokenizer ({e})") from e
+
+
+def _read_hf_folder(folder: Path):
+    from safetensors import safe_open
+
+    cfg_path = folder / "config.json"
+    hf = _hf_config(folder)
     arch = hf.get("model_type")
     if arch not in SUPPORTED_ARCHS:
         raise ModelLoadError(f"{cfg_path}: model_type {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
@@ -241,14 +282,7 @@ def _read_hf_folder(folder: Path):
         return hf[key]
 
     n_heads, d_model = int(need("num_attention_heads")), int(need("hidden_size"))
-    eos = hf.get("eos_token_id")
-    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    if not (folder / "tokenizer.json").exists():
-        raise ModelLoadError(f"{folder / 'tokenizer.json'}: missing; the engine needs the checkpoint's tokenizer")
-    try:
-        tokenizer = Tokenizer.from_hf_dir(folder, eos_ids=eos_ids)
-    except Exception as e:
-        raise ModelLoadError(f"{folder / 'tokenizer.json'}: cannot build the tokenizer ({e})") from e
+    tokenizer = _hf_tokenizer(folder, hf.get("eos_token_id"))
     cfg = ModelConfig(
         arch=arch, n_layers=int(need("num_hidden_layers")), d_model=d_model, n_heads=n_heads,
         n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import duckdb
 
-from inferledger.collectors.run_parts import PartError, list_parts
 from inferledger.ledger.load import LoadError, RunFiles
 from inferledger.ledger.modules import Module, ledger_modules, public_tables
 from inferledger.probes.events import EVENT_SCHEMA, SAMPLE_SCHEMA
+from inferledger.probes.run_dir import PartError, list_parts
 
 PUBLIC_TABLES = public_tables()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-# Metric names written to `samples` (DESIGN §4). Units are in the names and in the `unit` column.
+# Metric names written to `samples` (docs/EVENTS.md "Samples"). Units are in the names and in the `unit` column.
 GPU_ENERGY = "gpu_energy_mj"  # mJ, raw counter since driver load (restarts on reload)
 GPU_POWER_INSTANT = "gpu_power_instant_mw"  # mW, NVML_FI_DEV_POWER_INSTANT, stamped with its own time
 GPU_POWER_AVG = "gpu_power_avg_mw"  # mW, nvmlDeviceGetPowerUsage: a 1 s average on Ampere and newer

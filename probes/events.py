@@ -45,8 +45,8 @@ SAMPLE_SCHEMA = pa.schema(
     ]
 )
 
-# Clock domains and the mappings between them (DESIGN §5). A domain row has `clock` set and no
-# `from_clock`; a mapping row says t_to = t_from + offset_ns, give or take epsilon_ns.
+# Clock domains and the mappings between them (docs/EVENTS.md "Clock domains"). A domain row has
+# `clock` set and no `from_clock`; a mapping row says t_to = t_from + offset_ns, give or take epsilon_ns.
 CLOCK_SCHEMA = pa.schema(
     [
         pa.field("run_id", pa.string(), nullable=False),

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
 
-from inferledger.cli.capture import capture
+from inferledger.collectors.capture.run import capture
 from inferledger.collectors.workload import Workload
-from inferledger.engine.server_thread import ServerThread
+from inferledger.serve.thread import ServerThread
 from inferledger.ledger.reconstruct import reconstruct
 from inferledger.probes.events import missing_requirements
 
@@ -114,7 +114,7 @@ def test_client_overhead_percentiles_follow_the_ledger_quantile_rule(scenario):
 
 
 def test_wall_clock_mapping_puts_otlp_spans_in_unix_time(scenario, tmp_path):
-    from inferledger.cli.export import export_run
+    from inferledger.report.export import export_run
 
     run, result, con = scenario
     maps = _rows(con, "SELECT * FROM clocks WHERE to_clock LIKE 'wall:%'")
@@ -306,7 +306,7 @@ def test_black_box_target_has_unknown_server_and_a_gap(tmp_path):
 def test_in_process_target_counts_tokens_per_chunk(bundle, tmp_path):
     """The in-process transport (no HTTP): chunks carry the engine's token counts, so a cancellation
     after N tokens counts tokens, not chunks, and the session id reaches the engine."""
-    from inferledger.cli.embedded import EmbeddedTarget
+    from inferledger.collectors.in_process import EmbeddedTarget
     from inferledger.collectors.loadgen import LoadClient
     from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
     from inferledger.probes.probe import ListSink, Probe

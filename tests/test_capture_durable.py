@@ -133,3 +133,49 @@ def test_serve_out_flushes_while_serving_and_stops_on_sigterm(tmp_path):
     assert con_done == set()  # no client events: nothing is client-completed, the server's side is there
     con = duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
     assert con.execute("SELECT server_status FROM attempts WHERE attempt_id = 'S1'").fetchone()[0] == "completed"
+
+
+def test_serve_started_with_sigint_ignored_still_stops_on_sigint(tmp_path):
+    """A shell script's background job (`inferledger serve &`) inherits SIGINT ignored; `kill -INT`
+    must stop it all the same, with its run written."""
+    import urllib.request
+
+    run, port = tmp_path / "bg", 21119
+    proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(port), "-o", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline, up = time.monotonic() + START_LIMIT_S, False
+        while not up and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                up = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
+            except OSError:
+                pass
+        assert up, proc.stderr.read() if proc.poll() is not None else "not up"
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=120)  # a bound: it stops, or the test fails
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert (manifest["state"], manifest["interrupted"]) == ("interrupted", "SIGINT")
+
+
+def test_sigint_raises_inside_the_stop_block_whatever_the_process_inherited():
+    from inferledger.collectors.capture.interrupt import sigterm_like_sigint
+
+    import os
+
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job starts
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with sigterm_like_sigint():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler runs here; reaching the end means SIGINT was ignored
+                raise AssertionError("SIGINT was ignored inside the block")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # the inherited disposition is back
+    finally:
+        signal.signal(signal.SIGINT, old)

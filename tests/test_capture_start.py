@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inferledger.cli import capture as capture_mod
+from inferledger.collectors.capture import run as capture_mod
 from inferledger.collectors.workload import Workload
 from inferledger.engine import loader
 
@@ -49,6 +49,17 @@ def test_a_tokenizer_that_cannot_load_leaves_no_run(tmp_path):
     assert out.exists() and list(out.iterdir()) == []
 
 
+def test_the_workload_tokenizer_is_read_through_the_loaders_checks(tmp_path):
+    from inferledger.collectors.prompt_tokenizer import load_tokenizer
+    from inferledger.engine.loader import ModelLoadError
+
+    bad = tmp_path / "half.gguf"
+    bad.write_bytes(loader.default_model_path().read_bytes()[:4096])  # a torn copy of the bundled file
+    with pytest.raises(ModelLoadError, match=r"half\.gguf: unreadable GGUF"):
+        load_tokenizer(str(bad))
+    assert load_tokenizer("bundled").hash == loader.load_tokenizer().hash
+
+
 def test_a_folder_holding_a_run_is_refused_and_keeps_its_manifest(tmp_path):
     from inferledger.collectors.out_dir import RunExistsError
 
@@ -66,7 +77,7 @@ def test_the_calibration_probe_runs_as_the_step_thread_will(bundle):
 
     import torch
 
-    from inferledger.cli.embedded_server import probe_throughput
+    from inferledger.collectors.capture.speed_probe import probe_throughput
 
     before = torch.get_num_threads()
     speed = probe_throughput(bundle, max_num_seqs=2, tokens=2)

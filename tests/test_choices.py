@@ -26,8 +26,8 @@ def test_the_server_names_the_choice_of_every_write_it_streams(bundle):
     import urllib.request
 
     from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
-    from inferledger.engine.server import build_app
-    from inferledger.engine.server_thread import ServerThread
+    from inferledger.serve.app import build_app
+    from inferledger.serve.thread import ServerThread
     from inferledger.probes.probe import ListSink
 
     sink = ListSink()

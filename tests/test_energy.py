@@ -404,7 +404,7 @@ def test_doctor_json_lists_sources_with_status_and_reason(tree):
     from inferledger.cli.app import app
 
     runner = CliRunner()
-    res = runner.invoke(app, ["doctor", "--json"])
+    res = runner.invoke(app, ["doctor", "--format", "json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.output)
     sources = report["sources"]
@@ -419,7 +419,7 @@ def test_doctor_json_lists_sources_with_status_and_reason(tree):
         assert gpu["status"] == "unavailable" and "NVML" in gpu["reason"] and "not zero" in gpu["meaning"]
     # a readable tree makes its zones available, the MMIO copy says it was skipped
     root, _ = tree
-    res = runner.invoke(app, ["doctor", "--json", "--powercap-root", str(root)])
+    res = runner.invoke(app, ["doctor", "--format", "json", "--powercap-root", str(root)])
     rapl = [s for s in json.loads(res.output)["sources"] if s["source"] == "rapl"]
     assert [s["status"] for s in rapl] == ["available", "available", "available", "unavailable"]
     assert "measured" in json.loads(res.output)["energy"]["cpu"]

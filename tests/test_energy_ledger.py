@@ -100,7 +100,7 @@ def test_vllm_style_goodput_uses_declared_thresholds(tmp_path):
     assert con2.execute("select vllm_goodput_rps from run_metrics").fetchone()[0] is None
 
 
-# -- samples that do not line up with the window (issue 10, item 7) --------------------------------
+# -- samples that do not line up with the window ---------------------------------------------------
 
 def _counter(points):
     """(ms, joules in the interval ending at ms) -> raw gpu_energy_mj samples, counter from 1000 J."""

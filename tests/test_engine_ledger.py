@@ -252,7 +252,7 @@ def test_device_steps_from_an_engine_run_reach_the_ledger(bundle, tmp_path):
     # the Perfetto trace draws every device step on the cuda clock's own track, mapped onto the run's axis
     from test_export import validate_trace
 
-    from inferledger.cli.export import export_run
+    from inferledger.report.export import export_run
 
     trace = json.loads(Path(export_run(run_dir, "perfetto", tmp_path / "t.json").destination).read_text())
     validate_trace(trace)

@@ -11,9 +11,9 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_report import SAMPLES, build_demo_run
 
-from inferledger.cli.export import export_run
-from inferledger.cli.export_otlp import emit_spans
-from inferledger.cli.report_data import open_run
+from inferledger.report.export import export_run
+from inferledger.report.export_otlp import emit_spans
+from inferledger.report.read import open_run
 from inferledger.collectors.importer import import_archive
 from inferledger.ledger.reconstruct import reconstruct
 
@@ -193,10 +193,10 @@ def test_export_command(demo, tmp_path):
     from inferledger.cli.app import app
 
     for fmt, name in (("perfetto", "t.json"), ("otlp", "s.jsonl")):
-        res = CliRunner().invoke(app, ["export", str(demo), "--format", fmt, "--out", str(tmp_path / name)])
+        res = CliRunner().invoke(app, ["export", str(demo), "--as", fmt, "--out", str(tmp_path / name)])
         assert res.exit_code == 0, res.output
         assert (tmp_path / name).stat().st_size > 0
-    res = CliRunner().invoke(app, ["export", str(demo), "--format", "zipkin"])
+    res = CliRunner().invoke(app, ["export", str(demo), "--as", "zipkin"])
     assert res.exit_code != 0 and "perfetto" in res.output
 
 

@@ -1,4 +1,4 @@
-"""Impossible inputs are named (issue 10, item 6, ledger side): a figure that would come out negative
+"""Impossible inputs are named (the ledger side): a figure that would come out negative
 on one clock is NULL with a gap row naming the attempt and both events; conflicting client terminals
 follow the earliest-terminal rule for every figure; two runs with one run_id are not mixed in a query."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One clock rule, no fallbacks (issue 10, item 5): no figure compares raw timestamps of two clocks.
+"""One clock rule, no fallbacks: no figure compares raw timestamps of two clocks.
 Each run puts the client's clock far from the server's, so a raw comparison gives a wildly wrong value."""
 from __future__ import annotations
 

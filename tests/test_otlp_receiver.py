@@ -78,7 +78,7 @@ def test_import_otlp_builds_a_server_side_ledger(tmp_path):
     f = tmp_path / "traces.jsonl"
     f.write_text(json.dumps(request(llm_request())) + "\n")
     run = tmp_path / "run"
-    res = CliRunner().invoke(app, ["import", "--from", "otlp", str(f), "--out", str(run), "--host", "gpu7",
+    res = CliRunner().invoke(app, ["import", "--from", "otlp", str(f), "--out", str(run), "--engine-host", "gpu7",
                                    "--reporter", "vllm-0.32.0"])
     assert res.exit_code == 0, res.output
     reconstruct(run)

@@ -107,7 +107,7 @@ def test_lenient_keeps_each_refused_record_as_a_gap(tmp_path):
 
 
 def test_report_and_summary_put_aiperfs_numbers_beside_ours(imported):
-    from inferledger.cli.report import build_report
+    from inferledger.report.build import build_report
 
     run, _ = imported
     theirs = SUMMARY["time_to_first_token"]
@@ -116,14 +116,14 @@ def test_report_and_summary_put_aiperfs_numbers_beside_ours(imported):
     part = part[:part.index("</table>")]
     assert f"{theirs['avg']:,.1f} / {theirs['p50']:,.1f} / {theirs['p99']:,.1f}" in part
     assert part.count("<tr>") == 4  # a header, then TTFT, ITL, E2E: the metrics AIPerf prints
-    res = CliRunner().invoke(app, ["summary", str(run), "--format", "json"])
+    res = CliRunner().invoke(app, ["summary", str(run), "--table", "peers", "--format", "json"])
     assert res.exit_code == 0, res.output
     rows = {r["metric"]: r for r in json.loads(res.output)}
     assert set(rows) == {"TTFT", "ITL", "E2E"} and all(r["reporter"] == "aiperf-0.13.0" for r in rows.values())
     itl = rows["ITL"]
     assert itl["tool_mean_ms"] == pytest.approx(SUMMARY["inter_token_latency"]["avg"], abs=1e-6)
     assert itl["ours_n"] > itl["tool_n"] == 40 and "re-tokenised" in itl["reason"]
-    csv_out = CliRunner().invoke(app, ["summary", str(run), "--format", "csv"]).output.splitlines()
+    csv_out = CliRunner().invoke(app, ["summary", str(run), "--table", "peers", "--format", "csv"]).output.splitlines()
     assert csv_out[0].startswith("metric,tool,imported,reporter") and len(csv_out) == 4
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from inferledger.cli.report import build_report
+from inferledger.report.build import build_report
 from inferledger.collectors.importer import import_archive
 from inferledger.collectors.writer import RunWriter, write_table_atomic
 from inferledger.ledger.reconstruct import reconstruct
@@ -247,7 +247,7 @@ def test_screenshot_shows_the_timeline(compared, tmp_path):
 def test_declared_slo_puts_the_vllm_goodput_beside_ours(tmp_path):
     import duckdb
 
-    from inferledger.cli.report_html import esc
+    from inferledger.report.page import esc
 
     run = build_demo_run(tmp_path / "slo", slo={"ttft_ms": 100, "e2e_ms": 250})  # A0 and A3 within, A1 too slow
     con = duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
@@ -273,7 +273,7 @@ def test_declared_slo_puts_the_vllm_goodput_beside_ours(tmp_path):
 def test_headline_sets_the_peers_definitions_beside_ours(runs, tmp_path):
     import duckdb
 
-    from inferledger.cli.report_html import esc
+    from inferledger.report.page import esc
 
     html = build_report(runs[0], tmp_path / "peers.html").path.read_text(encoding="utf-8")
     part = html[html.index("The same names in other tools"):]

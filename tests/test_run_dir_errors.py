@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from inferledger.cli.app import app
 from inferledger.collectors.importer import import_archive
-from inferledger.collectors.run_parts import compact
+from inferledger.probes.run_dir import compact
 from inferledger.ledger.reconstruct import RunDirError, StageError, reconstruct
 from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA
 

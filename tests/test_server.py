@@ -21,8 +21,8 @@ import openai
 import pytest
 
 from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine, SamplingParams
-from inferledger.engine.server import build_app
-from inferledger.engine.server_thread import ServerThread
+from inferledger.serve.app import build_app
+from inferledger.serve.thread import ServerThread
 from inferledger.probes.probe import ListSink
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 
 from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
-from inferledger.engine.server import build_app
-from inferledger.engine.server_thread import ServerThread
+from inferledger.serve.app import build_app
+from inferledger.serve.thread import ServerThread
 from inferledger.probes.probe import ListSink
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from aiohttp import web
 from inferledger.collectors.http_transport import HTTPTarget
 from inferledger.collectors.loadgen import TransportError
 from inferledger.collectors.sse import SSEDecoder
-from inferledger.engine.server_thread import ServerThread
+from inferledger.serve.thread import ServerThread
 
 IDS = {"attempt_id": "A1", "request_id": "R1", "task_id": "T1"}
 WAIT_S = 20.0  # how long the server waits for the client to have read an event (a bound, not a timing)

@@ -30,3 +30,35 @@ def test_summary_sets_the_peers_readings_beside_ours(tmp_path):
     assert "MLPerf-style" in text and "vLLM-style goodput" not in text
     # no verdicts: A1 and A2 are unjudged; A3 timed out, so it is judged not good
     assert "good results (correct and on time): 0 of 1 judged, 3 attempts" in text
+
+
+def test_reconstruct_of_an_engine_only_run_prints_unknown_goodput_instead_of_crashing(tmp_path):
+    """Server and engine events, no client: goodput is NULL (no client results) and the summary says
+    so, with what it needs, in every format."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from ledger_util import build_run
+
+    run = tmp_path / "engine-only"
+    events = [dict(name="server.received", ms=0, source="server"), dict(name="engine.enqueued", ms=1, source="engine"),
+              dict(name="engine.scheduled", ms=2, source="engine"),
+              dict(name="engine.prefill", ms=3, source="engine", value=5),
+              dict(name="engine.token", ms=10, source="engine", value=1),
+              dict(name="engine.token", ms=20, source="engine", value=1),
+              dict(name="engine.finished", ms=21, source="engine", attrs={"reason": "stop"}),
+              dict(name="server.write", ms=21, source="server", value=2, attrs={"kinds": ["content"]}),
+              dict(name="server.done", ms=22, source="server", attrs={"status": 200})]
+    build_run(run, events, manifest={"source": "test"}).close()
+    res = CliRunner().invoke(app, ["reconstruct", str(run)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "goodput over a 0.0 s window: unknown — needs client events" in res.output
+    res = CliRunner().invoke(app, ["reconstruct", str(run), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["run"]["goodput_rps"] is None and out["run"]["t_obs_s"] == 0.021
+    assert out["ledger"]["n_attempts"] == 1
+    engine_ttft = next(r for r in out["latency"] if r["column"] == "request_metrics.ttft_server_ms")
+    assert (engine_ttft["n"], engine_ttft["p50_ms"]) == (1, 9.0)  # token at 10 ms − enqueued at 1 ms

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from inferledger.cli.capture import capture
+from inferledger.collectors.capture.run import capture
 from inferledger.collectors.workload import Workload
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Unknown is NULL plus a gap row, never 0, inf or NaN (issue 10, item 4): expected values by hand."""
+"""Unknown is NULL plus a gap row, never 0, inf or NaN: expected values by hand."""
 from __future__ import annotations
 
 import pytest

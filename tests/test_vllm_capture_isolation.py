@@ -21,10 +21,10 @@ import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
 
-from inferledger.cli.capture import capture
+from inferledger.collectors.capture.run import capture
 from inferledger.collectors import engine_evidence
 from inferledger.collectors.workload import Workload
-from inferledger.engine.server_thread import ServerThread
+from inferledger.serve.thread import ServerThread
 from inferledger.ledger.reconstruct import reconstruct
 
 N_TASKS = 8

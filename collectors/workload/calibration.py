@@ -2,15 +2,10 @@
 engine speed measured there, so the run keeps its load relative to capacity and its duration."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .load import Workload
-
 SCALED = ("rate_rps", "n_tasks", "timeout_ms", "deadline_ms")  # what the manifest shows before and after
 
 
-def calibrate(wl: "Workload", measured_tok_s: float) -> dict:
+def calibrate(wl, measured_tok_s: float) -> dict:  # wl: a load.Workload (not imported: load imports this)
     """Scale `wl` in place by f = measured / calibrate_tok_s (never above 1): rate and task count times
     f, client timeouts and task deadlines divided by f (injected faults and tool delays unchanged);
     [slo] thresholds stretch like the deadlines. Closed loops and replays are left alone. Returns

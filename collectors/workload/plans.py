@@ -3,15 +3,11 @@ prompts, its contract and the faults injected into it), deterministic from the w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .prompts import PromptBuilder
 from .schema import TaskClass
 from .tasks import Question
 from .trace_plans import trace_tasks
-
-if TYPE_CHECKING:
-    from .load import Workload
 
 
 @dataclass
@@ -61,9 +57,10 @@ def class_sequence(classes: list[TaskClass], n_tasks: int) -> list[TaskClass]:
     return out
 
 
-def build_plans(wl: "Workload", tokenizer=None, context_tokens: int | None = None) -> list[TaskPlan]:
+def build_plans(wl, tokenizer=None, context_tokens: int | None = None) -> list[TaskPlan]:  # wl: a load.Workload
     """Every task's plan: ids, contract, prompts (built to exact token counts with `tokenizer`); a
-    trace's rows are fitted to `context_tokens`, the served model's context, when it is known."""
+    trace's rows are fitted to `context_tokens`, the served model's context, when it is known.
+    (`wl` is not annotated with its class: load.py imports this module.)"""
     if wl.needs_tokenizer and tokenizer is None:
         raise ValueError(f"workload {wl.name}: prompt_tokens / shared_prefix_tokens / a trace need the model's "
                          f"tokenizer")
@@ -96,7 +93,7 @@ def build_plans(wl: "Workload", tokenizer=None, context_tokens: int | None = Non
     return plans
 
 
-def _class_tasks(wl: "Workload", tokenizer) -> list[tuple[TaskClass, list[tuple[Question, str | None, int | None]]]]:
+def _class_tasks(wl, tokenizer) -> list[tuple[TaskClass, list[tuple[Question, str | None, int | None]]]]:
     """(class, [(question, system message, exact prompt tokens)] of each request) of each task of the mix."""
     builders: dict[str, PromptBuilder] = {}
     out, q = [], 0

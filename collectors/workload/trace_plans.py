@@ -16,7 +16,6 @@ from .trace_prompts import BlockPrompts
 from .trace_read import FIELDS, TraceRead, TraceRow, read_trace
 
 if TYPE_CHECKING:
-    from .load import Workload
     from .tasks import Question
 
 MAX_LINES = 100  # trace lines listed per kind of change in the manifest (all are counted)
@@ -64,11 +63,12 @@ class TraceSource:
         return list(dict.fromkeys(self.class_name(r) for r in self.sent_rows))
 
 
-def trace_tasks(wl: "Workload", tokenizer, context_tokens: int | None = None) \
+def trace_tasks(wl, tokenizer, context_tokens: int | None = None) \
         -> list[tuple[TaskClass, "Question", str, int]]:
     """(class, question, system message, prompt tokens) of each task, in row order; `context_tokens` is
     the served model's context when known (the embedded engine's). Sets `wl.trace.summary`; a ValueError
-    lists every row that strict = true refuses."""
+    lists every row that strict = true refuses. (`wl`, a load.Workload, is not annotated with its
+    class: load.py imports this module.)"""
     src, spec = wl.trace, wl.trace.spec
     known = [c for c in (context_tokens, spec.context_tokens) if c is not None]
     context = min(known) if known else None

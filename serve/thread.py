@@ -57,6 +57,9 @@ class ServerThread:
             loop.run_until_complete(runner.cleanup())
             loop.close()
 
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def call(self, coro, timeout: float | None = None):
         """Run a coroutine on the server's loop from another thread and return its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

@@ -1,13 +1,13 @@
 """The per-request timeline: one row per attempt (client stream behind, engine stream in front), arrival
 markers, prefill chunks, preemptions and cancellations, drawn from `intervals` and `events` on one
-clock axis (report_clocks). A big run is drawn as attempts-per-stage over time for every attempt plus
+clock axis (report/clocks.py). A big run is drawn as attempts-per-stage over time for every attempt plus
 the rows of a sample (the slowest, the abnormal, and an even spread by arrival); docs/REPORT.md.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from inferledger.cli.report_html import esc
+from inferledger.report.page import esc
 
 # Colours follow the book's timelines: prefill blue, decode green, queue grey.
 STATE_COLORS = {

@@ -15,7 +15,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from inferledger.cli.report_clocks import build_timebase
+from inferledger.report.clocks import build_timebase
 
 STREAM_ORDER = {"client": 0, "link": 1, "server": 2, "engine": 3}
 INSTANTS = ("attempt.cancel", "attempt.timeout", "attempt.error", "engine.preempted", "engine.cancel_received",
@@ -126,7 +126,7 @@ def build_trace(rv) -> dict:
     n_out = _outputs(rv, ax, tr, lane_tid)
     _steps(rv, ax, tr)
     _counters(rv, ax, tr)
-    meta = {"run": rv.name, "generator": "inferledger export --format perfetto", "reference_clock": ax.tb.ref,
+    meta = {"run": rv.name, "generator": "inferledger export --as perfetto", "reference_clock": ax.tb.ref,
             "axes": {ax.names[p]: {"pid": p, "origin_ns": str(o)} for c, p in ax.pid.items()
                      for o in [ax.origin[c]]},
             "output_event_instants": n_out}

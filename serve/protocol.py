@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from .params import SamplingParams
+from inferledger.engine.params import SamplingParams
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 ROLES = ("system", "user", "assistant", "tool", "developer")

@@ -3,7 +3,7 @@
 Order, so that each refusal is the cheapest one that applies: id headers -> API key (401) -> JSON body
 (400/413) -> `server.received` -> fields and ranges (400), model (404) -> admission (429/503/409) ->
 prompt tokens and the engine's own checks (400) -> the first delta, and only then the response
-headers (`server_stream.produce`). Every refusal with an attempt id is a `server.rejected` event.
+headers (`stream.produce`). Every refusal with an attempt id is a `server.rejected` event.
 
 The event loop never does work proportional to a request's size: a body over `OFF_LOOP_BYTES` is
 decoded and checked in a worker thread, every prompt is templated and tokenised in one, and a text
@@ -15,86 +15,16 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import re
 import time
-import uuid
-from collections import OrderedDict
-from dataclasses import dataclass, field
 
 from aiohttp import web
 
 OFF_LOOP_BYTES = 64 * 1024  # bodies above this are decoded off the event loop
 
-from .openai_protocol import (CHAT, COMPLETIONS, DEFAULT_COMPLETION_MAX_TOKENS, KNOWN_FIELDS, ApiError,
+from .protocol import (CHAT, COMPLETIONS, DEFAULT_COMPLETION_MAX_TOKENS, KNOWN_FIELDS, ApiError,
                               GenerationRequest, Shaper, engine_error, parse_chat, parse_completion)
-from .server_stream import Attempt, produce
-
-_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
-ID_HEADERS = ("x-request-id", "x-inferledger-request-id", "x-inferledger-attempt-id", "x-inferledger-task-id",
-              "x-inferledger-session-id")
-
-
-@dataclass
-class Ids:
-    request_id: str
-    attempt_id: str
-    task_id: str | None = None
-    session_id: str | None = None
-    client_request_id: str | None = None  # the client's x-request-id, echoed back
-    trace: dict = field(default_factory=dict)
-    problem: tuple[str, str] | None = None  # (header, message) of an unusable id header
-
-    def columns(self) -> dict:
-        return {"request_id": self.request_id, "attempt_id": self.attempt_id, "task_id": self.task_id,
-                "session_id": self.session_id}
-
-    def headers(self) -> dict:
-        return {"x-request-id": self.client_request_id or self.request_id, "x-inferledger-attempt-id": self.attempt_id}
-
-
-def parse_traceparent(value: str | None) -> dict:
-    """W3C trace context: version-traceid-parentid-flags. Invalid values are kept apart, never guessed."""
-    if not value:
-        return {}
-    m = _TRACEPARENT.match(value.strip().lower())
-    if not m or m.group(1) == "ff" or set(m.group(2)) == {"0"} or set(m.group(3)) == {"0"}:
-        return {"traceparent_invalid": value[:80]}
-    return {"trace_id": m.group(2), "parent_span_id": m.group(3), "trace_flags": m.group(4)}
-
-
-class IdAssigner:
-    """attempt id = x-inferledger-attempt-id, else x-request-id (suffixed #2, #3 ... when a client reuses
-    it, so a retry is a new attempt of the same request), else generated; request id =
-    x-inferledger-request-id, else x-request-id, else the attempt id."""
-
-    def __init__(self, remember: int = 100_000) -> None:
-        self._seen: OrderedDict[str, int] = OrderedDict()
-        self.remember = remember
-
-    def assign(self, headers) -> Ids:
-        got, problem = {}, None
-        for name in ID_HEADERS:
-            v = (headers.get(name) or "").strip()
-            if v and (len(v) > 256 or not v.isprintable()):
-                problem = (name, f"header {name} must be 1 to 256 printable characters")
-            elif v:
-                got[name] = v
-        xrid, aid = got.get("x-request-id"), got.get("x-inferledger-attempt-id")
-        if aid is None and xrid is not None:
-            aid = xrid
-            if xrid in self._seen:
-                self._seen[xrid] += 1
-                self._seen.move_to_end(xrid)
-                aid = f"{xrid}#{self._seen[xrid]}"
-            else:
-                self._seen[xrid] = 1
-                if len(self._seen) > self.remember:
-                    self._seen.popitem(last=False)
-        aid = aid or f"srv-{uuid.uuid4().hex}"
-        return Ids(request_id=got.get("x-inferledger-request-id") or xrid or aid, attempt_id=aid,
-                   task_id=got.get("x-inferledger-task-id"), session_id=got.get("x-inferledger-session-id"),
-                   client_request_id=xrid, trace=parse_traceparent(headers.get("traceparent")), problem=problem)
-
+from .ids import Ids
+from .stream import Attempt, produce
 
 def check_auth(api_key: str | None, headers) -> None:
     if api_key is None:
@@ -139,6 +69,8 @@ def _admit(server, ids: Ids) -> None:
     down = server.engine_down()
     if down:
         raise ApiError(503, down, code="engine_unavailable")
+    if server.draining:
+        raise ApiError(503, "the server is shutting down and admits no new request", code="server_shutting_down")
     if server.in_flight >= server.max_queue:
         raise ApiError(429, f"the server is at its admission limit ({server.max_queue} requests waiting or "
                             "running); retry after the delay in Retry-After", type="rate_limit_error",
@@ -237,10 +169,16 @@ async def handle_generation(server, request: web.Request, endpoint: str) -> web.
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():
                 raise  # this handler is being cancelled (shutdown)
+            if work in server.shut:  # cancelled at the end of a drain; server.done says so
+                if a.resp is not None and a.resp.prepared:
+                    return a.resp  # the stream ends here, without [DONE]
+                err = ApiError(503, "the server stopped before this request finished", code="server_shutting_down")
+                return web.json_response(err.body(), status=503, headers=ids.headers())
             return web.Response(status=499)  # the client left; produce() has recorded it
         finally:
             server.watched.pop(work, None)
             server.gone.discard(work)
+            server.shut.discard(work)
     except ApiError as exc:
         server.emit("server.rejected", ids, status=exc.status, error=exc.message, code=exc.code, param=exc.param,
                     endpoint=endpoint, **({} if received else ids.trace))

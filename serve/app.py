@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP front end of the reference engine (aiohttp).
 
     app = build_app(AsyncEngine(LLMEngine(bundle, sink=writer)), bundle.tokenizer, model_name="smollm2")
-    serve(async_engine, tokenizer, model_name="smollm2", port=8000)        # or: inferledger serve
+    ServerThread(app, port=8000).start()       # or serve/lifecycle.py's Serving, or: inferledger serve
 
 Endpoints: POST /v1/completions and /v1/chat/completions (SSE streaming or whole, usage), GET
 /v1/models, /health, /metrics (Prometheus text), /clock (this server's clock domain and its
@@ -26,9 +26,10 @@ from aiohttp import web
 
 from inferledger.probes.probe import Probe
 
-from .openai_protocol import CHAT, COMPLETIONS, ApiError
-from .server_metrics import ServerMetrics
-from .server_request import IdAssigner, Ids, check_auth, handle_generation, max_token_bytes
+from .protocol import CHAT, COMPLETIONS, ApiError
+from .metrics import ServerMetrics
+from .ids import IdAssigner, Ids
+from .request import check_auth, handle_generation, max_token_bytes
 
 log = logging.getLogger(__name__)
 SERVER_KEY = web.AppKey("inferledger_server", object)
@@ -57,6 +58,8 @@ class OpenAIServer:
         self.active: set[str] = set()  # attempt ids in flight here
         self.watched: dict[asyncio.Task, web.Request] = {}  # producing tasks whose client we watch
         self.gone: set[asyncio.Task] = set()  # tasks cancelled because their client went away
+        self.draining = False  # stopping: admit nothing new (serve/lifecycle.py's drain rule)
+        self.shut: set[asyncio.Task] = set()  # tasks cancelled because the server is stopping
         self._background: list[asyncio.Task] = []
         self.created = int(time.time())
 
@@ -87,6 +90,15 @@ class OpenAIServer:
                     self.watched.pop(task, None)
                     self.gone.add(task)
                     task.cancel()
+
+    async def cancel_in_flight(self) -> int:
+        """Cancel every request still producing (the end of a drain); each records `server.done` with
+        `aborted` and its engine request is aborted. Returns how many were cancelled."""
+        tasks = [t for t in self.watched if not t.done()]
+        for task in tasks:
+            self.shut.add(task)
+            task.cancel()
+        return len(tasks)
 
     # -- handlers ---------------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -172,12 +184,3 @@ def build_app(async_engine, tokenizer, *, model_name: str, sink=None, run_id: st
     app.on_startup.append(server.on_startup)
     app.on_cleanup.append(server.on_cleanup)
     return app
-
-
-def serve(async_engine, tokenizer, *, host: str = "127.0.0.1", port: int = 8000, model_name: str,
-          shutdown_timeout: float = 5.0, print=print, handle_signals: bool = True, **app_kwargs) -> None:
-    """Run the server until interrupted (Ctrl-C / SIGTERM; `handle_signals=False` leaves both to the caller,
-    as KeyboardInterrupt). Binds loopback unless told otherwise."""
-    app = build_app(async_engine, tokenizer, model_name=model_name, **app_kwargs)
-    web.run_app(app, host=host, port=port, shutdown_timeout=shutdown_timeout, access_log=None, print=print,
-                handle_signals=handle_signals)

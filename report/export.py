@@ -1,6 +1,6 @@
 """`inferledger export`: a run's ledger as a Perfetto trace or as OpenTelemetry spans.
 
-    from inferledger.cli.export import export_run
+    from inferledger.report.export import export_run
     export_run("runs/r1", "perfetto")                          # -> runs/r1/trace.perfetto.json
     export_run("runs/r1", "otlp")                              # -> runs/r1/spans.otlp.jsonl
     export_run("runs/r1", "otlp", endpoint="http://localhost:4318")   # OTLP/HTTP (protobuf)
@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from inferledger.cli.report_data import open_run
+from inferledger.report.read import open_run
 
 FORMATS = ("perfetto", "otlp")
 DEFAULT_NAMES = {"perfetto": "trace.perfetto.json", "otlp": "spans.otlp.jsonl"}
@@ -93,11 +93,11 @@ def export_run(run, fmt: str, out=None, *, endpoint: str | None = None) -> Expor
     try:
         if fmt == "perfetto":
             path = Path(out) if out else rv.run_dir / DEFAULT_NAMES[fmt]
-            from inferledger.cli.export_perfetto import write_trace
+            from inferledger.report.export_perfetto import write_trace
 
             counts = write_trace(rv, path)
             return ExportResult(fmt, str(path), time.perf_counter() - t0, counts)
-        from inferledger.cli.export_otlp import emit_spans
+        from inferledger.report.export_otlp import emit_spans
 
         if endpoint:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

@@ -7,8 +7,8 @@ many attempts joined a span. Every number here is `reported` (docs/EVENTS.md "Ev
 """
 from __future__ import annotations
 
-from inferledger.cli.report_data import num
-from inferledger.cli.report_html import esc, note, section, table
+from inferledger.report.read import num
+from inferledger.report.page import esc, note, section, table
 
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 

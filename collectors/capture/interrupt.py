@@ -1,9 +1,12 @@
-"""SIGTERM taken the way of SIGINT, and the exit code each owes (128 + the signal's number).
+"""SIGINT and SIGTERM as a clean stop of a capture or a server, and the exit code each owes (128 + N).
 
 A CI timeout, `docker stop` or systemd sends SIGTERM; it must stop a capture or a server the way
 Ctrl-C does: inside `asyncio.run` its main task is cancelled (asyncio's own SIGINT path, so every
 task is awaited and none is left with an unretrieved exception), elsewhere KeyboardInterrupt is
 raised. The command then records what stopped it, closes the run and exits 143 (130 for SIGINT).
+
+SIGINT is taken whatever disposition the process inherited: a shell script's background job (`cmd &`)
+starts with SIGINT ignored, and `kill -INT` must still stop it, as it stops uvicorn-based servers.
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ class Interrupted(KeyboardInterrupt):
 
 @contextmanager
 def sigterm_like_sigint():
-    """Within the block SIGTERM acts as SIGINT; yields a dict whose "signum" is set by SIGTERM."""
+    """Within the block SIGINT raises KeyboardInterrupt and SIGTERM acts as SIGINT; yields a dict whose
+    "signum" is set by SIGTERM."""
     got: dict = {"signum": None}
     if threading.current_thread() is not threading.main_thread():
         yield got
@@ -40,11 +44,16 @@ def sigterm_like_sigint():
         else:
             raise KeyboardInterrupt
 
+    old_int = signal.getsignal(signal.SIGINT)
+    if old_int is signal.SIG_IGN or old_int is signal.SIG_DFL:  # inherited ignored (or reset): take it back
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     old = signal.signal(signal.SIGTERM, on_term)
     try:
         yield got
     finally:
         signal.signal(signal.SIGTERM, old)
+        if old_int is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, old_int)
 
 
 def signal_name(got: dict, exc: BaseException) -> str:

@@ -1,13 +1,14 @@
 """`report --compare`: two runs side by side, headline figures with Δ and Δ%, overlaid distributions.
 
 Δ = this run − the compared run; Δ% is relative to the compared run. Every figure is the one the
-single-run report shows (report_data), read from each run's own ledger.
+single-run report shows (report/data.py), read from each run's own ledger.
 """
 from __future__ import annotations
 
-from inferledger.cli import report_data as rd
-from inferledger.cli import report_figs as figs
-from inferledger.cli.report_html import esc, flatten, fmt, note, section
+from inferledger.report import data as rd
+from inferledger.report import figs, tables
+from inferledger.report.read import num
+from inferledger.report.page import esc, flatten, fmt, note, section
 
 IDENTITY_PARTS = (("model", ("path", "sha256", "format", "quantization")), ("engine_config", None),
                   ("workload", ("name", "sha256", "hash")), ("host", None), ("evidence", None), ("source", None))
@@ -32,7 +33,7 @@ def metric_rows(rv, h: dict) -> list[tuple[str, object, str]]:
             ("good results", h["n_good"], ""), ("T_obs", h["t_obs_s"], "s"),
             ("goodput", h["goodput_rps"], "req/s"), ("completed throughput", h["completed_rps"], "req/s"),
             ("energy per good result", h["energy_per_good_j"], "J")]
-    for r in rd.latency(rv):
+    for r in tables.latency(rv):
         for q, v in zip(("p50", "p99"), (r["values"][0], r["values"][2])):
             rows.append((f"{r['metric']} {q} · {r['layer']}", v, "ms"))
     return rows
@@ -80,7 +81,7 @@ def compare_section(page, a, ha: dict, b, hb: dict) -> str:
     peaks = []
     for r, h in ((a, ha), (b, hb)):
         peak = r.one("SELECT max(value) FROM samples WHERE metric = 'kv_blocks_used'")[0]
-        peaks.append((r.name, rd.num(peak), h["t_obs_s"]))
+        peaks.append((r.name, num(peak), h["t_obs_s"]))
     if any(p[1] is not None for p in peaks):
         body += "<h3>Peak KV blocks used against T_obs</h3>" + page.figure("cmp-kv", figs.kv_vs_makespan(peaks))
     return section("compare", f"{a.name} compared with {b.name}", body,

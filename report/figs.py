@@ -1,7 +1,7 @@
 """Plotly figures (as plain JSON dicts, drawn by the page) for the report's distribution panels."""
 from __future__ import annotations
 
-from inferledger.cli.report_html import esc
+from inferledger.report.page import esc
 
 LAYER_COLORS = {"client": "#1f77b4", "server": "#ff7f0e", "engine": "#2ca02c"}
 KV_COLORS = {"kv_blocks_used": "#d62728", "kv_blocks_cached": "#9467bd", "kv_blocks_free": "#c7e9c0"}

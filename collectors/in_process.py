@@ -3,7 +3,7 @@
 No HTTP in between (notebooks, tests of the client alone): each engine delta becomes one stream event
 (`Chunk`) with the exact number of tokens it carries, as the HTTP front end writes them. `attempt.sent`
 is the moment the request is handed to the engine; closing the stream early aborts the request in the
-engine. `inferledger capture` uses the real HTTP server instead (cli/capture.py).
+engine. `inferledger capture` uses the real HTTP server instead (collectors/capture/run.py).
 """
 from __future__ import annotations
 

@@ -1,51 +1,9 @@
-"""The reference engine behind its real HTTP front end, in this process, for `inferledger capture`
-(and the engine's speed on this machine now, which `[arrivals] calibrate_tok_s` is compared with)."""
+"""The engine's speed on this machine now, which `[arrivals] calibrate_tok_s` is compared with."""
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
-
-from inferledger.collectors.writer import RunWriter
-
-
-class EmbeddedServer:
-    """The engine plus its HTTP front end on 127.0.0.1:<ephemeral>, in a thread of its own."""
-
-    def __init__(self, writer: RunWriter, host: str, *, max_num_seqs: int = 8, model: str | None = None,
-                 bundle=None, engine_config: dict | None = None) -> None:
-        """`bundle`: an already loaded model (else `model`, a path, or the bundled default, is loaded)."""
-        from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
-        from inferledger.engine.server import build_app
-        from inferledger.engine.server_thread import ServerThread
-
-        if bundle is None:
-            from inferledger.engine.loader import load_model
-
-            bundle = load_model(model)
-        self.bundle = bundle
-        self.config = EngineConfig(**{"max_num_seqs": max_num_seqs, **(engine_config or {})})
-        self.engine = LLMEngine(self.bundle, self.config, sink=writer, run_id=writer.run_id, host=host)
-        self.async_engine = AsyncEngine(self.engine)
-        self.model_name = Path(self.bundle.identity["path"]).stem
-        app = build_app(self.async_engine, self.bundle.tokenizer, model_name=self.model_name,
-                        sink=writer, run_id=writer.run_id, host=host)
-        self.thread = ServerThread(app)  # binds 127.0.0.1 only
-
-    def start(self) -> str:
-        self.async_engine.start()
-        return self.thread.start().url
-
-    def stop(self, drain_s: float = 60.0) -> None:
-        # Attempts the client gave up on are the server's to finish or cancel: let the engine reach
-        # its own terminal states before stopping, so the ledger sees no unterminated work.
-        deadline = time.monotonic() + drain_s
-        while self.engine.has_unfinished() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.05)  # the front end's last writes and server.done after the engine's finish
-        self.thread.stop()
-        self.async_engine.close()
 
 
 @dataclass

@@ -7,84 +7,7 @@ the report states beside the number.
 """
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import dataclass, field
-from pathlib import Path
-
-from inferledger.cli.summary import ITL_LAYERS, LATENCY_ROWS
-from inferledger.ledger.query import Ledger, LedgerError, resolve_runs
-
-# (label, column, layer) for the headline latency table: the terminal summary's rows plus first byte.
-LATENCY = tuple((label, column, layer) for label, _t, column, layer in LATENCY_ROWS[:2]) + (
-    ("TTFT", "ttft_first_byte_ms", "client (first byte)"),) + tuple(
-    (label, column, layer) for label, _t, column, layer in LATENCY_ROWS[2:])
-ITL_MAX = (("client", "itl_client_max_ms"), ("server", "itl_server_max_ms"), ("engine", "itl_engine_max_ms"))
-QUANTILES = (0.5, 0.9, 0.99)
-
-
-def num(v):
-    """A JSON-safe number: None for NULL, NaN and infinities."""
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
-@dataclass
-class RunView:
-    """One run opened read-only: its ledger, its manifest and the tables it has."""
-    name: str
-    run_dir: Path
-    led: Ledger
-    manifest: dict | None
-    manifest_error: str | None = None
-    tables: set[str] = field(default_factory=set)
-
-    def has(self, table: str) -> bool:
-        return table in self.tables
-
-    def all(self, query: str, params=None) -> list[tuple]:
-        return self.led.rows(query, params)[1]
-
-    def one(self, query: str, params=None) -> tuple | None:
-        rows = self.led.rows(query, params, limit=1)[1]
-        return rows[0] if rows else None
-
-    def numpy(self, query: str, params=None) -> dict:
-        return self.led.sql(query, params=params).fetchnumpy()
-
-    def dicts(self, query: str, params=None) -> tuple[list[str], list[tuple]]:
-        return self.led.rows(query, params)
-
-    def columns(self, table: str) -> list[str]:
-        return [r[0] for r in self.all(f"DESCRIBE {table}")] if self.has(table) else []
-
-    def close(self) -> None:
-        self.led.close()
-
-
-def open_run(path) -> RunView:
-    """A run folder (or its ledger.duckdb); exactly one run, since a report describes one."""
-    runs = resolve_runs(path)
-    if len(runs) != 1:
-        raise LedgerError(f"{path} matches {len(runs)} runs; a report takes one run (use --compare for a second)")
-    name, ledger_file = runs[0]
-    run_dir = Path(ledger_file).resolve().parent
-    manifest, error = None, None
-    mf = run_dir / "manifest.json"
-    if mf.is_file():
-        try:
-            manifest = json.loads(mf.read_text())
-        except (ValueError, OSError) as exc:
-            error = f"{mf}: not readable JSON ({exc})"
-    else:
-        error = f"{mf} is missing"
-    led = Ledger(runs)
-    return RunView(name, run_dir, led, manifest, error, set(led.tables()))
+from inferledger.report.read import RunView, num
 
 
 def counts(rv: RunView) -> dict:
@@ -151,29 +74,6 @@ def headline(rv: RunView) -> dict:
     return out
 
 
-def latency(rv: RunView) -> list[dict]:
-    """Percentiles per observation layer: request_metrics columns over attempts, itl gaps per layer."""
-    qs = ", ".join(f"quantile_cont({{c}}, {q})" for q in QUANTILES)
-    rows = []
-    for label, column, layer in LATENCY:
-        n, *vals = rv.one(f"SELECT count({column}), {qs.format(c=column)}, max({column}) FROM request_metrics")
-        rows.append({"metric": label, "layer": layer, "column": f"request_metrics.{column}", "n": n,
-                     "values": [num(v) for v in vals]})
-    itl = {r[0]: r[1:] for r in rv.all(
-        f"SELECT layer, count(*), {qs.format(c='gap_ms')}, max(gap_ms) FROM itl GROUP BY layer")}
-    for layer in ITL_LAYERS:
-        if layer in itl:
-            n, *vals = itl[layer]
-            rows.append({"metric": "ITL", "layer": f"{layer} (per output event)", "column": f"itl.gap_ms ({layer})",
-                         "n": n, "values": [num(v) for v in vals]})
-    for layer, column in ITL_MAX:
-        n, *vals = rv.one(f"SELECT count({column}), {qs.format(c=column)}, max({column}) FROM request_metrics")
-        if n:
-            rows.append({"metric": "max ITL", "layer": f"{layer} (per attempt)", "column": f"request_metrics.{column}",
-                         "n": n, "values": [num(v) for v in vals]})
-    return rows
-
-
 def itl_histogram(rv: RunView, per_decade: int = 20) -> dict[str, dict]:
     """ITL gaps per layer in log-spaced bins (share of the layer's gaps), and the layer's maximum."""
     rows = rv.all(f"SELECT layer, floor(log10(greatest(gap_ms, 1e-3)) * {per_decade})::INTEGER AS b, count(*) "
@@ -223,15 +123,6 @@ def kv_series(rv: RunView, tb, max_points: int = 1500) -> dict | None:
         s["max"].append(num(mx))
     return {"clock": clock, "aligned": aligned, "other_clocks": [r[0] for r in rows[1:]], "series": series,
             "bucket_ms": width / 1e6}
-
-
-def account_counts(rv: RunView) -> dict[str, list[tuple]]:
-    return {
-        "client": rv.all("SELECT coalesce(client_status, '(no client events)'), count(*) FROM accounts GROUP BY 1 ORDER BY 1"),
-        "server": rv.all("SELECT server_status, count(*) FROM accounts GROUP BY 1 ORDER BY 1"),
-        "task": rv.all("SELECT outcome, count(*) FROM tasks GROUP BY 1 ORDER BY 1"),
-        "resource": rv.all("SELECT resource_status, count(*) FROM accounts GROUP BY 1 ORDER BY 1"),
-    }
 
 
 ACCOUNT_COLUMNS = ("attempt_id", "task_id", "request_id", "attempt_index", "client_status", "server_status",

@@ -1,11 +1,12 @@
 """The report's panels for one run, each from the ledger table its heading names (docs/REPORT.md)."""
 from __future__ import annotations
 
-from inferledger.cli import report_data as rd
-from inferledger.cli import report_figs as figs
-from inferledger.cli.report_drill import drill, drill_ids
-from inferledger.cli.report_html import esc, flatten, fmt, kv_table, note, section, table
-from inferledger.cli.report_timeline import STATE_COLORS, aggregate, attempt_index, choose_sample, gantt
+from inferledger.report import data as rd
+from inferledger.report import figs, tables
+from inferledger.report.read import num
+from inferledger.report.drill import drill, drill_ids
+from inferledger.report.page import esc, flatten, fmt, kv_table, note, section, table
+from inferledger.report.timeline import STATE_COLORS, aggregate, attempt_index, choose_sample, gantt
 
 IDENTITY_KEYS = (("model", ("path", "sha256", "format", "quantization", "architecture", "dtype", "tokenizer",
                             "chat_template_sha256")),
@@ -68,10 +69,8 @@ def headline(rv, p: str, h: dict) -> str:
              ("energy per good result", energy, "run_metrics.energy_per_good_j")]
     rm = h["run_metrics"] or {}
     if rm.get("vllm_goodput_rps") is not None:
-        from inferledger.cli.summary import slo_text
-
         cards.insert(2, ("vLLM-style goodput", f"{fmt(rm['vllm_goodput_rps'], 3)} req/s",
-                         f"{slo_text(rm.get('slo_ttft_ms'), rm.get('slo_tpot_ms'), rm.get('slo_e2e_ms'))}; "
+                         f"{tables.slo_text(rm.get('slo_ttft_ms'), rm.get('slo_tpot_ms'), rm.get('slo_e2e_ms'))}; "
                          "latency only, answers not checked (run_metrics.vllm_goodput_rps)"))
     if rm.get("output_tok_s") is not None:
         cards.append(("output tokens/s", f"{fmt(rm['output_tok_s'], 1)} tok/s",
@@ -84,7 +83,7 @@ def headline(rv, p: str, h: dict) -> str:
     body = big + note(window, "source")
     if h["energy_per_good_j"] is None:
         body += note(f"energy per good result is unknown: {h['energy_reason']}")
-    rows = [[r["metric"], r["layer"], r["n"], *r["values"], r["column"]] for r in rd.latency(rv)]
+    rows = [[r["metric"], r["layer"], r["n"], *r["values"], r["column"]] for r in tables.latency(rv)]
     body += "<h3>Latency by observation layer (ms)</h3>" + table(
         ["metric", "layer", "n", "p50", "p90", "p99", "max", "ledger column"], rows)
     if rv.has("peer_views"):
@@ -210,7 +209,7 @@ def critical(rv, page, p: str, top: int = 3) -> str:
 
 
 def accounts(rv, page, p: str) -> str:
-    counts = rd.account_counts(rv)
+    counts = tables.account_counts(rv)
     small = "".join(f"<div>{table([name, 'n'], rows)}</div>" for name, rows in counts.items())
     cols, rows = rd.account_rows(rv)
     page.data["accounts"][p] = {"cols": cols, "rows": rows}
@@ -240,7 +239,7 @@ def diagnosis(rv, page, p: str) -> str:
         if causes_ms and n:
             sums = rv.one("SELECT " + ", ".join(f'sum("{c}")' for c in causes_ms) + " FROM slo_misses")
             plots += "<div>" + page.figure(f"{p}-slo-ms", figs.count_bar(
-                causes_ms, [rd.num(v) for v in sums], "ms charged to each cause, all misses")) + "</div>"
+                causes_ms, [num(v) for v in sums], "ms charged to each cause, all misses")) + "</div>"
         body += f'<div class="cols">{plots}</div>' if plots else ""
         body += (note(f"first {len(rows)} of {n:,} rows") if n > len(rows) else "")
         body += f'<div class="scroll">{table(cols, rows)}</div>'

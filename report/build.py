@@ -4,7 +4,7 @@ The file inlines plotly.js from the installed plotly package, so it opens with n
 security policy forbids it to load anything at all. Panels and the ledger table each is drawn from
 are listed in docs/REPORT.md; no figure is computed here that the ledger defines.
 
-    from inferledger.cli.report import build_report
+    from inferledger.report.build import build_report
     result = build_report("runs/r1", compare="runs/r0")    # -> runs/r1/report.html
 """
 from __future__ import annotations
@@ -14,12 +14,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferledger.cli import report_reported as reported
-from inferledger.cli import report_sections as sec
-from inferledger.cli.report_clocks import build_timebase
-from inferledger.cli.report_compare import compare_section
-from inferledger.cli.report_data import headline, open_run
-from inferledger.cli.report_html import Page, esc
+from inferledger.report import reported
+from inferledger.report import sections as sec
+from inferledger.report.clocks import build_timebase
+from inferledger.report.compare import compare_section
+from inferledger.report.data import headline
+from inferledger.report.read import open_run
+from inferledger.report.page import Page, esc
 
 DETAIL_LIMIT = 300   # attempts drawn as timeline rows; beyond this the timeline shows a sample
 DRILL_LIMIT = 120    # attempts with a drill-down (every event and output time embedded)

@@ -13,27 +13,21 @@ import platform
 import signal
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-
+from inferledger.collectors.capture.interrupt import Interrupted, signal_name, sigterm_like_sigint
+from inferledger.collectors.capture.manifest import StartingManifest, finish_run
+from inferledger.collectors.capture.speed_probe import probe_throughput
 from inferledger.collectors.loadgen import LoadClient, LoadResult
-from inferledger.collectors.out_dir import check_new_run_dir
 from inferledger.collectors.prompt_tokenizer import load_tokenizer
 from inferledger.collectors.workload import Workload
-from inferledger.cli.embedded_server import EmbeddedServer, probe_throughput
-from inferledger.cli.interrupt import Interrupted, signal_name, sigterm_like_sigint
-from inferledger.collectors.writer import AUTOFLUSH_S, RunWriter, write_json_atomic, write_table_atomic
-from inferledger.probes.events import GAP_SCHEMA
-from inferledger.probes.quantile import quantile
+from inferledger.collectors.writer import AUTOFLUSH_S, RunWriter
+from inferledger.probes.probe import Probe, WallMapping, host_id, mono_clock
 from inferledger.probes.sampler import EnergySampler
+from inferledger.serve import DRAIN_TIMEOUT_S
 
 IDLE_BASELINE_S = 1.0  # sampled before load: the idle term of energy per good result
-from inferledger.probes.probe import Probe, WallMapping, host_id, mono_clock
-
-CLIENT_BOUND_LAG_MS = 1.0  # p99 event-loop lag above which the client's own delay taints its figures
 
 
 @dataclass
@@ -81,16 +75,13 @@ async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter,
     return result, lags, mappings
 
 
-def _lag_p99(values: list[float]) -> float:
-    return quantile(values, 0.99)  # never empty: the watcher records a sample before it checks for the stop
-
-
 def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "embedded",
             separate_clocks: bool = False, max_num_seqs: int = 8, model: str | None = None, bundle=None,
             engine_config: dict | None = None, served_model: str | None = None, api_key: str | None = None,
             switch_interval_s: float | None = 0.0005, progress=None, on_ready=None,
             device: str = "cpu", otlp_port: int | None = None, scrape_metrics: bool = False,
-            engine_host: str | None = None, engine_clock_epsilon_ms: float = 5.0) -> CaptureResult:
+            engine_host: str | None = None, engine_clock_epsilon_ms: float = 5.0,
+            drain_timeout_s: float = DRAIN_TIMEOUT_S) -> CaptureResult:
     """Run `workload` against `target` ('embedded' or a base URL) and write the run directory `out`.
 
     `bundle` reuses an already loaded model (tests), else `model` is loaded on `device` ("cpu" or
@@ -98,12 +89,13 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     thread switch interval during the run so the client's loop is not held for 5 ms by the server's
     or engine's threads (None leaves it alone). A URL target's own evidence (collectors.engine_evidence):
     `otlp_port` receives its OTLP spans, `scrape_metrics` scrapes its /metrics; `engine_host` names the
-    engine's host when it is not this one (its wall clock then maps within `engine_clock_epsilon_ms`)."""
+    engine's host when it is not this one (its wall clock then maps within `engine_clock_epsilon_ms`).
+    The embedded server stops by the serving drain rule (serve/lifecycle.py) within `drain_timeout_s`."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
     # The manifest exists from the first second (state "starting") while the model loads and the
     # prompts are built; if that fails, nothing was recorded and the folder is taken away again.
-    starting = _StartingManifest(out, {"source": "inferledger capture", "state": "starting",
+    starting = StartingManifest(out, {"source": "inferledger capture", "state": "starting",
                                        "target": {"kind": "embedded" if target == "embedded" else "url", "url": target},
                                        "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256}})
     with starting:
@@ -146,8 +138,11 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     with sigterm_like_sigint() as got:
         try:
             if target == "embedded":
-                server = EmbeddedServer(writer, host, max_num_seqs=max_num_seqs, bundle=bundle,
-                                        engine_config=engine_config)
+                from inferledger.engine import EngineConfig
+                from inferledger.serve.lifecycle import Serving
+
+                config = EngineConfig(**{"max_num_seqs": max_num_seqs, **(engine_config or {})})
+                server = Serving(bundle, config, sink=writer, host=host, source="inferledger capture")
                 head.update(server.engine.manifest())
                 writer.write_manifest(head)
             url = server.start() if server is not None else target  # one host, one CLOCK_MONOTONIC
@@ -173,9 +168,9 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
                                                         trace_salt=evidence.trace_salt if evidence else None))
             sys.setswitchinterval(old_switch)
             if server is not None:
-                server.stop()
+                server.stop(drain_timeout_s)
             sampler.stop()
-            manifest = _finish(writer, wl, plans, tokenizer, server, sampler, evidence, result, lags, mappings,
+            manifest = finish_run(writer, wl, plans, tokenizer, server, sampler, evidence, result, lags, mappings,
                                wall, out, host=host, url=url, client_clock=client_clock, engine_clock=engine_clock,
                                separate_clocks=separate_clocks, calibration=calibration,
                                switch_interval_s=switch_interval_s, wall_s=time.monotonic() - t0,
@@ -184,7 +179,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
         except BaseException as exc:  # interrupted or failed: keep what was recorded, say so, re-raise
             why = signal_name(got, exc)
             sys.setswitchinterval(old_switch)
-            _stop_quietly(server, sampler, evidence)
+            _stop_quietly(server, sampler, evidence, drain_timeout_s)
             writer.write_manifest({**head, "state": "interrupted", "interrupted": why,
                                    "wall_s": round(time.monotonic() - t0, 3)})
             if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Interrupted):
@@ -196,34 +191,9 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
                          manifest["client"]["client_bound"], manifest)
 
 
-class _StartingManifest:
-    """manifest.json with state "starting" before anything slow, in a folder that holds no run yet; on a
-    failure inside the block the manifest goes again, and the folder too when this capture made it (a
-    bad workload leaves no run)."""
-
-    def __init__(self, out: Path, body: dict) -> None:
-        check_new_run_dir(out)  # so the clean-up below can only take away what this capture wrote
-        self.out, self.made = out, [p for p in (out, *out.parents) if not p.exists()]
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic({"run_id": out.name, **body}, out / "manifest.json")
-
-    def __enter__(self) -> "_StartingManifest":
-        return self
-
-    def __exit__(self, kind, exc, tb) -> None:
-        if kind is None:
-            return
-        (self.out / "manifest.json").unlink(missing_ok=True)
-        for p in self.made:  # innermost first; a folder something else wrote into stays
-            try:
-                p.rmdir()
-            except OSError:
-                break
-
-
-def _stop_quietly(server, sampler, evidence=None) -> None:
+def _stop_quietly(server, sampler, evidence=None, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
     """Stop what runs, each part on its own: one failing (a CUDA timer's close) must not stop the rest."""
-    for stop in ((lambda: server.stop(drain_s=5.0)) if server is not None else None, sampler.stop,
+    for stop in ((lambda: server.stop(drain_timeout_s)) if server is not None else None, sampler.stop,
                  evidence.abort if evidence is not None else None):
         if stop is None:
             continue
@@ -231,72 +201,3 @@ def _stop_quietly(server, sampler, evidence=None) -> None:
             stop()
         except BaseException as exc:  # reported, not raised: the run directory still gets closed
             print(f"inferledger capture: while stopping: {exc!r}", file=sys.stderr)
-
-
-def _finish(writer, wl, plans, tokenizer, server, sampler, evidence, result, lags, mappings, wall, out, *, host,
-            url, client_clock, engine_clock, separate_clocks, calibration, switch_interval_s, wall_s,
-            engine_clock_epsilon_ms) -> dict:
-    """After a clean run: clock mappings, the client's lag trace, gaps and the full manifest."""
-    evidence_gaps, evidence_manifest = evidence.finish(result.completed + result.abandoned) if evidence else ([], None)
-    for m in mappings:
-        writer.clock_domain(m.from_clock, host=host if server else None, kind="monotonic")
-        writer.clock_map(m.from_clock, m.to_clock, m.offset_ns, m.epsilon_ns, m.method)
-    # both of this process's monotonic domains (one clock, two names in a separate-clocks run); a
-    # black-box server's clock is another host's and gets no wall mapping from here
-    wall.write(writer, [client_clock] + ([engine_clock] if server is not None else []), host)
-    if evidence is not None:
-        evidence.write_clock(wall, client_clock, engine_clock_epsilon_ms)
-    lag_values = [lag for _, lag in lags]
-    lag_p99 = _lag_p99(lag_values)
-    for ts_ns, lag in lags[:: max(1, len(lags) // 2000)]:  # a bounded trace of the client's own lag
-        writer.sample(ts_ns=ts_ns, clock=client_clock, source="client", host=host, metric="client_loop_lag_ms",
-                      value=lag, unit="ms")
-    gaps = list(sampler.gap_rows(writer.run_id)) + evidence_gaps
-    if server is None and not (evidence_manifest or {}).get("spans", {}).get("joined"):
-        gaps.append({"run_id": writer.run_id, "gap_id": "collector:black-box", "scope": "run", "subject_id": None,
-                     "affects": "server_status, ttft_server_ms, e2e_server_ms, queue/prefill/decode, resources",
-                     "needs": "server-side events: serve with `inferledger serve --out` or import the server's trace",
-                     "detail": f"black-box target {url}: only the client's events were recorded"})
-    write_table_atomic(pa.Table.from_pylist(gaps, schema=GAP_SCHEMA), out / "gaps.parquet")
-    client_bound = lag_p99 > CLIENT_BOUND_LAG_MS
-    classes = Counter(p.cls.name for p in plans)
-    manifest = {
-        "source": "inferledger capture",
-        "target": {"kind": "embedded" if server else "url", "url": url},
-        "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec,
-                     "arrivals": wl.process, "n_tasks": wl.n_tasks, "classes": dict(classes),
-                     "requests": sum(len(p.requests) for p in plans),
-                     **({"trace": wl.trace.summary} if wl.trace else {})},  # what was done to the trace's rows
-        **({"slo": wl.slo} if wl.slo else {}),  # vLLM-style goodput thresholds (after calibration)
-        "prompts": {"tokenizer": (tokenizer.hash if tokenizer is not None else None),
-                    "tokenizer_source": (wl.tokenizer or ("embedded model" if server else "bundled"))
-                    if tokenizer is not None else None,
-                    "exact_prompt_tokens": sorted({r.prompt_tokens for p in plans for r in p.requests
-                                                   if r.prompt_tokens})},
-        "calibration": calibration,
-        "state": "complete",
-        "wall_s": round(wall_s, 3),
-        "client": {"clock": client_clock, "loop_lag_p99_ms": round(lag_p99, 3),
-                   "loop_lag_max_ms": round(max(lag_values, default=0.0), 3), "client_bound": client_bound,
-                   "client_bound_rule": f"event-loop lag p99 > {CLIENT_BOUND_LAG_MS} ms",
-                   "pacing_error_ms": result.pacing_summary(), "switch_interval_s": switch_interval_s,
-                   "result": result.counts()},
-        "clock_mappings": [m.__dict__ for m in mappings],
-        "system_under_test": {
-            "inside": ["reference engine", "OpenAI-compatible HTTP front end"] if server else [url],
-            "outside": ["load client", "checker", "simulated tools"]},
-        "host": {"name": host, "platform": platform.platform(), "python": platform.python_version(),
-                 "processor": platform.processor()},
-        "evidence": {"engine_config": "declared", "model": "declared", "events": "observed",
-                     "clock_mapping": "observed (round trips)" if separate_clocks else "same domain",
-                     "client_overhead": "observed (loop lag, pacing error)",
-                     **(evidence.evidence_kinds() if evidence is not None else {})},
-    }
-    manifest["energy"] = sampler.manifest()
-    if evidence_manifest is not None:
-        manifest["engine_evidence"] = evidence_manifest
-    if server is not None:
-        manifest.update(server.engine.manifest())
-    writer.flush()  # every part on disk before the manifest says "complete" (a failed write says interrupted)
-    writer.write_manifest(manifest)
-    return manifest

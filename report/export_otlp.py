@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from inferledger.cli.report_clocks import mappings
+from inferledger.report.clocks import mappings
 
 FAILED_CLIENT = {"timeout", "error"}
 FAILED_SERVER = {"failed", "rejected"}

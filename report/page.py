@@ -10,7 +10,7 @@ import html
 import json
 import math
 
-from inferledger.cli.report_assets import CSP, CSS, ERROR_HOOK_JS, PAGE_JS
+from inferledger.report.assets import CSP, CSS, ERROR_HOOK_JS, PAGE_JS
 
 
 def esc(s) -> str:

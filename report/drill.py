@@ -1,14 +1,14 @@
 """Drill-down data for single attempts: every interval of every stream, every event with its attrs, and
 the output events (client chunks, server writes, engine tokens) as times, on the report's axis.
 
-The page draws one attempt at a time from this data (report_assets.JS); strings travel as data and
+The page draws one attempt at a time from this data (report/assets.py, PAGE_JS); strings travel as data and
 reach the page through textContent, or escaped where plotly renders them.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
-from inferledger.cli.report_data import num
+from inferledger.report.read import num
 
 OUTPUT_EVENTS = {"attempt.chunk": "client", "server.write": "server", "engine.token": "engine"}
 METRIC_COLUMNS = ("ttft_client_ms", "ttft_first_byte_ms", "ttft_visible_ms", "ttft_server_ms", "e2e_client_ms",

@@ -2,7 +2,7 @@
 
 `produce()` runs as its own task per request so the disconnect watcher can cancel it without touching
 the HTTP handler; cancelling it (or a failed write) closes the engine's stream, which aborts the
-request in the engine. Events (DESIGN §4): `server.write` for each event handed to the socket, stamped
+request in the engine. Events (docs/EVENTS.md): `server.write` for each event handed to the socket, stamped
 at the hand-off (before the write call: on loopback the client can read the bytes before the call
 returns) and emitted once the write succeeded (value = output tokens it carries, attrs.kinds ⊆ role,
 content, finish, usage, done; attrs.choice on role / content / finish), `server.done`
@@ -17,14 +17,11 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .openai_protocol import CHAT, ApiError, Shaper, sse, usage
-
-if TYPE_CHECKING:
-    from .server_request import Ids
+from .ids import Ids
+from .protocol import CHAT, ApiError, Shaper, sse, usage
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +30,7 @@ log = logging.getLogger(__name__)
 class Attempt:
     """One generation request in flight: its ids, timings and what has been written so far."""
 
-    ids: "Ids"
+    ids: Ids
     endpoint: str
     stream: bool
     n: int

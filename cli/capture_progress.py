@@ -1,0 +1,76 @@
+"""A capture on the terminal: a progress bar while it runs, then what it did (shared by `capture` and `demo`)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, max_num_seqs: int,
+                model: Optional[Path], served_model_name: Optional[str] = None, api_key: Optional[str] = None,
+                device: str = "cpu", engine_evidence: dict | None = None, drain_timeout_s: float | None = None):
+    """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from inferledger.cli.output import console
+    from inferledger.collectors.capture.interrupt import Interrupted
+    from inferledger.collectors.capture.run import capture
+    from inferledger.collectors.out_dir import OutDirError, check_new_run_dir
+    from inferledger.collectors.workload import Workload
+
+    try:
+        check_new_run_dir(out)
+    except OutDirError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--out") from None
+    if target != "embedded" and not target.startswith(("http://", "https://")):
+        raise typer.BadParameter(f"{target!r} is neither 'embedded' nor an http(s):// base URL", param_hint="--target")
+    try:
+        wl = Workload.load(workload)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workload")
+    # a workload that cannot be built, a target that cannot be reached, a model or device that cannot load
+    errors: tuple = (ValueError, OSError)
+    if target == "embedded" or wl.needs_tokenizer:  # (torch is imported only for the model or its tokenizer)
+        from inferledger.engine.loader import ModelLoadError
+
+        errors += (ModelLoadError,)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        bar = progress.add_task(f"{wl.name}: " + ("loading the model" if target == "embedded" else "preparing"),
+                                total=wl.n_tasks)
+        try:
+            result = capture(wl, out, target=target, separate_clocks=separate_clocks,
+                             max_num_seqs=max_num_seqs, model=model, served_model=served_model_name, api_key=api_key,
+                             device=device, **(engine_evidence or {}),
+                             **({} if drain_timeout_s is None else {"drain_timeout_s": drain_timeout_s}),
+                             on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks", total=wl.n_tasks),
+                             progress=lambda: progress.advance(bar))
+        except errors as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2)
+        except Interrupted as exc:  # the run directory is closed: say what it holds, no traceback
+            progress.stop()
+            console.print(f"[yellow]interrupted[/] ({exc}): everything recorded so far is in {out} (manifest "
+                          f"state 'interrupted'); the attempts in flight show as unterminated after "
+                          f"[cyan]inferledger reconstruct {out}[/]")
+            raise typer.Exit(exc.exit_code)
+    r = result.load
+    console.print(f"[bold]{wl.name}[/] against {result.manifest['target']['url']}: {r.tasks} tasks, "
+                  f"{r.attempts} attempts ({r.completed} completed, {r.timeouts} client timeouts of which "
+                  f"{r.abandoned} abandoned, {r.retries} retries, {r.cancelled} cancelled, {r.errors} errors, "
+                  f"{r.tool_calls} tool calls; {r.correct} answers correct) in {result.wall_s:.1f} s")
+    cal = result.manifest.get("calibration")
+    if cal and cal["factor"] < 1:
+        b, a = cal["before"], cal["after"]
+        console.print(f"calibrated: the engine makes {cal['measured_tok_s']:.0f} tok/s here (tuned for "
+                      f"{cal['reference_tok_s']:.0f}): arrivals {b['rate_rps']:g}/s x {b['n_tasks']} → "
+                      f"{a['rate_rps']:.3g}/s x {a['n_tasks']}, timeout {b['timeout_ms']:.0f} → {a['timeout_ms']:.0f} ms, "
+                      f"deadline {b['deadline_ms']:.0f} → {a['deadline_ms']:.0f} ms")
+    pace = result.manifest["client"]["pacing_error_ms"]["arrival"]
+    console.print(f"client overhead: event-loop lag p99 {result.loop_lag_p99_ms:.2f} ms; pacing error (sent − planned "
+                  f"arrival) p50 {pace.get('p50', 0):.2f} ms, p99 {pace.get('p99', 0):.2f} ms over {pace['n']} arrivals")
+    if result.client_bound:
+        console.print(f"[yellow]warning:[/] the client's event loop lagged {result.loop_lag_p99_ms:.2f} ms at p99 "
+                      "(> 1 ms): this run is client-bound, its client-side latencies include the client's own delay")
+    return result

@@ -1,0 +1,120 @@
+"""A capture's manifest from its first second to its end, and what a clean end writes besides.
+
+`StartingManifest`: manifest.json with state "starting" while the model loads and the prompts are
+built, taken away again when that fails. `finish_run`: after a clean run, the clock mappings, the
+client's lag trace, the gap rows and the full manifest (state "complete").
+"""
+from __future__ import annotations
+
+import platform
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+import pyarrow as pa
+
+from inferledger.collectors.out_dir import check_new_run_dir
+from inferledger.collectors.writer import write_json_atomic, write_table_atomic
+from inferledger.probes.events import GAP_SCHEMA
+from inferledger.probes.quantile import quantile
+
+CLIENT_BOUND_LAG_MS = 1.0  # p99 event-loop lag above which the client's own delay taints its figures
+
+
+def lag_p99_ms(values: list[float]) -> float:
+    return quantile(values, 0.99)  # never empty: the watcher records a sample before it checks for the stop
+
+
+class StartingManifest:
+    """manifest.json with state "starting" before anything slow, in a folder that holds no run yet; on a
+    failure inside the block the manifest goes again, and the folder too when this capture made it (a
+    bad workload leaves no run)."""
+
+    def __init__(self, out: Path, body: dict) -> None:
+        check_new_run_dir(out)  # so the clean-up below can only take away what this capture wrote
+        self.out, self.made = out, [p for p in (out, *out.parents) if not p.exists()]
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic({"run_id": out.name, **body}, out / "manifest.json")
+
+    def __enter__(self) -> "StartingManifest":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is None:
+            return
+        (self.out / "manifest.json").unlink(missing_ok=True)
+        for p in self.made:  # innermost first; a folder something else wrote into stays
+            try:
+                p.rmdir()
+            except OSError:
+                break
+
+
+def finish_run(writer, wl, plans, tokenizer, server, sampler, evidence, result, lags, mappings, wall, out, *, host,
+            url, client_clock, engine_clock, separate_clocks, calibration, switch_interval_s, wall_s,
+            engine_clock_epsilon_ms) -> dict:
+    """After a clean run: clock mappings, the client's lag trace, gaps and the full manifest."""
+    evidence_gaps, evidence_manifest = evidence.finish(result.completed + result.abandoned) if evidence else ([], None)
+    for m in mappings:
+        writer.clock_domain(m.from_clock, host=host if server else None, kind="monotonic")
+        writer.clock_map(m.from_clock, m.to_clock, m.offset_ns, m.epsilon_ns, m.method)
+    # both of this process's monotonic domains (one clock, two names in a separate-clocks run); a
+    # black-box server's clock is another host's and gets no wall mapping from here
+    wall.write(writer, [client_clock] + ([engine_clock] if server is not None else []), host)
+    if evidence is not None:
+        evidence.write_clock(wall, client_clock, engine_clock_epsilon_ms)
+    lag_values = [lag for _, lag in lags]
+    lag_p99 = lag_p99_ms(lag_values)
+    for ts_ns, lag in lags[:: max(1, len(lags) // 2000)]:  # a bounded trace of the client's own lag
+        writer.sample(ts_ns=ts_ns, clock=client_clock, source="client", host=host, metric="client_loop_lag_ms",
+                      value=lag, unit="ms")
+    gaps = list(sampler.gap_rows(writer.run_id)) + evidence_gaps
+    if server is None and not (evidence_manifest or {}).get("spans", {}).get("joined"):
+        gaps.append({"run_id": writer.run_id, "gap_id": "collector:black-box", "scope": "run", "subject_id": None,
+                     "affects": "server_status, ttft_server_ms, e2e_server_ms, queue/prefill/decode, resources",
+                     "needs": "server-side events: serve with `inferledger serve --out` or import the server's trace",
+                     "detail": f"black-box target {url}: only the client's events were recorded"})
+    write_table_atomic(pa.Table.from_pylist(gaps, schema=GAP_SCHEMA), out / "gaps.parquet")
+    client_bound = lag_p99 > CLIENT_BOUND_LAG_MS
+    classes = Counter(p.cls.name for p in plans)
+    manifest = {
+        "source": "inferledger capture",
+        "target": {"kind": "embedded" if server else "url", "url": url},
+        "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec,
+                     "arrivals": wl.process, "n_tasks": wl.n_tasks, "classes": dict(classes),
+                     "requests": sum(len(p.requests) for p in plans),
+                     **({"trace": wl.trace.summary} if wl.trace else {})},  # what was done to the trace's rows
+        **({"slo": wl.slo} if wl.slo else {}),  # vLLM-style goodput thresholds (after calibration)
+        "prompts": {"tokenizer": (tokenizer.hash if tokenizer is not None else None),
+                    "tokenizer_source": (wl.tokenizer or ("embedded model" if server else "bundled"))
+                    if tokenizer is not None else None,
+                    "exact_prompt_tokens": sorted({r.prompt_tokens for p in plans for r in p.requests
+                                                   if r.prompt_tokens})},
+        "calibration": calibration,
+        "state": "complete",
+        "wall_s": round(wall_s, 3),
+        "client": {"clock": client_clock, "loop_lag_p99_ms": round(lag_p99, 3),
+                   "loop_lag_max_ms": round(max(lag_values, default=0.0), 3), "client_bound": client_bound,
+                   "client_bound_rule": f"event-loop lag p99 > {CLIENT_BOUND_LAG_MS} ms",
+                   "pacing_error_ms": result.pacing_summary(), "switch_interval_s": switch_interval_s,
+                   "result": result.counts()},
+        "clock_mappings": [m.__dict__ for m in mappings],
+        "system_under_test": {
+            "inside": ["reference engine", "OpenAI-compatible HTTP front end"] if server else [url],
+            "outside": ["load client", "checker", "simulated tools"]},
+        "host": {"name": host, "platform": platform.platform(), "python": platform.python_version(),
+                 "processor": platform.processor()},
+        "evidence": {"engine_config": "declared", "model": "declared", "events": "observed",
+                     "clock_mapping": "observed (round trips)" if separate_clocks else "same domain",
+                     "client_overhead": "observed (loop lag, pacing error)",
+                     **(evidence.evidence_kinds() if evidence is not None else {})},
+    }
+    manifest["energy"] = sampler.manifest()
+    if evidence_manifest is not None:
+        manifest["engine_evidence"] = evidence_manifest
+    if server is not None:
+        manifest.update(server.engine.manifest())
+        manifest["drain"] = asdict(server.drain)
+    writer.flush()  # every part on disk before the manifest says "complete" (a failed write says interrupted)
+    writer.write_manifest(manifest)
+    return manifest
