@@ -24,7 +24,7 @@ fi
 rm -rf "$RESULTS"  # nothing of an earlier run may come back as this one's
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$CARRY"/b/*.whl || exit 1
 mkdir -p "$PKG/inferledger"
-for d in engine probes collectors ledger cli; do ln -sfn "$PWD/$d" "$PKG/inferledger/$d"; done
+for d in engine probes serve collectors ledger report cli; do ln -sfn "$PWD/$d" "$PKG/inferledger/$d"; done
 cp inferledger/__init__.py "$PKG/inferledger/"
 export PYTHONPATH=$PKG:$SITE INFERLEDGER_MODEL=$STAGE/model.gguf
 # the results file comes back under $OUT/results; its commit is the one cuda_prepare.sh recorded

@@ -29,7 +29,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from inferledger.cli.capture import capture  # noqa: E402
+from inferledger.collectors.capture.run import capture  # noqa: E402
 from inferledger.engine.loader import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
