@@ -111,7 +111,7 @@ def thread_placement(rs: list[dict]) -> str:
 
 def loop_lag(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
-    rows = [[r["run"], r["placement"], fmt(r["loop_lag_p99_ms"], ".1f", " ms"), fmt(r["loop_lag_max_ms"], ".0f", " ms"),
+    rows = [[r["run"], r["placement"], fmt(r["loop_lag_p99_ms"], ".1f", " ms"), fmt(r["loop_lag_max_ms"], ".1f", " ms"),
              fmt(r["bare_loop_p99_ms"], ".1f", " ms"), fmt(r["wall_s"], ".1f", " s"), fmt(r["load_1m_before"], ".1f")]
             for r in f["runs"]]
     return (table(["run", "cpu_threads", "loop lag p99", "loop lag max", "bare loop p99 (beside it)", "wall",
@@ -147,7 +147,7 @@ def targets(rows: list[dict]) -> str:
 def report_scale(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
     rep = f["report"]
-    rows = [["`report.html`", f"{fmt(rep['wall_s'])} s wall, {fmt(rep['cpu_s'])} s CPU", fmt(rep["size_mb"], ".2f", " MB")]]
+    rows = [["`report.html`", f"{fmt(rep['wall_s'], '.3f')} s wall, {fmt(rep['cpu_s'], '.3f')} s CPU", fmt(rep["size_mb"], ".2f", " MB")]]
     names = {"perfetto": "Perfetto trace JSON", "otlp": "OTLP spans as JSON lines"}
     rows += [[names.get(e["format"], e["format"]), fmt(e["wall_s"], ".1f", " s"), fmt(e["size_mb"], ".1f", " MB")]
              for e in f["exports"]]

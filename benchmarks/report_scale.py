@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         print(f"{name:<24} {got:>10}  {'yes' if ok else 'NO'}")
     path = rec.write({"attempts": a.attempts, "output_tokens": a.tokens, "events": imp["events"], "kv_samples": n_samples,
                       "reconstruct_s": round(reconstruct_s, 3),
-                      "report": {"attempts": res.attempts, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+                      "report": {"attempts": res.attempts, "wall_s": round(wall, 4), "cpu_s": round(cpu, 4),
                                  "size_mb": round(mb, 3)},
                       "exports": [{"format": fmt, "wall_s": round(sec, 3), "size_mb": round(size, 2), "counts": counts}
                                   for fmt, sec, size, counts in extra],
