@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from inferledger.collectors.out_dir import OutDirError, RunExistsError, building_run_dir, check_new_run_dir
 from inferledger.collectors.writer import RunWriter, write_table_atomic
-from inferledger.probes.events import EVENT_SCHEMA, GAP_SCHEMA, VOCABULARY, missing_requirements
+from inferledger.probes.events import EVENT_SCHEMA, GAP_SCHEMA, VOCABULARY, count_problem, missing_requirements
 
 IMPORTER_VERSION = "1"
 MAX_LISTED = 50  # refusals listed in an ArchiveError message; all of them stay on `.refusals`
@@ -197,6 +197,8 @@ class _Archive:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             reasons.append(f"value must be a number, got a JSON {_kind(v)}")
         reasons += _out_of_span(v, "value") + _out_of_span(attrs, "attrs")
+        if not reasons and (why := count_problem(name, v)):
+            reasons.append(why)
         if obj.get("ts_ns") is None:
             reasons.append("ts_ns missing (integer nanoseconds in the event's clock)")
         elif not _is_int(obj["ts_ns"]):

@@ -16,15 +16,13 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, GAP_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
+from inferledger.probes.events import (CLOCK_SCHEMA, COUNT_EVENTS, EVENT_SCHEMA, GAP_SCHEMA, MAX_COUNT, SAMPLE_SCHEMA,
+                                       TASK_SCHEMA)
 
 READS: tuple[str, ...] = ()
 CREATES = ("events", "samples", "clocks", "task_contracts", "collector_gaps", "load_gaps")
 PUBLIC = ("events", "samples", "clocks")
 
-# Events whose value is a token count (docs/EVENTS.md): summed and cast to integers downstream.
-COUNT_EVENTS = ("engine.token", "engine.prefill", "engine.enqueued", "engine.preempted", "engine.finished")
-MAX_COUNT = 2 ** 53  # the largest count a float64 value holds exactly
 
 
 class LoadError(Exception):

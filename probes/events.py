@@ -143,6 +143,22 @@ _KINDS = [
 
 VOCABULARY: dict[str, EventKind] = {k.name: k for k in _KINDS}
 
+# Events whose value is a token count (docs/EVENTS.md): a whole number from 0 to MAX_COUNT, summed and cast
+# to integers by the ledger; writers and importers refuse any other value, the ledger refuses a run holding one.
+COUNT_EVENTS = ("engine.token", "engine.prefill", "engine.enqueued", "engine.preempted", "engine.finished")
+MAX_COUNT = 2 ** 53  # the largest count a float64 value holds exactly
+
+
+def count_problem(name: str, value) -> str | None:
+    """Why `value` cannot be the token count of a `name` event (None when it can, or `name` counts nothing)."""
+    if name not in COUNT_EVENTS or value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or not 0 <= value <= MAX_COUNT \
+            or value != int(value):
+        return f"value {value!r} of {name} is not a token count (a whole number from 0 to {MAX_COUNT})"
+    return None
+
+
 CLIENT_TERMINAL = ("attempt.done", "attempt.timeout", "attempt.cancel", "attempt.error")
 
 # Evidence strength of an event's content (`attrs.evidence`; absent = observed). Another program's

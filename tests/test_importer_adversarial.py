@@ -153,3 +153,17 @@ def test_whatever_lenient_import_accepts_reconstruct_rebuilds(lines):
             reconstruct(tmp / "run")  # any exception here fails the test
     finally:
         shutil.rmtree(tmp)
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, 2 ** 60])
+def test_a_token_count_that_is_no_whole_number_is_refused_at_its_line(tmp_path, value):
+    # the ledger refuses a run holding such a count, so the importer must not write one, even leniently
+    lines = [{"name": "clock.domain", "clock": "c", "attrs": {"host": "h"}},
+             {"name": "engine.enqueued", "source": "engine", "clock": "c", "ts_ns": 1, "attempt_id": "A",
+              "value": value},
+             {"name": "engine.enqueued", "source": "engine", "clock": "c", "ts_ns": 2, "attempt_id": "B", "value": 4}]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    res = import_archive(tmp_path / "a.jsonl", tmp_path / "run", lenient=True)
+    assert [(n, why) for n, why in res.refusals] == [
+        (2, f"value {value!r} of engine.enqueued is not a token count (a whole number from 0 to {2 ** 53})")]
+    reconstruct(tmp_path / "run")
