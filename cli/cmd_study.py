@@ -13,8 +13,9 @@ from inferledger.cli.output import FORMAT_HELP, OutputFormat
 def study_cmd(
     name: str = typer.Argument(..., help="The study: schedule-book, kv-layout (docs/STUDIES.md lists them all)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="New study folder (default runs/study-<name>-<time>)."),
-    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " csv and json hold "
-                                     "the key table (comparison.csv); the folder's comparison.json has every table."),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " Every table of the "
+                                     "comparison (json: an object of tables; csv: one line per cell, "
+                                     "section,row,column,value); the folder keeps the key table as comparison.csv."),
     sets: Optional[List[str]] = typer.Option(None, "--set", help="key=value: one of the study's options "
                                              "(repeatable; docs/STUDIES.md lists each study's)."),
 ) -> None:
@@ -28,7 +29,7 @@ def study_cmd(
     """
     from rich.table import Table as RichTable
 
-    from inferledger.cli.output import console, echo_rows, fail
+    from inferledger.cli.output import console, echo_sections, fail
     from inferledger.studies.framework import StudyError, parse_sets, run_study
     from inferledger.studies.registry import get_study
 
@@ -39,8 +40,7 @@ def study_cmd(
         result = run_study(study, target, options)
     except StudyError as exc:
         fail(f"error: {exc}")
-    key = result.tables[0]
-    if echo_rows(fmt, key.columns, key.rows):
+    if echo_sections(fmt, {t.name: [dict(zip(t.columns, row)) for row in t.rows] for t in result.tables}):
         return
     console.print(f"[bold]{study.name}[/]: {study.question}")
     for t in result.tables:
