@@ -6,19 +6,19 @@ from __future__ import annotations
 import json
 
 import pytest
+
+import inferledger
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
 from inferledger.ledger.query import open_ledger
 from inferledger.probes.study_dir import read_comparison, read_study
-from inferledger.studies.framework import run_study
-from inferledger.studies.registry import get_study
 
 
 @pytest.fixture(scope="module")
 def book(tmp_path_factory):
     out = tmp_path_factory.mktemp("studies") / "book"
-    run_study(get_study("schedule-book"), out)
+    inferledger.study("schedule-book", out)  # the Python API
     return out
 
 
