@@ -34,10 +34,18 @@ endif
 	# and as on the other CPU kind: oneDNN and ATen held to AVX2, where "auto" is fp32 and bf16 emulated
 	ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 $(BIN)/python -m pytest -q -m "dtype or isa"
 
+# The cheap benchmarks (about half an hour on a shared 2-core host), each writing its results file
+# under benchmarks/results/, then docs/BENCHMARKS.md's tables drawn from them.
 bench: $(STAMP)
+	$(BIN)/python benchmarks/linear_dtypes.py
+	$(BIN)/python benchmarks/thread_placement.py
 	$(BIN)/python benchmarks/engine_throughput.py
+	$(BIN)/python benchmarks/engine_throughput.py --concurrency 1 --requests 4 --repeats 1 --probe-repeats 0 --threads 1
+	$(BIN)/python benchmarks/loop_lag.py
 	$(BIN)/python benchmarks/ledger_scale.py
 	$(BIN)/python benchmarks/report_scale.py --exports
+	$(BIN)/python benchmarks/parts_compaction.py
+	$(BIN)/python benchmarks/render.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

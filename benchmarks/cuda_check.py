@@ -44,6 +44,8 @@ import torch  # noqa: E402
 
 import cuda_model_checks as mc  # noqa: E402
 import cuda_probes as probes  # noqa: E402
+import results  # noqa: E402  (benchmarks/results.py: this run's results file)
+from cuda_results import cuda_figures  # noqa: E402
 
 WORKLOAD = Path(__file__).resolve().parent.parent / "samples" / "workloads" / "cuda_check.toml"
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Name three prime numbers.",
@@ -211,12 +213,14 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=400.0, help="no phase starts after this many seconds")
     ap.add_argument("--model-free", action="store_true", help="only the phases that need no model")
     args = ap.parse_args()
+    rec = results.start("cuda_check", vars(args))
     data = run_checks(args.device, args.out, n_prompts=args.prompts, tokens=args.tokens,
                       concurrency=tuple(args.concurrency), mbu_batches=tuple(args.mbu_batches),
                       mbu_context=args.mbu_context, bandwidth_mib=args.bandwidth_mib, capture_seqs=args.capture_seqs,
                       workload=args.workload, budget_s=args.budget_s, model_free=args.model_free)
     failed = [n for n, p in data["phases"].items() if not p.get("ok")]
     print(f"wrote {args.out / 'cuda_check.json'}; phases not ok: {failed or 'none'}")
+    print(f"results: {rec.write(cuda_figures(data))}")
     sys.exit(1 if failed else 0)
 
 

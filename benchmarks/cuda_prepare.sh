@@ -18,6 +18,9 @@ sha256sum "$model" | cut -d' ' -f1 > .gpu/b/model.sha256
 gguf_version=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('gguf'))")
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation py \
   --platform any -d .gpu/b "gguf==$gguf_version"
+# the commit for the results file: the GPU machine's copy of the tree has no .git (benchmarks/results.py)
+dirty=$([ -z "$(git status --porcelain -- . ':!benchmarks/results')" ] && echo false || echo true)
+printf '{"commit": "%s", "dirty": %s}\n' "$(git rev-parse HEAD)" "$dirty" > .gpu/b/git.json
 # each call: its half + the rest of the tree must stay under 64 MiB
 tree_kib=$(git ls-files -co --exclude-standard -z | du -c --files0-from=- -k 2>/dev/null | tail -1 | cut -f1)
 for half in a b; do

@@ -3,7 +3,8 @@
 #   bash benchmarks/cuda_run.sh stage   call 1 (carry .gpu/a): checks and stages the first half in /tmp/gpu
 #   bash benchmarks/cuda_run.sh         call 2 (carry .gpu/b): finds the first half, reassembles and
 #                                       checks the model, runs benchmarks/cuda_check.py, returns under
-#                                       $OUT cuda_check.json, cuda_check.log and run.tar.gz
+#                                       $OUT cuda_check.json, cuda_check.log, run.tar.gz and
+#                                       results/cuda_check-*.json (to commit under benchmarks/results/)
 # The machine goes cold ~30 s after a call: a call 2 that finds no first half says so, runs the phases
 # that need no model (the GPU is paid for), and exits 3; then make both calls again, back to back.
 set -uo pipefail
@@ -23,9 +24,11 @@ fi
 rm -rf "$RESULTS"  # nothing of an earlier run may come back as this one's
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$CARRY"/b/*.whl || exit 1
 mkdir -p "$PKG/inferledger"
-for d in engine probes collectors ledger cli; do ln -sfn "$PWD/$d" "$PKG/inferledger/$d"; done
+for d in engine probes serve collectors ledger report cli; do ln -sfn "$PWD/$d" "$PKG/inferledger/$d"; done
 cp inferledger/__init__.py "$PKG/inferledger/"
 export PYTHONPATH=$PKG:$SITE INFERLEDGER_MODEL=$STAGE/model.gguf
+# the results file comes back under $OUT/results; its commit is the one cuda_prepare.sh recorded
+export INFERLEDGER_BENCH_RESULTS=$OUT/results INFERLEDGER_BENCH_GIT=$CARRY/b/git.json
 log="$OUT/cuda_check.log"
 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv 2>&1 | tee "$log"
 rc=0

@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,6 +29,9 @@ import torch  # noqa: E402
 
 from inferledger.engine import LLM, EngineConfig, SamplingParams  # noqa: E402
 from inferledger.engine.loader import default_model_path, load_model  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results  # noqa: E402  (benchmarks/results.py: this run's results file)
 
 TEXT = ("The history of computing is a story of abstraction layers stacked on each other, from "
         "switches and vacuum tubes to transistors, integrated circuits, operating systems, compilers "
@@ -129,23 +134,33 @@ def weight_bytes_per_step(bundle) -> int:
     return total
 
 
-def decode_bandwidth(bundle, steps, batch: int, memcpy: float) -> str:
-    """The median pure decode step of a full batch: time, bytes read, GiB/s, MBU."""
+def decode_bandwidth(bundle, steps, batch: int, memcpy: float) -> dict | None:
+    """The median pure decode step of a full batch: time, bytes read, GiB/s, MBU; and the fastest step
+    beside it (memcpy is a best-of too, so on a shared machine the two least disturbed readings are the
+    pair to compare). None when no step ran at a full batch."""
     full = sorted((dt, ctx) for dt, ctx in steps if len(ctx) == batch)
     if not full:
-        return f"no pure decode step at batch {batch}"
+        return None
     dt, ctx = full[len(full) // 2]
     w = weight_bytes_per_step(bundle)
-    kv = sum(ctx) * bundle.config.kv_bytes_per_token(bundle.dtype)  # K and V of every context token, all layers
+    per_token = bundle.config.kv_bytes_per_token(bundle.dtype)  # K and V of every context token, all layers
+    kv = sum(ctx) * per_token
     gib_s = (w + kv) / 2**30 / dt
-    # the fastest step beside the median: memcpy is a best-of too, so on a shared machine the two
-    # least disturbed readings are the pair to compare
     best_dt, best_ctx = full[0]
-    best = (w + sum(best_ctx) * bundle.config.kv_bytes_per_token(bundle.dtype)) / 2**30 / best_dt
-    return (f"decode step at batch {batch:>2} (median of {len(full)}): {dt * 1e3:5.1f} ms, reads weights "
-            f"{w / 2**20:.0f} MiB + KV {kv / 2**20:3.0f} MiB -> {gib_s:4.1f} GiB/s; "
-            f"memcpy {memcpy:.1f} GiB/s (read + write, {torch.get_num_threads()} threads) -> MBU {gib_s / memcpy:.2f}; "
-            f"fastest step {best_dt * 1e3:.1f} ms -> {best:.1f} GiB/s, MBU {best / memcpy:.2f}")
+    best = (w + sum(best_ctx) * per_token) / 2**30 / best_dt
+    return {"batch": batch, "steps": len(full), "median_step_ms": round(dt * 1e3, 2), "weights_mib": round(w / 2**20, 1),
+            "kv_mib": round(kv / 2**20, 1), "achieved_gib_s": round(gib_s, 2), "mbu_ratio": round(gib_s / memcpy, 3),
+            "fastest_step_ms": round(best_dt * 1e3, 2), "fastest_gib_s": round(best, 2),
+            "fastest_mbu_ratio": round(best / memcpy, 3)}
+
+
+def bandwidth_line(d: dict | None, batch: int, memcpy: float) -> str:
+    if d is None:
+        return f"no pure decode step at batch {batch}"
+    return (f"decode step at batch {batch:>2} (median of {d['steps']}): {d['median_step_ms']:5.1f} ms, reads weights "
+            f"{d['weights_mib']:.0f} MiB + KV {d['kv_mib']:3.0f} MiB -> {d['achieved_gib_s']:4.1f} GiB/s; "
+            f"memcpy {memcpy:.1f} GiB/s (read + write, {torch.get_num_threads()} threads) -> MBU {d['mbu_ratio']:.2f}; "
+            f"fastest step {d['fastest_step_ms']:.1f} ms -> {d['fastest_gib_s']:.1f} GiB/s, MBU {d['fastest_mbu_ratio']:.2f}")
 
 
 def run_hf(model, prompts, max_tokens, concurrency, pad_id) -> float:
@@ -175,6 +190,7 @@ def main() -> None:
                     "memcpy (default: torch's, = the CPUs)")
     ap.add_argument("--dtype", default="float32", help="our engine's dtype (float32, bfloat16 or auto); HF stays fp32")
     args = ap.parse_args()
+    rec = results.start("engine_throughput", vars(args))
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -186,9 +202,13 @@ def main() -> None:
                                                            dtype=torch.float32).eval()
     prompts = make_prompts(bundle.tokenizer, args.requests)
     pad = bundle.config.eos_ids[0]
+    dtype = str(bundle.dtype).removeprefix("torch.")
     print(f"model {path.name}, {args.requests} requests, prompt lengths {sorted({len(p) for p in prompts})}, "
           f"{args.max_tokens} output tokens each, torch threads {torch.get_num_threads()}, ours in "
-          f"{str(bundle.dtype).removeprefix('torch.')} ({bundle.identity['dtype']['resolved_by']}), load average {_load()}")
+          f"{dtype} ({bundle.identity['dtype']['resolved_by']}), load average {_load()}")
+    figures = {"model": path.name, "requests": args.requests, "prompt_tokens": sorted({len(p) for p in prompts}),
+               "output_tokens": args.max_tokens, "torch_threads": torch.get_num_threads(), "dtype": dtype,
+               "dtype_resolved_by": bundle.identity["dtype"]["resolved_by"], "throughput": []}
     memcpy = memcpy_gib_s()
     print(f"{'concurrency':>11} {'ours tok/s':>11} {'HF tok/s':>9} {'ours/HF':>8} {'steps':>6}")
     decode_steps = {}
@@ -200,13 +220,24 @@ def main() -> None:
                 ours, decode_steps[c] = tps, decodes
             theirs = max(theirs, run_hf(hf, prompts, args.max_tokens, c, pad))
         print(f"{c:>11} {ours:>11.1f} {theirs:>9.1f} {ours / theirs:>8.2f} {steps:>6}")
+        figures["throughput"].append({"concurrency": c, "ours_tok_s": round(ours, 2), "hf_tok_s": round(theirs, 2),
+                                      "ours_over_hf_ratio": round(ours / theirs, 3), "steps": steps})
     memcpy = max(memcpy, memcpy_gib_s())  # the better of two, before and after: the less disturbed
+    figures["memcpy_gib_s"] = round(memcpy, 2)
+    figures["decode"] = []
     for c in args.concurrency:
-        print(decode_bandwidth(bundle, decode_steps[c], min(c, args.requests), memcpy))
+        d = decode_bandwidth(bundle, decode_steps[c], min(c, args.requests), memcpy)
+        print(bandwidth_line(d, min(c, args.requests), memcpy))
+        if d is not None:
+            figures["decode"].append(d)
+    figures["probes"] = probe_cost(bundle, prompts, args) if args.probe_repeats >= 1 else None
+    print(f"load average at the end {_load()}")
+    print(f"results: {rec.write(figures)}")
+
+
+def probe_cost(bundle, prompts, args) -> dict:
+    """Probes on over off in alternating pairs, and the share of the wall time inside the event calls."""
     c = max(args.concurrency)
-    if args.probe_repeats < 1:
-        print(f"load average at the end {_load()}")
-        return
     on, off = [], []
     for i in range(args.probe_repeats):  # ABBA: neither setting always runs first
         order = (True, False) if i % 2 == 0 else (False, True)
@@ -222,7 +253,11 @@ def main() -> None:
     print(f"probes' direct cost: {share * 100:.2f} % of the wall time inside the event calls "
           f"({n_events} events and their KV samples, {probe_s * 1e6 / max(n_events, 1):.1f} "
           f"us per event)")
-    print(f"load average at the end {_load()}")
+    return {"concurrency": c, "pairs": args.probe_repeats, "on_best_tok_s": round(max(on), 2),
+            "off_best_tok_s": round(max(off), 2), "paired_median_ratio": round(statistics.median(paired), 4),
+            "paired_min_ratio": round(paired[0], 4), "paired_max_ratio": round(paired[-1], 4),
+            "direct_share_pct": round(share * 100, 3), "events": n_events,
+            "per_event_us": round(probe_s * 1e6 / max(n_events, 1), 2)}
 
 
 def _load() -> str:

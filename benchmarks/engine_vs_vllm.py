@@ -25,6 +25,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results  # noqa: E402  (benchmarks/results.py: this run's results file)
+
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_VENV = ROOT / ".peers" / "vllm"
 OURS_PORT, VLLM_PORT = 20100, 20110  # this benchmark's fixed loopback ports
@@ -168,21 +171,40 @@ def capture_run(server, c: int, n: int, tag: str) -> dict:
     return row
 
 
-def ratios(rows: list[dict], client: str) -> list[str]:
-    lines = []
-    for c in sorted({r["concurrency"] for r in rows if r["client"] == client}):
-        per_round = []
-        for rnd in sorted({r["round"] for r in rows}):
-            got = {r["server"]: r for r in rows if r["round"] == rnd and r["concurrency"] == c and r["client"] == client}
-            if {"ours", "vllm"} <= set(got) and got["vllm"]["tok_s"]:
-                per_round.append((got["ours"]["tok_s"] / got["vllm"]["tok_s"],
-                                  got["vllm"]["tpot_p50"] / got["ours"]["tpot_p50"] if got["ours"]["tpot_p50"] else None))
-        if per_round:
-            tok = ", ".join(f"{a:.2f}" for a, _ in per_round)
-            tp = ", ".join(f"{b:.2f}" for _, b in per_round if b is not None)
-            lines.append(f"  {client}, c={c:<2}: ours/vLLM tok/s per round {tok} (median "
-                         f"{statistics.median(a for a, _ in per_round):.2f}); vLLM/ours TPOT p50 {tp}")
-    return lines
+def ratio_rows(rows: list[dict]) -> list[dict]:
+    """Per client and concurrency, ours / vLLM output tok/s and vLLM / ours TPOT p50, one per round
+    (> 1 = ours faster): within a round both sides ran minutes apart on the same machine."""
+    out = []
+    for client in ("vllm bench serve", "inferledger capture (closed loop)"):
+        for c in sorted({r["concurrency"] for r in rows if r["client"] == client}):
+            tok, tpot = [], []
+            for rnd in sorted({r["round"] for r in rows}):
+                got = {r["server"]: r for r in rows if r["round"] == rnd and r["concurrency"] == c and r["client"] == client}
+                if {"ours", "vllm"} <= set(got) and got["vllm"]["tok_s"]:
+                    tok.append(round(got["ours"]["tok_s"] / got["vllm"]["tok_s"], 4))
+                    tpot.append(round(got["vllm"]["tpot_p50"] / got["ours"]["tpot_p50"], 4) if got["ours"]["tpot_p50"] else None)
+            if tok:
+                out.append({"client": client, "concurrency": c, "ours_over_vllm_tok_s_ratio": tok,
+                            "vllm_over_ours_tpot_p50_ratio": tpot})
+    return out
+
+
+def figures(rows: list[dict], servers: list, args) -> dict:
+    """The results file's figures: every run's row with its units named, the ratios, the work's differences."""
+    units = {"ttft_p50": "ttft_p50_ms", "ttft_p99": "ttft_p99_ms", "tpot_p50": "tpot_p50_ms", "tpot_p99": "tpot_p99_ms"}
+    kept = []
+    for r in rows:
+        row = {units.get(k, k): v for k, v in r.items() if k not in ("load_before", "prompt_tokens_server",
+                                                                      "prompt_tokens_per_request_server")}
+        row["load_1m_before"] = float(r["load_before"].split()[0])
+        counted = r.get("prompt_tokens_server")
+        row["prompt_tokens_server"] = round(counted) if counted is not None else None  # a counter: whole tokens
+        if "prompt_tokens_per_request_server" in r:
+            per = r["prompt_tokens_per_request_server"]
+            row["prompt_per_request_server_tokens"] = round(per, 3) if per is not None else None
+        kept.append(row)
+    return {"rows": kept, "ratios": ratio_rows(rows), "servers": {s.name: s.manifest() for s in servers},
+            "concurrency": args.concurrency, "capture_concurrency": args.capture_concurrency, "rounds": args.rounds}
 
 
 def _terminate(signum, frame):  # a killed benchmark still stops the server it started (finally below)
@@ -202,6 +224,7 @@ def main() -> None:
     ap.add_argument("--vllm-script", type=Path, default=ROOT / "benchmarks" / "peers" / "vllm_cpu.sh")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / time.strftime("engine-vs-vllm-%Y%m%d-%H%M%S"))
     args = ap.parse_args()
+    rec = results.start("engine_vs_vllm", vars(args))
     marker = VLLM_VENV / ".installed"
     if not marker.exists():
         sys.exit(f"error: {marker} missing: install vLLM first (bash {args.vllm_script} install)")
@@ -227,12 +250,16 @@ def main() -> None:
             finally:
                 server.stop()
     print("\nratios within a round (the figures that count on a shared machine):")
-    for client in ("vllm bench serve", "inferledger capture (closed loop)"):
-        print("\n".join(ratios(rows, client)))
+    for r in ratio_rows(rows):
+        print(f"  {r['client']}, c={r['concurrency']:<2}: ours/vLLM tok/s per round "
+              f"{', '.join(f'{x:.2f}' for x in r['ours_over_vllm_tok_s_ratio'])} (median "
+              f"{statistics.median(r['ours_over_vllm_tok_s_ratio']):.2f}); vLLM/ours TPOT p50 "
+              f"{', '.join(f'{x:.2f}' for x in r['vllm_over_ours_tpot_p50_ratio'] if x is not None)}")
     summary = {"rows": rows, "servers": {s.name: s.manifest() for s in servers}, "load_end": load(),
                "cpus": os.cpu_count(), "concurrency": args.concurrency, "rounds": args.rounds}
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"load average at the end {load()}; differences in work: {json.dumps(summary['servers'])}")
+    print(f"results: {rec.write(figures(rows, servers, args))}")
 
 
 if __name__ == "__main__":

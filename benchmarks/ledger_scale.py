@@ -41,6 +41,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results  # noqa: E402  (benchmarks/results.py: stdlib only, so the parent stays small)
+
 PART_ROWS = 500_000
 CLOCK = "mono:bench"
 HOST = "bench"
@@ -358,6 +361,7 @@ def main(argv=None) -> int:
 
     if a.attempts < 1 or a.tokens < 2:
         ap.error("need --attempts >= 1 and --tokens >= 2 (TPOT and ITL need two tokens)")
+    rec = results.start("ledger_scale", {k: v for k, v in vars(a).items() if k not in ("phase", "run_dir", "result")})
     base = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="ledger_scale_"))
     run_dir = base / f"bench-{a.attempts}x{a.tokens}"
     peer_file = base / "peer_metrics.parquet"
@@ -399,12 +403,12 @@ def main(argv=None) -> int:
     print(f"{'target':<34} {'measured':>12}  met")
     for name, got, ok in targets:
         print(f"{name:<34} {got:>12}  {'yes' if ok else 'NO'}")
+    per_stage: dict[str, float] = {}
+    for s in (stages or {}).get("steps", []):
+        per_stage[s["stage"]] = per_stage.get(s["stage"], 0.0) + s["seconds"]
     if stages:
         print()
         print(f"reconstruct step by step ({stages['seconds']:.2f} s in all, peak {stages['peak_gib']:.2f} GiB):")
-        per_stage: dict[str, float] = {}
-        for s in stages["steps"]:
-            per_stage[s["stage"]] = per_stage.get(s["stage"], 0.0) + s["seconds"]
         for stage, sec in per_stage.items():
             print(f"  {stage:<16} {sec:>7.2f} s")
             for s in stages["steps"]:
@@ -412,6 +416,17 @@ def main(argv=None) -> int:
                     print(f"      {s['step']:<48} {s['seconds']:>7.2f} s")
     elif not all(ok for _, _, ok in targets[:2]):
         print("\na ledger target is missed: rerun with --stages for the time of each SQL stage")
+    phases = {label: {"wall_s": round(r["seconds"], 3), "cpu_s": round(r["cpu_s"], 3), "peak_gib": round(r["peak_gib"], 3),
+                      "events_per_s": round(n_events / r["seconds"], 1)} for label, r in (("import", imp), ("ledger", led),
+                                                                                         ("peer", peer))}
+    phases["import"].update(generate_s=round(imp["generate_s"], 3), write_s=round(imp["write_s"], 3))
+    figures = {"attempts": a.attempts, "output_tokens": a.tokens, "events": n_events, "parts": imp["parts"],
+               "parquet_mib": round(imp["parquet_mib"], 1), "ledger_mib": round(led["ledger_mib"], 1), "phases": phases,
+               "loop_over_ledger_ratio": round(ratio, 3), "agree": not problems,
+               "max_abs_diff_ms": {c: diffs[c] for c in COMPARED},
+               "targets": [{"target": name, "measured": got, "met": ok} for name, got, ok in targets],
+               "stages": ([{"stage": st, "wall_s": round(sec, 3)} for st, sec in per_stage.items()] if stages else None)}
+    print(f"\nresults: {rec.write(figures)}")
     if problems:
         print("\nDISAGREEMENT between the ledger and the per-request loop:")
         for p in problems:

@@ -11,15 +11,23 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results  # noqa: E402  (benchmarks/results.py: this run's results file)
+
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 
 
-def step_ms(dtype: torch.dtype, rows: int, layers: int = 30, repeats: int = 5) -> float:
+REPEATS = 5
+
+
+def step_ms(dtype: torch.dtype, rows: int, layers: int = 30, repeats: int = REPEATS) -> float:
     weights = [[torch.randn(o, i).to(dtype) for o, i in SHAPES] for _ in range(layers)]
     head = torch.randn(49152, 576).to(dtype)
     x = {i: torch.randn(rows, i).to(dtype) for _, i in SHAPES}
@@ -44,14 +52,22 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64])
     args = ap.parse_args()
+    rec = results.start("linear_dtypes", vars(args))
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, ISA {torch.backends.cpu.get_cpu_capability()}, oneDNN bf16 "
-          f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}, {args.threads} thread(s), load {os.getloadavg()[0]:.2f}")
+    isa, onednn_bf16 = torch.backends.cpu.get_cpu_capability(), bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    print(f"torch {torch.__version__}, ISA {isa}, oneDNN bf16 {onednn_bf16}, {args.threads} thread(s), "
+          f"load {os.getloadavg()[0]:.2f}")
+    rows = []
     for m in args.rows:
         f32, b16, f16 = (step_ms(d, m) for d in (torch.float32, torch.bfloat16, torch.float16))
         print(f"rows {m:>3}: fp32 {f32:7.1f} ms  bf16 {b16:7.1f} ms ({b16 / f32:4.2f}x)  fp16 {f16:7.1f} ms "
               f"({f16 / f32:4.2f}x)", flush=True)
+        rows.append({"rows": m, "fp32_ms": round(f32, 2), "bf16_ms": round(b16, 2), "fp16_ms": round(f16, 2),
+                     "bf16_over_fp32_ratio": round(b16 / f32, 3), "fp16_over_fp32_ratio": round(f16 / f32, 3)})
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
+    path = rec.write({"threads": args.threads, "repeats": REPEATS, "torch_isa": isa, "onednn_bf16": onednn_bf16,
+                      "rows": rows})
+    print(f"results: {path}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results  # noqa: E402  (benchmarks/results.py: this run's results file)
 from ledger_scale import CLOCK, HOST, generate  # noqa: E402  (the same synthetic run)
 
 
@@ -42,6 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=7)
     a = ap.parse_args(argv)
+    rec = results.start("parts_compaction", vars(a))
 
     from inferledger.probes.run_dir import compact
     from inferledger.collectors.writer import RunWriter, write_table_atomic
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
 
     table = generate(a.attempts, a.tokens, a.seed, "parts")
     print(f"{table.num_rows} events ({a.attempts} attempts x {a.tokens} tokens)")
-    ok = True
+    ok, measured = True, []
     for n_parts in a.parts:
         root = Path(tempfile.mkdtemp(prefix="parts-"))
         run = root / "parts"
@@ -67,11 +69,17 @@ def main(argv=None) -> int:
             compact_s = time.perf_counter() - t0
             one_s, one = _best_rebuild(run, a.repeat)
             ok &= many == one
+            measured.append({"parts": written, "reconstruct_s": round(many_s, 3), "compaction_s": round(compact_s, 3),
+                             "reconstruct_one_part_s": round(one_s, 3), "many_over_one_ratio": round(many_s / one_s, 3),
+                             "counts_agree": many == one})
             print(f"{written:5d} parts: reconstruct {many_s:6.2f} s; compacted in {compact_s:5.2f} s to 1 part: "
                   f"reconstruct {one_s:6.2f} s; ratio many/one {many_s / one_s:5.2f}"
                   + ("" if many == one else f"  COUNTS DIFFER {many} vs {one}"))
         finally:
             shutil.rmtree(root)
+    path = rec.write({"attempts": a.attempts, "output_tokens": a.tokens, "events": table.num_rows, "repeat": a.repeat,
+                      "rows": measured})
+    print(f"results: {path}")
     return 0 if ok else 1
 
 

@@ -20,6 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results  # noqa: E402  (benchmarks/results.py: this run's results file)
+
 TARGET_S = 20.0
 TARGET_MB = 15.0
 SAMPLE_EVERY_MS = 50
@@ -82,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--exports", action="store_true", help="also time the Perfetto and OTLP exports")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     a = ap.parse_args(argv)
+    rec = results.start("report_scale", vars(a))
 
     ls = _ledger_scale()
     from inferledger.report.build import build_report
@@ -96,7 +100,8 @@ def main(argv=None) -> int:
         print(f"generated {imp['events']:,} events, {n_samples:,} KV samples in {imp['seconds']:.1f} s", flush=True)
         t0 = time.perf_counter()
         s = reconstruct(run_dir)
-        print(f"reconstruct: {s.n_attempts:,} attempts in {time.perf_counter() - t0:.1f} s", flush=True)
+        reconstruct_s = time.perf_counter() - t0
+        print(f"reconstruct: {s.n_attempts:,} attempts in {reconstruct_s:.1f} s", flush=True)
         c0, t0 = _cpu_s(), time.perf_counter()
         res = build_report(run_dir)
         wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
@@ -124,6 +129,14 @@ def main(argv=None) -> int:
     print(f"\n{'target':<24} {'measured':>10}  met")
     for name, got, ok in targets:
         print(f"{name:<24} {got:>10}  {'yes' if ok else 'NO'}")
+    path = rec.write({"attempts": a.attempts, "output_tokens": a.tokens, "events": imp["events"], "kv_samples": n_samples,
+                      "reconstruct_s": round(reconstruct_s, 3),
+                      "report": {"attempts": res.attempts, "wall_s": round(wall, 4), "cpu_s": round(cpu, 4),
+                                 "size_mb": round(mb, 3)},
+                      "exports": [{"format": fmt, "wall_s": round(sec, 3), "size_mb": round(size, 2), "counts": counts}
+                                  for fmt, sec, size, counts in extra],
+                      "targets": [{"target": name, "measured": got, "met": ok} for name, got, ok in targets]})
+    print(f"results: {path}")
     return 1 if a.strict and not all(ok for *_x, ok in targets) else 0
 
 

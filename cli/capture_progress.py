@@ -67,10 +67,15 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
                       f"{cal['reference_tok_s']:.0f}): arrivals {b['rate_rps']:g}/s x {b['n_tasks']} → "
                       f"{a['rate_rps']:.3g}/s x {a['n_tasks']}, timeout {b['timeout_ms']:.0f} → {a['timeout_ms']:.0f} ms, "
                       f"deadline {b['deadline_ms']:.0f} → {a['deadline_ms']:.0f} ms")
-    pace = result.manifest["client"]["pacing_error_ms"]["arrival"]
-    console.print(f"client overhead: event-loop lag p99 {result.loop_lag_p99_ms:.2f} ms; pacing error (sent − planned "
-                  f"arrival) p50 {pace.get('p50', 0):.2f} ms, p99 {pace.get('p99', 0):.2f} ms over {pace['n']} arrivals")
+    console.print(overhead_line(result.loop_lag_p99_ms, result.manifest["client"]["pacing_error_ms"]["arrival"]))
     if result.client_bound:
         console.print(f"[yellow]warning:[/] the client's event loop lagged {result.loop_lag_p99_ms:.2f} ms at p99 "
                       "(> 1 ms): this run is client-bound, its client-side latencies include the client's own delay")
     return result
+
+
+def overhead_line(loop_lag_p99_ms: float, pace: dict) -> str:
+    """The client's own overhead; a pacing percentile over no arrivals is unknown, not 0."""
+    p50, p99 = (f"{pace[k]:.2f} ms" if pace.get(k) is not None else "unknown" for k in ("p50", "p99"))
+    return (f"client overhead: event-loop lag p99 {loop_lag_p99_ms:.2f} ms; pacing error (sent − planned arrival) "
+            f"p50 {p50}, p99 {p99} over {pace['n']} arrivals")

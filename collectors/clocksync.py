@@ -8,10 +8,24 @@ tick at the same rate over the run.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
 import aiohttp
+
+ROUND_TIMEOUT_S = 2.0  # a round trip slower than this bounds nothing useful; a server that never answers cannot hang the run
+
+
+class ClockSyncError(ValueError):
+    """The server's /clock did not give a reading; the message names the URL and why."""
+
+
+@dataclass(frozen=True)
+class ClockSyncFailure:
+    """A mapping that could not be taken (at `label`: start, end) and why; the run records it as a gap."""
+    label: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -35,20 +49,33 @@ def best_offset(samples: list[tuple[int, int, int]]) -> tuple[int, int]:
 
 async def estimate(base_url: str, client_clock: str, *, rounds: int = 16,
                    session: aiohttp.ClientSession | None = None, now_ns=time.monotonic_ns,
-                   headers: dict | None = None, label: str = "") -> ClockMapping:
+                   headers: dict | None = None, label: str = "",
+                   round_timeout_s: float | None = None) -> ClockMapping:
+    """Raises ClockSyncError when a round trip fails, takes longer than `round_timeout_s` or answers
+    something that is not a reading."""
+    round_timeout_s = ROUND_TIMEOUT_S if round_timeout_s is None else round_timeout_s
     own = session is None
     session = session or aiohttp.ClientSession()
+    url = f"{base_url.rstrip('/')}/clock"
     samples, server_clock = [], None
     try:
         for _ in range(rounds):
             t0 = now_ns()
-            async with session.get(f"{base_url.rstrip('/')}/clock", headers=headers or {}) as resp:
-                body = await resp.json()
+            try:
+                async with session.get(url, headers=headers or {},
+                                       timeout=aiohttp.ClientTimeout(total=round_timeout_s)) as resp:
+                    body = await resp.json(content_type=None)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                raise ClockSyncError(f"{url}: no clock reading within {round_timeout_s:g} s "
+                                     f"({type(exc).__name__}: {exc})") from None
             t1 = now_ns()
-            if resp.status != 200 or "t_ns" not in body:
-                raise ValueError(f"{base_url}/clock answered {resp.status}: {body}")
+            ok = (resp.status == 200 and isinstance(body, dict) and isinstance(body.get("t_ns"), int)
+                  and not isinstance(body.get("t_ns"), bool) and isinstance(body.get("clock"), str))
+            if not ok:
+                raise ClockSyncError(f"{url} answered {resp.status} without a reading "
+                                     f"({{'clock': str, 't_ns': int}} expected): {str(body)[:200]}")
             server_clock = body["clock"]
-            samples.append((t0, int(body["t_ns"]), t1))
+            samples.append((t0, body["t_ns"], t1))
     finally:
         if own:
             await session.close()

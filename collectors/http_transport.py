@@ -14,6 +14,7 @@ failure too: nothing in it can be counted. SSE framing is `collectors/sse.py`.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import AsyncIterator
 
@@ -22,6 +23,8 @@ import aiohttp
 from inferledger.collectors.loadgen import Chunk, TransportError
 from inferledger.collectors.sse import SSEDecoder
 from inferledger.collectors.trace_context import traceparent_for
+
+MODELS_TIMEOUT_S = 10.0  # asking a target its model name at start: a silent server is refused, never waited on
 
 
 class HTTPError(Exception):
@@ -111,10 +114,11 @@ class HTTPTarget:
                                               timeout=aiohttp.ClientTimeout(total=None), trace_configs=[trace])
         if self.model is None:
             try:
-                async with self._session.get(f"{self.base_url}/v1/models", headers=self._headers({})) as r:
+                async with self._session.get(f"{self.base_url}/v1/models", headers=self._headers({}),
+                                             timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)) as r:
                     data = await r.json(content_type=None)
                     self.model = data["data"][0]["id"]
-            except (aiohttp.ClientError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
                 await self._session.close()
                 raise ValueError(f"{self.base_url}/v1/models did not name a model ({exc!r}); "
                                  "pass the model name explicitly") from exc

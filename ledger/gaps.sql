@@ -161,7 +161,12 @@ WITH ledger_gaps AS (
   UNION ALL
   SELECT 'attempt', attempt_id, 'n_output_tokens, tpot_ms, tpot_server_ms',
          'engine.token events or usage in attempt.done (a chunk is not a token)',
-         'the server reported no token count'
+         coalesce((SELECT format('usage.completion_tokens in attempt.done is {}, not a whole token count the ledger '
+                                 'can read (0 to 2^53)', json_extract(e.attrs, '$.usage.completion_tokens'))
+                   FROM ev e WHERE e.attempt_id = attempts.attempt_id AND e.name = 'attempt.done'
+                     AND json_extract(e.attrs, '$.usage.completion_tokens') IS NOT NULL
+                     AND json_type(e.attrs, '$.usage.completion_tokens') <> 'NULL' LIMIT 1),
+                  'the server reported no token count')
   FROM attempts WHERE n_output_tokens IS NULL AND client_status = 'completed'
   UNION ALL
   SELECT 'attempt', attempt_id, 'choice_metrics n_output_tokens and tpot, tpot_ms, tpot_server_ms',

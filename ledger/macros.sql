@@ -14,9 +14,15 @@ CREATE OR REPLACE TEMP MACRO last_point(ts, clk, eid, sq, cond) AS
 CREATE OR REPLACE TEMP MACRO point_of(m) AS
   CASE WHEN m IS NOT NULL THEN struct_pack(ns := m.ns, clock := m.clock, eid := m.eid) END;
 
--- A number inside a JSON document; NULL when absent or not a number of that type.
+-- A number inside a JSON document; NULL when absent or not a number of that type. json_bigint is a count:
+-- a JSON integer, or a float with no fraction (7.0), within ±2^53; 7.5, "7" or 1e30 are not counts
+-- (a cast would round 7.5 to 8 or read the string), so they are NULL and the gap names the value.
 CREATE OR REPLACE TEMP MACRO json_double(doc, path) AS TRY_CAST(json_extract_string(doc, path) AS DOUBLE);
-CREATE OR REPLACE TEMP MACRO json_bigint(doc, path) AS TRY_CAST(json_extract_string(doc, path) AS BIGINT);
+CREATE OR REPLACE TEMP MACRO json_bigint(doc, path) AS
+  CASE WHEN json_type(doc, path) IN ('BIGINT', 'UBIGINT', 'DOUBLE')
+        AND TRY_CAST(json_extract_string(doc, path) AS DOUBLE) BETWEEN -9007199254740992 AND 9007199254740992
+        AND TRY_CAST(json_extract_string(doc, path) AS DOUBLE) = floor(TRY_CAST(json_extract_string(doc, path) AS DOUBLE))
+       THEN TRY_CAST(TRY_CAST(json_extract_string(doc, path) AS DOUBLE) AS BIGINT) END;
 
 -- Σ x over a group whose every row knows `known`: 0 over no row, unknown (NULL) when any row does not.
 CREATE OR REPLACE TEMP MACRO sum_if_known(known, x) AS

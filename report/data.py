@@ -1,9 +1,8 @@
 """What the report reads from one run's ledger: identity, headline figures, distributions, accounts.
 
-Every figure is a column the ledger already defines (docs/LEDGER.md); this module only selects,
-counts and takes percentiles of those columns. The one figure it derives itself, goodput when the
-ledger has no `run_metrics` table, is `request_metrics.good` counted over an observation window that
-the report states beside the number.
+Every figure is a column the ledger already defines (docs/LEDGER.md); this module only selects and
+counts those columns. Goodput and its observation window are `run_metrics`'s alone: a ledger built
+without that table shows them as unknown, with the rebuild that would give them.
 """
 from __future__ import annotations
 
@@ -16,23 +15,6 @@ def counts(rv: RunView) -> dict:
          "(SELECT count(*) FILTER (WHERE good) FROM request_metrics), (SELECT count(good) FROM request_metrics)")
     keys = ("events", "attempts", "tasks", "gaps", "completed", "good", "judged")
     return dict(zip(keys, rv.one(q)))
-
-
-def window(rv: RunView) -> dict | None:
-    """The observation window the report uses when the ledger has no run_metrics: on the clock most
-    attempts were sent on, from the earliest planned arrival or send to the latest client terminal."""
-    row = rv.one("SELECT client_clock, count(*) AS n FROM attempts WHERE client_clock IS NOT NULL "
-                 "GROUP BY 1 ORDER BY n DESC, 1 LIMIT 1")
-    if row is None:
-        return None
-    clock = row[0]
-    start, end = rv.one(
-        "SELECT least((SELECT min(sent_ns) FROM attempts WHERE client_clock = $c), "
-        "(SELECT min(ts_ns) FROM events WHERE name = 'arrival.planned' AND clock = $c)), "
-        "(SELECT max(client_end_ns) FROM attempts WHERE client_clock = $c)", {"c": clock})
-    if start is None or end is None or end <= start:
-        return None
-    return {"clock": clock, "start_ns": int(start), "end_ns": int(end), "t_obs_s": (end - start) / 1e9}
 
 
 def energy_reason(rv: RunView) -> str:
@@ -52,7 +34,7 @@ def energy_reason(rv: RunView) -> str:
 def headline(rv: RunView) -> dict:
     """Goodput beside completed throughput, and energy per good result, with where each came from."""
     c = counts(rv)
-    out = {"counts": c, "source": None, "window": None, "goodput_rps": None, "completed_rps": None,
+    out = {"counts": c, "source": None, "goodput_rps": None, "completed_rps": None,
            "t_obs_s": None, "n_good": c["good"], "energy_per_good_j": None, "gpu_s_per_good": None,
            "energy_reason": None, "run_metrics": None}
     if rv.has("run_metrics"):
@@ -62,13 +44,6 @@ def headline(rv: RunView) -> dict:
                    completed_rps=num(rm.get("completed_rps")), t_obs_s=num(rm.get("t_obs_s")),
                    n_good=rm.get("n_good", c["good"]), energy_per_good_j=num(rm.get("energy_per_good_j")),
                    gpu_s_per_good=num(rm.get("gpu_s_per_good")))
-    else:
-        w = window(rv)
-        out["source"] = "request_metrics.good over the stated window"
-        out["window"] = w
-        if w and w["t_obs_s"] > 0:
-            out.update(t_obs_s=w["t_obs_s"], goodput_rps=c["good"] / w["t_obs_s"],
-                       completed_rps=c["completed"] / w["t_obs_s"])
     if out["energy_per_good_j"] is None:
         out["energy_reason"] = energy_reason(rv)
     return out

@@ -49,18 +49,14 @@ def identity(rv, p: str) -> str:
 
 def headline(rv, p: str, h: dict) -> str:
     c = h["counts"]
-    w = h["window"]
     if h["source"] == "run_metrics":
         src = ("run_metrics (t_obs_s, window, n_good, goodput_rps, completed_rps, vllm_goodput_rps, "
                "output_tok_s, total_tok_s, computed_tok_s, energy_per_good_j, gpu_s_per_good)")
         said = (h["run_metrics"] or {}).get("window")
         window = f"T_obs = {fmt(h['t_obs_s'], 3)} s (run_metrics.t_obs_s)" + (f": {said}" if said else "")
-    elif w:
-        src = "request_metrics.good and attempts.client_status, over the window below (the ledger has no run_metrics)"
-        window = (f"T_obs = {w['t_obs_s']:.3f} s on clock {w['clock']}: from the earliest arrival.planned or "
-                  "attempt.sent to the latest client terminal event (attempt.done / timeout / cancel / error)")
     else:
-        src, window = "request_metrics.good", "no observation window: the run has no client send and end on one clock"
+        src = "unknown: this ledger has no run_metrics table (goodput and its window are defined there)"
+        window = f"no observation window: rebuild the ledger with <code>inferledger reconstruct {esc(str(rv.run_dir))}</code>"
     energy = (f"{fmt(h['energy_per_good_j'], 2)} J" if h["energy_per_good_j"] is not None else "unknown")
     cards = [("goodput", f"{fmt(h['goodput_rps'], 3)} req/s", "good results (correct and on time) / T_obs"),
              ("completed throughput", f"{fmt(h['completed_rps'], 3)} req/s", "client-completed attempts / T_obs"),

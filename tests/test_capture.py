@@ -348,3 +348,32 @@ def test_peer_views_agree_with_our_own_columns_on_a_real_run(scenario):
         assert n > 0 and got[0] == n and got[1] == pytest.approx(mean, rel=1e-12) and got[2] == pytest.approx(p90, rel=1e-12)
     # every per-request row covers the same completed attempts
     assert rows[("TTFT", "vLLM bench")][0] == rows[("TTFT", "inferledger")][0] == rows[("TTFT", "MLPerf-style")][0]
+
+
+def test_a_clock_that_stops_answering_at_the_end_costs_one_mapping_not_the_run(tmp_path, monkeypatch):
+    from inferledger.collectors import clocksync
+
+    monkeypatch.setattr(clocksync, "ROUND_TIMEOUT_S", 0.3)
+    (tmp_path / "arrivals.txt").write_text("0\n20\n")
+    wl = Workload.from_dict(_spec(tmp_path), base=tmp_path)
+    stub = _Stub()
+    answered = []
+
+    async def clock(request):
+        if len(answered) >= 16:  # the start estimate's rounds, then silence
+            await asyncio.sleep(30)
+        answered.append(1)
+        return web.json_response({"clock": "stub-mono", "t_ns": time.monotonic_ns()})
+
+    stub.thread.app.router.add_get("/clock", clock)
+    with stub.thread as srv:
+        capture(wl, tmp_path / "run", target=srv.url, separate_clocks=True)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["state"] == "complete"
+    assert [m["label"] for m in manifest["clock_mappings"]] == ["start"]
+    assert [f["label"] for f in manifest["clock_mappings_failed"]] == ["end"]
+    con = _ledger(tmp_path / "run")
+    gap = _rows(con, "SELECT * FROM gaps WHERE gap_id = 'collector:clock-sync:end'")
+    assert gap and "/clock: no clock reading within 0.3 s" in gap[0]["detail"]
+    assert [a["client_status"] for a in _rows(con, "SELECT client_status FROM attempts ORDER BY attempt_id")] == \
+        ["error", "completed", "completed"]

@@ -78,3 +78,10 @@ def test_doctor_prints_its_sources_as_csv_rows(tmp_path):
     report = json.loads(_run("doctor", "--format", "json", "--powercap-root", tmp_path))
     assert [r["name"] for r in rows] == [s["name"] for s in report["sources"]]
     assert {r["status"] for r in rows} <= {"available", "unavailable"}
+
+
+def test_capture_overhead_line_says_unknown_for_pacing_over_no_arrivals():
+    from inferledger.cli.capture_progress import overhead_line
+
+    assert overhead_line(0.5, {"n": 0}).endswith("p50 unknown, p99 unknown over 0 arrivals")
+    assert overhead_line(0.5, {"n": 3, "p50": 0.25, "p99": 1.5}).endswith("p50 0.25 ms, p99 1.50 ms over 3 arrivals")

@@ -92,3 +92,76 @@ def test_wall_mapping_takes_the_tightest_bracket_and_covers_drift():
     offset, eps = wm.finish()
     assert offset == start_offset and wm.drift_ns >= 40_000
     assert eps >= abs(wm.drift_ns) + 50  # the end bracket (start offset + drift) lies inside epsilon
+
+
+async def _server(handlers: dict):
+    app = web.Application()
+    for path, h in handlers.items():
+        app.router.add_get(path, h)
+    runner = web.AppRunner(app, handler_cancellation=True)  # a silent handler ends when its client gives up
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
+def test_a_clock_that_never_answers_is_a_clear_error_within_its_deadline():
+    import pytest
+
+    from inferledger.collectors.clocksync import ClockSyncError
+
+    async def silent(request):
+        await asyncio.sleep(3600)
+
+    async def main():
+        runner, port = await _server({"/clock": silent})
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(ClockSyncError, match=r"/clock: no clock reading within 0.3 s"):
+                await estimate(f"http://127.0.0.1:{port}", "client-mono", round_timeout_s=0.3)
+            return time.monotonic() - t0
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(main()) < 5  # one round's deadline, not an hour
+
+
+def test_a_clock_answer_without_a_reading_is_refused_by_what_it_lacks():
+    import pytest
+
+    from inferledger.collectors.clocksync import ClockSyncError
+
+    async def wrong(request):
+        return web.json_response({"clock": "server-mono", "t_ns": 1.5e18})
+
+    async def main():
+        runner, port = await _server({"/clock": wrong})
+        try:
+            with pytest.raises(ClockSyncError, match=r"answered 200 without a reading"):
+                await estimate(f"http://127.0.0.1:{port}", "client-mono")
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def test_a_target_that_never_names_its_model_is_refused_not_waited_on(monkeypatch):
+    import pytest
+
+    from inferledger.collectors import http_transport
+
+    async def silent(request):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(http_transport, "MODELS_TIMEOUT_S", 0.3)
+
+    async def main():
+        runner, port = await _server({"/v1/models": silent})
+        try:
+            with pytest.raises(ValueError, match=r"/v1/models did not name a model"):
+                async with http_transport.HTTPTarget(f"http://127.0.0.1:{port}"):
+                    pass
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())

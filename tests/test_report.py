@@ -340,3 +340,17 @@ def test_report_command(runs, tmp_path):
     assert out.exists() and "report:" in res.output
     res = CliRunner().invoke(app, ["report", str(tmp_path / "nowhere")])
     assert res.exit_code == 2 and "no such run" in res.output
+
+
+def test_goodput_has_one_definition_a_ledger_without_run_metrics_shows_it_unknown(tmp_path):
+    # goodput and its window are run_metrics's alone: the report never derives them itself
+    import duckdb
+
+    run = build_demo_run(tmp_path / "no-run-metrics")
+    con = duckdb.connect(str(run / "ledger.duckdb"))
+    con.execute("DROP TABLE run_metrics")
+    con.close()
+    html = unescape(build_report(run).path.read_text(encoding="utf-8"))
+    headline = html[html.index("Headline figures"):]
+    assert "unknown: this ledger has no run_metrics table" in headline
+    assert re.search(r"goodput</[^>]+>\s*<[^>]+>— req/s", headline), headline[:2000]

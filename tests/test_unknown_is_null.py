@@ -118,3 +118,21 @@ def test_a_window_without_a_start_event_is_unknown_with_a_gap(tmp_path):
     assert con.execute("SELECT t_obs_s, completed_rps FROM run_metrics").fetchone() == (None, None)
     assert con.execute("SELECT count(*) FROM gaps WHERE detail = 'the observation window has no start event'"
                        ).fetchone()[0] == 1
+
+
+@pytest.mark.parametrize("raw", [1e30, 7.5, "many"])
+def test_an_unreadable_usage_count_is_named_in_its_gap_not_said_missing(tmp_path, raw):
+    ev = [{"name": "attempt.sent", "ms": 0}, {"name": "attempt.chunk", "ms": 50, **CONTENT},
+          {"name": "attempt.done", "ms": 100, "attrs": {"usage": {"completion_tokens": raw}}}]
+    con = build_run(tmp_path / "r", ev)
+    assert con.execute("SELECT n_output_tokens FROM attempts").fetchone() == (None,)
+    (detail,) = con.execute("SELECT detail FROM gaps WHERE affects LIKE 'n_output_tokens%'").fetchone()
+    assert detail.startswith("usage.completion_tokens in attempt.done is ") and "not a whole token count" in detail
+
+
+def test_an_absent_usage_count_is_said_missing(tmp_path):
+    ev = [{"name": "attempt.sent", "ms": 0}, {"name": "attempt.chunk", "ms": 50, **CONTENT},
+          {"name": "attempt.done", "ms": 100}]
+    con = build_run(tmp_path / "r", ev)
+    (detail,) = con.execute("SELECT detail FROM gaps WHERE affects LIKE 'n_output_tokens%'").fetchone()
+    assert detail == "the server reported no token count"

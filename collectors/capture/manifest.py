@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from inferledger.collectors.clocksync import ClockSyncFailure
 from inferledger.collectors.out_dir import check_new_run_dir
 from inferledger.collectors.writer import write_json_atomic, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
@@ -55,6 +56,8 @@ def finish_run(writer, wl, plans, tokenizer, server, sampler, evidence, result, 
             engine_clock_epsilon_ms) -> dict:
     """After a clean run: clock mappings, the client's lag trace, gaps and the full manifest."""
     evidence_gaps, evidence_manifest = evidence.finish(result.completed + result.abandoned) if evidence else ([], None)
+    failed = [m for m in mappings if isinstance(m, ClockSyncFailure)]
+    mappings = [m for m in mappings if not isinstance(m, ClockSyncFailure)]
     for m in mappings:
         writer.clock_domain(m.from_clock, host=host if server else None, kind="monotonic")
         writer.clock_map(m.from_clock, m.to_clock, m.offset_ns, m.epsilon_ns, m.method)
@@ -69,6 +72,10 @@ def finish_run(writer, wl, plans, tokenizer, server, sampler, evidence, result, 
         writer.sample(ts_ns=ts_ns, clock=client_clock, source="client", host=host, metric="client_loop_lag_ms",
                       value=lag, unit="ms")
     gaps = list(sampler.gap_rows(writer.run_id)) + evidence_gaps
+    gaps += [{"run_id": writer.run_id, "gap_id": f"collector:clock-sync:{f.label}", "scope": "run", "subject_id": None,
+              "affects": "the clock mapping's drift check between the start and end of the run",
+              "needs": "a server whose /clock answers within its deadline when the run ends",
+              "detail": f.reason} for f in failed]
     if server is None and not (evidence_manifest or {}).get("spans", {}).get("joined"):
         gaps.append({"run_id": writer.run_id, "gap_id": "collector:black-box", "scope": "run", "subject_id": None,
                      "affects": "server_status, ttft_server_ms, e2e_server_ms, queue/prefill/decode, resources",
@@ -99,6 +106,7 @@ def finish_run(writer, wl, plans, tokenizer, server, sampler, evidence, result, 
                    "pacing_error_ms": result.pacing_summary(), "switch_interval_s": switch_interval_s,
                    "result": result.counts()},
         "clock_mappings": [m.__dict__ for m in mappings],
+        "clock_mappings_failed": [f.__dict__ for f in failed],
         "system_under_test": {
             "inside": ["reference engine", "OpenAI-compatible HTTP front end"] if server else [url],
             "outside": ["load client", "checker", "simulated tools"]},

@@ -53,7 +53,7 @@ async def _watch_loop_lag(samples: list[tuple[int, float]], stop: asyncio.Event,
 
 async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter, *, separate_clocks: bool,
                  served_model: str | None, api_key: str | None, progress=None, trace_salt: str | None = None):
-    from inferledger.collectors.clocksync import estimate
+    from inferledger.collectors.clocksync import ClockSyncError, ClockSyncFailure, estimate
     from inferledger.collectors.http_transport import HTTPTarget
 
     mappings = []
@@ -70,8 +70,11 @@ async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter,
     finally:
         stop.set()
         await watcher
-    if separate_clocks:
-        mappings.append(await estimate(url, probe.clock, headers=headers, label="end"))
+    if separate_clocks:  # the load is recorded: a server that stopped answering /clock costs one mapping, not the run
+        try:
+            mappings.append(await estimate(url, probe.clock, headers=headers, label="end"))
+        except ClockSyncError as exc:
+            mappings.append(ClockSyncFailure("end", str(exc)))
     return result, lags, mappings
 
 

@@ -1,0 +1,211 @@
+"""The tables of docs/BENCHMARKS.md, one function per table, each from results files' figures.
+
+Every function takes the matching results files, oldest first, and returns Markdown. Most draw the
+newest; a history table draws them all. The table ids (the keys of TABLES) are what the markers in
+the doc name; benchmarks/render.py puts each table between its markers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+DASH = "—"  # an unknown figure: never 0
+
+
+def fmt(value, spec: str = ".2f", unit: str = "") -> str:
+    if value is None:
+        return DASH
+    return f"{value:{spec}}{unit}"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def met(ok) -> str:
+    return DASH if ok is None else ("met" if ok else "**not met**")
+
+
+def load_span(r: dict) -> str:
+    start, end = (r.get("load") or {}).get("start"), (r.get("load") or {}).get("end")
+    return f"{fmt(start[0] if start else None)} → {fmt(end[0] if end else None)}"
+
+
+def cpu_label(r: dict) -> str:
+    """The CPU kind the figures depend on: model, family / model number, widest vector and bf16 units."""
+    cpu = (r.get("host") or {}).get("cpu") or {}
+    flags = set(cpu.get("flags") or [])
+    if "amx_bf16" in flags:
+        kind = "AMX"
+    elif "avx512_bf16" in flags:
+        kind = "AVX-512 BF16, no AMX"
+    elif "avx512f" in flags:
+        kind = "AVX-512, no native bf16"
+    elif "avx2" in flags:
+        kind = "AVX2 only"
+    else:
+        kind = "flags unknown" if cpu.get("flags") is None else "no AVX2"
+    family = f" family {cpu['family']} model {cpu['model_number']}" if cpu.get("family") is not None else ""
+    return f"{cpu.get('model') or 'CPU unknown'}{family}, {kind}"
+
+
+# ------------------------------------------------------------------------------------------------
+def engine_throughput(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    return table(["concurrency", "ours tok/s", "HF tok/s", "ours / HF", "engine steps"],
+                 [[t["concurrency"], fmt(t["ours_tok_s"], ".1f"), fmt(t["hf_tok_s"], ".1f"),
+                   f"**{fmt(t['ours_over_hf_ratio'])}**", t["steps"]] for t in f["throughput"]])
+
+
+def engine_bandwidth(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[d["batch"], d["steps"], fmt(d["median_step_ms"], ".1f"), f"{d['weights_mib']:.0f} + {d['kv_mib']:.0f} MiB",
+             fmt(d["achieved_gib_s"], ".1f", " GiB/s"), f"**{fmt(d['mbu_ratio'])}**", fmt(d["fastest_step_ms"], ".1f"),
+             fmt(d["fastest_mbu_ratio"])] for d in f["decode"]]
+    return (table(["batch", "decode steps", "median step ms", "weights + KV read", "achieved", "MBU",
+                   "fastest step ms", "fastest MBU"], rows)
+            + f"\n\nmemcpy (best of `dst.copy_(src)` over 256 MiB, read + write, {f['torch_threads']} thread(s), "
+              f"same run): {fmt(f['memcpy_gib_s'], '.1f')} GiB/s.")
+
+
+def engine_probes(rs: list[dict]) -> str:
+    p = rs[-1]["figures"].get("probes")
+    if not p:
+        return "Not measured in this run (`--probe-repeats 0`)."
+    return (f"- *Direct*: {fmt(p['direct_share_pct'])} % of the wall time inside the event calls "
+            f"({p['events']} events and their KV samples, {fmt(p['per_event_us'], '.1f')} µs per event).\n"
+            f"- *A/B*: probes on over off, {p['pairs']} pairs in alternating order: median paired ratio "
+            f"{fmt(p['paired_median_ratio'], '.3f')}, range {fmt(p['paired_min_ratio'], '.3f')}–"
+            f"{fmt(p['paired_max_ratio'], '.3f')}.")
+
+
+def mbu_batch1(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    (d,), (t,) = f["decode"], f["throughput"]
+    return table(["median step", "achieved", "MBU", "fastest step", "fastest MBU", "memcpy", "ours / HF tok/s"],
+                 [[fmt(d["median_step_ms"], ".1f", " ms"), fmt(d["achieved_gib_s"], ".1f", " GiB/s"),
+                   f"**{fmt(d['mbu_ratio'])}**", fmt(d["fastest_step_ms"], ".1f", " ms"), f"**{fmt(d['fastest_mbu_ratio'])}**",
+                   fmt(f["memcpy_gib_s"], ".1f", " GiB/s"),
+                   f"{fmt(t['ours_over_hf_ratio'])} ({fmt(t['ours_tok_s'], '.1f')} / {fmt(t['hf_tok_s'], '.1f')})"]])
+
+
+def linear_dtypes(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    return (table(["rows", "fp32", "bf16", "fp16"],
+                  [[r["rows"], fmt(r["fp32_ms"], ".1f", " ms"),
+                    f"{fmt(r['bf16_ms'], '.1f', ' ms')} ({fmt(r['bf16_over_fp32_ratio'])}×)",
+                    f"{fmt(r['fp16_ms'], '.1f', ' ms')} ({fmt(r['fp16_over_fp32_ratio'])}×)"] for r in f["rows"]])
+            + f"\n\ntorch ISA {f['torch_isa']}, oneDNN bf16 path {'available' if f['onednn_bf16'] else 'unavailable'}, "
+              f"{f['threads']} thread(s), best of {f['repeats']}; × = over fp32.")
+
+
+def thread_placement(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[r["run"], r["placement"], fmt(r["tok_s"]), fmt(r["load_1m_before"])] for r in f["runs"]]
+    return (table(["run", "placement", "tok/s", "load (1 min) before"], rows)
+            + f"\n\nMedian free {fmt(f['free_median_tok_s'])} tok/s, pinned {fmt(f['pinned_median_tok_s'])} tok/s: "
+              f"**pinned / free {fmt(f['pinned_over_free_ratio'])}** (pinned to CPU {f['pinned_cpu']}).")
+
+
+def loop_lag(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[r["run"], r["placement"], fmt(r["loop_lag_p99_ms"], ".1f", " ms"), fmt(r["loop_lag_max_ms"], ".1f", " ms"),
+             fmt(r["bare_loop_p99_ms"], ".1f", " ms"), fmt(r["wall_s"], ".1f", " s"), fmt(r["load_1m_before"], ".1f")]
+            for r in f["runs"]]
+    return (table(["run", "cpu_threads", "loop lag p99", "loop lag max", "bare loop p99 (beside it)", "wall",
+                   "load before"], rows)
+            + f"\n\nMedian of the paired ratios auto / none: loop lag p99 **{fmt(f['auto_over_none_p99_ratio'])}**, "
+              f"wall {fmt(f['auto_over_none_wall_ratio'])}.")
+
+
+def ledger_scale(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    labels = {"import": "import (generate + Parquet write)", "ledger": "reconstruct (the whole ledger)",
+              "peer": "per-request pandas loop (4 figures)"}
+    rows = [[labels[k], fmt(p["wall_s"]), fmt(p["cpu_s"]), fmt(p["peak_gib"]), f"{p['events_per_s']:,.0f}"]
+            for k, p in f["phases"].items()]
+    return (table(["phase", "wall s", "CPU s", "peak GiB", "events/s"], rows)
+            + f"\n\n{f['events']:,} events ({f['attempts']:,} attempts × {f['output_tokens']} tokens); "
+              f"**ratio loop / ledger {fmt(f['loop_over_ledger_ratio'])}×**; the two agree on every attempt: "
+              f"{'yes' if f['agree'] else '**no**'} (max |Δ| {max(f['max_abs_diff_ms'].values()):.3g} ms).\n\n"
+            + targets(f["targets"]))
+
+
+def ledger_scale_history(rs: list[dict]) -> str:
+    rows = [[r["date_utc"][:10], f"`{(r['git'].get('commit') or '?')[:7]}`", cpu_label(r), load_span(r),
+             fmt(r["figures"]["phases"]["ledger"]["wall_s"]), fmt(r["figures"]["phases"]["peer"]["wall_s"]),
+             fmt(r["figures"]["loop_over_ledger_ratio"])] for r in rs]
+    return table(["date", "commit", "CPU", "load", "reconstruct s", "loop s", "loop / ledger"], rows)
+
+
+def targets(rows: list[dict]) -> str:
+    return table(["target", "measured", ""], [[t["target"], t["measured"], met(t["met"])] for t in rows])
+
+
+def report_scale(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rep = f["report"]
+    rows = [["`report.html`", f"{fmt(rep['wall_s'], '.3f')} s wall, {fmt(rep['cpu_s'], '.3f')} s CPU", fmt(rep["size_mb"], ".2f", " MB")]]
+    names = {"perfetto": "Perfetto trace JSON", "otlp": "OTLP spans as JSON lines"}
+    rows += [[names.get(e["format"], e["format"]), fmt(e["wall_s"], ".1f", " s"), fmt(e["size_mb"], ".1f", " MB")]
+             for e in f["exports"]]
+    return (table(["output", "time", "size"], rows)
+            + f"\n\n{f['attempts']:,} attempts × {f['output_tokens']} tokens, {f['kv_samples']:,} KV samples; "
+              f"reconstruct {fmt(f['reconstruct_s'], '.1f')} s (not a target).\n\n" + targets(f["targets"]))
+
+
+def parts_compaction(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[r["parts"], fmt(r["reconstruct_s"], ".2f", " s"), fmt(r["compaction_s"], ".2f", " s"),
+             fmt(r["reconstruct_one_part_s"], ".2f", " s"), f"**{fmt(r['many_over_one_ratio'])}**",
+             "yes" if r["counts_agree"] else "**no**"] for r in f["rows"]]
+    return (table(["parts", "reconstruct", "compaction", "reconstruct, 1 part", "ratio many / one",
+                   "ledger rows agree"], rows)
+            + f"\n\n{f['events']:,} events ({f['attempts']:,} attempts × {f['output_tokens']} tokens); "
+              f"each reconstruct the best of {f['repeat']}.")
+
+
+def engine_vs_vllm(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[r["round"], r["server"], r["client"], r["concurrency"], fmt(r["tok_s"], ".1f"),
+             f"{fmt(r['ttft_p50_ms'], '.0f')} / {fmt(r['ttft_p99_ms'], '.0f')}",
+             f"{fmt(r['tpot_p50_ms'], '.0f')} / {fmt(r['tpot_p99_ms'], '.0f')}", fmt(r["load_1m_before"])]
+            for r in f["rows"]]
+    ratios = [[r["client"], r["concurrency"], ", ".join(fmt(x) for x in r["ours_over_vllm_tok_s_ratio"]),
+               ", ".join(fmt(x) for x in r["vllm_over_ours_tpot_p50_ratio"])] for r in f["ratios"]]
+    return (table(["round", "server", "client", "c", "tok/s", "TTFT p50 / p99 ms", "TPOT p50 / p99 ms",
+                   "load (1 min) before"], rows)
+            + "\n\n" + table(["client", "c", "ours / vLLM tok/s, per round", "vLLM / ours TPOT p50, per round"], ratios))
+
+
+@dataclass(frozen=True)
+class Table:
+    benchmark: str
+    render: Callable[[list[dict]], str]
+    select: Callable[[dict], bool] = lambda params: True  # on the results file's parameters
+    isa_held: bool = False  # True: only runs with oneDNN held to a narrower ISA; False: only runs without
+
+
+def _default_sweep(p: dict) -> bool:
+    return len(p.get("concurrency") or []) > 1
+
+
+TABLES = {
+    "engine_throughput": Table("engine_throughput", engine_throughput, _default_sweep),
+    "engine_throughput.bandwidth": Table("engine_throughput", engine_bandwidth, _default_sweep),
+    "engine_throughput.probes": Table("engine_throughput", engine_probes, _default_sweep),
+    "engine_throughput.mbu_batch1": Table("engine_throughput", mbu_batch1,
+                                          lambda p: p.get("concurrency") == [1] and p.get("threads") == 1),
+    "engine_vs_vllm": Table("engine_vs_vllm", engine_vs_vllm),
+    "linear_dtypes": Table("linear_dtypes", linear_dtypes),
+    "linear_dtypes.held_to_avx2": Table("linear_dtypes", linear_dtypes, isa_held=True),
+    "thread_placement": Table("thread_placement", thread_placement),
+    "loop_lag": Table("loop_lag", loop_lag),
+    "ledger_scale": Table("ledger_scale", ledger_scale, lambda p: (p.get("attempts"), p.get("tokens")) == (10_000, 256)),
+    "ledger_scale.history": Table("ledger_scale", ledger_scale_history,
+                                  lambda p: (p.get("attempts"), p.get("tokens")) == (10_000, 256)),
+    "report_scale": Table("report_scale", report_scale, lambda p: bool(p.get("exports"))),
+    "parts_compaction": Table("parts_compaction", parts_compaction),
+}

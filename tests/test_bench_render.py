@@ -1,0 +1,217 @@
+"""docs/BENCHMARKS.md's tables drawn from the results files: between markers, from the newest
+qualifying run, under a line naming the file, the CPU and the load; the prose outside untouched."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import render  # noqa: E402
+
+ZEN5 = {"cpu": {"model": "AMD EPYC", "family": 26, "model_number": 2,
+                "flags": ["avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni"]},
+        "cores": 2, "cpus_usable": 2, "torch_isa": "AVX512", "dtype_auto": "bfloat16"}
+ZEN3 = {"cpu": {"model": "AMD EPYC 7B13", "family": 25, "model_number": 1, "flags": ["avx2", "fma"]},
+        "cores": 2, "cpus_usable": 2, "torch_isa": "AVX2", "dtype_auto": "float32"}
+PARTS = {"attempts": 1000, "output_tokens": 64, "events": 86000, "repeat": 2,
+         "rows": [{"parts": 300, "reconstruct_s": 3.64, "compaction_s": 1.521, "reconstruct_one_part_s": 3.21,
+                   "many_over_one_ratio": 1.134, "counts_agree": True},
+                  {"parts": 1792, "reconstruct_s": 8.94, "compaction_s": 12.3, "reconstruct_one_part_s": 6.47,
+                   "many_over_one_ratio": 1.382, "counts_agree": False}]}
+
+
+def result(benchmark: str, date: str, figures: dict, *, params=None, host=ZEN5, commit="a51c9bb0123", dirty=False,
+           name=None, busy=None) -> dict:
+    return {"schema": 1, "benchmark": benchmark, "command": f".venv/bin/python benchmarks/{benchmark}.py",
+            "parameters": params or {}, "date_utc": date, "wall_s": 61.4, "load": {"start": [4.95, 5.3, 4.79],
+            "end": [5.5, 5.1, 4.8]}, "busy_processes": {"start": busy or [], "end": []},
+            "git": {"commit": commit, "dirty": dirty}, "host": host, "figures": figures,
+            "_file": name or f"{benchmark}-{date.replace('-', '').replace(':', '')}-{commit[:7]}.json"}
+
+
+DOC = """# Title
+
+Prose before, with a figure 1.13 typed by hand.
+
+<!-- rendered: parts_compaction -->
+stale table
+<!-- end rendered: parts_compaction -->
+
+Prose after.
+"""
+
+
+def test_a_marked_table_is_redrawn_from_its_results_and_the_prose_stays():
+    r = result("parts_compaction", "2026-12-01T21:00:07Z", PARTS, dirty=True,
+               busy=[{"name": "python3", "processes": 3, "cpu_pct": 151.2}, {"name": "chromium", "processes": 1,
+                                                                             "cpu_pct": 12.0}])
+    assert render.render_doc(DOC, [r]) == """# Title
+
+Prose before, with a figure 1.13 typed by hand.
+
+<!-- rendered: parts_compaction -->
+*From `benchmarks/results/parts_compaction-20261201T210007Z-a51c9bb.json`: 2026-12-01 21:00 UTC, commit `a51c9bb` (tree dirty); AMD EPYC family 26 model 2, AVX-512 BF16, no AMX, 2 CPUs, torch ISA AVX512, dtype auto → bfloat16; load (1 min) 4.95 → 5.50; other processes busy at the start: python3 ×3 151 %, chromium ×1 12 %; `.venv/bin/python benchmarks/parts_compaction.py`; 61 s.*
+
+| parts | reconstruct | compaction | reconstruct, 1 part | ratio many / one | ledger rows agree |
+| --- | --- | --- | --- | --- | --- |
+| 300 | 3.64 s | 1.52 s | 3.21 s | **1.13** | yes |
+| 1792 | 8.94 s | 12.30 s | 6.47 s | **1.38** | **no** |
+
+86,000 events (1,000 attempts × 64 tokens); each reconstruct the best of 2.
+<!-- end rendered: parts_compaction -->
+
+Prose after.
+"""
+
+
+def _ledger(ratio: float) -> dict:
+    phase = {"wall_s": 1.0, "cpu_s": 1.0, "peak_gib": 0.5, "events_per_s": 1000.0}
+    return {"events": 1000, "attempts": 10, "output_tokens": 256, "loop_over_ledger_ratio": ratio, "agree": True,
+            "max_abs_diff_ms": {"ttft_client_ms": 0.0}, "phases": {"import": phase, "ledger": phase, "peer": phase},
+            "targets": [{"target": ">= 5x faster than the loop", "measured": f"{ratio:.2f}x", "met": ratio >= 5}]}
+
+
+def test_the_newest_qualifying_run_is_drawn_and_a_history_table_draws_every_qualifying_run():
+    full = {"attempts": 10_000, "tokens": 256}
+    rs = [result("ledger_scale", "2026-11-29T10:00:00Z", _ledger(4.51), params=full, host=ZEN3, commit="1111111aaa"),
+          result("ledger_scale", "2026-12-01T21:00:00Z", _ledger(6.02), params=full, commit="2222222bbb"),
+          result("ledger_scale", "2026-12-01T22:00:00Z", _ledger(9.99), params={"attempts": 100, "tokens": 256})]
+    latest = render.render_table("ledger_scale", rs)
+    assert "ledger_scale-20261201T210000Z-2222222.json" in latest.splitlines()[0]
+    assert "**ratio loop / ledger 6.02×**" in latest and "| >= 5x faster than the loop | 6.02x | met |" in latest
+    history = render.render_table("ledger_scale.history", rs).splitlines()
+    assert history[0].startswith("*From 2 results files of `ledger_scale`, the newest "
+                                 "`benchmarks/results/ledger_scale-20261201T210000Z-2222222.json`: ")
+    assert history[2:] == [
+        "| date | commit | CPU | load | reconstruct s | loop s | loop / ledger |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| 2026-11-29 | `1111111` | AMD EPYC 7B13 family 25 model 1, AVX2 only | 4.95 → 5.50 | 1.00 | 1.00 | 4.51 |",
+        "| 2026-12-01 | `2222222` | AMD EPYC family 26 model 2, AVX-512 BF16, no AMX | 4.95 → 5.50 | 1.00 | 1.00 | 6.02 |"]
+
+
+def test_an_unknown_figure_renders_as_a_dash_never_zero():
+    figures = json.loads(json.dumps(PARTS))
+    figures["rows"][0]["compaction_s"] = None
+    out = render.render_table("parts_compaction", [result("parts_compaction", "2026-12-01T21:00:00Z", figures)])
+    assert "| 300 | 3.64 s | — | 3.21 s | **1.13** | yes |" in out
+
+
+@pytest.mark.parametrize("doc, message", [
+    ("a\n<!-- rendered: parts_compaction -->\nx\n", "doc.md:2: marker '<!-- rendered: parts_compaction -->' has no partner"),
+    ("a\n\n<!-- end rendered: parts_compaction -->\n", "doc.md:3: marker '<!-- end rendered: parts_compaction -->' has no partner"),
+    ("<!-- rendered: parts_compaction -->\n<!-- rendered: linear_dtypes -->\n<!-- end rendered: parts_compaction -->\n",
+     "doc.md:2: marker '<!-- rendered: linear_dtypes -->' has no partner"),
+    ("<!-- rendered: nosuch -->\n<!-- end rendered: nosuch -->\n", "no table 'nosuch' in benchmarks/render_tables.py"),
+    ("<!-- rendered: loop_lag -->\n<!-- end rendered: loop_lag -->\n",
+     "table 'loop_lag': no results file of loop_lag qualifies"),
+])
+def test_a_marker_without_its_partner_an_unknown_table_or_missing_results_are_refused(doc, message):
+    r = result("parts_compaction", "2026-12-01T21:00:00Z", PARTS)
+    with pytest.raises(render.RenderError) as err:
+        render.render_doc(doc, [r], doc_name="doc.md")
+    assert str(err.value).startswith(message)
+
+
+def test_a_results_file_lacking_a_figure_is_named(tmp_path):
+    r = result("parts_compaction", "2026-12-01T21:00:00Z", {"rows": []}, name="p.json")
+    with pytest.raises(render.RenderError, match=r"benchmarks/results/p.json lacks a figure \(KeyError\('events'\)\)"):
+        render.render_table("parts_compaction", [r])
+    (tmp_path / "bad.json").write_text('{"benchmark": "x"}')
+    with pytest.raises(render.RenderError, match="bad.json: not a results file"):
+        render.load_results(tmp_path)
+
+
+def test_the_check_mode_exits_1_on_a_stale_doc_and_changes_nothing(tmp_path):
+    (tmp_path / "results").mkdir()
+    r = result("parts_compaction", "2026-12-01T21:00:00Z", PARTS)
+    (tmp_path / "results" / r.pop("_file")).write_text(json.dumps(r))
+    doc = tmp_path / "B.md"
+    doc.write_text(DOC)
+    assert render.main(["--check", "--doc", str(doc), "--results", str(tmp_path / "results")]) == 1
+    assert doc.read_text() == DOC
+    assert render.main(["--doc", str(doc), "--results", str(tmp_path / "results")]) == 0
+    assert "| 300 | 3.64 s |" in doc.read_text()
+    assert render.main(["--check", "--doc", str(doc), "--results", str(tmp_path / "results")]) == 0
+
+
+def test_the_benchmarks_doc_is_current_with_the_committed_results():
+    doc = (ROOT / "docs" / "BENCHMARKS.md").read_text()
+    assert render.BLOCK.search(doc), "docs/BENCHMARKS.md has no rendered table"
+    assert render.render_doc(doc, render.load_results()) == doc, "run: .venv/bin/python benchmarks/render.py"
+
+
+def test_a_second_table_of_the_same_run_in_a_section_only_names_its_file_and_a_new_section_names_it_in_full():
+    r = result("parts_compaction", "2026-12-01T21:00:07Z", PARTS)
+    doc = ("## A\n\n<!-- rendered: parts_compaction -->\n<!-- end rendered: parts_compaction -->\n\nprose\n\n"
+           "<!-- rendered: parts_compaction -->\n<!-- end rendered: parts_compaction -->\n\n## B\n\n"
+           "<!-- rendered: parts_compaction -->\n<!-- end rendered: parts_compaction -->\n")
+    heads = [line for line in render.render_doc(doc, [r]).splitlines() if line.startswith("*")]
+    assert [h[:20] for h in heads] == ["*From `benchmarks/re", "*Same run: `benchmar", "*From `benchmarks/re"]
+    assert heads[1] == "*Same run: `benchmarks/results/parts_compaction-20261201T210007Z-a51c9bb.json`.*"
+
+
+def test_the_engine_against_vllm_run_keeps_its_rows_with_units_and_renders_its_ratios_per_round():
+    import argparse
+    import importlib.util
+
+    import results
+
+    spec = importlib.util.spec_from_file_location("engine_vs_vllm", ROOT / "benchmarks" / "engine_vs_vllm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(rnd, server, client, c, tok_s, tpot_p50, load="2.88 3.01 3.2"):
+        return {"round": rnd, "server": server, "client": client, "concurrency": c, "prompts": 4, "load_before": load,
+                "tok_s": tok_s, "ttft_p50": 277.4, "ttft_p99": 303.0, "tpot_p50": tpot_p50, "tpot_p99": 68.0,
+                "completed": 4, "input_tokens_client": 256, "prompt_tokens_server": 320.0,
+                "prompt_tokens_per_request_server": 64.0}
+    bench = "vllm bench serve"
+    rows = [row(1, "ours", bench, 1, 3.0, 322.0), row(1, "vllm", bench, 1, 7.5, 74.0),
+            row(2, "ours", bench, 1, 14.7, 65.0), row(2, "vllm", bench, 1, 12.8, 53.0)]
+
+    class Server:
+        def __init__(self, name):
+            self.name = name
+
+        def manifest(self):
+            return {"dtype": "bf16"}
+    args = argparse.Namespace(concurrency=[1], capture_concurrency=[], rounds=2)
+    figures = mod.figures(rows, [Server("ours"), Server("vllm")], args)
+    results.check_figures(figures)
+    assert figures["rows"][0] == {"round": 1, "server": "ours", "client": bench, "concurrency": 1, "prompts": 4,
+                                  "tok_s": 3.0, "ttft_p50_ms": 277.4, "ttft_p99_ms": 303.0, "tpot_p50_ms": 322.0,
+                                  "tpot_p99_ms": 68.0, "completed": 4, "input_tokens_client": 256, "load_1m_before": 2.88,
+                                  "prompt_tokens_server": 320, "prompt_per_request_server_tokens": 64.0}
+    assert figures["ratios"] == [{"client": bench, "concurrency": 1, "ours_over_vllm_tok_s_ratio": [0.4, 1.1484],
+                                  "vllm_over_ours_tpot_p50_ratio": [0.2298, 0.8154]}]
+    out = render.render_table("engine_vs_vllm", [result("engine_vs_vllm", "2026-12-01T21:00:00Z", figures)])
+    assert out.splitlines()[2:] == [
+        "| round | server | client | c | tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | load (1 min) before |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| 1 | ours | vllm bench serve | 1 | 3.0 | 277 / 303 | 322 / 68 | 2.88 |",
+        "| 1 | vllm | vllm bench serve | 1 | 7.5 | 277 / 303 | 74 / 68 | 2.88 |",
+        "| 2 | ours | vllm bench serve | 1 | 14.7 | 277 / 303 | 65 / 68 | 2.88 |",
+        "| 2 | vllm | vllm bench serve | 1 | 12.8 | 277 / 303 | 53 / 68 | 2.88 |",
+        "",
+        "| client | c | ours / vLLM tok/s, per round | vLLM / ours TPOT p50, per round |",
+        "| --- | --- | --- | --- |",
+        "| vllm bench serve | 1 | 0.40, 1.15 | 0.23, 0.82 |"]
+
+
+def test_a_run_with_onednn_held_to_avx2_is_drawn_only_by_the_held_table_and_says_so():
+    rows = {"threads": 1, "repeats": 5, "torch_isa": "AVX512", "onednn_bf16": True,
+            "rows": [{"rows": 1, "fp32_ms": 100.0, "bf16_ms": 60.0, "fp16_ms": 70.0, "bf16_over_fp32_ratio": 0.6,
+                      "fp16_over_fp32_ratio": 0.7}]}
+    held = json.loads(json.dumps(rows)) | {"torch_isa": "AVX2", "onednn_bf16": False}
+    native = result("linear_dtypes", "2026-12-01T21:00:00Z", rows)
+    avx2 = result("linear_dtypes", "2026-12-01T22:00:00Z", held)
+    avx2["environment"] = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    plain = render.render_table("linear_dtypes", [native, avx2])
+    assert native["_file"] in plain and "torch ISA AVX512, oneDNN bf16 path available" in plain
+    limited = render.render_table("linear_dtypes.held_to_avx2", [native, avx2])
+    assert avx2["_file"] in limited and "ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 `" in limited
+    assert "torch ISA AVX2, oneDNN bf16 path unavailable" in limited
