@@ -11,7 +11,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import typer
 
 from inferledger.cli import (cmd_capture, cmd_data, cmd_demo, cmd_doctor, cmd_export, cmd_ledger, cmd_report,  # noqa: E402
-                             cmd_serve, cmd_summary, cmd_whatif)
+                             cmd_serve, cmd_study, cmd_summary, cmd_whatif)
 
 app = typer.Typer(
     add_completion=False,
@@ -24,7 +24,7 @@ app = typer.Typer(
 # Each command module owns its commands and registers them here. Importing them is cheap: heavy
 # libraries (torch, duckdb, pyarrow) are imported inside the commands.
 for _module in (cmd_data, cmd_ledger, cmd_serve, cmd_capture, cmd_demo, cmd_whatif, cmd_report, cmd_export,
-                cmd_doctor, cmd_summary):
+                cmd_doctor, cmd_summary, cmd_study):
     _module.register(app)
 
 

@@ -26,6 +26,7 @@ SQL_SURFACE = [
     ("critical_path_edges", "edge of a critical-path graph"),
     ("reconciliation", "run: created ... unterminated, ghost load"),
     ("step_attribution", "engine step x attempt: its share of the step"),
+    ("kv_holds", "attempt x KV block it held: how, from, to, back in the pool"),
     ("slo_misses", "attempt past its deadline: the dominant cause"),
     ("run_metrics", "run: goodput, vLLM-style goodput, energy per good result"),
     ("energy_shares", "attempt: its share of the window's energy"),
@@ -38,7 +39,7 @@ SQL_SURFACE = [
     ("latency_percentiles", "figure x layer: n, mean, p50 / p90 / p95 / p99, max"),
 ]
 QUERY_HELP = (
-    "Run read-only SQL on the ledger of one run or of many runs at once.\n\n"
+    "Run read-only SQL on the ledger of one run or of many runs at once (a study folder: all its runs).\n\n"
     "Each run needs its ledger.duckdb ([bold]inferledger reconstruct RUN[/] builds it). With a glob, each "
     "table is the union of all runs and [bold]run_id[/] tells their rows apart. Writes, ATTACH, COPY, SET, "
     "INSTALL ... are refused (exit 2), and so is SQL that does not parse or bind, with its position.\n\n"

@@ -8,7 +8,8 @@ import typer
 
 
 def report_cmd(
-    run: Path = typer.Argument(..., help="A run folder holding ledger.duckdb (run `inferledger reconstruct` first)."),
+    run: Path = typer.Argument(..., help="A run folder holding ledger.duckdb (run `inferledger reconstruct` first), "
+                               "or a study folder (`inferledger study`)."),
     compare: Optional[Path] = typer.Option(None, "--compare", help="A second run to show side by side, with deltas."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the HTML (default RUN/report.html)."),
     detail: int = typer.Option(300, help="Attempts drawn as timeline rows; a bigger run shows a sample of them."),
@@ -20,6 +21,9 @@ def report_cmd(
     accounts, the critical path, reconciliation and the gap register. plotly.js is inlined, so the file
     opens with no network. docs/REPORT.md says which ledger table each panel is drawn from.
 
+    A study folder gets one page instead: the study's question, every table of its comparison, its
+    timelines or curves drawn from each run's ledger, and the runs (each still opens alone).
+
     Example: [cyan]inferledger report runs/r1 --compare runs/r0[/]
     """
     from inferledger.cli.output import console, err
@@ -28,7 +32,19 @@ def report_cmd(
 
     if detail < 1:
         raise typer.BadParameter("needs at least 1 row", param_hint="--detail")
+    from inferledger.probes.study_dir import is_study_dir
+
     try:
+        if is_study_dir(run):
+            if compare is not None:
+                raise typer.BadParameter("a study folder compares its own runs; --compare takes run folders",
+                                         param_hint="--compare")
+            from inferledger.report.study_page import build_study_report
+
+            result = build_study_report(run, out)
+            console.print(f"report: [bold]{result.path}[/]  ({result.bytes / 2**20:.1f} MiB, {result.attempts} runs, "
+                          f"{result.seconds:.1f} s)")
+            return
         result = build_report(run, out, compare=compare, detail_limit=detail)
     except LedgerError as exc:
         err.print(f"[red]error:[/] {exc}")

@@ -27,7 +27,8 @@ step-level ones carry step_id (the engine iteration; request events of a step ca
   step.start / step.end   one iteration; start attrs: batch [[attempt_id, kind, tokens]] with kind
                           prefill | decode | verify, token_budget, num_seqs, num_running,
                           num_waiting; end: value = tokens processed, attrs mode (eager |
-                          padded | graph | graph_capture: this step captured a new bucket's graph),
+                          padded | graph | graph_capture: this step captured a new bucket's graph | simulated:
+                          the simulated clock's runner),
                           padded_tokens (tokens run, padding rows included), num_seqs
   device.step             (CUDA, probes/cuda_timer.py) the step's device time from CUDA events on the
                           cuda:<host>:<device> clock; value = device ms, attrs end_ns, mode, padded_tokens

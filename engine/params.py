@@ -107,6 +107,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None
     chunked_prefill: bool = True
+    # The most prompt tokens one prefill chunk takes in a step (vLLM's name); None: a chunk takes all the
+    # token budget the step has left. Needs chunked_prefill.
+    long_prefill_token_threshold: int | None = None
     enable_prefix_caching: bool = True
     admission: str = "on_demand"  # "reserve": prompt + max_tokens blocks per request, never preempts
     batching: str = "continuous"  # "fixed": admit a batch, admit more only when all of it finished
@@ -138,6 +141,13 @@ class EngineConfig:
              allowed=f"an integer >= max_num_seqs={self.max_num_seqs} (every running sequence decodes each step)")
         if self.max_model_len is not None:
             _int("max_model_len", self.max_model_len, 1)
+        if self.long_prefill_token_threshold is not None:
+            _int("long_prefill_token_threshold", self.long_prefill_token_threshold, 1,
+                 allowed="None or an integer >= 1 (tokens per prefill chunk)")
+            if not self.chunked_prefill:
+                raise ValueError(f"long_prefill_token_threshold={self.long_prefill_token_threshold} caps prefill "
+                                 "chunks, but chunked_prefill=False never splits a prefill; enable chunked_prefill "
+                                 "or leave the threshold None")
         if self.admission not in ("reserve", "on_demand"):
             _fail("admission", self.admission, "'reserve' or 'on_demand'")
         if self.batching not in ("continuous", "fixed"):

@@ -2,7 +2,8 @@
 
 Continuous batching: running decodes first (oldest first), then running prefills that were split
 into chunks, then waiting sequences in arrival order, while the step has token budget
-(`max_num_batched_tokens`) and room (`max_num_seqs`). `batching="fixed"` admits a batch only when the
+(`max_num_batched_tokens`) and room (`max_num_seqs`); a prefill chunk takes what budget is left, at
+most `long_prefill_token_threshold` tokens when that is set. `batching="fixed"` admits a batch only when the
 previous one has entirely finished; `chunked_prefill=False` never splits a prefill (a prompt longer
 than the budget then runs alone). Admission `reserve` keeps the worst case (prompt + max_tokens
 blocks of every running sequence) within the pool, so nothing is ever preempted; `on_demand`
@@ -119,7 +120,8 @@ class Scheduler:
     def _chunk(self, remaining: int, out: SchedulerOutput) -> int:
         """Tokens of a prefill of `remaining` tokens that fit this step (0: wait)."""
         if self.config.chunked_prefill:
-            return min(remaining, self._budget)
+            cap = self.config.long_prefill_token_threshold or remaining
+            return min(remaining, self._budget, cap)
         if remaining <= self._budget or out.num_batched_tokens == 0:
             return remaining  # unchunked: whole, or alone when longer than the budget
         return 0

@@ -3,6 +3,7 @@
 Public Python API:
     inferledger.open("runs/*")  -> a read-only ledger over one run or a glob of runs (`.sql(...)`)
     inferledger.LLM(...)        -> the reference engine for offline generation
+    inferledger.study("schedule-book", "runs/book")  -> run a study into a study folder (docs/STUDIES.md)
 """
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ def open(path_or_glob: str):  # noqa: A001 - the public name is `inferledger.ope
     from inferledger.ledger.query import open_ledger
 
     return open_ledger(path_or_glob)
+
+
+def study(name: str, out, **options):
+    """Run the study `name` into the new folder `out`; returns its result (tables, folder)."""
+    from inferledger.studies.framework import run_study
+    from inferledger.studies.registry import get_study
+
+    return run_study(get_study(name), out, options)
 
 
 def __getattr__(name: str):

@@ -1,5 +1,5 @@
--- The clock rule's conversions (docs/LEDGER.md "Clock rule"): identity per domain (measured) and each
--- mapping in both directions (derived ± epsilon). Every stage converts through this table.
+-- The clock rule's conversions (docs/LEDGER.md "Clock rule"): identity per domain (measured; simulated
+-- on a sim: clock) and each mapping in both directions (derived ± epsilon). Every stage converts through this table.
 --
 -- reads: events, clocks
 -- creates: clock_conv
@@ -13,7 +13,8 @@ WITH domains AS (
   UNION ALL
   SELECT to_clock, from_clock, -offset_ns, epsilon_ns FROM clocks WHERE from_clock IS NOT NULL
 )
-SELECT clock AS from_clock, clock AS to_clock, 0::BIGINT AS offset_ns, 0::BIGINT AS eps_ns, 'measured' AS label FROM domains
+SELECT clock AS from_clock, clock AS to_clock, 0::BIGINT AS offset_ns, 0::BIGINT AS eps_ns,
+       CASE WHEN clock LIKE 'sim:%' THEN 'simulated' ELSE 'measured' END AS label FROM domains  -- a sim: clock measures nothing
 UNION ALL
 SELECT from_clock, to_clock, offset_ns, eps_ns, 'derived' FROM (
   SELECT from_clock, to_clock, offset_ns, epsilon_ns AS eps_ns FROM maps WHERE from_clock <> to_clock

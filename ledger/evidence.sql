@@ -1,12 +1,15 @@
--- Whose account each attempt's server / engine figures rest on: our probes' (observed) or an engine's
--- report about itself (reported, docs/EVENTS.md "Evidence strength"), and who gave it.
+-- Whose account each attempt's server / engine figures rest on: our probes' (observed), an engine's
+-- report about itself (reported, docs/EVENTS.md "Evidence strength") or a run on the simulated clock
+-- (simulated), and who gave it.
 --
 -- reads: events
 -- creates: attempt_evidence
 
 CREATE OR REPLACE TEMP TABLE attempt_evidence AS
 SELECT attempt_id,
-       CASE WHEN bool_or(json_extract_string(attrs, '$.evidence') = 'reported') THEN 'reported' ELSE 'observed' END AS evidence,
+       CASE WHEN bool_or(json_extract_string(attrs, '$.evidence') = 'reported') THEN 'reported'
+            WHEN bool_or(json_extract_string(attrs, '$.evidence') = 'simulated') THEN 'simulated'
+            ELSE 'observed' END AS evidence,
        max(json_extract_string(attrs, '$.reporter')) AS reporter,
        bool_or(name = 'engine.token' AND json_extract_string(attrs, '$.aggregate') = 'true') AS aggregate_tokens
 FROM events

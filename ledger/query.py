@@ -13,6 +13,8 @@ from pathlib import Path
 
 import duckdb
 
+from inferledger.probes.study_dir import StudyDirError, is_study_dir, run_dirs
+
 LEDGER_FILE = "ledger.duckdb"
 READ_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 _LEADING = re.compile(r"^(\s+|--[^\n]*\n|/\*.*?\*/)*", re.DOTALL)  # blanks and comments
@@ -42,7 +44,8 @@ def _sql_string(text: str) -> str:
 
 
 def resolve_runs(path_or_glob: str | Path) -> list[tuple[str, Path]]:
-    """(run name, ledger file) for a run folder, a glob of run folders, or ledger.duckdb paths."""
+    """(run name, ledger file) for a run folder, a study folder (its runs), a glob of those, or ledger.duckdb
+    paths."""
     text = str(path_or_glob)
     paths = sorted(Path(p) for p in globlib.glob(text)) if globlib.has_magic(text) else [Path(text)]
     if not paths:
@@ -51,6 +54,13 @@ def resolve_runs(path_or_glob: str | Path) -> list[tuple[str, Path]]:
     for p in paths:
         if p.is_file() and p.suffix == ".duckdb":
             runs.append((p.resolve().parent.name, p))
+        elif p.is_dir() and is_study_dir(p):  # a study folder: every run it keeps
+            try:
+                study_runs = run_dirs(p)
+            except StudyDirError as exc:
+                raise LedgerError(str(exc)) from None
+            for _, run in study_runs:
+                runs += resolve_runs(run)
         elif p.is_dir():
             if not (p / LEDGER_FILE).is_file():
                 raise LedgerError(f"run {p} has no {LEDGER_FILE}: run `inferledger reconstruct {p}` first")

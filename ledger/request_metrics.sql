@@ -66,7 +66,7 @@ FROM itl GROUP BY attempt_id;
 --   clock compares with kv.free's, else engine.cancel_received); signed: blocks freed before the
 --   cancel arrived give a negative delay
 -- @column release_after_cancel_eps_ms: its ± ms (the mapping's epsilon; 0 on one clock)
--- @column release_after_cancel_label: measured, derived, or unknown (clocks no mapping joins); NULL
+-- @column release_after_cancel_label: measured, derived, simulated (a sim: clock), or unknown (clocks no mapping joins); NULL
 --   without a cancel and a kv.free
 -- @column uplink_ms: (server.received, else engine.enqueued) − sent, across clocks by the clock rule (link)
 -- @column uplink_eps_ms: its ± ms
@@ -90,7 +90,8 @@ FROM itl GROUP BY attempt_id;
 -- @column done_since_reference_ms: attempt.done − the task's reference (arrival.planned, else
 --   task.start, else its first attempt's created or sent)
 -- @column server_evidence: observed (our engine's probes), reported (an engine's account of itself, e.g.
---   a vLLM span) or NULL (no server or engine event)
+--   a vLLM span), simulated (a run on the simulated clock: the real scheduler, no model compute) or NULL
+--   (no server or engine event)
 -- @column server_reporter: who reported it (attrs.reporter, e.g. vllm-0.32.0)
 CREATE OR REPLACE TABLE request_metrics AS
 SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,

@@ -27,13 +27,13 @@
 --   unknown when a cause that applies is unknown; NULL when every cause is measured and 0
 -- @column prefill_ms: request_metrics.prefill_ms (NULL without server evidence)
 -- @column decode_ms: request_metrics.decode_ms (NULL without server evidence)
--- @column cause_evidence: observed (our engine's probes) or reported (a span); NULL without server evidence
+-- @column cause_evidence: observed (our engine's probes), reported (a span) or simulated (a run on the
+--   simulated clock): request_metrics.server_evidence; NULL without server evidence
 CREATE OR REPLACE TABLE slo_misses AS
 WITH missed AS (
   SELECT a.attempt_id, a.task_id, a.client_status, r.done_since_reference_ms, c.deadline_ms, r.queue_ms,
          r.prefill_ms, r.decode_ms, r.e2e_client_ms, r.e2e_server_ms, r.uplink_ms,
-         CASE WHEN r.server_evidence = 'reported' THEN 'reported' WHEN r.server_evidence IS NOT NULL THEN 'observed'
-              END AS cause_evidence
+         r.server_evidence AS cause_evidence
   FROM attempts a JOIN request_metrics r USING (attempt_id) JOIN contracts c ON c.task_id = a.task_id
   WHERE c.deadline_ms IS NOT NULL AND (r.on_time = false OR a.client_status = 'timeout')
 ), client_queue AS (

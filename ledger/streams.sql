@@ -155,8 +155,8 @@ GROUP BY ALL;
 -- @column end_ns: end, ns on clock
 -- @column dur_ms: end_ns − start_ns
 -- @column eps_ms: its ± ms (the mappings' epsilons of converted points)
--- @column label: measured (one clock), derived (a point converted by a mapping), unknown (a link across
---   clocks no mapping joins)
+-- @column label: measured (one clock), derived (a point converted by a mapping), simulated (on a sim:
+--   clock: a simulated run's), unknown (a link across clocks no mapping joins)
 -- @column on_path: registered on the stream's path: false for unattributed time, an unknown link, and a
 --   span contained in another, or the later-starting of two that overlap
 -- @column overlaps_with: the spans an off-path span overlaps
@@ -179,7 +179,7 @@ WITH iv_rows AS (
 SELECT getvariable('run_id') AS run_id, attempt_id, stream, name, kind, start_event, end_event, clock,
        start_ns, end_ns, (end_ns - start_ns) / 1e6 AS dur_ms, eps_ns / 1e6 AS eps_ms,
        CASE WHEN kind = 'link' AND end_ns IS NULL THEN 'unknown'
-            WHEN conv THEN 'derived' ELSE 'measured' END AS label,
+            WHEN conv THEN 'derived' WHEN clock LIKE 'sim:%' THEN 'simulated' ELSE 'measured' END AS label,
        on_path, overlaps_with
 FROM iv_rows
 ORDER BY attempt_id, stream, start_ns NULLS LAST, name, start_event;

@@ -70,6 +70,39 @@ def test_chunked_prefill_splits_a_long_prompt_and_keeps_decodes_going():
     drain(sched, bm)
 
 
+def test_long_prefill_token_threshold_caps_each_chunk_below_the_budget():
+    sched, bm = make(max_num_batched_tokens=16, max_num_seqs=4, long_prefill_token_threshold=5)
+    a, b = seq("a", 3, max_tokens=6), seq("b", 12)
+    sched.add(a)
+    assert run_step(sched, bm)[0] == [("a", "prefill", 3)]
+    sched.add(b)
+    # the budget left (15) would take b's 12 tokens whole; the cap takes 5 a step, decodes first
+    assert run_step(sched, bm)[0] == [("a", "decode", 1), ("b", "prefill", 5)]
+    assert run_step(sched, bm)[0] == [("a", "decode", 1), ("b", "prefill", 5)]
+    assert run_step(sched, bm)[0] == [("a", "decode", 1), ("b", "prefill", 2)]
+    assert run_step(sched, bm)[0] == [("a", "decode", 1), ("b", "decode", 1)]
+    drain(sched, bm)
+
+
+def test_two_capped_prefills_share_one_step_when_the_budget_holds_both():
+    sched, bm = make(max_num_batched_tokens=8, max_num_seqs=4, long_prefill_token_threshold=4)
+    a, b = seq("a", 6, max_tokens=2), seq("b", 6, max_tokens=2, base=100)
+    sched.add(a)
+    sched.add(b)
+    assert run_step(sched, bm)[0] == [("a", "prefill", 4), ("b", "prefill", 4)]
+    assert run_step(sched, bm)[0] == [("a", "prefill", 2), ("b", "prefill", 2)]
+    drain(sched, bm)
+
+
+def test_the_chunk_cap_is_refused_without_chunked_prefill_and_below_one():
+    import pytest
+
+    with pytest.raises(ValueError, match="long_prefill_token_threshold=4 .*chunked_prefill=False"):
+        EngineConfig(chunked_prefill=False, long_prefill_token_threshold=4)
+    with pytest.raises(ValueError, match="long_prefill_token_threshold=0 is out of range"):
+        EngineConfig(long_prefill_token_threshold=0)
+
+
 def test_unchunked_prefill_waits_for_room_or_runs_alone():
     sched, bm = make(max_num_batched_tokens=8, max_num_seqs=4, chunked_prefill=False)
     a, b = seq("a", 3, max_tokens=3), seq("b", 20)

@@ -1,0 +1,68 @@
+"""`inferledger study NAME`: run a study into a study folder and print its comparison."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from inferledger.cli.output import FORMAT_HELP, OutputFormat
+
+
+def study_cmd(
+    name: str = typer.Argument(..., help="The study: schedule-book, kv-layout (docs/STUDIES.md lists them all)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="New study folder (default runs/study-<name>-<time>)."),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " Every table of the "
+                                     "comparison (json: an object of tables; csv: one line per cell, "
+                                     "section,row,column,value); the folder keeps the key table as comparison.csv."),
+    sets: Optional[List[str]] = typer.Option(None, "--set", help="key=value: one of the study's options "
+                                             "(repeatable; docs/STUDIES.md lists each study's)."),
+) -> None:
+    """Run one of the book's experiments: a set of runs that differ in one knob, then one comparison.
+
+    The study folder keeps every run (each a normal run directory: [bold]query[/], [bold]report[/] and
+    [bold]reconstruct[/] open it alone) and the comparison (comparison.csv, comparison.json), computed
+    from the runs' ledgers. [bold]inferledger report STUDY_DIR[/] draws it.
+
+    Example: [cyan]inferledger study schedule-book -o runs/book && inferledger report runs/book[/]
+    """
+    from rich.table import Table as RichTable
+
+    from inferledger.cli.output import console, echo_sections, fail
+    from inferledger.studies.framework import StudyError, parse_sets, run_study
+    from inferledger.studies.registry import get_study
+
+    try:
+        study = get_study(name)
+        options = parse_sets(study, sets or [])
+        target = out or Path("runs") / f"study-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        result = run_study(study, target, options)
+    except StudyError as exc:
+        fail(f"error: {exc}")
+    if echo_sections(fmt, {t.name: [dict(zip(t.columns, row)) for row in t.rows] for t in result.tables}):
+        return
+    console.print(f"[bold]{study.name}[/]: {study.question}")
+    for t in result.tables:
+        table = RichTable(title=t.title, title_justify="left")
+        for c in t.columns:
+            table.add_column(c, overflow="fold")
+        for row in t.rows:
+            table.add_row(*(_cell(v) for v in row))
+        console.print(table)
+        if t.note:
+            console.print(f"[dim]{t.note}[/]")
+    console.print(f"study folder: [bold]{result.path}[/] ({len(result.study['runs'])} runs, {result.seconds:.1f} s); "
+                  f"draw it with: inferledger report {result.path}")
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    return str(v)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("study", no_args_is_help=True)(study_cmd)

@@ -1,0 +1,1 @@
+"""The simulated clock: the real engine driven at simulated time (docs/STUDIES.md "The simulated clock")."""

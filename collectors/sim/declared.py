@@ -1,0 +1,28 @@
+"""Declared model shapes for simulated runs: the architecture a simulation stands for, without weights.
+
+A simulated run computes nothing, but its KV pool, its context limit and the figures derived from
+its shape (KV bytes per token, the block's bytes in the resource account) come from a declared
+config, recorded in the run's manifest with evidence `declared`.
+"""
+from __future__ import annotations
+
+import torch
+
+from inferledger.engine.config import ModelConfig
+
+# Qwen3-8B, the model of the book's chapter 8 (36 layers, 8 KV heads of 128: 144 KiB of bf16 KV a token);
+# the other fields as its published config.json gives them
+QWEN3_8B = ModelConfig(arch="qwen3", n_layers=36, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128,
+                       ffn_dim=12288, vocab_size=151936, max_position=40960, rope_base=1_000_000.0, rms_eps=1e-6,
+                       tie_embeddings=False, qk_norm=True, bos_id=None, eos_ids=[151645])
+DECLARED = {"Qwen3-8B": QWEN3_8B}
+
+
+def declared_identity(name: str, config: ModelConfig, kv_dtype: torch.dtype) -> dict:
+    """The manifest's `model` entry of a simulated run: the declared shape, no file and no weights."""
+    kv = str(kv_dtype).removeprefix("torch.")
+    return {"name": name, "path": None, "sha256": None, "format": "declared shape (no weights)",
+            "quantization": None,
+            "architecture": {k: v for k, v in config.to_dict().items() if k not in ("bos_id", "eos_ids")},
+            "dtype": {"weights": None, "activations": None, "kv": kv, "resolved_by": "declared"},
+            "kv_bytes_per_token": config.kv_bytes_per_token(kv_dtype)}

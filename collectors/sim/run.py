@@ -1,0 +1,169 @@
+"""A simulated run: planned arrivals injected into the real engine at simulated time, written as a run directory.
+
+The driver plans each request's arrival (and cancellation, if any) on the `SimClock`; the real
+`LLMEngine` (scheduler, block manager, cancellation, event emission unchanged) steps whenever it has
+work, its probe reading the simulated clock, its runner a `SimRunner` whose steps last what the step
+model says. Actions that fall inside a step run at their own simulated time, as a request reaching a
+real engine mid-step lands in its inbox. When the engine is idle the clock jumps to the next action.
+
+The run directory is a normal one: events on the clock `sim:<name>` with `attrs.evidence =
+"simulated"`, the engine's KV samples, a declared clock domain of kind `simulated`, a gap row saying
+there is no client (so client figures are absent), and a manifest recording the plan, the declared
+model shape, the engine configuration and the step model with its parameters. The run is built in a
+hidden sibling folder and renamed into place when complete, so a refused plan leaves nothing behind.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+
+from inferledger.collectors.out_dir import building_run_dir
+from inferledger.collectors.writer import RunWriter, write_table_atomic
+from inferledger.engine.config import ModelConfig
+from inferledger.engine.llm_engine import LLMEngine
+from inferledger.engine.params import EngineConfig, SamplingParams
+from inferledger.probes.events import GAP_SCHEMA
+
+from .clock import SimClock
+from .declared import QWEN3_8B, declared_identity
+from .runner import SimRunner
+from .step_model import StepModel
+
+SIM_HOST = "sim"  # the events' host: no machine stamped them
+IDLE_LIMIT = 3  # iterations in a row with no step and nothing planned: the engine is stuck, not waiting
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    request_id: str
+    arrival_ms: float
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    cancel_at_ms: float | None = None
+
+    def plan_entry(self) -> dict:
+        return {"request_id": self.request_id, "arrival_ms": self.arrival_ms,
+                "prompt_tokens": len(self.prompt_token_ids), "max_tokens": self.max_tokens,
+                "cancel_at_ms": self.cancel_at_ms,
+                "prompt_sha256": hashlib.sha256(json.dumps(list(self.prompt_token_ids)).encode()).hexdigest()}
+
+
+def distinct_prompt(index: int, n_tokens: int, vocab_size: int) -> tuple[int, ...]:
+    """A prompt of n_tokens ids that shares no leading block with another index's (no prefix-cache hit)."""
+    return tuple(1 + (index * 1_000_003 + p * 31) % (vocab_size - 1) for p in range(n_tokens))
+
+
+@dataclass
+class SimResult:
+    run_dir: Path
+    run_id: str
+    clock: str
+    end_ms: float
+    steps: int
+    manifest: dict
+
+
+class SimulatedSink:
+    """The run writer, with every event marked as simulated evidence."""
+
+    def __init__(self, writer: RunWriter) -> None:
+        self.writer = writer
+
+    def emit(self, row: dict) -> None:
+        attrs = json.loads(row["attrs"])
+        attrs["evidence"] = "simulated"
+        self.writer.emit({**row, "attrs": json.dumps(attrs, separators=(",", ":"), sort_keys=True)})
+
+    def sample(self, **kw) -> None:
+        self.writer.sample(**kw)
+
+
+def _ns(ms: float) -> int:
+    return round(ms * 1e6)
+
+
+def drive(engine: LLMEngine, clock: SimClock, requests: list[SimRequest]) -> None:
+    """Plan every arrival and cancellation, then step the engine until nothing is left to do."""
+    for r in requests:
+        params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)
+        try:  # a request the engine would refuse is refused before anything runs, by its id
+            engine.validate(list(r.prompt_token_ids), params)
+        except ValueError as exc:
+            raise ValueError(f"request {r.request_id}: {exc}") from None
+        clock.at(_ns(r.arrival_ms), lambda r=r, p=params: engine.add_request(list(r.prompt_token_ids), p,
+                                                                           request_id=r.request_id))
+        if r.cancel_at_ms is not None:
+            clock.at(_ns(r.cancel_at_ms), lambda r=r: engine.abort(r.request_id))
+    idle = 0
+    while engine.has_unfinished() or clock.has_due():
+        if not engine.has_unfinished():
+            clock.run_next()
+            continue
+        before = engine.step_id
+        engine.step()
+        if engine.step_id != before:
+            idle = 0
+        elif clock.has_due():
+            clock.run_next()  # nothing could run now: wait for the next arrival
+        else:
+            idle += 1
+            if idle >= IDLE_LIMIT:
+                raise RuntimeError(f"the engine made no progress at simulated {clock.now_ns() / 1e6:.3f} ms with "
+                                   "work left and nothing planned (a scheduler that cannot admit its queue)")
+
+
+def simulate(run_dir: str | Path, requests: list[SimRequest], *, engine_config: EngineConfig,
+             step_model: StepModel, model_name: str = "Qwen3-8B", model_config: ModelConfig = QWEN3_8B,
+             kv_dtype: torch.dtype = torch.bfloat16, run_id: str | None = None, workload: str = "plan") -> SimResult:
+    """Simulate `requests` on the real engine into the new run directory `run_dir`."""
+    run_dir = Path(run_dir)
+    ids = [r.request_id for r in requests]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"request ids must be distinct, got {ids}")
+    # nothing runs on the host: no thread placement to plan, no device timer to start
+    cfg = dataclasses.replace(engine_config, cpu_threads=None, device_timing=False, graph_batch_sizes=None)
+    num_blocks = cfg.resolve_num_blocks(model_config.kv_bytes_per_token(kv_dtype))
+    run_id = run_id or run_dir.name
+    clock_id = f"sim:{run_id}"
+    clock = SimClock()
+    runner = SimRunner(model_config, num_blocks=num_blocks, block_size=cfg.block_size, clock=clock,
+                       step_model=step_model, kv_dtype=kv_dtype)
+    with building_run_dir(run_dir) as staging, RunWriter(staging, run_id) as writer:
+        engine = LLMEngine(runner, cfg, sink=SimulatedSink(writer), run_id=run_id, host=SIM_HOST, clock=clock_id,
+                           now_ns=clock.now_ns)
+        drive(engine, clock, requests)
+        engine.check_integrity()
+        writer.clock_domain(clock_id, host=None, kind="simulated")
+        plan = [r.plan_entry() for r in requests]
+        manifest = {
+            "source": "inferledger simulated clock", "state": "complete",
+            "simulation": {"clock": clock_id, "step_model": step_model.describe(), "steps": runner.steps,
+                           "end_ms": clock.now_ns() / 1e6,
+                           "host_time": "never read: each step lasts what the step model says"},
+            "workload": {"name": workload, "requests": len(plan), "plan": plan,
+                         "sha256": hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()},
+            "model": declared_identity(model_name, model_config, kv_dtype),
+            "system_under_test": {
+                "inside": ["the reference engine's scheduler, block manager, cancellation and event emission"],
+                "outside": ["model compute (replaced by the step model)", "HTTP front end", "load client"]},
+            "host": {"name": SIM_HOST, "simulated_on": platform.node(), "python": platform.python_version()},
+            "evidence": {"events": "simulated", "engine_config": "declared", "model": "declared",
+                         "step_time": f"simulated ({step_model.name} step model)"},
+            **engine.manifest()}
+        manifest["model"] = declared_identity(model_name, model_config, kv_dtype)
+        gap = {"run_id": run_id, "gap_id": "collector:simulated", "scope": "run", "subject_id": None,
+               "affects": "ttft_client_ms, e2e_client_ms, tpot_ms, itl_client_max_ms, client_status, good",
+               "needs": "a capture on the real engine with the load client (inferledger capture)",
+               "detail": "a simulated run injects its arrivals straight into the engine: there is no client "
+                         "and no HTTP front end, so no client or server figure exists"}
+        write_table_atomic(pa.Table.from_pylist([gap], schema=GAP_SCHEMA), staging / "gaps.parquet")
+        writer.flush()  # every part on disk before the manifest says complete
+        writer.write_manifest(manifest)
+    return SimResult(run_dir, run_id, clock_id, clock.now_ns() / 1e6, runner.steps, manifest)

@@ -1,0 +1,101 @@
+"""`inferledger report STUDY_DIR`: one HTML page for a study folder (probes/study_dir.py).
+
+The page says what the study asked and how to read it, shows every table of its comparison (computed
+from the runs' ledgers when the study ran), draws the figures study.json names from each run's own
+ledger (report/study_figs.py), and lists the runs, each a run folder that `inferledger report` and
+`inferledger query` open alone. Like the run report it inlines plotly.js and loads nothing.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from inferledger.ledger.query import LedgerError
+from inferledger.probes.study_dir import StudyDirError, read_comparison, read_study, run_dirs
+from inferledger.report import study_figs as sf
+from inferledger.report.build import ReportResult, plotly_js
+from inferledger.report.page import Page, kv_table, note, section, table
+from inferledger.report.read import open_run
+
+
+def _per_run(runs: dict[str, Path], names: list[str], query: str) -> dict[str, list[tuple]]:
+    out = {}
+    for name in names:
+        if name not in runs:
+            raise LedgerError(f"the study's figure names run {name!r}, which the study does not list")
+        rv = open_run(runs[name])
+        try:
+            out[name] = rv.all(query)
+        finally:
+            rv.close()
+    return out
+
+
+def _figure(page: Page, i: int, fig: dict, runs: dict[str, Path], comparison: dict) -> str:
+    kind, title = fig["kind"], fig.get("title", fig["kind"])
+    names = fig.get("runs") or list(runs)
+    parts = []
+    if kind == "timeline":
+        steps = _per_run(runs, names, sf.STEPS_SQL)
+        arrivals = _per_run(runs, names, sf.ARRIVALS_SQL)
+        x_max = max([r[4] for rows in steps.values() for r in rows] or [1.0]) * 1.02
+        for j, name in enumerate(names):
+            parts.append(page.figure(f"study-fig{i}-{j}", sf.timeline_fig(name, steps[name], arrivals[name], x_max,
+                                                                          legend=j == 0)))
+        source = "step_attribution (a bar per step a request was in), attempts.enqueued_ns (arrivals)"
+    elif kind == "kv_blocks":
+        holds = _per_run(runs, names, sf.HOLDS_SQL)
+        x_max = max([h[4] for rows in holds.values() for h in rows] or [1.0]) * 1.02
+        seen: set = set()
+        for j, name in enumerate(names):
+            parts.append(page.figure(f"study-fig{i}-{j}", sf.kv_blocks_fig(name, holds[name], x_max, seen)))
+        source = "kv_holds (a bar per request's hold of a physical block)"
+    else:
+        t = comparison.get(fig.get("table", ""))
+        if t is None:
+            raise LedgerError(f"the study's curve names table {fig.get('table')!r}, which its comparison lacks")
+        parts.append(page.figure(f"study-fig{i}", sf.curve_fig(title, t, fig["x"], list(fig.get("y", [])))))
+        source = f"comparison table {fig['table']}"
+    return section(f"fig{i}", title, "".join(parts), source)
+
+
+def build_study_report(study_dir, out=None) -> ReportResult:
+    """Write the report of a study folder to `out` (default STUDY_DIR/report.html)."""
+    t0 = time.perf_counter()
+    study_dir = Path(study_dir)
+    try:
+        doc = read_study(study_dir)
+        if doc["state"] != "complete":
+            raise LedgerError(f"{study_dir}: the study is {doc['state']}"
+                              + (f" ({doc['error']})" if doc.get("error") else "") + "; its comparison was not written")
+        comparison = read_comparison(study_dir)
+        runs = dict(run_dirs(study_dir, doc))
+    except StudyDirError as exc:
+        raise LedgerError(str(exc)) from None
+    page = Page(f"inferledger study: {doc['name']}")
+    intro = kv_table([("question", doc["question"]), ("knob", doc["knob"]), ("how to read it", doc.get("reading")),
+                      ("options", doc.get("options")), ("created", doc.get("created"))])
+    body = [section("study", "The study", intro)]
+    for name in doc.get("tables", list(comparison)):
+        t = comparison[name]
+        body.append(section(f"table-{name}", t.get("title", name),
+                            table(t["columns"], t["rows"]) + (note(t["note"]) if t.get("note") else ""),
+                            "the runs' ledgers (comparison.json)"))
+    for i, fig in enumerate(doc.get("figures", [])):
+        body.append(_figure(page, i, fig, runs, comparison))
+    rows = [[r["name"], ", ".join(f"{k}={v}" for k, v in r["knob"].items()), str(study_dir / r["dir"])]
+            for r in doc["runs"]]
+    body.append(section("runs", "The runs", table(["run", "knob", "folder"], rows)
+                        + note("each is a normal run folder: inferledger report FOLDER, inferledger query FOLDER "
+                               "\"select ...\"; inferledger query STUDY_DIR reads them all at once")))
+    page.nav = [("study", "Study")] + [(f"table-{n}", n) for n in doc.get("tables", list(comparison))] + \
+               [(f"fig{i}", f.get("title", f["kind"])[:24]) for i, f in enumerate(doc.get("figures", []))] + \
+               [("runs", "Runs")]
+    text = page.render("".join(body), plotly_js())
+    target = Path(out) if out is not None else study_dir / "report.html"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, target)
+    return ReportResult(target, target.stat().st_size, time.perf_counter() - t0, len(doc["runs"]))

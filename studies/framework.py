@@ -1,0 +1,195 @@
+"""A study: runs that differ in one knob, and one comparison that answers its question from their ledgers.
+
+A study module (one per study, listed in studies/registry.py) defines one `Study`: its name, the
+question it asks, the knob its runs differ in, the options a user may set, `runs(options)` (one
+`StudyRun` per setting, each writing a normal run directory) and `compare(runs)` (the comparison's
+tables, computed from each run's ledger by SQL, never beside it). `run_study` writes the study folder
+(its format: probes/study_dir.py): each run into runs/<name>/, reconstructed, then the comparison.
+study.json says `running` while it works and `complete` at the end; when a run or the comparison
+fails it says `failed` with the error, and the runs already written stay.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from inferledger.collectors.writer import write_json_atomic
+from inferledger.ledger.query import Ledger, open_ledger
+from inferledger.ledger.reconstruct import reconstruct
+from inferledger.probes import study_dir as fmt
+
+
+class StudyError(ValueError):
+    """The study cannot run as asked (unknown study or option, an unusable folder); the message says which."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """A setting a user may change (`inferledger study NAME --set key=value`)."""
+    default: object
+    help: str
+
+    def parse(self, key: str, text: str):
+        kind = type(self.default)
+        try:
+            if kind is bool:
+                if text.lower() not in ("true", "false"):
+                    raise ValueError("expected true or false")
+                return text.lower() == "true"
+            return kind(text)
+        except ValueError as exc:
+            raise StudyError(f"--set {key}={text}: {exc} ({kind.__name__} expected; {self.help})") from None
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """One setting of the knob: `produce(run_dir, run_id)` writes a new run directory there."""
+    name: str
+    knob: dict
+    produce: Callable[[Path, str], None]
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    columns: list[str]
+    rows: list[list]
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {"title": self.title, "columns": self.columns, "rows": self.rows, "note": self.note}
+
+
+class StudyRuns:
+    """What a comparison reads: the study's runs by name, each with its manifest and its ledger."""
+
+    def __init__(self, dirs: dict[str, Path]) -> None:
+        self.dirs = dirs
+        self._ledgers: dict[str, Ledger] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.dirs)
+
+    def manifest(self, name: str) -> dict:
+        return json.loads((self.dirs[name] / "manifest.json").read_text())
+
+    def ledger(self, name: str) -> Ledger:
+        if name not in self._ledgers:
+            self._ledgers[name] = open_ledger(self.dirs[name])
+        return self._ledgers[name]
+
+    def records(self, name: str, query: str, params=None) -> list[dict]:
+        columns, rows = self.ledger(name).rows(query, params)
+        return [dict(zip(columns, r)) for r in rows]
+
+    def one(self, name: str, query: str, params=None) -> dict:
+        rows = self.records(name, query, params)
+        if len(rows) != 1:
+            raise StudyError(f"run {name}: expected one row from the ledger, got {len(rows)}: {query}")
+        return rows[0]
+
+    def close(self) -> None:
+        for led in self._ledgers.values():
+            led.close()
+        self._ledgers.clear()
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    question: str
+    knob: str
+    runs: Callable[[dict], list[StudyRun]]
+    compare: Callable[[StudyRuns], list[Table]]
+    reading: str = ""  # how to read the answer, in a sentence (docs/STUDIES.md says more)
+    options: dict[str, Option] = field(default_factory=dict)
+    figures: tuple[dict, ...] = ()  # what the report draws (probes/study_dir.py FIGURE_KINDS)
+
+    def resolve_options(self, given: dict | None) -> dict:
+        unknown = sorted(set(given or {}) - set(self.options))
+        if unknown:
+            known = ", ".join(sorted(self.options)) or "none"
+            raise StudyError(f"study {self.name}: unknown option {unknown[0]!r} (its options: {known})")
+        return {k: (given or {}).get(k, o.default) for k, o in self.options.items()}
+
+
+@dataclass
+class StudyResult:
+    path: Path
+    study: dict
+    tables: list[Table]
+    seconds: float
+
+
+def parse_sets(study: Study, pairs: list[str]) -> dict:
+    """`key=value` strings into typed options (each checked against the study's declared options)."""
+    out = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise StudyError(f"--set {pair!r}: expected key=value")
+        study.resolve_options({key: None})
+        out[key] = study.options[key].parse(key, text)
+    return out
+
+
+def check_new_study_dir(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        what = "a file" if not out.is_dir() else "a folder that is not empty"
+        raise StudyError(f"{out} is {what}; a study writes into a new folder (choose another -o), "
+                         "nothing was changed")
+
+
+def table_csv(table: Table) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(table.columns)
+    w.writerows(["" if v is None else v for v in row] for row in table.rows)
+    return buf.getvalue()
+
+
+def run_study(study: Study, out: str | Path, options: dict | None = None) -> StudyResult:
+    """Produce and reconstruct every run of `study` into `out`, then write its comparison."""
+    t0 = time.perf_counter()
+    out = Path(out)
+    opts = study.resolve_options(options)
+    check_new_study_dir(out)
+    plan = study.runs(opts)
+    names = [r.name for r in plan]
+    if len(set(names)) != len(names) or not names:
+        raise StudyError(f"study {study.name}: its runs need distinct names, got {names}")
+    doc = {"format": fmt.FORMAT_VERSION, "name": study.name, "question": study.question, "knob": study.knob,
+           "reading": study.reading, "options": opts, "state": "running",
+           "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "figures": list(study.figures),
+           "runs": [{"name": r.name, "dir": f"{fmt.RUNS_DIR}/{r.name}", "knob": r.knob} for r in plan]}
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(doc, out / fmt.STUDY_FILE)
+    runs = StudyRuns({r.name: out / fmt.RUNS_DIR / r.name for r in plan})
+    try:
+        for r in plan:
+            r.produce(runs.dirs[r.name], f"{study.name}.{r.name}")
+            reconstruct(runs.dirs[r.name])
+        tables = study.compare(runs)
+        if not tables:
+            raise StudyError(f"study {study.name}: its comparison returned no table")
+    except BaseException as exc:
+        doc.update(state="failed", error=f"{type(exc).__name__}: {exc}")
+        write_json_atomic(doc, out / fmt.STUDY_FILE)
+        raise
+    finally:
+        runs.close()
+    write_json_atomic({t.name: t.as_dict() for t in tables}, out / fmt.COMPARISON_JSON)
+    csv_tmp = out / f".{fmt.COMPARISON_CSV}.tmp-{os.getpid()}"
+    csv_tmp.write_text(table_csv(tables[0]), encoding="utf-8")
+    os.replace(csv_tmp, out / fmt.COMPARISON_CSV)  # never a half-written table
+    doc.update(state="complete", tables=[t.name for t in tables])
+    write_json_atomic(doc, out / fmt.STUDY_FILE)
+    return StudyResult(out, doc, tables, time.perf_counter() - t0)

@@ -1,0 +1,14 @@
+"""The studies `inferledger study NAME` knows, by name: one module each, listed here."""
+from __future__ import annotations
+
+from inferledger.studies import kv_layout, schedule_book
+from inferledger.studies.framework import Study, StudyError
+
+STUDIES: dict[str, Study] = {s.name: s for s in (schedule_book.STUDY, kv_layout.STUDY)}
+
+
+def get_study(name: str) -> Study:
+    study = STUDIES.get(name)
+    if study is None:
+        raise StudyError(f"no study named {name!r}; the studies are: {', '.join(STUDIES) or 'none'}")
+    return study

@@ -1,0 +1,109 @@
+"""A study writes a folder that keeps every run (each a normal run directory) and a comparison computed
+from the runs' ledgers; a failing run leaves what was done and says failed; bad options are refused."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from inferledger.cli.app import app
+from inferledger.collectors.importer import import_archive
+from inferledger.ledger.query import open_ledger
+from inferledger.probes.study_dir import StudyDirError, read_comparison, read_study, run_dirs
+from inferledger.studies.framework import Option, Study, StudyError, StudyRun, Table, parse_sets, run_study
+
+E0 = Path(__file__).resolve().parent.parent / "samples" / "e0"
+
+
+def _imported(archive: str):
+    def produce(run_dir: Path, run_id: str) -> None:
+        import_archive(E0 / archive / "archive.jsonl", run_dir, run_id=run_id)
+    return produce
+
+
+def _compare(runs) -> list[Table]:
+    rows = [[name, runs.one(name, "SELECT ttft_server_ms, e2e_server_ms FROM request_metrics")["e2e_server_ms"]]
+            for name in runs.names]
+    return [Table("key", "server E2E per run", ["run", "e2e_server_ms"], rows),
+            Table("runs", "run ids", ["run", "run_id"],
+                  [[n, runs.one(n, "SELECT DISTINCT run_id FROM attempts")["run_id"]] for n in runs.names])]
+
+
+def _study(archives=("cancel_release", "preemption"), fail_on: str | None = None) -> Study:
+    def runs(options):
+        out = [StudyRun(a, {"archive": a}, _imported(a)) for a in archives]
+        if fail_on:
+            def broken(run_dir, run_id):
+                raise RuntimeError("the engine fell over")
+            out.append(StudyRun(fail_on, {"archive": None}, broken))
+        return out
+    return Study("e0-pair", "do the two archives differ in server E2E?", "archive", runs, _compare,
+                 options={"scale": Option(1, "a multiplier")}, figures=({"kind": "curve", "table": "key",
+                                                                          "x": "run", "y": ["e2e_server_ms"]},))
+
+
+def test_a_study_folder_keeps_every_run_and_the_comparison_from_their_ledgers(tmp_path):
+    out = tmp_path / "s"
+    result = run_study(_study(), out)
+    doc = read_study(out)
+    assert doc["state"] == "complete" and doc["tables"] == ["key", "runs"]
+    assert [r["name"] for r in doc["runs"]] == ["cancel_release", "preemption"]
+    assert doc["options"] == {"scale": 1}
+    # the values the archives' own expected ledgers give (samples/e0/*/expected.json)
+    assert result.tables[0].rows == [["cancel_release", 1017.0], ["preemption", 892.0]]
+    assert read_comparison(out)["runs"]["rows"] == [["cancel_release", "e0-pair.cancel_release"],
+                                                     ["preemption", "e0-pair.preemption"]]
+    assert (out / "comparison.csv").read_text() == "run,e2e_server_ms\ncancel_release,1017.0\npreemption,892.0\n"
+    for name, run in run_dirs(out):
+        with open_ledger(run) as led:  # each run opens alone
+            assert led.rows("SELECT count(*) FROM attempts")[1] == [(1,)]
+    with open_ledger(out) as led:  # and the study folder opens as all of its runs
+        assert led.rows("SELECT run_id, count(*) FROM attempts GROUP BY ALL ORDER BY 1")[1] == [
+            ("e0-pair.cancel_release", 1), ("e0-pair.preemption", 1)]
+
+
+def test_a_failing_run_marks_the_study_failed_and_keeps_the_runs_already_written(tmp_path):
+    out = tmp_path / "s"
+    with pytest.raises(RuntimeError, match="fell over"):
+        run_study(_study(archives=("cancel_release",), fail_on="broken"), out)
+    doc = read_study(out)
+    assert doc["state"] == "failed" and doc["error"] == "RuntimeError: the engine fell over"
+    assert (out / "runs" / "cancel_release" / "ledger.duckdb").is_file()
+    assert not (out / "comparison.json").exists()
+
+
+def test_options_and_folders_are_checked_before_anything_runs(tmp_path):
+    study = _study()
+    assert parse_sets(study, ["scale=3"]) == {"scale": 3}
+    with pytest.raises(StudyError, match=r"unknown option 'scael' \(its options: scale\)"):
+        parse_sets(study, ["scael=3"])
+    with pytest.raises(StudyError, match=r"--set scale=x: .*int expected"):
+        parse_sets(study, ["scale=x"])
+    with pytest.raises(StudyError, match="expected key=value"):
+        parse_sets(study, ["scale"])
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(StudyError, match="not empty"):
+        run_study(study, tmp_path / "busy")
+    assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]
+
+
+def test_a_broken_study_json_is_named_with_its_key(tmp_path):
+    run_study(_study(archives=("cancel_release",)), tmp_path / "s")
+    doc = json.loads((tmp_path / "s" / "study.json").read_text())
+    del doc["knob"]
+    (tmp_path / "s" / "study.json").write_text(json.dumps(doc))
+    with pytest.raises(StudyDirError, match=r"study.json: knob: missing"):
+        read_study(tmp_path / "s")
+    doc["knob"], doc["runs"][0]["dir"] = "archive", 7
+    (tmp_path / "s" / "study.json").write_text(json.dumps(doc))
+    with pytest.raises(StudyDirError, match=r"study.json: runs\[0\]\.dir: expected str"):
+        read_study(tmp_path / "s")
+
+
+def test_the_command_refuses_an_unknown_study_with_exit_2():
+    res = CliRunner().invoke(app, ["study", "no-such-study"])
+    assert res.exit_code == 2
+    assert "no study named 'no-such-study'" in res.output
