@@ -28,7 +28,10 @@ FROM kv_holds h, t0 ORDER BY h.block, h.start_ns"""
 
 
 def _layout(height: int, **kw) -> dict:
-    return {"height": height, "margin": {"l": 70, "r": 20, "t": 40, "b": 50}, "barmode": "overlay", **kw}
+    # the legend above the plot, not beside it: a legend at the side narrows that figure's axis, and the
+    # runs' figures must share one time scale to the pixel
+    return {"height": height, "margin": {"l": 70, "r": 20, "t": 40, "b": 50}, "barmode": "overlay",
+            "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": 1.0, "yanchor": "bottom"}, **kw}
 
 
 def _bar(name: str, ys, starts, ends, color: str, hover: list[str], legend: bool) -> dict:

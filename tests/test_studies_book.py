@@ -128,3 +128,15 @@ def test_the_report_refuses_a_study_that_did_not_complete(layout, tmp_path):
     res = CliRunner().invoke(app, ["report", str(broken)])
     assert res.exit_code == 2
     assert "the study is failed (RuntimeError: boom)" in res.output
+
+
+def test_the_runs_timelines_share_one_time_scale_to_the_pixel():
+    # a legend beside one figure would narrow its axis: every figure keeps the same plot area
+    from inferledger.report.study_figs import timeline_fig
+
+    steps = [("r0", "prefill", 8, 0.0, 10.0)]
+    with_legend = timeline_fig("a", steps, [("r0", 0.0)], 870.5, legend=True)["layout"]
+    without = timeline_fig("b", steps, [("r0", 0.0)], 870.5, legend=False)["layout"]
+    same = ("margin", "xaxis", "legend")
+    assert [with_legend[k] for k in same] == [without[k] for k in same]
+    assert with_legend["legend"]["orientation"] == "h"
