@@ -14,6 +14,12 @@ def reconstruct_cmd(
     run_dir: Path = typer.Argument(..., help="A run directory (events/, clocks.parquet, ...)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the ledger (default "
                                        "RUN_DIR/ledger.duckdb)."),
+    memory_limit: Optional[str] = typer.Option(None, "--memory-limit", "-m", help="Most memory DuckDB may use "
+                                               "(4GB, 512MiB, ...; default a quarter of this machine's memory): "
+                                               "beyond it the build spills to disk beside the ledger, so a run of "
+                                               "any size fits."),
+    temp_directory: Optional[Path] = typer.Option(None, "--temp-directory", help="Where to spill (default a "
+                                                  "folder beside the ledger, removed afterwards)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the ledger path."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " json and csv hold "
                                      "what was built (section ledger) and the whole summary, as `inferledger "
@@ -29,11 +35,12 @@ def reconstruct_cmd(
     """
     from inferledger.cli.output import console, echo_sections, err
     from inferledger.cli.summary import print_sections, summary_sections
+    from inferledger.ledger.memory import SizeError
     from inferledger.ledger.reconstruct import RunDirError, reconstruct
 
     try:
-        summary = reconstruct(run_dir, out=out)
-    except RunDirError as exc:
+        summary = reconstruct(run_dir, out=out, memory_limit=memory_limit, temp_directory=temp_directory)
+    except (RunDirError, SizeError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2)
     if quiet:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import duckdb
 
 from inferledger.ledger.load import LoadError, RunFiles
+from inferledger.ledger.memory import bound, default_memory_limit, parse_size
 from inferledger.ledger.modules import Module, ledger_modules, public_tables
 from inferledger.probes.events import EVENT_SCHEMA, SAMPLE_SCHEMA
 from inferledger.probes.run_dir import PartError, list_parts
@@ -88,8 +90,13 @@ def _slo(manifest: dict) -> dict:
 
 
 def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = None,
-                profile: list | None = None) -> LedgerSummary:
-    """Build the ledger; with `profile` (a list), append (stage, statement, seconds) for every step."""
+                profile: list | None = None, memory_limit: str | None = None,
+                temp_directory: str | os.PathLike | None = None) -> LedgerSummary:
+    """Build the ledger; with `profile` (a list), append (stage, statement, seconds) for every step.
+
+    `memory_limit` ("4GB", "512MiB"; default `default_memory_limit()`) bounds DuckDB's memory: beyond
+    it, joins, sorts and aggregates spill to `temp_directory` (default a folder beside the output,
+    removed afterwards), so the peak depends on the limit, not on the size of the run."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: no such run directory")
@@ -106,9 +113,11 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
     for stale in (tmp, Path(f"{tmp}.wal")):
         stale.unlink(missing_ok=True)
 
+    limit = parse_size(memory_limit) if memory_limit is not None else default_memory_limit()
+    spill = Path(temp_directory) if temp_directory else target.with_name(f".{target.name}.spill-{os.getpid()}")
     con = duckdb.connect(str(tmp))
     try:
-        con.execute("SET enable_progress_bar = false")
+        bound(con, limit, spill)
         con.execute("SET VARIABLE run_id = ?", [run_id])
         manifest = _manifest(run_dir)
         con.execute("SET VARIABLE kv_block_bytes = ?::BIGINT", [_kv_block_bytes(manifest)])
@@ -131,6 +140,9 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
         con.close()
         tmp.unlink(missing_ok=True)
         raise
-    con.close()
+    finally:
+        con.close()
+        if not temp_directory:
+            shutil.rmtree(spill, ignore_errors=True)
     os.replace(tmp, target)
     return LedgerSummary(target, run_id, *counts)
