@@ -8,6 +8,9 @@ import duckdb
 from inferledger.ledger.reconstruct import PUBLIC_TABLES
 
 REL = 1e-9
+# A difference of two equal figures (a mean against a mean) comes out as ±1e-14 from the order DuckDB's
+# threads summed in, so near zero the relative bound means nothing: 1e-9 (a picosecond in ms) absolute.
+ABS = 1e-9
 
 
 def _rows(con, table: str) -> list[tuple]:
@@ -21,7 +24,7 @@ def _same(a, b) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         if math.isnan(a) or math.isnan(b):
             return math.isnan(a) and math.isnan(b)
-        return a == b or abs(a - b) <= REL * max(abs(a), abs(b))
+        return a == b or abs(a - b) <= max(REL * max(abs(a), abs(b)), ABS)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
