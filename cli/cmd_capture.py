@@ -36,6 +36,9 @@ def capture_cmd(
                                                   "that host's wall clock against this one's (NTP)."),
     drain_timeout: float = typer.Option(DRAIN_TIMEOUT_S, min=0, help="Embedded engine: after the load, seconds "
                                         "requests still in flight get to finish before they are cancelled."),
+    buckets: Optional[int] = typer.Option(None, min=1, max=9999, help="Write the events partitioned for large runs: "
+                                          "by task into this many buckets, engine steps by engine instance "
+                                          "(docs/SCALE.md); `reconstruct --engine ray` shards over them."),
 ) -> None:
     """Drive a workload against a target and record the run.
 
@@ -60,7 +63,8 @@ def capture_cmd(
         raise typer.BadParameter("--otlp-port / --scrape-metrics need a URL --target (the embedded engine "
                                  "records its own events)", param_hint="--otlp-port")
     result = run_capture(workload, out, target, separate_clocks, max_num_seqs, model, served_model_name, api_key,
-                         device=device, engine_evidence=evidence, drain_timeout_s=drain_timeout)
+                         device=device, engine_evidence=evidence, drain_timeout_s=drain_timeout,
+                         buckets=buckets)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 
 

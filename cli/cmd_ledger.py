@@ -11,7 +11,8 @@ from inferledger.cli.output import FORMAT_HELP, OutputFormat
 
 
 def reconstruct_cmd(
-    run_dir: Path = typer.Argument(..., help="A run directory (events/, clocks.parquet, ...)."),
+    run_dir: str = typer.Argument(..., help="A run directory (events/, clocks.parquet, ...), or its URL "
+                                  "(file://, s3://, memory://: any store fsspec reads; needs --out)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the ledger (default "
                                        "RUN_DIR/ledger.duckdb)."),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", "-m", help="Most memory DuckDB may use "
@@ -54,5 +55,41 @@ def reconstruct_cmd(
     print_sections(sections, console)
 
 
+def repartition_cmd(
+    run_dir: Path = typer.Argument(..., help="A run directory whose events/ to rewrite."),
+    buckets: int = typer.Option(16, "--buckets", "-b", help="Task buckets (1-9999): about the number of "
+                                "workers times two to four, so each shard fits a worker's memory."),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP),
+) -> None:
+    """Rewrite a run's events into the [bold]partitioned layout[/]: one folder per task bucket, per
+    engine instance, and one for the rest (docs/SCALE.md).
+
+    Safe to interrupt: the new layout is written whole beside the old one, then swapped in; run the
+    command again after a kill and it finishes. The ledger is the same either way; `reconstruct
+    --engine ray` needs this layout.
+
+    Example: [cyan]inferledger repartition runs/big --buckets 32 && inferledger reconstruct runs/big --engine ray[/]
+    """
+    from rich.table import Table
+
+    from inferledger.cli.output import console, echo_rows, fail
+    from inferledger.collectors.repartition import RepartitionError, repartition
+
+    if not run_dir.is_dir():
+        fail(f"{run_dir}: no such run directory")
+    try:
+        counts = repartition(run_dir, buckets)
+    except RepartitionError as exc:
+        fail(f"error: {exc}")
+    rows = sorted(counts.items())
+    if echo_rows(fmt, ["partition", "events"], rows):
+        return
+    table = Table("partition", "events", title=f"{run_dir}/events: {sum(counts.values())} events")
+    for name, n in rows:
+        table.add_row(name, str(n))
+    console.print(table)
+
+
 def register(app: typer.Typer) -> None:
     app.command("reconstruct")(reconstruct_cmd)
+    app.command("repartition")(repartition_cmd)

@@ -24,7 +24,8 @@ step-level ones carry step_id (the engine iteration; request events of a step ca
   kv.free                 right after: of those, the blocks back in the pool (free or cached, i.e.
                           reallocatable; the step that used them is over); attrs.shared = still held
                           by other requests. A request that never held a block gets an empty pair.
-  step.start / step.end   one iteration; start attrs: batch [[attempt_id, kind, tokens]] with kind
+  step.start / step.end   one iteration, both with attrs.engine_id (this engine instance: host, process,
+                          instance number; a partitioned run groups steps by it); start attrs: batch [[attempt_id, kind, tokens]] with kind
                           prefill | decode | verify, token_budget, num_seqs, num_running,
                           num_waiting; end: value = tokens processed, attrs mode (eager |
                           padded | graph | graph_capture: this step captured a new bucket's graph | simulated:
@@ -37,8 +38,13 @@ kv_blocks_free, unit "blocks". Every method returns at its first branch when the
 """
 from __future__ import annotations
 
+import itertools
+import os
+
 from .block_manager import BlockManager
 from .sequence import Sequence
+
+_INSTANCES = itertools.count()
 
 
 class EngineEvents:
@@ -46,6 +52,7 @@ class EngineEvents:
         self.probe = probe
         self.bm = block_manager
         self._sample = getattr(sink, "sample", None) if probe.enabled else None
+        self.engine_id = f"{probe.host}-{os.getpid()}-{next(_INSTANCES)}"
 
     def request(self, seq: Sequence, name: str, *, value=None, step_id=None, **attrs) -> None:
         if not self.probe.enabled:
@@ -57,7 +64,7 @@ class EngineEvents:
         if not self.probe.enabled:
             return
         batch = [[i.seq.attempt_id, i.kind, i.num_tokens] for i in out.scheduled]
-        self.probe.emit("step.start", step_id=step_id, batch=batch, token_budget=token_budget,
+        self.probe.emit("step.start", step_id=step_id, engine_id=self.engine_id, batch=batch, token_budget=token_budget,
                         num_seqs=len(out.scheduled), num_tokens=out.num_batched_tokens,
                         num_running=num_running, num_waiting=num_waiting, preempted=len(out.preempted))
 
@@ -66,7 +73,7 @@ class EngineEvents:
         if not self.probe.enabled:
             return
         extra = {"error": error} if error else {}
-        self.probe.emit("step.end", step_id=step_id, value=out.num_batched_tokens, mode=mode,
+        self.probe.emit("step.end", step_id=step_id, engine_id=self.engine_id, value=out.num_batched_tokens, mode=mode,
                         padded_tokens=out.num_batched_tokens if padded_tokens is None else padded_tokens,
                         num_seqs=len(out.scheduled), **extra)
 

@@ -19,6 +19,7 @@ import duckdb
 
 from inferledger.ledger.load import LoadError, RunFiles
 from inferledger.ledger.memory import bound, default_memory_limit, parse_size
+from inferledger.ledger.remote import RemoteRunError, is_url, stage
 from inferledger.ledger.modules import Module, ledger_modules, public_tables
 from inferledger.probes.events import EVENT_SCHEMA, SAMPLE_SCHEMA
 from inferledger.probes.run_dir import PartError, list_parts
@@ -54,8 +55,9 @@ def _manifest(run_dir: Path) -> dict:
         raise RunDirError(f"{manifest}: not valid JSON ({exc})") from exc
 
 
-def _run_id(run_dir: Path) -> str:
-    return _manifest(run_dir).get("run_id") or run_dir.name
+def _run_id(run_dir: Path, url: str | None = None) -> str:
+    """The manifest's run_id, else the run folder's name (the URL's last segment for a staged copy)."""
+    return _manifest(run_dir).get("run_id") or (url.rsplit("/", 1)[-1] if url else run_dir.name)
 
 
 def _kv_block_bytes(manifest: dict) -> int | None:
@@ -91,12 +93,25 @@ def _slo(manifest: dict) -> dict:
 
 def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = None,
                 profile: list | None = None, memory_limit: str | None = None,
-                temp_directory: str | os.PathLike | None = None) -> LedgerSummary:
+                temp_directory: str | os.PathLike | None = None, run_id: str | None = None) -> LedgerSummary:
     """Build the ledger; with `profile` (a list), append (stage, statement, seconds) for every step.
 
     `memory_limit` ("4GB", "512MiB"; default `default_memory_limit()`) bounds DuckDB's memory: beyond
     it, joins, sorts and aggregates spill to `temp_directory` (default a folder beside the output,
-    removed afterwards), so the peak depends on the limit, not on the size of the run."""
+    removed afterwards), so the peak depends on the limit, not on the size of the run. `run_dir` may
+    be a URL fsspec can read (s3://, memory://, file://, ...): then `out` is needed."""
+    if is_url(run_dir):  # an object store: copied beside the ledger, read locally, the copy removed
+        if out is None:
+            raise RunDirError(f"{run_dir}: a run at a URL needs --out, a local path for its ledger")
+        staging = Path(out).with_name(f".{Path(out).name}.run-{os.getpid()}")
+        try:
+            stage(str(run_dir), staging)
+            return reconstruct(staging, out=out, profile=profile, memory_limit=memory_limit,
+                               temp_directory=temp_directory, run_id=_run_id(staging, str(run_dir).rstrip("/")))
+        except RemoteRunError as exc:
+            raise RunDirError(str(exc)) from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: no such run directory")
@@ -107,7 +122,7 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
         raise RunDirError(str(exc)) from None
     if not parts:
         raise RunDirError(f"{run_dir}/events: no event parts (part-*.parquet); capture or import a run first")
-    run_id = _run_id(run_dir)
+    run_id = run_id or _run_id(run_dir)
     target = Path(out) if out else run_dir / "ledger.duckdb"
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     for stale in (tmp, Path(f"{tmp}.wal")):

@@ -84,7 +84,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             switch_interval_s: float | None = 0.0005, progress=None, on_ready=None,
             device: str = "cpu", otlp_port: int | None = None, scrape_metrics: bool = False,
             engine_host: str | None = None, engine_clock_epsilon_ms: float = 5.0,
-            drain_timeout_s: float = DRAIN_TIMEOUT_S) -> CaptureResult:
+            drain_timeout_s: float = DRAIN_TIMEOUT_S, buckets: int | None = None) -> CaptureResult:
     """Run `workload` against `target` ('embedded' or a base URL) and write the run directory `out`.
 
     `bundle` reuses an already loaded model (tests), else `model` is loaded on `device` ("cpu" or
@@ -93,6 +93,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     or engine's threads (None leaves it alone). A URL target's own evidence (collectors.engine_evidence):
     `otlp_port` receives its OTLP spans, `scrape_metrics` scrapes its /metrics; `engine_host` names the
     engine's host when it is not this one (its wall clock then maps within `engine_clock_epsilon_ms`).
+    `buckets`: a clean run's events end in the partitioned layout of that many task buckets.
     The embedded server stops by the serving drain rule (serve/lifecycle.py) within `drain_timeout_s`."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
@@ -119,7 +120,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             if target == "embedded" else None
         plans = wl.plan(tokenizer, context_tokens=context)
     host = host_id()
-    writer = RunWriter(out, autoflush_s=AUTOFLUSH_S)  # a kill loses at most the last 2 s
+    writer = RunWriter(out, autoflush_s=AUTOFLUSH_S, buckets=buckets)  # a kill loses at most the last 2 s
     engine_clock = mono_clock(host)
     client_clock = f"client-mono:{host}" if separate_clocks else engine_clock
     head = {"source": "inferledger capture", "state": "running",
