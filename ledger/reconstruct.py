@@ -91,15 +91,42 @@ def _slo(manifest: dict) -> dict:
     return manifest.get("slo") or ((manifest.get("workload") or {}).get("spec") or {}).get("slo") or {}
 
 
+def run_variables(run_dir: Path, run_id: str) -> dict:
+    """The SQL variables every stage reads (`getvariable`): the run id, the KV block size, the SLO."""
+    manifest = _manifest(run_dir)
+    slo = _slo(manifest)
+    return {"run_id": (run_id, "VARCHAR"), "kv_block_bytes": (_kv_block_bytes(manifest), "BIGINT"),
+            **{f"slo_{k}": (slo.get(k), "DOUBLE") for k in ("ttft_ms", "tpot_ms", "e2e_ms")}}
+
+
+def set_variables(con, variables: dict) -> None:
+    for name, (value, kind) in variables.items():
+        con.execute(f"SET VARIABLE {name} = ?::{kind}", [value])
+
+
+def run_modules(con, modules, run: RunFiles, profile: list | None = None) -> None:
+    """The stages in order, each error as a RunDirError naming the stage."""
+    for module in modules:
+        try:
+            _run_module(con, module, run, profile)
+        except LoadError as exc:
+            raise RunDirError(str(exc)) from None
+        except duckdb.Error as exc:
+            raise StageError(f"ledger stage {module.source} failed on {run.run_dir}: {exc}") from exc
+
+
 def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = None,
                 profile: list | None = None, memory_limit: str | None = None,
-                temp_directory: str | os.PathLike | None = None, run_id: str | None = None) -> LedgerSummary:
+                temp_directory: str | os.PathLike | None = None, run_id: str | None = None,
+                engine: str = "local", address: str | None = None, workers: int = 2) -> LedgerSummary:
     """Build the ledger; with `profile` (a list), append (stage, statement, seconds) for every step.
 
     `memory_limit` ("4GB", "512MiB"; default `default_memory_limit()`) bounds DuckDB's memory: beyond
     it, joins, sorts and aggregates spill to `temp_directory` (default a folder beside the output,
     removed afterwards), so the peak depends on the limit, not on the size of the run. `run_dir` may
-    be a URL fsspec can read (s3://, memory://, file://, ...): then `out` is needed."""
+    be a URL fsspec can read (s3://, memory://, file://, ...): then `out` is needed. `engine="ray"`
+    shards a partitioned run over Ray (`ledger/sharded.py`; `address` of a cluster, else a local Ray
+    of `workers` CPUs): the same ledger."""
     if is_url(run_dir):  # an object store: copied beside the ledger, read locally, the copy removed
         if out is None:
             raise RunDirError(f"{run_dir}: a run at a URL needs --out, a local path for its ledger")
@@ -107,11 +134,14 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
         try:
             stage(str(run_dir), staging)
             return reconstruct(staging, out=out, profile=profile, memory_limit=memory_limit,
-                               temp_directory=temp_directory, run_id=_run_id(staging, str(run_dir).rstrip("/")))
+                               temp_directory=temp_directory, run_id=_run_id(staging, str(run_dir).rstrip("/")),
+                               engine=engine, address=address, workers=workers)
         except RemoteRunError as exc:
             raise RunDirError(str(exc)) from None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+    if engine not in ("local", "ray"):
+        raise RunDirError(f"--engine {engine!r}: expected local or ray")
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: no such run directory")
@@ -133,20 +163,16 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
     con = duckdb.connect(str(tmp))
     try:
         bound(con, limit, spill)
-        con.execute("SET VARIABLE run_id = ?", [run_id])
-        manifest = _manifest(run_dir)
-        con.execute("SET VARIABLE kv_block_bytes = ?::BIGINT", [_kv_block_bytes(manifest)])
-        slo = _slo(manifest)
-        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
-            con.execute(f"SET VARIABLE slo_{key} = ?::DOUBLE", [slo.get(key)])
+        variables = run_variables(run_dir, run_id)
+        set_variables(con, variables)
         run = RunFiles(run_dir, parts, sample_parts)
-        for module in ledger_modules():
-            try:
-                _run_module(con, module, run, profile)
-            except LoadError as exc:
-                raise RunDirError(str(exc)) from None
-            except duckdb.Error as exc:
-                raise StageError(f"ledger stage {module.source} failed on {run_dir}: {exc}") from exc
+        if engine == "ray":
+            from inferledger.ledger.sharded import build_sharded
+
+            build_sharded(con, run, variables, work=target.with_name(f".{target.name}.shards-{os.getpid()}"),
+                          limit_bytes=limit, address=address, workers=workers)
+        else:
+            run_modules(con, ledger_modules(), run, profile)
         counts = con.execute(
             "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
             "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone()
