@@ -1,6 +1,11 @@
 """Ledger at scale: reconstruct a synthetic run of ~3 million events and race a per-request loop.
 
     python benchmarks/ledger_scale.py [--attempts 10000] [--tokens 256] [--out DIR] [--seed 7] [--stages]
+        [--memory-limit 4GB] [--no-peer] [--buckets 8 --engine ray --workers 2]
+
+`--memory-limit` takes the bounded-memory path (peak target 6 GiB at any size); `--buckets` repartitions
+the run first (its own phase), `--engine ray` then shards the ledger over a local Ray and records each
+worker's peak RSS beside the largest shard's input.
 
 Phases, each in its own subprocess so its peak RSS (getrusage ru_maxrss in the child) is its own:
 
@@ -254,14 +259,33 @@ def phase_import(run_dir: Path, n: int, t: int, seed: int) -> dict:
 # --------------------------------------------------------------------------------------------------
 # ledger
 # --------------------------------------------------------------------------------------------------
-def phase_ledger(run_dir: Path, memory_limit: str | None = None) -> dict:
-    from inferledger.ledger.reconstruct import reconstruct
+def phase_repartition(run_dir: Path, buckets: int) -> dict:
+    from inferledger.collectors.repartition import repartition
 
     c0, t0 = _cpu_s(), time.perf_counter()
-    s = reconstruct(run_dir, memory_limit=memory_limit)
+    counts = repartition(run_dir, buckets, memory_limit="2GB")
+    return {"seconds": time.perf_counter() - t0, "cpu_s": _cpu_s() - c0, "partitions": len(counts),
+            "largest_partition_events": max(counts.values()), "peak_gib": _peak_gib()}
+
+
+def phase_ledger(run_dir: Path, memory_limit: str | None = None, engine: str = "local", workers: int = 2) -> dict:
+    from inferledger.ledger.reconstruct import reconstruct
+
+    shards: list = []
+    c0, t0 = _cpu_s(), time.perf_counter()
+    s = reconstruct(run_dir, memory_limit=memory_limit, engine=engine, workers=workers,
+                    profile=shards if engine == "ray" else None)
     sec = time.perf_counter() - t0
-    return {"seconds": sec, "cpu_s": _cpu_s() - c0, "events": s.n_events, "attempts": s.n_attempts, "peak_gib": _peak_gib(),
-            "ledger_mib": s.path.stat().st_size / 2 ** 20}
+    res = {"seconds": sec, "cpu_s": _cpu_s() - c0, "events": s.n_events, "attempts": s.n_attempts,
+           "peak_gib": _peak_gib(), "ledger_mib": s.path.stat().st_size / 2 ** 20}
+    if shards:  # each Ray worker's peak RSS (a worker runs shard after shard) beside the largest partition
+        peaks: dict[int, float] = {}
+        for sh in shards:
+            peaks[sh["pid"]] = max(peaks.get(sh["pid"], 0.0), sh["peak_rss_kib"] / 2 ** 20)
+        res.update(shards=len(shards), worker_peak_gib=sorted(round(v, 3) for v in peaks.values()),
+                   largest_shard_input_mib=round(max(sh["parts_bytes"] for sh in shards) / 2 ** 20, 1),
+                   shard_seconds=round(sum(sh["seconds"] for sh in shards), 2))
+    return res
 
 
 def phase_stages(run_dir: Path) -> dict:
@@ -293,7 +317,8 @@ def phase_peer(run_dir: Path, result: Path) -> dict:
     import pandas as pd
 
     c0, t0 = _cpu_s(), time.perf_counter()
-    df = pd.read_parquet(run_dir / "events", columns=["attempt_id", "name", "ts_ns", "seq", "attrs"])
+    files = sorted(str(p) for p in (run_dir / "events").rglob("part-*.parquet"))  # either layout
+    df = pd.read_parquet(files, columns=["attempt_id", "name", "ts_ns", "seq", "attrs"])
     df = df[df["attempt_id"].notna()]
     rows = []
     for attempt_id, g in df.groupby("attempt_id", sort=False):
@@ -372,7 +397,11 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", action="store_true", help="also time reconstruct one SQL statement at a time")
     ap.add_argument("--memory-limit", help="reconstruct's --memory-limit (the bounded-memory path), e.g. 4GB")
     ap.add_argument("--no-peer", action="store_true", help="skip the per-request loop (it holds the run in memory)")
-    ap.add_argument("--phase", choices=("import", "ledger", "peer", "stages"), help=argparse.SUPPRESS)
+    ap.add_argument("--engine", choices=("local", "ray"), default="local", help="reconstruct's --engine")
+    ap.add_argument("--workers", type=int, default=2, help="with --engine ray: the local Ray's CPUs")
+    ap.add_argument("--buckets", type=int, help="repartition the run into this many task buckets before the ledger "
+                    "(needed by --engine ray)")
+    ap.add_argument("--phase", choices=("import", "repartition", "ledger", "peer", "stages"), help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -380,7 +409,8 @@ def main(argv=None) -> int:
     if a.phase:  # child: one phase, one JSON line on stdout
         run_dir = Path(a.run_dir)
         res = {"import": lambda: phase_import(run_dir, a.attempts, a.tokens, a.seed),
-               "ledger": lambda: phase_ledger(run_dir, a.memory_limit),
+               "ledger": lambda: phase_ledger(run_dir, a.memory_limit, a.engine, a.workers),
+               "repartition": lambda: phase_repartition(run_dir, a.buckets),
                "peer": lambda: phase_peer(run_dir, Path(a.result)),
                "stages": lambda: phase_stages(run_dir)}[a.phase]()
         print(json.dumps(res))
@@ -388,6 +418,8 @@ def main(argv=None) -> int:
 
     if a.attempts < 1 or a.tokens < 2:
         ap.error("need --attempts >= 1 and --tokens >= 2 (TPOT and ITL need two tokens)")
+    if a.engine == "ray" and not a.buckets:
+        ap.error("--engine ray needs --buckets (it shards the partitioned layout)")
     rec = results.start("ledger_scale", {k: v for k, v in vars(a).items() if k not in ("phase", "run_dir", "result")})
     base = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="ledger_scale_"))
     run_dir = base / f"bench-{a.attempts}x{a.tokens}"
@@ -403,7 +435,15 @@ def main(argv=None) -> int:
                      "--tokens", str(a.tokens), "--seed", str(a.seed))
         print(f"import: {imp['events']:,} events in {imp['parts']} parts ({imp['parquet_mib']:.0f} MiB); "
               f"generate {imp['generate_s']:.2f} s, write {imp['write_s']:.2f} s", flush=True)
-        led = _child("ledger", "--run-dir", str(run_dir), *(["--memory-limit", a.memory_limit] if a.memory_limit else []))
+        rep = _child("repartition", "--run-dir", str(run_dir), "--buckets", str(a.buckets)) if a.buckets else None
+        if rep:
+            print(f"repartition: {rep['partitions']} partitions in {rep['seconds']:.1f} s, peak {rep['peak_gib']:.2f} GiB",
+                  flush=True)
+        led = _child("ledger", "--run-dir", str(run_dir), "--engine", a.engine, "--workers", str(a.workers),
+                     *(["--memory-limit", a.memory_limit] if a.memory_limit else []))
+        if "worker_peak_gib" in led:
+            print(f"ray: {led['shards']} shards, worker peaks {led['worker_peak_gib']} GiB, largest shard input "
+                  f"{led['largest_shard_input_mib']} MiB", flush=True)
         print(f"ledger: {led['attempts']:,} attempts, ledger.duckdb {led['ledger_mib']:.0f} MiB, "
               f"{led['seconds']:.1f} s, peak {led['peak_gib']:.2f} GiB", flush=True)
         peer = None if a.no_peer else _child("peer", "--run-dir", str(run_dir), "--result", str(peer_file))
@@ -457,7 +497,10 @@ def main(argv=None) -> int:
     phases["import"].update(generate_s=round(imp["generate_s"], 3), write_s=round(imp["write_s"], 3))
     figures = {"attempts": a.attempts, "output_tokens": a.tokens, "events": n_events, "parts": imp["parts"],
                "parquet_mib": round(imp["parquet_mib"], 1), "ledger_mib": round(led["ledger_mib"], 1), "phases": phases,
-               "memory_limit": a.memory_limit, "load_average_1m": os.getloadavg()[0],
+               "memory_limit": a.memory_limit, "load_average_1m": os.getloadavg()[0], "engine": a.engine,
+               "workers": a.workers if a.engine == "ray" else None, "repartition": rep,
+               "ray": {k: led[k] for k in ("shards", "worker_peak_gib", "largest_shard_input_mib", "shard_seconds")
+                       if k in led} or None,
                "loop_over_ledger_ratio": round(ratio, 3) if peer else None, "agree": not problems if peer else None,
                "max_abs_diff_ms": {c: diffs[c] for c in COMPARED} if peer else None,
                "targets": [{"target": name, "measured": got, "met": ok} for name, got, ok in targets],
@@ -468,7 +511,7 @@ def main(argv=None) -> int:
         for p in problems:
             print(f"  {p}")
         return 1
-    print("\nthe ledger and the per-request loop agree")
+    print("\nthe ledger and the per-request loop agree" if peer else "\n(no per-request loop: --no-peer)")
     return 0
 
 

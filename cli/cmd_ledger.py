@@ -21,6 +21,13 @@ def reconstruct_cmd(
                                                "any size fits."),
     temp_directory: Optional[Path] = typer.Option(None, "--temp-directory", help="Where to spill (default a "
                                                   "folder beside the ledger, removed afterwards)."),
+    engine: str = typer.Option("local", "--engine", help="local (one process, DuckDB) or ray: the engine and "
+                               "task-bucket stages of a partitioned run (`inferledger repartition`) as Ray tasks, "
+                               "the same ledger (needs `pip install 'inferledger[ray]'`; docs/SCALE.md)."),
+    address: Optional[str] = typer.Option(None, "--address", help="With --engine ray: a Ray cluster's address "
+                                          "(ray://host:10001 or auto); default a local Ray started and stopped here."),
+    workers: int = typer.Option(2, "--workers", min=1, help="With --engine ray and no --address: the local Ray's "
+                                "CPUs (one shard each); the memory limit is shared between them."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the ledger path."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " json and csv hold "
                                      "what was built (section ledger) and the whole summary, as `inferledger "
@@ -40,7 +47,8 @@ def reconstruct_cmd(
     from inferledger.ledger.reconstruct import RunDirError, reconstruct
 
     try:
-        summary = reconstruct(run_dir, out=out, memory_limit=memory_limit, temp_directory=temp_directory)
+        summary = reconstruct(run_dir, out=out, memory_limit=memory_limit, temp_directory=temp_directory,
+                              engine=engine, address=address, workers=workers)
     except (RunDirError, SizeError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2)

@@ -119,7 +119,8 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
                 profile: list | None = None, memory_limit: str | None = None,
                 temp_directory: str | os.PathLike | None = None, run_id: str | None = None,
                 engine: str = "local", address: str | None = None, workers: int = 2) -> LedgerSummary:
-    """Build the ledger; with `profile` (a list), append (stage, statement, seconds) for every step.
+    """Build the ledger; with `profile` (a list), append (stage, statement, seconds) for every step
+    (with engine="ray": a dict per shard, `ledger/sharded.py`).
 
     `memory_limit` ("4GB", "512MiB"; default `default_memory_limit()`) bounds DuckDB's memory: beyond
     it, joins, sorts and aggregates spill to `temp_directory` (default a folder beside the output,
@@ -170,7 +171,7 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
             from inferledger.ledger.sharded import build_sharded
 
             build_sharded(con, run, variables, work=target.with_name(f".{target.name}.shards-{os.getpid()}"),
-                          limit_bytes=limit, address=address, workers=workers)
+                          limit_bytes=limit, address=address, workers=workers, stats=profile)
         else:
             run_modules(con, ledger_modules(), run, profile)
         counts = con.execute(

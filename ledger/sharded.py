@@ -21,6 +21,7 @@ Ray is optional (`pip install 'inferledger[ray]'`): imported only here, only whe
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -65,11 +66,15 @@ def _owned_where(cols: list[str], first: bool, bucket: int, buckets: int) -> str
 
 def run_shard(spec: dict) -> dict[str, str]:
     """One shard (a Ray task, or called directly): its modules over its parts; {table: Parquet file}."""
+    import resource
+    import time
+
     import duckdb
 
     from inferledger.ledger.memory import bound
     from inferledger.ledger.reconstruct import run_modules, set_variables
 
+    t0 = time.perf_counter()
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect(str(out / "shard.duckdb"))
@@ -97,7 +102,10 @@ def run_shard(spec: dict) -> dict[str, str]:
         con.close()
     (out / "shard.duckdb").unlink(missing_ok=True)
     shutil.rmtree(out / "spill", ignore_errors=True)
-    return written
+    # the worker's peak resident memory so far (a Ray worker process runs shard after shard)
+    stats = {"seconds": time.perf_counter() - t0, "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+             "pid": os.getpid(), "parts_bytes": sum(os.path.getsize(p) for p in spec["parts"])}
+    return {"tables": written, "stats": stats}
 
 
 def _plan(run: RunFiles) -> tuple[int, list[list[str]], dict[str, list[str]], list[str]]:
@@ -132,9 +140,17 @@ def _ray(address: str | None, workers: int):
     return ray, started
 
 
+def _collect(ray, shard, specs: list[dict], stats: list | None) -> list[dict]:
+    results = ray.get([shard.remote(s) for s in specs])
+    if stats is not None:
+        stats += [{"shard": Path(s["out"]).name, **r["stats"]} for s, r in zip(specs, results)]
+    return results
+
+
 def build_sharded(con, run: RunFiles, variables: dict, *, work: Path, limit_bytes: int,
-                  address: str | None = None, workers: int = 2) -> None:
-    """Build the ledger into `con` from Ray shards of `run` (see the module docstring)."""
+                  address: str | None = None, workers: int = 2, stats: list | None = None) -> None:
+    """Build the ledger into `con` from Ray shards of `run` (see the module docstring); `stats` gets
+    one dict per shard (name, seconds, its worker's pid and peak RSS, the bytes of its parts)."""
     from inferledger.ledger.reconstruct import RunDirError, run_modules
 
     try:
@@ -159,10 +175,13 @@ def build_sharded(con, run: RunFiles, variables: dict, *, work: Path, limit_byte
                      "modules": [m.name for m in _closure(modules, by_scope["engine"], by_scope["rollup"])],
                      "outputs": engine_tables} for i, parts in enumerate(engines or [run_parts])]
     all_engine = [p for parts in engines for p in parts]
-    ray, started = _ray(address, workers)
+    try:
+        ray, started = _ray(address, workers)
+    except ShardError as exc:
+        raise RunDirError(str(exc)) from None
     try:
         shard = ray.remote(num_cpus=1)(run_shard)
-        engine_out = ray.get([shard.remote(s) for s in engine_specs])
+        engine_out = [r["tables"] for r in _collect(ray, shard, engine_specs, stats)]
         handed = {t: ([o[t] for o in engine_out], temp[t]) for t in engine_tables}
         task_modules = [m.name for m in modules if m.scope in ("run", "task")]
         task_specs = []
@@ -174,7 +193,12 @@ def build_sharded(con, run: RunFiles, variables: dict, *, work: Path, limit_byte
                                "owned_parts": parts + ((run_parts + all_engine) if first else []),
                                "handed": handed, "out": str(work / name), "modules": task_modules,
                                "outputs": task_tables})
-        task_out = ray.get([shard.remote(s) for s in task_specs])
+        task_out = [r["tables"] for r in _collect(ray, shard, task_specs, stats)]
+    except Exception as exc:  # a shard's refusal (a torn part, a failed stage) as the single-node path says it
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, RunDirError):
+            raise cause from None
+        raise
     finally:
         if started:
             ray.shutdown()
