@@ -284,7 +284,7 @@ def phase_ledger(run_dir: Path, memory_limit: str | None = None, engine: str = "
             peaks[sh["pid"]] = max(peaks.get(sh["pid"], 0.0), sh["peak_rss_kib"] / 2 ** 20)
         res.update(shards=len(shards), worker_peak_gib=sorted(round(v, 3) for v in peaks.values()),
                    largest_shard_input_mib=round(max(sh["parts_bytes"] for sh in shards) / 2 ** 20, 1),
-                   shard_seconds=round(sum(sh["seconds"] for sh in shards), 2))
+                   shards_wall_s=round(sum(sh["seconds"] for sh in shards), 2))
     return res
 
 
@@ -442,8 +442,8 @@ def main(argv=None) -> int:
         led = _child("ledger", "--run-dir", str(run_dir), "--engine", a.engine, "--workers", str(a.workers),
                      *(["--memory-limit", a.memory_limit] if a.memory_limit else []))
         if "worker_peak_gib" in led:
-            print(f"ray: {led['shards']} shards, worker peaks {led['worker_peak_gib']} GiB, largest shard input "
-                  f"{led['largest_shard_input_mib']} MiB", flush=True)
+            print(f"ray: {led['shards']} shards ({led['shards_wall_s']} s in all), worker peaks "
+                  f"{led['worker_peak_gib']} GiB, largest shard input {led['largest_shard_input_mib']} MiB", flush=True)
         print(f"ledger: {led['attempts']:,} attempts, ledger.duckdb {led['ledger_mib']:.0f} MiB, "
               f"{led['seconds']:.1f} s, peak {led['peak_gib']:.2f} GiB", flush=True)
         peer = None if a.no_peer else _child("peer", "--run-dir", str(run_dir), "--result", str(peer_file))
@@ -497,9 +497,12 @@ def main(argv=None) -> int:
     phases["import"].update(generate_s=round(imp["generate_s"], 3), write_s=round(imp["write_s"], 3))
     figures = {"attempts": a.attempts, "output_tokens": a.tokens, "events": n_events, "parts": imp["parts"],
                "parquet_mib": round(imp["parquet_mib"], 1), "ledger_mib": round(led["ledger_mib"], 1), "phases": phases,
-               "memory_limit": a.memory_limit, "load_average_1m": os.getloadavg()[0], "engine": a.engine,
-               "workers": a.workers if a.engine == "ray" else None, "repartition": rep,
-               "ray": {k: led[k] for k in ("shards", "worker_peak_gib", "largest_shard_input_mib", "shard_seconds")
+               "memory_limit": a.memory_limit, "engine": a.engine,
+               "workers": a.workers if a.engine == "ray" else None,
+               "repartition": {"wall_s": round(rep["seconds"], 3), "cpu_s": round(rep["cpu_s"], 3),
+                               "peak_gib": round(rep["peak_gib"], 3), "partitions": rep["partitions"],
+                               "largest_partition_events": rep["largest_partition_events"]} if rep else None,
+               "ray": {k: led[k] for k in ("shards", "worker_peak_gib", "largest_shard_input_mib", "shards_wall_s")
                        if k in led} or None,
                "loop_over_ledger_ratio": round(ratio, 3) if peer else None, "agree": not problems if peer else None,
                "max_abs_diff_ms": {c: diffs[c] for c in COMPARED} if peer else None,

@@ -48,20 +48,25 @@ def _closure(modules: tuple[Module, ...], wanted: set[str], skip: set[str]) -> l
     return [m for m in modules if m.name in need]
 
 
-def _owned_where(cols: list[str], first: bool, bucket: int, buckets: int) -> str:
-    """The rows of a task-scope table this shard owns (see the module docstring)."""
+def _owned_rows(table: str, cols: list[str], first: bool, bucket: int, buckets: int) -> str:
+    """The rows of a task-scope table this shard owns (see the module docstring), by hash joins against
+    the shard's own event and attempt ids (`_owned_ev`, `_owned_att`)."""
     task = BUCKET_SQL.format(key="{}", buckets=buckets)
-    cases = []
+    joins, cases = [], []
     if "event_id" in cols:
-        cases.append("WHEN event_id IS NOT NULL THEN event_id IN (SELECT event_id FROM _owned_events)")
+        joins.append("LEFT JOIN _owned_ev oe ON oe.id = t.event_id")
+        cases.append("WHEN t.event_id IS NOT NULL THEN oe.id IS NOT NULL")
     if "attempt_id" in cols:
-        cases.append("WHEN attempt_id IS NOT NULL THEN attempt_id IN (SELECT attempt_id FROM _owned_events)")
+        joins.append("LEFT JOIN _owned_att oa ON oa.id = t.attempt_id")
+        cases.append("WHEN t.attempt_id IS NOT NULL THEN oa.id IS NOT NULL")
     if "task_id" in cols:
-        cases.append(f"WHEN task_id IS NOT NULL THEN {task.format('task_id')} = {bucket}")
+        cases.append(f"WHEN t.task_id IS NOT NULL THEN {task.format('t.task_id')} = {bucket}")
     if "scope" in cols and "scope_id" in cols:
-        cases.append("WHEN scope = 'attempt' THEN scope_id IN (SELECT attempt_id FROM _owned_events)")
-        cases.append(f"WHEN scope = 'task' THEN {task.format('scope_id')} = {bucket}")
-    return f"CASE {' '.join(cases)} ELSE {str(first).lower()} END" if cases else str(first).lower()
+        joins.append("LEFT JOIN _owned_att os ON os.id = t.scope_id AND t.scope = 'attempt'")
+        cases.append("WHEN t.scope = 'attempt' THEN os.id IS NOT NULL")
+        cases.append(f"WHEN t.scope = 'task' THEN {task.format('t.scope_id')} = {bucket}")
+    where = f"CASE {' '.join(cases)} ELSE {str(first).lower()} END" if cases else str(first).lower()
+    return f"SELECT t.* FROM {table} t {' '.join(joins)} WHERE {where}"
 
 
 def run_shard(spec: dict) -> dict[str, str]:
@@ -89,14 +94,17 @@ def run_shard(spec: dict) -> dict[str, str]:
         run_modules(con, [m for m in ledger_modules() if m.name in names], run)
         sharded = spec["kind"] == "task" and not spec["only"]
         if sharded:
-            con.execute("CREATE TEMP TABLE _owned_events AS SELECT event_id, attempt_id FROM read_parquet(?)",
+            con.execute("CREATE TEMP TABLE _owned_ev AS SELECT DISTINCT event_id AS id FROM read_parquet(?)",
                         [spec["owned_parts"]])
+            con.execute("CREATE TEMP TABLE _owned_att AS SELECT DISTINCT attempt_id AS id FROM read_parquet(?) "
+                        "WHERE attempt_id IS NOT NULL", [spec["owned_parts"]])
         written = {}
         for table in spec["outputs"]:
             cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
-            where = _owned_where(cols, spec["first"], spec["bucket"], spec["buckets"]) if sharded else "true"
+            rows = _owned_rows(table, cols, spec["first"], spec["bucket"], spec["buckets"]) if sharded \
+                else f"SELECT * FROM {table}"
             path = out / f"{table}.parquet"
-            con.execute(f"COPY (SELECT * FROM {table} WHERE {where}) TO '{path}' (FORMAT parquet)")
+            con.execute(f"COPY ({rows}) TO '{path}' (FORMAT parquet)")
             written[table] = str(path)
     finally:
         con.close()
