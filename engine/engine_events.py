@@ -24,8 +24,8 @@ step-level ones carry step_id (the engine iteration; request events of a step ca
   kv.free                 right after: of those, the blocks back in the pool (free or cached, i.e.
                           reallocatable; the step that used them is over); attrs.shared = still held
                           by other requests. A request that never held a block gets an empty pair.
-  step.start / step.end   one iteration, both with attrs.engine_id (this engine instance: host, process,
-                          instance number; a partitioned run groups steps by it); start attrs: batch [[attempt_id, kind, tokens]] with kind
+  step.start / step.end   one iteration, both with attrs.engine_id (this engine instance: host and
+                          process; a partitioned run groups steps by it); start attrs: batch [[attempt_id, kind, tokens]] with kind
                           prefill | decode | verify, token_budget, num_seqs, num_running,
                           num_waiting; end: value = tokens processed, attrs mode (eager |
                           padded | graph | graph_capture: this step captured a new bucket's graph | simulated:
@@ -38,13 +38,10 @@ kv_blocks_free, unit "blocks". Every method returns at its first branch when the
 """
 from __future__ import annotations
 
-import itertools
 import os
 
 from .block_manager import BlockManager
 from .sequence import Sequence
-
-_INSTANCES = itertools.count()
 
 
 class EngineEvents:
@@ -52,7 +49,7 @@ class EngineEvents:
         self.probe = probe
         self.bm = block_manager
         self._sample = getattr(sink, "sample", None) if probe.enabled else None
-        self.engine_id = f"{probe.host}-{os.getpid()}-{next(_INSTANCES)}"
+        self.engine_id = f"{probe.host}-{os.getpid()}"  # one engine per process; the same on a rerun in it
 
     def request(self, seq: Sequence, name: str, *, value=None, step_id=None, **attrs) -> None:
         if not self.probe.enabled:

@@ -11,28 +11,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 
-from inferledger.ledger.load import LoadError, RunFiles
+from inferledger.ledger.load import RunFiles
 from inferledger.ledger.memory import bound, default_memory_limit, parse_size
 from inferledger.ledger.remote import RemoteRunError, is_url, stage
-from inferledger.ledger.modules import Module, ledger_modules, public_tables
+from inferledger.ledger.modules import ledger_modules, public_tables
+from inferledger.ledger.stages import RunDirError, StageError, run_modules, set_variables  # noqa: F401 (API)
 from inferledger.probes.events import EVENT_SCHEMA, SAMPLE_SCHEMA
 from inferledger.probes.run_dir import PartError, list_parts
 
 PUBLIC_TABLES = public_tables()
-
-
-class RunDirError(Exception):
-    """The run directory is missing or unreadable; the message names the file."""
-
-
-class StageError(RunDirError):
-    """A ledger stage failed on this run's data; the message names the stage and the run."""
 
 
 @dataclass
@@ -67,25 +59,6 @@ def _kv_block_bytes(manifest: dict) -> int | None:
     return int(per_token) * int(block) if per_token and block else None
 
 
-def _run_module(con, module: Module, run: RunFiles, profile: list | None) -> None:
-    """One stage; with `profile`, (module, statement, seconds) for each SQL statement or Python stage."""
-    t0 = time.perf_counter()
-    if module.build is not None:
-        module.build(con, run)
-        if profile is not None:
-            profile.append((module.source, ", ".join(module.public or module.creates), time.perf_counter() - t0))
-        return
-    if profile is None:
-        con.execute(module.sql)
-        return
-    for statement in con.extract_statements(module.sql):  # timed one by one
-        text = " ".join(ln for ln in statement.query.splitlines() if not ln.strip().startswith("--"))
-        label = " ".join(text.split()).split(" AS ")[0].replace("CREATE OR REPLACE ", "")[:48]
-        t0 = time.perf_counter()
-        con.execute(statement)
-        profile.append((module.source, label, time.perf_counter() - t0))
-
-
 def _slo(manifest: dict) -> dict:
     """vLLM-style SLO thresholds, from the manifest's `slo` or its workload's `[slo]` section."""
     return manifest.get("slo") or ((manifest.get("workload") or {}).get("spec") or {}).get("slo") or {}
@@ -97,22 +70,6 @@ def run_variables(run_dir: Path, run_id: str) -> dict:
     slo = _slo(manifest)
     return {"run_id": (run_id, "VARCHAR"), "kv_block_bytes": (_kv_block_bytes(manifest), "BIGINT"),
             **{f"slo_{k}": (slo.get(k), "DOUBLE") for k in ("ttft_ms", "tpot_ms", "e2e_ms")}}
-
-
-def set_variables(con, variables: dict) -> None:
-    for name, (value, kind) in variables.items():
-        con.execute(f"SET VARIABLE {name} = ?::{kind}", [value])
-
-
-def run_modules(con, modules, run: RunFiles, profile: list | None = None) -> None:
-    """The stages in order, each error as a RunDirError naming the stage."""
-    for module in modules:
-        try:
-            _run_module(con, module, run, profile)
-        except LoadError as exc:
-            raise RunDirError(str(exc)) from None
-        except duckdb.Error as exc:
-            raise StageError(f"ledger stage {module.source} failed on {run.run_dir}: {exc}") from exc
 
 
 def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = None,

@@ -77,7 +77,7 @@ def run_shard(spec: dict) -> dict[str, str]:
     import duckdb
 
     from inferledger.ledger.memory import bound
-    from inferledger.ledger.reconstruct import run_modules, set_variables
+    from inferledger.ledger.stages import run_modules, set_variables
 
     t0 = time.perf_counter()
     out = Path(spec["out"])
@@ -159,7 +159,7 @@ def build_sharded(con, run: RunFiles, variables: dict, *, work: Path, limit_byte
                   address: str | None = None, workers: int = 2, stats: list | None = None) -> None:
     """Build the ledger into `con` from Ray shards of `run` (see the module docstring); `stats` gets
     one dict per shard (name, seconds, its worker's pid and peak RSS, the bytes of its parts)."""
-    from inferledger.ledger.reconstruct import RunDirError, run_modules
+    from inferledger.ledger.stages import RunDirError, run_modules
 
     try:
         buckets, engines, task_parts, run_parts = _plan(run)
