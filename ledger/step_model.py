@@ -16,7 +16,7 @@ from inferledger.costmodel import ModelShape, StepRow, stage_bounds, step_work
 from inferledger.costmodel.roofs import run_roofs
 from inferledger.costmodel.shape import ShapeError
 
-READS = ("steps", "step_attribution", "ev")
+READS = ("steps", "step_attribution", "ev", "ev_tok")
 CREATES = ("step_model", "model_gaps")
 PUBLIC = ("step_model",)
 
@@ -34,7 +34,7 @@ ORDER BY st.clock, st.start_ns
 _ROWS = """
 SELECT a.step_id, a.kind, a.tokens, a.context_before, t.attempt_id IS NOT NULL AS sampled
 FROM step_attribution a
-LEFT JOIN (SELECT DISTINCT step_id, attempt_id FROM ev WHERE name = 'engine.token') t
+LEFT JOIN (SELECT DISTINCT step_id, attempt_id FROM ev_tok) t
        ON t.step_id = a.step_id AND t.attempt_id = a.attempt_id
 ORDER BY a.step_id, a.attempt_id
 """
