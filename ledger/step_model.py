@@ -61,7 +61,7 @@ ORDER BY a.step_id, a.attempt_id
 # @column bound_ms: the step's lower bound: max(F/P, Q/B) per serial stage, summed over stages
 # @column aggregated_bound_ms: max(total F / P, total Q / B): looser, for comparison only
 # @column binding_roof: the roof behind most of bound_ms: compute or memory
-# @column roof_source: where the roofs came from: spec or microbenchmark (peak figures)
+# @column roof_source: where the roofs came from: spec, microbenchmark or assumption (peak figures)
 # @column roof_compute_tflops: the compute roof used (peak)
 # @column roof_memory_gbps: the memory roof used (peak)
 # @column measured_ms: step.end − step.start
