@@ -205,3 +205,33 @@ def test_a_prediction_changed_after_registration_is_a_gap(registered_run, tmp_pa
         assert con.execute("SELECT count(*) FROM prediction_check").fetchone()[0] == 0
         gaps = con.execute("SELECT subject_id, detail FROM gaps WHERE subject_id = 'prediction.json'").fetchall()
     assert len(gaps) == 1 and "changed after registration" in gaps[0][1]
+
+
+def test_the_report_draws_the_roofline_residuals_fit_and_the_registered_prediction(registered_run, tmp_path):
+    import re
+
+    from test_report import load_in_browser
+
+    from inferledger.cli.summary import print_summary
+    from inferledger.report.build import build_report
+
+    report = build_report(registered_run, tmp_path / "report.html")
+    dom, log = load_in_browser(report.path, tmp_path)
+    hook = json.loads(re.search(r'<pre id="test-hook">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    assert hook["errors"] == [], hook
+    html = report.path.read_text()
+    for panel in ("a-roofline", "a-residuals", "a-calibration", "a-prediction", "a-roofline-fig",
+                  "a-resid-num_seqs", "a-resid-context_tokens", "a-fit-fig"):
+        assert f'id="{panel}"' in dom, panel
+    roofline = dom[dom.index('id="a-roofline"'):dom.index('id="a-residuals"')]
+    assert "main-svg" in roofline  # the chart was drawn
+    assert "peak roof:" in html and "sustained roof:" in html and "(microbenchmark)" in html  # labelled roofs
+    prediction = dom[dom.index('id="a-prediction"'):]
+    assert re.search(r"registered [0-9.,]+ ms before the run's first event on mono:", prediction)
+    from io import StringIO
+
+    from rich.console import Console
+
+    out = StringIO()
+    print_summary(registered_run / "ledger.duckdb", Console(file=out, width=300))
+    assert re.search(r"workload model: median step at \d+ % of its bound .* dominant residual source: ", out.getvalue())
