@@ -112,7 +112,8 @@ def microbenchmark_roofs(manifest: dict) -> Roofs | None:
 
 
 def run_roofs(manifest: dict) -> tuple[Roofs | None, str]:
-    """Peak roofs for a run: the spec entry of its device, else its microbenchmarks' best; with why."""
+    """Peak roofs for a run: the spec entry of its device, else its microbenchmarks' best, else roofs a
+    person declared (`declared_roofs`: tflops, gbps, label; source assumption); with why."""
     dtype = ((manifest.get("model") or {}).get("dtype") or {}).get("weights") or ""
     name = device_name(manifest)
     spec = spec_roofs(name, dtype)
@@ -121,5 +122,9 @@ def run_roofs(manifest: dict) -> tuple[Roofs | None, str]:
     bench = microbenchmark_roofs(manifest)
     if bench is not None:
         return bench, "the run's microbenchmarks (manifest device_params)"
-    return None, (f"no spec entry for device {name!r} at {dtype or 'an unknown dtype'} and no microbenchmarks "
-                  "(manifest device_params memcpy_gbps.peak and matmul_tflops.peak)")
+    declared = manifest.get("declared_roofs") or {}
+    if isinstance(declared.get("tflops"), (int, float)) and isinstance(declared.get("gbps"), (int, float)):
+        return (Roofs.declared(float(declared["tflops"]), float(declared["gbps"]), declared.get("label") or "declared"),
+                "roofs a person declared (manifest declared_roofs)")
+    return None, (f"no spec entry for device {name!r} at {dtype or 'an unknown dtype'}, no microbenchmarks "
+                  "(manifest device_params memcpy_gbps.peak and matmul_tflops.peak) and no declared_roofs")

@@ -75,8 +75,15 @@ class ModelShape:
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "ModelShape":
-        """From a run manifest's `model` block (architecture and dtype, as the engine recorded them)."""
+        """From a run manifest's `model` block (architecture and dtype, as the engine recorded them),
+        else its `model_shape` (a shape declared for a peer's run: `declared_entry`)."""
         model = manifest.get("model") or {}
+        if not model.get("architecture") and isinstance(manifest.get("model_shape"), dict):
+            fields = {k: v for k, v in manifest["model_shape"].items() if k in cls.__dataclass_fields__}
+            try:
+                return cls(**fields)
+            except TypeError as exc:
+                raise ShapeError(f"manifest.json: model_shape: {exc}") from None
         arch, dtype = model.get("architecture"), model.get("dtype")
         if not isinstance(arch, dict) or not isinstance(dtype, dict):
             raise ShapeError("manifest.json: no model.architecture / model.dtype block (the engine's model identity)")
@@ -118,3 +125,39 @@ class ModelShape:
         return cls(cfg["num_hidden_layers"], cfg["hidden_size"], heads, cfg.get("num_key_value_heads") or heads,
                    cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["intermediate_size"], cfg["vocab_size"],
                    bool(cfg.get("tie_word_embeddings", False)), b, b, b, source=f"hf config {path}")
+
+    @classmethod
+    def from_gguf(cls, path, dtype: str) -> "ModelShape":
+        """From a GGUF file's metadata (llama-family keys), at the dtype the engine computes in."""
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        arch = _gguf_value(reader, "general.architecture")
+
+        def key(name):
+            value = _gguf_value(reader, f"{arch}.{name}")
+            if value is None:
+                raise ShapeError(f"{path}: GGUF metadata {arch}.{name} is missing")
+            return int(value)
+
+        heads = key("attention.head_count")
+        d = key("embedding_length")
+        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+        tied = not any(t.name == "output.weight" for t in reader.tensors)
+        b = dtype_bytes(dtype, "dtype")
+        return cls(key("block_count"), d, heads, key("attention.head_count_kv"), d // heads,
+                   key("feed_forward_length"), vocab, tied, b, b, b, source=f"gguf {path}")
+
+    def declared_entry(self) -> dict:
+        """What a run's manifest records as `model_shape` when a person declares the served model."""
+        return {**self.to_dict(), "evidence": "declared"}
+
+
+def _gguf_value(reader, name: str):
+    import gguf
+
+    field = reader.fields.get(name)
+    if field is None:
+        return None
+    value = field.parts[field.data[0]]
+    return bytes(value).decode() if field.types[0] == gguf.GGUFValueType.STRING else value[0]

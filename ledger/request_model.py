@@ -11,14 +11,13 @@ work), with queue and inter-step host time unknown.
 """
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 
 from inferledger.costmodel import ModelShape, StepRow, stage_bounds, step_work
 from inferledger.costmodel.fit import StepFit
 from inferledger.costmodel.roofs import run_roofs
 from inferledger.costmodel.shape import ShapeError
+from inferledger.ledger import run_manifest
 
 READS = ("step_model", "steps", "step_attribution", "step_fit", "step_fit_points", "ev", "ev_tok", "request_metrics")
 CREATES = ("request_model", "request_model_gaps")
@@ -108,7 +107,7 @@ def _per_token(ms, n_output, n_choices):
 # @column residual_host_ms: measured − predicted host time between the attempt's steps (NULL for solo)
 # @column transport_ms: ttft_client_ms − ttft_server_ms (the client's view minus the server's)
 def build(con, run) -> None:
-    manifest = _manifest(run.run_dir)
+    manifest = run_manifest.read(run.run_dir)
     sched = {r[0]: r[1:] for r in con.execute(_SCHEDULE).fetchall()}
     have_steps = con.execute("SELECT count(*) FROM step_model").fetchone()[0] > 0
     solo = None if have_steps else _Solo.of(manifest)
@@ -193,10 +192,3 @@ class _Solo:
                        tpot_predicted_ms=d_pred / (per_choice - 1) if per_choice > 1 else None)
         return out
 
-
-def _manifest(run_dir) -> dict:
-    path = run_dir / "manifest.json"
-    try:
-        return json.loads(path.read_text()) if path.exists() else {}
-    except ValueError:
-        return {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from inferledger.costmodel.fit import FitError, FitPoint, StepFit, error_pct, split
+from inferledger.ledger import run_manifest
 
 READS = ("step_model",)
 CREATES = ("step_fit", "step_fit_points", "fit_gaps")
@@ -23,10 +24,14 @@ _POINTS = ("SELECT flops, bytes, measured_ms, num_seqs, tokens, context_tokens, 
 # @column value: the figure (NULL: the fit found no such term, or no held-out step)
 # @column unit: ms, TFLOP/s, GB/s, steps, %, sequences, tokens
 # @column source: fit (every parameter here is effective, never a peak)
+# @column trained_on: the run the fit was trained on (another run's name when manifest step_fit declared
+#   one: then n_train and the held-out figures are that run's, applied_median_abs_pct and
+#   applied_p90_abs_pct this run's)
 #
 # @table step_fit_points: one row per step the fit saw
 # @column step_id: the engine step
-# @column split: train or held_out (by shape: batch size, tokens and context by powers of two)
+# @column split: train or held_out (by shape: batch size, tokens and context by powers of two), or
+#   applied (a declared fit from another run: every step is outside its training)
 # @column measured_ms: step_model.measured_ms
 # @column predicted_ms: the fit's α + F / P_eff + Q / B_eff
 # @column error_pct: (predicted − measured) / measured × 100
@@ -36,13 +41,17 @@ def build(con, run) -> None:
     con.execute("CREATE OR REPLACE TEMP TABLE fit_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, "
                 "needs VARCHAR, detail VARCHAR)")
     params, rows = [], []
-    try:
-        fit = StepFit.fit(points, trained_on=run.run_dir.name)
-    except FitError as exc:
-        fit = None
-        if points:
-            con.execute("INSERT INTO fit_gaps VALUES ('run', NULL, 'step_fit, step_fit_points', "
-                        "'more engine steps of known shape', ?)", [str(exc)])
+    declared = run_manifest.read(run.run_dir).get("step_fit")
+    fit = None
+    if isinstance(declared, dict):  # a fit from another run, applied here: every step is held out
+        fit = StepFit.from_dict(declared)
+    else:
+        try:
+            fit = StepFit.fit(points, trained_on=run.run_dir.name)
+        except FitError as exc:
+            if points:
+                con.execute("INSERT INTO fit_gaps VALUES ('run', NULL, 'step_fit, step_fit_points', "
+                            "'more engine steps of known shape', ?)", [str(exc)])
     if fit is not None:
         params = [("alpha_ms", fit.alpha_ms, "ms"), ("p_eff_tflops", fit.p_eff_tflops, "TFLOP/s"),
                   ("b_eff_gbps", fit.b_eff_gbps, "GB/s"), ("gap_alpha_ms", fit.gap_alpha_ms, "ms"),
@@ -53,18 +62,21 @@ def build(con, run) -> None:
         units = {"num_seqs": "sequences", "tokens": "tokens", "context_tokens": "tokens"}
         for k, (lo, hi) in fit.covered.items():
             params += [(f"covered_{k}_lo", lo, units[k]), (f"covered_{k}_hi", hi, units[k])]
-        train, _ = split(points)
-        train_ids = {p.step_id for p in train}
+        if isinstance(declared, dict):
+            params += [("applied_median_abs_pct", fit.median_abs_pct(points), "%"),
+                       ("applied_p90_abs_pct", fit.abs_pct_quantile(points, 0.9), "%")]
+        train_ids = set() if isinstance(declared, dict) else {p.step_id for p in split(points)[0]}
         for p in points:
             pred = fit.predict_ms(p)
-            rows.append((p.step_id, "train" if p.step_id in train_ids else "held_out", p.measured_ms, pred,
+            label = "applied" if isinstance(declared, dict) else "train" if p.step_id in train_ids else "held_out"
+            rows.append((p.step_id, label, p.measured_ms, pred,
                          error_pct(pred, p.measured_ms), fit.extrapolated(p.num_seqs, p.tokens, p.context_tokens)))
     cols = list(zip(*params)) if params else [[], [], []]
     con.register("_fit", pa.table({"name": pa.array(cols[0], pa.string()),
                                    "value": pa.array([None if v is None else float(v) for v in cols[1]], pa.float64()),
                                    "unit": pa.array(cols[2], pa.string())}))
     con.execute("CREATE OR REPLACE TABLE step_fit AS SELECT getvariable('run_id') AS run_id, name, value, unit, "
-                "'fit' AS source FROM _fit")
+                "'fit' AS source, ? AS trained_on FROM _fit", [fit.trained_on if fit is not None else None])
     con.unregister("_fit")
     cols = list(zip(*rows)) if rows else [[]] * 6
     types = (pa.int64(), pa.string(), pa.float64(), pa.float64(), pa.float64(), pa.bool_())
@@ -73,3 +85,4 @@ def build(con, run) -> None:
     con.execute("CREATE OR REPLACE TABLE step_fit_points AS SELECT getvariable('run_id') AS run_id, * FROM _pts "
                 "ORDER BY step_id")
     con.unregister("_pts")
+

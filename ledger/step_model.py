@@ -8,13 +8,12 @@ unknown stays NULL with a row in model_gaps (read by the gap register).
 """
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 
 from inferledger.costmodel import ModelShape, StepRow, stage_bounds, step_work
 from inferledger.costmodel.roofs import run_roofs
 from inferledger.costmodel.shape import ShapeError
+from inferledger.ledger import run_manifest
 
 READS = ("steps", "step_attribution", "ev", "ev_tok")
 CREATES = ("step_model", "model_gaps")
@@ -62,7 +61,7 @@ ORDER BY a.step_id, a.attempt_id
 # @column bound_ms: the step's lower bound: max(F/P, Q/B) per serial stage, summed over stages
 # @column aggregated_bound_ms: max(total F / P, total Q / B): looser, for comparison only
 # @column binding_roof: the roof behind most of bound_ms: compute or memory
-# @column roof_source: where the roofs came from: spec or microbenchmark (peak figures)
+# @column roof_source: where the roofs came from: spec, microbenchmark or assumption (peak figures)
 # @column roof_compute_tflops: the compute roof used (peak)
 # @column roof_memory_gbps: the memory roof used (peak)
 # @column measured_ms: step.end − step.start
@@ -73,7 +72,7 @@ ORDER BY a.step_id, a.attempt_id
 #   roof named in beaten_roof is wrong for this step)
 # @column beaten_roof: the binding roof with its source and value, where beats_bound
 def build(con, run) -> None:
-    manifest = _manifest(run.run_dir)
+    manifest = run_manifest.read(run.run_dir)
     gaps: list[tuple] = []
     shape = roofs = None
     try:
@@ -158,10 +157,3 @@ def _store(con, recs: list[dict], gaps: list[tuple]) -> None:
     if gaps:
         con.executemany("INSERT INTO model_gaps VALUES (?, ?, ?, ?, ?)", gaps)
 
-
-def _manifest(run_dir) -> dict:
-    path = run_dir / "manifest.json"
-    try:
-        return json.loads(path.read_text()) if path.exists() else {}
-    except ValueError:
-        return {}  # reconstruct refuses an unreadable manifest before any stage runs

@@ -59,6 +59,8 @@ def test_smollm2_shape_matches_the_bundled_gguf():
     reader = gguf.GGUFReader(default_model_path())
     assert sum(int(t.n_elements) for t in reader.tensors) == SMOL.params
     assert not any(t.name == "output.weight" for t in reader.tensors)  # tied: no separate LM head
+    read = ModelShape.from_gguf(default_model_path(), "bfloat16").to_dict()
+    assert {**read, "source": ""} == {**SMOL.to_dict(), "source": ""}
 
 
 def test_one_decode_step_of_smollm2_by_hand():
