@@ -151,7 +151,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             "host": {"name": host, "platform": platform.platform(), "python": platform.python_version()}}
     head["device_params"] = device_params
     if given is not None:  # registered before the server exists: every event of the run comes after it
-        head["prediction"] = register(out, given, source, engine_clock)
+        head["prediction"] = register(out, given, source, engine_clock if target == "embedded" else client_clock)
     writer.write_manifest(head)  # from the first second: a killed run still says what it was
     writer.clock_domain(client_clock, host=host, kind="monotonic")
     probe = Probe(writer, "client", run_id=writer.run_id, host=host, clock=client_clock)
