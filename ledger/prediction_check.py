@@ -32,6 +32,8 @@ def _registered(run) -> tuple[dict | None, dict | None, list[tuple[str, str, str
     except (OSError, ValueError):
         return None, None, []  # the run's identity is another stage's gap
     block = manifest.get("prediction") if isinstance(manifest, dict) else None
+    if isinstance(block, dict) and set(block) == {"skipped"}:
+        block = None  # the capture registered none, and said why (the manifest keeps the reason)
     path = run.run_dir / PREDICTION_FILE
     affects = "prediction_registration, prediction_check"
     if not isinstance(block, dict):
