@@ -50,13 +50,11 @@ def predict_cmd(
 ) -> None:
     """Predict per-request TTFT and TPOT bounds and expected ranges for a workload, before running it.
 
-    Lower bounds come from the peak roofs (a request's prefill, or one decode step, alone on the device);
-    expected ranges from the sustained roofs (the microbenchmarks' medians) and, with --fit, from an
-    earlier run's step-time fit, each from the request alone up to the request at the batch limit.
-    Queueing is not in them. docs/MODEL.md "Prediction" defines every figure.
+    Lower bounds come from the peak roofs (a request's prefill, or one decode step, alone on the device); expected ranges from the sustained roofs (the microbenchmarks' medians) and, with --fit, from an earlier run's step-time fit, each from the request alone up to the request at the batch limit. Queueing is not in them. docs/MODEL.md "Prediction" defines every figure.
 
-    Example: [cyan]inferledger predict -w samples/workloads/cpu_demo.toml -o pred.json[/], then
-    [cyan]inferledger capture -w samples/workloads/cpu_demo.toml -o runs/r1 --prediction pred.json[/]
+    Example: [cyan]inferledger predict -w samples/workloads/cpu_demo.toml -o pred.json[/]
+
+    Then register it: [cyan]inferledger capture -w samples/workloads/cpu_demo.toml -o runs/r1 --prediction pred.json[/]
     """
     from rich.table import Table
 
