@@ -43,11 +43,11 @@ SQL_SURFACE = [
     ("step_fit", "fit parameter or error: alpha, P_eff, B_eff, held-out error, covered range"),
     ("step_fit_points", "engine step the fit saw: split, predicted, error, extrapolated"),
     ("request_model", "attempt: TTFT / TPOT predicted from its steps, bound, residual by source"),
-    ("roofline_points", "engine step with work and a measured time: intensity, achieved FLOP/s"),
-    ("roofline_roofs", "roof the run's steps can be held against, with its source"),
-    ("model_summary", "run: the steps against the workload model, in one verdict"),
-    ("prediction_registration", "run: the registered prediction, when it was registered"),
-    ("prediction_check", "predicted request shape: the prediction beside the run's attempts"),
+    ("roofline_points", "engine step: intensity, achieved TFLOP/s, share of its bound"),
+    ("roofline_roofs", "roof: peak, sustained or effective, with its value and source"),
+    ("model_summary", "one row: the median step's share of its bound, the dominant residual source"),
+    ("prediction_registration", "the registered prediction: hash, valid, registered before the first event"),
+    ("prediction_check", "predicted request shape: TTFT / TPOT bounds and ranges beside the measured"),
 ]
 QUERY_HELP = (
     "Run read-only SQL on the ledger of one run or of many runs at once (a study folder: all its runs).\n\n"
