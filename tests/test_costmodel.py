@@ -159,3 +159,13 @@ def test_the_spec_table_in_the_docs_is_the_one_in_code():
     assert len(rows) == len(SPEC)
     for row, (_, tflops, gbps, _) in zip(rows, SPEC):
         assert [float(x) for x in row[1:4]] == pytest.approx([tflops["bfloat16"], tflops["float32"], gbps], abs=0.05)
+
+
+def test_the_model_and_the_ledger_never_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, inferledger.costmodel.fit, inferledger.costmodel.shape, inferledger.ledger.reconstruct; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
