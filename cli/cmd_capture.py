@@ -39,6 +39,15 @@ def capture_cmd(
     buckets: Optional[int] = typer.Option(None, min=1, max=9999, help="Write the events partitioned for large runs: "
                                           "by task into this many buckets, engine steps by engine instance "
                                           "(docs/SCALE.md); `reconstruct --engine ray` shards over them."),
+    microbench: bool = typer.Option(True, "--microbench/--no-microbench", help="Embedded engine: measure the "
+                                    "device's memory bandwidth and the engine's own matmuls for a few seconds before "
+                                    "the load (manifest device_params, the roofs of the step bounds); without it the "
+                                    "bounds use a spec entry for the device, else stay unknown."),
+    prediction: Optional[Path] = typer.Option(None, "--prediction", help="A prediction file from `inferledger "
+                                              "predict` to register in the run before the load starts (default: the "
+                                              "capture makes its own from the workload, the model and the measured "
+                                              "roofs). Copied to RUN/prediction.json, its sha256 and registration "
+                                              "time in the manifest."),
 ) -> None:
     """Drive a workload against a target and record the run.
 
@@ -64,7 +73,7 @@ def capture_cmd(
                                  "records its own events)", param_hint="--otlp-port")
     result = run_capture(workload, out, target, separate_clocks, max_num_seqs, model, served_model_name, api_key,
                          device=device, engine_evidence=evidence, drain_timeout_s=drain_timeout,
-                         buckets=buckets)
+                         microbenchmarks=microbench, prediction=prediction, buckets=buckets)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 
 

@@ -31,6 +31,9 @@ PART = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
 PARTITION = re.compile(r"^(run|engine-[A-Za-z0-9_.:-]+|bucket-\d{4})$")
 LAYOUT = "layout.json"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+# a run's registered prediction: the bytes of the prediction file a capture registered before its load
+# (its sha256 and registration time are in manifest.json under `prediction`; docs/MODEL.md "Registration")
+PREDICTION_FILE = "prediction.json"
 
 
 class PartError(ValueError):
