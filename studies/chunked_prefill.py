@@ -49,7 +49,7 @@ def configs(options: dict) -> dict[str, dict]:
 def _produce(options: dict, engine_config: dict, run_dir: Path, run_id: str, bundle) -> None:
     wl = _workload(options)
     check_order(wl, bundle.tokenizer, ["decoders", "long"])
-    capture_run(run_dir, wl, bundle, max_num_seqs=8, engine_config=engine_config)
+    capture_run(run_dir, run_id, wl, bundle, max_num_seqs=8, engine_config=engine_config)
 
 
 def runs(options: dict) -> list[StudyRun]:

@@ -35,7 +35,7 @@ def _produce(options: dict, shared: bool, caching: bool, run_dir: Path, run_id: 
     cls = {"name": "long_context", "prompt_tokens": prompt, "shared_prefix_tokens": prefix if shared else 0}
     wl = workload("prefix-cache", [cls], max_tokens=4,
                   arrivals={"process": "closed", "concurrency": 1, "n_tasks": n})
-    capture_run(run_dir, wl, bundle, max_num_seqs=4,
+    capture_run(run_dir, run_id, wl, bundle, max_num_seqs=4,
                 engine_config={"enable_prefix_caching": caching, "max_num_batched_tokens": max(512, prompt)})
 
 

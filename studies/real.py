@@ -24,14 +24,15 @@ LONG_MS = 600_000.0  # deadline and client timeout where a study does not judge 
 
 def workload(name: str, classes: list[dict], *, max_tokens: int, arrivals_ms: list[float] | None = None,
              arrivals: dict | None = None, deadline_ms: float = LONG_MS, seed: int = 7, slo: dict | None = None,
-             generation: dict | None = None) -> Workload:
+             generation: dict | None = None, tasks: tuple[dict, ...] = TASKS) -> Workload:
     """A checked workload: `classes` as [[classes]] tables, greedy generation of `max_tokens` that
-    ignores end-of-sequence, arrivals replayed from `arrivals_ms` or given as an [arrivals] table."""
+    ignores end-of-sequence, arrivals replayed from `arrivals_ms` or given as an [arrivals] table;
+    `tasks` the task set's rows (prompt and answer)."""
     if (arrivals_ms is None) == (arrivals is None):
         raise ValueError("a study workload needs arrivals_ms or arrivals, not both")
     with tempfile.TemporaryDirectory(prefix="inferledger-study-") as tmp:
         base = Path(tmp)
-        (base / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+        (base / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
         if arrivals_ms is not None:
             (base / "arrivals.txt").write_text("".join(f"{t:g}\n" for t in arrivals_ms))
             arrivals = {"process": "replay", "file": "arrivals.txt"}
@@ -52,6 +53,8 @@ def check_order(wl: Workload, tokenizer, expected: list[str]) -> None:
         raise ValueError(f"study workload {wl.name}: its tasks' classes are {got}, the design needs {expected}")
 
 
-def capture_run(run_dir: Path, wl: Workload, bundle, *, max_num_seqs: int, engine_config: dict | None = None) -> dict:
+def capture_run(run_dir: Path, run_id: str, wl: Workload, bundle, *, max_num_seqs: int,
+                engine_config: dict | None = None) -> dict:
     """One capture of `wl` on the embedded engine serving `bundle`; returns the run's manifest."""
-    return capture(wl, run_dir, bundle=bundle, max_num_seqs=max_num_seqs, engine_config=engine_config).manifest
+    return capture(wl, run_dir, bundle=bundle, max_num_seqs=max_num_seqs, engine_config=engine_config,
+                   run_id=run_id).manifest

@@ -3,11 +3,16 @@ comparison is there, the figures the design fixes (chunk counts, cached tokens) 
 figures keep the orders a step's timeline implies, and each run opens alone."""
 from __future__ import annotations
 
+import json
+
 import pytest
+from typer.testing import CliRunner
 
 import inferledger
+from inferledger.cli.app import app
 from inferledger.ledger.query import open_ledger
 from inferledger.probes.study_dir import read_comparison, read_study, run_dirs
+from inferledger.studies.load import explain
 
 pytestmark = pytest.mark.slow
 
@@ -65,3 +70,88 @@ def test_prefix_cache_serves_the_shared_prefix_to_every_request_after_the_first(
     shared = [r for r in comp["requests"]["rows"] if r[0] == "shared"]
     assert [r[3] for r in shared] == [0, 96, 96]  # the first request found the cache empty
     assert all(r[5] is not None and r[6] >= r[5] for r in comp["requests"]["rows"])  # client TTFT ≥ server's
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory, resolved_bundle):
+    return _run("spec-decode", tmp_path_factory, resolved_bundle)
+
+
+@pytest.fixture(scope="module")
+def load(tmp_path_factory, resolved_bundle):
+    return _run("load", tmp_path_factory, resolved_bundle)
+
+
+def test_spec_decode_rounds_commit_accepted_plus_one_and_account_for_every_output_token(spec):
+    _, comp = spec
+    key = _rows(comp["draft"])
+    assert list(key) == ["off", "k4"]
+    # one request of 12 output tokens: 11 after the first, each from a plain decode step without speculation
+    off = key["off"]
+    assert (off["k"], off["rounds"], off["plain_steps"], off["tokens_per_decode_step"]) == (0, 0, 11, 1.0)
+    assert off["acceptance"] is None and off["round_ms_p50"] is None
+    k4 = key["k4"]
+    rounds = [dict(zip(comp["rounds"]["columns"], r)) for r in comp["rounds"]["rows"] if r[0] == "k4"]
+    verify = [r for r in rounds if r["drafted"] is not None]
+    assert len(verify) == k4["rounds"] >= 1 and len(rounds) - len(verify) == k4["plain_steps"]
+    for r in verify:  # a round commits its accepted draft tokens and one more, never past the draft
+        assert r["kind"] == "verify" and 0 <= r["accepted"] <= r["drafted"] <= 4
+        assert r["committed"] == r["accepted"] + 1 and r["step_tokens"] == r["drafted"] + 1
+    assert sum(r["committed"] for r in verify) + k4["plain_steps"] == 11
+    assert k4["accepted_tokens"] == sum(r["accepted"] for r in verify)
+    assert k4["acceptance"] == pytest.approx(sum(r["accepted"] for r in verify) / sum(r["drafted"] for r in verify))
+    assert k4["tokens_per_decode_step"] == pytest.approx(11 / len(rounds))
+
+
+def test_load_has_every_point_with_littles_law_and_names_the_knee_or_its_absence(load):
+    out, comp = load
+    key = _rows(comp["load"])
+    assert list(key) == ["saturated", "x0.5", "x2"]
+    # the capacity is the saturated run's completed rate (its ledger); the points offer multiples of it
+    sat = key.pop("saturated")
+    assert sat["offered_rps"] is None and sat["good_share"] == 1.0  # no deadline that counts: ten minutes
+    assert key["x0.5"]["offered_rps"] == pytest.approx(0.5 * sat["completed_rps"], rel=1e-3)
+    assert key["x2"]["offered_rps"] == pytest.approx(2 * sat["completed_rps"], rel=1e-3)
+    for p in [sat, *key.values()]:
+        assert p["goodput_rps"] <= p["completed_rps"] <= p["arrival_rps"]
+        assert 0 <= p["good_share"] <= 1 and 0 <= p["queue_share"] <= 1 and 0 < p["kv_peak_share"] <= 1
+        assert p["preemptions"] == 0 and 0 <= p["mixed_step_share"] <= 1
+        assert p["little_l"] == pytest.approx(p["little_lambda_w"], rel=1e-9)
+    [knee] = comp["knee"]["rows"]
+    assert knee[2].startswith("knee at " if knee[0] is not None else "no knee up to ")
+    assert [o[0] for o in comp["onsets"]["rows"]] == ["queue_share", "kv_peak_share", "preemptions", "mixed_step_share"]
+    for name, run in run_dirs(out)[1:]:  # every point declares where it sits on the curve
+        point = json.loads((run / "manifest.json").read_text())["study_point"]
+        assert point["multiple_of_capacity"] == {"x0.5": 0.5, "x2": 2.0}[name]
+        assert point["capacity_rps"] == pytest.approx(sat["completed_rps"], rel=1e-3)
+    with open_ledger(out) as led:  # the folder reads as all its runs, each under <study>.<run>
+        assert [r[0] for r in led.rows("SELECT DISTINCT run_id FROM run_metrics ORDER BY 1")[1]] == \
+            ["load.saturated", "load.x0.5", "load.x2"]
+
+
+def _point(run, rps, good, queue=0.1, kv=0.1, pre=0, mixed=0.1):
+    return {"run": run, "multiple": rps, "offered_rps": rps, "good_share": good, "queue_share": queue,
+            "kv_peak_share": kv, "preemptions": pre, "mixed_step_share": mixed}
+
+
+def test_the_knee_is_the_first_rate_below_90_percent_good_and_the_first_cause_the_earliest_onset():
+    points = [_point("c", 3.0, 0.5, queue=0.8, mixed=0.7), _point("a", 1.0, 1.0),
+              _point("b", 2.0, 0.95, queue=0.6, mixed=0.55)]
+    knee, onsets, sentence = explain(points)
+    assert knee["run"] == "c"
+    assert [o[:4] for o in onsets] == [["queue_share", 0.5, 2.0, "b"], ["kv_peak_share", 0.9, None, None],
+                                       ["preemptions", 1, None, None], ["mixed_step_share", 0.5, 2.0, "b"]]
+    # both cross at 2 req/s: queueing is further past its threshold (0.6 / 0.5 > 0.55 / 0.5)
+    assert sentence == ("knee at 3 req/s (3 × capacity, 50% good); first cause: queueing: more than half of the "
+                        "engine TTFT is spent waiting to be scheduled, from 2 req/s")
+    _, _, calm = explain([_point("a", 1.0, 1.0)])
+    assert calm == "no knee up to 1 req/s (every rate kept 90% good); no indicator reached its onset threshold"
+    _, _, kv = explain([_point("a", 1.0, 0.95, pre=2, kv=0.95), _point("b", 2.0, 0.2, queue=0.9)])
+    # KV and preemptions both from 1 req/s: two preemptions are twice their threshold, 95 % of blocks 1.06 times
+    assert kv == "knee at 2 req/s (2 × capacity, 20% good); first cause: KV memory: requests preempted for blocks, from 1 req/s"
+
+
+def test_a_real_engine_study_refuses_an_unknown_scale_before_loading_anything(tmp_path):
+    res = CliRunner().invoke(app, ["study", "load", "-o", str(tmp_path / "s"), "--set", "scale=huge"])
+    assert res.exit_code == 2 and "scale=huge: expected one of default, tiny" in res.output
+    assert not (tmp_path / "s").exists()

@@ -84,7 +84,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             switch_interval_s: float | None = 0.0005, progress=None, on_ready=None,
             device: str = "cpu", otlp_port: int | None = None, scrape_metrics: bool = False,
             engine_host: str | None = None, engine_clock_epsilon_ms: float = 5.0,
-            drain_timeout_s: float = DRAIN_TIMEOUT_S) -> CaptureResult:
+            drain_timeout_s: float = DRAIN_TIMEOUT_S, run_id: str | None = None) -> CaptureResult:
     """Run `workload` against `target` ('embedded' or a base URL) and write the run directory `out`.
 
     `bundle` reuses an already loaded model (tests), else `model` is loaded on `device` ("cpu" or
@@ -93,7 +93,8 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     or engine's threads (None leaves it alone). A URL target's own evidence (collectors.engine_evidence):
     `otlp_port` receives its OTLP spans, `scrape_metrics` scrapes its /metrics; `engine_host` names the
     engine's host when it is not this one (its wall clock then maps within `engine_clock_epsilon_ms`).
-    The embedded server stops by the serving drain rule (serve/lifecycle.py) within `drain_timeout_s`."""
+    The embedded server stops by the serving drain rule (serve/lifecycle.py) within `drain_timeout_s`.
+    `run_id` names the run (default: the folder's name)."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
     # The manifest exists from the first second (state "starting") while the model loads and the
@@ -119,7 +120,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             if target == "embedded" else None
         plans = wl.plan(tokenizer, context_tokens=context)
     host = host_id()
-    writer = RunWriter(out, autoflush_s=AUTOFLUSH_S)  # a kill loses at most the last 2 s
+    writer = RunWriter(out, run_id, autoflush_s=AUTOFLUSH_S)  # a kill loses at most the last 2 s
     engine_clock = mono_clock(host)
     client_clock = f"client-mono:{host}" if separate_clocks else engine_clock
     head = {"source": "inferledger capture", "state": "running",
