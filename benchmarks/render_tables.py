@@ -180,6 +180,20 @@ def engine_vs_vllm(rs: list[dict]) -> str:
             + "\n\n" + table(["client", "c", "ours / vLLM tok/s, per round", "vLLM / ours TPOT p50, per round"], ratios))
 
 
+def study_load(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[p["run"], fmt(p["offered_per_s"], ".3f"), fmt(p["completed_per_s"], ".3f"), fmt(p["goodput_per_s"], ".3f"),
+             fmt(p["good_share"]), f"{fmt(p['little_l_ratio'], '.2f')} / {fmt(p['little_lambda_w_ratio'], '.2f')}",
+             fmt(p["ttft_p50_ms"], ".0f"), fmt(p["e2e_p99_ms"], ".0f"), fmt(p["queue_share"]), fmt(p["kv_peak_share"]),
+             p["preemptions"], fmt(p["mixed_step_share"])] for p in f["points"]]
+    measured = f"{fmt(f['study_wall_s'], '.0f')} s; {f['first_cause']}"
+    return (table(["run", "offered req/s", "completed req/s", "goodput req/s", "good share", "Little L / λW",
+                   "TTFT p50 ms", "E2E p99 ms", "queue share", "KV peak share", "preemptions", "mixed-step share"], rows)
+            + f"\n\n{f['capacity_note']}\n\n"
+            + targets([{"target": "the knee found and its first cause named within 600 s", "measured": measured,
+                        "met": f["target_met"]}]))
+
+
 @dataclass(frozen=True)
 class Table:
     benchmark: str
@@ -193,6 +207,7 @@ def _default_sweep(p: dict) -> bool:
 
 
 TABLES = {
+    "study_load": Table("study_load", study_load),
     "engine_throughput": Table("engine_throughput", engine_throughput, _default_sweep),
     "engine_throughput.bandwidth": Table("engine_throughput", engine_bandwidth, _default_sweep),
     "engine_throughput.probes": Table("engine_throughput", engine_probes, _default_sweep),

@@ -11,7 +11,9 @@ from inferledger.cli.output import FORMAT_HELP, OutputFormat
 
 
 def study_cmd(
-    name: str = typer.Argument(..., help="The study: schedule-book, kv-layout (docs/STUDIES.md lists them all)."),
+    name: str = typer.Argument(..., help="The study: schedule-book, kv-layout (simulated clock), chunked-prefill, "
+                                         "prefix-cache, spec-decode, load, fidelity (real engine); docs/STUDIES.md "
+                                         "says what each asks."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="New study folder (default runs/study-<name>-<time>)."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " Every table of the "
                                      "comparison (json: an object of tables; csv: one line per cell, "

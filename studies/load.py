@@ -38,7 +38,7 @@ ONSETS = {"queue_share": (0.5, "queueing: more than half of the engine TTFT is s
           "preemptions": (1, "KV memory: requests preempted for blocks"),
           "mixed_step_share": (0.5, "prefill interference: more than half of the decode steps also compute prefills")}
 # scale -> (multiples of the capacity, tasks per run, prompt tokens, output tokens)
-SCALES = {"default": ((0.25, 0.5, 0.75, 1.0, 1.25, 1.5), 24, 64, 16),
+SCALES = {"default": ((0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0), 24, 64, 16),
           "tiny": ((0.5, 2.0), 4, 32, 4)}
 
 
@@ -144,7 +144,7 @@ def explain(points: list[dict]) -> tuple[dict | None, list[list], str]:
     if first is None:
         cause = "no indicator reached its onset threshold"
     else:
-        cause = f"first cause: {ONSETS[first[0]][1]}, from {first[2]:.3g} req/s"
+        cause = f"{'first cause' if knee else 'first to grow'}: {ONSETS[first[0]][1]}, from {first[2]:.3g} req/s"
     return knee, onsets, f"{head}; {cause}"
 
 
@@ -180,7 +180,7 @@ STUDY = Study(
             "threshold first, and the knee table names it in one sentence.",
     runs=runs, compare=compare, needs_model=True,
     options={"scale": Option("default", "default or tiny (two rates of four requests: the tests)"),
-             "deadline_batches": Option(3.0, "a request's deadline: this many times a request's time in a full batch"),
+             "deadline_batches": Option(1.0, "a request's deadline: this many times a request's time in a full batch"),
              "seed": Option(7, "the arrival process's seed")},
     figures=({"kind": "curve", "title": "goodput and completed rate against the offered rate", "table": "load",
               "x": "offered_rps", "y": ["arrival_rps", "completed_rps", "goodput_rps"]},

@@ -64,7 +64,8 @@ def test_prefix_cache_serves_the_shared_prefix_to_every_request_after_the_first(
     assert list(key) == ["distinct", "shared", "shared-off"]
     # three prompts of 128 tokens; 96 shared = 6 whole blocks of 16, served to the second and the third
     assert [key[n]["prompt_tokens"] for n in key] == [384, 384, 384]
-    assert (key["shared"]["cached_tokens"], key["shared"]["computed_tokens"], key["shared"]["hit_share"]) == (192, 192, 0.5)
+    shared = key["shared"]
+    assert (shared["cached_tokens"], shared["computed_tokens"], shared["hit_share"]) == (192, 192, 0.5)
     for name in ("distinct", "shared-off"):
         assert (key[name]["cached_tokens"], key[name]["computed_tokens"], key[name]["hit_share"]) == (0, 384, 0.0)
     shared = [r for r in comp["requests"]["rows"] if r[0] == "shared"]
@@ -148,10 +149,58 @@ def test_the_knee_is_the_first_rate_below_90_percent_good_and_the_first_cause_th
     assert calm == "no knee up to 1 req/s (every rate kept 90% good); no indicator reached its onset threshold"
     _, _, kv = explain([_point("a", 1.0, 0.95, pre=2, kv=0.95), _point("b", 2.0, 0.2, queue=0.9)])
     # KV and preemptions both from 1 req/s: two preemptions are twice their threshold, 95 % of blocks 1.06 times
-    assert kv == "knee at 2 req/s (2 × capacity, 20% good); first cause: KV memory: requests preempted for blocks, from 1 req/s"
+    assert kv == ("knee at 2 req/s (2 × capacity, 20% good); first cause: KV memory: requests preempted for blocks, "
+                  "from 1 req/s")
 
 
 def test_a_real_engine_study_refuses_an_unknown_scale_before_loading_anything(tmp_path):
     res = CliRunner().invoke(app, ["study", "load", "-o", str(tmp_path / "s"), "--set", "scale=huge"])
     assert res.exit_code == 2 and "scale=huge: expected one of default, tiny" in res.output
     assert not (tmp_path / "s").exists()
+
+
+@pytest.fixture(scope="module")
+def fidelity(tmp_path_factory, resolved_bundle):
+    return _run("fidelity", tmp_path_factory, resolved_bundle)
+
+
+def test_fidelity_replays_the_real_requests_on_the_simulated_clock_with_the_fit_of_another_run(fidelity):
+    out, comp = fidelity
+    assert [r["name"] for r in read_study(out)["runs"]] == ["fit", "real", "sim"]
+    figures = [r[0] for r in comp["fidelity"]["rows"]]
+    assert figures == ["TPOT p50", "TTFT p50", "E2E p99", "TTFT p99", "TPOT p99", "E2E p50"]
+    for row in comp["fidelity"]["rows"]:
+        fig = dict(zip(comp["fidelity"]["columns"], row))
+        assert fig["n_real"] == fig["n_sim"] == 3  # the test workload's three requests, each simulated
+        assert fig["error_ratio"] == pytest.approx((fig["sim_ms"] - fig["real_ms"]) / fig["real_ms"])
+        assert fig["met"] == (None if fig["target_ratio"] is None else abs(fig["error_ratio"]) <= fig["target_ratio"])
+    dirs = dict(run_dirs(out))
+    with open_ledger(dirs["real"]) as real, open_ledger(dirs["sim"]) as sim:
+        q = "SELECT request_id, n_output_tokens, server_evidence FROM request_metrics ORDER BY 1"
+        r, s = real.rows(q)[1], sim.rows(q)[1]
+        assert [x[:2] for x in r] == [x[:2] for x in s]  # the same requests, the same output lengths
+        assert {x[2] for x in r} == {"observed"} and {x[2] for x in s} == {"simulated"}
+        q = "SELECT value FROM events WHERE name = 'engine.enqueued' ORDER BY request_id"
+        assert real.rows(q)[1] == sim.rows(q)[1] == [(48,)] * 3  # the prompts' token counts, replayed
+    model = json.loads((dirs["sim"] / "manifest.json").read_text())["simulation"]["step_model"]
+    [fit] = comp["fit"]["rows"]
+    assert model["name"] == "fit" and model["parameters"]["alpha_ms"]["value"] == fit[0]
+    assert model["fit"]["trained_on"] == "run fit" and fit[5] >= 3  # trained on the fit run's steps alone
+
+
+def test_the_fitted_step_model_adds_the_host_gap_to_the_predicted_step():
+    from inferledger.collectors.sim.step_model import FittedStepModel, StepRow
+    from inferledger.costmodel.fit import StepFit
+    from inferledger.costmodel.shape import ModelShape
+
+    shape = ModelShape(layers=1, d_model=8, n_heads=2, n_kv_heads=1, head_dim=4, ffn=16, vocab=32,
+                       tied_embeddings=True, weight_bytes_per_param=2, act_bytes=2, kv_bytes=2)
+    fixed = FittedStepModel(StepFit(alpha_ms=10.0, ms_per_gflop=0.0, ms_per_mb=0.0, gap_alpha_ms=1.0,
+                                    gap_ms_per_seq=0.5), shape)
+    # no work terms: 10 ms a step, plus 1 ms + 0.5 ms per sequence between steps
+    assert fixed.step_ns([StepRow(0, 16)]) == 11_500_000
+    assert fixed.step_ns([StepRow(5, 1), StepRow(9, 1), StepRow(0, 4)]) == 12_500_000
+    no_gap = FittedStepModel(StepFit(alpha_ms=10.0, ms_per_gflop=0.0, ms_per_mb=0.0), shape)
+    assert no_gap.step_ns([StepRow(0, 16)]) == 10_000_000
+    per_flop = FittedStepModel(StepFit(alpha_ms=0.0, ms_per_gflop=1e3, ms_per_mb=0.0), shape)
+    assert per_flop.step_ns([StepRow(0, 8)]) > per_flop.step_ns([StepRow(0, 4)]) > 0  # more tokens, more work
