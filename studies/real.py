@@ -55,6 +55,7 @@ def check_order(wl: Workload, tokenizer, expected: list[str]) -> None:
 
 def capture_run(run_dir: Path, run_id: str, wl: Workload, bundle, *, max_num_seqs: int,
                 engine_config: dict | None = None) -> dict:
-    """One capture of `wl` on the embedded engine serving `bundle`; returns the run's manifest."""
+    """One capture of `wl` on the embedded engine serving `bundle`; returns the run's manifest. The
+    device microbenchmarks are skipped (a study compares its runs with each other, not with roofs)."""
     return capture(wl, run_dir, bundle=bundle, max_num_seqs=max_num_seqs, engine_config=engine_config,
-                   run_id=run_id).manifest
+                   run_id=run_id, microbenchmarks=False).manifest
