@@ -188,10 +188,27 @@ def study_load(rs: list[dict]) -> str:
              p["preemptions"], fmt(p["mixed_step_share"])] for p in f["points"]]
     measured = f"{fmt(f['study_wall_s'], '.0f')} s; {f['first_cause']}"
     return (table(["run", "offered req/s", "completed req/s", "goodput req/s", "good share", "Little L / λW",
-                   "TTFT p50 ms", "E2E p99 ms", "queue share", "KV peak share", "preemptions", "mixed-step share"], rows)
+                   "TTFT p50 ms", "E2E p99 ms", "queue share", "KV peak share", "preemptions", "mixed-step share"],
+                  rows)
             + f"\n\n{f['capacity_note']}\n\n"
             + targets([{"target": "the knee found and its first cause named within 600 s", "measured": measured,
                         "met": f["target_met"]}]))
+
+
+def study_fidelity(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[r["figure"], fmt(r["real_ms"], ".1f"), fmt(r["sim_ms"], ".1f"),
+             DASH if r["error_ratio"] is None else f"{r['error_ratio']:+.1%}",
+             DASH if r["target_ratio"] is None else f"±{r['target_ratio']:.0%}",
+             met(r["met"]) if r["target_ratio"] is not None else ""] for r in f["figures"]]
+    fit = f["fit"]
+    steps = ", ".join(f"{s['run']} {s['steps']} steps (p50 {fmt(s['step_p50_ms'], '.1f')} ms)" for s in f["steps"])
+    return (table(["figure", "real ms", "simulated ms", "error", "target", ""], rows)
+            + f"\n\n{f['figures'][0]['requests']} requests; the step fit (run fit: {fit['n_train']} training steps, "
+              f"{fit['n_held_out']} held out, held-out median error {fmt(fit['held_out_median_abs_pct'], '.1f')} %): "
+              f"α {fmt(fit['alpha_ms'], '.2f')} ms, {fmt(fit['per_gflop_ms'], '.3f')} ms/GFLOP, "
+              f"{fmt(fit['per_mb_ms'], '.4f')} ms/MB, host gap {fmt(fit['gap_alpha_ms'], '.2f')} ms + "
+              f"{fmt(fit['gap_per_seq_ms'], '.3f')} ms/seq; {steps}; study {fmt(f['study_wall_s'], '.0f')} s.")
 
 
 def microbench_cost(rs: list[dict]) -> str:
@@ -219,6 +236,7 @@ def _default_sweep(p: dict) -> bool:
 
 TABLES = {
     "study_load": Table("study_load", study_load),
+    "study_fidelity": Table("study_fidelity", study_fidelity),
     "engine_throughput": Table("engine_throughput", engine_throughput, _default_sweep),
     "engine_throughput.bandwidth": Table("engine_throughput", engine_bandwidth, _default_sweep),
     "engine_throughput.probes": Table("engine_throughput", engine_probes, _default_sweep),

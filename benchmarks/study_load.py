@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     knee_rps, knee_multiple, sentence = knee.rows[0]
     figures = {
         "study_wall_s": round(wall, 2), "capacity_note": load.note,
-        "points": [{"run": p["run"], "multiple_ratio": None if p["multiple"] is None else float(p["multiple"]), "offered_per_s": p["offered_rps"],
+        "points": [{"run": p["run"], "multiple_ratio": None if p["multiple"] is None else float(p["multiple"]),
+                    "offered_per_s": p["offered_rps"],
                     "arrival_per_s": p["arrival_rps"], "completed_per_s": p["completed_rps"],
                     "goodput_per_s": p["goodput_rps"], "good_share": p["good_share"],
                     "little_l_ratio": p["little_l"], "little_lambda_w_ratio": p["little_lambda_w"],

@@ -1,6 +1,8 @@
 """The studies on the real engine, at their tiny scale on the session's model: every point of each
 comparison is there, the figures the design fixes (chunk counts, cached tokens) are exact, the timing
-figures keep the orders a step's timeline implies, and each run opens alone."""
+figures keep the orders a step's timeline implies, and each run opens alone. They run on the session's
+fp32 model (`bundle`), once: what they check is the same at every dtype, and the `dtype` reruns would
+triple their time."""
 from __future__ import annotations
 
 import json
@@ -28,13 +30,13 @@ def _rows(table: dict) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def chunked(tmp_path_factory, resolved_bundle):
-    return _run("chunked-prefill", tmp_path_factory, resolved_bundle)
+def chunked(tmp_path_factory, bundle):
+    return _run("chunked-prefill", tmp_path_factory, bundle)
 
 
 @pytest.fixture(scope="module")
-def prefix(tmp_path_factory, resolved_bundle):
-    return _run("prefix-cache", tmp_path_factory, resolved_bundle)
+def prefix(tmp_path_factory, bundle):
+    return _run("prefix-cache", tmp_path_factory, bundle)
 
 
 def test_chunked_prefill_splits_the_long_prompt_as_configured_and_gaps_span_its_steps(chunked):
@@ -74,13 +76,13 @@ def test_prefix_cache_serves_the_shared_prefix_to_every_request_after_the_first(
 
 
 @pytest.fixture(scope="module")
-def spec(tmp_path_factory, resolved_bundle):
-    return _run("spec-decode", tmp_path_factory, resolved_bundle)
+def spec(tmp_path_factory, bundle):
+    return _run("spec-decode", tmp_path_factory, bundle)
 
 
 @pytest.fixture(scope="module")
-def load(tmp_path_factory, resolved_bundle):
-    return _run("load", tmp_path_factory, resolved_bundle)
+def load(tmp_path_factory, bundle):
+    return _run("load", tmp_path_factory, bundle)
 
 
 def test_spec_decode_rounds_commit_accepted_plus_one_and_account_for_every_output_token(spec):
@@ -160,8 +162,8 @@ def test_a_real_engine_study_refuses_an_unknown_scale_before_loading_anything(tm
 
 
 @pytest.fixture(scope="module")
-def fidelity(tmp_path_factory, resolved_bundle):
-    return _run("fidelity", tmp_path_factory, resolved_bundle)
+def fidelity(tmp_path_factory, bundle):
+    return _run("fidelity", tmp_path_factory, bundle)
 
 
 def test_fidelity_replays_the_real_requests_on_the_simulated_clock_with_the_fit_of_another_run(fidelity):
@@ -204,3 +206,18 @@ def test_the_fitted_step_model_adds_the_host_gap_to_the_predicted_step():
     assert no_gap.step_ns([StepRow(0, 16)]) == 10_000_000
     per_flop = FittedStepModel(StepFit(alpha_ms=0.0, ms_per_gflop=1e3, ms_per_mb=0.0), shape)
     assert per_flop.step_ns([StepRow(0, 8)]) > per_flop.step_ns([StepRow(0, 4)]) > 0  # more tokens, more work
+
+
+def test_the_report_draws_a_real_engine_study_and_each_point_alone(chunked, load, tmp_path):
+    runner = CliRunner()
+    for out, figs in ((chunked[0], ("study-fig0", "study-fig1-0", "study-fig1-1")),
+                      (load[0], ("study-fig0", "study-fig1"))):
+        res = runner.invoke(app, ["report", str(out), "-o", str(tmp_path / f"{out.name}.html")])
+        assert res.exit_code == 0, res.output
+        html = (tmp_path / f"{out.name}.html").read_text()
+        assert all(f'id="{f}"' in html for f in figs)
+    res = runner.invoke(app, ["report", str(load[0] / "runs" / "x2"), "-o", str(tmp_path / "one.html")])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["query", str(chunked[0]), "select run_id, count(*) from attempts group by 1 order by 1",
+                              "--format", "csv"])
+    assert res.output.splitlines() == ["run_id,count_star()", "chunked-prefill.chunk-64,4", "chunked-prefill.whole,4"]
