@@ -64,6 +64,7 @@ WITH r AS (SELECT * FROM request_metrics),
 long_steps AS (SELECT s.step_id, s.tokens FROM step_attribution s JOIN r USING (attempt_id)
                WHERE r.task_id = '{LONG}' AND s.kind = 'prefill')
 SELECT (SELECT max(tokens) FROM long_steps) AS largest_chunk_tokens,
+       (SELECT sum(tokens) FROM long_steps) AS long_prefill_tokens,
        (SELECT count(DISTINCT step_id) FROM long_steps) AS long_prefill_steps,
        (SELECT max(itl_engine_max_ms) FROM r WHERE task_id = '{DECODERS}') AS longest_gap_ms,
        (SELECT ttft_server_ms FROM r WHERE task_id = '{LONG}') AS long_ttft_ms,
@@ -81,7 +82,7 @@ SELECT count(*) FILTER (WHERE long_tokens > 0 AND decodes > 0) AS mixed_steps,
        median(step_ms) FILTER (WHERE long_tokens IS NULL AND decodes > 0) AS decode_only_step_p50_ms
 FROM steps"""
 
-COLUMNS = ["run", "largest_chunk_tokens", "long_prefill_steps", "longest_gap_ms", "long_ttft_ms",
+COLUMNS = ["run", "largest_chunk_tokens", "long_prefill_tokens", "long_prefill_steps", "longest_gap_ms", "long_ttft_ms",
            "decoders_tpot_p50_ms", "decoders_e2e_max_ms"]
 
 
@@ -94,7 +95,8 @@ def compare(runs: StudyRuns) -> list[Table]:
     key.sort(key=lambda row: -(row[1] or 0))  # the curve runs from the whole prefill to the smallest chunk
     return [Table("chunks", "the decoders' longest output gap against the long prompt's TTFT, by prefill chunk",
                   COLUMNS, key,
-                  "largest_chunk_tokens / long_prefill_steps: the long prompt's prefill chunks (step_attribution); "
+                  "largest_chunk_tokens / long_prefill_tokens / long_prefill_steps: the long prompt's prefill chunks "
+                  "(step_attribution; a first chunk can be smaller, when the prompt arrived beside other prefills); "
                   "longest_gap_ms: the largest request_metrics.itl_engine_max_ms of the decoding requests; "
                   "long_ttft_ms: the long prompt's ttft_server_ms"),
             Table("steps", "the steps the long prefill shared with decodes",

@@ -31,7 +31,7 @@ TARGETS = (("TPOT", "tpot_server_ms", "p50", 0.05), ("TTFT", "ttft_server_ms", "
            ("E2E", "e2e_server_ms", "p99", 0.15), ("TTFT", "ttft_server_ms", "p99", None),
            ("TPOT", "tpot_server_ms", "p99", None), ("E2E", "e2e_server_ms", "p50", None))
 # scale -> (fit workload, test workload): (classes as (prompt tokens, output tokens), tasks, rate req/s, seed)
-SCALES = {"default": ((((40, 24), (128, 12), (384, 8)), 30, 1.5, 3), (((64, 16), (256, 16)), 24, 1.2, 11)),
+SCALES = {"default": ((((40, 24), (128, 12), (384, 8)), 18, 0.5, 3), (((64, 16), (256, 16)), 14, 0.4, 11)),
           "tiny": ((((40, 6), (96, 3)), 6, 8.0, 3), (((48, 4),), 3, 4.0, 11))}
 
 

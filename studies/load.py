@@ -38,7 +38,7 @@ ONSETS = {"queue_share": (0.5, "queueing: more than half of the engine TTFT is s
           "preemptions": (1, "KV memory: requests preempted for blocks"),
           "mixed_step_share": (0.5, "prefill interference: more than half of the decode steps also compute prefills")}
 # scale -> (multiples of the capacity, tasks per run, prompt tokens, output tokens)
-SCALES = {"default": ((0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0), 24, 64, 16),
+SCALES = {"default": ((0.25, 0.5, 1.0, 1.5, 2.0), 16, 64, 16),
           "tiny": ((0.5, 2.0), 4, 32, 4)}
 
 
