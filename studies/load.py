@@ -14,7 +14,9 @@ From each run's ledger: goodput and completed rate (run_metrics), Little's law (
 arrival_rps × mean_time_in_system_s), and the three things a knee can come from: queueing (the share
 of the engine TTFT spent queued: Σ queue_ms / Σ ttft_server_ms), KV memory (the peak share of the KV
 blocks in use, from the engine's kv_blocks_* samples, and preemptions), and prefill interference (the
-share of decode steps that also computed prefill tokens, from step_attribution). The knee is the lowest
+share of decode steps that also computed prefill tokens, from step_attribution), and beside them the
+engine's own speed (its TPOT against the saturated run's, whose batches were full: on a shared host the
+engine can slow down with no queue, KV or prefill to blame). The knee is the lowest
 rate whose good share falls below `KNEE_GOOD_SHARE`; the first cause is the indicator that crosses its
 onset threshold (ONSETS) at the lowest rate, named in one sentence.
 """
@@ -36,7 +38,9 @@ KNEE_GOOD_SHARE = 0.9  # the knee: the first rate at which fewer than 90 % of th
 ONSETS = {"queue_share": (0.5, "queueing: more than half of the engine TTFT is spent waiting to be scheduled"),
           "kv_peak_share": (0.9, "KV memory: more than 90 % of the KV blocks in use at the peak"),
           "preemptions": (1, "KV memory: requests preempted for blocks"),
-          "mixed_step_share": (0.5, "prefill interference: more than half of the decode steps also compute prefills")}
+          "mixed_step_share": (0.5, "prefill interference: more than half of the decode steps also compute prefills"),
+          "tpot_slowdown_ratio": (1.25, "slower decoding: TPOT p50 at least 25 % above the saturated run's, whose "
+                                        "batches were full (less CPU for the engine, or more work per step)")}
 # scale -> (multiples of the capacity, tasks per run, prompt tokens, output tokens)
 SCALES = {"default": ((0.25, 0.5, 1.0, 1.5, 2.0), 16, 64, 16),
           "tiny": ((0.5, 2.0), 4, 32, 4)}
@@ -109,17 +113,18 @@ SELECT m.arrival_rps, m.completed_rps, m.goodput_rps,
        m.n_good / (SELECT count(*) FROM attempts) AS good_share,
        m.mean_in_system AS little_l, m.arrival_rps * m.mean_time_in_system_s AS little_lambda_w,
        abs(m.mean_in_system - m.arrival_rps * m.mean_time_in_system_s) / nullif(m.mean_in_system, 0) AS little_rel_err,
-       (SELECT median(ttft_client_ms) FROM request_metrics) AS ttft_p50_ms,
-       (SELECT quantile_cont(e2e_client_ms, 0.99) FROM request_metrics) AS e2e_p99_ms,
+       (SELECT p50_ms FROM latency_percentiles WHERE source_column = 'request_metrics.ttft_client_ms') AS ttft_p50_ms,
+       (SELECT p99_ms FROM latency_percentiles WHERE source_column = 'request_metrics.e2e_client_ms') AS e2e_p99_ms,
        (SELECT sum(queue_ms) / nullif(sum(ttft_server_ms), 0) FROM request_metrics) AS queue_share,
        (SELECT max(used / total) FROM kv) AS kv_peak_share,
        (SELECT sum(preemptions) FROM request_metrics) AS preemptions,
-       (SELECT count(*) FILTER (WHERE prefills) / nullif(count(*), 0) FROM steps WHERE decodes) AS mixed_step_share
+       (SELECT count(*) FILTER (WHERE prefills) / nullif(count(*), 0) FROM steps WHERE decodes) AS mixed_step_share,
+       (SELECT p50_ms FROM latency_percentiles WHERE source_column = 'request_metrics.tpot_server_ms') AS tpot_p50_ms
 FROM m"""
 
 COLUMNS = ["run", "multiple", "offered_rps", "arrival_rps", "completed_rps", "goodput_rps", "good_share",
            "little_l", "little_lambda_w", "little_rel_err", "ttft_p50_ms", "e2e_p99_ms", "queue_share",
-           "kv_peak_share", "preemptions", "mixed_step_share"]
+           "kv_peak_share", "preemptions", "mixed_step_share", "tpot_p50_ms", "tpot_slowdown_ratio"]
 
 
 def explain(points: list[dict]) -> tuple[dict | None, list[list], str]:
@@ -154,6 +159,9 @@ def compare(runs: StudyRuns) -> list[Table]:
         sp = runs.manifest(name).get("study_point", {})
         points.append({"run": name, "multiple": sp.get("multiple_of_capacity"), "offered_rps": sp.get("offered_rps"),
                        **runs.one(name, POINT_SQL)})
+    base = points[0]["tpot_p50_ms"]  # the saturated run's: every decode step a full batch
+    for p in points:
+        p["tpot_slowdown_ratio"] = p["tpot_p50_ms"] / base if p["tpot_p50_ms"] is not None and base else None
     knee, onsets, sentence = explain([p for p in points if p["offered_rps"] is not None])
     cap = runs.manifest(runs.names[1])["study_point"]
     return [Table("load", "goodput and completed rate against the offered arrival rate, with the knee's indicators",
@@ -162,7 +170,8 @@ def compare(runs: StudyRuns) -> list[Table]:
                   f"the batch full; the speed probe read {cap['probe_capacity_rps']:.3g} req/s, "
                   f"{cap['probe_tok_s']:.3g} tok/s); good = completed within {cap['deadline_ms']:.0f} ms; "
                   "queue_share = Σ queue_ms / Σ ttft_server_ms; kv_peak_share = peak kv_blocks_used / all blocks; "
-                  "mixed_step_share = decode steps that also computed prefill tokens / decode steps; Little's law: "
+                  "mixed_step_share = decode steps that also computed prefill tokens / decode steps; "
+                  f"tpot_slowdown_ratio = tpot_p50_ms (server TPOT p50) / run {SATURATED}'s; Little's law: "
                   "little_l = mean_in_system against little_lambda_w = arrival_rps × mean_time_in_system_s"),
             Table("knee", "the knee and its first cause", ["knee_rps", "knee_multiple", "first_cause"],
                   [[knee["offered_rps"] if knee else None, knee["multiple"] if knee else None, sentence]]),

@@ -19,7 +19,7 @@ from inferledger.studies.framework import Option, Study, StudyError, StudyRun, S
 from inferledger.studies.real import capture_run, workload
 
 # scale -> (requests, prompt tokens, shared prefix tokens): the book's 3 : 1 split of shared and own
-SCALES = {"default": (6, 2048, 1536), "tiny": (3, 128, 96)}
+SCALES = {"default": (6, 2048, 1536), "tiny": (2, 128, 96)}
 # run -> (prefix shared, prefix caching on)
 RUNS = {"distinct": (False, True), "shared": (True, True), "shared-off": (True, False)}
 
@@ -95,6 +95,6 @@ STUDY = Study(
             "(requests - 1) × the prefix rounded down to whole blocks) and its TTFT falls to the prefill of its own "
             "quarter; distinct and shared-off compute every prompt token and keep the first request's TTFT.",
     runs=runs, compare=compare, needs_model=True,
-    options={"scale": Option("default", "default or tiny (three prompts of 128 tokens, 96 shared: the tests)")},
+    options={"scale": Option("default", "default or tiny (two prompts of 128 tokens, 96 shared: the tests)")},
     figures=({"kind": "timeline", "title": "each request's prefill and decode, with and without the shared prefix"},),
 )

@@ -67,14 +67,14 @@ def test_prefix_cache_serves_the_shared_prefix_to_every_request_after_the_first(
     _, comp = prefix
     key = _rows(comp["prefix"])
     assert list(key) == ["distinct", "shared", "shared-off"]
-    # three prompts of 128 tokens; 96 shared = 6 whole blocks of 16, served to the second and the third
-    assert [key[n]["prompt_tokens"] for n in key] == [384, 384, 384]
+    # two prompts of 128 tokens; 96 shared = 6 whole blocks of 16, served to the second
+    assert [key[n]["prompt_tokens"] for n in key] == [256, 256, 256]
     shared = key["shared"]
-    assert (shared["cached_tokens"], shared["computed_tokens"], shared["hit_share"]) == (192, 192, 0.5)
+    assert (shared["cached_tokens"], shared["computed_tokens"], shared["hit_share"]) == (96, 160, 96 / 256)
     for name in ("distinct", "shared-off"):
-        assert (key[name]["cached_tokens"], key[name]["computed_tokens"], key[name]["hit_share"]) == (0, 384, 0.0)
+        assert (key[name]["cached_tokens"], key[name]["computed_tokens"], key[name]["hit_share"]) == (0, 256, 0.0)
     shared = [r for r in comp["requests"]["rows"] if r[0] == "shared"]
-    assert [r[3] for r in shared] == [0, 96, 96]  # the first request found the cache empty
+    assert [r[3] for r in shared] == [0, 96]  # the first request found the cache empty
     assert all(r[5] is not None and r[6] >= r[5] for r in comp["requests"]["rows"])  # client TTFT ≥ server's
 
 
@@ -125,7 +125,9 @@ def test_load_has_every_point_with_littles_law_and_names_the_knee_or_its_absence
         assert p["little_l"] == pytest.approx(p["little_lambda_w"], rel=1e-9)
     [knee] = comp["knee"]["rows"]
     assert knee[2].startswith("knee at " if knee[0] is not None else "no knee up to ")
-    assert [o[0] for o in comp["onsets"]["rows"]] == ["queue_share", "kv_peak_share", "preemptions", "mixed_step_share"]
+    assert [o[0] for o in comp["onsets"]["rows"]] == ["queue_share", "kv_peak_share", "preemptions", "mixed_step_share",
+                                                      "tpot_slowdown_ratio"]
+    assert sat["tpot_slowdown_ratio"] == 1.0  # the reference: the saturated run's own steps
     for name, run in run_dirs(out)[1:]:  # every point declares where it sits on the curve
         point = json.loads((run / "manifest.json").read_text())["study_point"]
         assert point["multiple_of_capacity"] == {"x0.5": 0.5, "x2": 2.0}[name]
@@ -135,9 +137,9 @@ def test_load_has_every_point_with_littles_law_and_names_the_knee_or_its_absence
             ["load.saturated", "load.x0.5", "load.x2"]
 
 
-def _point(run, rps, good, queue=0.1, kv=0.1, pre=0, mixed=0.1):
+def _point(run, rps, good, queue=0.1, kv=0.1, pre=0, mixed=0.1, slow=1.0):
     return {"run": run, "multiple": rps, "offered_rps": rps, "good_share": good, "queue_share": queue,
-            "kv_peak_share": kv, "preemptions": pre, "mixed_step_share": mixed}
+            "kv_peak_share": kv, "preemptions": pre, "mixed_step_share": mixed, "tpot_slowdown_ratio": slow}
 
 
 def test_the_knee_is_the_first_rate_below_90_percent_good_and_the_first_cause_the_earliest_onset():
@@ -146,7 +148,8 @@ def test_the_knee_is_the_first_rate_below_90_percent_good_and_the_first_cause_th
     knee, onsets, sentence = explain(points)
     assert knee["run"] == "c"
     assert [o[:4] for o in onsets] == [["queue_share", 0.5, 2.0, "b"], ["kv_peak_share", 0.9, None, None],
-                                       ["preemptions", 1, None, None], ["mixed_step_share", 0.5, 2.0, "b"]]
+                                       ["preemptions", 1, None, None], ["mixed_step_share", 0.5, 2.0, "b"],
+                                       ["tpot_slowdown_ratio", 1.25, None, None]]
     # both cross at 2 req/s: queueing is further past its threshold (0.6 / 0.5 > 0.55 / 0.5)
     assert sentence == ("knee at 3 req/s (3 × capacity, 50% good); first cause: queueing: more than half of the "
                         "engine TTFT is spent waiting to be scheduled, from 2 req/s")
@@ -154,6 +157,8 @@ def test_the_knee_is_the_first_rate_below_90_percent_good_and_the_first_cause_th
     assert calm == "no knee up to 1 req/s (every rate kept 90% good); no indicator reached its onset threshold"
     _, _, kv = explain([_point("a", 1.0, 0.95, pre=2, kv=0.95), _point("b", 2.0, 0.2, queue=0.9)])
     # KV and preemptions both from 1 req/s: two preemptions are twice their threshold, 95 % of blocks 1.06 times
+    _, _, host = explain([_point("a", 1.0, 0.3, slow=1.8), _point("b", 2.0, 0.2, queue=0.9)])
+    assert host.startswith("knee at 1 req/s (1 × capacity, 30% good); first cause: slower decoding: TPOT p50")
     assert kv == ("knee at 2 req/s (2 × capacity, 20% good); first cause: KV memory: requests preempted for blocks, "
                   "from 1 req/s")
 
