@@ -27,7 +27,11 @@ def study_cmd(
     [bold]reconstruct[/] open it alone) and the comparison (comparison.csv, comparison.json), computed
     from the runs' ledgers. [bold]inferledger report STUDY_DIR[/] draws it.
 
+    The studies on the real engine load the bundled model once and capture each run through its HTTP
+    front end (minutes on a CPU); [bold]--set scale=tiny[/] runs a few short requests instead.
+
     Example: [cyan]inferledger study schedule-book -o runs/book && inferledger report runs/book[/]
+    Example: [cyan]inferledger study load -o runs/load[/] (the knee and its first cause)
     """
     from rich.table import Table as RichTable
 
