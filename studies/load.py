@@ -17,7 +17,7 @@ blocks in use, from the engine's kv_blocks_* samples, and preemptions), and pref
 share of decode steps that also computed prefill tokens, from step_attribution), and beside them the
 engine's own speed (its TPOT against the saturated run's, whose batches were full: on a shared host the
 engine can slow down with no queue, KV or prefill to blame). The knee is the lowest
-rate whose good share falls below `KNEE_GOOD_SHARE`; the first cause is the indicator that crosses its
+rate from which the good share stays below `KNEE_GOOD_SHARE`; the first cause is the indicator that crosses its
 onset threshold (ONSETS) at the lowest rate, named in one sentence.
 """
 from __future__ import annotations
@@ -128,10 +128,13 @@ COLUMNS = ["run", "multiple", "offered_rps", "arrival_rps", "completed_rps", "go
 
 
 def explain(points: list[dict]) -> tuple[dict | None, list[list], str]:
-    """The knee (the first point whose good share is below KNEE_GOOD_SHARE), each indicator's onset (the
+    """The knee (the first point from which the good share stays below KNEE_GOOD_SHARE), each indicator's onset (the
     lowest offered rate at which it reaches its threshold) and the sentence naming the first cause."""
     points = sorted(points, key=lambda p: p["offered_rps"])
-    knee = next((p for p in points if p["good_share"] is not None and p["good_share"] < KNEE_GOOD_SHARE), None)
+    below = [p["good_share"] is not None and p["good_share"] < KNEE_GOOD_SHARE for p in points]
+    # the first point from which every higher rate stays below: one bad point with good ones after it is a
+    # blip (the host stalled during that run), not the knee
+    knee = next((p for i, p in enumerate(points) if all(below[i:])), None)
     onsets = []
     for name, (threshold, meaning) in ONSETS.items():
         first = next((p for p in points if p[name] is not None and p[name] >= threshold), None)

@@ -142,7 +142,7 @@ def _point(run, rps, good, queue=0.1, kv=0.1, pre=0, mixed=0.1, slow=1.0):
             "kv_peak_share": kv, "preemptions": pre, "mixed_step_share": mixed, "tpot_slowdown_ratio": slow}
 
 
-def test_the_knee_is_the_first_rate_below_90_percent_good_and_the_first_cause_the_earliest_onset():
+def test_the_knee_is_where_the_good_share_stays_below_90_percent_and_the_first_cause_the_earliest_onset():
     points = [_point("c", 3.0, 0.5, queue=0.8, mixed=0.7), _point("a", 1.0, 1.0),
               _point("b", 2.0, 0.95, queue=0.6, mixed=0.55)]
     knee, onsets, sentence = explain(points)
@@ -153,6 +153,8 @@ def test_the_knee_is_the_first_rate_below_90_percent_good_and_the_first_cause_th
     # both cross at 2 req/s: queueing is further past its threshold (0.6 / 0.5 > 0.55 / 0.5)
     assert sentence == ("knee at 3 req/s (3 × capacity, 50% good); first cause: queueing: more than half of the "
                         "engine TTFT is spent waiting to be scheduled, from 2 req/s")
+    blip, _, _ = explain([_point("a", 1.0, 0.3), _point("b", 2.0, 1.0), _point("c", 3.0, 0.4)])
+    assert blip["run"] == "c"  # a's bad point has a good one above it: not the knee
     _, _, calm = explain([_point("a", 1.0, 1.0)])
     assert calm == "no knee up to 1 req/s (every rate kept 90% good); no indicator reached its onset threshold"
     _, _, kv = explain([_point("a", 1.0, 0.95, pre=2, kv=0.95), _point("b", 2.0, 0.2, queue=0.9)])
