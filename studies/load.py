@@ -192,7 +192,7 @@ STUDY = Study(
             "threshold first, and the knee table names it in one sentence.",
     runs=runs, compare=compare, needs_model=True,
     options={"scale": Option("default", "default or tiny (two rates of four requests: the tests)"),
-             "deadline_batches": Option(1.0, "a request's deadline: this many times a request's time in a full batch"),
+             "deadline_batches": Option(2.0, "a request's deadline: this many times a request's time in a full batch"),
              "seed": Option(7, "the arrival process's seed")},
     figures=({"kind": "curve", "title": "goodput and completed rate against the offered rate", "table": "load",
               "x": "offered_rps", "y": ["arrival_rps", "completed_rps", "goodput_rps"]},
