@@ -42,7 +42,7 @@ ONSETS = {"queue_share": (0.5, "queueing: more than half of the engine TTFT is s
           "tpot_slowdown_ratio": (1.25, "slower decoding: TPOT p50 at least 25 % above the saturated run's, whose "
                                         "batches were full (less CPU for the engine, or more work per step)")}
 # scale -> (multiples of the capacity, tasks per run, prompt tokens, output tokens)
-SCALES = {"default": ((0.25, 0.5, 1.0, 2.0, 4.0), 16, 64, 16),
+SCALES = {"default": ((0.25, 0.5, 1.0, 2.0, 4.0), 32, 64, 16),
           "tiny": ((0.5, 2.0), 4, 32, 4)}
 
 
