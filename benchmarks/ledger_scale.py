@@ -1,6 +1,11 @@
 """Ledger at scale: reconstruct a synthetic run of ~3 million events and race a per-request loop.
 
     python benchmarks/ledger_scale.py [--attempts 10000] [--tokens 256] [--out DIR] [--seed 7] [--stages]
+        [--memory-limit 4GB] [--no-peer] [--buckets 8 --engine ray --workers 2]
+
+`--memory-limit` takes the bounded-memory path (peak target 6 GiB at any size); `--buckets` repartitions
+the run first (its own phase), `--engine ray` then shards the ledger over a local Ray and records each
+worker's peak RSS beside the largest shard's input.
 
 Phases, each in its own subprocess so its peak RSS (getrusage ru_maxrss in the child) is its own:
 
@@ -52,6 +57,7 @@ COMPARED = ("ttft_client_ms", "ttft_server_ms", "tpot_ms", "itl_client_max_ms")
 TOLERANCE_MS = 1e-6
 TARGET_RECONSTRUCT_S = 15.0
 TARGET_PEAK_GIB = 4.0
+TARGET_BOUNDED_PEAK_GIB = 6.0  # with --memory-limit: whatever the run's size
 TARGET_SPEEDUP = 5.0
 
 
@@ -68,22 +74,35 @@ def _cpu_s() -> float:
 # --------------------------------------------------------------------------------------------------
 # import: generate and write the run directory
 # --------------------------------------------------------------------------------------------------
+CHUNK_ATTEMPTS = 20_000  # generated and written this many attempts at a time: the import's memory is bounded
+
+
 def generate(n: int, t: int, seed: int, run_id: str):
-    """The events of the synthetic run as one pyarrow Table with EVENT_SCHEMA, in time order."""
+    """The events of the synthetic run as pyarrow Tables with EVENT_SCHEMA, one per chunk of attempts,
+    each in time order (the chunks follow each other in arrival order)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    state = {"first": 0, "arrival_ns": 1_000_000_000_000, "seq": [0, 0, 0]}
+    while state["first"] < n:
+        yield _chunk(min(CHUNK_ATTEMPTS, n - state["first"]), t, rng, run_id, state)
+
+
+def _chunk(n: int, t: int, rng, run_id: str, state: dict):
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from inferledger.probes.events import EVENT_SCHEMA
 
-    rng = np.random.default_rng(seed)
     MS = 1_000_000
 
     def u(lo_ms, hi_ms, shape=n):
         return (rng.uniform(lo_ms, hi_ms, shape) * MS).astype(np.int64)
 
     # client side
-    arrival = 1_000_000_000_000 + np.cumsum(rng.exponential(1e9 / 50.0, n)).astype(np.int64)  # ~50 req/s
+    arrival = state["arrival_ns"] + np.cumsum(rng.exponential(1e9 / 50.0, n)).astype(np.int64)  # ~50 req/s
+    state["arrival_ns"] = int(arrival[-1])
     task_start = arrival + u(0.01, 0.5)
     created = task_start + u(0.01, 0.2)
     sent = created + u(0.05, 1.0)
@@ -124,6 +143,8 @@ def generate(n: int, t: int, seed: int, run_id: str):
     names: list[str] = []
     blocks_out = []  # (attempt index, name code, source code, ts, value, attrs code, id flags)
     idx = np.arange(n, dtype=np.int64)
+    first = state["first"]
+    state["first"] += n
 
     def block(name, source, ts, *, value=None, attrs=0, ids="tra"):
         ts = np.asarray(ts)
@@ -167,13 +188,14 @@ def generate(n: int, t: int, seed: int, run_id: str):
     seq = np.empty(len(ts), np.int64)  # per-source sequence numbers, increasing with time
     for s in range(len(sources)):
         m = src_c == s
-        seq[m] = np.arange(int(m.sum()))
+        seq[m] = state["seq"][s] + np.arange(int(m.sum()))
+        state["seq"][s] += int(m.sum())
 
     def dict_col(codes, values):
         return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(values, pa.string())).dictionary_decode()
 
     def id_col(prefix, flag):
-        ids = pa.array([f"{prefix}{i}" for i in range(n)], pa.string())  # one string per attempt, not per event
+        ids = pa.array([f"{prefix}{first + i}" for i in range(n)], pa.string())  # one string per attempt, not per event
         return ids.take(pa.array(att, mask=~flag))
 
     nrows = len(ts)
@@ -210,10 +232,18 @@ def phase_import(run_dir: Path, n: int, t: int, seed: int) -> dict:
         shutil.rmtree(run_dir)
     run_id = run_dir.name
     c0, t0 = _cpu_s(), time.perf_counter()
-    table = generate(n, t, seed, run_id)
-    t1 = time.perf_counter()
-    for i, start in enumerate(range(0, table.num_rows, PART_ROWS)):
-        write_table_atomic(table.slice(start, PART_ROWS), run_dir / "events" / f"part-{i:05d}.parquet")
+    gen_s, rows, part = 0.0, 0, 0
+    chunks = generate(n, t, seed, run_id)
+    while True:
+        g0 = time.perf_counter()
+        table = next(chunks, None)
+        gen_s += time.perf_counter() - g0
+        if table is None:
+            break
+        for start in range(0, table.num_rows, PART_ROWS):
+            write_table_atomic(table.slice(start, PART_ROWS), run_dir / "events" / f"part-{part:05d}.parquet")
+            part += 1
+        rows += table.num_rows
     w = RunWriter(run_dir, run_id)
     w.clock_domain(CLOCK, host=HOST, kind="monotonic")
     w.flush()  # clocks.parquet and an empty tasks.parquet
@@ -222,21 +252,40 @@ def phase_import(run_dir: Path, n: int, t: int, seed: int) -> dict:
                                    "deadline_ms": 7000}})
     t2 = time.perf_counter()
     size = sum(p.stat().st_size for p in (run_dir / "events").glob("part-*.parquet"))
-    return {"seconds": t2 - t0, "cpu_s": _cpu_s() - c0, "generate_s": t1 - t0, "write_s": t2 - t1, "events": table.num_rows,
-            "parts": -(-table.num_rows // PART_ROWS), "parquet_mib": size / 2 ** 20, "peak_gib": _peak_gib()}
+    return {"seconds": t2 - t0, "cpu_s": _cpu_s() - c0, "generate_s": gen_s, "write_s": t2 - t0 - gen_s, "events": rows,
+            "parts": part, "parquet_mib": size / 2 ** 20, "peak_gib": _peak_gib()}
 
 
 # --------------------------------------------------------------------------------------------------
 # ledger
 # --------------------------------------------------------------------------------------------------
-def phase_ledger(run_dir: Path) -> dict:
-    from inferledger.ledger.reconstruct import reconstruct
+def phase_repartition(run_dir: Path, buckets: int) -> dict:
+    from inferledger.collectors.repartition import repartition
 
     c0, t0 = _cpu_s(), time.perf_counter()
-    s = reconstruct(run_dir)
+    counts = repartition(run_dir, buckets, memory_limit="2GB")
+    return {"seconds": time.perf_counter() - t0, "cpu_s": _cpu_s() - c0, "partitions": len(counts),
+            "largest_partition_events": max(counts.values()), "peak_gib": _peak_gib()}
+
+
+def phase_ledger(run_dir: Path, memory_limit: str | None = None, engine: str = "local", workers: int = 2) -> dict:
+    from inferledger.ledger.reconstruct import reconstruct
+
+    shards: list = []
+    c0, t0 = _cpu_s(), time.perf_counter()
+    s = reconstruct(run_dir, memory_limit=memory_limit, engine=engine, workers=workers,
+                    profile=shards if engine == "ray" else None)
     sec = time.perf_counter() - t0
-    return {"seconds": sec, "cpu_s": _cpu_s() - c0, "events": s.n_events, "attempts": s.n_attempts, "peak_gib": _peak_gib(),
-            "ledger_mib": s.path.stat().st_size / 2 ** 20}
+    res = {"seconds": sec, "cpu_s": _cpu_s() - c0, "events": s.n_events, "attempts": s.n_attempts,
+           "peak_gib": _peak_gib(), "ledger_mib": s.path.stat().st_size / 2 ** 20}
+    if shards:  # each Ray worker's peak RSS (a worker runs shard after shard) beside the largest partition
+        peaks: dict[int, float] = {}
+        for sh in shards:
+            peaks[sh["pid"]] = max(peaks.get(sh["pid"], 0.0), sh["peak_rss_kib"] / 2 ** 20)
+        res.update(shards=len(shards), worker_peak_gib=sorted(round(v, 3) for v in peaks.values()),
+                   largest_shard_input_mib=round(max(sh["parts_bytes"] for sh in shards) / 2 ** 20, 1),
+                   shards_wall_s=round(sum(sh["seconds"] for sh in shards), 2))
+    return res
 
 
 def phase_stages(run_dir: Path) -> dict:
@@ -268,7 +317,8 @@ def phase_peer(run_dir: Path, result: Path) -> dict:
     import pandas as pd
 
     c0, t0 = _cpu_s(), time.perf_counter()
-    df = pd.read_parquet(run_dir / "events", columns=["attempt_id", "name", "ts_ns", "seq", "attrs"])
+    files = sorted(str(p) for p in (run_dir / "events").rglob("part-*.parquet"))  # either layout
+    df = pd.read_parquet(files, columns=["attempt_id", "name", "ts_ns", "seq", "attrs"])
     df = df[df["attempt_id"].notna()]
     rows = []
     for attempt_id, g in df.groupby("attempt_id", sort=False):
@@ -345,7 +395,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", help="folder for the run directory (kept); default: a temporary folder, removed")
     ap.add_argument("--stages", action="store_true", help="also time reconstruct one SQL statement at a time")
-    ap.add_argument("--phase", choices=("import", "ledger", "peer", "stages"), help=argparse.SUPPRESS)
+    ap.add_argument("--memory-limit", help="reconstruct's --memory-limit (the bounded-memory path), e.g. 4GB")
+    ap.add_argument("--no-peer", action="store_true", help="skip the per-request loop (it holds the run in memory)")
+    ap.add_argument("--engine", choices=("local", "ray"), default="local", help="reconstruct's --engine")
+    ap.add_argument("--workers", type=int, default=2, help="with --engine ray: the local Ray's CPUs")
+    ap.add_argument("--buckets", type=int, help="repartition the run into this many task buckets before the ledger "
+                    "(needed by --engine ray)")
+    ap.add_argument("--phase", choices=("import", "repartition", "ledger", "peer", "stages"), help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -353,7 +409,8 @@ def main(argv=None) -> int:
     if a.phase:  # child: one phase, one JSON line on stdout
         run_dir = Path(a.run_dir)
         res = {"import": lambda: phase_import(run_dir, a.attempts, a.tokens, a.seed),
-               "ledger": lambda: phase_ledger(run_dir),
+               "ledger": lambda: phase_ledger(run_dir, a.memory_limit, a.engine, a.workers),
+               "repartition": lambda: phase_repartition(run_dir, a.buckets),
                "peer": lambda: phase_peer(run_dir, Path(a.result)),
                "stages": lambda: phase_stages(run_dir)}[a.phase]()
         print(json.dumps(res))
@@ -361,6 +418,8 @@ def main(argv=None) -> int:
 
     if a.attempts < 1 or a.tokens < 2:
         ap.error("need --attempts >= 1 and --tokens >= 2 (TPOT and ITL need two tokens)")
+    if a.engine == "ray" and not a.buckets:
+        ap.error("--engine ray needs --buckets (it shards the partitioned layout)")
     rec = results.start("ledger_scale", {k: v for k, v in vars(a).items() if k not in ("phase", "run_dir", "result")})
     base = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="ledger_scale_"))
     run_dir = base / f"bench-{a.attempts}x{a.tokens}"
@@ -370,36 +429,53 @@ def main(argv=None) -> int:
         print(f"machine: nproc {os.cpu_count()}, duckdb {version('duckdb')}, python {sys.version.split()[0]}, "
               f"load average {os.getloadavg()[0]:.2f}", flush=True)
         print(f"run directory: {run_dir}", flush=True)
+        disk = shutil.disk_usage(base)
+        print(f"disk: {disk.free / 2 ** 30:.0f} GiB free of {disk.total / 2 ** 30:.0f} GiB", flush=True)
         imp = _child("import", "--run-dir", str(run_dir), "--attempts", str(a.attempts),
                      "--tokens", str(a.tokens), "--seed", str(a.seed))
         print(f"import: {imp['events']:,} events in {imp['parts']} parts ({imp['parquet_mib']:.0f} MiB); "
               f"generate {imp['generate_s']:.2f} s, write {imp['write_s']:.2f} s", flush=True)
-        led = _child("ledger", "--run-dir", str(run_dir))
-        print(f"ledger: {led['attempts']:,} attempts, ledger.duckdb {led['ledger_mib']:.0f} MiB", flush=True)
-        peer = _child("peer", "--run-dir", str(run_dir), "--result", str(peer_file))
+        rep = _child("repartition", "--run-dir", str(run_dir), "--buckets", str(a.buckets)) if a.buckets else None
+        if rep:
+            print(f"repartition: {rep['partitions']} partitions in {rep['seconds']:.1f} s, peak {rep['peak_gib']:.2f} GiB",
+                  flush=True)
+        led = _child("ledger", "--run-dir", str(run_dir), "--engine", a.engine, "--workers", str(a.workers),
+                     *(["--memory-limit", a.memory_limit] if a.memory_limit else []))
+        if "worker_peak_gib" in led:
+            print(f"ray: {led['shards']} shards ({led['shards_wall_s']} s in all), worker peaks "
+                  f"{led['worker_peak_gib']} GiB, largest shard input {led['largest_shard_input_mib']} MiB", flush=True)
+        print(f"ledger: {led['attempts']:,} attempts, ledger.duckdb {led['ledger_mib']:.0f} MiB, "
+              f"{led['seconds']:.1f} s, peak {led['peak_gib']:.2f} GiB", flush=True)
+        peer = None if a.no_peer else _child("peer", "--run-dir", str(run_dir), "--result", str(peer_file))
         stages = _child("stages", "--run-dir", str(run_dir)) if a.stages else None
-        diffs, problems = compare(run_dir / "ledger.duckdb", peer_file)
+        diffs, problems = compare(run_dir / "ledger.duckdb", peer_file) if peer else ({}, [])
     finally:
         if not a.out:
             shutil.rmtree(base, ignore_errors=True)
 
     n_events = imp["events"]
-    ratio = peer["seconds"] / led["seconds"]
+    ratio = peer["seconds"] / led["seconds"] if peer else None
+    ran = [(label, r) for label, r in (("import", imp), ("ledger", led), ("peer", peer)) if r]
     print()
     print(f"{'phase':<8} {'seconds':>9} {'cpu s':>8} {'peak GiB':>9} {'events/s':>12}")
-    for label, r in (("import", imp), ("ledger", led), ("peer", peer)):
+    for label, r in ran:
         print(f"{label:<8} {r['seconds']:>9.2f} {r['cpu_s']:>8.2f} {r['peak_gib']:>9.2f} {n_events / r['seconds']:>12,.0f}")
     print(f"  (import: generate {imp['generate_s']:.2f} s, Parquet write {imp['write_s']:.2f} s = "
           f"{n_events / imp['write_s']:,.0f} events/s)")
-    print(f"peer_seconds / ledger_seconds = {ratio:.2f}   (load average now {os.getloadavg()[0]:.2f})")
+    if peer:
+        print(f"peer_seconds / ledger_seconds = {ratio:.2f}   (load average now {os.getloadavg()[0]:.2f})")
+        print()
+        print("agreement, peer vs request_metrics (max abs diff, ms):")
+        for c in COMPARED:
+            print(f"  {c:<18} {diffs[c]:.3g}")
     print()
-    print("agreement, peer vs request_metrics (max abs diff, ms):")
-    for c in COMPARED:
-        print(f"  {c:<18} {diffs[c]:.3g}")
-    print()
-    targets = [(f"reconstruct <= {TARGET_RECONSTRUCT_S:g} s", f"{led['seconds']:.2f} s", led["seconds"] <= TARGET_RECONSTRUCT_S),
-               (f"ledger peak <= {TARGET_PEAK_GIB:g} GiB", f"{led['peak_gib']:.2f} GiB", led["peak_gib"] <= TARGET_PEAK_GIB),
-               (f">= {TARGET_SPEEDUP:g}x faster than the loop", f"{ratio:.2f}x", ratio >= TARGET_SPEEDUP)]
+    peak_target = TARGET_BOUNDED_PEAK_GIB if a.memory_limit else TARGET_PEAK_GIB
+    targets = [(f"ledger peak <= {peak_target:g} GiB", f"{led['peak_gib']:.2f} GiB", led["peak_gib"] <= peak_target)]
+    if not a.memory_limit:
+        targets.insert(0, (f"reconstruct <= {TARGET_RECONSTRUCT_S:g} s", f"{led['seconds']:.2f} s",
+                           led["seconds"] <= TARGET_RECONSTRUCT_S))
+    if peer:
+        targets.append((f">= {TARGET_SPEEDUP:g}x faster than the loop", f"{ratio:.2f}x", ratio >= TARGET_SPEEDUP))
     print(f"{'target':<34} {'measured':>12}  met")
     for name, got, ok in targets:
         print(f"{name:<34} {got:>12}  {'yes' if ok else 'NO'}")
@@ -414,16 +490,22 @@ def main(argv=None) -> int:
             for s in stages["steps"]:
                 if s["stage"] == stage and s["seconds"] >= 0.05:
                     print(f"      {s['step']:<48} {s['seconds']:>7.2f} s")
-    elif not all(ok for _, _, ok in targets[:2]):
+    elif not all(ok for name, _, ok in targets if "loop" not in name):
         print("\na ledger target is missed: rerun with --stages for the time of each SQL stage")
     phases = {label: {"wall_s": round(r["seconds"], 3), "cpu_s": round(r["cpu_s"], 3), "peak_gib": round(r["peak_gib"], 3),
-                      "events_per_s": round(n_events / r["seconds"], 1)} for label, r in (("import", imp), ("ledger", led),
-                                                                                         ("peer", peer))}
+                      "events_per_s": round(n_events / r["seconds"], 1)} for label, r in ran}
     phases["import"].update(generate_s=round(imp["generate_s"], 3), write_s=round(imp["write_s"], 3))
     figures = {"attempts": a.attempts, "output_tokens": a.tokens, "events": n_events, "parts": imp["parts"],
                "parquet_mib": round(imp["parquet_mib"], 1), "ledger_mib": round(led["ledger_mib"], 1), "phases": phases,
-               "loop_over_ledger_ratio": round(ratio, 3), "agree": not problems,
-               "max_abs_diff_ms": {c: diffs[c] for c in COMPARED},
+               "memory_limit": a.memory_limit, "engine": a.engine,
+               "workers": a.workers if a.engine == "ray" else None,
+               "repartition": {"wall_s": round(rep["seconds"], 3), "cpu_s": round(rep["cpu_s"], 3),
+                               "peak_gib": round(rep["peak_gib"], 3), "partitions": rep["partitions"],
+                               "largest_partition_events": rep["largest_partition_events"]} if rep else None,
+               "ray": {k: led[k] for k in ("shards", "worker_peak_gib", "largest_shard_input_mib", "shards_wall_s")
+                       if k in led} or None,
+               "loop_over_ledger_ratio": round(ratio, 3) if peer else None, "agree": not problems if peer else None,
+               "max_abs_diff_ms": {c: diffs[c] for c in COMPARED} if peer else None,
                "targets": [{"target": name, "measured": got, "met": ok} for name, got, ok in targets],
                "stages": ([{"stage": st, "wall_s": round(sec, 3)} for st, sec in per_stage.items()] if stages else None)}
     print(f"\nresults: {rec.write(figures)}")
@@ -432,7 +514,7 @@ def main(argv=None) -> int:
         for p in problems:
             print(f"  {p}")
         return 1
-    print("\nthe ledger and the per-request loop agree")
+    print("\nthe ledger and the per-request loop agree" if peer else "\n(no per-request loop: --no-peer)")
     return 0
 
 

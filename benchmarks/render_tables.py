@@ -140,6 +140,24 @@ def ledger_scale_history(rs: list[dict]) -> str:
     return table(["date", "commit", "CPU", "load", "reconstruct s", "loop s", "loop / ledger"], rows)
 
 
+def ledger_scale_large(rs: list[dict]) -> str:
+    """Every run off the default size: the bounded-memory and the sharded paths, the loop where it fit."""
+    rows = []
+    for r in rs:
+        f = r["figures"]
+        led, peer = f["phases"]["ledger"], f["phases"].get("peer")
+        ray = f.get("ray") or {}
+        path = (f"ray, {f.get('workers')} workers, {ray.get('shards')} shards" if f.get("engine") == "ray"
+                else "single node") + (f", limit {f['memory_limit']}" if f.get("memory_limit") else "")
+        rows.append([r["date_utc"][:16].replace("T", " "), f"`{(r['git'].get('commit') or '?')[:7]}`", cpu_label(r),
+                     load_span(r), f"{f['events']:,}", path, fmt(led["wall_s"], ".1f"), f"{led['events_per_s']:,.0f}",
+                     fmt(led["peak_gib"]), ", ".join(fmt(x) for x in ray.get("worker_peak_gib", [])) or DASH,
+                     fmt(ray.get("largest_shard_input_mib"), ".0f"),
+                     fmt(peer["wall_s"], ".1f") if peer else DASH, fmt(f.get("loop_over_ledger_ratio"))])
+    return table(["date", "commit", "CPU", "load", "events", "path", "reconstruct s", "events/s", "peak GiB",
+                  "Ray worker peaks GiB", "largest shard MiB", "loop s", "loop / ledger"], rows)
+
+
 def targets(rows: list[dict]) -> str:
     return table(["target", "measured", ""], [[t["target"], t["measured"], met(t["met"])] for t in rows])
 
@@ -251,6 +269,12 @@ class Table:
     isa_held: bool = False  # True: only runs with oneDNN held to a narrower ISA; False: only runs without
 
 
+def _ledger_default(p: dict) -> bool:
+    """ledger_scale's default run: 10,000 attempts × 256 tokens, single node, no limit, with the loop."""
+    return ((p.get("attempts"), p.get("tokens")) == (10_000, 256) and not p.get("memory_limit")
+            and not p.get("buckets") and not p.get("no_peer") and p.get("engine", "local") == "local")
+
+
 def _default_sweep(p: dict) -> bool:
     return len(p.get("concurrency") or []) > 1
 
@@ -268,9 +292,9 @@ TABLES = {
     "linear_dtypes.held_to_avx2": Table("linear_dtypes", linear_dtypes, isa_held=True),
     "thread_placement": Table("thread_placement", thread_placement),
     "loop_lag": Table("loop_lag", loop_lag),
-    "ledger_scale": Table("ledger_scale", ledger_scale, lambda p: (p.get("attempts"), p.get("tokens")) == (10_000, 256)),
-    "ledger_scale.history": Table("ledger_scale", ledger_scale_history,
-                                  lambda p: (p.get("attempts"), p.get("tokens")) == (10_000, 256)),
+    "ledger_scale": Table("ledger_scale", ledger_scale, _ledger_default),
+    "ledger_scale.history": Table("ledger_scale", ledger_scale_history, _ledger_default),
+    "ledger_scale.large": Table("ledger_scale", ledger_scale_large, lambda p: not _ledger_default(p)),
     "report_scale": Table("report_scale", report_scale, lambda p: bool(p.get("exports"))),
     "parts_compaction": Table("parts_compaction", parts_compaction),
     "model_fit": Table("model_fit", model_fit),

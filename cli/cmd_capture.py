@@ -36,6 +36,9 @@ def capture_cmd(
                                                   "that host's wall clock against this one's (NTP)."),
     drain_timeout: float = typer.Option(DRAIN_TIMEOUT_S, min=0, help="Embedded engine: after the load, seconds "
                                         "requests still in flight get to finish before they are cancelled."),
+    buckets: Optional[int] = typer.Option(None, min=1, max=9999, help="Write the events partitioned for large runs: "
+                                          "by task into this many buckets, engine steps by engine instance "
+                                          "(docs/SCALE.md); `reconstruct --engine ray` shards over them."),
     microbench: bool = typer.Option(True, "--microbench/--no-microbench", help="Embedded engine: measure the "
                                     "device's memory bandwidth and the engine's own matmuls for a few seconds before "
                                     "the load (manifest device_params, the roofs of the step bounds); without it the "
@@ -70,7 +73,7 @@ def capture_cmd(
                                  "records its own events)", param_hint="--otlp-port")
     result = run_capture(workload, out, target, separate_clocks, max_num_seqs, model, served_model_name, api_key,
                          device=device, engine_evidence=evidence, drain_timeout_s=drain_timeout,
-                         microbenchmarks=microbench, prediction=prediction)
+                         microbenchmarks=microbench, prediction=prediction, buckets=buckets)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 
 

@@ -11,9 +11,23 @@ from inferledger.cli.output import FORMAT_HELP, OutputFormat
 
 
 def reconstruct_cmd(
-    run_dir: Path = typer.Argument(..., help="A run directory (events/, clocks.parquet, ...)."),
+    run_dir: str = typer.Argument(..., help="A run directory (events/, clocks.parquet, ...), or its URL "
+                                  "(file://, s3://, memory://: any store fsspec reads; needs --out)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the ledger (default "
                                        "RUN_DIR/ledger.duckdb)."),
+    memory_limit: Optional[str] = typer.Option(None, "--memory-limit", "-m", help="Most memory DuckDB may use "
+                                               "(4GB, 512MiB, ...; default a quarter of this machine's memory): "
+                                               "beyond it the build spills to disk beside the ledger, so a run of "
+                                               "any size fits."),
+    temp_directory: Optional[Path] = typer.Option(None, "--temp-directory", help="Where to spill (default a "
+                                                  "folder beside the ledger, removed afterwards)."),
+    engine: str = typer.Option("local", "--engine", help="local (one process, DuckDB) or ray: the engine and "
+                               "task-bucket stages of a partitioned run (`inferledger repartition`) as Ray tasks, "
+                               "the same ledger (needs `pip install 'inferledger[ray]'`; docs/SCALE.md)."),
+    address: Optional[str] = typer.Option(None, "--address", help="With --engine ray: a Ray cluster's address "
+                                          "(ray://host:10001 or auto); default a local Ray started and stopped here."),
+    workers: int = typer.Option(2, "--workers", min=1, help="With --engine ray and no --address: the local Ray's "
+                                "CPUs (one shard each); the memory limit is shared between them."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the ledger path."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " json and csv hold "
                                      "what was built (section ledger) and the whole summary, as `inferledger "
@@ -29,11 +43,13 @@ def reconstruct_cmd(
     """
     from inferledger.cli.output import console, echo_sections, fail
     from inferledger.cli.summary import print_sections, summary_sections
+    from inferledger.ledger.memory import SizeError
     from inferledger.ledger.reconstruct import RunDirError, reconstruct
 
     try:
-        summary = reconstruct(run_dir, out=out)
-    except RunDirError as exc:
+        summary = reconstruct(run_dir, out=out, memory_limit=memory_limit, temp_directory=temp_directory,
+                              engine=engine, address=address, workers=workers)
+    except (RunDirError, SizeError) as exc:
         fail(f"error: {exc}")
     if quiet:
         console.print(str(summary.path))
@@ -46,5 +62,41 @@ def reconstruct_cmd(
     print_sections(sections, console)
 
 
+def repartition_cmd(
+    run_dir: Path = typer.Argument(..., help="A run directory whose events/ to rewrite."),
+    buckets: int = typer.Option(16, "--buckets", "-b", help="Task buckets (1-9999): about the number of "
+                                "workers times two to four, so each shard fits a worker's memory."),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP),
+) -> None:
+    """Rewrite a run's events into the [bold]partitioned layout[/]: one folder per task bucket, per
+    engine instance, and one for the rest (docs/SCALE.md).
+
+    Safe to interrupt: the new layout is written whole beside the old one, then swapped in; run the
+    command again after a kill and it finishes. The ledger is the same either way; `reconstruct
+    --engine ray` needs this layout.
+
+    Example: [cyan]inferledger repartition runs/big --buckets 32 && inferledger reconstruct runs/big --engine ray[/]
+    """
+    from rich.table import Table
+
+    from inferledger.cli.output import console, echo_rows, fail
+    from inferledger.collectors.repartition import RepartitionError, repartition
+
+    if not run_dir.is_dir():
+        fail(f"{run_dir}: no such run directory")
+    try:
+        counts = repartition(run_dir, buckets)
+    except RepartitionError as exc:
+        fail(f"error: {exc}")
+    rows = sorted(counts.items())
+    if echo_rows(fmt, ["partition", "events"], rows):
+        return
+    table = Table("partition", "events", title=f"{run_dir}/events: {sum(counts.values())} events")
+    for name, n in rows:
+        table.add_row(name, str(n))
+    console.print(table)
+
+
 def register(app: typer.Typer) -> None:
     app.command("reconstruct")(reconstruct_cmd)
+    app.command("repartition")(repartition_cmd)

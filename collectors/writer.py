@@ -7,7 +7,8 @@ killed process leaves only complete files; a flush never rewrites a part already
 Durability: with `autoflush_s` a background thread flushes every buffer, clocks, tasks and the
 manifest (with a `flushed` section: rows on disk, when) at that period, so SIGKILL, the OOM killer or
 a CI timeout lose at most the last period. `close(compact=True)` merges the many small parts of a
-clean run into one per folder (probes/run_dir.py), so they cost `reconstruct` nothing.
+clean run into one per folder (probes/run_dir.py), so they cost `reconstruct` nothing; with
+`buckets` it then writes the partitioned layout (collectors/repartition.py, docs/SCALE.md) instead.
 """
 from __future__ import annotations
 
@@ -94,8 +95,9 @@ class RunWriter:
     """The sink probes and collectors write through. Thread-safe; call close() (or use `with`)."""
 
     def __init__(self, run_dir: str | os.PathLike, run_id: str | None = None, *, flush_rows: int = 50_000,
-                 autoflush_s: float | None = None) -> None:
+                 autoflush_s: float | None = None, buckets: int | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.buckets = buckets
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id or self.run_dir.name
         self._lock = threading.Lock()
@@ -206,6 +208,10 @@ class RunWriter:
             with self._io:
                 compact(self._events.folder, EVENT_SCHEMA)
                 compact(self._samples.folder, SAMPLE_SCHEMA)
+                if self.buckets and self._events.folder.is_dir():
+                    from inferledger.collectors.repartition import repartition
+
+                    repartition(self.run_dir, self.buckets)
 
     def __enter__(self) -> "RunWriter":
         return self

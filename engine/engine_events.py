@@ -24,7 +24,8 @@ step-level ones carry step_id (the engine iteration; request events of a step ca
   kv.free                 right after: of those, the blocks back in the pool (free or cached, i.e.
                           reallocatable; the step that used them is over); attrs.shared = still held
                           by other requests. A request that never held a block gets an empty pair.
-  step.start / step.end   one iteration; start attrs: batch [[attempt_id, kind, tokens, context_before]]
+  step.start / step.end   one iteration, both with attrs.engine_id (this engine instance: host and
+                          process; a partitioned run groups steps by it); start attrs: batch [[attempt_id, kind, tokens, context_before]]
                           with kind prefill | decode | verify and context_before = the tokens of that
                           sequence already in KV before this step's tokens, token_budget, num_seqs, num_running,
                           num_waiting; end: value = tokens processed, attrs mode (eager |
@@ -38,6 +39,8 @@ kv_blocks_free, unit "blocks". Every method returns at its first branch when the
 """
 from __future__ import annotations
 
+import os
+
 from .block_manager import BlockManager
 from .sequence import Sequence
 
@@ -47,6 +50,7 @@ class EngineEvents:
         self.probe = probe
         self.bm = block_manager
         self._sample = getattr(sink, "sample", None) if probe.enabled else None
+        self.engine_id = f"{probe.host}-{os.getpid()}"  # one engine per process; the same on a rerun in it
 
     def request(self, seq: Sequence, name: str, *, value=None, step_id=None, **attrs) -> None:
         if not self.probe.enabled:
@@ -58,7 +62,7 @@ class EngineEvents:
         if not self.probe.enabled:
             return
         batch = [[i.seq.attempt_id, i.kind, i.num_tokens, i.start_pos] for i in out.scheduled]
-        self.probe.emit("step.start", step_id=step_id, batch=batch, token_budget=token_budget,
+        self.probe.emit("step.start", step_id=step_id, engine_id=self.engine_id, batch=batch, token_budget=token_budget,
                         num_seqs=len(out.scheduled), num_tokens=out.num_batched_tokens,
                         num_running=num_running, num_waiting=num_waiting, preempted=len(out.preempted))
 
@@ -67,7 +71,7 @@ class EngineEvents:
         if not self.probe.enabled:
             return
         extra = {"error": error} if error else {}
-        self.probe.emit("step.end", step_id=step_id, value=out.num_batched_tokens, mode=mode,
+        self.probe.emit("step.end", step_id=step_id, engine_id=self.engine_id, value=out.num_batched_tokens, mode=mode,
                         padded_tokens=out.num_batched_tokens if padded_tokens is None else padded_tokens,
                         num_seqs=len(out.scheduled), **extra)
 

@@ -1,6 +1,7 @@
 -- The four accounts, one row per attempt: client status, server status, the task's outcome and the
 -- resource account with its holding integral (docs/LEDGER.md "attempts and accounts").
 --
+-- scope: rollup
 -- reads: attempts, tasks, request_metrics, kv_integral
 -- creates: accounts
 

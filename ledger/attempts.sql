@@ -1,6 +1,7 @@
 -- The attempts table: each attempt's place among its request's attempts and its client, server and
 -- resource statuses (docs/LEDGER.md "attempts and accounts").
 --
+-- scope: task
 -- reads: ev, marks, attempt_ids, clock_conv
 -- creates: attempt_start, attempts
 

@@ -1,6 +1,7 @@
 -- Per-choice metrics of an n > 1 request (docs/LEDGER.md "choice_metrics"), and the attempt's TPOT
 -- over its choices, token-weighted.
 --
+-- scope: task
 -- reads: figures, itl, choice_marks, attempts
 -- creates: choice_metrics, choice_tpot
 

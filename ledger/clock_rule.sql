@@ -1,6 +1,7 @@
 -- The clock rule's conversions (docs/LEDGER.md "Clock rule"): identity per domain (measured; simulated
 -- on a sim: clock) and each mapping in both directions (derived ± epsilon). Every stage converts through this table.
 --
+-- scope: run
 -- reads: events, clocks
 -- creates: clock_conv
 

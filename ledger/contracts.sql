@@ -1,5 +1,6 @@
 -- Each task's contract and the reference its deadline counts from (docs/LEDGER.md "tasks").
 --
+-- scope: task
 -- reads: ev, task_contracts, marks, attempt_ids
 -- creates: contracts, task_refs
 

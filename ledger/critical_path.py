@@ -17,6 +17,7 @@ import pyarrow as pa
 READS = ("ev", "attempts", "marks", "intervals")
 CREATES = ("chain_nodes", "critical_path", "critical_path_edges", "dag_problems")
 PUBLIC = ("critical_path", "critical_path_edges")
+SCOPE = "task"  # one graph per task, one chain per attempt
 
 
 class DagError(ValueError):

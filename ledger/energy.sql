@@ -2,6 +2,7 @@
 -- placed in the window's clock by the clock rule; RAPL deltas unwrap at max_energy_range_uj; an NVML
 -- counter that goes down (driver reload) invalidates its device's window.
 --
+-- scope: rollup
 -- reads: samples, window_bounds, clock_conv
 -- creates: counter_deltas, window_energy, power_check
 CREATE OR REPLACE TEMP TABLE counter_deltas AS

@@ -1,6 +1,7 @@
 -- Each attempt's share of the window's energy: the window total split by its share of engine step time
 -- (itself split by tokens processed per step), so the shares add up to the total.
 --
+-- scope: rollup
 -- reads: step_attribution, run_metrics
 -- creates: energy_shares
 -- @table energy_shares: one row per attempt with engine step time, when the window's energy is known

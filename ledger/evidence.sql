@@ -2,6 +2,7 @@
 -- report about itself (reported, docs/EVENTS.md "Evidence strength") or a run on the simulated clock
 -- (simulated), and who gave it.
 --
+-- scope: task
 -- reads: events
 -- creates: attempt_evidence
 

@@ -2,6 +2,7 @@
 -- `pairs` lists (figure, a, b) per subject; `figures` applies the rule once: same clock → measured,
 -- a mapping either way → derived ± epsilon (`clock_conv`), otherwise NULL and a gap.
 --
+-- scope: task
 -- reads: marks, attempt_ids, choice_marks, task_refs, clock_conv, point_of
 -- creates: pairs, figures
 

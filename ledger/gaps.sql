@@ -2,6 +2,7 @@
 -- "gaps"). Rows the ledger finds, numbered per subject; rows of reported evidence with ids of their
 -- own; and the collectors' rows (gaps.parquet) as they were written.
 --
+-- scope: rollup
 -- reads: ev, events, samples, figures, marks, ms_raw, stream_clock, clock_conv, spans_raw, attempt_ids,
 --        attempt_start, window_bounds, window_points, step_attribution, energy_shares, dag_problems,
 --        window_energy, kv_holds, steps, attempts, choice_metrics, run_metrics, peer_views, peer_base,

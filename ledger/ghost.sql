@@ -1,6 +1,7 @@
 -- Ghost load: server work after the client stopped waiting (same clock or mapped, by the clock rule;
 -- docs/LEDGER.md "reconciliation").
 --
+-- scope: task
 -- reads: attempts, marks, clock_conv, ev_tok
 -- creates: ghost
 CREATE OR REPLACE TEMP TABLE ghost AS

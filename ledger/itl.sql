@@ -1,6 +1,7 @@
 -- Inter-token latency: the gaps between consecutive output-bearing events of one choice, per layer
 -- (docs/LEDGER.md "itl"). A chunk is not a token: a chunk of several tokens is one gap.
 --
+-- scope: task
 -- reads: ev_out, ev_tok, attempt_evidence
 -- creates: itl
 

@@ -4,6 +4,7 @@
 -- (policy 'equal_split'), so the attempts' integrals add up to the physical total (docs/LEDGER.md
 -- "The resource account").
 --
+-- scope: rollup
 -- reads: ev, events
 -- creates: kv_holds, kv_integral
 -- @table kv_holds: one row per attempt × physical KV block it held: from the kv.alloc or kv.prefix_hit

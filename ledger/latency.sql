@@ -2,6 +2,7 @@
 -- attempts (ITL: over its gaps), by the ledger's one quantile rule (docs/LEDGER.md "Quantiles"). The
 -- terminal summary and the report show these rows; each names the column it summarises.
 --
+-- scope: rollup
 -- reads: request_metrics, itl, quantiles_linear
 -- creates: latency_percentiles
 

@@ -22,6 +22,7 @@ from inferledger.probes.events import (CLOCK_SCHEMA, COUNT_EVENTS, EVENT_SCHEMA,
 READS: tuple[str, ...] = ()
 CREATES = ("events", "samples", "clocks", "task_contracts", "collector_gaps", "load_gaps")
 PUBLIC = ("events", "samples", "clocks")
+SCOPE = "run"  # every shard loads what it is handed; the final ledger loads the whole run
 
 
 

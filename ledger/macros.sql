@@ -1,5 +1,6 @@
 -- Expressions several stages need, declared once as DuckDB macros (temporary: not part of the ledger).
 --
+-- scope: run
 -- reads:
 -- creates: first_point, last_point, point_of, json_double, json_bigint, sum_if_known, quantiles_linear
 

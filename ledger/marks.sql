@@ -1,6 +1,7 @@
 -- Per-attempt milestones (docs/LEDGER.md "Attempt milestones"): the narrow working sets of events and
 -- each attempt's first / last events of every kind, each kept as a point (ns, clock, event id).
 --
+-- scope: task
 -- reads: events, first_point, last_point, point_of, json_bigint
 -- creates: ev, ev_out, ev_tok, attempt_ids, marks, choice_marks
 

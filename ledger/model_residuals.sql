@@ -1,6 +1,7 @@
 -- The residual of each step against its lower bound, grouped by the shape that could explain it, and
 -- the trends that point to a source (docs/LEDGER.md "model_residuals", docs/MODEL.md "Residuals").
 --
+-- scope: rollup
 -- reads: step_model
 -- creates: model_residuals, residual_sources
 

@@ -5,8 +5,16 @@ A SQL module is a file `ledger/<name>.sql` whose header declares its inputs and 
     -- reads: marks, clock_conv, point_of
     -- creates: figures
 
-(a list may go on over lines that start with `--` and more blanks). A Python stage declares the same
-as `READS`, `CREATES` and `PUBLIC` beside its `build(con, run)`. Reads and creates name tables and
+(a list may go on over lines that start with `--` and more blanks), and its scope, the unit its rows
+are computed over (docs/SCALE.md), which the sharded executor (`ledger/sharded.py`) runs it by:
+
+    -- scope: task
+
+`run` (the run-level inputs: every shard computes it over what it is handed, the final ledger over
+the whole run), `engine` (per engine instance: engine steps), `task` (per task bucket: a row of one
+attempt or task depends only on that task's events, the run-level inputs and engine outputs) or
+`rollup` (over the whole run, from the other scopes' outputs). A Python stage declares the same as
+`READS`, `CREATES`, `PUBLIC` and `SCOPE` beside its `build(con, run)`. Reads and creates name tables and
 macros; a table created `TEMP` stays inside the rebuild, any other is public (part of the ledger).
 
 Checked whenever the modules are loaded, each error naming the module: every table or macro is created
@@ -29,7 +37,16 @@ from typing import Callable
 _CREATE = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(TEMP\s+|TEMPORARY\s+)?(TABLE|MACRO|VIEW)\s+(\w+)", re.IGNORECASE)
 _CHANGE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM|ALTER\s+TABLE)\s+(\w+)", re.IGNORECASE)
 _SQL_WORD = re.compile(r"\b(SELECT|CREATE|INSERT|DELETE|DESCRIBE|DROP|FROM)\b")
-_DECLARED = re.compile(r"^--\s*(reads|creates):(.*)$")
+_DECLARED = re.compile(r"^--\s*(reads|creates|scope):(.*)$")
+SCOPES = ("run", "engine", "task", "rollup")
+# what a module of each scope may read: a shard has the run-level inputs, engine outputs are handed
+# to task shards (and an engine shard computes the task-scope working sets over its own events)
+_MAY_READ = {"run": {"run"}, "engine": {"run", "task", "engine"}, "task": {"run", "task", "engine"},
+             "rollup": set(SCOPES)}
+_SCOPE_HELP = ("add a header line `-- scope: run | engine | task | rollup` (a Python stage: SCOPE = ...): "
+               "task when each row depends only on one task's events (attempts, per-request figures), engine "
+               "for per-engine-step tables, rollup for anything over the whole run (percentiles, run totals, "
+               "gaps), run for run-level inputs (docs/SCALE.md)")
 _WORD = re.compile(r"(?<![.\w])([A-Za-z_]\w*)(?![\w.])")  # not a qualifier nor a field of one
 
 
@@ -44,6 +61,7 @@ class Module:
     reads: tuple[str, ...]
     creates: tuple[str, ...]
     public: tuple[str, ...]       # the created tables that are part of the ledger
+    scope: str | None             # run, engine, task or rollup (None: undeclared, refused by check)
     text: str                     # what it names: its SQL, or a Python stage's SQL strings, without comments
     sql: str = ""                 # SQL modules: the statements to run
     build: Callable | None = None  # Python stages: build(con, run)
@@ -61,7 +79,7 @@ def _names(value: str) -> tuple[str, ...]:
 
 def sql_module(name: str, text: str) -> Module:
     """A SQL module from its text: the declarations of its header, checked against its statements."""
-    decl: dict[str, list[str]] = {"reads": [], "creates": []}
+    decl: dict[str, list[str]] = {"reads": [], "creates": [], "scope": []}
     current = None
     for line in text.splitlines():
         if not line.startswith("--"):
@@ -72,7 +90,7 @@ def sql_module(name: str, text: str) -> Module:
         if m:
             current = m.group(1)
             decl[current] += _names(m.group(2))
-        elif current and re.match(r"^--\s{2,}\S", line):
+        elif current in ("reads", "creates") and re.match(r"^--\s{2,}\S", line):
             decl[current] += _names(line[2:])
         else:
             current = None
@@ -88,8 +106,10 @@ def sql_module(name: str, text: str) -> Module:
         if table not in made:
             raise ModuleError(f"ledger module {source} changes {table}, a table it does not create "
                               "(each table is made whole by the one module that creates it)")
+    if len(decl["scope"]) > 1:
+        raise ModuleError(f"ledger module {source} declares scope twice ({', '.join(decl['scope'])}); keep one")
     return Module(name, source, tuple(decl["reads"]), tuple(decl["creates"]),
-                  tuple(t for t in decl["creates"] if made[t]), code, sql=text)
+                  tuple(t for t in decl["creates"] if made[t]), (decl["scope"] or [None])[0], code, sql=text)
 
 
 def python_module(mod) -> Module:
@@ -103,7 +123,7 @@ def python_module(mod) -> Module:
                and _SQL_WORD.search(n.value)]
     name = mod.__name__.rsplit(".", 1)[-1]
     return Module(name, f"{name}.py", tuple(mod.READS), tuple(mod.CREATES), tuple(mod.PUBLIC),
-                  strip_sql("\n".join(strings)), build=mod.build)
+                  getattr(mod, "SCOPE", None), strip_sql("\n".join(strings)), build=mod.build)
 
 
 def check(modules: list[Module]) -> list[Module]:
@@ -114,6 +134,17 @@ def check(modules: list[Module]) -> list[Module]:
             if name in creator:
                 raise ModuleError(f"{name} is created by two ledger modules, {creator[name].source} and {m.source}")
             creator[name] = m
+    for m in modules:
+        if m.scope not in SCOPES:
+            what = f"declares scope {m.scope!r}" if m.scope else "declares no scope"
+            raise ModuleError(f"ledger module {m.source} {what}: {_SCOPE_HELP}")
+    for m in modules:
+        wider = sorted(r for r in m.reads if r in creator and creator[r].scope not in _MAY_READ[m.scope])
+        if wider:
+            raise ModuleError(f"ledger module {m.source} has scope {m.scope} but reads {', '.join(wider)} "
+                              f"(scope {creator[wider[0]].scope}, {creator[wider[0]].source}): a {m.scope} shard "
+                              f"never sees it; declare {m.source} `-- scope: rollup` or read a {m.scope}-scope "
+                              "table instead")
     for m in modules:
         words = set(_WORD.findall(m.text))
         for name in m.reads:

@@ -1,6 +1,7 @@
 -- Each peer tool's reading beside ours on the same attempts, and the engine's own account where the
 -- run has server evidence (docs/LEDGER.md "peer_comparison").
 --
+-- scope: rollup
 -- reads: peer_views, peer_base, ev, request_metrics, itl, quantiles_linear
 -- creates: peer_comparison
 

@@ -13,6 +13,7 @@
 -- Tokens: the importing tool's own count when it kept one (attrs.reported_output_tokens; AIPerf
 -- re-tokenises the text), else the server's (attempts.n_output_tokens).
 --
+-- scope: rollup
 -- reads: ev_out, ev, attempts, itl, figures
 -- creates: peer_base, peer_views
 

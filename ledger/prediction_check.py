@@ -18,6 +18,7 @@ from inferledger.probes.run_dir import PREDICTION_FILE
 
 READS = ("events", "request_metrics")
 CREATES = ("prediction_shapes", "prediction_registration", "prediction_check", "prediction_gaps")
+SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("prediction_registration", "prediction_check")
 
 _SHAPE_COLS = ("class", "prompt_tokens", "cached_tokens", "output_tokens", "ttft_lower_ms", "ttft_sustained_low_ms",

@@ -2,6 +2,7 @@
 -- rejected, errored, unterminated; ghost load; attempts per request against the retry formula
 -- (docs/LEDGER.md "reconciliation").
 --
+-- scope: rollup
 -- reads: attempts, marks, contracts, ghost, kv_holds, run_metrics, step_attribution, steps
 -- creates: reconciliation
 

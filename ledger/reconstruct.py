@@ -10,26 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import time
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 
-from inferledger.ledger.load import LoadError, RunFiles
-from inferledger.ledger.modules import Module, ledger_modules, public_tables
+from inferledger.ledger.load import RunFiles
+from inferledger.ledger.memory import bound, default_memory_limit, parse_size
+from inferledger.ledger.remote import RemoteRunError, is_url, stage
+from inferledger.ledger.modules import ledger_modules, public_tables
+from inferledger.ledger.stages import RunDirError, StageError, run_modules, set_variables  # noqa: F401 (API)
 from inferledger.probes.events import EVENT_SCHEMA, SAMPLE_SCHEMA
 from inferledger.probes.run_dir import PartError, list_parts
 
 PUBLIC_TABLES = public_tables()
-
-
-class RunDirError(Exception):
-    """The run directory is missing or unreadable; the message names the file."""
-
-
-class StageError(RunDirError):
-    """A ledger stage failed on this run's data; the message names the stage and the run."""
 
 
 @dataclass
@@ -52,8 +47,9 @@ def _manifest(run_dir: Path) -> dict:
         raise RunDirError(f"{manifest}: not valid JSON ({exc})") from exc
 
 
-def _run_id(run_dir: Path) -> str:
-    return _manifest(run_dir).get("run_id") or run_dir.name
+def _run_id(run_dir: Path, url: str | None = None) -> str:
+    """The manifest's run_id, else the run folder's name (the URL's last segment for a staged copy)."""
+    return _manifest(run_dir).get("run_id") or (url.rsplit("/", 1)[-1] if url else run_dir.name)
 
 
 def _kv_block_bytes(manifest: dict) -> int | None:
@@ -63,33 +59,47 @@ def _kv_block_bytes(manifest: dict) -> int | None:
     return int(per_token) * int(block) if per_token and block else None
 
 
-def _run_module(con, module: Module, run: RunFiles, profile: list | None) -> None:
-    """One stage; with `profile`, (module, statement, seconds) for each SQL statement or Python stage."""
-    t0 = time.perf_counter()
-    if module.build is not None:
-        module.build(con, run)
-        if profile is not None:
-            profile.append((module.source, ", ".join(module.public or module.creates), time.perf_counter() - t0))
-        return
-    if profile is None:
-        con.execute(module.sql)
-        return
-    for statement in con.extract_statements(module.sql):  # timed one by one
-        text = " ".join(ln for ln in statement.query.splitlines() if not ln.strip().startswith("--"))
-        label = " ".join(text.split()).split(" AS ")[0].replace("CREATE OR REPLACE ", "")[:48]
-        t0 = time.perf_counter()
-        con.execute(statement)
-        profile.append((module.source, label, time.perf_counter() - t0))
-
-
 def _slo(manifest: dict) -> dict:
     """vLLM-style SLO thresholds, from the manifest's `slo` or its workload's `[slo]` section."""
     return manifest.get("slo") or ((manifest.get("workload") or {}).get("spec") or {}).get("slo") or {}
 
 
+def run_variables(run_dir: Path, run_id: str) -> dict:
+    """The SQL variables every stage reads (`getvariable`): the run id, the KV block size, the SLO."""
+    manifest = _manifest(run_dir)
+    slo = _slo(manifest)
+    return {"run_id": (run_id, "VARCHAR"), "kv_block_bytes": (_kv_block_bytes(manifest), "BIGINT"),
+            **{f"slo_{k}": (slo.get(k), "DOUBLE") for k in ("ttft_ms", "tpot_ms", "e2e_ms")}}
+
+
 def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = None,
-                profile: list | None = None) -> LedgerSummary:
-    """Build the ledger; with `profile` (a list), append (stage, statement, seconds) for every step."""
+                profile: list | None = None, memory_limit: str | None = None,
+                temp_directory: str | os.PathLike | None = None, run_id: str | None = None,
+                engine: str = "local", address: str | None = None, workers: int = 2) -> LedgerSummary:
+    """Build the ledger; with `profile` (a list), append (stage, statement, seconds) for every step
+    (with engine="ray": a dict per shard, `ledger/sharded.py`).
+
+    `memory_limit` ("4GB", "512MiB"; default `default_memory_limit()`) bounds DuckDB's memory: beyond
+    it, joins, sorts and aggregates spill to `temp_directory` (default a folder beside the output,
+    removed afterwards), so the peak depends on the limit, not on the size of the run. `run_dir` may
+    be a URL fsspec can read (s3://, memory://, file://, ...): then `out` is needed. `engine="ray"`
+    shards a partitioned run over Ray (`ledger/sharded.py`; `address` of a cluster, else a local Ray
+    of `workers` CPUs): the same ledger."""
+    if is_url(run_dir):  # an object store: copied beside the ledger, read locally, the copy removed
+        if out is None:
+            raise RunDirError(f"{run_dir}: a run at a URL needs --out, a local path for its ledger")
+        staging = Path(out).with_name(f".{Path(out).name}.run-{os.getpid()}")
+        try:
+            stage(str(run_dir), staging)
+            return reconstruct(staging, out=out, profile=profile, memory_limit=memory_limit,
+                               temp_directory=temp_directory, run_id=_run_id(staging, str(run_dir).rstrip("/")),
+                               engine=engine, address=address, workers=workers)
+        except RemoteRunError as exc:
+            raise RunDirError(str(exc)) from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    if engine not in ("local", "ray"):
+        raise RunDirError(f"--engine {engine!r}: expected local or ray")
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: no such run directory")
@@ -100,29 +110,27 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
         raise RunDirError(str(exc)) from None
     if not parts:
         raise RunDirError(f"{run_dir}/events: no event parts (part-*.parquet); capture or import a run first")
-    run_id = _run_id(run_dir)
+    run_id = run_id or _run_id(run_dir)
     target = Path(out) if out else run_dir / "ledger.duckdb"
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     for stale in (tmp, Path(f"{tmp}.wal")):
         stale.unlink(missing_ok=True)
 
+    limit = parse_size(memory_limit) if memory_limit is not None else default_memory_limit()
+    spill = Path(temp_directory) if temp_directory else target.with_name(f".{target.name}.spill-{os.getpid()}")
     con = duckdb.connect(str(tmp))
     try:
-        con.execute("SET enable_progress_bar = false")
-        con.execute("SET VARIABLE run_id = ?", [run_id])
-        manifest = _manifest(run_dir)
-        con.execute("SET VARIABLE kv_block_bytes = ?::BIGINT", [_kv_block_bytes(manifest)])
-        slo = _slo(manifest)
-        for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
-            con.execute(f"SET VARIABLE slo_{key} = ?::DOUBLE", [slo.get(key)])
+        bound(con, limit, spill)
+        variables = run_variables(run_dir, run_id)
+        set_variables(con, variables)
         run = RunFiles(run_dir, parts, sample_parts)
-        for module in ledger_modules():
-            try:
-                _run_module(con, module, run, profile)
-            except LoadError as exc:
-                raise RunDirError(str(exc)) from None
-            except duckdb.Error as exc:
-                raise StageError(f"ledger stage {module.source} failed on {run_dir}: {exc}") from exc
+        if engine == "ray":
+            from inferledger.ledger.sharded import build_sharded
+
+            build_sharded(con, run, variables, work=target.with_name(f".{target.name}.shards-{os.getpid()}"),
+                          limit_bytes=limit, address=address, workers=workers, stats=profile)
+        else:
+            run_modules(con, ledger_modules(), run, profile)
         counts = con.execute(
             "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
             "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone()
@@ -131,6 +139,9 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
         con.close()
         tmp.unlink(missing_ok=True)
         raise
-    con.close()
+    finally:
+        con.close()
+        if not temp_directory:
+            shutil.rmtree(spill, ignore_errors=True)
     os.replace(tmp, target)
     return LedgerSummary(target, run_id, *counts)

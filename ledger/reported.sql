@@ -3,6 +3,7 @@
 -- collectors.vllm_spans) beside its response metrics, and its /metrics counters (samples of source
 -- 'vllm-metrics') beside the sum of its spans.
 --
+-- scope: task
 -- reads: events, samples, json_double, json_bigint
 -- creates: reported_spans, reported_counters
 

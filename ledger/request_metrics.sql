@@ -1,6 +1,7 @@
 -- The per-attempt metrics: each figure of `figures` in its column, the largest gaps, the counts, and
 -- whether the attempt was good (docs/LEDGER.md "request_metrics").
 --
+-- scope: task
 -- reads: figures, itl, choice_tpot, attempts, marks, attempt_ids, contracts, attempt_evidence
 -- creates: fig_wide, itl_max, request_metrics
 

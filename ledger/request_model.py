@@ -21,6 +21,7 @@ from inferledger.ledger import run_manifest
 
 READS = ("step_model", "steps", "step_attribution", "step_fit", "step_fit_points", "ev", "ev_tok", "request_metrics")
 CREATES = ("request_model", "request_model_gaps")
+SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("request_model",)
 
 _SCHEDULE = """

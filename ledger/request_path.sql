@@ -1,6 +1,7 @@
 -- One request's path across the layers, for every attempt whose server / engine side an engine
 -- reported (docs/LEDGER.md "Reported evidence").
 --
+-- scope: task
 -- reads: intervals, request_metrics
 -- creates: request_path
 

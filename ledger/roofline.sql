@@ -2,6 +2,7 @@
 -- roofs it is held against (peak, sustained, effective, each with its source), and the one-line
 -- verdict the summary prints (docs/LEDGER.md "roofline_points, roofline_roofs and model_summary").
 --
+-- scope: rollup
 -- reads: step_model, step_fit, residual_sources, prediction_registration
 -- creates: roofline_points, roofline_roofs, model_summary
 

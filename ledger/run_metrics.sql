@@ -3,6 +3,7 @@
 -- A run without client events has no client-side count: its client figures are NULL (one run gap in
 -- the register), not 0. Every rate divides by t_obs_s through nullif: a zero-length window is unknown.
 --
+-- scope: rollup
 -- reads: window_bounds, request_metrics, attempts, marks, ev, steps, window_energy, power_check,
 --        kv_integral, step_attribution, sum_if_known
 -- creates: run_metrics

@@ -4,6 +4,7 @@
 -- interference and stalls are unknown, and the dominant cause is the largest of the phases the span
 -- and the client measure.
 --
+-- scope: task
 -- reads: attempts, request_metrics, contracts, intervals, step_attribution, ev_tok
 -- creates: slo_misses
 

@@ -10,6 +10,7 @@ from inferledger.ledger import run_manifest
 
 READS = ("step_model",)
 CREATES = ("step_fit", "step_fit_points", "fit_gaps")
+SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("step_fit", "step_fit_points")
 
 _POINTS = ("SELECT flops, bytes, measured_ms, num_seqs, tokens, context_tokens, gap_after_ms, step_id FROM step_model "

@@ -17,6 +17,7 @@ from inferledger.ledger import run_manifest
 
 READS = ("steps", "step_attribution", "ev", "ev_tok")
 CREATES = ("step_model", "model_gaps")
+SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("step_model",)
 
 LINEAR_STAGES = ("embed", "qkv", "o_proj", "gate_up", "down")

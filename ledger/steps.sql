@@ -2,6 +2,7 @@
 -- the tokens each processed in that step (policy 'by_tokens'); shares add up to the step's time
 -- (docs/LEDGER.md "step_attribution").
 --
+-- scope: engine
 -- reads: ev
 -- creates: steps, step_attribution
 CREATE OR REPLACE TEMP TABLE steps AS

@@ -1,6 +1,7 @@
 -- Each attempt rebuilt per stream, intervals labelled, double counting detected (docs/LEDGER.md
 -- "intervals and stream_checks").
 --
+-- scope: task
 -- reads: marks, ev, ev_tok, clock_conv, figures, point_of
 -- creates: ms_raw, spans_raw, stream_clock, stream_points, span_iv, cuts, ms_state, stream_segs, state_iv,
 --          span_off, intervals, stream_checks

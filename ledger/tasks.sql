@@ -1,5 +1,6 @@
 -- Task outcomes from each task's contract and the checker's verdicts (docs/LEDGER.md "tasks").
 --
+-- scope: task
 -- reads: attempts, request_metrics, contracts, task_refs, figures
 -- creates: request_state, tasks
 

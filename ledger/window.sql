@@ -3,6 +3,7 @@
 -- engine.enqueued instead. The window's clock is the one most of its start events use; every other
 -- point is converted by the clock rule, or left out with a gap (never compared across clocks raw).
 --
+-- scope: rollup
 -- reads: attempt_ids, ev, marks, clock_conv
 -- creates: window_points, window_bounds
 CREATE OR REPLACE TEMP TABLE window_points AS

@@ -7,9 +7,19 @@ leftover of an interrupted compaction and is skipped when listing, so no row is 
 
 `list_parts` also opens every part's footer: a torn file (a killed copy, a full disk) or a foreign one
 (another schema) is named, with what to do, instead of failing deep inside the ledger's SQL.
+
+Partitioned layout (large runs, docs/SCALE.md): `events/` may hold partition folders, each numbered
+and compacted like `events/` itself: `bucket-NNNN/` for the events of the tasks whose stable bucket
+(`bucket_of`: the first 32 bits of the MD5 of the task id, modulo the bucket count) is NNNN (an
+attempt's events without a task id go with the attempt's task, else with its request's, else they
+are keyed by the request or attempt id), `engine-<id>/` for the step events of one engine instance
+(`attrs.engine_id`), and `run/` for events with neither. `events/layout.json` records the bucket
+count. Every reader lists the same parts: the top level first, then `run/`, `engine-*/`, `bucket-*/`.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -18,6 +28,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 PART = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
+PARTITION = re.compile(r"^(run|engine-[A-Za-z0-9_.:-]+|bucket-\d{4})$")
+LAYOUT = "layout.json"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 # a run's registered prediction: the bytes of the prediction file a capture registered before its load
 # (its sha256 and registration time are in manifest.json under `prediction`; docs/MODEL.md "Registration")
 PREDICTION_FILE = "prediction.json"
@@ -62,8 +75,55 @@ def _covering(folder: Path) -> list[tuple[tuple[int, int], Path]]:
     return kept
 
 
+def bucket_of(key: str, buckets: int) -> int:
+    """The stable bucket of a task (or request / attempt) id: the same in every process and version."""
+    return int(hashlib.md5(key.encode()).hexdigest()[:8], 16) % buckets
+
+
+BUCKET_SQL = "((('0x' || substr(md5({key}), 1, 8))::BIGINT) % {buckets})"  # bucket_of in DuckDB
+
+
+def bucket_name(bucket: int) -> str:
+    return f"bucket-{bucket:04d}"
+
+
+def engine_partition(engine_id: str) -> str:
+    return "engine-" + _UNSAFE.sub("_", engine_id)
+
+
+def read_layout(events: Path) -> dict | None:
+    """The partitioned layout's record ({"buckets": N}), or None for a run written unpartitioned."""
+    f = events / LAYOUT
+    if not f.exists():
+        return None
+    try:
+        layout = json.loads(f.read_text())
+        if not isinstance(layout.get("buckets"), int) or layout["buckets"] < 1:
+            raise ValueError("buckets must be a whole number >= 1")
+    except ValueError as exc:
+        raise PartError(f"{f}: not a layout record ({exc}); `inferledger repartition` rewrites it") from None
+    return layout
+
+
+def partitions(events: Path) -> list[Path]:
+    """The partition folders of `events/`, in reading order: run, engine-*, bucket-*."""
+    if not events.is_dir():
+        return []
+    found = [p for p in events.iterdir() if p.is_dir() and PARTITION.match(p.name)]
+    rank = {"run": 0, "engine": 1, "bucket": 2}
+    return sorted(found, key=lambda p: (rank[p.name.split("-")[0]], p.name))
+
+
 def list_parts(folder: Path, schema: pa.Schema) -> list[Path]:
-    """Every part of `folder` to read, each checked to be whole Parquet holding `schema`'s columns."""
+    """Every part of `folder` (and of its partition folders) to read, each checked to be whole
+    Parquet holding `schema`'s columns."""
+    out = []
+    for part_folder in (folder, *partitions(folder)):
+        out += _checked(part_folder, schema)
+    return out
+
+
+def _checked(folder: Path, schema: pa.Schema) -> list[Path]:
     out = []
     for _span, p in _covering(folder):
         try:

@@ -11,8 +11,9 @@ from inferledger.ledger.modules import Module, ModuleError, check, ledger_module
 from inferledger.ledger.reconstruct import PUBLIC_TABLES
 
 
-def _sql(name: str, reads: str, creates: str, body: str) -> Module:
-    return sql_module(name, f"-- {name}\n--\n-- reads: {reads}\n-- creates: {creates}\n\n{body}")
+def _sql(name: str, reads: str, creates: str, body: str, scope: str | None = "task") -> Module:
+    head = f"-- scope: {scope}\n" if scope else ""
+    return sql_module(name, f"-- {name}\n--\n{head}-- reads: {reads}\n-- creates: {creates}\n\n{body}")
 
 
 def test_every_table_of_the_ledger_is_created_by_one_statement_in_one_file():
@@ -90,3 +91,30 @@ def test_names_in_comments_and_strings_are_not_reads():
     b = _sql("user", "", "used", "-- made is mentioned here only\n"
                                  "CREATE OR REPLACE TABLE used AS SELECT 'made' AS what, m.made AS f FROM (SELECT 1) m;")
     assert [m.name for m in check([a, b])] == ["maker", "user"]
+
+
+def test_every_module_declares_a_scope_and_the_message_says_what_to_add():
+    scopes = {m.name: m.scope for m in ledger_modules()}
+    assert scopes["load"] == "run" and scopes["steps"] == "engine" and scopes["request_metrics"] == "task"
+    assert scopes["gaps"] == "rollup" and scopes["latency"] == "rollup" and scopes["critical_path"] == "task"
+    bare = _sql("new_stage", "", "x", "CREATE OR REPLACE TABLE x AS SELECT 1;", scope=None)
+    with pytest.raises(ModuleError, match=r"new_stage.sql declares no scope: add a header line "
+                                          r"`-- scope: run \| engine \| task \| rollup`"):
+        check([bare])
+    odd = _sql("odd", "", "x", "CREATE OR REPLACE TABLE x AS SELECT 1;", scope="cluster")
+    with pytest.raises(ModuleError, match=r"odd.sql declares scope 'cluster'"):
+        check([odd])
+
+
+def test_a_task_module_that_reads_a_rollup_is_refused_naming_both():
+    total = _sql("total", "", "run_total", "CREATE OR REPLACE TABLE run_total AS SELECT 1 AS n;", scope="rollup")
+    share = _sql("share", "run_total", "share_of", "CREATE OR REPLACE TABLE share_of AS SELECT n FROM run_total;")
+    with pytest.raises(ModuleError, match=r"share.sql has scope task but reads run_total \(scope rollup, total.sql\)"
+                                          r".*declare share.sql `-- scope: rollup`"):
+        check([total, share])
+    per_task = _sql("per_task", "", "t", "CREATE OR REPLACE TABLE t AS SELECT 1 AS n;")
+    base = _sql("base", "t", "b", "CREATE OR REPLACE TABLE b AS SELECT n FROM t;", scope="run")
+    with pytest.raises(ModuleError, match=r"base.sql has scope run but reads t \(scope task"):
+        check([per_task, base])
+    rollup = _sql("sum_up", "t", "s", "CREATE OR REPLACE TABLE s AS SELECT sum(n) FROM t;", scope="rollup")
+    assert [m.name for m in check([per_task, rollup])] == ["per_task", "sum_up"]

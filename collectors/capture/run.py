@@ -87,7 +87,8 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             device: str = "cpu", otlp_port: int | None = None, scrape_metrics: bool = False,
             engine_host: str | None = None, engine_clock_epsilon_ms: float = 5.0,
             drain_timeout_s: float = DRAIN_TIMEOUT_S, microbenchmarks: bool = True,
-            prediction: str | Path | None = None, run_id: str | None = None) -> CaptureResult:
+            prediction: str | Path | None = None, run_id: str | None = None,
+            buckets: int | None = None) -> CaptureResult:
     """Run `workload` against `target` ('embedded' or a base URL) and write the run directory `out`.
 
     `bundle` reuses an already loaded model (tests), else `model` is loaded on `device` ("cpu" or
@@ -96,6 +97,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     or engine's threads (None leaves it alone). A URL target's own evidence (collectors.engine_evidence):
     `otlp_port` receives its OTLP spans, `scrape_metrics` scrapes its /metrics; `engine_host` names the
     engine's host when it is not this one (its wall clock then maps within `engine_clock_epsilon_ms`).
+    `buckets`: a clean run's events end in the partitioned layout of that many task buckets.
     The embedded server stops by the serving drain rule (serve/lifecycle.py) within `drain_timeout_s`.
     Before the load: the embedded engine's device is measured (`microbenchmarks`; manifest
     `device_params`) and a prediction registered (`prediction`, a file from `inferledger predict`, else
@@ -139,7 +141,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
         if given is None and target == "embedded":
             given, source = own_prediction(wl, bundle.identity, device_params, limits["max_num_seqs"])
     host = host_id()
-    writer = RunWriter(out, run_id, autoflush_s=AUTOFLUSH_S)  # a kill loses at most the last 2 s
+    writer = RunWriter(out, run_id, autoflush_s=AUTOFLUSH_S, buckets=buckets)  # a kill loses at most the last 2 s
     engine_clock = mono_clock(host)
     client_clock = f"client-mono:{host}" if separate_clocks else engine_clock
     head = {"source": "inferledger capture", "state": "running",

@@ -1,0 +1,52 @@
+"""Bounded memory for the ledger's DuckDB: a limit, a spill folder, and what the size strings mean.
+
+DuckDB keeps its working set under `memory_limit` by spilling joins, sorts, aggregates and the
+database's own pages to `temp_directory` (the ledger is a file-backed database, so built tables go to
+disk as they grow). The default limit is `DEFAULT_FRACTION` of the machine's physical memory. Python
+never holds event-sized data: every stage is SQL over DuckDB tables, and the Python stages fetch
+only attempt- or task-sized rows.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+DEFAULT_FRACTION = 0.25  # of physical memory: a shared host keeps three quarters for others
+_UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
+          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+MIN_BYTES = 64 * 2 ** 20  # below this DuckDB cannot run the ledger's joins at all
+
+
+class SizeError(ValueError):
+    """A memory size that cannot be read; the message names the parameter and the forms accepted."""
+
+
+def parse_size(text: str) -> int:
+    """Bytes of "4GB", "512MiB", "2.5GiB" or a plain byte count; SizeError for anything else."""
+    m = _SIZE.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise SizeError(f"memory limit {text!r}: expected a size such as 4GB, 512MiB or 2.5GiB "
+                        f"(units {', '.join(u for u in _UNITS if u)})")
+    size = int(float(m.group(1)) * _UNITS[unit])
+    if size < MIN_BYTES:
+        raise SizeError(f"memory limit {text!r}: at least {MIN_BYTES // 2 ** 20} MiB is needed")
+    return size
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_memory_limit() -> int:
+    return int(physical_memory_bytes() * DEFAULT_FRACTION)
+
+
+def bound(con, limit_bytes: int, spill: Path) -> None:
+    """Hold `con` to `limit_bytes`, spilling to `spill` (created here)."""
+    spill.mkdir(parents=True, exist_ok=True)
+    con.execute("SET enable_progress_bar = false")
+    con.execute(f"SET memory_limit = '{limit_bytes // 2 ** 20}MiB'")
+    con.execute("SET temp_directory = ?", [str(spill)])

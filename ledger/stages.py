@@ -1,0 +1,53 @@
+"""Running the ledger's stages on a DuckDB connection: the SQL variables, each module in turn, and the
+errors a rebuild reports (shared by the single-node build and the sharded one)."""
+from __future__ import annotations
+
+import time
+
+import duckdb
+
+from inferledger.ledger.load import LoadError, RunFiles
+from inferledger.ledger.modules import Module
+
+
+class RunDirError(Exception):
+    """The run directory is missing or unreadable; the message names the file."""
+
+
+class StageError(RunDirError):
+    """A ledger stage failed on this run's data; the message names the stage and the run."""
+
+
+def _run_module(con, module: Module, run: RunFiles, profile: list | None) -> None:
+    """One stage; with `profile`, (module, statement, seconds) for each SQL statement or Python stage."""
+    t0 = time.perf_counter()
+    if module.build is not None:
+        module.build(con, run)
+        if profile is not None:
+            profile.append((module.source, ", ".join(module.public or module.creates), time.perf_counter() - t0))
+        return
+    if profile is None:
+        con.execute(module.sql)
+        return
+    for statement in con.extract_statements(module.sql):  # timed one by one
+        text = " ".join(ln for ln in statement.query.splitlines() if not ln.strip().startswith("--"))
+        label = " ".join(text.split()).split(" AS ")[0].replace("CREATE OR REPLACE ", "")[:48]
+        t0 = time.perf_counter()
+        con.execute(statement)
+        profile.append((module.source, label, time.perf_counter() - t0))
+
+
+def set_variables(con, variables: dict) -> None:
+    for name, (value, kind) in variables.items():
+        con.execute(f"SET VARIABLE {name} = ?::{kind}", [value])
+
+
+def run_modules(con, modules, run: RunFiles, profile: list | None = None) -> None:
+    """The stages in order, each error as a RunDirError naming the stage."""
+    for module in modules:
+        try:
+            _run_module(con, module, run, profile)
+        except LoadError as exc:
+            raise RunDirError(str(exc)) from None
+        except duckdb.Error as exc:
+            raise StageError(f"ledger stage {module.source} failed on {run.run_dir}: {exc}") from exc

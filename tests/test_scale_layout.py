@@ -1,0 +1,128 @@
+"""The partitioned run layout: where each event goes, the same ledger, an atomic rewrite, URLs."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import fsspec
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from inferledger.cli.app import app
+from inferledger.collectors.importer import import_archive
+from inferledger.collectors.repartition import RepartitionError, repartition
+from inferledger.collectors.writer import RunWriter
+from inferledger.ledger.reconstruct import reconstruct
+from inferledger.probes.events import EVENT_SCHEMA
+from inferledger.probes.run_dir import list_parts
+from scale_util import ledger_differences
+
+E0 = Path(__file__).resolve().parent.parent / "samples" / "e0"
+
+
+def md5_bucket(key: str, n: int) -> int:  # the rule written out: first 32 bits of the MD5, modulo n
+    return int.from_bytes(hashlib.md5(key.encode()).digest()[:4], "big") % n
+
+
+def _emit(w: RunWriter, rows: list[dict]) -> None:
+    for i, r in enumerate(rows):
+        w.emit({"run_id": "r", "event_id": f"e:{i}", "seq": i, "source": r.get("source", "client"), "host": "h",
+                "name": r["name"], "ts_ns": 1000 * (i + 1), "clock": "c", "task_id": r.get("task_id"),
+                "session_id": None, "request_id": r.get("request_id"), "attempt_id": r.get("attempt_id"),
+                "step_id": r.get("step_id"), "value": r.get("value"), "attrs": json.dumps(r.get("attrs", {}))})
+
+
+ROWS = [
+    {"name": "task.start", "task_id": "T1"},
+    {"name": "attempt.created", "task_id": "T1", "request_id": "R1", "attempt_id": "A1"},
+    {"name": "attempt.sent", "task_id": "T1", "request_id": "R1", "attempt_id": "A1"},
+    {"name": "engine.enqueued", "source": "engine", "request_id": "R1", "attempt_id": "A1", "value": 5},  # no task id
+    {"name": "attempt.created", "task_id": "T2", "request_id": "R2", "attempt_id": "A2"},
+    {"name": "engine.scheduled", "source": "engine", "request_id": "R2", "attempt_id": "A2b"},  # a retry: via R2
+    {"name": "attempt.created", "request_id": "R3", "attempt_id": "A3"},  # no task anywhere: keyed by R3
+    {"name": "step.start", "source": "engine", "step_id": 1, "attrs": {"engine_id": "h-1-0", "batch": [["A1", "prefill", 5]]}},
+    {"name": "step.end", "source": "engine", "step_id": 1, "attrs": {"engine_id": "h-1-0"}, "value": 5},
+    {"name": "mem.returned", "source": "engine", "value": 4096},  # neither: the run's own
+]
+
+
+def _placed(run: Path) -> dict[str, list[str]]:
+    out = {}
+    for p in sorted((run / "events").glob("*/part-*.parquet")):
+        out.setdefault(p.parent.name, []).extend(pq.read_table(p).column("event_id").to_pylist())
+    return out
+
+
+def test_each_event_goes_to_its_tasks_bucket_its_engine_or_the_run(tmp_path):
+    run = tmp_path / "run"
+    with RunWriter(run, "r") as w:
+        w.clock_domain("c", host="h", kind="monotonic")
+        _emit(w, ROWS)
+    before = reconstruct(run, out=tmp_path / "before.duckdb")
+    counts = repartition(run, 8)
+    b = {k: f"bucket-{md5_bucket(k, 8):04d}" for k in ("T1", "T2", "R3")}
+    want: dict[str, list[str]] = {}
+    for event_id, part in (("e:0", b["T1"]), ("e:1", b["T1"]), ("e:2", b["T1"]), ("e:3", b["T1"]),
+                           ("e:4", b["T2"]), ("e:5", b["T2"]), ("e:6", b["R3"]),
+                           ("e:7", "engine-h-1-0"), ("e:8", "engine-h-1-0"), ("e:9", "run")):
+        want.setdefault(part, []).append(event_id)
+    assert _placed(run) == {k: sorted(v, key=lambda e: int(e[2:])) for k, v in want.items()}
+    assert counts == {k: len(v) for k, v in want.items()}
+    assert json.loads((run / "events" / "layout.json").read_text()) == {"buckets": 8, "events": 10}
+    assert not list((run / "events").glob("part-*.parquet")) and not (run / "events.new").exists()
+    assert len(list_parts(run / "events", EVENT_SCHEMA)) == len(want)
+    after = reconstruct(run, out=tmp_path / "after.duckdb")
+    assert after.n_events == 10 and ledger_differences(before.path, after.path) == []
+
+
+def test_a_sample_run_repartitioned_keeps_its_ledger_and_a_kill_mid_swap_loses_nothing(tmp_path):
+    run = tmp_path / "run"
+    import_archive(E0 / "parallel_partial" / "archive.jsonl", run)
+    before = reconstruct(run, out=tmp_path / "before.duckdb")
+    repartition(run, 4)
+    # a kill between the two renames: events/ gone, the new layout complete beside it
+    os.rename(run / "events", run / "events.new")
+    shutil.copytree(run / "events.new", run / "events.old")
+    repartition(run, 2)  # finishes the swap, then rewrites into 2 buckets
+    assert not (run / "events.old").exists() and not (run / "events.new").exists()
+    after = reconstruct(run, out=tmp_path / "after.duckdb")
+    assert after.n_events == before.n_events and ledger_differences(before.path, after.path) == []
+
+
+def test_a_writer_with_buckets_ends_a_clean_run_partitioned(tmp_path):
+    run = tmp_path / "run"
+    w = RunWriter(run, "r", buckets=4, flush_rows=3)
+    w.clock_domain("c", host="h", kind="monotonic")
+    _emit(w, ROWS)
+    w.close(compact_parts=True)
+    assert sum(len(v) for v in _placed(run).values()) == len(ROWS)
+    assert json.loads((run / "events" / "layout.json").read_text())["buckets"] == 4
+
+
+def test_a_run_at_a_url_builds_the_same_ledger(tmp_path):
+    run = tmp_path / "run"
+    import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run)
+    repartition(run, 3)
+    local = reconstruct(run, out=tmp_path / "local.duckdb")
+    fs = fsspec.filesystem("memory")
+    fs.put(str(run), "/runs/run", recursive=True)
+    for url in (run.as_uri(), "memory:///runs/run"):
+        remote = reconstruct(url, out=tmp_path / "remote.duckdb")
+        assert remote.run_id == local.run_id and ledger_differences(local.path, remote.path) == []
+        assert not list(tmp_path.glob(".remote.duckdb.run-*"))
+
+
+def test_repartition_refuses_what_it_cannot_do_and_the_cli_says_so(tmp_path):
+    with pytest.raises(RepartitionError, match="no event parts"):
+        (tmp_path / "empty" / "events").mkdir(parents=True)
+        repartition(tmp_path / "empty", 4)
+    run = tmp_path / "run"
+    import_archive(E0 / "r1_sample_b0" / "archive.jsonl", run)
+    res = CliRunner().invoke(app, ["repartition", str(run), "--buckets", "0"])
+    assert res.exit_code == 2 and "--buckets 0" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(app, ["repartition", str(run), "--buckets", "2", "--format", "json"])
+    assert res.exit_code == 0 and sum(r["events"] for r in json.loads(res.output)) == 625

@@ -1,0 +1,127 @@
+"""The sharded reconstruct on a local Ray of two workers: the same ledger as the single-node path and
+the bounded-memory path, table for table, row for row, on every sample archive, a simulated engine
+run (engine partitions, shared prefix blocks, a cancellation), the synthetic benchmark run and the
+degenerate runs; and its refusals."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from inferledger.cli.app import app
+from inferledger.collectors.importer import import_archive
+from inferledger.collectors.repartition import repartition
+from inferledger.collectors.sim.declared import QWEN3_8B
+from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
+from inferledger.collectors.sim.step_model import BookStepModel
+from inferledger.engine.params import EngineConfig
+from inferledger.ledger.reconstruct import RunDirError, reconstruct
+from ledger_util import build_run
+from scale_util import ledger_differences
+
+ROOT = Path(__file__).resolve().parent.parent
+E0 = ROOT / "samples" / "e0"
+CASES = sorted(p.name for p in E0.iterdir() if (p / "archive.jsonl").exists())
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def three_ledgers(run: Path, tmp: Path, buckets: int, bounded: bool = True) -> tuple[Path, Path | None, Path]:
+    """The default ledger of the run as recorded, then (partitioned) the bounded and the sharded one."""
+    default = reconstruct(run, out=tmp / f"{run.name}-default.duckdb").path
+    repartition(run, buckets)
+    small = reconstruct(run, out=tmp / f"{run.name}-bounded.duckdb", memory_limit="96MiB").path if bounded else None
+    sharded = reconstruct(run, out=tmp / f"{run.name}-ray.duckdb", engine="ray").path
+    return default, small, sharded
+
+
+def assert_same(default, bounded, sharded):
+    if bounded is not None:
+        assert ledger_differences(default, bounded) == []
+    assert ledger_differences(default, sharded) == []
+
+
+def test_every_sample_archive_has_the_same_ledger_sharded_and_default(local_ray, tmp_path):
+    # (the bounded path is compared on the runs below and in test_scale_memory.py)
+    for case in CASES:
+        run = tmp_path / case
+        import_archive(E0 / case / "archive.jsonl", run)
+        default, _, sharded = three_ledgers(run, tmp_path, 3, bounded=False)
+        assert ledger_differences(default, sharded) == [], case
+
+
+def test_an_engine_run_with_shared_prefixes_and_a_cancel_is_the_same_sharded(local_ray, tmp_path):
+    shared = distinct_prompt(99, 32, QWEN3_8B.vocab_size)  # two blocks every request shares
+    requests = [SimRequest(f"q{i}", 5.0 * i, shared + distinct_prompt(i, 8 + i, QWEN3_8B.vocab_size), 6 + i % 5,
+                           cancel_at_ms=60.0 if i == 3 else None) for i in range(14)]
+    cfg = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=4, max_num_batched_tokens=64,
+                       enable_prefix_caching=True)
+    run = simulate(tmp_path / "sim", requests, engine_config=cfg, step_model=BookStepModel(), run_id="sim").run_dir
+    default, bounded, sharded = three_ledgers(run, tmp_path, 4)
+    folders = sorted(p.name for p in (run / "events").iterdir() if p.is_dir())
+    assert len([f for f in folders if f.startswith("bucket-")]) == 4 and any(f.startswith("engine-") for f in folders)
+    assert_same(default, bounded, sharded)
+
+
+def test_the_synthetic_benchmark_run_is_the_same_sharded(local_ray, tmp_path):
+    spec = importlib.util.spec_from_file_location("ledger_scale", ROOT / "benchmarks" / "ledger_scale.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    run = tmp_path / "bench"
+    bench.phase_import(run, 240, 16, 11)
+    assert_same(*three_ledgers(run, tmp_path, 4))
+
+
+def test_degenerate_runs_are_the_same_sharded(local_ray, tmp_path):
+    # an engine-only attempt without a task; a run with no attempt or task at all
+    engine_only = [{"name": n, "source": "engine", "ms": ms, "task_id": None, "value": v}
+                   for n, ms, v in (("engine.enqueued", 1, 5), ("engine.scheduled", 2, None),
+                                    ("engine.token", 5, 1), ("engine.finished", 9, 1))]
+    build_run(tmp_path / "engine_only", engine_only).close()
+    build_run(tmp_path / "nothing", [{"name": "mem.returned", "source": "engine", "ms": 1, "value": 4096,
+                                      "request_id": None, "attempt_id": None}]).close()
+    for name in ("engine_only", "nothing"):
+        assert_same(*three_ledgers(tmp_path / name, tmp_path, 2))
+
+
+def test_the_cli_shards_a_partitioned_run_and_refuses_an_unpartitioned_one(local_ray, tmp_path):
+    run = tmp_path / "run"
+    import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run)
+    res = CliRunner().invoke(app, ["reconstruct", str(run), "--engine", "ray", "-q"], env={"COLUMNS": "500"})
+    assert res.exit_code == 2 and f"run `inferledger repartition {run}` first" in res.output
+    assert "Traceback" not in res.output and not (run / "ledger.duckdb").exists()
+    repartition(run, 2)
+    res = CliRunner().invoke(app, ["reconstruct", str(run), "--engine", "ray", "--workers", "2", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["ledger"]["n_attempts"] == 2
+    # the query surface over the sharded ledger of a partitioned run, and over two that share a run_id
+    res = CliRunner().invoke(app, ["query", str(run), "select count(*) AS n from request_metrics", "--format", "json"])
+    assert res.exit_code == 0 and json.loads(res.output) == [{"n": 2}]
+    shutil.copytree(run, tmp_path / "copy")
+    res = CliRunner().invoke(app, ["query", str(tmp_path / "*"), "select 1"], env={"COLUMNS": "500"})
+    assert res.exit_code == 2 and str(run) in res.output and str(tmp_path / "copy") in res.output
+
+
+def test_without_ray_the_error_says_what_to_install_and_the_default_path_never_imports_it(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    import_archive(E0 / "r1_sample_b0" / "archive.jsonl", run)
+    repartition(run, 2)
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed
+    with pytest.raises(RunDirError, match=r"pip install 'inferledger\[ray\]'"):
+        reconstruct(run, engine="ray")
+    code = ("import sys; from inferledger.ledger.reconstruct import reconstruct; "
+            f"reconstruct({str(run)!r}); assert 'ray' not in sys.modules, 'ray imported'")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
