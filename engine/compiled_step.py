@@ -33,13 +33,15 @@ MAX_SCORES = 1 << 17  # tokens x keys of a step compiled; beyond, the eager flas
 
 
 def cache_dir() -> Path:
-    """Where inductor keeps compiled kernels and graphs: $TORCHINDUCTOR_CACHE_DIR as set before this
-    module was imported, else $XDG_CACHE_HOME (or ~/.cache) /inferledger/inductor."""
-    return _CACHE_DIR
+    """Where inductor keeps compiled kernels and graphs: $TORCHINDUCTOR_CACHE_DIR when the user set it
+    (torch sets it to its own default in /tmp once it has looked: that value does not count), else
+    $XDG_CACHE_HOME (or ~/.cache) /inferledger/inductor."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-
-_CACHE_DIR = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(
-    os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "inferledger" / "inductor")
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if env and env != default_cache_dir():
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "inferledger" / "inductor"
 
 
 def _layer(h, cos, sin, w, k_flat, v_flat, layer_blocks, write_rows, tables, pos, heads, eps, block_size):
