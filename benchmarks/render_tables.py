@@ -193,6 +193,17 @@ def decode_step_account(rs: list[dict]) -> str:
               f"memcpy {fmt(f['memcpy_gib_s'], '.1f')} GiB/s (read + write) in the same run.")
 
 
+def microbench_cost(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[r["round"], fmt(r["wall_s"], ".2f", " s"), fmt(r["memory_peak_gb_s"]), fmt(r["memory_median_gb_s"]),
+             r["memcpy_from"], fmt(r["matmul_peak_tflop_per_s"], ".3f"), fmt(r["matmul_median_tflop_per_s"], ".3f"),
+             r["matmul_at"], fmt(r["load_1m_after"], ".1f")] for r in f["rounds"]]
+    return (table(["round", "wall", "memory peak GB/s", "memory median GB/s", "from", "matmul peak TFLOP/s",
+                   "matmul median TFLOP/s", "at", "load after"], rows)
+            + f"\n\n{f['dtype']}, {f['threads']} intra-op thread(s), {f['shapes']} matmul shapes, a {f['stream_mib']} MiB "
+              f"stream; median {fmt(f['median_wall_s'], '.2f')} s.\n\n" + targets(f["targets"]))
+
+
 @dataclass(frozen=True)
 class Table:
     benchmark: str
@@ -222,4 +233,5 @@ TABLES = {
                                   lambda p: (p.get("attempts"), p.get("tokens")) == (10_000, 256)),
     "report_scale": Table("report_scale", report_scale, lambda p: bool(p.get("exports"))),
     "parts_compaction": Table("parts_compaction", parts_compaction),
+    "microbench_cost": Table("microbench_cost", microbench_cost),
 }

@@ -9,7 +9,8 @@ import typer
 
 def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, max_num_seqs: int,
                 model: Optional[Path], served_model_name: Optional[str] = None, api_key: Optional[str] = None,
-                device: str = "cpu", engine_evidence: dict | None = None, drain_timeout_s: float | None = None):
+                device: str = "cpu", engine_evidence: dict | None = None, drain_timeout_s: float | None = None,
+                microbenchmarks: bool = True, prediction: Optional[Path] = None):
     """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -42,7 +43,8 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
         try:
             result = capture(wl, out, target=target, separate_clocks=separate_clocks,
                              max_num_seqs=max_num_seqs, model=model, served_model=served_model_name, api_key=api_key,
-                             device=device, **(engine_evidence or {}),
+                             device=device, **(engine_evidence or {}), microbenchmarks=microbenchmarks,
+                             prediction=prediction,
                              **({} if drain_timeout_s is None else {"drain_timeout_s": drain_timeout_s}),
                              on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks", total=wl.n_tasks),
                              progress=lambda: progress.advance(bar))

@@ -36,6 +36,15 @@ def capture_cmd(
                                                   "that host's wall clock against this one's (NTP)."),
     drain_timeout: float = typer.Option(DRAIN_TIMEOUT_S, min=0, help="Embedded engine: after the load, seconds "
                                         "requests still in flight get to finish before they are cancelled."),
+    microbench: bool = typer.Option(True, "--microbench/--no-microbench", help="Embedded engine: measure the "
+                                    "device's memory bandwidth and the engine's own matmuls for a few seconds before "
+                                    "the load (manifest device_params, the roofs of the step bounds); without it the "
+                                    "bounds use a spec entry for the device, else stay unknown."),
+    prediction: Optional[Path] = typer.Option(None, "--prediction", help="A prediction file from `inferledger "
+                                              "predict` to register in the run before the load starts (default: the "
+                                              "capture makes its own from the workload, the model and the measured "
+                                              "roofs). Copied to RUN/prediction.json, its sha256 and registration "
+                                              "time in the manifest."),
 ) -> None:
     """Drive a workload against a target and record the run.
 
@@ -60,7 +69,8 @@ def capture_cmd(
         raise typer.BadParameter("--otlp-port / --scrape-metrics need a URL --target (the embedded engine "
                                  "records its own events)", param_hint="--otlp-port")
     result = run_capture(workload, out, target, separate_clocks, max_num_seqs, model, served_model_name, api_key,
-                         device=device, engine_evidence=evidence, drain_timeout_s=drain_timeout)
+                         device=device, engine_evidence=evidence, drain_timeout_s=drain_timeout,
+                         microbenchmarks=microbench, prediction=prediction)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 
 

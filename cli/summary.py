@@ -119,6 +119,14 @@ def print_sections(sec: dict, console: Console, only: str | None = None) -> None
         tokens = "unknown" if ghost["ghost_tokens"] is None else f"{int(ghost['ghost_tokens'])}"
         console.print(f"ghost load: {ghost['ghost_attempts']} attempt(s) the client gave up on kept the server busy "
                       f"{ms} and {tokens} tokens")
+    model = sec.get("model") or {}
+    if want("model") and model.get("n_steps"):
+        share = model["median_bound_share_pct"]
+        source = (f"{model['dominant_source']} ({model['dominant_ms_per_step']:,.1f} ms per step)"
+                  if model["dominant_source"] else "unknown (too few steps to tell the sources apart)")
+        console.print(f"workload model: median step at {share:.0f} % of its bound (bound_ms / measured_ms over "
+                      f"{model['n_steps']} steps, {model['n_beats_bound']} faster than their bound); "
+                      f"dominant residual source: {source}")
     if want("stream_checks"):
         console.print("stream checks: " + ", ".join(f"{r['status']} {r['n']}" for r in sec["stream_checks"]))
     if want("gaps"):

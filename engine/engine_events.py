@@ -24,8 +24,9 @@ step-level ones carry step_id (the engine iteration; request events of a step ca
   kv.free                 right after: of those, the blocks back in the pool (free or cached, i.e.
                           reallocatable; the step that used them is over); attrs.shared = still held
                           by other requests. A request that never held a block gets an empty pair.
-  step.start / step.end   one iteration; start attrs: batch [[attempt_id, kind, tokens]] with kind
-                          prefill | decode | verify, token_budget, num_seqs, num_running,
+  step.start / step.end   one iteration; start attrs: batch [[attempt_id, kind, tokens, context_before]]
+                          with kind prefill | decode | verify and context_before = the tokens of that
+                          sequence already in KV before this step's tokens, token_budget, num_seqs, num_running,
                           num_waiting; end: value = tokens processed, attrs mode (eager |
                           padded | graph | graph_capture: this step captured a new bucket's graph | simulated:
                           the simulated clock's runner),
@@ -56,7 +57,7 @@ class EngineEvents:
     def step_start(self, step_id: int, out, token_budget: int, num_running: int, num_waiting: int) -> None:
         if not self.probe.enabled:
             return
-        batch = [[i.seq.attempt_id, i.kind, i.num_tokens] for i in out.scheduled]
+        batch = [[i.seq.attempt_id, i.kind, i.num_tokens, i.start_pos] for i in out.scheduled]
         self.probe.emit("step.start", step_id=step_id, batch=batch, token_budget=token_budget,
                         num_seqs=len(out.scheduled), num_tokens=out.num_batched_tokens,
                         num_running=num_running, num_waiting=num_waiting, preempted=len(out.preempted))

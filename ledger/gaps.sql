@@ -5,7 +5,8 @@
 -- reads: ev, events, samples, figures, marks, ms_raw, stream_clock, clock_conv, spans_raw, attempt_ids,
 --        attempt_start, window_bounds, window_points, step_attribution, energy_shares, dag_problems,
 --        window_energy, kv_holds, steps, attempts, choice_metrics, run_metrics, peer_views, peer_base,
---        attempt_evidence, reported_counters, collector_gaps, load_gaps
+--        attempt_evidence, reported_counters, collector_gaps, load_gaps, model_gaps,
+--        fit_gaps, request_model_gaps, prediction_gaps
 -- creates: client_reporter, gaps
 
 CREATE OR REPLACE TEMP TABLE client_reporter AS  -- who reported the client events, when a load tool did
@@ -131,6 +132,16 @@ WITH ledger_gaps AS (
   UNION ALL
   -- an event id found more than once in the run's parts (ledger/load.py keeps the first copy)
   SELECT scope, subject_id, affects, needs, detail FROM load_gaps
+  UNION ALL
+  -- the registered prediction: missing, changed after registration, or not of the prediction format
+  SELECT 'run', 'prediction.json', affects, needs, detail FROM prediction_gaps
+  UNION ALL
+  -- the workload model: no shape, no roofs, batch rows without their context (ledger/step_model.py)
+  SELECT scope, subject_id, affects, needs, detail FROM model_gaps
+  UNION ALL
+  SELECT scope, subject_id, affects, needs, detail FROM fit_gaps
+  UNION ALL
+  SELECT scope, subject_id, affects, needs, detail FROM request_model_gaps
   UNION ALL
   -- energy: no counter samples in the run (the ledger never reports 0 J for "not measured")
   SELECT 'energy', NULL, 'energy_gpu_j, energy_cpu_j, energy_per_good_j',

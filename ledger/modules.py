@@ -141,8 +141,8 @@ def check(modules: list[Module]) -> list[Module]:
 
 
 def _python_stages() -> list:
-    from inferledger.ledger import critical_path, load
-    return [load, critical_path]
+    from inferledger.ledger import critical_path, load, prediction_check, request_model, step_fit, step_model
+    return [load, critical_path, step_model, step_fit, request_model, prediction_check]
 
 
 @lru_cache(maxsize=1)

@@ -14,6 +14,8 @@ WHERE s.name = 'step.start';
 -- @column step_id: the engine step
 -- @column kind: what the attempt did in the step (prefill, decode, ...: step.start attrs.batch)
 -- @column tokens: the tokens it processed in the step
+-- @column context_before: its tokens already in KV before this step's (step.start batch item 4; NULL
+--   in runs whose batch rows have 3 items)
 -- @column step_ms: step.end − step.start
 -- @column share_ms: step_ms × its tokens / the step's tokens (NULL when the batch lists 0 tokens)
 -- @column policy: how the step was shared: by_tokens
@@ -26,10 +28,11 @@ WITH items AS (
   FROM steps st WHERE json_extract(st.start_attrs, '$.batch') IS NOT NULL
 ), parsed AS (
   SELECT step_id, step_ms, start_ns, end_ns, clock, json_extract_string(item[1], '$') AS attempt_id, json_extract_string(item[2], '$') AS kind,
-         TRY_CAST(json_extract_string(item[3], '$') AS DOUBLE) AS tokens
+         TRY_CAST(json_extract_string(item[3], '$') AS DOUBLE) AS tokens,
+         TRY_CAST(json_extract_string(item[4], '$') AS BIGINT) AS context_before
   FROM items
 )
-SELECT getvariable('run_id') AS run_id, step_id, attempt_id, kind, tokens, step_ms,
+SELECT getvariable('run_id') AS run_id, step_id, attempt_id, kind, tokens, context_before, step_ms,
        step_ms * tokens / nullif(sum(tokens) OVER (PARTITION BY step_id), 0) AS share_ms, 'by_tokens' AS policy,
        start_ns, end_ns, clock
 FROM parsed

@@ -18,6 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 PART = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
+# a run's registered prediction: the bytes of the prediction file a capture registered before its load
+# (its sha256 and registration time are in manifest.json under `prediction`; docs/MODEL.md "Registration")
+PREDICTION_FILE = "prediction.json"
 
 
 class PartError(ValueError):

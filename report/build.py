@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferledger.report import model_sections as msec
 from inferledger.report import reported
 from inferledger.report import sections as sec
 from inferledger.report.clocks import build_timebase
@@ -25,7 +26,8 @@ from inferledger.report.page import Page, esc
 DETAIL_LIMIT = 300   # attempts drawn as timeline rows; beyond this the timeline shows a sample
 DRILL_LIMIT = 120    # attempts with a drill-down (every event and output time embedded)
 PANELS = (("headline", "Headline"), ("identity", "Identity"), ("timeline", "Timeline"), ("itl", "ITL"),
-          ("ttft", "TTFT"), ("kv", "KV blocks"), ("critical", "Critical path"), ("accounts", "Accounts"),
+          ("ttft", "TTFT"), ("kv", "KV blocks"), ("roofline", "Roofline"), ("residuals", "Residuals"),
+          ("calibration", "Calibration"), ("prediction", "Prediction"), ("critical", "Critical path"), ("accounts", "Accounts"),
           ("diagnosis", "Reconciliation"), ("gaps", "Gaps"))
 
 
@@ -51,6 +53,8 @@ def run_panels(rv, page: Page, prefix: str, *, detail_limit: int, drill_limit: i
     parts = [sec.headline(rv, prefix, h), sec.identity(rv, prefix),
              sec.timeline(rv, page, prefix, tb, detail_limit, drill_limit), sec.itl(rv, page, prefix),
              sec.ttft(rv, page, prefix), sec.kv(rv, page, prefix, tb), reported.engine_account(rv, page, prefix, tb),
+             msec.roofline(rv, page, prefix), msec.residuals(rv, page, prefix), msec.calibration(rv, page, prefix),
+             msec.prediction(rv, prefix),
              sec.critical(rv, page, prefix),
              sec.accounts(rv, page, prefix), sec.diagnosis(rv, page, prefix), sec.gaps(rv, prefix)]
     return "".join(parts)

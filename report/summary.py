@@ -15,7 +15,9 @@ COMPARISON_COLUMNS = ("metric", "tool", "imported", "reporter", "tool_n", "tool_
                       "server_n", "server_mean_ms", "server_p50_ms", "server_p99_ms", "reason")
 RUN_COLUMNS = ("t_obs_s", "goodput_rps", "completed_rps", "energy_per_good_j", "vllm_goodput_rps", "slo_ttft_ms",
                "slo_tpot_ms", "slo_e2e_ms", "output_tok_s", "total_tok_s", "computed_tok_s")
-SECTIONS = ("latency", "accounts", "run", "peer_views", "peers", "slo_misses", "ghost", "stream_checks", "gaps")
+SECTIONS = ("latency", "accounts", "run", "peer_views", "peers", "slo_misses", "ghost", "model", "stream_checks",
+            "gaps")
+MODEL_COLUMNS = ("n_steps", "median_bound_share_pct", "n_beats_bound", "dominant_source", "dominant_ms_per_step")
 
 
 def latency_rows(rv: RunView) -> list[dict]:
@@ -81,6 +83,8 @@ def sections(rv: RunView, *, all_tools: bool = False) -> dict:
         out["slo_misses"] = []
     ghost = rv.one("SELECT ghost_attempts, ghost_ms, ghost_tokens FROM reconciliation") if rv.has("reconciliation") else None
     out["ghost"] = dict(zip(("ghost_attempts", "ghost_ms", "ghost_tokens"), ghost or (None, None, None)))
+    row = rv.one(f"SELECT {', '.join(MODEL_COLUMNS)} FROM model_summary") if rv.has("model_summary") else None
+    out["model"] = dict(zip(MODEL_COLUMNS, row or (None,) * len(MODEL_COLUMNS)))
     out["stream_checks"] = [{"status": s, "n": n} for s, n in
                             rv.all("SELECT status, count(*) FROM stream_checks GROUP BY 1 ORDER BY 1")]
     out["gaps"] = {"n": rv.one("SELECT count(*) FROM gaps")[0]}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("probes", "engine", "serve", "collectors", "ledger", "report", "studies", "cli", "inferledger")
+PARTS = ("probes", "costmodel", "engine", "serve", "collectors", "ledger", "report", "studies", "cli", "inferledger")
 
 
 def allowed_arrows(doc: str) -> dict[str, set[str]]:

@@ -41,7 +41,7 @@ def test_batched_greedy_equals_the_runner_alone(bundle, prompts, refs):
     assert [o.token_ids for o in outs] == refs
     by = check_events(sink, outs)
     first = next(r for r in sink.rows if r["name"] == "step.start")
-    assert [b[1:] for b in attrs(first)["batch"]] == [["prefill", len(p)] for p in prompts]
+    assert [b[1:] for b in attrs(first)["batch"]] == [["prefill", len(p), 0] for p in prompts]
     assert any(len(attrs(r)["batch"]) == 3 for r in sink.rows if r["name"] == "step.start"
                and all(b[1] == "decode" for b in attrs(r)["batch"]))
     for o in outs:
@@ -61,6 +61,11 @@ def test_chunked_prefill_equals_unchunked(bundle, prompts, refs):
     mixed = [attrs(r)["batch"] for r in sink.rows if r["name"] == "step.start"]
     assert any({b[1] for b in batch} == {"prefill", "decode"} for batch in mixed)
     assert all(sum(b[2] for b in batch) <= 16 for batch in mixed)
+    done: dict[str, int] = {}  # without the prefix cache, a row's context is what its earlier rows computed
+    for batch in mixed:
+        for attempt, _, tokens, context_before in batch:
+            assert context_before == done.get(attempt, 0)
+            done[attempt] = context_before + tokens
 
 
 def test_prefix_hit_gives_the_same_tokens_with_fewer_computed_prompt_tokens(bundle, prompts, refs):

@@ -224,8 +224,9 @@ def test_report_renders_in_chromium_without_errors(compared, tmp_path):
     # the run's <script> strings arrived as text: in the accounts table (JS), identity and gaps (HTML)
     assert dom.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 3
     assert "<img" not in dom and XSS not in dom
-    for panel in ("a-identity", "a-headline", "a-itl", "a-ttft", "a-kv", "a-critical", "a-accounts",
-                  "a-diagnosis", "a-gaps", "compare", "b-timeline"):
+    for panel in ("a-identity", "a-headline", "a-itl", "a-ttft", "a-kv", "a-roofline", "a-residuals",
+                  "a-calibration", "a-prediction", "a-critical", "a-accounts", "a-diagnosis", "a-gaps", "compare",
+                  "b-timeline"):
         assert f'id="{panel}"' in dom
 
 

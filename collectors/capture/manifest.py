@@ -53,7 +53,7 @@ class StartingManifest:
 
 def finish_run(writer, wl, plans, tokenizer, server, sampler, evidence, result, lags, mappings, wall, out, *, host,
             url, client_clock, engine_clock, separate_clocks, calibration, switch_interval_s, wall_s,
-            engine_clock_epsilon_ms) -> dict:
+            engine_clock_epsilon_ms, registered: dict | None = None) -> dict:
     """After a clean run: clock mappings, the client's lag trace, gaps and the full manifest."""
     evidence_gaps, evidence_manifest = evidence.finish(result.completed + result.abandoned) if evidence else ([], None)
     failed = [m for m in mappings if isinstance(m, ClockSyncFailure)]
@@ -117,6 +117,7 @@ def finish_run(writer, wl, plans, tokenizer, server, sampler, evidence, result, 
                      "client_overhead": "observed (loop lag, pacing error)",
                      **(evidence.evidence_kinds() if evidence is not None else {})},
     }
+    manifest.update(registered or {})  # device_params and the registered prediction, as written before the load
     manifest["energy"] = sampler.manifest()
     if evidence_manifest is not None:
         manifest["engine_evidence"] = evidence_manifest

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferledger.collectors.capture.interrupt import Interrupted, signal_name, sigterm_like_sigint
+from inferledger.collectors.capture import microbench
 from inferledger.collectors.capture.manifest import StartingManifest, finish_run
+from inferledger.collectors.capture.registration import own_prediction, read_prediction, register
 from inferledger.collectors.capture.speed_probe import probe_throughput
 from inferledger.collectors.loadgen import LoadClient, LoadResult
 from inferledger.collectors.prompt_tokenizer import load_tokenizer
@@ -84,7 +86,8 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             switch_interval_s: float | None = 0.0005, progress=None, on_ready=None,
             device: str = "cpu", otlp_port: int | None = None, scrape_metrics: bool = False,
             engine_host: str | None = None, engine_clock_epsilon_ms: float = 5.0,
-            drain_timeout_s: float = DRAIN_TIMEOUT_S) -> CaptureResult:
+            drain_timeout_s: float = DRAIN_TIMEOUT_S, microbenchmarks: bool = True,
+            prediction: str | Path | None = None) -> CaptureResult:
     """Run `workload` against `target` ('embedded' or a base URL) and write the run directory `out`.
 
     `bundle` reuses an already loaded model (tests), else `model` is loaded on `device` ("cpu" or
@@ -93,7 +96,10 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     or engine's threads (None leaves it alone). A URL target's own evidence (collectors.engine_evidence):
     `otlp_port` receives its OTLP spans, `scrape_metrics` scrapes its /metrics; `engine_host` names the
     engine's host when it is not this one (its wall clock then maps within `engine_clock_epsilon_ms`).
-    The embedded server stops by the serving drain rule (serve/lifecycle.py) within `drain_timeout_s`."""
+    The embedded server stops by the serving drain rule (serve/lifecycle.py) within `drain_timeout_s`.
+    Before the load: the embedded engine's device is measured (`microbenchmarks`; manifest
+    `device_params`) and a prediction registered (`prediction`, a file from `inferledger predict`, else
+    the capture's own; run file prediction.json, manifest `prediction`)."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
     # The manifest exists from the first second (state "starting") while the model loads and the
@@ -102,6 +108,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
                                        "target": {"kind": "embedded" if target == "embedded" else "url", "url": target},
                                        "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256}})
     with starting:
+        given = read_prediction(prediction) if prediction is not None else None  # a bad file stops here, named
         if target == "embedded" and bundle is None:
             from inferledger.engine.loader import load_model
 
@@ -118,6 +125,20 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
         context = min(bundle.config.max_position, (engine_config or {}).get("max_model_len") or 1 << 62) \
             if target == "embedded" else None
         plans = wl.plan(tokenizer, context_tokens=context)
+        limits = {"max_num_seqs": max_num_seqs, **(engine_config or {})}
+        if target != "embedded":
+            device_params = microbench.skipped("URL target: its device is the server's, not measured from here")
+        elif not microbenchmarks:
+            device_params = microbench.skipped("not measured (capture --no-microbench)")
+        else:
+            device_params = microbench.device_params(
+                bundle, max_batch=limits["max_num_seqs"], cpu_threads=limits.get("cpu_threads", "auto"),
+                max_tokens=limits.get("max_num_batched_tokens"))
+        if given is None and target == "embedded":
+            given = own_prediction(wl, bundle.identity, device_params, limits["max_num_seqs"])
+            source = "computed by the capture (workload classes, the loaded model, device_params)"
+        else:
+            source = str(prediction) if given is not None else None
     host = host_id()
     writer = RunWriter(out, autoflush_s=AUTOFLUSH_S)  # a kill loses at most the last 2 s
     engine_clock = mono_clock(host)
@@ -128,6 +149,9 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
                          **({"trace": wl.trace.summary} if wl.trace else {})},
             **({"slo": wl.slo} if wl.slo else {}), "client": {"clock": client_clock},
             "host": {"name": host, "platform": platform.platform(), "python": platform.python_version()}}
+    head["device_params"] = device_params
+    if given is not None:  # registered before the server exists: every event of the run comes after it
+        head["prediction"] = register(out, given, source, engine_clock)
     writer.write_manifest(head)  # from the first second: a killed run still says what it was
     writer.clock_domain(client_clock, host=host, kind="monotonic")
     probe = Probe(writer, "client", run_id=writer.run_id, host=host, clock=client_clock)
@@ -177,7 +201,8 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
                                wall, out, host=host, url=url, client_clock=client_clock, engine_clock=engine_clock,
                                separate_clocks=separate_clocks, calibration=calibration,
                                switch_interval_s=switch_interval_s, wall_s=time.monotonic() - t0,
-                               engine_clock_epsilon_ms=engine_clock_epsilon_ms)
+                               engine_clock_epsilon_ms=engine_clock_epsilon_ms,
+                               registered={k: head[k] for k in ("device_params", "prediction") if k in head})
             clean = True
         except BaseException as exc:  # interrupted or failed: keep what was recorded, say so, re-raise
             why = signal_name(got, exc)

@@ -13,16 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from inferledger.costmodel.work import causal_pairs  # the one definition (docs/MODEL.md)
+
 
 @dataclass(frozen=True)
 class StepRow:
     context_tokens: int  # h: positions of the sequence already in the KV cache before this chunk
     new_tokens: int      # c: tokens the chunk computes this step
-
-
-def causal_pairs(new_tokens: int, context_tokens: int) -> int:
-    c, h = new_tokens, context_tokens
-    return c * h + c * (c + 1) // 2
 
 
 class StepModel(Protocol):

@@ -1,0 +1,70 @@
+"""The prediction a capture registers before its load starts (docs/CAPTURE.md "Registered prediction").
+
+Either a file made earlier (`inferledger predict ... -o FILE`, given as `--prediction FILE`), checked
+before anything slow so a bad one stops the capture naming the file and field; or the capture's own,
+made from the workload's request shapes, the loaded model's shape and the roofs just measured. The
+file's bytes are copied into the run directory as `prediction.json`; the manifest's `prediction`
+block holds their sha256 and the registration time on the host's monotonic clock and on the wall
+clock, read just before the engine starts serving, so every event of the run comes after it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from inferledger.costmodel import ModelShape, spec_roofs
+from inferledger.costmodel.prediction import PredictionError, check, predict, request_shapes, sustained_roofs
+from inferledger.costmodel.roofs import device_name, microbenchmark_roofs
+from inferledger.probes.run_dir import PREDICTION_FILE
+
+
+def read_prediction(path: str | Path) -> bytes:
+    """The bytes of a prediction file, checked (PredictionError names the file and the field)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PredictionError(f"{path}: cannot read the prediction ({exc.strerror})") from None
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise PredictionError(f"{path}: not valid JSON ({exc})") from None
+    check(doc, str(path))
+    return data
+
+
+def workload_shapes(wl) -> list[dict]:
+    """The request shapes a workload declares: one per class with a prompt length."""
+    return request_shapes((c.name, c.prompt_tokens, c.shared_prefix_tokens, c.max_tokens or wl.max_tokens, c.weight)
+                          for c in wl.classes)
+
+
+def own_prediction(wl, identity: dict, device_params: dict, max_batch: int) -> bytes | None:
+    """The capture's own prediction (None when no roofs are known or no class has a prompt length)."""
+    manifest = {"model": identity, "device_params": device_params}
+    shape = ModelShape.from_manifest(manifest)
+    dtype = (identity.get("dtype") or {}).get("weights") or ""
+    peak = spec_roofs(device_name(manifest), dtype) or microbenchmark_roofs(manifest)
+    shapes = workload_shapes(wl)
+    if peak is None or not shapes:
+        return None
+    doc = predict(shape, shapes, peak, max_batch=max_batch, sustained=sustained_roofs(device_params),
+                  workload={"name": wl.name, "path": wl.path, "sha256": wl.sha256},
+                  device={"name": device_name(manifest), "dtype": dtype})
+    return json.dumps(doc, indent=1).encode()
+
+
+def register(out: Path, data: bytes, source: str, clock: str) -> dict:
+    """Write `data` as the run's prediction.json and return the manifest's `prediction` block."""
+    tmp = out / f".{PREDICTION_FILE}.tmp-{os.getpid()}"
+    tmp.write_bytes(data)
+    os.replace(tmp, out / PREDICTION_FILE)
+    mono_ns, wall_ns = time.monotonic_ns(), time.time_ns()
+    return {"file": PREDICTION_FILE, "sha256": hashlib.sha256(data).hexdigest(), "source": source,
+            "schema": json.loads(data).get("schema"),
+            "registered": {"clock": clock, "mono_ns": mono_ns, "wall_clock": "wall (Unix time)", "wall_ns": wall_ns,
+                           "wall_utc": datetime.fromtimestamp(wall_ns / 1e9, timezone.utc).isoformat()}}

@@ -1,0 +1,87 @@
+"""A prediction for a planned workload, before any run (`inferledger predict`; docs/MODEL.md "Prediction").
+
+The model's shape: an HF config.json (`model_config`, declared) or the model file the engine loads
+(the bundled one by default). The roofs, each labelled with its source: a spec entry (`device`), a
+file of measured device parameters (`device_params`: a run's manifest.json or its `device_params`
+block), else the microbenchmarks run now on this host as a capture would run them. An earlier run's
+step-time fit (`fit_run`) adds a fit-based expected range.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from inferledger.costmodel import ModelShape, spec_roofs
+from inferledger.costmodel.prediction import PredictionError, predict, sustained_roofs
+from inferledger.costmodel.roofs import SPEC, microbenchmark_roofs
+
+
+def read_device_params(path: Path) -> dict:
+    """device_params from a run's manifest.json (its `device_params` key) or a file holding only them."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise PredictionError(f"{path}: cannot read ({exc.strerror})") from None
+    except ValueError as exc:
+        raise PredictionError(f"{path}: not valid JSON ({exc})") from None
+    params = doc.get("device_params", doc) if isinstance(doc, dict) else None
+    if not isinstance(params, dict) or microbenchmark_roofs({"device_params": params}) is None:
+        raise PredictionError(f"{path}: no device parameters: expected memcpy_gbps.peak and matmul_tflops.peak "
+                              "(a capture's manifest.json, or its device_params block)")
+    return params
+
+
+def fit_of(run: Path):
+    """The step-time fit of a reconstructed run (its step_model steps, trained as the ledger's step_fit)."""
+    from inferledger.costmodel.fit import FitError, StepFit, points_from_ledger
+
+    path = Path(run) / "ledger.duckdb"
+    if not path.exists():
+        raise PredictionError(f"{path}: no ledger; run `inferledger reconstruct {run}` first")
+    try:
+        return StepFit.fit(points_from_ledger(path), trained_on=str(run))
+    except FitError as exc:
+        raise PredictionError(f"--fit {run}: {exc}") from None
+    except Exception as exc:  # a ledger without step_model (built before the model existed)
+        raise PredictionError(f"--fit {run}: cannot read its step_model ({exc}); rebuild with "
+                              f"`inferledger reconstruct {run}`") from None
+
+
+def predict_workload(wl, *, max_batch: int, device: str | None = None, device_params_file: Path | None = None,
+                     fit_run: Path | None = None, model: Path | None = None, model_config: Path | None = None,
+                     dtype: str | None = None, cpu_threads="auto") -> dict:
+    """The prediction document for workload `wl` (a loaded Workload)."""
+    from inferledger.collectors.capture.registration import workload_shapes
+
+    bundle = None
+    if model_config is not None:
+        shape = ModelShape.from_hf_config(model_config, dtype=dtype)
+        weights_dtype = dtype or {2: "bfloat16", 4: "float32"}.get(shape.weight_bytes_per_param, "")
+    else:
+        from inferledger.engine.loader import load_model
+
+        bundle = load_model(model, dtype=dtype)
+        shape = ModelShape.from_manifest({"model": bundle.identity})
+        weights_dtype = bundle.identity["dtype"]["weights"]
+    params, name = None, device
+    if device is not None:
+        peak = spec_roofs(device, weights_dtype)
+        if peak is None:
+            names = ", ".join(p.replace("\\b", "") for p, *_ in SPEC)
+            raise PredictionError(f"--device {device!r}: no spec entry at {weights_dtype} (entries: {names}); "
+                                  "give --device-params FILE with measured ones instead")
+    elif device_params_file is not None:
+        params = read_device_params(device_params_file)
+        peak, name = microbenchmark_roofs({"device_params": params}), params.get("device_name")
+    elif bundle is None:
+        raise PredictionError("--model-config describes a model not loaded here: give --device NAME (a spec entry) "
+                              "or --device-params FILE (a capture's manifest.json)")
+    else:
+        from inferledger.collectors.capture.microbench import device_params
+
+        params = device_params(bundle, max_batch=max_batch, cpu_threads=cpu_threads)
+        peak, name = microbenchmark_roofs({"device_params": params}), params.get("device_name")
+    fit = fit_of(fit_run) if fit_run is not None else None
+    return predict(shape, workload_shapes(wl), peak, max_batch=max_batch, sustained=sustained_roofs(params),
+                   fit=fit, workload={"name": wl.name, "path": wl.path, "sha256": wl.sha256},
+                   device={"name": name, "dtype": weights_dtype, "device_params": params})

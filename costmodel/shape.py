@@ -1,0 +1,163 @@
+"""A decoder's shape and the bytes per element the engine reads (docs/MODEL.md "The shape").
+
+`ModelShape.from_manifest` reads the model identity block a capture records; `from_hf_config` an HF
+`config.json` (a peer's model, declared). Weights count at the bytes of the dtype the engine
+*computes* with (`dtype.weights` in the manifest): the loader dequantises a quantised checkpoint
+(GGUF Q4_1, ...) once at load, so each step reads the dequantised tensors, not the file's blocks.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+               "int8": 1}
+
+
+class ShapeError(ValueError):
+    """The shape cannot be read: the message names the file or manifest field."""
+
+
+def dtype_bytes(name: str, where: str) -> int:
+    key = str(name).removeprefix("torch.")
+    if key not in DTYPE_BYTES:
+        raise ShapeError(f"{where}: dtype {name!r} is not one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[key]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    tied_embeddings: bool
+    weight_bytes_per_param: int  # bytes of one weight element as the engine reads it each step
+    act_bytes: int               # bytes of one activation element
+    kv_bytes: int                # bytes of one cached K or V element
+    source: str = "declared"     # where the shape came from (manifest, a config.json path)
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        """One layer's parameters: q, k, v, o, gate, up, down and its two RMSNorm weights."""
+        d = self.d_model
+        return d * self.q_dim + 2 * d * self.kv_dim + self.q_dim * d + 3 * d * self.ffn + 2 * d
+
+    @property
+    def params(self) -> int:
+        """Every stored parameter: the layers, the final norm, the embedding and (untied) the LM head."""
+        return self.layers * self.layer_params + self.d_model + self.vocab * self.d_model * (1 if self.tied_embeddings else 2)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Resident weight bytes at the engine's weight dtype."""
+        return self.params * self.weight_bytes_per_param
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token across all layers."""
+        return 2 * self.layers * self.kv_dim * self.kv_bytes
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> "ModelShape":
+        """From a run manifest's `model` block (architecture and dtype, as the engine recorded them),
+        else its `model_shape` (a shape declared for a peer's run: `declared_entry`)."""
+        model = manifest.get("model") or {}
+        if not model.get("architecture") and isinstance(manifest.get("model_shape"), dict):
+            fields = {k: v for k, v in manifest["model_shape"].items() if k in cls.__dataclass_fields__}
+            try:
+                return cls(**fields)
+            except TypeError as exc:
+                raise ShapeError(f"manifest.json: model_shape: {exc}") from None
+        arch, dtype = model.get("architecture"), model.get("dtype")
+        if not isinstance(arch, dict) or not isinstance(dtype, dict):
+            raise ShapeError("manifest.json: no model.architecture / model.dtype block (the engine's model identity)")
+        keys = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size")
+        missing = [k for k in keys if not isinstance(arch.get(k), int) or arch[k] <= 0]
+        if missing:
+            raise ShapeError(f"manifest.json: model.architecture lacks positive integers {', '.join(missing)}")
+        for k in ("weights", "activations", "kv"):
+            if not dtype.get(k):
+                raise ShapeError(f"manifest.json: model.dtype.{k} is missing")
+        return cls(arch["n_layers"], arch["d_model"], arch["n_heads"], arch["n_kv_heads"], arch["head_dim"],
+                   arch["ffn_dim"], arch["vocab_size"], bool(arch.get("tie_embeddings")),
+                   dtype_bytes(dtype["weights"], "manifest.json model.dtype.weights"),
+                   dtype_bytes(dtype["activations"], "manifest.json model.dtype.activations"),
+                   dtype_bytes(dtype["kv"], "manifest.json model.dtype.kv"), source="manifest model block")
+
+    @classmethod
+    def from_hf_config(cls, path, dtype: str | None = None) -> "ModelShape":
+        """From a Hugging Face config.json (or the folder holding one); dtype defaults to its torch_dtype."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            cfg = json.loads(path.read_text())
+        except OSError as exc:
+            raise ShapeError(f"{path}: cannot read ({exc.strerror})") from None
+        except ValueError as exc:
+            raise ShapeError(f"{path}: not valid JSON ({exc})") from None
+        cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else cfg
+        need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+        missing = [k for k in need if not isinstance(cfg, dict) or not isinstance(cfg.get(k), int)]
+        if missing:
+            raise ShapeError(f"{path}: field(s) {', '.join(missing)} missing or not integers")
+        heads = cfg["num_attention_heads"]
+        dt = dtype or cfg.get("torch_dtype") or cfg.get("dtype")
+        if not dt:
+            raise ShapeError(f"{path}: no torch_dtype; pass the dtype the model was served at")
+        b = dtype_bytes(dt, f"{path} torch_dtype")
+        return cls(cfg["num_hidden_layers"], cfg["hidden_size"], heads, cfg.get("num_key_value_heads") or heads,
+                   cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["intermediate_size"], cfg["vocab_size"],
+                   bool(cfg.get("tie_word_embeddings", False)), b, b, b, source=f"hf config {path}")
+
+    @classmethod
+    def from_gguf(cls, path, dtype: str) -> "ModelShape":
+        """From a GGUF file's metadata (llama-family keys), at the dtype the engine computes in."""
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        arch = _gguf_value(reader, "general.architecture")
+
+        def key(name):
+            value = _gguf_value(reader, f"{arch}.{name}")
+            if value is None:
+                raise ShapeError(f"{path}: GGUF metadata {arch}.{name} is missing")
+            return int(value)
+
+        heads = key("attention.head_count")
+        d = key("embedding_length")
+        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+        tied = not any(t.name == "output.weight" for t in reader.tensors)
+        b = dtype_bytes(dtype, "dtype")
+        return cls(key("block_count"), d, heads, key("attention.head_count_kv"), d // heads,
+                   key("feed_forward_length"), vocab, tied, b, b, b, source=f"gguf {path}")
+
+    def declared_entry(self) -> dict:
+        """What a run's manifest records as `model_shape` when a person declares the served model."""
+        return {**self.to_dict(), "evidence": "declared"}
+
+
+def _gguf_value(reader, name: str):
+    import gguf
+
+    field = reader.fields.get(name)
+    if field is None:
+        return None
+    value = field.parts[field.data[0]]
+    return bytes(value).decode() if field.types[0] == gguf.GGUFValueType.STRING else value[0]

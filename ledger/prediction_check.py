@@ -1,0 +1,172 @@
+"""The registered prediction held against the run (docs/LEDGER.md "prediction_registration and
+prediction_check").
+
+A capture registers a prediction before its load: RUN/prediction.json, with its sha256 and the
+registration time on the host's monotonic clock in manifest.json `prediction`. This stage checks the
+file against that hash and the prediction format, tells whether the registration predates the run's
+first event on the same clock, and matches each attempt to a predicted request shape by its prompt
+length (engine.enqueued's value): the shape with the longest prompt not longer than the attempt's, so
+the shape's lower bounds stay bounds. A missing, altered or malformed file is a gap, never a check.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from inferledger.costmodel.prediction import PredictionError, check
+from inferledger.probes.run_dir import PREDICTION_FILE
+
+READS = ("events", "request_metrics")
+CREATES = ("prediction_shapes", "prediction_registration", "prediction_check", "prediction_gaps")
+PUBLIC = ("prediction_registration", "prediction_check")
+
+_SHAPE_COLS = ("class", "prompt_tokens", "cached_tokens", "output_tokens", "ttft_lower_ms", "ttft_sustained_low_ms",
+               "ttft_sustained_high_ms", "ttft_fit_low_ms", "ttft_fit_high_ms", "tpot_lower_ms",
+               "tpot_sustained_low_ms", "tpot_sustained_high_ms", "tpot_fit_low_ms", "tpot_fit_high_ms")
+
+
+def _registered(run) -> tuple[dict | None, dict | None, list[tuple[str, str, str]]]:
+    """(the manifest's prediction block, the checked document, gap rows (affects, needs, detail))."""
+    try:
+        manifest = json.loads((run.run_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None, None, []  # the run's identity is another stage's gap
+    block = manifest.get("prediction") if isinstance(manifest, dict) else None
+    path = run.run_dir / PREDICTION_FILE
+    affects = "prediction_registration, prediction_check"
+    if not isinstance(block, dict):
+        if path.exists():
+            return None, None, [(affects, "the manifest's prediction block (sha256, registration time)",
+                                 f"{PREDICTION_FILE} is in the run directory but manifest.json registers none")]
+        return None, None, []
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return block, None, [(affects, f"the registered {PREDICTION_FILE}",
+                              f"manifest.json registers a prediction (sha256 {block.get('sha256')}) but "
+                              f"{PREDICTION_FILE} is missing")]
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != block.get("sha256"):
+        return block, None, [(affects, f"the {PREDICTION_FILE} that was registered",
+                              f"{PREDICTION_FILE} has sha256 {digest}, manifest.json registered "
+                              f"{block.get('sha256')}: the file was changed after registration")]
+    try:
+        doc = check(json.loads(data), PREDICTION_FILE)
+    except (ValueError, PredictionError) as exc:
+        return block, None, [(affects, "a prediction file of the inferledger.prediction format", str(exc))]
+    return block, doc, []
+
+
+def _range(r: dict, key: str, kind: str) -> list:
+    v = (r.get(key) or {}).get(kind)
+    return list(v) if v else [None, None]
+
+
+def build(con, run=None) -> None:
+    block, doc, gaps = _registered(run) if run is not None else (None, None, [])
+    con.execute("CREATE OR REPLACE TEMP TABLE prediction_gaps (affects VARCHAR, needs VARCHAR, detail VARCHAR)")
+    if gaps:
+        con.executemany("INSERT INTO prediction_gaps VALUES (?, ?, ?)", gaps)
+    con.execute("CREATE OR REPLACE TEMP TABLE prediction_shapes (class VARCHAR, prompt_tokens BIGINT, "
+                "cached_tokens BIGINT, output_tokens BIGINT, " + ", ".join(f"{c} DOUBLE" for c in _SHAPE_COLS[4:]) + ")")
+    if doc is not None:
+        con.executemany(f"INSERT INTO prediction_shapes VALUES ({', '.join('?' * len(_SHAPE_COLS))})",
+                        [[r["class"], r["prompt_tokens"], r.get("cached_tokens", 0), r["output_tokens"],
+                          r["ttft_lower_ms"], *_range(r, "ttft_expected_ms", "sustained"),
+                          *_range(r, "ttft_expected_ms", "fit"), r["tpot_lower_ms"],
+                          *_range(r, "tpot_expected_ms", "sustained"), *_range(r, "tpot_expected_ms", "fit")]
+                         for r in doc["requests"]])
+    reg = (block or {}).get("registered") or {}
+    ok = doc is not None
+    con.execute(PREDICTION_REGISTRATION, [ok, block.get("sha256") if block else None,
+                                          block.get("source") if block else None, reg.get("clock"),
+                                          reg.get("mono_ns"), reg.get("wall_ns"),
+                                          json.dumps(doc["roofs"]) if ok else None, block is not None])
+    con.execute(PREDICTION_CHECK)
+
+
+PREDICTION_REGISTRATION = """
+CREATE OR REPLACE TABLE prediction_registration AS
+WITH reg AS (SELECT ?::BOOLEAN AS valid, ?::VARCHAR AS sha256, ?::VARCHAR AS source, ?::VARCHAR AS clock,
+                    ?::BIGINT AS registered_ns, ?::BIGINT AS registered_wall_ns, ?::VARCHAR AS roofs,
+                    ?::BOOLEAN AS registered),
+first AS (SELECT min(e.ts_ns) AS first_event_ns FROM events e, reg WHERE e.clock = reg.clock)
+SELECT getvariable('run_id') AS run_id, sha256, source, valid, clock, registered_ns, registered_wall_ns,
+       first_event_ns, (first_event_ns - registered_ns) / 1e6 AS lead_ms,
+       CASE WHEN NOT valid OR first_event_ns IS NULL OR registered_ns IS NULL THEN NULL
+            ELSE registered_ns < first_event_ns END AS predates_data,
+       roofs
+FROM reg, first WHERE registered
+"""
+
+PREDICTION_CHECK = """
+CREATE OR REPLACE TABLE prediction_check AS
+WITH prompt AS (
+  SELECT attempt_id, max(value)::BIGINT AS prompt_tokens FROM events
+  WHERE name = 'engine.enqueued' AND attempt_id IS NOT NULL GROUP BY attempt_id),
+matched AS (
+  SELECT m.attempt_id, p.prompt_tokens, m.ttft_server_ms, m.tpot_server_ms,
+         arg_max(s.class, s.prompt_tokens) AS class
+  FROM request_metrics m JOIN prompt p USING (attempt_id)
+  JOIN prediction_shapes s ON s.prompt_tokens <= p.prompt_tokens
+  GROUP BY ALL)
+SELECT getvariable('run_id') AS run_id, s.class, s.prompt_tokens, s.cached_tokens, s.output_tokens,
+       count(m.attempt_id) AS n_attempts,
+       s.ttft_lower_ms, s.ttft_sustained_low_ms, s.ttft_sustained_high_ms, s.ttft_fit_low_ms, s.ttft_fit_high_ms,
+       count(m.ttft_server_ms) AS n_ttft,
+       quantile_cont(m.ttft_server_ms, 0.5) AS ttft_p50_ms, min(m.ttft_server_ms) AS ttft_min_ms,
+       count(*) FILTER (WHERE m.ttft_server_ms < s.ttft_lower_ms) AS ttft_below_bound,
+       count(*) FILTER (WHERE m.ttft_server_ms BETWEEN s.ttft_sustained_low_ms AND s.ttft_sustained_high_ms)
+         AS ttft_in_sustained,
+       s.tpot_lower_ms, s.tpot_sustained_low_ms, s.tpot_sustained_high_ms, s.tpot_fit_low_ms, s.tpot_fit_high_ms,
+       count(m.tpot_server_ms) AS n_tpot,
+       quantile_cont(m.tpot_server_ms, 0.5) AS tpot_p50_ms, min(m.tpot_server_ms) AS tpot_min_ms,
+       count(*) FILTER (WHERE m.tpot_server_ms < s.tpot_lower_ms) AS tpot_below_bound,
+       count(*) FILTER (WHERE m.tpot_server_ms BETWEEN s.tpot_sustained_low_ms AND s.tpot_sustained_high_ms)
+         AS tpot_in_sustained
+FROM prediction_shapes s LEFT JOIN matched m USING (class)
+GROUP BY ALL ORDER BY s.prompt_tokens, s.class
+"""
+
+# @table prediction_registration: the run's registered prediction, one row when manifest.json registers
+#   one (docs/LEDGER.md "prediction_registration and prediction_check")
+# @column sha256: the registered file's sha256, as manifest.json prediction.sha256 holds it
+# @column source: where the prediction came from: the file given to capture --prediction, or the capture's own
+# @column valid: prediction.json is there, matches sha256 and is of the prediction format (else a gap row)
+# @column clock: the clock of registered_ns (the capture host's monotonic clock)
+# @column registered_ns: the registration time, ns on clock
+# @column registered_wall_ns: the same moment in Unix time, ns
+# @column first_event_ns: the run's first event on clock (any source)
+# @column lead_ms: first_event_ns − registered_ns: how long before the data the prediction was fixed
+# @column predates_data: registered_ns < first_event_ns; NULL when the file is not valid or no event is on clock
+# @column roofs: the prediction's roofs (peak, sustained, fit) with their source labels, as JSON
+
+# @table prediction_check: one row per predicted request shape: the prediction beside the run's attempts
+#   of that shape (docs/LEDGER.md "prediction_registration and prediction_check")
+# @column class: the workload class the shape is
+# @column prompt_tokens: the shape's prompt tokens; an attempt belongs to the shape with the longest prompt
+#   not longer than its own (engine.enqueued value)
+# @column cached_tokens: the shape's prefix assumed cached (its class's shared prefix)
+# @column output_tokens: the shape's output tokens (max_tokens)
+# @column n_attempts: the attempts matched to the shape
+# @column ttft_lower_ms: predicted TTFT lower bound (the prefill alone on the peak roofs)
+# @column ttft_sustained_low_ms: predicted TTFT range on the sustained roofs, low end (the request alone)
+# @column ttft_sustained_high_ms: its high end (the prefill beside a full batch of decodes)
+# @column ttft_fit_low_ms: predicted TTFT range through an earlier run's step fit, low end; NULL without a fit
+# @column ttft_fit_high_ms: its high end
+# @column n_ttft: matched attempts with a ttft_server_ms
+# @column ttft_p50_ms: the median of their request_metrics.ttft_server_ms
+# @column ttft_min_ms: the smallest of them
+# @column ttft_below_bound: attempts whose ttft_server_ms is below ttft_lower_ms (the bound did not hold)
+# @column ttft_in_sustained: attempts whose ttft_server_ms lies in the sustained range
+# @column tpot_lower_ms: predicted TPOT lower bound (one decode step alone at the prompt's context, peak roofs)
+# @column tpot_sustained_low_ms: predicted TPOT range on the sustained roofs, low end (the request alone)
+# @column tpot_sustained_high_ms: its high end (its last token in a full batch of decodes)
+# @column tpot_fit_low_ms: predicted TPOT range through an earlier run's step fit (with its between-step
+#   host time), low end; NULL without a fit
+# @column tpot_fit_high_ms: its high end
+# @column n_tpot: matched attempts with a tpot_server_ms
+# @column tpot_p50_ms: the median of their request_metrics.tpot_server_ms
+# @column tpot_min_ms: the smallest of them
+# @column tpot_below_bound: attempts whose tpot_server_ms is below tpot_lower_ms
+# @column tpot_in_sustained: attempts whose tpot_server_ms lies in the sustained range

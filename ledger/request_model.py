@@ -1,0 +1,194 @@
+"""The request-level model: each attempt's TTFT and TPOT predicted from the steps it was in (the
+schedule that happened), against the measured ones, the residual split by where it arose.
+
+With engine steps (our engine): the queue is the steps that ran between the attempt's enqueue and its
+first step; the prefill window its steps up to the one that gave its first token; the decode window
+the rest. A step's predicted time is the run's step fit (step_fit_points), a gap's is the fit's
+inter-step term; the bound is the sum of the steps' lower bounds. Without steps (a peer such as
+vLLM, whose spans are per request): the attempt alone, its prompt as one prefill and each output
+token as one decode step at its context ("solo": a lower bound, since sharing a batch only adds
+work), with queue and inter-step host time unknown.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from inferledger.costmodel import ModelShape, StepRow, stage_bounds, step_work
+from inferledger.costmodel.fit import StepFit
+from inferledger.costmodel.roofs import run_roofs
+from inferledger.costmodel.shape import ShapeError
+from inferledger.ledger import run_manifest
+
+READS = ("step_model", "steps", "step_attribution", "step_fit", "step_fit_points", "ev", "ev_tok", "request_metrics")
+CREATES = ("request_model", "request_model_gaps")
+PUBLIC = ("request_model",)
+
+_SCHEDULE = """
+WITH gp AS (SELECT max(value) FILTER (WHERE name = 'gap_alpha_ms') AS a,
+                   max(value) FILTER (WHERE name = 'gap_ms_per_seq') AS b FROM step_fit),
+sm AS (SELECT m.step_id, m.measured_ms, m.gap_after_ms, m.bound_ms, p.predicted_ms, st.start_ns, st.clock,
+              gp.a + gp.b * m.num_seqs AS pred_gap_ms
+       FROM step_model m JOIN steps st ON st.step_id = m.step_id
+       LEFT JOIN step_fit_points p ON p.step_id = m.step_id, gp),
+att AS (SELECT attempt_id, min(step_id) AS s1, max(step_id) AS z FROM step_attribution GROUP BY attempt_id),
+tok AS (SELECT attempt_id, min(step_id) AS f FROM ev_tok GROUP BY attempt_id),
+enq AS (SELECT attempt_id, min(ts_ns) AS a_ns, any_value(clock) AS clock FROM ev
+        WHERE name = 'engine.enqueued' GROUP BY attempt_id),
+w AS (SELECT att.attempt_id, sm.*,
+             CASE WHEN sm.step_id < att.s1 THEN 'queue' WHEN sm.step_id <= tok.f THEN 'prefill' ELSE 'decode' END AS win,
+             CASE WHEN sm.step_id < att.s1 THEN 'queue' WHEN sm.step_id < tok.f THEN 'prefill'
+                  WHEN sm.step_id < att.z THEN 'decode' END AS gap_win
+      FROM att JOIN tok USING (attempt_id) JOIN enq USING (attempt_id)
+      JOIN sm ON sm.clock = enq.clock AND ((sm.step_id < att.s1 AND sm.start_ns >= enq.a_ns)
+                                           OR sm.step_id BETWEEN att.s1 AND att.z))
+SELECT attempt_id,
+  sum(predicted_ms + pred_gap_ms) FILTER (WHERE win = 'queue') AS q_pred,
+  sum(bound_ms) FILTER (WHERE win = 'queue') AS q_bound,
+  count(*) FILTER (WHERE win = 'queue') AS q_steps,
+  sum(predicted_ms) FILTER (WHERE win = 'prefill') AS p_pred, sum(measured_ms) FILTER (WHERE win = 'prefill') AS p_meas,
+  sum(bound_ms) FILTER (WHERE win = 'prefill') AS p_bound,
+  sum(predicted_ms) FILTER (WHERE win = 'decode') AS d_pred, sum(measured_ms) FILTER (WHERE win = 'decode') AS d_meas,
+  sum(bound_ms) FILTER (WHERE win = 'decode') AS d_bound, count(*) FILTER (WHERE win = 'decode') AS d_steps,
+  coalesce(sum(pred_gap_ms) FILTER (WHERE gap_win = 'prefill'), 0) AS pg_pred,
+  coalesce(sum(gap_after_ms) FILTER (WHERE gap_win = 'prefill'), 0) AS pg_meas,
+  coalesce(sum(pred_gap_ms) FILTER (WHERE gap_win = 'decode'), 0) AS dg_pred,
+  coalesce(sum(gap_after_ms) FILTER (WHERE gap_win = 'decode'), 0) AS dg_meas
+FROM w GROUP BY attempt_id
+"""
+_ATTEMPTS = """
+SELECT r.attempt_id, r.ttft_server_ms, r.ttft_client_ms, r.tpot_server_ms, r.queue_ms, r.prefill_ms, r.decode_ms,
+       r.n_output_tokens, coalesce(r.n_choices, 1) AS n_choices, p.prompt
+FROM request_metrics r
+LEFT JOIN (SELECT attempt_id, coalesce(max(value) FILTER (WHERE name = 'engine.enqueued'),
+                                       max(usage_prompt) FILTER (WHERE name = 'attempt.done')) AS prompt
+           FROM ev GROUP BY attempt_id) p ON p.attempt_id = r.attempt_id
+WHERE r.ttft_server_ms IS NOT NULL
+ORDER BY r.attempt_id
+"""
+
+_COLUMNS = (("attempt_id", pa.string()), ("basis", pa.string()), ("ttft_measured_ms", pa.float64()),
+            ("ttft_predicted_ms", pa.float64()), ("ttft_bound_ms", pa.float64()), ("ttft_error_pct", pa.float64()),
+            ("tpot_measured_ms", pa.float64()), ("tpot_predicted_ms", pa.float64()), ("tpot_bound_ms", pa.float64()),
+            ("tpot_error_pct", pa.float64()), ("queue_steps", pa.int64()), ("residual_queue_ms", pa.float64()),
+            ("residual_prefill_ms", pa.float64()), ("residual_decode_ms", pa.float64()),
+            ("residual_host_ms", pa.float64()), ("transport_ms", pa.float64()))
+
+
+def _sub(a, b):
+    return a - b if a is not None and b is not None else None
+
+
+def _pct(pred, meas):
+    return (pred - meas) / meas * 100 if pred is not None and meas else None
+
+
+def _per_token(ms, n_output, n_choices):
+    per_choice = (n_output or 0) / (n_choices or 1)
+    return ms / (per_choice - 1) if ms is not None and per_choice > 1 else None
+
+
+# @table request_model: one row per attempt with a server TTFT: predicted and measured TTFT and TPOT
+#   given the schedule that happened, and the residual split by source (docs/LEDGER.md "request_model")
+# @column attempt_id: the attempt
+# @column basis: schedule (the engine steps it was in) or solo (no steps in the run: the attempt alone)
+# @column ttft_measured_ms: request_metrics.ttft_server_ms
+# @column ttft_predicted_ms: queue + prefill steps + the gaps between them, each step at the step fit
+#   (solo: its prompt as one step at the fit; NULL without a fit)
+# @column ttft_bound_ms: the same steps at their lower bounds, gaps at 0
+# @column ttft_error_pct: (predicted − measured) / measured × 100
+# @column tpot_measured_ms: request_metrics.tpot_server_ms
+# @column tpot_predicted_ms: the decode window's predicted steps and gaps / (tokens per choice − 1)
+# @column tpot_bound_ms: the decode window's bounds / (tokens per choice − 1)
+# @column tpot_error_pct: (predicted − measured) / measured × 100
+# @column queue_steps: engine steps that ran between its enqueue and its first step
+# @column residual_queue_ms: measured queue_ms − predicted queue (NULL for solo: no schedule)
+# @column residual_prefill_ms: measured − predicted time of the prefill window's steps
+# @column residual_decode_ms: measured − predicted time of the decode window's steps
+# @column residual_host_ms: measured − predicted host time between the attempt's steps (NULL for solo)
+# @column transport_ms: ttft_client_ms − ttft_server_ms (the client's view minus the server's)
+def build(con, run) -> None:
+    manifest = run_manifest.read(run.run_dir)
+    sched = {r[0]: r[1:] for r in con.execute(_SCHEDULE).fetchall()}
+    have_steps = con.execute("SELECT count(*) FROM step_model").fetchone()[0] > 0
+    solo = None if have_steps else _Solo.of(manifest)
+    recs, gaps = [], []
+    for aid, ttft, ttft_c, tpot, queue, prefill, decode, n_out, n_ch, prompt in con.execute(_ATTEMPTS).fetchall():
+        rec = {"attempt_id": aid, "ttft_measured_ms": ttft, "tpot_measured_ms": tpot,
+               "transport_ms": _sub(ttft_c, ttft)}
+        s = sched.get(aid)
+        if s is not None:
+            q_pred, q_bound, q_steps, p_pred, p_meas, p_bound, d_pred, d_meas, d_bound, _, pg_p, pg_m, dg_p, dg_m = s
+            known = p_pred is not None
+            t_pred = (q_pred or 0) + p_pred + pg_p if known else None
+            rec.update(basis="schedule", queue_steps=q_steps, ttft_predicted_ms=t_pred,
+                       ttft_bound_ms=(q_bound or 0) + p_bound if p_bound is not None else None,
+                       tpot_predicted_ms=_per_token(d_pred + dg_p, n_out, n_ch) if d_pred is not None else None,
+                       tpot_bound_ms=_per_token(d_bound, n_out, n_ch),
+                       residual_queue_ms=_sub(queue, q_pred or 0) if known else None,
+                       residual_prefill_ms=_sub(p_meas, p_pred), residual_decode_ms=_sub(d_meas, d_pred),
+                       residual_host_ms=(pg_m + dg_m) - (pg_p + dg_p) if known else None)
+        elif solo is not None and prompt:
+            rec.update(solo.predict(int(prompt), n_out, n_ch, prefill, decode))
+        rec["ttft_error_pct"] = _pct(rec.get("ttft_predicted_ms"), ttft)
+        rec["tpot_error_pct"] = _pct(rec.get("tpot_predicted_ms"), tpot)
+        recs.append(rec)
+    if not have_steps and recs:
+        gaps.append(("run", None, "step_model, model_residuals, step_fit; request_model residual_queue_ms, "
+                     "residual_host_ms (basis solo)", "per-step events (batch composition, step start and end)",
+                     "the run has no engine steps: a peer's spans are per request (vLLM reports queue, prefill "
+                     "and decode times and token counts, not its batches, step times or host time between steps)"))
+        if solo is None or solo.reason:
+            gaps.append(("run", None, "request_model predicted and bound columns", "the served model's shape "
+                         "(manifest model_shape, declared) and roofs or a step fit (manifest step_fit)",
+                         solo.reason if solo is not None else "no shape"))
+    table = pa.table({c: pa.array([r.get(c) for r in recs], t) for c, t in _COLUMNS})
+    con.register("_req", table)
+    con.execute("CREATE OR REPLACE TABLE request_model AS SELECT getvariable('run_id') AS run_id, * FROM _req "
+                "ORDER BY attempt_id")
+    con.unregister("_req")
+    con.execute("CREATE OR REPLACE TEMP TABLE request_model_gaps (scope VARCHAR, subject_id VARCHAR, "
+                "affects VARCHAR, needs VARCHAR, detail VARCHAR)")
+    if gaps:
+        con.executemany("INSERT INTO request_model_gaps VALUES (?, ?, ?, ?, ?)", gaps)
+
+
+class _Solo:
+    """One attempt alone on the declared shape: bounds on the run's roofs, predictions at a declared fit."""
+
+    def __init__(self, shape, roofs, fit, reason):
+        self.shape, self.roofs, self.fit, self.reason = shape, roofs, fit, reason
+
+    @classmethod
+    def of(cls, manifest: dict) -> "_Solo | None":
+        try:
+            shape = ModelShape.from_manifest(manifest)
+        except ShapeError as exc:
+            return cls(None, None, None, str(exc))
+        roofs, why = run_roofs(manifest)
+        fit = StepFit.from_dict(manifest["step_fit"]) if isinstance(manifest.get("step_fit"), dict) else None
+        reason = None if roofs is not None or fit is not None else f"{why}; and no declared step fit (manifest step_fit)"
+        return cls(shape, roofs, fit, reason)
+
+    def _steps(self, prompt: int, n_out: int | None, n_choices: int):
+        per_choice = int((n_out or 0) / (n_choices or 1))
+        pre = step_work(self.shape, [StepRow("prefill", prompt, 0)])
+        decodes = [step_work(self.shape, [StepRow("decode", 1, prompt + i)]) for i in range(max(per_choice - 1, 0))]
+        return pre, decodes, per_choice
+
+    def predict(self, prompt, n_out, n_choices, prefill_ms, decode_ms) -> dict:
+        if self.shape is None:
+            return {"basis": "solo"}
+        pre, decodes, per_choice = self._steps(prompt, n_out, n_choices)
+        out = {"basis": "solo"}
+        if self.roofs is not None:
+            out["ttft_bound_ms"] = stage_bounds(pre, self.roofs).bound_ms
+            if per_choice > 1:
+                out["tpot_bound_ms"] = sum(stage_bounds(w, self.roofs).bound_ms for w in decodes) / (per_choice - 1)
+        if self.fit is not None:
+            p_pred = self.fit.predict_ms(pre)
+            d_pred = sum(self.fit.predict_ms(w) for w in decodes)
+            out.update(ttft_predicted_ms=p_pred, residual_prefill_ms=_sub(prefill_ms, p_pred),
+                       residual_decode_ms=_sub(decode_ms, d_pred) if decodes else None,
+                       tpot_predicted_ms=d_pred / (per_choice - 1) if per_choice > 1 else None)
+        return out
+

@@ -1,0 +1,159 @@
+"""The workload model beside every engine step: work, lower bound, measured time, residual.
+
+Each step's batch rows (step_attribution: kind, tokens, context before) become the model's StepRows;
+a prefill row gives logits when its attempt committed a token in that step (engine.token), decode
+gives one, verify one per token. The shape is the manifest's model block, the roofs are peaks: the
+device's spec entry, else the best of the run's microbenchmarks (docs/MODEL.md "Roofs"). What is
+unknown stays NULL with a row in model_gaps (read by the gap register).
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from inferledger.costmodel import ModelShape, StepRow, stage_bounds, step_work
+from inferledger.costmodel.roofs import run_roofs
+from inferledger.costmodel.shape import ShapeError
+from inferledger.ledger import run_manifest
+
+READS = ("steps", "step_attribution", "ev", "ev_tok")
+CREATES = ("step_model", "model_gaps")
+PUBLIC = ("step_model",)
+
+LINEAR_STAGES = ("embed", "qkv", "o_proj", "gate_up", "down")
+EPSILON_MS = 0.005  # a step is faster than its bound only beyond this (the clock's resolution and jitter)
+
+_STEPS = """
+SELECT st.step_id, st.step_ms, st.start_ns, st.end_ns, st.clock, m.mode,
+       lead(st.start_ns) OVER (PARTITION BY st.clock ORDER BY st.start_ns) AS next_start_ns
+FROM steps st
+LEFT JOIN (SELECT step_id, clock, any_value(json_extract_string(attrs, '$.mode')) AS mode FROM ev
+           WHERE name = 'step.end' GROUP BY step_id, clock) m ON m.step_id = st.step_id AND m.clock = st.clock
+ORDER BY st.clock, st.start_ns
+"""
+_ROWS = """
+SELECT a.step_id, a.kind, a.tokens, a.context_before, t.attempt_id IS NOT NULL AS sampled
+FROM step_attribution a
+LEFT JOIN (SELECT DISTINCT step_id, attempt_id FROM ev_tok) t
+       ON t.step_id = a.step_id AND t.attempt_id = a.attempt_id
+ORDER BY a.step_id, a.attempt_id
+"""
+
+# @table step_model: one row per engine step: the work its batch implies, the lower bound on the
+#   run's peak roofs, the measured time and the residual (docs/LEDGER.md "step_model", docs/MODEL.md)
+# @column step_id: the engine step
+# @column mode: how the step ran (step.end attrs.mode: eager, padded, graph, graph_capture, simulated)
+# @column num_seqs: sequences in the batch
+# @column tokens: tokens computed (padding not counted)
+# @column prefill_tokens: of those, tokens of prefill rows
+# @column context_tokens: the rows' tokens in KV before the step, summed (NULL when a row lacks it)
+# @column flops_linear: FLOPs of the linear layers and the LM head (a multiply-add is 2 FLOP)
+# @column flops_attention: FLOPs of the score and value products over the causal context
+# @column flops: flops_linear + flops_attention
+# @column bytes_weights: weight bytes read (each weight once per step; the embedding's gathered rows)
+# @column bytes_kv_read: KV bytes read for the context before the step
+# @column bytes_kv_write: KV bytes written for the step's tokens
+# @column bytes_act: activation bytes read and written by the GEMMs and attention
+# @column bytes: the four byte columns summed
+# @column intensity: flops / bytes (FLOP per byte)
+# @column bound_linear_ms: the lower bounds of the embedding and the per-layer linear stages, summed
+# @column bound_attention_ms: the attention stage's lower bound
+# @column bound_lm_head_ms: the LM head stage's lower bound
+# @column bound_ms: the step's lower bound: max(F/P, Q/B) per serial stage, summed over stages
+# @column aggregated_bound_ms: max(total F / P, total Q / B): looser, for comparison only
+# @column binding_roof: the roof behind most of bound_ms: compute or memory
+# @column roof_source: where the roofs came from: spec, microbenchmark or assumption (peak figures)
+# @column roof_compute_tflops: the compute roof used (peak)
+# @column roof_memory_gbps: the memory roof used (peak)
+# @column measured_ms: step.end − step.start
+# @column residual_ms: measured_ms − bound_ms
+# @column residual_pct: residual_ms / bound_ms × 100
+# @column gap_after_ms: host time from this step's end to the next step's start (NULL for the last)
+# @column beats_bound: measured_ms is below bound_ms by more than 0.005 ms (a bound was beaten: the
+#   roof named in beaten_roof is wrong for this step)
+# @column beaten_roof: the binding roof with its source and value, where beats_bound
+def build(con, run) -> None:
+    manifest = run_manifest.read(run.run_dir)
+    gaps: list[tuple] = []
+    shape = roofs = None
+    try:
+        shape = ModelShape.from_manifest(manifest)
+    except ShapeError as exc:
+        gaps.append(("run", None, "step_model flops, bytes, bounds (all columns of the model)",
+                     "the model's shape in manifest.json (model.architecture, model.dtype)", str(exc)))
+    if shape is not None:
+        roofs, why = run_roofs(manifest)
+        if roofs is None:
+            gaps.append(("run", None, "step_model bound_* columns, binding_roof, residual_ms, residual_pct",
+                         "a spec entry for the device or the capture's microbenchmarks (manifest device_params)", why))
+    rows_by_step: dict[int, list] = {}
+    for step_id, kind, tokens, ctx, sampled in con.execute(_ROWS).fetchall():
+        rows_by_step.setdefault(step_id, []).append((kind, tokens, ctx, sampled))
+    out, no_context = [], 0
+    for step_id, step_ms, _, end_ns, _, mode, next_start in con.execute(_STEPS).fetchall():
+        items = rows_by_step.get(step_id, [])
+        known = bool(items) and all(c is not None and t is not None for _, t, c, _ in items)
+        no_context += bool(items) and not known
+        gap_after = (next_start - end_ns) / 1e6 if next_start is not None else None
+        rec = {"step_id": step_id, "mode": mode, "num_seqs": len(items) or None,
+               "tokens": int(sum(t or 0 for _, t, _, _ in items)) if items else None,
+               "prefill_tokens": int(sum(t or 0 for k, t, _, _ in items if k == "prefill")) if items else None,
+               "context_tokens": int(sum(c for _, _, c, _ in items)) if known else None,
+               "measured_ms": step_ms, "gap_after_ms": gap_after}
+        if shape is not None and known:
+            rows = [StepRow(k, int(t), int(c), logit_rows=None if k != "prefill" else int(bool(s)))
+                    for k, t, c, s in items]
+            rec.update(_work(shape, rows, roofs, step_ms))
+        out.append(rec)
+    if no_context:
+        gaps.append(("run", None, "step_model flops, bytes, bounds of those steps",
+                     "step.start batch rows with each row's context_before (4 items)",
+                     f"{no_context} step(s) list batch rows without the context before the step"))
+    _store(con, out, gaps)
+
+
+def _work(shape, rows, roofs, step_ms) -> dict:
+    w = step_work(shape, rows)
+    rec = {"flops_linear": w.linear_flops, "flops_attention": w.attention_flops, "flops": w.flops,
+           "bytes_weights": w.weight_bytes, "bytes_kv_read": w.kv_read_bytes, "bytes_kv_write": w.kv_write_bytes,
+           "bytes_act": w.act_bytes, "bytes": w.bytes, "intensity": w.intensity}
+    if roofs is None:
+        return rec
+    b = stage_bounds(w, roofs)
+    bound = b.bound_ms
+    roof = roofs.compute if b.binding == "compute" else roofs.memory
+    beats = step_ms is not None and step_ms < bound - EPSILON_MS
+    rec.update({"bound_linear_ms": sum(b.stage(n).bound_ms for n in LINEAR_STAGES),
+                "bound_attention_ms": b.stage("attention").bound_ms, "bound_lm_head_ms": b.stage("lm_head").bound_ms,
+                "bound_ms": bound, "aggregated_bound_ms": b.aggregated_ms, "binding_roof": b.binding,
+                "roof_source": roofs.memory.source, "roof_compute_tflops": roofs.compute.value,
+                "roof_memory_gbps": roofs.memory.value,
+                "residual_ms": step_ms - bound if step_ms is not None else None,
+                "residual_pct": (step_ms - bound) / bound * 100 if step_ms is not None and bound > 0 else None,
+                "beats_bound": beats if step_ms is not None else None,
+                "beaten_roof": f"{roof.quantity} {roof.value:g} {roof.unit} ({roof.source} {roof.statistic})" if beats else None})
+    return rec
+
+
+_COLUMNS = (("step_id", pa.int64()), ("mode", pa.string()), ("num_seqs", pa.int64()), ("tokens", pa.int64()),
+            ("prefill_tokens", pa.int64()), ("context_tokens", pa.int64()), ("flops_linear", pa.float64()),
+            ("flops_attention", pa.float64()), ("flops", pa.float64()), ("bytes_weights", pa.float64()),
+            ("bytes_kv_read", pa.float64()), ("bytes_kv_write", pa.float64()), ("bytes_act", pa.float64()),
+            ("bytes", pa.float64()), ("intensity", pa.float64()), ("bound_linear_ms", pa.float64()),
+            ("bound_attention_ms", pa.float64()), ("bound_lm_head_ms", pa.float64()), ("bound_ms", pa.float64()),
+            ("aggregated_bound_ms", pa.float64()), ("binding_roof", pa.string()), ("roof_source", pa.string()),
+            ("roof_compute_tflops", pa.float64()), ("roof_memory_gbps", pa.float64()), ("measured_ms", pa.float64()),
+            ("residual_ms", pa.float64()), ("residual_pct", pa.float64()), ("gap_after_ms", pa.float64()),
+            ("beats_bound", pa.bool_()), ("beaten_roof", pa.string()))
+
+
+def _store(con, recs: list[dict], gaps: list[tuple]) -> None:
+    table = pa.table({c: pa.array([r.get(c) for r in recs], t) for c, t in _COLUMNS})
+    con.register("_step_rows", table)
+    con.execute("CREATE OR REPLACE TABLE step_model AS SELECT getvariable('run_id') AS run_id, * "
+                "FROM _step_rows ORDER BY step_id")
+    con.unregister("_step_rows")
+    con.execute("CREATE OR REPLACE TEMP TABLE model_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, "
+                "needs VARCHAR, detail VARCHAR)")
+    if gaps:
+        con.executemany("INSERT INTO model_gaps VALUES (?, ?, ?, ?, ?)", gaps)
+

@@ -1,0 +1,148 @@
+"""The workload model against figures computed by hand (docs/MODEL.md)."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from inferledger.costmodel import ModelShape, StepRow, gemm_work, stage_bounds, step_work
+from inferledger.costmodel.fit import FitPoint, StepFit, split
+from inferledger.costmodel.roofs import Roof, Roofs, run_roofs, spec_roofs
+from inferledger.costmodel.shape import ShapeError
+from inferledger.costmodel.work import StageWork
+
+BOOK = Roofs.declared(1000.0, 2000.0)  # 1.0 PFLOP/s, 2.0 TB/s
+SMOL = ModelShape(30, 576, 9, 3, 64, 1536, 49152, True, 2, 2, 2)
+
+
+def test_the_decode_gemm_of_the_worked_example():
+    w = gemm_work("gemm", 8, 4096, 4096, 2, 2)
+    assert w.flops == 268_435_456
+    assert w.bytes == 33_554_432 + 65_536 + 65_536 == 33_685_504
+    assert w.intensity == pytest.approx(7.97, abs=0.005)
+    b = stage_bounds([w], BOOK)
+    assert b.bound_ms * 1e3 == pytest.approx(16.84, abs=0.005) and b.stages[0].binding == "memory"
+    assert b.stages[0].compute_ms * 1e3 == pytest.approx(0.268, abs=0.001)
+
+
+def test_the_crossover_batch_is_662():
+    ridge = BOOK.ridge  # 500 FLOP/byte
+    assert ridge == 500
+    first = next(m for m in range(1, 5000) if gemm_work("g", m, 4096, 4096, 2, 2).intensity >= ridge)
+    assert first == 662
+
+
+def test_serial_stages_sum_their_bounds():
+    roofs = Roofs.declared(1.0, 1.0)  # 1 TFLOP/s, 1 GB/s: 1e10 FLOP = 10 ms, 1e7 B = 10 ms
+    a = StageWork("A", flops=1e10, act_bytes=1e6)   # 10 ms compute, 1 ms memory
+    b = StageWork("B", flops=1e9, act_bytes=1e7)    # 1 ms compute, 10 ms memory
+    bound = stage_bounds([a, b], roofs)
+    assert bound.bound_ms == pytest.approx(20.0)
+    assert bound.aggregated_ms == pytest.approx(11.0)
+    assert [s.binding for s in bound.stages] == ["compute", "memory"]
+
+
+def test_smollm2_weights_and_kv_by_hand():
+    # per layer: q 576·576 + k, v 2·576·192 + o 576·576 + gate, up, down 3·576·1536 + two norms 2·576
+    per_layer = 331_776 + 221_184 + 331_776 + 2_654_208 + 1_152
+    assert SMOL.layer_params == per_layer == 3_540_096
+    assert SMOL.params == 30 * per_layer + 576 + 49152 * 576 == 134_515_008
+    assert SMOL.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23_040  # bf16
+    assert SMOL.weight_bytes == 269_030_016
+
+
+def test_smollm2_shape_matches_the_bundled_gguf():
+    gguf = pytest.importorskip("gguf")
+    from inferledger.engine.loader import default_model_path
+
+    reader = gguf.GGUFReader(default_model_path())
+    assert sum(int(t.n_elements) for t in reader.tensors) == SMOL.params
+    assert not any(t.name == "output.weight" for t in reader.tensors)  # tied: no separate LM head
+    read = ModelShape.from_gguf(default_model_path(), "bfloat16").to_dict()
+    assert {**read, "source": ""} == {**SMOL.to_dict(), "source": ""}
+
+
+def test_one_decode_step_of_smollm2_by_hand():
+    w = step_work(SMOL, [StepRow("decode", 1, 100)])
+    linear_per_layer = 2 * (576 * 960 + 576 * 576 + 576 * 3072 + 1536 * 576)
+    assert w.linear_flops == 30 * linear_per_layer + 2 * 576 * 49152
+    assert w.attention_flops == 30 * 4 * 576 * 101  # one query over 100 cached keys and itself
+    assert w.kv_read_bytes == 100 * 23_040 and w.kv_write_bytes == 23_040
+    # every weight once (the embedding table is gathered: one row), activations in and out of each GEMM
+    assert w.weight_bytes == (SMOL.params - 49152 * 576) * 2 + 49152 * 576 * 2 + 576 * 2
+    assert w.act_bytes == 2 * (576 + 30 * (576 + 960 + 2 * 576 + 576 + 576 + 576 + 3072 + 1536 + 576)
+                               + 576 + 49152)
+
+
+def test_a_prefill_chunk_counts_causal_pairs_and_only_its_logit_rows():
+    chunk = step_work(SMOL, [StepRow("prefill", 4, 10, logit_rows=0)])
+    assert chunk.attention_flops == 30 * 4 * 576 * (4 * 10 + 1 + 2 + 3 + 4)
+    assert next(s for s in chunk.stages if s.name == "lm_head").bytes == 0
+    verify = step_work(SMOL, [StepRow("verify", 3, 7)])
+    assert next(s for s in verify.stages if s.name == "lm_head").flops == 3 * 2 * 576 * 49152
+
+
+def test_shapes_from_a_manifest_and_a_config(tmp_path):
+    manifest = {"model": {"architecture": {"n_layers": 30, "d_model": 576, "n_heads": 9, "n_kv_heads": 3,
+                                           "head_dim": 64, "ffn_dim": 1536, "vocab_size": 49152, "tie_embeddings": True},
+                          "dtype": {"weights": "bfloat16", "activations": "bfloat16", "kv": "bfloat16",
+                                    "weights_stored": "Q4_1"}}}
+    assert ModelShape.from_manifest(manifest).to_dict() == {**SMOL.to_dict(), "source": "manifest model block"}
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,
+                               "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+                               "tie_word_embeddings": True, "torch_dtype": "bfloat16"}))
+    assert ModelShape.from_hf_config(cfg).kv_bytes_per_token == 23_040
+    del manifest["model"]["architecture"]["ffn_dim"]
+    with pytest.raises(ShapeError, match="ffn_dim"):
+        ModelShape.from_manifest(manifest)
+    cfg.write_text("{")
+    with pytest.raises(ShapeError, match="config.json: not valid JSON"):
+        ModelShape.from_hf_config(cfg)
+
+
+def test_roofs_carry_their_source():
+    h200 = spec_roofs("NVIDIA H200", "bfloat16")
+    assert h200.compute.source == h200.memory.source == "spec" and h200.memory.value == 4800.0
+    assert spec_roofs("NVIDIA H200 NVL", "bfloat16").compute.value == 835.0
+    assert spec_roofs("Intel(R) Xeon(R) Processor", "bfloat16") is None
+    manifest = {"model": {"dtype": {"weights": "bfloat16"}},
+                "device_params": {"memcpy_gbps": {"peak": 12.5, "median": 11.0, "source": "microbenchmark"},
+                                  "matmul_tflops": {"peak": 1.5, "median": 1.2, "source": "microbenchmark"}}}
+    roofs, why = run_roofs(manifest)
+    assert (roofs.memory.value, roofs.memory.source, roofs.memory.statistic) == (12.5, "microbenchmark", "peak")
+    del manifest["device_params"]["matmul_tflops"]
+    roofs, why = run_roofs(manifest)
+    assert roofs is None and "matmul_tflops" in why
+    with pytest.raises(ValueError, match="source"):
+        Roof("memory", 1.0, "GB/s", "guess", "peak", "x")
+
+
+def test_the_fit_recovers_alpha_p_and_b_on_held_out_shapes():
+    alpha, p_tflops, b_gbps = 2.0, 0.8, 15.0  # ms; the synthetic device
+    rng = random.Random(7)
+    points = []
+    for batch in (1, 2, 3, 4, 6, 8, 12, 16):
+        for ctx in (16, 64, 256, 1024, 3000):
+            for prefill in (0, 0, 32, 200):
+                rows = [StepRow("decode", 1, ctx + i) for i in range(batch)] + (
+                    [StepRow("prefill", prefill, 0)] if prefill else [])
+                w = step_work(SMOL, rows)
+                true_ms = alpha + w.flops / (p_tflops * 1e9) + w.bytes / (b_gbps * 1e6)
+                points.append(FitPoint(w.flops, w.bytes, true_ms * (1 + rng.gauss(0, 0.01)), w.num_seqs, w.tokens,
+                                       w.context_tokens, gap_ms=0.3 + 0.05 * w.num_seqs))
+    train, held = split(points)
+    assert held and not {p.shape for p in train} & {p.shape for p in held}
+    fit = StepFit.fit(points, trained_on="synthetic")
+    # stated error: α within 0.3 ms, P and B within 5 % (1 % noise per step)
+    assert fit.alpha_ms == pytest.approx(alpha, abs=0.3)
+    assert fit.p_eff_tflops == pytest.approx(p_tflops, rel=0.05)
+    assert fit.b_eff_gbps == pytest.approx(b_gbps, rel=0.05)
+    assert fit.held_out_median_abs_pct < 2.0 and fit.held_out_p90_abs_pct < 3.0
+    assert fit.predict_gap_ms(4) == pytest.approx(0.5, abs=1e-6)
+    again = StepFit.from_dict(json.loads(json.dumps(fit.to_dict())))
+    assert again.predict_ms(step_work(SMOL, [StepRow("decode", 1, 5)])) == fit.predict_ms(
+        step_work(SMOL, [StepRow("decode", 1, 5)]))
+    assert fit.extrapolated(64, 64, 100) and not fit.extrapolated(2, 2, 100)
+    assert fit.roofs().memory.source == "fit" and fit.roofs().memory.statistic == "effective"

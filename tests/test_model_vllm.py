@@ -1,0 +1,57 @@
+"""The request-level model on the recorded vLLM-CPU run: no engine steps, so each attempt alone on
+the declared shape (the bundled SmolLM2 served at bf16), the gap naming what vLLM does not expose."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from inferledger.collectors.vllm_rejoin import rejoin
+from inferledger.costmodel import ModelShape, StepRow, stage_bounds, step_work
+from inferledger.costmodel.roofs import Roofs
+from inferledger.engine.loader import default_model_path
+from inferledger.ledger.reconstruct import reconstruct
+
+SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm-0.32-cpu"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("vllm_model")
+    shape = ModelShape.from_gguf(default_model_path(), "bfloat16")  # what was served (the sample's README)
+    run = base / "run"
+    rejoin(SAMPLE, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "model_shape": shape.declared_entry(),
+                                                   "declared_roofs": {"tflops": 218.0, "gbps": 307.2}}))
+    reconstruct(run)
+    con = duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
+    yield shape, con
+    con.close()
+
+
+def test_vllm_attempts_are_modelled_alone_and_the_missing_step_figures_are_named(runs):
+    _, con = runs
+    n, solo, predicted = con.execute("SELECT count(*), count(*) FILTER (WHERE basis = 'solo'), "
+                                     "count(ttft_predicted_ms) FROM request_model").fetchone()
+    assert n >= 38 and solo == n and predicted == 0  # no step fit declared: no prediction, bounds only
+    assert con.execute("SELECT count(*) FROM step_model").fetchone()[0] == 0
+    needs = [r[0] for r in con.execute("SELECT needs FROM gaps WHERE affects LIKE '%request_model%'").fetchall()]
+    assert needs == ["per-step events (batch composition, step start and end)"]
+    # transport is the client's TTFT less the server's, as request_metrics has them
+    diff = con.execute("SELECT max(abs(m.transport_ms - (r.ttft_client_ms - r.ttft_server_ms))) FROM request_model m "
+                       "JOIN request_metrics r USING (attempt_id)").fetchone()[0]
+    assert diff == pytest.approx(0.0, abs=1e-9)
+
+
+def test_vllm_solo_bounds_are_the_prompts_own_prefill_and_below_the_measured_ttft(runs):
+    shape, con = runs
+    roofs = Roofs.declared(218.0, 307.2)
+    rows = con.execute("SELECT m.attempt_id, m.ttft_bound_ms, m.ttft_measured_ms, s.prompt_tokens FROM request_model m "
+                       "JOIN reported_spans s ON s.attempt_id = m.attempt_id").fetchall()
+    assert len(rows) >= 38
+    for _, bound, measured, prompt in rows:
+        assert bound == pytest.approx(stage_bounds(step_work(shape, [StepRow("prefill", prompt, 0)]), roofs).bound_ms)
+        assert bound <= measured

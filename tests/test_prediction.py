@@ -1,0 +1,237 @@
+"""Device parameters measured at capture start, `inferledger predict`, and the prediction a capture
+registers before its load: bounds by hand, the registration before the first event, a changed or
+malformed prediction refused by name (capture) or registered as a gap (ledger)."""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from inferledger.cli.app import app
+from inferledger.collectors.capture import microbench
+from inferledger.collectors.capture.run import capture
+from inferledger.collectors.workload import Workload
+from inferledger.costmodel import ModelShape, Roofs
+from inferledger.costmodel.prediction import SCHEMA, PredictionError, check, predict
+from inferledger.ledger.reconstruct import reconstruct
+
+SMOL = SimpleNamespace(n_heads=9, n_kv_heads=3, head_dim=64, d_model=576, ffn_dim=1536, vocab_size=49152)
+
+
+def fake_timer(step_s: float = 1e-3):
+    """A clock that moves step_s at every reading: each timed call lasts exactly step_s."""
+    ticks = itertools.count()
+    return lambda: next(ticks) * step_s
+
+
+def test_the_engine_shapes_are_its_fused_matmuls_at_batch_one_the_limit_and_the_token_budget():
+    shapes = microbench.linear_shapes(SMOL, 8, 512)
+    got = {(s["name"], s["m"]): (s["k"], s["n"]) for s in shapes}
+    # q, k, v fused: (9 + 2*3) heads of 64 = 960 columns; gate and up fused: 2 * 1536
+    assert got[("qkv", 1)] == got[("qkv", 8)] == got[("qkv", 512)] == (576, 960)
+    assert got[("gate_up", 512)] == (576, 3072) and got[("down", 8)] == (1536, 576)
+    assert got[("lm_head", 8)] == (576, 49152) and ("lm_head", 512) not in got  # one logit row per sequence
+    assert len(shapes) == 11
+
+
+def test_microbenchmarks_keep_peak_and_median_apart_with_their_source(monkeypatch):
+    import torch
+
+    shapes = [{"name": "qkv", "m": 1, "k": 576, "n": 960}, {"name": "qkv", "m": 8, "k": 576, "n": 960}]
+    got = microbench.measure("cpu", torch.float32, shapes, timer=fake_timer(), stream_bytes=4 << 20,
+                             stream_repeats=5, matmul_repeats=4)
+    # every timed call lasts 1 ms: 4 MiB read in 1 ms is 4.194304 GB/s; a copy moves twice the bytes
+    assert got["stream_read_gbps"]["peak"] == pytest.approx(4.194304)
+    assert got["copy_gbps"]["median"] == pytest.approx(8.388608)
+    assert got["memcpy_gbps"]["peak"] == pytest.approx(8.388608) and got["memcpy_gbps"]["from"] == "copy_gbps"
+    # 2 * 8 * 576 * 960 FLOP in 1 ms
+    assert got["matmul_tflops"]["peak"] == pytest.approx(2 * 8 * 576 * 960 / 1e-3 / 1e12)
+    assert got["matmul_tflops"]["at"] == "qkv" and got["matmul_tflops"]["m"] == 8
+    for key in ("memcpy_gbps", "stream_read_gbps", "copy_gbps", "matmul_tflops"):
+        fig = got[key]
+        assert fig["source"] == "microbenchmark" and {"peak", "median", "repeats", "unit"} <= set(fig)
+        assert fig["peak"] >= fig["median"]
+    assert got["stream_read_gbps"]["repeats"] == 5 and got["matmul_tflops"]["shapes"][0]["repeats"] == 4
+    assert [s["flop"] for s in got["matmul_tflops"]["shapes"]] == [2 * 576 * 960, 2 * 8 * 576 * 960]
+
+
+def test_device_params_run_in_a_thread_placed_like_the_step_thread():
+    import torch
+
+    cfg = SimpleNamespace(n_heads=1, n_kv_heads=1, head_dim=8, d_model=8, ffn_dim=16, vocab_size=32)
+    bundle = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32, config=cfg,
+                             model=torch.nn.Linear(8, 8))
+    before = torch.get_num_threads()
+    try:
+        got = microbench.device_params(bundle, max_batch=2, max_tokens=4, cpu_threads=1, timer=fake_timer(),
+                                       stream_bytes=1 << 20)
+    finally:
+        torch.set_num_threads(before)
+    assert got["threads"] == 1 and got["placement"] == {"threads": 1, "pinned_cpus": None,
+                                                        "cpus_left": got["placement"]["cpus_left"]}
+    assert got["source"] == "microbenchmark" and got["dtype"] == "float32" and got["device"] == "cpu"
+    assert isinstance(got["cpu_flags"], list)
+    assert sorted({(s["name"], s["m"]) for s in got["matmul_tflops"]["shapes"]}) == sorted(
+        [(n, m) for m in (1, 2) for n in ("qkv", "gate_up", "down", "lm_head")]
+        + [(n, 4) for n in ("qkv", "gate_up", "down")])
+    assert microbench.skipped("why")["source"] is None
+
+
+# A decoder small enough to count by hand: one layer, d_model 4, one head of 4, FFN 8, vocab 16, 2-byte
+# weights, activations and KV. Roofs 1 FLOP/s and 1 B/s, so a stage's bound in seconds is
+# max(FLOPs, bytes). Prefill of 3 tokens, no cache (stage: FLOP / bytes -> bound):
+#   embed 0 / 48 -> 48; qkv 288 / 200 -> 288; attention 96 / 96 -> 96; o_proj 96 / 80 -> 96;
+#   gate_up 384 / 256 -> 384; down 192 / 136 -> 192; lm_head (1 row) 128 / 176 -> 176: 1280 s.
+# Decode of 1 token at context 3:
+#   embed 0 / 16; qkv 96 / 136; attention 64 / 80; o_proj 32 / 48; gate_up 128 / 176; down 64 / 88;
+#   lm_head 128 / 176: 16 + 136 + 80 + 48 + 176 + 88 + 176 = 720 s.
+TINY = ModelShape(1, 4, 1, 1, 4, 8, 16, False, 2, 2, 2)
+ONE = Roofs.declared(1e-12, 1e-9, "1 FLOP/s, 1 B/s")
+HALF = Roofs.declared(0.5e-12, 0.5e-9, "half")
+REQ = [{"class": "tiny", "prompt_tokens": 3, "cached_tokens": 0, "output_tokens": 2, "weight": 1.0}]
+
+
+def test_prediction_bounds_by_hand():
+    doc = predict(TINY, REQ, ONE, max_batch=1, sustained=HALF)
+    r = doc["requests"][0]
+    assert r["ttft_lower_ms"] == pytest.approx(1_280_000)
+    assert r["tpot_lower_ms"] == pytest.approx(720_000)
+    # at half the rates every stage takes twice as long; alone at the batch limit 1, both ends agree
+    assert r["ttft_expected_ms"]["sustained"] == pytest.approx([2_560_000, 2_560_000])
+    assert r["tpot_expected_ms"]["sustained"][0] == pytest.approx(1_440_000)
+    assert "fit" not in r["ttft_expected_ms"]
+    prefill = next(s for s in doc["steps"] if s["kind"] == "prefill")
+    assert prefill["bound_ms"] == pytest.approx(1_280_000) and prefill["tokens"] == 3
+    assert doc["schema"] == SCHEMA and doc["roofs"]["peak"]["compute"]["source"] == "assumption"
+    assert check(json.loads(json.dumps(doc)), "x") is not None
+
+
+def test_a_malformed_prediction_is_refused_naming_the_field():
+    doc = json.loads(json.dumps(predict(TINY, REQ, ONE, max_batch=1)))
+    doc["requests"][0]["ttft_lower_ms"] = "soon"
+    with pytest.raises(PredictionError, match=r"pred\.json: field requests\[0\]\.ttft_lower_ms = 'soon'"):
+        check(doc, "pred.json")
+    with pytest.raises(PredictionError, match="field schema"):
+        check({**doc, "schema": "other/9"}, "pred.json")
+
+
+def test_predict_command_writes_a_prediction_from_a_config_and_a_spec_device(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,
+                               "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+                               "tie_word_embeddings": True, "torch_dtype": "bfloat16"}))
+    wl = _workload(tmp_path)
+    out = tmp_path / "pred.json"
+    res = CliRunner().invoke(app, ["predict", "-w", str(wl), "--model-config", str(cfg), "--device", "H100 SXM",
+                                   "-o", str(out), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    doc = check(json.loads(out.read_text()), str(out))
+    rows = json.loads(res.output)
+    assert [r["class"] for r in rows] == ["chat"] and rows[0]["ttft_sustained_ms"] is None  # a spec has peaks only
+    assert doc["roofs"]["peak"]["memory"]["source"] == "spec" and doc["workload"]["sha256"]
+    # SmolLM2 in bf16 reads its 134,515,008 weights (tied) = 269,030,016 bytes each decode step at least
+    assert rows[0]["tpot_lower_ms"] > 269_030_016 / 3350e9 * 1e3
+    res = CliRunner().invoke(app, ["predict", "-w", str(wl), "--model-config", str(cfg), "-o", str(out)])
+    assert res.exit_code == 2 and "--device NAME" in res.output
+
+
+def _workload(tmp: Path, n: int = 3) -> Path:
+    (tmp / "tasks.jsonl").write_text(json.dumps({"kind": "lookup", "prompt": "Capital of France?",
+                                                 "answer": "paris"}) + "\n")
+    (tmp / "arrivals.txt").write_text("".join(f"{i * 30}\n" for i in range(n)))
+    path = tmp / "w.toml"
+    path.write_text('name = "predict-test"\nseed = 1\n[taskset]\nfile = "tasks.jsonl"\n'
+                    '[arrivals]\nprocess = "replay"\nfile = "arrivals.txt"\n[contract]\ndeadline_ms = 120000\n'
+                    '[client]\ntimeout_ms = 60000\n[generation]\nmax_tokens = 6\n'
+                    'temperature = 0.0\n[[classes]]\nname = "chat"\nprompt_tokens = 40\n')
+    return path
+
+
+def test_a_changed_prediction_file_stops_the_capture_naming_it(tmp_path):
+    bad = tmp_path / "pred.json"
+    bad.write_text(json.dumps({"schema": SCHEMA, "max_batch": 0}))
+    with pytest.raises(PredictionError, match=r"pred\.json: field max_batch = 0"):
+        capture(Workload.load(_workload(tmp_path)), tmp_path / "run", model=tmp_path / "never-loaded.gguf",
+                prediction=bad)
+    assert not (tmp_path / "run").exists()  # refused before anything was recorded
+
+
+@pytest.fixture(scope="module")
+def registered_run(bundle, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("registered")
+    run = tmp / "run"
+    capture(Workload.load(_workload(tmp)), run, bundle=bundle, max_num_seqs=4)
+    reconstruct(run)
+    return run
+
+
+def test_the_capture_registers_its_prediction_before_the_first_event(registered_run):
+    manifest = json.loads((registered_run / "manifest.json").read_text())
+    block = manifest["prediction"]
+    data = (registered_run / "prediction.json").read_bytes()
+    assert block["sha256"] == hashlib.sha256(data).hexdigest() and block["file"] == "prediction.json"
+    params = manifest["device_params"]
+    assert params["source"] == "microbenchmark" and params["memcpy_gbps"]["peak"] >= params["memcpy_gbps"]["median"]
+    with duckdb.connect(str(registered_run / "ledger.duckdb"), read_only=True) as con:
+        reg = con.execute("SELECT valid, predates_data, lead_ms, registered_ns, first_event_ns, clock "
+                          "FROM prediction_registration").fetchall()
+        first = con.execute("SELECT min(ts_ns) FROM events WHERE clock = ?", [block["registered"]["clock"]]).fetchone()[0]
+        rows = con.execute("SELECT class, n_attempts, n_ttft, ttft_lower_ms, ttft_below_bound, tpot_below_bound "
+                           "FROM prediction_check").fetchall()
+    assert reg == [(True, True, pytest.approx((first - block["registered"]["mono_ns"]) / 1e6),
+                    block["registered"]["mono_ns"], first, block["registered"]["clock"])]
+    assert reg[0][2] > 0
+    assert [r[:3] for r in rows] == [("chat", 3, 3)]
+    assert rows[0][3] > 0 and rows[0][4] == 0 and rows[0][5] == 0  # a bound is a bound
+
+
+def test_a_prediction_changed_after_registration_is_a_gap(registered_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(registered_run, run)
+    doc = json.loads((run / "prediction.json").read_text())
+    doc["requests"][0]["ttft_lower_ms"] = 0.0
+    (run / "prediction.json").write_text(json.dumps(doc))
+    reconstruct(run)
+    with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT valid, predates_data FROM prediction_registration").fetchall() == [(False, None)]
+        assert con.execute("SELECT count(*) FROM prediction_check").fetchone()[0] == 0
+        gaps = con.execute("SELECT subject_id, detail FROM gaps WHERE subject_id = 'prediction.json'").fetchall()
+    assert len(gaps) == 1 and "changed after registration" in gaps[0][1]
+
+
+def test_the_report_draws_the_roofline_residuals_fit_and_the_registered_prediction(registered_run, tmp_path):
+    import re
+
+    from test_report import load_in_browser
+
+    from inferledger.cli.summary import print_summary
+    from inferledger.report.build import build_report
+
+    report = build_report(registered_run, tmp_path / "report.html")
+    dom, log = load_in_browser(report.path, tmp_path)
+    hook = json.loads(re.search(r'<pre id="test-hook">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    assert hook["errors"] == [], hook
+    html = report.path.read_text()
+    for panel in ("a-roofline", "a-residuals", "a-calibration", "a-prediction", "a-roofline-fig",
+                  "a-resid-num_seqs", "a-resid-context_tokens", "a-fit-fig"):
+        assert f'id="{panel}"' in dom, panel
+    roofline = dom[dom.index('id="a-roofline"'):dom.index('id="a-residuals"')]
+    assert "main-svg" in roofline  # the chart was drawn
+    assert "peak roof:" in html and "sustained roof:" in html and "(microbenchmark)" in html  # labelled roofs
+    prediction = dom[dom.index('id="a-prediction"'):]
+    assert re.search(r"registered [0-9.,]+ ms before the run's first event on mono:", prediction)
+    from io import StringIO
+
+    from rich.console import Console
+
+    out = StringIO()
+    print_summary(registered_run / "ledger.duckdb", Console(file=out, width=300))
+    assert re.search(r"workload model: median step at \d+ % of its bound .* dominant residual source: ", out.getvalue())
