@@ -7,15 +7,16 @@ process. Per kind and batch:
 - the median pure decode step (wall time around `ModelRunner.forward`), unprofiled;
 - an account of --profiled further steps under torch.profiler: self CPU time of each operator,
   summed by category: matmuls (oneDNN / BLAS linears), attention (the SDPA kernels, the K/V gather and
-  the cache writes; in a compiled step, the whole fused kernel of a layer counts here and under
-  "fused kernels"), elementwise (RMSNorm, RoPE, SiLU, residual adds, casts, the logits' argmax),
+  the cache writes; in a compiled step attention is fused with the norms and RoPE and counts under
+  compiled kernels, its cache writes included), elementwise (RMSNorm, RoPE, SiLU, residual adds, casts, the logits' argmax),
   compiled kernels (inductor's fused C++ kernels: norms, RoPE and attention together), and host
   (the rest of the profiled steps' wall time: Python, dispatch, tensor bookkeeping, the compiled
   code's guards and wrappers). The profiler adds its own overhead to host time, so the shares are
   read beside the unprofiled median;
-- at batch 1, MBU: bytes a step reads (every weight once, the tied embedding as the lm_head, plus K and
-  V of every context token, as benchmarks/engine_throughput.py defines them) per median step, over a
-  256 MiB memcpy's rate (read + write) measured in the same run; and how many steps ran compiled.
+- at batch 1, MBU: the median step's bytes as the workload model counts them (docs/MODEL.md
+  "Counting": weights once, the KV read for the context and written for the new token, the GEMMs'
+  activations; `costmodel.step_work` for one decode row at the median step's context) per median step,
+  over a 256 MiB memcpy's rate (read + write) measured in the same run; and how many steps ran compiled.
 
     .venv/bin/python benchmarks/decode_step_account.py [--batch 1 16] [--tokens 48] [--rounds 2]
 """
@@ -38,7 +39,10 @@ from inferledger.engine.loader import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402
-from engine_throughput import TEXT, memcpy_gib_s, weight_bytes_per_step  # noqa: E402
+from engine_throughput import TEXT, memcpy_gib_s  # noqa: E402
+
+from inferledger.costmodel.shape import ModelShape  # noqa: E402
+from inferledger.costmodel.work import StepRow, step_work  # noqa: E402
 
 MATMUL = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
@@ -128,6 +132,7 @@ def main() -> None:
                                                              enable_prefix_caching=False))
         print(f"{kind}: engine ready in {time.perf_counter() - t0:.1f} s "
               f"({kinds[kind].engine.manifest()['engine_config']['resolved']['compile']})", flush=True)
+    shape = ModelShape.from_manifest(kinds["eager"].engine.manifest())
     figures = {"dtype": dtype, "torch_threads": torch.get_num_threads(), "prompt_tokens": 64, "rows": []}
     for b in args.batch:
         prompts = [ids[i:i + 64] for i in range(b)]
@@ -148,11 +153,10 @@ def main() -> None:
                    "median_step_ms": round(median_s * 1e3, 3), "tok_s": round(b / median_s, 2)}
             row.update(account(llm, prompts, args.profiled))
             if b == 1:
-                ctx = 64 + args.tokens // 2  # the median step's context, tokens
-                w = weight_bytes_per_step(bundle)
-                kv = ctx * bundle.config.kv_bytes_per_token(bundle.dtype)
-                gib_s = (w + kv) / 2**30 / median_s
-                row.update({"weights_mib": round(w / 2**20, 1), "kv_mib": round(kv / 2**20, 2),
+                work = step_work(shape, [StepRow("decode", 1, 64 + args.tokens // 2)])  # the median step's context
+                gib_s = work.bytes / 2**30 / median_s
+                row.update({"step_mib": round(work.bytes / 2**20, 1), "weights_mib": round(work.weight_bytes / 2**20, 1),
+                            "kv_mib": round((work.kv_read_bytes + work.kv_write_bytes) / 2**20, 2),
                             "achieved_gib_s": round(gib_s, 2), "mbu_ratio": round(gib_s / memcpy, 3)})
             figures["rows"].append(row)
             print(f"batch {b:>2} {kind:>8}: median step {row['median_step_ms']:7.2f} ms over {row['steps']} steps "

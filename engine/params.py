@@ -77,22 +77,6 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
-    def resolve_compile(self, device_type: str, dtype) -> tuple[bool, str]:
-        """(compile the CPU step?, why)."""
-        choice, source = self.compile, "EngineConfig.compile"
-        if choice == "auto" and os.environ.get("INFERLEDGER_COMPILE"):
-            choice, source = os.environ["INFERLEDGER_COMPILE"], "$INFERLEDGER_COMPILE"
-            if choice not in ("auto", "on", "off"):
-                raise ValueError(f"$INFERLEDGER_COMPILE={choice!r}: use auto, on or off")
-        if device_type != "cpu":
-            return False, f"{device_type}: no compiled step (CUDA graphs instead)"
-        if choice != "auto":
-            return choice == "on", f"{choice} ({source})"
-        if dtype != torch.bfloat16:
-            return False, "auto: off for fp32 (measured not to pay)"
-        native, why = native_bf16()
-        return native, f"auto: {'on' if native else 'off'}, {why}"
-
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -231,7 +215,7 @@ class EngineConfig:
         if choice != "auto":
             return choice == "on", f"{choice} ({source})"
         if dtype != torch.bfloat16:
-            return False, "auto: off for fp32 (measured not to pay)"
+            return False, "auto: off for fp32 (compiled where measured to pay: bf16 on a CPU with native bf16)"
         native, why = native_bf16()
         return native, f"auto: {'on' if native else 'off'}, {why}"
 
