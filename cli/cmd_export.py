@@ -27,7 +27,7 @@ def export_cmd(
 
     Example: [cyan]inferledger export runs/r1 --as perfetto[/]  (then open the file at ui.perfetto.dev)
     """
-    from inferledger.cli.output import console, err
+    from inferledger.cli.output import console, fail
     from inferledger.report.export import FORMATS, export_run
     from inferledger.ledger.query import LedgerError
 
@@ -39,11 +39,9 @@ def export_cmd(
     try:
         result = export_run(run, fmt, out, endpoint=endpoint)
     except LedgerError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2)
+        fail(f"error: {exc}")
     except (ValueError, RuntimeError) as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(1)
+        fail(f"error: {exc}", code=1)
     what = ", ".join(f"{k} {v:,}" for k, v in result.counts.items())
     console.print(f"{fmt}: [bold]{result.destination}[/]  ({what}; {result.seconds:.1f} s)")
 

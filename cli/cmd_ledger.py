@@ -27,15 +27,14 @@ def reconstruct_cmd(
 
     Example: [cyan]inferledger reconstruct runs/r1 && inferledger query runs/r1 "select * from accounts"[/]
     """
-    from inferledger.cli.output import console, echo_sections, err
+    from inferledger.cli.output import console, echo_sections, fail
     from inferledger.cli.summary import print_sections, summary_sections
     from inferledger.ledger.reconstruct import RunDirError, reconstruct
 
     try:
         summary = reconstruct(run_dir, out=out)
     except RunDirError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2)
+        fail(f"error: {exc}")
     if quiet:
         console.print(str(summary.path))
         return

@@ -26,7 +26,7 @@ def report_cmd(
 
     Example: [cyan]inferledger report runs/r1 --compare runs/r0[/]
     """
-    from inferledger.cli.output import console, err
+    from inferledger.cli.output import console, fail
     from inferledger.report.build import build_report
     from inferledger.ledger.query import LedgerError
 
@@ -47,8 +47,7 @@ def report_cmd(
             return
         result = build_report(run, out, compare=compare, detail_limit=detail)
     except LedgerError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2)
+        fail(f"error: {exc}")
     console.print(f"report: [bold]{result.path}[/]  ({result.bytes / 2**20:.1f} MiB, {result.attempts:,} attempts, "
                   f"{result.seconds:.1f} s)")
 

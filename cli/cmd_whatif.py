@@ -49,15 +49,14 @@ def whatif_cmd(
     import duckdb
     from rich.table import Table
 
-    from inferledger.cli.output import console, echo_rows, err
+    from inferledger.cli.output import console, echo_rows, fail
     from inferledger.ledger.critical_path import load_dags, what_if
 
     if (shrink is None) == (to is None):
         raise typer.BadParameter("give exactly one of --shrink and --to")
     path = run / "ledger.duckdb" if run.is_dir() else run
     if not path.exists():
-        err.print(f"[red]error:[/] {path} not found: run `inferledger reconstruct {run}` first")
-        raise typer.Exit(2)
+        fail(f"error: {path} not found: run `inferledger reconstruct {run}` first")
     con = duckdb.connect(str(path), read_only=True)
     try:
         dags = load_dags(con, scope_id=scope)
@@ -72,9 +71,8 @@ def whatif_cmd(
             rows.append([dag.scope, dag.scope_id, before.e2e_ms, after.e2e_ms, after.e2e_ms - before.e2e_ms,
                          list(after.path)])
     if not rows:
-        err.print(f"[red]error:[/] no critical-path node named {node!r}" + (f" in {scope}" if scope else "")
-                  + f" (list them: inferledger query {run} \"select distinct node from critical_path\")")
-        raise typer.Exit(2)
+        fail(f"error: no critical-path node named {node!r}" + (f" in {scope}" if scope else "")
+             + f" (list them: inferledger query {run} \"select distinct node from critical_path\")")
     if echo_rows(fmt, COLUMNS, rows):
         return
     change = f"shrinks by {frac:.0%}" if frac is not None else f"takes {to_ms:g} ms"

@@ -16,7 +16,6 @@ import typer
 from rich.console import Console
 
 console = Console()
-err = Console(stderr=True)
 
 
 class OutputFormat(str, Enum):
@@ -28,11 +27,12 @@ class OutputFormat(str, Enum):
 FORMAT_HELP = "table for people; csv (a header, then one line per row) or json (an array of objects) for scripts."
 
 
-def fail(message: str) -> None:
-    """Print `message` on stderr and exit 2 (bad input). Plain echo, not rich: DuckDB's caret under
-    "LINE 1:" must stay aligned and unwrapped."""
+def fail(message: str, code: int = 2) -> None:
+    """Print `message` on stderr and exit `code` (2: bad input). Plain echo, not rich: a message is
+    never wrapped (a path or DuckDB's caret under "LINE 1:" stays whole and aligned) and never read
+    as markup (a path may hold brackets)."""
     typer.echo(message, err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 def plain(v):

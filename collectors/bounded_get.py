@@ -3,13 +3,15 @@ a capture (`/metrics`, `/version`): however slowly the peer answers, even a byte
 ends by the deadline, so neither a scraper thread nor the capture waiting for it can hang.
 
 A socket timeout bounds each read, not their sum; a timer shuts the socket down at the deadline,
-which wakes whatever read is blocked then.
+which wakes whatever read is blocked then. Past the deadline, whichever fires first (the timer, or a
+read's own timeout when the timer thread is starved on a loaded host), the answer is the deadline's.
 """
 from __future__ import annotations
 
 import http.client
 import socket
 import threading
+import time
 from urllib.parse import urlsplit
 
 
@@ -34,6 +36,7 @@ def bounded_get(url: str, *, deadline_s: float, max_bytes: int, headers: dict | 
             except OSError:  # already closed
                 pass
 
+    started = time.monotonic()
     timer = threading.Timer(deadline_s, expire)
     timer.daemon = True
     timer.start()
@@ -57,7 +60,7 @@ def bounded_get(url: str, *, deadline_s: float, max_bytes: int, headers: dict | 
     except GetFailed:
         raise
     except (OSError, http.client.HTTPException, ValueError) as exc:
-        if expired.is_set():
+        if expired.is_set() or time.monotonic() - started >= deadline_s:
             raise GetFailed(f"no complete answer within {deadline_s:g} s") from None
         raise GetFailed(f"{type(exc).__name__}: {exc}"[:300]) from None
     finally:

@@ -85,3 +85,15 @@ def test_capture_overhead_line_says_unknown_for_pacing_over_no_arrivals():
 
     assert overhead_line(0.5, {"n": 0}).endswith("p50 unknown, p99 unknown over 0 arrivals")
     assert overhead_line(0.5, {"n": 3, "p50": 0.25, "p99": 1.5}).endswith("p50 0.25 ms, p99 1.50 ms over 3 arrivals")
+
+
+def test_an_error_message_is_never_wrapped_nor_read_as_markup(tmp_path):
+    # a refusal names its path whole: a long path with brackets in it, on an 80-column terminal
+    run = tmp_path / ("a-run-folder-with-a-long-name-" * 3 + "[bold]x")
+    run.mkdir()
+    for args in (["reconstruct", str(run)], ["report", str(run)], ["export", str(run), "--as", "perfetto"],
+                 ["whatif", str(run), "--node", "n", "--shrink", "0.5"]):
+        res = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
+        assert res.exit_code == 2, (args, res.output)
+        first = res.output.splitlines()[0]
+        assert first.startswith("error: ") and str(run) in first, (args, res.output)

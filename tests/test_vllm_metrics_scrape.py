@@ -176,6 +176,28 @@ def test_a_trickling_endpoint_costs_one_scrape_of_at_most_its_period(tmp_path, h
     assert sc.last_error.startswith(f"no complete answer within {1 / hz:g} s")
 
 
+class _StarvedTimer:
+    """A timer thread that never gets the CPU before the reads' own timeouts fire (a loaded host)."""
+
+    def __init__(self, *_args, **_kw):
+        self.daemon = True
+
+    def start(self):
+        pass
+
+    def cancel(self):
+        pass
+
+
+def test_a_read_timing_out_before_a_starved_timer_still_reports_the_deadline(monkeypatch):
+    from inferledger.collectors import bounded_get as bg
+
+    monkeypatch.setattr(bg.threading, "Timer", _StarvedTimer)
+    with _Serve(_trickle) as srv:
+        with pytest.raises(bg.GetFailed, match=r"^no complete answer within 0\.1 s"):
+            bg.bounded_get(srv.url, deadline_s=0.1, max_bytes=1 << 20)
+
+
 def test_our_servers_exposition_reads_back_through_the_scraper():
     from types import SimpleNamespace as NS
 
