@@ -35,6 +35,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 from inferledger.engine import LLM, EngineConfig, SamplingParams  # noqa: E402
+from inferledger.engine.compiled_step import cache_dir  # noqa: E402
 from inferledger.engine.loader import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -118,7 +119,11 @@ def main() -> None:
     ap.add_argument("--profiled", type=int, default=8, help="decode steps under the profiler per kind and batch")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the serving engine's count here)")
+    ap.add_argument("--cache-dir", type=Path, default=None, help="inductor's cache for this run (an empty folder: "
+                    "the compile time recorded is a first start's); default: the engine's own")
     args = ap.parse_args()
+    if args.cache_dir is not None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(args.cache_dir.resolve())
     rec = results.start("decode_step_account", vars(args))
     torch.set_num_threads(args.threads)
     bundle = load_model(dtype=args.dtype)
@@ -133,7 +138,10 @@ def main() -> None:
         print(f"{kind}: engine ready in {time.perf_counter() - t0:.1f} s "
               f"({kinds[kind].engine.manifest()['engine_config']['resolved']['compile']})", flush=True)
     shape = ModelShape.from_manifest(kinds["eager"].engine.manifest())
-    figures = {"dtype": dtype, "torch_threads": torch.get_num_threads(), "prompt_tokens": 64, "rows": []}
+    compiled = kinds["compiled"].engine.runner.compiled
+    figures = {"dtype": dtype, "torch_threads": torch.get_num_threads(), "prompt_tokens": 64, "rows": [],
+               "compile_cache_dir": str(cache_dir()),
+               "compile_warm_up_s": round(compiled.warm_up_s, 2), "compile_disabled_reason": compiled.disabled_reason}
     for b in args.batch:
         prompts = [ids[i:i + 64] for i in range(b)]
         timers = {}

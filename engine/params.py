@@ -9,9 +9,6 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-import torch
-
-from .cpu_host import native_bf16
 
 MAX_N = 16  # parallel samples of one prompt
 
@@ -133,8 +130,8 @@ class EngineConfig:
     # pinned to all CPUs but the first; an int n: n threads, not pinned; None: torch as it is.
     cpu_threads: int | str | None = "auto"
     # The CPU step through inductor-compiled layers with attention in place (engine/compiled_step.py):
-    # "on", "off", or "auto" = $INFERLEDGER_COMPILE when set, else on where it was measured to pay (bf16
-    # on a CPU that multiplies bf16 natively). Never on CUDA, which replays CUDA graphs instead.
+    # "on", "off", or "auto" = $INFERLEDGER_COMPILE when set, else eager (not yet measured to pay on any
+    # CPU). Never on CUDA, which replays CUDA graphs instead.
     compile: str = "auto"
 
     DEFAULT_KV_BYTES = 256 * 2**20
@@ -214,10 +211,8 @@ class EngineConfig:
             return False, f"{device_type}: no compiled step (CUDA graphs instead)"
         if choice != "auto":
             return choice == "on", f"{choice} ({source})"
-        if dtype != torch.bfloat16:
-            return False, "auto: off for fp32 (compiled where measured to pay: bf16 on a CPU with native bf16)"
-        native, why = native_bf16()
-        return native, f"auto: {'on' if native else 'off'}, {why}"
+        return False, ("auto: eager (the compiled step was not measured faster than the eager one; "
+                       "docs/BENCHMARKS.md, Decode step account)")
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -88,8 +88,9 @@ def test_step_end_states_compiled_and_the_manifest_says_why(bundle, compiled_run
 
 def test_compile_knob_resolution(monkeypatch):
     monkeypatch.delenv("INFERLEDGER_COMPILE", raising=False)
-    on, why = EngineConfig(compile="auto").resolve_compile("cpu", torch.float32)
-    assert not on and why.startswith("auto: off for fp32")
+    for dtype in (torch.float32, torch.bfloat16):
+        on, why = EngineConfig(compile="auto").resolve_compile("cpu", dtype)
+        assert not on and why.startswith("auto: eager")
     assert EngineConfig(compile="on").resolve_compile("cuda", torch.bfloat16)[0] is False  # CUDA graphs instead
     assert EngineConfig(compile="off").resolve_compile("cpu", torch.bfloat16) == (False, "off (EngineConfig.compile)")
     monkeypatch.setenv("INFERLEDGER_COMPILE", "on")
