@@ -90,8 +90,8 @@ class Ours:
     def manifest(self) -> dict:
         return {"dtype": self.dtype, "prefix_caching": True, "threads": "one intra-op thread fewer than the CPUs, "
                 "not pinned (cpu_threads auto), a core's worth left to the HTTP front end", "endpoint": "inferledger serve",
-                "compile": f"INFERLEDGER_COMPILE={self.compile} (auto: the compiled CPU step where bf16 is native; "
-                "compiled before /health answers)"}
+                "compile": f"INFERLEDGER_COMPILE={self.compile} (on: the compiled CPU step, compiled before /health "
+                "answers; auto: as EngineConfig.compile='auto' resolves at this commit)"}
 
 
 class VLLM:
