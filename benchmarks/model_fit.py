@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         "roof_source": roofs[0], "roof_compute_tflop_per_s": roofs[1], "roof_memory_gb_s": roofs[2],
         "steps": steps, "steps_below_bound": beats, "below_bound_pct": 100.0 * beats / steps if steps else None,
         "fit_alpha_ms": fit.alpha_ms, "fit_p_eff_tflop_per_s": fit.p_eff_tflops, "fit_b_eff_gb_s": fit.b_eff_gbps,
-        "fit_gap_alpha_ms": fit.gap_alpha_ms, "fit_gap_ms_per_seq": fit.gap_ms_per_seq,
+        "fit_gap_alpha_ms": fit.gap_alpha_ms, "fit_gap_per_seq_ms": fit.gap_ms_per_seq,
         "fit_n_train": fit.n_train, "fit_n_held_out": fit.n_held_out,
         "held_out_median_abs_pct": fit.held_out_median_abs_pct, "held_out_p90_abs_pct": fit.held_out_p90_abs_pct,
         "run_b_steps": on_b["n"], "run_b_extrapolated": on_b["n"] - on_b["n_inside"],

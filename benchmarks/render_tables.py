@@ -204,6 +204,27 @@ def microbench_cost(rs: list[dict]) -> str:
               f"stream; median {fmt(f['median_wall_s'], '.2f')} s.\n\n" + targets(f["targets"]))
 
 
+def model_fit(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    names = {"below_bound_pct": "steps faster than their lower bound", "held_out_median_abs_pct":
+             "step fit, run A's held-out shapes: median \\|error\\|", "held_out_p90_abs_pct":
+             "step fit, run A's held-out shapes: p90 \\|error\\|", "run_b_median_abs_pct":
+             "step fit of A on run B: median \\|error\\|", "run_b_p90_abs_pct": "step fit of A on run B: p90 \\|error\\|",
+             "ttft_median_abs_pct": "run B's TTFT given its schedule: median \\|error\\|",
+             "tpot_median_abs_pct": "run B's TPOT given its schedule: median \\|error\\|"}
+    rows = [[names[t["figure"]], f"≤ {fmt(t['target_pct'], '.0f')} %", fmt(t["measured_pct"], ".2f", " %"), met(t["met"])]
+            for t in f["targets"]]
+    return (table(["target", "bound", "measured", ""], rows)
+            + f"\n\n{f['steps']} steps with a bound ({f['steps_below_bound']} below it) on {f['roof_source']} peak roofs "
+              f"{fmt(f['roof_compute_tflop_per_s'], '.3f')} TFLOP/s and {fmt(f['roof_memory_gb_s'], '.2f')} GB/s; "
+              f"{f['dtype']}, {f['threads']} intra-op thread(s). Fit on run A ({f['fit_n_train']} training, "
+              f"{f['fit_n_held_out']} held-out steps): α {fmt(f['fit_alpha_ms'], '.2f')} ms, P_eff "
+              f"{fmt(f['fit_p_eff_tflop_per_s'], '.3f')} TFLOP/s, B_eff {fmt(f['fit_b_eff_gb_s'], '.2f')} GB/s, "
+              f"host time between steps {fmt(f['fit_gap_alpha_ms'], '.2f')} ms + {fmt(f['fit_gap_per_seq_ms'], '.3f')} ms "
+              f"per sequence. Run B: {f['run_b_steps']} steps ({f['run_b_extrapolated']} outside A's covered range), "
+              f"{f['requests_b']} requests; its dominant residual source: {f['dominant_residual'] or DASH}.")
+
+
 @dataclass(frozen=True)
 class Table:
     benchmark: str
@@ -233,5 +254,6 @@ TABLES = {
                                   lambda p: (p.get("attempts"), p.get("tokens")) == (10_000, 256)),
     "report_scale": Table("report_scale", report_scale, lambda p: bool(p.get("exports"))),
     "parts_compaction": Table("parts_compaction", parts_compaction),
+    "model_fit": Table("model_fit", model_fit),
     "microbench_cost": Table("microbench_cost", microbench_cost),
 }

@@ -37,6 +37,17 @@ SQL_SURFACE = [
     ("reported_counters", "engine /metrics counter: run delta vs the spans' sum"),
     ("request_path", "reported attempt x node: client -> link -> queue -> prefill -> decode"),
     ("latency_percentiles", "figure x layer: n, mean, p50 / p90 / p95 / p99, max"),
+    ("step_model", "engine step: FLOPs, bytes, lower bound per stage, measured, residual"),
+    ("model_residuals", "batch size x context bucket x mode: median residual against the bound"),
+    ("residual_sources", "candidate residual source: its ms per step, the dominant one"),
+    ("step_fit", "fit parameter or error: alpha, P_eff, B_eff, held-out error, covered range"),
+    ("step_fit_points", "engine step the fit saw: split, predicted, error, extrapolated"),
+    ("request_model", "attempt: TTFT / TPOT predicted from its steps, bound, residual by source"),
+    ("roofline_points", "engine step: intensity, achieved TFLOP/s, share of its bound"),
+    ("roofline_roofs", "roof: peak, sustained or effective, with its value and source"),
+    ("model_summary", "one row: the median step's share of its bound, the dominant residual source"),
+    ("prediction_registration", "the registered prediction: hash, valid, registered before the first event"),
+    ("prediction_check", "predicted request shape: TTFT / TPOT bounds and ranges beside the measured"),
 ]
 QUERY_HELP = (
     "Run read-only SQL on the ledger of one run or of many runs at once (a study folder: all its runs).\n\n"

@@ -23,7 +23,7 @@ def rows(doc: dict) -> list[list]:
 def _ms(v) -> str:
     if v is None:
         return "—"
-    return f"{v[0]:.2f} – {v[1]:.2f}" if isinstance(v, list) else f"{v:.2f}"
+    return f"{v[0]:.1f}–{v[1]:.1f}" if isinstance(v, list) else f"{v:.1f}"
 
 
 def predict_cmd(
@@ -50,13 +50,11 @@ def predict_cmd(
 ) -> None:
     """Predict per-request TTFT and TPOT bounds and expected ranges for a workload, before running it.
 
-    Lower bounds come from the peak roofs (a request's prefill, or one decode step, alone on the device);
-    expected ranges from the sustained roofs (the microbenchmarks' medians) and, with --fit, from an
-    earlier run's step-time fit, each from the request alone up to the request at the batch limit.
-    Queueing is not in them. docs/MODEL.md "Prediction" defines every figure.
+    Lower bounds come from the peak roofs (a request's prefill, or one decode step, alone on the device); expected ranges from the sustained roofs (the microbenchmarks' medians) and, with --fit, from an earlier run's step-time fit, each from the request alone up to the request at the batch limit. Queueing is not in them. docs/MODEL.md "Prediction" defines every figure.
 
-    Example: [cyan]inferledger predict -w samples/workloads/cpu_demo.toml -o pred.json[/], then
-    [cyan]inferledger capture -w samples/workloads/cpu_demo.toml -o runs/r1 --prediction pred.json[/]
+    Example: [cyan]inferledger predict -w samples/workloads/cpu_demo.toml -o pred.json[/]
+
+    Then register it: [cyan]inferledger capture -w samples/workloads/cpu_demo.toml -o runs/r1 --prediction pred.json[/]
     """
     from rich.table import Table
 
@@ -72,9 +70,12 @@ def predict_cmd(
         wl = Workload.load(workload)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload")
+    busy = "reading the shape" if model_config is not None else "loading the model" + (
+        "" if device or device_params else " and measuring this host's roofs")
     try:
-        doc = predict_workload(wl, max_batch=max_num_seqs, device=device, device_params_file=device_params,
-                               fit_run=fit, model=model, model_config=model_config, dtype=dtype)
+        with console.status(f"{busy} ...", spinner="dots"):
+            doc = predict_workload(wl, max_batch=max_num_seqs, device=device, device_params_file=device_params,
+                                   fit_run=fit, model=model, model_config=model_config, dtype=dtype)
     except (PredictionError, ShapeError) as exc:
         fail(f"error: {exc}")
     except Exception as exc:  # a model that cannot load
@@ -90,11 +91,16 @@ def predict_cmd(
     roofs = doc["roofs"]
     peak = roofs["peak"]
     table = Table(title=f"{wl.name}: predicted per request shape (ms; batch limit {doc['max_batch']})")
-    for c in ("class", "prompt", "cached", "output", "TTFT ≥", "TTFT sustained", "TTFT fit", "TPOT ≥",
-              "TPOT sustained", "TPOT fit"):
-        table.add_column(c, justify="left" if c == "class" else "right")
+    fitted = doc["roofs"].get("fit") is not None  # the fit columns only where a fit gave them
+    keep = [i for i in range(len(COLUMNS)) if fitted or not COLUMNS[i].endswith("_fit_ms")]
+    heads = ("class", "prompt", "cached", "out", "TTFT ≥", "TTFT sust.", "TTFT fit", "TPOT ≥", "TPOT sust.", "TPOT fit")
+    for i in keep:
+        ranged = COLUMNS[i].endswith(("_sustained_ms", "_fit_ms"))
+        table.add_column(heads[i], justify="left" if i == 0 else "right", no_wrap=i > 0,
+                         min_width=11 if ranged else (8 if i == 0 else None), overflow="fold")
     for r in rows(doc):
-        table.add_row(str(r[0]), *map(str, r[1:4]), *map(_ms, r[4:]))
+        cells = [str(r[0]), *map(str, r[1:4]), *map(_ms, r[4:])]
+        table.add_row(*[cells[i] for i in keep])
     console.print(table)
     for key, label in (("peak", "lower bounds"), ("sustained", "sustained range")):
         if roofs.get(key):

@@ -6,7 +6,7 @@ registration time on the host's monotonic clock in manifest.json `prediction`. T
 file against that hash and the prediction format, tells whether the registration predates the run's
 first event on the same clock, and matches each attempt to a predicted request shape by its prompt
 length (engine.enqueued's value): the shape with the longest prompt not longer than the attempt's, so
-the shape's lower bounds stay bounds. A missing, altered or malformed file is a gap, never a check.
+the shape's lower bounds stay bounds (of shapes with equal prompts, the first the file lists). A missing, altered or malformed file is a gap, never a check.
 """
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ def _registered(run) -> tuple[dict | None, dict | None, list[tuple[str, str, str
     except (OSError, ValueError):
         return None, None, []  # the run's identity is another stage's gap
     block = manifest.get("prediction") if isinstance(manifest, dict) else None
+    if isinstance(block, dict) and set(block) == {"skipped"}:
+        block = None  # the capture registered none, and said why (the manifest keeps the reason)
     path = run.run_dir / PREDICTION_FILE
     affects = "prediction_registration, prediction_check"
     if not isinstance(block, dict):
@@ -68,14 +70,15 @@ def build(con, run=None) -> None:
     if gaps:
         con.executemany("INSERT INTO prediction_gaps VALUES (?, ?, ?)", gaps)
     con.execute("CREATE OR REPLACE TEMP TABLE prediction_shapes (class VARCHAR, prompt_tokens BIGINT, "
-                "cached_tokens BIGINT, output_tokens BIGINT, " + ", ".join(f"{c} DOUBLE" for c in _SHAPE_COLS[4:]) + ")")
+                "cached_tokens BIGINT, output_tokens BIGINT, " + ", ".join(f"{c} DOUBLE" for c in _SHAPE_COLS[4:])
+                + ", ord BIGINT)")
     if doc is not None:
-        con.executemany(f"INSERT INTO prediction_shapes VALUES ({', '.join('?' * len(_SHAPE_COLS))})",
+        con.executemany(f"INSERT INTO prediction_shapes VALUES ({', '.join('?' * (len(_SHAPE_COLS) + 1))})",
                         [[r["class"], r["prompt_tokens"], r.get("cached_tokens", 0), r["output_tokens"],
                           r["ttft_lower_ms"], *_range(r, "ttft_expected_ms", "sustained"),
                           *_range(r, "ttft_expected_ms", "fit"), r["tpot_lower_ms"],
-                          *_range(r, "tpot_expected_ms", "sustained"), *_range(r, "tpot_expected_ms", "fit")]
-                         for r in doc["requests"]])
+                          *_range(r, "tpot_expected_ms", "sustained"), *_range(r, "tpot_expected_ms", "fit"), i]
+                         for i, r in enumerate(doc["requests"])])
     reg = (block or {}).get("registered") or {}
     ok = doc is not None
     con.execute(PREDICTION_REGISTRATION, [ok, block.get("sha256") if block else None,
@@ -106,7 +109,7 @@ WITH prompt AS (
   WHERE name = 'engine.enqueued' AND attempt_id IS NOT NULL GROUP BY attempt_id),
 matched AS (
   SELECT m.attempt_id, p.prompt_tokens, m.ttft_server_ms, m.tpot_server_ms,
-         arg_max(s.class, s.prompt_tokens) AS class
+         arg_max(s.class, [s.prompt_tokens, -s.ord]) AS class  -- equal prompts: the first listed
   FROM request_metrics m JOIN prompt p USING (attempt_id)
   JOIN prediction_shapes s ON s.prompt_tokens <= p.prompt_tokens
   GROUP BY ALL)
@@ -125,7 +128,7 @@ SELECT getvariable('run_id') AS run_id, s.class, s.prompt_tokens, s.cached_token
        count(*) FILTER (WHERE m.tpot_server_ms BETWEEN s.tpot_sustained_low_ms AND s.tpot_sustained_high_ms)
          AS tpot_in_sustained
 FROM prediction_shapes s LEFT JOIN matched m USING (class)
-GROUP BY ALL ORDER BY s.prompt_tokens, s.class
+GROUP BY ALL ORDER BY s.prompt_tokens, any_value(s.ord)
 """
 
 # @table prediction_registration: the run's registered prediction, one row when manifest.json registers

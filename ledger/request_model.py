@@ -27,7 +27,7 @@ _SCHEDULE = """
 WITH gp AS (SELECT max(value) FILTER (WHERE name = 'gap_alpha_ms') AS a,
                    max(value) FILTER (WHERE name = 'gap_ms_per_seq') AS b FROM step_fit),
 sm AS (SELECT m.step_id, m.measured_ms, m.gap_after_ms, m.bound_ms, p.predicted_ms, st.start_ns, st.clock,
-              gp.a + gp.b * m.num_seqs AS pred_gap_ms
+              coalesce(gp.a + gp.b * m.num_seqs, 0) AS pred_gap_ms  -- a fit without a gap term predicts none
        FROM step_model m JOIN steps st ON st.step_id = m.step_id
        LEFT JOIN step_fit_points p ON p.step_id = m.step_id, gp),
 att AS (SELECT attempt_id, min(step_id) AS s1, max(step_id) AS z FROM step_attribution GROUP BY attempt_id),

@@ -116,9 +116,10 @@ def prediction(rv, p: str) -> str:
     cols, rows = rv.dicts("SELECT sha256, source, valid, predates_data, lead_ms, clock, registered_ns, "
                           "first_event_ns FROM prediction_registration")
     if not rows:
-        return section(f"{p}-prediction", title, note("this run registered no prediction (capture registers one "
-                                                      "before its load; see docs/MODEL.md \"Registration\")"),
-                       "prediction_registration")
+        why = ((rv.manifest or {}).get("prediction") or {}).get("skipped")
+        return section(f"{p}-prediction", title, note("this run registered no prediction" + (f": {why}" if why else
+                                                      " (capture registers one before its load; docs/MODEL.md "
+                                                      "\"Registration\")")), "prediction_registration, manifest.json")
     reg = dict(zip(cols, rows[0]))
     if reg["predates_data"]:
         verdict = f"registered {fmt(reg['lead_ms'], 1)} ms before the run's first event on {esc(reg['clock'])}"

@@ -146,3 +146,26 @@ def test_the_fit_recovers_alpha_p_and_b_on_held_out_shapes():
         step_work(SMOL, [StepRow("decode", 1, 5)]))
     assert fit.extrapolated(64, 64, 100) and not fit.extrapolated(2, 2, 100)
     assert fit.roofs().memory.source == "fit" and fit.roofs().memory.statistic == "effective"
+
+
+def test_the_spec_table_in_the_docs_is_the_one_in_code():
+    from pathlib import Path
+
+    from inferledger.costmodel.roofs import SPEC
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "MODEL.md").read_text()
+    block = doc.split("| device | bf16 TFLOP/s | fp32 TFLOP/s | GB/s | citation |")[1].split("\n\n")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in block.strip().splitlines()[1:]]
+    assert len(rows) == len(SPEC)
+    for row, (_, tflops, gbps, _) in zip(rows, SPEC):
+        assert [float(x) for x in row[1:4]] == pytest.approx([tflops["bfloat16"], tflops["float32"], gbps], abs=0.05)
+
+
+def test_the_model_and_the_ledger_never_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, inferledger.costmodel.fit, inferledger.costmodel.shape, inferledger.ledger.reconstruct; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

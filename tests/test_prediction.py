@@ -153,6 +153,23 @@ def _workload(tmp: Path, n: int = 3) -> Path:
     return path
 
 
+def test_without_shape_or_roofs_the_capture_registers_none_and_says_why(tmp_path):
+    from inferledger.collectors.capture.registration import own_prediction
+
+    wl = Workload.load(_workload(tmp_path))
+    identity = {"architecture": {"n_layers": 1, "d_model": 4, "n_heads": 1, "n_kv_heads": 1, "head_dim": 4,
+                                 "ffn_dim": 8, "vocab_size": 16}, "dtype": {"weights": "float32",
+                                                                           "activations": "float32", "kv": "float32"}}
+    data, why = own_prediction(wl, identity, microbench.skipped("not measured"), 4)
+    assert data is None and why.startswith("no roofs")
+    data, why = own_prediction(wl, {}, {"memcpy_gbps": {"peak": 1.0}, "matmul_tflops": {"peak": 1.0}}, 4)
+    assert data is None and why.startswith("no model shape: manifest.json: no model.architecture")
+    params = {"memcpy_gbps": {"peak": 2.0, "median": 1.0}, "matmul_tflops": {"peak": 2e-3, "median": 1e-3}}
+    data, why = own_prediction(wl, identity, params, 4)
+    doc = check(json.loads(data), "own")
+    assert doc["roofs"]["sustained"]["memory"]["value"] == 1.0 and doc["requests"][0]["prompt_tokens"] == 40
+
+
 def test_a_changed_prediction_file_stops_the_capture_naming_it(tmp_path):
     bad = tmp_path / "pred.json"
     bad.write_text(json.dumps({"schema": SCHEMA, "max_batch": 0}))
@@ -205,6 +222,15 @@ def test_a_prediction_changed_after_registration_is_a_gap(registered_run, tmp_pa
         assert con.execute("SELECT count(*) FROM prediction_check").fetchone()[0] == 0
         gaps = con.execute("SELECT subject_id, detail FROM gaps WHERE subject_id = 'prediction.json'").fetchall()
     assert len(gaps) == 1 and "changed after registration" in gaps[0][1]
+    # a capture that registered none says why in its manifest: no check, no gap
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["prediction"] = {"skipped": "no roofs"}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    (run / "prediction.json").unlink()
+    reconstruct(run)
+    with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM prediction_registration").fetchone()[0] == 0
+        assert con.execute("SELECT count(*) FROM gaps WHERE subject_id = 'prediction.json'").fetchone()[0] == 0
 
 
 def test_the_report_draws_the_roofline_residuals_fit_and_the_registered_prediction(registered_run, tmp_path):

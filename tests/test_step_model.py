@@ -146,11 +146,11 @@ def test_a_synthetic_runs_fit_recovers_its_device_and_applies_to_a_second_run(tm
     # the fit of run a, trained in Python on a's ledger, held against run b's steps (other shapes)
     trained = StepFit.fit(points_from_ledger(tmp_path / "a" / "ledger.duckdb"), trained_on="a")
     build_run(tmp_path / "b", _step_events(steps((3, 6), (100, 1000))), domains=("e",),
-              manifest={"run_id": "b", **manifest}).close()
+              manifest={"run_id": "b", **manifest, "step_fit": trained.to_dict()}).close()
     result = apply(trained, tmp_path / "b")
     assert result["n"] == 4 and result["median_abs_pct"] < 3.0
-    build_run(tmp_path / "c", _step_events(steps((3, 6), (100, 1000))), domains=("e",),
-              manifest={"run_id": "c", **manifest, "step_fit": trained.to_dict()}).close()
-    con = duckdb.connect(str(tmp_path / "c" / "ledger.duckdb"), read_only=True)
+    con = duckdb.connect(str(tmp_path / "b" / "ledger.duckdb"), read_only=True)  # b judged by a's fit
     assert con.execute("SELECT DISTINCT split FROM step_fit_points").fetchall() == [("applied",)]
     assert con.execute("SELECT DISTINCT trained_on FROM step_fit").fetchall() == [("a",)]
+    applied = con.execute("SELECT value FROM step_fit WHERE name = 'applied_median_abs_pct'").fetchone()[0]
+    assert applied == pytest.approx(result["median_abs_pct"])

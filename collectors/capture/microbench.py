@@ -17,10 +17,10 @@ import time
 
 SCHEMA = 1
 SOURCE = "microbenchmark"
-STREAM_MIN_BYTES, STREAM_MAX_BYTES = 64 << 20, 256 << 20  # the stream's buffer: the weights' size, within these
+STREAM_MIN_BYTES, STREAM_MAX_BYTES = 64 << 20, 128 << 20  # the stream's buffer: the weights' size, within these
 MATMUL_REPEATS = 10
 STREAM_REPEATS = 8
-SLICE_S = 0.15            # about this long per measured shape (repeats stop early past it, 3 at least)
+SLICE_S = 0.1             # about this long per measured shape (repeats stop early past it, 3 at least)
 # the flags the figures depend on: vector width, native bf16 / fp16, the matrix units
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
              "amx_tile", "amx_bf16", "amx_int8")
@@ -63,8 +63,9 @@ def _figure(per_s: list[float], unit: str, **facts) -> dict:
 
 
 def stream_bytes_for(weight_bytes: int) -> int:
-    """The stream's buffer: as large as the weights a step reads, so it reads from the memory level the
-    steps read them from (a cache where the weights fit in one: a lower bound must not assume DRAM then)."""
+    """The stream's buffer: the weights' size within the limits. No larger than the weights, it never
+    reads from a slower memory level than a step reads them from, so its rate can only overstate
+    theirs: a bound from it stays a bound."""
     return int(min(STREAM_MAX_BYTES, max(STREAM_MIN_BYTES, weight_bytes))) // 4096 * 4096
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from inferledger.costmodel import ModelShape, spec_roofs
 from inferledger.costmodel.prediction import PredictionError, check, predict, request_shapes, sustained_roofs
 from inferledger.costmodel.roofs import device_name, microbenchmark_roofs
+from inferledger.costmodel.shape import ShapeError
 from inferledger.probes.run_dir import PREDICTION_FILE
 
 
@@ -43,19 +44,25 @@ def workload_shapes(wl) -> list[dict]:
                           for c in wl.classes)
 
 
-def own_prediction(wl, identity: dict, device_params: dict, max_batch: int) -> bytes | None:
-    """The capture's own prediction (None when no roofs are known or no class has a prompt length)."""
+def own_prediction(wl, identity: dict, device_params: dict, max_batch: int) -> tuple[bytes | None, str]:
+    """(the capture's own prediction, where it came from), or (None, why there is none): no shape, no
+    roofs, or no class with a prompt length. A capture never stops for want of a prediction."""
     manifest = {"model": identity, "device_params": device_params}
-    shape = ModelShape.from_manifest(manifest)
+    try:
+        shape = ModelShape.from_manifest(manifest)
+    except ShapeError as exc:
+        return None, f"no model shape: {exc}"
     dtype = (identity.get("dtype") or {}).get("weights") or ""
     peak = spec_roofs(device_name(manifest), dtype) or microbenchmark_roofs(manifest)
     shapes = workload_shapes(wl)
-    if peak is None or not shapes:
-        return None
+    if peak is None:
+        return None, "no roofs: no spec entry for the device and no microbenchmarks (device_params)"
+    if not shapes:
+        return None, "no request shape: no workload class declares prompt_tokens"
     doc = predict(shape, shapes, peak, max_batch=max_batch, sustained=sustained_roofs(device_params),
                   workload={"name": wl.name, "path": wl.path, "sha256": wl.sha256},
                   device={"name": device_name(manifest), "dtype": dtype})
-    return json.dumps(doc, indent=1).encode()
+    return json.dumps(doc, indent=1).encode(), "computed by the capture (workload classes, the loaded model, device_params)"
 
 
 def register(out: Path, data: bytes, source: str, clock: str) -> dict:

@@ -134,11 +134,9 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             device_params = microbench.device_params(
                 bundle, max_batch=limits["max_num_seqs"], cpu_threads=limits.get("cpu_threads", "auto"),
                 max_tokens=limits.get("max_num_batched_tokens"))
+        source = str(prediction) if given is not None else "no file given (capture --prediction)"
         if given is None and target == "embedded":
-            given = own_prediction(wl, bundle.identity, device_params, limits["max_num_seqs"])
-            source = "computed by the capture (workload classes, the loaded model, device_params)"
-        else:
-            source = str(prediction) if given is not None else None
+            given, source = own_prediction(wl, bundle.identity, device_params, limits["max_num_seqs"])
     host = host_id()
     writer = RunWriter(out, autoflush_s=AUTOFLUSH_S)  # a kill loses at most the last 2 s
     engine_clock = mono_clock(host)
@@ -150,8 +148,9 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             **({"slo": wl.slo} if wl.slo else {}), "client": {"clock": client_clock},
             "host": {"name": host, "platform": platform.platform(), "python": platform.python_version()}}
     head["device_params"] = device_params
-    if given is not None:  # registered before the server exists: every event of the run comes after it
-        head["prediction"] = register(out, given, source, engine_clock)
+    # registered before the server exists: every event of the run comes after it
+    head["prediction"] = register(out, given, source, engine_clock if target == "embedded" else client_clock) \
+        if given is not None else {"skipped": source}
     writer.write_manifest(head)  # from the first second: a killed run still says what it was
     writer.clock_domain(client_clock, host=host, kind="monotonic")
     probe = Probe(writer, "client", run_id=writer.run_id, host=host, clock=client_clock)
