@@ -45,6 +45,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/ledger_scale.py
 	$(BIN)/python benchmarks/report_scale.py --exports
 	$(BIN)/python benchmarks/parts_compaction.py
+	$(BIN)/python benchmarks/study_load.py
+	$(BIN)/python benchmarks/study_fidelity.py
 	$(BIN)/python benchmarks/render.py
 
 clean:

@@ -193,6 +193,37 @@ def decode_step_account(rs: list[dict]) -> str:
               f"memcpy {fmt(f['memcpy_gib_s'], '.1f')} GiB/s (read + write) in the same run.")
 
 
+def study_load(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[p["run"], fmt(p["offered_per_s"], ".3f"), fmt(p["completed_per_s"], ".3f"), fmt(p["goodput_per_s"], ".3f"),
+             fmt(p["good_share"]), f"{fmt(p['little_l_ratio'], '.2f')} / {fmt(p['little_lambda_w_ratio'], '.2f')}",
+             fmt(p["ttft_p50_ms"], ".0f"), fmt(p["e2e_p99_ms"], ".0f"), fmt(p["queue_share"]), fmt(p["kv_peak_share"]),
+             p["preemptions"], fmt(p["mixed_step_share"])] for p in f["points"]]
+    measured = f"{fmt(f['study_wall_s'], '.0f')} s; {f['first_cause']}"
+    return (table(["run", "offered req/s", "completed req/s", "goodput req/s", "good share", "Little L / λW",
+                   "TTFT p50 ms", "E2E p99 ms", "queue share", "KV peak share", "preemptions", "mixed-step share"],
+                  rows)
+            + f"\n\n{f['capacity_note']}\n\n"
+            + targets([{"target": "the knee found and its first cause named within 600 s", "measured": measured,
+                        "met": f["target_met"]}]))
+
+
+def study_fidelity(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[r["figure"], fmt(r["real_ms"], ".1f"), fmt(r["sim_ms"], ".1f"),
+             DASH if r["error_ratio"] is None else f"{r['error_ratio']:+.1%}",
+             DASH if r["target_ratio"] is None else f"±{r['target_ratio']:.0%}",
+             met(r["met"]) if r["target_ratio"] is not None else ""] for r in f["figures"]]
+    fit = f["fit"]
+    steps = ", ".join(f"{s['run']} {s['steps']} steps (p50 {fmt(s['step_p50_ms'], '.1f')} ms)" for s in f["steps"])
+    return (table(["figure", "real ms", "simulated ms", "error", "target", ""], rows)
+            + f"\n\n{f['figures'][0]['requests']} requests; the step fit (run fit: {fit['n_train']} training steps, "
+              f"{fit['n_held_out']} held out, held-out median error {fmt(fit['held_out_median_abs_pct'], '.1f')} %): "
+              f"α {fmt(fit['alpha_ms'], '.2f')} ms, {fmt(fit['per_gflop_ms'], '.3f')} ms/GFLOP, "
+              f"{fmt(fit['per_mb_ms'], '.4f')} ms/MB, host gap {fmt(fit['gap_alpha_ms'], '.2f')} ms + "
+              f"{fmt(fit['gap_per_seq_ms'], '.3f')} ms/seq; {steps}; study {fmt(f['study_wall_s'], '.0f')} s.")
+
+
 def microbench_cost(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
     rows = [[r["round"], fmt(r["wall_s"], ".2f", " s"), fmt(r["memory_peak_gb_s"]), fmt(r["memory_median_gb_s"]),
@@ -238,6 +269,8 @@ def _default_sweep(p: dict) -> bool:
 
 
 TABLES = {
+    "study_load": Table("study_load", study_load),
+    "study_fidelity": Table("study_fidelity", study_fidelity),
     "engine_throughput": Table("engine_throughput", engine_throughput, _default_sweep),
     "engine_throughput.bandwidth": Table("engine_throughput", engine_bandwidth, _default_sweep),
     "engine_throughput.probes": Table("engine_throughput", engine_probes, _default_sweep),

@@ -11,7 +11,9 @@ from inferledger.cli.output import FORMAT_HELP, OutputFormat
 
 
 def study_cmd(
-    name: str = typer.Argument(..., help="The study: schedule-book, kv-layout (docs/STUDIES.md lists them all)."),
+    name: str = typer.Argument(..., help="The study: schedule-book, kv-layout (simulated clock), chunked-prefill, "
+                                         "prefix-cache, spec-decode, load, fidelity (real engine); docs/STUDIES.md "
+                                         "says what each asks."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="New study folder (default runs/study-<name>-<time>)."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " Every table of the "
                                      "comparison (json: an object of tables; csv: one line per cell, "
@@ -25,7 +27,11 @@ def study_cmd(
     [bold]reconstruct[/] open it alone) and the comparison (comparison.csv, comparison.json), computed
     from the runs' ledgers. [bold]inferledger report STUDY_DIR[/] draws it.
 
+    The studies on the real engine load the bundled model once and capture each run through its HTTP
+    front end (minutes on a CPU); [bold]--set scale=tiny[/] runs a few short requests instead.
+
     Example: [cyan]inferledger study schedule-book -o runs/book && inferledger report runs/book[/]
+    Example: [cyan]inferledger study load -o runs/load[/] (the knee and its first cause)
     """
     from rich.table import Table as RichTable
 

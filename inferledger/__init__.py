@@ -16,12 +16,13 @@ def open(path_or_glob: str):  # noqa: A001 - the public name is `inferledger.ope
     return open_ledger(path_or_glob)
 
 
-def study(name: str, out, **options):
-    """Run the study `name` into the new folder `out`; returns its result (tables, folder)."""
+def study(name: str, out, bundle=None, **options):
+    """Run the study `name` into the new folder `out`; returns its result (tables, folder). A study on
+    the real engine runs on `bundle` (a loaded model) when given, else loads the bundled model once."""
     from inferledger.studies.framework import run_study
     from inferledger.studies.registry import get_study
 
-    return run_study(get_study(name), out, options)
+    return run_study(get_study(name), out, options, bundle=bundle)
 
 
 def __getattr__(name: str):

@@ -7,6 +7,10 @@ tables, computed from each run's ledger by SQL, never beside it). `run_study` wr
 (its format: probes/study_dir.py): each run into runs/<name>/, reconstructed, then the comparison.
 study.json says `running` while it works and `complete` at the end; when a run or the comparison
 fails it says `failed` with the error, and the runs already written stay.
+
+A study on the real engine (`needs_model`) gets the loaded model as a third argument of each run's
+`produce`: `run_study` loads it once for all the runs, or takes one already loaded (`bundle=`: the
+Python API, the tests' session model), so no run loads the model again.
 """
 from __future__ import annotations
 
@@ -49,7 +53,8 @@ class Option:
 
 @dataclass(frozen=True)
 class StudyRun:
-    """One setting of the knob: `produce(run_dir, run_id)` writes a new run directory there."""
+    """One setting of the knob: `produce(run_dir, run_id)` writes a new run directory there
+    (`produce(run_dir, run_id, bundle)` in a study that `needs_model`)."""
     name: str
     knob: dict
     produce: Callable[[Path, str], None]
@@ -112,6 +117,7 @@ class Study:
     reading: str = ""  # how to read the answer, in a sentence (docs/STUDIES.md says more)
     options: dict[str, Option] = field(default_factory=dict)
     figures: tuple[dict, ...] = ()  # what the report draws (probes/study_dir.py FIGURE_KINDS)
+    needs_model: bool = False  # its runs run the real engine: each produce gets the loaded model
 
     def resolve_options(self, given: dict | None) -> dict:
         unknown = sorted(set(given or {}) - set(self.options))
@@ -156,8 +162,9 @@ def table_csv(table: Table) -> str:
     return buf.getvalue()
 
 
-def run_study(study: Study, out: str | Path, options: dict | None = None) -> StudyResult:
-    """Produce and reconstruct every run of `study` into `out`, then write its comparison."""
+def run_study(study: Study, out: str | Path, options: dict | None = None, *, bundle=None) -> StudyResult:
+    """Produce and reconstruct every run of `study` into `out`, then write its comparison. A study
+    that `needs_model` runs on `bundle` (a loaded model), else on the bundled model loaded once here."""
     t0 = time.perf_counter()
     out = Path(out)
     opts = study.resolve_options(options)
@@ -174,8 +181,13 @@ def run_study(study: Study, out: str | Path, options: dict | None = None) -> Stu
     write_json_atomic(doc, out / fmt.STUDY_FILE)
     runs = StudyRuns({r.name: out / fmt.RUNS_DIR / r.name for r in plan})
     try:
+        if study.needs_model and bundle is None:
+            from inferledger.engine.loader import load_model
+
+            bundle = load_model()
+        extra = (bundle,) if study.needs_model else ()
         for r in plan:
-            r.produce(runs.dirs[r.name], f"{study.name}.{r.name}")
+            r.produce(runs.dirs[r.name], f"{study.name}.{r.name}", *extra)
             reconstruct(runs.dirs[r.name])
         tables = study.compare(runs)
         if not tables:

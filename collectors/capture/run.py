@@ -87,7 +87,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
             device: str = "cpu", otlp_port: int | None = None, scrape_metrics: bool = False,
             engine_host: str | None = None, engine_clock_epsilon_ms: float = 5.0,
             drain_timeout_s: float = DRAIN_TIMEOUT_S, microbenchmarks: bool = True,
-            prediction: str | Path | None = None) -> CaptureResult:
+            prediction: str | Path | None = None, run_id: str | None = None) -> CaptureResult:
     """Run `workload` against `target` ('embedded' or a base URL) and write the run directory `out`.
 
     `bundle` reuses an already loaded model (tests), else `model` is loaded on `device` ("cpu" or
@@ -99,7 +99,8 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     The embedded server stops by the serving drain rule (serve/lifecycle.py) within `drain_timeout_s`.
     Before the load: the embedded engine's device is measured (`microbenchmarks`; manifest
     `device_params`) and a prediction registered (`prediction`, a file from `inferledger predict`, else
-    the capture's own; run file prediction.json, manifest `prediction`)."""
+    the capture's own; run file prediction.json, manifest `prediction`). `run_id` names the run
+    (default: the folder's name)."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
     # The manifest exists from the first second (state "starting") while the model loads and the
@@ -138,7 +139,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
         if given is None and target == "embedded":
             given, source = own_prediction(wl, bundle.identity, device_params, limits["max_num_seqs"])
     host = host_id()
-    writer = RunWriter(out, autoflush_s=AUTOFLUSH_S)  # a kill loses at most the last 2 s
+    writer = RunWriter(out, run_id, autoflush_s=AUTOFLUSH_S)  # a kill loses at most the last 2 s
     engine_clock = mono_clock(host)
     client_clock = f"client-mono:{host}" if separate_clocks else engine_clock
     head = {"source": "inferledger capture", "state": "running",

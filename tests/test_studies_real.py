@@ -1,0 +1,234 @@
+"""The studies on the real engine, at their tiny scale on the session's model: every point of each
+comparison is there, the figures the design fixes (chunk counts, cached tokens) are exact, the timing
+figures keep the orders a step's timeline implies, and each run opens alone. They run on the session's
+fp32 model (`bundle`), once: what they check is the same at every dtype, and the `dtype` reruns would
+triple their time."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import inferledger
+from inferledger.cli.app import app
+from inferledger.ledger.query import open_ledger
+from inferledger.probes.study_dir import read_comparison, read_study, run_dirs
+from inferledger.studies.load import explain
+
+pytestmark = pytest.mark.slow
+
+
+def _run(name, tmp_path_factory, bundle, **options):
+    out = tmp_path_factory.mktemp("studies") / name
+    inferledger.study(name, out, bundle=bundle, scale="tiny", **options)
+    return out, read_comparison(out)
+
+
+def _rows(table: dict) -> dict[str, dict]:
+    return {r[0]: dict(zip(table["columns"], r)) for r in table["rows"]}
+
+
+@pytest.fixture(scope="module")
+def chunked(tmp_path_factory, bundle):
+    return _run("chunked-prefill", tmp_path_factory, bundle)
+
+
+@pytest.fixture(scope="module")
+def prefix(tmp_path_factory, bundle):
+    return _run("prefix-cache", tmp_path_factory, bundle)
+
+
+def test_chunked_prefill_splits_the_long_prompt_as_configured_and_gaps_span_its_steps(chunked):
+    out, comp = chunked
+    key = _rows(comp["chunks"])
+    assert list(key) == ["whole", "chunk-64"]  # from the whole prefill to the smallest chunk
+    # the long prompt is 192 tokens: one step whole; in chunks of at most 64, at least 192 / 64 = 3 steps (a
+    # fourth when its first chunk took what the decoders' prefills left of a step's budget of 67)
+    whole, chunk = key["whole"], key["chunk-64"]
+    assert (whole["largest_chunk_tokens"], whole["long_prefill_tokens"], whole["long_prefill_steps"]) == (192, 192, 1)
+    assert (chunk["largest_chunk_tokens"], chunk["long_prefill_tokens"]) == (64, 192)
+    assert chunk["long_prefill_steps"] in (3, 4)
+    steps = _rows(comp["steps"])
+    for name in key:
+        # the decoders were running beside the long prefill, so one of their output gaps spans its longest step
+        assert steps[name]["mixed_steps"] >= 1
+        assert key[name]["longest_gap_ms"] >= steps[name]["longest_prefill_step_ms"]
+        assert key[name]["long_ttft_ms"] >= steps[name]["longest_prefill_step_ms"]
+    assert steps["whole"]["mixed_steps"] == 1 and steps["chunk-64"]["mixed_steps"] <= chunk["long_prefill_steps"]
+    doc = read_study(out)
+    assert doc["state"] == "complete" and doc["figures"][0]["kind"] == "curve"
+    for name, run in run_dirs(out):  # each point opens alone, as a capture of the real engine
+        with open_ledger(run) as led:
+            assert led.rows("SELECT count(*) FROM request_metrics WHERE server_evidence = 'observed'")[1] == [(3,)]
+
+
+def test_prefix_cache_serves_the_shared_prefix_to_every_request_after_the_first(prefix):
+    _, comp = prefix
+    key = _rows(comp["prefix"])
+    assert list(key) == ["distinct", "shared", "shared-off"]
+    # two prompts of 128 tokens; 96 shared = 6 whole blocks of 16, served to the second
+    assert [key[n]["prompt_tokens"] for n in key] == [256, 256, 256]
+    shared = key["shared"]
+    assert (shared["cached_tokens"], shared["computed_tokens"], shared["hit_share"]) == (96, 160, 96 / 256)
+    for name in ("distinct", "shared-off"):
+        assert (key[name]["cached_tokens"], key[name]["computed_tokens"], key[name]["hit_share"]) == (0, 256, 0.0)
+    shared = [r for r in comp["requests"]["rows"] if r[0] == "shared"]
+    assert [r[3] for r in shared] == [0, 96]  # the first request found the cache empty
+    assert all(r[5] is not None and r[6] >= r[5] for r in comp["requests"]["rows"])  # client TTFT ≥ server's
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory, bundle):
+    return _run("spec-decode", tmp_path_factory, bundle)
+
+
+@pytest.fixture(scope="module")
+def load(tmp_path_factory, bundle):
+    return _run("load", tmp_path_factory, bundle)
+
+
+def test_spec_decode_rounds_commit_accepted_plus_one_and_account_for_every_output_token(spec):
+    _, comp = spec
+    key = _rows(comp["draft"])
+    assert list(key) == ["off", "k4"]
+    # one request of 12 output tokens: 11 after the first, each from a plain decode step without speculation
+    off = key["off"]
+    assert (off["k"], off["rounds"], off["plain_steps"], off["tokens_per_decode_step"]) == (0, 0, 11, 1.0)
+    assert off["acceptance"] is None and off["round_ms_p50"] is None
+    k4 = key["k4"]
+    rounds = [dict(zip(comp["rounds"]["columns"], r)) for r in comp["rounds"]["rows"] if r[0] == "k4"]
+    verify = [r for r in rounds if r["drafted"] is not None]
+    assert len(verify) == k4["rounds"] >= 1 and len(rounds) - len(verify) == k4["plain_steps"]
+    for r in verify:  # a round commits its accepted draft tokens and one more, never past the draft
+        assert r["kind"] == "verify" and 0 <= r["accepted"] <= r["drafted"] <= 4
+        assert r["committed"] == r["accepted"] + 1 and r["step_tokens"] == r["drafted"] + 1
+    assert sum(r["committed"] for r in verify) + k4["plain_steps"] == 11
+    assert k4["accepted_tokens"] == sum(r["accepted"] for r in verify)
+    assert k4["acceptance"] == pytest.approx(sum(r["accepted"] for r in verify) / sum(r["drafted"] for r in verify))
+    assert k4["tokens_per_decode_step"] == pytest.approx(11 / len(rounds))
+
+
+def test_load_has_every_point_with_littles_law_and_names_the_knee_or_its_absence(load):
+    out, comp = load
+    key = _rows(comp["load"])
+    assert list(key) == ["saturated", "x0.5", "x2"]
+    # the capacity is the saturated run's completed rate (its ledger); the points offer multiples of it
+    sat = key.pop("saturated")
+    assert sat["offered_rps"] is None and sat["good_share"] == 1.0  # no deadline that counts: ten minutes
+    assert key["x0.5"]["offered_rps"] == pytest.approx(0.5 * sat["completed_rps"], rel=1e-3)
+    assert key["x2"]["offered_rps"] == pytest.approx(2 * sat["completed_rps"], rel=1e-3)
+    for p in [sat, *key.values()]:
+        assert p["goodput_rps"] <= p["completed_rps"] <= p["arrival_rps"]
+        assert 0 <= p["good_share"] <= 1 and 0 <= p["queue_share"] <= 1 and 0 < p["kv_peak_share"] <= 1
+        assert p["preemptions"] == 0 and 0 <= p["mixed_step_share"] <= 1
+        assert p["little_l"] == pytest.approx(p["little_lambda_w"], rel=1e-9)
+    [knee] = comp["knee"]["rows"]
+    assert knee[2].startswith("knee at " if knee[0] is not None else "no knee up to ")
+    assert [o[0] for o in comp["onsets"]["rows"]] == ["queue_share", "kv_peak_share", "preemptions", "mixed_step_share",
+                                                      "tpot_slowdown_ratio"]
+    assert sat["tpot_slowdown_ratio"] == 1.0  # the reference: the saturated run's own steps
+    for name, run in run_dirs(out)[1:]:  # every point declares where it sits on the curve
+        point = json.loads((run / "manifest.json").read_text())["study_point"]
+        assert point["multiple_of_capacity"] == {"x0.5": 0.5, "x2": 2.0}[name]
+        assert point["capacity_rps"] == pytest.approx(sat["completed_rps"], rel=1e-3)
+    with open_ledger(out) as led:  # the folder reads as all its runs, each under <study>.<run>
+        assert [r[0] for r in led.rows("SELECT DISTINCT run_id FROM run_metrics ORDER BY 1")[1]] == \
+            ["load.saturated", "load.x0.5", "load.x2"]
+
+
+def _point(run, rps, good, queue=0.1, kv=0.1, pre=0, mixed=0.1, slow=1.0):
+    return {"run": run, "multiple": rps, "offered_rps": rps, "good_share": good, "queue_share": queue,
+            "kv_peak_share": kv, "preemptions": pre, "mixed_step_share": mixed, "tpot_slowdown_ratio": slow}
+
+
+def test_the_knee_is_where_the_good_share_stays_below_90_percent_and_the_first_cause_the_earliest_onset():
+    points = [_point("c", 3.0, 0.5, queue=0.8, mixed=0.7), _point("a", 1.0, 1.0),
+              _point("b", 2.0, 0.95, queue=0.6, mixed=0.55)]
+    knee, onsets, sentence = explain(points)
+    assert knee["run"] == "c"
+    assert [o[:4] for o in onsets] == [["queue_share", 0.5, 2.0, "b"], ["kv_peak_share", 0.9, None, None],
+                                       ["preemptions", 1, None, None], ["mixed_step_share", 0.5, 2.0, "b"],
+                                       ["tpot_slowdown_ratio", 1.25, None, None]]
+    # both cross at 2 req/s: queueing is further past its threshold (0.6 / 0.5 > 0.55 / 0.5)
+    assert sentence == ("knee at 3 req/s (3 × capacity, 50% good); first cause: queueing: more than half of the "
+                        "engine TTFT is spent waiting to be scheduled, from 2 req/s")
+    blip, _, _ = explain([_point("a", 1.0, 0.3), _point("b", 2.0, 1.0), _point("c", 3.0, 0.4)])
+    assert blip["run"] == "c"  # a's bad point has a good one above it: not the knee
+    _, _, calm = explain([_point("a", 1.0, 1.0)])
+    assert calm == "no knee up to 1 req/s (every rate kept 90% good); no indicator reached its onset threshold"
+    _, _, kv = explain([_point("a", 1.0, 0.95, pre=2, kv=0.95), _point("b", 2.0, 0.2, queue=0.9)])
+    # KV and preemptions both from 1 req/s: two preemptions are twice their threshold, 95 % of blocks 1.06 times
+    _, _, host = explain([_point("a", 1.0, 0.3, slow=1.8), _point("b", 2.0, 0.2, queue=0.9)])
+    assert host.startswith("knee at 1 req/s (1 × capacity, 30% good); first cause: slower decoding: TPOT p50")
+    assert kv == ("knee at 2 req/s (2 × capacity, 20% good); first cause: KV memory: requests preempted for blocks, "
+                  "from 1 req/s")
+
+
+def test_a_real_engine_study_refuses_an_unknown_scale_before_loading_anything(tmp_path):
+    res = CliRunner().invoke(app, ["study", "load", "-o", str(tmp_path / "s"), "--set", "scale=huge"])
+    assert res.exit_code == 2 and "scale=huge: expected one of default, tiny" in res.output
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.fixture(scope="module")
+def fidelity(tmp_path_factory, bundle):
+    return _run("fidelity", tmp_path_factory, bundle)
+
+
+def test_fidelity_replays_the_real_requests_on_the_simulated_clock_with_the_fit_of_another_run(fidelity):
+    out, comp = fidelity
+    assert [r["name"] for r in read_study(out)["runs"]] == ["fit", "real", "sim"]
+    figures = [r[0] for r in comp["fidelity"]["rows"]]
+    assert figures == ["TPOT p50", "TTFT p50", "E2E p99", "TTFT p99", "TPOT p99", "E2E p50"]
+    for row in comp["fidelity"]["rows"]:
+        fig = dict(zip(comp["fidelity"]["columns"], row))
+        assert fig["n_real"] == fig["n_sim"] == 3  # the test workload's three requests, each simulated
+        assert fig["error_ratio"] == pytest.approx((fig["sim_ms"] - fig["real_ms"]) / fig["real_ms"])
+        assert fig["met"] == (None if fig["target_ratio"] is None else abs(fig["error_ratio"]) <= fig["target_ratio"])
+    dirs = dict(run_dirs(out))
+    with open_ledger(dirs["real"]) as real, open_ledger(dirs["sim"]) as sim:
+        q = "SELECT request_id, n_output_tokens, server_evidence FROM request_metrics ORDER BY 1"
+        r, s = real.rows(q)[1], sim.rows(q)[1]
+        assert [x[:2] for x in r] == [x[:2] for x in s]  # the same requests, the same output lengths
+        assert {x[2] for x in r} == {"observed"} and {x[2] for x in s} == {"simulated"}
+        q = "SELECT value FROM events WHERE name = 'engine.enqueued' ORDER BY request_id"
+        assert real.rows(q)[1] == sim.rows(q)[1] == [(48,)] * 3  # the prompts' token counts, replayed
+    model = json.loads((dirs["sim"] / "manifest.json").read_text())["simulation"]["step_model"]
+    [fit] = comp["fit"]["rows"]
+    assert model["name"] == "fit" and model["parameters"]["alpha_ms"]["value"] == fit[0]
+    assert model["fit"]["trained_on"] == "run fit" and fit[5] >= 3  # trained on the fit run's steps alone
+
+
+def test_the_fitted_step_model_adds_the_host_gap_to_the_predicted_step():
+    from inferledger.collectors.sim.step_model import FittedStepModel, StepRow
+    from inferledger.costmodel.fit import StepFit
+    from inferledger.costmodel.shape import ModelShape
+
+    shape = ModelShape(layers=1, d_model=8, n_heads=2, n_kv_heads=1, head_dim=4, ffn=16, vocab=32,
+                       tied_embeddings=True, weight_bytes_per_param=2, act_bytes=2, kv_bytes=2)
+    fixed = FittedStepModel(StepFit(alpha_ms=10.0, ms_per_gflop=0.0, ms_per_mb=0.0, gap_alpha_ms=1.0,
+                                    gap_ms_per_seq=0.5), shape)
+    # no work terms: 10 ms a step, plus 1 ms + 0.5 ms per sequence between steps
+    assert fixed.step_ns([StepRow(0, 16)]) == 11_500_000
+    assert fixed.step_ns([StepRow(5, 1), StepRow(9, 1), StepRow(0, 4)]) == 12_500_000
+    no_gap = FittedStepModel(StepFit(alpha_ms=10.0, ms_per_gflop=0.0, ms_per_mb=0.0), shape)
+    assert no_gap.step_ns([StepRow(0, 16)]) == 10_000_000
+    per_flop = FittedStepModel(StepFit(alpha_ms=0.0, ms_per_gflop=1e3, ms_per_mb=0.0), shape)
+    assert per_flop.step_ns([StepRow(0, 8)]) > per_flop.step_ns([StepRow(0, 4)]) > 0  # more tokens, more work
+
+
+def test_the_report_draws_a_real_engine_study_and_each_point_alone(chunked, load, tmp_path):
+    runner = CliRunner()
+    for out, figs in ((chunked[0], ("study-fig0", "study-fig1-0", "study-fig1-1")),
+                      (load[0], ("study-fig0", "study-fig1"))):
+        res = runner.invoke(app, ["report", str(out), "-o", str(tmp_path / f"{out.name}.html")])
+        assert res.exit_code == 0, res.output
+        html = (tmp_path / f"{out.name}.html").read_text()
+        assert all(f'id="{f}"' in html for f in figs)
+    res = runner.invoke(app, ["report", str(load[0] / "runs" / "x2"), "-o", str(tmp_path / "one.html")])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["query", str(chunked[0]), "select run_id, count(*) from attempts group by 1 order by 1",
+                              "--format", "csv"])
+    # two decoders and the long prompt in each run
+    assert res.output.splitlines() == ["run_id,count_star()", "chunked-prefill.chunk-64,3", "chunked-prefill.whole,3"]
