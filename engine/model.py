@@ -12,7 +12,7 @@ the fused weights.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,7 @@ from torch import nn
 
 from .attention import causal_attention
 from .config import ModelConfig
+from .cpu_linear import is_packed, linear, pack
 
 # attn(layer_idx, q [T, H, D], k [T, KV, D], v [T, KV, D]) -> [T, H, D]
 AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -32,12 +33,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused op, the same arithmetic as below
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        # normalise in fp32 whatever the activation dtype, as the reference implementation does
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:  # one fused op, the same arithmetic as below
+        return F.rms_norm(x, weight.shape, weight, eps)
+    # normalise in fp32 whatever the activation dtype, as the reference implementation does
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
@@ -92,8 +97,6 @@ class _Fused:
         return all(lin._parameters["weight"] is w and lin._parameters["bias"] is b
                    for lin, (w, b) in zip(self.linears, self.params))
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
 
 class Attention(nn.Module):
@@ -118,24 +121,15 @@ class Attention(nn.Module):
         return self.qkv is not None and self.qkv.valid()
 
     def forward(self, x, cos, sin, attn: AttentionFn):
-        """cos, sin: tables from rope_tables."""
+        """The unfused projections (before fuse(), or after a load replaced the fused weights'
+        parameters); cos, sin: tables from rope_tables."""
         T, H, KV, D = x.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
-        if not self.fused:
-            q, k = self.q_proj(x).view(T, H, D), self.k_proj(x).view(T, KV, D)
-            if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            out = attn(self.layer_idx, q, k, self.v_proj(x).view(T, KV, D))
-            return self.o_proj(out.reshape(T, H * D))
-        qkv = self.qkv(x)
-        if self.q_norm is None:  # RoPE over the q and k heads at once
-            qk = apply_rope(qkv[:, :(H + KV) * D].view(T, H + KV, D), cos, sin)
-            q, k = qk[:, :H], qk[:, H:]
-        else:
-            q = apply_rope(self.q_norm(qkv[:, :H * D].view(T, H, D)), cos, sin)
-            k = apply_rope(self.k_norm(qkv[:, H * D:(H + KV) * D].view(T, KV, D)), cos, sin)
-        out = attn(self.layer_idx, q, k, qkv[:, (H + KV) * D:].view(T, KV, D))
-        return self.o_proj.forward(out.reshape(T, H * D))
+        q, k = self.q_proj(x).view(T, H, D), self.k_proj(x).view(T, KV, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attn(self.layer_idx, q, k, self.v_proj(x).view(T, KV, D))
+        return self.o_proj(out.reshape(T, H * D))
 
 
 class MLP(nn.Module):
@@ -155,9 +149,6 @@ class MLP(nn.Module):
         return self.gate_up is not None and self.gate_up.valid()
 
     def forward(self, x):
-        if self.fused:
-            gate, up = self.gate_up(x).chunk(2, dim=-1)
-            return self.down_proj.forward(F.silu(gate, inplace=True).mul_(up))  # in place: no [T, ffn] temporaries
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -169,10 +160,58 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.rms_eps)
         self.mlp = MLP(cfg)
 
+    def tensors(self) -> "LayerTensors | None":
+        """The fused weights as `fused_layer` takes them; None while the layer runs unfused."""
+        a, m = self.self_attn, self.mlp
+        if not (a.fused and m.fused):
+            return None
+        return LayerTensors(self.input_layernorm.weight, a.qkv.weight, a.qkv.bias, a.o_proj.weight,
+                            a.q_norm.weight if a.q_norm is not None else None,
+                            a.k_norm.weight if a.k_norm is not None else None,
+                            self.post_attention_layernorm.weight, m.gate_up.weight, m.down_proj.weight,
+                            is_packed(a.qkv.weight))
+
     def forward(self, h, cos, sin, attn: AttentionFn):
+        w = self.tensors()
+        if w is not None:
+            a, i = self.self_attn, self.self_attn.layer_idx
+            return fused_layer(h, cos, sin, w, lambda q, k, v: attn(i, q, k, v), (a.n_heads, a.n_kv_heads, a.head_dim),
+                               self.input_layernorm.eps)
         # .forward, not __call__: no hooks are used, and the call machinery cost ~3 % of a batch-1 step
         h = h + self.self_attn.forward(self.input_layernorm.forward(h), cos, sin, attn)
         return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
+
+
+class LayerTensors(NamedTuple):
+    """One decoder layer's fused weights: what `fused_layer` computes with (as tensors, so a compiled
+    `fused_layer` serves every layer)."""
+    in_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    packed: bool  # the matrices have oneDNN-reordered copies (engine/cpu_linear.py)
+
+
+def fused_layer(h, cos, sin, w: LayerTensors, attn, heads: tuple[int, int, int], eps: float) -> torch.Tensor:
+    """One decoder layer over stacked q/k/v and gate/up weights; attn(q [T, H, D], k, v [T, KV, D])
+    -> [T, H, D]. The eager step and the compiled step (engine/compiled_step.py) both run this."""
+    (H, KV, D), T = heads, h.shape[0]
+    qkv = linear(rms_norm(h, w.in_norm, eps), w.qkv, w.qkv_bias, w.packed)
+    if w.q_norm is None:  # RoPE over the q and k heads at once
+        qk = apply_rope(qkv[:, :(H + KV) * D].view(T, H + KV, D), cos, sin)
+        q, k = qk[:, :H], qk[:, H:]
+    else:
+        q = apply_rope(rms_norm(qkv[:, :H * D].view(T, H, D), w.q_norm, eps), cos, sin)
+        k = apply_rope(rms_norm(qkv[:, H * D:(H + KV) * D].view(T, KV, D), w.k_norm, eps), cos, sin)
+    out = attn(q, k, qkv[:, (H + KV) * D:].view(T, KV, D))
+    h = h + linear(out.reshape(T, H * D), w.o, None, w.packed)
+    gate, up = linear(rms_norm(h, w.post_norm, eps), w.gate_up, None, w.packed).chunk(2, dim=-1)
+    return h + linear(F.silu(gate, inplace=True).mul_(up), w.down, None, w.packed)  # in place: no [T, ffn] temporaries
 
 
 class LlamaModel(nn.Module):
@@ -187,10 +226,14 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def fuse(self) -> "LlamaModel":
-        """Stack each layer's q/k/v and gate/up weights for the fast path (idempotent)."""
+        """Stack each layer's q/k/v and gate/up weights for the fast path, and where bf16 is native
+        keep a oneDNN-reordered copy of every matrix (engine/cpu_linear.py) (idempotent)."""
         for layer in self.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
+            w = layer.tensors()
+            if w is not None and all([pack(m) for m in (w.qkv, w.o, w.gate_up, w.down)]):
+                pack(self.lm_head.weight)
         return self
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
@@ -203,7 +246,8 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, d_model] -> fp32 logits [N, vocab]."""
-        return self.lm_head(self.norm(hidden)).float()
+        w = self.lm_head.weight
+        return linear(self.norm(hidden), w, None, is_packed(w)).float()
 
 
 @torch.inference_mode()

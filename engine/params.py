@@ -6,7 +6,9 @@ parameter and the allowed range, so the HTTP front end can turn the message into
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
+
 
 MAX_N = 16  # parallel samples of one prompt
 
@@ -127,6 +129,10 @@ class EngineConfig:
     # than the CPUs (a core's worth left to the front end and the client), not pinned; "pinned" the same
     # pinned to all CPUs but the first; an int n: n threads, not pinned; None: torch as it is.
     cpu_threads: int | str | None = "auto"
+    # The CPU step through inductor-compiled layers with attention in place (engine/compiled_step.py):
+    # "on", "off", or "auto" = $INFERLEDGER_COMPILE when set, else eager (not yet measured to pay on any
+    # CPU). Never on CUDA, which replays CUDA graphs instead.
+    compile: str = "auto"
 
     DEFAULT_KV_BYTES = 256 * 2**20
 
@@ -166,6 +172,8 @@ class EngineConfig:
             _fail("device_timing", self.device_timing, "True, False or 'auto'")
         if self.cpu_threads not in (None, "auto", "pinned"):
             _int("cpu_threads", self.cpu_threads, 1, 4096, allowed="'auto', 'pinned', None or an integer in [1, 4096]")
+        if self.compile not in ("auto", "on", "off"):
+            _fail("compile", self.compile, "'auto', 'on' or 'off'")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             _fail("speculative", self.speculative, "None, a SpeculativeConfig or a dict of its fields")
 
@@ -191,6 +199,20 @@ class EngineConfig:
                 b *= 2
             return tuple(sizes + [self.max_num_seqs])
         return tuple(sorted(set(self.graph_batch_sizes or ())))
+
+    def resolve_compile(self, device_type: str, dtype) -> tuple[bool, str]:
+        """(compile the CPU step?, why)."""
+        choice, source = self.compile, "EngineConfig.compile"
+        if choice == "auto" and os.environ.get("INFERLEDGER_COMPILE"):
+            choice, source = os.environ["INFERLEDGER_COMPILE"], "$INFERLEDGER_COMPILE"
+            if choice not in ("auto", "on", "off"):
+                raise ValueError(f"$INFERLEDGER_COMPILE={choice!r}: use auto, on or off")
+        if device_type != "cpu":
+            return False, f"{device_type}: no compiled step (CUDA graphs instead)"
+        if choice != "auto":
+            return choice == "on", f"{choice} ({source})"
+        return False, ("auto: eager (the compiled step was not measured faster than the eager one; "
+                       "docs/BENCHMARKS.md, Decode step account)")
 
     def to_dict(self) -> dict:
         d = asdict(self)

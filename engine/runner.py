@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import BatchedDecode, DecodeAttention, PagedAttention, decode_groups
+from .compiled_step import CompiledStep
 from .config import ModelConfig
 from .cuda_graph import DecodeGraph, GraphCapture, device_guard, table_widths
 
@@ -29,9 +30,11 @@ class SeqChunk:
 
 class ModelRunner:
     def __init__(self, model, config: ModelConfig, *, num_blocks: int, block_size: int = 16,
-                 device="cpu", dtype=None, graph_batch_sizes: tuple[int, ...] | None = None):
+                 device="cpu", dtype=None, graph_batch_sizes: tuple[int, ...] | None = None,
+                 compile: bool = False):
         """graph_batch_sizes: pad pure decode batches up to these sizes and (on CUDA) replay them from
-        captured CUDA graphs; None (default) runs every step eagerly."""
+        captured CUDA graphs; None (default) runs every step eagerly. compile (CPU): run the steps
+        engine/compiled_step.py compiles through it, compiled at construction."""
         self.model, self.config = model, config
         self.num_blocks, self.block_size = num_blocks, block_size
         self.device = torch.device(device)
@@ -39,14 +42,15 @@ class ModelRunner:
         self.graph_batch_sizes = tuple(sorted(graph_batch_sizes or ()))
         model.fuse()
         # padded decode rows write into one extra scratch block no block table may name
-        shape = (config.n_layers, num_blocks + bool(self.graph_batch_sizes), config.n_kv_heads,
+        shape = (config.n_layers, num_blocks + bool(self.graph_batch_sizes or compile), config.n_kv_heads,
                  block_size, config.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self._workspace = torch.empty(0, dtype=self.dtype, device=self.device)  # eager decode gathers
         self._graphs: dict[tuple[int, int], DecodeGraph] = {}
         self._capture = GraphCapture(self.device)
-        self.last_step = {"mode": "eager", "padded_batch": 0}  # for step events: graph or eager
+        self.last_step = {"mode": "eager", "padded_batch": 0}  # for step events: graph, compiled or eager
+        self.compiled = CompiledStep(self) if compile else None  # compiled by its warm_up() or first step
 
     def kv_bytes(self) -> int:
         return 2 * self.k_cache.numel() * self.k_cache.element_size()
@@ -80,9 +84,6 @@ class ModelRunner:
             self._check(c)
         bs, dev = self.block_size, self.device
         n_blocks = [-(-(c.start_pos + len(c.token_ids)) // bs) for c in chunks]
-        if (len(chunks) > 1 or self.graph_batch_sizes) and all(len(c.token_ids) == 1 for c in chunks):
-            return self._decode(chunks, n_blocks)
-        self.last_step = {"mode": "eager", "padded_batch": 0}
         ids, positions, slots, seqs, rows = [], [], [], [], []
         for c, n in zip(chunks, n_blocks):
             q0, pos = len(ids), range(c.start_pos, c.start_pos + len(c.token_ids))
@@ -91,9 +92,19 @@ class ModelRunner:
             slots += [c.block_table[p // bs] * bs + p % bs for p in pos]
             seqs.append((q0, len(c.token_ids), c.start_pos, c.block_table[:n]))
             rows += {"last": [len(ids) - 1], "all": list(range(q0, len(ids))), "none": []}[c.logits]
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
-        hidden = self.model(as_long(ids), as_long(positions), PagedAttention(self.k_cache, self.v_cache, as_long(slots), seqs))
-        logits = self.model.compute_logits(hidden[as_long(rows)]) if rows else None
+        hidden = None
+        if self.compiled is not None:
+            tables = [blocks for _, n, _, blocks in seqs for _ in range(n)]
+            hidden = self.compiled.run(ids, positions, slots, tables)
+        if hidden is not None:
+            self.last_step = {"mode": "compiled", "padded_batch": 0}
+        elif (len(chunks) > 1 or self.graph_batch_sizes) and all(len(c.token_ids) == 1 for c in chunks):
+            return self._decode(chunks, n_blocks)
+        else:
+            self.last_step = {"mode": "eager", "padded_batch": 0}
+            as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
+            hidden = self.model(as_long(ids), as_long(positions), PagedAttention(self.k_cache, self.v_cache, as_long(slots), seqs))
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long, device=dev)]) if rows else None
         out, i = [], 0
         for c in chunks:
             n = {"last": 1, "all": len(c.token_ids), "none": 0}[c.logits]

@@ -17,6 +17,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # the Hugging Face oracle reads the same local GGUF; nothing may be downloaded
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# the compiled CPU step costs a compile per process: only the tests of it ask for it (compile="on")
+os.environ.setdefault("INFERLEDGER_COMPILE", "off")
 
 
 @pytest.fixture(scope="session")

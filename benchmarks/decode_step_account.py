@@ -1,0 +1,183 @@
+"""Where a decode step's time goes, eager against compiled, and the batch-1 decode step's MBU.
+
+For each batch size (1 and 16 by default) and each step kind (eager; compiled, engine/compiled_step.py),
+the same prompts (64 tokens) are decoded for --tokens steps, rounds alternating the two kinds in one
+process. Per kind and batch:
+
+- the median pure decode step (wall time around `ModelRunner.forward`), unprofiled;
+- an account of --profiled further steps under torch.profiler: self CPU time of each operator,
+  summed by category: matmuls (oneDNN / BLAS linears), attention (the SDPA kernels, the K/V gather and
+  the cache writes; in a compiled step attention is fused with the norms and RoPE and counts under
+  compiled kernels, its cache writes included), elementwise (RMSNorm, RoPE, SiLU, residual adds, casts, the logits' argmax),
+  compiled kernels (inductor's fused C++ kernels: norms, RoPE and attention together), and host
+  (the rest of the profiled steps' wall time: Python, dispatch, tensor bookkeeping, the compiled
+  code's guards and wrappers). The profiler adds its own overhead to host time, so the shares are
+  read beside the unprofiled median;
+- at batch 1, MBU: the median step's bytes as the workload model counts them (docs/MODEL.md
+  "Counting": weights once, the KV read for the context and written for the new token, the GEMMs'
+  activations; `costmodel.step_work` for one decode row at the median step's context) per median step,
+  over a 256 MiB memcpy's rate (read + write) measured in the same run; and how many steps ran compiled.
+
+    .venv/bin/python benchmarks/decode_step_account.py [--batch 1 16] [--tokens 48] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+from inferledger.engine import LLM, EngineConfig, SamplingParams  # noqa: E402
+from inferledger.engine.compiled_step import cache_dir  # noqa: E402
+from inferledger.engine.loader import load_model  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results  # noqa: E402
+from engine_throughput import TEXT, memcpy_gib_s  # noqa: E402
+
+from inferledger.costmodel.shape import ModelShape  # noqa: E402
+from inferledger.costmodel.work import StepRow, step_work  # noqa: E402
+
+MATMUL = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
+             "aten::index_select", "aten::index_copy_", "aten::index_put_", "aten::index", "aten::_softmax",
+             "aten::masked_fill", "aten::masked_fill_")
+ELEMENTWISE = ("aten::rms_norm", "aten::_fused_rms_norm", "aten::pow", "aten::mean", "aten::rsqrt", "aten::mul",
+               "aten::mul_", "aten::add", "aten::add_", "aten::sub", "aten::div", "aten::div_", "aten::neg",
+               "aten::roll", "aten::cat", "aten::cos", "aten::sin", "aten::silu", "aten::silu_", "aten::copy_",
+               "aten::argmax", "aten::embedding", "aten::sum", "aten::clone", "aten::arange", "aten::fill_",
+               "aten::where", "aten::exp", "aten::max", "aten::amax")
+COMPILED = ("## Call CompiledFxGraph",)
+DECODE = "decode_step"  # the profiler region around each measured step
+
+
+def category(name: str) -> str:
+    if name in MATMUL:
+        return "matmul"
+    if name in ATTENTION:
+        return "attention"
+    if name in ELEMENTWISE:
+        return "elementwise"
+    if name.startswith(COMPILED):
+        return "compiled_kernels"
+    return "host"
+
+
+class Steps:
+    """Wraps runner.forward: wall time of each pure decode step of the full batch."""
+
+    def __init__(self, runner, batch: int) -> None:
+        self.forward, self.batch, self.runner, self.s, self.modes = runner.forward, batch, runner, [], []
+
+    def __call__(self, chunks):
+        if not (len(chunks) == self.batch and all(len(c.token_ids) == 1 for c in chunks)):
+            return self.forward(chunks)
+        t0 = time.perf_counter()
+        with record_function(DECODE):
+            out = self.forward(chunks)
+        self.s.append(time.perf_counter() - t0)
+        self.modes.append(self.runner.last_step["mode"])
+        return out
+
+
+def account(llm, prompts, profiled: int) -> dict:
+    """Profile `profiled` decode steps of the batch: ms per step by category (operators' self CPU
+    time inside the steps' DECODE regions; the prefill step is left out)."""
+    steps = llm.engine.runner.forward
+    first = len(steps.s)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        llm.generate(prompts, SamplingParams(max_tokens=profiled + 1, ignore_eos=True))
+    events = prof.events()
+    regions = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == DECODE)
+    by = {"matmul": 0.0, "attention": 0.0, "elementwise": 0.0, "compiled_kernels": 0.0}
+    for e in events:
+        c = category(e.name)
+        if c != "host" and any(a <= e.time_range.start <= b for a, b in regions):
+            by[c] += e.self_cpu_time_total / 1e3
+    n = len(regions)
+    wall_ms = sum(b - a for a, b in regions) / 1e3  # the regions' own span, as the profiler timed it
+    per = {f"{k}_ms": round(v / max(n, 1), 3) for k, v in by.items()}
+    per["host_ms"] = round(wall_ms / max(n, 1) - sum(per.values()), 3)
+    per["profiled_step_ms"] = round(wall_ms / max(n, 1), 3)
+    per["profiled_steps"] = n
+    del steps.s[first:], steps.modes[first:]  # the unprofiled median stays unprofiled
+    return per
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--tokens", type=int, default=48, help="decode steps per round")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds alternating eager and compiled")
+    ap.add_argument("--profiled", type=int, default=8, help="decode steps under the profiler per kind and batch")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the serving engine's count here)")
+    ap.add_argument("--cache-dir", type=Path, default=None, help="inductor's cache for this run (an empty folder: "
+                    "the compile time recorded is a first start's); default: the engine's own")
+    args = ap.parse_args()
+    if args.cache_dir is not None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(args.cache_dir.resolve())
+    rec = results.start("decode_step_account", vars(args))
+    torch.set_num_threads(args.threads)
+    bundle = load_model(dtype=args.dtype)
+    ids = bundle.tokenizer.encode(TEXT * 4)
+    dtype = str(bundle.dtype).removeprefix("torch.")
+    memcpy = memcpy_gib_s()
+    kinds = {}
+    for kind, flag in (("eager", "off"), ("compiled", "on")):
+        t0 = time.perf_counter()
+        kinds[kind] = LLM(bundle=bundle, config=EngineConfig(max_num_seqs=max(args.batch), compile=flag, probes=False,
+                                                             enable_prefix_caching=False))
+        print(f"{kind}: engine ready in {time.perf_counter() - t0:.1f} s "
+              f"({kinds[kind].engine.manifest()['engine_config']['resolved']['compile']})", flush=True)
+    shape = ModelShape.from_manifest(kinds["eager"].engine.manifest())
+    compiled = kinds["compiled"].engine.runner.compiled
+    figures = {"dtype": dtype, "torch_threads": torch.get_num_threads(), "prompt_tokens": 64, "rows": [],
+               "compile_cache_dir": str(cache_dir()),
+               "compile_warm_up_s": round(compiled.warm_up_s, 2), "compile_disabled_reason": compiled.disabled_reason}
+    for b in args.batch:
+        prompts = [ids[i:i + 64] for i in range(b)]
+        timers = {}
+        for kind, llm in kinds.items():
+            timers[kind] = llm.engine.runner.forward = Steps(llm.engine.runner, b)
+            llm.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
+            timers[kind].s.clear()
+            timers[kind].modes.clear()
+        for _ in range(args.rounds):
+            for kind, llm in kinds.items():
+                llm.generate(prompts, SamplingParams(max_tokens=args.tokens, ignore_eos=True))
+        for kind, llm in kinds.items():
+            t = timers[kind]
+            median_s = statistics.median(t.s)
+            compiled_steps = sum(m == "compiled" for m in t.modes)
+            row = {"kind": kind, "batch": b, "steps": len(t.s), "compiled_steps": compiled_steps,
+                   "median_step_ms": round(median_s * 1e3, 3), "tok_s": round(b / median_s, 2)}
+            row.update(account(llm, prompts, args.profiled))
+            if b == 1:
+                work = step_work(shape, [StepRow("decode", 1, 64 + args.tokens // 2)])  # the median step's context
+                gib_s = work.bytes / 2**30 / median_s
+                row.update({"step_mib": round(work.bytes / 2**20, 1), "weights_mib": round(work.weight_bytes / 2**20, 1),
+                            "kv_mib": round((work.kv_read_bytes + work.kv_write_bytes) / 2**20, 2),
+                            "achieved_gib_s": round(gib_s, 2), "mbu_ratio": round(gib_s / memcpy, 3)})
+            figures["rows"].append(row)
+            print(f"batch {b:>2} {kind:>8}: median step {row['median_step_ms']:7.2f} ms over {row['steps']} steps "
+                  f"({compiled_steps} compiled); profiled: matmul {row['matmul_ms']:.2f}, attention "
+                  f"{row['attention_ms']:.2f}, elementwise {row['elementwise_ms']:.2f}, compiled kernels "
+                  f"{row['compiled_kernels_ms']:.2f}, host {row['host_ms']:.2f} ms of {row['profiled_step_ms']:.2f}"
+                  + (f"; MBU {row['mbu_ratio']:.2f} ({row['achieved_gib_s']:.1f} GiB/s)" if b == 1 else ""), flush=True)
+    figures["memcpy_gib_s"] = round(max(memcpy, memcpy_gib_s()), 2)
+    for row in figures["rows"]:  # against the better of the two memcpy readings
+        if "achieved_gib_s" in row:
+            row["mbu_ratio"] = round(row["achieved_gib_s"] / figures["memcpy_gib_s"], 3)
+    print(f"memcpy {figures['memcpy_gib_s']} GiB/s (read + write); results: {rec.write(figures)}")
+
+
+if __name__ == "__main__":
+    main()

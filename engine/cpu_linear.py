@@ -1,0 +1,62 @@
+"""bf16 linears through oneDNN with weights prepacked, on CPUs that multiply bf16 natively.
+
+`F.linear` in bf16 takes a generic path at decode sizes (a few rows): measured 1.7-2x slower per
+step than oneDNN's linear over a weight reordered once into its blocked layout
+(docs/BENCHMARKS.md "Decode step account"). `pack(weight)` keeps that reordered copy beside the
+weight (keyed by the weight's storage, dropped when the weight is freed) and `linear(x, w, b)` uses
+it when there is one. The call goes through the custom op `inferledger::packed_linear`, which the
+compiler treats as an opaque kernel taking the ordinary weight (its reordered copy is looked up at
+run time), so the same code runs eager and compiled. fp32 keeps `F.linear` (prepacking measured no
+faster there), and so does bf16 where it is emulated.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+_PACKED: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # weight data_ptr -> (weight, reordered copy)
+
+
+def packable(w: torch.Tensor) -> bool:
+    from .cpu_host import native_bf16
+
+    return w.device.type == "cpu" and w.dtype == torch.bfloat16 and w.dim() == 2 and native_bf16()[0]
+
+
+def pack(w: torch.Tensor) -> bool:
+    """Reorder w [out, in] for oneDNN once (idempotent): -> whether linear(x, w) now uses it."""
+    ptr = w.data_ptr()
+    hit = _PACKED.get(ptr)
+    if hit is not None and hit[0]() is w:
+        return True
+    if not packable(w):
+        return False
+    with torch.inference_mode():
+        _PACKED[ptr] = (weakref.ref(w), torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1))
+    weakref.finalize(w, _PACKED.pop, ptr, None)
+    return True
+
+
+def is_packed(w: torch.Tensor) -> bool:
+    hit = _PACKED.get(w.data_ptr())
+    return hit is not None and hit[0]() is not None
+
+
+@torch.library.custom_op("inferledger::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    hit = _PACKED.get(w.data_ptr())
+    if hit is None or hit[0]() is None:  # not packed (or freed): the plain op, same result shape
+        return F.linear(x, w, b)
+    return torch.ops.mkldnn._linear_pointwise(x, hit[1], b, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x, w, b):
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, packed: bool) -> torch.Tensor:
+    """F.linear, through the prepacked weight when `packed` (decided once per model, not per call)."""
+    return packed_linear(x, w, b) if packed else F.linear(x, w, b)

@@ -1,0 +1,118 @@
+"""The compiled CPU step: greedy output equal to Hugging Face in fp32, every step compiled (one
+compile serves decode batches and mixed steps), the mode on step.end, the fallback to eager, the knob.
+The compile runs once per process (inductor's cache makes later processes faster)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inferledger.engine import LLM, EngineConfig, SamplingParams
+from inferledger.engine.cpu_linear import linear, pack
+from inferledger.engine.runner import ModelRunner, SeqChunk
+from engine_checks import RecordingSink, attrs
+from test_model import _blocks, _prompts, greedy_paged, hf_argmax_after_each_prefix
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread for the whole module, the count LLMEngine compiles for on two CPUs: inductor
+    builds its kernels for a thread count, so the module then pays one compile, not two."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def compiled_runner(bundle):
+    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16, compile=True)
+    assert runner.compiled.enabled, runner.compiled.disabled_reason
+    return runner
+
+
+def test_compiled_greedy_matches_hugging_face_and_every_step_is_compiled(bundle, hf_model, compiled_runner):
+    """8 prompts prefilled in one mixed step, then 31 decode steps of 8: HF's argmax after every
+    prefix is our next token, and all 32 steps ran compiled (none fell back)."""
+    tok, runner = bundle.tokenizer, compiled_runner
+    prompts = _prompts(tok)
+    before = runner.compiled.steps
+    ours = greedy_paged(runner, prompts, 32, _blocks(runner, len(prompts), 6))
+    assert runner.compiled.steps - before == 32 and runner.last_step["mode"] == "compiled"
+    hf_next = hf_argmax_after_each_prefix(hf_model, [p + o for p, o in zip(prompts, ours)])
+    for prompt, got, hf in zip(prompts, ours, hf_next):
+        assert hf[len(prompt) - 1:-1] == got, tok.decode(prompt)
+
+
+def test_compiled_logits_equal_eager_at_batch_one(bundle, compiled_runner):
+    """A lone decode (padded to two rows inside) gives the eager step's logits."""
+    eager = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16)
+    ids = _prompts(bundle.tokenizer)[5]
+    table = list(range(10, 14))
+    got = []
+    for runner in (eager, compiled_runner):
+        runner.forward([SeqChunk(ids[:-1], 0, table, "none")])
+        got.append(runner.forward([SeqChunk(ids[-1:], len(ids) - 1, table)])[0])
+    assert compiled_runner.last_step["mode"] == "compiled"
+    torch.testing.assert_close(got[1], got[0], atol=1e-4, rtol=0)
+
+
+def test_a_failing_compiled_step_falls_back_to_eager(bundle, compiled_runner, monkeypatch):
+    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16, compile=True)
+
+    def broken(*args):
+        raise RuntimeError("kernel failed")
+
+    monkeypatch.setattr(runner.compiled, "_forward", broken)
+    ids = _prompts(bundle.tokenizer)[4]
+    out = runner.forward([SeqChunk(ids, 0, [0, 1])])
+    assert runner.last_step["mode"] == "eager" and runner.compiled.steps == 0
+    assert "kernel failed" in runner.compiled.disabled_reason
+    want = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16).forward([SeqChunk(ids, 0, [0, 1])])
+    torch.testing.assert_close(out[0], want[0], atol=1e-4, rtol=0)
+
+
+def test_step_end_states_compiled_and_the_manifest_says_why(bundle, compiled_runner):
+    sink = RecordingSink()
+    llm = LLM(bundle=bundle, config=EngineConfig(compile="on", num_blocks=32), sink=sink)
+    out = llm.generate([_prompts(bundle.tokenizer)[0]], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
+    ends = [r for r in sink.rows if r["name"] == "step.end"]
+    assert [attrs(r)["mode"] for r in ends] == ["compiled"] * 4
+    got = llm.engine.manifest()["engine_config"]["resolved"]["compile"]
+    assert got["on"] and got["resolved_by"] == "on (EngineConfig.compile)" and got["steps_compiled"] == 4
+    assert got["disabled_reason"] is None and got["warm_up_s"] > 0
+
+
+def test_compile_knob_resolution(monkeypatch):
+    monkeypatch.delenv("INFERLEDGER_COMPILE", raising=False)
+    for dtype in (torch.float32, torch.bfloat16):
+        on, why = EngineConfig(compile="auto").resolve_compile("cpu", dtype)
+        assert not on and why.startswith("auto: eager")
+    assert EngineConfig(compile="on").resolve_compile("cuda", torch.bfloat16)[0] is False  # CUDA graphs instead
+    assert EngineConfig(compile="off").resolve_compile("cpu", torch.bfloat16) == (False, "off (EngineConfig.compile)")
+    monkeypatch.setenv("INFERLEDGER_COMPILE", "on")
+    assert EngineConfig().resolve_compile("cpu", torch.float32) == (True, "on ($INFERLEDGER_COMPILE)")
+    assert EngineConfig(compile="off").resolve_compile("cpu", torch.float32)[0] is False  # the argument wins
+    monkeypatch.setenv("INFERLEDGER_COMPILE", "yes")
+    with pytest.raises(ValueError, match=r"\$INFERLEDGER_COMPILE='yes': use auto, on or off"):
+        EngineConfig().resolve_compile("cpu", torch.float32)
+    with pytest.raises(ValueError, match="compile"):
+        EngineConfig(compile="maybe")
+
+
+def test_packed_linear_equals_f_linear_eager_and_compiled():
+    """The prepacked bf16 linear (oneDNN, where bf16 is native; F.linear elsewhere) against fp32."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 64, generator=gen).to(torch.bfloat16)
+    x = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
+    packed = pack(w)
+    want = F.linear(x.float(), w.float())
+    with torch.inference_mode():
+        eager = linear(x, w, None, packed)
+        compiled = torch.compile(lambda a, b: linear(a, b, None, packed) * 2, fullgraph=True)(x, w) / 2
+    for got in (eager, compiled):
+        assert got.dtype == torch.bfloat16 and got.shape == (5, 96)
+        torch.testing.assert_close(got.float(), want, atol=0.05 * want.abs().max().item(), rtol=0)
