@@ -14,6 +14,7 @@ docs/BENCHMARKS.md); "pinned" pins it to all CPUs but the first, for a quiet or 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -98,3 +99,24 @@ def place_current_thread(plan: dict | None) -> int | None:
     if plan["pinned_cpus"] and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, plan["pinned_cpus"])
     return torch.get_num_threads()
+
+
+def run_in_own_thread(fn, name: str):
+    """fn() in a new thread (which places itself, as the step thread does: `place_current_thread`),
+    waited for: its result, or its exception raised again here. The capture's speed probe and
+    microbenchmarks measure this way, so the caller's thread keeps its own placement."""
+    got: dict = {}
+
+    def run() -> None:
+        try:
+            got["result"] = fn()
+        except BaseException as exc:  # raised again in the caller's thread
+            got["error"] = exc
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in got:
+        raise got["error"]
+    return got["result"]
+

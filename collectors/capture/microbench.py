@@ -12,7 +12,6 @@ with. The manifest keeps the result under `device_params`.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 
 from inferledger.engine import cpu_linear
@@ -116,33 +115,25 @@ def device_params(bundle, *, max_batch: int, max_tokens: int | None = None, cpu_
     """The manifest's `device_params`: measured in a thread placed like the engine's step thread;
     `max_tokens`: the step's token budget (default: the engine's max_num_batched_tokens)."""
     from inferledger.engine import EngineConfig
-    from inferledger.engine.cpu_host import cpu_flags, place_current_thread, plan_placement
+    from inferledger.engine.cpu_host import cpu_flags, place_current_thread, plan_placement, run_in_own_thread
 
     max_tokens = EngineConfig().max_num_batched_tokens if max_tokens is None else max_tokens
     on_cpu = bundle.device.type == "cpu"
     plan = plan_placement(cpu_threads) if on_cpu else None
-    got: dict = {}
+    def run() -> dict:
+        import torch
 
-    def run() -> None:
-        try:
-            import torch
+        placed = place_current_thread(plan)
+        got = {"threads": placed if placed is not None else (torch.get_num_threads() if on_cpu else None)}
+        t0 = timer()
+        weight_bytes = sum(p.numel() * p.element_size() for p in bundle.model.parameters())
+        sizes.setdefault("stream_bytes", stream_bytes_for(weight_bytes))
+        got["figures"] = measure(bundle.device, bundle.dtype, linear_shapes(bundle.config, max_batch, max_tokens),
+                                 timer=timer, **sizes)
+        got["wall_s"] = timer() - t0
+        return got
 
-            placed = place_current_thread(plan)
-            got["threads"] = placed if placed is not None else (torch.get_num_threads() if on_cpu else None)
-            t0 = timer()
-            weight_bytes = sum(p.numel() * p.element_size() for p in bundle.model.parameters())
-            sizes.setdefault("stream_bytes", stream_bytes_for(weight_bytes))
-            got["figures"] = measure(bundle.device, bundle.dtype, linear_shapes(bundle.config, max_batch, max_tokens),
-                                     timer=timer, **sizes)
-            got["wall_s"] = timer() - t0
-        except BaseException as exc:  # raised again in the caller's thread
-            got["error"] = exc
-
-    thread = threading.Thread(target=run, name="inferledger-microbench", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in got:
-        raise got["error"]
+    got = run_in_own_thread(run, "inferledger-microbench")
     flags = cpu_flags()
     return {"schema": SCHEMA, "source": SOURCE, "device": str(bundle.device), "device_name": _device_name(bundle.device),
             "dtype": str(bundle.dtype).removeprefix("torch."), "threads": got["threads"],
