@@ -90,6 +90,10 @@ def import_cmd(
                                                        "host.name).")] = None,
     reporter: Annotated[Optional[str], typer.Option("--reporter", help="--from otlp: who reported the spans, e.g. "
                                                     "vllm-0.32.0 (default: the resource's service.name).")] = None,
+    model_config: Annotated[Optional[Path], typer.Option("--model-config", help="The served model's Hugging Face "
+                                                         "config.json (or its folder): recorded in the run's manifest "
+                                                         "as model_shape, declared, so the workload model can hold the "
+                                                         "run against its bounds (docs/MODEL.md).")] = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help=FORMAT_HELP + " One row: what was imported "
                                               "(refusals and warnings go to stderr in every format).")] = OutputFormat.table,
 ) -> None:
@@ -116,14 +120,33 @@ def import_cmd(
     reported server and engine events): [bold]inferledger import --from otlp traces.jsonl --out runs/vllm-server
     --reporter vllm-0.32.0[/]; such a run can be the --server of a load tool's import. A span whose
     fields cannot be held is refused as FILE:LINE: span ID: field ... (exit 2), or kept as a gap with --lenient.
+    Add [bold]--model-config config.json[/] to declare the model the peer served.
     """
+    shape = None
+    if model_config is not None:  # checked before anything is written
+        from inferledger.collectors.declared_shape import read_model_config
+        from inferledger.costmodel.shape import ShapeError
+
+        try:
+            shape = read_model_config(model_config)
+        except ShapeError as exc:
+            fail(f"inferledger import --model-config: {exc}; nothing was written")
     if source == ImportSource.otlp:
-        return _import_otlp(archive, out, run_id, engine_host, reporter, lenient, fmt)
-    if source != ImportSource.e0:
+        _import_otlp(archive, out, run_id, engine_host, reporter, lenient, fmt)
+    elif source != ImportSource.e0:
         from inferledger.cli.import_peer import import_peer_cmd
 
-        return import_peer_cmd(source.value, archive, out, server=server, run_id=run_id, lenient=lenient,
-                               tool_version=tool_version, fail=fail, fmt=fmt)
+        import_peer_cmd(source.value, archive, out, server=server, run_id=run_id, lenient=lenient,
+                        tool_version=tool_version, fail=fail, fmt=fmt)
+    else:
+        _import_e0(archive, out, server, run_id, lenient, fmt)
+    if shape is not None:
+        from inferledger.collectors.declared_shape import declare_model_shape
+
+        declare_model_shape(out, shape)
+
+
+def _import_e0(archive: Path, out: Path, server, run_id, lenient: bool, fmt: OutputFormat) -> None:
     if server is not None:
         fail("inferledger import: --server goes with --from aiperf|vllm-bench|guidellm (an E0 archive carries its own server events)")
     from rich.console import Console

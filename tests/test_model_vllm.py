@@ -55,3 +55,43 @@ def test_vllm_solo_bounds_are_the_prompts_own_prefill_and_below_the_measured_ttf
     for _, bound, measured, prompt in rows:
         assert bound == pytest.approx(stage_bounds(step_work(shape, [StepRow("prefill", prompt, 0)]), roofs).bound_ms)
         assert bound <= measured
+
+
+SMOLLM2_CONFIG = {  # SmolLM2-135M-Instruct's config.json, as its model card publishes it (the fields read)
+    "num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
+    "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+}
+
+
+def test_import_model_config_declares_the_served_models_shape(tmp_path):
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(SMOLLM2_CONFIG))
+    out = tmp_path / "vllm"
+    res = CliRunner().invoke(app, ["import", "--from", "otlp", str(SAMPLE / "otlp" / "traces.jsonl"), "--out", str(out),
+                                   "--reporter", "vllm-0.32.0", "--model-config", str(cfg)])
+    assert res.exit_code == 0, res.output
+    declared = json.loads((out / "manifest.json").read_text())["model_shape"]
+    gguf = ModelShape.from_gguf(default_model_path(), "bfloat16").to_dict()  # the same model, read from its weights
+    assert declared["evidence"] == "declared" and declared["source"] == f"hf config {cfg}"
+    assert {k: v for k, v in declared.items() if k not in ("evidence", "source")} == \
+        {k: v for k, v in gguf.items() if k != "source"}
+
+
+def test_import_refuses_a_model_config_it_cannot_read_and_writes_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**SMOLLM2_CONFIG, "hidden_size": "576"}))
+    out = tmp_path / "vllm"
+    res = CliRunner().invoke(app, ["import", "--from", "otlp", str(SAMPLE / "otlp" / "traces.jsonl"), "--out", str(out),
+                                   "--model-config", str(cfg)])
+    assert res.exit_code == 2
+    assert res.output.splitlines()[0] == (f"inferledger import --model-config: {cfg}: field(s) hidden_size missing or "
+                                          "not integers; nothing was written")
+    assert not out.exists()
