@@ -25,14 +25,15 @@ EPSILON_MS = 0.005  # a step is faster than its bound only beyond this (the cloc
 
 _STEPS = """
 SELECT st.step_id, st.step_ms, st.start_ns, st.end_ns, st.clock, m.mode,
-       lead(st.start_ns) OVER (PARTITION BY st.clock ORDER BY st.start_ns) AS next_start_ns
+       lead(st.start_ns) OVER (PARTITION BY st.clock ORDER BY st.start_ns) AS next_start_ns,
+       lead(st.step_id) OVER (PARTITION BY st.clock ORDER BY st.start_ns) AS next_step_id
 FROM steps st
 LEFT JOIN (SELECT step_id, clock, any_value(json_extract_string(attrs, '$.mode')) AS mode FROM ev
            WHERE name = 'step.end' GROUP BY step_id, clock) m ON m.step_id = st.step_id AND m.clock = st.clock
 ORDER BY st.clock, st.start_ns
 """
 _ROWS = """
-SELECT a.step_id, a.kind, a.tokens, a.context_before, t.attempt_id IS NOT NULL AS sampled
+SELECT a.step_id, a.kind, a.tokens, a.context_before, t.attempt_id IS NOT NULL AS sampled, a.attempt_id
 FROM step_attribution a
 LEFT JOIN (SELECT DISTINCT step_id, attempt_id FROM ev_tok) t
        ON t.step_id = a.step_id AND t.attempt_id = a.attempt_id
@@ -68,7 +69,11 @@ ORDER BY a.step_id, a.attempt_id
 # @column measured_ms: step.end − step.start
 # @column residual_ms: measured_ms − bound_ms
 # @column residual_pct: residual_ms / bound_ms × 100
-# @column gap_after_ms: host time from this step's end to the next step's start (NULL for the last)
+# @column gap_after_ms: host time from this step's end to the next step's start while the engine had
+#   work across it (an attempt of this step goes on in the next); NULL for the last step and where none
+#   goes on (then wait_after_ms)
+# @column wait_after_ms: the time to the next step's start where no attempt of this step goes on in it:
+#   the engine waited for arrivals, or admitted only new work, in between (not host overhead)
 # @column beats_bound: measured_ms is below bound_ms by more than 0.005 ms (a bound was beaten: the
 #   roof named in beaten_roof is wrong for this step)
 # @column beaten_roof: the binding roof with its source and value, where beats_bound
@@ -87,19 +92,25 @@ def build(con, run) -> None:
             gaps.append(("run", None, "step_model bound_* columns, binding_roof, residual_ms, residual_pct",
                          "a spec entry for the device or the capture's microbenchmarks (manifest device_params)", why))
     rows_by_step: dict[int, list] = {}
-    for step_id, kind, tokens, ctx, sampled in con.execute(_ROWS).fetchall():
+    attempts: dict[int, set] = {}
+    for step_id, kind, tokens, ctx, sampled, attempt_id in con.execute(_ROWS).fetchall():
         rows_by_step.setdefault(step_id, []).append((kind, tokens, ctx, sampled))
+        attempts.setdefault(step_id, set()).add(attempt_id)
     out, no_context = [], 0
-    for step_id, step_ms, _, end_ns, _, mode, next_start in con.execute(_STEPS).fetchall():
+    for step_id, step_ms, _, end_ns, _, mode, next_start, next_step in con.execute(_STEPS).fetchall():
         items = rows_by_step.get(step_id, [])
         known = bool(items) and all(c is not None and t is not None for _, t, c, _ in items)
         no_context += bool(items) and not known
-        gap_after = (next_start - end_ns) / 1e6 if next_start is not None else None
+        to_next = (next_start - end_ns) / 1e6 if next_start is not None else None
+        # host time only while the engine had work across the gap: an attempt of this step goes on in
+        # the next; else the engine waited for arrivals (or admitted only new work) in between
+        busy = bool(attempts.get(step_id, set()) & attempts.get(next_step, set()))
+        gap_after, wait_after = (to_next, None) if busy else (None, to_next)
         rec = {"step_id": step_id, "mode": mode, "num_seqs": len(items) or None,
                "tokens": int(sum(t or 0 for _, t, _, _ in items)) if items else None,
                "prefill_tokens": int(sum(t or 0 for k, t, _, _ in items if k == "prefill")) if items else None,
                "context_tokens": int(sum(c for _, _, c, _ in items)) if known else None,
-               "measured_ms": step_ms, "gap_after_ms": gap_after}
+               "measured_ms": step_ms, "gap_after_ms": gap_after, "wait_after_ms": wait_after}
         if shape is not None and known:
             rows = [StepRow(k, int(t), int(c), logit_rows=None if k != "prefill" else int(bool(s)))
                     for k, t, c, s in items]
@@ -144,7 +155,7 @@ _COLUMNS = (("step_id", pa.int64()), ("mode", pa.string()), ("num_seqs", pa.int6
             ("aggregated_bound_ms", pa.float64()), ("binding_roof", pa.string()), ("roof_source", pa.string()),
             ("roof_compute_tflops", pa.float64()), ("roof_memory_gbps", pa.float64()), ("measured_ms", pa.float64()),
             ("residual_ms", pa.float64()), ("residual_pct", pa.float64()), ("gap_after_ms", pa.float64()),
-            ("beats_bound", pa.bool_()), ("beaten_roof", pa.string()))
+            ("wait_after_ms", pa.float64()), ("beats_bound", pa.bool_()), ("beaten_roof", pa.string()))
 
 
 def _store(con, recs: list[dict], gaps: list[tuple]) -> None:

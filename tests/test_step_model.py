@@ -85,16 +85,30 @@ def test_request_bounds_never_exceed_the_measured_times(captured):
         assert (r["ttft_predicted_ms"] is not None) == (r["residual_prefill_ms"] is not None) == fitted
 
 
-def _step_events(steps, *, items=4):
-    """step.start / step.end pairs from (batch rows, ms): batch rows as [attempt, kind, tokens, context]."""
+def _step_events(steps, *, items=4, gaps_ms=None):
+    """step.start / step.end pairs from (batch rows, ms): batch rows as [attempt, kind, tokens, context];
+    0.25 ms from one step's end to the next's start, or gaps_ms[i] after step i + 1."""
     ev, t = [], 0.0
     for sid, (batch, ms) in enumerate(steps, 1):
         ev.append({"name": "step.start", "ms": t, "step_id": sid, "source": "engine", "clock": "e",
                    "attrs": {"batch": [b[:items] for b in batch]}})
         ev.append({"name": "step.end", "ms": t + ms, "step_id": sid, "source": "engine", "clock": "e",
                    "attrs": {"mode": "eager"}})
-        t += ms + 0.25
+        t += ms + (gaps_ms[sid - 1] if gaps_ms else 0.25)
     return ev
+
+
+def test_only_a_gap_the_engine_worked_across_is_host_time(tmp_path):
+    # A1 decodes in steps 1-2 and finishes; the engine waits 500 ms for B1, which then runs in steps 3-4
+    manifest = {"run_id": "idle", "model": {"architecture": SMOL_ARCH, "dtype": BF16}, "declared_roofs": ROOFS}
+    steps = [([["A1", "decode", 1, 7]], 5.0), ([["A1", "decode", 1, 8]], 5.0),
+             ([["B1", "prefill", 4, 0]], 6.0), ([["B1", "decode", 1, 4]], 5.0)]
+    con = build_run(tmp_path / "idle", _step_events(steps, gaps_ms=[0.5, 500.0, 0.75, 0.0]), domains=("e",),
+                    manifest=manifest)
+    got = con.execute("SELECT step_id, gap_after_ms, wait_after_ms FROM step_model ORDER BY step_id").fetchall()
+    assert got == [(1, 0.5, None), (2, None, 500.0), (3, 0.75, None), (4, None, None)]
+    median = con.execute("SELECT median_gap_after_ms FROM model_residuals WHERE median_gap_after_ms IS NOT NULL").fetchall()
+    assert median and all(m[0] < 1.0 for m in median)  # the wait for B1 is not host overhead
 
 
 def test_old_runs_without_context_keep_their_steps_and_name_the_gap(tmp_path):
