@@ -38,3 +38,11 @@ def build_run(run_dir: Path, events: list[dict], *, domains=("c",), maps=(), sam
     w.close()
     summary = reconstruct(run_dir)
     return duckdb.connect(str(summary.path), read_only=True)
+
+
+def dict_rows(con, sql: str, *args) -> list[dict]:
+    """The rows of `sql` (with its ? parameters) as dicts by column name."""
+    cur = con.execute(sql, list(args))
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+

@@ -11,6 +11,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
+from ledger_util import dict_rows as _rows
 from aiohttp import web
 
 from inferledger.collectors.capture.run import capture
@@ -46,12 +47,6 @@ def _spec(tmp: Path, **over) -> dict:
 def _ledger(run: Path):
     reconstruct(run)
     return duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
-
-
-def _rows(con, sql, *args):
-    cur = con.execute(sql, list(args))
-    cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
 @pytest.fixture(scope="module")

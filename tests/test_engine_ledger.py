@@ -8,6 +8,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from ledger_util import dict_rows as _rows
 from engine_checks import assert_no_leak
 
 from inferledger.collectors.writer import RunWriter
@@ -66,12 +67,6 @@ def _mixed_run(bundle, run_dir, engine_config: EngineConfig, *, device_timer=Non
         assert_no_leak(engine)
         engine.close()
     return expected
-
-
-def _rows(con, sql):
-    cur = con.execute(sql)
-    cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
 @pytest.fixture(scope="module")

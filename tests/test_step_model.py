@@ -6,7 +6,7 @@ import random
 
 import duckdb
 import pytest
-from ledger_util import build_run
+from ledger_util import build_run, dict_rows as _rows
 
 from inferledger.collectors.writer import RunWriter
 from inferledger.costmodel import ModelShape, StepRow, step_work
@@ -19,12 +19,6 @@ ROOFS = {"tflops": 218.0, "gbps": 307.2, "label": "one Xeon 8480+ socket, above 
 SMOL_ARCH = {"n_layers": 30, "d_model": 576, "n_heads": 9, "n_kv_heads": 3, "head_dim": 64, "ffn_dim": 1536,
              "vocab_size": 49152, "tie_embeddings": True}
 BF16 = {"weights": "bfloat16", "activations": "bfloat16", "kv": "bfloat16"}
-
-
-def _rows(con, sql):
-    cur = con.execute(sql)
-    cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
 @pytest.fixture(scope="module")
