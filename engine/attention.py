@@ -20,6 +20,12 @@ import torch
 import torch.nn.functional as F
 
 
+# Decode rows x keys from which a reduced-precision decode group on the CPU attends through two batched
+# matmuls rather than the flash kernel: measured (bf16, one core, 3 KV heads of 3 queries, head_dim 64)
+# 2.6x faster at 16 rows x 128 keys, even at 4 x 128, slower below (the flash kernel's per-call cost is lower)
+BMM_MIN_SCORES = 512
+
+
 def _write_rows(slots: torch.Tensor, n_kv: int, block_size: int) -> torch.Tensor:
     """Rows [T * KV] of the cache viewed as [blocks * KV * block_size, D] that the K (or V) heads
     of the tokens at these slots go to, token-major as k.reshape(T * KV, D)."""
@@ -69,7 +75,12 @@ class BatchedDecode:
             self.bias = self.bias.to(q.dtype)
         ks = _gather(k_cache, self.rows, self.k_buf).view(B, self.n_kv, -1, D).to(q.dtype)
         vs = _gather(v_cache, self.rows, self.v_buf).view(B, self.n_kv, -1, D).to(q.dtype)
-        o = F.scaled_dot_product_attention(q.reshape(B, self.n_kv, H // self.n_kv, D), ks, vs, attn_mask=self.bias)
+        qg = q.reshape(B, self.n_kv, H // self.n_kv, D)
+        if q.dtype == torch.float32 or q.device.type != "cpu" or B * ks.shape[2] < BMM_MIN_SCORES:
+            o = F.scaled_dot_product_attention(qg, ks, vs, attn_mask=self.bias)
+        else:  # two batched matmuls (fp32 accumulation, as HF's eager attention), softmax in fp32
+            s = torch.matmul(qg, ks.transpose(-1, -2)).float().mul_(D ** -0.5).add_(self.bias)
+            o = torch.matmul(torch.softmax(s, dim=-1).to(q.dtype), vs)
         return o.reshape(B, H, D)
 
 

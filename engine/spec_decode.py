@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .params import SpeculativeConfig
-from .sampler import Sampler
+from .sampler import Sampler, draw
 from .sequence import Sequence
 
 
@@ -65,7 +65,7 @@ def verify(sampler: Sampler, seq: Sequence, logits: torch.Tensor, drafts: list[i
             continue
         residual = p.clone()
         residual[x] = 0.0
-        out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=g).item()))
+        out.append(draw(residual, g))
         return out, i
     out.append(sampler.sample(logits[len(drafts)], seq, n0 + len(drafts)))
     return out, len(drafts)

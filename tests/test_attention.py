@@ -14,8 +14,8 @@ from inferledger.engine.attention import (DecodeAttention, PagedAttention, decod
 KV, H, D, BS, BLOCKS = 2, 6, 8, 4, 48
 
 
-def _cache():
-    return torch.zeros(1, BLOCKS, KV, BS, D), torch.zeros(1, BLOCKS, KV, BS, D)
+def _cache(blocks=BLOCKS, dtype=torch.float32):
+    return torch.zeros(1, blocks, KV, BS, D, dtype=dtype), torch.zeros(1, blocks, KV, BS, D, dtype=dtype)
 
 
 def _slots(table, start, n):
@@ -46,10 +46,10 @@ def _step(attn_cls, k_cache, v_cache, chunks, groups=None):
     return attn(0, q, k, v)
 
 
-def _sequences(lengths, seed=0):
+def _sequences(lengths, seed=0, blocks=BLOCKS):
     """Per sequence: a shuffled, disjoint block table and random q/k/v for every position."""
     gen = torch.Generator().manual_seed(seed)
-    pool = list(range(BLOCKS))
+    pool = list(range(blocks))
     random.Random(seed).shuffle(pool)
     seqs, at = [], 0
     for n in lengths:
@@ -88,6 +88,29 @@ def test_grouped_decodes_attend_as_plain_causal_attention():
     out = _step(DecodeAttention, k_cache, v_cache, chunks, [(len(rows), g) for rows, g in groups])
     want = torch.cat([_reference(q[-1:], k, v, n - 1) for n, (_, q, k, v) in ((lengths[r], seqs[r]) for r in order)])
     torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+
+
+def test_bf16_decode_groups_attend_as_fp32_causal_attention():
+    # 8 rows x 80 keys is past BMM_MIN_SCORES (two batched matmuls); one row of 3 keys is below it (flash kernel)
+    from inferledger.engine.attention import BMM_MIN_SCORES
+
+    lengths = [80, 77, 79, 74, 78, 76, 80, 75, 3]
+    seqs = _sequences(lengths, seed=6, blocks=200)
+    k_cache, v_cache = _cache(200, torch.bfloat16)
+    _step(PagedAttention, k_cache, v_cache, [(t, 0, q[:-1].bfloat16(), k[:-1].bfloat16(), v[:-1].bfloat16())
+                                             for t, q, k, v in seqs])
+    tables = [t for t, *_ in seqs]
+    groups = decode_groups(tables, lengths, k_cache.shape[1:], torch.bfloat16, "cpu")
+    assert sorted(len(rows) * len(tables[rows[0]]) * BS >= BMM_MIN_SCORES for rows, _ in groups) == [False, True]
+    order = [r for rows, _ in groups for r in rows]
+    chunks = [(tables[r], lengths[r] - 1, *(x[-1:].bfloat16() for x in seqs[r][1:])) for r in order]
+    out = _step(DecodeAttention, k_cache, v_cache, chunks, [(len(rows), g) for rows, g in groups])
+    # the reference: fp32 over the same bf16-rounded inputs
+    r32 = lambda x: x.bfloat16().float()  # noqa: E731
+    want = torch.cat([_reference(r32(q[-1:]), r32(k), r32(v), n - 1) for n, (_, q, k, v) in
+                      ((lengths[r], seqs[r]) for r in order)])
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
 
 
 def test_width_groups_cover_every_row_once_widest_first():

@@ -364,6 +364,45 @@ def test_top_k_and_top_p_filter_the_distribution():
     assert s.probs(logits, mk(min_tokens=2, max_tokens=4))[3] == 0
 
 
+def test_top_p_over_a_large_vocabulary_keeps_the_smallest_set_reaching_it():
+    import torch
+
+    from inferledger.engine.sampler import Sampler
+    from inferledger.engine.sequence import Sequence
+
+    V = 5000  # three tokens hold 0.9 of the mass, the other 4,997 share 0.1 evenly
+    weights = torch.full((V,), 0.1 / (V - 3))
+    weights[[7, 4000, 123]] = torch.tensor([0.4, 0.3, 0.2])
+    mk = lambda top_p: Sequence([0], SamplingParams(temperature=1.0, top_p=top_p), request_id="r")  # noqa: E731
+    s = Sampler([])
+    p = s.probs(torch.log(weights), mk(0.85))
+    assert torch.nonzero(p).flatten().tolist() == [7, 123, 4000]
+    assert torch.allclose(p[[7, 4000, 123]], torch.tensor([0.4, 0.3, 0.2]) / 0.9)
+    # 0.95 needs about 2,500 of the even tokens (more than the candidates looked at first)
+    p = s.probs(torch.log(weights), mk(0.95))
+    kept = int((p > 0).sum())
+    assert abs(kept - (3 + 2499)) <= 1 and abs(float(p.sum()) - 1.0) < 1e-5
+    assert abs(float(p[7]) - 0.4 / (0.9 + (kept - 3) * 0.1 / (V - 3))) < 1e-5
+
+
+def test_a_draw_follows_the_distribution_and_never_picks_a_zero_weight_token():
+    import torch
+
+    from inferledger.engine.sampler import draw
+
+    weights = torch.tensor([0.0, 0.2, 0.0, 0.5, 0.3, 0.0])  # zeros first, between and last
+    g, trials = torch.Generator().manual_seed(3), 20000
+    counts = torch.zeros(6)
+    for _ in range(trials):
+        counts[draw(weights * 7.0, g)] += 1  # unnormalised weights: the same distribution
+    assert counts[0] == counts[2] == counts[5] == 0
+    assert torch.allclose(counts / trials, weights, atol=0.015), counts / trials
+    # a seed reproduces the draws; a one-hot distribution always gives its token
+    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    assert [draw(weights, g1) for _ in range(50)] == [draw(weights, g2) for _ in range(50)]
+    assert {draw(torch.tensor([0.0, 0.0, 1.0]), g) for _ in range(100)} == {2}
+
+
 def test_events_and_kv_samples_land_in_a_run_directory(bundle, prompts, tmp_path):
     import pyarrow.parquet as pq
 
