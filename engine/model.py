@@ -39,10 +39,9 @@ class RMSNorm(nn.Module):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32:  # one fused op, the same arithmetic as below
         return F.rms_norm(x, weight.shape, weight, eps)
-    # normalise in fp32 whatever the activation dtype, as the reference implementation does
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    # normalise in fp32 whatever the activation dtype, round, then scale, as the reference implementation
+    # does (the same arithmetic in 4 ops instead of 8: a decode step runs 61 of these)
+    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):

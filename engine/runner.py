@@ -98,7 +98,7 @@ class ModelRunner:
             hidden = self.compiled.run(ids, positions, slots, tables)
         if hidden is not None:
             self.last_step = {"mode": "compiled", "padded_batch": 0}
-        elif (len(chunks) > 1 or self.graph_batch_sizes) and all(len(c.token_ids) == 1 for c in chunks):
+        elif all(len(c.token_ids) == 1 for c in chunks):
             return self._decode(chunks, n_blocks)
         else:
             self.last_step = {"mode": "eager", "padded_batch": 0}
@@ -132,7 +132,8 @@ class ModelRunner:
             self.last_step = {"mode": mode, "padded_batch": bucket}
             with device_guard(dev):
                 logits = self._graphs[key].run(self._decode_step, ids, pos, slots, table, pos + 1)[:B]
-        return [None if c.logits == "none" else logits[i] for i, c in enumerate(chunks)]
+        return [None if c.logits == "none" else logits[i:i + 1] if c.logits == "all" else logits[i]
+                for i, c in enumerate(chunks)]
 
     def _decode_eager(self, chunks: list[SeqChunk], n_blocks: list[int]) -> torch.Tensor:
         """Rows reordered so that each width group is consecutive; logits back in chunk order."""

@@ -178,3 +178,20 @@ def test_padded_decode_buckets_equal_eager(bundle):
     assert torch.allclose(results[0], results[1], atol=1e-4, rtol=0)
     for s, logits in zip(seqs, results[1]):
         assert torch.allclose(logits, full_sequence_logits(bundle.model, s)[-1], atol=1e-4, rtol=0)
+
+
+def test_a_step_of_single_tokens_returns_logits_shaped_as_each_chunk_asks(bundle):
+    """A step whose chunks all hold one token (the decode path): "last" gives [vocab], "all" [1, vocab],
+    "none" None, with the values of the same tokens stepped alone through the generic path."""
+    tok = bundle.tokenizer
+    runner = ModelRunner(bundle.model, bundle.config, num_blocks=16, block_size=16)
+    a, b = tok.encode("The history of the printing press"), tok.encode("Les chats sont")
+    runner.forward([SeqChunk(a[:-1], 0, [0, 1]), SeqChunk(b[:-1], 0, [2, 3])])
+    out = runner.forward([SeqChunk([a[-1]], len(a) - 1, [0, 1], "last"),
+                          SeqChunk([b[-1]], len(b) - 1, [2, 3], "all"), SeqChunk([5], 0, [4], "none")])
+    V = bundle.config.vocab_size
+    assert out[0].shape == (V,) and out[1].shape == (1, V) and out[2] is None
+    # the same positions again, one chunk of two tokens each (not the single-token path): the same logits
+    ref = runner.forward([SeqChunk(a[-2:], len(a) - 2, [0, 1], "all"), SeqChunk(b[-2:], len(b) - 2, [2, 3], "all")])
+    torch.testing.assert_close(out[0], ref[0][1], atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(out[1][0], ref[1][1], atol=1e-3, rtol=1e-3)
