@@ -93,10 +93,15 @@ def mbu_batch1(rs: list[dict]) -> str:
 
 def linear_dtypes(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
-    return (table(["rows", "fp32", "bf16", "fp16"],
-                  [[r["rows"], fmt(r["fp32_ms"], ".1f", " ms"),
-                    f"{fmt(r['bf16_ms'], '.1f', ' ms')} ({fmt(r['bf16_over_fp32_ratio'])}×)",
-                    f"{fmt(r['fp16_ms'], '.1f', ' ms')} ({fmt(r['fp16_over_fp32_ratio'])}×)"] for r in f["rows"]])
+    packed = any("bf16_packed_ms" in r for r in f["rows"])  # files before the column have none
+    cols = ["rows", "fp32", "bf16", "fp16"] + (["bf16 prepacked (the engine's)"] if packed else [])
+    rows = [[r["rows"], fmt(r["fp32_ms"], ".1f", " ms"),
+             f"{fmt(r['bf16_ms'], '.1f', ' ms')} ({fmt(r['bf16_over_fp32_ratio'])}×)",
+             f"{fmt(r['fp16_ms'], '.1f', ' ms')} ({fmt(r['fp16_over_fp32_ratio'])}×)"]
+            + ([f"{fmt(r['bf16_packed_ms'], '.1f', ' ms')} ({fmt(r['bf16_packed_over_fp32_ratio'])}×)"
+                if r.get("bf16_packed_ms") is not None else "not used (bf16 emulated)"] if packed else [])
+            for r in f["rows"]]
+    return (table(cols, rows)
             + f"\n\ntorch ISA {f['torch_isa']}, oneDNN bf16 path {'available' if f['onednn_bf16'] else 'unavailable'}, "
               f"{f['threads']} thread(s), best of {f['repeats']}; × = over fp32.")
 
