@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from inferledger.engine.cpu_host import native_bf16
 from inferledger.engine.cpu_linear import linear, pack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,8 +36,8 @@ def step_ms(dtype: torch.dtype, rows: int, layers: int = 30, repeats: int = REPE
     weights = [[torch.randn(o, i).to(dtype) for o, i in SHAPES] for _ in range(layers)]
     head = torch.randn(49152, 576).to(dtype)
     x = {i: torch.randn(rows, i).to(dtype) for _, i in SHAPES}
-    if packed:
-        assert all(pack(w) for w in [head, *(w for layer in weights for w in layer)])
+    if packed and not all([pack(w) for w in [head, *(w for layer in weights for w in layer)]]):
+        raise SystemExit("linear_dtypes: the weights could not be prepacked (bf16 is not native here)")
 
     def step():
         for layer in weights:
@@ -63,8 +64,6 @@ def main() -> None:
     isa, onednn_bf16 = torch.backends.cpu.get_cpu_capability(), bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     print(f"torch {torch.__version__}, ISA {isa}, oneDNN bf16 {onednn_bf16}, {args.threads} thread(s), "
           f"load {os.getloadavg()[0]:.2f}")
-    from inferledger.engine.cpu_host import native_bf16
-
     can_pack = native_bf16()[0]
     rows = []
     for m in args.rows:

@@ -98,10 +98,14 @@ def _descending(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.
 def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     """One token from a 1-D distribution (unnormalised weights >= 0, some > 0): the first index whose
     cumulative weight exceeds u * total for one uniform u in [0, 1) from `generator`. A zero-weight
-    token is never drawn: its cumulative weight equals its predecessor's, which already exceeded."""
+    token is never drawn: its cumulative weight equals its predecessor's, which already exceeded.
+    Weights with a NaN, a negative or no positive total are refused (ValueError), as multinomial did."""
     cdf = torch.cumsum(probs.to(torch.float64), dim=0)
+    total = float(cdf[-1])
+    if not (0.0 < total < float("inf")) or bool((probs < 0).any()):
+        raise ValueError(f"cannot draw a token from weights summing to {total} (NaN, negative or no positive weight)")
     u = torch.rand((), generator=generator, dtype=torch.float64)
-    i = int(torch.searchsorted(cdf, u * cdf[-1], right=True).item())
+    i = int(torch.searchsorted(cdf, u * total, right=True).item())
     if i >= cdf.numel():  # u * total rounded up to the total: the last token with weight
         i = int(torch.nonzero(probs).max().item())
     return i

@@ -401,6 +401,10 @@ def test_a_draw_follows_the_distribution_and_never_picks_a_zero_weight_token():
     g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
     assert [draw(weights, g1) for _ in range(50)] == [draw(weights, g2) for _ in range(50)]
     assert {draw(torch.tensor([0.0, 0.0, 1.0]), g) for _ in range(100)} == {2}
+    # NaN, negative or all-zero weights are refused, never turned into a plausible token
+    for bad in ([0.5, float("nan")], [0.0, 0.0], [0.7, -0.2], [float("inf"), 1.0]):
+        with pytest.raises(ValueError, match="cannot draw a token"):
+            draw(torch.tensor(bad), g)
 
 
 def test_events_and_kv_samples_land_in_a_run_directory(bundle, prompts, tmp_path):
