@@ -422,6 +422,10 @@ def main(argv=None) -> int:
         ap.error("--engine ray needs --buckets (it shards the partitioned layout)")
     rec = results.start("ledger_scale", {k: v for k, v in vars(a).items() if k not in ("phase", "run_dir", "result")})
     base = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="ledger_scale_"))
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        ap.error(f"--out {base}: cannot create it ({exc.strerror})")
     run_dir = base / f"bench-{a.attempts}x{a.tokens}"
     peer_file = base / "peer_metrics.parquet"
     try:

@@ -193,30 +193,3 @@ def causal_attention(layer_idx: int, q, k, v):
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
     )
     return out.transpose(0, 1)
-
-
-def inplace_attention(q, k, v, k_flat, v_flat, layer_blocks, write_rows, tables, pos, block_size: int):
-    """Attention straight over the paged cache, with no gathered copy: writes the new K/V, then each
-    query token t attends to the keys at positions 0..pos[t] of its sequence, read from the cache rows
-    its block table names. One formula for decode rows and prefill chunks alike (a chunk's own keys
-    are in the cache by then). Compiled, the cache reads fuse into the score and output reductions;
-    eager, the indexing below materialises them (the reference the tests compare with).
-    q [T, H, D]; k, v [T, KV, D]; k_flat / v_flat the whole cache viewed as [rows, D] (all layers);
-    layer_blocks: a 0-d tensor, layer * blocks per layer; write_rows [T * KV] the layer-0 rows of the new
-    K/V (`_write_rows`); tables [T, W] each token's block table; pos [T]. Scores, softmax and the
-    weighted sum accumulate in fp32; -> [T, H, D] in q's dtype."""
-    T, H, D = q.shape
-    KV = k.shape[1]
-    base = layer_blocks * (KV * block_size)
-    k_flat.index_put_((write_rows + base,), k.reshape(-1, D).to(k_flat.dtype))
-    v_flat.index_put_((write_rows + base,), v.reshape(-1, D).to(v_flat.dtype))
-    key = torch.arange(tables.shape[1] * block_size, device=q.device)
-    blk = tables[:, key // block_size] + layer_blocks  # [T, L]
-    heads = torch.arange(KV, device=q.device)
-    rows = (blk[:, None, :] * KV + heads[None, :, None]) * block_size + key % block_size  # [T, KV, L]
-    qg = q.reshape(T, KV, H // KV, 1, D).float()
-    s = (qg * k_flat[rows][:, :, None].float()).sum(-1) * D ** -0.5  # [T, KV, G, L]
-    s = s.masked_fill((key[None, :] > pos[:, None])[:, None, None, :], float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    o = (p[..., None] * v_flat[rows][:, :, None].float()).sum(-2)  # [T, KV, G, D]
-    return o.reshape(T, H, D).to(q.dtype)

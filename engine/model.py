@@ -61,8 +61,10 @@ def rope_tables(positions: torch.Tensor, head_dim: int, base: float, dtype: torc
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D] with tables from rope_tables; rotates pairs (i, i + D/2)."""
-    return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * signed_sin
+    """x [T, heads, D] with tables from rope_tables; rotates pairs (i, i + D/2). The halves swapped by
+    a cat, not torch.roll: the same values, and a graph compiled for any token count can take it."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin
 
 
 def _fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -129,9 +129,9 @@ class EngineConfig:
     # than the CPUs (a core's worth left to the front end and the client), not pinned; "pinned" the same
     # pinned to all CPUs but the first; an int n: n threads, not pinned; None: torch as it is.
     cpu_threads: int | str | None = "auto"
-    # The CPU step through inductor-compiled layers with attention in place (engine/compiled_step.py):
-    # "on", "off", or "auto" = $INFERLEDGER_COMPILE when set, else eager (not yet measured to pay on any
-    # CPU). Never on CUDA, which replays CUDA graphs instead.
+    # The CPU step's decoder stack as one inductor-compiled graph (engine/compiled_step.py): "on", "off",
+    # or "auto" = $INFERLEDGER_COMPILE when set, else compiled for bf16 on a CPU with native bf16 (where it
+    # was measured faster) and eager otherwise. Never on CUDA, which replays CUDA graphs instead.
     compile: str = "auto"
 
     DEFAULT_KV_BYTES = 256 * 2**20
@@ -211,7 +211,14 @@ class EngineConfig:
             return False, f"{device_type}: no compiled step (CUDA graphs instead)"
         if choice != "auto":
             return choice == "on", f"{choice} ({source})"
-        return False, ("auto: eager (the compiled step was not measured faster than the eager one; "
+        import torch
+
+        from .cpu_host import native_bf16
+
+        if dtype == torch.bfloat16 and native_bf16()[0]:
+            return True, ("auto: compiled (bf16 on a CPU that multiplies it natively, where the compiled stack "
+                          "measured faster than eager at batch 1 and 16; docs/BENCHMARKS.md, Decode step account)")
+        return False, ("auto: eager (the compiled step was measured faster only in bf16 on a CPU with native bf16; "
                        "docs/BENCHMARKS.md, Decode step account)")
 
     def to_dict(self) -> dict:

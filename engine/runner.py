@@ -92,18 +92,11 @@ class ModelRunner:
             slots += [c.block_table[p // bs] * bs + p % bs for p in pos]
             seqs.append((q0, len(c.token_ids), c.start_pos, c.block_table[:n]))
             rows += {"last": [len(ids) - 1], "all": list(range(q0, len(ids))), "none": []}[c.logits]
-        hidden = None
-        if self.compiled is not None:
-            tables = [blocks for _, n, _, blocks in seqs for _ in range(n)]
-            hidden = self.compiled.run(ids, positions, slots, tables)
-        if hidden is not None:
-            self.last_step = {"mode": "compiled", "padded_batch": 0}
-        elif all(len(c.token_ids) == 1 for c in chunks):
+        if all(len(c.token_ids) == 1 for c in chunks):
             return self._decode(chunks, n_blocks)
-        else:
-            self.last_step = {"mode": "eager", "padded_batch": 0}
-            as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
-            hidden = self.model(as_long(ids), as_long(positions), PagedAttention(self.k_cache, self.v_cache, as_long(slots), seqs))
+        self.last_step = {"mode": "eager", "padded_batch": 0}
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
+        hidden = self._hidden(as_long(ids), as_long(positions), PagedAttention(self.k_cache, self.v_cache, as_long(slots), seqs))
         logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long, device=dev)]) if rows else None
         out, i = [], 0
         for c in chunks:
@@ -146,11 +139,21 @@ class ModelRunner:
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
         slots = as_long([chunks[r].block_table[chunks[r].start_pos // bs] * bs + chunks[r].start_pos % bs for r in order])
         attn = DecodeAttention(self.k_cache, self.v_cache, slots, [(len(rows), g) for rows, g in groups])
-        hidden = self.model(as_long([chunks[r].token_ids[0] for r in order]), as_long([ctx[r] - 1 for r in order]), attn)
+        hidden = self._hidden(as_long([chunks[r].token_ids[0] for r in order]), as_long([ctx[r] - 1 for r in order]), attn)
         logits = self.model.compute_logits(hidden)
         if order == sorted(order):
             return logits
         return logits.index_select(0, as_long(sorted(range(len(order)), key=order.__getitem__)))
+
+    def _hidden(self, ids: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
+        """The decoder stack over a step's tokens: compiled when this runner compiles (the step's
+        mode then says so), else eager."""
+        if self.compiled is not None:
+            hidden = self.compiled.hidden(ids, positions, attn)
+            if hidden is not None:
+                self.last_step["mode"] = "compiled"
+                return hidden
+        return self.model(ids, positions, attn)
 
     def workspace(self, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V gather buffers of n_rows (block, head) rows, grown as needed and kept."""

@@ -8,8 +8,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from inferledger.engine.attention import (DecodeAttention, PagedAttention, decode_groups, inplace_attention,
-                                          width_groups)
+from inferledger.engine.attention import DecodeAttention, PagedAttention, decode_groups, width_groups
 
 KV, H, D, BS, BLOCKS = 2, 6, 8, 4, 48
 
@@ -124,52 +123,3 @@ def test_width_groups_cover_every_row_once_widest_first():
         for g in groups:  # rows of a group are contiguous in width order: no narrower group holds a wider row
             assert widths[g[0]] == max(widths[r] for r in g)
     assert width_groups(widths, 16) == [[4, 7], [1, 3], [6, 2, 0, 5]]
-
-
-def _inplace(k_cache, v_cache, chunks):
-    """One step of chunks [(table, start, q, k, v)] through `inplace_attention` (eager) over the
-    cache viewed flat, as the compiled step calls it for layer 0."""
-    slots = torch.tensor([s for table, start, q, *_ in chunks for s in _slots(table, start, q.shape[0])])
-    q, k, v = (torch.cat([c[i] for c in chunks]) for i in (2, 3, 4))
-    width = max(len(c[0]) for c in chunks)
-    tables = torch.tensor([c[0] + [0] * (width - len(c[0])) for c in chunks for _ in range(c[2].shape[0])])
-    pos = torch.tensor([p for table, start, cq, *_ in chunks for p in range(start, start + cq.shape[0])])
-    write = ((slots[:, None] // BS * KV + torch.arange(KV)) * BS + slots[:, None] % BS).reshape(-1)  # by hand
-    return inplace_attention(q, k, v, k_cache.view(-1, D), v_cache.view(-1, D), torch.tensor(0), write, tables, pos, BS)
-
-
-def test_in_place_attention_equals_the_gather_path_and_plain_causal_attention():
-    """The kernel the compiled step runs reads the paged cache without a gathered copy; in fp32 it
-    gives what the gather kernels and a plain causal attention give, for the same mixed step."""
-    plan = [(0, 5), (7, 4), (3, 1), (40, 1), (17, 1), (0, 1)]
-    seqs = _sequences([c + n for c, n in plan], seed=3)
-    earlier = [(t, 0, q[:c], k[:c], v[:c]) for (c, _), (t, q, k, v) in zip(plan, seqs) if c]
-    now = [(t, c, q[c:], k[c:], v[c:]) for (c, _), (t, q, k, v) in zip(plan, seqs)]
-    want = torch.cat([_reference(q[c:], k, v, c) for (c, _), (t, q, k, v) in zip(plan, seqs)])
-    k_gather, v_gather = _cache()
-    _step(PagedAttention, k_gather, v_gather, earlier)
-    gathered = _step(PagedAttention, k_gather, v_gather, now)
-    k_cache, v_cache = _cache()
-    _inplace(k_cache, v_cache, earlier)
-    out = _inplace(k_cache, v_cache, now)
-    assert torch.equal(k_cache, k_gather) and torch.equal(v_cache, v_gather)  # the same rows written
-    torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
-    torch.testing.assert_close(out, gathered, atol=1e-5, rtol=0)
-
-
-def test_in_place_attention_reads_only_its_layer():
-    """With two layers in the cache, layer 1's call (layer_blocks = BLOCKS) writes and reads layer 1
-    alone: poisoning layer 0 changes nothing."""
-    seqs = _sequences([6, 3], seed=4)
-    chunks = [(t, 0, q, k, v) for t, q, k, v in seqs]
-    k1, v1 = _cache()
-    want = _inplace(k1, v1, chunks)
-    k2, v2 = torch.full((2, BLOCKS, KV, BS, D), 1e4), torch.full((2, BLOCKS, KV, BS, D), 1e4)
-    slots = torch.tensor([s for table, start, q, *_ in chunks for s in _slots(table, start, q.shape[0])])
-    q, k, v = (torch.cat([c[i] for c in chunks]) for i in (2, 3, 4))
-    tables = torch.tensor([c[0] + [0] * (2 - len(c[0])) for c in chunks for _ in range(c[2].shape[0])])
-    pos = torch.tensor([p for c in chunks for p in range(c[2].shape[0])])
-    write = ((slots[:, None] // BS * KV + torch.arange(KV)) * BS + slots[:, None] % BS).reshape(-1)
-    out = inplace_attention(q, k, v, k2.view(-1, D), v2.view(-1, D), torch.tensor(BLOCKS), write, tables, pos, BS)
-    torch.testing.assert_close(out, want, atol=1e-6, rtol=0)
-    assert (k2[0] == 1e4).all()  # layer 0 untouched
