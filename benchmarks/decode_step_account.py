@@ -6,10 +6,11 @@ process. Per kind and batch:
 
 - the median pure decode step (wall time around `ModelRunner.forward`), unprofiled;
 - an account of --profiled further steps under torch.profiler: self CPU time of each operator,
-  summed by category: matmuls (oneDNN / BLAS linears), attention (the SDPA kernels, the K/V gather and
-  the cache writes; in a compiled step attention is fused with the norms and RoPE and counts under
-  compiled kernels, its cache writes included), elementwise (RMSNorm, RoPE, SiLU, residual adds, casts, the logits' argmax),
-  compiled kernels (inductor's fused C++ kernels: norms, RoPE and attention together), and host
+  summed by category: matmuls (oneDNN / BLAS linears), attention (the SDPA kernels and batched
+  matmuls, the K/V gather and the cache writes: the same eager kernels in both kinds, the compiled
+  stack calls them through an opaque operator), elementwise (RMSNorm, RoPE, SiLU, residual adds, casts,
+  the logits' argmax, attention's softmax and casts), compiled kernels (inductor's fused C++ kernels:
+  norms, RoPE, SiLU and residual adds between the linears), and host
   (the rest of the profiled steps' wall time: Python, dispatch, tensor bookkeeping, the compiled
   code's guards and wrappers). The profiler adds its own overhead to host time, so the shares are
   read beside the unprofiled median;
