@@ -162,15 +162,20 @@ class StepFit:
         return cls(**d)
 
 
+# The steps a fit sees, as a selection from a ledger's step_model table: a measured time and a shape,
+# and not simulated ones, nor steps whose time holds one-off build work (`compiling`: the step compiled
+# its graph; `graph_capture`: it captured a CUDA graph). A step with no mode (an older run) counts.
+POINT_COLUMNS = "flops, bytes, measured_ms, num_seqs, tokens, context_tokens, gap_after_ms, step_id"
+POINT_FILTER = ("flops IS NOT NULL AND measured_ms > 0 "
+                "AND coalesce(mode, '') NOT IN ('simulated', 'compiling', 'graph_capture')")
+
+
 def points_from_ledger(ledger_path) -> list[FitPoint]:
-    """The fit's points from a ledger's step_model table (steps with a measured time and a shape)."""
+    """The fit's points (`POINT_FILTER`) from a ledger's step_model table."""
     import duckdb
 
     with duckdb.connect(str(ledger_path), read_only=True) as con:
-        rows = con.execute(
-            "SELECT flops, bytes, measured_ms, num_seqs, tokens, context_tokens, gap_after_ms, step_id "
-            "FROM step_model WHERE flops IS NOT NULL AND measured_ms > 0 AND mode <> 'simulated' "
-            "ORDER BY step_id").fetchall()
+        rows = con.execute(f"SELECT {POINT_COLUMNS} FROM step_model WHERE {POINT_FILTER} ORDER BY step_id").fetchall()
     return [FitPoint(*r) for r in rows]
 
 

@@ -15,8 +15,10 @@ The compile happens in `warm_up` (a one-token step on the runner's scratch block
 calls it at construction with the step thread's intra-op thread count, which inductor's kernels are
 built for) or else at the first step. A failure to compile, or in a compiled step, turns
 compilation off for this runner (`disabled_reason`) and the step runs eagerly (a step that failed
-half-way is run again eagerly; its cache writes are the same rows with the same values). Inductor's
-caches live in `cache_dir()` (kept across starts).
+half-way is run again eagerly; its cache writes are the same rows with the same values). A step that
+compiled the graph it ran — the first one when `warm_up` was not called, or one at another intra-op
+thread count than the compile's, which dynamo recompiles for — is labelled `compiling` rather than
+`compiled`: its time holds the compile. Inductor's caches live in `cache_dir()` (kept across starts).
 """
 from __future__ import annotations
 
@@ -72,6 +74,12 @@ def _stack(ids, positions, embed, layers, heads, eps, rope_base):
     return h
 
 
+def _graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process (a first compile, or a recompile when a guard failed:
+    inductor's kernels are built for the intra-op thread count, so a step at another count recompiles)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
 _compiled = None
 
 
@@ -96,6 +104,7 @@ class CompiledStep:
         self.rope_base = float(c.rope_base)
         self.disabled_reason: str | None = None
         self.steps = 0  # steps that ran compiled
+        self.compiled_now = False  # whether the last step compiled (or recompiled) the graph it ran
         self.warm_up_s: float | None = None  # how long warm_up() took (None: not called)
         if any(w is None for w in self.layers):
             self.disabled_reason = "the model runs unfused"
@@ -115,8 +124,9 @@ class CompiledStep:
                 dev = r.device
                 slot = torch.tensor([r.num_blocks * r.block_size], device=dev)  # the scratch block's first slot
                 attn = PagedAttention(r.k_cache, r.v_cache, slot, [(0, 1, 0, [r.num_blocks])])
-                zero = torch.zeros(1, dtype=torch.long, device=dev)
-                self._forward(zero, zero, attn)
+                # two tensors, not one passed twice: the graph would be guarded on ids being positions
+                ids, positions = (torch.zeros(1, dtype=torch.long, device=dev) for _ in range(2))
+                self._forward(ids, positions, attn)
         except Exception as exc:  # noqa: BLE001 (any compiler failure): the runner steps eagerly
             self.disabled_reason = f"compiling failed: {exc!r}"[:500]
         self.warm_up_s = time.perf_counter() - t0
@@ -127,12 +137,14 @@ class CompiledStep:
         when compilation is off (then the runner steps eagerly)."""
         if not self.enabled:
             return None
+        graphs = _graphs_compiled()
         try:
             h = self._forward(ids, positions, attn)
         except Exception as exc:  # noqa: BLE001 (any compiler failure): eager from here on
             self.disabled_reason = f"compiled step failed: {exc!r}"[:500]
             return None
         self.steps += 1
+        self.compiled_now = _graphs_compiled() != graphs
         return h
 
     def _forward(self, ids, positions, attn):

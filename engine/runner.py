@@ -151,7 +151,7 @@ class ModelRunner:
         if self.compiled is not None:
             hidden = self.compiled.hidden(ids, positions, attn)
             if hidden is not None:
-                self.last_step["mode"] = "compiled"
+                self.last_step["mode"] = "compiling" if self.compiled.compiled_now else "compiled"
                 return hidden
         return self.model(ids, positions, attn)
 

@@ -9,7 +9,7 @@
 -- @column num_seqs: sequences in the batch
 -- @column context_lo: the group's context per sequence (context_tokens / num_seqs) is at least this ...
 -- @column context_hi: ... and below this (powers of two; 0 to 1 for no context)
--- @column mode: step mode (eager, padded, graph, graph_capture, simulated)
+-- @column mode: step mode (eager, padded, graph, graph_capture, compiled, compiling, simulated)
 -- @column n_steps: steps in the group (with a bound)
 -- @column median_measured_ms: median step time
 -- @column median_bound_ms: median lower bound

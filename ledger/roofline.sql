@@ -15,7 +15,7 @@
 -- @column achieved_tflops: step_model.flops / measured_ms: the FLOP rate the step reached, TFLOP/s
 -- @column bound_share_pct: bound_ms / measured_ms × 100: how close the step came to its lower bound
 -- @column binding_roof: step_model.binding_roof (compute or memory)
--- @column mode: step mode (eager, padded, graph, simulated)
+-- @column mode: step mode (eager, padded, graph, graph_capture, compiled, compiling, simulated)
 CREATE OR REPLACE TABLE roofline_points AS
 SELECT getvariable('run_id') AS run_id, step_id,
        CASE WHEN prefill_tokens = tokens THEN 'prefill' WHEN prefill_tokens = 0 THEN 'decode' ELSE 'mixed' END AS kind,

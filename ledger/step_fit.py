@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from inferledger.costmodel.fit import FitError, FitPoint, StepFit, error_pct, split
+from inferledger.costmodel.fit import POINT_COLUMNS, POINT_FILTER, FitError, FitPoint, StepFit, error_pct, split
 from inferledger.ledger import run_manifest
 
 READS = ("step_model",)
 CREATES = ("step_fit", "step_fit_points", "fit_gaps")
 SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("step_fit", "step_fit_points")
-
-_POINTS = ("SELECT flops, bytes, measured_ms, num_seqs, tokens, context_tokens, gap_after_ms, step_id FROM step_model "
-           "WHERE flops IS NOT NULL AND measured_ms > 0 AND coalesce(mode, '') <> 'simulated' ORDER BY step_id")
 
 
 # @table step_fit: one row per parameter or figure of the run's step-time fit (docs/LEDGER.md "step_fit",
@@ -38,7 +35,7 @@ _POINTS = ("SELECT flops, bytes, measured_ms, num_seqs, tokens, context_tokens, 
 # @column error_pct: (predicted − measured) / measured × 100
 # @column extrapolated: the step lies outside the training steps' range of batch size, tokens or context
 def build(con, run) -> None:
-    points = [FitPoint(*r) for r in con.execute(_POINTS).fetchall()]
+    points = [FitPoint(*r) for r in con.execute(f"SELECT {POINT_COLUMNS} FROM step_model WHERE {POINT_FILTER} ORDER BY step_id").fetchall()]
     con.execute("CREATE OR REPLACE TEMP TABLE fit_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, "
                 "needs VARCHAR, detail VARCHAR)")
     params, rows = [], []

@@ -43,7 +43,8 @@ ORDER BY a.step_id, a.attempt_id
 # @table step_model: one row per engine step: the work its batch implies, the lower bound on the
 #   run's peak roofs, the measured time and the residual (docs/LEDGER.md "step_model", docs/MODEL.md)
 # @column step_id: the engine step
-# @column mode: how the step ran (step.end attrs.mode: eager, padded, graph, graph_capture, simulated)
+# @column mode: how the step ran (step.end attrs.mode: eager, padded, graph, graph_capture, compiled, compiling,
+#   simulated)
 # @column num_seqs: sequences in the batch
 # @column tokens: tokens computed (padding not counted)
 # @column prefill_tokens: of those, tokens of prefill rows

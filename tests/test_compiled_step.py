@@ -133,6 +133,7 @@ def test_compiled_stack_at_the_resolved_dtype_gives_the_eager_logits(resolved_bu
     b = resolved_bundle
     bf16 = b.model.embed_tokens.weight.dtype == torch.bfloat16
     runners = [ModelRunner(b.model, b.config, num_blocks=32, block_size=16, compile=on) for on in (False, True)]
+    runners[1].compiled.warm_up()  # compiled for this dtype now, so no step below is the one that compiles
     if bf16:
         runners.append(ModelRunner(bundle.model, bundle.config, num_blocks=32, block_size=16))  # the fp32 reference
     ids = _prompts(b.tokenizer)
@@ -151,3 +152,22 @@ def test_compiled_stack_at_the_resolved_dtype_gives_the_eager_logits(resolved_bu
         worst = lambda x: (x - ref).abs().max().item()
         assert cos >= 0.995 and worst(compiled) <= 1.5 * worst(eager), (cos, worst(compiled), worst(eager))
     assert runners[1].compiled.steps == len(steps)
+
+
+def test_a_step_that_compiles_its_graph_says_compiling(bundle, compiled_runner):
+    """Inductor builds its kernels for an intra-op thread count, so a step at another count than the
+    compile's recompiles: that step is labelled `compiling` (its time holds the compile), the next
+    one at the same count `compiled`, and both ran compiled."""
+    ids = _prompts(bundle.tokenizer)[2]
+    table = list(range(20, 24))
+    compiled_runner.forward([SeqChunk(ids[:-2], 0, table, "none")])  # the module's thread count: compiled by now
+    torch.set_num_threads(2)
+    try:
+        before = compiled_runner.compiled.steps
+        modes = []
+        for i in (2, 1):
+            compiled_runner.forward([SeqChunk([ids[-i]], len(ids) - i, table)])
+            modes.append(compiled_runner.last_step["mode"])
+    finally:
+        torch.set_num_threads(1)
+    assert modes == ["compiling", "compiled"] and compiled_runner.compiled.steps - before == 2

@@ -79,15 +79,16 @@ def test_request_bounds_never_exceed_the_measured_times(captured):
         assert (r["ttft_predicted_ms"] is not None) == (r["residual_prefill_ms"] is not None) == fitted
 
 
-def _step_events(steps, *, items=4, gaps_ms=None):
+def _step_events(steps, *, items=4, gaps_ms=None, modes=None):
     """step.start / step.end pairs from (batch rows, ms): batch rows as [attempt, kind, tokens, context];
-    0.25 ms from one step's end to the next's start, or gaps_ms[i] after step i + 1."""
+    0.25 ms from one step's end to the next's start, or gaps_ms[i] after step i + 1; modes {step_id:
+    mode} for steps not eager."""
     ev, t = [], 0.0
     for sid, (batch, ms) in enumerate(steps, 1):
         ev.append({"name": "step.start", "ms": t, "step_id": sid, "source": "engine", "clock": "e",
                    "attrs": {"batch": [b[:items] for b in batch]}})
         ev.append({"name": "step.end", "ms": t + ms, "step_id": sid, "source": "engine", "clock": "e",
-                   "attrs": {"mode": "eager"}})
+                   "attrs": {"mode": (modes or {}).get(sid, "eager")}})
         t += ms + (gaps_ms[sid - 1] if gaps_ms else 0.25)
     return ev
 
@@ -162,3 +163,29 @@ def test_a_synthetic_runs_fit_recovers_its_device_and_applies_to_a_second_run(tm
     assert con.execute("SELECT DISTINCT trained_on FROM step_fit").fetchall() == [("a",)]
     applied = con.execute("SELECT value FROM step_fit WHERE name = 'applied_median_abs_pct'").fetchone()[0]
     assert applied == pytest.approx(result["median_abs_pct"])
+
+
+def test_steps_that_compiled_or_captured_are_left_out_of_the_fit(tmp_path):
+    """A step whose time holds a compile (`compiling`) or a CUDA graph capture (`graph_capture`) is one-off
+    build work, not the step's cost: neither the ledger's fit nor points_from_ledger sees it, and the
+    fit of the other steps recovers the device as if they were not there."""
+    alpha, p_tflops, b_gbps = 3.0, 0.5, 20.0
+    smol = ModelShape(30, 576, 9, 3, 64, 1536, 49152, True, 2, 2, 2)
+    steps = []
+    for batch in (1, 2, 4, 8, 16):
+        for ctx in (32, 256, 2048):
+            rows = [["A1", "decode", 1, ctx + i] for i in range(batch)]
+            w = step_work(smol, [StepRow(k, t, c) for _, k, t, c in rows])
+            steps.append((rows, alpha + w.flops / (p_tflops * 1e9) + w.bytes / (b_gbps * 1e6)))
+    steps[0] = (steps[0][0], 2500.0)  # step 1 compiled its graph, step 9 captured one
+    steps[8] = (steps[8][0], 900.0)
+    manifest = {"run_id": "c", "model": {"architecture": SMOL_ARCH, "dtype": BF16}, "declared_roofs": ROOFS}
+    build_run(tmp_path / "c", _step_events(steps, modes={1: "compiling", 9: "graph_capture"}), domains=("e",),
+              manifest=manifest).close()
+    con = duckdb.connect(str(tmp_path / "c" / "ledger.duckdb"), read_only=True)
+    seen = {r[0] for r in con.execute("SELECT step_id FROM step_fit_points").fetchall()}
+    assert seen == set(range(1, 16)) - {1, 9}
+    assert {p.step_id for p in points_from_ledger(tmp_path / "c" / "ledger.duckdb")} == seen
+    fit = {n: v for n, v in con.execute("SELECT name, value FROM step_fit").fetchall()}
+    assert fit["alpha_ms"] == pytest.approx(alpha, abs=0.5)
+    assert fit["b_eff_gbps"] == pytest.approx(b_gbps, rel=0.05)
