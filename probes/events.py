@@ -122,7 +122,7 @@ _KINDS = [
     _k("engine.cancel_effective", "engine", ["attempt_id"], "first iteration boundary with no work scheduled for the request"),
     _k("engine.finished", "engine", ["attempt_id"], "the request left the engine; attrs.reason: stop, length, cancelled, error", "output tokens"),
     _k("step.start", "engine", ["step_id"], "an engine iteration began; attrs: engine_id (the engine instance); attrs.batch: one [attempt_id, kind, tokens, context_before] per sequence (kind prefill / decode / verify; context_before: its tokens already in KV before this step; older runs: 3 items), token budget"),
-    _k("step.end", "engine", ["step_id"], "an engine iteration ended; attrs: engine_id, padded size, mode eager / padded / graph / graph_capture (the step captured a graph) / compiled (the CPU step ran its inductor-compiled layers) / simulated (the simulated clock's runner)", "tokens processed"),
+    _k("step.end", "engine", ["step_id"], "an engine iteration ended; attrs: engine_id, padded size, mode eager / padded / graph / graph_capture (the step captured a graph) / compiled (the CPU step ran its inductor-compiled decoder stack) / compiling (it did, and compiled that graph first: its time holds the compile) / simulated (the simulated clock's runner)", "tokens processed"),
     _k("spec.round", "engine", ["attempt_id"], "one speculative round for a request; attrs.drafted, attrs.accepted, attrs.forward_passes", "tokens committed"),
     # resources
     _k("kv.alloc", "engine", ["attempt_id"], "KV blocks allocated to the request; attrs.blocks (physical ids)", "blocks"),
