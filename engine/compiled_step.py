@@ -108,6 +108,10 @@ class CompiledStep:
         self.warm_up_s: float | None = None  # how long warm_up() took (None: not called)
         if any(w is None for w in self.layers):
             self.disabled_reason = "the model runs unfused"
+        elif os.environ.get("ATEN_CPU_CAPABILITY"):
+            # measured: with ATen held below the CPU's own ISA, inductor's kernels for this graph returned NaN
+            self.disabled_reason = (f"ATEN_CPU_CAPABILITY={os.environ['ATEN_CPU_CAPABILITY']} is set: the compiled "
+                                    "stack computed NaN under it, so the step stays eager")
 
     @property
     def enabled(self) -> bool:
