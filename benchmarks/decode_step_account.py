@@ -46,8 +46,10 @@ from engine_throughput import TEXT, memcpy_gib_s  # noqa: E402
 from inferledger.costmodel.shape import ModelShape  # noqa: E402
 from inferledger.costmodel.work import StepRow, step_work  # noqa: E402
 
-MATMUL = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
-ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
+# the linears (and the LM head); the batched matmuls of a step are decode attention's (engine/attention.py
+# attends a decode group through two of them), so they count as attention, not here
+MATMUL = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm")
+ATTENTION = ("aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
              "aten::index_select", "aten::index_copy_", "aten::index_put_", "aten::index", "aten::_softmax",
              "aten::masked_fill", "aten::masked_fill_")
 ELEMENTWISE = ("aten::rms_norm", "aten::_fused_rms_norm", "aten::pow", "aten::mean", "aten::rsqrt", "aten::mul",
