@@ -13,6 +13,9 @@ Phases, each in its own subprocess so its peak RSS (getrusage ru_maxrss in the c
           Parquet parts of at most 500k rows through `write_table_atomic`, plus clocks.parquet,
           tasks.parquet (empty: the contracts ride on `task.start`) and manifest.json
   ledger  `reconstruct(run_dir)`: the whole ledger.duckdb
+  query   `inferledger.open(run_dir)` (what `inferledger query` opens) and two questions a user asks of
+          the finished ledger: quantiles over request_metrics (a row per attempt) and the
+          p99 ITL of each layer over `itl` (a row per output event), each timed, with the phase's peak RSS
   peer    what a user writes without the ledger: pandas reads the events, groups by attempt and loops
           over the groups in Python computing TTFT (client and server), the client's ITL maximum and
           TPOT per request
@@ -288,6 +291,27 @@ def phase_ledger(run_dir: Path, memory_limit: str | None = None, engine: str = "
     return res
 
 
+QUERIES = {  # what a user asks of a finished ledger: per-attempt figures, then an event-sized table
+    "request_metrics p50/p99": "SELECT quantile_cont(ttft_client_ms, [0.5, 0.99]), quantile_cont(tpot_ms, [0.5, 0.99]) "
+                               "FROM request_metrics",
+    "itl p99 by layer": "SELECT layer, count(*), quantile_cont(gap_ms, 0.99) FROM itl GROUP BY layer ORDER BY layer",
+}
+
+
+def phase_query(run_dir: Path) -> dict:
+    """`inferledger.open(run)` (the query surface of `inferledger query`) and each of QUERIES, timed."""
+    import inferledger
+
+    c0, t0 = _cpu_s(), time.perf_counter()
+    times = {}
+    with inferledger.open(str(run_dir)) as led:
+        for label, sql in QUERIES.items():
+            q0 = time.perf_counter()
+            led.sql(sql).fetchall()
+            times[label] = round(time.perf_counter() - q0, 3)
+    return {"seconds": time.perf_counter() - t0, "cpu_s": _cpu_s() - c0, "queries_s": times, "peak_gib": _peak_gib()}
+
+
 def phase_stages(run_dir: Path) -> dict:
     """reconstruct's steps one by one (its own `profile` hook), each SQL statement timed."""
     from inferledger.ledger.reconstruct import reconstruct
@@ -401,7 +425,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="with --engine ray: the local Ray's CPUs")
     ap.add_argument("--buckets", type=int, help="repartition the run into this many task buckets before the ledger "
                     "(needed by --engine ray)")
-    ap.add_argument("--phase", choices=("import", "repartition", "ledger", "peer", "stages"), help=argparse.SUPPRESS)
+    ap.add_argument("--phase", choices=("import", "repartition", "ledger", "query", "peer", "stages"), help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -411,6 +435,7 @@ def main(argv=None) -> int:
         res = {"import": lambda: phase_import(run_dir, a.attempts, a.tokens, a.seed),
                "ledger": lambda: phase_ledger(run_dir, a.memory_limit, a.engine, a.workers),
                "repartition": lambda: phase_repartition(run_dir, a.buckets),
+               "query": lambda: phase_query(run_dir),
                "peer": lambda: phase_peer(run_dir, Path(a.result)),
                "stages": lambda: phase_stages(run_dir)}[a.phase]()
         print(json.dumps(res))
@@ -450,6 +475,9 @@ def main(argv=None) -> int:
                   f"{led['worker_peak_gib']} GiB, largest shard input {led['largest_shard_input_mib']} MiB", flush=True)
         print(f"ledger: {led['attempts']:,} attempts, ledger.duckdb {led['ledger_mib']:.0f} MiB, "
               f"{led['seconds']:.1f} s, peak {led['peak_gib']:.2f} GiB", flush=True)
+        qry = _child("query", "--run-dir", str(run_dir))
+        print(f"query: {qry['seconds']:.1f} s, peak {qry['peak_gib']:.2f} GiB ("
+              + ", ".join(f"{k} {v:.2f} s" for k, v in qry["queries_s"].items()) + ")", flush=True)
         peer = None if a.no_peer else _child("peer", "--run-dir", str(run_dir), "--result", str(peer_file))
         stages = _child("stages", "--run-dir", str(run_dir)) if a.stages else None
         diffs, problems = compare(run_dir / "ledger.duckdb", peer_file) if peer else ({}, [])
@@ -508,6 +536,8 @@ def main(argv=None) -> int:
                                "largest_partition_events": rep["largest_partition_events"]} if rep else None,
                "ray": {k: led[k] for k in ("shards", "worker_peak_gib", "largest_shard_input_mib", "shards_wall_s")
                        if k in led} or None,
+               "query": {"wall_s": round(qry["seconds"], 3), "peak_gib": round(qry["peak_gib"], 3),
+                         "queries_s": qry["queries_s"]},
                "loop_over_ledger_ratio": round(ratio, 3) if peer else None, "agree": not problems if peer else None,
                "max_abs_diff_ms": {c: diffs[c] for c in COMPARED} if peer else None,
                "targets": [{"target": name, "measured": got, "met": ok} for name, got, ok in targets],

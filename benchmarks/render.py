@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from render_tables import TABLES, cpu_label, fmt, load_span  # noqa: E402
+from render_tables import TABLES, cpu_label, fmt, load_span, native_bf16  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "BENCHMARKS.md"
@@ -103,7 +103,8 @@ def qualifying(table_id: str, results: list[dict]) -> list[dict]:
         raise RenderError(f"no table {table_id!r} in benchmarks/render_tables.py (known: {', '.join(TABLES)})")
     spec = TABLES[table_id]
     rs = [r for r in results if r["benchmark"] == spec.benchmark and spec.select(r.get("parameters") or {})
-          and spec.isa_held == bool((r.get("environment") or {}).get("ONEDNN_MAX_CPU_ISA"))]
+          and spec.isa_held == bool((r.get("environment") or {}).get("ONEDNN_MAX_CPU_ISA"))
+          and (spec.native_bf16 is None or spec.native_bf16 == native_bf16(r))]
     if not rs:
         raise RenderError(f"table {table_id!r}: no results file of {spec.benchmark} qualifies in "
                           f"benchmarks/results/; run benchmarks/{spec.benchmark}.py (see its marker's section)")

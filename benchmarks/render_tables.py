@@ -33,6 +33,12 @@ def load_span(r: dict) -> str:
     return f"{fmt(start[0] if start else None)} → {fmt(end[0] if end else None)}"
 
 
+def native_bf16(r: dict) -> bool:
+    """Whether the run's CPU multiplies bf16 natively (AVX-512 BF16 or AMX): where its dtype `auto` is bf16."""
+    flags = set((((r.get("host") or {}).get("cpu") or {}).get("flags")) or [])
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 def cpu_label(r: dict) -> str:
     """The CPU kind the figures depend on: model, family / model number, widest vector and bf16 units."""
     cpu = (r.get("host") or {}).get("cpu") or {}
@@ -285,6 +291,7 @@ class Table:
     render: Callable[[list[dict]], str]
     select: Callable[[dict], bool] = lambda params: True  # on the results file's parameters
     isa_held: bool = False  # True: only runs with oneDNN held to a narrower ISA; False: only runs without
+    native_bf16: bool | None = None  # True: only runs on a CPU that multiplies bf16 natively; False: only others
 
 
 def _ledger_default(p: dict) -> bool:
@@ -305,7 +312,8 @@ TABLES = {
     "engine_throughput.probes": Table("engine_throughput", engine_probes, _default_sweep),
     "engine_throughput.mbu_batch1": Table("engine_throughput", mbu_batch1,
                                           lambda p: p.get("concurrency") == [1] and p.get("threads") == 1),
-    "engine_vs_vllm": Table("engine_vs_vllm", engine_vs_vllm),
+    "engine_vs_vllm": Table("engine_vs_vllm", engine_vs_vllm, native_bf16=True),
+    "engine_vs_vllm.avx2": Table("engine_vs_vllm", engine_vs_vllm, native_bf16=False),
     "decode_step_account": Table("decode_step_account", decode_step_account),
     "linear_dtypes": Table("linear_dtypes", linear_dtypes),
     "linear_dtypes.held_to_avx2": Table("linear_dtypes", linear_dtypes, isa_held=True),

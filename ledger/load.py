@@ -78,8 +78,13 @@ def _check_counts(con, run: RunFiles) -> None:
 
 def _dedupe(con, run: RunFiles) -> list[tuple]:
     """Keep one copy of every event id; return the gap rows (scope, subject_id, affects, needs, detail)."""
-    con.execute("CREATE OR REPLACE TEMP TABLE event_dups AS "
-                "SELECT event_id FROM events GROUP BY event_id HAVING count(*) > 1")
+    # grouped on a 64-bit hash first (no string copied into the hash table), then the few candidates
+    # checked on the ids themselves: a hash collision between two distinct ids is not a duplicate
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE event_dups AS
+        WITH candidates AS (SELECT hash(event_id) AS h FROM events GROUP BY h HAVING count(*) > 1)
+        SELECT event_id FROM events SEMI JOIN candidates ON hash(event_id) = candidates.h
+        GROUP BY event_id HAVING count(*) > 1""")
     if not con.execute("SELECT count(*) FROM event_dups").fetchall()[0][0]:
         con.execute("DROP TABLE event_dups")
         return []

@@ -32,7 +32,7 @@ WITH distinct_attrs AS (  -- a run has few distinct chunk attrs: parse each once
                      THEN from_json(json_extract(attrs, '$.kinds'), '["VARCHAR"]') END AS kinds,
          TRY_CAST(json_extract_string(attrs, '$.choice') AS INTEGER) AS choice
   FROM distinct_attrs
-), flags AS (
+), flags AS MATERIALIZED (  -- evaluated once per distinct attrs, not once per chunk after the join
   SELECT attrs, choice, (kinds IS NULL OR list_has_any(kinds, ['content', 'reasoning', 'tool_call'])) AS output_bearing,
                 (kinds IS NULL OR list_contains(kinds, 'content')) AS answer_bearing,
                 -- a chunk with choices (vLLM bench's TTFT / ITL unit): any but a usage-only one
@@ -49,7 +49,7 @@ WHERE e.name IN ('attempt.chunk', 'server.write');
 CREATE OR REPLACE TEMP TABLE ev_tok AS
 WITH distinct_attrs AS (
   SELECT DISTINCT coalesce(attrs, '{}') AS attrs FROM events WHERE name = 'engine.token'
-), parsed AS (
+), parsed AS MATERIALIZED (
   SELECT attrs, coalesce(TRY_CAST(json_extract_string(attrs, '$.choice') AS INTEGER), 0) AS choice FROM distinct_attrs
 )
 SELECT e.attempt_id, e.ts_ns, e.seq, e.clock, e.event_id, e.value, p.choice, e.step_id

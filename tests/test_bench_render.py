@@ -215,3 +215,22 @@ def test_a_run_with_onednn_held_to_avx2_is_drawn_only_by_the_held_table_and_says
     limited = render.render_table("linear_dtypes.held_to_avx2", [native, avx2])
     assert avx2["_file"] in limited and "ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 `" in limited
     assert "torch ISA AVX2, oneDNN bf16 path unavailable" in limited
+
+
+def test_the_engine_against_vllm_table_of_each_cpu_kind_draws_only_runs_on_that_kind():
+    """The target is judged on a CPU that multiplies bf16 natively; an AVX2-only run (bf16 emulated,
+    ours in fp32) is a figure of its own kind and never becomes the newest run of the other table."""
+    figures = {"rows": [], "ratios": [{"client": "vllm bench serve", "concurrency": 1,
+                                       "ours_over_vllm_tok_s_ratio": [0.9, 0.8], "vllm_over_ours_tpot_p50_ratio": [0.9, 0.8]}]}
+    avx2_figures = json.loads(json.dumps(figures))
+    avx2_figures["ratios"][0]["ours_over_vllm_tok_s_ratio"] = [1.15, 0.93]
+    native = result("engine_vs_vllm", "2026-12-01T21:00:00Z", figures, host=ZEN5)
+    avx2 = result("engine_vs_vllm", "2026-12-02T21:00:00Z", avx2_figures, host=ZEN3)  # the newer one
+    native_table = render.render_table("engine_vs_vllm", [native, avx2])
+    avx2_table = render.render_table("engine_vs_vllm.avx2", [native, avx2])
+    assert native["_file"] in native_table and avx2["_file"] not in native_table
+    assert "| vllm bench serve | 1 | 0.90, 0.80 |" in native_table and "AVX-512 BF16" in native_table
+    assert avx2["_file"] in avx2_table and native["_file"] not in avx2_table
+    assert "| vllm bench serve | 1 | 1.15, 0.93 |" in avx2_table and "AVX2 only" in avx2_table
+    with pytest.raises(render.RenderError, match="no results file of engine_vs_vllm qualifies"):
+        render.render_table("engine_vs_vllm.avx2", [native])
