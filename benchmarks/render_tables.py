@@ -157,16 +157,17 @@ def ledger_scale_large(rs: list[dict]) -> str:
     for r in rs:
         f = r["figures"]
         led, peer = f["phases"]["ledger"], f["phases"].get("peer")
-        ray = f.get("ray") or {}
+        ray, query = f.get("ray") or {}, f.get("query") or {}
         path = (f"ray, {f.get('workers')} workers, {ray.get('shards')} shards" if f.get("engine") == "ray"
                 else "single node") + (f", limit {f['memory_limit']}" if f.get("memory_limit") else "")
         rows.append([r["date_utc"][:16].replace("T", " "), f"`{(r['git'].get('commit') or '?')[:7]}`", cpu_label(r),
                      load_span(r), f"{f['events']:,}", path, fmt(led["wall_s"], ".1f"), f"{led['events_per_s']:,.0f}",
                      fmt(led["peak_gib"]), ", ".join(fmt(x) for x in ray.get("worker_peak_gib", [])) or DASH,
                      fmt(ray.get("largest_shard_input_mib"), ".0f"),
+                     f"{fmt(query['wall_s'], '.1f')} ({fmt(query['peak_gib'])})" if query else DASH,
                      fmt(peer["wall_s"], ".1f") if peer else DASH, fmt(f.get("loop_over_ledger_ratio"))])
     return table(["date", "commit", "CPU", "load", "events", "path", "reconstruct s", "events/s", "peak GiB",
-                  "Ray worker peaks GiB", "largest shard MiB", "loop s", "loop / ledger"], rows)
+                  "Ray worker peaks GiB", "largest shard MiB", "query s (peak GiB)", "loop s", "loop / ledger"], rows)
 
 
 def targets(rows: list[dict]) -> str:
@@ -314,7 +315,8 @@ TABLES = {
                                           lambda p: p.get("concurrency") == [1] and p.get("threads") == 1),
     "engine_vs_vllm": Table("engine_vs_vllm", engine_vs_vllm, native_bf16=True),
     "engine_vs_vllm.avx2": Table("engine_vs_vllm", engine_vs_vllm, native_bf16=False),
-    "decode_step_account": Table("decode_step_account", decode_step_account),
+    "decode_step_account": Table("decode_step_account", decode_step_account, native_bf16=True),
+    "decode_step_account.avx2": Table("decode_step_account", decode_step_account, native_bf16=False),
     "linear_dtypes": Table("linear_dtypes", linear_dtypes),
     "linear_dtypes.held_to_avx2": Table("linear_dtypes", linear_dtypes, isa_held=True),
     "thread_placement": Table("thread_placement", thread_placement),

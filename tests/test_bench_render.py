@@ -234,3 +234,16 @@ def test_the_engine_against_vllm_table_of_each_cpu_kind_draws_only_runs_on_that_
     assert "| vllm bench serve | 1 | 1.15, 0.93 |" in avx2_table and "AVX2 only" in avx2_table
     with pytest.raises(render.RenderError, match="no results file of engine_vs_vllm qualifies"):
         render.render_table("engine_vs_vllm.avx2", [native])
+
+
+def test_a_large_run_shows_its_query_time_and_peak_and_an_older_file_without_them_a_dash():
+    big = {"attempts": 331_200, "tokens": 256, "no_peer": True, "memory_limit": "4GB"}
+    older = _ledger(1.0) | {"memory_limit": "4GB", "loop_over_ledger_ratio": None}
+    older["phases"] = {"import": older["phases"]["import"], "ledger": older["phases"]["ledger"]}
+    newer = json.loads(json.dumps(older)) | {"query": {"wall_s": 12.345, "peak_gib": 0.456,
+                                                       "queries_s": {"itl p99 by layer": 11.0}}}
+    rows = render.render_table("ledger_scale.large", [
+        result("ledger_scale", "2026-12-01T21:00:00Z", older, params=big),
+        result("ledger_scale", "2026-12-02T21:00:00Z", newer, params=big)]).splitlines()
+    assert rows[2].split(" | ")[11] == "query s (peak GiB)"
+    assert [r.split(" | ")[11] for r in rows[4:]] == ["—", "12.3 (0.46)"]
