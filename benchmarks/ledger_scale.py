@@ -1,11 +1,12 @@
 """Ledger at scale: reconstruct a synthetic run of ~3 million events and race a per-request loop.
 
     python benchmarks/ledger_scale.py [--attempts 10000] [--tokens 256] [--out DIR] [--seed 7] [--stages]
-        [--memory-limit 4GB] [--no-peer] [--buckets 8 --engine ray --workers 2]
+        [--memory-limit 4GB] [--no-peer] [--buckets 8 --engine ray --workers 2] [--reuse]
 
 `--memory-limit` takes the bounded-memory path (peak target 6 GiB at any size); `--buckets` repartitions
 the run first (its own phase), `--engine ray` then shards the ledger over a local Ray and records each
-worker's peak RSS beside the largest shard's input.
+worker's peak RSS beside the largest shard's input. `--reuse` (with `--out`) rebuilds the run directory an
+earlier run of the same size left there, skipping the import (and the repartition when it is partitioned).
 
 Phases, each in its own subprocess so its peak RSS (getrusage ru_maxrss in the child) is its own:
 
@@ -262,6 +263,24 @@ def phase_import(run_dir: Path, n: int, t: int, seed: int) -> dict:
 # --------------------------------------------------------------------------------------------------
 # ledger
 # --------------------------------------------------------------------------------------------------
+def reusable(run_dir: Path, n: int, t: int, seed: int) -> dict | None:
+    """The import figures of a run directory an earlier run generated with these parameters, else None."""
+    import pyarrow.parquet as pq
+
+    try:
+        workload = json.loads((run_dir / "manifest.json").read_text()).get("workload") or {}
+    except (OSError, ValueError):
+        return None
+    if (workload.get("attempts"), workload.get("output_tokens"), workload.get("seed")) != (n, t, seed):
+        return None
+    parts = sorted((run_dir / "events").rglob("part-*.parquet"))
+    if not parts:
+        return None
+    return {"events": sum(pq.ParquetFile(p).metadata.num_rows for p in parts), "parts": len(parts),
+            "parquet_mib": sum(p.stat().st_size for p in parts) / 2 ** 20,
+            "partitioned": (run_dir / "events" / "layout.json").exists()}
+
+
 def phase_repartition(run_dir: Path, buckets: int) -> dict:
     from inferledger.collectors.repartition import repartition
 
@@ -292,9 +311,9 @@ def phase_ledger(run_dir: Path, memory_limit: str | None = None, engine: str = "
 
 
 QUERIES = {  # what a user asks of a finished ledger: per-attempt figures, then an event-sized table
-    "request_metrics p50/p99": "SELECT quantile_cont(ttft_client_ms, [0.5, 0.99]), quantile_cont(tpot_ms, [0.5, 0.99]) "
+    "request_metrics_quantiles_s": "SELECT quantile_cont(ttft_client_ms, [0.5, 0.99]), quantile_cont(tpot_ms, [0.5, 0.99]) "
                                "FROM request_metrics",
-    "itl p99 by layer": "SELECT layer, count(*), quantile_cont(gap_ms, 0.99) FROM itl GROUP BY layer ORDER BY layer",
+    "itl_p99_by_layer_s": "SELECT layer, count(*), quantile_cont(gap_ms, 0.99) FROM itl GROUP BY layer ORDER BY layer",
 }
 
 
@@ -425,6 +444,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="with --engine ray: the local Ray's CPUs")
     ap.add_argument("--buckets", type=int, help="repartition the run into this many task buckets before the ledger "
                     "(needed by --engine ray)")
+    ap.add_argument("--reuse", action="store_true", help="with --out: rebuild the run directory an earlier run left "
+                    "there (same --attempts, --tokens and --seed, from its manifest) instead of generating it again; "
+                    "a partitioned one is not repartitioned")
     ap.add_argument("--phase", choices=("import", "repartition", "ledger", "query", "peer", "stages"), help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -443,6 +465,8 @@ def main(argv=None) -> int:
 
     if a.attempts < 1 or a.tokens < 2:
         ap.error("need --attempts >= 1 and --tokens >= 2 (TPOT and ITL need two tokens)")
+    if a.reuse and not a.out:
+        ap.error("--reuse needs --out, the folder an earlier run left its run directory in")
     if a.engine == "ray" and not a.buckets:
         ap.error("--engine ray needs --buckets (it shards the partitioned layout)")
     rec = results.start("ledger_scale", {k: v for k, v in vars(a).items() if k not in ("phase", "run_dir", "result")})
@@ -460,11 +484,19 @@ def main(argv=None) -> int:
         print(f"run directory: {run_dir}", flush=True)
         disk = shutil.disk_usage(base)
         print(f"disk: {disk.free / 2 ** 30:.0f} GiB free of {disk.total / 2 ** 30:.0f} GiB", flush=True)
-        imp = _child("import", "--run-dir", str(run_dir), "--attempts", str(a.attempts),
-                     "--tokens", str(a.tokens), "--seed", str(a.seed))
-        print(f"import: {imp['events']:,} events in {imp['parts']} parts ({imp['parquet_mib']:.0f} MiB); "
-              f"generate {imp['generate_s']:.2f} s, write {imp['write_s']:.2f} s", flush=True)
-        rep = _child("repartition", "--run-dir", str(run_dir), "--buckets", str(a.buckets)) if a.buckets else None
+        reused = reusable(run_dir, a.attempts, a.tokens, a.seed) if a.reuse else None
+        if reused:
+            imp = reused
+            print(f"reused: {imp['events']:,} events in {imp['parts']} parts ({imp['parquet_mib']:.0f} MiB), "
+                  f"{'partitioned' if imp['partitioned'] else 'not partitioned'}", flush=True)
+        else:
+            imp = _child("import", "--run-dir", str(run_dir), "--attempts", str(a.attempts),
+                         "--tokens", str(a.tokens), "--seed", str(a.seed))
+            print(f"import: {imp['events']:,} events in {imp['parts']} parts ({imp['parquet_mib']:.0f} MiB); "
+                  f"generate {imp['generate_s']:.2f} s, write {imp['write_s']:.2f} s", flush=True)
+        partitioned = bool(reused and reused["partitioned"])
+        rep = _child("repartition", "--run-dir", str(run_dir), "--buckets", str(a.buckets)) \
+            if a.buckets and not partitioned else None
         if rep:
             print(f"repartition: {rep['partitions']} partitions in {rep['seconds']:.1f} s, peak {rep['peak_gib']:.2f} GiB",
                   flush=True)
@@ -477,7 +509,7 @@ def main(argv=None) -> int:
               f"{led['seconds']:.1f} s, peak {led['peak_gib']:.2f} GiB", flush=True)
         qry = _child("query", "--run-dir", str(run_dir))
         print(f"query: {qry['seconds']:.1f} s, peak {qry['peak_gib']:.2f} GiB ("
-              + ", ".join(f"{k} {v:.2f} s" for k, v in qry["queries_s"].items()) + ")", flush=True)
+              + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in qry["queries_s"].items()) + ")", flush=True)
         peer = None if a.no_peer else _child("peer", "--run-dir", str(run_dir), "--result", str(peer_file))
         stages = _child("stages", "--run-dir", str(run_dir)) if a.stages else None
         diffs, problems = compare(run_dir / "ledger.duckdb", peer_file) if peer else ({}, [])
@@ -487,13 +519,14 @@ def main(argv=None) -> int:
 
     n_events = imp["events"]
     ratio = peer["seconds"] / led["seconds"] if peer else None
-    ran = [(label, r) for label, r in (("import", imp), ("ledger", led), ("peer", peer)) if r]
+    ran = [(label, r) for label, r in (("import", None if reused else imp), ("ledger", led), ("peer", peer)) if r]
     print()
     print(f"{'phase':<8} {'seconds':>9} {'cpu s':>8} {'peak GiB':>9} {'events/s':>12}")
     for label, r in ran:
         print(f"{label:<8} {r['seconds']:>9.2f} {r['cpu_s']:>8.2f} {r['peak_gib']:>9.2f} {n_events / r['seconds']:>12,.0f}")
-    print(f"  (import: generate {imp['generate_s']:.2f} s, Parquet write {imp['write_s']:.2f} s = "
-          f"{n_events / imp['write_s']:,.0f} events/s)")
+    if not reused:
+        print(f"  (import: generate {imp['generate_s']:.2f} s, Parquet write {imp['write_s']:.2f} s = "
+              f"{n_events / imp['write_s']:,.0f} events/s)")
     if peer:
         print(f"peer_seconds / ledger_seconds = {ratio:.2f}   (load average now {os.getloadavg()[0]:.2f})")
         print()
@@ -526,7 +559,8 @@ def main(argv=None) -> int:
         print("\na ledger target is missed: rerun with --stages for the time of each SQL stage")
     phases = {label: {"wall_s": round(r["seconds"], 3), "cpu_s": round(r["cpu_s"], 3), "peak_gib": round(r["peak_gib"], 3),
                       "events_per_s": round(n_events / r["seconds"], 1)} for label, r in ran}
-    phases["import"].update(generate_s=round(imp["generate_s"], 3), write_s=round(imp["write_s"], 3))
+    if not reused:
+        phases["import"].update(generate_s=round(imp["generate_s"], 3), write_s=round(imp["write_s"], 3))
     figures = {"attempts": a.attempts, "output_tokens": a.tokens, "events": n_events, "parts": imp["parts"],
                "parquet_mib": round(imp["parquet_mib"], 1), "ledger_mib": round(led["ledger_mib"], 1), "phases": phases,
                "memory_limit": a.memory_limit, "engine": a.engine,

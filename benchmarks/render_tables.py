@@ -298,7 +298,8 @@ class Table:
 def _ledger_default(p: dict) -> bool:
     """ledger_scale's default run: 10,000 attempts × 256 tokens, single node, no limit, with the loop."""
     return ((p.get("attempts"), p.get("tokens")) == (10_000, 256) and not p.get("memory_limit")
-            and not p.get("buckets") and not p.get("no_peer") and p.get("engine", "local") == "local")
+            and not p.get("buckets") and not p.get("no_peer") and not p.get("reuse")
+            and p.get("engine", "local") == "local")
 
 
 def _default_sweep(p: dict) -> bool:
