@@ -72,8 +72,14 @@ class Recorder:
 
     def write(self, figures: dict, *, notes: str | None = None, host: dict | None = None,
               out_dir: Path | None = None) -> Path:
-        """Check the figures, add the end of the run, write the file; -> its path."""
-        check_figures(figures)
+        """Check the figures, add the end of the run, write the file; -> its path. Figures the check refuses
+        are printed whole to stderr before the error, so a long run's measurements are not lost with it."""
+        try:
+            check_figures(figures)
+        except FigureError:
+            print(f"{self.benchmark}: the figures, not written (fix the name below and rerun):\n"
+                  + json.dumps(figures, default=str), file=sys.stderr)
+            raise
         doc = {"schema": SCHEMA, "benchmark": self.benchmark, "command": self.command,
                "parameters": self.parameters, "date_utc": self.started.strftime("%Y-%m-%dT%H:%M:%SZ"),
                "wall_s": round(time.perf_counter() - self.t0, 3),

@@ -88,6 +88,16 @@ def test_a_figure_without_its_unit_or_a_number_that_is_no_figure_is_refused_by_i
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+def test_figures_the_check_refuses_are_printed_whole_so_a_long_run_loses_nothing(tmp_path, capsys):
+    rec = results.start("demo_bench", sample_s=0.0, argv=["x.py"])
+    figures = {"ledger_s": 693.34, "query": {"queries_s": {"request_metrics p50/p99": 0.07}}}
+    with pytest.raises(results.FigureError, match="figures.query.queries_s.request_metrics p50/p99"):
+        rec.write(figures, host=HOST, out_dir=tmp_path)
+    err = capsys.readouterr().err
+    assert err.startswith("demo_bench: the figures, not written")
+    assert json.loads(err.splitlines()[1]) == figures
+
+
 def test_counts_unknowns_strings_and_load_averages_need_no_unit():
     results.check_figures({"events": 3, "ttft_ms": None, "mode": "eager", "agree": True, "load_1m_before": 4.2,
                            "runs": [{"run": 1, "tok_s": 2.5}], "steps_ms": [1.0, 2.0]})
