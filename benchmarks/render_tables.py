@@ -160,13 +160,14 @@ def ledger_scale_large(rs: list[dict]) -> str:
         ray, query = f.get("ray") or {}, f.get("query") or {}
         path = (f"ray, {f.get('workers')} workers, {ray.get('shards')} shards" if f.get("engine") == "ray"
                 else "single node") + (f", limit {f['memory_limit']}" if f.get("memory_limit") else "")
+        rep = f.get("repartition") or {}
         rows.append([r["date_utc"][:16].replace("T", " "), f"`{(r['git'].get('commit') or '?')[:7]}`", cpu_label(r),
-                     load_span(r), f"{f['events']:,}", path, fmt(led["wall_s"], ".1f"), f"{led['events_per_s']:,.0f}",
+                     load_span(r), f"{f['events']:,}", path, fmt(rep.get("wall_s"), ".1f"), fmt(led["wall_s"], ".1f"), f"{led['events_per_s']:,.0f}",
                      fmt(led["peak_gib"]), ", ".join(fmt(x) for x in ray.get("worker_peak_gib", [])) or DASH,
                      fmt(ray.get("largest_shard_input_mib"), ".0f"),
                      f"{fmt(query['wall_s'], '.1f')} ({fmt(query['peak_gib'])})" if query else DASH,
                      fmt(peer["wall_s"], ".1f") if peer else DASH, fmt(f.get("loop_over_ledger_ratio"))])
-    return table(["date", "commit", "CPU", "load", "events", "path", "reconstruct s", "events/s", "peak GiB",
+    return table(["date", "commit", "CPU", "load", "events", "path", "repartition s", "reconstruct s", "events/s", "peak GiB",
                   "Ray worker peaks GiB", "largest shard MiB", "query s (peak GiB)", "loop s", "loop / ledger"], rows)
 
 

@@ -245,5 +245,6 @@ def test_a_large_run_shows_its_query_time_and_peak_and_an_older_file_without_the
     rows = render.render_table("ledger_scale.large", [
         result("ledger_scale", "2026-12-01T21:00:00Z", older, params=big),
         result("ledger_scale", "2026-12-02T21:00:00Z", newer, params=big)]).splitlines()
-    assert rows[2].split(" | ")[11] == "query s (peak GiB)"
-    assert [r.split(" | ")[11] for r in rows[4:]] == ["—", "12.3 (0.46)"]
+    assert rows[2].split(" | ")[12] == "query s (peak GiB)" and rows[2].split(" | ")[6] == "repartition s"
+    assert [r.split(" | ")[12] for r in rows[4:]] == ["—", "12.3 (0.46)"]
+    assert [r.split(" | ")[6] for r in rows[4:]] == ["—", "—"]  # neither repartitioned
