@@ -33,16 +33,20 @@ def load_span(r: dict) -> str:
     return f"{fmt(start[0] if start else None)} → {fmt(end[0] if end else None)}"
 
 
+def _cpu(r: dict) -> tuple[dict, set[str]]:
+    """The run's CPU facts and its recorded flags."""
+    cpu = (r.get("host") or {}).get("cpu") or {}
+    return cpu, set(cpu.get("flags") or [])
+
+
 def native_bf16(r: dict) -> bool:
     """Whether the run's CPU multiplies bf16 natively (AVX-512 BF16 or AMX): where its dtype `auto` is bf16."""
-    flags = set((((r.get("host") or {}).get("cpu") or {}).get("flags")) or [])
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return bool(_cpu(r)[1] & {"avx512_bf16", "amx_bf16"})
 
 
 def cpu_label(r: dict) -> str:
     """The CPU kind the figures depend on: model, family / model number, widest vector and bf16 units."""
-    cpu = (r.get("host") or {}).get("cpu") or {}
-    flags = set(cpu.get("flags") or [])
+    cpu, flags = _cpu(r)
     if "amx_bf16" in flags:
         kind = "AMX"
     elif "avx512_bf16" in flags:
