@@ -217,7 +217,7 @@ def engine_vs_vllm(rs: list[dict]) -> str:
 
 def decode_step_account(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
-    rows = [[r["batch"], r["kind"], fmt(r["median_step_ms"]), f"{r['compiled_steps']} / {r['steps']}",
+    rows = [[r["batch"], f"{r['kind']}, {r['attention']}" if "attention" in r else r["kind"], fmt(r["median_step_ms"]), f"{r['compiled_steps']} / {r['steps']}",
              fmt(r["matmul_ms"]), fmt(r["attention_ms"]), fmt(r["elementwise_ms"]), fmt(r["compiled_kernels_ms"]),
              fmt(r["host_ms"]), fmt(r["profiled_step_ms"]),
              f"{fmt(r.get('mbu_ratio'))} ({fmt(r.get('achieved_gib_s'), '.1f')} GiB/s)" if r["batch"] == 1 else DASH]

@@ -13,17 +13,32 @@ by every layer) and called per layer with the model's attention signature, attn(
 k [T, KV, D], v [T, KV, D]) -> [T, H, D]; it holds no state across steps. Only tensor ops run inside
 the call, so the decode kernels are what CUDA graphs capture. `causal_attention` is the plain
 reference path over one contiguous sequence, with no cache.
+
+Two ways to read the paged context. `paged=True` (the CPU, when the kernel of engine/paged_kernel.py
+is built): the C++ kernel reads each row's blocks in place, with no copy and no padding, so every
+decode row, whatever its length, goes through one call per layer, and so does every chunk of at most
+`PAGED_MAX_CHUNK` new tokens. `paged=False` (CUDA, or a CPU without the kernel): the blocks are
+gathered into a contiguous copy that SDPA (or two batched matmuls) reads. Longer prefill chunks
+gather on both: they are compute-bound, and SDPA's flash kernel is faster there than the paged
+kernel's row-at-a-time loop (measured 2-3x at 64-512 new tokens), while their gather costs O(context)
+against O(tokens x context) arithmetic.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from .paged_kernel import paged_attention
+
 
 # Decode rows x keys from which a reduced-precision decode group on the CPU attends through two batched
 # matmuls rather than the flash kernel: measured (bf16, one core, 3 KV heads of 3 queries, head_dim 64)
 # 2.6x faster at 16 rows x 128 keys, even at 4 x 128, slower below (the flash kernel's per-call cost is lower)
 BMM_MIN_SCORES = 512
+# The most new tokens of one chunk that the paged kernel attends; longer chunks gather (see above). Measured
+# (fp32 and bf16, one core, 9 heads over 3 KV heads of 64): the kernel 2x faster than gather + SDPA at 4
+# tokens over 100 cached, even at 16, 3x slower at 64 over 200
+PAGED_MAX_CHUNK = 8
 
 
 def _write_rows(slots: torch.Tensor, n_kv: int, block_size: int) -> torch.Tensor:
@@ -58,8 +73,14 @@ class BatchedDecode:
     grouped per KV head, q [B, KV, H/KV, D], so no K/V is repeated for grouped-query attention.
     Only tensor ops, so the same code is captured into CUDA graphs."""
 
-    def __init__(self, cache_shape, table: torch.Tensor, ctx_lens: torch.Tensor, dtype, k_buf=None, v_buf=None):
+    def __init__(self, cache_shape, table: torch.Tensor, ctx_lens: torch.Tensor, dtype, k_buf=None, v_buf=None,
+                 paged: bool = False):
         _, self.n_kv, bs, self.head_dim = cache_shape
+        self.paged = paged
+        if paged:  # the kernel reads the table itself; rows need no padding bias
+            self.table, self.ctx = table.long().contiguous(), ctx_lens.long().contiguous()
+            self.seq = torch.arange(table.shape[0], device=table.device)
+            return
         self.rows = _gather_rows(table, self.n_kv)
         n = self.rows.shape[0]
         self.k_buf = None if k_buf is None else k_buf[:n]
@@ -71,6 +92,8 @@ class BatchedDecode:
     def attend(self, k_cache, v_cache, q):
         """q [B, H, D] -> [B, H, D]."""
         B, H, D = q.shape
+        if self.paged:
+            return _in_place(q, k_cache, v_cache, self.table, self.seq, self.ctx)
         if self.bias.dtype != q.dtype:
             self.bias = self.bias.to(q.dtype)
         ks = _gather(k_cache, self.rows, self.k_buf).view(B, self.n_kv, -1, D).to(q.dtype)
@@ -109,10 +132,25 @@ def width_groups(widths: list[int], overhead_blocks: int = 16) -> list[list[int]
     return [[r for r in order if lo <= widths[r] <= hi] for hi, lo in reversed(bounds)]
 
 
+def _in_place(q, k_cache, v_cache, tables, q_seq, q_ctx):
+    """The paged kernel over q [T, H, D] (computed in the cache's dtype, returned in q's)."""
+    o = paged_attention(q.to(k_cache.dtype).contiguous(), k_cache, v_cache, tables, q_seq, q_ctx, q.shape[-1] ** -0.5)
+    return o.to(q.dtype)
+
+
+def _padded(tables: list[list[int]], device) -> torch.Tensor:
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=device)
+
+
 def decode_groups(tables: list[list[int]], ctx_lens: list[int], cache_shape, dtype, device,
-                  bufs=(None, None)) -> list[tuple[list[int], BatchedDecode]]:
+                  bufs=(None, None), paged: bool = False) -> list[tuple[list[int], BatchedDecode]]:
     """Rows of single-token decodes (block tables covering exactly their context) in width groups,
-    each with its BatchedDecode; all groups gather into the same buffers, one after the other."""
+    each with its BatchedDecode; all groups gather into the same buffers, one after the other.
+    paged: one group of every row in order (the paged kernel pays nothing for mixed lengths)."""
+    if paged:
+        ctx = torch.tensor(ctx_lens, dtype=torch.long, device=device)
+        return [(list(range(len(tables))), BatchedDecode(cache_shape, _padded(tables, device), ctx, dtype, paged=True))]
     groups = []
     for rows in width_groups([len(t) for t in tables]):
         width = len(tables[rows[0]])
@@ -124,29 +162,52 @@ def decode_groups(tables: list[list[int]], ctx_lens: list[int], cache_shape, dty
 
 class PagedAttention:
     """Attention for a step of arbitrary chunks: writes the new K/V into the cache, then attends
-    over each sequence's paged context: single-token decodes batched (in width groups), the other
-    chunks one by one. Built per step; holds no state across steps."""
+    over each sequence's paged context. paged=False: single-token decodes batched (in width groups),
+    the other chunks one by one. paged=True: every query row of a decode or of a chunk of at most
+    PAGED_MAX_CHUNK tokens in one kernel call, longer chunks one by one. Built per step; holds no
+    state across steps."""
 
-    def __init__(self, k_cache, v_cache, slots, seqs: list[tuple[int, int, int, list[int]]]):
+    def __init__(self, k_cache, v_cache, slots, seqs: list[tuple[int, int, int, list[int]]], paged: bool = False):
         self.k_cache, self.v_cache = k_cache, v_cache
         _, _, n_kv, bs, _ = k_cache.shape
         dev = slots.device
         self.rows = _write_rows(slots, n_kv, bs)
-        decodes = [(q0, blocks, start + 1) for q0, n, start, blocks in seqs if n == 1 and start > 0]
         self.decodes = []  # (query rows, BatchedDecode)
-        if decodes:
-            for rows, g in decode_groups([d[1] for d in decodes], [d[2] for d in decodes], k_cache.shape[1:],
-                                         k_cache.dtype, dev):
-                self.decodes.append((torch.tensor([decodes[r][0] for r in rows], device=dev), g))
+        self.in_place = None  # paged: (query rows or None for all of them, tables, q_seq, q_ctx)
+        if paged:
+            kernel = [s for s in seqs if s[2] > 0 and s[1] <= PAGED_MAX_CHUNK]
+            seqs = [s for s in seqs if not (s[2] > 0 and s[1] <= PAGED_MAX_CHUNK)]
+            if kernel:
+                idx = [q0 + i for q0, n, _, _ in kernel for i in range(n)]
+                as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
+                self.in_place = (None if idx == list(range(slots.shape[0])) else as_long(idx),
+                                 _padded([blocks for *_, blocks in kernel], dev),
+                                 as_long([j for j, (_, n, _, _) in enumerate(kernel) for _ in range(n)]),
+                                 as_long([start + i + 1 for _, n, start, _ in kernel for i in range(n)]))
+        else:
+            decodes = [(q0, blocks, start + 1) for q0, n, start, blocks in seqs if n == 1 and start > 0]
+            if decodes:
+                for rows, g in decode_groups([d[1] for d in decodes], [d[2] for d in decodes], k_cache.shape[1:],
+                                             k_cache.dtype, dev):
+                    self.decodes.append((torch.tensor([decodes[r][0] for r in rows], device=dev), g))
+            seqs = [s for s in seqs if not (s[1] == 1 and s[2] > 0)]
         # the others: (offset in the flat batch, new tokens, start_pos, gather rows of the blocks or None)
         self.seqs = [(q0, n, start, _gather_rows(torch.tensor(blocks, device=dev), n_kv) if start else None)
-                     for q0, n, start, blocks in seqs if not (n == 1 and start > 0)]
+                     for q0, n, start, blocks in seqs]
 
     def __call__(self, layer: int, q, k, v):
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
         _write_kv(k_cache, v_cache, self.rows, k, v)
         _, n_kv, _, head_dim = k_cache.shape
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if self.in_place is not None:
+            idx, tables, q_seq, q_ctx = self.in_place
+            o = _in_place(q if idx is None else q.index_select(0, idx), k_cache, v_cache, tables, q_seq, q_ctx)
+            if idx is None:
+                return o
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            out.index_copy_(0, idx, o)
+        else:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         for idx, g in self.decodes:
             out.index_copy_(0, idx, g.attend(k_cache, v_cache, q.index_select(0, idx)))
         for q0, n, start, rows in self.seqs:

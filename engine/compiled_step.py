@@ -6,7 +6,7 @@ costs one call instead of some 1,300 small operator dispatches. Attention is the
 does not see: each layer calls the operator `inferledger::step_attention`, which hands q, k, v to
 the attention kernel the runner built for this step (`PagedAttention` for a step of arbitrary
 chunks, `DecodeAttention` for a batch of decodes, engine/attention.py): the same kernels, the same
-cache writes and gathers as the eager step. The graph is compiled once, with the token count
+cache writes and reads (in place or gathered) as the eager step. The graph is compiled once, with the token count
 unbacked (no specialisation on 1), so one compiled graph serves lone decodes, decode batches and
 mixed steps with prefill chunks alike, and does not recompile as batches and contexts change. The
 logits (final norm and lm_head) stay eager, since the runner picks the rows that need them.

@@ -100,9 +100,12 @@ class LLMEngine:
         dtype = getattr(torch, cfg.dtype) if cfg.dtype else param.dtype
         num_blocks = cfg.resolve_num_blocks(bundle.config.kv_bytes_per_token(dtype))
         compile_, _ = cfg.resolve_compile(device.type, dtype)
-        return ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks, block_size=cfg.block_size,
-                           device=device, dtype=dtype, graph_batch_sizes=cfg.resolve_graph_batch_sizes(device.type),
-                           compile=compile_)
+        paged, why = cfg.resolve_attention(device.type, dtype)
+        runner = ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks, block_size=cfg.block_size,
+                             device=device, dtype=dtype, graph_batch_sizes=cfg.resolve_graph_batch_sizes(device.type),
+                             compile=compile_, paged=paged)
+        runner.attention_resolved_by = why
+        return runner
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
@@ -223,6 +226,15 @@ class LLMEngine:
                 "steps_compiled": compiled.steps, "disabled_reason": compiled.disabled_reason,
                 "cache_dir": str(cache_dir())}
 
+    def _attention_manifest(self) -> dict:
+        """How attention reads the paged KV cache (the paged kernel or a gather), and why."""
+        from .paged_kernel import build_seconds
+
+        paged = bool(getattr(self.runner, "paged", False))
+        return {"kernel": "paged" if paged else "gather",
+                "resolved_by": getattr(self.runner, "attention_resolved_by", None),
+                "build_s": build_seconds() if paged else None}
+
     def manifest(self) -> dict:
         """What a run manifest needs from the engine (docs/ARCHITECTURE.md "The run directory"): the model's identity (file, sha256,
         architecture, dtypes, tokenizer, KV bytes per token) and the engine configuration as declared
@@ -238,6 +250,7 @@ class LLMEngine:
                     if graphs else "eager",
                     "device_timing": self.device_timer is not None,
                     "compile": self._compile_manifest(),
+                    "attention": self._attention_manifest(),
                     "cpu_placement": self.cpu_placement and {
                         **self.cpu_placement, "applies_to": "the background step thread (AsyncEngine)",
                         "threads_read_back": self.cpu_threads_read_back}}

@@ -133,6 +133,11 @@ class EngineConfig:
     # or "auto" = $INFERLEDGER_COMPILE when set, else compiled for bf16 on a CPU with native bf16 (where it
     # was measured faster) and eager otherwise. Never on CUDA, which replays CUDA graphs instead.
     compile: str = "auto"
+    # How attention reads the paged KV cache on the CPU: "paged" (the C++ kernel of engine/paged_kernel.py,
+    # built once per machine, reads the blocks in place), "gather" (a contiguous copy per layer and step,
+    # then SDPA), or "auto" = $INFERLEDGER_ATTENTION when set, else paged when the kernel builds and
+    # loads, gather otherwise. CUDA always gathers (its CUDA graphs capture the gather).
+    attention: str = "auto"
 
     DEFAULT_KV_BYTES = 256 * 2**20
 
@@ -174,6 +179,8 @@ class EngineConfig:
             _int("cpu_threads", self.cpu_threads, 1, 4096, allowed="'auto', 'pinned', None or an integer in [1, 4096]")
         if self.compile not in ("auto", "on", "off"):
             _fail("compile", self.compile, "'auto', 'on' or 'off'")
+        if self.attention not in ("auto", "paged", "gather"):
+            _fail("attention", self.attention, "'auto', 'paged' or 'gather'")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             _fail("speculative", self.speculative, "None, a SpeculativeConfig or a dict of its fields")
 
@@ -220,6 +227,28 @@ class EngineConfig:
                           "measured faster than eager at batch 1 and 16; docs/BENCHMARKS.md, Decode step account)")
         return False, ("auto: eager (the compiled step was measured faster only in bf16 on a CPU with native bf16; "
                        "docs/BENCHMARKS.md, Decode step account)")
+
+    def resolve_attention(self, device_type: str, dtype) -> tuple[bool, str]:
+        """(attend through the paged kernel?, why); on the CPU this builds or loads the kernel."""
+        choice, source = self.attention, "EngineConfig.attention"
+        if choice == "auto" and os.environ.get("INFERLEDGER_ATTENTION"):
+            choice, source = os.environ["INFERLEDGER_ATTENTION"], "$INFERLEDGER_ATTENTION"
+            if choice not in ("auto", "paged", "gather"):
+                raise ValueError(f"$INFERLEDGER_ATTENTION={choice!r}: use auto, paged or gather")
+        if device_type != "cpu":
+            return False, f"{device_type}: gather (the CUDA graphs capture it; the paged kernel is CPU-only)"
+        if choice == "gather":
+            return False, f"gather ({source})"
+        import torch
+
+        if dtype not in (torch.float32, torch.bfloat16):
+            return False, f"gather: the paged kernel takes float32 and bfloat16, not {dtype}"
+        from .paged_kernel import load
+
+        ok, why = load()
+        if not ok:
+            return False, f"gather: {why}"
+        return True, f"{choice} ({source}): {why}" if choice == "paged" else f"auto: {why}"
 
     def to_dict(self) -> dict:
         d = asdict(self)

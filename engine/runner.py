@@ -4,8 +4,9 @@ The runner owns the per-layer K and V caches ([layers, blocks, n_kv_heads, block
 the layout engine/attention.py defines), checks each chunk, flattens all chunks' tokens into one
 batch [T] for the embedding, projection and MLP matmuls, and picks the step's attention kernel:
 `PagedAttention` for a step of arbitrary chunks, `DecodeAttention` for a batch of single-token
-decodes, whose rows it reorders into width groups and whose gathers go into one workspace kept
-across steps. Optional: pure decode batches padded and replayed from CUDA graphs captured per
+decodes. On the CPU with the paged kernel (`paged`), decode rows stay in order and are read in
+place; otherwise the runner reorders them into width groups whose gathers go into one workspace
+kept across steps. Optional: pure decode batches padded and replayed from CUDA graphs captured per
 (batch, table-width) bucket (engine/cuda_graph.py); `close()` frees graphs and caches at once.
 """
 from __future__ import annotations
@@ -31,16 +32,19 @@ class SeqChunk:
 class ModelRunner:
     def __init__(self, model, config: ModelConfig, *, num_blocks: int, block_size: int = 16,
                  device="cpu", dtype=None, graph_batch_sizes: tuple[int, ...] | None = None,
-                 compile: bool = False):
+                 compile: bool = False, paged: bool = False):
         """graph_batch_sizes: pad pure decode batches up to these sizes and (on CUDA) replay them from
         captured CUDA graphs; None (default) runs every step eagerly. compile (CPU): run the steps
-        engine/compiled_step.py compiles through it, compiled at construction."""
+        engine/compiled_step.py compiles through it, compiled at construction. paged (CPU, the kernel
+        of engine/paged_kernel.py loaded): attention reads the paged cache in place rather than
+        gathering it (engine/attention.py)."""
         self.model, self.config = model, config
         self.num_blocks, self.block_size = num_blocks, block_size
         self.device = torch.device(device)
         self.dtype = dtype or next(model.parameters()).dtype
         self.graph_batch_sizes = tuple(sorted(graph_batch_sizes or ()))
         model.fuse()
+        self.paged = bool(paged) and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         # padded decode rows write into one extra scratch block no block table may name
         shape = (config.n_layers, num_blocks + bool(self.graph_batch_sizes or compile), config.n_kv_heads,
                  block_size, config.head_dim)
@@ -96,7 +100,8 @@ class ModelRunner:
             return self._decode(chunks, n_blocks)
         self.last_step = {"mode": "eager", "padded_batch": 0}
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
-        hidden = self._hidden(as_long(ids), as_long(positions), PagedAttention(self.k_cache, self.v_cache, as_long(slots), seqs))
+        attn = PagedAttention(self.k_cache, self.v_cache, as_long(slots), seqs, self.paged)
+        hidden = self._hidden(as_long(ids), as_long(positions), attn)
         logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long, device=dev)]) if rows else None
         out, i = [], 0
         for c in chunks:
@@ -133,8 +138,10 @@ class ModelRunner:
         bs, dev = self.block_size, self.device
         tables = [c.block_table[:n] for c, n in zip(chunks, n_blocks)]
         ctx = [c.start_pos + 1 for c in chunks]
-        n_rows = max(len(t) for t in tables) * len(chunks) * self.config.n_kv_heads
-        groups = decode_groups(tables, ctx, self.k_cache.shape[1:], self.dtype, dev, self.workspace(n_rows))
+        bufs = (None, None)
+        if not self.paged:
+            bufs = self.workspace(max(len(t) for t in tables) * len(chunks) * self.config.n_kv_heads)
+        groups = decode_groups(tables, ctx, self.k_cache.shape[1:], self.dtype, dev, bufs, self.paged)
         order = [r for rows, _ in groups for r in rows]
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
         slots = as_long([chunks[r].block_table[chunks[r].start_pos // bs] * bs + chunks[r].start_pos % bs for r in order])
@@ -165,7 +172,7 @@ class ModelRunner:
 
     def _decode_step(self, g: DecodeGraph):
         """The padded decode step of one bucket over its static buffers, as CUDA graphs capture it."""
-        group = BatchedDecode(self.k_cache.shape[1:], g.table, g.ctx_lens, self.dtype, *g.bufs)
+        group = BatchedDecode(self.k_cache.shape[1:], g.table, g.ctx_lens, self.dtype, *g.bufs, paged=self.paged)
         attn = DecodeAttention(self.k_cache, self.v_cache, g.slots, [(g.ids.shape[0], group)])
         return self.model.compute_logits(self.model(g.ids, g.pos, attn))
 

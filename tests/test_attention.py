@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from inferledger.engine.attention import DecodeAttention, PagedAttention, decode_groups, width_groups
+from inferledger.engine import paged_kernel
+from inferledger.engine.attention import PAGED_MAX_CHUNK, DecodeAttention, PagedAttention, decode_groups, width_groups
 
 KV, H, D, BS, BLOCKS = 2, 6, 8, 4, 48
 
@@ -30,7 +32,14 @@ def _reference(q, k, v, start):
     return o[0].transpose(0, 1)
 
 
-def _step(attn_cls, k_cache, v_cache, chunks, groups=None):
+@pytest.fixture(scope="module")
+def kernel():
+    """The paged kernel, built (or loaded) as the engine does; this machine has a compiler, so it must load."""
+    ok, why = paged_kernel.load()
+    assert ok, why
+
+
+def _step(attn_cls, k_cache, v_cache, chunks, groups=None, paged=False):
     """One step of chunks [(table, start, q, k, v)] through a kernel; -> its output [T, H, D]."""
     slots = torch.tensor([s for table, start, q, *_ in chunks for s in _slots(table, start, q.shape[0])])
     q, k, v = (torch.cat([c[i] for c in chunks]) for i in (2, 3, 4))
@@ -39,7 +48,7 @@ def _step(attn_cls, k_cache, v_cache, chunks, groups=None):
         for table, start, cq, *_ in chunks:
             seqs.append((q0, cq.shape[0], start, table[:-(-(start + cq.shape[0]) // BS)]))
             q0 += cq.shape[0]
-        attn = PagedAttention(k_cache, v_cache, slots, seqs)
+        attn = PagedAttention(k_cache, v_cache, slots, seqs, paged)
     else:
         attn = DecodeAttention(k_cache, v_cache, slots, groups)
     return attn(0, q, k, v)
@@ -59,16 +68,20 @@ def _sequences(lengths, seed=0, blocks=BLOCKS):
     return seqs
 
 
-def test_a_mixed_step_attends_as_plain_causal_attention():
-    # (context already cached, new tokens): a fresh prompt, a continued prefill, decodes of three
-    # context widths (batched in groups) and a fresh single token
-    plan = [(0, 5), (7, 4), (3, 1), (40, 1), (17, 1), (0, 1)]
+@pytest.mark.parametrize("paged", [False, True], ids=["gather", "paged"])
+def test_a_mixed_step_attends_as_plain_causal_attention(paged, request):
+    # (context already cached, new tokens): a fresh prompt, a continued prefill short enough for the
+    # paged kernel and one too long for it, decodes of three context widths (batched in groups when
+    # gathered) and a fresh single token
+    if paged:
+        request.getfixturevalue("kernel")
+    plan = [(0, 5), (7, 4), (3, 1), (40, 1), (17, 1), (0, 1), (9, PAGED_MAX_CHUNK + 3)]
     seqs = _sequences([c + n for c, n in plan])
     k_cache, v_cache = _cache()
     earlier = [(t, 0, q[:c], k[:c], v[:c]) for (c, _), (t, q, k, v) in zip(plan, seqs) if c]
     _step(PagedAttention, k_cache, v_cache, earlier)  # writes the cached context
     now = [(t, c, q[c:], k[c:], v[c:]) for (c, _), (t, q, k, v) in zip(plan, seqs)]
-    out = _step(PagedAttention, k_cache, v_cache, now)
+    out = _step(PagedAttention, k_cache, v_cache, now, paged=paged)
     want = torch.cat([_reference(q[c:], k, v, c) for (c, _), (t, q, k, v) in zip(plan, seqs)])
     assert out.shape == (sum(n for _, n in plan), H, D)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
@@ -87,6 +100,72 @@ def test_grouped_decodes_attend_as_plain_causal_attention():
     out = _step(DecodeAttention, k_cache, v_cache, chunks, [(len(rows), g) for rows, g in groups])
     want = torch.cat([_reference(q[-1:], k, v, n - 1) for n, (_, q, k, v) in ((lengths[r], seqs[r]) for r in order)])
     torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+
+
+def test_paged_decodes_attend_in_place_as_plain_causal_attention(kernel):
+    # one group of every row, in order, whatever the widths: nothing is gathered or padded
+    lengths = [4, 41, 18, 2, 33, 9, 1]
+    seqs = _sequences(lengths, seed=1)
+    k_cache, v_cache = _cache()
+    _step(PagedAttention, k_cache, v_cache, [(t, 0, q[:-1], k[:-1], v[:-1]) for t, q, k, v in seqs if q.shape[0] > 1])
+    tables = [t for t, *_ in seqs]
+    groups = decode_groups(tables, lengths, k_cache.shape[1:], torch.float32, "cpu", paged=True)
+    assert [rows for rows, _ in groups] == [list(range(len(lengths)))]
+    chunks = [(tables[r], lengths[r] - 1, *(x[-1:] for x in seqs[r][1:])) for r in range(len(lengths))]
+    out = _step(DecodeAttention, k_cache, v_cache, chunks, [(len(lengths), groups[0][1])])
+    want = torch.cat([_reference(q[-1:], k, v, n - 1) for n, (_, q, k, v) in zip(lengths, seqs)])
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["gather", "paged"])
+def test_bf16_paged_step_attends_as_fp32_causal_attention(paged, request):
+    # bf16 cache: the paged kernel computes in fp32 and rounds once; the gather path within bf16 bounds
+    if paged:
+        request.getfixturevalue("kernel")
+    plan = [(70, 1), (12, 3), (0, 4), (33, 1)]
+    seqs = _sequences([c + n for c, n in plan], seed=4, blocks=100)
+    k_cache, v_cache = _cache(100, torch.bfloat16)
+    bf = lambda x: x.bfloat16()  # noqa: E731
+    _step(PagedAttention, k_cache, v_cache, [(t, 0, bf(q[:c]), bf(k[:c]), bf(v[:c]))
+                                             for (c, _), (t, q, k, v) in zip(plan, seqs) if c])
+    out = _step(PagedAttention, k_cache, v_cache, [(t, c, bf(q[c:]), bf(k[c:]), bf(v[c:]))
+                                                   for (c, _), (t, q, k, v) in zip(plan, seqs)], paged=paged)
+    r32 = lambda x: x.bfloat16().float()  # noqa: E731
+    want = torch.cat([_reference(r32(q[c:]), r32(k), r32(v), c) for (c, _), (t, q, k, v) in zip(plan, seqs)])
+    assert out.dtype == torch.bfloat16
+    # the paged kernel's only rounding is the output's (half a bf16 ulp); the gather path rounds scores too
+    bound = 2 ** -8 if paged else 2e-2
+    torch.testing.assert_close(out.float(), want, atol=bound, rtol=bound)
+
+
+def test_the_paged_kernel_refuses_a_row_it_cannot_read(kernel):
+    k_cache, v_cache = (c[0] for c in _cache())
+    q = torch.zeros(2, H, D)
+    tables = torch.tensor([[0, 1], [2, 47]])
+    ok = paged_kernel.paged_attention(q, k_cache, v_cache, tables, torch.tensor([0, 1]), torch.tensor([8, 5]), 1.0)
+    assert ok.shape == (2, H, D)
+    for seq, ctx, words in (([0, 2], [3, 3], "q_seq[1] = 2 is not a row of tables"),
+                            ([0, 1], [3, 9], "q_ctx[1] = 9 is outside [1, 8]"),
+                            ([0, 1], [0, 3], "q_ctx[0] = 0 is outside [1, 8]")):
+        with pytest.raises(RuntimeError, match=words.replace("[", r"\[").replace("]", r"\]")):
+            paged_kernel.paged_attention(q, k_cache, v_cache, tables, torch.tensor(seq), torch.tensor(ctx), 1.0)
+    with pytest.raises(RuntimeError, match=r"block 48 of row 1 is outside \[0, 48\)"):
+        paged_kernel.paged_attention(q, k_cache, v_cache, torch.tensor([[0, 1], [2, 48]]), torch.tensor([0, 1]),
+                                     torch.tensor([3, 5]), 1.0)
+
+
+def test_without_a_compiler_the_engine_gathers_and_says_why(monkeypatch):
+    from inferledger.engine import EngineConfig
+
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    monkeypatch.setattr(paged_kernel, "_STATE", {})  # as in a fresh process
+    assert EngineConfig(attention="paged").resolve_attention("cpu", torch.float32) == (
+        False, "gather: no C++ compiler (no-such-compiler-here) to build the paged kernel")
+    assert EngineConfig().resolve_attention("cuda", torch.bfloat16)[0] is False
+    assert EngineConfig(attention="gather").resolve_attention("cpu", torch.float32) == (
+        False, "gather (EngineConfig.attention)")
+    with pytest.raises(ValueError, match="attention='fast'"):
+        EngineConfig(attention="fast")
 
 
 def test_bf16_decode_groups_attend_as_fp32_causal_attention():

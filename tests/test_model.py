@@ -51,12 +51,19 @@ def _prompts(tok):
     return chat + [tok.encode(p) for p in PLAIN]
 
 
-def test_greedy_matches_hugging_face(bundle, hf_model):
+@pytest.mark.parametrize("paged", [False, True], ids=["gather", "paged"])
+def test_greedy_matches_hugging_face(bundle, hf_model, paged):
     """Our 32 greedy tokens for 8 prompts equal HF's: HF's argmax after every prefix of prompt +
-    our continuation is our next token (so HF's own greedy loop would emit exactly our tokens)."""
+    our continuation is our next token (so HF's own greedy loop would emit exactly our tokens).
+    Both ways of reading the paged cache: gathered, and in place by the paged kernel."""
     tok = bundle.tokenizer
     prompts = _prompts(tok)
-    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16)
+    if paged:
+        from inferledger.engine import paged_kernel
+
+        assert paged_kernel.load()[0], paged_kernel.load()[1]
+    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16, paged=paged)
+    assert runner.paged is paged
     ours = greedy_paged(runner, prompts, 32, _blocks(runner, len(prompts), 6))
     hf_next = hf_argmax_after_each_prefix(hf_model, [p + o for p, o in zip(prompts, ours)])
     for prompt, got, hf in zip(prompts, ours, hf_next):

@@ -1,0 +1,119 @@
+"""The CPU paged-attention kernel (engine/csrc/paged_attention.cpp): built once per machine, loaded once per process.
+
+`load()` compiles the C++ source with the system's C++ compiler against the installed torch
+(`-O3 -march=native`, OpenMP from torch's own runtime, so the kernel runs on torch's intra-op
+threads) into `cache_dir()`, under a name keyed by the source, torch's version, the compiler and the
+CPU's flags: a second start (or a second process) loads the built library, and a different CPU or
+torch builds its own. The build is written to a temporary file and renamed, so processes that start
+together never load half a library. Without a compiler, or when the build fails, `load()` says why
+and the engine gathers the paged rows into a contiguous copy instead (engine/attention.py).
+
+    paged_attention(q [T, H, D], k_cache, v_cache [blocks, KV, block_size, D], tables [S, W],
+                    q_seq [T], q_ctx [T], scale) -> [T, H, D]
+
+Row t of q attends over the first q_ctx[t] positions of the sequence whose block table is
+tables[q_seq[t]], reading the cache's blocks in place; fp32 arithmetic, the output in q's dtype.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "paged_attention.cpp"
+_LOCK = threading.Lock()
+_STATE: dict = {}  # "ok", "reason", "build_s", "library"
+
+
+def cache_dir() -> Path:
+    """$XDG_CACHE_HOME (or ~/.cache) /inferledger/kernels."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "inferledger" / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX") or "g++")
+
+
+def _command(cxx: str, out: Path) -> list[str]:
+    from torch.utils.cpp_extension import include_paths
+
+    lib = Path(torch.__file__).resolve().parent / "lib"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [cxx, "-O3", "-march=native", "-fopenmp", "-std=c++20", "-shared", "-fPIC", "-w",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in include_paths()), str(SOURCE),
+            f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu", "-o", str(out)]
+
+
+def library_path(cxx: str) -> Path:
+    """Where the build for this source, torch, compiler and CPU lives."""
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), torch.__version__.encode(), cxx.encode(), _cpu_flags().encode(),
+                 sys.platform.encode()):
+        key.update(part)
+    return cache_dir() / f"paged_attention-{key.hexdigest()[:16]}.so"
+
+
+def load() -> tuple[bool, str]:
+    """(the kernel is loaded, why or why not); builds it first when this machine has no build yet."""
+    with _LOCK:
+        if not _STATE:
+            _STATE.update(_load())
+        return _STATE["ok"], _STATE["reason"]
+
+
+def build_seconds() -> float | None:
+    """How long this process spent building the kernel (None: it loaded an earlier build, or none)."""
+    return _STATE.get("build_s")
+
+
+def _load() -> dict:
+    if sys.platform != "linux":
+        return {"ok": False, "reason": f"the paged kernel is built on Linux only (this is {sys.platform})"}
+    cxx = _compiler()
+    if cxx is None:
+        return {"ok": False, "reason": f"no C++ compiler ({os.environ.get('CXX') or 'g++'}) to build the paged kernel"}
+    path, built = library_path(cxx), None
+    if not path.exists():
+        t0 = time.perf_counter()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+        os.close(fd)
+        try:
+            proc = subprocess.run(_command(cxx, Path(tmp)), capture_output=True, text=True, timeout=600)
+            if proc.returncode != 0:
+                return {"ok": False, "reason": f"building the paged kernel failed: {proc.stderr.strip()[-400:]}"}
+            os.replace(tmp, path)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return {"ok": False, "reason": f"building the paged kernel failed: {exc!r}"[:500]}
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        built = round(time.perf_counter() - t0, 2)
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as exc:
+        return {"ok": False, "reason": f"loading the paged kernel {path} failed: {exc!r}"[:500]}
+    how = f"built in {built} s" if built is not None else "an earlier build"
+    return {"ok": True, "reason": f"paged kernel loaded ({how}: {path})", "build_s": built, "library": str(path)}
+
+
+def paged_attention(q, k_cache, v_cache, tables, q_seq, q_ctx, scale: float) -> torch.Tensor:
+    return torch.ops.inferledger_cpu.paged_attention(q, k_cache, v_cache, tables, q_seq, q_ctx, scale)
