@@ -57,11 +57,12 @@ def prompt_tokens_counted(port: int) -> float | None:
 class Ours:
     name, port = "ours", OURS_PORT
 
-    def __init__(self, dtype: str, compile_: str) -> None:
-        self.dtype, self.compile, self.proc = dtype, compile_, None
+    def __init__(self, dtype: str, compile_: str, attention: str = "auto") -> None:
+        self.dtype, self.compile, self.attention, self.proc = dtype, compile_, attention, None
 
     def start(self) -> None:
-        env = {**os.environ, "INFERLEDGER_DTYPE": self.dtype, "INFERLEDGER_COMPILE": self.compile}
+        env = {**os.environ, "INFERLEDGER_DTYPE": self.dtype, "INFERLEDGER_COMPILE": self.compile,
+               "INFERLEDGER_ATTENTION": self.attention}
         self.log = open(OUT / f"ours-{self.port}.log", "a")
         self.proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "inferledger"), "serve", "--port", str(self.port),
                                       "--served-model-name", NAME], env=env, stdout=self.log, stderr=subprocess.STDOUT,
@@ -91,7 +92,9 @@ class Ours:
         return {"dtype": self.dtype, "prefix_caching": True, "threads": "one intra-op thread fewer than the CPUs, "
                 "not pinned (cpu_threads auto), a core's worth left to the HTTP front end", "endpoint": "inferledger serve",
                 "compile": f"INFERLEDGER_COMPILE={self.compile} (on: the compiled CPU step, compiled before /health "
-                "answers; auto: as EngineConfig.compile='auto' resolves at this commit)"}
+                "answers; auto: as EngineConfig.compile='auto' resolves at this commit)",
+                "attention": f"INFERLEDGER_ATTENTION={self.attention} (paged: the CPU kernel reading the paged KV "
+                "cache in place; gather: a contiguous copy, then SDPA; auto: paged where the kernel builds)"}
 
 
 class VLLM:
@@ -225,6 +228,7 @@ def main() -> None:
     ap.add_argument("--capture-concurrency", type=int, nargs="*", default=[4], help="our client's runs (none: skip)")
     ap.add_argument("--ours-dtype", default="auto")
     ap.add_argument("--ours-compile", default="auto", help="our server's INFERLEDGER_COMPILE: auto, on or off")
+    ap.add_argument("--ours-attention", default="auto", help="our server's INFERLEDGER_ATTENTION: auto, paged or gather")
     ap.add_argument("--vllm-dtype", default="bfloat16", help="vllm_cpu.sh serves bf16; float32 = the same work as ours here")
     ap.add_argument("--vllm-omp-bind", default="nobind", help="vLLM's VLLM_CPU_OMP_THREADS_BIND: nobind (default: "
                     "its one thread left to the OS, as ours is) or CPU ids")
@@ -240,7 +244,8 @@ def main() -> None:
     tokenizer = marker.read_text().split(" model ", 1)[1].strip()  # the HF folder vllm_cpu.sh converted
     OUT = args.out
     OUT.mkdir(parents=True, exist_ok=True)
-    servers = [Ours(args.ours_dtype, args.ours_compile), VLLM(args.vllm_script, args.vllm_dtype, args.vllm_omp_bind)]
+    servers = [Ours(args.ours_dtype, args.ours_compile, args.ours_attention),
+               VLLM(args.vllm_script, args.vllm_dtype, args.vllm_omp_bind)]
     print(f"engine vs vLLM: {args.rounds} rounds A B, concurrency {args.concurrency}, tokenizer {tokenizer}, "
           f"{os.cpu_count()} CPUs, load average {load()}; results in {OUT}", flush=True)
     rows = []
