@@ -207,13 +207,19 @@ class EngineConfig:
             return tuple(sizes + [self.max_num_seqs])
         return tuple(sorted(set(self.graph_batch_sizes or ())))
 
+    def _choice(self, field: str, env: str, allowed: tuple[str, ...]) -> tuple[str, str]:
+        """(the setting, where it came from): the field, or when it is "auto" the environment variable
+        that overrides it (checked against the same choices)."""
+        choice = getattr(self, field)
+        if choice != "auto" or not os.environ.get(env):
+            return choice, f"EngineConfig.{field}"
+        if os.environ[env] not in allowed:
+            raise ValueError(f"${env}={os.environ[env]!r}: use {', '.join(allowed[:-1])} or {allowed[-1]}")
+        return os.environ[env], f"${env}"
+
     def resolve_compile(self, device_type: str, dtype) -> tuple[bool, str]:
         """(compile the CPU step?, why)."""
-        choice, source = self.compile, "EngineConfig.compile"
-        if choice == "auto" and os.environ.get("INFERLEDGER_COMPILE"):
-            choice, source = os.environ["INFERLEDGER_COMPILE"], "$INFERLEDGER_COMPILE"
-            if choice not in ("auto", "on", "off"):
-                raise ValueError(f"$INFERLEDGER_COMPILE={choice!r}: use auto, on or off")
+        choice, source = self._choice("compile", "INFERLEDGER_COMPILE", ("auto", "on", "off"))
         if device_type != "cpu":
             return False, f"{device_type}: no compiled step (CUDA graphs instead)"
         if choice != "auto":
@@ -230,11 +236,7 @@ class EngineConfig:
 
     def resolve_attention(self, device_type: str, dtype) -> tuple[bool, str]:
         """(attend through the paged kernel?, why); on the CPU this builds or loads the kernel."""
-        choice, source = self.attention, "EngineConfig.attention"
-        if choice == "auto" and os.environ.get("INFERLEDGER_ATTENTION"):
-            choice, source = os.environ["INFERLEDGER_ATTENTION"], "$INFERLEDGER_ATTENTION"
-            if choice not in ("auto", "paged", "gather"):
-                raise ValueError(f"$INFERLEDGER_ATTENTION={choice!r}: use auto, paged or gather")
+        choice, source = self._choice("attention", "INFERLEDGER_ATTENTION", ("auto", "paged", "gather"))
         if device_type != "cpu":
             return False, f"{device_type}: gather (the CUDA graphs capture it; the paged kernel is CPU-only)"
         if choice == "gather":

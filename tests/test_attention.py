@@ -166,6 +166,11 @@ def test_without_a_compiler_the_engine_gathers_and_says_why(monkeypatch):
         False, "gather (EngineConfig.attention)")
     with pytest.raises(ValueError, match="attention='fast'"):
         EngineConfig(attention="fast")
+    monkeypatch.setenv("INFERLEDGER_ATTENTION", "gather")
+    assert EngineConfig().resolve_attention("cpu", torch.float32) == (False, "gather ($INFERLEDGER_ATTENTION)")
+    monkeypatch.setenv("INFERLEDGER_ATTENTION", "fast")
+    with pytest.raises(ValueError, match=r"\$INFERLEDGER_ATTENTION='fast': use auto, paged or gather"):
+        EngineConfig().resolve_attention("cpu", torch.float32)
 
 
 def test_bf16_decode_groups_attend_as_fp32_causal_attention():

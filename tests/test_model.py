@@ -166,13 +166,19 @@ def test_runner_rejects_bad_chunks_and_reports_kv_bytes(bundle):
     assert runner.forward([]) == []
 
 
-def test_padded_decode_buckets_equal_eager(bundle):
+@pytest.mark.parametrize("paged", [False, True], ids=["gather", "paged"])
+def test_padded_decode_buckets_equal_eager(bundle, paged):
     """The static, padded decode step that CUDA graphs capture (run eagerly on the CPU) gives the
-    same logits as the unpadded path, for batches below a bucket and wider block tables."""
+    same logits as the unpadded path, for batches below a bucket and wider block tables; its padding
+    rows (the scratch block, one position) are read in place as well as gathered."""
+    if paged:
+        from inferledger.engine import paged_kernel
+
+        assert paged_kernel.load()[0], paged_kernel.load()[1]
     p = _prompts(bundle.tokenizer)
     seqs = [p[0], p[4], p[6]]
-    eager = ModelRunner(bundle.model, bundle.config, num_blocks=24)
-    padded = ModelRunner(bundle.model, bundle.config, num_blocks=24, graph_batch_sizes=(2, 4))
+    eager = ModelRunner(bundle.model, bundle.config, num_blocks=24, paged=paged)
+    padded = ModelRunner(bundle.model, bundle.config, num_blocks=24, graph_batch_sizes=(2, 4), paged=paged)
     assert padded.kv_bytes() == eager.kv_bytes() * 25 // 24  # plus the scratch block for padding rows
     tables = _blocks(eager, 3, 8, seed=5)
     results = []
