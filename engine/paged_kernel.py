@@ -93,9 +93,12 @@ def _load() -> dict:
     path, built = library_path(cxx), None
     if not path.exists():
         t0 = time.perf_counter()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
-        os.close(fd)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+            os.close(fd)
+        except OSError as exc:
+            return {"ok": False, "reason": f"the paged kernel's cache {path.parent} is not writable: {exc}"[:500]}
         try:
             proc = subprocess.run(_command(cxx, Path(tmp)), capture_output=True, text=True, timeout=600)
             if proc.returncode != 0:

@@ -154,7 +154,7 @@ def test_the_paged_kernel_refuses_a_row_it_cannot_read(kernel):
                                      torch.tensor([3, 5]), 1.0)
 
 
-def test_without_a_compiler_the_engine_gathers_and_says_why(monkeypatch):
+def test_without_a_compiler_the_engine_gathers_and_says_why(monkeypatch, tmp_path):
     from inferledger.engine import EngineConfig
 
     monkeypatch.setenv("CXX", "no-such-compiler-here")
@@ -166,6 +166,13 @@ def test_without_a_compiler_the_engine_gathers_and_says_why(monkeypatch):
         False, "gather (EngineConfig.attention)")
     with pytest.raises(ValueError, match="attention='fast'"):
         EngineConfig(attention="fast")
+    monkeypatch.delenv("CXX")  # a compiler, but nowhere to keep its build: gather, and the reason names the folder
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    monkeypatch.setattr(paged_kernel, "_STATE", {})
+    paged, why = EngineConfig().resolve_attention("cpu", torch.float32)
+    assert not paged and why.startswith(f"gather: the paged kernel's cache {blocked}/inferledger/kernels is not writable")
     monkeypatch.setenv("INFERLEDGER_ATTENTION", "gather")
     assert EngineConfig().resolve_attention("cpu", torch.float32) == (False, "gather ($INFERLEDGER_ATTENTION)")
     monkeypatch.setenv("INFERLEDGER_ATTENTION", "fast")
