@@ -138,6 +138,39 @@ def test_bf16_paged_step_attends_as_fp32_causal_attention(paged, request):
     torch.testing.assert_close(out.float(), want, atol=bound, rtol=bound)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_chunks_in_tiles_attend_as_plain_causal_attention(kernel, dtype):
+    # the engine's shape (blocks of 16, heads of 64, 9 over 3): a chunk's rows share each block in
+    # tiles of up to 8 rows; chunks of 2, 9 and PAGED_MAX_CHUNK tokens over cached contexts of 5 to 100,
+    # beside a decode and a fresh prompt
+    kv, h, d, bs, blocks = 3, 9, 64, 16, 64
+    plan = [(5, 2), (40, 9), (100, PAGED_MAX_CHUNK), (70, 1), (0, 6)]
+    gen = torch.Generator().manual_seed(11)
+    pool = torch.randperm(blocks, generator=gen).tolist()
+    seqs, at = [], 0
+    for c, n in plan:
+        width = -(-(c + n) // bs)
+        seqs.append((pool[at:at + width], *(torch.randn(c + n, heads, d, generator=gen).to(dtype) for heads in (h, kv, kv))))
+        at += width
+    k_cache = torch.zeros(1, blocks, kv, bs, d, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+
+    def step(chunks, paged):
+        slots = torch.tensor([t[p // bs] * bs + p % bs for t, start, q, *_ in chunks for p in range(start, start + q.shape[0])])
+        meta, q0 = [], 0
+        for t, start, q, *_ in chunks:
+            meta.append((q0, q.shape[0], start, t[:-(-(start + q.shape[0]) // bs)]))
+            q0 += q.shape[0]
+        return PagedAttention(k_cache, v_cache, slots, meta, paged)(0, *(torch.cat([c[i] for c in chunks]) for i in (2, 3, 4)))
+
+    step([(t, 0, q[:c], k[:c], v[:c]) for (c, _), (t, q, k, v) in zip(plan, seqs) if c], False)
+    out = step([(t, c, q[c:], k[c:], v[c:]) for (c, _), (t, q, k, v) in zip(plan, seqs)], True)
+    f = lambda x: x.float()  # noqa: E731
+    want = torch.cat([_reference(f(q[c:]), f(k), f(v), c) for (c, _), (t, q, k, v) in zip(plan, seqs)])
+    bound = 1e-5 if dtype == torch.float32 else 2 ** -8
+    torch.testing.assert_close(out.float(), want, atol=bound, rtol=bound)
+
+
 def test_the_paged_kernel_refuses_a_row_it_cannot_read(kernel):
     k_cache, v_cache = (c[0] for c in _cache())
     q = torch.zeros(2, H, D)

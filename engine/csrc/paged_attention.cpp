@@ -2,11 +2,13 @@
 //
 // The cache of one layer is [num_blocks, n_kv_heads, block_size, head_dim] (engine/attention.py);
 // query row t belongs to the sequence whose block table is tables[q_seq[t]] and sees the keys at
-// positions 0 .. q_ctx[t] - 1 of that sequence. One work item is (query row, KV head): the query
-// heads sharing that KV head (grouped-query attention) walk the row's blocks together, so every
-// K / V block is read once per item, straight from the cache, and stays in L1 while the group's
-// heads use it. Scores, the softmax (online, one block at a time) and the weighted sum of V are
-// fp32 whatever the cache's dtype; the output is rounded to q's dtype once, at the end.
+// positions 0 .. q_ctx[t] - 1 of that sequence. A lone row (a decode) is one work item per KV head:
+// the query heads sharing that KV head (grouped-query attention) walk the row's blocks
+// together, so every K / V block is read once per item, straight from the cache, and stays in L1
+// while the group's heads dot its keys. Consecutive rows of one sequence (a prefill chunk) go in
+// tiles of up to TILE rows (`tile_item`): each block's K is transposed once per tile and shared by
+// all the tile's query vectors. Scores, the softmax (online, one block at a time) and the weighted
+// sum of V are fp32 whatever the cache's dtype; the output is rounded to q's dtype once, at the end.
 //
 // Built at run time by engine/paged_kernel.py (g++, -march=native, -fopenmp against torch's own
 // OpenMP runtime, so at::parallel_for uses the intra-op threads torch.set_num_threads set).
@@ -21,14 +23,14 @@
 
 namespace {
 
-inline float dot(const float* a, const float* b, int64_t n) {
+inline float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t n) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
 
-inline void axpy(float* y, float a, const float* x, int64_t n) {
+inline void axpy(float* __restrict__ y, float a, const float* __restrict__ x, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
@@ -52,32 +54,155 @@ inline const float* as_float(const c10::BFloat16* src, float* buf, int64_t n) {
   return buf;
 }
 
+// exp(x) for the softmax's x <= 0, in a form the compiler vectorises (no call): 2^n * p(r) with
+// x = n ln2 + r, |r| <= ln2 / 2, p the degree-6 Taylor polynomial (relative error under 2e-7); 0 below -87
+inline float exp_neg(float x) {
+  const float lo = -87.0f;
+  const float xc = x < lo ? lo : x;
+  // round to nearest by adding and taking back 1.5 * 2^23 (plain arithmetic, so the loop vectorises)
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  __builtin_memcpy(&two_n, &bits, sizeof two_n);
+  return x < lo ? 0.0f : p * two_n;
+}
+
+struct Args {
+  int64_t H, D, KV, BS, W, G;
+  const int64_t *tables, *seq, *ctx;
+  float scale;
+};
+
+// Rows t0 .. t1 - 1 of one sequence (a prefill chunk's, consecutive positions) and KV head h, for the
+// common shape (block_size BS_, head_dim D_ fixed at compile time, so the score and output
+// accumulators stay in registers): each block's K is transposed once into [D_][BS_] and shared by
+// the tile's (t1 - t0) x G query vectors, taken QR at a time, their scores BS_-wide multiply-adds.
+constexpr int64_t TILE = 8, QR = 4;
+
+template <int64_t BS_, int64_t D_, typename scalar_t>
+void tile_item(const Args& a, const scalar_t* qp, const scalar_t* kp, const scalar_t* vp, scalar_t* op, int64_t t0,
+               int64_t t1, int64_t h, float* __restrict__ qf, float* __restrict__ acc, float* __restrict__ kT,
+               float* __restrict__ vbuf, float* __restrict__ m, float* __restrict__ l) {
+  const int64_t G = a.G, KV = a.KV, rows = (t1 - t0) * G;
+  const int64_t* table = a.tables + a.seq[t0] * a.W;
+  int64_t ctx = 0;
+  for (int64_t t = t0; t < t1; ++t) ctx = std::max(ctx, a.ctx[t]);
+  for (int64_t t = t0; t < t1; ++t) {
+    const scalar_t* qrow = qp + (t * a.H + h * G) * D_;
+    for (int64_t i = 0; i < G * D_; ++i) qf[(t - t0) * G * D_ + i] = static_cast<float>(qrow[i]) * a.scale;
+  }
+  std::fill(acc, acc + rows * D_, 0.f);
+  std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + rows, 0.f);
+  for (int64_t b = 0; b * BS_ < ctx; ++b) {
+    const int64_t n = std::min(BS_, ctx - b * BS_);
+    const int64_t base = (table[b] * KV + h) * BS_ * D_;
+    const scalar_t* kb = kp + base;
+    for (int64_t j = 0; j < BS_; ++j)
+      for (int64_t d = 0; d < D_; ++d) kT[d * BS_ + j] = j < n ? static_cast<float>(kb[j * D_ + d]) : 0.f;
+    const float* vb = as_float(vp + base, vbuf, n * D_);
+    for (int64_t r0 = 0; r0 < rows; r0 += QR) {
+      float sc[QR][BS_] = {};
+#pragma GCC unroll 4
+      for (int64_t d = 0; d < D_; ++d) {
+        const float* kd = kT + d * BS_;
+#pragma GCC unroll 4
+        for (int64_t i = 0; i < QR; ++i) {
+          const float qd = r0 + i < rows ? qf[(r0 + i) * D_ + d] : 0.f;
+#pragma omp simd
+          for (int64_t j = 0; j < BS_; ++j) sc[i][j] += qd * kd[j];
+        }
+      }
+      for (int64_t i = 0; i < QR && r0 + i < rows; ++i) {
+        const int64_t r = r0 + i;
+        const int64_t keys = std::min(n, a.ctx[t0 + r / G] - b * BS_);  // this row's causal limit here
+        if (keys <= 0) continue;
+        float* sr = sc[i];
+        float mx = m[r];
+        for (int64_t j = 0; j < keys; ++j) mx = std::max(mx, sr[j]);
+        float* ar = acc + r * D_;
+        float corr = 1.f;
+        if (mx > m[r]) {
+          corr = exp_neg(m[r] - mx);
+          m[r] = mx;
+        }
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < BS_; ++j) {
+          sr[j] = j < keys ? exp_neg(sr[j] - mx) : 0.f;
+          sum += sr[j];
+        }
+        l[r] = l[r] * corr + sum;
+        float o[D_];
+#pragma omp simd
+        for (int64_t d = 0; d < D_; ++d) o[d] = ar[d] * corr;
+        for (int64_t j = 0; j < keys; ++j) {
+          const float pj = sr[j];
+          const float* vj = vb + j * D_;
+#pragma omp simd
+          for (int64_t d = 0; d < D_; ++d) o[d] += pj * vj[d];
+        }
+#pragma omp simd
+        for (int64_t d = 0; d < D_; ++d) ar[d] = o[d];
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    scalar_t* orow = op + ((t0 + r / G) * a.H + h * G + r % G) * D_;
+    const float inv = 1.0f / l[r];
+    for (int64_t d = 0; d < D_; ++d) orow[d] = static_cast<scalar_t>(acc[r * D_ + d] * inv);
+  }
+}
+
 template <typename scalar_t>
 void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
          const at::Tensor& q_seq, const at::Tensor& q_ctx, double softmax_scale, at::Tensor& out) {
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t KV = k_cache.size(1), BS = k_cache.size(2), W = tables.size(1);
-  const int64_t G = H / KV;
+  const Args a{H, D, KV, BS, W, H / KV, tables.data_ptr<int64_t>(), q_seq.data_ptr<int64_t>(),
+               q_ctx.data_ptr<int64_t>(), static_cast<float>(softmax_scale)};
   const scalar_t* qp = q.data_ptr<scalar_t>();
   const scalar_t* kp = k_cache.data_ptr<scalar_t>();
   const scalar_t* vp = v_cache.data_ptr<scalar_t>();
-  const int64_t* tp = tables.data_ptr<int64_t>();
-  const int64_t* sp = q_seq.data_ptr<int64_t>();
-  const int64_t* cp = q_ctx.data_ptr<int64_t>();
   scalar_t* op = out.data_ptr<scalar_t>();
-  const float sc = static_cast<float>(softmax_scale);
+  const bool tiled = BS == 16 && (D == 64 || D == 128);  // the shapes tile_item is built for
 
-  at::parallel_for(0, T * KV, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(G * D), acc(G * D), kbuf(BS * D), vbuf(BS * D), s(BS), m(G), l(G);
+  std::vector<int64_t> tiles;  // the first row of each tile, then T
+  for (int64_t t = 0; t < T; ++t)
+    if (t == 0 || !tiled || a.seq[t] != a.seq[t - 1] || t - tiles.back() == TILE) tiles.push_back(t);
+  tiles.push_back(T);
+  const int64_t n_tiles = static_cast<int64_t>(tiles.size()) - 1;
+
+  at::parallel_for(0, n_tiles * KV, 1, [&](int64_t begin, int64_t end) {
+    const int64_t G = a.G, most = TILE * G;
+    std::vector<float> qf(most * D), acc(most * D), kbuf(BS * D), vbuf(BS * D), s(BS), m(most), l(most);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / KV, h = item % KV;
-      const int64_t ctx = cp[t];
-      const int64_t* table = tp + sp[t] * W;
+      const int64_t t0 = tiles[item / KV], t1 = tiles[item / KV + 1], h = item % KV;
+      if (t1 - t0 > 1) {
+        if (D == 64)
+          tile_item<16, 64>(a, qp, kp, vp, op, t0, t1, h, qf.data(), acc.data(), kbuf.data(), vbuf.data(), m.data(),
+                            l.data());
+        else
+          tile_item<16, 128>(a, qp, kp, vp, op, t0, t1, h, qf.data(), acc.data(), kbuf.data(), vbuf.data(), m.data(),
+                             l.data());
+        continue;
+      }
+      // a lone row (a decode): the G query heads of the group, each block's K rows dotted as they lie
+      const int64_t t = t0, ctx = a.ctx[t];
+      const int64_t* table = a.tables + a.seq[t] * W;
       const scalar_t* qrow = qp + (t * H + h * G) * D;
-      for (int64_t i = 0; i < G * D; ++i) qf[i] = static_cast<float>(qrow[i]) * sc;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
-      std::fill(l.begin(), l.end(), 0.f);
+      for (int64_t i = 0; i < G * D; ++i) qf[i] = static_cast<float>(qrow[i]) * a.scale;
+      std::fill(acc.begin(), acc.begin() + G * D, 0.f);
+      std::fill(m.begin(), m.begin() + G, -std::numeric_limits<float>::infinity());
+      std::fill(l.begin(), l.begin() + G, 0.f);
       for (int64_t b = 0; b * BS < ctx; ++b) {
         const int64_t n = std::min(BS, ctx - b * BS);
         const int64_t base = (table[b] * KV + h) * BS * D;
