@@ -26,7 +26,8 @@ ifeq ($(CHROMIUM),)
 	(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 	  echo "warning: could not install chromium; the report's browser test will fail" >&2
 endif
-	$(BIN)/python -m pytest -q
+	# the 15 slowest tests named at the end, so the suite's time on the slowest CPU can be watched
+	$(BIN)/python -m pytest -q --durations=15
 	# the tests marked `dtype` run the model at the resolved dtype ("auto" picks per CPU): once more
 	# with each dtype forced, so bf16 and fp32 both run whatever the CPU
 	INFERLEDGER_DTYPE=bfloat16 $(BIN)/python -m pytest -q -m dtype
