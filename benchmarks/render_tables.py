@@ -228,6 +228,16 @@ def decode_step_account(rs: list[dict]) -> str:
               f"memcpy {fmt(f['memcpy_gib_s'], '.1f')} GiB/s (read + write) in the same run.")
 
 
+def paged_attention(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[r["dtype"], r["kind"], r["rows"], r["context_tokens"], fmt(r["gather_ms"], ".3f"), fmt(r["paged_ms"], ".3f"),
+             f"**{fmt(r['gather_over_paged_ratio'])}**"] for r in f["rows"]]
+    return (table(["dtype", "attention of", "query rows", "context tokens", "gather + SDPA ms", "paged kernel ms",
+                   "gather / paged"], rows)
+            + f"\n\nOne layer, {f['shape']}; {f['torch_threads']} intra-op thread(s); chunks of up to "
+              f"{f['paged_max_chunk_tokens']} tokens take the kernel in the engine.")
+
+
 def study_load(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
     rows = [[p["run"], fmt(p["offered_per_s"], ".3f"), fmt(p["completed_per_s"], ".3f"), fmt(p["goodput_per_s"], ".3f"),
@@ -321,6 +331,7 @@ TABLES = {
                                           lambda p: p.get("concurrency") == [1] and p.get("threads") == 1),
     "engine_vs_vllm": Table("engine_vs_vllm", engine_vs_vllm, native_bf16=True),
     "engine_vs_vllm.avx2": Table("engine_vs_vllm", engine_vs_vllm, native_bf16=False),
+    "paged_attention": Table("paged_attention", paged_attention),
     "decode_step_account": Table("decode_step_account", decode_step_account, native_bf16=True),
     "decode_step_account.avx2": Table("decode_step_account", decode_step_account, native_bf16=False),
     "linear_dtypes": Table("linear_dtypes", linear_dtypes),
