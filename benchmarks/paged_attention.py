@@ -5,8 +5,8 @@ heads of 64, blocks of 16, block tables scattered over the cache), for fp32 and 
 thread by default:
 
 - decode: B rows, each over its own context: the paged kernel (engine/paged_kernel.py, what the
-  engine's CPU step calls) against `BatchedDecode`'s gather + SDPA (or its two batched matmuls in
-  bf16: the engine's path without the kernel);
+  engine's CPU step calls) against `BatchedDecode`'s gather into a kept workspace + SDPA (or its two
+  batched matmuls in bf16): the engine's path without the kernel;
 - chunk: n new tokens of one sequence over `start` cached ones (causal within the chunk): the kernel's
   tiles against the gather of the cached blocks + SDPA with a mask, as `PagedAttention` does for a
   chunk past `PAGED_MAX_CHUNK`.
@@ -77,7 +77,8 @@ def main() -> None:
             table = torch.randperm(BLOCKS, generator=gen)[:b * width].view(b, width)
             lens = torch.full((b,), ctx)
             q = torch.randn(b, H, D, generator=gen).to(dtype)
-            gathered = BatchedDecode(k_cache.shape, table, lens, dtype)
+            bufs = torch.empty(2, b * width * KV, BS * D, dtype=dtype)  # the runner's kept workspace
+            gathered = BatchedDecode(k_cache.shape, table, lens, dtype, bufs[0], bufs[1])
             seq = torch.arange(b)
             g, p = pair(lambda: gathered.attend(k_cache, v_cache, q),
                         lambda: paged_kernel.paged_attention(q, k_cache, v_cache, table, seq, lens, D ** -0.5),
