@@ -20,7 +20,7 @@ decode row, whatever its length, goes through one call per layer, and so does ev
 `PAGED_MAX_CHUNK` new tokens. `paged=False` (CUDA, or a CPU without the kernel): the blocks are
 gathered into a contiguous copy that SDPA (or two batched matmuls) reads. Longer prefill chunks
 gather on both: they are compute-bound, and SDPA's flash kernel (blocked GEMMs) is faster there than
-the paged kernel's tiles (measured 1.5-2x at 32-512 new tokens), while their gather costs O(context)
+the paged kernel's tiles (measured 1.5-1.7x at 64-512 new tokens), while their gather costs O(context)
 against O(tokens x context) arithmetic.
 """
 from __future__ import annotations
@@ -36,8 +36,8 @@ from .paged_kernel import paged_attention
 # 2.6x faster at 16 rows x 128 keys, even at 4 x 128, slower below (the flash kernel's per-call cost is lower)
 BMM_MIN_SCORES = 512
 # The most new tokens of one chunk that the paged kernel attends; longer chunks gather (see above). Measured
-# (fp32 and bf16, one core, 9 heads over 3 KV heads of 64): the kernel 2.5x faster than gather + SDPA at 4
-# tokens over 100 cached, even at 16 to 24, 1.5x slower at 32, 2x at 48 to 512
+# (benchmarks/paged_attention.py: fp32 and bf16, one core): the kernel 2.2-2.7x faster than gather + SDPA at
+# 4 tokens, 1.0-1.2x at 16, 0.6-0.7x from 64 on
 PAGED_MAX_CHUNK = 16
 
 
