@@ -113,9 +113,13 @@ def memcpy_gib_s(mib: int = 256, repeats: int = 5) -> float:
     """Best of `repeats` dst.copy_(src) of `mib` MiB, counting bytes read plus bytes written."""
     src = torch.ones(mib * 2**20 // 4)
     dst = torch.empty_like(src)
-    dst.copy_(src)  # first touch
-    best = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
-    return 2 * mib / 1024 / best
+    return 2 * mib / 1024 / best_s(lambda: dst.copy_(src), repeats)  # its warm-up call is the first touch
+
+
+def best_s(fn, repeats: int) -> float:
+    """Seconds of the fastest of `repeats` calls of fn, after one untimed warm-up call."""
+    fn()
+    return min(_timed(fn) for _ in range(repeats))
 
 
 def _timed(fn) -> float:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ from inferledger.engine.cpu_linear import linear, pack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402  (benchmarks/results.py: this run's results file)
+from engine_throughput import best_s  # noqa: E402
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 
@@ -45,13 +45,7 @@ def step_ms(dtype: torch.dtype, rows: int, layers: int = 30, repeats: int = REPE
                 linear(x[w.shape[1]], w, None, packed)
         linear(x[576], head, None, packed)
 
-    step()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
+    return best_s(step, repeats) * 1e3
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402
+from engine_throughput import best_s  # noqa: E402
 
 from inferledger.engine import paged_kernel  # noqa: E402
 from inferledger.engine.attention import PAGED_MAX_CHUNK, BatchedDecode, _gather, _gather_rows  # noqa: E402
@@ -37,22 +37,12 @@ DECODE = [(1, 100), (1, 1000), (16, 100), (16, 500), (64, 300)]  # (rows, contex
 CHUNKS = [(4, 100), (16, 100), (64, 200), (256, 256), (512, 512)]  # (new tokens, cached before them)
 
 
-def best(fn, repeats: int) -> float:
-    fn()
-    out = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out = min(out, time.perf_counter() - t0)
-    return out
-
-
 def pair(gather, paged, repeats: int) -> tuple[float, float]:
     """Best seconds of each, measured in alternating halves."""
     g, p = float("inf"), float("inf")
     for _ in range(2):
-        g = min(g, best(gather, repeats // 2 or 1))
-        p = min(p, best(paged, repeats // 2 or 1))
+        g = min(g, best_s(gather, repeats // 2 or 1))
+        p = min(p, best_s(paged, repeats // 2 or 1))
     return g, p
 
 
