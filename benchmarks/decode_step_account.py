@@ -136,7 +136,7 @@ def main() -> None:
     ids = bundle.tokenizer.encode(TEXT * 4)
     dtype = str(bundle.dtype).removeprefix("torch.")
     memcpy = memcpy_gib_s()
-    kinds, attention = {}, {}
+    kinds, attention, attention_why = {}, {}, {}
     plan = [("eager", "off", "auto"), ("compiled", "on", "auto")]
     if not args.no_gather:
         plan.append(("eager, gather", "off", "gather"))
@@ -145,7 +145,7 @@ def main() -> None:
         kinds[kind] = LLM(bundle=bundle, config=EngineConfig(max_num_seqs=max(args.batch), compile=flag, probes=False,
                                                              enable_prefix_caching=False, attention=attn))
         resolved = kinds[kind].engine.manifest()["engine_config"]["resolved"]
-        attention[kind] = resolved["attention"]["kernel"]
+        attention[kind], attention_why[kind] = resolved["attention"]["kernel"], resolved["attention"]["resolved_by"]
         print(f"{kind}: engine ready in {time.perf_counter() - t0:.1f} s ({resolved['compile']}; attention "
               f"{resolved['attention']})", flush=True)
     shape = ModelShape.from_manifest(kinds["eager"].engine.manifest())
@@ -153,8 +153,7 @@ def main() -> None:
     figures = {"dtype": dtype, "torch_threads": torch.get_num_threads(), "prompt_tokens": 64, "rows": [],
                "compile_cache_dir": str(cache_dir()),
                "compile_warm_up_s": round(compiled.warm_up_s, 2), "compile_disabled_reason": compiled.disabled_reason,
-               "attention_resolved_by": kinds["eager"].engine.manifest()["engine_config"]["resolved"]["attention"][
-                   "resolved_by"]}
+               "attention_resolved_by": attention_why["eager"]}
     for b in args.batch:
         prompts = [ids[i:i + 64] for i in range(b)]
         timers = {}

@@ -100,12 +100,10 @@ class LLMEngine:
         dtype = getattr(torch, cfg.dtype) if cfg.dtype else param.dtype
         num_blocks = cfg.resolve_num_blocks(bundle.config.kv_bytes_per_token(dtype))
         compile_, _ = cfg.resolve_compile(device.type, dtype)
-        paged, why = cfg.resolve_attention(device.type, dtype)
-        runner = ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks, block_size=cfg.block_size,
-                             device=device, dtype=dtype, graph_batch_sizes=cfg.resolve_graph_batch_sizes(device.type),
-                             compile=compile_, paged=paged)
-        runner.attention_resolved_by = why
-        return runner
+        paged, _ = cfg.resolve_attention(device.type, dtype)
+        return ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks, block_size=cfg.block_size,
+                           device=device, dtype=dtype, graph_batch_sizes=cfg.resolve_graph_batch_sizes(device.type),
+                           compile=compile_, paged=paged)
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
@@ -230,9 +228,11 @@ class LLMEngine:
         """How attention reads the paged KV cache (the paged kernel or a gather), and why."""
         from .paged_kernel import build_seconds
 
+        device = getattr(self.runner, "device", None)
+        _, why = self.config.resolve_attention(device.type if device is not None else "cpu",
+                                               getattr(self.runner, "dtype", None))  # the kernel loads once per process
         paged = bool(getattr(self.runner, "paged", False))
-        return {"kernel": "paged" if paged else "gather",
-                "resolved_by": getattr(self.runner, "attention_resolved_by", None),
+        return {"kernel": "paged" if paged else "gather", "resolved_by": why,
                 "build_s": build_seconds() if paged else None}
 
     def manifest(self) -> dict:

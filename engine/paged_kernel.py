@@ -30,7 +30,7 @@ import torch
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "paged_attention.cpp"
 _LOCK = threading.Lock()
-_STATE: dict = {}  # "ok", "reason", "build_s", "library"
+_STATE: dict = {}  # "ok", "reason", "build_s"
 
 
 def cache_dir() -> Path:
@@ -115,7 +115,7 @@ def _load() -> dict:
     except (OSError, RuntimeError) as exc:
         return {"ok": False, "reason": f"loading the paged kernel {path} failed: {exc!r}"[:500]}
     how = f"built in {built} s" if built is not None else "an earlier build"
-    return {"ok": True, "reason": f"paged kernel loaded ({how}: {path})", "build_s": built, "library": str(path)}
+    return {"ok": True, "reason": f"paged kernel loaded ({how}: {path})", "build_s": built}
 
 
 def paged_attention(q, k_cache, v_cache, tables, q_seq, q_ctx, scale: float) -> torch.Tensor:

@@ -215,6 +215,22 @@ def test_graph_buckets_resolve_per_device():
     assert EngineConfig(graph_batch_sizes=None).resolve_graph_batch_sizes("cuda") == ()
 
 
+def test_the_manifest_states_how_attention_reads_the_cache_and_why(bundle):
+    from inferledger.engine import paged_kernel
+
+    ok, why = paged_kernel.load()
+    assert ok, why  # this machine has a compiler: the kernel builds or loads
+    for choice, kernel, reason in (("auto", "paged", f"auto: {why}"),
+                                   ("paged", "paged", f"paged (EngineConfig.attention): {why}"),
+                                   ("gather", "gather", "gather (EngineConfig.attention)")):
+        engine = LLMEngine(bundle, EngineConfig(attention=choice, num_blocks=8, probes=False))
+        got = engine.manifest()["engine_config"]["resolved"]["attention"]
+        assert (got["kernel"], got["resolved_by"]) == (kernel, reason)
+        # seconds this process spent building it: none when it loaded an earlier build, never 0
+        assert got["build_s"] is None or (kernel == "paged" and got["build_s"] > 0)
+        assert engine.runner.paged is (kernel == "paged")
+
+
 def test_engine_refuses_requests_it_can_never_serve(bundle):
     with pytest.raises(ValueError, match="admission"):
         EngineConfig(admission="greedy")
