@@ -1,13 +1,14 @@
 """Where a decode step's time goes, eager against compiled, and the batch-1 decode step's MBU.
 
 For each batch size (1 and 16 by default) and each step kind (eager; compiled, engine/compiled_step.py;
-both with attention as the engine resolves it, the paged kernel where it builds; and eager with
-attention gathering the paged rows, the paged kernel's baseline), the same prompts (64 tokens) are
-decoded for --tokens steps, rounds alternating the kinds in one process. Per kind and batch:
+both with attention and linears as the engine resolves them, the paged kernel and, in fp32, the gemv
+kernel where they build; then two baselines, eager with attention gathering the paged rows and eager
+with torch's linears), the same prompts (64 tokens) are decoded for --tokens steps, rounds
+alternating the kinds in one process. Per kind and batch:
 
 - the median pure decode step (wall time around `ModelRunner.forward`), unprofiled;
 - an account of --profiled further steps under torch.profiler: self CPU time of each operator,
-  summed by category: matmuls (oneDNN / BLAS linears), attention (the paged kernel, the SDPA kernels
+  summed by category: matmuls (oneDNN / BLAS linears, the gemv kernel), attention (the paged kernel, the SDPA kernels
   and batched matmuls, the K/V gather and the cache writes: the same eager kernels in both kinds, the compiled
   stack calls them through an opaque operator), elementwise (RMSNorm, RoPE, SiLU, residual adds, casts,
   the logits' argmax, attention's softmax and casts), compiled kernels (inductor's fused C++ kernels:
@@ -49,7 +50,7 @@ from inferledger.costmodel.work import StepRow, step_work  # noqa: E402
 
 # the linears (and the LM head); the batched matmuls of a step are decode attention's (engine/attention.py
 # attends a decode group through two of them), so they count as attention, not here
-MATMUL = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm")
+MATMUL = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "inferledger_cpu::small_linear")
 ATTENTION = ("inferledger_cpu::paged_attention", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
              "aten::index_select", "aten::index_copy_", "aten::index_put_", "aten::index", "aten::_softmax",
              "aten::masked_fill", "aten::masked_fill_")
@@ -122,8 +123,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="rounds alternating eager and compiled")
     ap.add_argument("--profiled", type=int, default=8, help="decode steps under the profiler per kind and batch")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--no-gather", action="store_true", help="leave out the third kind: eager with attention "
-                    "gathering the paged rows (the baseline of the paged kernel, engine/paged_kernel.py)")
+    ap.add_argument("--no-baselines", action="store_true", help="leave out the two baselines: eager with attention "
+                    "gathering the paged rows, eager with torch's linears (engine/cpu_kernels.py's kernels off)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the serving engine's count here)")
     ap.add_argument("--cache-dir", type=Path, default=None, help="inductor's cache for this run (an empty folder: "
                     "the compile time recorded is a first start's); default: the engine's own")
@@ -136,24 +137,26 @@ def main() -> None:
     ids = bundle.tokenizer.encode(TEXT * 4)
     dtype = str(bundle.dtype).removeprefix("torch.")
     memcpy = memcpy_gib_s()
-    kinds, attention, attention_why = {}, {}, {}
-    plan = [("eager", "off", "auto"), ("compiled", "on", "auto")]
-    if not args.no_gather:
-        plan.append(("eager, gather", "off", "gather"))
-    for kind, flag, attn in plan:
+    kinds, attention, attention_why, linear = {}, {}, {}, {}
+    plan = [("eager", "off", "auto", "auto"), ("compiled", "on", "auto", "auto")]
+    if not args.no_baselines:
+        plan += [("eager, gather", "off", "gather", "auto"), ("eager, torch linear", "off", "auto", "torch")]
+    for kind, flag, attn, lin in plan:
         t0 = time.perf_counter()
         kinds[kind] = LLM(bundle=bundle, config=EngineConfig(max_num_seqs=max(args.batch), compile=flag, probes=False,
-                                                             enable_prefix_caching=False, attention=attn))
+                                                             enable_prefix_caching=False, attention=attn, linear=lin))
         resolved = kinds[kind].engine.manifest()["engine_config"]["resolved"]
         attention[kind], attention_why[kind] = resolved["attention"]["kernel"], resolved["attention"]["resolved_by"]
+        linear[kind] = resolved["linear"]["kernel"]
         print(f"{kind}: engine ready in {time.perf_counter() - t0:.1f} s ({resolved['compile']}; attention "
-              f"{resolved['attention']})", flush=True)
+              f"{resolved['attention']}; linear {resolved['linear']})", flush=True)
     shape = ModelShape.from_manifest(kinds["eager"].engine.manifest())
     compiled = kinds["compiled"].engine.runner.compiled
     figures = {"dtype": dtype, "torch_threads": torch.get_num_threads(), "prompt_tokens": 64, "rows": [],
                "compile_cache_dir": str(cache_dir()),
                "compile_warm_up_s": round(compiled.warm_up_s, 2), "compile_disabled_reason": compiled.disabled_reason,
-               "attention_resolved_by": attention_why["eager"]}
+               "attention_resolved_by": attention_why["eager"], "linear_resolved_by":
+               kinds["eager"].engine.manifest()["engine_config"]["resolved"]["linear"]["resolved_by"]}
     for b in args.batch:
         prompts = [ids[i:i + 64] for i in range(b)]
         timers = {}
@@ -169,7 +172,8 @@ def main() -> None:
             t = timers[kind]
             median_s = statistics.median(t.s)
             compiled_steps = sum(m in ("compiled", "compiling") for m in t.modes)  # both ran the compiled graph
-            row = {"kind": kind.split(",")[0], "attention": attention[kind], "batch": b, "steps": len(t.s),
+            row = {"kind": kind.split(",")[0], "attention": attention[kind], "linear": linear[kind], "batch": b,
+                   "steps": len(t.s),
                    "compiled_steps": compiled_steps,
                    "median_step_ms": round(median_s * 1e3, 3), "tok_s": round(b / median_s, 2)}
             row.update(account(llm, prompts, args.profiled))
@@ -180,7 +184,7 @@ def main() -> None:
                             "kv_mib": round((work.kv_read_bytes + work.kv_write_bytes) / 2**20, 2),
                             "achieved_gib_s": round(gib_s, 2), "mbu_ratio": round(gib_s / memcpy, 3)})
             figures["rows"].append(row)
-            print(f"batch {b:>2} {kind:>13}: median step {row['median_step_ms']:7.2f} ms over {row['steps']} steps "
+            print(f"batch {b:>2} {kind:>19}: median step {row['median_step_ms']:7.2f} ms over {row['steps']} steps "
                   f"({compiled_steps} compiled); profiled: matmul {row['matmul_ms']:.2f}, attention "
                   f"{row['attention_ms']:.2f}, elementwise {row['elementwise_ms']:.2f}, compiled kernels "
                   f"{row['compiled_kernels_ms']:.2f}, host {row['host_ms']:.2f} ms of {row['profiled_step_ms']:.2f}"

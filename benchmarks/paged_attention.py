@@ -4,7 +4,7 @@ One layer's attention over a paged KV cache of the bundled model's shape (9 quer
 heads of 64, blocks of 16, block tables scattered over the cache), for fp32 and bf16, one intra-op
 thread by default:
 
-- decode: B rows, each over its own context: the paged kernel (engine/paged_kernel.py, what the
+- decode: B rows, each over its own context: the paged kernel (engine/cpu_kernels.py, what the
   engine's CPU step calls) against `BatchedDecode`'s gather into a kept workspace + SDPA (or its two
   batched matmuls in bf16): the engine's path without the kernel;
 - chunk: n new tokens of one sequence over `start` cached ones (causal within the chunk): the kernel's
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402
 from engine_throughput import best_s  # noqa: E402
 
-from inferledger.engine import paged_kernel  # noqa: E402
+from inferledger.engine import cpu_kernels  # noqa: E402
 from inferledger.engine.attention import PAGED_MAX_CHUNK, BatchedDecode, _gather, _gather_rows  # noqa: E402
 
 KV, H, D, BS, BLOCKS = 3, 9, 64, 16, 2048
@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30, help="timed calls per kind and case")
     args = ap.parse_args()
     rec = results.start("paged_attention", vars(args))
-    ok, why = paged_kernel.load()
+    ok, why = cpu_kernels.load()
     if not ok:
         sys.exit(f"paged_attention: the kernel is not available here: {why}")
     torch.set_num_threads(args.threads)
@@ -71,7 +71,7 @@ def main() -> None:
             gathered = BatchedDecode(k_cache.shape, table, lens, dtype, bufs[0], bufs[1])
             seq = torch.arange(b)
             g, p = pair(lambda: gathered.attend(k_cache, v_cache, q),
-                        lambda: paged_kernel.paged_attention(q, k_cache, v_cache, table, seq, lens, D ** -0.5),
+                        lambda: cpu_kernels.paged_attention(q, k_cache, v_cache, table, seq, lens, D ** -0.5),
                         args.repeats)
             rows.append({"dtype": name, "kind": "decode", "rows": b, "new_tokens": 1, "context_tokens": ctx,
                          "gather_ms": round(g * 1e3, 4), "paged_ms": round(p * 1e3, 4),
@@ -90,7 +90,7 @@ def main() -> None:
                 return F.scaled_dot_product_attention(q.transpose(0, 1)[None], ks, vs, attn_mask=mask, enable_gqa=True)
 
             tables, seq, lens = table[None].contiguous(), torch.zeros(n, dtype=torch.long), torch.arange(start + 1, ctx + 1)
-            g, p = pair(gathered, lambda: paged_kernel.paged_attention(q, k_cache, v_cache, tables, seq, lens, D ** -0.5),
+            g, p = pair(gathered, lambda: cpu_kernels.paged_attention(q, k_cache, v_cache, tables, seq, lens, D ** -0.5),
                         args.repeats)
             rows.append({"dtype": name, "kind": "chunk", "rows": n, "new_tokens": n, "context_tokens": ctx,
                          "gather_ms": round(g * 1e3, 4), "paged_ms": round(p * 1e3, 4),

@@ -217,7 +217,7 @@ def engine_vs_vllm(rs: list[dict]) -> str:
 
 def decode_step_account(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
-    rows = [[r["batch"], f"{r['kind']}, {r['attention']}" if "attention" in r else r["kind"], fmt(r["median_step_ms"]), f"{r['compiled_steps']} / {r['steps']}",
+    rows = [[r["batch"], ", ".join(r[k] for k in ("kind", "attention", "linear") if k in r), fmt(r["median_step_ms"]), f"{r['compiled_steps']} / {r['steps']}",
              fmt(r["matmul_ms"]), fmt(r["attention_ms"]), fmt(r["elementwise_ms"]), fmt(r["compiled_kernels_ms"]),
              fmt(r["host_ms"]), fmt(r["profiled_step_ms"]),
              f"{fmt(r.get('mbu_ratio'))} ({fmt(r.get('achieved_gib_s'), '.1f')} GiB/s)" if r["batch"] == 1 else DASH]
@@ -236,6 +236,16 @@ def paged_attention(rs: list[dict]) -> str:
                    "gather / paged"], rows)
             + f"\n\nOne layer, {f['shape']}; {f['torch_threads']} intra-op thread(s); chunks of up to "
               f"{f['paged_max_chunk_tokens']} tokens take the kernel in the engine.")
+
+
+def linear_kernel(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[r["matrix"], f"{r['out_features']} × {r['in_features']}", r["rows"], fmt(r["torch_gib_s"], ".1f"),
+             fmt(r["kernel_gib_s"], ".1f"), f"**{fmt(r['torch_over_kernel_ratio'])}**"] for r in f["rows"]]
+    return (table(["matrix", "out × in", "token rows", "torch GiB/s", "gemv kernel GiB/s", "torch / kernel"], rows)
+            + f"\n\nfp32, {f['torch_threads']} intra-op thread(s); weight bytes read per second. The memory in the same "
+              f"run: a read-only sum {fmt(f['read_sum_gib_s'], '.1f')} GiB/s, a copy {fmt(f['memcpy_gib_s'], '.1f')} "
+              f"GiB/s (read + write).")
 
 
 def study_load(rs: list[dict]) -> str:
@@ -332,6 +342,7 @@ TABLES = {
     "engine_vs_vllm": Table("engine_vs_vllm", engine_vs_vllm, native_bf16=True),
     "engine_vs_vllm.avx2": Table("engine_vs_vllm", engine_vs_vllm, native_bf16=False),
     "paged_attention": Table("paged_attention", paged_attention),
+    "linear_kernel": Table("linear_kernel", linear_kernel),
     "decode_step_account": Table("decode_step_account", decode_step_account, native_bf16=True),
     "decode_step_account.avx2": Table("decode_step_account", decode_step_account, native_bf16=False),
     "linear_dtypes": Table("linear_dtypes", linear_dtypes),

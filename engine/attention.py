@@ -14,7 +14,7 @@ k [T, KV, D], v [T, KV, D]) -> [T, H, D]; it holds no state across steps. Only t
 the call, so the decode kernels are what CUDA graphs capture. `causal_attention` is the plain
 reference path over one contiguous sequence, with no cache.
 
-Two ways to read the paged context. `paged=True` (the CPU, when the kernel of engine/paged_kernel.py
+Two ways to read the paged context. `paged=True` (the CPU, when the kernel of engine/cpu_kernels.py
 is built): the C++ kernel reads each row's blocks in place, with no copy and no padding, so every
 decode row, whatever its length, goes through one call per layer, and so does every chunk of at most
 `PAGED_MAX_CHUNK` new tokens. `paged=False` (CUDA, or a CPU without the kernel): the blocks are
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .paged_kernel import paged_attention
+from .cpu_kernels import paged_attention
 
 
 # Decode rows x keys from which a reduced-precision decode group on the CPU attends through two batched

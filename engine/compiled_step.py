@@ -98,7 +98,7 @@ class CompiledStep:
     def __init__(self, runner) -> None:
         self.runner = runner
         model, c = runner.model, runner.config
-        self.layers = [layer.tensors() for layer in model.layers]
+        self.layers = [layer.tensors(runner.linear) for layer in model.layers]
         self.embed = model.embed_tokens.weight
         self.heads, self.eps = (c.n_heads, c.n_kv_heads, c.head_dim), model.layers[0].input_layernorm.eps
         self.rope_base = float(c.rope_base)

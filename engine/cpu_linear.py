@@ -1,13 +1,20 @@
-"""bf16 linears through oneDNN with weights prepacked, on CPUs that multiply bf16 natively.
+"""The CPU step's linears: "onednn" (bf16 over weights prepacked for oneDNN, on CPUs that multiply bf16
+natively), "gemv" (fp32: the C++ kernel of engine/cpu_kernels.py for up to four token rows) or "torch"
+(F.linear). The kind is decided once per model (`EngineConfig.resolve_linear`, `LlamaModel.fuse`).
 
-`F.linear` in bf16 takes a generic path at decode sizes (a few rows): measured 1.7-2x slower per
+"gemv": at decode sizes an fp32 linear is a matrix-vector product that streams the weights once; the
+BLAS's sgemv read them at 8-10 GiB/s on one core of the Zen 3 where the kernel reads 10-14
+(benchmarks/linear_kernel.py), a fifth of a batch-1 step. It is a torch operator with a shape
+function, so the compiled step calls it as it is.
+
+"onednn": `F.linear` in bf16 takes a generic path at decode sizes (a few rows): measured 1.7-2x slower per
 step than oneDNN's linear over a weight reordered once into its blocked layout
 (docs/BENCHMARKS.md "Decode step account"). `pack(weight)` keeps that reordered copy beside the
 weight (keyed by the weight's storage, dropped when the weight is freed) and `linear(x, w, b)` uses
 it when there is one. The call goes through the custom op `inferledger::packed_linear`, which the
 compiler treats as an opaque kernel taking the ordinary weight (its reordered copy is looked up at
-run time), so the same code runs eager and compiled. fp32 keeps `F.linear` (prepacking measured no
-faster there), and so does bf16 where it is emulated.
+run time), so the same code runs eager and compiled. Prepacking fp32 measured no faster; bf16 where
+it is emulated keeps `F.linear`.
 """
 from __future__ import annotations
 
@@ -66,10 +73,15 @@ def _(x, w, b):
 packed_linear = torch.ops.inferledger.packed_linear
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, packed: bool) -> torch.Tensor:
-    """F.linear, through the prepacked weight when `packed` (decided once per model, not per call).
-    Eager, the oneDNN op is called directly: the custom op's Python dispatch cost 8 us a call, about
-    1 ms of a decode step's 121 linears; the compiler sees the custom op."""
-    if not packed:
+KINDS = ("torch", "onednn", "gemv")
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:
+    """F.linear the `kind` way (decided once per model, not per call). "onednn", eager, calls the
+    oneDNN op directly: the custom op's Python dispatch cost 8 us a call, about 1 ms of a decode step's
+    121 linears; the compiler sees the custom op."""
+    if kind == "gemv":
+        return torch.ops.inferledger_cpu.small_linear(x, w, b)
+    if kind != "onednn":
         return F.linear(x, w, b)
     return packed_linear(x, w, b) if torch.compiler.is_compiling() else _through_packed(x, w, b)

@@ -101,9 +101,10 @@ class LLMEngine:
         num_blocks = cfg.resolve_num_blocks(bundle.config.kv_bytes_per_token(dtype))
         compile_, _ = cfg.resolve_compile(device.type, dtype)
         paged, _ = cfg.resolve_attention(device.type, dtype)
+        linear, _ = cfg.resolve_linear(device.type, dtype)
         return ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks, block_size=cfg.block_size,
                            device=device, dtype=dtype, graph_batch_sizes=cfg.resolve_graph_batch_sizes(device.type),
-                           compile=compile_, paged=paged)
+                           compile=compile_, paged=paged, linear=linear)
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
@@ -226,7 +227,7 @@ class LLMEngine:
 
     def _attention_manifest(self) -> dict:
         """How attention reads the paged KV cache (the paged kernel or a gather), and why."""
-        from .paged_kernel import build_seconds
+        from .cpu_kernels import build_seconds
 
         device = getattr(self.runner, "device", None)
         _, why = self.config.resolve_attention(device.type if device is not None else "cpu",
@@ -234,6 +235,12 @@ class LLMEngine:
         paged = bool(getattr(self.runner, "paged", False))
         return {"kernel": "paged" if paged else "gather", "resolved_by": why,
                 "build_s": build_seconds() if paged else None}
+
+    def _linear_manifest(self) -> dict:
+        """How the step's linears run ("onednn", "gemv" or "torch", engine/cpu_linear.py), and why."""
+        device = getattr(self.runner, "device", None)
+        _, why = self.config.resolve_linear(device.type if device is not None else "cpu", getattr(self.runner, "dtype", None))
+        return {"kernel": getattr(self.runner, "linear", None), "resolved_by": why}
 
     def manifest(self) -> dict:
         """What a run manifest needs from the engine (docs/ARCHITECTURE.md "The run directory"): the model's identity (file, sha256,
@@ -251,6 +258,7 @@ class LLMEngine:
                     "device_timing": self.device_timer is not None,
                     "compile": self._compile_manifest(),
                     "attention": self._attention_manifest(),
+                    "linear": self._linear_manifest(),
                     "cpu_placement": self.cpu_placement and {
                         **self.cpu_placement, "applies_to": "the background step thread (AsyncEngine)",
                         "threads_read_back": self.cpu_threads_read_back}}

@@ -20,6 +20,7 @@ from torch import nn
 
 from .attention import causal_attention
 from .config import ModelConfig
+from . import cpu_linear
 from .cpu_linear import is_packed, linear, pack
 
 # attn(layer_idx, q [T, H, D], k [T, KV, D], v [T, KV, D]) -> [T, H, D]
@@ -161,8 +162,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.rms_eps)
         self.mlp = MLP(cfg)
 
-    def tensors(self) -> "LayerTensors | None":
-        """The fused weights as `fused_layer` takes them; None while the layer runs unfused."""
+    def tensors(self, linear: str = "torch") -> "LayerTensors | None":
+        """The fused weights as `fused_layer` takes them, its linears run the `linear` way
+        (engine/cpu_linear.py); None while the layer runs unfused."""
         a, m = self.self_attn, self.mlp
         if not (a.fused and m.fused):
             return None
@@ -170,10 +172,10 @@ class DecoderLayer(nn.Module):
                             a.q_norm.weight if a.q_norm is not None else None,
                             a.k_norm.weight if a.k_norm is not None else None,
                             self.post_attention_layernorm.weight, m.gate_up.weight, m.down_proj.weight,
-                            is_packed(a.qkv.weight))
+                            _valid(linear, a.qkv.weight))
 
-    def forward(self, h, cos, sin, attn: AttentionFn):
-        w = self.tensors()
+    def forward(self, h, cos, sin, attn: AttentionFn, linear: str = "torch"):
+        w = self.tensors(linear)
         if w is not None:
             a, i = self.self_attn, self.self_attn.layer_idx
             return fused_layer(h, cos, sin, w, lambda q, k, v: attn(i, q, k, v), (a.n_heads, a.n_kv_heads, a.head_dim),
@@ -195,14 +197,19 @@ class LayerTensors(NamedTuple):
     post_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
-    packed: bool  # the matrices have oneDNN-reordered copies (engine/cpu_linear.py)
+    linear: str  # how the linears run: "torch", "onednn" (oneDNN-reordered copies) or "gemv" (engine/cpu_linear.py)
+
+
+def _valid(kind: str, w: torch.Tensor) -> str:
+    """kind, or "torch" where "onednn" no longer has the reordered copy of w (a load replaced it)."""
+    return "torch" if kind == "onednn" and not is_packed(w) else kind
 
 
 def fused_layer(h, cos, sin, w: LayerTensors, attn, heads: tuple[int, int, int], eps: float) -> torch.Tensor:
     """One decoder layer over stacked q/k/v and gate/up weights; attn(q [T, H, D], k, v [T, KV, D])
     -> [T, H, D]. The eager step and the compiled step (engine/compiled_step.py) both run this."""
     (H, KV, D), T = heads, h.shape[0]
-    qkv = linear(rms_norm(h, w.in_norm, eps), w.qkv, w.qkv_bias, w.packed)
+    qkv = linear(rms_norm(h, w.in_norm, eps), w.qkv, w.qkv_bias, w.linear)
     if w.q_norm is None:  # RoPE over the q and k heads at once
         qk = apply_rope(qkv[:, :(H + KV) * D].view(T, H + KV, D), cos, sin)
         q, k = qk[:, :H], qk[:, H:]
@@ -210,9 +217,9 @@ def fused_layer(h, cos, sin, w: LayerTensors, attn, heads: tuple[int, int, int],
         q = apply_rope(rms_norm(qkv[:, :H * D].view(T, H, D), w.q_norm, eps), cos, sin)
         k = apply_rope(rms_norm(qkv[:, H * D:(H + KV) * D].view(T, KV, D), w.k_norm, eps), cos, sin)
     out = attn(q, k, qkv[:, (H + KV) * D:].view(T, KV, D))
-    h = h + linear(out.reshape(T, H * D), w.o, None, w.packed)
-    gate, up = linear(rms_norm(h, w.post_norm, eps), w.gate_up, None, w.packed).chunk(2, dim=-1)
-    return h + linear(F.silu(gate, inplace=True).mul_(up), w.down, None, w.packed)  # in place: no [T, ffn] temporaries
+    h = h + linear(out.reshape(T, H * D), w.o, None, w.linear)
+    gate, up = linear(rms_norm(h, w.post_norm, eps), w.gate_up, None, w.linear).chunk(2, dim=-1)
+    return h + linear(F.silu(gate, inplace=True).mul_(up), w.down, None, w.linear)  # in place: no [T, ffn] temporaries
 
 
 class LlamaModel(nn.Module):
@@ -226,29 +233,36 @@ class LlamaModel(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def fuse(self) -> "LlamaModel":
-        """Stack each layer's q/k/v and gate/up weights for the fast path, and where bf16 is native
-        keep a oneDNN-reordered copy of every matrix (engine/cpu_linear.py) (idempotent)."""
+    def fuse(self, pack_weights: bool = True) -> "LlamaModel":
+        """Stack each layer's q/k/v and gate/up weights for the fast path, and (pack_weights) where
+        bf16 is native keep a oneDNN-reordered copy of every matrix, for linear="onednn"
+        (engine/cpu_linear.py) (idempotent)."""
         for layer in self.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
             w = layer.tensors()
-            if w is not None and all([pack(m) for m in (w.qkv, w.o, w.gate_up, w.down)]):
+            if pack_weights and w is not None and all([pack(m) for m in (w.qkv, w.o, w.gate_up, w.down)]):
                 pack(self.lm_head.weight)
         return self
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
-        """input_ids, positions: [T] -> hidden states [T, d_model] before the final norm."""
+    def packed(self) -> bool:
+        """Whether every fused matrix has its oneDNN-reordered copy (linear="onednn" can run)."""
+        return all((w := layer.tensors()) is not None and _valid("onednn", w.qkv) == "onednn" for layer in self.layers)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn,
+                linear: str = "torch") -> torch.Tensor:
+        """input_ids, positions: [T] -> hidden states [T, d_model] before the final norm; the fused
+        layers' linears run the `linear` way (engine/cpu_linear.py)."""
         h = self.embed_tokens(input_ids)
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_base, h.dtype)
         for layer in self.layers:
-            h = layer.forward(h, cos, sin, attn)
+            h = layer.forward(h, cos, sin, attn, linear)
         return h
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, d_model] -> fp32 logits [N, vocab]."""
+    def compute_logits(self, hidden: torch.Tensor, linear: str = "torch") -> torch.Tensor:
+        """hidden [N, d_model] -> fp32 logits [N, vocab], lm_head run the `linear` way."""
         w = self.lm_head.weight
-        return linear(self.norm(hidden), w, None, is_packed(w)).float()
+        return cpu_linear.linear(self.norm(hidden), w, None, _valid(linear, w)).float()
 
 
 @torch.inference_mode()

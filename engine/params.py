@@ -74,6 +74,31 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
+    def resolve_linear(self, device_type: str, dtype) -> tuple[str, str]:
+        """(how the linears run: "onednn", "gemv" or "torch", why); on the CPU in fp32 this builds or
+        loads the kernels."""
+        choice, source = self._choice("linear", "INFERLEDGER_LINEAR", ("auto", "gemv", "torch"))
+        if device_type != "cpu":
+            return "torch", f"{device_type}: torch's linear"
+        if choice == "torch":
+            return "torch", f"torch ({source})"
+        import torch
+
+        from .cpu_host import native_bf16
+
+        if dtype == torch.bfloat16 and native_bf16()[0]:
+            why = "oneDNN over prepacked weights (bf16 on a CPU that multiplies it natively)"
+            return "onednn", (f"{why}: the gemv kernel takes float32 ({source})" if choice == "gemv"
+                              else f"auto: {why}")
+        if dtype != torch.float32:
+            return "torch", f"torch: the gemv kernel takes float32, not {dtype}"
+        from .cpu_kernels import load
+
+        ok, why = load()
+        if not ok:
+            return "torch", f"torch: {why}"
+        return "gemv", f"gemv ({source}): {why}" if choice == "gemv" else f"auto: gemv for up to 4 rows: {why}"
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -133,11 +158,17 @@ class EngineConfig:
     # or "auto" = $INFERLEDGER_COMPILE when set, else compiled for bf16 on a CPU with native bf16 (where it
     # was measured faster) and eager otherwise. Never on CUDA, which replays CUDA graphs instead.
     compile: str = "auto"
-    # How attention reads the paged KV cache on the CPU: "paged" (the C++ kernel of engine/paged_kernel.py,
+    # How attention reads the paged KV cache on the CPU: "paged" (the C++ kernel of engine/cpu_kernels.py,
     # built once per machine, reads the blocks in place), "gather" (a contiguous copy per layer and step,
     # then SDPA), or "auto" = $INFERLEDGER_ATTENTION when set, else paged when the kernel builds and
     # loads, gather otherwise. CUDA always gathers (its CUDA graphs capture the gather).
     attention: str = "auto"
+    # How the CPU step's linears run: "gemv" (fp32: the C++ kernel of engine/cpu_kernels.py for steps of up to
+    # four token rows, reading each weight row once; more rows go to torch), "torch" (F.linear throughout),
+    # or "auto" = $INFERLEDGER_LINEAR when set, else oneDNN over prepacked weights for bf16 on a CPU that
+    # multiplies it natively (engine/cpu_linear.py), gemv for fp32 when the kernels build and load, torch
+    # otherwise. CUDA always uses torch's.
+    linear: str = "auto"
 
     DEFAULT_KV_BYTES = 256 * 2**20
 
@@ -181,6 +212,8 @@ class EngineConfig:
             _fail("compile", self.compile, "'auto', 'on' or 'off'")
         if self.attention not in ("auto", "paged", "gather"):
             _fail("attention", self.attention, "'auto', 'paged' or 'gather'")
+        if self.linear not in ("auto", "gemv", "torch"):
+            _fail("linear", self.linear, "'auto', 'gemv' or 'torch'")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             _fail("speculative", self.speculative, "None, a SpeculativeConfig or a dict of its fields")
 
@@ -245,12 +278,37 @@ class EngineConfig:
 
         if dtype not in (torch.float32, torch.bfloat16):
             return False, f"gather: the paged kernel takes float32 and bfloat16, not {dtype}"
-        from .paged_kernel import load
+        from .cpu_kernels import load
 
         ok, why = load()
         if not ok:
             return False, f"gather: {why}"
         return True, f"{choice} ({source}): {why}" if choice == "paged" else f"auto: {why}"
+
+    def resolve_linear(self, device_type: str, dtype) -> tuple[str, str]:
+        """(how the linears run: "onednn", "gemv" or "torch", why); on the CPU in fp32 this builds or
+        loads the kernels."""
+        choice, source = self._choice("linear", "INFERLEDGER_LINEAR", ("auto", "gemv", "torch"))
+        if device_type != "cpu":
+            return "torch", f"{device_type}: torch's linear"
+        if choice == "torch":
+            return "torch", f"torch ({source})"
+        import torch
+
+        from .cpu_host import native_bf16
+
+        if dtype == torch.bfloat16 and native_bf16()[0]:
+            why = "oneDNN over prepacked weights (bf16 on a CPU that multiplies it natively)"
+            return "onednn", (f"{why}: the gemv kernel takes float32 ({source})" if choice == "gemv"
+                              else f"auto: {why}")
+        if dtype != torch.float32:
+            return "torch", f"torch: the gemv kernel takes float32, not {dtype}"
+        from .cpu_kernels import load
+
+        ok, why = load()
+        if not ok:
+            return "torch", f"torch: {why}"
+        return "gemv", f"gemv ({source}): {why}" if choice == "gemv" else f"auto: gemv for up to 4 rows: {why}"
 
     def to_dict(self) -> dict:
         d = asdict(self)

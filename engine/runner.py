@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from .attention import BatchedDecode, DecodeAttention, PagedAttention, decode_groups
+from . import cpu_kernels
 from .compiled_step import CompiledStep
+from .cpu_linear import KINDS
 from .config import ModelConfig
 from .cuda_graph import DecodeGraph, GraphCapture, device_guard, table_widths
 
@@ -32,18 +34,27 @@ class SeqChunk:
 class ModelRunner:
     def __init__(self, model, config: ModelConfig, *, num_blocks: int, block_size: int = 16,
                  device="cpu", dtype=None, graph_batch_sizes: tuple[int, ...] | None = None,
-                 compile: bool = False, paged: bool = False):
+                 compile: bool = False, paged: bool = False, linear: str | None = None):
         """graph_batch_sizes: pad pure decode batches up to these sizes and (on CUDA) replay them from
         captured CUDA graphs; None (default) runs every step eagerly. compile (CPU): run the steps
         engine/compiled_step.py compiles through it, compiled at construction. paged (CPU, the kernel
-        of engine/paged_kernel.py loaded): attention reads the paged cache in place rather than
-        gathering it (engine/attention.py)."""
+        of engine/cpu_kernels.py loaded): attention reads the paged cache in place rather than
+        gathering it (engine/attention.py). linear: how the linears run, "onednn", "gemv" or "torch"
+        (engine/cpu_linear.py; None, or "onednn" without the reordered weights: oneDNN where bf16 is
+        native, else torch's)."""
         self.model, self.config = model, config
         self.num_blocks, self.block_size = num_blocks, block_size
         self.device = torch.device(device)
         self.dtype = dtype or next(model.parameters()).dtype
         self.graph_batch_sizes = tuple(sorted(graph_batch_sizes or ()))
-        model.fuse()
+        model.fuse(pack_weights=linear in (None, "onednn"))
+        if linear in (None, "onednn"):
+            linear = "onednn" if model.packed() else "torch"
+        if linear not in KINDS:
+            raise ValueError(f"linear={linear!r}: use one of {', '.join(KINDS)} (or None)")
+        if linear == "gemv" and not cpu_kernels.load()[0]:
+            raise RuntimeError(f"linear='gemv' needs the CPU kernels: {cpu_kernels.load()[1]}")
+        self.linear = linear
         self.paged = bool(paged) and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         # padded decode rows write into one extra scratch block no block table may name
         shape = (config.n_layers, num_blocks + bool(self.graph_batch_sizes or compile), config.n_kv_heads,
@@ -102,7 +113,7 @@ class ModelRunner:
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
         attn = PagedAttention(self.k_cache, self.v_cache, as_long(slots), seqs, self.paged)
         hidden = self._hidden(as_long(ids), as_long(positions), attn)
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long, device=dev)]) if rows else None
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long, device=dev)], self.linear) if rows else None
         out, i = [], 0
         for c in chunks:
             n = {"last": 1, "all": len(c.token_ids), "none": 0}[c.logits]
@@ -147,7 +158,7 @@ class ModelRunner:
         slots = as_long([chunks[r].block_table[chunks[r].start_pos // bs] * bs + chunks[r].start_pos % bs for r in order])
         attn = DecodeAttention(self.k_cache, self.v_cache, slots, [(len(rows), g) for rows, g in groups])
         hidden = self._hidden(as_long([chunks[r].token_ids[0] for r in order]), as_long([ctx[r] - 1 for r in order]), attn)
-        logits = self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden, self.linear)
         if order == sorted(order):
             return logits
         return logits.index_select(0, as_long(sorted(range(len(order)), key=order.__getitem__)))
@@ -160,7 +171,7 @@ class ModelRunner:
             if hidden is not None:
                 self.last_step["mode"] = "compiling" if self.compiled.compiled_now else "compiled"
                 return hidden
-        return self.model(ids, positions, attn)
+        return self.model(ids, positions, attn, self.linear)
 
     def workspace(self, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V gather buffers of n_rows (block, head) rows, grown as needed and kept."""
@@ -174,7 +185,7 @@ class ModelRunner:
         """The padded decode step of one bucket over its static buffers, as CUDA graphs capture it."""
         group = BatchedDecode(self.k_cache.shape[1:], g.table, g.ctx_lens, self.dtype, *g.bufs, paged=self.paged)
         attn = DecodeAttention(self.k_cache, self.v_cache, g.slots, [(g.ids.shape[0], group)])
-        return self.model.compute_logits(self.model(g.ids, g.pos, attn))
+        return self.model.compute_logits(self.model(g.ids, g.pos, attn, self.linear), self.linear)
 
     def _new_graph(self, batch: int, width: int) -> str | None:
         """Static buffers for a bucket and, on CUDA, its graph; -> "graph_capture" when it captured."""

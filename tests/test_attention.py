@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inferledger.engine import paged_kernel
+from inferledger.engine import cpu_kernels
 from inferledger.engine.attention import PAGED_MAX_CHUNK, DecodeAttention, PagedAttention, decode_groups, width_groups
 
 KV, H, D, BS, BLOCKS = 2, 6, 8, 4, 48
@@ -35,7 +35,7 @@ def _reference(q, k, v, start):
 @pytest.fixture(scope="module")
 def kernel():
     """The paged kernel, built (or loaded) as the engine does; this machine has a compiler, so it must load."""
-    ok, why = paged_kernel.load()
+    ok, why = cpu_kernels.load()
     assert ok, why
 
 
@@ -175,15 +175,15 @@ def test_the_paged_kernel_refuses_a_row_it_cannot_read(kernel):
     k_cache, v_cache = (c[0] for c in _cache())
     q = torch.zeros(2, H, D)
     tables = torch.tensor([[0, 1], [2, 47]])
-    ok = paged_kernel.paged_attention(q, k_cache, v_cache, tables, torch.tensor([0, 1]), torch.tensor([8, 5]), 1.0)
+    ok = cpu_kernels.paged_attention(q, k_cache, v_cache, tables, torch.tensor([0, 1]), torch.tensor([8, 5]), 1.0)
     assert ok.shape == (2, H, D)
     for seq, ctx, words in (([0, 2], [3, 3], "q_seq[1] = 2 is not a row of tables"),
                             ([0, 1], [3, 9], "q_ctx[1] = 9 is outside [1, 8]"),
                             ([0, 1], [0, 3], "q_ctx[0] = 0 is outside [1, 8]")):
         with pytest.raises(RuntimeError, match=words.replace("[", r"\[").replace("]", r"\]")):
-            paged_kernel.paged_attention(q, k_cache, v_cache, tables, torch.tensor(seq), torch.tensor(ctx), 1.0)
+            cpu_kernels.paged_attention(q, k_cache, v_cache, tables, torch.tensor(seq), torch.tensor(ctx), 1.0)
     with pytest.raises(RuntimeError, match=r"block 48 of row 1 is outside \[0, 48\)"):
-        paged_kernel.paged_attention(q, k_cache, v_cache, torch.tensor([[0, 1], [2, 48]]), torch.tensor([0, 1]),
+        cpu_kernels.paged_attention(q, k_cache, v_cache, torch.tensor([[0, 1], [2, 48]]), torch.tensor([0, 1]),
                                      torch.tensor([3, 5]), 1.0)
 
 
@@ -191,9 +191,9 @@ def test_without_a_compiler_the_engine_gathers_and_says_why(monkeypatch, tmp_pat
     from inferledger.engine import EngineConfig
 
     monkeypatch.setenv("CXX", "no-such-compiler-here")
-    monkeypatch.setattr(paged_kernel, "_STATE", {})  # as in a fresh process
+    monkeypatch.setattr(cpu_kernels, "_STATE", {})  # as in a fresh process
     assert EngineConfig(attention="paged").resolve_attention("cpu", torch.float32) == (
-        False, "gather: no C++ compiler (no-such-compiler-here) to build the paged kernel")
+        False, "gather: no C++ compiler (no-such-compiler-here) to build the CPU kernels")
     assert EngineConfig().resolve_attention("cuda", torch.bfloat16)[0] is False
     assert EngineConfig(attention="gather").resolve_attention("cpu", torch.float32) == (
         False, "gather (EngineConfig.attention)")
@@ -203,9 +203,9 @@ def test_without_a_compiler_the_engine_gathers_and_says_why(monkeypatch, tmp_pat
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
-    monkeypatch.setattr(paged_kernel, "_STATE", {})
+    monkeypatch.setattr(cpu_kernels, "_STATE", {})
     paged, why = EngineConfig().resolve_attention("cpu", torch.float32)
-    assert not paged and why.startswith(f"gather: the paged kernel's cache {blocked}/inferledger/kernels is not writable")
+    assert not paged and why.startswith(f"gather: the CPU kernels' cache {blocked}/inferledger/kernels is not writable")
     monkeypatch.setenv("INFERLEDGER_ATTENTION", "gather")
     assert EngineConfig().resolve_attention("cpu", torch.float32) == (False, "gather ($INFERLEDGER_ATTENTION)")
     monkeypatch.setenv("INFERLEDGER_ATTENTION", "fast")

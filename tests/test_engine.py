@@ -216,9 +216,9 @@ def test_graph_buckets_resolve_per_device():
 
 
 def test_the_manifest_states_how_attention_reads_the_cache_and_why(bundle):
-    from inferledger.engine import paged_kernel
+    from inferledger.engine import cpu_kernels
 
-    ok, why = paged_kernel.load()
+    ok, why = cpu_kernels.load()
     assert ok, why  # this machine has a compiler: the kernel builds or loads
     for choice, kernel, reason in (("auto", "paged", f"auto: {why}"),
                                    ("paged", "paged", f"paged (EngineConfig.attention): {why}"),

@@ -51,20 +51,25 @@ def _prompts(tok):
     return chat + [tok.encode(p) for p in PLAIN]
 
 
-@pytest.mark.parametrize("paged", [False, True], ids=["gather", "paged"])
-def test_greedy_matches_hugging_face(bundle, hf_model, paged):
+@pytest.mark.parametrize(("paged", "linear"), [(False, "torch"), (True, "gemv")], ids=["gather, torch", "paged, gemv"])
+def test_greedy_matches_hugging_face(bundle, hf_model, paged, linear):
     """Our 32 greedy tokens for 8 prompts equal HF's: HF's argmax after every prefix of prompt +
     our continuation is our next token (so HF's own greedy loop would emit exactly our tokens).
-    Both ways of reading the paged cache: gathered, and in place by the paged kernel."""
+    Torch's own kernels (the paged cache gathered, F.linear), and the engine's CPU kernels (attention
+    in place, the fp32 gemv), whose decode batches here are kept to 1, 3 and 4 rows: it takes up to 4."""
     tok = bundle.tokenizer
     prompts = _prompts(tok)
-    if paged:
-        from inferledger.engine import paged_kernel
+    if paged or linear == "gemv":
+        from inferledger.engine import cpu_kernels
 
-        assert paged_kernel.load()[0], paged_kernel.load()[1]
-    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16, paged=paged)
-    assert runner.paged is paged
-    ours = greedy_paged(runner, prompts, 32, _blocks(runner, len(prompts), 6))
+        assert cpu_kernels.load()[0], cpu_kernels.load()[1]
+    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16, paged=paged, linear=linear)
+    assert (runner.paged, runner.linear) == (paged, linear)
+    tables, ours = _blocks(runner, len(prompts), 6), [None] * len(prompts)
+    for group in [[0], [1, 2, 3], [4, 5, 6, 7]] if linear == "gemv" else [list(range(len(prompts)))]:
+        got = greedy_paged(runner, [prompts[i] for i in group], 32, [tables[i] for i in group])
+        for i, o in zip(group, got):
+            ours[i] = o
     hf_next = hf_argmax_after_each_prefix(hf_model, [p + o for p, o in zip(prompts, ours)])
     for prompt, got, hf in zip(prompts, ours, hf_next):
         assert hf[len(prompt) - 1:-1] == got, tok.decode(prompt)
@@ -172,9 +177,9 @@ def test_padded_decode_buckets_equal_eager(bundle, paged):
     same logits as the unpadded path, for batches below a bucket and wider block tables; its padding
     rows (the scratch block, one position) are read in place as well as gathered."""
     if paged:
-        from inferledger.engine import paged_kernel
+        from inferledger.engine import cpu_kernels
 
-        assert paged_kernel.load()[0], paged_kernel.load()[1]
+        assert cpu_kernels.load()[0], cpu_kernels.load()[1]
     p = _prompts(bundle.tokenizer)
     seqs = [p[0], p[4], p[6]]
     eager = ModelRunner(bundle.model, bundle.config, num_blocks=24, paged=paged)

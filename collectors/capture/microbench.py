@@ -91,15 +91,18 @@ def measure(device, dtype, shapes: list[dict], *, timer=time.perf_counter, strea
     memcpy = {"peak": best["peak"], "median": best["median"], "unit": "GB/s", "source": SOURCE,
               "from": "stream_read_gbps" if best is stream_read else "copy_gbps", "repeats": best["repeats"],
               "label": f"the better of a read-only stream and a copy of {stream_bytes >> 20} MiB at capture start"}
+    from inferledger.engine import EngineConfig
+
+    kind = EngineConfig().resolve_linear(torch.device(device).type, dtype)[0]  # the engine's own, as "auto" resolves
     per_shape, weights = [], {}
     for s in shapes:  # one weight per matrix, reused across batch sizes (a dense GEMM's time does not depend on values)
         if s["name"] not in weights:  # prepacked as the engine packs its own (where bf16 is native)
             w = torch.full((s["n"], s["k"]), 0.01, device=device, dtype=dtype)
-            weights[s["name"]] = (w, cpu_linear.pack(w))
-        w, packed = weights[s["name"]]
+            weights[s["name"]] = (w, kind if kind != "onednn" or cpu_linear.pack(w) else "torch")
+        w, how = weights[s["name"]]
         x = torch.full((s["m"], s["k"]), 0.5, device=device, dtype=dtype)
         flops = 2 * s["m"] * s["k"] * s["n"]
-        rates = [flops / t / 1e12 for t in _repeat(lambda: cpu_linear.linear(x, w, None, packed), matmul_repeats,
+        rates = [flops / t / 1e12 for t in _repeat(lambda: cpu_linear.linear(x, w, None, how), matmul_repeats,
                                                    timer, sync, slice_s)]
         per_shape.append({**s, "flop": flops, **_figure(rates, "TFLOP/s")})
     top = max(per_shape, key=lambda r: r["peak"])

@@ -10,7 +10,7 @@
 // all the tile's query vectors. Scores, the softmax (online, one block at a time) and the weighted
 // sum of V are fp32 whatever the cache's dtype; the output is rounded to q's dtype once, at the end.
 //
-// Built at run time by engine/paged_kernel.py (g++, -march=native, -fopenmp against torch's own
+// Built at run time by engine/cpu_kernels.py (g++, -march=native, -fopenmp against torch's own
 // OpenMP runtime, so at::parallel_for uses the intra-op threads torch.set_num_threads set).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -278,7 +278,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
 
 }  // namespace
 
-TORCH_LIBRARY(inferledger_cpu, m) {
+TORCH_LIBRARY_FRAGMENT(inferledger_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor q_seq, Tensor q_ctx, "
         "float scale) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));

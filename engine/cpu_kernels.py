@@ -1,18 +1,24 @@
-"""The CPU paged-attention kernel (engine/csrc/paged_attention.cpp): built once per machine, loaded once per process.
+"""The engine's CPU kernels (engine/csrc/*.cpp): built once per machine into one library, loaded once per process.
 
-`load()` compiles the C++ source with the system's C++ compiler against the installed torch
+`load()` compiles the C++ sources with the system's C++ compiler against the installed torch
 (`-O3 -march=native`, OpenMP from torch's own runtime, so the kernel runs on torch's intra-op
 threads) into `cache_dir()`, under a name keyed by the source, torch's version, the compiler and the
 CPU's flags: a second start (or a second process) loads the built library, and a different CPU or
 torch builds its own. The build is written to a temporary file and renamed, so processes that start
 together never load half a library. Without a compiler, or when the build fails, `load()` says why
-and the engine gathers the paged rows into a contiguous copy instead (engine/attention.py).
+and the engine runs without them: attention gathers the paged rows into a contiguous copy
+(engine/attention.py) and the linears stay with torch (engine/cpu_linear.py).
 
     paged_attention(q [T, H, D], k_cache, v_cache [blocks, KV, block_size, D], tables [S, W],
                     q_seq [T], q_ctx [T], scale) -> [T, H, D]
 
 Row t of q attends over the first q_ctx[t] positions of the sequence whose block table is
 tables[q_seq[t]], reading the cache's blocks in place; fp32 arithmetic, the output in q's dtype.
+
+    small_linear(x [..., K], w [N, K], b [N] | None) -> [..., N]
+
+x w^T + b in fp32 reading each weight row once for up to four rows of x (engine/csrc/linear.cpp);
+more rows, or another dtype, go to torch's own linear.
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "paged_attention.cpp"
+SOURCES = sorted((Path(__file__).resolve().parent / "csrc").glob("*.cpp"))
 _LOCK = threading.Lock()
 _STATE: dict = {}  # "ok", "reason", "build_s"
 
@@ -58,21 +64,21 @@ def _command(cxx: str, out: Path) -> list[str]:
     lib = Path(torch.__file__).resolve().parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [cxx, "-O3", "-march=native", "-fopenmp", "-std=c++20", "-shared", "-fPIC", "-w",
-            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in include_paths()), str(SOURCE),
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in include_paths()), *map(str, SOURCES),
             f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu", "-o", str(out)]
 
 
 def library_path(cxx: str) -> Path:
-    """Where the build for this source, torch, compiler and CPU lives."""
+    """Where the build for these sources, torch, compiler and CPU lives."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), cxx.encode(), _cpu_flags().encode(),
+    for part in (*(p.read_bytes() for p in SOURCES), torch.__version__.encode(), cxx.encode(), _cpu_flags().encode(),
                  sys.platform.encode()):
         key.update(part)
-    return cache_dir() / f"paged_attention-{key.hexdigest()[:16]}.so"
+    return cache_dir() / f"inferledger_cpu-{key.hexdigest()[:16]}.so"
 
 
 def load() -> tuple[bool, str]:
-    """(the kernel is loaded, why or why not); builds it first when this machine has no build yet."""
+    """(the kernels are loaded, why or why not); builds them first when this machine has no build yet."""
     with _LOCK:
         if not _STATE:
             _STATE.update(_load())
@@ -80,16 +86,16 @@ def load() -> tuple[bool, str]:
 
 
 def build_seconds() -> float | None:
-    """How long this process spent building the kernel (None: it loaded an earlier build, or none)."""
+    """How long this process spent building the kernels (None: it loaded an earlier build, or none)."""
     return _STATE.get("build_s")
 
 
 def _load() -> dict:
     if sys.platform != "linux":
-        return {"ok": False, "reason": f"the paged kernel is built on Linux only (this is {sys.platform})"}
+        return {"ok": False, "reason": f"the CPU kernels are built on Linux only (this is {sys.platform})"}
     cxx = _compiler()
     if cxx is None:
-        return {"ok": False, "reason": f"no C++ compiler ({os.environ.get('CXX') or 'g++'}) to build the paged kernel"}
+        return {"ok": False, "reason": f"no C++ compiler ({os.environ.get('CXX') or 'g++'}) to build the CPU kernels"}
     path, built = library_path(cxx), None
     if not path.exists():
         t0 = time.perf_counter()
@@ -98,14 +104,14 @@ def _load() -> dict:
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
             os.close(fd)
         except OSError as exc:
-            return {"ok": False, "reason": f"the paged kernel's cache {path.parent} is not writable: {exc}"[:500]}
+            return {"ok": False, "reason": f"the CPU kernels' cache {path.parent} is not writable: {exc}"[:500]}
         try:
             proc = subprocess.run(_command(cxx, Path(tmp)), capture_output=True, text=True, timeout=600)
             if proc.returncode != 0:
-                return {"ok": False, "reason": f"building the paged kernel failed: {proc.stderr.strip()[-400:]}"}
+                return {"ok": False, "reason": f"building the CPU kernels failed: {proc.stderr.strip()[-400:]}"}
             os.replace(tmp, path)
         except (OSError, subprocess.SubprocessError) as exc:
-            return {"ok": False, "reason": f"building the paged kernel failed: {exc!r}"[:500]}
+            return {"ok": False, "reason": f"building the CPU kernels failed: {exc!r}"[:500]}
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -113,10 +119,19 @@ def _load() -> dict:
     try:
         torch.ops.load_library(str(path))
     except (OSError, RuntimeError) as exc:
-        return {"ok": False, "reason": f"loading the paged kernel {path} failed: {exc!r}"[:500]}
+        return {"ok": False, "reason": f"loading the CPU kernels {path} failed: {exc!r}"[:500]}
+    torch.library.register_fake("inferledger_cpu::small_linear")(_small_linear_shape)  # for the compiled step
     how = f"built in {built} s" if built is not None else "an earlier build"
-    return {"ok": True, "reason": f"paged kernel loaded ({how}: {path})", "build_s": built}
+    return {"ok": True, "reason": f"CPU kernels loaded ({how}: {path})", "build_s": built}
+
+
+def _small_linear_shape(x, w, b):
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
 
 
 def paged_attention(q, k_cache, v_cache, tables, q_seq, q_ctx, scale: float) -> torch.Tensor:
     return torch.ops.inferledger_cpu.paged_attention(q, k_cache, v_cache, tables, q_seq, q_ctx, scale)
+
+
+def small_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.inferledger_cpu.small_linear(x, w, b)
