@@ -57,12 +57,12 @@ def prompt_tokens_counted(port: int) -> float | None:
 class Ours:
     name, port = "ours", OURS_PORT
 
-    def __init__(self, dtype: str, compile_: str, attention: str = "auto") -> None:
-        self.dtype, self.compile, self.attention, self.proc = dtype, compile_, attention, None
+    def __init__(self, dtype: str, compile_: str, attention: str = "auto", linear: str = "auto") -> None:
+        self.dtype, self.compile, self.attention, self.linear, self.proc = dtype, compile_, attention, linear, None
 
     def start(self) -> None:
         env = {**os.environ, "INFERLEDGER_DTYPE": self.dtype, "INFERLEDGER_COMPILE": self.compile,
-               "INFERLEDGER_ATTENTION": self.attention}
+               "INFERLEDGER_ATTENTION": self.attention, "INFERLEDGER_LINEAR": self.linear}
         self.log = open(OUT / f"ours-{self.port}.log", "a")
         self.proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "inferledger"), "serve", "--port", str(self.port),
                                       "--served-model-name", NAME], env=env, stdout=self.log, stderr=subprocess.STDOUT,
@@ -94,7 +94,9 @@ class Ours:
                 "compile": f"INFERLEDGER_COMPILE={self.compile} (on: the compiled CPU step, compiled before /health "
                 "answers; auto: as EngineConfig.compile='auto' resolves at this commit)",
                 "attention": f"INFERLEDGER_ATTENTION={self.attention} (paged: the CPU kernel reading the paged KV "
-                "cache in place; gather: a contiguous copy, then SDPA; auto: paged where the kernel builds)"}
+                "cache in place; gather: a contiguous copy, then SDPA; auto: paged where the kernel builds)",
+                "linear": f"INFERLEDGER_LINEAR={self.linear} (gemv: the fp32 kernel for up to 4 token rows; torch: "
+                "F.linear; auto: oneDNN prepacked for native bf16, gemv for fp32 where the kernels build)"}
 
 
 class VLLM:
@@ -229,6 +231,7 @@ def main() -> None:
     ap.add_argument("--ours-dtype", default="auto")
     ap.add_argument("--ours-compile", default="auto", help="our server's INFERLEDGER_COMPILE: auto, on or off")
     ap.add_argument("--ours-attention", default="auto", help="our server's INFERLEDGER_ATTENTION: auto, paged or gather")
+    ap.add_argument("--ours-linear", default="auto", help="our server's INFERLEDGER_LINEAR: auto, gemv or torch")
     ap.add_argument("--vllm-dtype", default="bfloat16", help="vllm_cpu.sh serves bf16; float32 = the same work as ours here")
     ap.add_argument("--vllm-omp-bind", default="nobind", help="vLLM's VLLM_CPU_OMP_THREADS_BIND: nobind (default: "
                     "its one thread left to the OS, as ours is) or CPU ids")
@@ -244,7 +247,7 @@ def main() -> None:
     tokenizer = marker.read_text().split(" model ", 1)[1].strip()  # the HF folder vllm_cpu.sh converted
     OUT = args.out
     OUT.mkdir(parents=True, exist_ok=True)
-    servers = [Ours(args.ours_dtype, args.ours_compile, args.ours_attention),
+    servers = [Ours(args.ours_dtype, args.ours_compile, args.ours_attention, args.ours_linear),
                VLLM(args.vllm_script, args.vllm_dtype, args.vllm_omp_bind)]
     print(f"engine vs vLLM: {args.rounds} rounds A B, concurrency {args.concurrency}, tokenizer {tokenizer}, "
           f"{os.cpu_count()} CPUs, load average {load()}; results in {OUT}", flush=True)
