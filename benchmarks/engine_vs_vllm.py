@@ -95,7 +95,7 @@ class Ours:
                 "answers; auto: as EngineConfig.compile='auto' resolves at this commit)",
                 "attention": f"INFERLEDGER_ATTENTION={self.attention} (paged: the CPU kernel reading the paged KV "
                 "cache in place; gather: a contiguous copy, then SDPA; auto: paged where the kernel builds)",
-                "linear": f"INFERLEDGER_LINEAR={self.linear} (gemv: the fp32 kernel for up to 4 token rows; torch: "
+                "linear": f"INFERLEDGER_LINEAR={self.linear} (gemv: the fp32 kernel for up to 16 token rows; torch: "
                 "F.linear; auto: oneDNN prepacked for native bf16, gemv for fp32 where the kernels build)"}
 
 

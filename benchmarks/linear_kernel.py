@@ -1,8 +1,9 @@
 """The fp32 gemv kernel against torch's linear (the BLAS), at the bundled model's decode shapes.
 
-Each of SmolLM2-135M's matrices (fused q/k/v, o, fused gate/up, down, the tied lm_head) times 1, 2
-and 4 token rows: the kernel (engine/cpu_kernels.py `small_linear`, what the engine's CPU step calls
-for fp32 with `linear="gemv"`) against `F.linear`, one intra-op thread by default. A decode step
+Each of SmolLM2-135M's matrices (fused q/k/v, o, fused gate/up, down, the tied lm_head) times 1, 2,
+4, 8 and 16 token rows (the kernel's limit, `GEMV_MAX_ROWS`): the kernel (engine/cpu_kernels.py
+`small_linear`, what the engine's CPU step calls for fp32 with `linear="gemv"`) against `F.linear`,
+one intra-op thread by default. A decode step
 reads its weights from memory, not cache, so each case cycles through enough copies of the matrix
 (--mib in all) that none is still cached when it comes round again; a figure is the best of
 --repeats passes over all copies, and the two kinds alternate. Rates are weight bytes read per
@@ -28,7 +29,7 @@ from inferledger.engine import cpu_kernels  # noqa: E402
 
 # SmolLM2-135M: d_model 576, 9 query heads and 3 KV heads of 64, ffn 1536, vocab 49152
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
-ROWS = (1, 2, 4)
+ROWS = (1, 2, 4, 8, 16)
 
 
 def main() -> None:

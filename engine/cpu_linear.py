@@ -1,5 +1,5 @@
 """The CPU step's linears: "onednn" (bf16 over weights prepacked for oneDNN, on CPUs that multiply bf16
-natively), "gemv" (fp32: the C++ kernel of engine/cpu_kernels.py for up to four token rows) or "torch"
+natively), "gemv" (fp32: the C++ kernel of engine/cpu_kernels.py for up to 16 token rows) or "torch"
 (F.linear). The kind is decided once per model (`EngineConfig.resolve_linear`, `LlamaModel.fuse`).
 
 "gemv": at decode sizes an fp32 linear is a matrix-vector product that streams the weights once; the

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_linear
 from .attention import causal_attention
 from .config import ModelConfig
-from . import cpu_linear
 from .cpu_linear import is_packed, linear, pack
 
 # attn(layer_idx, q [T, H, D], k [T, KV, D], v [T, KV, D]) -> [T, H, D]

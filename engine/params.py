@@ -92,12 +92,13 @@ class SamplingParams:
                               else f"auto: {why}")
         if dtype != torch.float32:
             return "torch", f"torch: the gemv kernel takes float32, not {dtype}"
-        from .cpu_kernels import load
+        from .cpu_kernels import GEMV_MAX_ROWS, load
 
         ok, why = load()
         if not ok:
             return "torch", f"torch: {why}"
-        return "gemv", f"gemv ({source}): {why}" if choice == "gemv" else f"auto: gemv for up to 4 rows: {why}"
+        return "gemv", (f"gemv ({source}): {why}" if choice == "gemv"
+                        else f"auto: gemv for up to {GEMV_MAX_ROWS} token rows: {why}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -164,7 +165,7 @@ class EngineConfig:
     # loads, gather otherwise. CUDA always gathers (its CUDA graphs capture the gather).
     attention: str = "auto"
     # How the CPU step's linears run: "gemv" (fp32: the C++ kernel of engine/cpu_kernels.py for steps of up to
-    # four token rows, reading each weight row once; more rows go to torch), "torch" (F.linear throughout),
+    # 16 token rows, reading each weight row from memory once; more rows go to torch), "torch" (F.linear throughout),
     # or "auto" = $INFERLEDGER_LINEAR when set, else oneDNN over prepacked weights for bf16 on a CPU that
     # multiplies it natively (engine/cpu_linear.py), gemv for fp32 when the kernels build and load, torch
     # otherwise. CUDA always uses torch's.
@@ -303,12 +304,13 @@ class EngineConfig:
                               else f"auto: {why}")
         if dtype != torch.float32:
             return "torch", f"torch: the gemv kernel takes float32, not {dtype}"
-        from .cpu_kernels import load
+        from .cpu_kernels import GEMV_MAX_ROWS, load
 
         ok, why = load()
         if not ok:
             return "torch", f"torch: {why}"
-        return "gemv", f"gemv ({source}): {why}" if choice == "gemv" else f"auto: gemv for up to 4 rows: {why}"
+        return "gemv", (f"gemv ({source}): {why}" if choice == "gemv"
+                        else f"auto: gemv for up to {GEMV_MAX_ROWS} token rows: {why}")
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import BatchedDecode, DecodeAttention, PagedAttention, decode_groups
 from . import cpu_kernels
+from .attention import BatchedDecode, DecodeAttention, PagedAttention, decode_groups
 from .compiled_step import CompiledStep
-from .cpu_linear import KINDS
 from .config import ModelConfig
+from .cpu_linear import KINDS
 from .cuda_graph import DecodeGraph, GraphCapture, device_guard, table_widths
 
 
@@ -47,14 +47,14 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = dtype or next(model.parameters()).dtype
         self.graph_batch_sizes = tuple(sorted(graph_batch_sizes or ()))
-        model.fuse(pack_weights=linear in (None, "onednn"))
-        if linear in (None, "onednn"):
-            linear = "onednn" if model.packed() else "torch"
-        if linear not in KINDS:
+        if linear not in (None, *KINDS):
             raise ValueError(f"linear={linear!r}: use one of {', '.join(KINDS)} (or None)")
+        if linear == "gemv" and self.device.type != "cpu":
+            raise ValueError(f"linear='gemv' is a CPU kernel; this runner is on {self.device}")
         if linear == "gemv" and not cpu_kernels.load()[0]:
             raise RuntimeError(f"linear='gemv' needs the CPU kernels: {cpu_kernels.load()[1]}")
-        self.linear = linear
+        model.fuse(pack_weights=linear in (None, "onednn"))
+        self.linear = ("onednn" if model.packed() else "torch") if linear in (None, "onednn") else linear
         self.paged = bool(paged) and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         # padded decode rows write into one extra scratch block no block table may name
         shape = (config.n_layers, num_blocks + bool(self.graph_batch_sizes or compile), config.n_kv_heads,

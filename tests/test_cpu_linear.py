@@ -24,10 +24,11 @@ def _ints(*shape, seed):
     return torch.randint(-3, 4, shape, generator=g).float()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13, 16])
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (13, 1536), (7, 64), (49, 8)])
 def test_the_gemv_kernel_equals_the_exact_product(kernels, rows, n, k):
-    # n not a multiple of the 8 (or 4, 2) weight rows a pass takes: the last rows go one at a time
+    # n not a multiple of the 8 (or 4, 2) weight rows a pass takes: the last rows go one at a time; more
+    # than 4 rows go in groups of 4 and a last group of fewer
     x, w, b = _ints(rows, k, seed=rows), _ints(n, k, seed=n + k), _ints(n, seed=1)
     exact = (x.double() @ w.double().T + b.double()).float()
     assert torch.equal(kernels.small_linear(x, w, b), exact)
@@ -41,8 +42,9 @@ def test_the_gemv_kernel_equals_the_exact_product(kernels, rows, n, k):
 
 def test_the_gemv_kernel_leaves_what_it_does_not_take_to_torch(kernels):
     w = torch.randn(24, 64)
-    # more than 4 rows, a width that is not a multiple of 8, bf16, a strided weight: torch's own linear, bit for bit
-    for x, weight in ((torch.randn(5, 64), w), (torch.randn(2, 60), torch.randn(24, 60)),
+    # more than 16 rows, a width that is not a multiple of 8, bf16, a strided weight: torch's own linear, bit for bit
+    assert cpu_kernels.GEMV_MAX_ROWS == 16
+    for x, weight in ((torch.randn(17, 64), w), (torch.randn(3, 6, 64), w), (torch.randn(2, 60), torch.randn(24, 60)),
                       (torch.randn(2, 64, dtype=torch.bfloat16), w.bfloat16()), (torch.randn(1, 32), w[:, ::2])):
         assert torch.equal(kernels.small_linear(x, weight, None), F.linear(x, weight))
     with pytest.raises(RuntimeError, match=r"does not match the weight \[24, 64\]"):
@@ -51,7 +53,7 @@ def test_the_gemv_kernel_leaves_what_it_does_not_take_to_torch(kernels):
 
 def test_the_engine_picks_its_linears_and_says_why(kernels, monkeypatch):
     ok, why = kernels.load()
-    assert EngineConfig().resolve_linear("cpu", torch.float32) == ("gemv", f"auto: gemv for up to 4 rows: {why}")
+    assert EngineConfig().resolve_linear("cpu", torch.float32) == ("gemv", f"auto: gemv for up to 16 token rows: {why}")
     assert EngineConfig(linear="gemv").resolve_linear("cpu", torch.float32) == (
         "gemv", f"gemv (EngineConfig.linear): {why}")
     assert EngineConfig(linear="torch").resolve_linear("cpu", torch.float32) == ("torch", "torch (EngineConfig.linear)")
@@ -82,7 +84,7 @@ def test_the_runner_and_the_manifest_say_which_linears_ran(bundle, kernels, monk
     from inferledger.engine.runner import ModelRunner, SeqChunk
 
     _, why = kernels.load()
-    for choice, kind, reason in (("auto", "gemv", f"auto: gemv for up to 4 rows: {why}"),
+    for choice, kind, reason in (("auto", "gemv", f"auto: gemv for up to 16 token rows: {why}"),
                                  ("torch", "torch", "torch (EngineConfig.linear)")):
         engine = LLMEngine(bundle, EngineConfig(linear=choice, num_blocks=8, probes=False))
         got = engine.manifest()["engine_config"]["resolved"]["linear"]
@@ -100,6 +102,8 @@ def test_the_runner_and_the_manifest_say_which_linears_ran(bundle, kernels, monk
     assert torch.allclose(la, lb, atol=1e-4, rtol=0) and int(la.argmax()) == int(lb.argmax())
     with pytest.raises(ValueError, match="linear='blas'"):
         ModelRunner(bundle.model, bundle.config, num_blocks=4, linear="blas")
+    with pytest.raises(ValueError, match="linear='gemv' is a CPU kernel; this runner is on cuda"):
+        ModelRunner(bundle.model, bundle.config, num_blocks=4, device="cuda", linear="gemv")
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     monkeypatch.setattr(cpu_kernels, "_STATE", {})
     with pytest.raises(RuntimeError, match="linear='gemv' needs the CPU kernels: no C.. compiler"):

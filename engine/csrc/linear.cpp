@@ -1,11 +1,13 @@
-// fp32 linears over a few rows (CPU): y = x w^T (+ b) with each weight row read once for all rows.
+// fp32 linears over a few token rows (CPU): y = x w^T (+ b) with each weight row read from memory once.
 //
-// At decode sizes (one to four token rows) a linear is a matrix-vector product bound by how fast the
-// weights stream from memory. The BLAS's sgemv reads them at a fraction of the bandwidth a plain sum
-// reaches on one core (benchmarks/linear_kernel.py); here each pass takes R consecutive weight rows
-// and every x row at once (R * M accumulators of 8 lanes, fused multiply-adds), so a weight element is
-// loaded once per call whatever M is, and the horizontal sums happen once per output. More than
-// MAX_ROWS rows, another dtype, a strided weight or a width that is not a multiple of 8: at::linear.
+// At decode sizes a linear is a matrix-vector product bound by how fast the weights stream from
+// memory, and the BLAS reads them at a fraction of the bandwidth a plain sum reaches on one core
+// (benchmarks/linear_kernel.py). Up to four rows: each pass takes R consecutive weight rows and every
+// x row at once (R * M accumulators of 8 lanes, fused multiply-adds), so a weight element is loaded
+// once per call, and the horizontal sums happen once per output. Five to MAX_ROWS rows: 8 weight rows
+// at a time, kept in L1 while every group of four x rows passes over them. More than MAX_ROWS rows
+// (where the BLAS's GEMM measured as fast or faster), another dtype, a strided weight or a width that
+// is not a multiple of 8: at::linear.
 //
 // Built with the other CPU kernels by engine/cpu_kernels.py; work is split over output rows with
 // at::parallel_for (torch's intra-op threads).
@@ -19,7 +21,7 @@
 
 namespace {
 
-constexpr int64_t MAX_ROWS = 4;
+constexpr int64_t MAX_ROWS = 16;  // engine/cpu_kernels.py GEMV_MAX_ROWS
 
 #ifdef __AVX2__
 inline float hsum(__m256 v) {
@@ -66,6 +68,15 @@ void rows(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_
 }
 #endif
 
+inline void token_rows(int64_t M, const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  switch (M) {
+    case 1: rows<1, 8>(x, w, y, K, N, n0, n1); break;
+    case 2: rows<2, 4>(x, w, y, K, N, n0, n1); break;
+    case 3: rows<3, 2>(x, w, y, K, N, n0, n1); break;
+    default: rows<4, 2>(x, w, y, K, N, n0, n1); break;
+  }
+}
+
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
   TORCH_CHECK(w.dim() == 2 && x.size(-1) == w.size(1), "small_linear: x [..., ", x.size(-1),
               "] does not match the weight ", w.sizes());
@@ -84,11 +95,10 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   const int64_t groups = (N + 7) / 8, grain = std::max<int64_t>(1, 4096 / K);
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     const int64_t n0 = g0 * 8, n1 = std::min(N, g1 * 8);
-    switch (M) {
-      case 1: rows<1, 8>(xp, wp, yp, K, N, n0, n1); break;
-      case 2: rows<2, 4>(xp, wp, yp, K, N, n0, n1); break;
-      case 3: rows<3, 2>(xp, wp, yp, K, N, n0, n1); break;
-      default: rows<4, 2>(xp, wp, yp, K, N, n0, n1); break;
+    // 8 weight rows at a time (in L1 for the second and later groups) against every group of 4 x rows
+    for (int64_t n = n0; n < n1; n += 8) {
+      const int64_t e = std::min(n1, n + 8);
+      for (int64_t m = 0; m < M; m += 4) token_rows(std::min<int64_t>(4, M - m), xp + m * K, wp, yp + m * N, K, N, n, e);
     }
   });
   if (b.has_value() && b->defined()) y.add_(*b);
