@@ -122,6 +122,16 @@ def best_s(fn, repeats: int) -> float:
     return min(_timed(fn) for _ in range(repeats))
 
 
+def best_pair(a, b, repeats: int) -> tuple[float, float]:
+    """Best seconds of each of two callables over `repeats` calls each, in two alternating halves
+    (a, b, a, b), so a slow minute of the host does not fall on one side only."""
+    ta, tb = float("inf"), float("inf")
+    for _ in range(2):
+        ta = min(ta, best_s(a, repeats // 2 or 1))
+        tb = min(tb, best_s(b, repeats // 2 or 1))
+    return ta, tb
+
+
 def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()

@@ -6,11 +6,11 @@ Each of SmolLM2-135M's matrices (fused q/k/v, o, fused gate/up, down, the tied l
 one intra-op thread by default. A decode step
 reads its weights from memory, not cache, so each case cycles through enough copies of the matrix
 (--mib in all) that none is still cached when it comes round again; a figure is the best of
---repeats passes over all copies, and the two kinds alternate. Rates are weight bytes read per
+--repeats passes over all copies, in two halves alternating the kinds. Rates are weight bytes read per
 second; the ratio is torch's time over the kernel's (> 1: the kernel faster). A read-only sum and a
 copy of the same size give the memory's own rates in the same run.
 
-    .venv/bin/python benchmarks/linear_kernel.py [--threads 1] [--repeats 5] [--mib 256]
+    .venv/bin/python benchmarks/linear_kernel.py [--threads 1] [--repeats 10] [--mib 256]
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402
-from engine_throughput import best_s, memcpy_gib_s  # noqa: E402
+from engine_throughput import best_pair, best_s, memcpy_gib_s  # noqa: E402
 
 from inferledger.engine import cpu_kernels  # noqa: E402
 
@@ -35,7 +35,7 @@ ROWS = (1, 2, 4, 8, 16)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    ap.add_argument("--repeats", type=int, default=5, help="timed passes per kind and case")
+    ap.add_argument("--repeats", type=int, default=10, help="timed passes per kind and case (two alternating halves)")
     ap.add_argument("--mib", type=int, default=256, help="MiB of weight copies each case cycles through")
     args = ap.parse_args()
     rec = results.start("linear_kernel", vars(args))
@@ -50,11 +50,8 @@ def main() -> None:
         gib = len(copies) * n * k * 4 / 2**30
         for m in ROWS:
             x = torch.randn(m, k, generator=gen)
-            torch_s, kernel_s = float("inf"), float("inf")
-            for _ in range(2):  # alternating halves
-                torch_s = min(torch_s, best_s(lambda: [F.linear(x, w) for w in copies], args.repeats))
-                kernel_s = min(kernel_s, best_s(lambda: [cpu_kernels.small_linear(x, w, None) for w in copies],
-                                                args.repeats))
+            torch_s, kernel_s = best_pair(lambda: [F.linear(x, w) for w in copies],
+                                          lambda: [cpu_kernels.small_linear(x, w, None) for w in copies], args.repeats)
             rows.append({"matrix": name, "out_features": n, "in_features": k, "rows": m,
                          "torch_gib_s": round(gib / torch_s, 2), "kernel_gib_s": round(gib / kernel_s, 2),
                          "torch_over_kernel_ratio": round(torch_s / kernel_s, 3)})

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402
-from engine_throughput import best_s  # noqa: E402
+from engine_throughput import best_pair as pair  # noqa: E402
 
 from inferledger.engine import cpu_kernels  # noqa: E402
 from inferledger.engine.attention import PAGED_MAX_CHUNK, BatchedDecode, _gather, _gather_rows  # noqa: E402
@@ -35,15 +35,6 @@ from inferledger.engine.attention import PAGED_MAX_CHUNK, BatchedDecode, _gather
 KV, H, D, BS, BLOCKS = 3, 9, 64, 16, 2048
 DECODE = [(1, 100), (1, 1000), (16, 100), (16, 500), (64, 300)]  # (rows, context each)
 CHUNKS = [(4, 100), (16, 100), (64, 200), (256, 256), (512, 512)]  # (new tokens, cached before them)
-
-
-def pair(gather, paged, repeats: int) -> tuple[float, float]:
-    """Best seconds of each, measured in alternating halves."""
-    g, p = float("inf"), float("inf")
-    for _ in range(2):
-        g = min(g, best_s(gather, repeats // 2 or 1))
-        p = min(p, best_s(paged, repeats // 2 or 1))
-    return g, p
 
 
 def main() -> None:

@@ -74,32 +74,6 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
-    def resolve_linear(self, device_type: str, dtype) -> tuple[str, str]:
-        """(how the linears run: "onednn", "gemv" or "torch", why); on the CPU in fp32 this builds or
-        loads the kernels."""
-        choice, source = self._choice("linear", "INFERLEDGER_LINEAR", ("auto", "gemv", "torch"))
-        if device_type != "cpu":
-            return "torch", f"{device_type}: torch's linear"
-        if choice == "torch":
-            return "torch", f"torch ({source})"
-        import torch
-
-        from .cpu_host import native_bf16
-
-        if dtype == torch.bfloat16 and native_bf16()[0]:
-            why = "oneDNN over prepacked weights (bf16 on a CPU that multiplies it natively)"
-            return "onednn", (f"{why}: the gemv kernel takes float32 ({source})" if choice == "gemv"
-                              else f"auto: {why}")
-        if dtype != torch.float32:
-            return "torch", f"torch: the gemv kernel takes float32, not {dtype}"
-        from .cpu_kernels import GEMV_MAX_ROWS, load
-
-        ok, why = load()
-        if not ok:
-            return "torch", f"torch: {why}"
-        return "gemv", (f"gemv ({source}): {why}" if choice == "gemv"
-                        else f"auto: gemv for up to {GEMV_MAX_ROWS} token rows: {why}")
-
     def to_dict(self) -> dict:
         return asdict(self)
 
