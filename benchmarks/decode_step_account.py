@@ -1,9 +1,10 @@
 """Where a decode step's time goes, eager against compiled, and the batch-1 decode step's MBU.
 
 For each batch size (1 and 16 by default) and each step kind (eager; compiled, engine/compiled_step.py;
-both with attention and linears as the engine resolves them, the paged kernel and, in fp32, the gemv
-kernel where they build; then two baselines, eager with attention gathering the paged rows and eager
-with torch's linears), the same prompts (64 tokens) are decoded for --tokens steps, rounds
+both with attention and linears as the engine resolves them, the paged kernel and the gemv / panel
+kernels where they build; then two baselines, eager with attention gathering the paged rows and eager
+with the linears the engine ran before its own kernels: oneDNN's where bf16 is native, torch's
+otherwise), the same prompts (64 tokens) are decoded for --tokens steps, rounds
 alternating the kinds in one process. Per kind and batch:
 
 - the median pure decode step (wall time around `ModelRunner.forward`), unprofiled;
@@ -39,6 +40,7 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 
 from inferledger.engine import LLM, EngineConfig, SamplingParams  # noqa: E402
 from inferledger.engine.compiled_step import cache_dir  # noqa: E402
+from inferledger.engine.cpu_host import native_bf16  # noqa: E402
 from inferledger.engine.loader import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,7 +52,8 @@ from inferledger.costmodel.work import StepRow, step_work  # noqa: E402
 
 # the linears (and the LM head); the batched matmuls of a step are decode attention's (engine/attention.py
 # attends a decode group through two of them), so they count as attention, not here
-MATMUL = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "inferledger_cpu::small_linear")
+MATMUL = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "inferledger_cpu::small_linear",
+          "inferledger_cpu::panel_linear")
 ATTENTION = ("inferledger_cpu::paged_attention", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
              "aten::index_select", "aten::index_copy_", "aten::index_put_", "aten::index", "aten::_softmax",
              "aten::masked_fill", "aten::masked_fill_")
@@ -140,7 +143,9 @@ def main() -> None:
     kinds, attention, attention_why, linear = {}, {}, {}, {}
     plan = [("eager", "off", "auto", "auto"), ("compiled", "on", "auto", "auto")]
     if not args.no_baselines:
-        plan += [("eager, gather", "off", "gather", "auto"), ("eager, torch linear", "off", "auto", "torch")]
+        # the linears' baseline: what ran before the engine's own kernels (oneDNN where bf16 is native)
+        base = "onednn" if bundle.dtype == torch.bfloat16 and native_bf16()[0] else "torch"
+        plan += [("eager, gather", "off", "gather", "auto"), (f"eager, {base} linear", "off", "auto", base)]
     for kind, flag, attn, lin in plan:
         t0 = time.perf_counter()
         kinds[kind] = LLM(bundle=bundle, config=EngineConfig(max_num_seqs=max(args.batch), compile=flag, probes=False,

@@ -240,12 +240,16 @@ def paged_attention(rs: list[dict]) -> str:
 
 def linear_kernel(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
+    bf16 = f.get("dtype") == "bfloat16"
+    base, kernel = ("oneDNN", "panel kernel") if bf16 else ("torch", "gemv kernel")
     rows = [[r["matrix"], f"{r['out_features']} × {r['in_features']}", r["rows"], fmt(r["torch_gib_s"], ".1f"),
              fmt(r["kernel_gib_s"], ".1f"), f"**{fmt(r['torch_over_kernel_ratio'])}**"] for r in f["rows"]]
-    return (table(["matrix", "out × in", "token rows", "torch GiB/s", "gemv kernel GiB/s", "torch / kernel"], rows)
-            + f"\n\nfp32, {f['torch_threads']} intra-op thread(s); weight bytes read per second. The memory in the same "
-              f"run: a read-only sum {fmt(f['read_sum_gib_s'], '.1f')} GiB/s, a copy {fmt(f['memcpy_gib_s'], '.1f')} "
-              f"GiB/s (read + write).")
+    what = ("bf16, the panel kernel against oneDNN's linear over its reordered weight" if bf16
+            else "fp32, the gemv kernel against F.linear")
+    return (table(["matrix", "out × in", "token rows", f"{base} GiB/s", f"{kernel} GiB/s", f"{base} / kernel"], rows)
+            + f"\n\n{what}, {f['torch_threads']} intra-op thread(s); weight bytes read per second. The memory in "
+              f"the same run: a read-only sum {fmt(f['read_sum_gib_s'], '.1f')} GiB/s, a copy "
+              f"{fmt(f['memcpy_gib_s'], '.1f')} GiB/s (read + write).")
 
 
 def study_load(rs: list[dict]) -> str:
@@ -341,8 +345,10 @@ TABLES = {
                                           lambda p: p.get("concurrency") == [1] and p.get("threads") == 1),
     "engine_vs_vllm": Table("engine_vs_vllm", engine_vs_vllm, native_bf16=True),
     "engine_vs_vllm.avx2": Table("engine_vs_vllm", engine_vs_vllm, native_bf16=False),
-    "paged_attention": Table("paged_attention", paged_attention),
-    "linear_kernel": Table("linear_kernel", linear_kernel),
+    "paged_attention": Table("paged_attention", paged_attention, native_bf16=False),
+    "paged_attention.bf16": Table("paged_attention", paged_attention, native_bf16=True),
+    "linear_kernel": Table("linear_kernel", linear_kernel, lambda p: p.get("dtype", "float32") == "float32"),
+    "linear_kernel.bf16": Table("linear_kernel", linear_kernel, lambda p: p.get("dtype") == "bfloat16"),
     "decode_step_account": Table("decode_step_account", decode_step_account, native_bf16=True),
     "decode_step_account.avx2": Table("decode_step_account", decode_step_account, native_bf16=False),
     "linear_dtypes": Table("linear_dtypes", linear_dtypes),

@@ -19,6 +19,12 @@ tables[q_seq[t]], reading the cache's blocks in place; fp32 arithmetic, the outp
 
 x w^T + b in fp32 reading each weight row from memory once for up to GEMV_MAX_ROWS rows of x
 (engine/csrc/linear.cpp); more rows, or another dtype, go to torch's own linear.
+
+    panel_linear(x [..., K], p [N / 16, K / 2, 16, 2], b [N] | None) -> [..., N]
+
+x w^T + b in bf16 with fp32 accumulation, any number of rows, over w repacked in panels of 16 output
+rows (engine/cpu_linear.py `panel`); built only where the compiler targets AVX-512 BF16
+(`panel_kernel()`).
 """
 from __future__ import annotations
 
@@ -124,12 +130,22 @@ def _load() -> dict:
     except (OSError, RuntimeError) as exc:
         return {"ok": False, "reason": f"loading the CPU kernels {path} failed: {exc!r}"[:500]}
     torch.library.register_fake("inferledger_cpu::small_linear")(_small_linear_shape)  # for the compiled step
+    torch.library.register_fake("inferledger_cpu::panel_linear")(_panel_linear_shape)
     how = f"built in {built} s" if built is not None else "an earlier build"
     return {"ok": True, "reason": f"CPU kernels loaded ({how}: {path})", "build_s": built}
 
 
 def _small_linear_shape(x, w, b):
     return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+def _panel_linear_shape(x, p, b):
+    return x.new_empty((*x.shape[:-1], p.shape[0] * 16))
+
+
+def panel_kernel() -> bool:
+    """Whether the loaded kernels have panel_linear's AVX-512 BF16 path (False when they are not loaded)."""
+    return load()[0] and bool(torch.ops.inferledger_cpu.panel_kernel_built())
 
 
 def paged_attention(q, k_cache, v_cache, tables, q_seq, q_ctx, scale: float) -> torch.Tensor:

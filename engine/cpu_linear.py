@@ -1,11 +1,17 @@
-"""The CPU step's linears: "onednn" (bf16 over weights prepacked for oneDNN, on CPUs that multiply bf16
-natively), "gemv" (fp32: the C++ kernel of engine/cpu_kernels.py for up to 16 token rows) or "torch"
+"""The CPU step's linears: "gemv" (the C++ kernels of engine/cpu_kernels.py: fp32 for up to 16 token
+rows, and bf16 over panel copies of the weights where the CPU has the AVX-512 BF16 dot product),
+"onednn" (bf16 over weights prepacked for oneDNN, on CPUs that multiply bf16 natively) or "torch"
 (F.linear). The kind is decided once per model (`EngineConfig.resolve_linear`, `LlamaModel.fuse`).
 
 "gemv": at decode sizes an fp32 linear is a matrix-vector product that streams the weights once; the
 BLAS's sgemv read them at 8-10 GiB/s on one core of the Zen 3 where the kernel reads 10-14
 (benchmarks/linear_kernel.py), a fifth of a batch-1 step. It is a torch operator with a shape
 function, so the compiled step calls it as it is.
+
+bf16 "gemv": `panel(w)` keeps w repacked in panels of 16 output rows beside it, and the step passes
+that copy in w's place (engine/model.py); each 64-byte load then feeds one vdpbf16ps for 16 outputs,
+so a decode step's weights stream sequentially and no horizontal sums are left
+(engine/csrc/linear.cpp `panel_linear`, any number of rows).
 
 "onednn": `F.linear` in bf16 takes a generic path at decode sizes (a few rows): measured 1.7-2x slower per
 step than oneDNN's linear over a weight reordered once into its blocked layout
@@ -73,6 +79,36 @@ def _(x, w, b):
 packed_linear = torch.ops.inferledger.packed_linear
 
 
+_PANELS: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # weight data_ptr -> (weight, panel copy)
+
+
+def panelable(w: torch.Tensor) -> bool:
+    """Whether panel_linear can take w: a contiguous bf16 [N, K] CPU matrix, N % 16 == 0, K even, on a
+    CPU whose kernels were built with the AVX-512 BF16 dot product."""
+    from .cpu_host import native_bf16
+    from .cpu_kernels import load, panel_kernel
+
+    return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and w.dim() == 2 and w.shape[0] % 16 == 0
+            and w.shape[1] % 2 == 0 and native_bf16()[0] and load()[0] and panel_kernel())
+
+
+def panel(w: torch.Tensor) -> torch.Tensor | None:
+    """w [N, K] repacked once as [N / 16, K / 2, 16, 2] (engine/csrc/linear.cpp `panel_linear`), kept
+    beside w (keyed by its storage, dropped when it is freed); None where the kernel cannot take w."""
+    ptr = w.data_ptr()
+    hit = _PANELS.get(ptr)
+    if hit is not None and hit[0]() is w:
+        return hit[1]
+    if not panelable(w):
+        return None
+    n, k = w.shape
+    with torch.inference_mode():
+        copy = w.detach().view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    _PANELS[ptr] = (weakref.ref(w), copy)
+    weakref.finalize(w, _PANELS.pop, ptr, None)
+    return copy
+
+
 KINDS = ("torch", "onednn", "gemv")
 
 
@@ -80,7 +116,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, kind: str) 
     """F.linear the `kind` way (decided once per model, not per call). "onednn", eager, calls the
     oneDNN op directly: the custom op's Python dispatch cost 8 us a call, about 1 ms of a decode step's
     121 linears; the compiler sees the custom op."""
-    if kind == "gemv":
+    if kind == "gemv":  # w: fp32 [N, K], or bf16 in panels [N / 16, K / 2, 16, 2] (panel())
+        if w.dim() == 4:
+            return torch.ops.inferledger_cpu.panel_linear(x, w, b)
         return torch.ops.inferledger_cpu.small_linear(x, w, b)
     if kind != "onednn":
         return F.linear(x, w, b)

@@ -186,7 +186,8 @@ class LLMEngine:
             mode = self._step_mode(out)
             if timer is not None:
                 timer.end(step_id, **mode)
-            self.sampler.prepare(logits)  # one argmax for the whole batch's greedy rows (after the step's end event)
+            # one argmax for the whole batch's greedy rows (after the step's end event); sampled rows take none
+            self.sampler.prepare([lg if item.seq.params.greedy else None for item, lg in zip(out.scheduled, logits)])
             for item, lg in zip(out.scheduled, logits):
                 self._postprocess(item, lg, step_id, deltas)
         except Exception as exc:  # the batch cannot be trusted: finish its requests as errors

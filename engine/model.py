@@ -21,7 +21,7 @@ from torch import nn
 from . import cpu_linear
 from .attention import causal_attention
 from .config import ModelConfig
-from .cpu_linear import is_packed, linear, pack
+from .cpu_linear import is_packed, linear, pack, panel
 
 # attn(layer_idx, q [T, H, D], k [T, KV, D], v [T, KV, D]) -> [T, H, D]
 AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -164,15 +164,16 @@ class DecoderLayer(nn.Module):
 
     def tensors(self, linear: str = "torch") -> "LayerTensors | None":
         """The fused weights as `fused_layer` takes them, its linears run the `linear` way
-        (engine/cpu_linear.py); None while the layer runs unfused."""
+        (engine/cpu_linear.py; bf16 "gemv" takes the matrices' panel copies); None while the layer
+        runs unfused."""
         a, m = self.self_attn, self.mlp
         if not (a.fused and m.fused):
             return None
-        return LayerTensors(self.input_layernorm.weight, a.qkv.weight, a.qkv.bias, a.o_proj.weight,
+        kind, (qkv, o, gate_up, down) = _runs(linear, a.qkv.weight, a.o_proj.weight, m.gate_up.weight, m.down_proj.weight)
+        return LayerTensors(self.input_layernorm.weight, qkv, a.qkv.bias, o,
                             a.q_norm.weight if a.q_norm is not None else None,
                             a.k_norm.weight if a.k_norm is not None else None,
-                            self.post_attention_layernorm.weight, m.gate_up.weight, m.down_proj.weight,
-                            _valid(linear, a.qkv.weight))
+                            self.post_attention_layernorm.weight, gate_up, down, kind)
 
     def forward(self, h, cos, sin, attn: AttentionFn, linear: str = "torch"):
         w = self.tensors(linear)
@@ -200,9 +201,16 @@ class LayerTensors(NamedTuple):
     linear: str  # how the linears run: "torch", "onednn" (oneDNN-reordered copies) or "gemv" (engine/cpu_linear.py)
 
 
-def _valid(kind: str, w: torch.Tensor) -> str:
-    """kind, or "torch" where "onednn" no longer has the reordered copy of w (a load replaced it)."""
-    return "torch" if kind == "onednn" and not is_packed(w) else kind
+def _runs(kind: str, *mats: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...]]:
+    """(kind, the matrices as that kind takes them): bf16 "gemv" takes their panel copies (made once);
+    "torch" and the matrices themselves where "onednn" no longer has a reordered copy (a load replaced
+    the weights) or "gemv" cannot take bf16 matrices here."""
+    if kind == "onednn" and not all(is_packed(w) for w in mats):
+        return "torch", mats
+    if kind == "gemv" and mats[0].dtype == torch.bfloat16:
+        panels = tuple(panel(w) for w in mats)
+        return ("torch", mats) if any(p is None for p in panels) else ("gemv", panels)
+    return kind, mats
 
 
 def fused_layer(h, cos, sin, w: LayerTensors, attn, heads: tuple[int, int, int], eps: float) -> torch.Tensor:
@@ -233,21 +241,27 @@ class LlamaModel(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def fuse(self, pack_weights: bool = True) -> "LlamaModel":
-        """Stack each layer's q/k/v and gate/up weights for the fast path, and (pack_weights) where
-        bf16 is native keep a oneDNN-reordered copy of every matrix, for linear="onednn"
-        (engine/cpu_linear.py) (idempotent)."""
+    def fuse(self, linear: str = "onednn") -> "LlamaModel":
+        """Stack each layer's q/k/v and gate/up weights for the fast path and prepare every matrix for
+        the `linear` kind (engine/cpu_linear.py): "onednn" keeps a oneDNN-reordered copy where bf16 is
+        native, bf16 "gemv" a panel copy; other kinds use the matrices as they are (idempotent)."""
         for layer in self.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
             w = layer.tensors()
-            if pack_weights and w is not None and all([pack(m) for m in (w.qkv, w.o, w.gate_up, w.down)]):
-                pack(self.lm_head.weight)
+            if w is None:
+                continue
+            mats = (w.qkv, w.o, w.gate_up, w.down, self.lm_head.weight)
+            if linear == "onednn":
+                all([pack(m) for m in mats])
+            elif linear == "gemv" and w.qkv.dtype == torch.bfloat16:
+                all([panel(m) is not None for m in mats])
         return self
 
-    def packed(self) -> bool:
-        """Whether every fused matrix has its oneDNN-reordered copy (linear="onednn" can run)."""
-        return all((w := layer.tensors()) is not None and _valid("onednn", w.qkv) == "onednn" for layer in self.layers)
+    def prepared(self, linear: str) -> bool:
+        """Whether every fused matrix is ready for the `linear` kind (for "onednn": has its reordered
+        copy; for bf16 "gemv": its panel copy)."""
+        return all((w := layer.tensors(linear)) is not None and w.linear == linear for layer in self.layers)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn,
                 linear: str = "torch") -> torch.Tensor:
@@ -261,14 +275,15 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, linear: str = "torch") -> torch.Tensor:
         """hidden [N, d_model] -> fp32 logits [N, vocab], lm_head run the `linear` way."""
-        w = self.lm_head.weight
-        return cpu_linear.linear(self.norm(hidden), w, None, _valid(linear, w)).float()
+        kind, (w,) = _runs(linear, self.lm_head.weight)
+        return cpu_linear.linear(self.norm(hidden), w, None, kind).float()
 
 
 @torch.inference_mode()
-def full_sequence_logits(model: LlamaModel, token_ids: list[int]) -> torch.Tensor:
-    """Logits [len, vocab] of one sequence computed from scratch, without any KV cache."""
+def full_sequence_logits(model: LlamaModel, token_ids: list[int], linear: str = "torch") -> torch.Tensor:
+    """Logits [len, vocab] of one sequence computed from scratch, without any KV cache; the fused
+    layers' linears run the `linear` way (engine/cpu_linear.py)."""
     device = model.embed_tokens.weight.device
     ids = torch.tensor(token_ids, dtype=torch.long, device=device)
-    hidden = model(ids, torch.arange(len(token_ids), device=device), causal_attention)
-    return model.compute_logits(hidden)
+    hidden = model(ids, torch.arange(len(token_ids), device=device), causal_attention, linear)
+    return model.compute_logits(hidden, linear)

@@ -138,11 +138,12 @@ class EngineConfig:
     # then SDPA), or "auto" = $INFERLEDGER_ATTENTION when set, else paged when the kernel builds and
     # loads, gather otherwise. CUDA always gathers (its CUDA graphs capture the gather).
     attention: str = "auto"
-    # How the CPU step's linears run: "gemv" (fp32: the C++ kernel of engine/cpu_kernels.py for steps of up to
-    # 16 token rows, reading each weight row from memory once; more rows go to torch), "torch" (F.linear throughout),
-    # or "auto" = $INFERLEDGER_LINEAR when set, else oneDNN over prepacked weights for bf16 on a CPU that
-    # multiplies it natively (engine/cpu_linear.py), gemv for fp32 when the kernels build and load, torch
-    # otherwise. CUDA always uses torch's.
+    # How the CPU step's linears run: "gemv" (the C++ kernels of engine/cpu_kernels.py: in fp32 for steps of up
+    # to 16 token rows, reading each weight row from memory once, more rows going to torch; in bf16, where the
+    # CPU has the AVX-512 BF16 dot product, every step over panel copies of the weights), "onednn" (bf16:
+    # oneDNN over its own reordered copies, where bf16 is native), "torch" (F.linear throughout), or "auto":
+    # gemv when the kernels build and load and take the dtype, else onednn for native bf16, else torch.
+    # $INFERLEDGER_LINEAR when unset here. CUDA always uses torch's.
     linear: str = "auto"
 
     DEFAULT_KV_BYTES = 256 * 2**20
@@ -187,8 +188,8 @@ class EngineConfig:
             _fail("compile", self.compile, "'auto', 'on' or 'off'")
         if self.attention not in ("auto", "paged", "gather"):
             _fail("attention", self.attention, "'auto', 'paged' or 'gather'")
-        if self.linear not in ("auto", "gemv", "torch"):
-            _fail("linear", self.linear, "'auto', 'gemv' or 'torch'")
+        if self.linear not in ("auto", "gemv", "onednn", "torch"):
+            _fail("linear", self.linear, "'auto', 'gemv', 'onednn' or 'torch'")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             _fail("speculative", self.speculative, "None, a SpeculativeConfig or a dict of its fields")
 
@@ -261,9 +262,9 @@ class EngineConfig:
         return True, f"{choice} ({source}): {why}" if choice == "paged" else f"auto: {why}"
 
     def resolve_linear(self, device_type: str, dtype) -> tuple[str, str]:
-        """(how the linears run: "onednn", "gemv" or "torch", why); on the CPU in fp32 this builds or
-        loads the kernels."""
-        choice, source = self._choice("linear", "INFERLEDGER_LINEAR", ("auto", "gemv", "torch"))
+        """(how the linears run: "onednn", "gemv" or "torch", why); on the CPU this builds or loads the
+        kernels."""
+        choice, source = self._choice("linear", "INFERLEDGER_LINEAR", ("auto", "gemv", "onednn", "torch"))
         if device_type != "cpu":
             return "torch", f"{device_type}: torch's linear"
         if choice == "torch":
@@ -271,20 +272,25 @@ class EngineConfig:
         import torch
 
         from .cpu_host import native_bf16
+        from .cpu_kernels import GEMV_MAX_ROWS, load, panel_kernel
 
+        head = "auto" if choice == "auto" else f"{choice} ({source})"  # who chose, as the reason starts
         if dtype == torch.bfloat16 and native_bf16()[0]:
-            why = "oneDNN over prepacked weights (bf16 on a CPU that multiplies it natively)"
-            return "onednn", (f"{why}: the gemv kernel takes float32 ({source})" if choice == "gemv"
-                              else f"auto: {why}")
+            onednn = "oneDNN over prepacked weights (bf16 on a CPU that multiplies it natively)"
+            if choice == "onednn":
+                return "onednn", f"{head}: {onednn}"
+            ok, why = load()
+            if ok and panel_kernel():
+                return "gemv", f"{head}: the panel kernel for bf16: {why}"
+            return "onednn", f"{head}: {onednn}; no panel kernel here: {why if not ok else 'built without AVX-512 BF16'}"
+        if choice == "onednn":
+            return "torch", f"torch: oneDNN's prepacked linear is for bf16 on a CPU that multiplies it natively, not {dtype}"
         if dtype != torch.float32:
-            return "torch", f"torch: the gemv kernel takes float32, not {dtype}"
-        from .cpu_kernels import GEMV_MAX_ROWS, load
-
+            return "torch", f"torch: the gemv kernel takes float32, or bf16 where the CPU multiplies it natively, not {dtype}"
         ok, why = load()
         if not ok:
             return "torch", f"torch: {why}"
-        return "gemv", (f"gemv ({source}): {why}" if choice == "gemv"
-                        else f"auto: gemv for up to {GEMV_MAX_ROWS} token rows: {why}")
+        return "gemv", f"{head}: {why}" if choice != "auto" else f"auto: gemv for up to {GEMV_MAX_ROWS} token rows: {why}"
 
     def to_dict(self) -> dict:
         d = asdict(self)

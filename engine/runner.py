@@ -53,8 +53,8 @@ class ModelRunner:
             raise ValueError(f"linear='gemv' is a CPU kernel; this runner is on {self.device}")
         if linear == "gemv" and not cpu_kernels.load()[0]:
             raise RuntimeError(f"linear='gemv' needs the CPU kernels: {cpu_kernels.load()[1]}")
-        model.fuse(pack_weights=linear in (None, "onednn"))
-        self.linear = ("onednn" if model.packed() else "torch") if linear in (None, "onednn") else linear
+        model.fuse(linear or "onednn")
+        self.linear = ("onednn" if model.prepared("onednn") else "torch") if linear in (None, "onednn") else linear
         self.paged = bool(paged) and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         # padded decode rows write into one extra scratch block no block table may name
         shape = (config.n_layers, num_blocks + bool(self.graph_batch_sizes or compile), config.n_kv_heads,

@@ -1,12 +1,13 @@
-"""The CPU step's linears: the fp32 gemv kernel (engine/csrc/linear.cpp) against exact products, its
-fallbacks, and how the engine picks the kind ("onednn", "gemv", "torch") and says why."""
+"""The CPU step's linears: the fp32 gemv kernel and the bf16 panel kernel (engine/csrc/linear.cpp)
+against exact products, their fallbacks, and how the engine picks the kind ("onednn", "gemv", "torch")
+and says why."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from inferledger.engine import EngineConfig, cpu_kernels
+from inferledger.engine import EngineConfig, cpu_kernels, cpu_linear
 from inferledger.engine.cpu_host import native_bf16
 
 
@@ -51,6 +52,44 @@ def test_the_gemv_kernel_leaves_what_it_does_not_take_to_torch(kernels):
         kernels.small_linear(torch.randn(1, 32), w, None)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13, 16, 17, 64])
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (80, 1536), (48, 6), (16, 2)])
+def test_the_panel_kernel_equals_the_exact_product_rounded_once(kernels, rows, n, k):
+    # n / 16 panels not a multiple of the 4 a tile takes, rows not a multiple of 4, k not a multiple of 32
+    x, w, b = (_ints(rows, k, seed=rows).bfloat16(), _ints(n, k, seed=n + k).bfloat16(),
+               _ints(n, seed=1).bfloat16())
+    exact = x.double() @ w.double().T  # integers below 2**24: exact in the kernel's fp32 lanes
+    p = cpu_linear.panel(w)
+    if not kernels.panel_kernel():  # a CPU without AVX-512 BF16: no panel copy, and the op says why
+        assert p is None
+        with pytest.raises(RuntimeError, match="no AVX-512 BF16"):
+            torch.ops.inferledger_cpu.panel_linear(x, w.view(n // 16, k // 2, 16, 2), None)
+        return
+    assert p.shape == (n // 16, k // 2, 16, 2) and torch.equal(p[n // 16 - 1, k // 2 - 1, 3], w[n - 13, k - 2:])
+    assert cpu_linear.panel(w) is p  # made once
+    # each output rounded to bf16 once, bias included: what rounding the exact value gives
+    assert torch.equal(cpu_linear.linear(x, p, b, "gemv"), (exact + b.double()).bfloat16())
+    assert torch.equal(cpu_linear.linear(x, p, None, "gemv"), exact.bfloat16())
+    assert torch.equal(cpu_linear.linear(x.view(rows, 1, k), p, None, "gemv"), exact.bfloat16().view(rows, 1, n))
+
+
+def test_the_panel_kernel_refuses_what_it_cannot_take(kernels):
+    w = torch.randn(32, 64).bfloat16()
+    assert cpu_linear.panel(w.float()) is None and cpu_linear.panel(torch.randn(24, 64).bfloat16()) is None
+    if not kernels.panel_kernel():
+        assert cpu_linear.panel(w) is None
+        return
+    p = cpu_linear.panel(w)
+    with pytest.raises(RuntimeError, match=r"x \[\.\.\., 32\] does not match the packed weight's K 64"):
+        torch.ops.inferledger_cpu.panel_linear(torch.randn(1, 32).bfloat16(), p, None)
+    with pytest.raises(RuntimeError, match=r"packed as \[N / 16, K / 2, 16, 2\], not \[32, 64\]"):
+        torch.ops.inferledger_cpu.panel_linear(torch.randn(1, 64).bfloat16(), w, None)
+    with pytest.raises(RuntimeError, match="bfloat16 only"):
+        torch.ops.inferledger_cpu.panel_linear(torch.randn(1, 64), p, None)
+    with pytest.raises(RuntimeError, match=r"the bias must be bfloat16 \[32\]"):
+        torch.ops.inferledger_cpu.panel_linear(torch.randn(1, 64).bfloat16(), p, torch.zeros(32))
+
+
 def test_the_engine_picks_its_linears_and_says_why(kernels, monkeypatch):
     ok, why = kernels.load()
     assert EngineConfig().resolve_linear("cpu", torch.float32) == ("gemv", f"auto: gemv for up to 16 token rows: {why}")
@@ -59,23 +98,34 @@ def test_the_engine_picks_its_linears_and_says_why(kernels, monkeypatch):
     assert EngineConfig(linear="torch").resolve_linear("cpu", torch.float32) == ("torch", "torch (EngineConfig.linear)")
     assert EngineConfig().resolve_linear("cuda", torch.bfloat16) == ("torch", "cuda: torch's linear")
     kind, reason = EngineConfig().resolve_linear("cpu", torch.bfloat16)
-    if native_bf16()[0]:
-        assert (kind, reason) == ("onednn", "auto: oneDNN over prepacked weights (bf16 on a CPU that multiplies it natively)")
+    onednn = "oneDNN over prepacked weights (bf16 on a CPU that multiplies it natively)"
+    if native_bf16()[0]:  # this build has the panel kernel wherever the CPU has AVX-512 BF16
+        assert kernels.panel_kernel()
+        assert (kind, reason) == ("gemv", f"auto: the panel kernel for bf16: {why}")
+        assert EngineConfig(linear="onednn").resolve_linear("cpu", torch.bfloat16) == (
+            "onednn", f"onednn (EngineConfig.linear): {onednn}")
     else:
-        assert (kind, reason) == ("torch", "torch: the gemv kernel takes float32, not torch.bfloat16")
+        assert (kind, reason) == (
+            "torch", "torch: the gemv kernel takes float32, or bf16 where the CPU multiplies it natively, not torch.bfloat16")
+        assert EngineConfig(linear="onednn").resolve_linear("cpu", torch.bfloat16)[0] == "torch"
+    assert EngineConfig(linear="onednn").resolve_linear("cpu", torch.float32) == (
+        "torch", "torch: oneDNN's prepacked linear is for bf16 on a CPU that multiplies it natively, not torch.float32")
     with pytest.raises(ValueError, match="linear='blas'"):
         EngineConfig(linear="blas")
     monkeypatch.setenv("INFERLEDGER_LINEAR", "torch")
     assert EngineConfig().resolve_linear("cpu", torch.float32) == ("torch", "torch ($INFERLEDGER_LINEAR)")
     assert EngineConfig(linear="gemv").resolve_linear("cpu", torch.float32)[0] == "gemv"  # a setting beats the variable
     monkeypatch.setenv("INFERLEDGER_LINEAR", "fast")
-    with pytest.raises(ValueError, match=r"\$INFERLEDGER_LINEAR='fast': use auto, gemv or torch"):
+    with pytest.raises(ValueError, match=r"\$INFERLEDGER_LINEAR='fast': use auto, gemv, onednn or torch"):
         EngineConfig().resolve_linear("cpu", torch.float32)
     monkeypatch.delenv("INFERLEDGER_LINEAR")
     monkeypatch.setenv("CXX", "no-such-compiler-here")  # no kernels: torch's linear, and the reason why
     monkeypatch.setattr(cpu_kernels, "_STATE", {})
     assert EngineConfig().resolve_linear("cpu", torch.float32) == (
         "torch", "torch: no C++ compiler (no-such-compiler-here) to build the CPU kernels")
+    if native_bf16()[0]:  # bf16 without the kernels: oneDNN's, and why
+        assert EngineConfig().resolve_linear("cpu", torch.bfloat16) == (
+            "onednn", f"auto: {onednn}; no panel kernel here: no C++ compiler (no-such-compiler-here) to build the CPU kernels")
 
 
 @pytest.mark.slow

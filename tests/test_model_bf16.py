@@ -24,6 +24,8 @@ import contextlib
 import pytest
 import torch
 
+from inferledger.engine import cpu_kernels
+from inferledger.engine.cpu_host import native_bf16
 from inferledger.engine.loader import load_model
 from inferledger.engine.model import full_sequence_logits
 from inferledger.engine.runner import ModelRunner
@@ -50,7 +52,10 @@ def _onednn_off():
         torch.backends.mkldnn.enabled = was
 
 
-MATMULS = {"default": contextlib.nullcontext, "aten": _onednn_off}  # each bf16 matmul this CPU can run
+# each bf16 matmul this CPU can run: name -> (context, how the linears run: engine/cpu_linear.py kinds)
+MATMULS = {"default": (contextlib.nullcontext, None), "aten": (_onednn_off, None)}
+if native_bf16()[0]:  # the engine's panel kernel (AVX-512 BF16), what `linear="auto"` runs there
+    MATMULS["panel"] = (contextlib.nullcontext, "gemv")
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +80,14 @@ def test_bf16_bundle_records_its_dtype(bf16_bundle):
 def test_bf16_logits_within_tolerance_of_fp32(bundle, bf16_bundle, matmul):
     prompts = _prompts(bundle.tokenizer)
     assert sum(map(len, prompts)) == POSITIONS
+    context, linear = MATMULS[matmul]
+    if linear == "gemv":  # the fused layers' weights in panels, as the engine's runner prepares them
+        assert cpu_kernels.panel_kernel() and bf16_bundle.model.fuse("gemv").prepared("gemv")
     agree = 0
     for ids in prompts:
         ref = full_sequence_logits(bundle.model, ids)
-        with MATMULS[matmul]():
-            got = full_sequence_logits(bf16_bundle.model, ids)
+        with context():
+            got = full_sequence_logits(bf16_bundle.model, ids, linear or "torch")
         assert got.dtype == torch.float32  # logits leave the model in fp32 whatever it computes in
         rel = ((got - ref).norm() / ref.norm()).item()
         assert rel < REL_L2_TOL, (bundle.tokenizer.decode(ids), rel)
@@ -97,10 +105,12 @@ def test_bf16_greedy_equals_fp32_up_to_a_near_tie(bundle, bf16_bundle, matmul):
     to a first divergence where fp32's own token beat bf16's by less than NEAR_TIE logits."""
     prompts = _prompts(bundle.tokenizer)
     outs = {}
+    context, linear = MATMULS[matmul]
     for name, b in (("fp32", bundle), ("bf16", bf16_bundle)):
-        runner = ModelRunner(b.model, b.config, num_blocks=64, block_size=16)
-        assert runner.k_cache.dtype == b.dtype
-        with MATMULS[matmul]() if name == "bf16" else contextlib.nullcontext():
+        kind = linear if name == "bf16" else None
+        runner = ModelRunner(b.model, b.config, num_blocks=64, block_size=16, linear=kind)
+        assert runner.k_cache.dtype == b.dtype and kind in (None, runner.linear)
+        with context() if name == "bf16" else contextlib.nullcontext():
             outs[name] = greedy_paged(runner, prompts, 32, _blocks(runner, len(prompts), 6))
     identical = 0
     for prompt, ref, got in zip(prompts, outs["fp32"], outs["bf16"]):

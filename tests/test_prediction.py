@@ -264,21 +264,24 @@ def test_the_report_draws_the_roofline_residuals_fit_and_the_registered_predicti
 
 
 def test_the_matmul_roof_times_the_engines_own_linear(monkeypatch):
-    # the engine multiplies through engine.cpu_linear (oneDNN prepacked where bf16 is native, the gemv
+    # the engine multiplies through engine.cpu_linear (the panel kernel where bf16 is native, the gemv
     # kernel in fp32): a roof timed on another op could be slower than the steps it bounds
     import torch
 
-    from inferledger.engine import cpu_linear
+    from inferledger.engine import cpu_kernels, cpu_linear
 
     calls = []
     real = cpu_linear.linear
-    monkeypatch.setattr(cpu_linear, "linear", lambda x, w, b, kind: calls.append((tuple(x.shape), kind)) or real(x, w, b, kind))
+    monkeypatch.setattr(cpu_linear, "linear",
+                        lambda x, w, b, kind: calls.append((tuple(x.shape), kind, w.dim())) or real(x, w, b, kind))
     shapes = microbench.linear_shapes(SMOL, 2, 4)
     microbench.measure("cpu", torch.bfloat16, shapes, timer=fake_timer(), stream_bytes=4 << 20,
                        matmul_repeats=1, stream_repeats=1, slice_s=0.0)
     assert {c[0] for c in calls} == {(s["m"], s["k"]) for s in shapes}
-    packable = cpu_linear.packable(torch.empty(2, 2, dtype=torch.bfloat16))
-    assert {c[1] for c in calls} == {"onednn" if packable else "torch"}  # packed exactly where the engine packs its weights
+    panels = cpu_linear.panelable(torch.empty(16, 2, dtype=torch.bfloat16))
+    assert panels == (cpu_linear.packable(torch.empty(2, 2, dtype=torch.bfloat16)) and cpu_kernels.panel_kernel())
+    assert {c[1] for c in calls} == {"gemv" if panels else "torch"}  # prepared exactly where the engine prepares its weights
+    assert {c[2] for c in calls} == {4 if panels else 2}  # over the panel copies, as the step's, where it has them
     calls.clear()
     microbench.measure("cpu", torch.float32, shapes, timer=fake_timer(), stream_bytes=4 << 20,
                        matmul_repeats=1, stream_repeats=1, slice_s=0.0)

@@ -2,13 +2,15 @@
 //
 // The cache of one layer is [num_blocks, n_kv_heads, block_size, head_dim] (engine/attention.py);
 // query row t belongs to the sequence whose block table is tables[q_seq[t]] and sees the keys at
-// positions 0 .. q_ctx[t] - 1 of that sequence. A lone row (a decode) is one work item per KV head:
-// the query heads sharing that KV head (grouped-query attention) walk the row's blocks
-// together, so every K / V block is read once per item, straight from the cache, and stays in L1
-// while the group's heads dot its keys. Consecutive rows of one sequence (a prefill chunk) go in
-// tiles of up to TILE rows (`tile_item`): each block's K is transposed once per tile and shared by
-// all the tile's query vectors. Scores, the softmax (online, one block at a time) and the weighted
-// sum of V are fp32 whatever the cache's dtype; the output is rounded to q's dtype once, at the end.
+// positions 0 .. q_ctx[t] - 1 of that sequence. Work items are one KV head of a tile: up to TILE
+// consecutive rows of one sequence (a prefill chunk's; a decode is a tile of one row), whose query
+// heads sharing that KV head (grouped-query attention) walk the sequence's blocks together, so every
+// K / V block is read once per item, straight from the cache. For the common shape (blocks of 16,
+// head_dim 64 or 128: `tile_item`) each block's K is transposed once per item and shared by all the
+// item's query vectors, whose scores over the block's keys are then 16-wide multiply-adds and whose
+// softmax terms are one vector exp: for decodes, faster than dotting each key row in turn at every
+// shape benchmarks/paged_attention.py times. Other shapes dot each key row as it lies. Scores, the
+// softmax (online, one block at a time) and the weighted sum of V are fp32 whatever the cache's dtype; the output is rounded to q's dtype once, at the end.
 //
 // Built at run time by engine/cpu_kernels.py (g++, -march=native, -fopenmp against torch's own
 // OpenMP runtime, so at::parallel_for uses the intra-op threads torch.set_num_threads set).
@@ -81,7 +83,7 @@ struct Args {
   float scale;
 };
 
-// Rows t0 .. t1 - 1 of one sequence (a prefill chunk's, consecutive positions) and KV head h, for the
+// Rows t0 .. t1 - 1 of one sequence (consecutive positions; one row for a decode) and KV head h, for the
 // common shape (block_size BS_, head_dim D_ fixed at compile time, so the score and output
 // accumulators stay in registers): each block's K is transposed once into [D_][BS_] and shared by
 // the tile's (t1 - t0) x G query vectors, taken QR at a time, their scores BS_-wide multiply-adds.
@@ -186,7 +188,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
     std::vector<float> qf(most * D), acc(most * D), kbuf(BS * D), vbuf(BS * D), s(BS), m(most), l(most);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t0 = tiles[item / KV], t1 = tiles[item / KV + 1], h = item % KV;
-      if (t1 - t0 > 1) {
+      if (tiled) {
         if (D == 64)
           tile_item<16, 64>(a, qp, kp, vp, op, t0, t1, h, qf.data(), acc.data(), kbuf.data(), vbuf.data(), m.data(),
                             l.data());
@@ -195,7 +197,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
                              l.data());
         continue;
       }
-      // a lone row (a decode): the G query heads of the group, each block's K rows dotted as they lie
+      // another shape (a lone row): the G query heads of the group, each block's K rows dotted as they lie
       const int64_t t = t0, ctx = a.ctx[t];
       const int64_t* table = a.tables + a.seq[t] * W;
       const scalar_t* qrow = qp + (t * H + h * G) * D;
