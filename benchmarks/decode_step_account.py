@@ -54,7 +54,7 @@ from inferledger.costmodel.work import StepRow, step_work  # noqa: E402
 # attends a decode group through two of them), so they count as attention, not here
 MATMUL = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "inferledger_cpu::small_linear",
           "inferledger_cpu::panel_linear")
-ATTENTION = ("inferledger_cpu::paged_attention", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
+ATTENTION = ("inferledger_cpu::paged_attention", "inferledger_cpu::paged_attention_write", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
              "aten::index_select", "aten::index_copy_", "aten::index_put_", "aten::index", "aten::_softmax",
              "aten::masked_fill", "aten::masked_fill_")
 ELEMENTWISE = ("aten::rms_norm", "aten::_fused_rms_norm", "aten::pow", "aten::mean", "aten::rsqrt", "aten::mul",

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .cpu_kernels import paged_attention
+from .cpu_kernels import paged_attention, paged_attention_write
 
 
 # Decode rows x keys from which a reduced-precision decode group on the CPU attends through two batched
@@ -196,6 +196,10 @@ class PagedAttention:
                      for q0, n, start, blocks in seqs]
 
     def __call__(self, layer: int, q, k, v):
+        if self.in_place is not None and self.in_place[0] is None and not self.decodes and not self.seqs:
+            _, tables, q_seq, q_ctx = self.in_place  # every row in the kernel: the cache write and it in one call
+            return paged_attention_write(q, k, v, self.k_cache, self.v_cache, layer, self.rows, tables, q_seq, q_ctx,
+                                         q.shape[-1] ** -0.5)
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
         _write_kv(k_cache, v_cache, self.rows, k, v)
         _, n_kv, _, head_dim = k_cache.shape
@@ -239,6 +243,10 @@ class DecodeAttention:
         self.rows = _write_rows(slots, n_kv, bs)
 
     def __call__(self, layer: int, q, k, v):
+        if len(self.groups) == 1 and self.groups[0][1].paged:  # the cache write and the kernel in one call
+            g = self.groups[0][1]
+            return paged_attention_write(q, k, v, self.k_cache, self.v_cache, layer, self.rows, g.table, g.seq, g.ctx,
+                                         q.shape[-1] ** -0.5)
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
         _write_kv(k_cache, v_cache, self.rows, k, v)
         outs, a = [], 0

@@ -14,6 +14,7 @@ and the engine runs without them: attention gathers the paged rows into a contig
 
 Row t of q attends over the first q_ctx[t] positions of the sequence whose block table is
 tables[q_seq[t]], reading the cache's blocks in place; fp32 arithmetic, the output in q's dtype.
+`paged_attention_write` first writes a step's new K / V rows into the layer's cache, in the same call.
 
     small_linear(x [..., K], w [N, K], b [N] | None) -> [..., N]
 
@@ -150,6 +151,14 @@ def panel_kernel() -> bool:
 
 def paged_attention(q, k_cache, v_cache, tables, q_seq, q_ctx, scale: float) -> torch.Tensor:
     return torch.ops.inferledger_cpu.paged_attention(q, k_cache, v_cache, tables, q_seq, q_ctx, scale)
+
+
+def paged_attention_write(q, k, v, k_caches, v_caches, layer: int, rows, tables, q_seq, q_ctx, scale: float) -> torch.Tensor:
+    """k, v written into layer `layer` of the caches [layers, blocks, KV, block_size, D] at `rows` (of
+    the layer viewed as [blocks * KV * block_size, D]), then paged_attention over that layer: one
+    call, as a step's layer makes it."""
+    return torch.ops.inferledger_cpu.paged_attention_write(q, k, v, k_caches, v_caches, layer, rows, tables, q_seq,
+                                                           q_ctx, scale)
 
 
 def small_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

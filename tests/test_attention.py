@@ -187,6 +187,32 @@ def test_the_paged_kernel_refuses_a_row_it_cannot_read(kernel):
                                      torch.tensor([3, 5]), 1.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_write_and_the_kernel_in_one_call_equal_them_apart(kernel, dtype):
+    # layer 1 of two: the new rows land where index_copy_ puts them, layer 0 is untouched, and the
+    # output is the kernel's over the written cache, bit for bit
+    gen = torch.Generator().manual_seed(5)
+    caches = [torch.randn(2, BLOCKS, KV, BS, D, generator=gen).to(dtype) for _ in range(2)]
+    fused = [c.clone() for c in caches]
+    q, k, v = torch.randn(3, H, D, generator=gen), torch.randn(3, KV, D, generator=gen), torch.randn(3, KV, D, generator=gen)
+    rows = torch.tensor([5, 6, 40, 41, 90, 91])  # of layer 1 viewed as [BLOCKS * KV * BS, D]
+    tables, q_seq, q_ctx = torch.tensor([[0, 3, 7], [11, 5, 0]]), torch.tensor([0, 0, 1]), torch.tensor([9, 10, 6])
+    for c, x in zip(caches, (k, v)):
+        c[1].view(-1, D).index_copy_(0, rows, x.reshape(-1, D).to(dtype))
+    want = cpu_kernels.paged_attention(q.to(dtype), caches[0][1], caches[1][1], tables, q_seq, q_ctx, 0.3).to(q.dtype)
+    got = cpu_kernels.paged_attention_write(q, k, v, *fused, 1, rows, tables, q_seq, q_ctx, 0.3)
+    assert got.dtype == q.dtype and torch.equal(got, want)
+    assert torch.equal(fused[0], caches[0]) and torch.equal(fused[1], caches[1])
+    with pytest.raises(RuntimeError, match=r"rows\[5\] = 384 is outside \[0, 384\)"):
+        cpu_kernels.paged_attention_write(q, k + 1, v + 1, *fused, 1, torch.tensor([5, 6, 40, 41, 90, 384]), tables,
+                                          q_seq, q_ctx, 0.3)
+    assert torch.equal(fused[0], caches[0]) and torch.equal(fused[1], caches[1])  # nothing written by the refused call
+    with pytest.raises(RuntimeError, match=r"rows must be a contiguous int64 \[6\]"):
+        cpu_kernels.paged_attention_write(q, k, v, *fused, 1, rows[:4], tables, q_seq, q_ctx, 0.3)
+    with pytest.raises(RuntimeError, match="and a layer of them"):
+        cpu_kernels.paged_attention_write(q, k, v, *fused, 2, rows, tables, q_seq, q_ctx, 0.3)
+
+
 def test_without_a_compiler_the_engine_gathers_and_says_why(monkeypatch, tmp_path):
     from inferledger.engine import EngineConfig
 

@@ -20,6 +20,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -278,10 +279,47 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   return out;
 }
 
+// A step's work for one layer in one call: the step's new K / V rows written into the layer's cache
+// (row r of k and v, as [rows, D], to row rows[r] of the cache viewed as [blocks * KV * block_size,
+// D]), then paged_attention over it. The engine calls it once per layer; the same work as separate
+// torch operators cost some 60 us of dispatch a layer, a tenth of a batch-1 step.
+at::Tensor paged_attention_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_caches,
+                                 const at::Tensor& v_caches, int64_t layer, const at::Tensor& rows,
+                                 const at::Tensor& tables, const at::Tensor& q_seq, const at::Tensor& q_ctx,
+                                 double softmax_scale) {
+  TORCH_CHECK(k_caches.dim() == 5 && v_caches.sizes() == k_caches.sizes() && k_caches.is_contiguous() &&
+                  v_caches.is_contiguous() && layer >= 0 && layer < k_caches.size(0),
+              "paged_attention_write: caches [layers, blocks, KV, block_size, D], contiguous, and a layer of them");
+  const at::Tensor kc = k_caches.select(0, layer), vc = v_caches.select(0, layer);
+  const int64_t D = kc.size(-1), slots = kc.numel() / D;
+  const auto dt = kc.scalar_type();
+  const at::Tensor kr = k.reshape({-1, D}).to(dt).contiguous(), vr = v.reshape({-1, D}).to(dt).contiguous();
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong && rows.is_contiguous() && rows.size(0) == kr.size(0) &&
+                  vr.size(0) == kr.size(0),
+              "paged_attention_write: rows must be a contiguous int64 [", kr.size(0), "], one per new K / V row");
+  const int64_t* rp = rows.data_ptr<int64_t>();
+  const int64_t bytes = D * kc.element_size();
+  auto* kd = static_cast<char*>(kc.data_ptr());
+  auto* vd = static_cast<char*>(vc.data_ptr());
+  const auto* ks = static_cast<const char*>(kr.data_ptr());
+  const auto* vs = static_cast<const char*>(vr.data_ptr());
+  for (int64_t r = 0; r < kr.size(0); ++r)  // every row checked before any is written
+    TORCH_CHECK(rp[r] >= 0 && rp[r] < slots, "paged_attention_write: rows[", r, "] = ", rp[r], " is outside [0, ", slots, ")");
+  for (int64_t r = 0; r < kr.size(0); ++r) {
+    std::memcpy(kd + rp[r] * bytes, ks + r * bytes, bytes);
+    std::memcpy(vd + rp[r] * bytes, vs + r * bytes, bytes);
+  }
+  at::Tensor out = paged_attention(q.to(dt).contiguous(), kc, vc, tables, q_seq, q_ctx, softmax_scale);
+  return out.scalar_type() == q.scalar_type() ? out : out.to(q.scalar_type());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(inferledger_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor q_seq, Tensor q_ctx, "
         "float scale) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
+  m.def("paged_attention_write(Tensor q, Tensor k, Tensor v, Tensor(a!) k_caches, Tensor(b!) v_caches, int layer, "
+        "Tensor rows, Tensor tables, Tensor q_seq, Tensor q_ctx, float scale) -> Tensor");
+  m.impl("paged_attention_write", c10::DispatchKey::CPU, TORCH_FN(paged_attention_write));
 }
