@@ -30,6 +30,23 @@ import torch
 import torch.nn.functional as F
 
 _PACKED: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # weight data_ptr -> (weight, reordered copy)
+_PANELS: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # weight data_ptr -> (weight, panel copy)
+
+
+def _kept(store: dict, w: torch.Tensor, can: bool, make) -> torch.Tensor | None:
+    """w's copy in `store`, made once by make(w) where `can` (keyed by w's storage, dropped when w is
+    freed); None where w has none and cannot have one."""
+    ptr = w.data_ptr()
+    hit = store.get(ptr)
+    if hit is not None and hit[0]() is w:
+        return hit[1]
+    if not can:
+        return None
+    with torch.inference_mode():
+        copy = make(w.detach())
+    store[ptr] = (weakref.ref(w), copy)
+    weakref.finalize(w, store.pop, ptr, None)
+    return copy
 
 
 def packable(w: torch.Tensor) -> bool:
@@ -40,16 +57,7 @@ def packable(w: torch.Tensor) -> bool:
 
 def pack(w: torch.Tensor) -> bool:
     """Reorder w [out, in] for oneDNN once (idempotent): -> whether linear(x, w) now uses it."""
-    ptr = w.data_ptr()
-    hit = _PACKED.get(ptr)
-    if hit is not None and hit[0]() is w:
-        return True
-    if not packable(w):
-        return False
-    with torch.inference_mode():
-        _PACKED[ptr] = (weakref.ref(w), torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1))
-    weakref.finalize(w, _PACKED.pop, ptr, None)
-    return True
+    return _kept(_PACKED, w, packable(w), lambda d: torch.ops.mkldnn._reorder_linear_weight(d, 1)) is not None
 
 
 def is_packed(w: torch.Tensor) -> bool:
@@ -79,34 +87,36 @@ def _(x, w, b):
 packed_linear = torch.ops.inferledger.packed_linear
 
 
-_PANELS: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # weight data_ptr -> (weight, panel copy)
-
-
 def panelable(w: torch.Tensor) -> bool:
     """Whether panel_linear can take w: a contiguous bf16 [N, K] CPU matrix, N % 16 == 0, K even, on a
-    CPU whose kernels were built with the AVX-512 BF16 dot product."""
+    CPU that multiplies bf16 natively and whose kernels were built with the AVX-512 BF16 dot product."""
     from .cpu_host import native_bf16
-    from .cpu_kernels import load, panel_kernel
+    from .cpu_kernels import panel_kernel
 
     return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and w.dim() == 2 and w.shape[0] % 16 == 0
-            and w.shape[1] % 2 == 0 and native_bf16()[0] and load()[0] and panel_kernel())
+            and w.shape[1] % 2 == 0 and native_bf16()[0] and panel_kernel())
 
 
 def panel(w: torch.Tensor) -> torch.Tensor | None:
     """w [N, K] repacked once as [N / 16, K / 2, 16, 2] (engine/csrc/linear.cpp `panel_linear`), kept
-    beside w (keyed by its storage, dropped when it is freed); None where the kernel cannot take w."""
-    ptr = w.data_ptr()
-    hit = _PANELS.get(ptr)
-    if hit is not None and hit[0]() is w:
-        return hit[1]
-    if not panelable(w):
-        return None
-    n, k = w.shape
-    with torch.inference_mode():
-        copy = w.detach().view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
-    _PANELS[ptr] = (weakref.ref(w), copy)
-    weakref.finalize(w, _PANELS.pop, ptr, None)
-    return copy
+    beside w; None where the kernel cannot take w."""
+    def repack(d: torch.Tensor) -> torch.Tensor:
+        n, k = d.shape
+        return d.view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+    return _kept(_PANELS, w, panelable(w), repack)
+
+
+def as_taken(kind: str, *mats: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...]]:
+    """(the kind that runs, the matrices as it takes them): bf16 "gemv" takes their panel copies (made
+    once); "torch" and the matrices themselves where "onednn" has no reordered copy of one of them (none
+    was made, or a load replaced the weights) or "gemv" cannot take bf16 matrices here."""
+    if kind == "onednn" and not all(is_packed(w) for w in mats):
+        return "torch", mats
+    if kind == "gemv" and mats[0].dtype == torch.bfloat16:
+        panels = tuple(panel(w) for w in mats)
+        return ("torch", mats) if any(p is None for p in panels) else ("gemv", panels)
+    return kind, mats
 
 
 KINDS = ("torch", "onednn", "gemv")

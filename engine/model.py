@@ -21,7 +21,7 @@ from torch import nn
 from . import cpu_linear
 from .attention import causal_attention
 from .config import ModelConfig
-from .cpu_linear import is_packed, linear, pack, panel
+from .cpu_linear import as_taken, linear, pack, panel
 
 # attn(layer_idx, q [T, H, D], k [T, KV, D], v [T, KV, D]) -> [T, H, D]
 AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -169,7 +169,7 @@ class DecoderLayer(nn.Module):
         a, m = self.self_attn, self.mlp
         if not (a.fused and m.fused):
             return None
-        kind, (qkv, o, gate_up, down) = _runs(linear, a.qkv.weight, a.o_proj.weight, m.gate_up.weight, m.down_proj.weight)
+        kind, (qkv, o, gate_up, down) = as_taken(linear, a.qkv.weight, a.o_proj.weight, m.gate_up.weight, m.down_proj.weight)
         return LayerTensors(self.input_layernorm.weight, qkv, a.qkv.bias, o,
                             a.q_norm.weight if a.q_norm is not None else None,
                             a.k_norm.weight if a.k_norm is not None else None,
@@ -199,18 +199,6 @@ class LayerTensors(NamedTuple):
     gate_up: torch.Tensor
     down: torch.Tensor
     linear: str  # how the linears run: "torch", "onednn" (oneDNN-reordered copies) or "gemv" (engine/cpu_linear.py)
-
-
-def _runs(kind: str, *mats: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...]]:
-    """(kind, the matrices as that kind takes them): bf16 "gemv" takes their panel copies (made once);
-    "torch" and the matrices themselves where "onednn" no longer has a reordered copy (a load replaced
-    the weights) or "gemv" cannot take bf16 matrices here."""
-    if kind == "onednn" and not all(is_packed(w) for w in mats):
-        return "torch", mats
-    if kind == "gemv" and mats[0].dtype == torch.bfloat16:
-        panels = tuple(panel(w) for w in mats)
-        return ("torch", mats) if any(p is None for p in panels) else ("gemv", panels)
-    return kind, mats
 
 
 def fused_layer(h, cos, sin, w: LayerTensors, attn, heads: tuple[int, int, int], eps: float) -> torch.Tensor:
@@ -245,17 +233,15 @@ class LlamaModel(nn.Module):
         """Stack each layer's q/k/v and gate/up weights for the fast path and prepare every matrix for
         the `linear` kind (engine/cpu_linear.py): "onednn" keeps a oneDNN-reordered copy where bf16 is
         native, bf16 "gemv" a panel copy; other kinds use the matrices as they are (idempotent)."""
+        mats = [self.lm_head.weight]
         for layer in self.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
-            w = layer.tensors()
-            if w is None:
-                continue
-            mats = (w.qkv, w.o, w.gate_up, w.down, self.lm_head.weight)
-            if linear == "onednn":
-                all([pack(m) for m in mats])
-            elif linear == "gemv" and w.qkv.dtype == torch.bfloat16:
-                all([panel(m) is not None for m in mats])
+            if (w := layer.tensors()) is not None:
+                mats += [w.qkv, w.o, w.gate_up, w.down]
+        if linear == "onednn" or (linear == "gemv" and self.lm_head.weight.dtype == torch.bfloat16):
+            for m in mats:
+                (pack if linear == "onednn" else panel)(m)
         return self
 
     def prepared(self, linear: str) -> bool:
@@ -275,7 +261,7 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, linear: str = "torch") -> torch.Tensor:
         """hidden [N, d_model] -> fp32 logits [N, vocab], lm_head run the `linear` way."""
-        kind, (w,) = _runs(linear, self.lm_head.weight)
+        kind, (w,) = as_taken(linear, self.lm_head.weight)
         return cpu_linear.linear(self.norm(hidden), w, None, kind).float()
 
 

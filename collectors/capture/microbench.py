@@ -98,7 +98,10 @@ def measure(device, dtype, shapes: list[dict], *, timer=time.perf_counter, strea
     for s in shapes:  # one weight per matrix, reused across batch sizes (a dense GEMM's time does not depend on values)
         if s["name"] not in weights:  # prepared as the engine prepares its own (engine/model.py `fuse`)
             w = torch.full((s["n"], s["k"]), 0.01, device=device, dtype=dtype)
-            weights[s["name"]] = _prepared(w, kind)
+            if kind == "onednn":
+                cpu_linear.pack(w)
+            how, (m,) = cpu_linear.as_taken(kind, w)
+            weights[s["name"]] = (m, how)
         w, how = weights[s["name"]]
         x = torch.full((s["m"], s["k"]), 0.5, device=device, dtype=dtype)
         flops = 2 * s["m"] * s["k"] * s["n"]
@@ -111,19 +114,6 @@ def measure(device, dtype, shapes: list[dict], *, timer=time.perf_counter, strea
               "label": f"the engine's fastest matmul, through its own linear, at capture start ({top['name']}, {top['m']} rows, "
                        f"{str(dtype).removeprefix('torch.')})", "shapes": per_shape}
     return {"memcpy_gbps": memcpy, "stream_read_gbps": stream_read, "copy_gbps": copy_fig, "matmul_tflops": matmul}
-
-
-def _prepared(w, kind: str):
-    """(the matrix `kind` takes for w, the kind that runs): the oneDNN-reordered copy is looked up by
-    cpu_linear itself; bf16 "gemv" takes the panel copy; "torch" where neither can be made."""
-    import torch
-
-    if kind == "onednn":
-        return (w, "onednn") if cpu_linear.pack(w) else (w, "torch")
-    if kind == "gemv" and w.dtype == torch.bfloat16:
-        p = cpu_linear.panel(w)
-        return (p, "gemv") if p is not None else (w, "torch")
-    return w, kind
 
 
 def device_params(bundle, *, max_batch: int, max_tokens: int | None = None, cpu_threads="auto",
