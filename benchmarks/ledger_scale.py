@@ -229,7 +229,7 @@ def phase_import(run_dir: Path, n: int, t: int, seed: int) -> dict:
     import numpy  # noqa: F401  (imported before the clock starts)
     import pyarrow  # noqa: F401
 
-    from inferledger.collectors.writer import RunWriter, write_table_atomic
+    from inferledger.collectors.rundir.writer import RunWriter, write_table_atomic
     from inferledger.probes import events  # noqa: F401
 
     if run_dir.exists():
@@ -282,7 +282,7 @@ def reusable(run_dir: Path, n: int, t: int, seed: int) -> dict | None:
 
 
 def phase_repartition(run_dir: Path, buckets: int) -> dict:
-    from inferledger.collectors.repartition import repartition
+    from inferledger.collectors.rundir.repartition import repartition
 
     c0, t0 = _cpu_s(), time.perf_counter()
     counts = repartition(run_dir, buckets, memory_limit="2GB")

@@ -32,7 +32,7 @@ RUN_B = ((3, 48), (6, 48), (3, 192), (6, 192))
 
 def capture(bundle, run_dir: Path, waves, tokens: int, device_params: dict) -> None:
     """An engine-only run: each wave's requests added together and stepped until all finish."""
-    from inferledger.collectors.writer import RunWriter
+    from inferledger.collectors.rundir.writer import RunWriter
     from inferledger.engine import EngineConfig, LLMEngine, SamplingParams
 
     vocab = bundle.tokenizer.vocab_size

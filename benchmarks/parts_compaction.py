@@ -2,7 +2,7 @@
 
     python benchmarks/parts_compaction.py [--attempts 2000] [--tokens 64] [--parts 300 1800] [--repeat 3]
 
-A capture flushes its buffers every 2 s (collectors/writer.py), so a 10-minute run leaves about 300
+A capture flushes its buffers every 2 s (collectors/rundir/writer.py), so a 10-minute run leaves about 300
 parts per folder and an hour-long `serve --out` about 1800. The synthetic run of
 `benchmarks/ledger_scale.py` (same generator) is written as N parts of equal size, rebuilt, then
 compacted by `probes/run_dir.compact` (what a clean end of capture and serve does) and
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     rec = results.start("parts_compaction", vars(a))
 
     from inferledger.probes.run_dir import compact
-    from inferledger.collectors.writer import RunWriter, write_table_atomic
+    from inferledger.collectors.rundir.writer import RunWriter, write_table_atomic
     from inferledger.probes.events import EVENT_SCHEMA
 
     table = generate(a.attempts, a.tokens, a.seed, "parts")

@@ -47,7 +47,7 @@ def add_kv_samples(run_dir: Path, clock: str, host: str) -> int:
     import numpy as np
     import pyarrow as pa
 
-    from inferledger.collectors.writer import write_table_atomic
+    from inferledger.collectors.rundir.writer import write_table_atomic
     from inferledger.probes.events import SAMPLE_SCHEMA
 
     con = duckdb.connect()

@@ -18,7 +18,7 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
     from inferledger.cli.output import console
     from inferledger.collectors.capture.interrupt import Interrupted
     from inferledger.collectors.capture.run import capture
-    from inferledger.collectors.out_dir import OutDirError, check_new_run_dir
+    from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
     from inferledger.collectors.workload import Workload
 
     try:

@@ -124,7 +124,7 @@ def import_cmd(
     """
     shape = None
     if model_config is not None:  # checked before anything is written
-        from inferledger.collectors.declared_shape import read_model_config
+        from inferledger.collectors.rundir.declared_shape import read_model_config
         from inferledger.costmodel.shape import ShapeError
 
         try:
@@ -141,7 +141,7 @@ def import_cmd(
     else:
         _import_e0(archive, out, server, run_id, lenient, fmt)
     if shape is not None:
-        from inferledger.collectors.declared_shape import declare_model_shape
+        from inferledger.collectors.rundir.declared_shape import declare_model_shape
 
         declare_model_shape(out, shape)
 
@@ -153,7 +153,7 @@ def _import_e0(archive: Path, out: Path, server, run_id, lenient: bool, fmt: Out
     from rich.markup import escape
     from rich.table import Table
 
-    from inferledger.collectors.importer import ArchiveError, OutDirError, import_archive
+    from inferledger.collectors.rundir.e0_import import ArchiveError, OutDirError, import_archive
 
     try:
         res = import_archive(archive, out, run_id=run_id, lenient=lenient)
@@ -184,9 +184,9 @@ def _import_otlp(path: Path, out: Path, run_id, host, reporter, lenient: bool, f
     from rich.console import Console
     from rich.markup import escape
 
-    from inferledger.collectors.otlp_file import OtlpFileError
-    from inferledger.collectors.otlp_import import import_otlp
-    from inferledger.collectors.out_dir import OutDirError
+    from inferledger.collectors.evidence.otlp_file import OtlpFileError
+    from inferledger.collectors.evidence.otlp_import import import_otlp
+    from inferledger.collectors.rundir.out_dir import OutDirError
 
     try:
         res = import_otlp(path, out, run_id=run_id, host=host, reporter=reporter, lenient=lenient)

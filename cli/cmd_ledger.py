@@ -80,7 +80,7 @@ def repartition_cmd(
     from rich.table import Table
 
     from inferledger.cli.output import console, echo_rows, fail
-    from inferledger.collectors.repartition import RepartitionError, repartition
+    from inferledger.collectors.rundir.repartition import RepartitionError, repartition
 
     if not run_dir.is_dir():
         fail(f"{run_dir}: no such run directory")

@@ -59,7 +59,7 @@ def predict_cmd(
     from rich.table import Table
 
     from inferledger.cli.output import console, echo_rows, fail
-    from inferledger.collectors.predict import predict_workload
+    from inferledger.studies.predict import predict_workload
     from inferledger.collectors.workload import Workload
     from inferledger.costmodel.prediction import PredictionError
     from inferledger.costmodel.shape import ShapeError

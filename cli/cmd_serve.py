@@ -54,8 +54,8 @@ def serve_cmd(
     """
     from inferledger.cli.output import console
     from inferledger.collectors.capture.interrupt import sigterm_like_sigint
-    from inferledger.collectors.out_dir import OutDirError, check_new_run_dir
-    from inferledger.collectors.writer import RunWriter
+    from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
+    from inferledger.collectors.rundir.writer import RunWriter
     from inferledger.engine import EngineConfig
     from inferledger.engine.loader import DeviceUnavailableError, ModelLoadError, load_model
     from inferledger.serve.lifecycle import Serving

@@ -14,9 +14,9 @@ def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, ru
     from rich.markup import escape
     from rich.table import Table
 
-    from inferledger.collectors.peer_import import OutDirError, PeerRecordsError, import_peer
-    from inferledger.collectors.peer_join import ServerRunError
-    from inferledger.collectors.peer_records import RecordError
+    from inferledger.collectors.peers.importer import OutDirError, PeerRecordsError, import_peer
+    from inferledger.collectors.peers.join import ServerRunError
+    from inferledger.collectors.peers.records import RecordError
 
     try:
         res = import_peer(tool, path, out, server=server, lenient=lenient, run_id=run_id, tool_version=tool_version)

@@ -1,6 +1,6 @@
 -- What an engine reported about itself (attrs.evidence = 'reported'), kept apart from what our probes
 -- observed (docs/LEDGER.md "Reported evidence"): vLLM's llm_request spans (mapped to events by
--- collectors.vllm_spans) beside its response metrics, and its /metrics counters (samples of source
+-- collectors.evidence.vllm_spans) beside its response metrics, and its /metrics counters (samples of source
 -- 'vllm-metrics') beside the sum of its spans.
 --
 -- scope: task

@@ -1,7 +1,7 @@
 """Emitting events with clock-domain tags.
 
 A `Probe` stamps each event with its source, host, clock and a per-source sequence number and hands
-the row to a sink (usually a `collectors.writer.RunWriter`). With `enabled=False` every call returns
+the row to a sink (usually a `collectors.rundir.writer.RunWriter`). With `enabled=False` every call returns
 at the first branch, so instrumented code pays almost nothing when nobody is listening.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The energy sampler: one background thread that reads every available energy source at 10–20 Hz.
 
 Each tick asks every reader (NVML per GPU, RAPL for the CPU) for its raw values and writes them
-through a sink with `.sample(...)` (a `collectors.writer.RunWriter`) on the host monotonic clock
+through a sink with `.sample(...)` (a `collectors.rundir.writer.RunWriter`) on the host monotonic clock
 `mono:<host>`, the clock the engine's and the client's events use. Counters go out raw; the
 ledger turns them into joules (`ledger/energy.sql`). Sources that are
 unavailable write nothing (never a 0): `sources()` and `gap_rows()` say why.

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from inferledger.collectors.writer import write_json_atomic
+from inferledger.collectors.rundir.writer import write_json_atomic
 from inferledger.ledger.query import Ledger, open_ledger
 from inferledger.ledger.reconstruct import reconstruct
 from inferledger.probes import study_dir as fmt

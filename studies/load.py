@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 
 from inferledger.collectors.capture.speed_probe import probe_throughput
-from inferledger.collectors.writer import write_json_atomic
+from inferledger.collectors.rundir.writer import write_json_atomic
 from inferledger.ledger.query import open_ledger
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
 from inferledger.studies.real import LONG_MS, capture_run, workload

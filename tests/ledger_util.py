@@ -6,7 +6,7 @@ from pathlib import Path
 
 import duckdb
 
-from inferledger.collectors.writer import RunWriter
+from inferledger.collectors.rundir.writer import RunWriter
 from inferledger.ledger.reconstruct import reconstruct
 
 

@@ -13,10 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("probes", "costmodel", "engine", "serve", "collectors", "ledger", "report", "studies", "cli", "inferledger")
 
 
-def allowed_arrows(doc: str) -> dict[str, set[str]]:
-    """part -> the parts it may import, from the table between the doc's arrows markers."""
-    block = re.search(r"<!-- arrows:.*?-->(.*?)<!-- /arrows -->", doc, re.S)
-    assert block, "docs/ARCHITECTURE.md has no arrows table between its markers"
+def allowed_arrows(doc: str, marker: str = "arrows") -> dict[str, set[str]]:
+    """part (or room) -> what it may import, from the table between the doc's markers."""
+    block = re.search(rf"<!-- {marker}:.*?-->(.*?)<!-- /{marker} -->", doc, re.S)
+    assert block, f"docs/ARCHITECTURE.md has no {marker} table between its markers"
     table = {}
     for line in block.group(1).strip().splitlines()[2:]:  # past the header and its rule
         part, targets = (c.strip() for c in line.strip().strip("|").split("|"))
@@ -83,6 +83,27 @@ def test_every_import_between_parts_is_an_arrow_the_doc_allows(graph):
     assert wrong == []
 
 
+def room_of(module: str) -> str | None:
+    """The collectors' sub-package a module is in; None for anything else (and the package itself)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "collectors" else None
+
+
+def test_every_collectors_room_is_a_folder_the_doc_names():
+    table = allowed_arrows((ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8"), "rooms")
+    folders = {p.name for p in (ROOT / "collectors").iterdir() if (p / "__init__.py").is_file()}
+    assert set(table) == folders
+    assert all(targets <= folders for targets in table.values())
+    assert sorted(p.name for p in (ROOT / "collectors").glob("*.py")) == ["__init__.py"]
+
+
+def test_every_import_between_collectors_rooms_is_one_the_doc_allows(graph):
+    table = allowed_arrows((ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8"), "rooms")
+    wrong = sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                   if room_of(m) and room_of(t) and room_of(t) != room_of(m) and room_of(t) not in table[room_of(m)])
+    assert wrong == []
+
+
 def test_nothing_imports_the_command_line(graph):
     assert sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
                   if part_of(t) == "cli" and part_of(m) != "cli") == []
@@ -102,11 +123,11 @@ def test_the_checker_sees_a_forbidden_arrow_and_a_cycle(tmp_path):
     doc = "<!-- arrows: -->\n| part | may import |\n| --- | --- |\n| ledger | probes |\n<!-- /arrows -->"
     assert allowed_arrows(doc) == {"ledger": {"probes"}}
     a, b = tmp_path / "a.py", tmp_path / "b.py"
-    a.write_text("from inferledger.collectors import writer\nimport inferledger.x.b\n")
+    a.write_text("from inferledger.collectors.rundir import writer\nimport inferledger.x.b\n")
     b.write_text("def f():\n    from inferledger.x import a\n")
-    known = {"inferledger.x.a": a, "inferledger.x.b": b, "inferledger.collectors.writer": a}
-    assert imports("inferledger.x.a", a, known) == {"inferledger.collectors", "inferledger.collectors.writer",
-                                                    "inferledger.x.b"}
+    known = {"inferledger.x.a": a, "inferledger.x.b": b, "inferledger.collectors.rundir.writer": a}
+    assert imports("inferledger.x.a", a, known) == {"inferledger.collectors.rundir", "inferledger.collectors.rundir.writer",
+                                                           "inferledger.x.b"}
     assert imports("inferledger.x.b", b, known) == {"inferledger.x", "inferledger.x.a"}
     with pytest.raises(graphlib.CycleError):
         list(graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}}).static_order())

@@ -303,8 +303,8 @@ def test_black_box_target_has_unknown_server_and_a_gap(tmp_path):
 def test_in_process_target_counts_tokens_per_chunk(bundle, tmp_path):
     """The in-process transport (no HTTP): chunks carry the engine's token counts, so a cancellation
     after N tokens counts tokens, not chunks, and the session id reaches the engine."""
-    from inferledger.collectors.in_process import EmbeddedTarget
-    from inferledger.collectors.loadgen import LoadClient
+    from inferledger.collectors.load.in_process import EmbeddedTarget
+    from inferledger.collectors.load.loadgen import LoadClient
     from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
     from inferledger.probes.probe import ListSink, Probe
 
@@ -348,7 +348,7 @@ def test_peer_views_agree_with_our_own_columns_on_a_real_run(scenario):
 
 
 def test_a_clock_that_stops_answering_at_the_end_costs_one_mapping_not_the_run(tmp_path, monkeypatch):
-    from inferledger.collectors import clocksync
+    from inferledger.collectors.capture import clocksync
 
     monkeypatch.setattr(clocksync, "ROUND_TIMEOUT_S", 0.3)
     (tmp_path / "arrivals.txt").write_text("0\n20\n")

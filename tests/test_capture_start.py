@@ -50,7 +50,7 @@ def test_a_tokenizer_that_cannot_load_leaves_no_run(tmp_path):
 
 
 def test_the_workload_tokenizer_is_read_through_the_loaders_checks(tmp_path):
-    from inferledger.collectors.prompt_tokenizer import load_tokenizer
+    from inferledger.collectors.load.prompt_tokenizer import load_tokenizer
     from inferledger.engine.loader import ModelLoadError
 
     bad = tmp_path / "half.gguf"
@@ -61,7 +61,7 @@ def test_the_workload_tokenizer_is_read_through_the_loaders_checks(tmp_path):
 
 
 def test_a_folder_holding_a_run_is_refused_and_keeps_its_manifest(tmp_path):
-    from inferledger.collectors.out_dir import RunExistsError
+    from inferledger.collectors.rundir.out_dir import RunExistsError
 
     out = tmp_path / "run"
     out.mkdir()

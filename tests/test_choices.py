@@ -1,7 +1,7 @@
 """n > 1 on the client side: a stream event names the choice it carries, so the ledger can keep choices apart."""
 from __future__ import annotations
 
-from inferledger.collectors.http_transport import chunk_from_event
+from inferledger.collectors.load.http_transport import chunk_from_event
 
 
 def test_a_chunk_carries_the_index_of_its_one_choice():

@@ -6,8 +6,8 @@ import time
 
 from aiohttp import web
 
-from inferledger.collectors.clocksync import best_offset, estimate
-from inferledger.collectors.http_transport import chunk_from_event
+from inferledger.collectors.capture.clocksync import best_offset, estimate
+from inferledger.collectors.load.http_transport import chunk_from_event
 
 SHIFT_NS = -123_456_789_012  # the server's clock reads this much off the client's
 
@@ -108,7 +108,7 @@ async def _server(handlers: dict):
 def test_a_clock_that_never_answers_is_a_clear_error_within_its_deadline():
     import pytest
 
-    from inferledger.collectors.clocksync import ClockSyncError
+    from inferledger.collectors.capture.clocksync import ClockSyncError
 
     async def silent(request):
         await asyncio.sleep(3600)
@@ -129,7 +129,7 @@ def test_a_clock_that_never_answers_is_a_clear_error_within_its_deadline():
 def test_a_clock_answer_without_a_reading_is_refused_by_what_it_lacks():
     import pytest
 
-    from inferledger.collectors.clocksync import ClockSyncError
+    from inferledger.collectors.capture.clocksync import ClockSyncError
 
     async def wrong(request):
         return web.json_response({"clock": "server-mono", "t_ns": 1.5e18})
@@ -148,7 +148,7 @@ def test_a_clock_answer_without_a_reading_is_refused_by_what_it_lacks():
 def test_a_target_that_never_names_its_model_is_refused_not_waited_on(monkeypatch):
     import pytest
 
-    from inferledger.collectors import http_transport
+    from inferledger.collectors.load import http_transport
 
     async def silent(request):
         await asyncio.sleep(3600)

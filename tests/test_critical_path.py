@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from inferledger.collectors.importer import import_archive
+from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.critical_path import Dag, DagError, load_dags, longest_path, what_if
 from inferledger.ledger.reconstruct import reconstruct
 

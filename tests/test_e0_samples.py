@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from inferledger.collectors.importer import import_archive
+from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.reconstruct import reconstruct
 
 E0 = Path(__file__).resolve().parent.parent / "samples" / "e0"

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pynvml
 import pytest
 
-from inferledger.collectors.writer import RunWriter
+from inferledger.collectors.rundir.writer import RunWriter
 from inferledger.probes.events import GAP_SCHEMA, SAMPLE_SCHEMA
 from inferledger.probes.nvml import NvmlReader
 from inferledger.probes.probe import host_id, mono_clock

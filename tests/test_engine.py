@@ -426,7 +426,7 @@ def test_a_draw_follows_the_distribution_and_never_picks_a_zero_weight_token():
 def test_events_and_kv_samples_land_in_a_run_directory(bundle, prompts, tmp_path):
     import pyarrow.parquet as pq
 
-    from inferledger.collectors.writer import RunWriter
+    from inferledger.collectors.rundir.writer import RunWriter
 
     with RunWriter(tmp_path / "r1") as writer:
         llm = LLM(bundle=bundle, config=EngineConfig(num_blocks=32), sink=writer, run_id="r1")

@@ -11,7 +11,7 @@ import pytest
 from ledger_util import dict_rows as _rows
 from engine_checks import assert_no_leak
 
-from inferledger.collectors.writer import RunWriter
+from inferledger.collectors.rundir.writer import RunWriter
 from inferledger.engine import EngineConfig, LLMEngine, SamplingParams
 from inferledger.ledger.reconstruct import reconstruct
 from inferledger.probes.cuda_timer import CudaStepTimer

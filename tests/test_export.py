@@ -14,7 +14,7 @@ from test_report import SAMPLES, build_demo_run
 from inferledger.report.export import export_run
 from inferledger.report.export_otlp import emit_spans
 from inferledger.report.read import open_run
-from inferledger.collectors.importer import import_archive
+from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.reconstruct import reconstruct
 
 EPS_US = 1e-3  # 1 ns: float µs of the same ns are identical, sums may differ in the last bit

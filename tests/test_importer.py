@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from inferledger.collectors.importer import ArchiveError, RunExistsError, import_archive
+from inferledger.collectors.rundir.e0_import import ArchiveError, RunExistsError, import_archive
 
 DECL = {"name": "clock.domain", "clock": "cm", "attrs": {"host": "c1", "kind": "monotonic"}}
 DECL_S = {"name": "clock.domain", "clock": "sm", "attrs": {"host": "s1", "kind": "monotonic"}}
@@ -213,7 +213,7 @@ def test_blank_lines_are_skipped_and_line_numbers_stay_physical(tmp_path):
 def test_writer_parts_are_whole_even_when_the_writer_is_killed(tmp_path):
     run = tmp_path / "run"
     script = (
-        "import sys\nfrom inferledger.collectors.writer import RunWriter\n"
+        "import sys\nfrom inferledger.collectors.rundir.writer import RunWriter\n"
         f"w = RunWriter({str(run)!r}, flush_rows=200)\n"
         "i = 0\nwhile True:\n"
         "    w.emit({'run_id': 'r', 'event_id': f'x:{i}', 'seq': i, 'source': 'x', 'host': 'h',"
@@ -242,7 +242,7 @@ def test_a_normal_import_leaves_no_temporary_files(tmp_path):
 
 
 def test_a_failure_while_writing_leaves_nothing_at_out(tmp_path, monkeypatch):
-    from inferledger.collectors import writer
+    from inferledger.collectors.rundir import writer
 
     def full_disk(*_a, **_k):
         raise OSError(28, "No space left on device")

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from inferledger.collectors.importer import ArchiveError, OutDirError, import_archive
+from inferledger.collectors.rundir.e0_import import ArchiveError, OutDirError, import_archive
 from inferledger.ledger.reconstruct import reconstruct
 
 DECL = '{"name": "clock.domain", "clock": "cm", "attrs": {"host": "c1"}}'

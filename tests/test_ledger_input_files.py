@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from inferledger.collectors.importer import import_archive
+from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.reconstruct import RunDirError, reconstruct
 
 LINES = [{"name": "clock.domain", "clock": "cm", "attrs": {"host": "c1"}},

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from inferledger.collectors.loadgen import Chunk, LoadClient, check_answer
+from inferledger.collectors.load.loadgen import Chunk, LoadClient, check_answer
 from inferledger.collectors.workload import Question, Workload, gamma_offsets, poisson_offsets, read_replay
 from inferledger.probes.events import VOCABULARY, missing_requirements
 from inferledger.probes.probe import ListSink, Probe

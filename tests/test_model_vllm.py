@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from inferledger.collectors.vllm_rejoin import rejoin
+from inferledger.collectors.evidence.vllm_rejoin import rejoin
 from inferledger.costmodel import ModelShape, StepRow, stage_bounds, step_work
 from inferledger.costmodel.roofs import Roofs
 from inferledger.engine.loader import default_model_path

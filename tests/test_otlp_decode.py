@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from inferledger.collectors.otlp_decode import OtlpDecodeError, decode_body, flatten, request_to_json_line
-from inferledger.collectors.otlp_decode import request_from_json as _from_json
-from inferledger.collectors.otlp_file import read_otlp_file
-from inferledger.collectors.trace_context import trace_ids_for, traceparent_for
-from inferledger.collectors.vllm_spans import map_spans
+from inferledger.collectors.evidence.otlp_decode import OtlpDecodeError, decode_body, flatten, request_to_json_line
+from inferledger.collectors.evidence.otlp_decode import request_from_json as _from_json
+from inferledger.collectors.evidence.otlp_file import read_otlp_file
+from inferledger.collectors.evidence.trace_context import trace_ids_for, traceparent_for
+from inferledger.collectors.evidence.vllm_spans import map_spans
 
 T = 1764578400 * 10**9
 MS = 10**6

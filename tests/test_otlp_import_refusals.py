@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from inferledger.collectors import otlp_import
+from inferledger.collectors.evidence import otlp_import
 from inferledger.ledger.query import open_ledger
 from inferledger.ledger.reconstruct import reconstruct
 from test_otlp_decode import T, _kv, llm_request, request

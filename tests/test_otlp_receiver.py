@@ -20,9 +20,9 @@ from opentelemetry.trace import SpanKind
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from inferledger.collectors.otlp_receiver import OTLPReceiver
-from inferledger.collectors.otlp_decode import request_from_json
-from inferledger.collectors.otlp_file import read_otlp_file
+from inferledger.collectors.evidence.otlp_receiver import OTLPReceiver
+from inferledger.collectors.evidence.otlp_decode import request_from_json
+from inferledger.collectors.evidence.otlp_file import read_otlp_file
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from inferledger.ledger.query import open_ledger
 from inferledger.ledger.reconstruct import reconstruct

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferledger.collectors.out_dir import RunExistsError, building_run_dir
+from inferledger.collectors.rundir.out_dir import RunExistsError, building_run_dir
 
 
 def test_success_renames_the_built_folder_into_place(tmp_path):

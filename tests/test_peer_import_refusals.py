@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from inferledger.collectors.peer_import import PeerRecordsError, import_peer
-from inferledger.collectors.peer_records import RecordError
+from inferledger.collectors.peers.importer import PeerRecordsError, import_peer
+from inferledger.collectors.peers.records import RecordError
 from inferledger.ledger.reconstruct import reconstruct
 from peer_util import SAMPLES
 

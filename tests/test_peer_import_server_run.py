@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from inferledger.collectors import writer
-from inferledger.collectors.peer_import import import_peer
+from inferledger.collectors.rundir import writer
+from inferledger.collectors.peers.importer import import_peer
 from peer_util import SAMPLES
 
 SAMPLE = SAMPLES / "aiperf-0.13.0"

@@ -2,8 +2,8 @@
 prefix, the clock mapping's bounds, the labelling of chunks from the server's writes."""
 from __future__ import annotations
 
-from inferledger.collectors.peer_join import ServerAttempt, estimate, index_prefix, match, relabel_by_writes
-from inferledger.collectors.peer_records import PeerRequest, seconds_to_ns
+from inferledger.collectors.peers.join import ServerAttempt, estimate, index_prefix, match, relabel_by_writes
+from inferledger.collectors.peers.records import PeerRequest, seconds_to_ns
 
 
 def req(sent, first_chunk, key="A"):

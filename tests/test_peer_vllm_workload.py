@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from inferledger.collectors.prompt_tokenizer import load_tokenizer
+from inferledger.collectors.load.prompt_tokenizer import load_tokenizer
 from inferledger.collectors.workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from inferledger.collectors.loadgen import LoadResult
+from inferledger.collectors.load.loadgen import LoadResult
 from inferledger.probes.quantile import quantile
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 from inferledger.report.build import build_report
-from inferledger.collectors.importer import import_archive
-from inferledger.collectors.writer import RunWriter, write_table_atomic
+from inferledger.collectors.rundir.e0_import import import_archive
+from inferledger.collectors.rundir.writer import RunWriter, write_table_atomic
 from inferledger.ledger.reconstruct import reconstruct
 from inferledger.probes.events import GAP_SCHEMA
 

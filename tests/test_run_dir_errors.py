@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from inferledger.collectors.importer import import_archive
+from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.probes.run_dir import compact
 from inferledger.ledger.reconstruct import RunDirError, StageError, reconstruct
 from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA

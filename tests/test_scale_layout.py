@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from inferledger.collectors.importer import import_archive
-from inferledger.collectors.repartition import RepartitionError, repartition
-from inferledger.collectors.writer import RunWriter
+from inferledger.collectors.rundir.e0_import import import_archive
+from inferledger.collectors.rundir.repartition import RepartitionError, repartition
+from inferledger.collectors.rundir.writer import RunWriter
 from inferledger.ledger.reconstruct import reconstruct
 from inferledger.probes.events import EVENT_SCHEMA
 from inferledger.probes.run_dir import list_parts

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from inferledger.collectors.importer import import_archive
+from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.memory import SizeError, bound, parse_size
 from inferledger.ledger.reconstruct import reconstruct
 from scale_util import ledger_differences

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from inferledger.collectors.importer import import_archive
-from inferledger.collectors.repartition import repartition
+from inferledger.collectors.rundir.e0_import import import_archive
+from inferledger.collectors.rundir.repartition import repartition
 from inferledger.collectors.sim.declared import QWEN3_8B
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
 from inferledger.collectors.sim.step_model import BookStepModel

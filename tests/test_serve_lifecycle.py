@@ -9,7 +9,7 @@ import urllib.request
 
 import pyarrow.parquet as pq
 
-from inferledger.collectors.writer import RunWriter
+from inferledger.collectors.rundir.writer import RunWriter
 from inferledger.engine import EngineConfig
 from inferledger.probes.probe import ListSink
 from inferledger.serve.lifecycle import Serving

@@ -330,7 +330,7 @@ def test_metrics_clock_and_client_ids(stack):
 def test_200_concurrent_streams_all_finish_and_every_attempt_is_accounted(stack, tmp_path):
     import duckdb
 
-    from inferledger.collectors.writer import RunWriter
+    from inferledger.collectors.rundir.writer import RunWriter
     from inferledger.ledger.reconstruct import reconstruct
 
     n = 200

@@ -9,9 +9,9 @@ import threading
 import pytest
 from aiohttp import web
 
-from inferledger.collectors.http_transport import HTTPTarget
-from inferledger.collectors.loadgen import TransportError
-from inferledger.collectors.sse import SSEDecoder
+from inferledger.collectors.load.http_transport import HTTPTarget
+from inferledger.collectors.load.loadgen import TransportError
+from inferledger.collectors.load.sse import SSEDecoder
 from inferledger.serve.thread import ServerThread
 
 IDS = {"attempt_id": "A1", "request_id": "R1", "task_id": "T1"}

@@ -8,7 +8,7 @@ import duckdb
 import pytest
 from ledger_util import build_run, dict_rows as _rows
 
-from inferledger.collectors.writer import RunWriter
+from inferledger.collectors.rundir.writer import RunWriter
 from inferledger.costmodel import ModelShape, StepRow, step_work
 from inferledger.costmodel.fit import StepFit, apply, points_from_ledger
 from inferledger.engine import EngineConfig, LLMEngine, SamplingParams

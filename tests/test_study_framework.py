@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
-from inferledger.collectors.importer import import_archive
+from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.query import open_ledger
 from inferledger.probes.study_dir import StudyDirError, read_comparison, read_study, run_dirs
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, Table, parse_sets, run_study

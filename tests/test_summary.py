@@ -6,7 +6,7 @@ from pathlib import Path
 from rich.console import Console
 
 from inferledger.cli.summary import print_summary
-from inferledger.collectors.importer import import_archive
+from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.reconstruct import reconstruct
 
 E0 = Path(__file__).resolve().parent.parent / "samples" / "e0"

@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 
 from inferledger.collectors.capture.run import capture
-from inferledger.collectors import engine_evidence
+from inferledger.collectors.evidence import engine_evidence
 from inferledger.collectors.workload import Workload
 from inferledger.serve.thread import ServerThread
 from inferledger.ledger.reconstruct import reconstruct

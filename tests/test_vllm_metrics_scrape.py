@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from inferledger.collectors.metrics_scrape import MetricsScraper, parse_prometheus, refused_gaps, unit_of
+from inferledger.collectors.evidence.metrics_scrape import MetricsScraper, parse_prometheus, refused_gaps, unit_of
 from inferledger.probes.probe import ListSink
 
 TEXT = """# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -190,7 +190,7 @@ class _StarvedTimer:
 
 
 def test_a_read_timing_out_before_a_starved_timer_still_reports_the_deadline(monkeypatch):
-    from inferledger.collectors import bounded_get as bg
+    from inferledger.collectors.evidence import bounded_get as bg
 
     monkeypatch.setattr(bg.threading, "Timer", _StarvedTimer)
     with _Serve(_trickle) as srv:

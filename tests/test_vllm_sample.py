@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from inferledger.collectors.vllm_rejoin import rejoin
+from inferledger.collectors.evidence.vllm_rejoin import rejoin
 from inferledger.ledger.query import open_ledger
 from inferledger.ledger.reconstruct import reconstruct
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from inferledger.collectors.clocksync import ClockSyncFailure
-from inferledger.collectors.out_dir import check_new_run_dir
-from inferledger.collectors.writer import write_json_atomic, write_table_atomic
+from inferledger.collectors.capture.clocksync import ClockSyncFailure
+from inferledger.collectors.rundir.out_dir import check_new_run_dir
+from inferledger.collectors.rundir.writer import write_json_atomic, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
 from inferledger.probes.quantile import quantile
 

@@ -21,10 +21,10 @@ from inferledger.collectors.capture import microbench
 from inferledger.collectors.capture.manifest import StartingManifest, finish_run
 from inferledger.collectors.capture.registration import own_prediction, read_prediction, register
 from inferledger.collectors.capture.speed_probe import probe_throughput
-from inferledger.collectors.loadgen import LoadClient, LoadResult
-from inferledger.collectors.prompt_tokenizer import load_tokenizer
+from inferledger.collectors.load.loadgen import LoadClient, LoadResult
+from inferledger.collectors.load.prompt_tokenizer import load_tokenizer
 from inferledger.collectors.workload import Workload
-from inferledger.collectors.writer import AUTOFLUSH_S, RunWriter
+from inferledger.collectors.rundir.writer import AUTOFLUSH_S, RunWriter
 from inferledger.probes.probe import Probe, WallMapping, host_id, mono_clock
 from inferledger.probes.sampler import EnergySampler
 from inferledger.serve import DRAIN_TIMEOUT_S
@@ -55,8 +55,8 @@ async def _watch_loop_lag(samples: list[tuple[int, float]], stop: asyncio.Event,
 
 async def _drive(wl: Workload, plans, url: str, probe: Probe, writer: RunWriter, *, separate_clocks: bool,
                  served_model: str | None, api_key: str | None, progress=None, trace_salt: str | None = None):
-    from inferledger.collectors.clocksync import ClockSyncError, ClockSyncFailure, estimate
-    from inferledger.collectors.http_transport import HTTPTarget
+    from inferledger.collectors.capture.clocksync import ClockSyncError, ClockSyncFailure, estimate
+    from inferledger.collectors.load.http_transport import HTTPTarget
 
     mappings = []
     headers = {"authorization": f"Bearer {api_key}"} if api_key else None
@@ -94,7 +94,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
     `bundle` reuses an already loaded model (tests), else `model` is loaded on `device` ("cpu" or
     "cuda": bf16, CUDA graphs, device.step events); `switch_interval_s` shortens the interpreter's
     thread switch interval during the run so the client's loop is not held for 5 ms by the server's
-    or engine's threads (None leaves it alone). A URL target's own evidence (collectors.engine_evidence):
+    or engine's threads (None leaves it alone). A URL target's own evidence (collectors.evidence.engine_evidence):
     `otlp_port` receives its OTLP spans, `scrape_metrics` scrapes its /metrics; `engine_host` names the
     engine's host when it is not this one (its wall clock then maps within `engine_clock_epsilon_ms`).
     `buckets`: a clean run's events end in the partitioned layout of that many task buckets.
@@ -176,7 +176,7 @@ def capture(workload: str | Path | Workload, out: str | Path, *, target: str = "
                 writer.write_manifest(head)
             url = server.start() if server is not None else target  # one host, one CLOCK_MONOTONIC
             if server is None and (otlp_port is not None or scrape_metrics):
-                from inferledger.collectors.engine_evidence import EngineEvidence
+                from inferledger.collectors.evidence.engine_evidence import EngineEvidence
 
                 evidence = EngineEvidence(out, writer, host=host, client_clock=client_clock, target_url=url,
                                           otlp_port=otlp_port, scrape_metrics=scrape_metrics,

@@ -24,8 +24,8 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from inferledger.collectors.out_dir import building_run_dir
-from inferledger.collectors.writer import RunWriter, write_table_atomic
+from inferledger.collectors.rundir.out_dir import building_run_dir
+from inferledger.collectors.rundir.writer import RunWriter, write_table_atomic
 from inferledger.engine.config import ModelConfig
 from inferledger.engine.llm_engine import LLMEngine
 from inferledger.engine.params import EngineConfig, SamplingParams

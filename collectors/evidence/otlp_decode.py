@@ -4,7 +4,7 @@ Decoding goes through `opentelemetry-proto`'s ExportTraceServiceRequest. OTLP/JS
 span ids in hex (not protobuf-JSON's base64), so ids are converted both ways here. OTLP/JSON is read
 one span at a time: a span that does not parse is refused alone (`RefusedSpan`, kept as it came) and
 the request keeps its other spans; a request whose shape above the spans is wrong is refused whole
-(OtlpDecodeError, the path named). Spans whose fields a run cannot hold (collectors.otlp_checks)
+(OtlpDecodeError, the path named). Spans whose fields a run cannot hold (collectors.evidence.otlp_checks)
 are refused the same way, from JSON and protobuf alike. A flattened span keeps every attribute (scalars, arrays,
 key-value lists, bytes as hex) and its resource's and scope's attributes.
 """
@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as SpanMessage
 
-from inferledger.collectors.otlp_checks import json_attribute_problem, json_safe, span_problem
+from inferledger.collectors.evidence.otlp_checks import json_attribute_problem, json_safe, span_problem
 
 ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 SPAN_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}

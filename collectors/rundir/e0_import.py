@@ -4,7 +4,7 @@ Two passes: the first checks the `clock.domain` lines (a domain may be declared 
 use), the second every other line; good lines become event, clock or task rows. Strict mode writes
 nothing unless every line is good; lenient mode writes the good rows and registers each refused line
 in gaps.parquet. The run is built in a hidden sibling folder and renamed to `out` at the end
-(collectors/out_dir.py), so a failure part-way leaves nothing there. Everything an archive says is
+(collectors/rundir/out_dir.py), so a failure part-way leaves nothing there. Everything an archive says is
 evidence of strength "declared".
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from inferledger.collectors.out_dir import OutDirError, RunExistsError, building_run_dir, check_new_run_dir
-from inferledger.collectors.writer import RunWriter, write_table_atomic
+from inferledger.collectors.rundir.out_dir import OutDirError, RunExistsError, building_run_dir, check_new_run_dir
+from inferledger.collectors.rundir.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import EVENT_SCHEMA, GAP_SCHEMA, VOCABULARY, count_problem, missing_requirements
 
 IMPORTER_VERSION = "1"

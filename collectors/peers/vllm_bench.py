@@ -4,7 +4,7 @@ The detailed result holds parallel lists, one entry per request in dataset order
 (time.perf_counter() seconds: a clock of its own, `perf:vllm-bench`), `ttfts`, `itls` (a list per
 request), `latencies` (seconds), `input_lens`, `output_lens` (usage, else re-tokenised), `errors`.
 There are no ids in it, although vLLM bench sent `x-request-id` = prefix + index: the key of request
-i is its index, and the join (collectors/peer_join.py `index_prefix`) finds the prefix among the
+i is its index, and the join (collectors/peers/join.py `index_prefix`) finds the prefix among the
 server's attempt ids. vLLM bench keeps every message with `choices` (its TTFT is taken at the first,
 the role chunk for openai-chat) but not which of them carry content: the chunks are `choices` of
 unknown kinds until the join labels them from the server's writes.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from inferledger.collectors.peer_records import (PeerRequest, RecordError, check_times, count, finite,
+from inferledger.collectors.peers.records import (PeerRequest, RecordError, check_times, count, finite,
                                                  read_json_document, seconds_to_ns)
 
 TOOL = "vllm-bench"

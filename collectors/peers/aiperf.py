@@ -19,7 +19,7 @@ import json
 import math
 from pathlib import Path
 
-from inferledger.collectors.peer_records import (PeerRequest, RecordError, check_times, count, finite, need,
+from inferledger.collectors.peers.records import (PeerRequest, RecordError, check_times, count, finite, need,
                                                  parse_json, section)
 
 TOOL = "aiperf"

@@ -1,4 +1,4 @@
-"""Joining a load tool's requests with a server-side run (collectors/peer_server.py reads it), and the
+"""Joining a load tool's requests with a server-side run (collectors/peers/server.py reads it), and the
 clock mapping between them.
 
 A tool's request joins the server attempt whose id equals its key; failing that, the key with a
@@ -20,8 +20,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from inferledger.collectors.peer_records import PeerRequest
-from inferledger.collectors.peer_server import ServerAttempt, ServerRun, ServerRunError, load  # noqa: F401
+from inferledger.collectors.peers.records import PeerRequest
+from inferledger.collectors.peers.server import ServerAttempt, ServerRun, ServerRunError, load  # noqa: F401
 
 PREFIXES = ("chatcmpl-", "cmpl-")
 MIN_JOINS = 3  # joined requests a mapping needs: one or two agree with any offset by chance

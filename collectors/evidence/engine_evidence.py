@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 
-from inferledger.collectors.bounded_get import GetFailed, bounded_get
-from inferledger.collectors.metrics_scrape import MetricsScraper
-from inferledger.collectors.otlp_file import read_otlp_file, refused_gaps
-from inferledger.collectors.otlp_receiver import OTLPReceiver
-from inferledger.collectors.vllm_spans import map_spans
+from inferledger.collectors.evidence.bounded_get import GetFailed, bounded_get
+from inferledger.collectors.evidence.metrics_scrape import MetricsScraper
+from inferledger.collectors.evidence.otlp_file import read_otlp_file, refused_gaps
+from inferledger.collectors.evidence.otlp_receiver import OTLPReceiver
+from inferledger.collectors.evidence.vllm_spans import map_spans
 
 SPAN_WAIT_S = 30.0  # longest wait after the load for the engine's last span export
 

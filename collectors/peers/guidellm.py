@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inferledger.collectors.peer_records import (PeerRequest, RecordError, check_times, count, finite, need,
+from inferledger.collectors.peers.records import (PeerRequest, RecordError, check_times, count, finite, need,
                                                  read_json_document, seconds_to_ns, section)
 
 TOOL = "guidellm"

@@ -10,7 +10,7 @@ trace signal; headers are coalesced with the body), `attempt.first_byte` the mom
 status line and headers have arrived. Transport failures (connect, reset, a stream cut short) raise
 `TransportError`, which the client retries; a non-200 answer raises `HTTPError` with its status.
 A stream event whose data is not JSON (a proxy's HTML error page, a truncated object) is a transport
-failure too: nothing in it can be counted. SSE framing is `collectors/sse.py`.
+failure too: nothing in it can be counted. SSE framing is `collectors/load/sse.py`.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from typing import AsyncIterator
 
 import aiohttp
 
-from inferledger.collectors.loadgen import Chunk, TransportError
-from inferledger.collectors.sse import SSEDecoder
-from inferledger.collectors.trace_context import traceparent_for
+from inferledger.collectors.load.loadgen import Chunk, TransportError
+from inferledger.collectors.load.sse import SSEDecoder
+from inferledger.collectors.evidence.trace_context import traceparent_for
 
 MODELS_TIMEOUT_S = 10.0  # asking a target its model name at start: a silent server is refused, never waited on
 

@@ -1,11 +1,11 @@
 """`inferledger import --from TOOL`: a load tool's per-request output -> a run directory of client events,
-optionally merged with a server-side run and joined per request (collectors/peer_join.py).
+optionally merged with a server-side run and joined per request (collectors/peers/join.py).
 
 The readers (one module per tool) check every field they use and refuse a malformed record with
 file:line (or file:JSON path) and the field; strict mode writes nothing then, lenient mode keeps each
 refused record as a gap. The tool's output and the server run are read and checked whole before
 anything is written, and the run is built in a hidden sibling folder renamed to --out at the end
-(collectors/out_dir.py), so a refusal or a failure part-way leaves nothing at --out. The manifest
+(collectors/rundir/out_dir.py), so a refusal or a failure part-way leaves nothing at --out. The manifest
 names the tool, its version, its command line when the output records it, the join and the clock
 mapping with its epsilon.
 """
@@ -20,17 +20,17 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from inferledger.collectors import peer_join
-from inferledger.collectors.out_dir import OutDirError, RunExistsError, building_run_dir, check_new_run_dir
-from inferledger.collectors.peer_records import RecordError, events_of
-from inferledger.collectors.writer import RunWriter, write_table_atomic
+from inferledger.collectors.peers import join as peer_join
+from inferledger.collectors.rundir.out_dir import OutDirError, RunExistsError, building_run_dir, check_new_run_dir
+from inferledger.collectors.peers.records import RecordError, events_of
+from inferledger.collectors.rundir.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
 
 # --from value -> (reader module, clock domain of its timestamps, clock kind, display name in peer_views)
 TOOLS = {
-    "aiperf": ("peer_aiperf", "wall:aiperf-client", "wall", "AIPerf"),
-    "vllm-bench": ("peer_vllm_bench", "perf:vllm-bench", "perf_counter", "vLLM bench"),
-    "guidellm": ("peer_guidellm", "wall:guidellm-client", "wall", "GuideLLM"),
+    "aiperf": ("aiperf", "wall:aiperf-client", "wall", "AIPerf"),
+    "vllm-bench": ("vllm_bench", "perf:vllm-bench", "perf_counter", "vLLM bench"),
+    "guidellm": ("guidellm", "wall:guidellm-client", "wall", "GuideLLM"),
 }
 MAX_LISTED = 50
 
@@ -83,7 +83,7 @@ def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None,
     if tool not in TOOLS:
         raise ValueError(f"--from {tool!r}: expected one of {', '.join(TOOLS)}")
     modname, clock, kind, _display = TOOLS[tool]
-    reader = importlib.import_module(f"inferledger.collectors.{modname}")
+    reader = importlib.import_module(f"inferledger.collectors.peers.{modname}")
     path, out = Path(path), Path(out)
     check_new_run_dir(out)
     srv = peer_join.load(server) if server is not None else None

@@ -4,7 +4,7 @@ simulated tool calls, client timeouts, retries with backoff and jitter, injected
 It records the client's side of every task and attempt on its own monotonic clock through a `Probe`
 (`arrival.planned`, `task.*`, `attempt.*`, `tool.*`, `verdict`; docs/CAPTURE.md), whatever carries the
 requests: a `Transport` turns one attempt into a stream of `Chunk`s (HTTP in `http_transport`, the
-in-process engine in `collectors/in_process.py`). A timeout or cancellation closes the stream (or, with
+in-process engine in `collectors/load/in_process.py`). A timeout or cancellation closes the stream (or, with
 `on_timeout = "abandon"`, stops listening while the connection drains); what the server does then is
 the server's own evidence, never inferred here. The workload format and task plans live in
 the `collectors/workload` package.

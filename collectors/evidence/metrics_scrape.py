@@ -8,7 +8,7 @@ histogram buckets: every scrape as one JSON line in `<run>/scrapes/metrics.jsonl
 deltas. Values are the engine's report about itself: samples of source `vllm-metrics` are evidence
 of strength "reported".
 
-Each scrape has a total deadline of at most one period (collectors.bounded_get), so a slow endpoint
+Each scrape has a total deadline of at most one period (collectors.evidence.bounded_get), so a slow endpoint
 costs that scrape, never the capture. Parsing follows the text exposition format (Prometheus 0.0.4
 and OpenMetrics: `# TYPE`, `# HELP`, `# EOF`, escapes in label values, timestamps, exemplars), one
 sample line at a time through prometheus-client's parser, so a malformed line is refused alone and
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferledger.collectors.bounded_get import GetFailed, bounded_get
+from inferledger.collectors.evidence.bounded_get import GetFailed, bounded_get
 
 SOURCE = "vllm-metrics"
 PREFIX = "vllm:"

@@ -2,7 +2,7 @@
 
 FILE is what the OpenTelemetry Collector's file exporter writes (one ExportTraceServiceRequest as
 OTLP/JSON a line, hex ids), or `otlp/traces.jsonl` of a capture. vLLM's `llm_request` spans become
-reported server / engine events (collectors.vllm_spans) with the attempt id vLLM names
+reported server / engine events (collectors.evidence.vllm_spans) with the attempt id vLLM names
 (`chatcmpl-<x-request-id>` -> x-request-id), so a client run that sent those ids joins them; any
 other span is kept as a span.start / span.end pair. Times are Unix ns on `wall:<host>`.
 
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from inferledger.collectors.otlp_checks import dumps
-from inferledger.collectors.otlp_file import OtlpFileError, read_otlp_file, refused_gaps
-from inferledger.collectors.out_dir import building_run_dir, check_new_run_dir
-from inferledger.collectors.vllm_spans import map_spans
-from inferledger.collectors.writer import RunWriter, write_table_atomic
+from inferledger.collectors.evidence.otlp_checks import dumps
+from inferledger.collectors.evidence.otlp_file import OtlpFileError, read_otlp_file, refused_gaps
+from inferledger.collectors.rundir.out_dir import building_run_dir, check_new_run_dir
+from inferledger.collectors.evidence.vllm_spans import map_spans
+from inferledger.collectors.rundir.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
 from inferledger.probes.probe import wall_clock
 

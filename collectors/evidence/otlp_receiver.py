@@ -1,7 +1,7 @@
 """An OTLP/HTTP trace receiver on loopback: what an engine exports during a capture, kept as it came.
 
 POST /v1/traces with an ExportTraceServiceRequest (application/x-protobuf or application/json, plain
-or `Content-Encoding: gzip`) is decoded; the spans a run can hold (collectors.otlp_checks) are
+or `Content-Encoding: gzip`) is decoded; the spans a run can hold (collectors.evidence.otlp_checks) are
 appended as one OTLP/JSON line (the Collector file exporter's format, hex ids) to
 `<run>/otlp/traces.jsonl`, and the answer is an ExportTraceServiceResponse whose `partial_success`
 counts the spans refused. Only accepted spans are counted, each (trace id, span id) once (a copy is
@@ -10,7 +10,7 @@ not decode, a missing, non-integer, negative or too large Content-Length, a body
 received within `BODY_DEADLINE_S`, gzip that inflates past the byte bound), is one record of
 `<run>/otlp/refused.jsonl` with the reason and, where it was read, the span as it came; each record
 becomes one gap row. The file is the evidence:
-`collectors.otlp_file` reads it back after the run.
+`collectors.evidence.otlp_file` reads it back after the run.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from inferledger.collectors.otlp_checks import REQUEST_SPAN, dumps
-from inferledger.collectors.otlp_decode import BodyTooLarge, OtlpDecodeError, decode_body, gunzip
-from inferledger.collectors.otlp_decode import request_to_json_line
+from inferledger.collectors.evidence.otlp_checks import REQUEST_SPAN, dumps
+from inferledger.collectors.evidence.otlp_decode import BodyTooLarge, OtlpDecodeError, decode_body, gunzip
+from inferledger.collectors.evidence.otlp_decode import request_to_json_line
 
 TRACES_PATH = "/v1/traces"
 MAX_BODY_BYTES = 64 * 2**20  # on the wire and again after decompression

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inferledger.collectors.writer import write_json_atomic
+from inferledger.collectors.rundir.writer import write_json_atomic
 from inferledger.costmodel.shape import ModelShape
 
 

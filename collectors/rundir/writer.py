@@ -8,7 +8,7 @@ Durability: with `autoflush_s` a background thread flushes every buffer, clocks,
 manifest (with a `flushed` section: rows on disk, when) at that period, so SIGKILL, the OOM killer or
 a CI timeout lose at most the last period. `close(compact=True)` merges the many small parts of a
 clean run into one per folder (probes/run_dir.py), so they cost `reconstruct` nothing; with
-`buckets` it then writes the partitioned layout (collectors/repartition.py, docs/SCALE.md) instead.
+`buckets` it then writes the partitioned layout (collectors/rundir/repartition.py, docs/SCALE.md) instead.
 """
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ class RunWriter:
                 compact(self._events.folder, EVENT_SCHEMA)
                 compact(self._samples.folder, SAMPLE_SCHEMA)
                 if self.buckets and self._events.folder.is_dir():
-                    from inferledger.collectors.repartition import repartition
+                    from inferledger.collectors.rundir.repartition import repartition
 
                     repartition(self.run_dir, self.buckets)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from inferledger.collectors.loadgen import Chunk
+from inferledger.collectors.load.loadgen import Chunk
 
 
 class EmbeddedTarget:

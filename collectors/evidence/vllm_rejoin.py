@@ -4,8 +4,8 @@ A recorded run (samples/peers/vllm-0.32-cpu/) keeps what each side produced, not
 `client/` (the client's, checker's and tool's event parts, clocks, tasks), `otlp/traces.jsonl` (the
 OTLP requests vLLM exported, as received), `scrapes/metrics.jsonl.gz` (every /metrics scrape) and
 `manifest.json`, and what capture refused (`otlp/refused.jsonl`, `scrapes/refused.jsonl`) where it
-refused anything. `rejoin()` joins them again exactly as capture does (collectors.vllm_spans,
-collectors.metrics_scrape), the refusals as the same gap rows, into a run directory the ledger reads,
+refused anything. `rejoin()` joins them again exactly as capture does (collectors.evidence.vllm_spans,
+collectors.evidence.metrics_scrape), the refusals as the same gap rows, into a run directory the ledger reads,
 so the join is checked on real vLLM output without vLLM installed.
 """
 from __future__ import annotations
@@ -19,11 +19,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from inferledger.collectors.metrics_scrape import SOURCE, refused_gaps as scrape_gaps, unit_of
-from inferledger.collectors.otlp_checks import dumps
-from inferledger.collectors.otlp_file import read_otlp_file, refused_gaps
-from inferledger.collectors.vllm_spans import map_spans
-from inferledger.collectors.writer import RunWriter, write_table_atomic
+from inferledger.collectors.evidence.metrics_scrape import SOURCE, refused_gaps as scrape_gaps, unit_of
+from inferledger.collectors.evidence.otlp_checks import dumps
+from inferledger.collectors.evidence.otlp_file import read_otlp_file, refused_gaps
+from inferledger.collectors.evidence.vllm_spans import map_spans
+from inferledger.collectors.rundir.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import EVENT_SCHEMA, GAP_SCHEMA
 
 CLIENT_SOURCES = ("client", "checker", "tool")

@@ -19,21 +19,21 @@ report about itself, not our observation. server.received keeps every span attri
 and the scope; a span of any other name becomes a span.start / span.end pair with its attributes.
 vLLM ends no span for a request it aborted (a client that disconnected): such an attempt gets a gap.
 
-Join: by the trace id of the `traceparent` the client sent (collectors.trace_context) and by
+Join: by the trace id of the `traceparent` the client sent (collectors.evidence.trace_context) and by
 `gen_ai.request.id` (`chatcmpl-<x-request-id>`, our attempt id). A span joining no attempt and an
 attempt with no span each get a gap row. A span that came more than once (same trace and span id: an
 exporter's retry, a file concatenated twice) is mapped once, with one gap naming its copies. Spans
-whose fields a run cannot hold (collectors.otlp_checks) never reach the mapping: reading a file
-returns them as refusals by line (collectors.otlp_file), which an import refuses or keeps as gaps.
+whose fields a run cannot hold (collectors.evidence.otlp_checks) never reach the mapping: reading a file
+returns them as refusals by line (collectors.evidence.otlp_file), which an import refuses or keeps as gaps.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 
-from inferledger.collectors.otlp_checks import LAT, REQUEST_SPAN, dumps
-from inferledger.collectors.otlp_decode import Span
-from inferledger.collectors.trace_context import trace_ids_for
+from inferledger.collectors.evidence.otlp_checks import LAT, REQUEST_SPAN, dumps
+from inferledger.collectors.evidence.otlp_decode import Span
+from inferledger.collectors.evidence.trace_context import trace_ids_for
 from inferledger.probes.probe import wall_clock
 
 ID_PREFIXES = ("chatcmpl-", "cmpl-")  # vLLM's prefixes before the client's x-request-id

@@ -1,6 +1,6 @@
 """An OTLP file (the Collector file exporter's: one ExportTraceServiceRequest as OTLP/JSON a line) read
 back span by span, with every refusal kept: a line that is not UTF-8, JSON or a request, and a span a
-run cannot hold (collectors.otlp_checks), each with its line and reason. `inferledger import --from
+run cannot hold (collectors.evidence.otlp_checks), each with its line and reason. `inferledger import --from
 otlp` refuses the file by them (or keeps them as gaps with --lenient); capture and the recorded
 samples read the receiver's file the same way. Refusals are kept as `otlp/refused.jsonl` records,
 each of which is one gap row.
@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferledger.collectors.otlp_decode import OtlpDecodeError, Span, flatten, request_from_json
+from inferledger.collectors.evidence.otlp_decode import OtlpDecodeError, Span, flatten, request_from_json
 
 REFUSED_NEEDS = "spans whose ids, times and llm_request fields follow OTLP and vLLM's tracing (docs/EVENTS.md)"
 

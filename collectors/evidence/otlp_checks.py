@@ -87,7 +87,7 @@ def _id_problem(key: str, hex_id: str, n_bytes: int) -> str | None:
 
 
 def span_problem(span) -> str | None:
-    """Why a flattened span (collectors.otlp_decode.Span) cannot enter a run, or None."""
+    """Why a flattened span (collectors.evidence.otlp_decode.Span) cannot enter a run, or None."""
     problem = _id_problem("traceId", span.trace_id, 16) or _id_problem("spanId", span.span_id, 8)
     if problem:
         return problem

@@ -1,6 +1,6 @@
 """A load tool's per-request record, tool-neutral, and the `attempt.*` client events it becomes.
 
-Each tool's reader (collectors/peer_aiperf.py, peer_vllm_bench.py, peer_guidellm.py) turns one record
+Each tool's reader (collectors/peers/aiperf.py, vllm_bench.py, guidellm.py) turns one record
 into a `PeerRequest` or a `RecordError` naming file:line and field. The events carry the tool's own
 clock domain and `attrs.evidence = "reported"`, `attrs.reporter = "<tool>-<version>"`: they are the
 tool's account of what it saw, not our observation.
