@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,19 +21,30 @@ demo: $(STAMP)
 # The report test drives Debian's headless Chromium; install it once if the machine lacks it.
 CHROMIUM := $(shell command -v chromium 2>/dev/null)
 
+# pytest-xdist: one worker per core, each test file on one worker (module fixtures, the model loaded
+# once per worker; a file's tests keep their order)
+XDIST := -n auto --dist loadfile
+
 test: $(STAMP)
 ifeq ($(CHROMIUM),)
 	(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 	  echo "warning: could not install chromium; the report's browser test will fail" >&2
 endif
 	# the 15 slowest tests named at the end, so the suite's time on the slowest CPU can be watched
-	$(BIN)/python -m pytest -q --durations=15
-	# the tests marked `dtype` run the model at the resolved dtype ("auto" picks per CPU): once more
-	# with each dtype forced, so bf16 and fp32 both run whatever the CPU
-	INFERLEDGER_DTYPE=bfloat16 $(BIN)/python -m pytest -q -m dtype
-	INFERLEDGER_DTYPE=float32 $(BIN)/python -m pytest -q -m dtype
-	# and as on the other CPU kind: oneDNN and ATen held to AVX2, where "auto" is fp32 and bf16 emulated
-	ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 $(BIN)/python -m pytest -q -m "dtype or isa"
+	env -u INFERLEDGER_DTYPE $(BIN)/python -m pytest $(XDIST) -q --durations=15
+	# the tests marked `dtype` ran above at the dtype "auto" resolves to on this CPU; once more at the
+	# other one, so bf16 and fp32 both run whatever the CPU
+	other=$$(env -u INFERLEDGER_DTYPE $(BIN)/python -c 'from inferledger.engine.cpu_host import native_bf16; \
+	  print("float32" if native_bf16()[0] else "bfloat16")') && \
+	  INFERLEDGER_DTYPE=$$other $(BIN)/python -m pytest $(XDIST) -q -m dtype
+	# and, on a CPU beyond AVX2, as on the other CPU kind: oneDNN and ATen held to AVX2, where "auto" is
+	# fp32 and bf16 emulated (on an AVX2-only CPU the first pass already ran that way)
+	if grep -qw avx512f /proc/cpuinfo; then \
+	  ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 $(BIN)/python -m pytest $(XDIST) -q -m "dtype or isa"; fi
+
+# the edit loop: everything but the tests marked `slow` (the model, the oracle, Ray, property tests)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest $(XDIST) -q -m "not slow"
 
 # The cheap benchmarks (about half an hour on a shared 2-core host), each writing its results file
 # under benchmarks/results/, then docs/BENCHMARKS.md's tables drawn from them.

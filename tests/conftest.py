@@ -48,11 +48,19 @@ def pytest_configure(config):
                                        "to AVX2, as on an AVX2-only CPU")
 
 
+# a test that needs one of these (directly or through another fixture) loads the model, the oracle or
+# a Ray cluster: `slow`, left out of `make test-fast`
+SLOW_FIXTURES = {"bundle", "resolved_bundle", "hf_model", "hf_tokenizer", "local_ray"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(items):
     for item in items:
-        if "resolved_bundle" in getattr(item, "fixturenames", ()):
+        needs = set(getattr(item, "fixturenames", ()))
+        if "resolved_bundle" in needs:
             item.add_marker(pytest.mark.dtype)
+        if needs & SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

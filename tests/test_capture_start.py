@@ -49,6 +49,7 @@ def test_a_tokenizer_that_cannot_load_leaves_no_run(tmp_path):
     assert out.exists() and list(out.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_workload_tokenizer_is_read_through_the_loaders_checks(tmp_path):
     from inferledger.collectors.load.prompt_tokenizer import load_tokenizer
     from inferledger.engine.loader import ModelLoadError

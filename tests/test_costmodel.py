@@ -52,6 +52,7 @@ def test_smollm2_weights_and_kv_by_hand():
     assert SMOL.weight_bytes == 269_030_016
 
 
+@pytest.mark.slow
 def test_smollm2_shape_matches_the_bundled_gguf():
     gguf = pytest.importorskip("gguf")
     from inferledger.engine.loader import default_model_path

@@ -141,6 +141,7 @@ _map = st.fixed_dictionaries({"name": st.just("clock.map"), "attrs": st.fixed_di
     {"from": st.just("s"), "to": st.just("c"), "offset_ns": _int, "epsilon_ns": _int})})
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.one_of(_event, _event, _event, _event, _map), min_size=3, max_size=30))
 def test_whatever_lenient_import_accepts_reconstruct_rebuilds(lines):

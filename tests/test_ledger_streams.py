@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 
 import duckdb
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ledger_util import build_run
@@ -85,6 +86,7 @@ spans_strategy = st.lists(
     st.tuples(st.integers(0, 50), st.integers(1, 30)), min_size=1, max_size=6)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spans=spans_strategy, with_milestones=st.booleans())
 def test_path_sum_never_exceeds_span_without_flag(tmp_path_factory, spans, with_milestones):

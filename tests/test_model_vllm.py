@@ -14,6 +14,8 @@ from inferledger.costmodel.roofs import Roofs
 from inferledger.engine.loader import default_model_path
 from inferledger.ledger.reconstruct import reconstruct
 
+pytestmark = pytest.mark.slow  # imports the recorded vLLM run and reads the bundled GGUF's shape
+
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm-0.32-cpu"
 
 

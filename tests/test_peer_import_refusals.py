@@ -223,6 +223,7 @@ AIPERF_RECORD = json.loads(AIPERF[3])
 AIPERF_PATHS = list(_paths(AIPERF_RECORD))
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.integers(0, len(AIPERF_PATHS) - 1), _ANY, st.booleans())
 def test_whatever_one_aiperf_value_becomes_the_import_refuses_it_or_the_run_rebuilds(k, value, lenient):

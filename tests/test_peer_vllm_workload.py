@@ -31,6 +31,7 @@ def _injected(wl: Workload, tok) -> dict[int, tuple[float | None, bool]]:
     return {p.index: (p.first_timeout_ms, p.abandon) for p in wl.plan(tok) if p.first_timeout_ms or p.abandon}
 
 
+@pytest.mark.slow
 def test_the_workload_abandons_three_first_attempts_and_retries_them(tokenizer):
     wl = Workload.load(WORKLOAD)
     assert (wl.n_tasks, wl.concurrency, wl.max_attempts, wl.max_tokens) == (40, 4, 2, 16)

@@ -230,6 +230,7 @@ temperature = 0.0
 """
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_capture_whose_metrics_endpoint_trickles(tmp_path):
     _workload(tmp_path)
     (tmp_path / "arrivals.txt").write_text("".join(f"{500 * i}\n" for i in range(N_TASKS * 2)))  # 8 s of load
