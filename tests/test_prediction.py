@@ -17,7 +17,8 @@ from inferledger.cli.app import app
 from inferledger.collectors.capture import microbench
 from inferledger.collectors.capture.run import capture
 from inferledger.collectors.workload import Workload
-from inferledger.costmodel import ModelShape, Roofs
+from inferledger.costmodel import Roofs
+from inferledger.probes.model_shape import ModelShape
 from inferledger.costmodel.prediction import SCHEMA, PredictionError, check, predict
 from inferledger.ledger.reconstruct import reconstruct
 
