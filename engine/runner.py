@@ -191,8 +191,8 @@ class ModelRunner:
         """Static buffers for a bucket and, on CUDA, its graph; -> "graph_capture" when it captured."""
         c = self.config
         g = self._graphs[(batch, width)] = DecodeGraph(
-            batch, width, scratch_block=self.num_blocks, block_size=self.block_size, n_kv_heads=c.n_kv_heads,
-            head_dim=c.head_dim, dtype=self.dtype, device=self.device)
+            batch, width, scratch_block=self.num_blocks, block_size=self.block_size, n_kv_heads=c.shape.n_kv_heads,
+            head_dim=c.shape.head_dim, dtype=self.dtype, device=self.device)
         if self.device.type != "cuda":
             return None
         self._capture.capture(g, self._decode_step)
