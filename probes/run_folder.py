@@ -12,8 +12,9 @@ their file names are spelled here and nowhere else in the library.
 - `StudyIndex` (`study.json`, in a study folder): the study, its runs and its comparison's tables
   (probes/study_dir.py).
 
-Reading refuses what the schema does not hold (an unknown key, a value of the wrong type, a newer
-version) with a `RunFolderError` naming the file and the key. A run folder without a manifest reads as
+Reading refuses what the schema cannot hold (a value of the wrong type, a newer version) with a
+`RunFolderError` naming the file and the key; a manifest key the schema does not know is kept as it is
+(another writer's run folder may say more than ours), while our own writers may write only declared keys. A run folder without a manifest reads as
 an empty one: the ledger rebuilds any run directory, our capture's or another writer's.
 """
 from __future__ import annotations
@@ -197,10 +198,6 @@ class Manifest:
         where = str(self.path) if self.path else MANIFEST_FILE
         if not isinstance(self.body, dict):
             raise RunFolderError(f"{where}: expected a JSON object, got {_JSON_NAMES.get(type(self.body), '?')}")
-        unknown = sorted(set(self.body) - _MANIFEST_NAMES)
-        if unknown:
-            raise RunFolderError(f"{where}: {unknown[0]}: not a key of the run manifest (probes/run_folder.py "
-                                 "MANIFEST_KEYS lists them)")
         _check(self.body, MANIFEST_KEYS, where)
         version = self.body.get("format", MANIFEST_FORMAT)
         if version != MANIFEST_FORMAT:
@@ -230,7 +227,13 @@ class Manifest:
         return {"format": MANIFEST_FORMAT, **self.body}
 
     def write(self, run_dir: str | os.PathLike) -> Path:
+        """Write it whole (renamed into place). Our writers declare every key they write: a key outside
+        the schema is refused here, while a reader keeps another writer's extra keys as they are."""
         path = self.file(run_dir)
+        unknown = sorted(set(self.body) - _MANIFEST_NAMES)
+        if unknown:
+            raise RunFolderError(f"{path}: {unknown[0]}: not a key of the run manifest (declare it in "
+                                 "probes/run_folder.py MANIFEST_KEYS before writing it)")
         write_json_atomic(self.to_json(), path)
         return path
 

@@ -35,7 +35,6 @@ def test_a_manifest_without_the_version_key_still_reads(tmp_path):
 @pytest.mark.parametrize("text, words", [
     ("{", "manifest.json: not valid JSON"),
     ("[1]", "manifest.json: expected a JSON object, got array"),
-    ('{"colour": "red"}', "manifest.json: colour: not a key of the run manifest"),
     ('{"slo": "fast"}', "manifest.json: slo: expected object, got string"),
     ('{"slo": {"ttft_ms": "9"}}', "manifest.json: slo.ttft_ms: expected number or null, got string"),
     ('{"engine_config": {"block_size": 1.5}}', "manifest.json: engine_config.block_size: expected integer, got number"),
@@ -47,6 +46,13 @@ def test_bad_manifest_content_is_refused_naming_file_and_key(tmp_path, text, wor
     with pytest.raises(RunFolderError) as err:
         Manifest.read(tmp_path)
     assert str(err.value).startswith(str(tmp_path)) and words in str(err.value)
+
+
+def test_another_writers_extra_key_is_kept_but_ours_may_write_only_declared_keys(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"run_id": "x", "colour": "red"}))
+    assert Manifest.read(tmp_path).body == {"run_id": "x", "colour": "red"}
+    with pytest.raises(RunFolderError, match=r"manifest.json: colour: not a key of the run manifest"):
+        Manifest({"colour": "red"}).write(tmp_path / "ours")
 
 
 def test_the_slo_comes_from_the_manifest_else_the_workload_spec():
