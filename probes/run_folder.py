@@ -223,6 +223,13 @@ class Manifest:
             return cls({}, path)
         return cls(_load(path), path)
 
+    def check_declared(self, where: str | os.PathLike = MANIFEST_FILE) -> None:
+        """RunFolderError when the body holds a key the schema does not declare (what `write` refuses)."""
+        unknown = sorted(set(self.body) - _MANIFEST_NAMES)
+        if unknown:
+            raise RunFolderError(f"{where}: {unknown[0]}: not a key of the run manifest (declare it in "
+                                 "probes/run_folder.py MANIFEST_KEYS before writing it)")
+
     def to_json(self) -> dict:
         return {"format": MANIFEST_FORMAT, **self.body}
 
@@ -230,10 +237,7 @@ class Manifest:
         """Write it whole (renamed into place). Our writers declare every key they write: a key outside
         the schema is refused here, while a reader keeps another writer's extra keys as they are."""
         path = self.file(run_dir)
-        unknown = sorted(set(self.body) - _MANIFEST_NAMES)
-        if unknown:
-            raise RunFolderError(f"{path}: {unknown[0]}: not a key of the run manifest (declare it in "
-                                 "probes/run_folder.py MANIFEST_KEYS before writing it)")
+        self.check_declared(path)
         write_json_atomic(self.to_json(), path)
         return path
 

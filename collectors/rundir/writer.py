@@ -182,7 +182,8 @@ class RunWriter:
     def write_manifest(self, manifest: dict) -> None:
         """Write the manifest now; with autoflush it is rewritten at every flush (with `flushed`)."""
         with self._io:
-            Manifest({"run_id": self.run_id, **manifest})  # a key the schema does not hold fails here, not in the flusher
+            # a key the schema does not hold fails here, not in the flusher
+            Manifest({"run_id": self.run_id, **manifest}).check_declared(Manifest.file(self.run_dir))
             self._manifest = dict(manifest)
             self._write_manifest_io()
 
