@@ -129,7 +129,7 @@ def decode_mbu(bundle, batch: int, ctx: int, graphs: bool, bandwidth_gb_s: float
     per = runner.num_blocks // batch
     tables = [list(range(i * per, (i + 1) * per)) for i in range(batch)]
     g = torch.Generator().manual_seed(batch)
-    prompts = torch.randint(0, bundle.config.vocab_size, (batch, ctx), generator=g).tolist()
+    prompts = torch.randint(0, bundle.config.shape.vocab, (batch, ctx), generator=g).tolist()
     timed, times = _timer(bundle.device), []
     try:
         if graphs:
@@ -144,7 +144,7 @@ def decode_mbu(bundle, batch: int, ctx: int, graphs: bool, bandwidth_gb_s: float
         runner.close()
     dt = statistics.median(times[2:] or times)  # the first steps may still allocate
     w = weight_bytes_per_step(bundle)
-    kv = batch * (ctx + steps // 2) * bundle.config.kv_bytes_per_token(bundle.dtype)
+    kv = batch * (ctx + steps // 2) * bundle.config.shape.at(bundle.dtype).kv_bytes_per_token
     gb_s = (w + kv) / 1e9 / dt
     return {"batch": batch, "context_tokens": ctx, "mode": modes, "steps": len(times),
             "median_step_ms": round(dt * 1e3, 4),

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402
 from engine_throughput import TEXT, memcpy_gib_s  # noqa: E402
 
-from inferledger.costmodel.shape import ModelShape  # noqa: E402
+from inferledger.probes.run_folder import Manifest  # noqa: E402
 from inferledger.costmodel.work import StepRow, step_work  # noqa: E402
 
 # the linears (and the LM head); the batched matmuls of a step are decode attention's (engine/attention.py
@@ -155,7 +155,7 @@ def main() -> None:
         linear[kind] = resolved["linear"]["kernel"]
         print(f"{kind}: engine ready in {time.perf_counter() - t0:.1f} s ({resolved['compile']}; attention "
               f"{resolved['attention']}; linear {resolved['linear']})", flush=True)
-    shape = ModelShape.from_manifest(kinds["eager"].engine.manifest())
+    shape = Manifest(kinds["eager"].engine.manifest()).model_shape()
     compiled = kinds["compiled"].engine.runner.compiled
     figures = {"dtype": dtype, "torch_threads": torch.get_num_threads(), "prompt_tokens": 64, "rows": [],
                "compile_cache_dir": str(cache_dir()),

@@ -143,7 +143,7 @@ def weight_bytes_per_step(bundle) -> int:
     the lm_head), except an untied embedding table, of which only the batch's rows are read."""
     model = bundle.model
     total = sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights counted once
-    if not bundle.config.tie_embeddings:
+    if not bundle.config.shape.tied_embeddings:
         total -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
     return total
 
@@ -157,7 +157,7 @@ def decode_bandwidth(bundle, steps, batch: int, memcpy: float) -> dict | None:
         return None
     dt, ctx = full[len(full) // 2]
     w = weight_bytes_per_step(bundle)
-    per_token = bundle.config.kv_bytes_per_token(bundle.dtype)  # K and V of every context token, all layers
+    per_token = bundle.config.shape.at(bundle.dtype).kv_bytes_per_token  # K and V of every context token, all layers
     kv = sum(ctx) * per_token
     gib_s = (w + kv) / 2**30 / dt
     best_dt, best_ctx = full[0]

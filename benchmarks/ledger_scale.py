@@ -251,7 +251,7 @@ def phase_import(run_dir: Path, n: int, t: int, seed: int) -> dict:
     w = RunWriter(run_dir, run_id)
     w.clock_domain(CLOCK, host=HOST, kind="monotonic")
     w.flush()  # clocks.parquet and an empty tasks.parquet
-    w.write_manifest({"kind": "synthetic", "generator": "benchmarks/ledger_scale.py",
+    w.write_manifest({"source": "benchmarks/ledger_scale.py (synthetic)",
                       "workload": {"attempts": n, "output_tokens": t, "seed": seed, "arrival_rps": 50,
                                    "deadline_ms": 7000}})
     t2 = time.perf_counter()

@@ -125,7 +125,7 @@ def import_cmd(
     shape = None
     if model_config is not None:  # checked before anything is written
         from inferledger.collectors.rundir.declared_shape import read_model_config
-        from inferledger.costmodel.shape import ShapeError
+        from inferledger.probes.model_shape import ShapeError
 
         try:
             shape = read_model_config(model_config)

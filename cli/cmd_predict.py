@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from inferledger.cli.output import FORMAT_HELP, OutputFormat
+from inferledger.probes.run_folder import MANIFEST_FILE
 
 COLUMNS = ("class", "prompt_tokens", "cached_tokens", "output_tokens", "ttft_lower_ms", "ttft_sustained_ms",
            "ttft_fit_ms", "tpot_lower_ms", "tpot_sustained_ms", "tpot_fit_ms")
@@ -35,7 +36,7 @@ def predict_cmd(
                                          "A100, L4, Xeon 8480, EPYC 9654; docs/MODEL.md). Default: measure this "
                                          "host now, as a capture does."),
     device_params: Optional[Path] = typer.Option(None, "--device-params", help="Roofs measured earlier: a "
-                                                 "capture's manifest.json (its device_params) or that block alone."),
+                                                 f"capture's {MANIFEST_FILE} (its device_params) or that block alone."),
     fit: Optional[Path] = typer.Option(None, "--fit", help="A reconstructed run whose step-time fit gives a "
                                        "second expected range (labelled fit)."),
     model: Optional[Path] = typer.Option(None, help="The model file the engine would load (default: "
@@ -62,7 +63,7 @@ def predict_cmd(
     from inferledger.studies.predict import predict_workload
     from inferledger.collectors.workload import Workload
     from inferledger.costmodel.prediction import PredictionError
-    from inferledger.costmodel.shape import ShapeError
+    from inferledger.probes.model_shape import ShapeError
 
     if device is not None and device_params is not None:
         raise typer.BadParameter("give at most one of --device and --device-params", param_hint="--device")

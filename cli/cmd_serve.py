@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from inferledger.probes.run_folder import MANIFEST_FILE
 from inferledger.serve import DRAIN_TIMEOUT_S
 
 
@@ -22,7 +23,7 @@ def serve_cmd(
     max_num_seqs: int = typer.Option(16, help="Engine batch size limit (sequences decoded together)."),
     max_queue: int = typer.Option(512, help="Requests waiting + running before new ones get 429 with Retry-After."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory: the engine's and server's events, KV samples and "
-                                       "manifest.json go there (then `inferledger reconstruct RUN_DIR`)."),
+                                       f"{MANIFEST_FILE} go there (then `inferledger reconstruct RUN_DIR`)."),
     flush_every: float = typer.Option(2.0, help="Seconds between flushes of --out (events, samples, manifest; and "
                                       "once more on shutdown): a kill loses at most this much."),
     device: str = typer.Option("cpu", help="cpu or cuda."),

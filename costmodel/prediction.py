@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 
+from inferledger.probes.model_shape import ModelShape
+
 from .bounds import stage_bounds
 from .roofs import Roof, Roofs
-from .shape import ModelShape
 from .work import StepRow, step_work
 
 SCHEMA = "inferledger.prediction/1"

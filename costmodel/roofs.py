@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+from inferledger.probes.run_folder import Manifest
+
 SOURCES = ("spec", "microbenchmark", "fit", "assumption")
 STATISTICS = ("peak", "sustained", "effective")
 
@@ -90,17 +92,8 @@ def spec_roofs(device_name: str | None, dtype: str) -> Roofs | None:
     return None
 
 
-def device_name(manifest: dict) -> str | None:
-    """The device the engine ran on, as the manifest names it (microbenchmarks' record, then the engine's)."""
-    params = manifest.get("device_params") or {}
-    resolved = (manifest.get("engine_config") or {}).get("resolved") or {}
-    host = manifest.get("host") or {}
-    return params.get("device_name") or resolved.get("device_name") or host.get("cpu_model") or None
-
-
-def microbenchmark_roofs(manifest: dict) -> Roofs | None:
-    """The best (peak) of the run's own microbenchmarks (manifest `device_params`), None without both."""
-    params = manifest.get("device_params") or {}
+def microbenchmark_roofs(params: dict) -> Roofs | None:
+    """The best (peak) of a run's own microbenchmarks (its manifest's `device_params`), None without both."""
     mem, mm = params.get("memcpy_gbps") or {}, params.get("matmul_tflops") or {}
     if not (isinstance(mem.get("peak"), (int, float)) and mem["peak"] > 0
             and isinstance(mm.get("peak"), (int, float)) and mm["peak"] > 0):
@@ -111,18 +104,18 @@ def microbenchmark_roofs(manifest: dict) -> Roofs | None:
                       mem.get("label") or "the best of the capture's memcpy repeats"))
 
 
-def run_roofs(manifest: dict) -> tuple[Roofs | None, str]:
+def run_roofs(manifest: Manifest) -> tuple[Roofs | None, str]:
     """Peak roofs for a run: the spec entry of its device, else its microbenchmarks' best, else roofs a
     person declared (`declared_roofs`: tflops, gbps, label; source assumption); with why."""
-    dtype = ((manifest.get("model") or {}).get("dtype") or {}).get("weights") or ""
-    name = device_name(manifest)
+    dtype = manifest.weights_dtype
+    name = manifest.device_name
     spec = spec_roofs(name, dtype)
     if spec is not None:
         return spec, f"spec entry for {name} ({dtype})"
-    bench = microbenchmark_roofs(manifest)
+    bench = microbenchmark_roofs(manifest.block("device_params"))
     if bench is not None:
         return bench, "the run's microbenchmarks (manifest device_params)"
-    declared = manifest.get("declared_roofs") or {}
+    declared = manifest.block("declared_roofs")
     if isinstance(declared.get("tflops"), (int, float)) and isinstance(declared.get("gbps"), (int, float)):
         return (Roofs.declared(float(declared["tflops"]), float(declared["gbps"]), declared.get("label") or "declared"),
                 "roofs a person declared (manifest declared_roofs)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .shape import ModelShape
+from inferledger.probes.model_shape import ModelShape
 
 KINDS = ("prefill", "decode", "verify")
 
@@ -128,7 +128,7 @@ def step_work(shape: ModelShape, rows: list[StepRow]) -> StepWork:
     logits = sum(r.logits for r in rows)
     wb, ab, d = s.weight_bytes_per_param, s.act_bytes, s.d_model
     norm = d * wb  # an RMSNorm's weight, read with the GEMM it feeds
-    kv_tok = 2 * s.kv_dim * s.kv_bytes  # K and V of one token in one layer
+    kv_tok = s.kv_bytes_per_layer_token
     pairs = sum(causal_pairs(r.tokens, r.context_before) for r in rows)
     attention = StageWork("attention", L * 4.0 * s.q_dim * pairs, kv_read_bytes=L * ctx * kv_tok,
                           kv_write_bytes=L * t * kv_tok, act_bytes=L * 2.0 * t * s.q_dim * ab, attention=True)

@@ -100,7 +100,7 @@ class CompiledStep:
         model, c = runner.model, runner.config
         self.layers = [layer.tensors(runner.linear) for layer in model.layers]
         self.embed = model.embed_tokens.weight
-        self.heads, self.eps = (c.n_heads, c.n_kv_heads, c.head_dim), model.layers[0].input_layernorm.eps
+        self.heads, self.eps = (c.shape.n_heads, c.shape.n_kv_heads, c.shape.head_dim), model.layers[0].input_layernorm.eps
         self.rope_base = float(c.rope_base)
         self.disabled_reason: str | None = None
         self.steps = 0  # steps that ran compiled

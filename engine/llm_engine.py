@@ -98,7 +98,7 @@ class LLMEngine:
         if device.type == "cuda" and device.index is None:
             device = param.device  # "cuda" is the model's own cuda:N, not whichever device is current later
         dtype = getattr(torch, cfg.dtype) if cfg.dtype else param.dtype
-        num_blocks = cfg.resolve_num_blocks(bundle.config.kv_bytes_per_token(dtype))
+        num_blocks = cfg.resolve_num_blocks(bundle.config.shape.at(dtype).kv_bytes_per_token)
         compile_, _ = cfg.resolve_compile(device.type, dtype)
         paged, _ = cfg.resolve_attention(device.type, dtype)
         linear, _ = cfg.resolve_linear(device.type, dtype)
@@ -128,7 +128,7 @@ class LLMEngine:
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams | None = None) -> None:
         """Raise the ValueError add_request would raise (a front end answers 400 before streaming)."""
-        validate_request(list(prompt_token_ids), params or SamplingParams(), vocab_size=self.model_config.vocab_size,
+        validate_request(list(prompt_token_ids), params or SamplingParams(), vocab_size=self.model_config.shape.vocab,
                          max_model_len=self.max_model_len, config=self.config, block_manager=self.block_manager)
 
     def abort(self, attempt_or_request_id: str) -> bool:

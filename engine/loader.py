@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from inferledger.probes.model_shape import ModelShape, dtype_bytes
+
 from .config import SUPPORTED_ARCHS, ModelConfig
 from .cpu_host import resolve_dtype
 from .model import LlamaModel
@@ -74,9 +76,9 @@ def load_model(path=None, device="cpu", dtype=None) -> ModelBundle:
     if not path.exists():
         raise ModelLoadError(f"{path}: no such model file or folder")
     if path.is_dir():
-        cfg, weights, tokenizer, extra = _read_hf_folder(path)
+        cfg, weights, tokenizer, extra = _read_hf_folder(path, dtype)
     else:
-        cfg, weights, tokenizer, extra = _read_gguf(path)
+        cfg, weights, tokenizer, extra = _read_gguf(path, dtype)
     model = _build(cfg, weights, device, dtype)
     identity = {
         "path": str(path.resolve()),
@@ -88,7 +90,7 @@ def load_model(path=None, device="cpu", dtype=None) -> ModelBundle:
                       "vocab_size": tokenizer.vocab_size, "bos_token": tokenizer.bos_token,
                       "bos_id": cfg.bos_id, "eos_tokens": tokenizer.eos_tokens, "eos_ids": cfg.eos_ids},
         "chat_template_sha256": tokenizer.template_sha256,
-        "kv_bytes_per_token": cfg.kv_bytes_per_token(dtype),
+        "kv_bytes_per_token": cfg.shape.kv_bytes_per_token,
     }
     return ModelBundle(cfg, model, tokenizer, identity, device, dtype)
 
@@ -101,7 +103,7 @@ def _build(cfg: ModelConfig, weights: dict[str, torch.Tensor], device, dtype) ->
     with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
         model = LlamaModel(cfg)
     expected = set(model.state_dict())
-    if cfg.tie_embeddings:
+    if cfg.shape.tied_embeddings:
         expected.discard("lm_head.weight")
         weights.pop("lm_head.weight", None)
     missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
@@ -114,7 +116,7 @@ def _build(cfg: ModelConfig, weights: dict[str, torch.Tensor], device, dtype) ->
                                  f"config implies {tuple(tensor.shape)}")
     weights = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
     model.load_state_dict(weights, strict=False, assign=True)
-    if cfg.tie_embeddings:
+    if cfg.shape.tied_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.eval()
 
@@ -191,7 +193,7 @@ def _gguf_tokenizer(path: Path, meta: dict) -> Tokenizer:
         raise ModelLoadError(f"{path}: cannot build the tokenizer: {e}") from e
 
 
-def _read_gguf(path: Path):
+def _read_gguf(path: Path, dtype: torch.dtype):
     import gguf
 
     reader, meta = _gguf_reader(path)
@@ -212,15 +214,18 @@ def _read_gguf(path: Path):
         raise ModelLoadError(f"{path}: RoPE scaling ({arch}.rope.scaling.type / rope_freqs) is not supported")
     n_heads, d_model = int(field("attention.head_count")), int(field("embedding_length"))
     tokenizer = _gguf_tokenizer(path, meta)
+    b = dtype_bytes(dtype, "dtype")
+    shape = ModelShape(layers=int(field("block_count")), d_model=d_model, n_heads=n_heads,
+                       n_kv_heads=int(field("attention.head_count_kv", n_heads)),
+                       head_dim=int(field("attention.key_length", d_model // n_heads)),
+                       ffn=int(field("feed_forward_length")),
+                       vocab=int(field("vocab_size", len(meta["tokenizer.ggml.tokens"]))),
+                       tied_embeddings="output.weight" not in names, weight_bytes_per_param=b, act_bytes=b,
+                       kv_bytes=b, source=f"gguf {path}")
     cfg = ModelConfig(
-        arch=arch, n_layers=int(field("block_count")), d_model=d_model, n_heads=n_heads,
-        n_kv_heads=int(field("attention.head_count_kv", n_heads)),
-        head_dim=int(field("attention.key_length", d_model // n_heads)),
-        ffn_dim=int(field("feed_forward_length")),
-        vocab_size=int(field("vocab_size", len(meta["tokenizer.ggml.tokens"]))),
+        arch=arch, shape=shape,
         max_position=int(field("context_length")), rope_base=float(field("rope.freq_base", 10000.0)),
-        rms_eps=float(field("attention.layer_norm_rms_epsilon")),
-        tie_embeddings="output.weight" not in names, qkv_bias="blk.0.attn_q.bias" in names,
+        rms_eps=float(field("attention.layer_norm_rms_epsilon")), qkv_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
         bos_id=tokenizer.bos_id, eos_ids=tokenizer.eos_ids,
     )
@@ -232,7 +237,7 @@ def _read_gguf(path: Path):
             raise ModelLoadError(f"{path}: tensor {t.name} ({t.tensor_type.name}) cannot be dequantised: {e}") from e
         arr = np.array(arr, dtype=np.float32).reshape(tuple(reversed([int(d) for d in t.shape])))
         if arch == "llama" and t.name.split(".")[-2] in ("attn_q", "attn_k"):
-            arr = _unpermute(arr, n_heads if t.name.split(".")[-2] == "attn_q" else cfg.n_kv_heads)
+            arr = _unpermute(arr, n_heads if t.name.split(".")[-2] == "attn_q" else cfg.shape.n_kv_heads)
         weights[_gguf_tensor_name(t.name)] = torch.from_numpy(np.ascontiguousarray(arr))
     file_type = meta.get("general.file_type")
     known = {int(t) for t in gguf.LlamaFileType}
@@ -264,7 +269,7 @@ def _hf_tokenizer(folder: Path, eos) -> Tokenizer:
         raise ModelLoadError(f"{folder / 'tokenizer.json'}: cannot build the tokenizer ({e})") from e
 
 
-def _read_hf_folder(folder: Path):
+def _read_hf_folder(folder: Path, dtype: torch.dtype):
     from safetensors import safe_open
 
     cfg_path = folder / "config.json"
@@ -283,13 +288,16 @@ def _read_hf_folder(folder: Path):
 
     n_heads, d_model = int(need("num_attention_heads")), int(need("hidden_size"))
     tokenizer = _hf_tokenizer(folder, hf.get("eos_token_id"))
+    b = dtype_bytes(dtype, "dtype")
+    shape = ModelShape(layers=int(need("num_hidden_layers")), d_model=d_model, n_heads=n_heads,
+                       n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
+                       head_dim=int(hf.get("head_dim") or d_model // n_heads), ffn=int(need("intermediate_size")),
+                       vocab=int(need("vocab_size")), tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                       weight_bytes_per_param=b, act_bytes=b, kv_bytes=b, source=f"hf folder {folder}")
     cfg = ModelConfig(
-        arch=arch, n_layers=int(need("num_hidden_layers")), d_model=d_model, n_heads=n_heads,
-        n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
-        head_dim=int(hf.get("head_dim") or d_model // n_heads), ffn_dim=int(need("intermediate_size")),
-        vocab_size=int(need("vocab_size")), max_position=int(hf.get("max_position_embeddings", 2048)),
+        arch=arch, shape=shape, max_position=int(hf.get("max_position_embeddings", 2048)),
         rope_base=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
-        rms_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
         qkv_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)), qk_norm=arch == "qwen3",
         bos_id=hf.get("bos_token_id", tokenizer.bos_id), eos_ids=tokenizer.eos_ids,
     )

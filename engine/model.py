@@ -105,13 +105,13 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps) if cfg.qk_norm else None
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.shape.n_heads, cfg.shape.n_kv_heads, cfg.shape.head_dim
+        self.q_proj = nn.Linear(cfg.shape.d_model, cfg.shape.n_heads * cfg.shape.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.shape.d_model, cfg.shape.n_kv_heads * cfg.shape.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.shape.d_model, cfg.shape.n_kv_heads * cfg.shape.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.shape.n_heads * cfg.shape.head_dim, cfg.shape.d_model, bias=False)
+        self.q_norm = RMSNorm(cfg.shape.head_dim, cfg.rms_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.shape.head_dim, cfg.rms_eps) if cfg.qk_norm else None
         self.qkv: _Fused | None = None  # after fuse()
 
     def fuse(self) -> None:
@@ -137,9 +137,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
-        self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)
-        self.down_proj = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
+        self.gate_proj = nn.Linear(cfg.shape.d_model, cfg.shape.ffn, bias=False)
+        self.up_proj = nn.Linear(cfg.shape.d_model, cfg.shape.ffn, bias=False)
+        self.down_proj = nn.Linear(cfg.shape.ffn, cfg.shape.d_model, bias=False)
         self.gate_up: _Fused | None = None  # after fuse()
 
     def fuse(self) -> None:
@@ -157,9 +157,9 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.d_model, cfg.rms_eps)
+        self.input_layernorm = RMSNorm(cfg.shape.d_model, cfg.rms_eps)
         self.self_attn = Attention(cfg, layer_idx)
-        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.rms_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.shape.d_model, cfg.rms_eps)
         self.mlp = MLP(cfg)
 
     def tensors(self, linear: str = "torch") -> "LayerTensors | None":
@@ -222,11 +222,11 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, cfg.rms_eps)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
+        self.embed_tokens = nn.Embedding(cfg.shape.vocab, cfg.shape.d_model)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.shape.layers))
+        self.norm = RMSNorm(cfg.shape.d_model, cfg.rms_eps)
+        self.lm_head = nn.Linear(cfg.shape.d_model, cfg.shape.vocab, bias=False)
+        if cfg.shape.tied_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
     def fuse(self, linear: str = "onednn") -> "LlamaModel":
@@ -254,7 +254,7 @@ class LlamaModel(nn.Module):
         """input_ids, positions: [T] -> hidden states [T, d_model] before the final norm; the fused
         layers' linears run the `linear` way (engine/cpu_linear.py)."""
         h = self.embed_tokens(input_ids)
-        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_base, h.dtype)
+        cos, sin = rope_tables(positions, self.config.shape.head_dim, self.config.rope_base, h.dtype)
         for layer in self.layers:
             h = layer.forward(h, cos, sin, attn, linear)
         return h

@@ -57,8 +57,8 @@ class ModelRunner:
         self.linear = ("onednn" if model.prepared("onednn") else "torch") if linear in (None, "onednn") else linear
         self.paged = bool(paged) and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         # padded decode rows write into one extra scratch block no block table may name
-        shape = (config.n_layers, num_blocks + bool(self.graph_batch_sizes or compile), config.n_kv_heads,
-                 block_size, config.head_dim)
+        shape = (config.shape.layers, num_blocks + bool(self.graph_batch_sizes or compile), config.shape.n_kv_heads,
+                 block_size, config.shape.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self._workspace = torch.empty(0, dtype=self.dtype, device=self.device)  # eager decode gathers
@@ -151,7 +151,7 @@ class ModelRunner:
         ctx = [c.start_pos + 1 for c in chunks]
         bufs = (None, None)
         if not self.paged:
-            bufs = self.workspace(max(len(t) for t in tables) * len(chunks) * self.config.n_kv_heads)
+            bufs = self.workspace(max(len(t) for t in tables) * len(chunks) * self.config.shape.n_kv_heads)
         groups = decode_groups(tables, ctx, self.k_cache.shape[1:], self.dtype, dev, bufs, self.paged)
         order = [r for rows, _ in groups for r in rows]
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
@@ -175,7 +175,7 @@ class ModelRunner:
 
     def workspace(self, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V gather buffers of n_rows (block, head) rows, grown as needed and kept."""
-        row = self.block_size * self.config.head_dim
+        row = self.block_size * self.config.shape.head_dim
         if self._workspace.numel() < 2 * n_rows * row:
             self._workspace = torch.empty(2 * n_rows * row, dtype=self.dtype, device=self.device)
         ws = self._workspace[:2 * n_rows * row].view(2, n_rows, row)
@@ -191,8 +191,8 @@ class ModelRunner:
         """Static buffers for a bucket and, on CUDA, its graph; -> "graph_capture" when it captured."""
         c = self.config
         g = self._graphs[(batch, width)] = DecodeGraph(
-            batch, width, scratch_block=self.num_blocks, block_size=self.block_size, n_kv_heads=c.n_kv_heads,
-            head_dim=c.head_dim, dtype=self.dtype, device=self.device)
+            batch, width, scratch_block=self.num_blocks, block_size=self.block_size, n_kv_heads=c.shape.n_kv_heads,
+            head_dim=c.shape.head_dim, dtype=self.dtype, device=self.device)
         if self.device.type != "cuda":
             return None
         self._capture.capture(g, self._decode_step)

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from inferledger.probes.events import (CLOCK_SCHEMA, COUNT_EVENTS, EVENT_SCHEMA, GAP_SCHEMA, MAX_COUNT, SAMPLE_SCHEMA,
                                        TASK_SCHEMA)
+from inferledger.probes.run_folder import Manifest
 
 READS: tuple[str, ...] = ()
 CREATES = ("events", "samples", "clocks", "task_contracts", "collector_gaps", "load_gaps")
@@ -35,6 +36,7 @@ class RunFiles:
     run_dir: Path
     event_parts: list[Path]
     sample_parts: list[Path] = field(default_factory=list)
+    manifest: Manifest = field(default_factory=Manifest)  # read once per rebuild, handed to every stage
 
     def name(self, path: str | Path) -> str:
         """A file's name relative to the run directory, as messages give it."""

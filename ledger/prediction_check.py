@@ -15,6 +15,7 @@ import json
 
 from inferledger.costmodel.prediction import PredictionError, check
 from inferledger.probes.run_dir import PREDICTION_FILE
+from inferledger.probes.run_folder import MANIFEST_FILE
 
 READS = ("events", "request_metrics")
 CREATES = ("prediction_shapes", "prediction_registration", "prediction_check", "prediction_gaps")
@@ -28,30 +29,24 @@ _SHAPE_COLS = ("class", "prompt_tokens", "cached_tokens", "output_tokens", "ttft
 
 def _registered(run) -> tuple[dict | None, dict | None, list[tuple[str, str, str]]]:
     """(the manifest's prediction block, the checked document, gap rows (affects, needs, detail))."""
-    try:
-        manifest = json.loads((run.run_dir / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None, None, []  # the run's identity is another stage's gap
-    block = manifest.get("prediction") if isinstance(manifest, dict) else None
-    if isinstance(block, dict) and set(block) == {"skipped"}:
-        block = None  # the capture registered none, and said why (the manifest keeps the reason)
+    block = run.manifest.registered_prediction  # None also where the capture said why it registered none
     path = run.run_dir / PREDICTION_FILE
     affects = "prediction_registration, prediction_check"
     if not isinstance(block, dict):
         if path.exists():
             return None, None, [(affects, "the manifest's prediction block (sha256, registration time)",
-                                 f"{PREDICTION_FILE} is in the run directory but manifest.json registers none")]
+                                 f"{PREDICTION_FILE} is in the run directory but {MANIFEST_FILE} registers none")]
         return None, None, []
     try:
         data = path.read_bytes()
     except OSError:
         return block, None, [(affects, f"the registered {PREDICTION_FILE}",
-                              f"manifest.json registers a prediction (sha256 {block.get('sha256')}) but "
+                              f"{MANIFEST_FILE} registers a prediction (sha256 {block.get('sha256')}) but "
                               f"{PREDICTION_FILE} is missing")]
     digest = hashlib.sha256(data).hexdigest()
     if digest != block.get("sha256"):
         return block, None, [(affects, f"the {PREDICTION_FILE} that was registered",
-                              f"{PREDICTION_FILE} has sha256 {digest}, manifest.json registered "
+                              f"{PREDICTION_FILE} has sha256 {digest}, {MANIFEST_FILE} registered "
                               f"{block.get('sha256')}: the file was changed after registration")]
     try:
         doc = check(json.loads(data), PREDICTION_FILE)

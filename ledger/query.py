@@ -13,7 +13,8 @@ from pathlib import Path
 
 import duckdb
 
-from inferledger.probes.study_dir import StudyDirError, is_study_dir, run_dirs
+from inferledger.probes.run_folder import RunFolderError
+from inferledger.probes.study_dir import is_study_dir, run_dirs
 
 LEDGER_FILE = "ledger.duckdb"
 READ_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
@@ -57,7 +58,7 @@ def resolve_runs(path_or_glob: str | Path) -> list[tuple[str, Path]]:
         elif p.is_dir() and is_study_dir(p):  # a study folder: every run it keeps
             try:
                 study_runs = run_dirs(p)
-            except StudyDirError as exc:
+            except RunFolderError as exc:
                 raise LedgerError(str(exc)) from None
             for _, run in study_runs:
                 runs += resolve_runs(run)

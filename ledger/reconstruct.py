@@ -8,7 +8,6 @@ the raw files are only read.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from inferledger.ledger.modules import ledger_modules, public_tables
 from inferledger.ledger.stages import RunDirError, StageError, run_modules, set_variables  # noqa: F401 (API)
 from inferledger.probes.events import EVENT_SCHEMA, SAMPLE_SCHEMA
 from inferledger.probes.run_dir import PartError, list_parts
+from inferledger.probes.run_folder import SLO_KEYS, Manifest, RunFolderError
 
 PUBLIC_TABLES = public_tables()
 
@@ -37,39 +37,23 @@ class LedgerSummary:
     n_gaps: int
 
 
-def _manifest(run_dir: Path) -> dict:
-    manifest = run_dir / "manifest.json"
-    if not manifest.exists():
-        return {}
+def _manifest(run_dir: Path) -> Manifest:
     try:
-        return json.loads(manifest.read_text())
-    except ValueError as exc:
-        raise RunDirError(f"{manifest}: not valid JSON ({exc})") from exc
+        return Manifest.read(run_dir)
+    except RunFolderError as exc:
+        raise RunDirError(str(exc)) from None
 
 
-def _run_id(run_dir: Path, url: str | None = None) -> str:
+def _run_id(manifest: Manifest, run_dir: Path, url: str | None = None) -> str:
     """The manifest's run_id, else the run folder's name (the URL's last segment for a staged copy)."""
-    return _manifest(run_dir).get("run_id") or (url.rsplit("/", 1)[-1] if url else run_dir.name)
+    return manifest.run_id or (url.rsplit("/", 1)[-1] if url else run_dir.name)
 
 
-def _kv_block_bytes(manifest: dict) -> int | None:
-    """Bytes of one KV block, declared by the engine's manifest (None when the run does not say)."""
-    per_token = (manifest.get("model") or {}).get("kv_bytes_per_token")
-    block = (manifest.get("engine_config") or {}).get("block_size")
-    return int(per_token) * int(block) if per_token and block else None
-
-
-def _slo(manifest: dict) -> dict:
-    """vLLM-style SLO thresholds, from the manifest's `slo` or its workload's `[slo]` section."""
-    return manifest.get("slo") or ((manifest.get("workload") or {}).get("spec") or {}).get("slo") or {}
-
-
-def run_variables(run_dir: Path, run_id: str) -> dict:
+def run_variables(manifest: Manifest, run_id: str) -> dict:
     """The SQL variables every stage reads (`getvariable`): the run id, the KV block size, the SLO."""
-    manifest = _manifest(run_dir)
-    slo = _slo(manifest)
-    return {"run_id": (run_id, "VARCHAR"), "kv_block_bytes": (_kv_block_bytes(manifest), "BIGINT"),
-            **{f"slo_{k}": (slo.get(k), "DOUBLE") for k in ("ttft_ms", "tpot_ms", "e2e_ms")}}
+    slo = manifest.slo
+    return {"run_id": (run_id, "VARCHAR"), "kv_block_bytes": (manifest.kv_block_bytes, "BIGINT"),
+            **{f"slo_{k}": (slo.get(k), "DOUBLE") for k in SLO_KEYS}}
 
 
 def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = None,
@@ -92,7 +76,8 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
         try:
             stage(str(run_dir), staging)
             return reconstruct(staging, out=out, profile=profile, memory_limit=memory_limit,
-                               temp_directory=temp_directory, run_id=_run_id(staging, str(run_dir).rstrip("/")),
+                               temp_directory=temp_directory,
+                               run_id=_run_id(_manifest(staging), staging, str(run_dir).rstrip("/")),
                                engine=engine, address=address, workers=workers)
         except RemoteRunError as exc:
             raise RunDirError(str(exc)) from None
@@ -110,7 +95,8 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
         raise RunDirError(str(exc)) from None
     if not parts:
         raise RunDirError(f"{run_dir}/events: no event parts (part-*.parquet); capture or import a run first")
-    run_id = run_id or _run_id(run_dir)
+    manifest = _manifest(run_dir)  # read once: every stage takes it from `run`
+    run_id = run_id or _run_id(manifest, run_dir)
     target = Path(out) if out else run_dir / "ledger.duckdb"
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     for stale in (tmp, Path(f"{tmp}.wal")):
@@ -121,9 +107,9 @@ def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = N
     con = duckdb.connect(str(tmp))
     try:
         bound(con, limit, spill)
-        variables = run_variables(run_dir, run_id)
+        variables = run_variables(manifest, run_id)
         set_variables(con, variables)
-        run = RunFiles(run_dir, parts, sample_parts)
+        run = RunFiles(run_dir, parts, sample_parts, manifest)
         if engine == "ray":
             from inferledger.ledger.sharded import build_sharded
 

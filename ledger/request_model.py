@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from inferledger.costmodel import ModelShape, StepRow, stage_bounds, step_work
+from inferledger.costmodel import StepRow, stage_bounds, step_work
 from inferledger.costmodel.fit import StepFit
 from inferledger.costmodel.roofs import run_roofs
-from inferledger.costmodel.shape import ShapeError
-from inferledger.ledger import run_manifest
+from inferledger.probes.model_shape import ShapeError
 
 READS = ("step_model", "steps", "step_attribution", "step_fit", "step_fit_points", "ev", "ev_tok", "request_metrics")
 CREATES = ("request_model", "request_model_gaps")
@@ -108,7 +107,7 @@ def _per_token(ms, n_output, n_choices):
 # @column residual_host_ms: measured − predicted host time between the attempt's steps (NULL for solo)
 # @column transport_ms: ttft_client_ms − ttft_server_ms (the client's view minus the server's)
 def build(con, run) -> None:
-    manifest = run_manifest.read(run.run_dir)
+    manifest = run.manifest
     sched = {r[0]: r[1:] for r in con.execute(_SCHEDULE).fetchall()}
     have_steps = con.execute("SELECT count(*) FROM step_model").fetchone()[0] > 0
     solo = None if have_steps else _Solo.of(manifest)
@@ -160,13 +159,13 @@ class _Solo:
         self.shape, self.roofs, self.fit, self.reason = shape, roofs, fit, reason
 
     @classmethod
-    def of(cls, manifest: dict) -> "_Solo | None":
+    def of(cls, manifest) -> "_Solo | None":
         try:
-            shape = ModelShape.from_manifest(manifest)
+            shape = manifest.model_shape()
         except ShapeError as exc:
             return cls(None, None, None, str(exc))
         roofs, why = run_roofs(manifest)
-        fit = StepFit.from_dict(manifest["step_fit"]) if isinstance(manifest.get("step_fit"), dict) else None
+        fit = StepFit.from_dict(manifest.step_fit) if manifest.step_fit is not None else None
         reason = None if roofs is not None or fit is not None else f"{why}; and no declared step fit (manifest step_fit)"
         return cls(shape, roofs, fit, reason)
 

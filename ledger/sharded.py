@@ -28,7 +28,8 @@ from pathlib import Path
 from inferledger.ledger.load import RunFiles
 from inferledger.ledger.modules import Module, ledger_modules
 from inferledger.probes.events import EVENT_SCHEMA
-from inferledger.probes.run_dir import BUCKET_SQL, PartError, list_parts, partitions, read_layout
+from inferledger.probes.run_dir import BUCKET_SQL, RUN_PARTITION, PartError, list_parts, partition_kind, partitions
+from inferledger.probes.run_folder import LAYOUT_FILE, Layout, Manifest, RunFolderError
 
 
 class ShardError(Exception):
@@ -90,7 +91,8 @@ def run_shard(spec: dict) -> dict[str, str]:
         for table, (files, temp) in spec["handed"].items():
             con.execute(f"CREATE {'TEMP ' if temp else ''}TABLE {table} AS SELECT * FROM read_parquet(?)", [files])
         names = set(spec["modules"])
-        run = RunFiles(Path(spec["run_dir"]), [Path(p) for p in spec["parts"]], [Path(p) for p in spec["samples"]])
+        run = RunFiles(Path(spec["run_dir"]), [Path(p) for p in spec["parts"]], [Path(p) for p in spec["samples"]],
+                       Manifest(spec["manifest"]))
         run_modules(con, [m for m in ledger_modules() if m.name in names], run)
         sharded = spec["kind"] == "task" and not spec["only"]
         if sharded:
@@ -121,17 +123,17 @@ def _plan(run: RunFiles) -> tuple[int, list[list[str]], dict[str, list[str]], li
     otherwise."""
     events = run.run_dir / "events"
     try:
-        layout = read_layout(events)
-    except PartError as exc:
+        layout = Layout.read(events)
+    except (PartError, RunFolderError) as exc:
         raise ShardError(str(exc)) from None
     loose = list(events.glob("part-*.parquet"))
     if layout is None or loose:
-        raise ShardError(f"{events}: not in the partitioned layout ({'parts outside the partition folders' if layout else 'no layout.json'}); "
+        raise ShardError(f"{events}: not in the partitioned layout ({'parts outside the partition folders' if layout else f'no {LAYOUT_FILE}'}); "
                          f"run `inferledger repartition {run.run_dir}` first (the ledger is the same either way)")
     by_folder = {p.name: [str(x) for x in list_parts(p, EVENT_SCHEMA)] for p in partitions(events)}
-    engines = [parts for name, parts in by_folder.items() if name.startswith("engine-")]
-    buckets = {name: parts for name, parts in by_folder.items() if name.startswith("bucket-") and parts}
-    return layout["buckets"], engines, buckets, by_folder.get("run", [])
+    engines = [parts for name, parts in by_folder.items() if partition_kind(name) == "engine"]
+    buckets = {name: parts for name, parts in by_folder.items() if partition_kind(name) == "bucket" and parts}
+    return layout.buckets, engines, buckets, by_folder.get(RUN_PARTITION, [])
 
 
 def _ray(address: str | None, workers: int):
@@ -176,7 +178,7 @@ def build_sharded(con, run: RunFiles, variables: dict, *, work: Path, limit_byte
     temp = {t: t not in public for t in engine_tables + task_tables}
     samples = [str(p) for p in run.sample_parts]
     per_worker = max(limit_bytes // max(workers, 1), 128 * 2 ** 20)
-    base = {"run_dir": str(run.run_dir), "variables": variables, "samples": samples, "limit_bytes": per_worker,
+    base = {"run_dir": str(run.run_dir), "manifest": run.manifest.body, "variables": variables, "samples": samples, "limit_bytes": per_worker,
             "threads": 1, "buckets": buckets}
     engine_specs = [{**base, "kind": "engine", "parts": parts + (run_parts if i == 0 else []), "owned_parts": parts,
                      "first": i == 0, "only": True, "bucket": -1, "handed": {}, "out": str(work / f"engine-{i}"),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pyarrow as pa
 
 from inferledger.costmodel.fit import POINT_COLUMNS, POINT_FILTER, FitError, FitPoint, StepFit, error_pct, split
-from inferledger.ledger import run_manifest
 
 READS = ("step_model",)
 CREATES = ("step_fit", "step_fit_points", "fit_gaps")
@@ -39,7 +38,7 @@ def build(con, run) -> None:
     con.execute("CREATE OR REPLACE TEMP TABLE fit_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, "
                 "needs VARCHAR, detail VARCHAR)")
     params, rows = [], []
-    declared = run_manifest.read(run.run_dir).get("step_fit")
+    declared = run.manifest.step_fit
     fit = None
     if isinstance(declared, dict):  # a fit from another run, applied here: every step is held out
         fit = StepFit.from_dict(declared)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from inferledger.costmodel import ModelShape, StepRow, stage_bounds, step_work
+from inferledger.costmodel import StepRow, stage_bounds, step_work
 from inferledger.costmodel.roofs import run_roofs
-from inferledger.costmodel.shape import ShapeError
-from inferledger.ledger import run_manifest
+from inferledger.probes.model_shape import ShapeError
+from inferledger.probes.run_folder import MANIFEST_FILE
 
 READS = ("steps", "step_attribution", "ev", "ev_tok")
 CREATES = ("step_model", "model_gaps")
@@ -79,14 +79,14 @@ ORDER BY a.step_id, a.attempt_id
 #   roof named in beaten_roof is wrong for this step)
 # @column beaten_roof: the binding roof with its source and value, where beats_bound
 def build(con, run) -> None:
-    manifest = run_manifest.read(run.run_dir)
+    manifest = run.manifest
     gaps: list[tuple] = []
     shape = roofs = None
     try:
-        shape = ModelShape.from_manifest(manifest)
+        shape = manifest.model_shape()
     except ShapeError as exc:
         gaps.append(("run", None, "step_model flops, bytes, bounds (all columns of the model)",
-                     "the model's shape in manifest.json (model.architecture, model.dtype)", str(exc)))
+                     f"the model's shape in {MANIFEST_FILE} (model.architecture, model.dtype)", str(exc)))
     if shape is not None:
         roofs, why = run_roofs(manifest)
         if roofs is None:

@@ -13,13 +13,12 @@ and compacted like `events/` itself: `bucket-NNNN/` for the events of the tasks 
 (`bucket_of`: the first 32 bits of the MD5 of the task id, modulo the bucket count) is NNNN (an
 attempt's events without a task id go with the attempt's task, else with its request's, else they
 are keyed by the request or attempt id), `engine-<id>/` for the step events of one engine instance
-(`attrs.engine_id`), and `run/` for events with neither. `events/layout.json` records the bucket
-count. Every reader lists the same parts: the top level first, then `run/`, `engine-*/`, `bucket-*/`.
+(`attrs.engine_id`), and `run/` for events with neither (`partition_name_sql` names them, the one rule).
+The layout record in `events/` (probes/run_folder.py `Layout`) holds the bucket count. Every reader lists the same parts: the top level first, then `run/`, `engine-*/`, `bucket-*/`.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
@@ -28,11 +27,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 PART = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
-PARTITION = re.compile(r"^(run|engine-[A-Za-z0-9_.:-]+|bucket-\d{4})$")
-LAYOUT = "layout.json"
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+# the partition folders: their kinds, in reading order, and how each is named
+RUN_PARTITION, ENGINE_PREFIX, BUCKET_PREFIX = "run", "engine-", "bucket-"
+BUCKET_DIGITS = 4
+_UNSAFE = "[^A-Za-z0-9_.:-]"  # what an engine id may not bring into a folder name
+PARTITION = re.compile(rf"^({RUN_PARTITION}|{ENGINE_PREFIX}[A-Za-z0-9_.:-]+|{BUCKET_PREFIX}\d{{{BUCKET_DIGITS}}})$")
 # a run's registered prediction: the bytes of the prediction file a capture registered before its load
-# (its sha256 and registration time are in manifest.json under `prediction`; docs/MODEL.md "Registration")
+# (its sha256 and registration time are in the manifest under `prediction`; docs/MODEL.md "Registration")
 PREDICTION_FILE = "prediction.json"
 
 
@@ -83,26 +84,18 @@ def bucket_of(key: str, buckets: int) -> int:
 BUCKET_SQL = "((('0x' || substr(md5({key}), 1, 8))::BIGINT) % {buckets})"  # bucket_of in DuckDB
 
 
-def bucket_name(bucket: int) -> str:
-    return f"bucket-{bucket:04d}"
+def partition_name_sql(key: str, engine_id: str, buckets: int) -> str:
+    """The partition folder an event goes to, as a DuckDB expression over its bucket key and engine id
+    (both SQL expressions): the key's bucket, else the engine's folder, else `run`."""
+    bucket = BUCKET_SQL.format(key=key, buckets=buckets)
+    return (f"CASE WHEN {key} IS NOT NULL THEN '{BUCKET_PREFIX}' || lpad(CAST({bucket} AS VARCHAR), {BUCKET_DIGITS}, '0') "
+            f"WHEN {engine_id} IS NOT NULL THEN '{ENGINE_PREFIX}' || regexp_replace({engine_id}, '{_UNSAFE}', '_', 'g') "
+            f"ELSE '{RUN_PARTITION}' END")
 
 
-def engine_partition(engine_id: str) -> str:
-    return "engine-" + _UNSAFE.sub("_", engine_id)
-
-
-def read_layout(events: Path) -> dict | None:
-    """The partitioned layout's record ({"buckets": N}), or None for a run written unpartitioned."""
-    f = events / LAYOUT
-    if not f.exists():
-        return None
-    try:
-        layout = json.loads(f.read_text())
-        if not isinstance(layout.get("buckets"), int) or layout["buckets"] < 1:
-            raise ValueError("buckets must be a whole number >= 1")
-    except ValueError as exc:
-        raise PartError(f"{f}: not a layout record ({exc}); `inferledger repartition` rewrites it") from None
-    return layout
+def partition_kind(name: str) -> str:
+    """`run`, `engine` or `bucket`: the kind of a partition folder's name."""
+    return RUN_PARTITION if name == RUN_PARTITION else name.split("-", 1)[0]
 
 
 def partitions(events: Path) -> list[Path]:
@@ -110,8 +103,8 @@ def partitions(events: Path) -> list[Path]:
     if not events.is_dir():
         return []
     found = [p for p in events.iterdir() if p.is_dir() and PARTITION.match(p.name)]
-    rank = {"run": 0, "engine": 1, "bucket": 2}
-    return sorted(found, key=lambda p: (rank[p.name.split("-")[0]], p.name))
+    rank = {RUN_PARTITION: 0, "engine": 1, "bucket": 2}
+    return sorted(found, key=lambda p: (rank[partition_kind(p.name)], p.name))
 
 
 def list_parts(folder: Path, schema: pa.Schema) -> list[Path]:

@@ -2,6 +2,7 @@
 prediction against the run (docs/REPORT.md). Every figure is a ledger column; nothing is computed here."""
 from __future__ import annotations
 
+from inferledger.probes.run_folder import MANIFEST_FILE
 from inferledger.report.page import esc, fmt, kv_table, note, section, table
 from inferledger.report.sections import missing
 
@@ -119,7 +120,7 @@ def prediction(rv, p: str) -> str:
         why = ((rv.manifest or {}).get("prediction") or {}).get("skipped")
         return section(f"{p}-prediction", title, note("this run registered no prediction" + (f": {why}" if why else
                                                       " (capture registers one before its load; docs/MODEL.md "
-                                                      "\"Registration\")")), "prediction_registration, manifest.json")
+                                                      "\"Registration\")")), f"prediction_registration, {MANIFEST_FILE}")
     reg = dict(zip(cols, rows[0]))
     if reg["predates_data"]:
         verdict = f"registered {fmt(reg['lead_ms'], 1)} ms before the run's first event on {esc(reg['clock'])}"

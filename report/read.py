@@ -5,11 +5,12 @@ with its manifest; `num` turns a ledger value into a JSON-safe number.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from inferledger.probes.run_folder import Manifest, RunFolderError
 
 if TYPE_CHECKING:  # duckdb loads when a run is opened, not when a command's help is printed
     from inferledger.ledger.query import Ledger
@@ -69,13 +70,12 @@ def open_run(path) -> RunView:
     name, ledger_file = runs[0]
     run_dir = Path(ledger_file).resolve().parent
     manifest, error = None, None
-    mf = run_dir / "manifest.json"
-    if mf.is_file():
+    if Manifest.exists(run_dir):
         try:
-            manifest = json.loads(mf.read_text())
-        except (ValueError, OSError) as exc:
-            error = f"{mf}: not readable JSON ({exc})"
+            manifest = Manifest.read(run_dir).body
+        except RunFolderError as exc:
+            error = str(exc)
     else:
-        error = f"{mf} is missing"
+        error = f"{Manifest.file(run_dir)} is missing"
     led = Ledger(runs)
     return RunView(name, run_dir, led, manifest, error, set(led.tables()))

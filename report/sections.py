@@ -1,6 +1,7 @@
 """The report's panels for one run, each from the ledger table its heading names (docs/REPORT.md)."""
 from __future__ import annotations
 
+from inferledger.probes.run_folder import MANIFEST_FILE
 from inferledger.report import data as rd
 from inferledger.report import figs, tables
 from inferledger.report.read import num
@@ -28,7 +29,7 @@ def identity(rv, p: str) -> str:
              ("tasks", c["tasks"]), ("gap register rows", c["gaps"])]
     if m is None:
         return section(f"{p}-identity", f"Run identity: {rv.name}",
-                       kv_table(facts) + note(f"no run identity: {rv.manifest_error}"), "manifest.json")
+                       kv_table(facts) + note(f"no run identity: {rv.manifest_error}"), MANIFEST_FILE)
     parts = []
     for key, keep in IDENTITY_KEYS:
         v = m.get(key)
@@ -40,11 +41,11 @@ def identity(rv, p: str) -> str:
         else:
             facts.append((key, v))
     if "workload" not in m:
-        facts.append(("workload", "not recorded in manifest.json"))
+        facts.append(("workload", f"not recorded in {MANIFEST_FILE}"))
     full = kv_table(flatten(m, depth=4))
     body = (kv_table(facts) + '<div class="cols">' + "".join(f"<div>{x}</div>" for x in parts) + "</div>"
-            + f"<details><summary>the whole manifest.json</summary>{full}</details>")
-    return section(f"{p}-identity", f"Run identity: {rv.name}", body, "manifest.json and the ledger's row counts")
+            + f"<details><summary>the whole {MANIFEST_FILE}</summary>{full}</details>")
+    return section(f"{p}-identity", f"Run identity: {rv.name}", body, f"{MANIFEST_FILE} and the ledger's row counts")
 
 
 def headline(rv, p: str, h: dict) -> str:

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from inferledger.ledger.query import LedgerError
-from inferledger.probes.study_dir import StudyDirError, read_comparison, read_study, run_dirs
+from inferledger.probes.run_folder import RunFolderError, StudyIndex
+from inferledger.probes.study_dir import read_comparison, run_dirs
 from inferledger.report import study_figs as sf
 from inferledger.report.build import ReportResult, plotly_js
 from inferledger.report.page import Page, kv_table, note, section, table
@@ -65,13 +66,13 @@ def build_study_report(study_dir, out=None) -> ReportResult:
     t0 = time.perf_counter()
     study_dir = Path(study_dir)
     try:
-        doc = read_study(study_dir)
+        doc = StudyIndex.read(study_dir).doc
         if doc["state"] != "complete":
             raise LedgerError(f"{study_dir}: the study is {doc['state']}"
                               + (f" ({doc['error']})" if doc.get("error") else "") + "; its comparison was not written")
         comparison = read_comparison(study_dir)
         runs = dict(run_dirs(study_dir, doc))
-    except StudyDirError as exc:
+    except RunFolderError as exc:
         raise LedgerError(str(exc)) from None
     page = Page(f"inferledger study: {doc['name']}")
     intro = kv_table([("question", doc["question"]), ("knob", doc["knob"]), ("how to read it", doc.get("reading")),

@@ -12,14 +12,13 @@ request and at p50 / p99 (latency_percentiles, server and engine layers), beside
 """
 from __future__ import annotations
 
-import json
 from functools import partial
 from pathlib import Path
 
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
 from inferledger.collectors.sim.step_model import FittedStepModel
 from inferledger.costmodel.fit import StepFit, points_from_ledger
-from inferledger.costmodel.shape import ModelShape
+from inferledger.probes.run_folder import Manifest
 from inferledger.engine.params import EngineConfig
 from inferledger.ledger.query import open_ledger
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
@@ -71,14 +70,14 @@ def _simulate(run_dir: Path, run_id: str, bundle) -> None:
     real = [dict(zip(cols, r)) for r in rows]
     if not real:
         raise StudyError("run real: no request reached the engine, nothing to simulate")
-    manifest = json.loads((runs_dir / "real" / "manifest.json").read_text())
+    manifest = Manifest.read(runs_dir / "real")
     requests = [SimRequest(r["request_id"], r["arrival_ms"], distinct_prompt(i, r["prompt_tokens"],
-                                                                             bundle.config.vocab_size),
+                                                                             bundle.config.shape.vocab),
                            r["n_output_tokens"]) for i, r in enumerate(real)]
-    cfg = {k: v for k, v in manifest["engine_config"].items() if k in EngineConfig.__dataclass_fields__}
+    cfg = {k: v for k, v in manifest.block("engine_config").items() if k in EngineConfig.__dataclass_fields__}
     simulate(run_dir, requests, engine_config=EngineConfig(**cfg),
-             step_model=FittedStepModel(fit, ModelShape.from_manifest(manifest)),
-             model_name=manifest["model"].get("name") or "bundled", model_config=bundle.config,
+             step_model=FittedStepModel(fit, manifest.model_shape()),
+             model_name=manifest.block("model").get("name") or "bundled", model_config=bundle.config,
              kv_dtype=bundle.dtype, run_id=run_id, workload="the requests of run real, as its engine received them")
 
 

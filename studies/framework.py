@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from inferledger.collectors.rundir.writer import write_json_atomic
 from inferledger.ledger.query import Ledger, open_ledger
 from inferledger.ledger.reconstruct import reconstruct
 from inferledger.probes import study_dir as fmt
+from inferledger.probes.run_folder import STUDY_FORMAT, Manifest, StudyIndex, write_json_atomic
 
 
 class StudyError(ValueError):
@@ -84,7 +83,7 @@ class StudyRuns:
         return list(self.dirs)
 
     def manifest(self, name: str) -> dict:
-        return json.loads((self.dirs[name] / "manifest.json").read_text())
+        return Manifest.read(self.dirs[name]).body
 
     def ledger(self, name: str) -> Ledger:
         if name not in self._ledgers:
@@ -116,7 +115,7 @@ class Study:
     compare: Callable[[StudyRuns], list[Table]]
     reading: str = ""  # how to read the answer, in a sentence (docs/STUDIES.md says more)
     options: dict[str, Option] = field(default_factory=dict)
-    figures: tuple[dict, ...] = ()  # what the report draws (probes/study_dir.py FIGURE_KINDS)
+    figures: tuple[dict, ...] = ()  # what the report draws (probes/run_folder.py FIGURE_KINDS)
     needs_model: bool = False  # its runs run the real engine: each produce gets the loaded model
 
     def resolve_options(self, given: dict | None) -> dict:
@@ -173,12 +172,12 @@ def run_study(study: Study, out: str | Path, options: dict | None = None, *, bun
     names = [r.name for r in plan]
     if len(set(names)) != len(names) or not names:
         raise StudyError(f"study {study.name}: its runs need distinct names, got {names}")
-    doc = {"format": fmt.FORMAT_VERSION, "name": study.name, "question": study.question, "knob": study.knob,
+    doc = {"format": STUDY_FORMAT, "name": study.name, "question": study.question, "knob": study.knob,
            "reading": study.reading, "options": opts, "state": "running",
            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "figures": list(study.figures),
            "runs": [{"name": r.name, "dir": f"{fmt.RUNS_DIR}/{r.name}", "knob": r.knob} for r in plan]}
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(doc, out / fmt.STUDY_FILE)
+    StudyIndex(doc).write(out)
     runs = StudyRuns({r.name: out / fmt.RUNS_DIR / r.name for r in plan})
     try:
         if study.needs_model and bundle is None:
@@ -194,7 +193,7 @@ def run_study(study: Study, out: str | Path, options: dict | None = None, *, bun
             raise StudyError(f"study {study.name}: its comparison returned no table")
     except BaseException as exc:
         doc.update(state="failed", error=f"{type(exc).__name__}: {exc}")
-        write_json_atomic(doc, out / fmt.STUDY_FILE)
+        StudyIndex(doc).write(out)
         raise
     finally:
         runs.close()
@@ -203,5 +202,5 @@ def run_study(study: Study, out: str | Path, options: dict | None = None, *, bun
     csv_tmp.write_text(table_csv(tables[0]), encoding="utf-8")
     os.replace(csv_tmp, out / fmt.COMPARISON_CSV)  # never a half-written table
     doc.update(state="complete", tables=[t.name for t in tables])
-    write_json_atomic(doc, out / fmt.STUDY_FILE)
+    StudyIndex(doc).write(out)
     return StudyResult(out, doc, tables, time.perf_counter() - t0)

@@ -29,7 +29,7 @@ REQUESTS = (("A", 0.0, 9, 2), ("B", 1.0, 13, 3), ("C", 1.0, 5, 3), ("D", 1.0, 15
 
 
 def requests() -> list[SimRequest]:
-    vocab = QWEN3_8B.vocab_size
+    vocab = QWEN3_8B.shape.vocab
     prefix = distinct_prompt(100, SHARED, vocab)
     out = []
     for i, (rid, at, n, k) in enumerate(REQUESTS):
@@ -40,7 +40,7 @@ def requests() -> list[SimRequest]:
 
 
 def configs() -> dict[str, EngineConfig]:
-    kv = POOL_TOKENS * QWEN3_8B.kv_bytes_per_token(torch.bfloat16)
+    kv = POOL_TOKENS * QWEN3_8B.shape.at(torch.bfloat16).kv_bytes_per_token
     common = dict(max_num_seqs=4, max_num_batched_tokens=64, kv_cache_bytes=kv)
     return {"reserved-16": EngineConfig(block_size=16, admission="reserve", enable_prefix_caching=False, **common),
             "paged-4": EngineConfig(block_size=4, enable_prefix_caching=False, **common),

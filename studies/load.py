@@ -22,13 +22,12 @@ onset threshold (ONSETS) at the lowest rate, named in one sentence.
 """
 from __future__ import annotations
 
-import json
 from functools import partial
 from pathlib import Path
 
 from inferledger.collectors.capture.speed_probe import probe_throughput
-from inferledger.collectors.rundir.writer import write_json_atomic
 from inferledger.ledger.query import open_ledger
+from inferledger.probes.run_folder import Manifest
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
 from inferledger.studies.real import LONG_MS, capture_run, workload
 
@@ -89,10 +88,10 @@ def _produce(options: dict, multiple: float, memo: dict, run_dir: Path, run_id: 
     wl = _workload(options, {"process": "poisson", "rate_rps": rate}, deadline)
     capture_run(run_dir, run_id, wl, bundle, max_num_seqs=MAX_NUM_SEQS)
     # the point's place on the curve, declared beside the run (the ledger's figures are measured)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    manifest["study_point"] = {"multiple_of_capacity": multiple, "offered_rps": round(rate, 4),
-                               "deadline_ms": round(deadline, 1), **cap}
-    write_json_atomic(manifest, run_dir / "manifest.json")
+    manifest = Manifest.read(run_dir)
+    manifest.body["study_point"] = {"multiple_of_capacity": multiple, "offered_rps": round(rate, 4),
+                                    "deadline_ms": round(deadline, 1), **cap}
+    manifest.write(run_dir)
 
 
 def runs(options: dict) -> list[StudyRun]:

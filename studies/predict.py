@@ -2,7 +2,7 @@
 
 The model's shape: an HF config.json (`model_config`, declared) or the model file the engine loads
 (the bundled one by default). The roofs, each labelled with its source: a spec entry (`device`), a
-file of measured device parameters (`device_params`: a run's manifest.json or its `device_params`
+file of measured device parameters (`device_params`: a run's manifest or its `device_params`
 block), else the microbenchmarks run now on this host as a capture would run them. An earlier run's
 step-time fit (`fit_run`) adds a fit-based expected range.
 """
@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inferledger.costmodel import ModelShape, spec_roofs
+from inferledger.costmodel import spec_roofs
 from inferledger.costmodel.prediction import PredictionError, predict, sustained_roofs
 from inferledger.costmodel.roofs import SPEC, microbenchmark_roofs
+from inferledger.probes.model_shape import ModelShape
+from inferledger.probes.run_folder import MANIFEST_FILE, Manifest
 
 
 def read_device_params(path: Path) -> dict:
-    """device_params from a run's manifest.json (its `device_params` key) or a file holding only them."""
+    """device_params from a run's manifest (its `device_params` key) or a file holding only them."""
     try:
         doc = json.loads(Path(path).read_text())
     except OSError as exc:
@@ -25,9 +27,9 @@ def read_device_params(path: Path) -> dict:
     except ValueError as exc:
         raise PredictionError(f"{path}: not valid JSON ({exc})") from None
     params = doc.get("device_params", doc) if isinstance(doc, dict) else None
-    if not isinstance(params, dict) or microbenchmark_roofs({"device_params": params}) is None:
+    if not isinstance(params, dict) or microbenchmark_roofs(params) is None:
         raise PredictionError(f"{path}: no device parameters: expected memcpy_gbps.peak and matmul_tflops.peak "
-                              "(a capture's manifest.json, or its device_params block)")
+                              f"(a capture's {MANIFEST_FILE}, or its device_params block)")
     return params
 
 
@@ -61,7 +63,7 @@ def predict_workload(wl, *, max_batch: int, device: str | None = None, device_pa
         from inferledger.engine.loader import load_model
 
         bundle = load_model(model, dtype=dtype)
-        shape = ModelShape.from_manifest({"model": bundle.identity})
+        shape = Manifest({"model": bundle.identity}).model_shape()
         weights_dtype = bundle.identity["dtype"]["weights"]
     params, name = None, device
     if device is not None:
@@ -72,15 +74,15 @@ def predict_workload(wl, *, max_batch: int, device: str | None = None, device_pa
                                   "give --device-params FILE with measured ones instead")
     elif device_params_file is not None:
         params = read_device_params(device_params_file)
-        peak, name = microbenchmark_roofs({"device_params": params}), params.get("device_name")
+        peak, name = microbenchmark_roofs(params), params.get("device_name")
     elif bundle is None:
         raise PredictionError("--model-config describes a model not loaded here: give --device NAME (a spec entry) "
-                              "or --device-params FILE (a capture's manifest.json)")
+                              f"or --device-params FILE (a capture's {MANIFEST_FILE})")
     else:
         from inferledger.collectors.capture.microbench import device_params
 
         params = device_params(bundle, max_batch=max_batch, cpu_threads=cpu_threads)
-        peak, name = microbenchmark_roofs({"device_params": params}), params.get("device_name")
+        peak, name = microbenchmark_roofs(params), params.get("device_name")
     fit = fit_of(fit_run) if fit_run is not None else None
     return predict(shape, workload_shapes(wl), peak, max_batch=max_batch, sustained=sustained_roofs(params),
                    fit=fit, workload={"name": wl.name, "path": wl.path, "sha256": wl.sha256},

@@ -26,7 +26,7 @@ BOOK = {"fixed": (870.5, 26.3), "continuous": (765.6, 376.0), "chunked": (844.3,
 
 
 def requests() -> list[SimRequest]:
-    return [SimRequest(rid, at, distinct_prompt(i, n, QWEN3_8B.vocab_size), out)
+    return [SimRequest(rid, at, distinct_prompt(i, n, QWEN3_8B.shape.vocab), out)
             for i, (rid, at, n, out) in enumerate(REQUESTS)]
 
 

@@ -6,10 +6,11 @@ import random
 
 import pytest
 
-from inferledger.costmodel import ModelShape, StepRow, gemm_work, stage_bounds, step_work
+from inferledger.costmodel import StepRow, gemm_work, stage_bounds, step_work
 from inferledger.costmodel.fit import FitPoint, StepFit, split
 from inferledger.costmodel.roofs import Roof, Roofs, run_roofs, spec_roofs
-from inferledger.costmodel.shape import ShapeError
+from inferledger.probes.model_shape import ModelShape, ShapeError
+from inferledger.probes.run_folder import Manifest
 from inferledger.costmodel.work import StageWork
 
 BOOK = Roofs.declared(1000.0, 2000.0)  # 1.0 PFLOP/s, 2.0 TB/s
@@ -89,15 +90,16 @@ def test_shapes_from_a_manifest_and_a_config(tmp_path):
                                            "head_dim": 64, "ffn_dim": 1536, "vocab_size": 49152, "tie_embeddings": True},
                           "dtype": {"weights": "bfloat16", "activations": "bfloat16", "kv": "bfloat16",
                                     "weights_stored": "Q4_1"}}}
-    assert ModelShape.from_manifest(manifest).to_dict() == {**SMOL.to_dict(), "source": "manifest model block"}
+    assert Manifest(manifest).model_shape().to_dict() == {**SMOL.to_dict(), "source": "manifest model block"}
+    assert SMOL.architecture() == {k: v for k, v in manifest["model"]["architecture"].items()}
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,
                                "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
                                "tie_word_embeddings": True, "torch_dtype": "bfloat16"}))
     assert ModelShape.from_hf_config(cfg).kv_bytes_per_token == 23_040
     del manifest["model"]["architecture"]["ffn_dim"]
-    with pytest.raises(ShapeError, match="ffn_dim"):
-        ModelShape.from_manifest(manifest)
+    with pytest.raises(ShapeError, match="manifest.json: model.architecture lacks positive integers ffn_dim"):
+        Manifest(manifest).model_shape()
     cfg.write_text("{")
     with pytest.raises(ShapeError, match="config.json: not valid JSON"):
         ModelShape.from_hf_config(cfg)
@@ -111,10 +113,10 @@ def test_roofs_carry_their_source():
     manifest = {"model": {"dtype": {"weights": "bfloat16"}},
                 "device_params": {"memcpy_gbps": {"peak": 12.5, "median": 11.0, "source": "microbenchmark"},
                                   "matmul_tflops": {"peak": 1.5, "median": 1.2, "source": "microbenchmark"}}}
-    roofs, why = run_roofs(manifest)
+    roofs, why = run_roofs(Manifest(manifest))
     assert (roofs.memory.value, roofs.memory.source, roofs.memory.statistic) == (12.5, "microbenchmark", "peak")
     del manifest["device_params"]["matmul_tflops"]
-    roofs, why = run_roofs(manifest)
+    roofs, why = run_roofs(Manifest(manifest))
     assert roofs is None and "matmul_tflops" in why
     with pytest.raises(ValueError, match="source"):
         Roof("memory", 1.0, "GB/s", "guess", "peak", "x")
@@ -166,7 +168,7 @@ def test_the_model_and_the_ledger_never_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys, inferledger.costmodel.fit, inferledger.costmodel.shape, inferledger.ledger.reconstruct; "
+    code = ("import sys, inferledger.costmodel.fit, inferledger.probes.model_shape, inferledger.ledger.reconstruct; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

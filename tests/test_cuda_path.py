@@ -223,7 +223,7 @@ def test_an_engine_decode_step_of_four_greedy_sequences_runs_one_argmax(bundle, 
     real = torch.argmax
     monkeypatch.setattr(torch, "argmax", lambda *a, **k: calls.append(tuple(a[0].shape)) or real(*a, **k))
     deltas = engine.step()  # one decode step for all four
-    assert len(deltas) == 4 and calls == [(4, bundle.config.vocab_size)]
+    assert len(deltas) == 4 and calls == [(4, bundle.config.shape.vocab)]
     engine.close()
 
 

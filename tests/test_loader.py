@@ -119,7 +119,7 @@ def test_identity_of_the_bundled_model(bundle):
     ident, path = bundle.identity, default_model_path()
     assert ident["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert (ident["format"], ident["quantization"]) == ("gguf", "Q4_1")
-    assert ident["kv_bytes_per_token"] == bundle.config.kv_bytes_per_token(torch.float32) == 2 * 30 * 3 * 64 * 4
+    assert ident["kv_bytes_per_token"] == bundle.config.shape.at(torch.float32).kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
     arch = ident["architecture"]
     assert (arch["n_layers"], arch["d_model"], arch["n_heads"], arch["n_kv_heads"], arch["head_dim"]) == (30, 576, 9, 3, 64)
     assert (arch["rope_base"], arch["tie_embeddings"], arch["vocab_size"]) == (100000.0, True, 49152)

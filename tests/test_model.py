@@ -139,7 +139,7 @@ def test_mixed_batch_equals_single_sequences(bundle):
     na = int(la.argmax())
     la2, lc = runner.forward([SeqChunk([na], len(a), ta), SeqChunk(c, 0, tc, "all")])
     assert torch.allclose(la2, full_sequence_logits(bundle.model, a + [na])[-1], atol=1e-4, rtol=0)
-    assert lc.shape == (len(c), bundle.config.vocab_size)
+    assert lc.shape == (len(c), bundle.config.shape.vocab)
     assert torch.allclose(lc, full_sequence_logits(bundle.model, c), atol=1e-4, rtol=0)
 
 
@@ -163,7 +163,7 @@ def test_copy_block_forks_a_sequence(bundle):
 def test_runner_rejects_bad_chunks_and_reports_kv_bytes(bundle):
     cfg = bundle.config
     runner = ModelRunner(bundle.model, cfg, num_blocks=4, block_size=16)
-    assert runner.kv_bytes() == 4 * 16 * cfg.kv_bytes_per_token(torch.float32)
+    assert runner.kv_bytes() == 4 * 16 * cfg.shape.at(torch.float32).kv_bytes_per_token
     with pytest.raises(ValueError, match="cannot hold"):
         runner.forward([SeqChunk(list(range(20)), 0, [0])])
     with pytest.raises(ValueError, match="outside"):
@@ -207,7 +207,7 @@ def test_a_step_of_single_tokens_returns_logits_shaped_as_each_chunk_asks(bundle
     runner.forward([SeqChunk(a[:-1], 0, [0, 1]), SeqChunk(b[:-1], 0, [2, 3])])
     out = runner.forward([SeqChunk([a[-1]], len(a) - 1, [0, 1], "last"),
                           SeqChunk([b[-1]], len(b) - 1, [2, 3], "all"), SeqChunk([5], 0, [4], "none")])
-    V = bundle.config.vocab_size
+    V = bundle.config.shape.vocab
     assert out[0].shape == (V,) and out[1].shape == (1, V) and out[2] is None
     # the same positions again, one chunk of two tokens each (not the single-token path): the same logits
     ref = runner.forward([SeqChunk(a[-2:], len(a) - 2, [0, 1], "all"), SeqChunk(b[-2:], len(b) - 2, [2, 3], "all")])

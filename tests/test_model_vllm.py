@@ -9,7 +9,8 @@ import duckdb
 import pytest
 
 from inferledger.collectors.evidence.vllm_rejoin import rejoin
-from inferledger.costmodel import ModelShape, StepRow, stage_bounds, step_work
+from inferledger.costmodel import StepRow, stage_bounds, step_work
+from inferledger.probes.model_shape import ModelShape
 from inferledger.costmodel.roofs import Roofs
 from inferledger.engine.loader import default_model_path
 from inferledger.ledger.reconstruct import reconstruct

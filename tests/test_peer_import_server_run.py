@@ -51,8 +51,8 @@ def _first_write(rows):
 
 @pytest.mark.parametrize("damage, words", [
     (lambda s: (s / "manifest.json").write_text("{not json"), "manifest.json: not valid JSON"),
-    (lambda s: (s / "manifest.json").write_text("[1]"), "manifest.json: not a JSON object (got list)"),
-    (lambda s: (s / "manifest.json").write_text('{"model": "smol"}'), "manifest.json: field model must be a JSON object"),
+    (lambda s: (s / "manifest.json").write_text("[1]"), "manifest.json: expected a JSON object, got array"),
+    (lambda s: (s / "manifest.json").write_text('{"model": "smol"}'), "manifest.json: model: expected object, got string"),
     (lambda s: (s / "manifest.json").write_bytes(b'{"a": "\xff"}'), "manifest.json: not valid JSON"),
     (lambda s: (s / "manifest.json").write_text('{"a":' * 5000 + "1" + "}" * 5000), "manifest.json: not valid JSON"),
     (lambda s: (s / PART).write_bytes((s / PART).read_bytes()[:5000]), "part-00000.parquet: not a readable Parquet file"),

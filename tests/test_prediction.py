@@ -17,11 +17,12 @@ from inferledger.cli.app import app
 from inferledger.collectors.capture import microbench
 from inferledger.collectors.capture.run import capture
 from inferledger.collectors.workload import Workload
-from inferledger.costmodel import ModelShape, Roofs
+from inferledger.costmodel import Roofs
+from inferledger.probes.model_shape import ModelShape
 from inferledger.costmodel.prediction import SCHEMA, PredictionError, check, predict
 from inferledger.ledger.reconstruct import reconstruct
 
-SMOL = SimpleNamespace(n_heads=9, n_kv_heads=3, head_dim=64, d_model=576, ffn_dim=1536, vocab_size=49152)
+SMOL = SimpleNamespace(shape=ModelShape(30, 576, 9, 3, 64, 1536, 49152, True, 4, 4, 4))  # the engine config holds it
 
 
 def fake_timer(step_s: float = 1e-3):
@@ -64,7 +65,7 @@ def test_microbenchmarks_keep_peak_and_median_apart_with_their_source(monkeypatc
 def test_device_params_run_in_a_thread_placed_like_the_step_thread():
     import torch
 
-    cfg = SimpleNamespace(n_heads=1, n_kv_heads=1, head_dim=8, d_model=8, ffn_dim=16, vocab_size=32)
+    cfg = SimpleNamespace(shape=ModelShape(1, 8, 1, 1, 8, 16, 32, False, 4, 4, 4))
     bundle = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32, config=cfg,
                              model=torch.nn.Linear(8, 8))
     before = torch.get_num_threads()

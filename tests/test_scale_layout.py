@@ -72,7 +72,7 @@ def test_each_event_goes_to_its_tasks_bucket_its_engine_or_the_run(tmp_path):
         want.setdefault(part, []).append(event_id)
     assert _placed(run) == {k: sorted(v, key=lambda e: int(e[2:])) for k, v in want.items()}
     assert counts == {k: len(v) for k, v in want.items()}
-    assert json.loads((run / "events" / "layout.json").read_text()) == {"buckets": 8, "events": 10}
+    assert json.loads((run / "events" / "layout.json").read_text()) == {"format": 1, "buckets": 8, "events": 10}
     assert not list((run / "events").glob("part-*.parquet")) and not (run / "events.new").exists()
     assert len(list_parts(run / "events", EVENT_SCHEMA)) == len(want)
     after = reconstruct(run, out=tmp_path / "after.duckdb")

@@ -64,8 +64,8 @@ def test_every_sample_archive_has_the_same_ledger_sharded_and_default(local_ray,
 
 
 def test_an_engine_run_with_shared_prefixes_and_a_cancel_is_the_same_sharded(local_ray, tmp_path):
-    shared = distinct_prompt(99, 32, QWEN3_8B.vocab_size)  # two blocks every request shares
-    requests = [SimRequest(f"q{i}", 5.0 * i, shared + distinct_prompt(i, 8 + i, QWEN3_8B.vocab_size), 6 + i % 5,
+    shared = distinct_prompt(99, 32, QWEN3_8B.shape.vocab)  # two blocks every request shares
+    requests = [SimRequest(f"q{i}", 5.0 * i, shared + distinct_prompt(i, 8 + i, QWEN3_8B.shape.vocab), 6 + i % 5,
                            cancel_at_ms=60.0 if i == 3 else None) for i in range(14)]
     cfg = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=4, max_num_batched_tokens=64,
                        enable_prefix_caching=True)

@@ -23,8 +23,8 @@ CFG = EngineConfig(block_size=16, num_blocks=64, max_num_seqs=4, max_num_batched
 
 
 def _requests(cancel_at_ms=None):
-    return [SimRequest("a", 0.0, distinct_prompt(0, 20, QWEN3_8B.vocab_size), 4),
-            SimRequest("b", 15.0, distinct_prompt(1, 10, QWEN3_8B.vocab_size), 6, cancel_at_ms=cancel_at_ms)]
+    return [SimRequest("a", 0.0, distinct_prompt(0, 20, QWEN3_8B.shape.vocab), 4),
+            SimRequest("b", 15.0, distinct_prompt(1, 10, QWEN3_8B.shape.vocab), 6, cancel_at_ms=cancel_at_ms)]
 
 
 def _events(run: Path) -> list[tuple]:

@@ -9,7 +9,8 @@ import pytest
 from ledger_util import build_run, dict_rows as _rows
 
 from inferledger.collectors.rundir.writer import RunWriter
-from inferledger.costmodel import ModelShape, StepRow, step_work
+from inferledger.costmodel import StepRow, step_work
+from inferledger.probes.model_shape import ModelShape
 from inferledger.costmodel.fit import StepFit, apply, points_from_ledger
 from inferledger.engine import EngineConfig, LLMEngine, SamplingParams
 from inferledger.ledger.reconstruct import reconstruct

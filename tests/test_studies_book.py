@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from inferledger.cli.app import app
 from inferledger.ledger.query import open_ledger
-from inferledger.probes.study_dir import read_comparison, read_study
+from inferledger.probes.run_folder import StudyIndex
+from inferledger.probes.study_dir import read_comparison
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +122,7 @@ def test_a_study_folder_opens_with_query_and_report(layout, tmp_path):
 
 def test_the_report_refuses_a_study_that_did_not_complete(layout, tmp_path):
     out, _ = layout
-    doc = read_study(out)
+    doc = StudyIndex.read(out).doc
     broken = tmp_path / "failed"
     broken.mkdir()
     (broken / "study.json").write_text(json.dumps({**doc, "state": "failed", "error": "RuntimeError: boom"}))

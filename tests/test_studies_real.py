@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 import inferledger
 from inferledger.cli.app import app
 from inferledger.ledger.query import open_ledger
-from inferledger.probes.study_dir import read_comparison, read_study, run_dirs
+from inferledger.probes.run_folder import StudyIndex
+from inferledger.probes.study_dir import read_comparison, run_dirs
 from inferledger.studies.load import explain
 
 pytestmark = pytest.mark.slow
@@ -73,7 +74,7 @@ def test_chunked_prefill_splits_the_long_prompt_as_configured_and_gaps_span_its_
         assert key[name]["longest_gap_ms"] >= decoder_bound > 0
         assert key[name]["long_ttft_ms"] >= long_bound > 0
     assert steps["whole"]["mixed_steps"] == 1 and steps["chunk-64"]["mixed_steps"] <= chunk["long_prefill_steps"]
-    doc = read_study(out)
+    doc = StudyIndex.read(out).doc
     assert doc["state"] == "complete" and doc["figures"][0]["kind"] == "curve"
     for name, run in run_dirs(out):  # each point opens alone, as a capture of the real engine
         with open_ledger(run) as led:
@@ -195,7 +196,7 @@ def fidelity(tmp_path_factory, bundle):
 
 def test_fidelity_replays_the_real_requests_on_the_simulated_clock_with_the_fit_of_another_run(fidelity):
     out, comp = fidelity
-    assert [r["name"] for r in read_study(out)["runs"]] == ["fit", "real", "sim"]
+    assert [r["name"] for r in StudyIndex.read(out).doc["runs"]] == ["fit", "real", "sim"]
     figures = [r[0] for r in comp["fidelity"]["rows"]]
     assert figures == ["TPOT p50", "TTFT p50", "E2E p99", "TTFT p99", "TPOT p99", "E2E p50"]
     for row in comp["fidelity"]["rows"]:
@@ -220,7 +221,7 @@ def test_fidelity_replays_the_real_requests_on_the_simulated_clock_with_the_fit_
 def test_the_fitted_step_model_adds_the_host_gap_to_the_predicted_step():
     from inferledger.collectors.sim.step_model import FittedStepModel, StepRow
     from inferledger.costmodel.fit import StepFit
-    from inferledger.costmodel.shape import ModelShape
+    from inferledger.probes.model_shape import ModelShape
 
     shape = ModelShape(layers=1, d_model=8, n_heads=2, n_kv_heads=1, head_dim=4, ffn=16, vocab=32,
                        tied_embeddings=True, weight_bytes_per_param=2, act_bytes=2, kv_bytes=2)

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from inferledger.cli.app import app
 from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.query import open_ledger
-from inferledger.probes.study_dir import StudyDirError, read_comparison, read_study, run_dirs
+from inferledger.probes.run_folder import RunFolderError, StudyIndex
+from inferledger.probes.study_dir import read_comparison, run_dirs
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, Table, parse_sets, run_study
 
 E0 = Path(__file__).resolve().parent.parent / "samples" / "e0"
@@ -47,7 +48,7 @@ def _study(archives=("cancel_release", "preemption"), fail_on: str | None = None
 def test_a_study_folder_keeps_every_run_and_the_comparison_from_their_ledgers(tmp_path):
     out = tmp_path / "s"
     result = run_study(_study(), out)
-    doc = read_study(out)
+    doc = StudyIndex.read(out).doc
     assert doc["state"] == "complete" and doc["tables"] == ["key", "runs"]
     assert [r["name"] for r in doc["runs"]] == ["cancel_release", "preemption"]
     assert doc["options"] == {"scale": 1}
@@ -68,7 +69,7 @@ def test_a_failing_run_marks_the_study_failed_and_keeps_the_runs_already_written
     out = tmp_path / "s"
     with pytest.raises(RuntimeError, match="fell over"):
         run_study(_study(archives=("cancel_release",), fail_on="broken"), out)
-    doc = read_study(out)
+    doc = StudyIndex.read(out).doc
     assert doc["state"] == "failed" and doc["error"] == "RuntimeError: the engine fell over"
     assert (out / "runs" / "cancel_release" / "ledger.duckdb").is_file()
     assert not (out / "comparison.json").exists()
@@ -95,12 +96,12 @@ def test_a_broken_study_json_is_named_with_its_key(tmp_path):
     doc = json.loads((tmp_path / "s" / "study.json").read_text())
     del doc["knob"]
     (tmp_path / "s" / "study.json").write_text(json.dumps(doc))
-    with pytest.raises(StudyDirError, match=r"study.json: knob: missing"):
-        read_study(tmp_path / "s")
+    with pytest.raises(RunFolderError, match=r"study.json: knob: missing"):
+        StudyIndex.read(tmp_path / "s").doc
     doc["knob"], doc["runs"][0]["dir"] = "archive", 7
     (tmp_path / "s" / "study.json").write_text(json.dumps(doc))
-    with pytest.raises(StudyDirError, match=r"study.json: runs\[0\]\.dir: expected str"):
-        read_study(tmp_path / "s")
+    with pytest.raises(RunFolderError, match=r"study.json: runs\[0\]\.dir: expected str"):
+        StudyIndex.read(tmp_path / "s").doc
 
 
 def test_the_command_refuses_an_unknown_study_with_exit_2():

@@ -94,6 +94,6 @@ def test_chat_template_equals_hugging_face(bundle, hf_tokenizer):
 def test_special_tokens_and_hashes(bundle):
     tok = bundle.tokenizer
     assert (tok.bos_token, tok.bos_id, tok.eos_tokens, tok.eos_ids) == ("<|im_start|>", 1, ["<|im_end|>"], [2])
-    assert tok.vocab_size == bundle.config.vocab_size == 49152
+    assert tok.vocab_size == bundle.config.shape.vocab == 49152
     assert tok.template_sha256 == hashlib.sha256(tok.chat_template.encode()).hexdigest()
     assert len(tok.hash) == 64 and int(tok.hash, 16) >= 0

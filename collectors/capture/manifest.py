@@ -1,6 +1,6 @@
 """A capture's manifest from its first second to its end, and what a clean end writes besides.
 
-`StartingManifest`: manifest.json with state "starting" while the model loads and the prompts are
+`StartingManifest`: the manifest with state "starting" while the model loads and the prompts are
 built, taken away again when that fails. `finish_run`: after a clean run, the clock mappings, the
 client's lag trace, the gap rows and the full manifest (state "complete").
 """
@@ -15,9 +15,10 @@ import pyarrow as pa
 
 from inferledger.collectors.capture.clocksync import ClockSyncFailure
 from inferledger.collectors.rundir.out_dir import check_new_run_dir
-from inferledger.collectors.rundir.writer import write_json_atomic, write_table_atomic
+from inferledger.collectors.rundir.writer import write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
 from inferledger.probes.quantile import quantile
+from inferledger.probes.run_folder import Manifest
 
 CLIENT_BOUND_LAG_MS = 1.0  # p99 event-loop lag above which the client's own delay taints its figures
 
@@ -27,7 +28,7 @@ def lag_p99_ms(values: list[float]) -> float:
 
 
 class StartingManifest:
-    """manifest.json with state "starting" before anything slow, in a folder that holds no run yet; on a
+    """The manifest with state "starting" before anything slow, in a folder that holds no run yet; on a
     failure inside the block the manifest goes again, and the folder too when this capture made it (a
     bad workload leaves no run)."""
 
@@ -35,7 +36,7 @@ class StartingManifest:
         check_new_run_dir(out)  # so the clean-up below can only take away what this capture wrote
         self.out, self.made = out, [p for p in (out, *out.parents) if not p.exists()]
         out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic({"run_id": out.name, **body}, out / "manifest.json")
+        Manifest({"run_id": out.name, **body}).write(out)
 
     def __enter__(self) -> "StartingManifest":
         return self
@@ -43,7 +44,7 @@ class StartingManifest:
     def __exit__(self, kind, exc, tb) -> None:
         if kind is None:
             return
-        (self.out / "manifest.json").unlink(missing_ok=True)
+        Manifest.remove(self.out)
         for p in self.made:  # innermost first; a folder something else wrote into stays
             try:
                 p.rmdir()

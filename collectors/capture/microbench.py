@@ -31,9 +31,9 @@ def linear_shapes(config, max_batch: int, max_tokens: int | None = None) -> list
     """The engine's matmuls as {name, m, k, n} (the weight n x k, m rows of activations): each at batch
     1 and at the batch limit, and the layers' GEMMs also at the step's token budget (a prefill step's
     rows); the LM head only ever sees one row per sequence."""
-    qkv = (config.n_heads + 2 * config.n_kv_heads) * config.head_dim
-    mats = (("qkv", config.d_model, qkv), ("gate_up", config.d_model, 2 * config.ffn_dim),
-            ("down", config.ffn_dim, config.d_model), ("lm_head", config.d_model, config.vocab_size))
+    qkv = (config.shape.n_heads + 2 * config.shape.n_kv_heads) * config.shape.head_dim
+    mats = (("qkv", config.shape.d_model, qkv), ("gate_up", config.shape.d_model, 2 * config.shape.ffn),
+            ("down", config.shape.ffn, config.shape.d_model), ("lm_head", config.shape.d_model, config.shape.vocab))
     batches = sorted({1, max(1, int(max_batch))})
     out = [{"name": name, "m": m, "k": k, "n": n} for m in batches for name, k, n in mats]
     if max_tokens and max_tokens > batches[-1]:

@@ -16,11 +16,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from inferledger.costmodel import ModelShape, spec_roofs
+from inferledger.costmodel import spec_roofs
 from inferledger.costmodel.prediction import PredictionError, check, predict, request_shapes, sustained_roofs
-from inferledger.costmodel.roofs import device_name, microbenchmark_roofs
-from inferledger.costmodel.shape import ShapeError
+from inferledger.costmodel.roofs import microbenchmark_roofs
+from inferledger.probes.model_shape import ShapeError
 from inferledger.probes.run_dir import PREDICTION_FILE
+from inferledger.probes.run_folder import Manifest
 
 
 def read_prediction(path: str | Path) -> bytes:
@@ -47,13 +48,13 @@ def workload_shapes(wl) -> list[dict]:
 def own_prediction(wl, identity: dict, device_params: dict, max_batch: int) -> tuple[bytes | None, str]:
     """(the capture's own prediction, where it came from), or (None, why there is none): no shape, no
     roofs, or no class with a prompt length. A capture never stops for want of a prediction."""
-    manifest = {"model": identity, "device_params": device_params}
+    manifest = Manifest({"model": identity, "device_params": device_params})
     try:
-        shape = ModelShape.from_manifest(manifest)
+        shape = manifest.model_shape()
     except ShapeError as exc:
         return None, f"no model shape: {exc}"
-    dtype = (identity.get("dtype") or {}).get("weights") or ""
-    peak = spec_roofs(device_name(manifest), dtype) or microbenchmark_roofs(manifest)
+    dtype = manifest.weights_dtype
+    peak = spec_roofs(manifest.device_name, dtype) or microbenchmark_roofs(device_params)
     shapes = workload_shapes(wl)
     if peak is None:
         return None, "no roofs: no spec entry for the device and no microbenchmarks (device_params)"
@@ -61,7 +62,7 @@ def own_prediction(wl, identity: dict, device_params: dict, max_batch: int) -> t
         return None, "no request shape: no workload class declares prompt_tokens"
     doc = predict(shape, shapes, peak, max_batch=max_batch, sustained=sustained_roofs(device_params),
                   workload={"name": wl.name, "path": wl.path, "sha256": wl.sha256},
-                  device={"name": device_name(manifest), "dtype": dtype})
+                  device={"name": manifest.device_name, "dtype": dtype})
     return json.dumps(doc, indent=1).encode(), "computed by the capture (workload classes, the loaded model, device_params)"
 
 

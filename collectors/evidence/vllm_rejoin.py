@@ -25,6 +25,7 @@ from inferledger.collectors.evidence.otlp_file import read_otlp_file, refused_ga
 from inferledger.collectors.evidence.vllm_spans import map_spans
 from inferledger.collectors.rundir.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import EVENT_SCHEMA, GAP_SCHEMA
+from inferledger.probes.run_folder import MANIFEST_FILE, Manifest
 
 CLIENT_SOURCES = ("client", "checker", "tool")
 
@@ -42,7 +43,7 @@ def record(run_dir: str | Path, sample_dir: str | Path) -> None:
     regenerated = ("otlp:", "metrics:")  # rebuilt by rejoin() from the raw files
     write_table_atomic(pa.Table.from_pylist([g for g in gaps if not g["gap_id"].startswith(regenerated)],
                                             schema=GAP_SCHEMA), sample_dir / "client" / "gaps.parquet")
-    for rel in ("otlp/traces.jsonl", "manifest.json", "otlp/refused.jsonl", "scrapes/refused.jsonl"):
+    for rel in ("otlp/traces.jsonl", MANIFEST_FILE, "otlp/refused.jsonl", "scrapes/refused.jsonl"):
         if rel == "otlp/traces.jsonl" or (run_dir / rel).exists():
             (sample_dir / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(run_dir / rel, sample_dir / rel)
@@ -61,10 +62,10 @@ def _records(path: Path) -> list[dict]:
 def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
     """Write run directory `out` from a recorded sample; returns the span join's summary."""
     sample_dir, out = Path(sample_dir), Path(out)
-    manifest = json.loads((sample_dir / "manifest.json").read_text())
-    run_id = manifest["run_id"]
-    ev = manifest.get("engine_evidence") or {}
-    engine_clock = (ev.get("spans") or {}).get("clock") or f"wall:{manifest['host']['name']}"
+    manifest = Manifest.read(sample_dir)
+    run_id, host = manifest.run_id, manifest.block("host").get("name")
+    ev = manifest.block("engine_evidence")
+    engine_clock = (ev.get("spans") or {}).get("clock") or f"wall:{host}"
     writer = RunWriter(out, run_id=run_id)
     client = pq.read_table(sample_dir / "client" / "events.parquet").cast(EVENT_SCHEMA)
     for row in client.to_pylist():
@@ -90,11 +91,11 @@ def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
         s = json.loads(line)
         for name, value in s["values"].items():
             writer.sample(ts_ns=(s["t0_ns"] + s["t1_ns"]) // 2, clock=s["clock"], source=SOURCE,
-                          host=manifest["host"]["name"], metric=name, value=value, unit=unit_of(name, types))
+                          host=host, metric=name, value=value, unit=unit_of(name, types))
     writer.close()
     for name in ("clocks.parquet", "tasks.parquet"):  # the client's clocks and contracts, as captured
         shutil.copyfile(sample_dir / "client" / name, out / name)
     collector_gaps = pq.read_table(sample_dir / "client" / "gaps.parquet").to_pylist()
     write_table_atomic(pa.Table.from_pylist(collector_gaps + gaps, schema=GAP_SCHEMA), out / "gaps.parquet")
-    shutil.copyfile(sample_dir / "manifest.json", out / "manifest.json")
+    shutil.copyfile(Manifest.file(sample_dir), Manifest.file(out))
     return join.summary()

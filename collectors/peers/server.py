@@ -18,10 +18,10 @@ import pyarrow.parquet as pq
 
 from inferledger.probes.run_dir import PartError, list_parts
 from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, GAP_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
+from inferledger.probes.run_folder import Manifest, RunFolderError
 
 SERVER_SOURCES = ("server", "engine")
 OUTPUT_NAMES = ("server.write", "engine.token")
-MANIFEST_SECTIONS = ("model", "engine_config", "slo")  # copied into the import's manifest: objects
 
 
 class ServerRunError(ValueError):
@@ -73,19 +73,10 @@ def _rows(path: Path, schema: pa.Schema) -> list[dict]:
 
 
 def _manifest(path: Path) -> dict:
-    file = path / "manifest.json"
-    if not file.exists():
-        return {}
     try:
-        m = json.loads(file.read_bytes().decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise ServerRunError(f"{file}: not valid JSON ({exc}); the --server run's manifest is damaged") from None
-    if not isinstance(m, dict):
-        raise ServerRunError(f"{file}: not a JSON object (got {type(m).__name__}); the manifest is damaged")
-    for key in MANIFEST_SECTIONS:
-        if m.get(key) is not None and not isinstance(m[key], dict):
-            raise ServerRunError(f"{file}: field {key} must be a JSON object, got {type(m[key]).__name__}")
-    return m
+        return Manifest.read(path).body
+    except RunFolderError as exc:
+        raise ServerRunError(f"{exc}; the --server run's manifest is damaged") from None
 
 
 def _json_list(row: dict, col: str, where: str) -> None:

@@ -4,11 +4,10 @@ the ledger can hold a run without our engine's model identity (a vLLM server's s
 records) against the workload model (docs/MODEL.md)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from inferledger.collectors.rundir.writer import write_json_atomic
-from inferledger.costmodel.shape import ModelShape
+from inferledger.probes.model_shape import ModelShape
+from inferledger.probes.run_folder import Manifest
 
 
 def read_model_config(path: str | Path) -> dict:
@@ -19,6 +18,5 @@ def read_model_config(path: str | Path) -> dict:
 
 def declare_model_shape(run_dir: str | Path, entry: dict) -> None:
     """Write `entry` as the run's manifest `model_shape` (the rest of the manifest unchanged)."""
-    path = Path(run_dir) / "manifest.json"
-    manifest = json.loads(path.read_text()) if path.exists() else {}
-    write_json_atomic({**manifest, "model_shape": entry}, path)
+    manifest = Manifest.read(run_dir)
+    Manifest({**manifest.body, "model_shape": entry}).write(run_dir)

@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from inferledger.probes.run_folder import MANIFEST_FILE, Manifest
+
 
 class OutDirError(ValueError):
     """`--out` cannot hold a new run; the message names the folder and the reason."""
@@ -30,8 +32,8 @@ def check_new_run_dir(out: Path) -> None:
         raise OutDirError(f"{out} is a file, not a folder; choose a new folder for --out")
     if out.is_dir():
         entries = sorted(p.name for p in out.iterdir())
-        if (out / "manifest.json").exists() or (out / "events").exists():
-            raise RunExistsError(f"{out} already holds a run (manifest.json or events/ present); write into a "
+        if Manifest.file(out).exists() or (out / "events").exists():
+            raise RunExistsError(f"{out} already holds a run ({MANIFEST_FILE} or events/ present); write into a "
                                  "new folder, the existing run was left untouched")
         if entries:
             shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")

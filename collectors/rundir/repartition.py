@@ -8,7 +8,7 @@ Within a partition the events keep the order they were read in (parts in flush o
 order), so "the earliest copy of an event wins" picks the same copy as before; every row is kept,
 copies included.
 
-The new layout is written whole beside the old one (`events.new/`, its `layout.json` last), then
+The new layout is written whole beside the old one (`events.new/`, its layout record last), then
 swapped in: `events/` -> `events.old/`, `events.new/` -> `events/`, `events.old/` removed. A kill at
 any point loses nothing: before the swap the old layout is untouched; between the two renames
 `repartition` run again finds `events.new/` complete and finishes the swap. DuckDB does the work in
@@ -16,7 +16,6 @@ a file-backed database under a memory limit, so a run of any size fits.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -24,7 +23,8 @@ from pathlib import Path
 import duckdb
 
 from inferledger.probes.events import EVENT_SCHEMA
-from inferledger.probes.run_dir import BUCKET_SQL, LAYOUT, PartError, list_parts, read_layout
+from inferledger.probes.run_dir import PartError, list_parts, partition_name_sql
+from inferledger.probes.run_folder import Layout, RunFolderError
 
 DEFAULT_BUCKETS = 16
 
@@ -36,7 +36,7 @@ class RepartitionError(ValueError):
 def _finish_swap(run_dir: Path) -> bool:
     """Complete a swap a kill interrupted; True when there was one."""
     events, new, old = run_dir / "events", run_dir / "events.new", run_dir / "events.old"
-    if not events.exists() and (new / LAYOUT).exists():
+    if not events.exists() and Layout.file(new).exists():
         os.rename(new, events)
     if events.exists() and old.exists():
         shutil.rmtree(old)
@@ -46,7 +46,6 @@ def _finish_swap(run_dir: Path) -> bool:
 
 def partition_sql(buckets: int) -> str:
     """`events` with a `partition` column (the folder each event goes to) and its reading order `k`."""
-    bucket = BUCKET_SQL.format(key="key", buckets=buckets)
     return f"""
     WITH att AS (
       SELECT attempt_id, min(task_id) AS task_id, min(request_id) AS request_id
@@ -59,10 +58,7 @@ def partition_sql(buckets: int) -> str:
       FROM events e LEFT JOIN att a USING (attempt_id) LEFT JOIN req r ON r.request_id = e.request_id
            LEFT JOIN req ra ON ra.request_id = a.request_id
     )
-    SELECT * EXCLUDE (key, engine_id),
-           CASE WHEN key IS NOT NULL THEN 'bucket-' || lpad(CAST({bucket} AS VARCHAR), 4, '0')
-                WHEN engine_id IS NOT NULL THEN 'engine-' || regexp_replace(engine_id, '[^A-Za-z0-9_.:-]', '_', 'g')
-                ELSE 'run' END AS partition
+    SELECT * EXCLUDE (key, engine_id), {partition_name_sql("key", "engine_id", buckets)} AS partition
     FROM keyed"""
 
 
@@ -75,8 +71,8 @@ def repartition(run_dir: str | os.PathLike, buckets: int = DEFAULT_BUCKETS, *, m
     events = run_dir / "events"
     try:
         parts = list_parts(events, EVENT_SCHEMA)
-        read_layout(events)
-    except PartError as exc:
+        Layout.read(events)
+    except (PartError, RunFolderError) as exc:
         raise RepartitionError(str(exc)) from None
     if not parts:
         raise RepartitionError(f"{events}: no event parts (part-*.parquet) to repartition")
@@ -112,7 +108,7 @@ def repartition(run_dir: str | os.PathLike, buckets: int = DEFAULT_BUCKETS, *, m
     con.close()
     db.unlink(missing_ok=True)
     shutil.rmtree(new / ".spill", ignore_errors=True)
-    (new / LAYOUT).write_text(json.dumps({"buckets": buckets, "events": read}) + "\n")
+    Layout(buckets, read).write(new)
     os.rename(events, run_dir / "events.old")
     os.rename(new, events)
     shutil.rmtree(run_dir / "events.old")

@@ -1,6 +1,6 @@
 """Writing a run directory: buffered Parquet parts, renamed into place whole.
 
-Layout (docs/ARCHITECTURE.md "The run directory"): manifest.json, events/part-*.parquet, samples/part-*.parquet, clocks.parquet,
+Layout (docs/ARCHITECTURE.md "The run directory"): the manifest (probes/run_folder.py), events/part-*.parquet, samples/part-*.parquet, clocks.parquet,
 tasks.parquet. Every file is written under a temporary name in the same folder and renamed, so a
 killed process leaves only complete files; a flush never rewrites a part already on disk.
 
@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from inferledger.probes.run_dir import compact, next_part_number
+from inferledger.probes.run_folder import Manifest
 from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, SAMPLE_SCHEMA, TASK_SCHEMA
 
 AUTOFLUSH_S = 2.0  # capture and serve --out: the most recorded time a kill can lose
@@ -32,13 +33,6 @@ def write_table_atomic(table: pa.Table, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
-
-
-def write_json_atomic(obj: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
     os.replace(tmp, path)
 
 
@@ -183,11 +177,13 @@ class RunWriter:
         if self._flusher is not None:  # what a reader of a killed run can count on
             body["flushed"] = {"events": self._on_disk[0], "samples": self._on_disk[1],
                                "flushes": self._flushes, "at_unix_s": round(time.time(), 3)}
-        write_json_atomic(body, self.run_dir / "manifest.json")
+        Manifest(body).write(self.run_dir)
 
     def write_manifest(self, manifest: dict) -> None:
-        """Write manifest.json now; with autoflush it is rewritten at every flush (with `flushed`)."""
+        """Write the manifest now; with autoflush it is rewritten at every flush (with `flushed`)."""
         with self._io:
+            # a key the schema does not hold fails here, not in the flusher
+            Manifest({"run_id": self.run_id, **manifest}).check_declared(Manifest.file(self.run_dir))
             self._manifest = dict(manifest)
             self._write_manifest_io()
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 import torch
 
 from inferledger.engine.config import ModelConfig
+from inferledger.probes.model_shape import ModelShape
 
 # Qwen3-8B, the model of the book's chapter 8 (36 layers, 8 KV heads of 128: 144 KiB of bf16 KV a token);
 # the other fields as its published config.json gives them
-QWEN3_8B = ModelConfig(arch="qwen3", n_layers=36, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128,
-                       ffn_dim=12288, vocab_size=151936, max_position=40960, rope_base=1_000_000.0, rms_eps=1e-6,
-                       tie_embeddings=False, qk_norm=True, bos_id=None, eos_ids=[151645])
+QWEN3_8B = ModelConfig(arch="qwen3", shape=ModelShape(layers=36, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128,
+                                                      ffn=12288, vocab=151936, tied_embeddings=False,
+                                                      weight_bytes_per_param=2, act_bytes=2, kv_bytes=2,
+                                                      source="Qwen3-8B config.json, bf16"),
+                       max_position=40960, rope_base=1_000_000.0, rms_eps=1e-6, qk_norm=True, bos_id=None,
+                       eos_ids=[151645])
 DECLARED = {"Qwen3-8B": QWEN3_8B}
 
 
@@ -25,4 +29,4 @@ def declared_identity(name: str, config: ModelConfig, kv_dtype: torch.dtype) -> 
             "quantization": None,
             "architecture": {k: v for k, v in config.to_dict().items() if k not in ("bos_id", "eos_ids")},
             "dtype": {"weights": None, "activations": None, "kv": kv, "resolved_by": "declared"},
-            "kv_bytes_per_token": config.kv_bytes_per_token(kv_dtype)}
+            "kv_bytes_per_token": config.shape.at(kv_dtype).kv_bytes_per_token}

@@ -129,7 +129,7 @@ def simulate(run_dir: str | Path, requests: list[SimRequest], *, engine_config: 
         raise ValueError(f"request ids must be distinct, got {ids}")
     # nothing runs on the host: no thread placement to plan, no device timer to start
     cfg = dataclasses.replace(engine_config, cpu_threads=None, device_timing=False, graph_batch_sizes=None)
-    num_blocks = cfg.resolve_num_blocks(model_config.kv_bytes_per_token(kv_dtype))
+    num_blocks = cfg.resolve_num_blocks(model_config.shape.at(kv_dtype).kv_bytes_per_token)
     run_id = run_id or run_dir.name
     clock_id = f"sim:{run_id}"
     clock = SimClock()

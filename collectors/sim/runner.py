@@ -43,9 +43,9 @@ class SimRunner:
 
     def token_at(self, position: int) -> int:
         """The token the simulation emits after `position` (deterministic, never an EOS id)."""
-        t = 1 + (position * 7919) % (self.config.vocab_size - 1)
+        t = 1 + (position * 7919) % (self.config.shape.vocab - 1)
         while t in self._eos:
-            t = 1 + t % (self.config.vocab_size - 1)
+            t = 1 + t % (self.config.shape.vocab - 1)
         return t
 
     def forward(self, chunks) -> list[torch.Tensor | None]:
@@ -58,7 +58,7 @@ class SimRunner:
             end = c.start_pos + len(c.token_ids)
             positions.append({"last": [end - 1], "all": list(range(c.start_pos, end)), "none": []}[c.logits])
         n = sum(len(p) for p in positions)
-        logits = torch.zeros((n, self.config.vocab_size)) if n else None
+        logits = torch.zeros((n, self.config.shape.vocab)) if n else None
         out, i = [], 0
         for c, pos in zip(chunks, positions):
             for j, p in enumerate(pos):

@@ -64,7 +64,7 @@ class FittedStepModel:
     far apart as real ones. A chunk of one token is counted as a decode, anything longer as a prefill
     (both give the LM head one row)."""
     fit: object   # costmodel.fit.StepFit
-    shape: object  # costmodel.shape.ModelShape
+    shape: object  # probes.model_shape.ModelShape
     name: str = "fit"
 
     def step_ms(self, rows: Sequence[StepRow]) -> float:

@@ -1,14 +1,17 @@
 """A decoder's shape and the bytes per element the engine reads (docs/MODEL.md "The shape").
 
-`ModelShape.from_manifest` reads the model identity block a capture records; `from_hf_config` an HF
-`config.json` (a peer's model, declared). Weights count at the bytes of the dtype the engine
-*computes* with (`dtype.weights` in the manifest): the loader dequantises a quantised checkpoint
-(GGUF Q4_1, ...) once at load, so each step reads the dequantised tensors, not the file's blocks.
+The one type of a model's shape: the engine's loader builds it (inside its torch-side
+`engine.config.ModelConfig`), a run manifest's `model` block records it (`architecture()` and
+`from_architecture`, through `probes/run_folder.py`), and the cost model computes with it.
+`from_hf_config` reads an HF `config.json` (a peer's model, declared), `from_gguf` a GGUF file's
+metadata. Weights count at the bytes of the dtype the engine *computes* with (`dtype.weights` in the
+manifest): the loader dequantises a quantised checkpoint (GGUF Q4_1, ...) once at load, so each step
+reads the dequantised tensors, not the file's blocks. Torch-free: every part may import it.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
@@ -17,6 +20,11 @@ DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_
 
 class ShapeError(ValueError):
     """The shape cannot be read: the message names the file or manifest field."""
+
+
+# the engine's name for each field of the shape, as a manifest's model.architecture block spells it
+ARCHITECTURE_KEYS = {"layers": "n_layers", "d_model": "d_model", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads",
+                     "head_dim": "head_dim", "ffn": "ffn_dim", "vocab": "vocab_size", "tied_embeddings": "tie_embeddings"}
 
 
 def dtype_bytes(name: str, where: str) -> int:
@@ -66,39 +74,52 @@ class ModelShape:
         return self.params * self.weight_bytes_per_param
 
     @property
+    def kv_bytes_per_layer_token(self) -> int:
+        """K and V of one token in one layer: the one rule for a token's KV bytes."""
+        return 2 * self.kv_dim * self.kv_bytes
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """K and V of one token across all layers."""
-        return 2 * self.layers * self.kv_dim * self.kv_bytes
+        return self.layers * self.kv_bytes_per_layer_token
+
+    def at(self, dtype) -> "ModelShape":
+        """This shape with weights, activations and KV at `dtype` (a name, or a torch dtype)."""
+        b = dtype_bytes(dtype, "dtype")
+        return replace(self, weight_bytes_per_param=b, act_bytes=b, kv_bytes=b)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def architecture(self) -> dict:
+        """The shape's fields under the names a manifest's model.architecture block gives them."""
+        return {key: getattr(self, name) for name, key in ARCHITECTURE_KEYS.items()}
+
     @classmethod
-    def from_manifest(cls, manifest: dict) -> "ModelShape":
-        """From a run manifest's `model` block (architecture and dtype, as the engine recorded them),
-        else its `model_shape` (a shape declared for a peer's run: `declared_entry`)."""
-        model = manifest.get("model") or {}
-        if not model.get("architecture") and isinstance(manifest.get("model_shape"), dict):
-            fields = {k: v for k, v in manifest["model_shape"].items() if k in cls.__dataclass_fields__}
-            try:
-                return cls(**fields)
-            except TypeError as exc:
-                raise ShapeError(f"manifest.json: model_shape: {exc}") from None
-        arch, dtype = model.get("architecture"), model.get("dtype")
-        if not isinstance(arch, dict) or not isinstance(dtype, dict):
-            raise ShapeError("manifest.json: no model.architecture / model.dtype block (the engine's model identity)")
-        keys = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size")
+    def from_architecture(cls, arch: dict, dtype: dict, where: str) -> "ModelShape":
+        """From a manifest's model.architecture and model.dtype blocks (as the engine recorded them);
+        `where` names the file in messages."""
+        keys = [k for k in ARCHITECTURE_KEYS.values() if k != "tie_embeddings"]
         missing = [k for k in keys if not isinstance(arch.get(k), int) or arch[k] <= 0]
         if missing:
-            raise ShapeError(f"manifest.json: model.architecture lacks positive integers {', '.join(missing)}")
+            raise ShapeError(f"{where}: model.architecture lacks positive integers {', '.join(missing)}")
         for k in ("weights", "activations", "kv"):
             if not dtype.get(k):
-                raise ShapeError(f"manifest.json: model.dtype.{k} is missing")
-        return cls(arch["n_layers"], arch["d_model"], arch["n_heads"], arch["n_kv_heads"], arch["head_dim"],
-                   arch["ffn_dim"], arch["vocab_size"], bool(arch.get("tie_embeddings")),
-                   dtype_bytes(dtype["weights"], "manifest.json model.dtype.weights"),
-                   dtype_bytes(dtype["activations"], "manifest.json model.dtype.activations"),
-                   dtype_bytes(dtype["kv"], "manifest.json model.dtype.kv"), source="manifest model block")
+                raise ShapeError(f"{where}: model.dtype.{k} is missing")
+        return cls(**{name: arch[key] for name, key in ARCHITECTURE_KEYS.items() if key != "tie_embeddings"},
+                   tied_embeddings=bool(arch.get("tie_embeddings")),
+                   weight_bytes_per_param=dtype_bytes(dtype["weights"], f"{where} model.dtype.weights"),
+                   act_bytes=dtype_bytes(dtype["activations"], f"{where} model.dtype.activations"),
+                   kv_bytes=dtype_bytes(dtype["kv"], f"{where} model.dtype.kv"), source="manifest model block")
+
+    @classmethod
+    def from_declared(cls, entry: dict, where: str) -> "ModelShape":
+        """From a shape a person declared (`declared_entry`, a manifest's `model_shape`)."""
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in entry.items() if k in known})
+        except TypeError as exc:
+            raise ShapeError(f"{where}: model_shape: {exc}") from None
 
     @classmethod
     def from_hf_config(cls, path, dtype: str | None = None) -> "ModelShape":
