@@ -10,8 +10,8 @@ A partitioned run (probes/run_dir.py) is rebuilt in three steps, each the ledger
    partitions, so the run's own events are kept once): the run-scope modules over those parts, the
    engine tables handed in, the task-scope modules; it writes each task-scope table the rollup reads
    or the ledger keeps, only the rows it owns: a row of an event, attempt or task in its bucket (the
-   event's or attempt's partition, the task's bucket `bucket_of`); a row of none of them is the first
-   bucket's.
+   event's or attempt's partition, the task's bucket `bucket_of`; a gap row, the attempt or task its
+   subject is); a row of none of them is the first bucket's.
 3. the final ledger: the run-scope modules over the whole run (so `events` is whole), the engine and
    task tables read back from the shards' Parquet, then the rollup modules: run metrics, quantiles,
    reconciliation, peer views and gaps computed from the per-attempt rows exactly as the single-node
@@ -27,8 +27,12 @@ from pathlib import Path
 
 from inferledger.ledger.load import RunFiles
 from inferledger.ledger.modules import Module, ledger_modules
+from inferledger.ledger.tables import GAP_COLUMNS
 from inferledger.probes.events import EVENT_SCHEMA
 from inferledger.probes.run_dir import BUCKET_SQL, PartError, list_parts, partitions, read_layout
+
+
+GAP_NAMES = tuple(c for c, _ in GAP_COLUMNS)
 
 
 class ShardError(Exception):
@@ -50,7 +54,7 @@ def _closure(modules: tuple[Module, ...], wanted: set[str], skip: set[str]) -> l
 
 def _owned_rows(table: str, cols: list[str], first: bool, bucket: int, buckets: int) -> str:
     """The rows of a task-scope table this shard owns (see the module docstring), by hash joins against
-    the shard's own event and attempt ids (`_owned_ev`, `_owned_att`)."""
+    the shard's own event, attempt and task ids (`_owned_ev`, `_owned_att`, `_owned_task`)."""
     task = BUCKET_SQL.format(key="{}", buckets=buckets)
     joins, cases = [], []
     if "event_id" in cols:
@@ -65,6 +69,10 @@ def _owned_rows(table: str, cols: list[str], first: bool, bucket: int, buckets: 
         joins.append("LEFT JOIN _owned_att os ON os.id = t.scope_id AND t.scope = 'attempt'")
         cases.append("WHEN t.scope = 'attempt' THEN os.id IS NOT NULL")
         cases.append(f"WHEN t.scope = 'task' THEN {task.format('t.scope_id')} = {bucket}")
+    if cols == list(GAP_NAMES):  # a module's gaps: its subject's (an attempt, attempt#choice or task) shard
+        joins.append("LEFT JOIN _owned_att ga ON ga.id = split_part(t.subject_id, '#', 1)")
+        joins.append("LEFT JOIN _owned_task gt ON gt.id = t.subject_id")
+        cases.append("WHEN ga.id IS NOT NULL OR gt.id IS NOT NULL THEN true")
     where = f"CASE {' '.join(cases)} ELSE {str(first).lower()} END" if cases else str(first).lower()
     return f"SELECT t.* FROM {table} t {' '.join(joins)} WHERE {where}"
 
@@ -98,6 +106,8 @@ def run_shard(spec: dict) -> dict[str, str]:
                         [spec["owned_parts"]])
             con.execute("CREATE TEMP TABLE _owned_att AS SELECT DISTINCT attempt_id AS id FROM read_parquet(?) "
                         "WHERE attempt_id IS NOT NULL", [spec["owned_parts"]])
+            con.execute("CREATE TEMP TABLE _owned_task AS SELECT DISTINCT task_id AS id FROM read_parquet(?) "
+                        "WHERE task_id IS NOT NULL", [spec["owned_parts"]])
         written = {}
         for table in spec["outputs"]:
             cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
