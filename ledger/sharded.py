@@ -10,8 +10,8 @@ A partitioned run (probes/run_dir.py) is rebuilt in three steps, each the ledger
    partitions, so the run's own events are kept once): the run-scope modules over those parts, the
    engine tables handed in, the task-scope modules; it writes each task-scope table the rollup reads
    or the ledger keeps, only the rows it owns: a row of an event, attempt or task in its bucket (the
-   event's or attempt's partition, the task's bucket `bucket_of`; a gap row, the attempt or task its
-   subject is); a row of none of them is the first bucket's.
+   event's or attempt's partition, the task's bucket `bucket_of`; a row with a subject_id, a figure or
+   a gap, the attempt or task it is about); a row of none of them is the first bucket's.
 3. the final ledger: the run-scope modules over the whole run (so `events` is whole), the engine and
    task tables read back from the shards' Parquet, then the rollup modules: run metrics, quantiles,
    reconciliation, peer views and gaps computed from the per-attempt rows exactly as the single-node
@@ -27,12 +27,8 @@ from pathlib import Path
 
 from inferledger.ledger.load import RunFiles
 from inferledger.ledger.modules import Module, ledger_modules
-from inferledger.ledger.tables import GAP_COLUMNS
 from inferledger.probes.events import EVENT_SCHEMA
 from inferledger.probes.run_dir import BUCKET_SQL, PartError, list_parts, partitions, read_layout
-
-
-GAP_NAMES = tuple(c for c, _ in GAP_COLUMNS)
 
 
 class ShardError(Exception):
@@ -69,10 +65,10 @@ def _owned_rows(table: str, cols: list[str], first: bool, bucket: int, buckets: 
         joins.append("LEFT JOIN _owned_att os ON os.id = t.scope_id AND t.scope = 'attempt'")
         cases.append("WHEN t.scope = 'attempt' THEN os.id IS NOT NULL")
         cases.append(f"WHEN t.scope = 'task' THEN {task.format('t.scope_id')} = {bucket}")
-    if cols == list(GAP_NAMES):  # a module's gaps: its subject's (an attempt, attempt#choice or task) shard
-        joins.append("LEFT JOIN _owned_att ga ON ga.id = split_part(t.subject_id, '#', 1)")
-        joins.append("LEFT JOIN _owned_task gt ON gt.id = t.subject_id")
-        cases.append("WHEN ga.id IS NOT NULL OR gt.id IS NOT NULL THEN true")
+    if "subject_id" in cols:  # figures, a module's gaps: the attempt, attempt#choice or task it is about
+        joins.append("LEFT JOIN _owned_att sa ON sa.id = split_part(t.subject_id, '#', 1)")
+        joins.append("LEFT JOIN _owned_task st ON st.id = t.subject_id")
+        cases.append("WHEN sa.id IS NOT NULL OR st.id IS NOT NULL THEN true")
     where = f"CASE {' '.join(cases)} ELSE {str(first).lower()} END" if cases else str(first).lower()
     return f"SELECT t.* FROM {table} t {' '.join(joins)} WHERE {where}"
 

@@ -149,17 +149,18 @@ def _work(shape, rows, roofs, step_ms) -> dict:
     return rec
 
 
-STEP_MODEL = Table("step_model", (("step_id", pa.int64()), ("mode", pa.string()), ("num_seqs", pa.int64()), ("tokens", pa.int64()),
-            ("prefill_tokens", pa.int64()), ("context_tokens", pa.int64()), ("flops_linear", pa.float64()),
-            ("flops_attention", pa.float64()), ("flops", pa.float64()), ("bytes_weights", pa.float64()),
-            ("bytes_kv_read", pa.float64()), ("bytes_kv_write", pa.float64()), ("bytes_act", pa.float64()),
-            ("bytes", pa.float64()), ("intensity", pa.float64()), ("bound_linear_ms", pa.float64()),
-            ("bound_attention_ms", pa.float64()), ("bound_lm_head_ms", pa.float64()), ("bound_ms", pa.float64()),
-            ("aggregated_bound_ms", pa.float64()), ("binding_roof", pa.string()), ("roof_source", pa.string()),
-            ("roof_compute_tflops", pa.float64()), ("roof_memory_gbps", pa.float64()), ("measured_ms", pa.float64()),
-            ("residual_ms", pa.float64()), ("residual_pct", pa.float64()), ("gap_after_ms", pa.float64()),
-            ("wait_after_ms", pa.float64()), ("beats_bound", pa.bool_()), ("beaten_roof", pa.string())),
-                   order="step_id")
+STEP_MODEL = Table("step_model", (
+    ("step_id", pa.int64()), ("mode", pa.string()), ("num_seqs", pa.int64()), ("tokens", pa.int64()),
+    ("prefill_tokens", pa.int64()), ("context_tokens", pa.int64()), ("flops_linear", pa.float64()),
+    ("flops_attention", pa.float64()), ("flops", pa.float64()), ("bytes_weights", pa.float64()),
+    ("bytes_kv_read", pa.float64()), ("bytes_kv_write", pa.float64()), ("bytes_act", pa.float64()),
+    ("bytes", pa.float64()), ("intensity", pa.float64()), ("bound_linear_ms", pa.float64()),
+    ("bound_attention_ms", pa.float64()), ("bound_lm_head_ms", pa.float64()), ("bound_ms", pa.float64()),
+    ("aggregated_bound_ms", pa.float64()), ("binding_roof", pa.string()), ("roof_source", pa.string()),
+    ("roof_compute_tflops", pa.float64()), ("roof_memory_gbps", pa.float64()), ("measured_ms", pa.float64()),
+    ("residual_ms", pa.float64()), ("residual_pct", pa.float64()), ("gap_after_ms", pa.float64()),
+    ("wait_after_ms", pa.float64()), ("beats_bound", pa.bool_()), ("beaten_roof", pa.string()),
+), order="step_id")
 # @gaps: no model shape or no roofs in the manifest; batch rows without their context
 GAPS = gap_table("step_model")
 
