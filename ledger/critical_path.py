@@ -246,11 +246,11 @@ def build(con, run=None) -> None:
             edges.extend((dag.scope, dag.scope_id, u, node, pos) for u in dag.preds.get(node, []))
     CRITICAL_PATH.store(con, nodes, f"SELECT {', '.join(CRITICAL_PATH.names)} FROM ({_CHAIN_NODES})")
     CRITICAL_PATH_EDGES.store(con, edges, "SELECT 'attempt' AS scope, attempt_id AS scope_id, "
-                                          "lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) AS src, node AS dst, pos "
-                                          "FROM chain_nodes WHERE clean "
-                                          "QUALIFY lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) IS NOT NULL")
-    GAPS.store(con, [(scope, subject, "critical_path", "a dependency graph without cycles or negative durations", detail)
-                     for scope, subject, detail in problems])
+                              "lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) AS src, node AS dst, pos "
+                              "FROM chain_nodes WHERE clean "
+                              "QUALIFY lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) IS NOT NULL")
+    needs = "a dependency graph without cycles or negative durations"
+    GAPS.store(con, [(scope, subject, "critical_path", needs, detail) for scope, subject, detail in problems])
 
 
 # @table critical_path: one row per node of each task's DAG and each attempt's chain (docs/LEDGER.md

@@ -59,11 +59,9 @@ _SCOPE_HELP = ("add a header line `-- scope: run | engine | task | rollup` (a Py
                "task when each row depends only on one task's events (attempts, per-request figures), engine "
                "for per-engine-step tables, rollup for anything over the whole run (percentiles, run totals, "
                "gaps), run for run-level inputs (docs/SCALE.md)")
-_GAP_DDL = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP|TEMPORARY)\s+TABLE\s+(\w+)\s*\(([^()]*)\)", re.IGNORECASE)
-GAP_DDL = ", ".join(f"{c} VARCHAR" for c, _ in GAP_COLUMNS)
-REGISTER = "gaps"           # the gap register's table
-COLLECTED_GAPS = "gaps_file"  # the collectors' gap rows (gaps.parquet), which the register keeps as written
-_GAP_DDL = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP|TEMPORARY)\s+TABLE\s+(\w+)\s*\(([^()]*)\)", re.IGNORECASE)
+# a gap table's DDL: CREATE OR REPLACE TEMP TABLE <module>_gaps (<its column list>)
+_GAP_DDL = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP|TEMPORARY)\s+TABLE\s+(\w+)\s*\(([^()]*)\)",
+                      re.IGNORECASE)
 GAP_DDL = ", ".join(f"{c} VARCHAR" for c, _ in GAP_COLUMNS)
 REGISTER = "gaps"             # the gap register's table
 COLLECTED_GAPS = "gaps_file"  # the collectors' gap rows (gaps.parquet), which the register keeps as written
@@ -156,8 +154,9 @@ def python_module(mod) -> Module:
     tables = [v for v in vars(mod).values() if isinstance(v, Table)]
     for t in tables:
         if t.name not in mod.CREATES or t.temp == (t.name in mod.PUBLIC):
+            why = "lack it" if t.name not in mod.CREATES else "say otherwise"
             raise ModuleError(f"ledger module {source} declares the {'TEMP' if t.temp else 'public'} table {t.name} "
-                              f"(a Table) but its CREATES / PUBLIC {'lack it' if t.name not in mod.CREATES else 'say otherwise'}")
+                              f"(a Table) but its CREATES / PUBLIC {why}")
     gap = next((t for t in tables if t.name == f"{name}{GAP_SUFFIX}"), None)
     return Module(name, source, tuple(mod.READS), tuple(mod.CREATES), tuple(mod.PUBLIC),
                   getattr(mod, "SCOPE", None), strip_sql("\n".join(strings)), build=mod.build,

@@ -107,7 +107,8 @@ def _sql(name: str, reads: str, creates: str, body: str, scope: str = "rollup"):
 
 
 def _register(reads: str):
-    body = "CREATE OR REPLACE TABLE gaps AS " + " UNION ALL ".join(f"SELECT * FROM {t}" for t in reads.split(", ")) + ";"
+    union = " UNION ALL ".join(f"SELECT * FROM {t}" for t in reads.split(", "))
+    body = f"CREATE OR REPLACE TABLE gaps AS {union};"
     return _sql("gaps", reads, "gaps", body)
 
 
@@ -132,8 +133,8 @@ def test_every_gap_table_is_declared_by_one_module_in_the_one_shape():
         assert m.gap_columns == tuple(GAP_DDL.split(", ")), m.source
     register = next(m for m in modules if REGISTER in m.creates)
     assert set(register.reads) == set(gap_tables) | {COLLECTED_GAPS}
-    # the gap-declaring modules the docs list are these
-    assert {"figures", "layers", "load", "window", "step_model", "critical_path"} <= {m.name for m in gap_tables.values()}
+    declaring = {m.name for m in gap_tables.values()}
+    assert {"figures", "layers", "load", "window", "step_model", "critical_path"} <= declaring
 
 
 def test_a_well_formed_register_passes():

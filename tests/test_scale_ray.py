@@ -105,7 +105,8 @@ def test_gaps_of_task_scope_modules_are_kept_from_every_shard(local_ray, tmp_pat
         ids = {"task_id": f"T{i}", "request_id": f"R{i}", "attempt_id": f"A{i}"}
         events.append({"name": "attempt.sent", "ms": 10 * i, **ids})
         if i % 2:
-            events += [{"name": "attempt.timeout", "ms": 10 * i + 5, **ids}, {"name": "attempt.done", "ms": 10 * i + 8, **ids}]
+            events += [{"name": "attempt.timeout", "ms": 10 * i + 5, **ids},
+                       {"name": "attempt.done", "ms": 10 * i + 8, **ids}]
         else:
             events.append({"name": "attempt.done", "ms": 10 * i + 8, "clock": "d", **ids})
     build_run(tmp_path / "gapped", events, domains=("c", "d")).close()
