@@ -51,8 +51,8 @@ def capture(bundle, run_dir: Path, waves, tokens: int, device_params: dict) -> N
         engine.close()
 
 
-def _one(con, sql):
-    return con.execute(sql).fetchone()
+def _one(led, sql):
+    return led.sql(sql).fetchone()
 
 
 def main(argv=None) -> int:
@@ -61,12 +61,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     rec = results.start("model_fit", vars(a))
 
-    import duckdb
-
     from inferledger.collectors.capture.microbench import device_params
-    from inferledger.costmodel.fit import StepFit, apply, points_from_ledger
+    from inferledger.costmodel.fit import StepFit, apply
     from inferledger.engine.loader import load_model
+    from inferledger.ledger.query import open_ledger
     from inferledger.ledger.reconstruct import reconstruct
+    from inferledger.ledger.step_fit import ledger_fit_points
     from inferledger.probes.quantile import quantile
 
     bundle = load_model()
@@ -78,22 +78,22 @@ def main(argv=None) -> int:
         capture(bundle, run_b, RUN_B, a.tokens, params)
         for run in (run_a, run_b):
             reconstruct(run)
-        fit = StepFit.fit(points_from_ledger(run_a / "ledger.duckdb"), trained_on="run A")
-        on_b = apply(fit, run_b)
+        fit = StepFit.fit(ledger_fit_points(run_a), trained_on="run A")
+        on_b = apply(fit, ledger_fit_points(run_b))
         manifest = json.loads((run_b / "manifest.json").read_text())  # B judged by A's fit
         (run_b / "manifest.json").write_text(json.dumps({**manifest, "step_fit": fit.to_dict()}))
         reconstruct(run_b)
         beats, steps, roofs = 0, 0, None
         for run in (run_a, run_b):
-            with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as con:
-                n_beat, n = _one(con, "SELECT count(*) FILTER (WHERE beats_bound), count(bound_ms) FROM step_model")
+            with open_ledger(run) as led:
+                n_beat, n = _one(led, "SELECT count(*) FILTER (WHERE beats_bound), count(bound_ms) FROM step_model")
                 beats, steps = beats + n_beat, steps + n
-                roofs = _one(con, "SELECT any_value(roof_source), any_value(roof_compute_tflops), "
+                roofs = _one(led, "SELECT any_value(roof_source), any_value(roof_compute_tflops), "
                                   "any_value(roof_memory_gbps) FROM step_model")
                 if run == run_b:
-                    req = con.execute("SELECT ttft_error_pct, tpot_error_pct FROM request_model "
+                    req = led.sql("SELECT ttft_error_pct, tpot_error_pct FROM request_model "
                                       "WHERE basis = 'schedule'").fetchall()
-                    dominant = _one(con, "SELECT source FROM residual_sources WHERE dominant")
+                    dominant = _one(led, "SELECT source FROM residual_sources WHERE dominant")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ttft = [abs(t) for t, _ in req if t is not None]

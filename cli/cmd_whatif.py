@@ -46,22 +46,17 @@ def whatif_cmd(
 
     Example (the book's chapter-1 case): [cyan]inferledger whatif runs/r1 --node S6_decode --shrink 30%[/]
     """
-    import duckdb
     from rich.table import Table
 
     from inferledger.cli.output import console, echo_rows, fail
-    from inferledger.ledger.critical_path import load_dags, what_if
+    from inferledger.ledger.critical_path import ledger_dags, what_if
 
     if (shrink is None) == (to is None):
         raise typer.BadParameter("give exactly one of --shrink and --to")
     path = run / "ledger.duckdb" if run.is_dir() else run
     if not path.exists():
         fail(f"error: {path} not found: run `inferledger reconstruct {run}` first")
-    con = duckdb.connect(str(path), read_only=True)
-    try:
-        dags = load_dags(con, scope_id=scope)
-    finally:
-        con.close()
+    dags = ledger_dags(path, scope_id=scope)
     frac, to_ms = (_parse_shrink(shrink), None) if shrink is not None else (None, _parse_duration(to))
     rows = []
     for dag in dags:

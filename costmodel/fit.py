@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -162,29 +161,9 @@ class StepFit:
         return cls(**d)
 
 
-# The steps a fit sees, as a selection from a ledger's step_model table: a measured time and a shape,
-# and not simulated ones, nor steps whose time holds one-off build work (`compiling`: the step compiled
-# its graph; `graph_capture`: it captured a CUDA graph). A step with no mode (an older run) counts.
-POINT_COLUMNS = "flops, bytes, measured_ms, num_seqs, tokens, context_tokens, gap_after_ms, step_id"
-POINT_FILTER = ("flops IS NOT NULL AND measured_ms > 0 "
-                "AND coalesce(mode, '') NOT IN ('simulated', 'compiling', 'graph_capture')")
-
-
-def points_from_ledger(ledger_path) -> list[FitPoint]:
-    """The fit's points (`POINT_FILTER`) from a ledger's step_model table."""
-    import duckdb
-
-    with duckdb.connect(str(ledger_path), read_only=True) as con:
-        rows = con.execute(f"SELECT {POINT_COLUMNS} FROM step_model WHERE {POINT_FILTER} ORDER BY step_id").fetchall()
-    return [FitPoint(*r) for r in rows]
-
-
-def apply(fit: StepFit, run_dir) -> dict:
-    """A fit (from any run) held against another run's steps: per-step predictions and the error summary."""
-    path = Path(run_dir) / "ledger.duckdb"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no ledger; run `inferledger reconstruct {run_dir}` first")
-    points = points_from_ledger(path)
+def apply(fit: StepFit, points: list[FitPoint]) -> dict:
+    """A fit (from any run) held against another run's steps (the ledger selects them:
+    `inferledger.ledger.step_fit.ledger_fit_points`): per-step predictions and the error summary."""
     steps = [{"step_id": p.step_id, "measured_ms": p.measured_ms, "predicted_ms": fit.predict_ms(p),
               "error_pct": error_pct(fit.predict_ms(p), p.measured_ms),
               "extrapolated": fit.extrapolated(p.num_seqs, p.tokens, p.context_tokens)} for p in points]

@@ -3,7 +3,7 @@
 --
 -- scope: task
 -- reads: ev, marks, attempt_ids, clock_conv
--- creates: attempt_start, attempts
+-- creates: attempt_start, attempts, attempts_gaps
 
 -- When each attempt started, for attempt_index: created, else sent, else its first event on the clock
 -- of its first client event (else of its first server / engine event). Attempts of one request are
@@ -101,3 +101,22 @@ SELECT
   m.kv_release.ns AS kv_release_ns, m.kv_free.ns AS kv_free_ns
 FROM marks m JOIN attempt_ids i USING (attempt_id) JOIN attempt_start st USING (attempt_id)
 ORDER BY m.attempt_id;
+
+-- @gaps: a start no mapping brings to its request's clock (attempt_index NULL); a completed attempt
+--   without a token count.
+CREATE OR REPLACE TEMP TABLE attempts_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO attempts_gaps
+SELECT 'clock', attempt_id, 'attempt_index (and max_attempts counting)',
+       format('a clock.map between {} and {}', p.clock, ref_clock),
+       format('{} (the attempt''s start) cannot be compared with the other attempts of its request, on {}', p.eid, ref_clock)
+FROM attempt_start WHERE p IS NOT NULL AND start_ref_ns IS NULL
+UNION ALL
+SELECT 'attempt', attempt_id, 'n_output_tokens, tpot_ms, tpot_server_ms',
+       'engine.token events or usage in attempt.done (a chunk is not a token)',
+       coalesce((SELECT format('usage.completion_tokens in attempt.done is {}, not a whole token count the ledger '
+                               'can read (0 to 2^53)', json_extract(e.attrs, '$.usage.completion_tokens'))
+                 FROM ev e WHERE e.attempt_id = attempts.attempt_id AND e.name = 'attempt.done'
+                   AND json_extract(e.attrs, '$.usage.completion_tokens') IS NOT NULL
+                   AND json_type(e.attrs, '$.usage.completion_tokens') <> 'NULL' LIMIT 1),
+                'the server reported no token count')
+FROM attempts WHERE n_output_tokens IS NULL AND client_status = 'completed';

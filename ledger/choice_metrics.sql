@@ -2,8 +2,8 @@
 -- over its choices, token-weighted.
 --
 -- scope: task
--- reads: figures, itl, choice_marks, attempts
--- creates: choice_metrics, choice_tpot
+-- reads: figures, itl, choice_marks, attempts, marks
+-- creates: choice_metrics, choice_tpot, choice_metrics_gaps
 
 -- Per choice: its token count, TTFTs, TPOTs and largest gaps. TPOT = its decode span / (tokens − 1).
 -- @table choice_metrics: one row per attempt × choice (n > 1 returns n sequences; docs/LEDGER.md
@@ -67,3 +67,12 @@ SELECT attempt_id,
             THEN sum(decode_server_ms) FILTER (WHERE n_output_tokens > 1)
                  / nullif(sum(n_output_tokens - 1) FILTER (WHERE n_output_tokens > 1), 0) END AS tpot_server_ms
 FROM choice_metrics GROUP BY attempt_id;
+
+-- @gaps: several choices without a per-choice token count (usage counts all choices together).
+CREATE OR REPLACE TEMP TABLE choice_metrics_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO choice_metrics_gaps
+SELECT 'attempt', attempt_id, 'choice_metrics n_output_tokens and tpot, tpot_ms, tpot_server_ms',
+       'engine.token events with attrs.choice (usage counts all choices together; a chunk is not a token)',
+       format('{} choices without a per-choice token count', count(*))
+FROM choice_metrics WHERE n_output_tokens IS NULL AND attempt_id IN (SELECT attempt_id FROM marks WHERE n_choices > 1)
+GROUP BY attempt_id;

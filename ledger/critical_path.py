@@ -14,10 +14,24 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from inferledger.ledger.tables import Table, gap_table
+
 READS = ("ev", "attempts", "marks", "intervals")
-CREATES = ("chain_nodes", "critical_path", "critical_path_edges", "dag_problems")
+CREATES = ("chain_nodes", "critical_path", "critical_path_edges", "critical_path_gaps")
 PUBLIC = ("critical_path", "critical_path_edges")
 SCOPE = "task"  # one graph per task, one chain per attempt
+
+# the Python rows and the SQL-computed chains, ordered by scope, subject and node position (pos, not kept)
+CRITICAL_PATH = Table("critical_path", (
+    ("scope", pa.string()), ("scope_id", pa.string()), ("node", pa.string()), ("kind", pa.string()),
+    ("start_ms", pa.float64()), ("dur_ms", pa.float64()), ("finish_ms", pa.float64()), ("slack_ms", pa.float64()),
+    ("on_path", pa.bool_()), ("observed_start_ms", pa.float64()), ("e2e_ms", pa.float64()), ("pos", pa.int64())),
+    order="scope, scope_id, pos", hidden=("pos",))
+CRITICAL_PATH_EDGES = Table("critical_path_edges", (
+    ("scope", pa.string()), ("scope_id", pa.string()), ("src", pa.string()), ("dst", pa.string()),
+    ("pos", pa.int64())), order="scope, scope_id, pos", hidden=("pos",))
+# @gaps: a dependency graph with a cycle or a negative duration
+GAPS = gap_table("critical_path")
 
 
 class DagError(ValueError):
@@ -211,7 +225,7 @@ def _chain_nodes(con) -> None:
 
 
 def build(con, run=None) -> None:
-    """Create critical_path and critical_path_edges, and dag_problems: (scope, subject, problem) gaps."""
+    """Create critical_path and critical_path_edges, and critical_path_gaps: the graphs refused."""
     nodes, edges, problems = [], [], []
     _chain_nodes(con)
     for dag, times, problem in task_dags(con) + attempt_dags(con, unclean_only=True):
@@ -230,18 +244,13 @@ def build(con, run=None) -> None:
             nodes.append((dag.scope, dag.scope_id, node, dag.kind[node], res.finish_ms[node] - d, d, res.finish_ms[node],
                           res.slack_ms[node], node in on_path, (t0 - origin) / 1e6, res.e2e_ms, pos))
             edges.extend((dag.scope, dag.scope_id, u, node, pos) for u in dag.preds.get(node, []))
-    node_cols = ("scope", "scope_id", "node", "kind", "start_ms", "dur_ms", "finish_ms", "slack_ms", "on_path",
-                 "observed_start_ms", "e2e_ms", "pos")
-    node_types = (pa.string(),) * 4 + (pa.float64(),) * 4 + (pa.bool_(), pa.float64(), pa.float64(), pa.int64())
-    _create(con, "critical_path", node_cols, node_types, nodes, f"SELECT {', '.join(node_cols)} FROM ({_CHAIN_NODES})")
-    _create(con, "critical_path_edges", ("scope", "scope_id", "src", "dst", "pos"), (pa.string(),) * 4 + (pa.int64(),),
-            edges, "SELECT 'attempt' AS scope, attempt_id AS scope_id, "
-                   "lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) AS src, node AS dst, pos "
-                   "FROM chain_nodes WHERE clean "
-                   "QUALIFY lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) IS NOT NULL")
-    con.execute("CREATE OR REPLACE TEMP TABLE dag_problems (scope VARCHAR, subject_id VARCHAR, detail VARCHAR)")
-    if problems:
-        con.executemany("INSERT INTO dag_problems VALUES (?, ?, ?)", problems)
+    CRITICAL_PATH.store(con, nodes, f"SELECT {', '.join(CRITICAL_PATH.names)} FROM ({_CHAIN_NODES})")
+    CRITICAL_PATH_EDGES.store(con, edges, "SELECT 'attempt' AS scope, attempt_id AS scope_id, "
+                              "lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) AS src, node AS dst, pos "
+                              "FROM chain_nodes WHERE clean "
+                              "QUALIFY lag(node) OVER (PARTITION BY attempt_id ORDER BY pos) IS NOT NULL")
+    needs = "a dependency graph without cycles or negative durations"
+    GAPS.store(con, [(scope, subject, "critical_path", needs, detail) for scope, subject, detail in problems])
 
 
 # @table critical_path: one row per node of each task's DAG and each attempt's chain (docs/LEDGER.md
@@ -263,18 +272,6 @@ def build(con, run=None) -> None:
 # @column scope_id: as critical_path.scope_id
 # @column src: the node waited for
 # @column dst: the node that waited
-def _create(con, name: str, cols, types, rows: list[tuple], chains_sql: str) -> None:
-    """The table from Python rows (one columnar insert: row-by-row inserts are far too slow at scale)
-    and the SQL-computed chains, ordered by scope, subject and node position (`pos`, not kept)."""
-    columns = list(zip(*rows)) if rows else [[] for _ in cols]
-    table = pa.table({c: pa.array(list(v), t) for c, t, v in zip(cols, types, columns)})
-    con.register("_rows", table)
-    con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT getvariable('run_id') AS run_id, * EXCLUDE (pos) "
-                f"FROM (SELECT * FROM _rows UNION ALL BY NAME SELECT * FROM ({chains_sql})) "
-                "ORDER BY scope, scope_id, pos")
-    con.unregister("_rows")
-
-
 def load_dags(con, scope: str | None = None, scope_id: str | None = None) -> list[Dag]:
     """The DAGs stored in a ledger (for what-if questions)."""
     where, params = [], []
@@ -297,6 +294,14 @@ def load_dags(con, scope: str | None = None, scope_id: str | None = None) -> lis
         if (sc, sid) in dags:
             dags[(sc, sid)].preds.setdefault(dst, []).append(src)
     return list(dags.values())
+
+
+def ledger_dags(ledger, scope_id: str | None = None) -> list[Dag]:
+    """`load_dags` of a built ledger file (RUN/ledger.duckdb), opened read-only."""
+    import duckdb
+
+    with duckdb.connect(str(ledger), read_only=True) as con:
+        return load_dags(con, scope_id=scope_id)
 
 
 def what_if(dag: Dag, node: str, *, shrink: float | None = None, to_ms: float | None = None):

@@ -3,8 +3,8 @@
 -- counter that goes down (driver reload) invalidates its device's window.
 --
 -- scope: rollup
--- reads: samples, window_bounds, clock_conv
--- creates: counter_deltas, window_energy, power_check
+-- reads: samples, window_bounds, clock_conv, attempt_ids
+-- creates: counter_deltas, window_energy, power_check, energy_gaps
 CREATE OR REPLACE TEMP TABLE counter_deltas AS
 WITH s AS (
   SELECT sm.metric, sm.device, sm.ts_ns + c.offset_ns AS t, sm.value,
@@ -63,3 +63,25 @@ WITH p AS (
 SELECT sum(((prev + (value - prev) * (a - prev_t) / (t - prev_t)) + (prev + (value - prev) * (b - prev_t) / (t - prev_t)))
            / 2 * (b - a)) / 1e12 AS gpu_power_integrated_j  -- mW x ns -> J
 FROM clipped;
+
+-- @gaps: no counter samples (the ledger never reports 0 J for "not measured"); samples no mapping brings
+--   to the window's clock; a counter that went down or a RAPL wrap that could not be unwrapped.
+CREATE OR REPLACE TEMP TABLE energy_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO energy_gaps
+SELECT 'energy', NULL, 'energy_gpu_j, energy_cpu_j, energy_per_good_j',
+       'an energy source: NVML (GPU driver) or read access to RAPL powercap (see inferledger doctor)',
+       'the run has no energy counter samples'
+WHERE NOT EXISTS (SELECT 1 FROM samples WHERE metric LIKE '%energy%') AND EXISTS (SELECT 1 FROM attempt_ids)
+UNION ALL
+SELECT 'clock', NULL, 'energy_gpu_j, energy_cpu_j, energy_dram_j, idle_gpu_j, idle_cpu_j, energy_per_good_j',
+       format('a clock.map between {} and {}', sm.clock, wb.clock),
+       format('{} energy samples on {} cannot be placed in the window''s clock {}', count(*), sm.clock, wb.clock)
+FROM samples sm, window_bounds wb
+WHERE sm.metric IN ('gpu_energy_mj', 'cpu_package_energy_uj', 'cpu_dram_energy_uj') AND wb.clock IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM clock_conv c WHERE c.from_clock = sm.clock AND c.to_clock = wb.clock)
+GROUP BY sm.clock, wb.clock
+UNION ALL
+SELECT 'energy', metric, CASE WHEN metric LIKE 'gpu%' THEN 'energy_gpu_j, energy_per_good_j' ELSE 'energy_cpu_j, energy_per_good_j' END,
+       'a window without a counter reset (NVML restarts after a driver reload) and with RAPL wrap ranges',
+       'the counter went down inside the observation window, or a RAPL wrap could not be unwrapped'
+FROM window_energy WHERE invalid;

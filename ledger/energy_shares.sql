@@ -3,7 +3,7 @@
 --
 -- scope: rollup
 -- reads: step_attribution, run_metrics
--- creates: energy_shares
+-- creates: energy_shares, energy_shares_gaps
 -- @table energy_shares: one row per attempt with engine step time, when the window's energy is known
 --   (docs/LEDGER.md "energy_shares")
 -- @column fraction: the attempt's share of the attributed engine step time (step_attribution share_ms)
@@ -17,3 +17,11 @@ SELECT getvariable('run_id') AS run_id, b.attempt_id, b.ms / nullif(tot.ms, 0) A
 FROM busy b, tot, run_metrics r
 WHERE r.energy_gpu_j IS NOT NULL OR r.energy_cpu_j IS NOT NULL
 ORDER BY b.attempt_id;
+
+-- @gaps: attributed steps that took no time (or had no token shares): the energy cannot be split.
+CREATE OR REPLACE TEMP TABLE energy_shares_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO energy_shares_gaps
+SELECT 'run', NULL, 'energy_shares fraction, gpu_j, cpu_j',
+       'engine steps that take time (step.start before step.end)',
+       'the attributed engine steps took 0 ms in all (or had no token shares): the window energy cannot be split by step time'
+WHERE EXISTS (SELECT 1 FROM energy_shares WHERE fraction IS NULL);

@@ -3,8 +3,8 @@
 -- a mapping either way → derived ± epsilon (`clock_conv`), otherwise NULL and a gap.
 --
 -- scope: task
--- reads: marks, attempt_ids, choice_marks, task_refs, clock_conv, point_of
--- creates: pairs, figures
+-- reads: marks, attempt_ids, choice_marks, task_refs, clock_conv, point_of, events
+-- creates: pairs, figures, figures_gaps
 
 CREATE OR REPLACE TEMP TABLE pairs AS
 WITH a AS (SELECT m.*, i.task_id FROM marks m JOIN attempt_ids i USING (attempt_id)),
@@ -62,3 +62,28 @@ SELECT * EXCLUDE (label, raw_ms),
        CASE WHEN refused THEN 'unknown' WHEN impossible THEN 'impossible' ELSE label END AS label,
        CASE WHEN NOT impossible THEN raw_ms END AS ms, raw_ms
 FROM f;
+
+-- @gaps: a subtraction across clock domains with no mapping; an impossible order on one clock (or beyond
+--   a mapping's epsilon): the figure is NULL, both events named.
+CREATE OR REPLACE TEMP TABLE figures_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO figures_gaps
+SELECT 'clock' AS scope, subject_id, figure AS affects,
+       format('a clock.map between {} and {} (e.g. round trips to the server''s /clock)', a_clock, b_clock) AS needs,
+       format('{} − {}: {} and {} cannot be compared', b_eid, a_eid, b_clock, a_clock) AS detail
+FROM figures WHERE refused
+UNION ALL
+SELECT CASE WHEN f.figure = 'task_e2e' THEN 'task' ELSE 'attempt' END, split_part(f.subject_id, '#', 1),
+       CASE WHEN f.figure LIKE 'choice\_%' ESCAPE '\'
+            THEN format('choice_metrics {} (choice {})', f.figure, split_part(f.subject_id, '#', 2)) ELSE f.figure END,
+       'events in a possible order (a clock that does not run backwards; ids not reused)',
+       format('{} ({}) is {} ms before {} ({}){}: {} would be negative', f.b_eid, eb.name, round(-f.raw_ms, 3),
+              f.a_eid, ea.name, CASE WHEN f.label = 'impossible' AND f.a_clock <> f.b_clock
+                                      THEN format(' beyond the mapping''s ±{} ms', f.eps_ms) ELSE '' END, f.figure)
+FROM figures f
+LEFT JOIN (SELECT event_id, any_value(name) AS name FROM events
+           WHERE event_id IN (SELECT a_eid FROM figures WHERE impossible UNION SELECT b_eid FROM figures WHERE impossible)
+           GROUP BY event_id) ea ON ea.event_id = f.a_eid
+LEFT JOIN (SELECT event_id, any_value(name) AS name FROM events
+           WHERE event_id IN (SELECT a_eid FROM figures WHERE impossible UNION SELECT b_eid FROM figures WHERE impossible)
+           GROUP BY event_id) eb ON eb.event_id = f.b_eid
+WHERE f.impossible;

@@ -6,7 +6,7 @@
 --
 -- scope: rollup
 -- reads: ev, events
--- creates: kv_holds, kv_integral
+-- creates: kv_holds, kv_integral, kv_holding_gaps
 -- @table kv_holds: one row per attempt × physical KV block it held: from the kv.alloc or kv.prefix_hit
 --   that names the block to the attempt's next kv.release (or the copy-on-write that replaced it)
 --   (docs/LEDGER.md "The resource account")
@@ -62,3 +62,10 @@ holds AS (  -- a hold never released ends when the run closed: the last event on
 SELECT attempt_id, sum((t1 - t0) / holders) / 1e9 * getvariable('kv_block_bytes') / 2^30 AS kv_gib_s,
        sum(t1 - t0) / 1e9 AS block_s_unshared
 FROM covered GROUP BY attempt_id;
+
+-- @gaps: KV events without the bytes of a block (every GiB·s figure is unknown).
+CREATE OR REPLACE TEMP TABLE kv_holding_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO kv_holding_gaps
+SELECT 'run', NULL, 'kv_gib_s, ghost_kv_gib_s', 'the KV block size in bytes (manifest model.kv_bytes_per_token and engine_config.block_size)',
+       'the run holds KV events but its manifest does not declare the bytes of a block'
+WHERE getvariable('kv_block_bytes') IS NULL AND EXISTS (SELECT 1 FROM kv_holds);

@@ -3,8 +3,8 @@
 -- terminal summary and the report show these rows; each names the column it summarises.
 --
 -- scope: rollup
--- reads: request_metrics, itl, quantiles_linear
--- creates: latency_percentiles
+-- reads: request_metrics, itl, quantiles_linear, attempt_evidence
+-- creates: latency_percentiles, latency_gaps
 
 -- @table latency_percentiles: one row per figure × observation layer: n, mean and percentiles of one
 --   ledger column (docs/LEDGER.md "latency_percentiles")
@@ -59,3 +59,12 @@ SELECT getvariable('run_id') AS run_id, d.position, d.metric, d.layer, d.label,
 FROM defs d
 LEFT JOIN stats s ON (d.col IS NOT NULL AND s.col = d.col) OR (d.col IS NULL AND s.col IS NULL AND s.layer = d.layer)
 ORDER BY d.position;
+
+-- @gaps: engine-layer token gaps a reported span cannot give (it reports the first and the last token
+--   only), counted over the run; the register keeps its id `reported:itl` (docs/LEDGER.md "Reported evidence").
+CREATE OR REPLACE TEMP TABLE latency_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO latency_gaps
+SELECT 'run', NULL, 'itl (engine layer), itl_engine_max_ms',
+       'per-token engine events (a span reports the first and the last token only)',
+       format('{} attempt(s) with tokens reported by {} as a span', count(*), string_agg(DISTINCT reporter, ', '))
+FROM attempt_evidence WHERE aggregate_tokens HAVING count(*) > 0;

@@ -16,15 +16,17 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from inferledger.ledger.tables import gap_table
 from inferledger.probes.events import (CLOCK_SCHEMA, COUNT_EVENTS, EVENT_SCHEMA, GAP_SCHEMA, MAX_COUNT, SAMPLE_SCHEMA,
                                        TASK_SCHEMA)
 from inferledger.probes.run_folder import Manifest
 
 READS: tuple[str, ...] = ()
-CREATES = ("events", "samples", "clocks", "task_contracts", "collector_gaps", "load_gaps")
+CREATES = ("events", "samples", "clocks", "task_contracts", "gaps_file", "load_gaps")
 PUBLIC = ("events", "samples", "clocks")
 SCOPE = "run"  # every shard loads what it is handed; the final ledger loads the whole run
-
+# @gaps: an event id found more than once in the run's parts (the first copy is kept)
+GAPS = gap_table("load")
 
 
 class LoadError(Exception):
@@ -171,12 +173,13 @@ def _dedupe(con, run: RunFiles) -> list[tuple]:
 # @column epsilon_ns: the mapping's uncertainty, ± ns: a difference across it is derived ± epsilon
 # @column method: how the mapping was found (round-trip, cuda-anchor, ...)
 def build(con, run: RunFiles) -> None:
-    """events, samples, clocks (public) and the task contracts, collector gaps and load gaps (internal)."""
+    """events, samples, clocks (public) and the task contracts, the collectors' gap rows (gaps_file) and the
+    load gaps (internal)."""
     _load(con, "events", run.event_parts, EVENT_SCHEMA, False, run)
     _load(con, "samples", run.sample_parts, SAMPLE_SCHEMA, False, run)
     for name, schema, table, temp in (("clocks.parquet", CLOCK_SCHEMA, "clocks", False),
                                       ("tasks.parquet", TASK_SCHEMA, "task_contracts", True),
-                                      ("gaps.parquet", GAP_SCHEMA, "collector_gaps", True)):
+                                      ("gaps.parquet", GAP_SCHEMA, "gaps_file", True)):
         f = run.run_dir / name
         _load(con, table, [f] if f.exists() else [], schema, temp, run)
         have = {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
@@ -186,7 +189,4 @@ def build(con, run: RunFiles) -> None:
                             "move it out of the run directory and rebuild")
     gaps = _dedupe(con, run)
     _check_counts(con, run)
-    con.execute("CREATE TEMP TABLE load_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, "
-                "detail VARCHAR)")
-    if gaps:
-        con.executemany("INSERT INTO load_gaps VALUES (?, ?, ?, ?, ?)", gaps)
+    GAPS.store(con, gaps)

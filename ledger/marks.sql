@@ -3,7 +3,7 @@
 --
 -- scope: task
 -- reads: events, first_point, last_point, point_of, json_bigint
--- creates: ev, ev_out, ev_tok, attempt_ids, marks, choice_marks
+-- creates: ev, ev_out, ev_tok, attempt_ids, marks, choice_marks, marks_gaps
 
 -- Three narrow working sets instead of one wide copy: the per-output rows (client chunks, server
 -- writes, engine tokens) are most of a run and need only a few columns.
@@ -194,3 +194,12 @@ SELECT c.attempt_id, c.choice, c.first_token, c.first_content,
             THEN c.finish_write
             WHEN m.server_done IS NOT NULL OR m.finished IS NOT NULL THEN m.server_end END AS server_end
 FROM c JOIN marks m USING (attempt_id);
+
+-- @gaps: conflicting client terminal events (the earliest decides every client figure).
+CREATE OR REPLACE TEMP TABLE marks_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO marks_gaps
+SELECT 'attempt', attempt_id, 'client_status, e2e_client_ms, tpot_ms, on_time, good (the earliest terminal decides)',
+       'one terminal event per attempt from the client',
+       format('the client recorded {}; the earliest, {} ({}), decides', array_to_string(client_terminals, ' and '),
+              client_end.name, client_end.eid)
+FROM marks WHERE len(client_terminals) > 1;

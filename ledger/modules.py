@@ -17,11 +17,21 @@ attempt or task depends only on that task's events, the run-level inputs and eng
 `READS`, `CREATES`, `PUBLIC` and `SCOPE` beside its `build(con, run)`. Reads and creates name tables and
 macros; a table created `TEMP` stays inside the rebuild, any other is public (part of the ledger).
 
+A Python stage creates the tables it builds from rows through `ledger/tables.py` `Table`s, declared
+beside it: each is checked against its CREATES and PUBLIC.
+
+Gaps: a module that can leave a figure NULL declares why in one TEMP table named `<module>_gaps`, in the
+one gap shape (`ledger/tables.py` GAP_COLUMNS: a SQL module creates it with exactly that column list,
+`CREATE OR REPLACE TEMP TABLE <module>_gaps (scope VARCHAR, ...)`, then fills it); the register
+(`ledger/gaps.sql`, creating `gaps`) reads every gap table and nothing else but the collectors' rows
+(`gaps_file`, the run's gaps.parquet): it numbers the union, it derives no gap of its own.
+
 Checked whenever the modules are loaded, each error naming the module: every table or macro is created
 by exactly one module; every read is created by some module; a SQL module creates exactly what it
 declares and alters no other module's table; no module names another module's table or macro
-without declaring it as a read, nor declares a read it never names. The order is then a topological
-sort of the read -> creator edges (`graphlib`), ties by module name; a cycle is an error naming it.
+without declaring it as a read, nor declares a read it never names; the gap rules above. The order is
+then a topological sort of the read -> creator edges (`graphlib`), ties by module name; a cycle is an
+error naming it.
 """
 from __future__ import annotations
 
@@ -33,6 +43,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Callable
+
+from inferledger.ledger.tables import GAP_COLUMNS, GAP_SUFFIX, Table
 
 _CREATE = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(TEMP\s+|TEMPORARY\s+)?(TABLE|MACRO|VIEW)\s+(\w+)", re.IGNORECASE)
 _CHANGE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM|ALTER\s+TABLE)\s+(\w+)", re.IGNORECASE)
@@ -47,6 +59,12 @@ _SCOPE_HELP = ("add a header line `-- scope: run | engine | task | rollup` (a Py
                "task when each row depends only on one task's events (attempts, per-request figures), engine "
                "for per-engine-step tables, rollup for anything over the whole run (percentiles, run totals, "
                "gaps), run for run-level inputs (docs/SCALE.md)")
+# a gap table's DDL: CREATE OR REPLACE TEMP TABLE <module>_gaps (<its column list>)
+_GAP_DDL = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP|TEMPORARY)\s+TABLE\s+(\w+)\s*\(([^()]*)\)",
+                      re.IGNORECASE)
+GAP_DDL = ", ".join(f"{c} VARCHAR" for c, _ in GAP_COLUMNS)
+REGISTER = "gaps"             # the gap register's table
+COLLECTED_GAPS = "gaps_file"  # the collectors' gap rows (gaps.parquet), which the register keeps as written
 _WORD = re.compile(r"(?<![.\w])([A-Za-z_]\w*)(?![\w.])")  # not a qualifier nor a field of one
 
 
@@ -65,6 +83,7 @@ class Module:
     text: str                     # what it names: its SQL, or a Python stage's SQL strings, without comments
     sql: str = ""                 # SQL modules: the statements to run
     build: Callable | None = None  # Python stages: build(con, run)
+    gap_columns: tuple[str, ...] | None = None  # the declared columns of its <name>_gaps table, if it has one
 
 
 def strip_sql(text: str) -> str:
@@ -108,8 +127,17 @@ def sql_module(name: str, text: str) -> Module:
                               "(each table is made whole by the one module that creates it)")
     if len(decl["scope"]) > 1:
         raise ModuleError(f"ledger module {source} declares scope twice ({', '.join(decl['scope'])}); keep one")
+    ddl = {t: " ".join(cols.split()) for t, cols in _GAP_DDL.findall(code)}
+    gap = f"{name}{GAP_SUFFIX}"
     return Module(name, source, tuple(decl["reads"]), tuple(decl["creates"]),
-                  tuple(t for t in decl["creates"] if made[t]), (decl["scope"] or [None])[0], code, sql=text)
+                  tuple(t for t in decl["creates"] if made[t]), (decl["scope"] or [None])[0], code, sql=text,
+                  gap_columns=tuple(_column(c) for c in ddl[gap].split(",")) if gap in ddl else None)
+
+
+def _column(text: str) -> str:
+    """`name TYPE` as the gap shape spells it (the type upper-case)."""
+    name, _, kind = text.strip().partition(" ")
+    return f"{name} {kind.strip().upper()}"
 
 
 def python_module(mod) -> Module:
@@ -122,8 +150,52 @@ def python_module(mod) -> Module:
                if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
                and _SQL_WORD.search(n.value)]
     name = mod.__name__.rsplit(".", 1)[-1]
-    return Module(name, f"{name}.py", tuple(mod.READS), tuple(mod.CREATES), tuple(mod.PUBLIC),
-                  getattr(mod, "SCOPE", None), strip_sql("\n".join(strings)), build=mod.build)
+    source = f"{name}.py"
+    tables = [v for v in vars(mod).values() if isinstance(v, Table)]
+    for t in tables:
+        if t.name not in mod.CREATES or t.temp == (t.name in mod.PUBLIC):
+            why = "lack it" if t.name not in mod.CREATES else "say otherwise"
+            raise ModuleError(f"ledger module {source} declares the {'TEMP' if t.temp else 'public'} table {t.name} "
+                              f"(a Table) but its CREATES / PUBLIC {why}")
+    gap = next((t for t in tables if t.name == f"{name}{GAP_SUFFIX}"), None)
+    return Module(name, source, tuple(mod.READS), tuple(mod.CREATES), tuple(mod.PUBLIC),
+                  getattr(mod, "SCOPE", None), strip_sql("\n".join(strings)), build=mod.build,
+                  gap_columns=tuple(f"{c} {'VARCHAR' if str(ty) == 'string' else ty}" for c, ty in gap.columns)
+                  if gap is not None else None)
+
+
+def check_gaps(modules: list[Module]) -> None:
+    """The gap rules (module docstring): one `<module>_gaps` per module, TEMP, in the one shape; the
+    register reads each of them and nothing else but the collectors' rows."""
+    gap_tables = set()
+    for m in modules:
+        for t in m.creates:
+            if t.endswith(GAP_SUFFIX) and t != f"{m.name}{GAP_SUFFIX}":
+                raise ModuleError(f"ledger module {m.source} creates {t}: a module's gaps are one table named after "
+                                  f"the module, {m.name}{GAP_SUFFIX} (ledger/tables.py)")
+        gap = f"{m.name}{GAP_SUFFIX}"
+        if gap not in m.creates:
+            continue
+        gap_tables.add(gap)
+        if gap in m.public:
+            raise ModuleError(f"ledger module {m.source} creates {gap} as a public table; gap tables are TEMP "
+                              "(the register, gaps, is the public one)")
+        if m.gap_columns != tuple(GAP_DDL.split(", ")):
+            got = ", ".join(m.gap_columns) if m.gap_columns else "no column list"
+            raise ModuleError(f"ledger module {m.source} creates {gap} with {got}; a gap table has exactly "
+                              f"({GAP_DDL}) (SQL: CREATE OR REPLACE TEMP TABLE {gap} ({GAP_DDL}), then INSERT INTO it)")
+    register = next((m for m in modules if REGISTER in m.creates), None)
+    if register is None:
+        return
+    missing = sorted(gap_tables - set(register.reads))
+    if missing:
+        raise ModuleError(f"the gap register {register.source} does not read {', '.join(missing)}: every gap table "
+                          "is part of the union (add it to its reads and its UNION ALL)")
+    other = sorted(set(register.reads) - gap_tables - {COLLECTED_GAPS})
+    if other:
+        raise ModuleError(f"the gap register {register.source} reads {', '.join(other)}: it unions the modules' gap "
+                          "tables and derives no gap itself; declare the condition in the module that computes "
+                          f"the table (its {GAP_SUFFIX} table)")
 
 
 def check(modules: list[Module]) -> list[Module]:
@@ -156,6 +228,7 @@ def check(modules: list[Module]) -> list[Module]:
         if undeclared:
             raise ModuleError(f"ledger module {m.source} reads {', '.join(undeclared)} without declaring it "
                               f"(created by {', '.join(sorted({creator[w].source for w in undeclared}))})")
+    check_gaps(modules)
     graph = {m.name: {creator[r].name for r in m.reads} - {m.name} for m in modules}
     sorter = graphlib.TopologicalSorter(graph)
     try:

@@ -15,7 +15,7 @@
 --
 -- scope: rollup
 -- reads: ev_out, ev, attempts, itl, figures
--- creates: peer_base, peer_views
+-- creates: peer_base, peer_views, peer_views_gaps
 
 CREATE OR REPLACE TEMP TABLE peer_base AS
 WITH c AS (
@@ -194,3 +194,19 @@ SELECT getvariable('run_id') AS run_id, d.metric, d.tool, d.definition, d.weight
        CASE WHEN s.n_refused > 0 THEN sa.q[3] END AS p99_incl_refused_ms
 FROM defs d LEFT JOIN stats s USING (k) LEFT JOIN stats_all sa USING (k)
 ORDER BY d.ord;
+
+-- @gaps: a view no completed attempt gives a sample for (an imported load tool's records keep only
+--   what that tool measures; GuideLLM: the first and the last token).
+CREATE OR REPLACE TEMP TABLE peer_views_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO peer_views_gaps
+WITH client AS (  -- who reported the client events, when a load tool did
+  SELECT min(json_extract_string(attrs, '$.reporter')) AS reporter FROM ev
+  WHERE name = 'attempt.sent' AND json_extract_string(attrs, '$.evidence') = 'reported')
+SELECT 'run', NULL, format('peer_views ({} {})', metric, tool),
+       CASE WHEN tool = 'MLPerf-style' THEN 'attempt.sent attrs.pacing_error_ms (the planned send; the inferledger client records it)'
+            WHEN client.reporter IS NOT NULL
+              THEN format('client chunk times that {}''s records do not keep (our own client records every chunk)',
+                          client.reporter)
+            ELSE 'client chunks of completed attempts with enough output tokens' END,
+       format('no completed attempt gives a sample for {} as {} defines it', metric, tool)
+FROM peer_views, client WHERE n = 0 AND EXISTS (SELECT 1 FROM peer_base);

@@ -14,17 +14,25 @@ import hashlib
 import json
 
 from inferledger.costmodel.prediction import PredictionError, check
+import pyarrow as pa
+
+from inferledger.ledger.tables import Table, gap_table
 from inferledger.probes.run_dir import PREDICTION_FILE
 from inferledger.probes.run_folder import MANIFEST_FILE
 
 READS = ("events", "request_metrics")
-CREATES = ("prediction_shapes", "prediction_registration", "prediction_check", "prediction_gaps")
+CREATES = ("prediction_shapes", "prediction_registration", "prediction_check", "prediction_check_gaps")
 SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("prediction_registration", "prediction_check")
+# @gaps: a registered prediction that is missing, changed after registration or not of the prediction format,
+#   or a prediction.json the manifest does not register
+GAPS = gap_table("prediction_check")
 
 _SHAPE_COLS = ("class", "prompt_tokens", "cached_tokens", "output_tokens", "ttft_lower_ms", "ttft_sustained_low_ms",
                "ttft_sustained_high_ms", "ttft_fit_low_ms", "ttft_fit_high_ms", "tpot_lower_ms",
                "tpot_sustained_low_ms", "tpot_sustained_high_ms", "tpot_fit_low_ms", "tpot_fit_high_ms")
+SHAPES = Table("prediction_shapes", (("class", pa.string()), *((c, pa.int64()) for c in _SHAPE_COLS[1:4]),
+                                     *((c, pa.float64()) for c in _SHAPE_COLS[4:]), ("ord", pa.int64())), temp=True)
 
 
 def _registered(run) -> tuple[dict | None, dict | None, list[tuple[str, str, str]]]:
@@ -62,19 +70,12 @@ def _range(r: dict, key: str, kind: str) -> list:
 
 def build(con, run=None) -> None:
     block, doc, gaps = _registered(run) if run is not None else (None, None, [])
-    con.execute("CREATE OR REPLACE TEMP TABLE prediction_gaps (affects VARCHAR, needs VARCHAR, detail VARCHAR)")
-    if gaps:
-        con.executemany("INSERT INTO prediction_gaps VALUES (?, ?, ?)", gaps)
-    con.execute("CREATE OR REPLACE TEMP TABLE prediction_shapes (class VARCHAR, prompt_tokens BIGINT, "
-                "cached_tokens BIGINT, output_tokens BIGINT, " + ", ".join(f"{c} DOUBLE" for c in _SHAPE_COLS[4:])
-                + ", ord BIGINT)")
-    if doc is not None:
-        con.executemany(f"INSERT INTO prediction_shapes VALUES ({', '.join('?' * (len(_SHAPE_COLS) + 1))})",
-                        [[r["class"], r["prompt_tokens"], r.get("cached_tokens", 0), r["output_tokens"],
-                          r["ttft_lower_ms"], *_range(r, "ttft_expected_ms", "sustained"),
-                          *_range(r, "ttft_expected_ms", "fit"), r["tpot_lower_ms"],
-                          *_range(r, "tpot_expected_ms", "sustained"), *_range(r, "tpot_expected_ms", "fit"), i]
-                         for i, r in enumerate(doc["requests"])])
+    GAPS.store(con, [("run", PREDICTION_FILE, affects, needs, detail) for affects, needs, detail in gaps])
+    SHAPES.store(con, [(r["class"], r["prompt_tokens"], r.get("cached_tokens", 0), r["output_tokens"],
+                        r["ttft_lower_ms"], *_range(r, "ttft_expected_ms", "sustained"),
+                        *_range(r, "ttft_expected_ms", "fit"), r["tpot_lower_ms"],
+                        *_range(r, "tpot_expected_ms", "sustained"), *_range(r, "tpot_expected_ms", "fit"), i)
+                       for i, r in enumerate(doc["requests"] if doc is not None else [])])
     reg = (block or {}).get("registered") or {}
     ok = doc is not None
     con.execute(PREDICTION_REGISTRATION, [ok, block.get("sha256") if block else None,

@@ -5,7 +5,7 @@
 --
 -- scope: task
 -- reads: events, samples, json_double, json_bigint
--- creates: reported_spans, reported_counters
+-- creates: reported_spans, reported_counters, reported_gaps
 
 -- One row per reported llm_request span: vLLM's own figures beside ours, and the per-request
 -- metrics vLLM put in its response (attempt.done attrs.server_metrics) checked against the span.
@@ -127,3 +127,12 @@ SELECT getvariable('run_id') AS run_id, metric, n_scrapes, first_value, last_val
        CASE WHEN (SELECT n FROM spans) > 0 THEN run_delta - span_sum END AS delta_minus_spans,
        'reported' AS evidence
 FROM joined ORDER BY metric;
+
+-- @gaps: a counter that went down between scrapes (the engine restarted: its run delta is unknown); the
+--   register keeps its id `reported:counter:<metric>` (docs/LEDGER.md "Reported evidence").
+CREATE OR REPLACE TEMP TABLE reported_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO reported_gaps
+SELECT 'run', metric, format('reported_counters.run_delta ({})', metric),
+       'a scrape series in which the counter does not go down (no engine restart during the run)',
+       format('{} went down between scrapes', metric)
+FROM reported_counters WHERE went_down;

@@ -11,11 +11,14 @@ work), with queue and inter-step host time unknown.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pyarrow as pa
 
 from inferledger.costmodel import StepRow, stage_bounds, step_work
 from inferledger.costmodel.fit import StepFit
 from inferledger.costmodel.roofs import run_roofs
+from inferledger.ledger.tables import Table, gap_table
 from inferledger.probes.model_shape import ShapeError
 
 READS = ("step_model", "steps", "step_attribution", "step_fit", "step_fit_points", "ev", "ev_tok", "request_metrics")
@@ -66,12 +69,22 @@ WHERE r.ttft_server_ms IS NOT NULL
 ORDER BY r.attempt_id
 """
 
-_COLUMNS = (("attempt_id", pa.string()), ("basis", pa.string()), ("ttft_measured_ms", pa.float64()),
-            ("ttft_predicted_ms", pa.float64()), ("ttft_bound_ms", pa.float64()), ("ttft_error_pct", pa.float64()),
-            ("tpot_measured_ms", pa.float64()), ("tpot_predicted_ms", pa.float64()), ("tpot_bound_ms", pa.float64()),
-            ("tpot_error_pct", pa.float64()), ("queue_steps", pa.int64()), ("residual_queue_ms", pa.float64()),
-            ("residual_prefill_ms", pa.float64()), ("residual_decode_ms", pa.float64()),
-            ("residual_host_ms", pa.float64()), ("transport_ms", pa.float64()))
+REQUEST_MODEL = Table("request_model", (
+    ("attempt_id", pa.string()), ("basis", pa.string()), ("ttft_measured_ms", pa.float64()),
+    ("ttft_predicted_ms", pa.float64()), ("ttft_bound_ms", pa.float64()), ("ttft_error_pct", pa.float64()),
+    ("tpot_measured_ms", pa.float64()), ("tpot_predicted_ms", pa.float64()), ("tpot_bound_ms", pa.float64()),
+    ("tpot_error_pct", pa.float64()), ("queue_steps", pa.int64()), ("residual_queue_ms", pa.float64()),
+    ("residual_prefill_ms", pa.float64()), ("residual_decode_ms", pa.float64()),
+    ("residual_host_ms", pa.float64()), ("transport_ms", pa.float64())), order="attempt_id")
+# @gaps: no engine steps (a peer's per-request spans); no shape, roofs or declared fit for the solo model
+GAPS = gap_table("request_model")
+
+
+def _named(con, sql: str) -> list[SimpleNamespace]:
+    """A query's rows, each with its columns as attributes."""
+    cur = con.execute(sql)
+    names = [d[0] for d in cur.description]
+    return [SimpleNamespace(**dict(zip(names, r))) for r in cur.fetchall()]
 
 
 def _sub(a, b):
@@ -108,29 +121,29 @@ def _per_token(ms, n_output, n_choices):
 # @column transport_ms: ttft_client_ms − ttft_server_ms (the client's view minus the server's)
 def build(con, run) -> None:
     manifest = run.manifest
-    sched = {r[0]: r[1:] for r in con.execute(_SCHEDULE).fetchall()}
+    sched = {r.attempt_id: r for r in _named(con, _SCHEDULE)}
     have_steps = con.execute("SELECT count(*) FROM step_model").fetchone()[0] > 0
     solo = None if have_steps else _Solo.of(manifest)
     recs, gaps = [], []
-    for aid, ttft, ttft_c, tpot, queue, prefill, decode, n_out, n_ch, prompt in con.execute(_ATTEMPTS).fetchall():
-        rec = {"attempt_id": aid, "ttft_measured_ms": ttft, "tpot_measured_ms": tpot,
-               "transport_ms": _sub(ttft_c, ttft)}
-        s = sched.get(aid)
+    for a in _named(con, _ATTEMPTS):
+        rec = {"attempt_id": a.attempt_id, "ttft_measured_ms": a.ttft_server_ms, "tpot_measured_ms": a.tpot_server_ms,
+               "transport_ms": _sub(a.ttft_client_ms, a.ttft_server_ms)}
+        s = sched.get(a.attempt_id)
         if s is not None:
-            q_pred, q_bound, q_steps, p_pred, p_meas, p_bound, d_pred, d_meas, d_bound, _, pg_p, pg_m, dg_p, dg_m = s
-            known = p_pred is not None
-            t_pred = (q_pred or 0) + p_pred + pg_p if known else None
-            rec.update(basis="schedule", queue_steps=q_steps, ttft_predicted_ms=t_pred,
-                       ttft_bound_ms=(q_bound or 0) + p_bound if p_bound is not None else None,
-                       tpot_predicted_ms=_per_token(d_pred + dg_p, n_out, n_ch) if d_pred is not None else None,
-                       tpot_bound_ms=_per_token(d_bound, n_out, n_ch),
-                       residual_queue_ms=_sub(queue, q_pred or 0) if known else None,
-                       residual_prefill_ms=_sub(p_meas, p_pred), residual_decode_ms=_sub(d_meas, d_pred),
-                       residual_host_ms=(pg_m + dg_m) - (pg_p + dg_p) if known else None)
-        elif solo is not None and prompt:
-            rec.update(solo.predict(int(prompt), n_out, n_ch, prefill, decode))
-        rec["ttft_error_pct"] = _pct(rec.get("ttft_predicted_ms"), ttft)
-        rec["tpot_error_pct"] = _pct(rec.get("tpot_predicted_ms"), tpot)
+            known = s.p_pred is not None
+            rec.update(basis="schedule", queue_steps=s.q_steps,
+                       ttft_predicted_ms=(s.q_pred or 0) + s.p_pred + s.pg_pred if known else None,
+                       ttft_bound_ms=(s.q_bound or 0) + s.p_bound if s.p_bound is not None else None,
+                       tpot_predicted_ms=_per_token(s.d_pred + s.dg_pred, a.n_output_tokens, a.n_choices)
+                       if s.d_pred is not None else None,
+                       tpot_bound_ms=_per_token(s.d_bound, a.n_output_tokens, a.n_choices),
+                       residual_queue_ms=_sub(a.queue_ms, s.q_pred or 0) if known else None,
+                       residual_prefill_ms=_sub(s.p_meas, s.p_pred), residual_decode_ms=_sub(s.d_meas, s.d_pred),
+                       residual_host_ms=(s.pg_meas + s.dg_meas) - (s.pg_pred + s.dg_pred) if known else None)
+        elif solo is not None and a.prompt:
+            rec.update(solo.predict(int(a.prompt), a.n_output_tokens, a.n_choices, a.prefill_ms, a.decode_ms))
+        rec["ttft_error_pct"] = _pct(rec.get("ttft_predicted_ms"), a.ttft_server_ms)
+        rec["tpot_error_pct"] = _pct(rec.get("tpot_predicted_ms"), a.tpot_server_ms)
         recs.append(rec)
     if not have_steps and recs:
         gaps.append(("run", None, "step_model, model_residuals, step_fit; request_model residual_queue_ms, "
@@ -141,15 +154,8 @@ def build(con, run) -> None:
             gaps.append(("run", None, "request_model predicted and bound columns", "the served model's shape "
                          "(manifest model_shape, declared) and roofs or a step fit (manifest step_fit)",
                          solo.reason if solo is not None else "no shape"))
-    table = pa.table({c: pa.array([r.get(c) for r in recs], t) for c, t in _COLUMNS})
-    con.register("_req", table)
-    con.execute("CREATE OR REPLACE TABLE request_model AS SELECT getvariable('run_id') AS run_id, * FROM _req "
-                "ORDER BY attempt_id")
-    con.unregister("_req")
-    con.execute("CREATE OR REPLACE TEMP TABLE request_model_gaps (scope VARCHAR, subject_id VARCHAR, "
-                "affects VARCHAR, needs VARCHAR, detail VARCHAR)")
-    if gaps:
-        con.executemany("INSERT INTO request_model_gaps VALUES (?, ?, ?, ?, ?)", gaps)
+    REQUEST_MODEL.store(con, recs)
+    GAPS.store(con, gaps)
 
 
 class _Solo:

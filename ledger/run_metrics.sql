@@ -6,7 +6,7 @@
 -- scope: rollup
 -- reads: window_bounds, request_metrics, attempts, marks, ev, steps, window_energy, power_check,
 --        kv_integral, step_attribution, sum_if_known
--- creates: run_metrics
+-- creates: run_metrics, run_metrics_gaps
 -- @table run_metrics: one row per run: its figures over the observation window (docs/LEDGER.md
 --   "run_metrics")
 -- @column t_obs_s: the observation window's length, s, on one clock (NULL when a point cannot be placed)
@@ -147,3 +147,25 @@ FROM win, counts, little, arrivals, engine, tok
 LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'gpu_energy_mj' AND NOT invalid) gpu ON true
 LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_package_energy_uj' AND NOT invalid) cpu ON true
 LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_dram_energy_uj' AND NOT invalid) dram ON true;
+
+-- @gaps: no device time; a completed attempt without a token count or without its engine prompt counts
+--   (the run's sums are unknown).
+CREATE OR REPLACE TEMP TABLE run_metrics_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO run_metrics_gaps
+SELECT 'run', NULL, 'gpu_s_per_good', 'device.step events on a CUDA clock (a GPU run)',
+       'the run has no device time: engine_s_per_good counts engine step time instead'
+WHERE NOT EXISTS (SELECT 1 FROM ev WHERE name = 'device.step') AND EXISTS (SELECT 1 FROM steps)
+UNION ALL
+SELECT 'run', NULL, 'output_tokens, output_tok_s, total_tok_s, computed_tok_s',
+       'a token count for every completed attempt (engine.token events or usage in attempt.done)',
+       'a completed attempt has no token count (its own gap row names it), so the run''s sum is unknown'
+FROM run_metrics WHERE output_tokens IS NULL AND n_completed > 0
+UNION ALL
+SELECT 'run', NULL,
+       CASE WHEN prompt_tokens IS NULL THEN 'prompt_tokens, prompt_tokens_cached, prefill_tokens_computed, total_tok_s, computed_tok_s'
+            ELSE 'prompt_tokens_cached, prefill_tokens_computed, computed_tok_s' END,
+       'engine.enqueued and engine.prefill events (the embedded engine, inferledger serve --out, or an engine trace)',
+       CASE WHEN prompt_tokens IS NULL
+            THEN 'a completed attempt has no engine.enqueued event and no usage.prompt_tokens: its prompt length and prefill work are unknown'
+            ELSE 'a completed attempt has no engine.enqueued event: its prompt length comes from usage, its cached and computed prefill tokens are unknown' END
+FROM run_metrics WHERE prefill_tokens_computed IS NULL AND n_completed > 0;

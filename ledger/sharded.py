@@ -10,8 +10,8 @@ A partitioned run (probes/run_dir.py) is rebuilt in three steps, each the ledger
    partitions, so the run's own events are kept once): the run-scope modules over those parts, the
    engine tables handed in, the task-scope modules; it writes each task-scope table the rollup reads
    or the ledger keeps, only the rows it owns: a row of an event, attempt or task in its bucket (the
-   event's or attempt's partition, the task's bucket `bucket_of`); a row of none of them is the first
-   bucket's.
+   event's or attempt's partition, the task's bucket `bucket_of`; a row with a subject_id, a figure or
+   a gap, the attempt or task it is about); a row of none of them is the first bucket's.
 3. the final ledger: the run-scope modules over the whole run (so `events` is whole), the engine and
    task tables read back from the shards' Parquet, then the rollup modules: run metrics, quantiles,
    reconciliation, peer views and gaps computed from the per-attempt rows exactly as the single-node
@@ -51,7 +51,7 @@ def _closure(modules: tuple[Module, ...], wanted: set[str], skip: set[str]) -> l
 
 def _owned_rows(table: str, cols: list[str], first: bool, bucket: int, buckets: int) -> str:
     """The rows of a task-scope table this shard owns (see the module docstring), by hash joins against
-    the shard's own event and attempt ids (`_owned_ev`, `_owned_att`)."""
+    the shard's own event, attempt and task ids (`_owned_ev`, `_owned_att`, `_owned_task`)."""
     task = BUCKET_SQL.format(key="{}", buckets=buckets)
     joins, cases = [], []
     if "event_id" in cols:
@@ -66,6 +66,10 @@ def _owned_rows(table: str, cols: list[str], first: bool, bucket: int, buckets: 
         joins.append("LEFT JOIN _owned_att os ON os.id = t.scope_id AND t.scope = 'attempt'")
         cases.append("WHEN t.scope = 'attempt' THEN os.id IS NOT NULL")
         cases.append(f"WHEN t.scope = 'task' THEN {task.format('t.scope_id')} = {bucket}")
+    if "subject_id" in cols:  # figures, a module's gaps: the attempt, attempt#choice or task it is about
+        joins.append("LEFT JOIN _owned_att sa ON sa.id = split_part(t.subject_id, '#', 1)")
+        joins.append("LEFT JOIN _owned_task st ON st.id = t.subject_id")
+        cases.append("WHEN sa.id IS NOT NULL OR st.id IS NOT NULL THEN true")
     where = f"CASE {' '.join(cases)} ELSE {str(first).lower()} END" if cases else str(first).lower()
     return f"SELECT t.* FROM {table} t {' '.join(joins)} WHERE {where}"
 
@@ -100,6 +104,8 @@ def run_shard(spec: dict) -> dict[str, str]:
                         [spec["owned_parts"]])
             con.execute("CREATE TEMP TABLE _owned_att AS SELECT DISTINCT attempt_id AS id FROM read_parquet(?) "
                         "WHERE attempt_id IS NOT NULL", [spec["owned_parts"]])
+            con.execute("CREATE TEMP TABLE _owned_task AS SELECT DISTINCT task_id AS id FROM read_parquet(?) "
+                        "WHERE task_id IS NOT NULL", [spec["owned_parts"]])
         written = {}
         for table in spec["outputs"]:
             cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]

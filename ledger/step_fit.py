@@ -1,16 +1,58 @@
 """The step-time fit of this run (costmodel/fit.py): T = α + F / P_eff + Q / B_eff, trained on some step
 shapes and reported on the held-out ones, with the inter-step host time as its own term.
+
+The steps a fit sees are selected here, from step_model (`fit_points`): the cost model is handed
+the rows, for this run's fit and for a fit applied to another run's ledger (`ledger_fit_points`).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 
-from inferledger.costmodel.fit import POINT_COLUMNS, POINT_FILTER, FitError, FitPoint, StepFit, error_pct, split
+from inferledger.costmodel.fit import FitError, FitPoint, StepFit, error_pct, split
+from inferledger.ledger.tables import Table, gap_table
 
 READS = ("step_model",)
-CREATES = ("step_fit", "step_fit_points", "fit_gaps")
+CREATES = ("step_fit", "step_fit_points", "step_fit_gaps")
 SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("step_fit", "step_fit_points")
+
+STEP_FIT = Table("step_fit", (("name", pa.string()), ("value", pa.float64()), ("unit", pa.string()),
+                              ("source", pa.string()), ("trained_on", pa.string())))
+STEP_FIT_POINTS = Table("step_fit_points", (("step_id", pa.int64()), ("split", pa.string()),
+                                            ("measured_ms", pa.float64()), ("predicted_ms", pa.float64()),
+                                            ("error_pct", pa.float64()), ("extrapolated", pa.bool_())),
+                        order="step_id")
+# @gaps: too few engine steps of known shape to fit
+GAPS = gap_table("step_fit")
+
+# The steps a fit sees: a measured time and a shape, and not simulated ones, nor steps whose time holds
+# one-off build work (`compiling`: the step compiled its graph; `graph_capture`: it captured a CUDA
+# graph). A step with no mode (an older run) counts.
+_POINTS = """
+SELECT flops, bytes, measured_ms, num_seqs, tokens, context_tokens, gap_after_ms, step_id FROM step_model
+WHERE flops IS NOT NULL AND measured_ms > 0 AND coalesce(mode, '') NOT IN ('simulated', 'compiling', 'graph_capture')
+ORDER BY step_id
+"""
+
+
+def fit_points(con) -> list[FitPoint]:
+    """The steps of a ledger's step_model a fit sees, as the cost model's FitPoints."""
+    return [FitPoint(*r) for r in con.execute(_POINTS).fetchall()]
+
+
+def ledger_fit_points(ledger: str | Path) -> list[FitPoint]:
+    """`fit_points` of a built ledger file (RUN/ledger.duckdb, or the run folder holding it), read-only:
+    what a study or a benchmark trains a fit on, or applies another run's fit to (costmodel.fit.apply)."""
+    import duckdb
+
+    path = Path(ledger)
+    path = path / "ledger.duckdb" if path.is_dir() else path
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no ledger; run `inferledger reconstruct {path.parent}` first")
+    with duckdb.connect(str(path), read_only=True) as con:
+        return fit_points(con)
 
 
 # @table step_fit: one row per parameter or figure of the run's step-time fit (docs/LEDGER.md "step_fit",
@@ -34,10 +76,8 @@ PUBLIC = ("step_fit", "step_fit_points")
 # @column error_pct: (predicted − measured) / measured × 100
 # @column extrapolated: the step lies outside the training steps' range of batch size, tokens or context
 def build(con, run) -> None:
-    points = [FitPoint(*r) for r in con.execute(f"SELECT {POINT_COLUMNS} FROM step_model WHERE {POINT_FILTER} ORDER BY step_id").fetchall()]
-    con.execute("CREATE OR REPLACE TEMP TABLE fit_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, "
-                "needs VARCHAR, detail VARCHAR)")
-    params, rows = [], []
+    points = fit_points(con)
+    params, rows, gaps = [], [], []
     declared = run.manifest.step_fit
     fit = None
     if isinstance(declared, dict):  # a fit from another run, applied here: every step is held out
@@ -47,8 +87,7 @@ def build(con, run) -> None:
             fit = StepFit.fit(points, trained_on=run.run_dir.name)
         except FitError as exc:
             if points:
-                con.execute("INSERT INTO fit_gaps VALUES ('run', NULL, 'step_fit, step_fit_points', "
-                            "'more engine steps of known shape', ?)", [str(exc)])
+                gaps.append(("run", None, "step_fit, step_fit_points", "more engine steps of known shape", str(exc)))
     if fit is not None:
         params = [("alpha_ms", fit.alpha_ms, "ms"), ("p_eff_tflops", fit.p_eff_tflops, "TFLOP/s"),
                   ("b_eff_gbps", fit.b_eff_gbps, "GB/s"), ("gap_alpha_ms", fit.gap_alpha_ms, "ms"),
@@ -68,18 +107,8 @@ def build(con, run) -> None:
             label = "applied" if isinstance(declared, dict) else "train" if p.step_id in train_ids else "held_out"
             rows.append((p.step_id, label, p.measured_ms, pred,
                          error_pct(pred, p.measured_ms), fit.extrapolated(p.num_seqs, p.tokens, p.context_tokens)))
-    cols = list(zip(*params)) if params else [[], [], []]
-    con.register("_fit", pa.table({"name": pa.array(cols[0], pa.string()),
-                                   "value": pa.array([None if v is None else float(v) for v in cols[1]], pa.float64()),
-                                   "unit": pa.array(cols[2], pa.string())}))
-    con.execute("CREATE OR REPLACE TABLE step_fit AS SELECT getvariable('run_id') AS run_id, name, value, unit, "
-                "'fit' AS source, ? AS trained_on FROM _fit", [fit.trained_on if fit is not None else None])
-    con.unregister("_fit")
-    cols = list(zip(*rows)) if rows else [[]] * 6
-    types = (pa.int64(), pa.string(), pa.float64(), pa.float64(), pa.float64(), pa.bool_())
-    names = ("step_id", "split", "measured_ms", "predicted_ms", "error_pct", "extrapolated")
-    con.register("_pts", pa.table({n: pa.array(list(c), t) for n, c, t in zip(names, cols, types)}))
-    con.execute("CREATE OR REPLACE TABLE step_fit_points AS SELECT getvariable('run_id') AS run_id, * FROM _pts "
-                "ORDER BY step_id")
-    con.unregister("_pts")
+    STEP_FIT.store(con, [(name, None if v is None else float(v), unit, "fit", fit.trained_on)
+                         for name, v, unit in params])
+    STEP_FIT_POINTS.store(con, rows)
+    GAPS.store(con, gaps)
 

@@ -4,7 +4,7 @@ Each step's batch rows (step_attribution: kind, tokens, context before) become t
 a prefill row gives logits when its attempt committed a token in that step (engine.token), decode
 gives one, verify one per token. The shape is the manifest's model block, the roofs are peaks: the
 device's spec entry, else the best of the run's microbenchmarks (docs/MODEL.md "Roofs"). What is
-unknown stays NULL with a row in model_gaps (read by the gap register).
+unknown stays NULL with a row in step_model_gaps (read by the gap register).
 """
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import pyarrow as pa
 
 from inferledger.costmodel import StepRow, stage_bounds, step_work
 from inferledger.costmodel.roofs import run_roofs
+from inferledger.ledger.tables import Table, gap_table
 from inferledger.probes.model_shape import ShapeError
 from inferledger.probes.run_folder import MANIFEST_FILE
 
 READS = ("steps", "step_attribution", "ev", "ev_tok")
-CREATES = ("step_model", "model_gaps")
+CREATES = ("step_model", "step_model_gaps")
 SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("step_model",)
 
@@ -121,7 +122,8 @@ def build(con, run) -> None:
         gaps.append(("run", None, "step_model flops, bytes, bounds of those steps",
                      "step.start batch rows with each row's context_before (4 items)",
                      f"{no_context} step(s) list batch rows without the context before the step"))
-    _store(con, out, gaps)
+    STEP_MODEL.store(con, out)
+    GAPS.store(con, gaps)
 
 
 def _work(shape, rows, roofs, step_ms) -> dict:
@@ -147,26 +149,18 @@ def _work(shape, rows, roofs, step_ms) -> dict:
     return rec
 
 
-_COLUMNS = (("step_id", pa.int64()), ("mode", pa.string()), ("num_seqs", pa.int64()), ("tokens", pa.int64()),
-            ("prefill_tokens", pa.int64()), ("context_tokens", pa.int64()), ("flops_linear", pa.float64()),
-            ("flops_attention", pa.float64()), ("flops", pa.float64()), ("bytes_weights", pa.float64()),
-            ("bytes_kv_read", pa.float64()), ("bytes_kv_write", pa.float64()), ("bytes_act", pa.float64()),
-            ("bytes", pa.float64()), ("intensity", pa.float64()), ("bound_linear_ms", pa.float64()),
-            ("bound_attention_ms", pa.float64()), ("bound_lm_head_ms", pa.float64()), ("bound_ms", pa.float64()),
-            ("aggregated_bound_ms", pa.float64()), ("binding_roof", pa.string()), ("roof_source", pa.string()),
-            ("roof_compute_tflops", pa.float64()), ("roof_memory_gbps", pa.float64()), ("measured_ms", pa.float64()),
-            ("residual_ms", pa.float64()), ("residual_pct", pa.float64()), ("gap_after_ms", pa.float64()),
-            ("wait_after_ms", pa.float64()), ("beats_bound", pa.bool_()), ("beaten_roof", pa.string()))
-
-
-def _store(con, recs: list[dict], gaps: list[tuple]) -> None:
-    table = pa.table({c: pa.array([r.get(c) for r in recs], t) for c, t in _COLUMNS})
-    con.register("_step_rows", table)
-    con.execute("CREATE OR REPLACE TABLE step_model AS SELECT getvariable('run_id') AS run_id, * "
-                "FROM _step_rows ORDER BY step_id")
-    con.unregister("_step_rows")
-    con.execute("CREATE OR REPLACE TEMP TABLE model_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, "
-                "needs VARCHAR, detail VARCHAR)")
-    if gaps:
-        con.executemany("INSERT INTO model_gaps VALUES (?, ?, ?, ?, ?)", gaps)
+STEP_MODEL = Table("step_model", (
+    ("step_id", pa.int64()), ("mode", pa.string()), ("num_seqs", pa.int64()), ("tokens", pa.int64()),
+    ("prefill_tokens", pa.int64()), ("context_tokens", pa.int64()), ("flops_linear", pa.float64()),
+    ("flops_attention", pa.float64()), ("flops", pa.float64()), ("bytes_weights", pa.float64()),
+    ("bytes_kv_read", pa.float64()), ("bytes_kv_write", pa.float64()), ("bytes_act", pa.float64()),
+    ("bytes", pa.float64()), ("intensity", pa.float64()), ("bound_linear_ms", pa.float64()),
+    ("bound_attention_ms", pa.float64()), ("bound_lm_head_ms", pa.float64()), ("bound_ms", pa.float64()),
+    ("aggregated_bound_ms", pa.float64()), ("binding_roof", pa.string()), ("roof_source", pa.string()),
+    ("roof_compute_tflops", pa.float64()), ("roof_memory_gbps", pa.float64()), ("measured_ms", pa.float64()),
+    ("residual_ms", pa.float64()), ("residual_pct", pa.float64()), ("gap_after_ms", pa.float64()),
+    ("wait_after_ms", pa.float64()), ("beats_bound", pa.bool_()), ("beaten_roof", pa.string()),
+), order="step_id")
+# @gaps: no model shape or no roofs in the manifest; batch rows without their context
+GAPS = gap_table("step_model")
 

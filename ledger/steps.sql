@@ -4,7 +4,7 @@
 --
 -- scope: engine
 -- reads: ev
--- creates: steps, step_attribution
+-- creates: steps, step_attribution, steps_gaps
 CREATE OR REPLACE TEMP TABLE steps AS
 SELECT s.step_id, s.ts_ns AS start_ns, e.ts_ns AS end_ns, s.clock, (e.ts_ns - s.ts_ns) / 1e6 AS step_ms, s.attrs AS start_attrs
 FROM ev s JOIN ev e ON e.step_id = s.step_id AND e.name = 'step.end' AND e.clock = s.clock
@@ -38,3 +38,11 @@ SELECT getvariable('run_id') AS run_id, step_id, attempt_id, kind, tokens, conte
        start_ns, end_ns, clock
 FROM parsed
 ORDER BY step_id, attempt_id;
+
+-- @gaps: a step whose batch lists 0 tokens in all (its time cannot be shared by tokens).
+CREATE OR REPLACE TEMP TABLE steps_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO steps_gaps
+SELECT 'step', step_id::VARCHAR, 'step_attribution share_ms, energy_shares',
+       'the tokens each attempt processed in the step (step.start attrs.batch)',
+       'the step''s batch lists 0 tokens in all: its time cannot be shared by tokens'
+FROM step_attribution GROUP BY step_id HAVING sum(tokens) = 0;

@@ -4,7 +4,7 @@
 -- scope: task
 -- reads: marks, ev, ev_tok, clock_conv, figures, point_of
 -- creates: ms_raw, spans_raw, stream_clock, stream_points, span_iv, cuts, ms_state, stream_segs, state_iv,
---          span_off, intervals, stream_checks
+--          span_off, intervals, stream_checks, streams_gaps
 
 -- Milestones and the state each one starts (NULL state = the stream's end).
 CREATE OR REPLACE TEMP TABLE ms_raw AS
@@ -212,3 +212,17 @@ SELECT getvariable('run_id') AS run_id, b.attempt_id, b.stream,
             ELSE 'ok' END AS status
 FROM b LEFT JOIN s USING (attempt_id, stream)
 ORDER BY b.attempt_id, b.stream;
+
+-- @gaps: stream points in a clock the stream's clock cannot be compared with; a span.start without its end.
+CREATE OR REPLACE TEMP TABLE streams_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO streams_gaps
+SELECT 'clock', r.attempt_id, format('{} stream intervals', r.stream),
+       format('a clock.map between {} and {}', r.clock, sc.clock),
+       format('{} left out of the {} stream', r.event_id, r.stream)
+FROM ms_raw r JOIN stream_clock sc USING (attempt_id, stream)
+LEFT JOIN clock_conv c ON c.from_clock = r.clock AND c.to_clock = sc.clock
+WHERE c.from_clock IS NULL
+UNION ALL
+SELECT 'attempt', attempt_id, format('span {} on stream {}', span, stream), 'its span.end event',
+       format('span.start {} has no matching span.end', start_eid)
+FROM spans_raw WHERE end_ns IS NULL;

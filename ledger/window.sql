@@ -5,7 +5,7 @@
 --
 -- scope: rollup
 -- reads: attempt_ids, ev, marks, clock_conv
--- creates: window_points, window_bounds
+-- creates: window_points, window_bounds, window_gaps
 CREATE OR REPLACE TEMP TABLE window_points AS
 WITH client AS (  -- with client events the window opens at a client start, or is unknown
   SELECT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
@@ -38,3 +38,24 @@ SELECT (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE min(t) END FROM window_
             THEN 'first arrival or client event → last server end (no client terminal event)'
             ELSE 'first arrival or client event → last client terminal' END AS label,
        EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0) AS has_client;
+
+-- @gaps: a window of zero length, without a start or an end, or with points no mapping brings to its clock.
+CREATE OR REPLACE TEMP TABLE window_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO window_gaps
+SELECT 'run', NULL, 'goodput_rps, completed_rps, vllm_goodput_rps, output_tok_s, total_tok_s, computed_tok_s, '
+                  || 'arrival_rps, mean_in_system',
+       'a window of positive length (events spread over time)',
+       'the observation window has zero length: every rate over it is unknown'
+FROM window_bounds WHERE t1 = t0
+UNION ALL
+SELECT 'run', NULL, 't_obs_s and every rate over the observation window',
+       'a start (arrival.planned, attempt.created or attempt.sent; engine.enqueued without a client) and an end (a terminal event)',
+       format('the observation window has no {} event', CASE WHEN t0 IS NULL THEN 'start' ELSE 'end' END)
+FROM window_bounds WHERE (t0 IS NULL OR t1 IS NULL) AND EXISTS (SELECT 1 FROM attempt_ids)
+  AND NOT EXISTS (SELECT 1 FROM window_points WHERE dropped)
+UNION ALL
+SELECT 'clock', NULL, 't_obs_s and every rate over the observation window',
+       format('a clock.map between {} and {}', clock, any_value(ref_clock)),
+       format('{} window point(s) left out (first {}): {} cannot be compared with the window''s clock {}',
+              count(*), min(event_id), clock, any_value(ref_clock))
+FROM window_points WHERE dropped GROUP BY clock;

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
 from inferledger.collectors.sim.step_model import FittedStepModel
-from inferledger.costmodel.fit import StepFit, points_from_ledger
+from inferledger.costmodel.fit import StepFit
 from inferledger.probes.run_folder import Manifest
 from inferledger.engine.params import EngineConfig
 from inferledger.ledger.query import open_ledger
+from inferledger.ledger.step_fit import ledger_fit_points
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
 from inferledger.studies.real import capture_run, workload
 
@@ -64,7 +65,7 @@ WHERE e.attempt_id = a.attempt_id ORDER BY a.enqueued_ns"""
 
 def _simulate(run_dir: Path, run_id: str, bundle) -> None:
     runs_dir = run_dir.parent
-    fit = StepFit.fit(points_from_ledger(runs_dir / "fit" / "ledger.duckdb"), trained_on="run fit")
+    fit = StepFit.fit(ledger_fit_points(runs_dir / "fit" / "ledger.duckdb"), trained_on="run fit")
     with open_ledger(runs_dir / "real") as led:
         cols, rows = led.rows(REQUESTS_SQL)
     real = [dict(zip(cols, r)) for r in rows]

@@ -38,6 +38,20 @@ def test_the_table_reference_in_the_docs_is_current():
         "docs/LEDGER.md is stale: run `python -m inferledger.ledger.docgen --write`"
 
 
+def test_the_list_of_gap_declaring_modules_in_the_docs_is_current():
+    text = LEDGER_MD.read_text()
+    listed = docgen.gap_modules()
+    assert docgen.splice(text, listed, docgen.GAPS_BEGIN, docgen.GAPS_END) == text, \
+        "docs/LEDGER.md is stale: run `python -m inferledger.ledger.docgen --write`"
+    assert "| `ledger/figures.sql` | task | `figures_gaps` | a subtraction across clock domains" in listed
+    assert "| `ledger/load.py` | run | `load_gaps` |" in listed
+
+
+def test_a_gap_declaring_module_without_its_gaps_comment_is_named():
+    assert docgen.gaps_text("-- @gaps: one thing;\n--   and another.\nCREATE ...") == "one thing; and another"
+    assert docgen.gaps_text("# no gaps here\n") is None
+
+
 def test_no_doc_says_energy_per_good_result_subtracts_the_idle_term():
     # the ledger adds the window's energy, idle time included, and keeps the idle power a term of its
     # own (idle_gpu_j, idle_cpu_j); tests/test_energy_ledger.py holds the SQL to that

@@ -97,6 +97,32 @@ def test_degenerate_runs_are_the_same_sharded(local_ray, tmp_path):
         assert_same(*three_ledgers(tmp_path / name, tmp_path, 2))
 
 
+def test_gaps_of_task_scope_modules_are_kept_from_every_shard(local_ray, tmp_path):
+    """Each task's attempt has gaps its task-scope modules declare (two client terminals: marks; a done
+    on a clock no mapping joins: figures): every shard keeps its own tasks' rows, none is lost or twice."""
+    events = []
+    for i in range(8):
+        ids = {"task_id": f"T{i}", "request_id": f"R{i}", "attempt_id": f"A{i}"}
+        events.append({"name": "attempt.sent", "ms": 10 * i, **ids})
+        if i % 2:
+            events += [{"name": "attempt.timeout", "ms": 10 * i + 5, **ids},
+                       {"name": "attempt.done", "ms": 10 * i + 8, **ids}]
+        else:
+            events.append({"name": "attempt.done", "ms": 10 * i + 8, "clock": "d", **ids})
+    build_run(tmp_path / "gapped", events, domains=("c", "d")).close()
+    default, _, sharded = three_ledgers(tmp_path / "gapped", tmp_path, 4, bounded=False)
+    buckets = [p for p in (tmp_path / "gapped" / "events").iterdir() if p.name.startswith("bucket-")]
+    assert len(buckets) > 1
+    assert ledger_differences(default, sharded) == []
+    import duckdb
+
+    with duckdb.connect(str(sharded), read_only=True) as con:
+        per_attempt = con.execute("SELECT subject_id, count(*) FROM gaps WHERE subject_id LIKE 'A%' "
+                                  "AND (affects LIKE 'client_status, e2e_client_ms%' OR affects = 'e2e_client') "
+                                  "GROUP BY ALL ORDER BY 1").fetchall()
+    assert per_attempt == [(f"A{i}", 1) for i in range(8)]
+
+
 def test_the_cli_shards_a_partitioned_run_and_refuses_an_unpartitioned_one(local_ray, tmp_path):
     run = tmp_path / "run"
     import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run)

@@ -10,10 +10,11 @@ from ledger_util import build_run, dict_rows as _rows
 
 from inferledger.collectors.rundir.writer import RunWriter
 from inferledger.costmodel import StepRow, step_work
+from inferledger.costmodel.fit import StepFit, apply
 from inferledger.probes.model_shape import ModelShape
-from inferledger.costmodel.fit import StepFit, apply, points_from_ledger
 from inferledger.engine import EngineConfig, LLMEngine, SamplingParams
 from inferledger.ledger.reconstruct import reconstruct
+from inferledger.ledger.step_fit import ledger_fit_points
 
 # a one-socket roof no two-core VM can exceed (the Xeon Platinum 8480+ entry: 56 cores, 8 × DDR5-4800)
 ROOFS = {"tflops": 218.0, "gbps": 307.2, "label": "one Xeon 8480+ socket, above this VM's ceiling"}
@@ -154,10 +155,10 @@ def test_a_synthetic_runs_fit_recovers_its_device_and_applies_to_a_second_run(tm
     splits = dict(con.execute("SELECT split, count(*) FROM step_fit_points GROUP BY split").fetchall())
     assert splits["train"] + splits["held_out"] == 15
     # the fit of run a, trained in Python on a's ledger, held against run b's steps (other shapes)
-    trained = StepFit.fit(points_from_ledger(tmp_path / "a" / "ledger.duckdb"), trained_on="a")
+    trained = StepFit.fit(ledger_fit_points(tmp_path / "a" / "ledger.duckdb"), trained_on="a")
     build_run(tmp_path / "b", _step_events(steps((3, 6), (100, 1000))), domains=("e",),
               manifest={"run_id": "b", **manifest, "step_fit": trained.to_dict()}).close()
-    result = apply(trained, tmp_path / "b")
+    result = apply(trained, ledger_fit_points(tmp_path / "b"))
     assert result["n"] == 4 and result["median_abs_pct"] < 3.0
     con = duckdb.connect(str(tmp_path / "b" / "ledger.duckdb"), read_only=True)  # b judged by a's fit
     assert con.execute("SELECT DISTINCT split FROM step_fit_points").fetchall() == [("applied",)]
@@ -168,7 +169,7 @@ def test_a_synthetic_runs_fit_recovers_its_device_and_applies_to_a_second_run(tm
 
 def test_steps_that_compiled_or_captured_are_left_out_of_the_fit(tmp_path):
     """A step whose time holds a compile (`compiling`) or a CUDA graph capture (`graph_capture`) is one-off
-    build work, not the step's cost: neither the ledger's fit nor points_from_ledger sees it, and the
+    build work, not the step's cost: neither the ledger's fit nor ledger_fit_points sees it, and the
     fit of the other steps recovers the device as if they were not there."""
     alpha, p_tflops, b_gbps = 3.0, 0.5, 20.0
     smol = ModelShape(30, 576, 9, 3, 64, 1536, 49152, True, 2, 2, 2)
@@ -186,7 +187,7 @@ def test_steps_that_compiled_or_captured_are_left_out_of_the_fit(tmp_path):
     con = duckdb.connect(str(tmp_path / "c" / "ledger.duckdb"), read_only=True)
     seen = {r[0] for r in con.execute("SELECT step_id FROM step_fit_points").fetchall()}
     assert seen == set(range(1, 16)) - {1, 9}
-    assert {p.step_id for p in points_from_ledger(tmp_path / "c" / "ledger.duckdb")} == seen
+    assert {p.step_id for p in ledger_fit_points(tmp_path / "c" / "ledger.duckdb")} == seen
     fit = {n: v for n, v in con.execute("SELECT name, value FROM step_fit").fetchall()}
     assert fit["alpha_ms"] == pytest.approx(alpha, abs=0.5)
     assert fit["b_eff_gbps"] == pytest.approx(b_gbps, rel=0.05)
