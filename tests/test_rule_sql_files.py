@@ -208,13 +208,15 @@ def test_the_register_is_the_union_of_the_modules_gap_tables():
     from inferledger.ledger.reconstruct import run_variables
     from inferledger.probes.events import EVENT_SCHEMA
     from inferledger.probes.run_dir import list_parts
+    from inferledger.probes.run_folder import Manifest
 
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp) / "run"
         rejoin(run_dir, d)
         con = duckdb.connect()
-        set_variables(con, run_variables(d, "r"))
-        run_modules(con, ledger_modules(), RunFiles(d, list_parts(d / "events", EVENT_SCHEMA)))
+        manifest = Manifest.read(d)
+        set_variables(con, run_variables(manifest, "r"))
+        run_modules(con, ledger_modules(), RunFiles(d, list_parts(d / "events", EVENT_SCHEMA), manifest=manifest))
         tables = [t for m in ledger_modules() for t in m.creates if t.endswith("_gaps")]
         union = []
         for t in tables:
