@@ -2,7 +2,8 @@
 --
 -- scope: run
 -- reads:
--- creates: first_point, last_point, point_of, json_double, json_bigint, sum_if_known, quantiles_linear
+-- creates: first_point, last_point, point_of, json_double, json_bigint, sum_if_known, quantiles_linear,
+--          quantile_linear
 
 -- The first (last) event of a group for which `cond` holds, as a point (ns, clock, eid). Ties on the
 -- timestamp break by seq, then event id, in every stage alike.
@@ -32,3 +33,4 @@ CREATE OR REPLACE TEMP MACRO sum_if_known(known, x) AS
 -- The ledger's one quantile rule for its own figures: linear interpolation between closest ranks
 -- (Hyndman-Fan type 7, NumPy's default; docs/LEDGER.md "Quantiles"). Peers' rows keep their own rules.
 CREATE OR REPLACE TEMP MACRO quantiles_linear(x, qs) AS quantile_cont(x, qs);
+CREATE OR REPLACE TEMP MACRO quantile_linear(x, q) AS quantile_cont(x, q);  -- one q: a number, not a list

@@ -2,7 +2,7 @@
 -- the trends that point to a source (docs/LEDGER.md "model_residuals", docs/MODEL.md "Residuals").
 --
 -- scope: rollup
--- reads: step_model
+-- reads: step_model, quantile_linear
 -- creates: model_residuals, residual_sources
 
 -- @table model_residuals: one row per group of steps with the same batch size, context bucket and mode
@@ -26,9 +26,9 @@ WITH s AS (
 SELECT getvariable('run_id') AS run_id, num_seqs,
        CASE WHEN any_value(b) = 0 AND min(context_tokens) = 0 THEN 0 ELSE CAST(pow(2, any_value(b)) AS BIGINT) END AS context_lo,
        CAST(pow(2, any_value(b) + 1) AS BIGINT) AS context_hi, mode, count(*) AS n_steps,
-       quantile_cont(measured_ms, 0.5) AS median_measured_ms, quantile_cont(bound_ms, 0.5) AS median_bound_ms,
-       quantile_cont(residual_ms, 0.5) AS median_residual_ms, quantile_cont(residual_pct, 0.5) AS median_residual_pct,
-       quantile_cont(gap_after_ms, 0.5) AS median_gap_after_ms, count(*) FILTER (WHERE beats_bound) AS n_beats_bound
+       quantile_linear(measured_ms, 0.5) AS median_measured_ms, quantile_linear(bound_ms, 0.5) AS median_bound_ms,
+       quantile_linear(residual_ms, 0.5) AS median_residual_ms, quantile_linear(residual_pct, 0.5) AS median_residual_pct,
+       quantile_linear(gap_after_ms, 0.5) AS median_gap_after_ms, count(*) FILTER (WHERE beats_bound) AS n_beats_bound
 FROM s GROUP BY num_seqs, b, mode
 ORDER BY mode, num_seqs, context_lo;
 
@@ -45,8 +45,8 @@ CREATE OR REPLACE TABLE residual_sources AS
 WITH s AS (SELECT * FROM step_model WHERE residual_ms IS NOT NULL AND prefill_tokens = 0),  -- decode steps
 fit AS (  -- residual ≈ a + c · context: the intercept is a fixed cost, c a growth with context
   SELECT regr_intercept(residual_ms, context_tokens) AS a_ctx, regr_slope(residual_ms, context_tokens) AS c,
-         regr_r2(residual_ms, context_tokens) AS r2, quantile_cont(context_tokens, 0.5) AS med_ctx,
-         quantile_cont(residual_ms, 0.5) AS med_res, quantile_cont(gap_after_ms, 0.5) AS med_gap,
+         regr_r2(residual_ms, context_tokens) AS r2, quantile_linear(context_tokens, 0.5) AS med_ctx,
+         quantile_linear(residual_ms, 0.5) AS med_res, quantile_linear(gap_after_ms, 0.5) AS med_gap,
          count(*) AS n FROM s
 ), jump AS (
   SELECT r.mode, r.num_seqs, r.context_lo, r.context_hi, r.median_residual_ms, r.n_steps

@@ -20,7 +20,7 @@ from inferledger.ledger.tables import Table, gap_table
 from inferledger.probes.run_dir import PREDICTION_FILE
 from inferledger.probes.run_folder import MANIFEST_FILE
 
-READS = ("events", "request_metrics")
+READS = ("events", "request_metrics", "quantile_linear")
 CREATES = ("prediction_shapes", "prediction_registration", "prediction_check", "prediction_check_gaps")
 SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("prediction_registration", "prediction_check")
@@ -114,13 +114,13 @@ SELECT getvariable('run_id') AS run_id, s.class, s.prompt_tokens, s.cached_token
        count(m.attempt_id) AS n_attempts,
        s.ttft_lower_ms, s.ttft_sustained_low_ms, s.ttft_sustained_high_ms, s.ttft_fit_low_ms, s.ttft_fit_high_ms,
        count(m.ttft_server_ms) AS n_ttft,
-       quantile_cont(m.ttft_server_ms, 0.5) AS ttft_p50_ms, min(m.ttft_server_ms) AS ttft_min_ms,
+       quantile_linear(m.ttft_server_ms, 0.5) AS ttft_p50_ms, min(m.ttft_server_ms) AS ttft_min_ms,
        count(*) FILTER (WHERE m.ttft_server_ms < s.ttft_lower_ms) AS ttft_below_bound,
        count(*) FILTER (WHERE m.ttft_server_ms BETWEEN s.ttft_sustained_low_ms AND s.ttft_sustained_high_ms)
          AS ttft_in_sustained,
        s.tpot_lower_ms, s.tpot_sustained_low_ms, s.tpot_sustained_high_ms, s.tpot_fit_low_ms, s.tpot_fit_high_ms,
        count(m.tpot_server_ms) AS n_tpot,
-       quantile_cont(m.tpot_server_ms, 0.5) AS tpot_p50_ms, min(m.tpot_server_ms) AS tpot_min_ms,
+       quantile_linear(m.tpot_server_ms, 0.5) AS tpot_p50_ms, min(m.tpot_server_ms) AS tpot_min_ms,
        count(*) FILTER (WHERE m.tpot_server_ms < s.tpot_lower_ms) AS tpot_below_bound,
        count(*) FILTER (WHERE m.tpot_server_ms BETWEEN s.tpot_sustained_low_ms AND s.tpot_sustained_high_ms)
          AS tpot_in_sustained

@@ -3,7 +3,7 @@
 -- verdict the summary prints (docs/LEDGER.md "roofline_points, roofline_roofs and model_summary").
 --
 -- scope: rollup
--- reads: step_model, step_fit, residual_sources, prediction_registration
+-- reads: step_model, step_fit, residual_sources, prediction_registration, quantile_linear
 -- creates: roofline_points, roofline_roofs, model_summary
 
 -- @table roofline_points: one row per engine step with work and a measured time
@@ -64,7 +64,7 @@ SELECT getvariable('run_id') AS run_id, * FROM (
 -- @column dominant_ms_per_step: its size per step
 CREATE OR REPLACE TABLE model_summary AS
 SELECT getvariable('run_id') AS run_id, (SELECT count(*) FROM roofline_points WHERE bound_share_pct IS NOT NULL) AS n_steps,
-       (SELECT quantile_cont(bound_share_pct, 0.5) FROM roofline_points) AS median_bound_share_pct,
+       (SELECT quantile_linear(bound_share_pct, 0.5) FROM roofline_points) AS median_bound_share_pct,
        (SELECT count(*) FILTER (WHERE beats_bound) FROM step_model) AS n_beats_bound,
        (SELECT any_value(source) FROM residual_sources WHERE dominant) AS dominant_source,
        (SELECT any_value(ms_per_step) FROM residual_sources WHERE dominant) AS dominant_ms_per_step;

@@ -5,7 +5,7 @@
 -- and the client measure.
 --
 -- scope: task
--- reads: attempts, request_metrics, contracts, intervals, step_attribution, ev_tok
+-- reads: attempts, request_metrics, contracts, intervals, step_attribution, ev_tok, quantile_linear
 -- creates: slo_misses
 
 -- @table slo_misses: one row per attempt of a task with a deadline that finished late or timed out,
@@ -68,7 +68,7 @@ WITH missed AS (
   SELECT attempt_id, max(ms) AS ms FROM (
     SELECT g.attempt_id, g.choice, sum(greatest(g.gap_ms - x.ms - 2 * med.m, 0)) AS ms
     FROM tok_gaps g JOIN explained x USING (attempt_id, choice, ts_ns)
-    JOIN (SELECT attempt_id, median(gap_ms) AS m FROM tok_gaps GROUP BY 1) med USING (attempt_id)
+    JOIN (SELECT attempt_id, quantile_linear(gap_ms, 0.5) AS m FROM tok_gaps GROUP BY 1) med USING (attempt_id)
     GROUP BY g.attempt_id, g.choice)
   GROUP BY attempt_id
 ), layers AS (  -- which layers saw the attempt: a cause is 0 only where its layer could have seen it

@@ -119,3 +119,15 @@ def test_a_task_module_that_reads_a_rollup_is_refused_naming_both():
         check([per_task, base])
     rollup = _sql("sum_up", "t", "s", "CREATE OR REPLACE TABLE s AS SELECT sum(n) FROM t;", scope="rollup")
     assert [m.name for m in check([per_task, rollup])] == ["per_task", "sum_up"]
+
+
+def test_every_quantile_of_our_figures_goes_through_the_one_rule():
+    """The ledger's modules take percentiles and medians through the macros of ledger/macros.sql, so the
+    rule is defined once; only the peers' views (each peer tool's own rule) call DuckDB's functions."""
+    allowed = {"macros.sql", "peer_views.sql"}
+    direct = re.compile(r"\b(quantile_cont|quantile_disc|quantile|median|percentile_cont|percentile_disc)\s*\(", re.I)
+    found = []
+    for m in ledger_modules():
+        if m.source not in allowed:
+            found += [f"{m.source}: {hit.group(0)}" for hit in direct.finditer(m.text)]
+    assert not found, found
