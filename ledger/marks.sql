@@ -112,6 +112,7 @@ WITH firsts AS (
     -- counts
     arg_max(usage_completion, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS n_tokens_usage,
     arg_max(usage_prompt, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS n_prompt_usage,
+    max(value) FILTER (WHERE name = 'engine.enqueued') AS n_prompt_engine,
     arg_max(reason, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS client_finish_reason,
     count(*) FILTER (WHERE name = 'engine.preempted') AS preemptions,
     coalesce(sum(value) FILTER (WHERE name = 'engine.preempted'), 0) AS recomputed_tokens,
@@ -159,6 +160,9 @@ SELECT a.attempt_id, f.* EXCLUDE (attempt_id, done),
        coalesce(f.server_done, f.rejected, point_of(f.finished),
                 f.cancel_effective) AS server_end,
        coalesce(t.n_tokens_engine, CASE WHEN f.finished IS NOT NULL THEN 0 END, f.n_tokens_usage) AS n_output_tokens,
+       -- an attempt's prompt length, the one definition: the engine's count (engine.enqueued's value),
+       -- else the usage the client received with its last attempt.done (a black-box server)
+       coalesce(f.n_prompt_engine, f.n_prompt_usage) AS n_prompt_tokens,
        nullif(greatest(coalesce(t.n_choices_engine, 0), coalesce(o.n_choices_output, 0)), 0) AS n_choices
 FROM (SELECT attempt_id FROM attempt_ids) a
 LEFT JOIN firsts f USING (attempt_id) LEFT JOIN toks t USING (attempt_id)

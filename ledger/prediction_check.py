@@ -20,7 +20,7 @@ from inferledger.ledger.tables import Table, gap_table
 from inferledger.probes.run_dir import PREDICTION_FILE
 from inferledger.probes.run_folder import MANIFEST_FILE
 
-READS = ("events", "request_metrics", "quantile_linear")
+READS = ("events", "marks", "request_metrics", "quantile_linear")
 CREATES = ("prediction_shapes", "prediction_registration", "prediction_check", "prediction_check_gaps")
 SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("prediction_registration", "prediction_check")
@@ -101,9 +101,8 @@ FROM reg, first WHERE registered
 
 PREDICTION_CHECK = """
 CREATE OR REPLACE TABLE prediction_check AS
-WITH prompt AS (
-  SELECT attempt_id, max(value)::BIGINT AS prompt_tokens FROM events
-  WHERE name = 'engine.enqueued' AND attempt_id IS NOT NULL GROUP BY attempt_id),
+WITH prompt AS (  -- the engine's own count: the prefill the bound was computed for
+  SELECT attempt_id, n_prompt_engine::BIGINT AS prompt_tokens FROM marks WHERE n_prompt_engine IS NOT NULL),
 matched AS (
   SELECT m.attempt_id, p.prompt_tokens, m.ttft_server_ms, m.tpot_server_ms,
          arg_max(s.class, [s.prompt_tokens, -s.ord]) AS class  -- equal prompts: the first listed

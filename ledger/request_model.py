@@ -21,7 +21,8 @@ from inferledger.costmodel.roofs import run_roofs
 from inferledger.ledger.tables import Table, gap_table
 from inferledger.probes.model_shape import ShapeError
 
-READS = ("step_model", "steps", "step_attribution", "step_fit", "step_fit_points", "ev", "ev_tok", "request_metrics")
+READS = ("step_model", "steps", "step_attribution", "step_fit", "step_fit_points", "ev", "ev_tok", "marks",
+         "request_metrics")
 CREATES = ("request_model", "request_model_gaps")
 SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("request_model",)
@@ -60,11 +61,8 @@ FROM w GROUP BY attempt_id
 """
 _ATTEMPTS = """
 SELECT r.attempt_id, r.ttft_server_ms, r.ttft_client_ms, r.tpot_server_ms, r.queue_ms, r.prefill_ms, r.decode_ms,
-       r.n_output_tokens, coalesce(r.n_choices, 1) AS n_choices, p.prompt
-FROM request_metrics r
-LEFT JOIN (SELECT attempt_id, coalesce(max(value) FILTER (WHERE name = 'engine.enqueued'),
-                                       max(usage_prompt) FILTER (WHERE name = 'attempt.done')) AS prompt
-           FROM ev GROUP BY attempt_id) p ON p.attempt_id = r.attempt_id
+       r.n_output_tokens, coalesce(r.n_choices, 1) AS n_choices, m.n_prompt_tokens AS prompt
+FROM request_metrics r JOIN marks m USING (attempt_id)
 WHERE r.ttft_server_ms IS NOT NULL
 ORDER BY r.attempt_id
 """

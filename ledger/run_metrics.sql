@@ -84,17 +84,17 @@ WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), 
               END AS output_tokens,
          -- prompt tokens: the engine's count, else the usage the client received (a black-box run)
          CASE WHEN (SELECT has_client FROM window_bounds)
-              THEN sum_if_known(coalesce(p.prompt, m.n_prompt_usage), coalesce(p.prompt, m.n_prompt_usage)) END AS prompt_tokens,
-         CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(p.prompt, coalesce(p.cached, 0))
+              THEN sum_if_known(m.n_prompt_tokens, m.n_prompt_tokens) END AS prompt_tokens,
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(m.n_prompt_engine, coalesce(p.cached, 0))
               END AS prompt_tokens_cached,
-         CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(p.prompt, coalesce(p.computed, 0))
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(m.n_prompt_engine, coalesce(p.computed, 0))
               END AS prefill_tokens_computed,
          count(*) AS n
   FROM attempts a JOIN marks m USING (attempt_id) LEFT JOIN (
-    SELECT attempt_id, max(value) FILTER (WHERE name = 'engine.enqueued') AS prompt,
+    SELECT attempt_id,
            sum(TRY_CAST(json_extract_string(attrs, '$.cached_tokens') AS BIGINT)) FILTER (WHERE name = 'engine.prefill') AS cached,
            sum(value) FILTER (WHERE name = 'engine.prefill') AS computed
-    FROM ev WHERE name IN ('engine.enqueued', 'engine.prefill') GROUP BY attempt_id) p USING (attempt_id)
+    FROM ev WHERE name = 'engine.prefill' GROUP BY attempt_id) p USING (attempt_id)
   WHERE a.client_status = 'completed'
 )
 SELECT getvariable('run_id') AS run_id,
