@@ -156,6 +156,7 @@ def capture_run(server, c: int, n: int, tag: str) -> dict:
     import duckdb
 
     from inferledger.collectors.capture.run import capture
+    from inferledger.collectors.capture.options import CaptureOptions
     from inferledger.ledger.reconstruct import reconstruct
 
     wl = OUT / f"closed-c{c}.toml"
@@ -164,7 +165,7 @@ def capture_run(server, c: int, n: int, tag: str) -> dict:
                   f'[client]\ntimeout_ms = 300000\nmax_attempts = 1\n[generation]\nmax_tokens = 64\n'
                   f'temperature = 0.0\nignore_eos = true\n[[classes]]\nname = "chat"\nprompt_tokens = 64\n')
     avg, before = load(), prompt_tokens_counted(server.port)
-    result = capture(wl, OUT / tag, target=f"http://127.0.0.1:{server.port}", served_model=NAME)
+    result = capture(wl, OUT / tag, CaptureOptions(target=f"http://127.0.0.1:{server.port}", served_model=NAME))
     after = prompt_tokens_counted(server.port)
     con = duckdb.connect(str(reconstruct(OUT / tag).path), read_only=True)
     tok_s, = con.execute("select output_tok_s from run_metrics").fetchone()

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from inferledger.collectors.capture.run import capture
+from inferledger.collectors.capture.options import CaptureOptions
 from inferledger.collectors.workload import Workload
 
 # every answer accepted (a regex any output character matches): goodness is completion within the deadline
@@ -57,5 +58,6 @@ def capture_run(run_dir: Path, run_id: str, wl: Workload, bundle, *, max_num_seq
                 engine_config: dict | None = None) -> dict:
     """One capture of `wl` on the embedded engine serving `bundle`; returns the run's manifest. The
     device microbenchmarks are skipped (a study compares its runs with each other, not with roofs)."""
-    return capture(wl, run_dir, bundle=bundle, max_num_seqs=max_num_seqs, engine_config=engine_config,
-                   run_id=run_id, microbenchmarks=False).manifest
+    options = CaptureOptions(max_num_seqs=max_num_seqs, engine_config=engine_config or {}, run_id=run_id,
+                             microbenchmarks=False)
+    return capture(wl, run_dir, options, bundle=bundle).manifest

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from inferledger.cli.app import app
 from inferledger.collectors.capture import microbench
 from inferledger.collectors.capture.run import capture
+from inferledger.collectors.capture.options import CaptureOptions
 from inferledger.collectors.workload import Workload
 from inferledger.costmodel import ModelShape, Roofs
 from inferledger.costmodel.prediction import SCHEMA, PredictionError, check, predict
@@ -174,8 +175,8 @@ def test_a_changed_prediction_file_stops_the_capture_naming_it(tmp_path):
     bad = tmp_path / "pred.json"
     bad.write_text(json.dumps({"schema": SCHEMA, "max_batch": 0}))
     with pytest.raises(PredictionError, match=r"pred\.json: field max_batch = 0"):
-        capture(Workload.load(_workload(tmp_path)), tmp_path / "run", model=tmp_path / "never-loaded.gguf",
-                prediction=bad)
+        capture(Workload.load(_workload(tmp_path)), tmp_path / "run",
+                CaptureOptions(model=tmp_path / "never-loaded.gguf", prediction=bad))
     assert not (tmp_path / "run").exists()  # refused before anything was recorded
 
 
@@ -183,7 +184,7 @@ def test_a_changed_prediction_file_stops_the_capture_naming_it(tmp_path):
 def registered_run(bundle, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("registered")
     run = tmp / "run"
-    capture(Workload.load(_workload(tmp)), run, bundle=bundle, max_num_seqs=4)
+    capture(Workload.load(_workload(tmp)), run, CaptureOptions(max_num_seqs=4), bundle=bundle)
     reconstruct(run)
     return run
 
