@@ -65,7 +65,7 @@ class OpenAIServer:
         self.created = int(time.time())
 
     def emit(self, name: str, ids: Ids, value=None, **attrs) -> None:
-        self.probe.emit(name, value=value, **ids.columns(), **attrs)
+        self.probe.emit(name, ids.event_ids, value=value, **attrs)
 
     def engine_down(self) -> str | None:
         """Why the engine cannot serve (its loop thread died on an error), or None."""
