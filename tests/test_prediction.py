@@ -281,10 +281,10 @@ def test_the_matmul_roof_times_the_engines_own_linear(monkeypatch):
     assert {c[0] for c in calls} == {(s["m"], s["k"]) for s in shapes}
     panels = cpu_linear.panelable(torch.empty(16, 2, dtype=torch.bfloat16))
     assert panels == (cpu_linear.packable(torch.empty(2, 2, dtype=torch.bfloat16)) and cpu_kernels.panel_kernel())
-    assert {c[1] for c in calls} == {"gemv" if panels else "torch"}  # prepared exactly where the engine prepares its weights
+    assert {c[1] for c in calls} == {"kernels" if panels else "torch"}  # prepared exactly where the engine prepares its weights
     assert {c[2] for c in calls} == {4 if panels else 2}  # over the panel copies, as the step's, where it has them
     calls.clear()
     microbench.measure("cpu", torch.float32, shapes, timer=fake_timer(), stream_bytes=4 << 20,
                        matmul_repeats=1, stream_repeats=1, slice_s=0.0)
-    assert {c[1] for c in calls} == {"gemv"}  # fp32: the kernel (this machine builds it), as the engine's step
+    assert {c[1] for c in calls} == {"kernels"}  # fp32: the kernel (this machine builds it), as the engine's step
 
