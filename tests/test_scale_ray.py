@@ -19,7 +19,7 @@ from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.collectors.rundir.repartition import repartition
 from inferledger.collectors.sim.declared import QWEN3_8B
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
-from inferledger.collectors.sim.step_model import BookStepModel
+from inferledger.collectors.sim.step_time import BookStepModel
 from inferledger.engine.params import EngineConfig
 from inferledger.ledger.reconstruct import RunDirError, reconstruct
 from ledger_util import build_run
