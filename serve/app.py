@@ -44,7 +44,7 @@ class OpenAIServer:
         if options.model_name is None:
             raise ValueError("the front end needs ServeOptions.model_name: the name clients send as `model`")
         self.engine, self.llm = async_engine, async_engine.engine
-        self.tokenizer, self.model_name, self.options = tokenizer, options.model_name, options
+        self.tokenizer, self.model_name = tokenizer, options.model_name
         self.api_key, self.max_queue, self.default_max_tokens = options.api_key, options.max_queue, options.default_max_tokens
         ep = self.llm.probe  # same host and clock as the engine unless told otherwise
         self.probe = Probe(sink, "server", run_id=run_id or ep.run_id, host=host or ep.host,
