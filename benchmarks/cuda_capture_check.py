@@ -19,8 +19,9 @@ def capture_run(bundle, run_dir: Path, max_num_seqs: int, workload: Path) -> dic
     import pyarrow.parquet as pq
 
     from inferledger.collectors.capture.run import capture
+    from inferledger.collectors.capture.options import CaptureOptions
 
-    capture(workload, run_dir, bundle=bundle, max_num_seqs=max_num_seqs)
+    capture(workload, run_dir, CaptureOptions(max_num_seqs=max_num_seqs), bundle=bundle)
     events = pq.read_table(run_dir / "events").to_pylist()
     samples = pq.read_table(run_dir / "samples").to_pylist() if (run_dir / "samples").exists() else []
     clocks = pq.read_table(run_dir / "clocks.parquet").to_pylist()

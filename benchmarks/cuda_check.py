@@ -36,6 +36,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -117,11 +118,26 @@ def _jsonable(value):
     return value
 
 
-def run_checks(device: str, out: Path, *, n_prompts: int = 8, tokens: int = 32, concurrency=(1, 8, 64),
-               mbu_batches=(1, 64), mbu_context: int = 256, capture_seqs: int = 16, workload: Path = WORKLOAD,
-               budget_s: float = 400.0, model_free: bool = False, sdpa_configs=None, bandwidth_mib: int = 1024,
-               cpu_bundle=None, device_bundles=None) -> dict:
+class CheckPlan(NamedTuple):
+    """How much each phase does (the command's flags)."""
+    n_prompts: int = 8
+    tokens: int = 32
+    concurrency: tuple[int, ...] = (1, 8, 64)
+    mbu_batches: tuple[int, ...] = (1, 64)
+    mbu_context: int = 256  # context tokens of each sequence in the MBU steps
+    capture_seqs: int = 16  # max_num_seqs of the capture phase
+    workload: Path = WORKLOAD  # the capture phase's workload
+    budget_s: float = 400.0  # no phase starts after this many seconds
+    model_free: bool = False  # only the phases that need no model
+    sdpa_configs: dict | None = None  # None: SDPA_CONFIGS on CUDA, the default alone elsewhere
+    bandwidth_mib: int = 1024  # buffer copied by the bandwidth phase
+
+
+def run_checks(device: str, out: Path, plan: CheckPlan = CheckPlan(), *, cpu_bundle=None, device_bundles=None) -> dict:
     """Every phase; `cpu_bundle` / `device_bundles` ({"float32": b, "bfloat16": b}) reuse loaded models."""
+    n_prompts, tokens, concurrency, mbu_batches = plan.n_prompts, plan.tokens, plan.concurrency, plan.mbu_batches
+    mbu_context, capture_seqs, workload, budget_s = plan.mbu_context, plan.capture_seqs, plan.workload, plan.budget_s
+    model_free, sdpa_configs, bandwidth_mib = plan.model_free, plan.sdpa_configs, plan.bandwidth_mib
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(device)
     on_cuda = dev.type == "cuda"
@@ -214,10 +230,11 @@ def main() -> None:
     ap.add_argument("--model-free", action="store_true", help="only the phases that need no model")
     args = ap.parse_args()
     rec = results.start("cuda_check", vars(args))
-    data = run_checks(args.device, args.out, n_prompts=args.prompts, tokens=args.tokens,
-                      concurrency=tuple(args.concurrency), mbu_batches=tuple(args.mbu_batches),
-                      mbu_context=args.mbu_context, bandwidth_mib=args.bandwidth_mib, capture_seqs=args.capture_seqs,
-                      workload=args.workload, budget_s=args.budget_s, model_free=args.model_free)
+    plan = CheckPlan(n_prompts=args.prompts, tokens=args.tokens, concurrency=tuple(args.concurrency),
+                     mbu_batches=tuple(args.mbu_batches), mbu_context=args.mbu_context,
+                     bandwidth_mib=args.bandwidth_mib, capture_seqs=args.capture_seqs, workload=args.workload,
+                     budget_s=args.budget_s, model_free=args.model_free)
+    data = run_checks(args.device, args.out, plan)
     failed = [n for n, p in data["phases"].items() if not p.get("ok")]
     print(f"wrote {args.out / 'cuda_check.json'}; phases not ok: {failed or 'none'}")
     print(f"results: {rec.write(cuda_figures(data))}")

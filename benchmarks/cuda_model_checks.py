@@ -17,7 +17,7 @@ import torch
 from cuda_probes import _timer, pinned, sdpa_ops_run, sdpa_priority
 from engine_throughput import weight_bytes_per_step
 from inferledger.engine import LLM, EngineConfig, SamplingParams
-from inferledger.engine.runner import ModelRunner, SeqChunk
+from inferledger.engine.runner import ModelRunner, RunnerOptions, SeqChunk
 
 BLOCK = 16
 # a top-1 disagreement is a near-tie when the CPU fp32 margin of its token over the device's is below this
@@ -28,7 +28,7 @@ BF16_MAX_DISAGREE = 0.05  # share of positions bf16 may pick another token at, e
 def runner_for(bundle, batch: int, max_len: int, graphs: tuple[int, ...] | None) -> ModelRunner:
     per = -(-max_len // BLOCK)
     return ModelRunner(bundle.model, bundle.config, num_blocks=batch * per, block_size=BLOCK,
-                       device=bundle.device, dtype=bundle.dtype, graph_batch_sizes=graphs)
+                       device=bundle.device, dtype=bundle.dtype, options=RunnerOptions(graph_batch_sizes=graphs))
 
 
 def forced_logits(bundle, prompts: list[list[int]], continuations: list[list[int]], graphs=None) -> torch.Tensor:

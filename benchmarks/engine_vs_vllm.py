@@ -95,9 +95,10 @@ class Ours:
                 "answers; auto: as EngineConfig.compile='auto' resolves at this commit)",
                 "attention": f"INFERLEDGER_ATTENTION={self.attention} (paged: the CPU kernel reading the paged KV "
                 "cache in place; gather: a contiguous copy, then SDPA; auto: paged where the kernel builds)",
-                "linear": f"INFERLEDGER_LINEAR={self.linear} (gemv: the engine's kernels, fp32 for up to 16 token rows, "
-                "bf16 over panel copies where the CPU has AVX-512 BF16; onednn: oneDNN prepacked, native bf16; torch: "
-                "F.linear; auto: gemv where the kernels build and take the dtype, else onednn for native bf16)"}
+                "linear": f"INFERLEDGER_LINEAR={self.linear} (kernels, or its old name gemv: the engine's kernels, fp32 "
+                "for up to 16 token rows, bf16 over panel copies where the CPU has AVX-512 BF16; onednn: oneDNN "
+                "prepacked, native bf16; torch: F.linear; auto: kernels where they build and take the dtype, else "
+                "onednn for native bf16)"}
 
 
 class VLLM:
@@ -156,6 +157,7 @@ def capture_run(server, c: int, n: int, tag: str) -> dict:
     import duckdb
 
     from inferledger.collectors.capture.run import capture
+    from inferledger.collectors.capture.options import CaptureOptions
     from inferledger.ledger.reconstruct import reconstruct
 
     wl = OUT / f"closed-c{c}.toml"
@@ -164,7 +166,7 @@ def capture_run(server, c: int, n: int, tag: str) -> dict:
                   f'[client]\ntimeout_ms = 300000\nmax_attempts = 1\n[generation]\nmax_tokens = 64\n'
                   f'temperature = 0.0\nignore_eos = true\n[[classes]]\nname = "chat"\nprompt_tokens = 64\n')
     avg, before = load(), prompt_tokens_counted(server.port)
-    result = capture(wl, OUT / tag, target=f"http://127.0.0.1:{server.port}", served_model=NAME)
+    result = capture(wl, OUT / tag, CaptureOptions(target=f"http://127.0.0.1:{server.port}", served_model=NAME))
     after = prompt_tokens_counted(server.port)
     con = duckdb.connect(str(reconstruct(OUT / tag).path), read_only=True)
     tok_s, = con.execute("select output_tok_s from run_metrics").fetchone()
@@ -232,7 +234,8 @@ def main() -> None:
     ap.add_argument("--ours-dtype", default="auto")
     ap.add_argument("--ours-compile", default="auto", help="our server's INFERLEDGER_COMPILE: auto, on or off")
     ap.add_argument("--ours-attention", default="auto", help="our server's INFERLEDGER_ATTENTION: auto, paged or gather")
-    ap.add_argument("--ours-linear", default="auto", help="our server's INFERLEDGER_LINEAR: auto, gemv, onednn or torch")
+    ap.add_argument("--ours-linear", default="auto", help="our server's INFERLEDGER_LINEAR: auto, kernels (or its old name "
+                    "gemv), onednn or torch")
     ap.add_argument("--vllm-dtype", default="bfloat16", help="vllm_cpu.sh serves bf16; float32 = the same work as ours here")
     ap.add_argument("--vllm-omp-bind", default="nobind", help="vLLM's VLLM_CPU_OMP_THREADS_BIND: nobind (default: "
                     "its one thread left to the OS, as ours is) or CPU ids")

@@ -291,11 +291,11 @@ def phase_repartition(run_dir: Path, buckets: int) -> dict:
 
 
 def phase_ledger(run_dir: Path, memory_limit: str | None = None, engine: str = "local", workers: int = 2) -> dict:
-    from inferledger.ledger.reconstruct import reconstruct
+    from inferledger.ledger.reconstruct import BuildOptions, reconstruct
 
     shards: list = []
     c0, t0 = _cpu_s(), time.perf_counter()
-    s = reconstruct(run_dir, memory_limit=memory_limit, engine=engine, workers=workers,
+    s = reconstruct(run_dir, BuildOptions(memory_limit=memory_limit, engine=engine, workers=workers),
                     profile=shards if engine == "ray" else None)
     sec = time.perf_counter() - t0
     res = {"seconds": sec, "cpu_s": _cpu_s() - c0, "events": s.n_events, "attempts": s.n_attempts,

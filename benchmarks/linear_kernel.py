@@ -3,8 +3,8 @@
 fp32 (default): each of SmolLM2-135M's matrices (fused q/k/v, o, fused gate/up, down, the tied
 lm_head) times 1, 2, 4, 8 and 16 token rows (the kernel's limit, `GEMV_MAX_ROWS`): the gemv kernel
 (engine/cpu_kernels.py `small_linear`, what the engine's CPU step calls for fp32 with
-`linear="gemv"`) against `F.linear`. bf16 (`--dtype bfloat16`, a CPU with AVX-512 BF16 only): the
-panel kernel (`panel_linear` over the panel copy, what the step calls for bf16 with `linear="gemv"`)
+`linear="kernels"`) against `F.linear`. bf16 (`--dtype bfloat16`, a CPU with AVX-512 BF16 only): the
+panel kernel (`panel_linear` over the panel copy, what the step calls for bf16 with `linear="kernels"`)
 against oneDNN's linear over its own reordered copy (what `linear="onednn"` runs), at the same rows
 and at 64 and 512 (prefill chunks). One intra-op thread by default. A decode step
 reads its weights from memory, not cache, so each case cycles through enough copies of the matrix
@@ -68,7 +68,7 @@ def main() -> None:
             gib = len(use) * n * k * size / 2**30
             if bf16:
                 base, kern = (lambda: [cpu_linear.linear(x, w, None, "onednn") for w in use],
-                              lambda: [cpu_linear.linear(x, p, None, "gemv") for p in kernel_w[:len(use)]])
+                              lambda: [cpu_linear.linear(x, p, None, "kernels") for p in kernel_w[:len(use)]])
             else:
                 base, kern = (lambda: [F.linear(x, w) for w in use],
                               lambda: [cpu_kernels.small_linear(x, w, None) for w in use])

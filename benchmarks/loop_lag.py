@@ -30,6 +30,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from inferledger.collectors.capture.run import capture  # noqa: E402
+from inferledger.collectors.capture.options import CaptureOptions  # noqa: E402
 from inferledger.engine.loader import load_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -72,7 +73,7 @@ def one_run(bundle, wl: Path, out: Path, cpu_threads, threads_default: int) -> d
     bare = subprocess.Popen([sys.executable, "-c", BARE_LOOP], stdout=subprocess.PIPE, text=True)
     try:
         bare.stdout.readline()  # "ready": its loop runs before the capture starts
-        res = capture(wl, out, bundle=bundle, engine_config={"cpu_threads": cpu_threads})
+        res = capture(wl, out, CaptureOptions(engine_config={"cpu_threads": cpu_threads}), bundle=bundle)
     finally:
         bare.send_signal(signal.SIGTERM)
         floor = json.loads(bare.communicate(timeout=60)[0].strip().splitlines()[-1])

@@ -316,7 +316,7 @@ def model_fit(rs: list[dict]) -> str:
 
 
 @dataclass(frozen=True)
-class Table:
+class TableSpec:
     benchmark: str
     render: Callable[[list[dict]], str]
     select: Callable[[dict], bool] = lambda params: True  # on the results file's parameters
@@ -336,30 +336,30 @@ def _default_sweep(p: dict) -> bool:
 
 
 TABLES = {
-    "study_load": Table("study_load", study_load),
-    "study_fidelity": Table("study_fidelity", study_fidelity),
-    "engine_throughput": Table("engine_throughput", engine_throughput, _default_sweep),
-    "engine_throughput.bandwidth": Table("engine_throughput", engine_bandwidth, _default_sweep),
-    "engine_throughput.probes": Table("engine_throughput", engine_probes, _default_sweep),
-    "engine_throughput.mbu_batch1": Table("engine_throughput", mbu_batch1,
+    "study_load": TableSpec("study_load", study_load),
+    "study_fidelity": TableSpec("study_fidelity", study_fidelity),
+    "engine_throughput": TableSpec("engine_throughput", engine_throughput, _default_sweep),
+    "engine_throughput.bandwidth": TableSpec("engine_throughput", engine_bandwidth, _default_sweep),
+    "engine_throughput.probes": TableSpec("engine_throughput", engine_probes, _default_sweep),
+    "engine_throughput.mbu_batch1": TableSpec("engine_throughput", mbu_batch1,
                                           lambda p: p.get("concurrency") == [1] and p.get("threads") == 1),
-    "engine_vs_vllm": Table("engine_vs_vllm", engine_vs_vllm, native_bf16=True),
-    "engine_vs_vllm.avx2": Table("engine_vs_vllm", engine_vs_vllm, native_bf16=False),
-    "paged_attention": Table("paged_attention", paged_attention, native_bf16=False),
-    "paged_attention.bf16": Table("paged_attention", paged_attention, native_bf16=True),
-    "linear_kernel": Table("linear_kernel", linear_kernel, lambda p: p.get("dtype", "float32") == "float32"),
-    "linear_kernel.bf16": Table("linear_kernel", linear_kernel, lambda p: p.get("dtype") == "bfloat16"),
-    "decode_step_account": Table("decode_step_account", decode_step_account, native_bf16=True),
-    "decode_step_account.avx2": Table("decode_step_account", decode_step_account, native_bf16=False),
-    "linear_dtypes": Table("linear_dtypes", linear_dtypes),
-    "linear_dtypes.held_to_avx2": Table("linear_dtypes", linear_dtypes, isa_held=True),
-    "thread_placement": Table("thread_placement", thread_placement),
-    "loop_lag": Table("loop_lag", loop_lag),
-    "ledger_scale": Table("ledger_scale", ledger_scale, _ledger_default),
-    "ledger_scale.history": Table("ledger_scale", ledger_scale_history, _ledger_default),
-    "ledger_scale.large": Table("ledger_scale", ledger_scale_large, lambda p: not _ledger_default(p)),
-    "report_scale": Table("report_scale", report_scale, lambda p: bool(p.get("exports"))),
-    "parts_compaction": Table("parts_compaction", parts_compaction),
-    "model_fit": Table("model_fit", model_fit),
-    "microbench_cost": Table("microbench_cost", microbench_cost),
+    "engine_vs_vllm": TableSpec("engine_vs_vllm", engine_vs_vllm, native_bf16=True),
+    "engine_vs_vllm.avx2": TableSpec("engine_vs_vllm", engine_vs_vllm, native_bf16=False),
+    "paged_attention": TableSpec("paged_attention", paged_attention, native_bf16=False),
+    "paged_attention.bf16": TableSpec("paged_attention", paged_attention, native_bf16=True),
+    "linear_kernel": TableSpec("linear_kernel", linear_kernel, lambda p: p.get("dtype", "float32") == "float32"),
+    "linear_kernel.bf16": TableSpec("linear_kernel", linear_kernel, lambda p: p.get("dtype") == "bfloat16"),
+    "decode_step_account": TableSpec("decode_step_account", decode_step_account, native_bf16=True),
+    "decode_step_account.avx2": TableSpec("decode_step_account", decode_step_account, native_bf16=False),
+    "linear_dtypes": TableSpec("linear_dtypes", linear_dtypes),
+    "linear_dtypes.held_to_avx2": TableSpec("linear_dtypes", linear_dtypes, isa_held=True),
+    "thread_placement": TableSpec("thread_placement", thread_placement),
+    "loop_lag": TableSpec("loop_lag", loop_lag),
+    "ledger_scale": TableSpec("ledger_scale", ledger_scale, _ledger_default),
+    "ledger_scale.history": TableSpec("ledger_scale", ledger_scale_history, _ledger_default),
+    "ledger_scale.large": TableSpec("ledger_scale", ledger_scale_large, lambda p: not _ledger_default(p)),
+    "report_scale": TableSpec("report_scale", report_scale, lambda p: bool(p.get("exports"))),
+    "parts_compaction": TableSpec("parts_compaction", parts_compaction),
+    "model_fit": TableSpec("model_fit", model_fit),
+    "microbench_cost": TableSpec("microbench_cost", microbench_cost),
 }

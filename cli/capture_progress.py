@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING
 
 import typer
 
+if TYPE_CHECKING:
+    from inferledger.collectors.capture.options import CaptureOptions
 
-def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, max_num_seqs: int,
-                model: Optional[Path], served_model_name: Optional[str] = None, api_key: Optional[str] = None,
-                device: str = "cpu", engine_evidence: dict | None = None, drain_timeout_s: float | None = None,
-                microbenchmarks: bool = True, prediction: Optional[Path] = None,
-                buckets: int | None = None):
+
+def run_capture(workload: Path, out: Path, options: "CaptureOptions"):
     """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -25,6 +24,7 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
         check_new_run_dir(out)
     except OutDirError as exc:
         raise typer.BadParameter(str(exc), param_hint="--out") from None
+    target = options.target
     if target != "embedded" and not target.startswith(("http://", "https://")):
         raise typer.BadParameter(f"{target!r} is neither 'embedded' nor an http(s):// base URL", param_hint="--target")
     try:
@@ -42,11 +42,7 @@ def run_capture(workload: Path, out: Path, target: str, separate_clocks: bool, m
         bar = progress.add_task(f"{wl.name}: " + ("loading the model" if target == "embedded" else "preparing"),
                                 total=wl.n_tasks)
         try:
-            result = capture(wl, out, target=target, separate_clocks=separate_clocks,
-                             max_num_seqs=max_num_seqs, model=model, served_model=served_model_name, api_key=api_key,
-                             device=device, **(engine_evidence or {}), microbenchmarks=microbenchmarks,
-                             prediction=prediction, buckets=buckets,
-                             **({} if drain_timeout_s is None else {"drain_timeout_s": drain_timeout_s}),
+            result = capture(wl, out, options,
                              on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks", total=wl.n_tasks),
                              progress=lambda: progress.advance(bar))
         except errors as exc:

@@ -63,17 +63,21 @@ def capture_cmd(
     """
     from inferledger.cli.capture_progress import run_capture
     from inferledger.cli.output import console
+    from inferledger.collectors.capture.options import CaptureOptions
+    from inferledger.collectors.evidence.engine_evidence import EvidenceOptions
 
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise typer.BadParameter(f"{device!r}: expected 'cpu', 'cuda' or 'cuda:N'", param_hint="--device")
-    evidence = {"otlp_port": otlp_port, "scrape_metrics": scrape_metrics, "engine_host": engine_host,
-                "engine_clock_epsilon_ms": engine_clock_epsilon_ms}
     if target == "embedded" and (otlp_port is not None or scrape_metrics):
         raise typer.BadParameter("--otlp-port / --scrape-metrics need a URL --target (the embedded engine "
                                  "records its own events)", param_hint="--otlp-port")
-    result = run_capture(workload, out, target, separate_clocks, max_num_seqs, model, served_model_name, api_key,
-                         device=device, engine_evidence=evidence, drain_timeout_s=drain_timeout,
-                         microbenchmarks=microbench, prediction=prediction, buckets=buckets)
+    options = CaptureOptions(
+        target=target, separate_clocks=separate_clocks, max_num_seqs=max_num_seqs, model=model, device=device,
+        drain_timeout_s=drain_timeout, microbenchmarks=microbench, served_model=served_model_name, api_key=api_key,
+        evidence=EvidenceOptions(otlp_port=otlp_port, scrape_metrics=scrape_metrics, engine_host=engine_host,
+                                 engine_clock_epsilon_ms=engine_clock_epsilon_ms),
+        prediction=prediction, buckets=buckets)
+    result = run_capture(workload, out, options)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 
 

@@ -31,11 +31,12 @@ def demo_cmd(
     from inferledger.cli.output import console
     from inferledger.cli.capture_progress import run_capture
     from inferledger.cli.summary import print_summary
+    from inferledger.collectors.capture.options import CaptureOptions
     from inferledger.ledger.reconstruct import reconstruct
 
     t0 = time.monotonic()
     out = out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-    result = run_capture(workload, out, "embedded", False, max_num_seqs, None)
+    result = run_capture(workload, out, CaptureOptions(max_num_seqs=max_num_seqs))
     summary = reconstruct(out)
     console.print(f"ledger: {summary.n_events} events, {summary.n_attempts} attempts → {summary.path}")
     print_summary(summary.path, console)

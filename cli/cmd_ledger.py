@@ -44,11 +44,12 @@ def reconstruct_cmd(
     from inferledger.cli.output import console, echo_sections, fail
     from inferledger.cli.summary import print_sections, summary_sections
     from inferledger.ledger.memory import SizeError
-    from inferledger.ledger.reconstruct import RunDirError, reconstruct
+    from inferledger.ledger.reconstruct import BuildOptions, RunDirError, reconstruct
 
     try:
-        summary = reconstruct(run_dir, out=out, memory_limit=memory_limit, temp_directory=temp_directory,
-                              engine=engine, address=address, workers=workers)
+        options = BuildOptions(memory_limit=memory_limit, temp_directory=temp_directory, engine=engine,
+                               address=address, workers=workers)
+        summary = reconstruct(run_dir, options, out=out)
     except (RunDirError, SizeError) as exc:
         fail(f"error: {exc}")
     if quiet:

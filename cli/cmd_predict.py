@@ -60,7 +60,7 @@ def predict_cmd(
     from rich.table import Table
 
     from inferledger.cli.output import console, echo_rows, fail
-    from inferledger.studies.predict import predict_workload
+    from inferledger.studies.predict import PredictOptions, predict_workload
     from inferledger.collectors.workload import Workload
     from inferledger.costmodel.prediction import PredictionError
     from inferledger.probes.model_shape import ShapeError
@@ -75,8 +75,9 @@ def predict_cmd(
         "" if device or device_params else " and measuring this host's roofs")
     try:
         with console.status(f"{busy} ...", spinner="dots"):
-            doc = predict_workload(wl, max_batch=max_num_seqs, device=device, device_params_file=device_params,
-                                   fit_run=fit, model=model, model_config=model_config, dtype=dtype)
+            doc = predict_workload(wl, PredictOptions(max_batch=max_num_seqs, device=device,
+                                                      device_params_file=device_params, fit_run=fit, model=model,
+                                                      model_config=model_config, dtype=dtype))
     except (PredictionError, ShapeError) as exc:
         fail(f"error: {exc}")
     except Exception as exc:  # a model that cannot load

@@ -60,6 +60,7 @@ def serve_cmd(
     from inferledger.engine import EngineConfig
     from inferledger.engine.loader import DeviceUnavailableError, ModelLoadError, load_model
     from inferledger.serve.lifecycle import Serving
+    from inferledger.serve.options import ServeOptions
 
     if out is not None:
         try:
@@ -73,8 +74,8 @@ def serve_cmd(
         hint = "--device" if isinstance(exc, DeviceUnavailableError) else "--model"
         raise typer.BadParameter(str(exc), param_hint=hint) from exc
     writer = RunWriter(out, autoflush_s=flush_every) if out is not None else None
-    life = Serving(bundle, EngineConfig(max_num_seqs=max_num_seqs), sink=writer, model_name=served_model_name,
-                   api_key=api_key, max_queue=max_queue, owns_run=True)
+    options = ServeOptions(model_name=served_model_name, api_key=api_key, max_queue=max_queue)
+    life = Serving(bundle, EngineConfig(max_num_seqs=max_num_seqs), options, sink=writer, owns_run=True)
     # SIGTERM (docker stop, a CI timeout) stops it as Ctrl-C does, from the first moment on; a second
     # signal during the drain cancels what is left at once
     unbound = None

@@ -1,14 +1,15 @@
-"""The CPU step's linears: "gemv" (the C++ kernels of engine/cpu_kernels.py: fp32 for up to 16 token
-rows, and bf16 over panel copies of the weights where the CPU has the AVX-512 BF16 dot product),
+"""The CPU step's linears: "kernels" (the C++ kernels of engine/cpu_kernels.py: the gemv kernel for fp32
+steps of up to 16 token rows, and the panel kernel for bf16 over panel copies of the weights where the
+CPU has the AVX-512 BF16 dot product; "gemv" is its old name, still accepted by EngineConfig),
 "onednn" (bf16 over weights prepacked for oneDNN, on CPUs that multiply bf16 natively) or "torch"
 (F.linear). The kind is decided once per model (`EngineConfig.resolve_linear`, `LlamaModel.fuse`).
 
-"gemv": at decode sizes an fp32 linear is a matrix-vector product that streams the weights once; the
+fp32 "kernels", the gemv kernel: at decode sizes an fp32 linear is a matrix-vector product that streams the weights once; the
 BLAS's sgemv read them at 8-10 GiB/s on one core of the Zen 3 where the kernel reads 10-14
 (benchmarks/linear_kernel.py), a fifth of a batch-1 step. It is a torch operator with a shape
 function, so the compiled step calls it as it is.
 
-bf16 "gemv": `panel(w)` keeps w repacked in panels of 16 output rows beside it, and the step passes
+bf16 "kernels", the panel kernel: `panel(w)` keeps w repacked in panels of 16 output rows beside it, and the step passes
 that copy in w's place (engine/model.py); each 64-byte load then feeds one vdpbf16ps for 16 outputs,
 so a decode step's weights stream sequentially and no horizontal sums are left
 (engine/csrc/linear.cpp `panel_linear`, any number of rows).
@@ -108,25 +109,25 @@ def panel(w: torch.Tensor) -> torch.Tensor | None:
 
 
 def as_taken(kind: str, *mats: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...]]:
-    """(the kind that runs, the matrices as it takes them): bf16 "gemv" takes their panel copies (made
+    """(the kind that runs, the matrices as it takes them): bf16 "kernels" takes their panel copies (made
     once); "torch" and the matrices themselves where "onednn" has no reordered copy of one of them (none
-    was made, or a load replaced the weights) or "gemv" cannot take bf16 matrices here."""
+    was made, or a load replaced the weights) or "kernels" cannot take bf16 matrices here."""
     if kind == "onednn" and not all(is_packed(w) for w in mats):
         return "torch", mats
-    if kind == "gemv" and mats[0].dtype == torch.bfloat16:
+    if kind == "kernels" and mats[0].dtype == torch.bfloat16:
         panels = tuple(panel(w) for w in mats)
-        return ("torch", mats) if any(p is None for p in panels) else ("gemv", panels)
+        return ("torch", mats) if any(p is None for p in panels) else ("kernels", panels)
     return kind, mats
 
 
-KINDS = ("torch", "onednn", "gemv")
+KINDS = ("torch", "onednn", "kernels")
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:
     """F.linear the `kind` way (decided once per model, not per call). "onednn", eager, calls the
     oneDNN op directly: the custom op's Python dispatch cost 8 us a call, about 1 ms of a decode step's
     121 linears; the compiler sees the custom op."""
-    if kind == "gemv":  # w: fp32 [N, K], or bf16 in panels [N / 16, K / 2, 16, 2] (panel())
+    if kind == "kernels":  # w: fp32 [N, K], or bf16 in panels [N / 16, K / 2, 16, 2] (panel())
         if w.dim() == 4:
             return torch.ops.inferledger_cpu.panel_linear(x, w, b)
         return torch.ops.inferledger_cpu.small_linear(x, w, b)

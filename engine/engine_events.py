@@ -55,8 +55,7 @@ class EngineEvents:
     def request(self, seq: Sequence, name: str, *, value=None, step_id=None, **attrs) -> None:
         if not self.probe.enabled:
             return
-        self.probe.emit(name, request_id=seq.request_id, attempt_id=seq.attempt_id, task_id=seq.task_id,
-                        session_id=seq.session_id, step_id=step_id, value=value, **attrs)
+        self.probe.emit(name, seq.event_ids, step_id=step_id, value=value, **attrs)
 
     def step_start(self, step_id: int, out, token_budget: int, num_running: int, num_waiting: int) -> None:
         if not self.probe.enabled:

@@ -88,7 +88,7 @@ class LLMEngine:
 
     @staticmethod
     def _make_runner(bundle, cfg: EngineConfig):
-        from .runner import ModelRunner
+        from .runner import ModelRunner, RunnerOptions
 
         param = next(bundle.model.parameters())
         device = torch.device(cfg.device) if cfg.device else param.device
@@ -102,9 +102,10 @@ class LLMEngine:
         compile_, _ = cfg.resolve_compile(device.type, dtype)
         paged, _ = cfg.resolve_attention(device.type, dtype)
         linear, _ = cfg.resolve_linear(device.type, dtype)
+        options = RunnerOptions(graph_batch_sizes=cfg.resolve_graph_batch_sizes(device.type), compile=compile_,
+                                paged=paged, linear=linear)
         return ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks, block_size=cfg.block_size,
-                           device=device, dtype=dtype, graph_batch_sizes=cfg.resolve_graph_batch_sizes(device.type),
-                           compile=compile_, paged=paged, linear=linear)
+                           device=device, dtype=dtype, options=options)
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
@@ -238,7 +239,7 @@ class LLMEngine:
                 "build_s": build_seconds() if paged else None}
 
     def _linear_manifest(self) -> dict:
-        """How the step's linears run ("onednn", "gemv" or "torch", engine/cpu_linear.py), and why."""
+        """How the step's linears run ("onednn", "kernels" or "torch", engine/cpu_linear.py), and why."""
         device = getattr(self.runner, "device", None)
         _, why = self.config.resolve_linear(device.type if device is not None else "cpu", getattr(self.runner, "dtype", None))
         return {"kernel": getattr(self.runner, "linear", None), "resolved_by": why}

@@ -164,7 +164,7 @@ class DecoderLayer(nn.Module):
 
     def tensors(self, linear: str = "torch") -> "LayerTensors | None":
         """The fused weights as `fused_layer` takes them, its linears run the `linear` way
-        (engine/cpu_linear.py; bf16 "gemv" takes the matrices' panel copies); None while the layer
+        (engine/cpu_linear.py; bf16 "kernels" takes the matrices' panel copies); None while the layer
         runs unfused."""
         a, m = self.self_attn, self.mlp
         if not (a.fused and m.fused):
@@ -198,7 +198,7 @@ class LayerTensors(NamedTuple):
     post_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
-    linear: str  # how the linears run: "torch", "onednn" (oneDNN-reordered copies) or "gemv" (engine/cpu_linear.py)
+    linear: str  # how the linears run: "torch", "onednn" (oneDNN-reordered copies) or "kernels" (engine/cpu_linear.py)
 
 
 def fused_layer(h, cos, sin, w: LayerTensors, attn, heads: tuple[int, int, int], eps: float) -> torch.Tensor:
@@ -232,21 +232,21 @@ class LlamaModel(nn.Module):
     def fuse(self, linear: str = "onednn") -> "LlamaModel":
         """Stack each layer's q/k/v and gate/up weights for the fast path and prepare every matrix for
         the `linear` kind (engine/cpu_linear.py): "onednn" keeps a oneDNN-reordered copy where bf16 is
-        native, bf16 "gemv" a panel copy; other kinds use the matrices as they are (idempotent)."""
+        native, bf16 "kernels" a panel copy; other kinds use the matrices as they are (idempotent)."""
         mats = [self.lm_head.weight]
         for layer in self.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
             if (w := layer.tensors()) is not None:
                 mats += [w.qkv, w.o, w.gate_up, w.down]
-        if linear == "onednn" or (linear == "gemv" and self.lm_head.weight.dtype == torch.bfloat16):
+        if linear == "onednn" or (linear == "kernels" and self.lm_head.weight.dtype == torch.bfloat16):
             for m in mats:
                 (pack if linear == "onednn" else panel)(m)
         return self
 
     def prepared(self, linear: str) -> bool:
         """Whether every fused matrix is ready for the `linear` kind (for "onednn": has its reordered
-        copy; for bf16 "gemv": its panel copy)."""
+        copy; for bf16 "kernels": its panel copy)."""
         return all((w := layer.tensors(linear)) is not None and w.linear == linear for layer in self.layers)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn,

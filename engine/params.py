@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 
 
 MAX_N = 16  # parallel samples of one prompt
+LINEAR_CHOICES = ("auto", "kernels", "onednn", "torch")  # EngineConfig.linear, $INFERLEDGER_LINEAR
+OLD_LINEAR_NAMES = {"gemv": "kernels"}  # the name the engine's kernels had first: configs and results files hold it
 
 
 def _fail(name: str, value, allowed: str) -> None:
@@ -138,12 +140,13 @@ class EngineConfig:
     # then SDPA), or "auto" = $INFERLEDGER_ATTENTION when set, else paged when the kernel builds and
     # loads, gather otherwise. CUDA always gathers (its CUDA graphs capture the gather).
     attention: str = "auto"
-    # How the CPU step's linears run: "gemv" (the C++ kernels of engine/cpu_kernels.py: in fp32 for steps of up
-    # to 16 token rows, reading each weight row from memory once, more rows going to torch; in bf16, where the
-    # CPU has the AVX-512 BF16 dot product, every step over panel copies of the weights), "onednn" (bf16:
-    # oneDNN over its own reordered copies, where bf16 is native), "torch" (F.linear throughout), or "auto":
-    # gemv when the kernels build and load and take the dtype, else onednn for native bf16, else torch.
-    # $INFERLEDGER_LINEAR when unset here. CUDA always uses torch's.
+    # How the CPU step's linears run: "kernels" (the C++ kernels of engine/cpu_kernels.py: in fp32 the gemv
+    # kernel for steps of up to 16 token rows, reading each weight row from memory once, more rows going to
+    # torch; in bf16, where the CPU has the AVX-512 BF16 dot product, the panel kernel for every step over
+    # panel copies of the weights), "onednn" (bf16: oneDNN over its own reordered copies, where bf16 is
+    # native), "torch" (F.linear throughout), or "auto": kernels when they build and load and take the
+    # dtype, else onednn for native bf16, else torch. $INFERLEDGER_LINEAR when unset here. "gemv", the
+    # old name of "kernels", means the same. CUDA always uses torch's.
     linear: str = "auto"
 
     DEFAULT_KV_BYTES = 256 * 2**20
@@ -188,8 +191,9 @@ class EngineConfig:
             _fail("compile", self.compile, "'auto', 'on' or 'off'")
         if self.attention not in ("auto", "paged", "gather"):
             _fail("attention", self.attention, "'auto', 'paged' or 'gather'")
-        if self.linear not in ("auto", "gemv", "onednn", "torch"):
-            _fail("linear", self.linear, "'auto', 'gemv', 'onednn' or 'torch'")
+        self.linear = OLD_LINEAR_NAMES.get(self.linear, self.linear)
+        if self.linear not in LINEAR_CHOICES:
+            _fail("linear", self.linear, "'auto', 'kernels', 'onednn' or 'torch'")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             _fail("speculative", self.speculative, "None, a SpeculativeConfig or a dict of its fields")
 
@@ -216,15 +220,16 @@ class EngineConfig:
             return tuple(sizes + [self.max_num_seqs])
         return tuple(sorted(set(self.graph_batch_sizes or ())))
 
-    def _choice(self, field: str, env: str, allowed: tuple[str, ...]) -> tuple[str, str]:
+    def _choice(self, field: str, env: str, allowed: tuple[str, ...], old_names: dict | None = None) -> tuple[str, str]:
         """(the setting, where it came from): the field, or when it is "auto" the environment variable
-        that overrides it (checked against the same choices)."""
+        that overrides it (checked against the same choices; an old name read as its new one)."""
         choice = getattr(self, field)
         if choice != "auto" or not os.environ.get(env):
             return choice, f"EngineConfig.{field}"
-        if os.environ[env] not in allowed:
+        value = (old_names or {}).get(os.environ[env], os.environ[env])
+        if value not in allowed:
             raise ValueError(f"${env}={os.environ[env]!r}: use {', '.join(allowed[:-1])} or {allowed[-1]}")
-        return os.environ[env], f"${env}"
+        return value, f"${env}"
 
     def resolve_compile(self, device_type: str, dtype) -> tuple[bool, str]:
         """(compile the CPU step?, why)."""
@@ -262,9 +267,9 @@ class EngineConfig:
         return True, f"{choice} ({source}): {why}" if choice == "paged" else f"auto: {why}"
 
     def resolve_linear(self, device_type: str, dtype) -> tuple[str, str]:
-        """(how the linears run: "onednn", "gemv" or "torch", why); on the CPU this builds or loads the
+        """(how the linears run: "onednn", "kernels" or "torch", why); on the CPU this builds or loads the
         kernels."""
-        choice, source = self._choice("linear", "INFERLEDGER_LINEAR", ("auto", "gemv", "onednn", "torch"))
+        choice, source = self._choice("linear", "INFERLEDGER_LINEAR", LINEAR_CHOICES, OLD_LINEAR_NAMES)
         if device_type != "cpu":
             return "torch", f"{device_type}: torch's linear"
         if choice == "torch":
@@ -281,16 +286,17 @@ class EngineConfig:
                 return "onednn", f"{head}: {onednn}"
             ok, why = load()
             if ok and panel_kernel():
-                return "gemv", f"{head}: the panel kernel for bf16: {why}"
+                return "kernels", f"{head}: the panel kernel for bf16: {why}"
             return "onednn", f"{head}: {onednn}; no panel kernel here: {why if not ok else 'built without AVX-512 BF16'}"
         if choice == "onednn":
             return "torch", f"torch: oneDNN's prepacked linear is for bf16 on a CPU that multiplies it natively, not {dtype}"
         if dtype != torch.float32:
-            return "torch", f"torch: the gemv kernel takes float32, or bf16 where the CPU multiplies it natively, not {dtype}"
+            return "torch", f"torch: the kernels take float32, or bf16 where the CPU multiplies it natively, not {dtype}"
         ok, why = load()
         if not ok:
             return "torch", f"torch: {why}"
-        return "gemv", f"{head}: {why}" if choice != "auto" else f"auto: gemv for up to {GEMV_MAX_ROWS} token rows: {why}"
+        return "kernels", f"{head}: {why}" if choice != "auto" else \
+            f"auto: the gemv kernel for up to {GEMV_MAX_ROWS} token rows: {why}"
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -31,33 +31,45 @@ class SeqChunk:
     logits: str = "last"     # "last": logits of the last token; "all": of every token; "none"
 
 
+@dataclass(frozen=True)
+class RunnerOptions:
+    """How the runner's steps run, as EngineConfig resolves them (engine/params.py).
+
+    graph_batch_sizes: pad pure decode batches up to these sizes and (on CUDA) replay them from
+    captured CUDA graphs; None runs every step eagerly. compile (CPU): run the steps
+    engine/compiled_step.py compiles through it, compiled at construction. paged (CPU, the kernel of
+    engine/cpu_kernels.py loaded): attention reads the paged cache in place rather than gathering it
+    (engine/attention.py). linear: how the linears run, "onednn", "kernels" or "torch"
+    (engine/cpu_linear.py; None, or "onednn" without the reordered weights: oneDNN where bf16 is
+    native, else torch's)."""
+    graph_batch_sizes: tuple[int, ...] | None = None
+    compile: bool = False
+    paged: bool = False
+    linear: str | None = None
+
+
 class ModelRunner:
     def __init__(self, model, config: ModelConfig, *, num_blocks: int, block_size: int = 16,
-                 device="cpu", dtype=None, graph_batch_sizes: tuple[int, ...] | None = None,
-                 compile: bool = False, paged: bool = False, linear: str | None = None):
-        """graph_batch_sizes: pad pure decode batches up to these sizes and (on CUDA) replay them from
-        captured CUDA graphs; None (default) runs every step eagerly. compile (CPU): run the steps
-        engine/compiled_step.py compiles through it, compiled at construction. paged (CPU, the kernel
-        of engine/cpu_kernels.py loaded): attention reads the paged cache in place rather than
-        gathering it (engine/attention.py). linear: how the linears run, "onednn", "gemv" or "torch"
-        (engine/cpu_linear.py; None, or "onednn" without the reordered weights: oneDNN where bf16 is
-        native, else torch's)."""
+                 device="cpu", dtype=None, options: RunnerOptions = RunnerOptions()):
+        """A paged KV cache of `num_blocks` blocks of `block_size` tokens on `device`, and the steps
+        run over it the `options` way."""
+        linear = options.linear
         self.model, self.config = model, config
         self.num_blocks, self.block_size = num_blocks, block_size
         self.device = torch.device(device)
         self.dtype = dtype or next(model.parameters()).dtype
-        self.graph_batch_sizes = tuple(sorted(graph_batch_sizes or ()))
+        self.graph_batch_sizes = tuple(sorted(options.graph_batch_sizes or ()))
         if linear not in (None, *KINDS):
             raise ValueError(f"linear={linear!r}: use one of {', '.join(KINDS)} (or None)")
-        if linear == "gemv" and self.device.type != "cpu":
-            raise ValueError(f"linear='gemv' is a CPU kernel; this runner is on {self.device}")
-        if linear == "gemv" and not cpu_kernels.load()[0]:
-            raise RuntimeError(f"linear='gemv' needs the CPU kernels: {cpu_kernels.load()[1]}")
+        if linear == "kernels" and self.device.type != "cpu":
+            raise ValueError(f"linear='kernels' is the CPU's; this runner is on {self.device}")
+        if linear == "kernels" and not cpu_kernels.load()[0]:
+            raise RuntimeError(f"linear='kernels' needs the CPU kernels: {cpu_kernels.load()[1]}")
         model.fuse(linear or "onednn")
         self.linear = ("onednn" if model.prepared("onednn") else "torch") if linear in (None, "onednn") else linear
-        self.paged = bool(paged) and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
+        self.paged = bool(options.paged) and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         # padded decode rows write into one extra scratch block no block table may name
-        shape = (config.shape.layers, num_blocks + bool(self.graph_batch_sizes or compile), config.shape.n_kv_heads,
+        shape = (config.shape.layers, num_blocks + bool(self.graph_batch_sizes or options.compile), config.shape.n_kv_heads,
                  block_size, config.shape.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -65,7 +77,7 @@ class ModelRunner:
         self._graphs: dict[tuple[int, int], DecodeGraph] = {}
         self._capture = GraphCapture(self.device)
         self.last_step = {"mode": "eager", "padded_batch": 0}  # for step events: graph, compiled or eager
-        self.compiled = CompiledStep(self) if compile else None  # compiled by its warm_up() or first step
+        self.compiled = CompiledStep(self) if options.compile else None  # compiled by its warm_up() or first step
 
     def kv_bytes(self) -> int:
         return 2 * self.k_cache.numel() * self.k_cache.element_size()

@@ -13,6 +13,8 @@ from enum import Enum
 
 import torch
 
+from inferledger.probes.probe import EventIds
+
 from .params import SamplingParams
 
 _seq_ids = itertools.count()
@@ -33,6 +35,7 @@ class Sequence:
         self.attempt_id = attempt_id or request_id
         self.task_id = task_id
         self.session_id = session_id
+        self.event_ids = EventIds(task_id, session_id, request_id, self.attempt_id)  # every event about it carries them
         self.params = params
         self.sample_index = sample_index
         self.token_ids: list[int] = list(prompt_token_ids)

@@ -56,29 +56,39 @@ def run_variables(manifest: Manifest, run_id: str) -> dict:
             **{f"slo_{k}": (slo.get(k), "DOUBLE") for k in SLO_KEYS}}
 
 
-def reconstruct(run_dir: str | os.PathLike, *, out: str | os.PathLike | None = None,
-                profile: list | None = None, memory_limit: str | None = None,
-                temp_directory: str | os.PathLike | None = None, run_id: str | None = None,
-                engine: str = "local", address: str | None = None, workers: int = 2) -> LedgerSummary:
-    """Build the ledger; with `profile` (a list), append (stage, statement, seconds) for every step
-    (with engine="ray": a dict per shard, `ledger/sharded.py`).
+@dataclass(frozen=True)
+class BuildOptions:
+    """How a rebuild runs (`inferledger reconstruct --memory-limit --temp-directory --engine --address
+    --workers`): the same ledger whichever way.
 
     `memory_limit` ("4GB", "512MiB"; default `default_memory_limit()`) bounds DuckDB's memory: beyond
     it, joins, sorts and aggregates spill to `temp_directory` (default a folder beside the output,
-    removed afterwards), so the peak depends on the limit, not on the size of the run. `run_dir` may
-    be a URL fsspec can read (s3://, memory://, file://, ...): then `out` is needed. `engine="ray"`
+    removed afterwards), so the peak depends on the limit, not on the size of the run. `engine="ray"`
     shards a partitioned run over Ray (`ledger/sharded.py`; `address` of a cluster, else a local Ray
-    of `workers` CPUs): the same ledger."""
+    of `workers` CPUs)."""
+    memory_limit: str | None = None
+    temp_directory: str | os.PathLike | None = None
+    engine: str = "local"
+    address: str | None = None
+    workers: int = 2
+
+
+def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(), *,
+                out: str | os.PathLike | None = None, profile: list | None = None,
+                run_id: str | None = None) -> LedgerSummary:
+    """Build the ledger, the `options` way; with `profile` (a list), append (stage, statement,
+    seconds) for every step (with engine="ray": a dict per shard, `ledger/sharded.py`). `run_dir` may
+    be a URL fsspec can read (s3://, memory://, file://, ...): then `out` is needed."""
+    memory_limit, temp_directory = options.memory_limit, options.temp_directory
+    engine, address, workers = options.engine, options.address, options.workers
     if is_url(run_dir):  # an object store: copied beside the ledger, read locally, the copy removed
         if out is None:
             raise RunDirError(f"{run_dir}: a run at a URL needs --out, a local path for its ledger")
         staging = Path(out).with_name(f".{Path(out).name}.run-{os.getpid()}")
         try:
             stage(str(run_dir), staging)
-            return reconstruct(staging, out=out, profile=profile, memory_limit=memory_limit,
-                               temp_directory=temp_directory,
-                               run_id=_run_id(_manifest(staging), staging, str(run_dir).rstrip("/")),
-                               engine=engine, address=address, workers=workers)
+            return reconstruct(staging, options, out=out, profile=profile,
+                               run_id=_run_id(_manifest(staging), staging, str(run_dir).rstrip("/")))
         except RemoteRunError as exc:
             raise RunDirError(str(exc)) from None
         finally:

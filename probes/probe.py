@@ -2,7 +2,9 @@
 
 A `Probe` stamps each event with its source, host, clock and a per-source sequence number and hands
 the row to a sink (usually a `collectors.rundir.writer.RunWriter`). With `enabled=False` every call returns
-at the first branch, so instrumented code pays almost nothing when nobody is listening.
+at the first branch, so instrumented code pays almost nothing when nobody is listening. Who an event
+is about (its task, session, request and attempt) travels as one `EventIds`, built once where the
+ids are known (a sequence, an attempt) and handed to every event about it.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import json
 import socket
 import threading
 import time
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 def host_id() -> str:
@@ -67,6 +69,17 @@ class WallMapping:
             sink.clock_map(frm, to, self.offset_ns, self.epsilon_ns, "clock pair (monotonic, realtime)")
 
 
+class EventIds(NamedTuple):
+    """Who an event is about: the id columns of its row (docs/EVENTS.md), None where not known."""
+    task_id: str | None = None
+    session_id: str | None = None
+    request_id: str | None = None
+    attempt_id: str | None = None
+
+
+NO_IDS = EventIds()
+
+
 class EventSink(Protocol):
     def emit(self, row: dict) -> None: ...
 
@@ -97,15 +110,14 @@ class Probe:
         self._seq = 0
         self._lock = threading.Lock()
 
-    def emit(self, name: str, *, ts_ns: int | None = None, task_id: str | None = None,
-             session_id: str | None = None, request_id: str | None = None,
-             attempt_id: str | None = None, step_id: int | None = None,
+    def emit(self, name: str, ids: EventIds = NO_IDS, *, ts_ns: int | None = None, step_id: int | None = None,
              value: float | None = None, clock: str | None = None, **attrs) -> None:
         if not self.enabled:
             return
         with self._lock:
             seq = self._seq
             self._seq += 1
+        task_id, session_id, request_id, attempt_id = ids
         self.sink.emit({
             "run_id": self.run_id,
             "event_id": f"{self.source}:{seq}",

@@ -1,6 +1,6 @@
 """inferledger.serve: the OpenAI-compatible HTTP front end over the reference engine.
 
-`app.build_app` is the aiohttp application; `thread.ServerThread` runs it on a loopback port in a
+`app.build_app` is the aiohttp application (what it serves and its limits: `options.ServeOptions`); `thread.ServerThread` runs it on a loopback port in a
 thread of its own; `lifecycle.Serving` is one serving life (build, serve, drain, write the run).
 """
 

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP front end of the reference engine (aiohttp).
 
-    app = build_app(AsyncEngine(LLMEngine(bundle, sink=writer)), bundle.tokenizer, model_name="smollm2")
+    app = build_app(AsyncEngine(LLMEngine(bundle, sink=writer)), bundle.tokenizer, ServeOptions(model_name="smollm2"))
     ServerThread(app, port=8000).start()       # or serve/lifecycle.py's Serving, or: inferledger serve
 
 Endpoints: POST /v1/completions and /v1/chat/completions (SSE streaming or whole, usage), GET
@@ -29,6 +29,7 @@ from inferledger.probes.probe import Probe
 from .protocol import CHAT, COMPLETIONS, ApiError
 from .metrics import ServerMetrics
 from .ids import IdAssigner, Ids
+from .options import ServeOptions
 from .request import check_auth, handle_generation, max_token_bytes
 
 log = logging.getLogger(__name__)
@@ -38,18 +39,18 @@ SERVER_KEY = web.AppKey("inferledger_server", object)
 class OpenAIServer:
     """The front end's state: engine, probe, metrics, admission count, watched requests."""
 
-    def __init__(self, async_engine, tokenizer, *, model_name: str, sink=None, run_id: str | None = None,
-                 host: str | None = None, api_key: str | None = None, max_queue: int = 512,
-                 clock: str | None = None, default_max_tokens: int | None = None, poll_s: float = 0.1,
-                 flush_every_s: float | None = None) -> None:
+    def __init__(self, async_engine, tokenizer, options: ServeOptions, *, sink=None, run_id: str | None = None,
+                 host: str | None = None, clock: str | None = None) -> None:
+        if options.model_name is None:
+            raise ValueError("the front end needs ServeOptions.model_name: the name clients send as `model`")
         self.engine, self.llm = async_engine, async_engine.engine
-        self.tokenizer, self.model_name = tokenizer, model_name
-        self.api_key, self.max_queue, self.default_max_tokens = api_key, max_queue, default_max_tokens
+        self.tokenizer, self.model_name = tokenizer, options.model_name
+        self.api_key, self.max_queue, self.default_max_tokens = options.api_key, options.max_queue, options.default_max_tokens
         ep = self.llm.probe  # same host and clock as the engine unless told otherwise
         self.probe = Probe(sink, "server", run_id=run_id or ep.run_id, host=host or ep.host,
                            clock=clock or ep.clock, now_ns=ep.now_ns if clock is None else time.monotonic_ns)
-        self.sink, self.poll_s, self.flush_every_s = sink, poll_s, flush_every_s
-        self.metrics = ServerMetrics(model_name, self.llm, self)
+        self.sink, self.poll_s, self.flush_every_s = sink, options.poll_s, options.flush_every_s
+        self.metrics = ServerMetrics(self.model_name, self.llm, self)
         bm = self.llm.block_manager
         self.context_tokens = min(self.llm.max_model_len, bm.num_blocks * bm.block_size)
         self.max_token_bytes = max_token_bytes(tokenizer)  # bounds a prompt's tokens before tokenising it
@@ -64,7 +65,7 @@ class OpenAIServer:
         self.created = int(time.time())
 
     def emit(self, name: str, ids: Ids, value=None, **attrs) -> None:
-        self.probe.emit(name, value=value, **ids.columns(), **attrs)
+        self.probe.emit(name, ids.event_ids, value=value, **attrs)
 
     def engine_down(self) -> str | None:
         """Why the engine cannot serve (its loop thread died on an error), or None."""
@@ -164,16 +165,12 @@ async def _openai_errors(request: web.Request, handler):
         return web.json_response(err.body(), status=exc.status, headers=extra)
 
 
-def build_app(async_engine, tokenizer, *, model_name: str, sink=None, run_id: str | None = None,
-              host: str | None = None, api_key: str | None = None, max_queue: int = 512, clock: str | None = None,
-              default_max_tokens: int | None = None, flush_every_s: float | None = None,
-              client_max_size: int = 8 * 2**20) -> web.Application:
+def build_app(async_engine, tokenizer, options: ServeOptions, *, sink=None, run_id: str | None = None,
+              host: str | None = None, clock: str | None = None) -> web.Application:
     """The aiohttp application. `sink` receives the server's events (source "server"; by default on the
-    engine's host and clock); `max_queue` bounds requests in flight (waiting + running) before 429."""
-    server = OpenAIServer(async_engine, tokenizer, model_name=model_name, sink=sink, run_id=run_id, host=host,
-                          api_key=api_key, max_queue=max_queue, clock=clock, default_max_tokens=default_max_tokens,
-                          flush_every_s=flush_every_s)
-    app = web.Application(middlewares=[_openai_errors], client_max_size=client_max_size)
+    engine's host and clock); `options` name what it serves and bound it (serve/options.py)."""
+    server = OpenAIServer(async_engine, tokenizer, options, sink=sink, run_id=run_id, host=host, clock=clock)
+    app = web.Application(middlewares=[_openai_errors], client_max_size=options.client_max_size)
     app[SERVER_KEY] = server
     app.router.add_post(COMPLETIONS, server.completions)
     app.router.add_post(CHAT, server.chat)

@@ -1,6 +1,7 @@
 """Who a request is: its attempt, request, task and session ids, from the client's headers or generated.
 
-The ids travel into every server and engine event of the request (`Ids.columns`) and back to the
+The ids travel into every server and engine event of the request (`Ids.columns` to the engine,
+`Ids.event_ids` to the server's own events) and back to the
 client in the response headers (`Ids.headers`); a W3C traceparent is parsed, never guessed.
 """
 from __future__ import annotations
@@ -9,6 +10,9 @@ import re
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
+
+from inferledger.probes.probe import EventIds
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 ID_HEADERS = ("x-request-id", "x-inferledger-request-id", "x-inferledger-attempt-id", "x-inferledger-task-id",
@@ -28,6 +32,10 @@ class Ids:
     def columns(self) -> dict:
         return {"request_id": self.request_id, "attempt_id": self.attempt_id, "task_id": self.task_id,
                 "session_id": self.session_id}
+
+    @cached_property
+    def event_ids(self) -> EventIds:
+        return EventIds(self.task_id, self.session_id, self.request_id, self.attempt_id)
 
     def headers(self) -> dict:
         return {"x-request-id": self.client_request_id or self.request_id, "x-inferledger-attempt-id": self.attempt_id}

@@ -1,6 +1,6 @@
 """One serving life of the reference engine: build engine and front end, serve, drain, write the run.
 
-    life = Serving(bundle, EngineConfig(max_num_seqs=16), sink=writer, model_name="smol", owns_run=True)
+    life = Serving(bundle, EngineConfig(max_num_seqs=16), ServeOptions(model_name="smol"), sink=writer, owns_run=True)
     url = life.start(host="127.0.0.1", port=8000)
     ...                                  # clients send requests
     life.stop()                          # the drain rule below; then the run is written and closed
@@ -18,7 +18,7 @@ from __future__ import annotations
 import platform
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
@@ -26,6 +26,7 @@ from inferledger.probes.probe import WallMapping, host_id, mono_clock
 
 from . import DRAIN_TIMEOUT_S
 from .app import SERVER_KEY, build_app
+from .options import ServeOptions
 from .thread import ServerThread
 
 CANCEL_WAIT_S = 10.0    # after the cancel: each request leaves at the engine's next iteration boundary
@@ -52,21 +53,18 @@ class DrainResult:
 class Serving:
     """The engine, its HTTP front end and (optionally) the run they write, from start to stop."""
 
-    def __init__(self, bundle, config: EngineConfig | None = None, *, sink=None, host: str | None = None,
-                 run_id: str | None = None, model_name: str | None = None, api_key: str | None = None,
-                 max_queue: int = 512, flush_every_s: float | None = None, owns_run: bool = False,
+    def __init__(self, bundle, config: EngineConfig | None = None, options: ServeOptions = ServeOptions(), *,
+                 sink=None, host: str | None = None, run_id: str | None = None, owns_run: bool = False,
                  source: str = "inferledger serve") -> None:
         self.host = host or host_id()
         self.sink, self.owns_run, self.source = sink, owns_run and sink is not None, source
         run_id = run_id or getattr(sink, "run_id", None) or "serve"
         self.engine = LLMEngine(bundle, config or EngineConfig(), sink=sink, run_id=run_id, host=self.host)
         self.async_engine = AsyncEngine(self.engine)
-        self.model_name = model_name or default_model_name(bundle.identity)
-        self.app = build_app(self.async_engine, bundle.tokenizer, model_name=self.model_name, sink=sink,
-                             run_id=run_id, host=self.host, api_key=api_key, max_queue=max_queue,
-                             flush_every_s=flush_every_s)
+        self.model_name = options.model_name or default_model_name(bundle.identity)
+        self.options = replace(options, model_name=self.model_name)
+        self.app = build_app(self.async_engine, bundle.tokenizer, self.options, sink=sink, run_id=run_id, host=self.host)
         self.front = self.app[SERVER_KEY]
-        self.api_key, self.max_queue = api_key, max_queue
         self.thread: ServerThread | None = None
         self.wall: WallMapping | None = None
         self.t0 = time.monotonic()
@@ -86,7 +84,7 @@ class Serving:
         name it serves, its address and admission limit."""
         bind = {"host": self.thread.host, "port": self.thread.port} if self.thread else {}
         return {"source": self.source, "target": "http", **self.engine.manifest(), "served_model_name": self.model_name,
-                "server": {**bind, "max_queue": self.max_queue, "api_key": self.api_key is not None},
+                "server": {**bind, "max_queue": self.options.max_queue, "api_key": self.options.api_key is not None},
                 "host": {"name": self.host, "platform": platform.platform(), "python": platform.python_version()},
                 "system_under_test": {"inside": ["HTTP front end", "reference engine"], "outside": ["clients"]},
                 "evidence": {"engine_config": "declared", "events": "observed"}}

@@ -1,6 +1,6 @@
 """Run an aiohttp application on a loopback port in a background thread (tests, notebooks, embedding).
 
-    with ServerThread(build_app(engine, tok, model_name="m")) as srv:
+    with ServerThread(build_app(engine, tok, ServeOptions(model_name="m"))) as srv:
         openai.OpenAI(base_url=srv.url + "/v1", api_key="x").completions.create(...)
 
 The thread owns its own event loop; port 0 picks a free ephemeral port (`srv.port` after start).

@@ -6,7 +6,7 @@ with the host time between steps as a second term). `real`: a real capture of a 
 (other prompt lengths, outputs, arrival rate and seed). `sim`: the same requests as `real` (each one's
 arrival at the engine, prompt tokens and output tokens, read from that run's ledger) on the simulated
 clock: the real scheduler and block manager with the bundled model's shape declared, each step lasting
-what the fit predicts for its work (collectors/sim/step_model.FittedStepModel). The knob is the clock:
+what the fit predicts for its work (collectors/sim/step_time.FittedStepModel). The knob is the clock:
 real or simulated. The comparison holds the simulated TTFT, TPOT and E2E against the real ones, per
 request and at p50 / p99 (latency_percentiles, server and engine layers), beside the targets.
 """
@@ -15,8 +15,9 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
+from inferledger.collectors.sim.declared import DeclaredModel
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
-from inferledger.collectors.sim.step_model import FittedStepModel
+from inferledger.collectors.sim.step_time import FittedStepModel
 from inferledger.costmodel.fit import StepFit
 from inferledger.probes.run_folder import Manifest
 from inferledger.engine.params import EngineConfig
@@ -78,8 +79,8 @@ def _simulate(run_dir: Path, run_id: str, bundle) -> None:
     cfg = {k: v for k, v in manifest.block("engine_config").items() if k in EngineConfig.__dataclass_fields__}
     simulate(run_dir, requests, engine_config=EngineConfig(**cfg),
              step_model=FittedStepModel(fit, manifest.model_shape()),
-             model_name=manifest.block("model").get("name") or "bundled", model_config=bundle.config,
-             kv_dtype=bundle.dtype, run_id=run_id, workload="the requests of run real, as its engine received them")
+             model=DeclaredModel(manifest.block("model").get("name") or "bundled", bundle.config, bundle.dtype),
+             run_id=run_id, workload="the requests of run real, as its engine received them")
 
 
 def runs(options: dict) -> list[StudyRun]:

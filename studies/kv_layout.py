@@ -18,7 +18,7 @@ import torch
 
 from inferledger.collectors.sim.declared import QWEN3_8B
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
-from inferledger.collectors.sim.step_model import BookStepModel
+from inferledger.collectors.sim.step_time import BookStepModel
 from inferledger.engine.params import EngineConfig
 from inferledger.studies.framework import Study, StudyRun, StudyRuns, Table
 

@@ -9,6 +9,7 @@ step-time fit (`fit_run`) adds a fit-based expected range.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from inferledger.costmodel import spec_roofs
@@ -50,10 +51,25 @@ def fit_of(run: Path):
                               f"`inferledger reconstruct {run}`") from None
 
 
-def predict_workload(wl, *, max_batch: int, device: str | None = None, device_params_file: Path | None = None,
-                     fit_run: Path | None = None, model: Path | None = None, model_config: Path | None = None,
-                     dtype: str | None = None, cpu_threads="auto") -> dict:
+@dataclass(frozen=True)
+class PredictOptions:
+    """What `inferledger predict` is asked (its flags): the batch limit, where the model's shape comes
+    from, where the roofs come from, and an earlier run's fit."""
+    max_batch: int
+    device: str | None = None  # a spec entry's name: the roofs from the spec
+    device_params_file: Path | None = None  # measured device parameters (a capture's manifest.json)
+    fit_run: Path | None = None  # a reconstructed run whose step-time fit adds a fit-based range
+    model: Path | None = None  # the model file the engine loads (None: the bundled one)
+    model_config: Path | None = None  # an HF config.json instead: the shape declared, nothing loaded
+    dtype: str | None = None
+    cpu_threads: object = "auto"  # the microbenchmarks' placement, as EngineConfig.cpu_threads
+
+
+def predict_workload(wl, options: PredictOptions) -> dict:
     """The prediction document for workload `wl` (a loaded Workload)."""
+    max_batch, device, device_params_file = options.max_batch, options.device, options.device_params_file
+    fit_run, model, model_config, dtype = options.fit_run, options.model, options.model_config, options.dtype
+    cpu_threads = options.cpu_threads
     from inferledger.collectors.capture.registration import workload_shapes
 
     bundle = None

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from inferledger.collectors.capture.run import capture
+from inferledger.collectors.capture.options import CaptureOptions
 from inferledger.collectors.workload import Workload
 
 # every answer accepted (a regex any output character matches): goodness is completion within the deadline
@@ -23,8 +24,8 @@ LONG_MS = 600_000.0  # deadline and client timeout where a study does not judge 
 
 
 def workload(name: str, classes: list[dict], *, max_tokens: int, arrivals_ms: list[float] | None = None,
-             arrivals: dict | None = None, deadline_ms: float = LONG_MS, seed: int = 7, slo: dict | None = None,
-             generation: dict | None = None, tasks: tuple[dict, ...] = TASKS) -> Workload:
+             arrivals: dict | None = None, deadline_ms: float = LONG_MS, seed: int = 7,
+             tasks: tuple[dict, ...] = TASKS) -> Workload:
     """A checked workload: `classes` as [[classes]] tables, greedy generation of `max_tokens` that
     ignores end-of-sequence, arrivals replayed from `arrivals_ms` or given as an [arrivals] table;
     `tasks` the task set's rows (prompt and answer)."""
@@ -39,10 +40,8 @@ def workload(name: str, classes: list[dict], *, max_tokens: int, arrivals_ms: li
         spec = {"name": name, "seed": seed, "taskset": {"file": "tasks.jsonl"}, "arrivals": arrivals,
                 "contract": {"deadline_ms": deadline_ms},
                 "client": {"timeout_ms": max(deadline_ms, LONG_MS), "max_attempts": 1},
-                "generation": {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, **(generation or {})},
+                "generation": {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True},
                 "classes": classes}
-        if slo:
-            spec["slo"] = slo
         return Workload.from_dict(spec, base=base, where=f"study workload {name}", default_name=name)
 
 
@@ -57,5 +56,6 @@ def capture_run(run_dir: Path, run_id: str, wl: Workload, bundle, *, max_num_seq
                 engine_config: dict | None = None) -> dict:
     """One capture of `wl` on the embedded engine serving `bundle`; returns the run's manifest. The
     device microbenchmarks are skipped (a study compares its runs with each other, not with roofs)."""
-    return capture(wl, run_dir, bundle=bundle, max_num_seqs=max_num_seqs, engine_config=engine_config,
-                   run_id=run_id, microbenchmarks=False).manifest
+    options = CaptureOptions(max_num_seqs=max_num_seqs, engine_config=engine_config or {}, run_id=run_id,
+                             microbenchmarks=False)
+    return capture(wl, run_dir, options, bundle=bundle).manifest

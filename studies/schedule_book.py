@@ -14,7 +14,7 @@ from pathlib import Path
 
 from inferledger.collectors.sim.declared import QWEN3_8B
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
-from inferledger.collectors.sim.step_model import BookStepModel
+from inferledger.collectors.sim.step_time import BookStepModel
 from inferledger.engine.params import EngineConfig
 from inferledger.studies.framework import Option, Study, StudyRun, StudyRuns, Table
 

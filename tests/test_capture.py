@@ -15,6 +15,7 @@ from ledger_util import dict_rows as _rows
 from aiohttp import web
 
 from inferledger.collectors.capture.run import capture
+from inferledger.collectors.capture.options import CaptureOptions
 from inferledger.collectors.workload import Workload
 from inferledger.serve.thread import ServerThread
 from inferledger.ledger.reconstruct import reconstruct
@@ -70,7 +71,7 @@ def scenario(bundle, tmp_path_factory):
     assert [p.cls.name for p in wl.plan(bundle.tokenizer)] == ["single", "session", "branches", "single"]
     run = tmp / "run"
     wall_before = time.time_ns()
-    result = capture(wl, run, bundle=bundle, max_num_seqs=8)
+    result = capture(wl, run, CaptureOptions(max_num_seqs=8), bundle=bundle)
     result.wall_window_ns = (wall_before, time.time_ns())
     return run, result, _ledger(run)
 
@@ -226,7 +227,7 @@ def test_separate_clocks_map_within_epsilon_and_uplink_is_derived(bundle, tmp_pa
     (tmp_path / "arrivals.txt").write_text("0\n30\n")
     wl = Workload.from_dict(_spec(tmp_path, generation={"max_tokens": 4}), base=tmp_path)
     run = tmp_path / "run"
-    capture(wl, run, bundle=bundle, separate_clocks=True)
+    capture(wl, run, CaptureOptions(separate_clocks=True), bundle=bundle)
     rows = [r for r in pq.read_table(run / "clocks.parquet").to_pylist() if r["from_clock"]]
     maps = [r for r in rows if r["method"] == "round-trip"]
     assert len(maps) == 2 and all(r["to_clock"].startswith("client-mono:") for r in maps)  # start and end
@@ -280,7 +281,7 @@ def test_black_box_target_has_unknown_server_and_a_gap(tmp_path):
     stub = _Stub()
     with stub.thread as srv:
         assert srv.host == "127.0.0.1"
-        result = capture(wl, tmp_path / "run", target=srv.url)
+        result = capture(wl, tmp_path / "run", CaptureOptions(target=srv.url))
     assert stub.seen[0]["body"]["model"] == "stub-model" and stub.seen[0]["body"]["stream"] is True
     assert stub.seen[0]["headers"]["x-inferledger-task-id"] == "T0000"
     con = _ledger(tmp_path / "run")
@@ -364,7 +365,7 @@ def test_a_clock_that_stops_answering_at_the_end_costs_one_mapping_not_the_run(t
 
     stub.thread.app.router.add_get("/clock", clock)
     with stub.thread as srv:
-        capture(wl, tmp_path / "run", target=srv.url, separate_clocks=True)
+        capture(wl, tmp_path / "run", CaptureOptions(target=srv.url, separate_clocks=True))
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["state"] == "complete"
     assert [m["label"] for m in manifest["clock_mappings"]] == ["start"]

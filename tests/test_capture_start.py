@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from inferledger.collectors.capture import run as capture_mod
+from inferledger.collectors.capture.options import CaptureOptions
 from inferledger.collectors.workload import Workload
 from inferledger.engine import loader
 
@@ -45,7 +46,7 @@ def test_a_tokenizer_that_cannot_load_leaves_no_run(tmp_path):
     out = tmp_path / "run"
     out.mkdir()  # an empty folder the user made stays, empty
     with pytest.raises(Exception, match="nonexistent"):
-        capture_mod.capture(wl, out, target="http://127.0.0.1:9")
+        capture_mod.capture(wl, out, CaptureOptions(target="http://127.0.0.1:9"))
     assert out.exists() and list(out.iterdir()) == []
 
 
@@ -68,7 +69,7 @@ def test_a_folder_holding_a_run_is_refused_and_keeps_its_manifest(tmp_path):
     out.mkdir()
     (out / "manifest.json").write_text('{"run_id": "run", "state": "complete"}')
     with pytest.raises(RunExistsError):
-        capture_mod.capture(WORKLOAD, out, target="http://127.0.0.1:9")
+        capture_mod.capture(WORKLOAD, out, CaptureOptions(target="http://127.0.0.1:9"))
     assert json.loads((out / "manifest.json").read_text()) == {"run_id": "run", "state": "complete"}
 
 

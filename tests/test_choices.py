@@ -27,13 +27,14 @@ def test_the_server_names_the_choice_of_every_write_it_streams(bundle):
 
     from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
     from inferledger.serve.app import build_app
+    from inferledger.serve.options import ServeOptions
     from inferledger.serve.thread import ServerThread
     from inferledger.probes.probe import ListSink
 
     sink = ListSink()
     engine = LLMEngine(bundle, EngineConfig(max_num_seqs=8), sink=sink, run_id="n2")
     ae = AsyncEngine(engine)
-    server = ServerThread(build_app(ae, bundle.tokenizer, model_name="smol", sink=sink)).start()
+    server = ServerThread(build_app(ae, bundle.tokenizer, ServeOptions(model_name="smol"), sink=sink)).start()
     try:
         body = json.dumps({"model": "smol", "messages": [{"role": "user", "content": "Say hi."}], "n": 2,
                            "max_tokens": 5, "temperature": 1.0, "seed": 3, "stream": True}).encode()

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from inferledger.engine import LLM, EngineConfig, SamplingParams
 from inferledger.engine.cpu_linear import linear, pack
-from inferledger.engine.runner import ModelRunner, SeqChunk
+from inferledger.engine.runner import ModelRunner, RunnerOptions, SeqChunk
 from engine_checks import RecordingSink, attrs
 from test_model import _blocks, _prompts, greedy_paged, hf_argmax_after_each_prefix
 
@@ -30,7 +30,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def compiled_runner(bundle):
-    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16, compile=True)
+    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16, options=RunnerOptions(compile=True))
     assert runner.compiled.enabled, runner.compiled.disabled_reason
     return runner
 
@@ -62,7 +62,7 @@ def test_compiled_logits_equal_eager_at_batch_one(bundle, compiled_runner):
 
 
 def test_a_failing_compiled_step_falls_back_to_eager(bundle, compiled_runner, monkeypatch):
-    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16, compile=True)
+    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16, options=RunnerOptions(compile=True))
 
     def broken(*args):
         raise RuntimeError("kernel failed")
@@ -134,7 +134,8 @@ def test_compiled_stack_at_the_resolved_dtype_gives_the_eager_logits(resolved_bu
     0.93 at the prefill, 0.81 against 1.67 in the mixed step)."""
     b = resolved_bundle
     bf16 = b.model.embed_tokens.weight.dtype == torch.bfloat16
-    runners = [ModelRunner(b.model, b.config, num_blocks=32, block_size=16, compile=on) for on in (False, True)]
+    runners = [ModelRunner(b.model, b.config, num_blocks=32, block_size=16, options=RunnerOptions(compile=on))
+               for on in (False, True)]
     if os.environ.get("ATEN_CPU_CAPABILITY"):  # ATen held below the CPU's ISA: the compiled stack refuses
         assert not runners[1].compiled.enabled and "ATEN_CPU_CAPABILITY" in runners[1].compiled.disabled_reason
         out = [r.forward([SeqChunk(_prompts(b.tokenizer)[0], 0, [0, 1, 2, 3])])[0] for r in runners]

@@ -1,5 +1,5 @@
 """The CPU step's linears: the fp32 gemv kernel and the bf16 panel kernel (engine/csrc/linear.cpp)
-against exact products, their fallbacks, and how the engine picks the kind ("onednn", "gemv", "torch")
+against exact products, their fallbacks, and how the engine picks the kind ("onednn", "kernels", "torch")
 and says why."""
 from __future__ import annotations
 
@@ -68,9 +68,9 @@ def test_the_panel_kernel_equals_the_exact_product_rounded_once(kernels, rows, n
     assert p.shape == (n // 16, k // 2, 16, 2) and torch.equal(p[n // 16 - 1, k // 2 - 1, 3], w[n - 13, k - 2:])
     assert cpu_linear.panel(w) is p  # made once
     # each output rounded to bf16 once, bias included: what rounding the exact value gives
-    assert torch.equal(cpu_linear.linear(x, p, b, "gemv"), (exact + b.double()).bfloat16())
-    assert torch.equal(cpu_linear.linear(x, p, None, "gemv"), exact.bfloat16())
-    assert torch.equal(cpu_linear.linear(x.view(rows, 1, k), p, None, "gemv"), exact.bfloat16().view(rows, 1, n))
+    assert torch.equal(cpu_linear.linear(x, p, b, "kernels"), (exact + b.double()).bfloat16())
+    assert torch.equal(cpu_linear.linear(x, p, None, "kernels"), exact.bfloat16())
+    assert torch.equal(cpu_linear.linear(x.view(rows, 1, k), p, None, "kernels"), exact.bfloat16().view(rows, 1, n))
 
 
 def test_the_panel_kernel_refuses_what_it_cannot_take(kernels):
@@ -92,21 +92,23 @@ def test_the_panel_kernel_refuses_what_it_cannot_take(kernels):
 
 def test_the_engine_picks_its_linears_and_says_why(kernels, monkeypatch):
     ok, why = kernels.load()
-    assert EngineConfig().resolve_linear("cpu", torch.float32) == ("gemv", f"auto: gemv for up to 16 token rows: {why}")
-    assert EngineConfig(linear="gemv").resolve_linear("cpu", torch.float32) == (
-        "gemv", f"gemv (EngineConfig.linear): {why}")
+    assert EngineConfig().resolve_linear("cpu", torch.float32) == (
+        "kernels", f"auto: the gemv kernel for up to 16 token rows: {why}")
+    assert EngineConfig(linear="kernels").resolve_linear("cpu", torch.float32) == (
+        "kernels", f"kernels (EngineConfig.linear): {why}")
+    assert EngineConfig(linear="gemv").linear == "kernels"  # the old name, the same kind
     assert EngineConfig(linear="torch").resolve_linear("cpu", torch.float32) == ("torch", "torch (EngineConfig.linear)")
     assert EngineConfig().resolve_linear("cuda", torch.bfloat16) == ("torch", "cuda: torch's linear")
     kind, reason = EngineConfig().resolve_linear("cpu", torch.bfloat16)
     onednn = "oneDNN over prepacked weights (bf16 on a CPU that multiplies it natively)"
     if native_bf16()[0]:  # this build has the panel kernel wherever the CPU has AVX-512 BF16
         assert kernels.panel_kernel()
-        assert (kind, reason) == ("gemv", f"auto: the panel kernel for bf16: {why}")
+        assert (kind, reason) == ("kernels", f"auto: the panel kernel for bf16: {why}")
         assert EngineConfig(linear="onednn").resolve_linear("cpu", torch.bfloat16) == (
             "onednn", f"onednn (EngineConfig.linear): {onednn}")
     else:
         assert (kind, reason) == (
-            "torch", "torch: the gemv kernel takes float32, or bf16 where the CPU multiplies it natively, not torch.bfloat16")
+            "torch", "torch: the kernels take float32, or bf16 where the CPU multiplies it natively, not torch.bfloat16")
         assert EngineConfig(linear="onednn").resolve_linear("cpu", torch.bfloat16)[0] == "torch"
     assert EngineConfig(linear="onednn").resolve_linear("cpu", torch.float32) == (
         "torch", "torch: oneDNN's prepacked linear is for bf16 on a CPU that multiplies it natively, not torch.float32")
@@ -114,9 +116,11 @@ def test_the_engine_picks_its_linears_and_says_why(kernels, monkeypatch):
         EngineConfig(linear="blas")
     monkeypatch.setenv("INFERLEDGER_LINEAR", "torch")
     assert EngineConfig().resolve_linear("cpu", torch.float32) == ("torch", "torch ($INFERLEDGER_LINEAR)")
-    assert EngineConfig(linear="gemv").resolve_linear("cpu", torch.float32)[0] == "gemv"  # a setting beats the variable
+    assert EngineConfig(linear="kernels").resolve_linear("cpu", torch.float32)[0] == "kernels"  # a setting beats the variable
+    monkeypatch.setenv("INFERLEDGER_LINEAR", "gemv")  # the old name, read as the new one
+    assert EngineConfig().resolve_linear("cpu", torch.float32) == ("kernels", f"kernels ($INFERLEDGER_LINEAR): {why}")
     monkeypatch.setenv("INFERLEDGER_LINEAR", "fast")
-    with pytest.raises(ValueError, match=r"\$INFERLEDGER_LINEAR='fast': use auto, gemv, onednn or torch"):
+    with pytest.raises(ValueError, match=r"\$INFERLEDGER_LINEAR='fast': use auto, kernels, onednn or torch"):
         EngineConfig().resolve_linear("cpu", torch.float32)
     monkeypatch.delenv("INFERLEDGER_LINEAR")
     monkeypatch.setenv("CXX", "no-such-compiler-here")  # no kernels: torch's linear, and the reason why
@@ -131,17 +135,17 @@ def test_the_engine_picks_its_linears_and_says_why(kernels, monkeypatch):
 @pytest.mark.slow
 def test_the_runner_and_the_manifest_say_which_linears_ran(bundle, kernels, monkeypatch):
     from inferledger.engine import LLMEngine
-    from inferledger.engine.runner import ModelRunner, SeqChunk
+    from inferledger.engine.runner import ModelRunner, RunnerOptions, SeqChunk
 
     _, why = kernels.load()
-    for choice, kind, reason in (("auto", "gemv", f"auto: gemv for up to 16 token rows: {why}"),
+    for choice, kind, reason in (("auto", "kernels", f"auto: the gemv kernel for up to 16 token rows: {why}"),
                                  ("torch", "torch", "torch (EngineConfig.linear)")):
         engine = LLMEngine(bundle, EngineConfig(linear=choice, num_blocks=8, probes=False))
         got = engine.manifest()["engine_config"]["resolved"]["linear"]
         assert (got["kernel"], got["resolved_by"], engine.runner.linear) == (kind, reason, kind)
     # two runners on one model keep their own kinds, and give the same logits to within fp32 rounding
-    a = ModelRunner(bundle.model, bundle.config, num_blocks=4, linear="gemv")
-    b = ModelRunner(bundle.model, bundle.config, num_blocks=4, linear="torch")
+    a = ModelRunner(bundle.model, bundle.config, num_blocks=4, options=RunnerOptions(linear="kernels"))
+    b = ModelRunner(bundle.model, bundle.config, num_blocks=4, options=RunnerOptions(linear="torch"))
     calls = []
     real = torch.ops.inferledger_cpu.small_linear
     monkeypatch.setattr(torch.ops.inferledger_cpu, "small_linear",
@@ -151,10 +155,10 @@ def test_the_runner_and_the_manifest_say_which_linears_ran(bundle, kernels, monk
     assert calls and set(calls) == {len(ids), 1}  # the prompt's rows (torch's inside) and lm_head's one row
     assert torch.allclose(la, lb, atol=1e-4, rtol=0) and int(la.argmax()) == int(lb.argmax())
     with pytest.raises(ValueError, match="linear='blas'"):
-        ModelRunner(bundle.model, bundle.config, num_blocks=4, linear="blas")
-    with pytest.raises(ValueError, match="linear='gemv' is a CPU kernel; this runner is on cuda"):
-        ModelRunner(bundle.model, bundle.config, num_blocks=4, device="cuda", linear="gemv")
+        ModelRunner(bundle.model, bundle.config, num_blocks=4, options=RunnerOptions(linear="blas"))
+    with pytest.raises(ValueError, match="linear='kernels' is the CPU's; this runner is on cuda"):
+        ModelRunner(bundle.model, bundle.config, num_blocks=4, device="cuda", options=RunnerOptions(linear="kernels"))
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     monkeypatch.setattr(cpu_kernels, "_STATE", {})
-    with pytest.raises(RuntimeError, match="linear='gemv' needs the CPU kernels: no C.. compiler"):
-        ModelRunner(bundle.model, bundle.config, num_blocks=4, linear="gemv")
+    with pytest.raises(RuntimeError, match="linear='kernels' needs the CPU kernels: no C.. compiler"):
+        ModelRunner(bundle.model, bundle.config, num_blocks=4, options=RunnerOptions(linear="kernels"))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from inferledger.engine import EngineConfig, LLMEngine, SamplingParams
-from inferledger.engine.runner import ModelRunner, SeqChunk
+from inferledger.engine.runner import ModelRunner, RunnerOptions, SeqChunk
 from inferledger.engine.sampler import Sampler
 from inferledger.engine.sequence import Sequence
 from inferledger.probes import ListSink
@@ -134,7 +134,8 @@ def test_the_timer_summary_names_the_device_by_uuid_and_records_the_drift_after_
 
 
 def _runner(bundle, graphs=(2, 4), num_blocks=16):
-    return ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks, block_size=16, graph_batch_sizes=graphs)
+    return ModelRunner(bundle.model, bundle.config, num_blocks=num_blocks, block_size=16,
+                       options=RunnerOptions(graph_batch_sizes=graphs))
 
 
 def _decode_two(runner):

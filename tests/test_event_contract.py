@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from inferledger.probes import EVENT_SCHEMA, ListSink, Probe
+from inferledger.probes import EVENT_SCHEMA, EventIds, ListSink, Probe
 from inferledger.probes.events import VOCABULARY, evidence_of, missing_requirements, render_evidence_markdown, render_markdown
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "EVENTS.md"
@@ -18,7 +18,7 @@ def test_events_doc_is_generated_from_the_vocabulary():
 def test_probe_rows_fit_the_schema_and_are_sequenced():
     sink = ListSink()
     p = Probe(sink, "engine", run_id="r", host="h")
-    p.emit("engine.enqueued", attempt_id="A1", request_id="R1", value=12)
+    p.emit("engine.enqueued", EventIds(task_id="T1", request_id="R1", attempt_id="A1"), value=12)
     p.emit("step.end", step_id=3, value=7, mode="eager")
     table = pa.Table.from_pylist(sink.rows, schema=EVENT_SCHEMA)
     assert table.num_rows == 2
@@ -27,11 +27,14 @@ def test_probe_rows_fit_the_schema_and_are_sequenced():
     assert all(r["clock"] == "mono:h" for r in sink.rows)
     assert all(missing_requirements(r) == [] for r in sink.rows)
     assert sink.rows[1]["attrs"] == '{"mode":"eager"}'
+    ids = [(r["task_id"], r["session_id"], r["request_id"], r["attempt_id"], r["step_id"]) for r in sink.rows]
+    assert ids == [("T1", None, "R1", "A1", None), (None, None, None, None, 3)]
+    assert sink.rows[0]["attrs"] == "{}" and sink.rows[0]["value"] == 12.0
 
 
 def test_disabled_probe_emits_nothing():
     sink = ListSink()
-    Probe(sink, "engine", enabled=False).emit("engine.enqueued", attempt_id="A1")
+    Probe(sink, "engine", enabled=False).emit("engine.enqueued", EventIds(attempt_id="A1"))
     assert sink.rows == []
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from inferledger.engine.model import full_sequence_logits
-from inferledger.engine.runner import ModelRunner, SeqChunk
+from inferledger.engine.runner import ModelRunner, RunnerOptions, SeqChunk
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,7 @@ def _prompts(tok):
     return chat + [tok.encode(p) for p in PLAIN]
 
 
-@pytest.mark.parametrize(("paged", "linear"), [(False, "torch"), (True, "gemv")], ids=["gather, torch", "paged, gemv"])
+@pytest.mark.parametrize(("paged", "linear"), [(False, "torch"), (True, "kernels")], ids=["gather, torch", "paged, kernels"])
 def test_greedy_matches_hugging_face(bundle, hf_model, paged, linear):
     """Our 32 greedy tokens for 8 prompts equal HF's: HF's argmax after every prefix of prompt +
     our continuation is our next token (so HF's own greedy loop would emit exactly our tokens).
@@ -59,14 +59,15 @@ def test_greedy_matches_hugging_face(bundle, hf_model, paged, linear):
     in place, the fp32 gemv), here with decode batches of 1 row and of 7 (two groups of 4 and 3)."""
     tok = bundle.tokenizer
     prompts = _prompts(tok)
-    if paged or linear == "gemv":
+    if paged or linear == "kernels":
         from inferledger.engine import cpu_kernels
 
         assert cpu_kernels.load()[0], cpu_kernels.load()[1]
-    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16, paged=paged, linear=linear)
+    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16,
+                         options=RunnerOptions(paged=paged, linear=linear))
     assert (runner.paged, runner.linear) == (paged, linear)
     tables, ours = _blocks(runner, len(prompts), 6), [None] * len(prompts)
-    for group in [[0], [1, 2, 3, 4, 5, 6, 7]] if linear == "gemv" else [list(range(len(prompts)))]:
+    for group in [[0], [1, 2, 3, 4, 5, 6, 7]] if linear == "kernels" else [list(range(len(prompts)))]:
         got = greedy_paged(runner, [prompts[i] for i in group], 32, [tables[i] for i in group])
         for i, o in zip(group, got):
             ours[i] = o
@@ -182,8 +183,9 @@ def test_padded_decode_buckets_equal_eager(bundle, paged):
         assert cpu_kernels.load()[0], cpu_kernels.load()[1]
     p = _prompts(bundle.tokenizer)
     seqs = [p[0], p[4], p[6]]
-    eager = ModelRunner(bundle.model, bundle.config, num_blocks=24, paged=paged)
-    padded = ModelRunner(bundle.model, bundle.config, num_blocks=24, graph_batch_sizes=(2, 4), paged=paged)
+    eager = ModelRunner(bundle.model, bundle.config, num_blocks=24, options=RunnerOptions(paged=paged))
+    padded = ModelRunner(bundle.model, bundle.config, num_blocks=24,
+                         options=RunnerOptions(graph_batch_sizes=(2, 4), paged=paged))
     assert padded.kv_bytes() == eager.kv_bytes() * 25 // 24  # plus the scratch block for padding rows
     tables = _blocks(eager, 3, 8, seed=5)
     results = []

@@ -28,7 +28,7 @@ from inferledger.engine import cpu_kernels
 from inferledger.engine.cpu_host import native_bf16
 from inferledger.engine.loader import load_model
 from inferledger.engine.model import full_sequence_logits
-from inferledger.engine.runner import ModelRunner
+from inferledger.engine.runner import ModelRunner, RunnerOptions
 
 from test_model import _blocks, _prompts, greedy_paged
 
@@ -55,7 +55,7 @@ def _onednn_off():
 # each bf16 matmul this CPU can run: name -> (context, how the linears run: engine/cpu_linear.py kinds)
 MATMULS = {"default": (contextlib.nullcontext, None), "aten": (_onednn_off, None)}
 if native_bf16()[0]:  # the engine's panel kernel (AVX-512 BF16), what `linear="auto"` runs there
-    MATMULS["panel"] = (contextlib.nullcontext, "gemv")
+    MATMULS["panel"] = (contextlib.nullcontext, "kernels")
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +81,8 @@ def test_bf16_logits_within_tolerance_of_fp32(bundle, bf16_bundle, matmul):
     prompts = _prompts(bundle.tokenizer)
     assert sum(map(len, prompts)) == POSITIONS
     context, linear = MATMULS[matmul]
-    if linear == "gemv":  # the fused layers' weights in panels, as the engine's runner prepares them
-        assert cpu_kernels.panel_kernel() and bf16_bundle.model.fuse("gemv").prepared("gemv")
+    if linear == "kernels":  # the fused layers' weights in panels, as the engine's runner prepares them
+        assert cpu_kernels.panel_kernel() and bf16_bundle.model.fuse("kernels").prepared("kernels")
     agree = 0
     for ids in prompts:
         ref = full_sequence_logits(bundle.model, ids)
@@ -108,7 +108,7 @@ def test_bf16_greedy_equals_fp32_up_to_a_near_tie(bundle, bf16_bundle, matmul):
     context, linear = MATMULS[matmul]
     for name, b in (("fp32", bundle), ("bf16", bf16_bundle)):
         kind = linear if name == "bf16" else None
-        runner = ModelRunner(b.model, b.config, num_blocks=64, block_size=16, linear=kind)
+        runner = ModelRunner(b.model, b.config, num_blocks=64, block_size=16, options=RunnerOptions(linear=kind))
         assert runner.k_cache.dtype == b.dtype and kind in (None, runner.linear)
         with context() if name == "bf16" else contextlib.nullcontext():
             outs[name] = greedy_paged(runner, prompts, 32, _blocks(runner, len(prompts), 6))

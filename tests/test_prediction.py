@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from inferledger.cli.app import app
 from inferledger.collectors.capture import microbench
 from inferledger.collectors.capture.run import capture
+from inferledger.collectors.capture.options import CaptureOptions
 from inferledger.collectors.workload import Workload
 from inferledger.costmodel import Roofs
 from inferledger.probes.model_shape import ModelShape
@@ -175,8 +176,8 @@ def test_a_changed_prediction_file_stops_the_capture_naming_it(tmp_path):
     bad = tmp_path / "pred.json"
     bad.write_text(json.dumps({"schema": SCHEMA, "max_batch": 0}))
     with pytest.raises(PredictionError, match=r"pred\.json: field max_batch = 0"):
-        capture(Workload.load(_workload(tmp_path)), tmp_path / "run", model=tmp_path / "never-loaded.gguf",
-                prediction=bad)
+        capture(Workload.load(_workload(tmp_path)), tmp_path / "run",
+                CaptureOptions(model=tmp_path / "never-loaded.gguf", prediction=bad))
     assert not (tmp_path / "run").exists()  # refused before anything was recorded
 
 
@@ -184,7 +185,7 @@ def test_a_changed_prediction_file_stops_the_capture_naming_it(tmp_path):
 def registered_run(bundle, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("registered")
     run = tmp / "run"
-    capture(Workload.load(_workload(tmp)), run, bundle=bundle, max_num_seqs=4)
+    capture(Workload.load(_workload(tmp)), run, CaptureOptions(max_num_seqs=4), bundle=bundle)
     reconstruct(run)
     return run
 
@@ -281,10 +282,10 @@ def test_the_matmul_roof_times_the_engines_own_linear(monkeypatch):
     assert {c[0] for c in calls} == {(s["m"], s["k"]) for s in shapes}
     panels = cpu_linear.panelable(torch.empty(16, 2, dtype=torch.bfloat16))
     assert panels == (cpu_linear.packable(torch.empty(2, 2, dtype=torch.bfloat16)) and cpu_kernels.panel_kernel())
-    assert {c[1] for c in calls} == {"gemv" if panels else "torch"}  # prepared exactly where the engine prepares its weights
+    assert {c[1] for c in calls} == {"kernels" if panels else "torch"}  # prepared exactly where the engine prepares its weights
     assert {c[2] for c in calls} == {4 if panels else 2}  # over the panel copies, as the step's, where it has them
     calls.clear()
     microbench.measure("cpu", torch.float32, shapes, timer=fake_timer(), stream_bytes=4 << 20,
                        matmul_repeats=1, stream_repeats=1, slice_s=0.0)
-    assert {c[1] for c in calls} == {"gemv"}  # fp32: the kernel (this machine builds it), as the engine's step
+    assert {c[1] for c in calls} == {"kernels"}  # fp32: the kernel (this machine builds it), as the engine's step
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from inferledger.cli.app import app
 from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.memory import SizeError, bound, parse_size
-from inferledger.ledger.reconstruct import reconstruct
+from inferledger.ledger.reconstruct import BuildOptions, reconstruct
 from scale_util import ledger_differences
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ def test_a_synthetic_run_under_a_small_limit_builds_the_same_ledger(tmp_path):
     bench.phase_import(run, 400, 32, 3)  # 400 attempts, 16k events
     default = reconstruct(run, out=tmp_path / "default.duckdb")
     spill = tmp_path / "spill"
-    bounded = reconstruct(run, out=tmp_path / "bounded.duckdb", memory_limit="64MiB", temp_directory=spill)
+    bounded = reconstruct(run, BuildOptions(memory_limit="64MiB", temp_directory=spill), out=tmp_path / "bounded.duckdb")
     assert bounded.n_events == default.n_events == 400 * (6 + 32 + 7 + 32 // 8 + 1)  # client, chunks, engine, tokens, verdict
     assert ledger_differences(default.path, bounded.path) == []
     assert spill.is_dir()  # a named folder is the caller's; the default one beside the ledger is removed

@@ -19,9 +19,9 @@ from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.collectors.rundir.repartition import repartition
 from inferledger.collectors.sim.declared import QWEN3_8B
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
-from inferledger.collectors.sim.step_model import BookStepModel
+from inferledger.collectors.sim.step_time import BookStepModel
 from inferledger.engine.params import EngineConfig
-from inferledger.ledger.reconstruct import RunDirError, reconstruct
+from inferledger.ledger.reconstruct import BuildOptions, RunDirError, reconstruct
 from ledger_util import build_run
 from scale_util import ledger_differences
 
@@ -43,8 +43,8 @@ def three_ledgers(run: Path, tmp: Path, buckets: int, bounded: bool = True) -> t
     """The default ledger of the run as recorded, then (partitioned) the bounded and the sharded one."""
     default = reconstruct(run, out=tmp / f"{run.name}-default.duckdb").path
     repartition(run, buckets)
-    small = reconstruct(run, out=tmp / f"{run.name}-bounded.duckdb", memory_limit="96MiB").path if bounded else None
-    sharded = reconstruct(run, out=tmp / f"{run.name}-ray.duckdb", engine="ray").path
+    small = reconstruct(run, BuildOptions(memory_limit="96MiB"), out=tmp / f"{run.name}-bounded.duckdb").path if bounded else None
+    sharded = reconstruct(run, BuildOptions(engine="ray"), out=tmp / f"{run.name}-ray.duckdb").path
     return default, small, sharded
 
 
@@ -147,7 +147,7 @@ def test_without_ray_the_error_says_what_to_install_and_the_default_path_never_i
     repartition(run, 2)
     monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed
     with pytest.raises(RunDirError, match=r"pip install 'inferledger\[ray\]'"):
-        reconstruct(run, engine="ray")
+        reconstruct(run, BuildOptions(engine="ray"))
     code = ("import sys; from inferledger.ledger.reconstruct import reconstruct; "
             f"reconstruct({str(run)!r}); assert 'ray' not in sys.modules, 'ray imported'")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0

@@ -13,6 +13,7 @@ from inferledger.collectors.rundir.writer import RunWriter
 from inferledger.engine import EngineConfig
 from inferledger.probes.probe import ListSink
 from inferledger.serve.lifecycle import Serving
+from inferledger.serve.options import ServeOptions
 
 
 def _post(url: str, attempt: str, max_tokens: int, stream: bool = False):
@@ -40,7 +41,7 @@ def _first_token(sink: ListSink, attempt: str, client: threading.Thread) -> None
 
 def test_a_request_left_after_the_drain_timeout_is_cancelled_with_terminal_events(bundle):
     sink = ListSink()
-    life = Serving(bundle, EngineConfig(max_num_seqs=2), sink=sink, model_name="m")
+    life = Serving(bundle, EngineConfig(max_num_seqs=2), ServeOptions(model_name="m"), sink=sink)
     url = life.start()
     got = {}
     long = threading.Thread(target=lambda: got.update(long=_post(url, "LONG", 1500, stream=True)))
@@ -62,7 +63,7 @@ def test_a_request_left_after_the_drain_timeout_is_cancelled_with_terminal_event
 
 def test_draining_refuses_new_requests_and_lets_in_flight_ones_finish(bundle):
     sink = ListSink()
-    life = Serving(bundle, EngineConfig(max_num_seqs=2), sink=sink, model_name="m")
+    life = Serving(bundle, EngineConfig(max_num_seqs=2), ServeOptions(model_name="m"), sink=sink)
     url = life.start()
     got = {}
     first = threading.Thread(target=lambda: got.update(first=_post(url, "FIRST", 24)))
@@ -88,7 +89,7 @@ def test_draining_refuses_new_requests_and_lets_in_flight_ones_finish(bundle):
 def test_a_run_the_server_owns_is_written_when_it_stops(bundle, tmp_path):
     run = tmp_path / "srv"
     writer = RunWriter(run)
-    life = Serving(bundle, EngineConfig(max_num_seqs=2), sink=writer, model_name="m", owns_run=True)
+    life = Serving(bundle, EngineConfig(max_num_seqs=2), ServeOptions(model_name="m"), sink=writer, owns_run=True)
     url = life.start()
     assert json.loads((run / "manifest.json").read_text())["state"] == "running"
     assert _post(url, "A1", 3)[0] == 200

@@ -22,6 +22,7 @@ import pytest
 
 from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine, SamplingParams
 from inferledger.serve.app import build_app
+from inferledger.serve.options import ServeOptions
 from inferledger.serve.thread import ServerThread
 from inferledger.probes.probe import ListSink
 
@@ -110,7 +111,7 @@ def stack(bundle):
     ref_c = _generate_sync(engine, prompt_ids, greedy, "ref-completion")
     ref_chat = _generate_sync(engine, chat_ids, greedy, "ref-chat")
     ae = AsyncEngine(engine)
-    servers = [ServerThread(build_app(ae, tok, model_name=MODEL, sink=sink, **kw)).start()
+    servers = [ServerThread(build_app(ae, tok, ServeOptions(model_name=MODEL, **kw), sink=sink)).start()
                for kw in ({"max_queue": 256}, {"max_queue": 2}, {"api_key": KEY})]
     try:
         yield Stack(engine, sink, *(s.url for s in servers), ref_c, ref_chat, prompt_ids, chat_ids)

@@ -13,6 +13,7 @@ import pytest
 
 from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
 from inferledger.serve.app import build_app
+from inferledger.serve.options import ServeOptions
 from inferledger.serve.thread import ServerThread
 from inferledger.probes.probe import ListSink
 
@@ -24,7 +25,7 @@ BIG = 6 * 2**20
 def served(bundle):
     sink = ListSink()
     ae = AsyncEngine(LLMEngine(bundle, EngineConfig(max_num_seqs=8), sink=sink, run_id="loop-test"))
-    srv = ServerThread(build_app(ae, bundle.tokenizer, model_name="m", sink=sink)).start()
+    srv = ServerThread(build_app(ae, bundle.tokenizer, ServeOptions(model_name="m"), sink=sink)).start()
     try:
         yield srv.url, sink
     finally:
@@ -44,7 +45,7 @@ def _post(url: str, body: dict, rid: str):
 
 def test_metrics_declare_every_status_label_before_the_first_request(bundle):
     ae = AsyncEngine(LLMEngine(bundle, EngineConfig(max_num_seqs=2), run_id="fresh"))
-    with ServerThread(build_app(ae, bundle.tokenizer, model_name="m")) as srv:
+    with ServerThread(build_app(ae, bundle.tokenizer, ServeOptions(model_name="m"))) as srv:
         text = urllib.request.urlopen(srv.url + "/metrics", timeout=60).read().decode()
     ae.close()
     for status in ("200", "400", "401", "404", "409", "413", "429", "500", "503"):  # every answer the server gives

@@ -13,7 +13,7 @@ import pytest
 from inferledger.collectors.sim.clock import SimClock
 from inferledger.collectors.sim.declared import QWEN3_8B
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
-from inferledger.collectors.sim.step_model import BookStepModel, causal_pairs
+from inferledger.collectors.sim.step_time import BookStepModel, causal_pairs
 from inferledger.engine.params import EngineConfig
 from inferledger.ledger.query import open_ledger
 from inferledger.ledger.reconstruct import reconstruct
@@ -62,11 +62,11 @@ def test_actions_inside_a_step_run_at_their_own_time_and_idle_jumps_to_the_next(
 def test_the_books_step_model_counts_causal_pairs_per_chunk():
     assert causal_pairs(4, 0) == 10 and causal_pairs(4, 8) == 42  # the book's figs 8-8 and 8-9
     assert causal_pairs(512, 7680) == 4_063_488 and causal_pairs(512, 0) == 131_328
-    from inferledger.collectors.sim.step_model import StepRow
+    from inferledger.collectors.sim.step_time import SimStepRow
     # one 2K prompt alone: 26.22 + 2048 × 0.0304 + 2048·2049/2 × 3e-6 ms = 94.773728 ms (the book's ~94.8)
-    assert BookStepModel().step_ns([StepRow(0, 2048)]) == 94_773_728
+    assert BookStepModel().step_ns([SimStepRow(0, 2048)]) == 94_773_728
     # its decode at 2048 + 1 positions: 26.22 + 0.0304 + 2049 × 3e-6 = 26.256547 ms (the book's 26.26)
-    assert BookStepModel().step_ns([StepRow(2048, 1)]) == 26_256_547
+    assert BookStepModel().step_ns([SimStepRow(2048, 1)]) == 26_256_547
 
 
 def test_steps_last_what_the_model_says_and_arrivals_land_at_their_time(tmp_path):

@@ -219,7 +219,7 @@ def test_fidelity_replays_the_real_requests_on_the_simulated_clock_with_the_fit_
 
 
 def test_the_fitted_step_model_adds_the_host_gap_to_the_predicted_step():
-    from inferledger.collectors.sim.step_model import FittedStepModel, StepRow
+    from inferledger.collectors.sim.step_time import FittedStepModel, SimStepRow
     from inferledger.costmodel.fit import StepFit
     from inferledger.probes.model_shape import ModelShape
 
@@ -228,12 +228,12 @@ def test_the_fitted_step_model_adds_the_host_gap_to_the_predicted_step():
     fixed = FittedStepModel(StepFit(alpha_ms=10.0, ms_per_gflop=0.0, ms_per_mb=0.0, gap_alpha_ms=1.0,
                                     gap_ms_per_seq=0.5), shape)
     # no work terms: 10 ms a step, plus 1 ms + 0.5 ms per sequence between steps
-    assert fixed.step_ns([StepRow(0, 16)]) == 11_500_000
-    assert fixed.step_ns([StepRow(5, 1), StepRow(9, 1), StepRow(0, 4)]) == 12_500_000
+    assert fixed.step_ns([SimStepRow(0, 16)]) == 11_500_000
+    assert fixed.step_ns([SimStepRow(5, 1), SimStepRow(9, 1), SimStepRow(0, 4)]) == 12_500_000
     no_gap = FittedStepModel(StepFit(alpha_ms=10.0, ms_per_gflop=0.0, ms_per_mb=0.0), shape)
-    assert no_gap.step_ns([StepRow(0, 16)]) == 10_000_000
+    assert no_gap.step_ns([SimStepRow(0, 16)]) == 10_000_000
     per_flop = FittedStepModel(StepFit(alpha_ms=0.0, ms_per_gflop=1e3, ms_per_mb=0.0), shape)
-    assert per_flop.step_ns([StepRow(0, 8)]) > per_flop.step_ns([StepRow(0, 4)]) > 0  # more tokens, more work
+    assert per_flop.step_ns([SimStepRow(0, 8)]) > per_flop.step_ns([SimStepRow(0, 4)]) > 0  # more tokens, more work
 
 
 def test_the_report_draws_a_real_engine_study_and_each_point_alone(chunked, load, tmp_path):

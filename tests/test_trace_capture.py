@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from inferledger.collectors.capture.run import capture
+from inferledger.collectors.capture.options import CaptureOptions
 from inferledger.collectors.workload import Workload
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ def _implied_blocks(a: int, b: int, ends: list[int]) -> int:
 
 def test_replaying_mooncake_hits_the_prefix_cache_where_its_hash_ids_are_shared(bundle, tmp_path):
     wl = Workload.load(REPO / "samples" / "workloads" / "trace_mooncake.toml")
-    res = capture(wl, tmp_path / "run", bundle=bundle, max_num_seqs=8)
+    res = capture(wl, tmp_path / "run", CaptureOptions(max_num_seqs=8), bundle=bundle)
     assert res.load.completed == 12
     events = [e for e in pq.read_table(tmp_path / "run" / "events").to_pylist() if e["source"] == "engine"]
     by_task = defaultdict(list)

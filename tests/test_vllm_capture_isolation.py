@@ -22,6 +22,8 @@ import pytest
 from aiohttp import web
 
 from inferledger.collectors.capture.run import capture
+from inferledger.collectors.capture.options import CaptureOptions
+from inferledger.collectors.evidence.engine_evidence import EvidenceOptions
 from inferledger.collectors.evidence import engine_evidence
 from inferledger.collectors.workload import Workload
 from inferledger.serve.thread import ServerThread
@@ -141,7 +143,8 @@ def bad_evidence_run(tmp_path_factory):
     port = _free_port()
     stub = _Vllm(port)
     with stub.thread as srv:
-        result = capture(_workload(tmp), tmp / "run", target=srv.url, otlp_port=port, scrape_metrics=True)
+        result = capture(_workload(tmp), tmp / "run", CaptureOptions(target=srv.url, evidence=EvidenceOptions(
+            otlp_port=port, scrape_metrics=True)))
     reconstruct(tmp / "run")
     return tmp / "run", result, duckdb.connect(str(tmp / "run" / "ledger.duckdb"), read_only=True)
 
@@ -184,7 +187,8 @@ def test_a_trickling_metrics_endpoint_costs_its_scrapes_not_the_capture(tmp_path
     done: dict = {}
     with stub.thread as srv:
         worker = threading.Thread(target=lambda: done.update(result=capture(
-            _workload(tmp_path), tmp_path / "run", target=srv.url, otlp_port=port, scrape_metrics=True)), daemon=True)
+            _workload(tmp_path), tmp_path / "run", CaptureOptions(target=srv.url, evidence=EvidenceOptions(
+                otlp_port=port, scrape_metrics=True)))), daemon=True)
         worker.start()
         worker.join(120)  # a bound for a hang, not a timing: the capture takes a few seconds
         assert not worker.is_alive(), "the capture hung on a trickling /metrics"
@@ -206,7 +210,7 @@ def test_a_part_that_cannot_be_written_never_leaves_a_complete_manifest(tmp_path
     monkeypatch.setattr(engine_evidence, "map_spans", with_an_unwritable_row)
     port = _free_port()
     with _Vllm(port, bad=False).thread as srv, pytest.raises(ValueError, match="could not write part"):
-        capture(_workload(tmp_path), tmp_path / "run", target=srv.url, otlp_port=port)
+        capture(_workload(tmp_path), tmp_path / "run", CaptureOptions(target=srv.url, evidence=EvidenceOptions(otlp_port=port)))
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["state"] == "interrupted"
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from inferledger.collectors.capture.clocksync import ClockSyncFailure
+from inferledger.collectors.capture.options import CaptureOptions
+from inferledger.collectors.capture.steps import Driven, Live, Prepared
 from inferledger.collectors.rundir.out_dir import check_new_run_dir
 from inferledger.collectors.rundir.writer import write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
@@ -52,10 +54,16 @@ class StartingManifest:
                 break
 
 
-def finish_run(writer, wl, plans, tokenizer, server, sampler, evidence, result, lags, mappings, wall, out, *, host,
-            url, client_clock, engine_clock, separate_clocks, calibration, switch_interval_s, wall_s,
-            engine_clock_epsilon_ms, registered: dict | None = None) -> dict:
+def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptions, *, wall_s: float,
+               registered: dict | None = None) -> dict:
     """After a clean run: clock mappings, the client's lag trace, gaps and the full manifest."""
+    writer, out, host, url, wall = live.writer, live.out, live.host, live.url, live.wall
+    server, sampler, evidence = live.server, live.sampler, live.evidence
+    client_clock, engine_clock = live.client_clock, live.engine_clock
+    wl, plans, tokenizer, calibration = prep.wl, prep.plans, prep.tokenizer, prep.calibration
+    result, lags, mappings = driven.result, driven.lags, driven.mappings
+    separate_clocks, switch_interval_s = options.separate_clocks, options.switch_interval_s
+    engine_clock_epsilon_ms = options.evidence.engine_clock_epsilon_ms
     evidence_gaps, evidence_manifest = evidence.finish(result.completed + result.abandoned) if evidence else ([], None)
     failed = [m for m in mappings if isinstance(m, ClockSyncFailure)]
     mappings = [m for m in mappings if not isinstance(m, ClockSyncFailure)]

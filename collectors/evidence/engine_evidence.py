@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -26,6 +27,20 @@ from inferledger.collectors.evidence.otlp_receiver import OTLPReceiver
 from inferledger.collectors.evidence.vllm_spans import map_spans
 
 SPAN_WAIT_S = 30.0  # longest wait after the load for the engine's last span export
+
+
+@dataclass(frozen=True)
+class EvidenceOptions:
+    """What a capture asks of a URL target's own evidence (`capture --otlp-port --scrape-metrics
+    --engine-host --engine-clock-epsilon-ms`)."""
+    otlp_port: int | None = None  # receive its OTLP spans on http://127.0.0.1:PORT/v1/traces
+    scrape_metrics: bool = False  # scrape <target>/metrics at 2 Hz
+    engine_host: str | None = None  # the engine's host when not this one (its spans on wall:<host>)
+    engine_clock_epsilon_ms: float = 5.0  # the declared bound of that host's wall clock against this one's
+
+    @property
+    def wanted(self) -> bool:
+        return self.otlp_port is not None or self.scrape_metrics
 
 
 def engine_reporter(base_url: str) -> tuple[str, str | None]:
@@ -41,16 +56,14 @@ def engine_reporter(base_url: str) -> tuple[str, str | None]:
 
 
 class EngineEvidence:
-    def __init__(self, run_dir: Path, writer, *, host: str, client_clock: str, target_url: str,
-                 otlp_port: int | None, scrape_metrics: bool, engine_host: str | None = None,
-                 span_wait_s: float = SPAN_WAIT_S) -> None:
-        self.run_dir, self.writer, self.host, self.engine_host = Path(run_dir), writer, host, engine_host or host
-        self.span_wait_s = span_wait_s
+    def __init__(self, writer, options: EvidenceOptions, *, host: str, client_clock: str, target_url: str) -> None:
+        self.run_dir, self.writer, self.host = writer.run_dir, writer, host
+        self.engine_host = options.engine_host or host
         self.mapped_spans = 0
         self.reporter, self.version = engine_reporter(target_url)
-        self.receiver = OTLPReceiver(run_dir, otlp_port).start() if otlp_port is not None else None
-        self.scraper = (MetricsScraper(f"{target_url.rstrip('/')}/metrics", run_dir, writer, clock=client_clock,
-                                       host=host).start() if scrape_metrics else None)
+        self.receiver = OTLPReceiver(self.run_dir, options.otlp_port).start() if options.otlp_port is not None else None
+        self.scraper = (MetricsScraper(f"{target_url.rstrip('/')}/metrics", self.run_dir, writer, clock=client_clock,
+                                       host=host).start() if options.scrape_metrics else None)
 
     @property
     def trace_salt(self) -> str | None:
@@ -71,7 +84,7 @@ class EngineEvidence:
         manifest: dict = {"reporter": self.reporter, "version": self.version}
         gaps: list[dict] = []
         if self.receiver is not None:
-            deadline = time.monotonic() + self.span_wait_s
+            deadline = time.monotonic() + SPAN_WAIT_S
             while self.receiver.request_spans_seen < expected_spans and time.monotonic() < deadline:
                 time.sleep(0.5)
         if self.scraper is not None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol
 
 from inferledger.collectors.workload import Question, RequestPlan, TaskPlan, Workload
-from inferledger.probes.probe import Probe
+from inferledger.probes.probe import EventIds, Probe
 from inferledger.probes.quantile import quantile
 
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)  # and transport failures (no status)
@@ -110,6 +110,17 @@ class _Att:
     late_chunks: int = 0
 
 
+@dataclass(frozen=True)
+class _Try:
+    """One attempt of a request as `_request` plans it."""
+    index: int  # 1 for the first attempt
+    timeout_ms: float
+    cancel_after_tokens: int | None  # an injected cancellation (first attempt of the task's last request)
+    cancel_after_ms: float | None
+    planned_ns: int  # when it should be sent
+    kind: str  # arrival | turn | retry
+
+
 @dataclass
 class _Req:
     status: str  # completed, timeout, cancelled, error, gave_up
@@ -174,14 +185,14 @@ class LoadClient:
     # ---- tasks ---------------------------------------------------------------------------------
     async def _task(self, plan: TaskPlan, planned_ns: int) -> None:
         p, c = self.probe, plan.cls
-        tids = {"task_id": plan.task_id, "session_id": plan.session_id}
+        tids = EventIds(plan.task_id, plan.session_id)
         self._in_flight += 1
         self.result.max_in_flight = max(self.result.max_in_flight, self._in_flight)
         self.result.tasks += 1
-        p.emit("arrival.planned", ts_ns=planned_ns, **tids, process=self.w.process)
+        p.emit("arrival.planned", tids, ts_ns=planned_ns, process=self.w.process)
         expected = plan.requests[0].question.answer if len(plan.requests) == 1 else \
             json.dumps({r.request_id: r.question.answer for r in plan.requests})
-        p.emit("task.start", **tids, **plan.contract(), expected=expected, shape=c.shape, task_class=c.name)
+        p.emit("task.start", tids, **plan.contract(), expected=expected, shape=c.shape, task_class=c.name)
         if hasattr(p.sink, "task"):
             p.sink.task(plan.task_id, expected=expected, contract={**plan.contract(), "shape": c.shape,
                                                                    "task_class": c.name}, **plan.contract())
@@ -207,7 +218,7 @@ class LoadClient:
                     history = messages + [{"role": "assistant", "content": res.text}]
                     planned, kind = self.now(), "turn"
         finally:
-            p.emit("task.end", **tids, requests_planned=len(plan.requests),
+            p.emit("task.end", tids, requests_planned=len(plan.requests),
                    requests_completed=sum(r.status == "completed" for r in results),
                    gave_up=[r.request_id for r, s in zip(plan.requests, results) if s.status == "gave_up"])
             self._in_flight -= 1
@@ -216,12 +227,12 @@ class LoadClient:
 
     async def _tool(self, plan: TaskPlan, turn: int, *, after: str, before: str) -> None:
         """A simulated external tool call: the task waits, no model works, the interval is the tool's."""
-        ids = {"task_id": plan.task_id, "session_id": plan.session_id}
+        ids = EventIds(plan.task_id, plan.session_id)
         call = f"{plan.task_id}:tool{turn}"
-        self.tool.emit("tool.start", **ids, tool="lookup", call_id=call, planned_ms=plan.cls.tool_ms,
+        self.tool.emit("tool.start", ids, tool="lookup", call_id=call, planned_ms=plan.cls.tool_ms,
                        after_request=after, before_request=before)
         await asyncio.sleep(plan.cls.tool_ms / 1000)
-        self.tool.emit("tool.end", **ids, tool="lookup", call_id=call, status="ok")
+        self.tool.emit("tool.end", ids, tool="lookup", call_id=call, status="ok")
         self.result.tool_calls += 1
 
     async def _request(self, plan: TaskPlan, req: RequestPlan, messages: list[dict], planned_ns: int, kind: str,
@@ -238,7 +249,7 @@ class LoadClient:
             timeout = plan.first_timeout_ms if first and plan.first_timeout_ms else (c.timeout_ms or w.timeout_ms)
             cancel = (plan.cancel_after_tokens, plan.cancel_after_ms) if k == 1 and req is plan.requests[-1] \
                 else (None, None)
-            out = await self._attempt(plan, req, k, messages, params, timeout, cancel, planned_ns, kind)
+            out = await self._attempt(plan, req, messages, params, _Try(k, timeout, *cancel, planned_ns, kind))
             if out.status not in ("timeout", "retryable") or k == plan.max_attempts:
                 break
             backoff_ms = min(w.backoff_max_ms, w.backoff_ms * 2 ** (k - 1)) * (1 + w.jitter * (2 * self.rng.random() - 1))
@@ -252,19 +263,17 @@ class LoadClient:
         return _Req("error") if out.status == "retryable" else out
 
     # ---- attempts ------------------------------------------------------------------------------
-    async def _attempt(self, plan: TaskPlan, req: RequestPlan, k: int, messages, params, timeout_ms: float,
-                       cancel: tuple, planned_ns: int, kind: str) -> _Req:
-        p = self.probe
-        ids = {"task_id": plan.task_id, "session_id": plan.session_id, "request_id": req.request_id,
-               "attempt_id": f"{req.request_id}:A{k}"}
-        cancel_tokens, cancel_ms = cancel
+    async def _attempt(self, plan: TaskPlan, req: RequestPlan, messages, params, attempt: _Try) -> _Req:
+        p, k, timeout_ms, kind = self.probe, attempt.index, attempt.timeout_ms, attempt.kind
+        ids = EventIds(plan.task_id, plan.session_id, req.request_id, f"{req.request_id}:A{k}")
+        cancel_tokens, cancel_ms = attempt.cancel_after_tokens, attempt.cancel_after_ms
         self.result.attempts += 1
-        p.emit("attempt.created", **ids, attempt_index=k, timeout_ms=timeout_ms, max_tokens=params["max_tokens"],
+        p.emit("attempt.created", ids, attempt_index=k, timeout_ms=timeout_ms, max_tokens=params["max_tokens"],
                prompt_tokens=req.prompt_tokens if len(messages) <= 2 else None, n_messages=len(messages),
                on_timeout="abandon" if plan.abandon else "disconnect",
                **({"cancel_after_tokens": cancel_tokens} if cancel_tokens else {}),
                **({"cancel_after_ms": cancel_ms} if cancel_ms else {}))
-        st = _Att(planned_ns, kind)
+        st = _Att(attempt.planned_ns, kind)
         t_created = self.now()
 
         def on_sent() -> None:
@@ -272,15 +281,15 @@ class LoadClient:
                 st.sent_ns = self.now()
                 err = (st.sent_ns - st.planned_ns) / 1e6
                 self.result.pacing[st.plan_kind].append(err)
-                p.emit("attempt.sent", ts_ns=st.sent_ns, **ids, planned=kind, pacing_error_ms=round(err, 4))
+                p.emit("attempt.sent", ids, ts_ns=st.sent_ns, planned=kind, pacing_error_ms=round(err, 4))
 
         def on_first_byte() -> None:
             if not st.first_byte:
                 on_sent()
                 st.first_byte = True
-                p.emit("attempt.first_byte", **ids)
+                p.emit("attempt.first_byte", ids)
 
-        stream = self.transport.stream(messages, params, ids=ids, on_sent=on_sent, on_first_byte=on_first_byte)
+        stream = self.transport.stream(messages, params, ids=ids._asdict(), on_sent=on_sent, on_first_byte=on_first_byte)
         consumer = asyncio.create_task(self._consume(stream, st, ids, cancel_tokens, on_first_byte))
         limit_s = timeout_ms / 1000
         wait_s = min(limit_s, cancel_ms / 1000) if cancel_ms else limit_s
@@ -293,11 +302,11 @@ class LoadClient:
         if not consumer.done():
             elapsed = (self.now() - t_created) / 1e6
             if cancel_ms and cancel_ms / 1000 <= limit_s:
-                p.emit("attempt.cancel", **ids, trigger="after_ms", after_ms=round(elapsed, 3),
+                p.emit("attempt.cancel", ids, trigger="after_ms", after_ms=round(elapsed, 3),
                        after_chunks=st.output_chunks)
                 st.cancelled = True
             else:
-                p.emit("attempt.timeout", **ids, timeout_ms=timeout_ms, after_chunks=st.output_chunks,
+                p.emit("attempt.timeout", ids, timeout_ms=timeout_ms, after_chunks=st.output_chunks,
                        on_timeout="abandon" if plan.abandon else "disconnect")
                 self.result.timeouts += 1
                 if plan.abandon:  # stop listening, leave the connection open: the server may finish
@@ -318,7 +327,7 @@ class LoadClient:
             status = getattr(exc, "status", None)
             retryable = status in RETRYABLE_STATUS or (status is None and getattr(exc, "retryable", False))
             retry_after = getattr(exc, "retry_after_s", None)
-            p.emit("attempt.error", **ids, error=repr(exc)[:300], status=status, retryable=retryable,
+            p.emit("attempt.error", ids, error=repr(exc)[:300], status=status, retryable=retryable,
                    **({"retry_after_s": retry_after} if retry_after is not None else {}))
             self.result.errors += 1
             return _Req("retryable" if retryable else "error", retry_after_s=retry_after)
@@ -326,17 +335,17 @@ class LoadClient:
             self.result.cancelled += 1
             return _Req("cancelled")
         text = "".join(st.text)
-        p.emit("attempt.done", **ids, finish_reason=st.finish, usage=st.usage, output_chunks=st.output_chunks,
+        p.emit("attempt.done", ids, finish_reason=st.finish, usage=st.usage, output_chunks=st.output_chunks,
                **({"server_metrics": st.server_metrics, "server_metrics_evidence": "reported"}
                   if st.server_metrics else {}))
         self.result.completed += 1
         correct = check_answer(req.question, text)
         self.result.correct += correct
-        self.checker.emit("verdict", **ids, correct=correct, checker=req.question.match, kind=req.question.kind,
+        self.checker.emit("verdict", ids, correct=correct, checker=req.question.match, kind=req.question.kind,
                           expected=req.question.answer, answer=text[:300])
         return _Req("completed", text)
 
-    async def _consume(self, stream, st: _Att, ids: dict, cancel_tokens: int | None, on_first_byte) -> None:
+    async def _consume(self, stream, st: _Att, ids: EventIds, cancel_tokens: int | None, on_first_byte) -> None:
         """Read one attempt's stream; every event is recorded until the client stops listening."""
         p = self.probe
         try:
@@ -346,7 +355,7 @@ class LoadClient:
                     continue
                 on_first_byte()
                 extra = {} if chunk.choice is None else {"choice": chunk.choice}
-                p.emit("attempt.chunk", value=chunk.tokens, **ids, kinds=chunk.kinds, **extra)
+                p.emit("attempt.chunk", ids, value=chunk.tokens, kinds=chunk.kinds, **extra)
                 st.text.append(chunk.text)
                 if chunk.tokens is not None:
                     st.tokens += chunk.tokens
@@ -359,7 +368,7 @@ class LoadClient:
                 seen = st.tokens if st.tokens_known else st.output_chunks
                 if cancel_tokens is not None and seen >= cancel_tokens and st.finish is None:
                     st.cancelled = True
-                    p.emit("attempt.cancel", **ids, trigger="after_tokens", after_tokens=seen,
+                    p.emit("attempt.cancel", ids, trigger="after_tokens", after_tokens=seen,
                            counted="tokens" if st.tokens_known else "output chunks", after_chunks=st.output_chunks)
                     return
             if st.finish is None and not st.abandoned:

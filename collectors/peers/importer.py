@@ -17,6 +17,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 
@@ -43,6 +44,15 @@ class PeerRecordsError(ValueError):
         shown = [str(e) for e in errors[:MAX_LISTED]] + ([f"... and {len(errors) - MAX_LISTED} more"]
                                                          if len(errors) > MAX_LISTED else [])
         super().__init__(f"{len(errors)} record(s) refused, nothing was written:\n" + "\n".join(shown))
+
+
+class _Tool(NamedTuple):
+    """The tool an import reads: its --from name, the clock domain of its timestamps and that clock's
+    kind, and the reporter its events are attributed to."""
+    name: str
+    clock: str
+    clock_kind: str
+    reporter: str
 
 
 @dataclass
@@ -131,8 +141,9 @@ def import_peer(tool: str, path: Path, out: Path, *, server: Path | None = None,
         "lenient": lenient,
         "evidence": {"events": "reported", "server_events": "as in the server run", "clock_mapping": "estimated"},
     }
+    attempts = [joined_ids.get(aid, aid) for aid in ids]  # a joined request takes its server attempt's id
     with building_run_dir(out) as staging:
-        _write(staging, run_id, tool, clock, kind, reporter, reqs, ids, joined_ids, srv, res, gaps, manifest)
+        _write(staging, _Tool(tool, clock, kind, reporter), reqs, attempts, srv, res, gaps, manifest)
     return res
 
 
@@ -185,16 +196,16 @@ def _join(res: PeerImportResult, reqs, ids, srv, clock: str, gaps: list, run_id:
     return joined
 
 
-def _write(out: Path, run_id: str, tool: str, clock: str, kind: str, reporter: str, reqs, ids, joined_ids,
-           srv, res: PeerImportResult, gaps: list, manifest: dict) -> None:
+def _write(out: Path, tool: _Tool, reqs, attempts: list[str], srv, res: PeerImportResult, gaps: list,
+           manifest: dict) -> None:
+    run_id, clock, reporter = res.run_id, tool.clock, tool.reporter
     with RunWriter(out, run_id) as w:
-        w.clock_domain(clock, host=clock.split(":", 1)[1], kind=kind)
+        w.clock_domain(clock, host=clock.split(":", 1)[1], kind=tool.clock_kind)
         seq = 0
-        for r, aid in zip(reqs, ids):
-            attempt = joined_ids.get(aid, aid)
+        for r, attempt in zip(reqs, attempts):
             for i, row in enumerate(events_of(r, attempt_id=attempt, clock=clock, host=clock.split(":", 1)[1],
                                               reporter=reporter)):
-                w.emit({**row, "run_id": run_id, "event_id": f"{tool}:{attempt}:{i}", "seq": seq,
+                w.emit({**row, "run_id": run_id, "event_id": f"{tool.name}:{attempt}:{i}", "seq": seq,
                         "task_id": None, "session_id": None, "step_id": None, "value": None,
                         "attrs": json.dumps(row["attrs"], separators=(",", ":"), sort_keys=True)})
                 seq += 1

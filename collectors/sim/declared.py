@@ -6,6 +6,8 @@ config, recorded in the run's manifest with evidence `declared`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from inferledger.engine.config import ModelConfig
@@ -22,11 +24,21 @@ QWEN3_8B = ModelConfig(arch="qwen3", shape=ModelShape(layers=36, d_model=4096, n
 DECLARED = {"Qwen3-8B": QWEN3_8B}
 
 
-def declared_identity(name: str, config: ModelConfig, kv_dtype: torch.dtype) -> dict:
-    """The manifest's `model` entry of a simulated run: the declared shape, no file and no weights."""
-    kv = str(kv_dtype).removeprefix("torch.")
-    return {"name": name, "path": None, "sha256": None, "format": "declared shape (no weights)",
-            "quantization": None,
-            "architecture": {k: v for k, v in config.to_dict().items() if k not in ("bos_id", "eos_ids")},
-            "dtype": {"weights": None, "activations": None, "kv": kv, "resolved_by": "declared"},
-            "kv_bytes_per_token": config.shape.at(kv_dtype).kv_bytes_per_token}
+@dataclass(frozen=True)
+class DeclaredModel:
+    """The model a simulated run stands for: its name, its declared shape and its KV cache's dtype."""
+    name: str
+    config: ModelConfig
+    kv_dtype: torch.dtype
+
+    def identity(self) -> dict:
+        """The manifest's `model` entry of a simulated run: the declared shape, no file and no weights."""
+        kv = str(self.kv_dtype).removeprefix("torch.")
+        return {"name": self.name, "path": None, "sha256": None, "format": "declared shape (no weights)",
+                "quantization": None,
+                "architecture": {k: v for k, v in self.config.to_dict().items() if k not in ("bos_id", "eos_ids")},
+                "dtype": {"weights": None, "activations": None, "kv": kv, "resolved_by": "declared"},
+                "kv_bytes_per_token": self.config.shape.at(self.kv_dtype).kv_bytes_per_token}
+
+
+QWEN3_8B_BF16 = DeclaredModel("Qwen3-8B", QWEN3_8B, torch.bfloat16)  # what a simulation stands for unless told

@@ -22,19 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import torch
 
 from inferledger.collectors.rundir.out_dir import building_run_dir
 from inferledger.collectors.rundir.writer import RunWriter, write_table_atomic
-from inferledger.engine.config import ModelConfig
 from inferledger.engine.llm_engine import LLMEngine
 from inferledger.engine.params import EngineConfig, SamplingParams
 from inferledger.probes.events import GAP_SCHEMA
 
 from .clock import SimClock
-from .declared import QWEN3_8B, declared_identity
+from .declared import QWEN3_8B_BF16, DeclaredModel
 from .runner import SimRunner
-from .step_model import StepModel
+from .step_time import StepModel
 
 SIM_HOST = "sim"  # the events' host: no machine stamped them
 IDLE_LIMIT = 3  # iterations in a row with no step and nothing planned: the engine is stuck, not waiting
@@ -120,9 +118,10 @@ def drive(engine: LLMEngine, clock: SimClock, requests: list[SimRequest]) -> Non
 
 
 def simulate(run_dir: str | Path, requests: list[SimRequest], *, engine_config: EngineConfig,
-             step_model: StepModel, model_name: str = "Qwen3-8B", model_config: ModelConfig = QWEN3_8B,
-             kv_dtype: torch.dtype = torch.bfloat16, run_id: str | None = None, workload: str = "plan") -> SimResult:
-    """Simulate `requests` on the real engine into the new run directory `run_dir`."""
+             step_model: StepModel, model: DeclaredModel = QWEN3_8B_BF16, run_id: str | None = None,
+             workload: str = "plan") -> SimResult:
+    """Simulate `requests` on the real engine, standing for `model`, into the new run directory `run_dir`."""
+    model_config, kv_dtype = model.config, model.kv_dtype
     run_dir = Path(run_dir)
     ids = [r.request_id for r in requests]
     if len(set(ids)) != len(ids):
@@ -149,7 +148,7 @@ def simulate(run_dir: str | Path, requests: list[SimRequest], *, engine_config: 
                            "host_time": "never read: each step lasts what the step model says"},
             "workload": {"name": workload, "requests": len(plan), "plan": plan,
                          "sha256": hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()},
-            "model": declared_identity(model_name, model_config, kv_dtype),
+            "model": model.identity(),
             "system_under_test": {
                 "inside": ["the reference engine's scheduler, block manager, cancellation and event emission"],
                 "outside": ["model compute (replaced by the step model)", "HTTP front end", "load client"]},
@@ -157,7 +156,7 @@ def simulate(run_dir: str | Path, requests: list[SimRequest], *, engine_config: 
             "evidence": {"events": "simulated", "engine_config": "declared", "model": "declared",
                          "step_time": f"simulated ({step_model.name} step model)"},
             **engine.manifest()}
-        manifest["model"] = declared_identity(model_name, model_config, kv_dtype)
+        manifest["model"] = model.identity()
         gap = {"run_id": run_id, "gap_id": "collector:simulated", "scope": "run", "subject_id": None,
                "affects": "ttft_client_ms, e2e_client_ms, tpot_ms, itl_client_max_ms, client_status, good",
                "needs": "a capture on the real engine with the load client (inferledger capture)",

@@ -13,7 +13,7 @@ import torch
 from inferledger.engine.config import ModelConfig
 
 from .clock import SimClock
-from .step_model import StepModel, StepRow
+from .step_time import SimStepRow, StepModel
 
 
 class SimRunner:
@@ -51,7 +51,7 @@ class SimRunner:
     def forward(self, chunks) -> list[torch.Tensor | None]:
         for c in chunks:
             self._check(c)
-        self.clock.advance(self.step_model.step_ns([StepRow(c.start_pos, len(c.token_ids)) for c in chunks]))
+        self.clock.advance(self.step_model.step_ns([SimStepRow(c.start_pos, len(c.token_ids)) for c in chunks]))
         self.steps += 1
         positions = []  # per chunk, the positions whose logits it wants
         for c in chunks:

@@ -1,6 +1,6 @@
 """Step-time models: how long one engine step lasts, from what the step computes.
 
-A model sees each scheduled chunk of the step as a `StepRow`: how many positions of the sequence were
+A model sees each scheduled chunk of the step as a `SimStepRow`: how many positions of the sequence were
 already in the KV cache (h) and how many tokens the chunk computes (c; a decode computes 1). Any object
 with `name`, `step_ns(rows)` and `describe()` (its formula and every parameter with its unit and
 source, recorded in the run's manifest) is a step model; `BookStepModel` is the one of the book's
@@ -17,7 +17,7 @@ from inferledger.costmodel.work import causal_pairs  # the one definition (docs/
 
 
 @dataclass(frozen=True)
-class StepRow:
+class SimStepRow:
     context_tokens: int  # h: positions of the sequence already in the KV cache before this chunk
     new_tokens: int      # c: tokens the chunk computes this step
 
@@ -25,7 +25,7 @@ class StepRow:
 class StepModel(Protocol):
     name: str
 
-    def step_ns(self, rows: Sequence[StepRow]) -> int: ...
+    def step_ns(self, rows: Sequence[SimStepRow]) -> int: ...
 
     def describe(self) -> dict: ...
 
@@ -39,7 +39,7 @@ class BookStepModel:
     source: str = "the book's §8.2.2 fit to batch-1 measurements of experiment 8-1 (Qwen3-8B, RTX PRO 6000)"
     name: str = "book"
 
-    def step_ns(self, rows: Sequence[StepRow]) -> int:
+    def step_ns(self, rows: Sequence[SimStepRow]) -> int:
         tokens = sum(r.new_tokens for r in rows)
         pairs = sum(causal_pairs(r.new_tokens, r.context_tokens) for r in rows)
         return round(self.fixed_ms * 1e6 + self.per_token_us * 1e3 * tokens + self.per_pair_ns * pairs)
@@ -67,14 +67,14 @@ class FittedStepModel:
     shape: object  # probes.model_shape.ModelShape
     name: str = "fit"
 
-    def step_ms(self, rows: Sequence[StepRow]) -> float:
-        from inferledger.costmodel.work import StepRow as WorkRow, step_work
+    def step_ms(self, rows: Sequence[SimStepRow]) -> float:
+        from inferledger.costmodel.work import StepRow, step_work
 
-        work = step_work(self.shape, [WorkRow("decode" if r.new_tokens == 1 else "prefill", r.new_tokens,
+        work = step_work(self.shape, [StepRow("decode" if r.new_tokens == 1 else "prefill", r.new_tokens,
                                               r.context_tokens) for r in rows])
         return self.fit.predict_ms(work) + (self.fit.predict_gap_ms(len(rows)) or 0.0)
 
-    def step_ns(self, rows: Sequence[StepRow]) -> int:
+    def step_ns(self, rows: Sequence[SimStepRow]) -> int:
         return round(self.step_ms(rows) * 1e6)
 
     def describe(self) -> dict:

@@ -1,0 +1,50 @@
+"""What one capture is asked to do, as one value (`CaptureOptions`).
+
+`inferledger capture` builds it once from its flags (and `demo`, the studies, the benchmarks and the
+tests build their own); `run.capture` hands it to each of its steps, so an option travels as a field
+of this value, never as a loose keyword. The defaults are the command's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inferledger.collectors.evidence.engine_evidence import EvidenceOptions
+from inferledger.serve import DRAIN_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    target: str = "embedded"  # "embedded" (serve the engine in this process on loopback) or a base URL
+    separate_clocks: bool = False  # the client on a clock of its own, mapped by round trips to /clock
+    # the embedded engine
+    max_num_seqs: int = 8
+    model: str | Path | None = None  # a GGUF file or HF folder (None: $INFERLEDGER_MODEL, else the bundled one)
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
+    engine_config: dict = field(default_factory=dict)  # further EngineConfig fields
+    drain_timeout_s: float = DRAIN_TIMEOUT_S  # after the load: what requests in flight get to finish
+    microbenchmarks: bool = True  # measure the device before the load (manifest `device_params`)
+    # a URL target
+    served_model: str | None = None  # the model name to request (None: the first of its /v1/models)
+    api_key: str | None = None
+    evidence: EvidenceOptions = EvidenceOptions()  # its own OTLP spans and /metrics
+    # the run
+    prediction: str | Path | None = None  # a file from `inferledger predict` (None: the capture's own)
+    run_id: str | None = None  # None: the folder's name
+    buckets: int | None = None  # a clean run's events end partitioned into this many task buckets
+    # the interpreter's thread switch interval during the run, so the client's loop is not held for
+    # 5 ms by the server's or engine's threads (None leaves it alone)
+    switch_interval_s: float | None = 0.0005
+
+    @property
+    def embedded(self) -> bool:
+        return self.target == "embedded"
+
+    @property
+    def engine_settings(self) -> dict:
+        """The embedded engine's EngineConfig fields: the batch limit and whatever `engine_config` adds."""
+        return {"max_num_seqs": self.max_num_seqs, **self.engine_config}
+
+    def target_entry(self) -> dict:
+        """The manifest's `target`."""
+        return {"kind": "embedded" if self.embedded else "url", "url": self.target}

@@ -1,0 +1,53 @@
+"""The values one capture's steps hand each other (collectors/capture/run.py).
+
+`Prepared`: what exists before anything is recorded (the model, the prompts, the device's
+measurements, the prediction to register). `Live`: the run's recording parts while the load runs.
+`Driven`: what the load produced. `finish_run` (manifest.py) reads all three.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inferledger.collectors.evidence.engine_evidence import EngineEvidence
+    from inferledger.collectors.load.loadgen import LoadResult
+    from inferledger.collectors.rundir.writer import RunWriter
+    from inferledger.collectors.workload import Workload
+    from inferledger.probes.probe import WallMapping
+    from inferledger.probes.sampler import EnergySampler
+    from inferledger.serve.lifecycle import Serving
+
+
+@dataclass
+class Prepared:
+    wl: "Workload"
+    bundle: object | None  # the embedded engine's loaded model (None for a URL target)
+    tokenizer: object | None  # what the prompts were counted with (None: the workload needs none)
+    plans: list  # the workload's task plans
+    calibration: dict | None  # how `[arrivals] calibrate_tok_s` changed the workload
+    device_params: dict  # the manifest's `device_params`, measured or skipped
+    prediction: bytes | None  # the prediction to register (a given file, else the capture's own)
+    prediction_source: str  # where it came from, or why there is none
+
+
+@dataclass
+class Live:
+    out: Path
+    writer: "RunWriter"
+    host: str
+    engine_clock: str
+    client_clock: str
+    wall: "WallMapping"  # mono -> Unix time, for exports in wall time (OTLP); checked again at the end
+    sampler: "EnergySampler"
+    server: "Serving | None" = None  # the embedded target
+    evidence: "EngineEvidence | None" = None  # a URL target's own spans and scrapes
+    url: str | None = None  # what the load client talks to
+
+
+@dataclass
+class Driven:
+    result: "LoadResult"
+    lags: list  # (ts_ns, ms): how late the client's event loop woke
+    mappings: list  # the clock mappings (or failures) estimated by round trips to /clock
