@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from inferledger.ledger.tables import Table, gap_table
+from inferledger.ledger.tables import StageTable, gap_table
 
 READS = ("ev", "attempts", "marks", "intervals")
 CREATES = ("chain_nodes", "critical_path", "critical_path_edges", "critical_path_gaps")
@@ -22,12 +22,12 @@ PUBLIC = ("critical_path", "critical_path_edges")
 SCOPE = "task"  # one graph per task, one chain per attempt
 
 # the Python rows and the SQL-computed chains, ordered by scope, subject and node position (pos, not kept)
-CRITICAL_PATH = Table("critical_path", (
+CRITICAL_PATH = StageTable("critical_path", (
     ("scope", pa.string()), ("scope_id", pa.string()), ("node", pa.string()), ("kind", pa.string()),
     ("start_ms", pa.float64()), ("dur_ms", pa.float64()), ("finish_ms", pa.float64()), ("slack_ms", pa.float64()),
     ("on_path", pa.bool_()), ("observed_start_ms", pa.float64()), ("e2e_ms", pa.float64()), ("pos", pa.int64())),
     order="scope, scope_id, pos", hidden=("pos",))
-CRITICAL_PATH_EDGES = Table("critical_path_edges", (
+CRITICAL_PATH_EDGES = StageTable("critical_path_edges", (
     ("scope", pa.string()), ("scope_id", pa.string()), ("src", pa.string()), ("dst", pa.string()),
     ("pos", pa.int64())), order="scope, scope_id, pos", hidden=("pos",))
 # @gaps: a dependency graph with a cycle or a negative duration

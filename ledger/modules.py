@@ -17,7 +17,7 @@ attempt or task depends only on that task's events, the run-level inputs and eng
 `READS`, `CREATES`, `PUBLIC` and `SCOPE` beside its `build(con, run)`. Reads and creates name tables and
 macros; a table created `TEMP` stays inside the rebuild, any other is public (part of the ledger).
 
-A Python stage creates the tables it builds from rows through `ledger/tables.py` `Table`s, declared
+A Python stage creates the tables it builds from rows through `ledger/tables.py` `StageTable`s, declared
 beside it: each is checked against its CREATES and PUBLIC.
 
 Gaps: a module that can leave a figure NULL declares why in one TEMP table named `<module>_gaps`, in the
@@ -44,7 +44,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Callable
 
-from inferledger.ledger.tables import GAP_COLUMNS, GAP_SUFFIX, Table
+from inferledger.ledger.tables import GAP_COLUMNS, GAP_SUFFIX, StageTable
 
 _CREATE = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(TEMP\s+|TEMPORARY\s+)?(TABLE|MACRO|VIEW)\s+(\w+)", re.IGNORECASE)
 _CHANGE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM|ALTER\s+TABLE)\s+(\w+)", re.IGNORECASE)
@@ -151,12 +151,12 @@ def python_module(mod) -> Module:
                and _SQL_WORD.search(n.value)]
     name = mod.__name__.rsplit(".", 1)[-1]
     source = f"{name}.py"
-    tables = [v for v in vars(mod).values() if isinstance(v, Table)]
+    tables = [v for v in vars(mod).values() if isinstance(v, StageTable)]
     for t in tables:
         if t.name not in mod.CREATES or t.temp == (t.name in mod.PUBLIC):
             why = "lack it" if t.name not in mod.CREATES else "say otherwise"
             raise ModuleError(f"ledger module {source} declares the {'TEMP' if t.temp else 'public'} table {t.name} "
-                              f"(a Table) but its CREATES / PUBLIC {why}")
+                              f"(a StageTable) but its CREATES / PUBLIC {why}")
     gap = next((t for t in tables if t.name == f"{name}{GAP_SUFFIX}"), None)
     return Module(name, source, tuple(mod.READS), tuple(mod.CREATES), tuple(mod.PUBLIC),
                   getattr(mod, "SCOPE", None), strip_sql("\n".join(strings)), build=mod.build,

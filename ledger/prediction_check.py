@@ -16,7 +16,7 @@ import json
 from inferledger.costmodel.prediction import PredictionError, check
 import pyarrow as pa
 
-from inferledger.ledger.tables import Table, gap_table
+from inferledger.ledger.tables import StageTable, gap_table
 from inferledger.probes.run_dir import PREDICTION_FILE
 from inferledger.probes.run_folder import MANIFEST_FILE
 
@@ -31,7 +31,7 @@ GAPS = gap_table("prediction_check")
 _SHAPE_COLS = ("class", "prompt_tokens", "cached_tokens", "output_tokens", "ttft_lower_ms", "ttft_sustained_low_ms",
                "ttft_sustained_high_ms", "ttft_fit_low_ms", "ttft_fit_high_ms", "tpot_lower_ms",
                "tpot_sustained_low_ms", "tpot_sustained_high_ms", "tpot_fit_low_ms", "tpot_fit_high_ms")
-SHAPES = Table("prediction_shapes", (("class", pa.string()), *((c, pa.int64()) for c in _SHAPE_COLS[1:4]),
+SHAPES = StageTable("prediction_shapes", (("class", pa.string()), *((c, pa.int64()) for c in _SHAPE_COLS[1:4]),
                                      *((c, pa.float64()) for c in _SHAPE_COLS[4:]), ("ord", pa.int64())), temp=True)
 
 

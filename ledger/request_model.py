@@ -18,7 +18,7 @@ import pyarrow as pa
 from inferledger.costmodel import StepRow, stage_bounds, step_work
 from inferledger.costmodel.fit import StepFit
 from inferledger.costmodel.roofs import run_roofs
-from inferledger.ledger.tables import Table, gap_table
+from inferledger.ledger.tables import StageTable, gap_table
 from inferledger.probes.model_shape import ShapeError
 
 READS = ("step_model", "steps", "step_attribution", "step_fit", "step_fit_points", "ev", "ev_tok", "marks",
@@ -67,7 +67,7 @@ WHERE r.ttft_server_ms IS NOT NULL
 ORDER BY r.attempt_id
 """
 
-REQUEST_MODEL = Table("request_model", (
+REQUEST_MODEL = StageTable("request_model", (
     ("attempt_id", pa.string()), ("basis", pa.string()), ("ttft_measured_ms", pa.float64()),
     ("ttft_predicted_ms", pa.float64()), ("ttft_bound_ms", pa.float64()), ("ttft_error_pct", pa.float64()),
     ("tpot_measured_ms", pa.float64()), ("tpot_predicted_ms", pa.float64()), ("tpot_bound_ms", pa.float64()),

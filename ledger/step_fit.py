@@ -11,16 +11,16 @@ from pathlib import Path
 import pyarrow as pa
 
 from inferledger.costmodel.fit import FitError, FitPoint, StepFit, error_pct, split
-from inferledger.ledger.tables import Table, gap_table
+from inferledger.ledger.tables import StageTable, gap_table
 
 READS = ("step_model",)
 CREATES = ("step_fit", "step_fit_points", "step_fit_gaps")
 SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("step_fit", "step_fit_points")
 
-STEP_FIT = Table("step_fit", (("name", pa.string()), ("value", pa.float64()), ("unit", pa.string()),
+STEP_FIT = StageTable("step_fit", (("name", pa.string()), ("value", pa.float64()), ("unit", pa.string()),
                               ("source", pa.string()), ("trained_on", pa.string())))
-STEP_FIT_POINTS = Table("step_fit_points", (("step_id", pa.int64()), ("split", pa.string()),
+STEP_FIT_POINTS = StageTable("step_fit_points", (("step_id", pa.int64()), ("split", pa.string()),
                                             ("measured_ms", pa.float64()), ("predicted_ms", pa.float64()),
                                             ("error_pct", pa.float64()), ("extrapolated", pa.bool_())),
                         order="step_id")

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from inferledger.costmodel import StepRow, stage_bounds, step_work
 from inferledger.costmodel.roofs import run_roofs
-from inferledger.ledger.tables import Table, gap_table
+from inferledger.ledger.tables import StageTable, gap_table
 from inferledger.probes.model_shape import ShapeError
 from inferledger.probes.run_folder import MANIFEST_FILE
 
@@ -149,7 +149,7 @@ def _work(shape, rows, roofs, step_ms) -> dict:
     return rec
 
 
-STEP_MODEL = Table("step_model", (
+STEP_MODEL = StageTable("step_model", (
     ("step_id", pa.int64()), ("mode", pa.string()), ("num_seqs", pa.int64()), ("tokens", pa.int64()),
     ("prefill_tokens", pa.int64()), ("context_tokens", pa.int64()), ("flops_linear", pa.float64()),
     ("flops_attention", pa.float64()), ("flops", pa.float64()), ("bytes_weights", pa.float64()),

@@ -1,10 +1,10 @@
 """The tables a Python stage creates from rows it computed, declared once beside the stage, and the one
 shape of the gap tables every module declares.
 
-A Python stage declares each table it builds from Python rows as a `Table` (name, columns with their
+A Python stage declares each table it builds from Python rows as a `StageTable` (name, columns with their
 Arrow types, TEMP or public, the order its rows are kept in) and calls `table.store(con, rows)`: the
 rows become an Arrow table, registered, copied into DuckDB with the run's id in front (public
-tables) and unregistered, in one place. `ledger/modules.py` reads the stage's `Table`s: each is among
+tables) and unregistered, in one place. `ledger/modules.py` reads the stage's `StageTable`s: each is among
 its CREATES, a public one among its PUBLIC, a TEMP one not.
 
 A module that can leave a figure NULL declares why in a TEMP table named `<module>_gaps` with exactly
@@ -25,7 +25,7 @@ GAP_SUFFIX = "_gaps"
 
 
 @dataclass(frozen=True)
-class Table:
+class StageTable:
     name: str
     columns: tuple[tuple[str, pa.DataType], ...]
     temp: bool = False          # TEMP: stays inside the rebuild; else part of the ledger, with run_id first
@@ -59,6 +59,6 @@ class Table:
             con.unregister(view)
 
 
-def gap_table(module: str) -> Table:
+def gap_table(module: str) -> StageTable:
     """The gap table a module declares: `<module>_gaps`, TEMP, in the one gap shape."""
-    return Table(f"{module}{GAP_SUFFIX}", GAP_COLUMNS, temp=True)
+    return StageTable(f"{module}{GAP_SUFFIX}", GAP_COLUMNS, temp=True)

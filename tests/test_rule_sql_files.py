@@ -179,9 +179,9 @@ def _stage(tmp_path: Path, creates: str, public: str):
     import importlib.util
 
     path = tmp_path / "planted_stage.py"
-    path.write_text("import pyarrow as pa\n\nfrom inferledger.ledger.tables import Table, gap_table\n\n"
+    path.write_text("import pyarrow as pa\n\nfrom inferledger.ledger.tables import StageTable, gap_table\n\n"
                     f"READS = ()\nCREATES = {creates}\nPUBLIC = {public}\nSCOPE = 'rollup'\n"
-                    "PLANTED = Table('planted', (('x', pa.string()),))\nGAPS = gap_table('planted_stage')\n\n\n"
+                    "PLANTED = StageTable('planted', (('x', pa.string()),))\nGAPS = gap_table('planted_stage')\n\n\n"
                     "def build(con, run):\n    PLANTED.store(con, [])\n    GAPS.store(con, [])\n")
     spec = importlib.util.spec_from_file_location("planted_stage", path)
     mod = importlib.util.module_from_spec(spec)
@@ -192,10 +192,10 @@ def _stage(tmp_path: Path, creates: str, public: str):
 def test_a_python_stages_tables_are_its_declared_ones(tmp_path):
     stage = _stage(tmp_path, "('planted', 'planted_stage_gaps')", "('planted',)")
     assert stage.gap_columns == tuple(GAP_DDL.split(", ")) and stage.public == ("planted",)
-    with pytest.raises(ModuleError, match=r"planted_stage.py declares the TEMP table planted_stage_gaps \(a Table\) "
+    with pytest.raises(ModuleError, match=r"planted_stage.py declares the TEMP table planted_stage_gaps \(a StageTable\) "
                                           r"but its CREATES / PUBLIC say otherwise"):
         _stage(tmp_path, "('planted', 'planted_stage_gaps')", "('planted', 'planted_stage_gaps')")
-    with pytest.raises(ModuleError, match=r"declares the TEMP table planted_stage_gaps \(a Table\) but its CREATES / "
+    with pytest.raises(ModuleError, match=r"declares the TEMP table planted_stage_gaps \(a StageTable\) but its CREATES / "
                                           r"PUBLIC lack it"):
         _stage(tmp_path, "('planted',)", "('planted',)")
 
