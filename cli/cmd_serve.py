@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from inferledger.cli import engine_flags as ef
 from inferledger.probes.run_folder import MANIFEST_FILE
 from inferledger.serve import DRAIN_TIMEOUT_S
 
@@ -20,7 +21,15 @@ def serve_cmd(
                                                     "checkpoint's file name without .gguf; see GET /v1/models)."),
     api_key: Optional[str] = typer.Option(None, envvar="INFERLEDGER_API_KEY", help="Require 'Authorization: Bearer "
                                           "KEY' on /v1/* (401 otherwise); /health, /metrics and /clock stay open."),
-    max_num_seqs: int = typer.Option(16, help="Engine batch size limit (sequences decoded together)."),
+    max_num_seqs: int = typer.Option(ef.MAX_NUM_SEQS, min=1, help=ef.MAX_NUM_SEQS_HELP),
+    max_num_batched_tokens: Optional[int] = ef.max_num_batched_tokens(),
+    enable_chunked_prefill: Optional[bool] = ef.enable_chunked_prefill(),
+    long_prefill_token_threshold: Optional[int] = ef.long_prefill_token_threshold(),
+    enable_prefix_caching: Optional[bool] = ef.enable_prefix_caching(),
+    block_size: Optional[int] = ef.block_size(),
+    num_gpu_blocks_override: Optional[int] = ef.num_gpu_blocks_override(),
+    max_model_len: Optional[int] = ef.max_model_len(),
+    speculative_config: Optional[str] = ef.speculative_config(),
     max_queue: int = typer.Option(512, help="Requests waiting + running before new ones get 429 with Retry-After."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory: the engine's and server's events, KV samples and "
                                        f"{MANIFEST_FILE} go there (then `inferledger reconstruct RUN_DIR`)."),
@@ -51,6 +60,9 @@ def serve_cmd(
     [cyan]python -c "import openai; c = openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='x');
     print(c.completions.create(model='smol', prompt='The capital of France is', max_tokens=8).choices\\[0].text)"[/]
 
+    The engine's knobs take vLLM's names: [cyan]inferledger serve --max-num-batched-tokens 256
+    --no-enable-prefix-caching --num-gpu-blocks-override 512[/].
+
     Stop it with Ctrl-C; with --out, then run [cyan]inferledger reconstruct runs/s1[/].
     """
     from inferledger.cli.output import console
@@ -62,6 +74,11 @@ def serve_cmd(
     from inferledger.serve.lifecycle import Serving
     from inferledger.serve.options import ServeOptions
 
+    engine = ef.engine_fields(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=enable_chunked_prefill,
+        long_prefill_token_threshold=long_prefill_token_threshold, enable_prefix_caching=enable_prefix_caching,
+        block_size=block_size, num_blocks=num_gpu_blocks_override, max_model_len=max_model_len,
+        speculative=speculative_config)
     if out is not None:
         try:
             check_new_run_dir(out)
@@ -75,7 +92,7 @@ def serve_cmd(
         raise typer.BadParameter(str(exc), param_hint=hint) from exc
     writer = RunWriter(out, autoflush_s=flush_every) if out is not None else None
     options = ServeOptions(model_name=served_model_name, api_key=api_key, max_queue=max_queue)
-    life = Serving(bundle, EngineConfig(max_num_seqs=max_num_seqs), options, sink=writer, owns_run=True)
+    life = Serving(bundle, EngineConfig(**engine), options, sink=writer, owns_run=True)
     # SIGTERM (docker stop, a CI timeout) stops it as Ctrl-C does, from the first moment on; a second
     # signal during the drain cancels what is left at once
     unbound = None

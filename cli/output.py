@@ -111,3 +111,22 @@ def echo_sections(fmt: OutputFormat, sections: dict) -> bool:
         typer.echo(csv_text(LONG_COLUMNS, cells), nl=False)
         return True
     return False
+
+
+def command_name() -> str:
+    """How to call this very `inferledger` from the current folder, as pasted: `inferledger` when the
+    shell finds this one on PATH, else its path (`.venv/bin/inferledger` from the repository root)."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    me = Path(sys.argv[0]).absolute() if sys.argv and sys.argv[0] else Path()
+    if me.name != "inferledger":  # not the console script (python -m, a test runner): the venv's, beside python
+        me = Path(sys.executable).absolute().parent / "inferledger"
+    found = shutil.which("inferledger")
+    if (found and Path(found).absolute() == me) or not me.exists():
+        return "inferledger"
+    try:
+        return str(me.relative_to(Path.cwd()))
+    except ValueError:
+        return str(me)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferledger.collectors.evidence.engine_evidence import EvidenceOptions
+from inferledger.engine.params import EngineConfig
 from inferledger.serve import DRAIN_TIMEOUT_S
 
 
@@ -18,7 +19,7 @@ class CaptureOptions:
     target: str = "embedded"  # "embedded" (serve the engine in this process on loopback) or a base URL
     separate_clocks: bool = False  # the client on a clock of its own, mapped by round trips to /clock
     # the embedded engine
-    max_num_seqs: int = 8
+    max_num_seqs: int = EngineConfig.max_num_seqs  # the engine's own default, as `serve` and `predict`
     model: str | Path | None = None  # a GGUF file or HF folder (None: $INFERLEDGER_MODEL, else the bundled one)
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     engine_config: dict = field(default_factory=dict)  # further EngineConfig fields
