@@ -8,10 +8,12 @@ import typer
 
 if TYPE_CHECKING:
     from inferledger.collectors.capture.options import CaptureOptions
+    from inferledger.collectors.workload import Workload
 
 
-def run_capture(workload: Path, out: Path, options: "CaptureOptions"):
-    """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`)."""
+def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions"):
+    """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`). The
+    workload is a file, or one already built (from `capture`'s flags)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from inferledger.cli.output import console
@@ -28,7 +30,7 @@ def run_capture(workload: Path, out: Path, options: "CaptureOptions"):
     if target != "embedded" and not target.startswith(("http://", "https://")):
         raise typer.BadParameter(f"{target!r} is neither 'embedded' nor an http(s):// base URL", param_hint="--target")
     try:
-        wl = Workload.load(workload)
+        wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload")
     # a workload that cannot be built, a target that cannot be reached, a model or device that cannot load

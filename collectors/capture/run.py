@@ -151,7 +151,7 @@ def _open_run(out: Path, prep: Prepared, options: CaptureOptions) -> tuple[Live,
     engine_clock = mono_clock(host)
     client_clock = f"client-mono:{host}" if options.separate_clocks else engine_clock
     head = {"source": SOURCE, "state": "running", "target": options.target_entry(),
-            "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec,
+            "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec, "taskset": wl.taskset,
                          **({"trace": wl.trace.summary} if wl.trace else {})},
             **({"slo": wl.slo} if wl.slo else {}), "client": {"clock": client_clock},
             "host": {"name": host, "platform": platform.platform(), "python": platform.python_version()}}

@@ -166,9 +166,15 @@ class LoadClient:
 
             await asyncio.gather(*(worker() for _ in range(self.w.concurrency)))
         else:
+            cap = asyncio.Semaphore(self.w.max_concurrency) if self.w.max_concurrency else None
+
             async def arrive(plan: TaskPlan, planned: int) -> None:
                 await self._sleep_until(planned)
-                await self._task(plan, planned)
+                if cap is None:
+                    await self._task(plan, planned)
+                    return
+                async with cap:  # a task past the cap starts late; its pacing error shows by how much
+                    await self._task(plan, planned)
 
             await asyncio.gather(*(arrive(p, start + round(off * 1e9)) for p, off in zip(self.plans, offsets)))
         await self._drain()
