@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from inferledger.cli.output import FORMAT_HELP, OutputFormat, echo_result, echo_rows, fail, plain
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, echo_result, echo_rows, fail
 
 TABLE_ROWS = 100  # rows a terminal table shows when --limit is not given
 
@@ -230,29 +230,9 @@ def query_cmd(
 
 
 def _print_table(columns: list[str], rows: list[tuple], more: bool) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    from inferledger.cli.output import console, print_rows
 
-    def cell(v) -> str:
-        return "[dim]NULL[/]" if v is None else escape(str(plain(v)))
-
-    console = Console()
-    if len(rows) <= 3 and len(columns) * 12 > console.width:
-        # a few wide rows (run_metrics, reconciliation ...): one column per row, one line per field
-        table = Table(show_header=True, header_style="bold")
-        table.add_column("column")
-        for i in range(len(rows)):
-            table.add_column(f"row {i + 1}", overflow="fold")
-        for j, col in enumerate(columns):
-            table.add_row(escape(col), *(cell(row[j]) for row in rows))
-    else:
-        table = Table(show_header=True, header_style="bold")
-        for col in columns:
-            table.add_column(escape(col), overflow="fold")
-        for row in rows:
-            table.add_row(*(cell(v) for v in row))
-    console.print(table)
+    print_rows(columns, rows)
     tail = f"{len(rows)} row(s)" + (" shown; more exist: raise --limit, or use --format csv" if more else "")
     console.print(tail, style="dim")
 

@@ -97,7 +97,7 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
     manifest = {
         "source": "inferledger capture",
         "target": {"kind": "embedded" if server else "url", "url": url},
-        "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec,
+        "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec, "taskset": wl.taskset,
                      "arrivals": wl.process, "n_tasks": wl.n_tasks, "classes": dict(classes),
                      "requests": sum(len(p.requests) for p in plans),
                      **({"trace": wl.trace.summary} if wl.trace else {})},  # what was done to the trace's rows
