@@ -223,6 +223,9 @@ def query_cmd(
             columns, rows = led.rows(sql, limit=None if n is None else n + 1)
     except LedgerError as exc:
         fail(str(exc))
+    if led.skipped:
+        typer.echo(f"warning: {len(led.skipped)} run(s) without a ledger left out (build with `inferledger "
+                   f"reconstruct RUN`): {', '.join(map(str, led.skipped))}", err=True)
     more = n is not None and len(rows) > n
     rows = rows[:n] if n is not None else rows
     if not echo_rows(fmt, columns, rows):
