@@ -60,6 +60,12 @@ def reconstruct_cmd(
                                          param_hint="--out")
             _reconstruct_study(Path(run_dir), options, quiet, fmt)
             return
+        from inferledger.collectors.evidence.vllm_rejoin import is_recording
+
+        if "://" not in run_dir and is_recording(run_dir):
+            fail(f"{run_dir} is a recorded capture (raw evidence), not a run; join it into one first:\n"
+                 f"  inferledger import --from vllm-recording {run_dir} -o runs/{Path(run_dir).name}\n"
+                 f"  inferledger reconstruct runs/{Path(run_dir).name}")
         summary = reconstruct(run_dir, options, out=out)
     except (RunDirError, SizeError, RunFolderError, StudyError) as exc:
         fail(f"error: {exc}")

@@ -199,3 +199,16 @@ def test_the_demos_closing_hint_runs_as_pasted():
     assert next_steps(".venv/bin/inferledger", "runs/demo 1").splitlines()[0] == (
         "  .venv/bin/inferledger query 'runs/demo 1' \"select client_status, server_status, count(*) from accounts "
         "group by all\"")
+
+
+def test_the_recorded_vllm_capture_reconstructs_as_the_readme_says(tmp_path):
+    sample = E0.parent / "peers" / "vllm-0.32-cpu"
+    res = CliRunner().invoke(app, ["reconstruct", str(sample)])
+    assert res.exit_code == 2 and res.stderr.splitlines() == [
+        f"{sample} is a recorded capture (raw evidence), not a run; join it into one first:",
+        f"  inferledger import --from vllm-recording {sample} -o runs/vllm-0.32-cpu",
+        "  inferledger reconstruct runs/vllm-0.32-cpu"]
+    assert not (sample / "ledger.duckdb").exists()
+    _run("import", "--from", "vllm-recording", sample, "-o", tmp_path / "vllm")
+    out = json.loads(_run("reconstruct", tmp_path / "vllm", "--format", "json"))
+    assert (out["ledger"]["n_attempts"], out["ledger"]["n_tasks"]) == (43, 40)
