@@ -52,6 +52,10 @@ def capture_cmd(
     ignore_eos: Optional[bool] = typer.Option(None, "--ignore-eos/--no-ignore-eos", show_default=False,
                                               help="Load: generate exactly --output-len tokens.",
                                               rich_help_panel="Load (vLLM bench serve's names)"),
+    num_warmups: int = typer.Option(0, "--num-warmups", min=0, help="Load: requests sent before the run is opened "
+                                    "(the first requests of the first tasks, one after another): not attempts, no "
+                                    "events; the manifest counts them (client.warmups).",
+                                    rich_help_panel="Load (vLLM bench serve's names)"),
     max_num_seqs: int = typer.Option(ef.MAX_NUM_SEQS, min=1, help="Embedded engine: " + ef.MAX_NUM_SEQS_HELP),
     max_num_batched_tokens: Optional[int] = ef.max_num_batched_tokens(),
     enable_chunked_prefill: Optional[bool] = ef.enable_chunked_prefill(),
@@ -143,7 +147,7 @@ def capture_cmd(
         drain_timeout_s=drain_timeout, microbenchmarks=microbench, served_model=served_model_name, api_key=api_key,
         evidence=EvidenceOptions(otlp_port=otlp_port, scrape_metrics=scrape_metrics, engine_host=engine_host,
                                  engine_clock_epsilon_ms=engine_clock_epsilon_ms),
-        prediction=prediction, buckets=buckets, engine_config=engine)
+        prediction=prediction, buckets=buckets, engine_config=engine, warmups=num_warmups)
     result = run_capture(wl, out, options)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 

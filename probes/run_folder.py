@@ -127,7 +127,8 @@ MANIFEST_KEYS: tuple[Key, ...] = (
     Key("prompts", (dict,), "how prompt tokens were counted: tokenizer hash, tokenizer_source, exact_prompt_tokens"),
     Key("calibration", (dict, _NONE), "the workload's calibration against the engine's measured speed"),
     Key("client", (dict,), "the load client: its clock, event-loop lag (p99, max, wakes, trace period), "
-        "client_bound and its rule, pacing error, switch interval, result counts"),
+        "client_bound and its rule, pacing error, switch interval, result counts, warmups (requests sent before "
+        "the run opened: n, output_tokens, wall_s; never attempts)"),
     Key("clock_mappings", (list,), "clock mappings estimated by round trips (from_clock, to_clock, offset_ns, "
         "epsilon_ns, method)"),
     Key("clock_mappings_failed", (list,), "clock syncs that failed (label, reason)"),

@@ -115,7 +115,7 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
                    "loop_lag_trace_every": trace_every, "client_bound": client_bound,
                    "client_bound_rule": f"event-loop lag p99 > {CLIENT_BOUND_LAG_MS} ms",
                    "pacing_error_ms": result.pacing_summary(), "switch_interval_s": switch_interval_s,
-                   "result": result.counts()},
+                   "result": result.counts(), "warmups": prep.warmups},
         "clock_mappings": [m.__dict__ for m in mappings],
         "clock_mappings_failed": [f.__dict__ for f in failed],
         "system_under_test": {

@@ -25,6 +25,7 @@ class CaptureOptions:
     engine_config: dict = field(default_factory=dict)  # further EngineConfig fields
     drain_timeout_s: float = DRAIN_TIMEOUT_S  # after the load: what requests in flight get to finish
     microbenchmarks: bool = True  # measure the device before the load (manifest `device_params`)
+    warmups: int = 0  # requests sent before the run is opened: no attempts, no events (collectors/capture/warmup.py)
     # a URL target
     served_model: str | None = None  # the model name to request (None: the first of its /v1/models)
     api_key: str | None = None
