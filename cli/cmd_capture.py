@@ -56,7 +56,8 @@ def capture_cmd(
                                     "(the first requests of the first tasks, one after another): not attempts, no "
                                     "events; the manifest counts them (client.warmups).",
                                     rich_help_panel="Load (vLLM bench serve's names)"),
-    max_num_seqs: int = typer.Option(ef.MAX_NUM_SEQS, min=1, help="Embedded engine: " + ef.MAX_NUM_SEQS_HELP),
+    max_num_seqs: int = typer.Option(ef.MAX_NUM_SEQS, min=1, help="Embedded engine: " + ef.MAX_NUM_SEQS_HELP,
+                                     rich_help_panel=ef.PANEL),
     max_num_batched_tokens: Optional[int] = ef.max_num_batched_tokens(),
     enable_chunked_prefill: Optional[bool] = ef.enable_chunked_prefill(),
     long_prefill_token_threshold: Optional[int] = ef.long_prefill_token_threshold(),

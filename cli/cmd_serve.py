@@ -21,7 +21,7 @@ def serve_cmd(
                                                     "checkpoint's file name without .gguf; see GET /v1/models)."),
     api_key: Optional[str] = typer.Option(None, envvar="INFERLEDGER_API_KEY", help="Require 'Authorization: Bearer "
                                           "KEY' on /v1/* (401 otherwise); /health, /metrics and /clock stay open."),
-    max_num_seqs: int = typer.Option(ef.MAX_NUM_SEQS, min=1, help=ef.MAX_NUM_SEQS_HELP),
+    max_num_seqs: int = typer.Option(ef.MAX_NUM_SEQS, min=1, help=ef.MAX_NUM_SEQS_HELP, rich_help_panel=ef.PANEL),
     max_num_batched_tokens: Optional[int] = ef.max_num_batched_tokens(),
     enable_chunked_prefill: Optional[bool] = ef.enable_chunked_prefill(),
     long_prefill_token_threshold: Optional[int] = ef.long_prefill_token_threshold(),

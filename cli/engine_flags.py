@@ -13,6 +13,7 @@ from inferledger.engine.params import EngineConfig
 
 # one default for the batch limit everywhere (serve, capture, predict): the engine's own
 MAX_NUM_SEQS = next(f.default for f in fields(EngineConfig) if f.name == "max_num_seqs")
+PANEL = "Engine (vLLM's names)"
 MAX_NUM_SEQS_HELP = "The engine's batch limit (sequences decoded together; vLLM's --max-num-seqs)."
 
 # flag name -> the EngineConfig field it sets
@@ -24,41 +25,41 @@ FIELDS = {"--max-num-batched-tokens": "max_num_batched_tokens", "--enable-chunke
 
 
 def max_num_batched_tokens():
-    return typer.Option(None, "--max-num-batched-tokens", min=1, help="Tokens one engine step may take (prefill "
+    return typer.Option(None, "--max-num-batched-tokens", rich_help_panel=PANEL, min=1, help="Tokens one engine step may take (prefill "
                         "chunks and decodes together; default 512).")
 
 
 def enable_chunked_prefill():
-    return typer.Option(None, "--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts "
+    return typer.Option(None, "--enable-chunked-prefill/--no-enable-chunked-prefill", rich_help_panel=PANEL, help="Split long prompts "
                         "into chunks that share a step with decodes (default on).", show_default=False)
 
 
 def long_prefill_token_threshold():
-    return typer.Option(None, "--long-prefill-token-threshold", min=1, help="The most prompt tokens one prefill "
+    return typer.Option(None, "--long-prefill-token-threshold", rich_help_panel=PANEL, min=1, help="The most prompt tokens one prefill "
                         "chunk takes in a step (needs chunked prefill; default: the step's remaining budget).")
 
 
 def enable_prefix_caching():
-    return typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse the KV blocks of "
+    return typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching", rich_help_panel=PANEL, help="Reuse the KV blocks of "
                         "a prompt prefix seen before (default on).", show_default=False)
 
 
 def block_size():
-    return typer.Option(None, "--block-size", min=1, max=1024, help="Tokens per KV block (default 16).")
+    return typer.Option(None, "--block-size", rich_help_panel=PANEL, min=1, max=1024, help="Tokens per KV block (default 16).")
 
 
 def num_gpu_blocks_override():
-    return typer.Option(None, "--num-gpu-blocks-override", min=1, help="The KV pool in blocks, on the CPU too "
+    return typer.Option(None, "--num-gpu-blocks-override", rich_help_panel=PANEL, min=1, help="The KV pool in blocks, on the CPU too "
                         "(default: as many blocks as 256 MiB holds).")
 
 
 def max_model_len():
-    return typer.Option(None, "--max-model-len", min=1, help="The longest prompt + output the engine admits "
+    return typer.Option(None, "--max-model-len", rich_help_panel=PANEL, min=1, help="The longest prompt + output the engine admits "
                         "(default: the model's context).")
 
 
 def speculative_config():
-    return typer.Option(None, "--speculative-config", help="Speculative decoding as JSON, vLLM's n-gram form: "
+    return typer.Option(None, "--speculative-config", rich_help_panel=PANEL, help="Speculative decoding as JSON, vLLM's n-gram form: "
                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 3, "
                         "\"prompt_lookup_min\": 1}' (the engine's prompt lookup; other methods are refused).")
 

@@ -101,3 +101,24 @@ def test_capture_refuses_bad_load_flags_with_exit_2_naming_the_flag(tmp_path):
                                    "--block-size", "32"], env={"COLUMNS": "200"})
     assert res.exit_code == 2 and "--block-size" in res.output and "a URL target's server has its own" in res.output
     assert not (tmp_path / "r").exists()
+
+
+def test_the_engine_flags_under_vllms_names_set_engine_config_fields():
+    import typer
+
+    from inferledger.cli.engine_flags import engine_fields
+    from inferledger.engine.params import EngineConfig
+
+    fields = engine_fields(max_num_seqs=4, max_num_batched_tokens=64, chunked_prefill=False, enable_prefix_caching=False,
+                           block_size=32, num_blocks=100, long_prefill_token_threshold=None, max_model_len=None,
+                           speculative='{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}')
+    assert fields == {"max_num_seqs": 4, "max_num_batched_tokens": 64, "chunked_prefill": False,
+                      "enable_prefix_caching": False, "block_size": 32, "num_blocks": 100,
+                      "speculative": {"method": "prompt_lookup", "k": 3, "ngram_max": 2}}
+    cfg = EngineConfig(**fields)
+    assert (cfg.speculative.k, cfg.speculative.ngram_max, cfg.resolve_num_blocks(1)) == (3, 2, 100)
+    with pytest.raises(typer.BadParameter, match="max_num_batched_tokens=4 is out of range") as exc:
+        engine_fields(max_num_seqs=16, max_num_batched_tokens=4)
+    assert exc.value.param_hint == "--max-num-batched-tokens"
+    with pytest.raises(typer.BadParameter, match="prompt lookup only"):
+        engine_fields(speculative='{"method": "eagle"}')
