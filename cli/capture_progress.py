@@ -1,6 +1,7 @@
 """A capture on the terminal: a progress bar while it runs, then what it did (shared by `capture` and `demo`)."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,10 +44,16 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         bar = progress.add_task(f"{wl.name}: " + ("loading the model" if target == "embedded" else "preparing"),
                                 total=wl.n_tasks)
+        t0 = time.monotonic()
+
+        def ready() -> None:  # the load starts: the bar's clock counts the tasks' time, not the preparation's
+            what = ("the model, " if target == "embedded" else "") + "prompts, measurements" + \
+                (f", {options.warmups} warm-ups" if options.warmups else "")
+            progress.console.print(f"{wl.name}: ready in {time.monotonic() - t0:.1f} s ({what})")
+            progress.reset(bar, total=wl.n_tasks, description=f"{wl.name}: tasks")
+
         try:
-            result = capture(wl, out, options,
-                             on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks", total=wl.n_tasks),
-                             progress=lambda: progress.advance(bar))
+            result = capture(wl, out, options, on_ready=ready, progress=lambda: progress.advance(bar))
         except errors as exc:
             console.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2)

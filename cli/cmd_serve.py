@@ -84,6 +84,9 @@ def serve_cmd(
             check_new_run_dir(out)
         except OutDirError as exc:
             raise typer.BadParameter(str(exc), param_hint="--out") from None
+    busy = port_taken(host, port)  # before the model loads: a busy port is told in a second, not after it
+    if busy:
+        raise typer.BadParameter(busy, param_hint="--port")
     try:
         with console.status(f"loading {model or 'the bundled model'} ..."):
             bundle = load_model(model, device=device)
@@ -123,6 +126,23 @@ def serve_cmd(
         console.print(f"run directory: [bold]{out}[/]  (next: inferledger reconstruct {out})")
     if stopped_by == "SIGTERM":
         raise typer.Exit(143)
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on now (in use, no such address), or None. The server binds
+    again later; this only answers before the slow model load."""
+    import socket
+
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no conflict
+            s.bind(addr)
+    except OSError as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
 
 
 def register(app: typer.Typer) -> None:

@@ -212,3 +212,20 @@ def test_the_recorded_vllm_capture_reconstructs_as_the_readme_says(tmp_path):
     _run("import", "--from", "vllm-recording", sample, "-o", tmp_path / "vllm")
     out = json.loads(_run("reconstruct", tmp_path / "vllm", "--format", "json"))
     assert (out["ledger"]["n_attempts"], out["ledger"]["n_tasks"]) == (43, 40)
+
+
+def test_serve_refuses_a_busy_port_before_loading_the_model(monkeypatch):
+    import socket
+
+    from inferledger.engine import loader
+
+    def never(*a, **k):
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(loader, "load_model", never)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = CliRunner().invoke(app, ["serve", "--port", str(port)], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}: Address already in use" in res.output
