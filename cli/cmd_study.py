@@ -42,7 +42,13 @@ def study_cmd(
         study = get_study(name)
         options = parse_sets(study, sets or [])
         target = out or Path("runs") / f"study-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        result = run_study(study, target, options)
+        def done(run: str, i: int, n: int, seconds: float, summary) -> None:
+            if fmt == OutputFormat.table:
+                console.print(f"run {i}/{n} [bold]{run}[/]: {summary.n_attempts} attempts, {seconds:.1f} s",
+                              highlight=False)
+
+        with console.status(f"study {name}: {target} ...", spinner="dots"):
+            result = run_study(study, target, options, on_run=done)
     except StudyError as exc:
         fail(f"error: {exc}")
     if echo_sections(fmt, {t.name: [dict(zip(t.columns, row)) for row in t.rows] for t in result.tables}):

@@ -161,9 +161,11 @@ def table_csv(table: Table) -> str:
     return buf.getvalue()
 
 
-def run_study(study: Study, out: str | Path, options: dict | None = None, *, bundle=None) -> StudyResult:
+def run_study(study: Study, out: str | Path, options: dict | None = None, *, bundle=None,
+              on_run: Callable | None = None) -> StudyResult:
     """Produce and reconstruct every run of `study` into `out`, then write its comparison. A study
-    that `needs_model` runs on `bundle` (a loaded model), else on the bundled model loaded once here."""
+    that `needs_model` runs on `bundle` (a loaded model), else on the bundled model loaded once here.
+    `on_run(name, i, n, seconds, summary)` after each run's ledger (the command's progress lines)."""
     t0 = time.perf_counter()
     out = Path(out)
     opts = study.resolve_options(options)
@@ -185,9 +187,12 @@ def run_study(study: Study, out: str | Path, options: dict | None = None, *, bun
 
             bundle = load_model()
         extra = (bundle,) if study.needs_model else ()
-        for r in plan:
+        for i, r in enumerate(plan, 1):
+            t_run = time.perf_counter()
             r.produce(runs.dirs[r.name], f"{study.name}.{r.name}", *extra)
-            reconstruct(runs.dirs[r.name])
+            summary = reconstruct(runs.dirs[r.name])
+            if on_run is not None:
+                on_run(r.name, i, len(plan), time.perf_counter() - t_run, summary)
         tables = study.compare(runs)
         if not tables:
             raise StudyError(f"study {study.name}: its comparison returned no table")
