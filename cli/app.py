@@ -16,11 +16,29 @@ from inferledger.cli import (cmd_capture, cmd_data, cmd_demo, cmd_doctor, cmd_ex
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits -h
     rich_markup_mode="rich",
-    help="Rebuild every request of an LLM serving run from its events: intervals, the four accounts, "
-    "TTFT / ITL / TPOT per observation layer, goodput, with evidence for every figure.\n\n"
-    "Typical use: [bold]import[/] or capture a run, [bold]reconstruct[/] its ledger, then [bold]query[/] it with SQL.",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"inferledger {version('inferledger')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Rebuild every request of an LLM serving run from its events: intervals, the four accounts,
+    TTFT / ITL / TPOT per observation layer, goodput, with evidence for every figure.
+
+    Typical use: [bold]import[/] or capture a run, [bold]reconstruct[/] its ledger, then [bold]query[/] it with SQL.
+    """
+
+
 # Each command module owns its commands and registers them here. Importing them is cheap: heavy
 # libraries (torch, duckdb, pyarrow) are imported inside the commands.
 for _module in (cmd_data, cmd_ledger, cmd_serve, cmd_capture, cmd_predict, cmd_demo, cmd_whatif, cmd_report, cmd_export,

@@ -1,6 +1,7 @@
 """A capture on the terminal: a progress bar while it runs, then what it did (shared by `capture` and `demo`)."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -8,10 +9,12 @@ import typer
 
 if TYPE_CHECKING:
     from inferledger.collectors.capture.options import CaptureOptions
+    from inferledger.collectors.workload import Workload
 
 
-def run_capture(workload: Path, out: Path, options: "CaptureOptions"):
-    """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`)."""
+def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions"):
+    """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`). The
+    workload is a file, or one already built (from `capture`'s flags)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from inferledger.cli.output import console
@@ -28,7 +31,7 @@ def run_capture(workload: Path, out: Path, options: "CaptureOptions"):
     if target != "embedded" and not target.startswith(("http://", "https://")):
         raise typer.BadParameter(f"{target!r} is neither 'embedded' nor an http(s):// base URL", param_hint="--target")
     try:
-        wl = Workload.load(workload)
+        wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload")
     # a workload that cannot be built, a target that cannot be reached, a model or device that cannot load
@@ -41,10 +44,16 @@ def run_capture(workload: Path, out: Path, options: "CaptureOptions"):
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         bar = progress.add_task(f"{wl.name}: " + ("loading the model" if target == "embedded" else "preparing"),
                                 total=wl.n_tasks)
+        t0 = time.monotonic()
+
+        def ready() -> None:  # the load starts: the bar's clock counts the tasks' time, not the preparation's
+            what = ("the model, " if target == "embedded" else "") + "prompts, measurements" + \
+                (f", {options.warmups} warm-ups" if options.warmups else "")
+            progress.console.print(f"{wl.name}: ready in {time.monotonic() - t0:.1f} s ({what})")
+            progress.reset(bar, total=wl.n_tasks, description=f"{wl.name}: tasks")
+
         try:
-            result = capture(wl, out, options,
-                             on_ready=lambda: progress.update(bar, description=f"{wl.name}: tasks", total=wl.n_tasks),
-                             progress=lambda: progress.advance(bar))
+            result = capture(wl, out, options, on_ready=ready, progress=lambda: progress.advance(bar))
         except errors as exc:
             console.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2)

@@ -6,17 +6,66 @@ from typing import Optional
 
 import typer
 
+from inferledger.cli import engine_flags as ef
 from inferledger.serve import DRAIN_TIMEOUT_S
 
 
 def capture_cmd(
-    workload: Path = typer.Option(..., "--workload", "-w", help="Workload TOML (samples/workloads/*.toml)."),
+    workload: Optional[Path] = typer.Option(None, "--workload", "-w", help="Workload TOML (samples/workloads/*.toml); "
+                                            "the load flags below override its keys. Without it the flags alone "
+                                            "make the workload (vLLM bench serve's random dataset by default)."),
     out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
     target: str = typer.Option("embedded", help="'embedded' (serve the bundled engine on loopback) or the base URL "
                                "of any OpenAI-compatible server (black-box: client events only)."),
     separate_clocks: bool = typer.Option(False, help="Give the client its own clock domain and estimate the "
                                          "server's offset by round trips to /clock (as across hosts)."),
-    max_num_seqs: int = typer.Option(8, help="Embedded engine: batch size limit."),
+    request_rate: Optional[str] = typer.Option(None, "--request-rate", metavar="R|inf", help="Load: requests per "
+                                               "second, Poisson arrivals (inf, the default without -w: every "
+                                               "request at once).", rich_help_panel="Load (vLLM bench serve's names)"),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, help="Load: this many tasks, one "
+                                              "attempt each unless the workload asks for retries (default 100).",
+                                              rich_help_panel="Load (vLLM bench serve's names)"),
+    duration: Optional[float] = typer.Option(None, "--duration", min=0.001, help="Load: seconds of arrivals at "
+                                             "--request-rate (R x S tasks) instead of --num-prompts.",
+                                             rich_help_panel="Load (vLLM bench serve's names)"),
+    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", min=1, help="Load: at most this many "
+                                                  "tasks in flight (a later arrival waits).",
+                                                  rich_help_panel="Load (vLLM bench serve's names)"),
+    burstiness: Optional[float] = typer.Option(None, "--burstiness", min=0.001, help="Load: gamma-shaped gaps at "
+                                               "--request-rate (1: Poisson; < 1 burstier).",
+                                               rich_help_panel="Load (vLLM bench serve's names)"),
+    input_len: Optional[int] = typer.Option(None, "--input-len", "--random-input-len", min=1, help="Load: prompt "
+                                            "tokens per request, the whole templated prompt (default 1024).",
+                                            rich_help_panel="Load (vLLM bench serve's names)"),
+    output_len: Optional[int] = typer.Option(None, "--output-len", "--random-output-len", min=1, help="Load: "
+                                             "max_tokens per request (default 128; exact with --ignore-eos).",
+                                             rich_help_panel="Load (vLLM bench serve's names)"),
+    range_ratio: Optional[float] = typer.Option(None, "--random-range-ratio", min=0, max=0.999, help="Load: each "
+                                                "request's lengths drawn uniformly in [L (1 - r), L (1 + r)].",
+                                                rich_help_panel="Load (vLLM bench serve's names)"),
+    dataset: Optional[str] = typer.Option(None, "--dataset", metavar="random|PATH|azure:PATH|burstgpt:PATH|"
+                                          "mooncake:PATH", help="Load: random lengths (default), a task set "
+                                          "(JSON Lines of prompt and answer) or a public trace replayed with its "
+                                          "arrivals.", rich_help_panel="Load (vLLM bench serve's names)"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Load: the seed of arrivals, lengths and prompts "
+                                       "(default 0).", rich_help_panel="Load (vLLM bench serve's names)"),
+    ignore_eos: Optional[bool] = typer.Option(None, "--ignore-eos/--no-ignore-eos", show_default=False,
+                                              help="Load: generate exactly --output-len tokens.",
+                                              rich_help_panel="Load (vLLM bench serve's names)"),
+    num_warmups: int = typer.Option(0, "--num-warmups", min=0, help="Load: requests sent before the run is opened "
+                                    "(the first requests of the first tasks, one after another): not attempts, no "
+                                    "events; the manifest counts them (client.warmups).",
+                                    rich_help_panel="Load (vLLM bench serve's names)"),
+    max_num_seqs: int = typer.Option(ef.MAX_NUM_SEQS, min=1, help="Embedded engine: " + ef.MAX_NUM_SEQS_HELP,
+                                     rich_help_panel=ef.PANEL),
+    max_num_batched_tokens: Optional[int] = ef.max_num_batched_tokens(),
+    enable_chunked_prefill: Optional[bool] = ef.enable_chunked_prefill(),
+    long_prefill_token_threshold: Optional[int] = ef.long_prefill_token_threshold(),
+    enable_prefix_caching: Optional[bool] = ef.enable_prefix_caching(),
+    block_size: Optional[int] = ef.block_size(),
+    num_gpu_blocks_override: Optional[int] = ef.num_gpu_blocks_override(),
+    max_model_len: Optional[int] = ef.max_model_len(),
+    speculative_config: Optional[str] = ef.speculative_config(),
     model: Optional[Path] = typer.Option(None, help="Embedded engine: a GGUF file or HF folder (default: "
                                          "$INFERLEDGER_MODEL, else the bundled SmolLM2-135M-Instruct)."),
     served_model_name: Optional[str] = typer.Option(None, help="URL target: the model name to request (default: "
@@ -56,6 +105,9 @@ def capture_cmd(
 
     Example: [cyan]inferledger capture -w samples/workloads/cpu_demo.toml -o runs/r1 && inferledger reconstruct runs/r1[/]
 
+    From flags, as vLLM bench serve: [cyan]inferledger capture -o runs/r2 --request-rate 2 --num-prompts 40
+    --input-len 256 --output-len 32[/] (docs/CAPTURE.md "Load from flags")
+
     Against another server: [cyan]inferledger capture -w W.toml -o runs/v1 --target http://127.0.0.1:8000[/]
 
     Against vLLM with its own evidence: [cyan]... --target http://127.0.0.1:18100 --otlp-port 18101 --scrape-metrics[/]
@@ -71,13 +123,33 @@ def capture_cmd(
     if target == "embedded" and (otlp_port is not None or scrape_metrics):
         raise typer.BadParameter("--otlp-port / --scrape-metrics need a URL --target (the embedded engine "
                                  "records its own events)", param_hint="--otlp-port")
+    from inferledger.collectors.workload.flags import FlagError, LoadFlags, flags_workload, parse_rate
+
+    engine = ef.engine_fields(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=enable_chunked_prefill,
+        long_prefill_token_threshold=long_prefill_token_threshold, enable_prefix_caching=enable_prefix_caching,
+        block_size=block_size, num_blocks=num_gpu_blocks_override, max_model_len=max_model_len,
+        speculative=speculative_config)
+    if target != "embedded" and set(engine) - {"max_num_seqs"}:
+        raise typer.BadParameter("the engine's flags set the embedded engine; a URL target's server has its own",
+                                 param_hint="--" + next(k for k in engine if k != "max_num_seqs").replace("_", "-"))
+    try:
+        flags = LoadFlags(request_rate=None if request_rate is None else parse_rate(request_rate),
+                          num_prompts=num_prompts, duration_s=duration, max_concurrency=max_concurrency,
+                          burstiness=burstiness, input_len=input_len, output_len=output_len, range_ratio=range_ratio,
+                          dataset=dataset, seed=seed, ignore_eos=ignore_eos)
+        wl = flags_workload(workload, flags)
+    except FlagError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.flag) from None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workload" if workload else "the load flags") from None
     options = CaptureOptions(
         target=target, separate_clocks=separate_clocks, max_num_seqs=max_num_seqs, model=model, device=device,
         drain_timeout_s=drain_timeout, microbenchmarks=microbench, served_model=served_model_name, api_key=api_key,
         evidence=EvidenceOptions(otlp_port=otlp_port, scrape_metrics=scrape_metrics, engine_host=engine_host,
                                  engine_clock_epsilon_ms=engine_clock_epsilon_ms),
-        prediction=prediction, buckets=buckets)
-    result = run_capture(workload, out, options)
+        prediction=prediction, buckets=buckets, engine_config=engine, warmups=num_warmups)
+    result = run_capture(wl, out, options)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 
 

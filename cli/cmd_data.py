@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from inferledger.cli.output import FORMAT_HELP, OutputFormat, echo_result, echo_rows, fail, plain
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, echo_result, echo_rows, fail
 
 TABLE_ROWS = 100  # rows a terminal table shows when --limit is not given
 
@@ -68,6 +68,7 @@ class ImportSource(str, Enum):
     aiperf = "aiperf"
     vllm_bench = "vllm-bench"
     guidellm = "guidellm"
+    vllm_recording = "vllm-recording"
 
 
 def import_cmd(
@@ -78,7 +79,9 @@ def import_cmd(
                                                  "OpenTelemetry Collector file-exporter file: OTLP/JSON trace "
                                                  "requests, one a line), aiperf (an "
                                                  "--artifact-dir or profile_export.jsonl), vllm-bench (the "
-                                                 "--save-detailed result JSON), guidellm (the --output kind=json file).")] = ImportSource.e0,
+                                                 "--save-detailed result JSON), guidellm (the --output kind=json file), "
+                                                 "vllm-recording (a recorded capture against vLLM, "
+                                                 "samples/peers/vllm-0.32-cpu: joined again into a run).")] = ImportSource.e0,
     server: Annotated[Optional[Path], typer.Option("--server", help="A server-side run directory (serve --out, "
                                                    "capture, imported vLLM evidence) to merge and join per request.")] = None,
     tool_version: Annotated[Optional[str], typer.Option("--tool-version", help="The tool's version when its output does "
@@ -133,6 +136,8 @@ def import_cmd(
             fail(f"inferledger import --model-config: {exc}; nothing was written")
     if source == ImportSource.otlp:
         _import_otlp(archive, out, run_id, engine_host, reporter, lenient, fmt)
+    elif source == ImportSource.vllm_recording:
+        _import_recording(archive, out, fmt)
     elif source != ImportSource.e0:
         from inferledger.cli.import_peer import import_peer_cmd
 
@@ -144,6 +149,26 @@ def import_cmd(
         from inferledger.collectors.rundir.declared_shape import declare_model_shape
 
         declare_model_shape(out, shape)
+
+
+def _import_recording(sample: Path, out: Path, fmt: OutputFormat) -> None:
+    """A recorded vLLM capture (samples/peers/vllm-0.32-cpu/: the client's events, vLLM's spans and
+    scrapes, as each side produced them) joined again into a run, as the capture joined them."""
+    from inferledger.cli.output import console
+    from inferledger.collectors.evidence.vllm_rejoin import is_recording, rejoin
+    from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
+
+    if not is_recording(sample):
+        fail(f"inferledger import --from vllm-recording: {sample} is not a recorded capture (client/events.parquet "
+             "and otlp/ beside its manifest)")
+    try:
+        check_new_run_dir(out)
+    except OutDirError as exc:
+        fail(f"inferledger import: {exc}")
+    join = rejoin(sample, out)
+    if not echo_rows(fmt, list(join), [list(join.values())]):
+        console.print(f"rejoined {sample} -> {out}: {', '.join(f'{k} {v}' for k, v in join.items())}\n"
+                      f"next: inferledger reconstruct {out}", highlight=False, soft_wrap=True)
 
 
 def _import_e0(archive: Path, out: Path, server, run_id, lenient: bool, fmt: OutputFormat) -> None:
@@ -223,6 +248,9 @@ def query_cmd(
             columns, rows = led.rows(sql, limit=None if n is None else n + 1)
     except LedgerError as exc:
         fail(str(exc))
+    if led.skipped:
+        typer.echo(f"warning: {len(led.skipped)} run(s) without a ledger left out (build with `inferledger "
+                   f"reconstruct RUN`): {', '.join(map(str, led.skipped))}", err=True)
     more = n is not None and len(rows) > n
     rows = rows[:n] if n is not None else rows
     if not echo_rows(fmt, columns, rows):
@@ -230,29 +258,9 @@ def query_cmd(
 
 
 def _print_table(columns: list[str], rows: list[tuple], more: bool) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    from inferledger.cli.output import console, print_rows
 
-    def cell(v) -> str:
-        return "[dim]NULL[/]" if v is None else escape(str(plain(v)))
-
-    console = Console()
-    if len(rows) <= 3 and len(columns) * 12 > console.width:
-        # a few wide rows (run_metrics, reconciliation ...): one column per row, one line per field
-        table = Table(show_header=True, header_style="bold")
-        table.add_column("column")
-        for i in range(len(rows)):
-            table.add_column(f"row {i + 1}", overflow="fold")
-        for j, col in enumerate(columns):
-            table.add_row(escape(col), *(cell(row[j]) for row in rows))
-    else:
-        table = Table(show_header=True, header_style="bold")
-        for col in columns:
-            table.add_column(escape(col), overflow="fold")
-        for row in rows:
-            table.add_row(*(cell(v) for v in row))
-    console.print(table)
+    print_rows(columns, rows)
     tail = f"{len(rows)} row(s)" + (" shown; more exist: raise --limit, or use --format csv" if more else "")
     console.print(tail, style="dim")
 

@@ -1,6 +1,7 @@
 """`inferledger demo`: the whole loop on the embedded default, in one command."""
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 from typing import Optional
@@ -15,7 +16,9 @@ def demo_cmd(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default runs/demo-<time>)."),
     workload: Path = typer.Option(DEFAULT_WORKLOAD, "--workload", "-w", help="Workload TOML (arrivals, client, "
                                   "contract, task set)."),
-    max_num_seqs: int = typer.Option(8, help="Engine batch size limit."),
+    max_num_seqs: int = typer.Option(8, min=1, help="The engine's batch limit. The demo's workload is sized for "
+                                     "8 (its arrivals are calibrated near that batch's capacity); serve, capture "
+                                     "and predict default to the engine's 16."),
 ) -> None:
     """The whole loop on the bundled model: capture, ledger, summary, report.
 
@@ -28,7 +31,9 @@ def demo_cmd(
     Example: [cyan]inferledger demo --out runs/demo[/], then
     [cyan]inferledger query runs/demo "select * from accounts"[/]
     """
-    from inferledger.cli.output import console
+    from rich.markup import escape
+
+    from inferledger.cli.output import command_name, console
     from inferledger.cli.capture_progress import run_capture
     from inferledger.cli.summary import print_summary
     from inferledger.collectors.capture.options import CaptureOptions
@@ -45,8 +50,16 @@ def demo_cmd(
     report = build_report(out)
     console.print(f"\ndemo: {time.monotonic() - t0:.0f} s in all (model load, {result.wall_s:.0f} s of load, ledger, report)")
     console.print(f"report: [bold]{report.path}[/] (open it in a browser; it needs no network)")
-    console.print(f"\nrun directory: [bold]{result.run_dir}[/]  "
-                  f"(try: inferledger query {result.run_dir} \"select * from accounts\")")
+    console.print(f"\nrun directory: [bold]{result.run_dir}[/]\nnext, from this folder:\n"
+                  + escape(next_steps(command_name(), result.run_dir)), soft_wrap=True)
+
+
+def next_steps(cmd: str, run_dir) -> str:
+    """The commands the demo suggests, each runnable as pasted in the folder the demo ran in."""
+    run = shlex.quote(str(run_dir))
+    return (f"  {cmd} query {run} \"select client_status, server_status, count(*) from accounts group by all\"\n"
+            f"  {cmd} summary {run} --table accounts\n"
+            f"  {cmd} report {run}")
 
 
 def register(app: typer.Typer) -> None:

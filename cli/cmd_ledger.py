@@ -12,7 +12,8 @@ from inferledger.cli.output import FORMAT_HELP, OutputFormat
 
 def reconstruct_cmd(
     run_dir: str = typer.Argument(..., help="A run directory (events/, clocks.parquet, ...), or its URL "
-                                  "(file://, s3://, memory://: any store fsspec reads; needs --out)."),
+                                  "(file://, s3://, memory://: any store fsspec reads; needs --out), or a study "
+                                  "folder (every run, then the comparison)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the ledger (default "
                                        "RUN_DIR/ledger.duckdb)."),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", "-m", help="Most memory DuckDB may use "
@@ -46,11 +47,27 @@ def reconstruct_cmd(
     from inferledger.ledger.memory import SizeError
     from inferledger.ledger.reconstruct import BuildOptions, RunDirError, reconstruct
 
+    from inferledger.probes.run_folder import RunFolderError
+    from inferledger.probes.study_dir import is_study_dir
+    from inferledger.studies.framework import StudyError
+
     try:
         options = BuildOptions(memory_limit=memory_limit, temp_directory=temp_directory, engine=engine,
                                address=address, workers=workers)
+        if "://" not in run_dir and is_study_dir(run_dir):
+            if out is not None:
+                raise typer.BadParameter("a study folder's runs keep their ledgers in their own folders",
+                                         param_hint="--out")
+            _reconstruct_study(Path(run_dir), options, quiet, fmt)
+            return
+        from inferledger.collectors.evidence.vllm_rejoin import is_recording
+
+        if "://" not in run_dir and is_recording(run_dir):
+            fail(f"{run_dir} is a recorded capture (raw evidence), not a run; join it into one first:\n"
+                 f"  inferledger import --from vllm-recording {run_dir} -o runs/{Path(run_dir).name}\n"
+                 f"  inferledger reconstruct runs/{Path(run_dir).name}")
         summary = reconstruct(run_dir, options, out=out)
-    except (RunDirError, SizeError) as exc:
+    except (RunDirError, SizeError, RunFolderError, StudyError) as exc:
         fail(f"error: {exc}")
     if quiet:
         console.print(str(summary.path))
@@ -61,6 +78,37 @@ def reconstruct_cmd(
     console.print(f"[bold]{summary.run_id}[/]: {summary.n_events} events, {summary.n_attempts} attempts, "
                   f"{summary.n_tasks} tasks, {summary.n_gaps} gaps → {summary.path}")
     print_sections(sections, console)
+
+
+def _reconstruct_study(folder: Path, options, quiet: bool, fmt: OutputFormat) -> None:
+    """Every run of a study folder rebuilt, then its comparison from the new ledgers (the study that
+    wrote it, when this version knows it)."""
+    from inferledger.cli.output import console, echo_sections, print_rows
+    from inferledger.probes.run_folder import StudyIndex
+    from inferledger.studies.framework import rebuild_study
+    from inferledger.studies.registry import STUDIES
+
+    name = StudyIndex.read(folder).doc["name"]
+    built = []
+
+    def one(run: str, summary) -> None:
+        built.append({"run": run, **asdict(summary), "path": str(summary.path)})
+        if not quiet and fmt == OutputFormat.table:
+            console.print(f"[bold]{run}[/]: {summary.n_events} events, {summary.n_attempts} attempts, "
+                          f"{summary.n_tasks} tasks, {summary.n_gaps} gaps → {summary.path}")
+
+    tables = rebuild_study(folder, STUDIES.get(name), options, on_run=one)
+    if quiet:
+        console.print("\n".join(b["path"] for b in built))
+        return
+    comparison = {t.name: [dict(zip(t.columns, row)) for row in t.rows] for t in tables or []}
+    if echo_sections(fmt, {"ledgers": built, **comparison}):
+        return
+    if tables is None:
+        console.print(f"the comparison was left as it was (study {name!r}: "
+                      + ("not one this version knows)" if name not in STUDIES else "it did not complete)"))
+    for t in tables or []:
+        print_rows(t.columns, t.rows, title=t.title, null="—")
 
 
 def repartition_cmd(

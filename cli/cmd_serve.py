@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from inferledger.cli import engine_flags as ef
 from inferledger.probes.run_folder import MANIFEST_FILE
 from inferledger.serve import DRAIN_TIMEOUT_S
 
@@ -20,7 +21,15 @@ def serve_cmd(
                                                     "checkpoint's file name without .gguf; see GET /v1/models)."),
     api_key: Optional[str] = typer.Option(None, envvar="INFERLEDGER_API_KEY", help="Require 'Authorization: Bearer "
                                           "KEY' on /v1/* (401 otherwise); /health, /metrics and /clock stay open."),
-    max_num_seqs: int = typer.Option(16, help="Engine batch size limit (sequences decoded together)."),
+    max_num_seqs: int = typer.Option(ef.MAX_NUM_SEQS, min=1, help=ef.MAX_NUM_SEQS_HELP, rich_help_panel=ef.PANEL),
+    max_num_batched_tokens: Optional[int] = ef.max_num_batched_tokens(),
+    enable_chunked_prefill: Optional[bool] = ef.enable_chunked_prefill(),
+    long_prefill_token_threshold: Optional[int] = ef.long_prefill_token_threshold(),
+    enable_prefix_caching: Optional[bool] = ef.enable_prefix_caching(),
+    block_size: Optional[int] = ef.block_size(),
+    num_gpu_blocks_override: Optional[int] = ef.num_gpu_blocks_override(),
+    max_model_len: Optional[int] = ef.max_model_len(),
+    speculative_config: Optional[str] = ef.speculative_config(),
     max_queue: int = typer.Option(512, help="Requests waiting + running before new ones get 429 with Retry-After."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory: the engine's and server's events, KV samples and "
                                        f"{MANIFEST_FILE} go there (then `inferledger reconstruct RUN_DIR`)."),
@@ -51,6 +60,9 @@ def serve_cmd(
     [cyan]python -c "import openai; c = openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='x');
     print(c.completions.create(model='smol', prompt='The capital of France is', max_tokens=8).choices\\[0].text)"[/]
 
+    The engine's knobs take vLLM's names: [cyan]inferledger serve --max-num-batched-tokens 256
+    --no-enable-prefix-caching --num-gpu-blocks-override 512[/].
+
     Stop it with Ctrl-C; with --out, then run [cyan]inferledger reconstruct runs/s1[/].
     """
     from inferledger.cli.output import console
@@ -62,11 +74,19 @@ def serve_cmd(
     from inferledger.serve.lifecycle import Serving
     from inferledger.serve.options import ServeOptions
 
+    engine = ef.engine_fields(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=enable_chunked_prefill,
+        long_prefill_token_threshold=long_prefill_token_threshold, enable_prefix_caching=enable_prefix_caching,
+        block_size=block_size, num_blocks=num_gpu_blocks_override, max_model_len=max_model_len,
+        speculative=speculative_config)
     if out is not None:
         try:
             check_new_run_dir(out)
         except OutDirError as exc:
             raise typer.BadParameter(str(exc), param_hint="--out") from None
+    busy = port_taken(host, port)  # before the model loads: a busy port is told in a second, not after it
+    if busy:
+        raise typer.BadParameter(busy, param_hint="--port")
     try:
         with console.status(f"loading {model or 'the bundled model'} ..."):
             bundle = load_model(model, device=device)
@@ -75,7 +95,7 @@ def serve_cmd(
         raise typer.BadParameter(str(exc), param_hint=hint) from exc
     writer = RunWriter(out, autoflush_s=flush_every) if out is not None else None
     options = ServeOptions(model_name=served_model_name, api_key=api_key, max_queue=max_queue)
-    life = Serving(bundle, EngineConfig(max_num_seqs=max_num_seqs), options, sink=writer, owns_run=True)
+    life = Serving(bundle, EngineConfig(**engine), options, sink=writer, owns_run=True)
     # SIGTERM (docker stop, a CI timeout) stops it as Ctrl-C does, from the first moment on; a second
     # signal during the drain cancels what is left at once
     unbound = None
@@ -106,6 +126,23 @@ def serve_cmd(
         console.print(f"run directory: [bold]{out}[/]  (next: inferledger reconstruct {out})")
     if stopped_by == "SIGTERM":
         raise typer.Exit(143)
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on now (in use, no such address), or None. The server binds
+    again later; this only answers before the slow model load."""
+    import socket
+
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no conflict
+            s.bind(addr)
+    except OSError as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
 
 
 def register(app: typer.Typer) -> None:

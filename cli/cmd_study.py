@@ -33,9 +33,8 @@ def study_cmd(
     Example: [cyan]inferledger study schedule-book -o runs/book && inferledger report runs/book[/]
     Example: [cyan]inferledger study load -o runs/load[/] (the knee and its first cause)
     """
-    from rich.table import Table as RichTable
 
-    from inferledger.cli.output import console, echo_sections, fail
+    from inferledger.cli.output import console, echo_sections, fail, print_rows
     from inferledger.studies.framework import StudyError, parse_sets, run_study
     from inferledger.studies.registry import get_study
 
@@ -43,31 +42,24 @@ def study_cmd(
         study = get_study(name)
         options = parse_sets(study, sets or [])
         target = out or Path("runs") / f"study-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        result = run_study(study, target, options)
+        def done(run: str, i: int, n: int, seconds: float, summary) -> None:
+            if fmt == OutputFormat.table:
+                console.print(f"run {i}/{n} [bold]{run}[/]: {summary.n_attempts} attempts, {seconds:.1f} s",
+                              highlight=False)
+
+        with console.status(f"study {name}: {target} ...", spinner="dots"):
+            result = run_study(study, target, options, on_run=done)
     except StudyError as exc:
         fail(f"error: {exc}")
     if echo_sections(fmt, {t.name: [dict(zip(t.columns, row)) for row in t.rows] for t in result.tables}):
         return
     console.print(f"[bold]{study.name}[/]: {study.question}")
     for t in result.tables:
-        table = RichTable(title=t.title, title_justify="left")
-        for c in t.columns:
-            table.add_column(c, overflow="fold")
-        for row in t.rows:
-            table.add_row(*(_cell(v) for v in row))
-        console.print(table)
+        print_rows(t.columns, t.rows, title=t.title, null="—")
         if t.note:
             console.print(f"[dim]{t.note}[/]")
     console.print(f"study folder: [bold]{result.path}[/] ({len(result.study['runs'])} runs, {result.seconds:.1f} s); "
                   f"draw it with: inferledger report {result.path}")
-
-
-def _cell(v) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:,.2f}"
-    return str(v)
 
 
 def register(app: typer.Typer) -> None:

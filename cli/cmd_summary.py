@@ -11,7 +11,8 @@ from inferledger.report.summary import SECTIONS
 
 
 def summary_cmd(
-    run_dir: Path = typer.Argument(..., help="A run directory with its ledger.duckdb (inferledger reconstruct RUN)."),
+    run_dir: Path = typer.Argument(..., help="A run directory with its ledger.duckdb (inferledger reconstruct RUN), "
+                                   "or a study folder (each run's summary, then the comparison)."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " Without --table: "
                                      "the whole summary (json: an object of sections; csv: one line per cell, "
                                      "section,row,column,value)."),
@@ -37,6 +38,11 @@ def summary_cmd(
 
     if table is not None and table not in SECTIONS:
         raise typer.BadParameter(f"{table!r}: choose one of {', '.join(SECTIONS)}", param_hint="--table")
+    from inferledger.probes.study_dir import is_study_dir
+
+    if is_study_dir(run_dir):
+        _study_summary(run_dir, table, all_tools, fmt)
+        return
     ledger = run_dir / "ledger.duckdb"
     if not ledger.exists():
         fail(f"{ledger}: no ledger; build it with: inferledger reconstruct {run_dir}")
@@ -46,6 +52,39 @@ def summary_cmd(
             print_sections(sections, console)
     elif not echo_rows(fmt, *section_rows(sections[table])):
         print_sections(sections, console, only=table)
+
+
+def _study_summary(folder: Path, table: str | None, all_tools: bool, fmt: OutputFormat) -> None:
+    """A study folder: each run's summary (or its one section), then the study's comparison."""
+    from inferledger.cli.output import console, echo_sections, fail, print_rows
+    from inferledger.cli.summary import print_sections, summary_sections
+    from inferledger.ledger.query import LEDGER_FILE
+    from inferledger.probes.run_folder import RunFolderError
+    from inferledger.probes.study_dir import COMPARISON_JSON, read_comparison, run_dirs
+
+    try:
+        runs = run_dirs(folder)
+        comparison = read_comparison(folder) if (folder / COMPARISON_JSON).exists() else {}
+    except RunFolderError as exc:
+        fail(f"error: {exc}")
+    missing = [str(run) for _, run in runs if not (run / LEDGER_FILE).exists()]
+    if missing:
+        fail(f"{', '.join(missing)}: no ledger; build them with: inferledger reconstruct {folder}")
+    per_run = {name: summary_sections(run / LEDGER_FILE, all_tools=all_tools) for name, run in runs}
+    sections = {f"{name}.{sec}": value for name, secs in per_run.items() for sec, value in secs.items()
+                if table is None or sec == table}
+    sections |= {f"comparison.{name}": [dict(zip(t["columns"], row)) for row in t["rows"]]
+                 for name, t in comparison.items()}
+    if echo_sections(fmt, sections):
+        return
+    for name, secs in per_run.items():
+        console.rule(f"[bold]{name}[/]", align="left")
+        print_sections(secs, console, only=table)
+    console.rule("[bold]comparison[/]", align="left")
+    if not comparison:
+        console.print("no comparison yet (the study did not complete)")
+    for t in comparison.values():
+        print_rows(t["columns"], t["rows"], title=t.get("title"), null="—")
 
 
 def register(app: typer.Typer) -> None:

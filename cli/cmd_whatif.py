@@ -46,9 +46,8 @@ def whatif_cmd(
 
     Example (the book's chapter-1 case): [cyan]inferledger whatif runs/r1 --node S6_decode --shrink 30%[/]
     """
-    from rich.table import Table
 
-    from inferledger.cli.output import console, echo_rows, fail
+    from inferledger.cli.output import echo_rows, fail, print_rows
     from inferledger.ledger.critical_path import ledger_dags, what_if
 
     if (shrink is None) == (to is None):
@@ -71,13 +70,8 @@ def whatif_cmd(
     if echo_rows(fmt, COLUMNS, rows):
         return
     change = f"shrinks by {frac:.0%}" if frac is not None else f"takes {to_ms:g} ms"
-    table = Table(title=f"what if {node} {change}")
-    for col in ("scope", "id", "e2e before (ms)", "e2e after (ms)", "Δ (ms)", "critical path after"):
-        table.add_column(col, justify="right" if "ms" in col else "left")
-    for scope_name, scope_id, before_ms, after_ms, delta_ms, path_after in rows:
-        table.add_row(scope_name, scope_id, f"{before_ms:,.1f}", f"{after_ms:,.1f}", f"{delta_ms:+,.1f}",
-                      " → ".join(path_after))
-    console.print(table)
+    print_rows(["scope", "id", "e2e before (ms)", "e2e after (ms)", "Δ (ms)", "critical path after"],
+               [[*row[:5], " → ".join(row[5])] for row in rows], title=f"what if {node} {change}")
 
 
 def register(app: typer.Typer) -> None:

@@ -111,3 +111,137 @@ def echo_sections(fmt: OutputFormat, sections: dict) -> bool:
         typer.echo(csv_text(LONG_COLUMNS, cells), nl=False)
         return True
     return False
+
+
+def command_name() -> str:
+    """How to call this very `inferledger` from the current folder, as pasted: `inferledger` when the
+    shell finds this one on PATH, else its path (`.venv/bin/inferledger` from the repository root)."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    me = Path(sys.argv[0]).absolute() if sys.argv and sys.argv[0] else Path()
+    if me.name != "inferledger":  # not the console script (python -m, a test runner): the venv's, beside python
+        me = Path(sys.executable).absolute().parent / "inferledger"
+    found = shutil.which("inferledger")
+    if (found and Path(found).absolute() == me) or not me.exists():
+        return "inferledger"
+    try:
+        return str(me.relative_to(Path.cwd()))
+    except ValueError:
+        return str(me)
+
+
+# ---- tables for people ---------------------------------------------------------------------------
+# A float shows at most 4 digits after the point; below 1, 4 significant digits; below 1e-3, in
+# scientific notation. CSV and JSON keep the full value (echo_rows); only the table rounds.
+NULL_TEXT = "NULL"
+
+
+def number_text(v) -> str:
+    """A number as a table shows it: 273.301666999999 -> 273.3017, 0.0123456 -> 0.01235,
+    0.000123456 -> 1.235e-04, 2.50 -> 2.5, 3 -> 3; NaN and infinities spelled out."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"not a number: {v!r}")
+    if isinstance(v, int):
+        return str(v)
+    if not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a < 1e-3:
+        return f"{v:.3e}"
+    text = f"{v:.4f}" if a >= 1 else f"{v:.{3 - math.floor(math.log10(a))}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def cell_text(v, null: str = NULL_TEXT) -> str:
+    if v is None:
+        return null
+    return number_text(v) if is_number(v) else str(plain(v))
+
+
+def table_width(con: Console | None = None) -> int | None:
+    """The width tables must fit: the terminal's (or $COLUMNS); None when stdout is a pipe or a file
+    (the whole width then: nothing cut at 80 columns)."""
+    import os
+
+    con = con or console
+    if con.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+        return con.width
+    return None
+
+
+def _groups(widths: list[int], limit: int | None, keep_first: bool) -> list[list[int]]:
+    """Column indexes split into tables of at most `limit` characters (3 per column for its border
+    and padding, 1 for the last border); the first column repeated in each when it names the row."""
+    if limit is None:
+        return [list(range(len(widths)))]
+    groups, current, used = [], [], 1
+    for i, w in enumerate(widths):
+        if current and used + w + 3 > limit and current != [0]:
+            groups.append(current)
+            current, used = ([0], 1 + widths[0] + 3) if keep_first else ([], 1)
+        current.append(i)
+        used += w + 3
+    groups.append(current)
+    return groups
+
+
+def print_rows(columns, rows, *, title: str | None = None, null: str = NULL_TEXT, con: Console | None = None) -> None:
+    """Rows as tables for people: numbers rounded (number_text) and right-aligned, every header whole
+    on one line; a table wider than the terminal is split by columns into several (the first column,
+    naming the row, repeated), a piped one printed at its full width."""
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    con = con or console
+    cells = [[cell_text(v, null) for v in row] for row in rows]
+    numeric = [any(is_number(row[j]) for row in rows) and all(row[j] is None or is_number(row[j]) for row in rows)
+               for j in range(len(columns))]
+    widths = [max([len(str(c))] + [max(map(len, row[j].split("\n"))) for row in cells]) for j, c in enumerate(columns)]
+    limit = table_width(con)
+    if limit is not None and 0 < len(rows) <= 3 and sum(w + 3 for w in widths) + 1 > limit:
+        _print_transposed(columns, rows, cells, title, con)
+        return
+    keep_first = bool(columns) and not numeric[0]
+    groups = _groups(widths, limit, keep_first)
+    for n, group in enumerate(groups):
+        shown = [j for j in group if not (n and keep_first and j == 0)]
+        head = title if len(groups) == 1 else \
+            f"{title + ' ' if title else ''}(columns {shown[0] + 1}–{shown[-1] + 1} of {len(columns)})"
+        table = Table(title=escape(head) if head else None, title_justify="left", header_style="bold")
+        for j in group:
+            table.add_column(escape(str(columns[j])), justify="right" if numeric[j] else "left",
+                             min_width=len(str(columns[j])), overflow="fold", no_wrap=numeric[j])
+        for row_cells, row in zip(cells, rows):
+            table.add_row(*(Text(row_cells[j], style="dim" if row[j] is None else "") for j in group))
+        if limit is None:  # piped: the table's own width, whatever the 80 columns rich assumes
+            wide = Console(file=con.file, width=max(sum(widths[j] + 3 for j in group) + 1, len(head or "")),
+                           color_system=con.color_system and "standard", highlight=False)
+            wide.print(table, crop=False)
+        else:
+            con.print(table)
+
+
+def _print_transposed(columns, rows, cells, title, con) -> None:
+    """A few wide rows (run_metrics, reconciliation ...): one line per column, one column per row."""
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=escape(title) if title else None, title_justify="left", header_style="bold")
+    table.add_column("column", min_width=len("column"))
+    for i in range(len(rows)):
+        table.add_column(f"row {i + 1}", overflow="fold", justify="left")
+    for j, col in enumerate(columns):
+        table.add_row(escape(str(col)), *(Text(row_cells[j], justify="right" if is_number(row[j]) else "left",
+                                               style="dim" if row[j] is None else "")
+                                          for row_cells, row in zip(cells, rows)))
+    con.print(table)

@@ -71,8 +71,8 @@ def _unknown(what: str, needs: str | None) -> str:
 def _run_lines(rm: dict) -> list[str]:
     from inferledger.report.tables import slo_text
 
-    lines = [f"good results (correct and on time): [bold]{rm['good']}[/] of {rm['judged']} judged, "
-             f"{rm['attempts']} attempts"]
+    lines = [f"good results (correct and on time): [bold]{rm['good']}[/] of {rm['judged']} judged attempts "
+             f"({rm['attempts']} attempts in all; the outcome per task is in the accounts)"]
     if not rm["t_obs_s"]:
         return lines
     if rm["goodput_rps"] is None:

@@ -44,9 +44,10 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def resolve_runs(path_or_glob: str | Path) -> list[tuple[str, Path]]:
+def resolve_runs(path_or_glob: str | Path, skipped: list[Path] | None = None) -> list[tuple[str, Path]]:
     """(run name, ledger file) for a run folder, a study folder (its runs), a glob of those, or ledger.duckdb
-    paths."""
+    paths. A glob passes over a folder without a ledger yet (appended to `skipped`); a folder named
+    alone must have one."""
     text = str(path_or_glob)
     paths = sorted(Path(p) for p in globlib.glob(text)) if globlib.has_magic(text) else [Path(text)]
     if not paths:
@@ -63,6 +64,9 @@ def resolve_runs(path_or_glob: str | Path) -> list[tuple[str, Path]]:
             for _, run in study_runs:
                 runs += resolve_runs(run)
         elif p.is_dir():
+            if not (p / LEDGER_FILE).is_file() and globlib.has_magic(text) and skipped is not None:
+                skipped.append(p)
+                continue
             if not (p / LEDGER_FILE).is_file():
                 raise LedgerError(f"run {p} has no {LEDGER_FILE}: run `inferledger reconstruct {p}` first")
             runs.append((p.resolve().name, p / LEDGER_FILE))
@@ -71,7 +75,8 @@ def resolve_runs(path_or_glob: str | Path) -> list[tuple[str, Path]]:
             raise LedgerError(f"{p}: {what} (expected a run folder holding {LEDGER_FILE}, "
                               f"a glob like 'runs/*', or a {LEDGER_FILE} file)")
     if not runs:
-        raise LedgerError(f"no run folder matches {text!r}")
+        built = f" with a {LEDGER_FILE} (run `inferledger reconstruct` on them first)" if skipped else ""
+        raise LedgerError(f"no run folder{built} matches {text!r}")
     return runs
 
 
@@ -113,6 +118,7 @@ class Ledger:
 
     def __init__(self, runs: list[tuple[str, Path]]) -> None:
         self.runs = [name for name, _ in runs]
+        self.skipped: list[Path] = []
         self._con = duckdb.connect(":memory:")
         try:
             self._build(runs)
@@ -222,4 +228,7 @@ class Ledger:
 
 def open_ledger(path_or_glob: str | Path) -> Ledger:
     """`inferledger.open`: a read-only ledger over a run folder, a glob of runs, or a ledger.duckdb."""
-    return Ledger(resolve_runs(path_or_glob))
+    skipped: list[Path] = []
+    led = Ledger(resolve_runs(path_or_glob, skipped))
+    led.skipped = skipped  # a glob's folders without a ledger yet, passed over
+    return led

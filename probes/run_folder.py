@@ -118,8 +118,8 @@ MANIFEST_KEYS: tuple[Key, ...] = (
     Key("flushed", (dict,), "rows on disk at the last periodic flush (events, samples, flushes, at_unix_s): what "
         "a reader of a killed run can count on"),
     Key("target", (dict, str), "what was driven: {kind: embedded|url, url} for a capture, `http` for a server"),
-    Key("workload", (dict,), "the workload: path, name, sha256, spec (the file as read), arrivals, n_tasks, "
-        "classes, requests, trace (what was done to a trace's rows); a simulation's plan",
+    Key("workload", (dict,), "the workload: path, name, sha256, spec (the file as read), taskset (the task-set "
+        "file used and its sha256), arrivals, n_tasks, classes, requests, trace (what was done to a trace's rows); a simulation's plan",
         (Key("spec", (dict,), "the workload file as read",
              (Key("slo", (dict,), "the workload's [slo] section: the thresholds where the manifest has no `slo`",
                   _SLO.keys),)),)),
@@ -127,7 +127,8 @@ MANIFEST_KEYS: tuple[Key, ...] = (
     Key("prompts", (dict,), "how prompt tokens were counted: tokenizer hash, tokenizer_source, exact_prompt_tokens"),
     Key("calibration", (dict, _NONE), "the workload's calibration against the engine's measured speed"),
     Key("client", (dict,), "the load client: its clock, event-loop lag (p99, max, wakes, trace period), "
-        "client_bound and its rule, pacing error, switch interval, result counts"),
+        "client_bound and its rule, pacing error, switch interval, result counts, warmups (requests sent before "
+        "the run opened: n, output_tokens, wall_s; never attempts)"),
     Key("clock_mappings", (list,), "clock mappings estimated by round trips (from_clock, to_clock, offset_ns, "
         "epsilon_ns, method)"),
     Key("clock_mappings_failed", (list,), "clock syncs that failed (label, reason)"),

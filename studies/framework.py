@@ -161,9 +161,11 @@ def table_csv(table: Table) -> str:
     return buf.getvalue()
 
 
-def run_study(study: Study, out: str | Path, options: dict | None = None, *, bundle=None) -> StudyResult:
+def run_study(study: Study, out: str | Path, options: dict | None = None, *, bundle=None,
+              on_run: Callable | None = None) -> StudyResult:
     """Produce and reconstruct every run of `study` into `out`, then write its comparison. A study
-    that `needs_model` runs on `bundle` (a loaded model), else on the bundled model loaded once here."""
+    that `needs_model` runs on `bundle` (a loaded model), else on the bundled model loaded once here.
+    `on_run(name, i, n, seconds, summary)` after each run's ledger (the command's progress lines)."""
     t0 = time.perf_counter()
     out = Path(out)
     opts = study.resolve_options(options)
@@ -185,9 +187,12 @@ def run_study(study: Study, out: str | Path, options: dict | None = None, *, bun
 
             bundle = load_model()
         extra = (bundle,) if study.needs_model else ()
-        for r in plan:
+        for i, r in enumerate(plan, 1):
+            t_run = time.perf_counter()
             r.produce(runs.dirs[r.name], f"{study.name}.{r.name}", *extra)
-            reconstruct(runs.dirs[r.name])
+            summary = reconstruct(runs.dirs[r.name])
+            if on_run is not None:
+                on_run(r.name, i, len(plan), time.perf_counter() - t_run, summary)
         tables = study.compare(runs)
         if not tables:
             raise StudyError(f"study {study.name}: its comparison returned no table")
@@ -197,10 +202,38 @@ def run_study(study: Study, out: str | Path, options: dict | None = None, *, bun
         raise
     finally:
         runs.close()
+    _write_comparison(out, doc, tables)
+    return StudyResult(out, doc, tables, time.perf_counter() - t0)
+
+
+def _write_comparison(out: Path, doc: dict, tables: list[Table]) -> None:
     write_json_atomic({t.name: t.as_dict() for t in tables}, out / fmt.COMPARISON_JSON)
     csv_tmp = out / f".{fmt.COMPARISON_CSV}.tmp-{os.getpid()}"
     csv_tmp.write_text(table_csv(tables[0]), encoding="utf-8")
     os.replace(csv_tmp, out / fmt.COMPARISON_CSV)  # never a half-written table
     doc.update(state="complete", tables=[t.name for t in tables])
     StudyIndex(doc).write(out)
-    return StudyResult(out, doc, tables, time.perf_counter() - t0)
+
+
+def rebuild_study(out: str | Path, study: Study | None, build=None, on_run: Callable | None = None) \
+        -> list[Table] | None:
+    """Rebuild the ledger of every run a study folder keeps, then its comparison from the new ledgers
+    (`study`: the study that wrote the folder). The comparison is left as it was, and None returned,
+    where the study is not given (not one this version knows) or did not complete (its comparison
+    needs every run). `build`: the ledger's BuildOptions; `on_run(name, summary)` after each run's ledger."""
+    out = Path(out)
+    doc = StudyIndex.read(out).doc
+    dirs = {name: run for name, run in fmt.run_dirs(out, doc) if run.is_dir()}
+    for name, run in dirs.items():
+        summary = reconstruct(run, build) if build is not None else reconstruct(run)
+        if on_run is not None:
+            on_run(name, summary)
+    if study is None or doc["state"] != "complete":
+        return None
+    runs = StudyRuns(dirs)
+    try:
+        tables = study.compare(runs)
+    finally:
+        runs.close()
+    _write_comparison(out, doc, tables)
+    return tables

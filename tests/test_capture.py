@@ -20,6 +20,7 @@ from inferledger.collectors.workload import Workload
 from inferledger.serve.thread import ServerThread
 from inferledger.ledger.reconstruct import reconstruct
 from inferledger.probes.events import missing_requirements
+from inferledger.probes.run_folder import Manifest
 
 pytestmark = pytest.mark.slow
 
@@ -273,6 +274,22 @@ class _Stub:
         await resp.write(b"data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 5}})
                          .encode() + b"\n\ndata: [DONE]\n\n")
         return resp
+
+
+def test_warmups_are_sent_before_the_run_and_are_no_attempts(tmp_path):
+    (tmp_path / "arrivals.txt").write_text("0\n20\n")
+    wl = Workload.from_dict(_spec(tmp_path), base=tmp_path)
+    stub = _Stub()
+    with stub.thread as srv:
+        capture(wl, tmp_path / "run", CaptureOptions(target=srv.url, warmups=2))
+    sent = [s["headers"]["x-inferledger-attempt-id"] for s in stub.seen]
+    assert sent[:2] == ["warmup-0", "warmup-1"] and sorted(sent[2:]) == ["T0000:R1:A1", "T0000:R1:A2", "T0001:R1:A1"]
+    assert Manifest.read(tmp_path / "run").block("client")["warmups"]["n"] == 2
+    assert Manifest.read(tmp_path / "run").block("client")["warmups"]["output_tokens"] == 10  # the stub's usage
+    con = _ledger(tmp_path / "run")
+    assert _rows(con, "SELECT count(*) AS n FROM events WHERE attempt_id LIKE 'warmup%'")[0]["n"] == 0
+    assert [a["attempt_id"] for a in _rows(con, "SELECT attempt_id FROM attempts ORDER BY 1")] == [
+        "T0000:R1:A1", "T0000:R1:A2", "T0001:R1:A1"]
 
 
 def test_black_box_target_has_unknown_server_and_a_gap(tmp_path):

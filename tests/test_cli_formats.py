@@ -98,3 +98,134 @@ def test_an_error_message_is_never_wrapped_nor_read_as_markup(tmp_path):
         assert res.exit_code == 2, (args, res.output)
         first = res.output.splitlines()[0]
         assert first.startswith("error: ") and str(run) in first, (args, res.output)
+
+
+# ---- tables for people ---------------------------------------------------------------------------
+@pytest.mark.parametrize("value, text", [
+    (273.301666999999, "273.3017"), (0.0123456, "0.01235"), (0.000123456, "1.235e-04"), (2.5, "2.5"),
+    (3, "3"), (100.0, "100"), (-0.5, "-0.5"), (0.0, "0"), (1234567.123456, "1234567.1235")])
+def test_a_table_rounds_floats_to_four_places_four_figures_below_one_scientific_below_a_thousandth(value, text):
+    from inferledger.cli.output import number_text
+
+    assert number_text(value) == text
+
+
+def _drawn(columns, rows, width):
+    from rich.console import Console
+
+    from inferledger.cli.output import print_rows
+
+    con = Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None)
+    print_rows(columns, rows, title="t", con=con)
+    return [line.rstrip() for line in con.file.getvalue().splitlines()]
+
+
+def test_a_table_right_aligns_numbers_and_splits_by_columns_keeping_headers_whole():
+    lines = _drawn(["run_id", "completed_rps", "ttft_p50_ms", "ttft_p99_ms", "goodput_rps"],
+                   [["a", 1.23456, 273.301666999999, None, 0.000123], ["bb", 12, 3.0, 4.5, 0.5],
+                    ["c", 0, 0, 0, 0], ["d", 1, 1, 1, 1]], 60)
+    assert lines == [
+        "t (columns 1–4 of 5)",
+        "┏━━━━━━━━┳━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━┳━━━━━━━━━━━━━┓",
+        "┃ run_id ┃ completed_rps ┃ ttft_p50_ms ┃ ttft_p99_ms ┃",
+        "┡━━━━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━━━━━━━┩",
+        "│ a      │        1.2346 │    273.3017 │        NULL │",
+        "│ bb     │            12 │           3 │         4.5 │",
+        "│ c      │             0 │           0 │           0 │",
+        "│ d      │             1 │           1 │           1 │",
+        "└────────┴───────────────┴─────────────┴─────────────┘",
+        "t (columns 5–5 of 5)",
+        "┏━━━━━━━━┳━━━━━━━━━━━━━┓",
+        "┃ run_id ┃ goodput_rps ┃",
+        "┡━━━━━━━━╇━━━━━━━━━━━━━┩",
+        "│ a      │   1.230e-04 │",
+        "│ bb     │         0.5 │",
+        "│ c      │           0 │",
+        "│ d      │           1 │",
+        "└────────┴─────────────┘"]
+
+
+def test_a_few_wide_rows_are_drawn_one_line_per_column():
+    assert _drawn(["run_id", "completed_rps", "ttft_p50_ms"], [["a", 1.23456, None]], 30) == [
+        "t",
+        "┏━━━━━━━━━━━━━━━┳━━━━━━━━┓",
+        "┃ column        ┃ row 1  ┃",
+        "┡━━━━━━━━━━━━━━━╇━━━━━━━━┩",
+        "│ run_id        │ a      │",
+        "│ completed_rps │ 1.2346 │",
+        "│ ttft_p50_ms   │ NULL   │",
+        "└───────────────┴────────┘"]
+
+
+def test_piped_query_output_keeps_its_full_width_and_csv_its_full_values(book_run):
+    sql = "select 273.301666999999::double as a_rather_long_column_name_one, 0.5::double as " \
+          "a_rather_long_column_name_two, 'x' as a_rather_long_column_name_three"
+    res = CliRunner().invoke(app, ["query", str(book_run), sql], env={"COLUMNS": None})
+    assert res.exit_code == 0, res.output
+    assert "│ 273.3017 │" not in res.output  # the value fits its long header's column, right-aligned:
+    assert "│                      273.3017 │                           0.5 │ x                               │" \
+        in res.output.splitlines()
+    assert max(map(len, res.output.splitlines())) > 80
+    assert _run("query", book_run, sql, "--format", "csv").splitlines()[1] == "273.301666999999,0.5,x"
+
+
+def test_version_and_h_on_every_command():
+    from importlib.metadata import version
+
+    assert _run("--version") == f"inferledger {version('inferledger')}\n"
+    for name in ("query", "capture", "serve", "predict", "summary", "reconstruct", "report", "study", "demo"):
+        assert f" {name} [OPTIONS]" in _run(name, "-h")
+
+
+def test_serve_capture_and_predict_share_the_engines_batch_limit_default():
+    from inferledger.collectors.capture.options import CaptureOptions
+    from inferledger.engine.params import EngineConfig
+
+    import typer
+
+    commands = typer.main.get_command(app).commands
+    assert {name: next(p.default for p in commands[name].params if p.name == "max_num_seqs")
+            for name in ("serve", "capture", "predict")} == {"serve": 16, "capture": 16, "predict": 16}
+    assert CaptureOptions().max_num_seqs == EngineConfig().max_num_seqs == 16
+
+
+def test_predict_help_keeps_its_bracketed_phrase():
+    assert "(ranges as [low, high])" in " ".join(_run("predict", "--help").replace("│", " ").split())
+
+
+def test_the_demos_closing_hint_runs_as_pasted():
+    from inferledger.cli.cmd_demo import next_steps
+
+    assert next_steps(".venv/bin/inferledger", "runs/demo 1").splitlines()[0] == (
+        "  .venv/bin/inferledger query 'runs/demo 1' \"select client_status, server_status, count(*) from accounts "
+        "group by all\"")
+
+
+def test_the_recorded_vllm_capture_reconstructs_as_the_readme_says(tmp_path):
+    sample = E0.parent / "peers" / "vllm-0.32-cpu"
+    res = CliRunner().invoke(app, ["reconstruct", str(sample)])
+    assert res.exit_code == 2 and res.stderr.splitlines() == [
+        f"{sample} is a recorded capture (raw evidence), not a run; join it into one first:",
+        f"  inferledger import --from vllm-recording {sample} -o runs/vllm-0.32-cpu",
+        "  inferledger reconstruct runs/vllm-0.32-cpu"]
+    assert not (sample / "ledger.duckdb").exists()
+    _run("import", "--from", "vllm-recording", sample, "-o", tmp_path / "vllm")
+    out = json.loads(_run("reconstruct", tmp_path / "vllm", "--format", "json"))
+    assert (out["ledger"]["n_attempts"], out["ledger"]["n_tasks"]) == (43, 40)
+
+
+def test_serve_refuses_a_busy_port_before_loading_the_model(monkeypatch):
+    import socket
+
+    from inferledger.engine import loader
+
+    def never(*a, **k):
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(loader, "load_model", never)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = CliRunner().invoke(app, ["serve", "--port", str(port)], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}: Address already in use" in res.output

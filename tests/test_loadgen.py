@@ -135,6 +135,17 @@ def test_replay_plans_exactly_the_file_offsets(tmp_path):
         _workload(tmp_path, arrivals={"process": "replay", "file": "bad.txt"})
 
 
+def test_an_open_loops_concurrency_caps_the_tasks_in_flight(tmp_path):
+    # 12 arrivals at 2000/s all land while the first are still streaming: without the cap all 12 overlap
+    transport = FakeTransport(delays={f"T{i:04d}": 0.03 for i in range(12)})
+    _run(_workload(tmp_path, arrivals={"rate_rps": 2000.0, "n_tasks": 12}), transport)
+    assert transport.max_in_flight == 12
+    transport = FakeTransport(delays={f"T{i:04d}": 0.03 for i in range(12)})
+    client, rows = _run(_workload(tmp_path, arrivals={"rate_rps": 2000.0, "n_tasks": 12, "concurrency": 3}),
+                        transport)
+    assert transport.max_in_flight == 3 and client.result.completed == 12
+
+
 def test_closed_loop_never_exceeds_n_in_flight(tmp_path):
     wl = _workload(tmp_path, arrivals={"process": "closed", "concurrency": 3, "n_tasks": 12, "think_ms": 1})
     rng = random.Random(5)

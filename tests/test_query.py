@@ -217,3 +217,17 @@ def test_cli_import_strict_and_lenient(tmp_path):
     assert "events" in res.stdout and (tmp_path / "run" / "gaps.parquet").exists()
     res = runner.invoke(app, ["import", str(archive), "--out", str(tmp_path / "run")])
     assert res.exit_code == 2 and "already holds a run" in res.stderr
+
+
+def test_a_glob_leaves_out_runs_without_a_ledger_with_one_warning_line(runs):
+    (runs / "r2").mkdir()  # captured, not reconstructed yet
+    res = runner.invoke(app, ["query", str(runs / "*"), "select run_id, count(*) as n from attempts group by 1 "
+                              "order by 1", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout == "run_id,n\nr0,2\nr1,3\n"
+    assert res.stderr == (f"warning: 1 run(s) without a ledger left out (build with `inferledger reconstruct RUN`): "
+                          f"{runs / 'r2'}\n")
+    with pytest.raises(LedgerError, match=r"no run folder with a ledger.duckdb \(run `inferledger reconstruct`"):
+        open_ledger(str(runs / "r2*"))
+    with pytest.raises(LedgerError, match="r2 has no ledger.duckdb"):  # named alone, it must have one
+        open_ledger(runs / "r2")

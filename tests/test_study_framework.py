@@ -108,3 +108,44 @@ def test_the_command_refuses_an_unknown_study_with_exit_2():
     res = CliRunner().invoke(app, ["study", "no-such-study"])
     assert res.exit_code == 2
     assert "no study named 'no-such-study'" in res.output
+
+
+def test_summary_and_reconstruct_take_a_study_folder_per_run_and_the_comparison(tmp_path):
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    out = tmp_path / "s"
+    run_study(_study(), out)
+    runner = CliRunner()
+    res = runner.invoke(app, ["summary", str(out), "--table", "accounts", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    doc = _json.loads(res.stdout)
+    assert list(doc) == ["cancel_release.accounts", "preemption.accounts", "comparison.key", "comparison.runs"]
+    assert doc["comparison.key"] == [{"run": "cancel_release", "e2e_server_ms": 1017.0},
+                                     {"run": "preemption", "e2e_server_ms": 892.0}]
+    res = runner.invoke(app, ["summary", str(out)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "cancel_release" in res.stdout and "server E2E per run" in res.stdout
+    # reconstruct: each run's ledger again; this study is not one the command knows, so its comparison stays
+    (out / "runs" / "preemption" / "ledger.duckdb").unlink()
+    res = runner.invoke(app, ["reconstruct", str(out), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert [b["run"] for b in _json.loads(res.stdout)["ledgers"]] == ["cancel_release", "preemption"]
+    assert (out / "runs" / "preemption" / "ledger.duckdb").exists()
+    res = runner.invoke(app, ["reconstruct", str(out)], env={"COLUMNS": "200"})
+    assert "the comparison was left as it was (study 'e0-pair': not one this version knows)" in res.stdout
+
+
+def test_a_known_study_gets_its_comparison_again_from_the_rebuilt_ledgers(tmp_path):
+    from inferledger.studies.framework import rebuild_study
+
+    out = tmp_path / "s"
+    run_study(_study(), out)
+    (out / "comparison.json").unlink()
+    seen = []
+    tables = rebuild_study(out, _study(), on_run=lambda name, summary: seen.append((name, summary.n_attempts)))
+    assert seen == [("cancel_release", 1), ("preemption", 1)]
+    assert tables[0].rows == [["cancel_release", 1017.0], ["preemption", 892.0]]
+    assert read_comparison(out)["key"]["rows"] == [["cancel_release", 1017.0], ["preemption", 892.0]]

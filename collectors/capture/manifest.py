@@ -97,7 +97,7 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
     manifest = {
         "source": "inferledger capture",
         "target": {"kind": "embedded" if server else "url", "url": url},
-        "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec,
+        "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec, "taskset": wl.taskset,
                      "arrivals": wl.process, "n_tasks": wl.n_tasks, "classes": dict(classes),
                      "requests": sum(len(p.requests) for p in plans),
                      **({"trace": wl.trace.summary} if wl.trace else {})},  # what was done to the trace's rows
@@ -115,7 +115,7 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
                    "loop_lag_trace_every": trace_every, "client_bound": client_bound,
                    "client_bound_rule": f"event-loop lag p99 > {CLIENT_BOUND_LAG_MS} ms",
                    "pacing_error_ms": result.pacing_summary(), "switch_interval_s": switch_interval_s,
-                   "result": result.counts()},
+                   "result": result.counts(), "warmups": prep.warmups},
         "clock_mappings": [m.__dict__ for m in mappings],
         "clock_mappings_failed": [f.__dict__ for f in failed],
         "system_under_test": {

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferledger.collectors.evidence.engine_evidence import EvidenceOptions
+from inferledger.engine.params import EngineConfig
 from inferledger.serve import DRAIN_TIMEOUT_S
 
 
@@ -18,12 +19,13 @@ class CaptureOptions:
     target: str = "embedded"  # "embedded" (serve the engine in this process on loopback) or a base URL
     separate_clocks: bool = False  # the client on a clock of its own, mapped by round trips to /clock
     # the embedded engine
-    max_num_seqs: int = 8
+    max_num_seqs: int = EngineConfig.max_num_seqs  # the engine's own default, as `serve` and `predict`
     model: str | Path | None = None  # a GGUF file or HF folder (None: $INFERLEDGER_MODEL, else the bundled one)
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     engine_config: dict = field(default_factory=dict)  # further EngineConfig fields
     drain_timeout_s: float = DRAIN_TIMEOUT_S  # after the load: what requests in flight get to finish
     microbenchmarks: bool = True  # measure the device before the load (manifest `device_params`)
+    warmups: int = 0  # requests sent before the run is opened: no attempts, no events (collectors/capture/warmup.py)
     # a URL target
     served_model: str | None = None  # the model name to request (None: the first of its /v1/models)
     api_key: str | None = None

@@ -25,6 +25,7 @@ from inferledger.collectors.capture.speed_probe import probe_throughput
 from inferledger.collectors.capture.steps import Driven, Live, Prepared
 from inferledger.collectors.load.loadgen import LoadClient, LoadResult
 from inferledger.collectors.load.prompt_tokenizer import load_tokenizer
+from inferledger.collectors.capture.warmup import warm_up
 from inferledger.collectors.workload import Workload
 from inferledger.collectors.rundir.writer import AUTOFLUSH_S, RunWriter
 from inferledger.probes.probe import Probe, WallMapping, host_id, mono_clock
@@ -141,7 +142,8 @@ def _prepare(wl: Workload, options: CaptureOptions, bundle) -> Prepared:
     source = str(options.prediction) if given is not None else "no file given (capture --prediction)"
     if given is None and options.embedded:
         given, source = own_prediction(wl, bundle.identity, device_params, limits["max_num_seqs"])
-    return Prepared(wl, bundle, tokenizer, plans, calibration, device_params, given, source)
+    warmups = warm_up(options.warmups, plans, wl, options, bundle)  # before anything is recorded
+    return Prepared(wl, bundle, tokenizer, plans, calibration, device_params, given, source, warmups)
 
 
 def _open_run(out: Path, prep: Prepared, options: CaptureOptions) -> tuple[Live, dict]:
@@ -151,9 +153,9 @@ def _open_run(out: Path, prep: Prepared, options: CaptureOptions) -> tuple[Live,
     engine_clock = mono_clock(host)
     client_clock = f"client-mono:{host}" if options.separate_clocks else engine_clock
     head = {"source": SOURCE, "state": "running", "target": options.target_entry(),
-            "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec,
+            "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec, "taskset": wl.taskset,
                          **({"trace": wl.trace.summary} if wl.trace else {})},
-            **({"slo": wl.slo} if wl.slo else {}), "client": {"clock": client_clock},
+            **({"slo": wl.slo} if wl.slo else {}), "client": {"clock": client_clock, "warmups": prep.warmups},
             "host": {"name": host, "platform": platform.platform(), "python": platform.python_version()}}
     head["device_params"] = prep.device_params
     # registered before the server exists: every event of the run comes after it

@@ -6,7 +6,7 @@ measurements, the prediction to register). `Live`: the run's recording parts whi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +30,7 @@ class Prepared:
     device_params: dict  # the manifest's `device_params`, measured or skipped
     prediction: bytes | None  # the prediction to register (a given file, else the capture's own)
     prediction_source: str  # where it came from, or why there is none
+    warmups: dict = field(default_factory=lambda: {"n": 0})  # the warm-ups sent before the run opened
 
 
 @dataclass

@@ -30,6 +30,12 @@ from inferledger.probes.run_folder import MANIFEST_FILE, Manifest
 CLIENT_SOURCES = ("client", "checker", "tool")
 
 
+def is_recording(path: str | Path) -> bool:
+    """A recorded sample (raw evidence for `rejoin`), not yet a run directory."""
+    path = Path(path)
+    return (path / "client" / "events.parquet").is_file() and (path / "otlp").is_dir() and not (path / "events").exists()
+
+
 def record(run_dir: str | Path, sample_dir: str | Path) -> None:
     """Keep a capture's raw evidence as a sample: client-side events only, the OTLP and scrape files."""
     run_dir, sample_dir = Path(run_dir), Path(sample_dir)

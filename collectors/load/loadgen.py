@@ -128,6 +128,21 @@ class _Req:
     retry_after_s: float | None = None  # the server asked to wait this long before a retry
 
 
+def request_params(plan: TaskPlan, w: Workload) -> dict:
+    """The sampling parameters a task's requests are sent with (its class's, else the workload's)."""
+    c = plan.cls
+    params = {"max_tokens": c.max_tokens or w.max_tokens, "temperature": w.temperature}
+    if c.ignore_eos if c.ignore_eos is not None else w.ignore_eos:
+        params["ignore_eos"] = True
+    return params
+
+
+def first_messages(req: RequestPlan) -> list[dict]:
+    """A task's first request's messages (the system message, when the plan has one, and the user's)."""
+    return ([{"role": "system", "content": req.system}] if req.system is not None else []) + \
+        [{"role": "user", "content": req.user}]
+
+
 class LoadClient:
     def __init__(self, workload: Workload, transport: Transport, probe: Probe, *, plans: list[TaskPlan] | None = None,
                  tokenizer=None, on_task_done=None) -> None:
@@ -166,9 +181,15 @@ class LoadClient:
 
             await asyncio.gather(*(worker() for _ in range(self.w.concurrency)))
         else:
+            cap = asyncio.Semaphore(self.w.max_concurrency) if self.w.max_concurrency else None
+
             async def arrive(plan: TaskPlan, planned: int) -> None:
                 await self._sleep_until(planned)
-                await self._task(plan, planned)
+                if cap is None:
+                    await self._task(plan, planned)
+                    return
+                async with cap:  # a task past the cap starts late; its pacing error shows by how much
+                    await self._task(plan, planned)
 
             await asyncio.gather(*(arrive(p, start + round(off * 1e9)) for p, off in zip(self.plans, offsets)))
         await self._drain()
@@ -238,9 +259,7 @@ class LoadClient:
     async def _request(self, plan: TaskPlan, req: RequestPlan, messages: list[dict], planned_ns: int, kind: str,
                        deadline_ns: int) -> _Req:
         c, w = plan.cls, self.w
-        params = {"max_tokens": c.max_tokens or w.max_tokens, "temperature": w.temperature}
-        if c.ignore_eos if c.ignore_eos is not None else w.ignore_eos:
-            params["ignore_eos"] = True
+        params = request_params(plan, w)
         out = _Req("error")
         for k in range(1, plan.max_attempts + 1):
             # injected faults hit first attempts: a timeout the task's first request, a cancellation its

@@ -15,6 +15,33 @@ from .schema import Inject, TaskClass, parse
 from .tasks import Question, load_questions
 from .trace_plans import TraceSource
 
+# The bundled samples (the repository's samples/, beside the installed package in an editable install,
+# as `make demo` and `make test` install it): a copied sample workload finds its task set here.
+SAMPLES_DIR = Path(__file__).resolve().parents[2] / "samples"
+TASKS_DIR = SAMPLES_DIR / "tasks"
+
+
+def taskset_path(base: Path, file: str, where: str) -> Path:
+    """The task set a workload names: beside the workload file (relative to `base`), else a bundled
+    task set of that name (a sample workload copied elsewhere); a ValueError naming both places."""
+    given = base / file
+    if given.is_file():
+        return given
+    bundled = TASKS_DIR / Path(file).name
+    if not Path(file).is_absolute() and bundled.is_file():
+        return bundled
+    raise ValueError(f"{where}: [taskset].file: {file!r} is neither at {given} nor a bundled task set "
+                     f"({bundled})")
+
+
+def read_spec(path: Path) -> tuple[bytes, dict]:
+    """A workload file's bytes and its parsed TOML, or a ValueError naming the file."""
+    try:
+        raw = path.read_bytes()
+        return raw, tomllib.loads(raw.decode())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read workload ({exc})") from exc
+
 
 @dataclass
 class Workload:
@@ -46,22 +73,20 @@ class Workload:
     inject: Inject
     classes: list[TaskClass]
     questions: list[Question]
+    max_concurrency: int | None = None  # open loop: at most this many tasks in flight (a late one waits)
     calibrate_tok_s: float | None = None  # [arrivals]: scale open-loop arrivals by measured/this engine speed
     slo: dict = field(default_factory=dict)  # [slo] ttft_ms / tpot_ms / e2e_ms that were declared
     tokenizer: str | None = None  # [prompt] tokenizer; None: the target's (embedded) or the bundled one
     trace: TraceSource | None = None  # process = 'trace': the rows replayed (their arrivals and tasks)
     spec: dict = field(default_factory=dict)  # the file as parsed, for the manifest
+    taskset: dict = field(default_factory=dict)  # the task-set file used: path and sha256, for the manifest
     sha256: str = ""  # of the workload file, its task set, replay file or trace: the run's input identity
     path: str | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> "Workload":
         path = Path(path)
-        try:
-            raw = path.read_bytes()
-            spec = tomllib.loads(raw.decode())
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise ValueError(f"{path}: cannot read workload ({exc})") from exc
+        raw, spec = read_spec(path)
         wl = cls.from_dict(spec, base=path.parent, where=str(path), default_name=path.stem, extra_bytes=raw)
         wl.path = str(path)
         return wl
@@ -73,9 +98,10 @@ class Workload:
         base = Path(base)
         f = parse(spec, where)
         blobs = [extra_bytes or json.dumps(spec, sort_keys=True).encode()]
-        taskpath = base / f.taskset.file
+        taskpath = taskset_path(base, f.taskset.file, where)
         questions = load_questions(taskpath)
         blobs.append(taskpath.read_bytes())
+        taskset = {"path": str(taskpath), "sha256": hashlib.sha256(blobs[-1]).hexdigest()}
         a = f.arrivals
         replay_ms = None
         if a.process == "replay":
@@ -101,6 +127,7 @@ class Workload:
             name=f.name if f.name is not None else default_name, seed=f.seed, process=a.process, n_tasks=n_tasks,
             rate_rps=a.rate_rps, cv2=a.cv2, replay_ms=replay_ms, speed=a.speed,
             concurrency=a.concurrency if a.concurrency is not None else 1, think_ms=a.think_ms,
+            max_concurrency=a.concurrency if a.process != "closed" else None,
             deadline_ms=f.contract.deadline_ms, on_missing=f.contract.on_missing, timeout_ms=f.client.timeout_ms,
             max_attempts=f.client.max_attempts, backoff_ms=f.client.backoff_ms,
             backoff_max_ms=f.client.backoff_max_ms, jitter=f.client.jitter,
@@ -108,7 +135,7 @@ class Workload:
             drain_s=f.client.drain_s, max_tokens=f.generation.max_tokens, temperature=f.generation.temperature,
             ignore_eos=f.generation.ignore_eos if f.generation.ignore_eos is not None else trace is not None,
             calibrate_tok_s=a.calibrate_tok_s, inject=f.inject, classes=classes, questions=questions,
-            tokenizer=f.prompt.tokenizer, trace=trace, spec=spec,
+            tokenizer=f.prompt.tokenizer, trace=trace, spec=spec, taskset=taskset,
             slo=f.slo.model_dump(exclude_none=True), sha256=hashlib.sha256(b"".join(blobs)).hexdigest())
 
     # ---- what the client runs ------------------------------------------------------------------
