@@ -1,5 +1,5 @@
 -- The causes of delay, per attempt, defined once: every attempt's cause times (ms, disjoint stretches of
--- its timeline) in the TEMP table attempt_causes, which run_diagnosis aggregates; slo_misses keeps its
+-- its timeline) in attempt_causes, which run_diagnosis aggregates; slo_misses keeps its
 -- late attempts (a missed deadline, a client timeout, or a declared SLO threshold exceeded) with the
 -- dominant cause (docs/LEDGER.md "slo_misses"). For an attempt whose engine figures an engine reported
 -- (a span, docs/LEDGER.md "Reported evidence"), the span sees no engine step: interference, stalls and
@@ -11,8 +11,39 @@
 --        quantile_linear
 -- creates: attempt_causes, slo_misses, slo_misses_gaps
 
--- every attempt's cause times; `late` marks the ones slo_misses keeps and run_diagnosis diagnoses
-CREATE OR REPLACE TEMP TABLE attempt_causes AS
+-- @table attempt_causes: one row per attempt: the time each cause of delay took (disjoint stretches of
+--   its timeline, ms), the one definition slo_misses and run_diagnosis read (docs/LEDGER.md "slo_misses")
+-- @column task_id: the attempt's task
+-- @column client_status: as attempts.client_status
+-- @column late: it missed its task's deadline (late or timed out) or exceeded a declared SLO threshold
+-- @column missed: what it missed, comma-separated: deadline, timeout, slo_ttft, slo_tpot, slo_e2e ('' when none)
+-- @column deadline_ms: the task's deadline (NULL without one)
+-- @column done_since_reference_ms: as request_metrics.done_since_reference_ms
+-- @column client_queue_ms: the client's own queue (client_queue intervals); NULL without client events
+-- @column server_queue_ms: request_metrics.queue_ms; NULL without engine events
+-- @column prefill_interference_ms: this attempt's decode steps' time charged to other attempts' prefill
+--   tokens; NULL without steps, or when a span reported the engine side
+-- @column preemption_ms: its preempted and recompute intervals; NULL without engine events
+-- @column decode_stall_ms: engine gaps beyond twice the attempt's median gap, less what preemption,
+--   interference and contention explain (its most stalled choice's); NULL as prefill_interference_ms
+-- @column host_contention_ms: Σ over the steps holding it of its share of the step × the step's
+--   steps.contention_ms (time the step waited for a CPU); NULL when one step's contention is unknown
+-- @column transport_ms: ttft_client_ms − ttft_server_ms (at most e2e_client_ms − e2e_server_ms, the
+--   client's time outside the server's span), less client_ms, beyond the clock mappings' epsilon (≥ 0);
+--   NULL without both TTFTs and both E2Es
+-- @column client_ms: the client's own event-loop lag while it held the attempt (samples
+--   client_loop_lag_ms, every wake traced), at most the TTFT difference transport_ms starts from; NULL when unknown
+-- @column spec_rejected_ms: its decode step time × rejected drafted tokens / (drafted tokens + rounds);
+--   0 without speculative rounds
+-- @column dominant_cause: its largest cause: server_queue, client_queue, prefill_interference,
+--   preemption, decode_stall, host_contention, transport, client, spec_rejected (prefill, decode where a
+--   span reported the engine side); unknown when a queue, interference, stall, preemption or transport
+--   cause that applies is unknown; NULL when every cause is measured and 0
+-- @column prefill_ms: request_metrics.prefill_ms (NULL without server evidence)
+-- @column decode_ms: request_metrics.decode_ms (NULL without server evidence)
+-- @column cause_evidence: observed (our engine's probes), reported (a span) or simulated (a run on the
+--   simulated clock): request_metrics.server_evidence; NULL without server evidence
+CREATE OR REPLACE TABLE attempt_causes AS
 WITH base AS (
   SELECT a.attempt_id, a.task_id, a.client_status, r.done_since_reference_ms, c.deadline_ms, r.queue_ms,
          r.prefill_ms, r.decode_ms, r.ttft_client_ms, r.ttft_server_ms, r.e2e_client_ms, r.e2e_server_ms, r.uplink_eps_ms, r.downlink_first_eps_ms,
@@ -111,8 +142,8 @@ WITH base AS (
               WHEN link_ms IS NOT NULL THEN greatest(link_ms - link_eps_ms, 0) END AS transport_ms
   FROM causes
 )
-SELECT attempt_id, task_id, client_status, late, missed, deadline_ms, done_since_reference_ms,
-       client_queue_ms, server_queue_ms, prefill_interference_ms, preemption_ms, decode_stall_ms,
+SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, late, missed, deadline_ms,
+       done_since_reference_ms, client_queue_ms, server_queue_ms, prefill_interference_ms, preemption_ms, decode_stall_ms,
        host_contention_ms, transport_ms, client_ms, spec_rejected_ms,
        CASE WHEN cause_evidence = 'reported' THEN
          CASE WHEN client_queue_ms IS NULL OR server_queue_ms IS NULL OR prefill_ms IS NULL
@@ -147,40 +178,29 @@ SELECT attempt_id, task_id, client_status, late, missed, deadline_ms, done_since
        CASE WHEN cause_evidence IS NOT NULL THEN prefill_ms END AS prefill_ms,
        CASE WHEN cause_evidence IS NOT NULL THEN decode_ms END AS decode_ms,
        cause_evidence
-FROM linked;
+FROM linked ORDER BY attempt_id;
 
--- @table slo_misses: one row per late attempt: a task deadline missed or timed out, or a declared SLO
---   threshold exceeded, with the time each cause took (disjoint stretches of its timeline) and the
---   dominant one (docs/LEDGER.md "slo_misses")
+-- @table slo_misses: one row per late attempt (attempt_causes.late): a task deadline missed or timed
+--   out, or a declared SLO threshold exceeded, with the time each cause took and the dominant one
+--   (docs/LEDGER.md "slo_misses")
 -- @column task_id: the attempt's task
 -- @column client_status: as attempts.client_status (completed late, or timeout)
--- @column missed: what it missed, comma-separated: deadline, timeout, slo_ttft, slo_tpot, slo_e2e
+-- @column missed: as attempt_causes.missed
 -- @column deadline_ms: the task's deadline (NULL when only an SLO threshold was missed)
 -- @column done_since_reference_ms: as request_metrics.done_since_reference_ms
--- @column client_queue_ms: the client's own queue (client_queue intervals); NULL without client events
--- @column server_queue_ms: request_metrics.queue_ms; NULL without engine events
--- @column prefill_interference_ms: this attempt's decode steps' time charged to other attempts' prefill
---   tokens; NULL without steps, or when a span reported the engine side
--- @column preemption_ms: its preempted and recompute intervals; NULL without engine events
--- @column decode_stall_ms: engine gaps beyond twice the attempt's median gap, less what preemption,
---   interference and contention explain (its most stalled choice's); NULL as prefill_interference_ms
--- @column host_contention_ms: Σ over the steps holding it of its share of the step × the step's
---   steps.contention_ms (time the step waited for a CPU); NULL when one step's contention is unknown
--- @column transport_ms: ttft_client_ms − ttft_server_ms (at most e2e_client_ms − e2e_server_ms, the
---   client's time outside the server's span), less client_ms, beyond the clock mappings' epsilon (≥ 0);
---   NULL without both TTFTs and both E2Es
--- @column client_ms: the client's own event-loop lag while it held the attempt (samples
---   client_loop_lag_ms, every wake traced), at most the TTFT difference transport_ms starts from; NULL when unknown
--- @column spec_rejected_ms: its decode step time × rejected drafted tokens / (drafted tokens + rounds);
---   0 without speculative rounds
--- @column dominant_cause: the largest cause: server_queue, client_queue, prefill_interference,
---   preemption, decode_stall, host_contention, transport, client, spec_rejected (prefill, decode where a
---   span reported the engine side); unknown when a queue, interference, stall, preemption or transport
---   cause that applies is unknown; NULL when every cause is measured and 0
--- @column prefill_ms: request_metrics.prefill_ms (NULL without server evidence)
--- @column decode_ms: request_metrics.decode_ms (NULL without server evidence)
--- @column cause_evidence: observed (our engine's probes), reported (a span) or simulated (a run on the
---   simulated clock): request_metrics.server_evidence; NULL without server evidence
+-- @column client_queue_ms: as attempt_causes.client_queue_ms
+-- @column server_queue_ms: as attempt_causes.server_queue_ms
+-- @column prefill_interference_ms: as attempt_causes.prefill_interference_ms
+-- @column preemption_ms: as attempt_causes.preemption_ms
+-- @column decode_stall_ms: as attempt_causes.decode_stall_ms
+-- @column host_contention_ms: as attempt_causes.host_contention_ms
+-- @column transport_ms: as attempt_causes.transport_ms
+-- @column client_ms: as attempt_causes.client_ms
+-- @column spec_rejected_ms: as attempt_causes.spec_rejected_ms
+-- @column dominant_cause: as attempt_causes.dominant_cause
+-- @column prefill_ms: as attempt_causes.prefill_ms
+-- @column decode_ms: as attempt_causes.decode_ms
+-- @column cause_evidence: as attempt_causes.cause_evidence
 CREATE OR REPLACE TABLE slo_misses AS
 SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, missed, deadline_ms,
        done_since_reference_ms, client_queue_ms, server_queue_ms, prefill_interference_ms, preemption_ms,
