@@ -116,8 +116,8 @@ WITH base AS (
          CASE WHEN l.has_engine AND b.cause_evidence IS DISTINCT FROM 'reported' THEN coalesce(s.ms, 0) END
            AS decode_stall_ms,
          CASE WHEN l.has_engine THEN coalesce(p.ms, 0) END AS preemption_ms,
-         CASE WHEN b.cause_evidence IS DISTINCT FROM 'reported' THEN
-           CASE WHEN l.has_steps THEN h.ms WHEN l.has_engine THEN 0 END END AS host_contention_ms,
+         -- contention lives in the steps: without them it is unknown, never 0
+         CASE WHEN l.has_steps AND b.cause_evidence IS DISTINCT FROM 'reported' THEN h.ms END AS host_contention_ms,
          -- the client / server TTFT difference, at most the client's time outside the server's span (a
          -- first chunk the server held back is not the link's): the client's own lag explains what it
          -- can, the rest beyond the clock mappings' epsilon is transport
@@ -208,14 +208,14 @@ SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, miss
        prefill_ms, decode_ms, cause_evidence
 FROM attempt_causes WHERE late ORDER BY attempt_id;
 
--- @gaps: an attempt whose host contention is unknown (a step holding it without contention_ms) or whose
+-- @gaps: an attempt whose host contention is unknown (no steps, or a step holding it without contention_ms) or whose
 --   client delay is unknown (no full trace of the client's event-loop lag).
 CREATE OR REPLACE TEMP TABLE slo_misses_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO slo_misses_gaps
 SELECT 'attempt', attempt_id, 'host_contention_ms',
-       'steps.contention_ms for every step holding the attempt (the engine thread''s run-queue wait)',
-       'a step holding this attempt does not say how long it waited for a CPU: its host contention is unknown'
-FROM attempt_causes WHERE late AND host_contention_ms IS NULL AND prefill_interference_ms IS NOT NULL
+       'step events with steps.contention_ms for every step holding the attempt (the engine thread''s run-queue wait)',
+       'no step holding this attempt says how long it waited for a CPU: its host contention is unknown'
+FROM attempt_causes WHERE late AND host_contention_ms IS NULL AND server_queue_ms IS NOT NULL
 UNION ALL
 SELECT 'attempt', attempt_id, 'client_ms, transport_ms',
        'a trace of every wake of the client''s event loop (samples client_loop_lag_ms, manifest client.loop_lag_trace_every = 1)',
