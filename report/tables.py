@@ -71,7 +71,7 @@ def verdict_requests(rv: RunView) -> list[dict]:
     return out
 
 
-def _against(measured, low, high) -> tuple[str, float | None]:
+def against_range(measured, low, high) -> tuple[str, float | None]:
     """met / above / below the predicted range, and by how much (% of the edge it passed)."""
     if measured is None or low is None or high is None:
         return "unknown", None
@@ -93,7 +93,7 @@ def verdict_prediction(rv: RunView) -> list[dict]:
                   "ORDER BY class, prompt_tokens")
     for cls, prompt, n, *vals in rows:
         for figure, (measured, low, high) in (("ttft", vals[0:3]), ("tpot", vals[3:6])):
-            verdict, off = _against(num(measured), num(low), num(high))
+            verdict, off = against_range(num(measured), num(low), num(high))
             out.append({"class": cls, "prompt_tokens": prompt, "n_attempts": n, "figure": figure,
                         "measured_p50_ms": num(measured), "predicted_low_ms": num(low), "predicted_high_ms": num(high),
                         "verdict": verdict, "off_pct": off})

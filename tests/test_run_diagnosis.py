@@ -112,3 +112,43 @@ def test_littles_law_compares_two_measurements(tmp_path):
     assert m["attempted_rps"] == m["arrival_rps"] == pytest.approx(20.0)
     assert m["mean_time_in_system_s"] == pytest.approx(0.1)
     assert m["little_rel_err"] == pytest.approx(0.5 / 1.5)
+
+
+def test_the_summary_opens_with_the_verdict(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.report.tables import against_range
+
+    run = tmp_path / "r"
+    build_run(run, _queued_then_interfered()).close()
+    res = CliRunner().invoke(app, ["summary", str(run), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert list(out)[:3] == ["verdict_time", "verdict_prediction", "verdict_cause"]
+    # one completed request with a client E2E (70 ms): it is the p50 and the p99 request; queue 40 (client
+    # queue 0), prefill 50 − 40, decode 70 − 50, contention and the client's delay unknown, transport 0
+    assert out["verdict_time"] == [
+        {"request": q, "attempt_id": "A1", "e2e_layer": "client", "e2e_ms": 70.0, "queue_ms": 40.0, "prefill_ms": 10.0,
+         "decode_ms": 20.0, "contention_ms": None, "transport_ms": 0.0, "client_ms": None} for q in ("p50", "p99")]
+    assert out["verdict_prediction"] == []  # nothing registered
+    assert out["verdict_cause"] == {"diagnosed": "late", "n_attempts": 1, "n_late": 1, "first_cause": "server_queue",
+                                    "first_cause_share": pytest.approx(0.8), "evidence": _row_evidence(run)}
+    res = CliRunner().invoke(app, ["summary", str(run)], env={"COLUMNS": "200"})
+    first = res.output.splitlines()
+    assert first[0].startswith("Verdict: where the time went")
+    assert any(ln.startswith("first cause of SLO misses: server_queue 80% — server_queue: 40.0 ms") for ln in first)
+    # the prediction's verdict: inside the range is met; outside, by how much past the edge it passed
+    assert against_range(12.0, 5.0, 10.0) == ("missed: above", pytest.approx(20.0))
+    assert against_range(4.0, 5.0, 10.0) == ("missed: below", pytest.approx(-20.0))
+    assert against_range(7.0, 5.0, 10.0) == ("met", 0.0)
+    assert against_range(None, 5.0, 10.0) == ("unknown", None)
+
+
+def _row_evidence(run) -> str:
+    import duckdb
+
+    with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as con:
+        return con.execute("SELECT evidence FROM run_diagnosis WHERE scope = 'run'").fetchone()[0]
