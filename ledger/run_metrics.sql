@@ -174,7 +174,7 @@ INSERT INTO run_metrics_gaps
 SELECT 'run', NULL, 'offered_rps, run_diagnosis point rows',
        'an open-loop workload with a planned rate (manifest workload.arrivals poisson or gamma, [arrivals] rate_rps)',
        'the run has no planned arrival rate (a closed loop offers what it completes): offered_rps is unknown'
-WHERE getvariable('offered_rps') IS NULL AND EXISTS (SELECT 1 FROM window_bounds WHERE has_client)
+WHERE getvariable('offered_rps') IS NULL AND EXISTS (SELECT 1 FROM window_bounds WHERE t0 IS NOT NULL)
 UNION ALL
 SELECT 'run', NULL, 'gpu_s_per_good', 'device.step events on a CUDA clock (a GPU run)',
        'the run has no device time: engine_s_per_good counts engine step time instead'
