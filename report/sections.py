@@ -265,7 +265,9 @@ def diagnosis(rv, page, p: str) -> str:
     if rv.has("slo_misses"):
         cols, rows, n = rd.table_rows(rv, "slo_misses", limit=300)
         cause = next((c for c in cols if c == "cause"), next((c for c in cols if "cause" in c), None))
-        causes_ms = [c for c in cols if c.endswith("_ms") and c not in ("deadline_ms", "done_since_reference_ms")]
+        # the causes' columns (an attempt's own prefill and decode work is not a cause)
+        causes_ms = [c for c in cols if c.endswith("_ms")
+                     and c not in ("deadline_ms", "done_since_reference_ms", "prefill_ms", "decode_ms")]
         plots = ""
         if cause:
             by = rv.all(f'SELECT "{cause}", count(*) FROM slo_misses GROUP BY 1 ORDER BY 2 DESC, 1')
