@@ -152,3 +152,33 @@ def _row_evidence(run) -> str:
 
     with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as con:
         return con.execute("SELECT evidence FROM run_diagnosis WHERE scope = 'run'").fetchone()[0]
+
+
+def test_rejected_drafts_are_time_in_the_verify_step(tmp_path):
+    """A1 (deadline 20 ms): prefill 0 -> 10, then one speculative round (4 drafted, 1 accepted) verified in
+    step 2 (10 -> 30, 5 tokens: the drafts and one more). 3 of its 5 tokens were thrown away: 12 of 20 ms."""
+    eng, content = {"source": "engine"}, {"attrs": {"kinds": ["content"]}}
+    events = [
+        _e("task.start", 0, task="T1", attrs={"deadline_ms": 20}),
+        _e("attempt.created", 0, "A1", task="T1"), _e("attempt.sent", 0, "A1", task="T1"),
+        _e("engine.enqueued", 0, "A1", **eng), _e("engine.scheduled", 0, "A1", **eng),
+        _e("step.start", 0, step_id=1, source="engine", attrs={"batch": [["A1", "prefill", 10]]}),
+        _e("step.end", 10, step_id=1, source="engine", value=10),
+        _e("engine.token", 10, "A1", step_id=1, value=1, **eng),
+        _e("attempt.chunk", 11, "A1", task="T1", **content),
+        _e("step.start", 10, step_id=2, source="engine", attrs={"batch": [["A1", "decode", 5]]}),
+        _e("step.end", 30, step_id=2, source="engine", value=5),
+        _e("spec.round", 30, "A1", step_id=2, attrs={"drafted": 4, "accepted": 1, "forward_passes": 1}, **eng),
+        _e("engine.token", 30, "A1", step_id=2, value=2, **eng),
+        _e("engine.finished", 30, "A1", value=3, attrs={"reason": "stop"}, **eng),
+        _e("attempt.chunk", 31, "A1", task="T1", **content),
+        _e("attempt.done", 31, "A1", task="T1", attrs={"finish_reason": "stop"}),
+    ]
+    con = build_run(tmp_path / "r", events)
+    got = dict_rows(con, "SELECT spec_rejected_ms, transport_ms, dominant_cause FROM slo_misses")[0]
+    # transport: client TTFT 11 − server TTFT 10 = 1 ms (client E2E 31 − server E2E 30 = 1 ms)
+    assert got == {"spec_rejected_ms": pytest.approx(12.0), "transport_ms": pytest.approx(1.0),
+                   "dominant_cause": "spec_rejected"}
+    row = _row(con)
+    assert (row["first_cause"], row["spec_rejected_share"], row["transport_share"]) == \
+        ("spec_rejected", pytest.approx(12 / 13), pytest.approx(1 / 13))
