@@ -182,3 +182,13 @@ def test_rejected_drafts_are_time_in_the_verify_step(tmp_path):
     row = _row(con)
     assert (row["first_cause"], row["spec_rejected_share"], row["transport_share"]) == \
         ("spec_rejected", pytest.approx(12 / 13), pytest.approx(1 / 13))
+
+
+def test_a_declared_slo_threshold_makes_an_attempt_late_without_a_deadline(tmp_path):
+    events = [e for e in _queued_then_interfered() if e["name"] != "task.start"]  # no task, no deadline
+    con = build_run(tmp_path / "r", events, manifest={"slo": {"e2e_ms": 60}})
+    # client E2E 70 ms > 60 ms: late by the SLO alone, and diagnosed as in the deadline case
+    assert dict_rows(con, "SELECT attempt_id, missed, deadline_ms, dominant_cause FROM slo_misses") == \
+        [{"attempt_id": "A1", "missed": "slo_e2e", "deadline_ms": None, "dominant_cause": "server_queue"}]
+    row = _row(con)
+    assert (row["diagnosed"], row["n_late"], row["server_queue_share"]) == ("late", 1, pytest.approx(0.8))
