@@ -254,14 +254,20 @@ def linear_kernel(rs: list[dict]) -> str:
 
 def study_load(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
-    rows = [[p["run"], fmt(p["offered_per_s"], ".3f"), fmt(p["completed_per_s"], ".3f"), fmt(p["goodput_per_s"], ".3f"),
-             fmt(p["good_share"]), f"{fmt(p['little_l_ratio'], '.2f')} / {fmt(p['little_lambda_w_ratio'], '.2f')}",
-             fmt(p["ttft_p50_ms"], ".0f"), fmt(p["e2e_p99_ms"], ".0f"), fmt(p["queue_share"]), fmt(p["kv_peak_share"]),
-             p["preemptions"], fmt(p["mixed_step_share"])] for p in f["points"]]
+    common = [[p["run"], fmt(p["offered_per_s"], ".3f"), fmt(p["completed_per_s"], ".3f"), fmt(p["goodput_per_s"], ".3f"),
+               fmt(p["good_share"]), f"{fmt(p['little_l_ratio'], '.2f')} / {fmt(p['little_lambda_w_ratio'], '.2f')}",
+               fmt(p["ttft_p50_ms"], ".0f"), fmt(p["e2e_p99_ms"], ".0f")] for p in f["points"]]
+    head = ["run", "offered req/s", "completed req/s", "goodput req/s", "good share", "Little L / λW", "TTFT p50 ms",
+            "E2E p99 ms"]
+    if "first_cause_share" in f["points"][0]:  # the point's diagnosis (run_diagnosis)
+        rows = [c + [p["first_cause"] or DASH, fmt(p["first_cause_share"])] for c, p in zip(common, f["points"])]
+        head += ["first cause", "its share of the delay"]
+    else:  # results recorded before the study read run_diagnosis: its own indicators
+        rows = [c + [fmt(p["queue_share"]), fmt(p["kv_peak_share"]), p["preemptions"], fmt(p["mixed_step_share"])]
+                for c, p in zip(common, f["points"])]
+        head += ["queue share", "KV peak share", "preemptions", "mixed-step share"]
     measured = f"{fmt(f['study_wall_s'], '.0f')} s; {f['first_cause']}"
-    return (table(["run", "offered req/s", "completed req/s", "goodput req/s", "good share", "Little L / λW",
-                   "TTFT p50 ms", "E2E p99 ms", "queue share", "KV peak share", "preemptions", "mixed-step share"],
-                  rows)
+    return (table(head, rows)
             + f"\n\n{f['capacity_note']}\n\n"
             + targets([{"target": "the knee found and its first cause named within 600 s", "measured": measured,
                         "met": f["target_met"]}]))

@@ -39,17 +39,19 @@ def main(argv=None) -> int:
     tables = {t.name: t for t in res.tables}
     load, knee = tables["load"], tables["knee"]
     points = [dict(zip(load.columns, row)) for row in load.rows]
-    knee_rps, knee_multiple, sentence = knee.rows[0]
+    knee_rps, knee_multiple, _, _, _, sentence = knee.rows[0]
     figures = {
         "study_wall_s": round(wall, 2), "capacity_note": load.note,
         "points": [{"run": p["run"], "multiple_ratio": None if p["multiple"] is None else float(p["multiple"]),
                     "offered_per_s": p["offered_rps"],
-                    "arrival_per_s": p["arrival_rps"], "completed_per_s": p["completed_rps"],
+                    "attempted_per_s": p["attempted_rps"], "completed_per_s": p["completed_rps"],
                     "goodput_per_s": p["goodput_rps"], "good_share": p["good_share"],
                     "little_l_ratio": p["little_l"], "little_lambda_w_ratio": p["little_lambda_w"],
-                    "ttft_p50_ms": p["ttft_p50_ms"], "e2e_p99_ms": p["e2e_p99_ms"], "queue_share": p["queue_share"],
-                    "kv_peak_share": p["kv_peak_share"], "preemptions": p["preemptions"],
-                    "mixed_step_share": p["mixed_step_share"]} for p in points],
+                    "little_rel_err_ratio": p["little_rel_err"],
+                    "ttft_p50_ms": p["ttft_p50_ms"], "e2e_p99_ms": p["e2e_p99_ms"], "first_cause": p["first_cause"],
+                    "first_cause_share": p["first_cause_share"],
+                    **{c: p[c] for c in load.columns if c.endswith("_share") and c != "first_cause_share"}}
+                   for p in points],
         "knee_per_s": knee_rps, "knee_multiple_ratio": None if knee_multiple is None else float(knee_multiple),
         "first_cause": sentence,
         "target_met": wall <= TARGET_S and knee_rps is not None and "first cause:" in sentence}

@@ -23,14 +23,18 @@ def summary_cmd(
 ) -> None:
     """Print the summary of a run's ledger without rebuilding it.
 
-    Sections: latency per observation layer, the four accounts, the run's figures (good results,
+    Sections, the verdict first: where the median and the p99 request's time went (queue, prefill,
+    decode, contention, transport, client), the registered prediction met or missed per request class,
+    the first cause of the run's delay with its share and evidence (run_diagnosis); then latency per
+    observation layer, the four accounts, the run's figures (good results,
     goodput, token rates, energy per good result), other tools' definitions of the same names
     (peer_views), for a run imported from a load tool ([bold]inferledger import --from
     aiperf|vllm-bench|guidellm[/]) the tool's own TTFT / ITL / TPOT / E2E beside ours on the same
     requests and the engine's with the reason they differ (peers), deadline misses by cause, ghost
     load, stream checks and the gap register's size. Unknown figures are null, never 0.
 
-    Examples: [cyan]inferledger summary runs/a1 --table peers --format csv[/];
+    Examples: [cyan]inferledger summary runs/r1 --table verdict_cause[/];
+    [cyan]inferledger summary runs/a1 --table peers --format csv[/];
     [cyan]inferledger summary runs/r1 --format json | jq .run.goodput_rps[/]
     """
     from inferledger.cli.output import console, echo_rows, echo_sections, fail, section_rows

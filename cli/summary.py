@@ -1,6 +1,7 @@
 """The terminal summary of a ledger, drawn with rich from report/summary.py's sections.
 
-Printed by `reconstruct`, `summary` and `demo`; the numbers are the sections' (ledger tables only).
+Printed by `reconstruct`, `summary` and `demo`, the verdict first; the numbers are the sections'
+(ledger tables only).
 An unknown figure prints as "unknown" with what the gap register says it needs, never as a number.
 """
 from __future__ import annotations
@@ -64,6 +65,52 @@ def _peers(rows: list[dict]) -> Table:
     return t
 
 
+def _where_time_went(rows: list[dict]) -> Table:
+    from inferledger.report.tables import WHERE_TIME_WENT
+
+    t = Table(title=f"Verdict: where the time went (ms; the request nearest the {rows[0]['e2e_layer']} E2E p50 / p99)",
+              title_justify="left")
+    for col in ("request", "attempt", "E2E", *(name.removesuffix("_ms") for name, _ in WHERE_TIME_WENT)):
+        t.add_column(col, justify="left" if col in ("request", "attempt") else "right")
+    for r in rows:
+        t.add_row(r["request"], r["attempt_id"], _fmt(r["e2e_ms"]), *(_fmt(r[name]) for name, _ in WHERE_TIME_WENT))
+    return t
+
+
+def _prediction_lines(rows: list[dict]) -> list[str]:
+    lines = []
+    for r in rows:
+        what = f"prediction {r['class']} ({r['prompt_tokens']} prompt tokens) {r['figure'].upper()}"
+        if r["verdict"] == "unknown":
+            lines.append(f"{what}: [yellow]unknown[/] (no measured median or no predicted range)")
+            continue
+        got = (f"median {_fmt(r['measured_p50_ms'])} ms against {_fmt(r['predicted_low_ms'])}–"
+               f"{_fmt(r['predicted_high_ms'])} ms")
+        off = "" if r["verdict"] == "met" else f" by {abs(r['off_pct']):.0f} %" if r["off_pct"] is not None else ""
+        style = "green" if r["verdict"] == "met" else "red"
+        lines.append(f"{what}: [{style}]{r['verdict']}{off}[/] ({got})")
+    return lines
+
+
+def _cause_line(c: dict) -> str:
+    if c["diagnosed"] is None:
+        return "first cause: [yellow]unknown[/] (this ledger has no run_diagnosis)"
+    if c["first_cause"] is None:
+        return f"first cause: none measured ({c['evidence']})"
+    what = "first cause of SLO misses" if c["diagnosed"] == "late" else "largest cause of delay (no request was late)"
+    return f"{what}: [bold]{c['first_cause']}[/] {c['first_cause_share']:.0%} — {c['evidence']}"
+
+
+def _verdict(sec: dict, console: Console, want) -> None:
+    if want("verdict_time") and sec["verdict_time"]:
+        console.print(_where_time_went(sec["verdict_time"]))
+    if want("verdict_prediction"):
+        for line in _prediction_lines(sec["verdict_prediction"]):
+            console.print(line)
+    if want("verdict_cause"):
+        console.print(_cause_line(sec["verdict_cause"]))
+
+
 def _unknown(what: str, needs: str | None) -> str:
     return f"{what}: [yellow]unknown[/]" + (f" — needs {needs}" if needs else "")
 
@@ -98,6 +145,7 @@ def print_sections(sec: dict, console: Console, only: str | None = None) -> None
     def want(name: str) -> bool:
         return only is None or only == name
 
+    _verdict(sec, console, want)
     if want("latency"):
         console.print(_latency(sec["latency"]))
     if want("accounts"):
@@ -111,7 +159,7 @@ def print_sections(sec: dict, console: Console, only: str | None = None) -> None
     if want("peers") and imported:
         console.print(_peers(imported))
     if want("slo_misses") and sec["slo_misses"]:
-        console.print("deadline misses by dominant cause: " + ", ".join(
+        console.print("late requests by dominant cause: " + ", ".join(
             f"{r['dominant_cause'] or 'none measured'} {r['n']}" for r in sec["slo_misses"]))
     ghost = sec["ghost"]
     if want("ghost") and ghost["ghost_attempts"]:

@@ -7,7 +7,7 @@
 -- scope: rollup
 -- reads: attempts_gaps, choice_metrics_gaps, critical_path_gaps, energy_gaps, energy_shares_gaps,
 --        figures_gaps, kv_holding_gaps, latency_gaps, layers_gaps, load_gaps, marks_gaps, peer_views_gaps,
---        prediction_check_gaps, reported_gaps, request_model_gaps, run_metrics_gaps, step_fit_gaps,
+--        prediction_check_gaps, reported_gaps, request_model_gaps, run_diagnosis_gaps, run_metrics_gaps, slo_misses_gaps, step_fit_gaps,
 --        step_model_gaps, steps_gaps, streams_gaps, window_gaps, gaps_file
 -- creates: gaps
 
@@ -39,7 +39,9 @@ WITH declared AS (
   UNION ALL SELECT 'prediction_check', * FROM prediction_check_gaps
   UNION ALL SELECT 'reported', * FROM reported_gaps
   UNION ALL SELECT 'request_model', * FROM request_model_gaps
+  UNION ALL SELECT 'run_diagnosis', * FROM run_diagnosis_gaps
   UNION ALL SELECT 'run_metrics', * FROM run_metrics_gaps
+  UNION ALL SELECT 'slo_misses', * FROM slo_misses_gaps
   UNION ALL SELECT 'step_fit', * FROM step_fit_gaps
   UNION ALL SELECT 'step_model', * FROM step_model_gaps
   UNION ALL SELECT 'steps', * FROM steps_gaps

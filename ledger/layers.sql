@@ -13,7 +13,8 @@ CREATE OR REPLACE TEMP TABLE layers_gaps (scope VARCHAR, subject_id VARCHAR, aff
 INSERT INTO layers_gaps
 SELECT 'run', NULL, 'ttft_client_ms, e2e_client_ms, tpot_ms, client_status, good; run_metrics n_good, n_completed, '
                   || 'goodput_rps, completed_rps, output_tokens, output_tok_s, prompt_tokens, total_tok_s, '
-                  || 'computed_tok_s, arrival_rps, mean_in_system; reconciliation completed, cancelled, timed_out, '
+                  || 'computed_tok_s, attempted_rps, arrival_rps, mean_in_system, little_rel_err; reconciliation completed, '
+                  || 'cancelled, timed_out, '
                   || 'errored, ghost_attempts, ghost_ms, ghost_tokens',
        'client events (capture with the inferledger client, or import the client''s trace)',
        'the run has no client events'

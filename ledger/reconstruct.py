@@ -50,9 +50,12 @@ def _run_id(manifest: Manifest, run_dir: Path, url: str | None = None) -> str:
 
 
 def run_variables(manifest: Manifest, run_id: str) -> dict:
-    """The SQL variables every stage reads (`getvariable`): the run id, the KV block size, the SLO."""
+    """The SQL variables every stage reads (`getvariable`): the run id, the KV block size, the SLO, the
+    planned arrival rate and how often the client's loop-lag trace kept a wake."""
     slo = manifest.slo
     return {"run_id": (run_id, "VARCHAR"), "kv_block_bytes": (manifest.kv_block_bytes, "BIGINT"),
+            "offered_rps": (manifest.offered_rps, "DOUBLE"),
+            "client_lag_every": (manifest.block("client").get("loop_lag_trace_every"), "BIGINT"),
             **{f"slo_{k}": (slo.get(k), "DOUBLE") for k in SLO_KEYS}}
 
 

@@ -5,7 +5,7 @@
 --
 -- scope: rollup
 -- reads: window_bounds, request_metrics, attempts, marks, ev, steps, window_energy, power_check,
---        kv_integral, step_attribution, sum_if_known
+--        kv_integral, step_attribution, sum_if_known, clock_conv
 -- creates: run_metrics, run_metrics_gaps
 -- @table run_metrics: one row per run: its figures over the observation window (docs/LEDGER.md
 --   "run_metrics")
@@ -30,10 +30,15 @@
 -- @column total_tok_s: (prompt + output tokens) / t_obs_s: the peers' total token throughput (cached
 --   prompt tokens counted as if computed)
 -- @column computed_tok_s: (prefill tokens computed + output tokens) / t_obs_s: the work the engine did
--- @column mean_in_system: Σ client_span_ms / t_obs_s, the time-averaged attempts in the client's system
--- @column arrival_rps: attempts with a client span per second of the window (Little's law: arrival_rps
---   × mean_time_in_system_s against mean_in_system)
--- @column mean_time_in_system_s: mean client_span_ms, s
+-- @column mean_in_system: the attempts in the client's system (created, else sent → the client's
+--   terminal, else the window's end) integrated over the window / t_obs_s: Little's L, measured
+-- @column offered_rps: the workload's planned arrival rate, req/s (manifest workload: Poisson or gamma
+--   arrivals, after calibration); NULL for a closed loop or a replay, with a gap
+-- @column attempted_rps: attempts sent (attempt.sent) per second of the window: Little's λ
+-- @column arrival_rps: attempted_rps, under its former name
+-- @column mean_time_in_system_s: mean client_span_ms over the attempts with a client terminal, s: Little's W
+-- @column little_rel_err: |mean_in_system − attempted_rps × mean_time_in_system_s| / mean_in_system: two
+--   independent measurements of one law
 -- @column planned_arrivals: tasks with an arrival.planned event
 -- @column engine_busy_s: Σ engine step time (step.start → step.end), s
 -- @column engine_s_per_good: engine_busy_s / n_good
@@ -67,11 +72,21 @@ WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), 
          CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE client_status = 'completed') END AS n_completed,
          count(*) FILTER (WHERE good IS NULL) AS n_unjudged
   FROM request_metrics JOIN attempts USING (attempt_id)
+), spans AS (  -- each attempt in the client's system, on the window's clock (NULL where no mapping reaches it)
+  SELECT m.attempt_id, m.sent IS NOT NULL AS sent, coalesce(m.created, m.sent).ns + cs.offset_ns AS s,
+         CASE WHEN m.client_end IS NULL THEN (SELECT t1 FROM window_bounds) ELSE m.client_end.ns + ce.offset_ns END AS e
+  FROM marks m
+  LEFT JOIN clock_conv cs ON cs.from_clock = coalesce(m.created, m.sent).clock AND cs.to_clock = (SELECT clock FROM window_bounds)
+  LEFT JOIN clock_conv ce ON ce.from_clock = m.client_end.clock AND ce.to_clock = (SELECT clock FROM window_bounds)
+  WHERE coalesce(m.created, m.sent) IS NOT NULL
 ), little AS (
-  SELECT CASE WHEN (SELECT has_client FROM window_bounds) THEN sum(client_span_ms) / 1e3 END AS busy_s,
-         avg(client_span_ms) / 1e3 AS w_s,
-         CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) END AS n
-  FROM request_metrics WHERE client_span_ms IS NOT NULL
+  -- L: the attempts in flight integrated over the window (each span clipped to it); λ: attempts sent;
+  -- W: the mean client span of the attempts that ended. Three separate measurements.
+  SELECT CASE WHEN (SELECT has_client FROM window_bounds) AND count(*) = count(s) AND count(*) = count(e)
+              THEN coalesce(sum(greatest(least(e, w.t1) - greatest(s, w.t0), 0)), 0) / 1e9 END AS in_system_s,
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE sent) END AS n_sent,
+         (SELECT avg(client_span_ms) / 1e3 FROM request_metrics WHERE client_span_ms IS NOT NULL) AS w_s
+  FROM spans, window_bounds w
 ), arrivals AS (
   SELECT count(DISTINCT task_id) AS n FROM ev WHERE name = 'arrival.planned'
 ), engine AS (
@@ -119,10 +134,14 @@ SELECT getvariable('run_id') AS run_id,
   -- what the engine computed (prefill chunks, recomputation included, and output tokens)
   (tok.prompt_tokens + tok.output_tokens) / win.t_div AS total_tok_s,
   (tok.prefill_tokens_computed + tok.output_tokens) / win.t_div AS computed_tok_s,
-  -- Little's law: mean number in system (time-averaged) against arrival rate × mean time in system
-  little.busy_s / win.t_div AS mean_in_system,
-  little.n / win.t_div AS arrival_rps,
+  -- Little's law: mean number in system (time-averaged) against attempted rate × mean time in system
+  little.in_system_s / win.t_div AS mean_in_system,
+  getvariable('offered_rps') AS offered_rps,
+  little.n_sent / win.t_div AS attempted_rps,
+  little.n_sent / win.t_div AS arrival_rps,
   little.w_s AS mean_time_in_system_s,
+  abs(little.in_system_s / win.t_div - little.n_sent / win.t_div * little.w_s) / nullif(little.in_system_s / win.t_div, 0)
+    AS little_rel_err,
   arrivals.n AS planned_arrivals,
   engine.busy_s AS engine_busy_s,
   CASE WHEN counts.n_good > 0 THEN engine.busy_s / counts.n_good END AS engine_s_per_good,
@@ -148,10 +167,15 @@ LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'gpu_energy_mj' AND NOT in
 LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_package_energy_uj' AND NOT invalid) cpu ON true
 LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_dram_energy_uj' AND NOT invalid) dram ON true;
 
--- @gaps: no device time; a completed attempt without a token count or without its engine prompt counts
+-- @gaps: no planned arrival rate (a closed loop, a replay, or a manifest that does not say); no device time; a completed attempt without a token count or without its engine prompt counts
 --   (the run's sums are unknown).
 CREATE OR REPLACE TEMP TABLE run_metrics_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO run_metrics_gaps
+SELECT 'run', NULL, 'offered_rps, run_diagnosis point rows',
+       'an open-loop workload with a planned rate (manifest workload.arrivals poisson or gamma, [arrivals] rate_rps)',
+       'the run has no planned arrival rate (a closed loop offers what it completes): offered_rps is unknown'
+WHERE getvariable('offered_rps') IS NULL AND EXISTS (SELECT 1 FROM window_bounds WHERE t0 IS NOT NULL)
+UNION ALL
 SELECT 'run', NULL, 'gpu_s_per_good', 'device.step events on a CUDA clock (a GPU run)',
        'the run has no device time: engine_s_per_good counts engine step time instead'
 WHERE NOT EXISTS (SELECT 1 FROM ev WHERE name = 'device.step') AND EXISTS (SELECT 1 FROM steps)

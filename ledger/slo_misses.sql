@@ -1,42 +1,60 @@
--- SLO misses: attempts of a task with a deadline that finished late or timed out, with the time each
--- cause took (ms) and the dominant one (docs/LEDGER.md "slo_misses"). For an attempt whose engine
--- figures an engine reported (a span, docs/LEDGER.md "Reported evidence"), the span sees no engine step:
--- interference and stalls are unknown, and the dominant cause is the largest of the phases the span
--- and the client measure.
+-- The causes of delay, per attempt, defined once: every attempt's cause times (ms, disjoint stretches of
+-- its timeline) in attempt_causes, which run_diagnosis aggregates; slo_misses keeps its
+-- late attempts (a missed deadline, a client timeout, or a declared SLO threshold exceeded) with the
+-- dominant cause (docs/LEDGER.md "slo_misses"). For an attempt whose engine figures an engine reported
+-- (a span, docs/LEDGER.md "Reported evidence"), the span sees no engine step: interference, stalls and
+-- contention are unknown, and the dominant cause is the largest of the phases the span and the client
+-- measure.
 --
 -- scope: task
--- reads: attempts, request_metrics, contracts, intervals, step_attribution, ev_tok, quantile_linear
--- creates: slo_misses
+-- reads: attempts, request_metrics, contracts, intervals, step_attribution, steps, ev_tok, marks, samples,
+--        quantile_linear
+-- creates: attempt_causes, slo_misses, slo_misses_gaps
 
--- @table slo_misses: one row per attempt of a task with a deadline that finished late or timed out,
---   with the time each cause took (disjoint stretches of its timeline) and the dominant one
---   (docs/LEDGER.md "slo_misses")
+-- @table attempt_causes: one row per attempt: the time each cause of delay took (disjoint stretches of
+--   its timeline, ms), the one definition slo_misses and run_diagnosis read (docs/LEDGER.md "slo_misses")
 -- @column task_id: the attempt's task
--- @column client_status: as attempts.client_status (completed late, or timeout)
--- @column deadline_ms: the task's deadline
+-- @column client_status: as attempts.client_status
+-- @column late: it missed its task's deadline (late or timed out) or exceeded a declared SLO threshold
+-- @column missed: what it missed, comma-separated: deadline, timeout, slo_ttft, slo_tpot, slo_e2e ('' when none)
+-- @column deadline_ms: the task's deadline (NULL without one)
 -- @column done_since_reference_ms: as request_metrics.done_since_reference_ms
 -- @column client_queue_ms: the client's own queue (client_queue intervals); NULL without client events
 -- @column server_queue_ms: request_metrics.queue_ms; NULL without engine events
 -- @column prefill_interference_ms: this attempt's decode steps' time charged to other attempts' prefill
 --   tokens; NULL without steps, or when a span reported the engine side
--- @column decode_stall_ms: engine gaps beyond twice the attempt's median gap, less what preemption and
---   interference explain (its most stalled choice's); NULL as prefill_interference_ms
 -- @column preemption_ms: its preempted and recompute intervals; NULL without engine events
--- @column transfer_client_ms: client E2E − server E2E (≥ 0), for a response the client received whole
--- @column dominant_cause: the largest cause: server_queue, client_queue, prefill_interference,
---   decode_stall, preemption, transfer_client (prefill, decode where a span reported the engine side);
---   unknown when a cause that applies is unknown; NULL when every cause is measured and 0
+-- @column decode_stall_ms: engine gaps beyond twice the attempt's median gap, less what preemption,
+--   interference and contention explain (its most stalled choice's); NULL as prefill_interference_ms
+-- @column host_contention_ms: Σ over the steps holding it of its share of the step × the step's
+--   steps.contention_ms (time the step waited for a CPU); NULL when one step's contention is unknown
+-- @column transport_ms: ttft_client_ms − ttft_server_ms (at most e2e_client_ms − e2e_server_ms, the
+--   client's time outside the server's span), less client_ms, beyond the clock mappings' epsilon (≥ 0);
+--   NULL without both TTFTs and both E2Es
+-- @column client_ms: the client's own event-loop lag while it held the attempt (samples
+--   client_loop_lag_ms, every wake traced), at most the TTFT difference transport_ms starts from; NULL when unknown
+-- @column spec_rejected_ms: its decode step time × rejected drafted tokens / (drafted tokens + rounds);
+--   0 without speculative rounds
+-- @column dominant_cause: its largest cause: server_queue, client_queue, prefill_interference,
+--   preemption, decode_stall, host_contention, transport, client, spec_rejected (prefill, decode where a
+--   span reported the engine side); unknown when a queue, interference, stall, preemption or transport
+--   cause that applies is unknown; NULL when every cause is measured and 0
 -- @column prefill_ms: request_metrics.prefill_ms (NULL without server evidence)
 -- @column decode_ms: request_metrics.decode_ms (NULL without server evidence)
 -- @column cause_evidence: observed (our engine's probes), reported (a span) or simulated (a run on the
 --   simulated clock): request_metrics.server_evidence; NULL without server evidence
-CREATE OR REPLACE TABLE slo_misses AS
-WITH missed AS (
+CREATE OR REPLACE TABLE attempt_causes AS
+WITH base AS (
   SELECT a.attempt_id, a.task_id, a.client_status, r.done_since_reference_ms, c.deadline_ms, r.queue_ms,
-         r.prefill_ms, r.decode_ms, r.e2e_client_ms, r.e2e_server_ms, r.uplink_ms,
-         r.server_evidence AS cause_evidence
-  FROM attempts a JOIN request_metrics r USING (attempt_id) JOIN contracts c ON c.task_id = a.task_id
-  WHERE c.deadline_ms IS NOT NULL AND (r.on_time = false OR a.client_status = 'timeout')
+         r.prefill_ms, r.decode_ms, r.ttft_client_ms, r.ttft_server_ms, r.e2e_client_ms, r.e2e_server_ms, r.uplink_eps_ms, r.downlink_first_eps_ms,
+         r.spec_rounds, r.spec_drafted_tokens, r.spec_accepted_tokens, r.server_evidence AS cause_evidence,
+         concat_ws(',',
+           CASE WHEN c.deadline_ms IS NOT NULL AND r.on_time = false THEN 'deadline' END,
+           CASE WHEN c.deadline_ms IS NOT NULL AND a.client_status = 'timeout' THEN 'timeout' END,
+           CASE WHEN r.ttft_client_ms > getvariable('slo_ttft_ms') THEN 'slo_ttft' END,
+           CASE WHEN r.tpot_ms > getvariable('slo_tpot_ms') THEN 'slo_tpot' END,
+           CASE WHEN r.e2e_client_ms > getvariable('slo_e2e_ms') THEN 'slo_e2e' END) AS missed
+  FROM attempts a JOIN request_metrics r USING (attempt_id) LEFT JOIN contracts c ON c.task_id = a.task_id
 ), client_queue AS (
   SELECT attempt_id, sum(dur_ms) AS ms FROM intervals WHERE stream = 'client' AND name = 'client_queue' GROUP BY 1
 ), preempt AS (
@@ -46,76 +64,160 @@ WITH missed AS (
   SELECT me.attempt_id, sum(o.share_ms) AS ms
   FROM step_attribution me JOIN step_attribution o ON o.step_id = me.step_id AND o.attempt_id <> me.attempt_id
   WHERE me.kind = 'decode' AND o.kind = 'prefill' GROUP BY 1
+), held AS (  -- the CPU wait of each step holding the attempt, apportioned by its share of the step
+  SELECT sa.attempt_id, sa.step_id, sa.share_ms / nullif(sa.step_ms, 0) * st.contention_ms AS ms
+  FROM step_attribution sa JOIN steps st USING (step_id)
+), contention AS (  -- unknown (NULL) as soon as one of its steps' contention is unknown
+  SELECT attempt_id, CASE WHEN count(*) = count(ms) THEN sum(ms) END AS ms FROM held GROUP BY 1
 ), tok_gaps AS (  -- engine gaps between consecutive tokens of one choice, with the step of the later token
   SELECT attempt_id, choice, clock, step_id, ts_ns, prev_ns, (ts_ns - prev_ns) / 1e6 AS gap_ms FROM (
     SELECT attempt_id, choice, clock, step_id, ts_ns,
            lag(ts_ns) OVER (PARTITION BY attempt_id, choice, clock ORDER BY ts_ns, seq) AS prev_ns
-    FROM ev_tok WHERE attempt_id IN (SELECT attempt_id FROM missed))
+    FROM ev_tok WHERE attempt_id IS NOT NULL)
   WHERE prev_ns IS NOT NULL
 ), explained AS (  -- the part of each gap another cause already holds: preemption and recompute time, and
-                   -- the interference charged to the step that produced the later token
+                   -- the interference and CPU wait charged to the step that produced the later token
   SELECT g.attempt_id, g.choice, g.ts_ns,
          coalesce((SELECT sum(greatest(least(g.ts_ns, v.end_ns) - greatest(g.prev_ns, v.start_ns), 0)) / 1e6
                    FROM intervals v WHERE v.attempt_id = g.attempt_id AND v.stream = 'engine' AND v.clock = g.clock
                      AND v.name IN ('preempted', 'recompute')), 0)
          + coalesce((SELECT sum(o.share_ms) FROM step_attribution me JOIN step_attribution o
                        ON o.step_id = me.step_id AND o.attempt_id <> me.attempt_id AND o.kind = 'prefill'
-                     WHERE me.attempt_id = g.attempt_id AND me.step_id = g.step_id AND me.kind = 'decode'), 0) AS ms
+                     WHERE me.attempt_id = g.attempt_id AND me.step_id = g.step_id AND me.kind = 'decode'), 0)
+         + coalesce((SELECT sum(h.ms) FROM held h WHERE h.attempt_id = g.attempt_id AND h.step_id = g.step_id), 0) AS ms
   FROM tok_gaps g
 ), stalls AS (
-  -- engine gaps beyond twice the attempt's median gap, less what preemption and interference explain;
-  -- choices decode in the same steps, so the attempt's stall is its most stalled choice's
+  -- engine gaps beyond twice the attempt's median gap, less what preemption, interference and contention
+  -- explain; choices decode in the same steps, so the attempt's stall is its most stalled choice's
   SELECT attempt_id, max(ms) AS ms FROM (
     SELECT g.attempt_id, g.choice, sum(greatest(g.gap_ms - x.ms - 2 * med.m, 0)) AS ms
     FROM tok_gaps g JOIN explained x USING (attempt_id, choice, ts_ns)
     JOIN (SELECT attempt_id, quantile_linear(gap_ms, 0.5) AS m FROM tok_gaps GROUP BY 1) med USING (attempt_id)
     GROUP BY g.attempt_id, g.choice)
   GROUP BY attempt_id
+), lag_trace AS (  -- the client's event-loop lag, every wake traced (a subsampled trace is no measure)
+  SELECT ts_ns, clock, value FROM samples WHERE metric = 'client_loop_lag_ms' AND getvariable('client_lag_every') = 1
+), client_lag AS (  -- the lag of the client's own loop while it held the attempt (sent -> its terminal)
+  SELECT m.attempt_id, coalesce(sum(l.value), 0) AS ms
+  FROM marks m LEFT JOIN lag_trace l
+    ON l.clock = m.sent.clock AND l.ts_ns > m.sent.ns AND l.ts_ns <= m.client_end.ns
+  WHERE m.sent IS NOT NULL AND m.client_end IS NOT NULL AND EXISTS (SELECT 1 FROM lag_trace)
+  GROUP BY 1
 ), layers AS (  -- which layers saw the attempt: a cause is 0 only where its layer could have seen it
   SELECT attempt_id, client_status IS NOT NULL AS has_client, server_status <> 'unknown' AS has_engine,
          attempt_id IN (SELECT attempt_id FROM step_attribution) AS has_steps
   FROM attempts
 ), causes AS (
-  SELECT m.*,
+  SELECT b.*, b.missed <> '' AS late,
          CASE WHEN l.has_client THEN coalesce(cq.ms, 0) END AS client_queue_ms,
-         CASE WHEN l.has_engine THEN coalesce(m.queue_ms, 0) END AS server_queue_ms,
-         CASE WHEN l.has_steps THEN coalesce(f.ms, 0) END AS prefill_interference_ms,
-         CASE WHEN l.has_engine THEN coalesce(s.ms, 0) END AS decode_stall_ms,
+         CASE WHEN l.has_engine THEN coalesce(b.queue_ms, 0) END AS server_queue_ms,
+         CASE WHEN l.has_steps AND b.cause_evidence IS DISTINCT FROM 'reported' THEN coalesce(f.ms, 0) END
+           AS prefill_interference_ms,
+         CASE WHEN l.has_engine AND b.cause_evidence IS DISTINCT FROM 'reported' THEN coalesce(s.ms, 0) END
+           AS decode_stall_ms,
          CASE WHEN l.has_engine THEN coalesce(p.ms, 0) END AS preemption_ms,
-         -- transfer: only for a response the client received whole; NULL when the server's E2E is unknown
-         CASE WHEN m.e2e_client_ms IS NOT NULL AND m.e2e_server_ms IS NOT NULL
-              THEN greatest(m.e2e_client_ms - m.e2e_server_ms, 0) END AS transfer_client_ms
-  FROM missed m JOIN layers l USING (attempt_id) LEFT JOIN client_queue cq USING (attempt_id)
+         -- contention lives in the steps: without them it is unknown, never 0
+         CASE WHEN l.has_steps AND b.cause_evidence IS DISTINCT FROM 'reported' THEN h.ms END AS host_contention_ms,
+         -- the client / server TTFT difference, at most the client's time outside the server's span (a
+         -- first chunk the server held back is not the link's): the client's own lag explains what it
+         -- can, the rest beyond the clock mappings' epsilon is transport
+         -- (least and greatest skip a NULL in DuckDB: every unknown is spelled out)
+         CASE WHEN b.ttft_client_ms IS NOT NULL AND b.ttft_server_ms IS NOT NULL AND b.e2e_client_ms IS NOT NULL
+                   AND b.e2e_server_ms IS NOT NULL
+              THEN least(b.ttft_client_ms - b.ttft_server_ms, b.e2e_client_ms - b.e2e_server_ms) END AS link_ms,
+         coalesce(b.uplink_eps_ms, 0) + coalesce(b.downlink_first_eps_ms, 0) AS link_eps_ms,
+         cl.ms AS lag_ms,
+         CASE WHEN b.spec_rounds = 0 THEN 0.0 WHEN b.spec_rounds > 0 THEN
+           -- the share of its decode step time spent verifying drafted tokens that were rejected: each
+           -- round verifies its drafted tokens and one more
+           (SELECT sum(share_ms) FROM step_attribution sa WHERE sa.attempt_id = b.attempt_id AND sa.kind = 'decode')
+           * (b.spec_drafted_tokens - b.spec_accepted_tokens) / nullif(b.spec_drafted_tokens + b.spec_rounds, 0) END
+           AS spec_rejected_ms
+  FROM base b JOIN layers l USING (attempt_id) LEFT JOIN client_queue cq USING (attempt_id)
   LEFT JOIN preempt p USING (attempt_id) LEFT JOIN interference f USING (attempt_id) LEFT JOIN stalls s USING (attempt_id)
+  LEFT JOIN contention h USING (attempt_id) LEFT JOIN client_lag cl USING (attempt_id)
+), linked AS (
+  SELECT *, CASE WHEN link_ms IS NOT NULL AND lag_ms IS NOT NULL THEN least(lag_ms, greatest(link_ms, 0)) END AS client_ms,
+         CASE WHEN link_ms IS NOT NULL AND lag_ms IS NOT NULL THEN greatest(link_ms - least(lag_ms, greatest(link_ms, 0)) - link_eps_ms, 0)
+              WHEN link_ms IS NOT NULL THEN greatest(link_ms - link_eps_ms, 0) END AS transport_ms
+  FROM causes
 )
-SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, deadline_ms, done_since_reference_ms,
-       client_queue_ms, server_queue_ms,
-       CASE WHEN cause_evidence IS DISTINCT FROM 'reported' THEN prefill_interference_ms END AS prefill_interference_ms,
-       CASE WHEN cause_evidence IS DISTINCT FROM 'reported' THEN decode_stall_ms END AS decode_stall_ms,
-       preemption_ms, transfer_client_ms,
+SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, late, missed, deadline_ms,
+       done_since_reference_ms, client_queue_ms, server_queue_ms, prefill_interference_ms, preemption_ms, decode_stall_ms,
+       host_contention_ms, transport_ms, client_ms, spec_rejected_ms,
        CASE WHEN cause_evidence = 'reported' THEN
          CASE WHEN client_queue_ms IS NULL OR server_queue_ms IS NULL OR prefill_ms IS NULL
-                   OR (transfer_client_ms IS NULL AND client_status = 'completed') THEN 'unknown'
-              ELSE CASE greatest(client_queue_ms, server_queue_ms, prefill_ms, coalesce(decode_ms, 0), coalesce(transfer_client_ms, 0))
+                   OR (transport_ms IS NULL AND client_status = 'completed') THEN 'unknown'
+              ELSE CASE greatest(client_queue_ms, server_queue_ms, prefill_ms, coalesce(decode_ms, 0),
+                                 coalesce(transport_ms, 0), coalesce(client_ms, 0))
               WHEN 0 THEN NULL
               WHEN server_queue_ms THEN 'server_queue'
               WHEN client_queue_ms THEN 'client_queue'
               WHEN prefill_ms THEN 'prefill'
               WHEN decode_ms THEN 'decode'
-              ELSE 'transfer_client' END END
+              WHEN transport_ms THEN 'transport'
+              ELSE 'client' END END
        WHEN client_queue_ms IS NULL OR server_queue_ms IS NULL OR prefill_interference_ms IS NULL
-                 OR decode_stall_ms IS NULL OR preemption_ms IS NULL
-                 -- a response the client never received whole has no transfer: not applicable, not unknown
-                 OR (transfer_client_ms IS NULL AND client_status = 'completed') THEN 'unknown'
-            ELSE CASE greatest(client_queue_ms, server_queue_ms, prefill_interference_ms, decode_stall_ms, preemption_ms, transfer_client_ms)
+                 OR decode_stall_ms IS NULL OR preemption_ms IS NULL OR (spec_rejected_ms IS NULL AND spec_rounds > 0)
+                 -- a response without a first token at both layers has no transport: not applicable, not unknown
+                 OR (transport_ms IS NULL AND client_status = 'completed') THEN 'unknown'
+            -- host_contention and client rank where measured; unknown, they are named by the gap register
+            ELSE CASE greatest(client_queue_ms, server_queue_ms, prefill_interference_ms, decode_stall_ms, preemption_ms,
+                               coalesce(host_contention_ms, 0), coalesce(transport_ms, 0), coalesce(client_ms, 0),
+                               coalesce(spec_rejected_ms, 0))
             WHEN 0 THEN NULL
             WHEN server_queue_ms THEN 'server_queue'
             WHEN client_queue_ms THEN 'client_queue'
             WHEN prefill_interference_ms THEN 'prefill_interference'
-            WHEN decode_stall_ms THEN 'decode_stall'
             WHEN preemption_ms THEN 'preemption'
-            ELSE 'transfer_client' END END AS dominant_cause,
+            WHEN decode_stall_ms THEN 'decode_stall'
+            WHEN host_contention_ms THEN 'host_contention'
+            WHEN transport_ms THEN 'transport'
+            WHEN client_ms THEN 'client'
+            ELSE 'spec_rejected' END END AS dominant_cause,
        CASE WHEN cause_evidence IS NOT NULL THEN prefill_ms END AS prefill_ms,
        CASE WHEN cause_evidence IS NOT NULL THEN decode_ms END AS decode_ms,
        cause_evidence
-FROM causes ORDER BY attempt_id;
+FROM linked ORDER BY attempt_id;
+
+-- @table slo_misses: one row per late attempt (attempt_causes.late): a task deadline missed or timed
+--   out, or a declared SLO threshold exceeded, with the time each cause took and the dominant one
+--   (docs/LEDGER.md "slo_misses")
+-- @column task_id: the attempt's task
+-- @column client_status: as attempts.client_status (completed late, or timeout)
+-- @column missed: as attempt_causes.missed
+-- @column deadline_ms: the task's deadline (NULL when only an SLO threshold was missed)
+-- @column done_since_reference_ms: as request_metrics.done_since_reference_ms
+-- @column client_queue_ms: as attempt_causes.client_queue_ms
+-- @column server_queue_ms: as attempt_causes.server_queue_ms
+-- @column prefill_interference_ms: as attempt_causes.prefill_interference_ms
+-- @column preemption_ms: as attempt_causes.preemption_ms
+-- @column decode_stall_ms: as attempt_causes.decode_stall_ms
+-- @column host_contention_ms: as attempt_causes.host_contention_ms
+-- @column transport_ms: as attempt_causes.transport_ms
+-- @column client_ms: as attempt_causes.client_ms
+-- @column spec_rejected_ms: as attempt_causes.spec_rejected_ms
+-- @column dominant_cause: as attempt_causes.dominant_cause
+-- @column prefill_ms: as attempt_causes.prefill_ms
+-- @column decode_ms: as attempt_causes.decode_ms
+-- @column cause_evidence: as attempt_causes.cause_evidence
+CREATE OR REPLACE TABLE slo_misses AS
+SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, missed, deadline_ms,
+       done_since_reference_ms, client_queue_ms, server_queue_ms, prefill_interference_ms, preemption_ms,
+       decode_stall_ms, host_contention_ms, transport_ms, client_ms, spec_rejected_ms, dominant_cause,
+       prefill_ms, decode_ms, cause_evidence
+FROM attempt_causes WHERE late ORDER BY attempt_id;
+
+-- @gaps: an attempt whose host contention is unknown (no steps, or a step holding it without contention_ms) or whose
+--   client delay is unknown (no full trace of the client's event-loop lag).
+CREATE OR REPLACE TEMP TABLE slo_misses_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO slo_misses_gaps
+SELECT 'attempt', attempt_id, 'host_contention_ms',
+       'step events with steps.contention_ms for every step holding the attempt (the engine thread''s run-queue wait)',
+       'no step holding this attempt says how long it waited for a CPU: its host contention is unknown'
+FROM attempt_causes WHERE late AND host_contention_ms IS NULL AND server_queue_ms IS NOT NULL
+UNION ALL
+SELECT 'attempt', attempt_id, 'client_ms, transport_ms',
+       'a trace of every wake of the client''s event loop (samples client_loop_lag_ms, manifest client.loop_lag_trace_every = 1)',
+       'the client''s own delay is unknown, so the client / server TTFT difference is all counted as transport'
+FROM attempt_causes WHERE late AND client_ms IS NULL AND transport_ms IS NOT NULL;

@@ -6,7 +6,8 @@
 -- reads: ev
 -- creates: steps, step_attribution, steps_gaps
 CREATE OR REPLACE TEMP TABLE steps AS
-SELECT s.step_id, s.ts_ns AS start_ns, e.ts_ns AS end_ns, s.clock, (e.ts_ns - s.ts_ns) / 1e6 AS step_ms, s.attrs AS start_attrs
+SELECT s.step_id, s.ts_ns AS start_ns, e.ts_ns AS end_ns, s.clock, (e.ts_ns - s.ts_ns) / 1e6 AS step_ms, s.attrs AS start_attrs,
+       NULL::DOUBLE AS contention_ms  -- placeholder: the step's CPU wait, unknown until the step records it
 FROM ev s JOIN ev e ON e.step_id = s.step_id AND e.name = 'step.end' AND e.clock = s.clock
 WHERE s.name = 'step.start';
 

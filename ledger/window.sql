@@ -43,7 +43,7 @@ SELECT (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE min(t) END FROM window_
 CREATE OR REPLACE TEMP TABLE window_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO window_gaps
 SELECT 'run', NULL, 'goodput_rps, completed_rps, vllm_goodput_rps, output_tok_s, total_tok_s, computed_tok_s, '
-                  || 'arrival_rps, mean_in_system',
+                  || 'attempted_rps, arrival_rps, mean_in_system, little_rel_err',
        'a window of positive length (events spread over time)',
        'the observation window has zero length: every rate over it is unknown'
 FROM window_bounds WHERE t1 = t0

@@ -270,6 +270,17 @@ class Manifest:
         return self.block("slo") or (self.block("workload").get("spec") or {}).get("slo") or {}
 
     @property
+    def offered_rps(self) -> float | None:
+        """The planned arrival rate of an open-loop Poisson or gamma workload, req/s, after calibration
+        (None for a closed loop, a replay or trace, or a manifest that does not say)."""
+        workload = self.block("workload")
+        if workload.get("arrivals") not in ("poisson", "gamma"):
+            return None
+        after = self.block("calibration").get("after") or {}
+        rate = after.get("rate_rps", ((workload.get("spec") or {}).get("arrivals") or {}).get("rate_rps"))
+        return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+
+    @property
     def kv_block_bytes(self) -> int | None:
         """Bytes of one KV block, as the engine declared it (None when the run does not say)."""
         per_token = self.block("model").get("kv_bytes_per_token")

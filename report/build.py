@@ -25,10 +25,11 @@ from inferledger.report.page import Page, esc
 
 DETAIL_LIMIT = 300   # attempts drawn as timeline rows; beyond this the timeline shows a sample
 DRILL_LIMIT = 120    # attempts with a drill-down (every event and output time embedded)
-PANELS = (("headline", "Headline"), ("identity", "Identity"), ("timeline", "Timeline"), ("itl", "ITL"),
+# the verdict first; the configuration and identity below the figures
+PANELS = (("verdict", "Verdict"), ("headline", "Headline"), ("timeline", "Timeline"), ("itl", "ITL"),
           ("ttft", "TTFT"), ("kv", "KV blocks"), ("roofline", "Roofline"), ("residuals", "Residuals"),
           ("calibration", "Calibration"), ("prediction", "Prediction"), ("critical", "Critical path"), ("accounts", "Accounts"),
-          ("diagnosis", "Reconciliation"), ("gaps", "Gaps"))
+          ("diagnosis", "Reconciliation"), ("identity", "Identity"), ("gaps", "Gaps"))
 
 
 @dataclass
@@ -46,17 +47,20 @@ def plotly_js() -> str:
     return get_plotlyjs()
 
 
-def run_panels(rv, page: Page, prefix: str, *, detail_limit: int, drill_limit: int, h: dict | None = None) -> str:
-    """Every panel of one run; element ids start with `prefix` so two runs share a page."""
+def run_panels(rv, page: Page, prefix: str, *, detail_limit: int, drill_limit: int, h: dict | None = None,
+               with_verdict: bool = True) -> str:
+    """Every panel of one run, the verdict first (unless the page put it above already); element ids
+    start with `prefix` so two runs share a page."""
     tb = build_timebase(rv.led)
     h = h or headline(rv)
-    parts = [sec.headline(rv, prefix, h), sec.identity(rv, prefix),
+    parts = [sec.verdict(rv, prefix) if with_verdict else "", sec.headline(rv, prefix, h),
              sec.timeline(rv, page, prefix, tb, detail_limit, drill_limit), sec.itl(rv, page, prefix),
              sec.ttft(rv, page, prefix), sec.kv(rv, page, prefix, tb), reported.engine_account(rv, page, prefix, tb),
              msec.roofline(rv, page, prefix), msec.residuals(rv, page, prefix), msec.calibration(rv, page, prefix),
              msec.prediction(rv, prefix),
              sec.critical(rv, page, prefix),
-             sec.accounts(rv, page, prefix), sec.diagnosis(rv, page, prefix), sec.gaps(rv, prefix)]
+             sec.accounts(rv, page, prefix), sec.diagnosis(rv, page, prefix), sec.identity(rv, prefix),
+             sec.gaps(rv, prefix)]
     return "".join(parts)
 
 
@@ -77,11 +81,13 @@ def build_report(run, out=None, *, compare=None, detail_limit: int = DETAIL_LIMI
             body = run_panels(a, page, "a", detail_limit=detail_limit, drill_limit=drill_limit, h=ha)
         else:
             hb = headline(b)
-            page.nav = ([("compare", "Comparison")] + [(f"a-{k}", label) for k, label in PANELS]
-                        + [("b-headline", f"Compared run: {b.name}")])
-            body = (compare_section(page, a, ha, b, hb)
+            page.nav = ([("a-verdict", "Verdict"), ("compare", "Comparison")]
+                        + [(f"a-{k}", label) for k, label in PANELS if k != "verdict"]
+                        + [("b-verdict", f"Compared run: {b.name}")])
+            body = (sec.verdict(a, "a") + compare_section(page, a, ha, b, hb)
                     + f'<h2 class="run">This run: {esc(a.name)}</h2>'
-                    + run_panels(a, page, "a", detail_limit=detail_limit, drill_limit=drill_limit, h=ha)
+                    + run_panels(a, page, "a", detail_limit=detail_limit, drill_limit=drill_limit, h=ha,
+                                 with_verdict=False)
                     + f'<h2 class="run">Compared run: {esc(b.name)}</h2>'
                     + run_panels(b, page, "b", detail_limit=detail_limit, drill_limit=drill_limit, h=hb))
         text = page.render(body, plotly_js())

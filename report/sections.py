@@ -22,6 +22,44 @@ def missing(table: str, what: str) -> str:
             "<code>inferledger reconstruct RUN</code> once it exists).</p>")
 
 
+def verdict(rv, p: str) -> str:
+    """The first screen: where the median and the p99 request's time went, the prediction met or missed
+    per request class, the first cause of the run's delay (report/tables.py reads each from the ledger)."""
+    body = "<h3>Where the time went (ms)</h3>"
+    requests = tables.verdict_requests(rv)
+    if requests:
+        body += note(f"the request whose {requests[0]['e2e_layer']} E2E is nearest the run's p50 and p99 "
+                     "(latency_percentiles); its stretches from attempt_causes: queue = client + server queue, "
+                     "prefill and decode its own work, contention the CPU wait of its steps, transport and the "
+                     "client's own delay", "source")
+        body += table(["request", "attempt", "E2E", *(n.removesuffix("_ms") for n, _ in tables.WHERE_TIME_WENT)],
+                      [[r["request"], r["attempt_id"], fmt(r["e2e_ms"]), *(fmt(r[n]) for n, _ in tables.WHERE_TIME_WENT)]
+                       for r in requests])
+    else:
+        body += note("no request with an E2E time (or a ledger without attempt_causes)")
+    body += "<h3>The prediction, per request class</h3>"
+    pred = tables.verdict_prediction(rv)
+    if pred:
+        body += table(["class", "prompt tokens", "figure", "measured p50 (ms)", "predicted range (ms)", "verdict", "off"],
+                      [[r["class"], r["prompt_tokens"], r["figure"].upper(), fmt(r["measured_p50_ms"]),
+                        f"{fmt(r['predicted_low_ms'])} – {fmt(r['predicted_high_ms'])}", r["verdict"],
+                        "" if r["off_pct"] is None else f"{r['off_pct']:+.0f} %"] for r in pred])
+    else:
+        body += note("no registered prediction (prediction_check has no row)")
+    c = tables.verdict_cause(rv)
+    if c["diagnosed"] is None:
+        cause, sub = "unknown", "this ledger has no run_diagnosis"
+    elif c["first_cause"] is None:
+        cause, sub = "none measured", c["evidence"]
+    else:
+        cause, sub = f"{c['first_cause']} {c['first_cause_share']:.0%}", c["evidence"]
+    what = "first cause of SLO misses" if c["diagnosed"] != "all" else "largest cause of delay (no request was late)"
+    body += (f'<h3>Why</h3><div class="big"><div><span>{esc(what)}</span><b>{esc(cause)}</b>'
+             f'<span>{esc(sub)}</span></div></div>')
+    return section(f"{p}-verdict", "Verdict", body,
+                   "latency_percentiles, attempt_causes, prediction_check, run_diagnosis (scope run)")
+
+
 def identity(rv, p: str) -> str:
     m = rv.manifest
     c = rd.counts(rv)
@@ -227,7 +265,9 @@ def diagnosis(rv, page, p: str) -> str:
     if rv.has("slo_misses"):
         cols, rows, n = rd.table_rows(rv, "slo_misses", limit=300)
         cause = next((c for c in cols if c == "cause"), next((c for c in cols if "cause" in c), None))
-        causes_ms = [c for c in cols if c.endswith("_ms") and c not in ("deadline_ms", "done_since_reference_ms")]
+        # the causes' columns (an attempt's own prefill and decode work is not a cause)
+        causes_ms = [c for c in cols if c.endswith("_ms")
+                     and c not in ("deadline_ms", "done_since_reference_ms", "prefill_ms", "decode_ms")]
         plots = ""
         if cause:
             by = rv.all(f'SELECT "{cause}", count(*) FROM slo_misses GROUP BY 1 ORDER BY 2 DESC, 1')
@@ -242,7 +282,10 @@ def diagnosis(rv, page, p: str) -> str:
         body += f'<div class="scroll">{table(cols, rows)}</div>'
     else:
         body += missing("slo_misses", "the causes of SLO misses")
-    return section(f"{p}-diagnosis", "Reconciliation and SLO misses", body, "reconciliation, slo_misses")
+    if rv.has("run_diagnosis"):
+        cols, rows, _n = rd.table_rows(rv, "run_diagnosis")
+        body += "<h3>The run's diagnosis</h3>" + f'<div class="scroll">{table(cols, rows)}</div>'
+    return section(f"{p}-diagnosis", "Reconciliation and SLO misses", body, "reconciliation, slo_misses, run_diagnosis")
 
 
 def gaps(rv, p: str) -> str:

@@ -1,8 +1,10 @@
 """The terminal summary of a run's ledger as data: named sections of rows, read from ledger tables only.
 
 `inferledger summary` and `reconstruct` print these sections (cli/summary.py draws them with rich;
-`--format csv|json` serialises the same sections). A section is a list of records; `run`, `ghost`
-and `gaps` are one record each. Unknown figures stay None, with the gap register's `needs` beside
+`--format csv|json` serialises the same sections), the verdict first: where the median and the p99
+request's time went (`verdict_time`), the registered prediction met or missed per request class
+(`verdict_prediction`) and the first cause of the run's delay (`verdict_cause`, run_diagnosis). A
+section is a list of records; `verdict_cause`, `run`, `ghost` and `gaps` are one record each. Unknown figures stay None, with the gap register's `needs` beside
 them where a gap names the figure.
 """
 from __future__ import annotations
@@ -15,8 +17,8 @@ COMPARISON_COLUMNS = ("metric", "tool", "imported", "reporter", "tool_n", "tool_
                       "server_n", "server_mean_ms", "server_p50_ms", "server_p99_ms", "reason")
 RUN_COLUMNS = ("t_obs_s", "goodput_rps", "completed_rps", "energy_per_good_j", "vllm_goodput_rps", "slo_ttft_ms",
                "slo_tpot_ms", "slo_e2e_ms", "output_tok_s", "total_tok_s", "computed_tok_s")
-SECTIONS = ("latency", "accounts", "run", "peer_views", "peers", "slo_misses", "ghost", "model", "stream_checks",
-            "gaps")
+SECTIONS = ("verdict_time", "verdict_prediction", "verdict_cause", "latency", "accounts", "run", "peer_views", "peers",
+            "slo_misses", "ghost", "model", "stream_checks", "gaps")
 MODEL_COLUMNS = ("n_steps", "median_bound_share_pct", "n_beats_bound", "dominant_source", "dominant_ms_per_step")
 
 
@@ -72,7 +74,8 @@ def comparison_rows(rv: RunView, *, imported_only: bool = True) -> list[dict]:
 
 def sections(rv: RunView, *, all_tools: bool = False) -> dict:
     """Every section of the summary, in print order (SECTIONS)."""
-    out = {"latency": latency_rows(rv), "accounts": account_rows(rv), "run": run_row(rv),
+    out = {"verdict_time": tables.verdict_requests(rv), "verdict_prediction": tables.verdict_prediction(rv),
+           "verdict_cause": tables.verdict_cause(rv), "latency": latency_rows(rv), "accounts": account_rows(rv), "run": run_row(rv),
            "peer_views": peer_view_rows(rv), "peers": comparison_rows(rv, imported_only=not all_tools)}
     if rv.has("slo_misses"):
         cols, rows = rv.dicts("SELECT dominant_cause, count(*) AS n, round(avg(server_queue_ms), 1) AS server_queue_ms, "

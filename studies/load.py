@@ -10,15 +10,12 @@ other setting is the same. A request is good when it completes within its deadli
 times the time a request spends in a full batch (max_num_seqs / capacity, Little's law on the
 saturated run).
 
-From each run's ledger: goodput and completed rate (run_metrics), Little's law (mean_in_system against
-arrival_rps × mean_time_in_system_s), and the three things a knee can come from: queueing (the share
-of the engine TTFT spent queued: Σ queue_ms / Σ ttft_server_ms), KV memory (the peak share of the KV
-blocks in use, from the engine's kv_blocks_* samples, and preemptions), and prefill interference (the
-share of decode steps that also computed prefill tokens, from step_attribution), and beside them the
-engine's own speed (its TPOT against the saturated run's, whose batches were full: on a shared host the
-engine can slow down with no queue, KV or prefill to blame). The knee is the lowest
-rate from which the good share stays below `KNEE_GOOD_SHARE`; the first cause is the indicator that crosses its
-onset threshold (ONSETS) at the lowest rate, named in one sentence.
+From each run's ledger: goodput and completed rate (run_metrics), Little's law (mean_in_system, the
+attempts in flight integrated over the window, against attempted_rps × mean_time_in_system_s: two
+measurements), and why: each point's row of run_diagnosis (the ledger's one diagnosis: the late
+attempts' delay time shared among the causes, in ms). The knee is the lowest rate from which the good
+share stays below `KNEE_GOOD_SHARE`; its cause is run_diagnosis' first cause at the knee's point, named
+in one sentence with its share and evidence.
 """
 from __future__ import annotations
 
@@ -33,13 +30,6 @@ from inferledger.studies.real import LONG_MS, capture_run, workload
 
 MAX_NUM_SEQS = 8
 KNEE_GOOD_SHARE = 0.9  # the knee: the first rate at which fewer than 90 % of the requests are good
-# indicator -> (onset threshold, what crossing it means)
-ONSETS = {"queue_share": (0.5, "queueing: more than half of the engine TTFT is spent waiting to be scheduled"),
-          "kv_peak_share": (0.9, "KV memory: more than 90 % of the KV blocks in use at the peak"),
-          "preemptions": (1, "KV memory: requests preempted for blocks"),
-          "mixed_step_share": (0.5, "prefill interference: more than half of the decode steps also compute prefills"),
-          "tpot_slowdown_ratio": (1.25, "slower decoding: TPOT p50 at least 25 % above the saturated run's, whose "
-                                        "batches were full (less CPU for the engine, or more work per step)")}
 # scale -> (multiples of the capacity, tasks per run, prompt tokens, output tokens)
 SCALES = {"default": ((0.25, 0.5, 1.0, 2.0, 4.0), 32, 64, 16),
           "tiny": ((0.5, 2.0), 4, 32, 4)}
@@ -102,99 +92,88 @@ def runs(options: dict) -> list[StudyRun]:
          for m in shape(options)[0]]
 
 
-POINT_SQL = """
+CAUSES = ("server_queue", "client_queue", "prefill_interference", "preemption", "decode_stall", "host_contention",
+          "transport", "client", "spec_rejected")
+SHARES = [f"{c}_share" for c in CAUSES]
+
+# a point's figures, and its diagnosis: the run_diagnosis row of its load point (the saturated closed loop
+# offers no rate, so its run row)
+POINT_SQL = f"""
 WITH m AS (SELECT * FROM run_metrics),
-kv AS (SELECT ts_ns, sum(value) FILTER (WHERE metric = 'kv_blocks_used') AS used, sum(value) AS total
-       FROM samples WHERE metric IN ('kv_blocks_used', 'kv_blocks_cached', 'kv_blocks_free') GROUP BY ts_ns),
-steps AS (SELECT step_id, bool_or(kind = 'decode') AS decodes, bool_or(kind = 'prefill') AS prefills
-          FROM step_attribution GROUP BY step_id)
-SELECT m.arrival_rps, m.completed_rps, m.goodput_rps,
+d AS (SELECT * FROM run_diagnosis ORDER BY scope = 'point' DESC LIMIT 1)
+SELECT m.offered_rps, m.attempted_rps, m.completed_rps, m.goodput_rps,
        m.n_good / (SELECT count(*) FROM attempts) AS good_share,
-       m.mean_in_system AS little_l, m.arrival_rps * m.mean_time_in_system_s AS little_lambda_w,
-       abs(m.mean_in_system - m.arrival_rps * m.mean_time_in_system_s) / nullif(m.mean_in_system, 0) AS little_rel_err,
+       m.mean_in_system AS little_l, m.attempted_rps * m.mean_time_in_system_s AS little_lambda_w, m.little_rel_err,
        (SELECT p50_ms FROM latency_percentiles WHERE source_column = 'request_metrics.ttft_client_ms') AS ttft_p50_ms,
        (SELECT p99_ms FROM latency_percentiles WHERE source_column = 'request_metrics.e2e_client_ms') AS e2e_p99_ms,
-       (SELECT sum(queue_ms) / nullif(sum(ttft_server_ms), 0) FROM request_metrics) AS queue_share,
-       (SELECT max(used / total) FROM kv) AS kv_peak_share,
-       (SELECT sum(preemptions) FROM request_metrics) AS preemptions,
-       (SELECT count(*) FILTER (WHERE prefills) / nullif(count(*), 0) FROM steps WHERE decodes) AS mixed_step_share,
-       (SELECT p50_ms FROM latency_percentiles WHERE source_column = 'request_metrics.tpot_server_ms') AS tpot_p50_ms
-FROM m"""
+       d.diagnosed, d.n_attempts AS n_diagnosed, {", ".join(f"d.{c}" for c in SHARES)},
+       d.first_cause, d.first_cause_share, d.evidence
+FROM m, d"""
 
-COLUMNS = ["run", "multiple", "offered_rps", "arrival_rps", "completed_rps", "goodput_rps", "good_share",
-           "little_l", "little_lambda_w", "little_rel_err", "ttft_p50_ms", "e2e_p99_ms", "queue_share",
-           "kv_peak_share", "preemptions", "mixed_step_share", "tpot_p50_ms", "tpot_slowdown_ratio"]
+COLUMNS = ["run", "multiple", "offered_rps", "attempted_rps", "completed_rps", "goodput_rps", "good_share",
+           "little_l", "little_lambda_w", "little_rel_err", "ttft_p50_ms", "e2e_p99_ms", "diagnosed", "n_diagnosed",
+           *SHARES, "first_cause", "first_cause_share"]
 
 
-def explain(points: list[dict]) -> tuple[dict | None, list[list], str]:
-    """The knee (the first point from which the good share stays below KNEE_GOOD_SHARE), each indicator's onset (the
-    lowest offered rate at which it reaches its threshold) and the sentence naming the first cause."""
+def explain(points: list[dict]) -> tuple[dict | None, str]:
+    """The knee (the first point from which the good share stays below KNEE_GOOD_SHARE) and the sentence
+    naming its first cause: run_diagnosis at the knee's point (at the highest rate when there is no knee)."""
     points = sorted(points, key=lambda p: p["offered_rps"])
     below = [p["good_share"] is not None and p["good_share"] < KNEE_GOOD_SHARE for p in points]
     # the first point from which every higher rate stays below: one bad point with good ones after it is a
     # blip (the host stalled during that run), not the knee
     knee = next((p for i, p in enumerate(points) if all(below[i:])), None)
-    onsets = []
-    for name, (threshold, meaning) in ONSETS.items():
-        first = next((p for p in points if p[name] is not None and p[name] >= threshold), None)
-        onsets.append([name, threshold, first["offered_rps"] if first else None, first["run"] if first else None,
-                       meaning])
-    crossed = [o for o in onsets if o[2] is not None]
-    # the earliest onset; at the same rate the indicator furthest past its threshold (value / threshold)
-    by_run = {p["run"]: p for p in points}
-    first = min(crossed, key=lambda o: (o[2], -by_run[o[3]][o[0]] / o[1])) if crossed else None
+    at = knee or points[-1]
     if knee is None:
-        head = f"no knee up to {points[-1]['offered_rps']:.3g} req/s (every rate kept {KNEE_GOOD_SHARE:.0%} good)"
+        head = f"no knee up to {at['offered_rps']:.3g} req/s (every rate kept {KNEE_GOOD_SHARE:.0%} good)"
     else:
-        head = (f"knee at {knee['offered_rps']:.3g} req/s ({knee['multiple']:g} × capacity, "
-                f"{knee['good_share']:.0%} good)")
-    if first is None:
-        cause = "no indicator reached its onset threshold"
+        head = f"knee at {at['offered_rps']:.3g} req/s ({at['multiple']:g} × capacity, {at['good_share']:.0%} good)"
+    if at["first_cause"] is None:
+        cause = f"no measured delay at {at['offered_rps']:.3g} req/s ({at['evidence']})"
     else:
-        cause = f"{'first cause' if knee else 'first to grow'}: {ONSETS[first[0]][1]}, from {first[2]:.3g} req/s"
-    return knee, onsets, f"{head}; {cause}"
+        cause = (f"{'first cause' if knee else 'largest cause at the highest rate'}: {at['first_cause']} "
+                 f"({at['first_cause_share']:.0%} of the delay; {at['evidence']})")
+    return knee, f"{head}; {cause}"
 
 
 def compare(runs: StudyRuns) -> list[Table]:
     points = []
     for name in runs.names:
         sp = runs.manifest(name).get("study_point", {})
-        points.append({"run": name, "multiple": sp.get("multiple_of_capacity"), "offered_rps": sp.get("offered_rps"),
-                       **runs.one(name, POINT_SQL)})
-    base = points[0]["tpot_p50_ms"]  # the saturated run's: every decode step a full batch
-    for p in points:
-        p["tpot_slowdown_ratio"] = p["tpot_p50_ms"] / base if p["tpot_p50_ms"] is not None and base else None
-    knee, onsets, sentence = explain([p for p in points if p["offered_rps"] is not None])
+        points.append({"run": name, "multiple": sp.get("multiple_of_capacity"), **runs.one(name, POINT_SQL)})
+    knee, sentence = explain([p for p in points if p["offered_rps"] is not None])
     cap = runs.manifest(runs.names[1])["study_point"]
-    return [Table("load", "goodput and completed rate against the offered arrival rate, with the knee's indicators",
+    return [Table("load", "goodput and completed rate against the offered arrival rate, with each point's diagnosis",
                   COLUMNS, [[p[c] for c in COLUMNS] for p in points],
                   f"capacity {cap['capacity_rps']:.3g} req/s: completed_rps of run {SATURATED} (a closed loop keeping "
                   f"the batch full; the speed probe read {cap['probe_capacity_rps']:.3g} req/s, "
                   f"{cap['probe_tok_s']:.3g} tok/s); good = completed within {cap['deadline_ms']:.0f} ms; "
-                  "queue_share = Σ queue_ms / Σ ttft_server_ms; kv_peak_share = peak kv_blocks_used / all blocks; "
-                  "mixed_step_share = decode steps that also computed prefill tokens / decode steps; "
-                  f"tpot_slowdown_ratio = tpot_p50_ms (server TPOT p50) / run {SATURATED}'s; Little's law: "
-                  "little_l = mean_in_system against little_lambda_w = arrival_rps × mean_time_in_system_s"),
-            Table("knee", "the knee and its first cause", ["knee_rps", "knee_multiple", "first_cause"],
-                  [[knee["offered_rps"] if knee else None, knee["multiple"] if knee else None, sentence]]),
-            Table("onsets", "where each indicator reached its onset threshold",
-                  ["indicator", "threshold", "onset_rps", "onset_run", "meaning"], onsets)]
+                  "offered_rps and attempted_rps: run_metrics; each <cause>_share, first_cause: the point's "
+                  "run_diagnosis row (the diagnosed attempts' delay time per cause); Little's law: little_l = "
+                  "mean_in_system (in flight, integrated) against little_lambda_w = attempted_rps × "
+                  "mean_time_in_system_s"),
+            Table("knee", "the knee and its first cause (run_diagnosis at the knee's point)",
+                  ["knee_rps", "knee_multiple", "first_cause", "first_cause_share", "evidence", "sentence"],
+                  [[knee["offered_rps"] if knee else None, knee["multiple"] if knee else None,
+                    knee["first_cause"] if knee else None, knee["first_cause_share"] if knee else None,
+                    knee["evidence"] if knee else None, sentence]])]
 
 
 STUDY = Study(
     name="load",
     question="As the arrival rate rises from well below the engine's capacity to past it, where does goodput stop "
-             "following the offered rate, and what grows first: queueing, KV memory or prefill interference?",
+             "following the offered rate, and what takes the late requests' time there: queueing, prefill "
+             "interference, preemption, the host or the client?",
     knob="the Poisson arrival rate, as a multiple of the capacity a saturated closed loop measures first",
     reading="below the knee goodput_rps follows offered_rps and good_share stays near 1; at the knee good_share "
-            "drops and completed_rps flattens at the capacity; the onsets table says which indicator crossed its "
-            "threshold first, and the knee table names it in one sentence.",
+            "drops and completed_rps flattens at the capacity; each point's <cause>_share says where its late "
+            "requests' delay went (run_diagnosis), and the knee table names the knee point's first cause.",
     runs=runs, compare=compare, needs_model=True,
     options={"scale": Option("default", "default or tiny (two rates of four requests: the tests)"),
              "deadline_batches": Option(2.0, "a request's deadline: this many times a request's time in a full batch"),
              "seed": Option(7, "the arrival process's seed")},
     figures=({"kind": "curve", "title": "goodput and completed rate against the offered rate", "table": "load",
-              "x": "offered_rps", "y": ["arrival_rps", "completed_rps", "goodput_rps"]},
-             {"kind": "curve", "title": "the knee's indicators against the offered rate", "table": "load",
-              "x": "offered_rps", "y": ["good_share", "queue_share", "kv_peak_share", "mixed_step_share"]}),
+              "x": "offered_rps", "y": ["attempted_rps", "completed_rps", "goodput_rps"]},
+             {"kind": "curve", "title": "where the late requests' delay went, against the offered rate", "table": "load",
+              "x": "offered_rps", "y": ["good_share", *SHARES]}),
 )

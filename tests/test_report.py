@@ -355,3 +355,27 @@ def test_goodput_has_one_definition_a_ledger_without_run_metrics_shows_it_unknow
     headline = html[html.index("Headline figures"):]
     assert "unknown: this ledger has no run_metrics table" in headline
     assert re.search(r"goodput</[^>]+>\s*<[^>]+>— req/s", headline), headline[:2000]
+
+
+def test_the_verdict_is_the_first_section_and_holds_the_figures(runs, tmp_path):
+    out = build_report(runs[0], tmp_path / "one.html")
+    proc = _chromium(tmp_path, "--dump-dom", out.path.as_uri())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = proc.stdout
+    sections = re.findall(r'<section id="([^"]+)"', dom)
+    assert sections[0] == "a-verdict" and sections[-2:] == ["a-identity", "a-gaps"]  # identity below the figures
+    verdict = dom[dom.index('<section id="a-verdict"'):dom.index("</section>")]
+    cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", verdict, re.S)]
+    # the p50 request (client E2E 199.5, 199.5, 289.5: A0 and A3 tie, the first id wins) and the p99 one (A1):
+    # queue = client queue 0.3 (created 0.2 -> sent 0.5) + server queue (scheduled − enqueued 2 ms: 8 + 3i),
+    # prefill = first token (base + 55) − scheduled, decode = finished − first token, contention unknown,
+    # transport = client E2E − server E2E 4 ms (under the TTFT difference, 4.5 ms), the client's delay unknown
+    assert cells[:18] == ["p50", "A0", "199.5", "8.3", "45.0", "141.0", "—", "4.0", "—",
+                          "p99", "A1", "289.5", "11.3", "42.0", "231.0", "—", "4.0", "—"]
+    assert "no registered prediction" in verdict
+    # no request was late: every attempt diagnosed; A1's 105 ms of preemption of the 168.2 ms known delay
+    # (client queues 4 × 0.3, server queues 8 + 11 + 14 + 17, transport 3 × 4, the cancelled one none)
+    text = unescape(re.sub(r"<[^>]+>", " ", verdict))
+    assert "largest cause of delay (no request was late)" in text and "preemption 62%" in text
+    assert ("preemption: 105.0 ms of the 168.2 ms of delay (62 %) over 4 attempts (none was late); "
+            "unknown: prefill_interference, host_contention, client") in text

@@ -55,21 +55,22 @@ def _events():
 def test_causes_are_measured_where_the_layers_exist_and_unknown_elsewhere(tmp_path):
     con = build_run(tmp_path / "r", _events())
     cols = ("client_queue_ms", "server_queue_ms", "prefill_interference_ms", "decode_stall_ms",
-            "preemption_ms", "transfer_client_ms", "dominant_cause")
+            "preemption_ms", "transport_ms", "dominant_cause")
     got = {r[0]: dict(zip(cols, r[1:])) for r in
            con.execute(f"SELECT attempt_id, {', '.join(cols)} FROM slo_misses ORDER BY attempt_id").fetchall()}
     assert set(got) == {"A1", "A2", "A3"}
     # A1: queue 302 - 2; B1's prefill share of step 2 (3 of 4 tokens x 100 ms); engine gaps 100, 100 (no
-    # stall); no preemption; client E2E 605 - server E2E (601 - 2) = 6
+    # stall); no preemption; transport: client TTFT 401 - server TTFT (400 - 2) = 3 (under client E2E 605 -
+    # server E2E (601 - 2) = 6)
     assert got["A1"] == {"client_queue_ms": 0, "server_queue_ms": pytest.approx(300.0),
                          "prefill_interference_ms": pytest.approx(75.0), "decode_stall_ms": 0, "preemption_ms": 0,
-                         "transfer_client_ms": pytest.approx(6.0), "dominant_cause": "server_queue"}
+                         "transport_ms": pytest.approx(3.0), "dominant_cause": "server_queue"}
     # A2: only the client saw it: every server-side cause is unknown, not 0, and so is the dominant one
     assert got["A2"] == {"client_queue_ms": 0, "server_queue_ms": None, "prefill_interference_ms": None,
-                         "decode_stall_ms": None, "preemption_ms": None, "transfer_client_ms": None,
+                         "decode_stall_ms": None, "preemption_ms": None, "transport_ms": None,
                          "dominant_cause": "unknown"}
     # A3: a client timeout has no client E2E, so no transfer figure (NULL, not 0); the server side is unknown
-    assert got["A3"]["transfer_client_ms"] is None and got["A3"]["server_queue_ms"] is None
+    assert got["A3"]["transport_ms"] is None and got["A3"]["server_queue_ms"] is None
     assert got["A3"]["dominant_cause"] == "unknown"
 
 
@@ -100,20 +101,21 @@ def _preempted_and_interfered():
 def test_causes_are_disjoint_a_preemption_gap_is_not_also_a_stall(tmp_path):
     con = build_run(tmp_path / "r", _preempted_and_interfered())
     cols = ("client_queue_ms", "server_queue_ms", "prefill_interference_ms", "decode_stall_ms", "preemption_ms",
-            "transfer_client_ms", "dominant_cause")
+            "transport_ms", "dominant_cause")
     row = dict(zip(cols, con.execute(f"SELECT {', '.join(cols)} FROM slo_misses WHERE attempt_id = 'A1'").fetchone()))
     # preemption: preempted 42 -> 142 and recompute 142 -> 152 = 110. Interference: B1's half of step 7 = 30.
     # Stalls (median gap 10, threshold 20): the 110 ms gap is all preemption -> 0; the 60 ms gap holds
-    # 30 ms of interference -> 60 − 30 − 20 = 10. Transfer: client E2E 235 − server E2E (233 − 2) = 4.
+    # 30 ms of interference -> 60 − 30 − 20 = 10. Transport: client TTFT 234 − server TTFT 10 = 224, but the
+    # client's time outside the server's span is client E2E 235 − server E2E (233 − 2) = 4.
     assert row == {"client_queue_ms": 0, "server_queue_ms": 0.0, "prefill_interference_ms": pytest.approx(30.0),
                    "decode_stall_ms": pytest.approx(10.0), "preemption_ms": pytest.approx(110.0),
-                   "transfer_client_ms": pytest.approx(4.0), "dominant_cause": "preemption"}
+                   "transport_ms": pytest.approx(4.0), "dominant_cause": "preemption"}
 
 
 def test_the_causes_of_a_miss_never_add_up_to_more_than_its_span(tmp_path):
     con = build_run(tmp_path / "r", _preempted_and_interfered())
     rows = con.execute("SELECT s.attempt_id, client_queue_ms + server_queue_ms + prefill_interference_ms "
-                       "+ decode_stall_ms + preemption_ms + transfer_client_ms, r.client_span_ms "
+                       "+ decode_stall_ms + preemption_ms + transport_ms, r.client_span_ms "
                        "FROM slo_misses s JOIN request_metrics r USING (attempt_id)").fetchall()
     known = [(aid, total, span) for aid, total, span in rows if total is not None]
     assert known and all(total <= span for _, total, span in known), known

@@ -15,7 +15,7 @@ from inferledger.cli.app import app
 from inferledger.ledger.query import open_ledger
 from inferledger.probes.run_folder import StudyIndex
 from inferledger.probes.study_dir import read_comparison, run_dirs
-from inferledger.studies.load import explain
+from inferledger.studies.load import CAUSES, explain
 
 pytestmark = pytest.mark.slow
 
@@ -137,15 +137,22 @@ def test_load_has_every_point_with_littles_law_and_names_the_knee_or_its_absence
     assert key["x0.5"]["offered_rps"] == pytest.approx(0.5 * sat["completed_rps"], rel=1e-3)
     assert key["x2"]["offered_rps"] == pytest.approx(2 * sat["completed_rps"], rel=1e-3)
     for p in [sat, *key.values()]:
-        assert p["goodput_rps"] <= p["completed_rps"] <= p["arrival_rps"]
-        assert 0 <= p["good_share"] <= 1 and 0 <= p["queue_share"] <= 1 and 0 < p["kv_peak_share"] <= 1
-        assert p["preemptions"] == 0 and 0 <= p["mixed_step_share"] <= 1
-        assert p["little_l"] == pytest.approx(p["little_lambda_w"], rel=1e-9)
+        assert p["goodput_rps"] <= p["completed_rps"] <= p["attempted_rps"]
+        assert 0 <= p["good_share"] <= 1
+        # Little's law from two measurements: in flight integrated over the window, and λ × W
+        assert p["little_rel_err"] == pytest.approx(abs(p["little_l"] - p["little_lambda_w"]) / p["little_l"])
+        assert p["little_rel_err"] < 0.01
+        # the point's diagnosis: the known shares of its delay add up to 1, its first cause the largest
+        known = {c: p[f"{c}_share"] for c in CAUSES if p[f"{c}_share"] is not None}
+        assert p["diagnosed"] in ("late", "all") and p["n_diagnosed"] >= 1
+        if p["first_cause"] is not None:
+            assert sum(known.values()) == pytest.approx(1.0)
+            assert p["first_cause_share"] == max(known.values()) == known[p["first_cause"]]
     [knee] = comp["knee"]["rows"]
-    assert knee[2].startswith("knee at " if knee[0] is not None else "no knee up to ")
-    assert [o[0] for o in comp["onsets"]["rows"]] == ["queue_share", "kv_peak_share", "preemptions", "mixed_step_share",
-                                                      "tpot_slowdown_ratio"]
-    assert sat["tpot_slowdown_ratio"] == 1.0  # the reference: the saturated run's own steps
+    assert knee[5].startswith("knee at " if knee[0] is not None else "no knee up to ")
+    with open_ledger(out) as led:  # the study's cause is the ledger's: run_diagnosis at each point
+        diag = dict(led.rows("SELECT run_id, first_cause FROM run_diagnosis WHERE scope = 'point'")[1])
+    assert {f"load.{r}": key[r]["first_cause"] for r in ("x0.5", "x2")} == diag
     for name, run in run_dirs(out)[1:]:  # every point declares where it sits on the curve
         point = json.loads((run / "manifest.json").read_text())["study_point"]
         assert point["multiple_of_capacity"] == {"x0.5": 0.5, "x2": 2.0}[name]
@@ -155,32 +162,25 @@ def test_load_has_every_point_with_littles_law_and_names_the_knee_or_its_absence
             ["load.saturated", "load.x0.5", "load.x2"]
 
 
-def _point(run, rps, good, queue=0.1, kv=0.1, pre=0, mixed=0.1, slow=1.0):
-    return {"run": run, "multiple": rps, "offered_rps": rps, "good_share": good, "queue_share": queue,
-            "kv_peak_share": kv, "preemptions": pre, "mixed_step_share": mixed, "tpot_slowdown_ratio": slow}
+def _point(run, rps, good, cause=None, share=None):
+    return {"run": run, "multiple": rps, "offered_rps": rps, "good_share": good, "first_cause": cause,
+            "first_cause_share": share, "evidence": f"ev {run}"}
 
 
-def test_the_knee_is_where_the_good_share_stays_below_90_percent_and_the_first_cause_the_earliest_onset():
-    points = [_point("c", 3.0, 0.5, queue=0.8, mixed=0.7), _point("a", 1.0, 1.0),
-              _point("b", 2.0, 0.95, queue=0.6, mixed=0.55)]
-    knee, onsets, sentence = explain(points)
+def test_the_knee_is_where_the_good_share_stays_below_90_percent_and_its_cause_the_diagnosis_there():
+    points = [_point("c", 3.0, 0.5, "prefill_interference", 0.62), _point("a", 1.0, 1.0, "server_queue", 0.5),
+              _point("b", 2.0, 0.95, "server_queue", 0.7)]
+    knee, sentence = explain(points)
     assert knee["run"] == "c"
-    assert [o[:4] for o in onsets] == [["queue_share", 0.5, 2.0, "b"], ["kv_peak_share", 0.9, None, None],
-                                       ["preemptions", 1, None, None], ["mixed_step_share", 0.5, 2.0, "b"],
-                                       ["tpot_slowdown_ratio", 1.25, None, None]]
-    # both cross at 2 req/s: queueing is further past its threshold (0.6 / 0.5 > 0.55 / 0.5)
-    assert sentence == ("knee at 3 req/s (3 × capacity, 50% good); first cause: queueing: more than half of the "
-                        "engine TTFT is spent waiting to be scheduled, from 2 req/s")
-    blip, _, _ = explain([_point("a", 1.0, 0.3), _point("b", 2.0, 1.0), _point("c", 3.0, 0.4)])
+    assert sentence == ("knee at 3 req/s (3 × capacity, 50% good); first cause: prefill_interference (62% of the "
+                        "delay; ev c)")
+    blip, _ = explain([_point("a", 1.0, 0.3), _point("b", 2.0, 1.0), _point("c", 3.0, 0.4, "preemption", 0.9)])
     assert blip["run"] == "c"  # a's bad point has a good one above it: not the knee
-    _, _, calm = explain([_point("a", 1.0, 1.0)])
-    assert calm == "no knee up to 1 req/s (every rate kept 90% good); no indicator reached its onset threshold"
-    _, _, kv = explain([_point("a", 1.0, 0.95, pre=2, kv=0.95), _point("b", 2.0, 0.2, queue=0.9)])
-    # KV and preemptions both from 1 req/s: two preemptions are twice their threshold, 95 % of blocks 1.06 times
-    _, _, host = explain([_point("a", 1.0, 0.3, slow=1.8), _point("b", 2.0, 0.2, queue=0.9)])
-    assert host.startswith("knee at 1 req/s (1 × capacity, 30% good); first cause: slower decoding: TPOT p50")
-    assert kv == ("knee at 2 req/s (2 × capacity, 20% good); first cause: KV memory: requests preempted for blocks, "
-                  "from 1 req/s")
+    _, calm = explain([_point("a", 1.0, 1.0)])
+    assert calm == "no knee up to 1 req/s (every rate kept 90% good); no measured delay at 1 req/s (ev a)"
+    _, busy = explain([_point("a", 1.0, 1.0, "host_contention", 0.55)])
+    assert busy == ("no knee up to 1 req/s (every rate kept 90% good); largest cause at the highest rate: "
+                    "host_contention (55% of the delay; ev a)")
 
 
 def test_a_real_engine_study_refuses_an_unknown_scale_before_loading_anything(tmp_path):

@@ -54,7 +54,7 @@ def test_black_box_prompt_tokens_come_from_usage(tmp_path):
     assert m == (20, 10, pytest.approx(30 / 0.2), None, None)
 
 
-def test_transfer_is_unknown_when_the_client_e2e_is(tmp_path):
+def test_transport_is_unknown_when_the_client_e2e_is(tmp_path):
     ev = [{"name": "task.start", "ms": 0, "task_id": "T1", "attrs": {"deadline_ms": 50}},
           {"name": "attempt.sent", "ms": 0, "task_id": "T1"},
           {"name": "engine.enqueued", "ms": 1, **ENG}, {"name": "engine.scheduled", "ms": 2, **ENG},
@@ -63,7 +63,7 @@ def test_transfer_is_unknown_when_the_client_e2e_is(tmp_path):
           {"name": "server.done", "ms": 31, **SRV},
           {"name": "attempt.timeout", "ms": 100, "task_id": "T1"}]
     con = build_run(tmp_path / "r", ev)
-    assert con.execute("SELECT transfer_client_ms FROM slo_misses").fetchone() == (None,)
+    assert con.execute("SELECT transport_ms FROM slo_misses").fetchone() == (None,)
 
 
 def test_a_zero_length_window_gives_null_rates_and_a_gap(tmp_path):

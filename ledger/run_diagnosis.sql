@@ -1,0 +1,106 @@
+-- The run's diagnosis, defined once: the late attempts' cause times (slo_misses' per-attempt
+-- definition, attempt_causes) added up per cause, each cause's share of their delay time, the first
+-- cause and its evidence, for the run and for its load point (docs/LEDGER.md "run_diagnosis").
+--
+-- scope: rollup
+-- reads: attempt_causes
+-- creates: run_diagnosis, run_diagnosis_gaps
+
+-- @table run_diagnosis: one row for the run (scope run) and one for its load point (scope point, an
+--   open-loop run with a planned arrival rate): where the diagnosed attempts' delay went, per cause
+--   (docs/LEDGER.md "run_diagnosis")
+-- @column scope: run, or point (the run's load point: a load study runs each offered rate as a run)
+-- @column point: the point's offered rate, req/s (run_metrics.offered_rps); NULL on the run row
+-- @column diagnosed: late (the attempts that missed a deadline or a declared SLO threshold), or all
+--   (none was late: every attempt)
+-- @column n_attempts: the attempts diagnosed
+-- @column n_late: the run's late attempts (slo_misses rows)
+-- @column delay_ms: Σ over the diagnosed attempts of every cause whose time is known, ms (their own
+--   prefill and decode work is where their time went, not a cause)
+-- @column server_queue_share: Σ server_queue_ms / delay_ms; NULL when one diagnosed attempt's is unknown
+-- @column client_queue_share: likewise for client_queue_ms
+-- @column prefill_interference_share: likewise for prefill_interference_ms
+-- @column preemption_share: likewise for preemption_ms
+-- @column decode_stall_share: likewise for decode_stall_ms
+-- @column host_contention_share: likewise for host_contention_ms
+-- @column transport_share: likewise for transport_ms (not applicable to an attempt the client did not
+--   see complete)
+-- @column client_share: likewise for client_ms (not applicable likewise)
+-- @column spec_rejected_share: likewise for spec_rejected_ms
+-- @column first_cause: the cause with the largest known share (ties in the order above); NULL when the
+--   known causes add up to 0
+-- @column first_cause_share: its share
+-- @column evidence: one sentence: the first cause's time against the delay, over which attempts, and
+--   the causes left unknown
+CREATE OR REPLACE TABLE run_diagnosis AS
+WITH d AS (
+  SELECT *, NOT EXISTS (SELECT 1 FROM attempt_causes WHERE late) AS none_late FROM attempt_causes
+), diag AS (SELECT * FROM d WHERE late OR none_late
+), causes(cause, ord) AS (VALUES ('server_queue', 1), ('client_queue', 2), ('prefill_interference', 3),
+                                 ('preemption', 4), ('decode_stall', 5), ('host_contention', 6), ('transport', 7),
+                                 ('client', 8), ('spec_rejected', 9)
+), long AS (
+  SELECT c.cause, c.ord,
+         CASE c.cause WHEN 'server_queue' THEN server_queue_ms WHEN 'client_queue' THEN client_queue_ms
+              WHEN 'prefill_interference' THEN prefill_interference_ms WHEN 'preemption' THEN preemption_ms
+              WHEN 'decode_stall' THEN decode_stall_ms WHEN 'host_contention' THEN host_contention_ms
+              -- transport and the client's delay do not apply to a response the client never received whole
+              WHEN 'transport' THEN CASE WHEN client_status IS DISTINCT FROM 'completed' THEN coalesce(transport_ms, 0)
+                                         ELSE transport_ms END
+              WHEN 'client' THEN CASE WHEN client_status IS DISTINCT FROM 'completed' THEN coalesce(client_ms, 0)
+                                      ELSE client_ms END
+              ELSE spec_rejected_ms END AS ms
+  FROM diag, causes c
+), totals AS (
+  SELECT cause, ord, CASE WHEN count(ms) = count(*) THEN coalesce(sum(ms), 0) END AS ms FROM long GROUP BY cause, ord
+), run AS (
+  SELECT (SELECT count(*) FROM diag) AS n_attempts, (SELECT count(*) FROM d WHERE late) AS n_late,
+         (SELECT bool_or(none_late) FROM d) AS none_late,
+         sum(ms) AS delay_ms,
+         arg_max(cause, (ms, -ord)) FILTER (WHERE ms > 0) AS first_cause,
+         max(ms) FILTER (WHERE ms > 0) AS first_ms,
+         string_agg(cause, ', ' ORDER BY ord) FILTER (WHERE ms IS NULL) AS unknown,
+         map(list(cause ORDER BY ord), list(ms ORDER BY ord)) AS by_cause
+  FROM totals
+), scopes(scope, point) AS (
+  SELECT 'run', NULL::DOUBLE UNION ALL SELECT 'point', getvariable('offered_rps') WHERE getvariable('offered_rps') IS NOT NULL
+)
+SELECT getvariable('run_id') AS run_id, s.scope, s.point,
+       CASE WHEN r.none_late THEN 'all' ELSE 'late' END AS diagnosed, r.n_attempts, r.n_late, r.delay_ms,
+       r.by_cause['server_queue'] / nullif(r.delay_ms, 0) AS server_queue_share,
+       r.by_cause['client_queue'] / nullif(r.delay_ms, 0) AS client_queue_share,
+       r.by_cause['prefill_interference'] / nullif(r.delay_ms, 0) AS prefill_interference_share,
+       r.by_cause['preemption'] / nullif(r.delay_ms, 0) AS preemption_share,
+       r.by_cause['decode_stall'] / nullif(r.delay_ms, 0) AS decode_stall_share,
+       r.by_cause['host_contention'] / nullif(r.delay_ms, 0) AS host_contention_share,
+       r.by_cause['transport'] / nullif(r.delay_ms, 0) AS transport_share,
+       r.by_cause['client'] / nullif(r.delay_ms, 0) AS client_share,
+       r.by_cause['spec_rejected'] / nullif(r.delay_ms, 0) AS spec_rejected_share,
+       r.first_cause, r.first_ms / nullif(r.delay_ms, 0) AS first_cause_share,
+       CASE WHEN r.n_attempts = 0 THEN 'no attempt to diagnose'
+            ELSE concat(CASE WHEN r.first_cause IS NULL THEN 'no measured delay'
+                             ELSE printf('%s: %.1f ms of the %.1f ms of delay (%.0f %%)', r.first_cause, r.first_ms,
+                                         r.delay_ms, 100 * r.first_ms / r.delay_ms) END,
+                        printf(' over %d %sattempt%s', r.n_attempts, CASE WHEN r.none_late THEN '' ELSE 'late ' END,
+                               CASE WHEN r.n_attempts = 1 THEN '' ELSE 's' END),
+                        CASE WHEN r.none_late THEN ' (none was late)' ELSE '' END,
+                        CASE WHEN r.unknown IS NOT NULL THEN '; unknown: ' || r.unknown ELSE '' END) END AS evidence
+FROM run r, scopes s
+ORDER BY s.scope DESC;
+
+-- @gaps: a cause whose time is unknown for a diagnosed attempt (its share is NULL).
+CREATE OR REPLACE TEMP TABLE run_diagnosis_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
+INSERT INTO run_diagnosis_gaps
+SELECT 'run', NULL, t.cause || '_share',
+       CASE t.cause WHEN 'host_contention' THEN 'steps.contention_ms for the steps holding the diagnosed attempts'
+            WHEN 'client' THEN 'a trace of every wake of the client''s event loop (samples client_loop_lag_ms)'
+            WHEN 'client_queue' THEN 'client events'
+            ELSE 'engine events (the embedded engine, inferledger serve --out, or an engine trace)' END,
+       'a diagnosed attempt''s ' || t.cause || ' time is unknown: the share is NULL and the other shares are of the known causes'
+FROM (SELECT unnest(['server_queue', 'client_queue', 'prefill_interference', 'preemption', 'decode_stall',
+                     'host_contention', 'transport', 'client', 'spec_rejected']) AS cause,
+             unnest([server_queue_share, client_queue_share, prefill_interference_share, preemption_share,
+                     decode_stall_share, host_contention_share, transport_share, client_share,
+                     spec_rejected_share]) AS share, delay_ms
+      FROM run_diagnosis WHERE scope = 'run' AND n_attempts > 0) t
+WHERE t.share IS NULL AND t.delay_ms > 0;

@@ -1,0 +1,194 @@
+"""run_diagnosis: the late attempts' cause times (slo_misses' definition) added up per cause, in time;
+and Little's law from two independent measurements (run_metrics)."""
+from __future__ import annotations
+
+import pytest
+
+from ledger_util import build_run, dict_rows
+
+CAUSES = ("server_queue", "client_queue", "prefill_interference", "preemption", "decode_stall", "host_contention",
+          "transport", "client", "spec_rejected")
+
+
+def _e(name, ms, aid=None, source="client", task=None, **kw):
+    ev = {"name": name, "ms": ms, "source": source, "task_id": task, "attempt_id": aid,
+          "request_id": None if aid is None else "R" + aid}
+    ev.update(kw)
+    return ev
+
+
+def _queued_then_interfered(chunk_ms=50, done_ms=70):
+    """A1 (T1, deadline 50 ms): enqueued at 0, waits 40 ms in the queue, prefills 40 -> 50, then decodes
+    in step 2 (50 -> 70) beside B1's prefill of one token: 10 ms of interference."""
+    eng, srv, content = {"source": "engine"}, {"source": "server"}, {"attrs": {"kinds": ["content"]}}
+    return [
+        _e("task.start", 0, task="T1", attrs={"deadline_ms": 50}),
+        _e("attempt.created", 0, "A1", task="T1"), _e("attempt.sent", 0, "A1", task="T1"),
+        _e("server.received", 0, "A1", **srv), _e("engine.enqueued", 0, "A1", **eng),
+        _e("engine.scheduled", 40, "A1", **eng),
+        _e("step.start", 40, step_id=1, source="engine", attrs={"batch": [["A1", "prefill", 10]]}),
+        _e("step.end", 50, step_id=1, source="engine", value=10),
+        _e("engine.token", 50, "A1", step_id=1, value=1, **eng),
+        _e("attempt.chunk", chunk_ms, "A1", task="T1", **content),
+        _e("engine.enqueued", 45, "B1", **eng), _e("engine.scheduled", 50, "B1", **eng),
+        _e("step.start", 50, step_id=2, source="engine", attrs={"batch": [["A1", "decode", 1], ["B1", "prefill", 1]]}),
+        _e("step.end", 70, step_id=2, source="engine", value=2),
+        _e("engine.token", 70, "A1", step_id=2, value=1, **eng), _e("engine.token", 70, "B1", step_id=2, value=1, **eng),
+        _e("engine.finished", 70, "A1", value=2, attrs={"reason": "stop"}, **eng),
+        _e("engine.finished", 70, "B1", value=1, attrs={"reason": "stop"}, **eng),
+        _e("server.done", 70, "A1", **srv),
+        _e("attempt.chunk", done_ms, "A1", task="T1", **content),
+        _e("attempt.done", done_ms, "A1", task="T1", attrs={"finish_reason": "stop"}),
+    ]
+
+
+def _row(con, scope="run"):
+    return dict_rows(con, "SELECT * FROM run_diagnosis WHERE scope = ?", scope)[0]
+
+
+def test_shares_are_the_late_attempts_cause_times_in_ms(tmp_path):
+    manifest = {"workload": {"arrivals": "poisson", "spec": {"arrivals": {"process": "poisson", "rate_rps": 2.5}}}}
+    con = build_run(tmp_path / "r", _queued_then_interfered(), manifest=manifest)
+    row = _row(con)
+    # 40 ms queued + 10 ms of B1's prefill in A1's decode step = 50 ms of delay; no stall, no transport
+    assert (row["diagnosed"], row["n_attempts"], row["n_late"]) == ("late", 1, 1)
+    assert row["delay_ms"] == pytest.approx(50.0)
+    assert row["server_queue_share"] == pytest.approx(0.8)
+    assert row["prefill_interference_share"] == pytest.approx(0.2)
+    assert [row[f"{c}_share"] for c in ("client_queue", "preemption", "decode_stall", "transport", "spec_rejected")] \
+        == [0, 0, 0, 0, 0]
+    # contention and the client's own delay are unknown here: NULL, with a gap row each, never 0
+    assert row["host_contention_share"] is None and row["client_share"] is None
+    assert (row["first_cause"], row["first_cause_share"]) == ("server_queue", pytest.approx(0.8))
+    assert row["evidence"] == ("server_queue: 40.0 ms of the 50.0 ms of delay (80 %) over 1 late attempt; "
+                               "unknown: host_contention, client")
+    gaps = {r[0] for r in con.execute("SELECT affects FROM gaps WHERE affects LIKE '%_share'").fetchall()}
+    assert gaps == {"host_contention_share", "client_share"}
+    # the run is one load point: its offered rate, the same figures
+    point = _row(con, "point")
+    assert point["point"] == 2.5 and point["server_queue_share"] == pytest.approx(0.8)
+    assert con.execute("SELECT offered_rps FROM run_metrics").fetchone()[0] == 2.5
+    # one name for one cause: slo_misses' dominant cause is run_diagnosis' first
+    assert con.execute("SELECT dominant_cause FROM slo_misses").fetchall() == [("server_queue",)]
+
+
+def test_no_late_attempt_diagnoses_every_attempt(tmp_path):
+    events = [dict(e, attrs={"deadline_ms": 500}) if e["name"] == "task.start" else e for e in _queued_then_interfered()]
+    con = build_run(tmp_path / "r", events)
+    row = _row(con)
+    assert (row["diagnosed"], row["n_attempts"], row["n_late"]) == ("all", 2, 0)
+    # B1 has no client events: its client queue is unknown, so that share is NULL
+    assert row["client_queue_share"] is None
+    # B1 queued 50 − 45 = 5 ms: 45 ms of 55 queued, 10 interfered
+    assert row["server_queue_share"] == pytest.approx(45 / 55)
+    assert row["evidence"].endswith("over 2 attempts (none was late); unknown: client_queue, host_contention, client")
+    assert con.execute("SELECT count(*) FROM run_diagnosis WHERE scope = 'point'").fetchone()[0] == 0
+    assert con.execute("SELECT offered_rps FROM run_metrics").fetchone()[0] is None
+
+
+def test_the_clients_own_lag_is_client_time_and_the_rest_transport(tmp_path):
+    # the first chunk reaches the client 10 ms after the first token (and the last 10 ms after server.done);
+    # the client's loop lagged 4 + 3 ms while it held the attempt: 7 ms client, 3 ms transport
+    con = build_run(tmp_path / "r", _queued_then_interfered(chunk_ms=60, done_ms=80),
+                    samples=[(55, "client_loop_lag_ms", 4.0, "ms", None), (75, "client_loop_lag_ms", 3.0, "ms", None)],
+                    manifest={"client": {"loop_lag_trace_every": 1}})
+    got = dict_rows(con, "SELECT client_ms, transport_ms, dominant_cause FROM slo_misses")[0]
+    assert got == {"client_ms": pytest.approx(7.0), "transport_ms": pytest.approx(3.0), "dominant_cause": "server_queue"}
+    row = _row(con)
+    assert row["delay_ms"] == pytest.approx(60.0)
+    assert (row["client_share"], row["transport_share"]) == (pytest.approx(7 / 60), pytest.approx(3 / 60))
+
+
+def test_littles_law_compares_two_measurements(tmp_path):
+    # A1 is in the system 0 -> 100 ms; A2 is sent at 50 ms and never ends (in flight at the window's end).
+    # L = (100 + 50) ms / 100 ms = 1.5; λ = 2 sent / 0.1 s = 20/s; W = A1's 0.1 s (the only one that ended)
+    events = [_e("attempt.created", 0, "A1", task="T1"), _e("attempt.sent", 0, "A1", task="T1"),
+              _e("attempt.done", 100, "A1", task="T1", attrs={"finish_reason": "stop"}),
+              _e("attempt.created", 50, "A2", task="T2"), _e("attempt.sent", 50, "A2", task="T2")]
+    con = build_run(tmp_path / "r", events)
+    m = dict_rows(con, "SELECT mean_in_system, attempted_rps, arrival_rps, mean_time_in_system_s, little_rel_err "
+                       "FROM run_metrics")[0]
+    assert m["mean_in_system"] == pytest.approx(1.5)
+    assert m["attempted_rps"] == m["arrival_rps"] == pytest.approx(20.0)
+    assert m["mean_time_in_system_s"] == pytest.approx(0.1)
+    assert m["little_rel_err"] == pytest.approx(0.5 / 1.5)
+
+
+def test_the_summary_opens_with_the_verdict(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.report.tables import against_range
+
+    run = tmp_path / "r"
+    build_run(run, _queued_then_interfered()).close()
+    res = CliRunner().invoke(app, ["summary", str(run), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert list(out)[:3] == ["verdict_time", "verdict_prediction", "verdict_cause"]
+    # one completed request with a client E2E (70 ms): it is the p50 and the p99 request; queue 40 (client
+    # queue 0), prefill 50 − 40, decode 70 − 50, contention and the client's delay unknown, transport 0
+    assert out["verdict_time"] == [
+        {"request": q, "attempt_id": "A1", "e2e_layer": "client", "e2e_ms": 70.0, "queue_ms": 40.0, "prefill_ms": 10.0,
+         "decode_ms": 20.0, "contention_ms": None, "transport_ms": 0.0, "client_ms": None} for q in ("p50", "p99")]
+    assert out["verdict_prediction"] == []  # nothing registered
+    assert out["verdict_cause"] == {"diagnosed": "late", "n_attempts": 1, "n_late": 1, "first_cause": "server_queue",
+                                    "first_cause_share": pytest.approx(0.8), "evidence": _row_evidence(run)}
+    res = CliRunner().invoke(app, ["summary", str(run)], env={"COLUMNS": "200"})
+    first = res.output.splitlines()
+    assert first[0].startswith("Verdict: where the time went")
+    assert any(ln.startswith("first cause of SLO misses: server_queue 80% — server_queue: 40.0 ms") for ln in first)
+    # the prediction's verdict: inside the range is met; outside, by how much past the edge it passed
+    assert against_range(12.0, 5.0, 10.0) == ("missed: above", pytest.approx(20.0))
+    assert against_range(4.0, 5.0, 10.0) == ("missed: below", pytest.approx(-20.0))
+    assert against_range(7.0, 5.0, 10.0) == ("met", 0.0)
+    assert against_range(None, 5.0, 10.0) == ("unknown", None)
+
+
+def _row_evidence(run) -> str:
+    import duckdb
+
+    with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as con:
+        return con.execute("SELECT evidence FROM run_diagnosis WHERE scope = 'run'").fetchone()[0]
+
+
+def test_rejected_drafts_are_time_in_the_verify_step(tmp_path):
+    """A1 (deadline 20 ms): prefill 0 -> 10, then one speculative round (4 drafted, 1 accepted) verified in
+    step 2 (10 -> 30, 5 tokens: the drafts and one more). 3 of its 5 tokens were thrown away: 12 of 20 ms."""
+    eng, content = {"source": "engine"}, {"attrs": {"kinds": ["content"]}}
+    events = [
+        _e("task.start", 0, task="T1", attrs={"deadline_ms": 20}),
+        _e("attempt.created", 0, "A1", task="T1"), _e("attempt.sent", 0, "A1", task="T1"),
+        _e("engine.enqueued", 0, "A1", **eng), _e("engine.scheduled", 0, "A1", **eng),
+        _e("step.start", 0, step_id=1, source="engine", attrs={"batch": [["A1", "prefill", 10]]}),
+        _e("step.end", 10, step_id=1, source="engine", value=10),
+        _e("engine.token", 10, "A1", step_id=1, value=1, **eng),
+        _e("attempt.chunk", 11, "A1", task="T1", **content),
+        _e("step.start", 10, step_id=2, source="engine", attrs={"batch": [["A1", "decode", 5]]}),
+        _e("step.end", 30, step_id=2, source="engine", value=5),
+        _e("spec.round", 30, "A1", step_id=2, attrs={"drafted": 4, "accepted": 1, "forward_passes": 1}, **eng),
+        _e("engine.token", 30, "A1", step_id=2, value=2, **eng),
+        _e("engine.finished", 30, "A1", value=3, attrs={"reason": "stop"}, **eng),
+        _e("attempt.chunk", 31, "A1", task="T1", **content),
+        _e("attempt.done", 31, "A1", task="T1", attrs={"finish_reason": "stop"}),
+    ]
+    con = build_run(tmp_path / "r", events)
+    got = dict_rows(con, "SELECT spec_rejected_ms, transport_ms, dominant_cause FROM slo_misses")[0]
+    # transport: client TTFT 11 − server TTFT 10 = 1 ms (client E2E 31 − server E2E 30 = 1 ms)
+    assert got == {"spec_rejected_ms": pytest.approx(12.0), "transport_ms": pytest.approx(1.0),
+                   "dominant_cause": "spec_rejected"}
+    row = _row(con)
+    assert (row["first_cause"], row["spec_rejected_share"], row["transport_share"]) == \
+        ("spec_rejected", pytest.approx(12 / 13), pytest.approx(1 / 13))
+
+
+def test_a_declared_slo_threshold_makes_an_attempt_late_without_a_deadline(tmp_path):
+    events = [e for e in _queued_then_interfered() if e["name"] != "task.start"]  # no task, no deadline
+    con = build_run(tmp_path / "r", events, manifest={"slo": {"e2e_ms": 60}})
+    # client E2E 70 ms > 60 ms: late by the SLO alone, and diagnosed as in the deadline case
+    assert dict_rows(con, "SELECT attempt_id, missed, deadline_ms, dominant_cause FROM slo_misses") == \
+        [{"attempt_id": "A1", "missed": "slo_e2e", "deadline_ms": None, "dominant_cause": "server_queue"}]
+    row = _row(con)
+    assert (row["diagnosed"], row["n_late"], row["server_queue_share"]) == ("late", 1, pytest.approx(0.8))
