@@ -184,3 +184,69 @@ def test_docs_list_exactly_the_keys_of_the_format():
     for section in SECTIONS:
         expected[section] = set(WorkloadFile.model_fields[section].annotation.model_fields)
     assert _documented_keys() == expected
+
+
+# ---- values that pass their own key but not each other, and the bounds of planning ---------------------
+
+@pytest.mark.parametrize("extra, where", [
+    ("[[classes]]\nname = \"a\"\n[[classes]]\nname = \"a\"", "[[classes]][1].name: 'a' is already the name of [[classes]][0]"),
+    ("[[classes]]\nweight = 0", "[[classes]][0].weight: must be > 0, not 0"),
+    ("[[classes]]\nshape = \"session\"\nturns = 2\ntool_before = [3]",
+     "[[classes]][0].tool_before: turn(s) [3] past turns = 2 (allowed: 1..2)"),
+    ("[inject]\ncancel_tasks = [5]", "[inject].cancel_tasks: task(s) [5] past the 4 tasks (allowed: 1..4)"),
+    ("[[classes]]\nprompt_tokens = 2000000", "[[classes]][0].prompt_tokens: must be <= 1048576, not 2000000"),
+    ("[[classes]]\nshape = \"parallel\"\nbranches = 100000", "[[classes]][0].branches: must be <= 256, not 100000"),
+])
+def test_values_that_do_not_fit_together_are_refused_by_key(folder, extra, where):
+    assert where in _refused(folder, GOOD + extra + "\n")
+
+
+@pytest.mark.parametrize("old, new, where", [
+    ("n_tasks = 4", "n_tasks = 1000000000", "[arrivals].n_tasks: must be <= 100000, not 1000000000"),
+    ("rate_rps = 2.0", "rate_rps = 1e-18", "[arrivals].rate_rps: 1e-18 tasks/s puts 4 tasks' arrivals 3e+18 s away"),
+    ("rate_rps = 2.0", "rate_rps = 1e300", "[arrivals].rate_rps: must be <= 100000, not 1e+300"),
+    ("deadline_ms = 60000", "deadline_ms = 1e30", "[contract].deadline_ms: must be <= 86400000, not 1e+30"),
+    ("n_tasks = 4", "n_tasks = 60000\n[[classes]]\nshape = \"session\"\nturns = 2",
+     "[arrivals].n_tasks: 60000 tasks send 120000 requests (turns, branches): allowed at most 100000"),
+    ("n_tasks = 4", "n_tasks = 2000\n[[classes]]\nprompt_tokens = 2000",
+     "[arrivals].n_tasks: 2000 tasks need 4000000 prompt tokens built to an exact count: allowed at most 2000000"),
+])
+def test_counts_rates_and_horizons_past_the_planning_bounds_are_refused(folder, old, new, where):
+    assert where in _refused(folder, GOOD.replace(old, new))
+
+
+def test_the_planning_bounds_are_stated_in_the_docs():
+    from inferledger.collectors.workload import schema
+
+    text = (REPO / "docs" / "CAPTURE.md").read_text().split("### Bounds", 1)[1].split("\n## ", 1)[0]
+    for name in ("MAX_TASKS", "MAX_REQUESTS", "MAX_BUILT_TOKENS", "MAX_FANOUT", "MAX_LENGTH", "MAX_HORIZON_S"):
+        assert f"{int(getattr(schema, name)):,}" in text, name
+
+
+def test_a_replay_past_the_horizon_is_refused_before_planning(folder):
+    (folder / "arrivals.txt").write_text("0\n1e15\n")
+    text = GOOD.replace('rate_rps = 2.0\nn_tasks = 4', 'process = "replay"\nfile = "arrivals.txt"')
+    assert "[arrivals].speed: 1 puts the last of 2 arrivals 1e+12 s away" in _refused(folder, text)
+
+
+@pytest.mark.parametrize("row, where", [
+    ({"prompt": None, "answer": "a"}, "tasks.jsonl:1: prompt: must be a non-empty string, not None"),
+    ({"prompt": "  ", "answer": "a"}, "tasks.jsonl:1: prompt: must be a non-empty string, not '  '"),
+    ({"prompt": "q", "answer": 4}, "tasks.jsonl:1: answer: must be a string, not 4"),
+    ([1, 2], "tasks.jsonl:1: a task is a JSON object"),
+])
+def test_a_task_without_a_prompt_is_refused_by_line_and_key(folder, row, where):
+    (folder / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    assert where in _refused(folder, GOOD)
+
+
+def test_prompt_and_output_are_checked_against_the_models_context(folder):
+    wl = _load(folder, GOOD + "[[classes]]\nname = \"long\"\nprompt_tokens = 5000\nmax_tokens = 64\n")
+    with pytest.raises(ValueError) as info:
+        wl.check_context(4096, "the model file's context length")
+    assert str(info.value) == (f"{folder / 'cpu_demo.toml'}: [[classes]][0].prompt_tokens: 5000 + max_tokens 64 = "
+                               f"5064 exceeds the model's context of 4096 tokens (allowed: prompt_tokens <= 4032) "
+                               f"(the model file's context length)")
+    assert wl.check_context(8192, "x") == {"tokens": 8192, "source": "x", "checked": True}
+    skipped = wl.check_context(None, "a URL target")
+    assert skipped["checked"] is False and "unknown" in skipped["why"]
