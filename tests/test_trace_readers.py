@@ -192,7 +192,7 @@ def test_a_missing_trace_file_names_the_workload_key(tmp_path):
     ('[arrivals]\nprocess = "trace"\n[trace]\nformat = "azure"\nfile = "a.csv"\ntoken_scal = 0.5',
      "[trace].token_scal: unknown key (did you mean token_scale?)"),
     ('[arrivals]\nprocess = "trace"\n[trace]\nformat = "azure"\nfile = "a.csv"\ntoken_scale = 0',
-     "[trace].token_scale: must be > 0, not 0"),
+     "[trace].token_scale: must be > 0.0, not 0"),
 ])
 def test_the_trace_section_is_checked_like_every_other(tmp_path, toml_lines, where):
     (tmp_path / "tasks.jsonl").write_text(json.dumps({"prompt": "q?", "answer": "a"}) + "\n")

@@ -190,7 +190,7 @@ def test_docs_list_exactly_the_keys_of_the_format():
 
 @pytest.mark.parametrize("extra, where", [
     ("[[classes]]\nname = \"a\"\n[[classes]]\nname = \"a\"", "[[classes]][1].name: 'a' is already the name of [[classes]][0]"),
-    ("[[classes]]\nweight = 0", "[[classes]][0].weight: must be > 0, not 0"),
+    ("[[classes]]\nweight = 0", "[[classes]][0].weight: must be > 0.0, not 0"),
     ("[[classes]]\nshape = \"session\"\nturns = 2\ntool_before = [3]",
      "[[classes]][0].tool_before: turn(s) [3] past turns = 2 (allowed: 1..2)"),
     ("[inject]\ncancel_tasks = [5]", "[inject].cancel_tasks: task(s) [5] past the 4 tasks (allowed: 1..4)"),
@@ -204,8 +204,8 @@ def test_values_that_do_not_fit_together_are_refused_by_key(folder, extra, where
 @pytest.mark.parametrize("old, new, where", [
     ("n_tasks = 4", "n_tasks = 1000000000", "[arrivals].n_tasks: must be <= 100000, not 1000000000"),
     ("rate_rps = 2.0", "rate_rps = 1e-18", "[arrivals].rate_rps: 1e-18 tasks/s puts 4 tasks' arrivals 3e+18 s away"),
-    ("rate_rps = 2.0", "rate_rps = 1e300", "[arrivals].rate_rps: must be <= 100000, not 1e+300"),
-    ("deadline_ms = 60000", "deadline_ms = 1e30", "[contract].deadline_ms: must be <= 86400000, not 1e+30"),
+    ("rate_rps = 2.0", "rate_rps = 1e300", "[arrivals].rate_rps: must be <= 100000.0, not 1e+300"),
+    ("deadline_ms = 60000", "deadline_ms = 1e30", "[contract].deadline_ms: must be <= 86400000.0, not 1e+30"),
     ("n_tasks = 4", "n_tasks = 60000\n[[classes]]\nshape = \"session\"\nturns = 2",
      "[arrivals].n_tasks: 60000 tasks send 120000 requests (turns, branches): allowed at most 100000"),
     ("n_tasks = 4", "n_tasks = 2000\n[[classes]]\nprompt_tokens = 2000",

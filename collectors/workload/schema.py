@@ -321,9 +321,7 @@ def _problem(e: dict) -> str:
     bounds = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le")}
     if kind in bounds:
         op, name = bounds[kind]
-        bound = ctx[name]
-        bound = int(bound) if isinstance(bound, float) and bound.is_integer() else bound
-        return f"must be {op} {bound}, not {value!r}"
+        return f"must be {op} {ctx[name]}, not {value!r}"
     plain = {"missing": "required", "model_type": "must be a table", "dict_type": "must be a table",
              "list_type": f"must be a list, not {value!r}", "int_type": f"must be an integer, not {value!r}",
              "float_type": f"must be a number, not {value!r}", "bool_type": f"must be true or false, not {value!r}",
