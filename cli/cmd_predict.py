@@ -1,7 +1,6 @@
 """`inferledger predict`: bounds and expected ranges for a workload before it runs, written to a file."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -62,7 +61,7 @@ def predict_cmd(
     from inferledger.cli.output import console, echo_rows, fail
     from inferledger.studies.predict import PredictOptions, predict_workload
     from inferledger.collectors.workload import Workload
-    from inferledger.costmodel.prediction import PredictionError
+    from inferledger.costmodel.prediction import PredictionError, dumps
     from inferledger.probes.model_shape import ShapeError
 
     if device is not None and device_params is not None:
@@ -86,8 +85,12 @@ def predict_cmd(
         if not isinstance(exc, ModelLoadError):
             raise
         fail(f"error: {exc}")
+    try:
+        text = dumps(doc)
+    except PredictionError as exc:
+        fail(f"error: {exc}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
+    out.write_text(text)
     if echo_rows(fmt, COLUMNS, rows(doc)):
         return
     roofs = doc["roofs"]

@@ -100,7 +100,9 @@ def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOp
     with what was recorded."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
-    wl.context = wl.check_context(*_served_context(wl, options, bundle))  # before the run folder exists
+    # refused before the run folder exists: a bad prediction file, a prompt past the model's context
+    given = read_prediction(options.prediction) if options.prediction is not None else None
+    wl.context = wl.check_context(*_served_context(wl, options, bundle))
     # The manifest exists from the first second (state "starting") while the model loads and the
     # prompts are built; if that fails or a signal stops it, nothing was recorded and the folder is
     # taken away again.
@@ -108,7 +110,7 @@ def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOp
         try:
             with StartingManifest(out, {"source": SOURCE, "state": "starting", "target": options.target_entry(),
                                         "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256}}):
-                prep = _prepare(wl, options, bundle)
+                prep = _prepare(wl, options, bundle, given)
         except KeyboardInterrupt:  # SIGINT or SIGTERM while preparing: the folder is gone again, say so
             raise Interrupted(got["signum"] or signal.SIGINT, recorded=False) from None
     live, head = _open_run(out, prep, options)
@@ -130,10 +132,9 @@ def _served_context(wl: Workload, options: CaptureOptions, bundle) -> tuple[int 
     return (limit, "the engine's max_model_len") if limit and limit < context else (context, source)
 
 
-def _prepare(wl: Workload, options: CaptureOptions, bundle) -> Prepared:
-    """Everything slow or refusable before anything is recorded: a bad prediction file, model,
-    workload or tokenizer stops here and leaves no run."""
-    given = read_prediction(options.prediction) if options.prediction is not None else None
+def _prepare(wl: Workload, options: CaptureOptions, bundle, given: bytes | None) -> Prepared:
+    """Everything slow or refusable before anything is recorded (`given`: the prediction file's checked
+    bytes): a model, workload or tokenizer that fails stops here and leaves no run."""
     if options.embedded and bundle is None:
         from inferledger.engine.loader import load_model
 
