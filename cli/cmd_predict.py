@@ -58,7 +58,7 @@ def predict_cmd(
     """
     from rich.table import Table
 
-    from inferledger.cli.output import console, echo_rows, fail
+    from inferledger.cli.output import check_output, console, echo_rows, fail
     from inferledger.studies.predict import PredictOptions, predict_workload
     from inferledger.collectors.workload import Workload
     from inferledger.costmodel.prediction import PredictionError, dumps
@@ -66,6 +66,7 @@ def predict_cmd(
 
     if device is not None and device_params is not None:
         raise typer.BadParameter("give at most one of --device and --device-params", param_hint="--device")
+    check_output(out, "--out")  # before a minute of work
     try:
         wl = Workload.load(workload)
     except ValueError as exc:
