@@ -151,3 +151,13 @@ def test_without_ray_the_error_says_what_to_install_and_the_default_path_never_i
     code = ("import sys; from inferledger.ledger.reconstruct import reconstruct; "
             f"reconstruct({str(run)!r}); assert 'ray' not in sys.modules, 'ray imported'")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
+
+
+def test_a_partitioned_run_whose_parts_disagree_with_its_record_is_refused_before_ray_starts(tmp_path):
+    run = tmp_path / "run"
+    import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run)
+    repartition(run, 4)
+    victim = next((run / "events").glob("bucket-*/part-*.parquet"))
+    victim.unlink()
+    with pytest.raises(RunDirError, match=rf"{victim.parent.name}/{victim.name}: recorded in layout.json"):
+        reconstruct(run, BuildOptions(engine="ray"))
