@@ -204,3 +204,30 @@ def test_a_shape_built_any_other_way_is_checked_too():
     assert ModelShape.from_declared({"layers": 30, "d_model": 576, "n_heads": 8, "n_kv_heads": 8, "head_dim": 128,
                                      "ffn": 1536, "vocab": 49152, "tied_embeddings": True, "weight_bytes_per_param": 2,
                                      "act_bytes": 2, "kv_bytes": 2}, "x").q_dim == 1024
+
+
+def test_generated_model_configs_give_a_shape_that_can_exist_or_are_refused_by_key(tmp_path):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from inferledger.probes.model_shape import HF_KEYS, SHAPE_BOUNDS
+
+    value = st.sampled_from([0, -1, 1, 2, 3, 7, 64, 576, 10 ** 15, 2 ** 63, 1e15, float("nan"), float("inf"), True,
+                             "64", None]) | st.integers(-4, 5000)
+    keys = list(HF_KEYS.values()) + ["tie_word_embeddings", "torch_dtype"]
+    cfg = tmp_path / "config.json"
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.dictionaries(st.sampled_from(keys), value, max_size=4))
+    def check(changes):
+        cfg.write_text(json.dumps({**GOOD_CONFIG, **changes}))
+        try:
+            shape = ModelShape.from_hf_config(cfg)
+        except ShapeError as exc:
+            assert str(exc).startswith(str(cfg))
+            return
+        for field, top in SHAPE_BOUNDS.items():
+            assert 1 <= getattr(shape, field) <= top and not isinstance(getattr(shape, field), bool)
+        assert shape.n_heads % shape.n_kv_heads == 0 and 0 < shape.kv_bytes_per_token and 0 < shape.params
+
+    check()

@@ -394,3 +394,53 @@ def test_a_registered_prediction_of_another_run_is_not_valid_with_a_gap(register
         assert con.execute("SELECT count(*) FROM prediction_check").fetchone()[0] == 0
         gaps = con.execute("SELECT detail FROM gaps WHERE subject_id = 'prediction.json'").fetchall()
     assert len(gaps) == 1 and "made for another run: workload sha256 000000000000… is not the run's" in gaps[0][0]
+
+
+def test_generated_prediction_files_load_or_are_refused_by_name(tmp_path):
+    """Any bytes as a prediction file: a checked document, or a PredictionError naming the file; never
+    another exception (a RecursionError, a TypeError deep in the check)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from inferledger.costmodel.prediction import load
+
+    good = _doc(tmp_path)
+    leaves = st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats() | st.text(max_size=4) \
+        | st.sampled_from(["Infinity", "NaN", "-Infinity", "1e400"])
+    json_like = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3)
+                             | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
+    paths = [("max_batch",), ("schema",), ("roofs", "peak", "compute", "value"), ("roofs", "peak"),
+             ("requests", 0, "ttft_lower_ms"), ("requests", 0, "ttft_expected_ms", "sustained"),
+             ("requests", 0, "tpot_expected_ms"), ("requests", 0, "prompt_tokens"), ("requests",),
+             ("workload", "sha256"), ("model_shape",), ("device",)]
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(st.sampled_from(paths), json_like), max_size=3), st.booleans())
+    def check(changes, raw_tokens):
+        doc = json.loads(json.dumps(good))
+        tokens = {}
+        for n, (path, value) in enumerate(changes):
+            target = doc
+            for key in path[:-1]:
+                target = target[key] if isinstance(target, dict) and key in target or isinstance(target, list) \
+                    and isinstance(key, int) and key < len(target) else None
+                if target is None:
+                    break
+            if target is None or not isinstance(target, (dict, list)):
+                continue
+            if isinstance(target, list) and not (isinstance(path[-1], int) and path[-1] < len(target)):
+                continue
+            if raw_tokens and isinstance(value, str) and value in ("Infinity", "NaN", "-Infinity", "1e400"):
+                tokens[f'"@{n}"'], value = value, f"@{n}"  # as a bare token in the file, not a string
+            target[path[-1]] = value
+        text = json.dumps(doc)
+        for placeholder, token in tokens.items():
+            text = text.replace(placeholder, token)
+        try:
+            out = load(text, "pred.json")
+        except PredictionError as exc:
+            assert str(exc).startswith("pred.json: ")
+            return
+        assert json.loads(json.dumps(out, allow_nan=False)) == out  # what loads is strict JSON
+
+    check()

@@ -250,3 +250,63 @@ def test_prompt_and_output_are_checked_against_the_models_context(folder):
     assert wl.check_context(8192, "x") == {"tokens": 8192, "source": "x", "checked": True}
     skipped = wl.check_context(None, "a URL target")
     assert skipped["checked"] is False and "unknown" in skipped["why"]
+
+
+# ---- generated workloads: they load and plan within the bounds, or are refused naming a key ---------------
+
+HOSTILE_NUMBERS = [0, -1, 1, 2, 3, 7, 64, 10 ** 6, 2 ** 63 - 1, -2 ** 63, 0.0, 0.5, -0.5, 1e-18, 1e300,
+                   float("inf"), float("-inf"), float("nan")]
+KEYS = [("arrivals", "n_tasks"), ("arrivals", "rate_rps"), ("arrivals", "cv2"), ("arrivals", "process"),
+        ("arrivals", "concurrency"), ("arrivals", "think_ms"), ("arrivals", "speed"), ("contract", "deadline_ms"),
+        ("client", "timeout_ms"), ("client", "max_attempts"), ("client", "backoff_ms"), ("client", "jitter"),
+        ("generation", "max_tokens"), ("generation", "temperature"), ("inject", "cancel_every"),
+        ("inject", "cancel_tasks"), ("inject", "timeout_ms"), ("slo", "ttft_ms"), ("", "seed"),
+        ("classes", "weight"), ("classes", "turns"), ("classes", "branches"), ("classes", "shape"),
+        ("classes", "name"), ("classes", "tool_before"), ("classes", "max_tokens"), ("classes", "deadline_ms")]
+
+
+def _values():
+    from hypothesis import strategies as st
+
+    number = st.sampled_from(HOSTILE_NUMBERS) | st.integers(-5, 40) | st.floats(-1e3, 1e3)
+    return number | st.sampled_from(["poisson", "gamma", "closed", "session", "parallel", "a", "", "1"]) \
+        | st.booleans() | st.lists(number, max_size=3)
+
+
+def test_generated_workloads_load_and_plan_within_the_bounds_or_are_refused_by_key(folder):
+    import time
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from inferledger.collectors.workload.schema import MAX_REQUESTS
+
+    base = {"name": "w", "taskset": {"file": "tasks.jsonl"}, "arrivals": {"rate_rps": 2.0, "n_tasks": 4},
+            "contract": {"deadline_ms": 60000}, "client": {"timeout_ms": 2000}, "generation": {"max_tokens": 8}}
+    key_pattern = re.compile(r"^\S+: (seed|\[\w+\]|\[\[classes\]\])(\.\w+|\[\d+\])*: .+")
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(st.sampled_from(KEYS), _values()), min_size=1, max_size=4),
+           st.integers(0, 2))
+    def check(changes, n_classes):
+        spec = json.loads(json.dumps(base))
+        spec["classes"] = [{} for _ in range(n_classes)] or None
+        for (section, key), value in changes:
+            if section == "classes":
+                if spec["classes"]:
+                    spec["classes"][0][key] = value
+            elif section:
+                spec.setdefault(section, {})[key] = value
+            else:
+                spec[key] = value
+        try:
+            wl = Workload.from_dict(spec, base=folder, where="w.toml")
+        except ValueError as exc:
+            assert all(key_pattern.match(line) for line in str(exc).splitlines()), str(exc)
+            return
+        t0 = time.perf_counter()
+        plans, offsets = wl.plan(), wl.arrival_offsets()
+        assert time.perf_counter() - t0 < 10 and sum(len(p.requests) for p in plans) <= MAX_REQUESTS
+        assert offsets is None or all(0 <= t <= 7 * 86_400 for t in offsets)
+
+    check()
