@@ -133,7 +133,10 @@ class Workload:
         if problems:
             where = self.path or self.name
             raise ValueError("\n".join(f"{where}: {key}: {why} ({source})" for key, why in problems))
-        return {"tokens": context_tokens, "source": source, "checked": self.trace is None}
+        if self.trace is not None:
+            return {"tokens": context_tokens, "source": source, "checked": False,
+                    "why": "a trace's rows are fitted to the context when planned (manifest workload.trace)"}
+        return {"tokens": context_tokens, "source": source, "checked": True}
 
     # ---- what the client runs ------------------------------------------------------------------
     @property
