@@ -161,3 +161,16 @@ def test_a_partitioned_run_whose_parts_disagree_with_its_record_is_refused_befor
     victim.unlink()
     with pytest.raises(RunDirError, match=rf"{victim.parent.name}/{victim.name}: recorded in layout.json"):
         reconstruct(run, BuildOptions(engine="ray"))
+
+
+def test_bucket_folders_of_another_count_than_the_record_are_refused_not_a_smaller_ledger(tmp_path):
+    from inferledger.ledger.load import RunFiles
+    from inferledger.ledger.sharded import ShardError, _plan
+
+    run = tmp_path / "run"
+    import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run)
+    repartition(run, 2)
+    _plan(RunFiles(run, []))  # as written: every task in its bucket
+    (run / "events" / "layout.json").write_text('{"format": 1, "buckets": 7}')  # a record of another layout
+    with pytest.raises(ShardError, match=r"bucket-000\d: task '.+' belongs to bucket \d of the 7 buckets"):
+        _plan(RunFiles(run, []))
