@@ -138,3 +138,14 @@ def test_sigterm_while_preparing_leaves_no_run_and_no_starting_manifest(tmp_path
         signal.signal(signal.SIGTERM, old)
     assert info.value.signum == signal.SIGTERM and info.value.recorded is False and info.value.exit_code == 143
     assert not out.exists()
+
+
+def test_the_capture_command_refuses_a_prompt_past_the_context_with_exit_2_and_writes_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["capture", "-w", str(_long_prompt_workload(tmp_path, 9000)), "-o", str(out)])
+    assert res.exit_code == 2 and "prompt_tokens: 9000 + max_tokens" in res.output.replace("\n", "")
+    assert not out.exists()
