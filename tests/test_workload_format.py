@@ -194,7 +194,7 @@ def test_docs_list_exactly_the_keys_of_the_format():
     ("[[classes]]\nshape = \"session\"\nturns = 2\ntool_before = [3]",
      "[[classes]][0].tool_before: turn(s) [3] past turns = 2 (allowed: 1..2)"),
     ("[inject]\ncancel_tasks = [5]", "[inject].cancel_tasks: task(s) [5] past the 4 tasks (allowed: 1..4)"),
-    ("[[classes]]\nprompt_tokens = 2000000", "[[classes]][0].prompt_tokens: must be <= 1048576, not 2000000"),
+    ("[[classes]]\nprompt_tokens = 2000000", "[[classes]][0].prompt_tokens: must be <= 262144, not 2000000"),
     ("[[classes]]\nshape = \"parallel\"\nbranches = 100000", "[[classes]][0].branches: must be <= 256, not 100000"),
 ])
 def test_values_that_do_not_fit_together_are_refused_by_key(folder, extra, where):
@@ -209,7 +209,7 @@ def test_values_that_do_not_fit_together_are_refused_by_key(folder, extra, where
     ("n_tasks = 4", "n_tasks = 60000\n[[classes]]\nshape = \"session\"\nturns = 2",
      "[arrivals].n_tasks: 60000 tasks send 120000 requests (turns, branches): allowed at most 100000"),
     ("n_tasks = 4", "n_tasks = 2000\n[[classes]]\nprompt_tokens = 2000",
-     "[arrivals].n_tasks: 2000 tasks need 4000000 prompt tokens built to an exact count: allowed at most 2000000"),
+     "[arrivals].n_tasks: 2000 tasks need 4000000 prompt tokens built to an exact count: allowed at most 1500000"),
 ])
 def test_counts_rates_and_horizons_past_the_planning_bounds_are_refused(folder, old, new, where):
     assert where in _refused(folder, GOOD.replace(old, new))
@@ -219,7 +219,8 @@ def test_the_planning_bounds_are_stated_in_the_docs():
     from inferledger.collectors.workload import schema
 
     text = (REPO / "docs" / "CAPTURE.md").read_text().split("### Bounds", 1)[1].split("\n## ", 1)[0]
-    for name in ("MAX_TASKS", "MAX_REQUESTS", "MAX_BUILT_TOKENS", "MAX_FANOUT", "MAX_LENGTH", "MAX_HORIZON_S"):
+    for name in ("MAX_TASKS", "MAX_REQUESTS", "MAX_BUILT_TOKENS", "MAX_PROMPT_TOKENS", "MAX_FANOUT", "MAX_LENGTH",
+                 "MAX_HORIZON_S"):
         assert f"{int(getattr(schema, name)):,}" in text, name
 
 

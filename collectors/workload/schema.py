@@ -24,9 +24,10 @@ OnTimeout = Literal["disconnect", "abandon"]
 # before anything is planned, so a file past them is refused at once instead of planning for hours.
 MAX_TASKS = 100_000  # n_tasks, a trace's rows
 MAX_REQUESTS = 100_000  # requests planned in all: tasks x turns (session) or branches (parallel)
-MAX_BUILT_TOKENS = 2_000_000  # prompt tokens built to an exact count, in all requests together
+MAX_BUILT_TOKENS = 1_500_000  # prompt tokens built to an exact count, in all requests together
+MAX_PROMPT_TOKENS = 262_144  # one prompt built to an exact count (prompt_tokens, shared_prefix_tokens)
 MAX_FANOUT = 256  # turns of a session, branches of a parallel task
-MAX_LENGTH = 1 << 20  # tokens of any one length: prompt_tokens, max_tokens, context_tokens, block_tokens
+MAX_LENGTH = 1 << 20  # tokens of any other length: max_tokens, context_tokens, block_tokens
 MAX_MS = 86_400_000.0  # one day: any duration in ms (deadline, timeout, think, tool, backoff)
 MAX_HORIZON_S = 7 * 86_400.0  # a week: the last planned arrival
 MAX_RATE_RPS = 100_000.0
@@ -126,8 +127,8 @@ class TaskClass(Section):
     name: str | None = None  # None: class<i>
     weight: float = Field(1.0, gt=0, le=1e6)
     shape: Shape = "single"
-    prompt_tokens: int | None = Field(None, ge=1, le=MAX_LENGTH)  # the first request's whole templated prompt, exactly
-    shared_prefix_tokens: int = Field(0, ge=0, le=MAX_LENGTH)  # leading tokens identical across the class
+    prompt_tokens: int | None = Field(None, ge=1, le=MAX_PROMPT_TOKENS)  # the first request's whole templated prompt, exactly
+    shared_prefix_tokens: int = Field(0, ge=0, le=MAX_PROMPT_TOKENS)  # leading tokens identical across the class
     turns: int = Field(1, ge=1, le=MAX_FANOUT)  # session
     branches: int = Field(1, ge=1, le=MAX_FANOUT)  # parallel
     tool_ms: Ms = 0.0  # session: a simulated tool call before the turns in tool_before
