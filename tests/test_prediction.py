@@ -394,6 +394,11 @@ def test_a_registered_prediction_of_another_run_is_not_valid_with_a_gap(register
         assert con.execute("SELECT count(*) FROM prediction_check").fetchone()[0] == 0
         gaps = con.execute("SELECT detail FROM gaps WHERE subject_id = 'prediction.json'").fetchall()
     assert len(gaps) == 1 and "made for another run: workload sha256 000000000000… is not the run's" in gaps[0][0]
+    from inferledger.report.build import build_report
+
+    html = build_report(run, tmp_path / "report.html").path.read_text()
+    section = html[html.index('id="a-prediction"'):]
+    assert "not valid: prediction.json was made for another run: workload sha256 000000000000" in section
 
 
 def test_generated_prediction_files_load_or_are_refused_by_name(tmp_path):
