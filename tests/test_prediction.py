@@ -449,3 +449,22 @@ def test_generated_prediction_files_load_or_are_refused_by_name(tmp_path):
         assert json.loads(json.dumps(out, allow_nan=False)) == out  # what loads is strict JSON
 
     check()
+
+
+@pytest.mark.parametrize("params, refusal", [
+    ('{"memcpy_gbps": {"peak": Infinity, "median": 1.0}, "matmul_tflops": {"peak": 1.0, "median": 0.5}}',
+     "Infinity is not a JSON number"),
+    ('{"memcpy_gbps": {"peak": 10.0, "median": 50.0}, "matmul_tflops": {"peak": 1.0, "median": 0.5}}',
+     "roofs.sustained.memory = 50 GB/s is above roofs.peak.memory = 10 GB/s"),
+])
+def test_predict_refuses_roofs_that_are_not_finite_or_a_median_above_its_peak(tmp_path, params, refusal):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,
+                               "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+                               "tie_word_embeddings": True, "torch_dtype": "bfloat16"}))
+    (tmp_path / "params.json").write_text(params)
+    out = tmp_path / "pred.json"
+    res = CliRunner().invoke(app, ["predict", "-w", str(_workload(tmp_path)), "--model-config", str(cfg),
+                                   "--device-params", str(tmp_path / "params.json"), "-o", str(out)])
+    assert res.exit_code == 2 and refusal in res.output, res.output
+    assert not out.exists()
