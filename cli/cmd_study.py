@@ -35,15 +35,18 @@ def study_cmd(
     """
     from rich.table import Table as RichTable
 
-    from inferledger.cli.output import check_output, console, echo_sections, fail
+    from inferledger.cli.output import check_output
+
+    if out is not None:  # before anything is loaded (the default is a new folder under runs/)
+        check_output(out, "--out", folder=True)
+    from inferledger.cli.output import console, echo_sections, fail
     from inferledger.studies.framework import StudyError, parse_sets, run_study
     from inferledger.studies.registry import get_study
 
-    target = out or Path("runs") / f"study-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    check_output(target, "--out", folder=True)
     try:
         study = get_study(name)
         options = parse_sets(study, sets or [])
+        target = out or Path("runs") / f"study-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         result = run_study(study, target, options)
     except StudyError as exc:
         fail(f"error: {exc}")

@@ -91,25 +91,6 @@ def test_options_and_folders_are_checked_before_anything_runs(tmp_path):
     assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]
 
 
-def test_a_broken_study_json_is_named_with_its_key(tmp_path):
-    run_study(_study(archives=("cancel_release",)), tmp_path / "s")
-    doc = json.loads((tmp_path / "s" / "study.json").read_text())
-    del doc["knob"]
-    (tmp_path / "s" / "study.json").write_text(json.dumps(doc))
-    with pytest.raises(RunFolderError, match=r"study.json: knob: missing"):
-        StudyIndex.read(tmp_path / "s").doc
-    doc["knob"], doc["runs"][0]["dir"] = "archive", 7
-    (tmp_path / "s" / "study.json").write_text(json.dumps(doc))
-    with pytest.raises(RunFolderError, match=r"study.json: runs\[0\]\.dir: expected str"):
-        StudyIndex.read(tmp_path / "s").doc
-
-
-def test_the_command_refuses_an_unknown_study_with_exit_2():
-    res = CliRunner().invoke(app, ["study", "no-such-study"])
-    assert res.exit_code == 2
-    assert "no study named 'no-such-study'" in res.output
-
-
 @pytest.mark.parametrize("pair, refusal", [
     ("chunk=0", "--set chunk=0: must be >= 1 and <= 65536"),
     ("chunk=-1", "--set chunk=-1: must be >= 1 and <= 65536"),
@@ -134,3 +115,23 @@ def test_a_non_finite_or_out_of_range_float_knob_is_refused():
             parse_sets(get_study("load"), [f"deadline_batches={text}"])
     with pytest.raises(StudyError, match="budget=1: must be >= 2"):
         get_study("schedule-book").resolve_options({"budget": 1})
+
+
+def test_a_broken_study_json_is_named_with_its_key(tmp_path):
+    run_study(_study(archives=("cancel_release",)), tmp_path / "s")
+    doc = json.loads((tmp_path / "s" / "study.json").read_text())
+    del doc["knob"]
+    (tmp_path / "s" / "study.json").write_text(json.dumps(doc))
+    with pytest.raises(RunFolderError, match=r"study.json: knob: missing"):
+        StudyIndex.read(tmp_path / "s").doc
+    doc["knob"], doc["runs"][0]["dir"] = "archive", 7
+    (tmp_path / "s" / "study.json").write_text(json.dumps(doc))
+    with pytest.raises(RunFolderError, match=r"study.json: runs\[0\]\.dir: expected str"):
+        StudyIndex.read(tmp_path / "s").doc
+
+
+def test_the_command_refuses_an_unknown_study_with_exit_2():
+    res = CliRunner().invoke(app, ["study", "no-such-study"])
+    assert res.exit_code == 2
+    assert "no study named 'no-such-study'" in res.output
+

@@ -174,11 +174,12 @@ def _open_run(out: Path, prep: Prepared, options: CaptureOptions) -> tuple[Live,
     client_clock = f"client-mono:{host}" if options.separate_clocks else engine_clock
     head = {"source": SOURCE, "state": "running", "target": options.target_entry(),
             "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec,
-                         **({"trace": wl.trace.summary} if wl.trace else {}),
-                         **({"context": wl.context} if wl.context is not None else {})},
+                         **({"trace": wl.trace.summary} if wl.trace else {})},
             **({"slo": wl.slo} if wl.slo else {}), "client": {"clock": client_clock},
             "host": {"name": host, "platform": platform.platform(), "python": platform.python_version()}}
     head["device_params"] = prep.device_params
+    if wl.context is not None:  # the prompts against the served model's context: checked, or why not
+        head["workload"]["context"] = wl.context
     # registered before the server exists: every event of the run comes after it
     head["prediction"] = register(out, prep.prediction, prep.prediction_source,
                                   engine_clock if options.embedded else client_clock) \
