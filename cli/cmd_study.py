@@ -35,13 +35,13 @@ def study_cmd(
     """
     from rich.table import Table as RichTable
 
+    from inferledger.cli.output import console, echo_sections, fail
+    from inferledger.studies.framework import StudyError, parse_sets, run_study
+    from inferledger.studies.registry import get_study
     from inferledger.cli.output import check_output
 
     if out is not None:  # before anything is loaded (the default is a new folder under runs/)
         check_output(out, "--out", folder=True)
-    from inferledger.cli.output import console, echo_sections, fail
-    from inferledger.studies.framework import StudyError, parse_sets, run_study
-    from inferledger.studies.registry import get_study
 
     try:
         study = get_study(name)

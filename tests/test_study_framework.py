@@ -134,4 +134,3 @@ def test_the_command_refuses_an_unknown_study_with_exit_2():
     res = CliRunner().invoke(app, ["study", "no-such-study"])
     assert res.exit_code == 2
     assert "no study named 'no-such-study'" in res.output
-
