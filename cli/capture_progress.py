@@ -59,6 +59,10 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
             raise typer.Exit(2)
         except Interrupted as exc:  # the run directory is closed: say what it holds, no traceback
             progress.stop()
+            if not exc.recorded:
+                console.print(f"[yellow]interrupted[/] ({exc}) while preparing: nothing was recorded, no run "
+                              f"left in {out}")
+                raise typer.Exit(exc.exit_code)
             console.print(f"[yellow]interrupted[/] ({exc}): everything recorded so far is in {out} (manifest "
                           f"state 'interrupted'); the attempts in flight show as unterminated after "
                           f"[cyan]inferledger reconstruct {out}[/]")

@@ -27,7 +27,7 @@ def export_cmd(
 
     Example: [cyan]inferledger export runs/r1 --as perfetto[/]  (then open the file at ui.perfetto.dev)
     """
-    from inferledger.cli.output import console, fail
+    from inferledger.cli.output import check_output, console, fail
     from inferledger.report.export import FORMATS, export_run
     from inferledger.ledger.query import LedgerError
 
@@ -36,6 +36,8 @@ def export_cmd(
         raise typer.BadParameter(f"{kind!r}: choose one of {', '.join(FORMATS)}", param_hint="--as")
     if endpoint and fmt != "otlp":
         raise typer.BadParameter("--endpoint goes with --as otlp", param_hint="--endpoint")
+    if out is not None:
+        check_output(out, "--out")
     try:
         result = export_run(run, fmt, out, endpoint=endpoint)
     except LedgerError as exc:

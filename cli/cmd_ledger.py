@@ -42,6 +42,10 @@ def reconstruct_cmd(
 
     Example: [cyan]inferledger reconstruct runs/r1 && inferledger query runs/r1 "select * from accounts"[/]
     """
+    from inferledger.cli.output import check_output
+
+    if out is not None:  # before anything is read
+        check_output(out, "--out")
     from inferledger.cli.output import console, echo_sections, fail
     from inferledger.cli.summary import print_sections, summary_sections
     from inferledger.ledger.memory import SizeError

@@ -1,7 +1,6 @@
 """`inferledger predict`: bounds and expected ranges for a workload before it runs, written to a file."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -61,14 +60,15 @@ def predict_cmd(
     """
     from rich.table import Table
 
-    from inferledger.cli.output import console, echo_rows, fail
+    from inferledger.cli.output import check_output, console, echo_rows, fail
     from inferledger.studies.predict import PredictOptions, predict_workload
     from inferledger.collectors.workload import Workload
-    from inferledger.costmodel.prediction import PredictionError
+    from inferledger.costmodel.prediction import PredictionError, dumps
     from inferledger.probes.model_shape import ShapeError
 
     if device is not None and device_params is not None:
         raise typer.BadParameter("give at most one of --device and --device-params", param_hint="--device")
+    check_output(out, "--out")  # before a minute of work
     try:
         wl = Workload.load(workload)
     except ValueError as exc:
@@ -88,8 +88,12 @@ def predict_cmd(
         if not isinstance(exc, ModelLoadError):
             raise
         fail(f"error: {exc}")
+    try:
+        text = dumps(doc)
+    except PredictionError as exc:
+        fail(f"error: {exc}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
+    out.write_text(text)
     if echo_rows(fmt, COLUMNS, rows(doc)):
         return
     roofs = doc["roofs"]

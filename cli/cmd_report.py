@@ -26,12 +26,14 @@ def report_cmd(
 
     Example: [cyan]inferledger report runs/r1 --compare runs/r0[/]
     """
-    from inferledger.cli.output import console, fail
+    from inferledger.cli.output import check_output, console, fail
     from inferledger.report.build import build_report
     from inferledger.ledger.query import LedgerError
 
     if detail < 1:
         raise typer.BadParameter("needs at least 1 row", param_hint="--detail")
+    if out is not None:
+        check_output(out, "--out")
     from inferledger.probes.study_dir import is_study_dir
 
     try:

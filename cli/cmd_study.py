@@ -37,6 +37,10 @@ def study_cmd(
     from inferledger.cli.output import console, echo_sections, fail, print_rows
     from inferledger.studies.framework import StudyError, parse_sets, run_study
     from inferledger.studies.registry import get_study
+    from inferledger.cli.output import check_output
+
+    if out is not None:  # before anything is loaded (the default is a new folder under runs/)
+        check_output(out, "--out", folder=True)
 
     try:
         study = get_study(name)

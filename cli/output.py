@@ -35,6 +35,17 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def check_output(path, flag: str, *, folder: bool = False) -> None:
+    """Exit 2 naming `flag` and the reason unless `path` can be written (a file, or with `folder` a new
+    or empty folder): every command that writes checks this before it loads anything."""
+    from inferledger.collectors.rundir.out_dir import OutDirError, check_new_folder, check_out_file
+
+    try:
+        (check_new_folder if folder else check_out_file)(path, flag)
+    except OutDirError as exc:
+        fail(f"error: {exc}")
+
+
 def plain(v):
     """A JSON-ready Python value (NaN and infinities have no JSON spelling: null)."""
     if isinstance(v, float) and not math.isfinite(v):

@@ -15,6 +15,7 @@ Every figure is a step of the workload model on labelled roofs:
 """
 from __future__ import annotations
 
+import json
 import math
 
 from inferledger.probes.model_shape import ModelShape
@@ -41,6 +42,70 @@ def sustained_roofs(device_params: dict | None) -> Roofs | None:
                       "the median of the capture-start matmul repeats at the fastest shape"),
                  Roof("memory", float(mem["median"]), "GB/s", "microbenchmark", "sustained",
                       "the median of the capture-start stream repeats"))
+
+
+def _no_constant(token: str):
+    raise ValueError(f"{token} is not a JSON number (strict JSON has no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} overflows a double: not a finite number")
+    return value
+
+
+def strict_json(data: bytes | str, where: str):
+    """`data` parsed as strict JSON (no NaN / Infinity tokens, no nesting deep enough to overflow the
+    parser); PredictionError naming `where` otherwise."""
+    try:
+        return json.loads(data, parse_constant=_no_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise PredictionError(f"{where}: nested too deeply to be a prediction or device parameters") from None
+    except ValueError as exc:
+        raise PredictionError(f"{where}: not valid JSON ({exc})") from None
+
+
+def load(data: bytes | str, where: str) -> dict:
+    """A prediction file's bytes, parsed strictly and checked (`check`)."""
+    return check(strict_json(data, where), where)
+
+
+def _first_non_finite(v, path: str = "") -> str | None:
+    if isinstance(v, float) and not math.isfinite(v):
+        return f"{path} = {v}"
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    for k, x in items:
+        found = _first_non_finite(x, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}".lstrip("."))
+        if found:
+            return found
+    return None
+
+
+def dumps(doc: dict) -> str:
+    """The prediction as strict JSON; PredictionError naming the first figure that is NaN or infinite."""
+    try:
+        return json.dumps(doc, indent=1, allow_nan=False)
+    except ValueError:
+        raise PredictionError(f"prediction: {_first_non_finite(doc)}: not a finite number, so not strict JSON; "
+                              f"check the roofs and device parameters it was computed from") from None
+
+
+def _check_roofs(peak: Roofs, sustained: Roofs | None) -> None:
+    """Every roof finite and positive, and no sustained rate above its peak (a median cannot exceed
+    the peak it is the median of: such roofs would put an expected range below its own lower bound)."""
+    for kind, roofs in (("peak", peak), ("sustained", sustained)):
+        for roof in (roofs.compute, roofs.memory) if roofs is not None else ():
+            if isinstance(roof.value, bool) or not isinstance(roof.value, (int, float)) \
+                    or not math.isfinite(roof.value) or roof.value <= 0:
+                raise PredictionError(f"roofs.{kind}.{roof.quantity} = {roof.value!r}: expected a finite number > 0 "
+                                      f"({roof.source}: {roof.label})")
+    for name in ("compute", "memory"):
+        high, mid = getattr(peak, name), getattr(sustained, name) if sustained is not None else None
+        if mid is not None and mid.value > high.value:
+            raise PredictionError(f"roofs.sustained.{name} = {mid.value:g} {mid.unit} is above roofs.peak.{name} = "
+                                  f"{high.value:g} {high.unit} ({mid.source}: {mid.label}): a sustained rate cannot "
+                                  f"exceed its peak; measure the device again")
 
 
 def request_shapes(classes) -> list[dict]:
@@ -72,6 +137,7 @@ def predict(shape: ModelShape, shapes: list[dict], peak: Roofs, *, max_batch: in
     if not shapes:
         raise PredictionError("prediction: the workload declares no request shape with a prompt length "
                               "(classes need prompt_tokens)")
+    _check_roofs(peak, sustained)
     requests = []
     for r in shapes:
         steps = _steps(r, max_batch)
@@ -112,7 +178,8 @@ def _field(doc, path: str, where: str, kind, check=None, why: str = ""):
             v = v[int(key)] if isinstance(v, list) else v[key]
         except (KeyError, IndexError, TypeError, ValueError):
             raise PredictionError(f"{where}: field {path} is missing") from None
-    if not isinstance(v, kind) or isinstance(v, bool) or (check is not None and not check(v)):
+    if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, float) and not math.isfinite(v)) \
+            or (check is not None and not check(v)):
         raise PredictionError(f"{where}: field {path} = {v!r}: expected {why}")
     return v
 
@@ -137,6 +204,17 @@ def check(doc, where: str) -> dict:
             ranges = _field(doc, f"requests[{i}].{key}", where, dict, why="an object of ranges")
             for kind in ranges:
                 _field(doc, f"requests[{i}].{key}.{kind}", where, list,
-                       lambda v: kind in RANGE_KINDS and len(v) == 2 and all(isinstance(x, (int, float)) for x in v)
-                       and 0 <= v[0] <= v[1], f"[low, high] with 0 <= low <= high under one of {RANGE_KINDS}")
+                       lambda v: kind in RANGE_KINDS and len(v) == 2 and all(
+                           isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+                       and 0 <= v[0] <= v[1], f"[low, high], finite, with 0 <= low <= high under one of {RANGE_KINDS}")
+            bound = reqs[i][key.replace("expected", "lower")]
+            low = (ranges.get("sustained") or [bound])[0]
+            if low < bound * (1 - 1e-9):  # the sustained roofs are at most the peaks: no range starts below the bound
+                raise PredictionError(f"{where}: field requests[{i}].{key}.sustained = {ranges['sustained']}: starts "
+                                      f"below its own lower bound {key.replace('expected', 'lower')} = {bound}")
+    for key in ("workload", "model_shape", "device"):
+        if key in doc:
+            _field(doc, key, where, dict, why="an object")
+    if "sha256" in doc.get("workload", {}):
+        _field(doc, "workload.sha256", where, str, why="the workload's sha256")
     return doc

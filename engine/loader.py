@@ -169,6 +169,25 @@ def load_tokenizer(path=None) -> Tokenizer:
     return _gguf_tokenizer(path, meta)
 
 
+def model_context(path=None) -> int:
+    """The model's context (its positions) from its metadata alone, before any weights load: a GGUF
+    file's `<arch>.context_length`, an HF folder's `max_position_embeddings` (2048 when absent, as
+    `load_model` reads it); a bad or unreadable checkpoint raises ModelLoadError."""
+    path = Path(path) if path is not None else default_model_path()
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such model file or folder")
+    if path.is_dir():
+        value = _hf_config(path).get("max_position_embeddings", 2048)
+        where = f"{path / 'config.json'}: max_position_embeddings"
+    else:
+        _reader, meta = _gguf_reader(path)
+        key = f"{meta.get('general.architecture')}.context_length"
+        value, where = meta.get(key), f"{path}: GGUF field {key!r}"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelLoadError(f"{where} is {value!r}, not a positive integer")
+    return value
+
+
 def _gguf_reader(path: Path):
     import gguf
 

@@ -25,7 +25,8 @@ READS: tuple[str, ...] = ()
 CREATES = ("events", "samples", "clocks", "task_contracts", "gaps_file", "load_gaps")
 PUBLIC = ("events", "samples", "clocks")
 SCOPE = "run"  # every shard loads what it is handed; the final ledger loads the whole run
-# @gaps: an event id found more than once in the run's parts (the first copy is kept)
+# @gaps: an event id found more than once in the run's parts (the first copy is kept), or a part newer
+#   than the partition layout record (a capture killed between writing it and recording it: read all the same)
 GAPS = gap_table("load")
 
 
@@ -39,6 +40,7 @@ class RunFiles:
     event_parts: list[Path]
     sample_parts: list[Path] = field(default_factory=list)
     manifest: Manifest = field(default_factory=Manifest)  # read once per rebuild, handed to every stage
+    newer_parts: list[str] = field(default_factory=list)  # parts newer than the layout record (check_layout)
 
     def name(self, path: str | Path) -> str:
         """A file's name relative to the run directory, as messages give it."""
@@ -189,4 +191,5 @@ def build(con, run: RunFiles) -> None:
                             "move it out of the run directory and rebuild")
     gaps = _dedupe(con, run)
     _check_counts(con, run)
-    GAPS.store(con, gaps)
+    GAPS.store(con, gaps + [("run", line.split(":", 1)[0], "events (rows no layout record vouches for)",
+                             "the partition layout record of every part", line) for line in run.newer_parts])

@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 
-from inferledger.costmodel.prediction import PredictionError, check
+from inferledger.costmodel.prediction import PredictionError, load
 import pyarrow as pa
 
 from inferledger.ledger.tables import StageTable, gap_table
+from inferledger.probes.model_shape import ShapeError
 from inferledger.probes.run_dir import PREDICTION_FILE
 from inferledger.probes.run_folder import MANIFEST_FILE
 
@@ -24,8 +25,9 @@ READS = ("events", "marks", "request_metrics", "quantile_linear")
 CREATES = ("prediction_shapes", "prediction_registration", "prediction_check", "prediction_check_gaps")
 SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("prediction_registration", "prediction_check")
-# @gaps: a registered prediction that is missing, changed after registration or not of the prediction format,
-#   or a prediction.json the manifest does not register
+# @gaps: a registered prediction that is missing, changed after registration, not of the prediction format
+#   or made for another run (its workload sha256, model shape or device not the run's), or a prediction.json
+#   the manifest does not register
 GAPS = gap_table("prediction_check")
 
 _SHAPE_COLS = ("class", "prompt_tokens", "cached_tokens", "output_tokens", "ttft_lower_ms", "ttft_sustained_low_ms",
@@ -57,10 +59,37 @@ def _registered(run) -> tuple[dict | None, dict | None, list[tuple[str, str, str
                               f"{PREDICTION_FILE} has sha256 {digest}, {MANIFEST_FILE} registered "
                               f"{block.get('sha256')}: the file was changed after registration")]
     try:
-        doc = check(json.loads(data), PREDICTION_FILE)
-    except (ValueError, PredictionError) as exc:
+        doc = load(data, PREDICTION_FILE)
+    except PredictionError as exc:
         return block, None, [(affects, "a prediction file of the inferledger.prediction format", str(exc))]
+    wrong = _not_this_run(doc, run.manifest)
+    if wrong:
+        return block, None, [(affects, "a prediction made for this run's workload, model shape and device",
+                              f"{PREDICTION_FILE} was made for another run: {'; '.join(wrong)}")]
     return block, doc, []
+
+
+def _not_this_run(doc: dict, manifest) -> list[str]:
+    """How the prediction's workload (sha256), model shape and device differ from the run's; what
+    either side does not say is not compared."""
+    out = []
+    theirs, ours = (doc.get("workload") or {}).get("sha256"), manifest.block("workload").get("sha256")
+    if theirs and ours and theirs != ours:
+        out.append(f"workload sha256 {theirs[:12]}… is not the run's {ours[:12]}…")
+    try:
+        shape = manifest.model_shape().to_dict()
+    except ShapeError:
+        shape = None
+    predicted = doc.get("model_shape") or {}
+    if shape is not None and predicted:
+        differ = [f"{k} {predicted.get(k)!r} (the run's: {v!r})" for k, v in shape.items()
+                  if k != "source" and predicted.get(k) != v]
+        if differ:
+            out.append("model shape " + ", ".join(differ))
+    theirs, ours = (doc.get("device") or {}).get("name"), manifest.device_name
+    if theirs and ours and theirs != ours:
+        out.append(f"device {theirs!r} is not the run's {ours!r}")
+    return out
 
 
 def _range(r: dict, key: str, kind: str) -> list:
@@ -131,7 +160,8 @@ GROUP BY ALL ORDER BY s.prompt_tokens, any_value(s.ord)
 #   one (docs/LEDGER.md "prediction_registration and prediction_check")
 # @column sha256: the registered file's sha256, as manifest.json prediction.sha256 holds it
 # @column source: where the prediction came from: the file given to capture --prediction, or the capture's own
-# @column valid: prediction.json is there, matches sha256 and is of the prediction format (else a gap row)
+# @column valid: prediction.json is there, matches sha256, is of the prediction format and was made for this
+#   run's workload, model shape and device (else a gap row says which)
 # @column clock: the clock of registered_ns (the capture host's monotonic clock)
 # @column registered_ns: the registration time, ns on clock
 # @column registered_wall_ns: the same moment in Unix time, ns

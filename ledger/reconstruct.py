@@ -21,7 +21,7 @@ from inferledger.ledger.remote import RemoteRunError, is_url, stage
 from inferledger.ledger.modules import ledger_modules, public_tables
 from inferledger.ledger.stages import RunDirError, StageError, run_modules, set_variables  # noqa: F401 (API)
 from inferledger.probes.events import EVENT_SCHEMA, SAMPLE_SCHEMA
-from inferledger.probes.run_dir import PartError, list_parts
+from inferledger.probes.run_dir import PartError, check_layout, list_parts
 from inferledger.probes.run_folder import SLO_KEYS, Manifest, RunFolderError
 
 PUBLIC_TABLES = public_tables()
@@ -101,10 +101,11 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: no such run directory")
-    try:  # every part checked whole and of our schema, merged ranges over their leftovers
-        parts = list_parts(run_dir / "events", EVENT_SCHEMA)
+    try:  # every part checked whole and of our schema, merged ranges over their leftovers; the run as a whole
+        parts = list_parts(run_dir / "events", EVENT_SCHEMA)  # against its layout record (every engine)
         sample_parts = list_parts(run_dir / "samples", SAMPLE_SCHEMA)
-    except PartError as exc:
+        newer = check_layout(run_dir / "events")
+    except (PartError, RunFolderError) as exc:
         raise RunDirError(str(exc)) from None
     if not parts:
         raise RunDirError(f"{run_dir}/events: no event parts (part-*.parquet); capture or import a run first")
@@ -122,7 +123,7 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
         bound(con, limit, spill)
         variables = run_variables(manifest, run_id)
         set_variables(con, variables)
-        run = RunFiles(run_dir, parts, sample_parts, manifest)
+        run = RunFiles(run_dir, parts, sample_parts, manifest, newer)
         if engine == "ray":
             from inferledger.ledger.sharded import build_sharded
 

@@ -139,7 +139,24 @@ def _plan(run: RunFiles) -> tuple[int, list[list[str]], dict[str, list[str]], li
     by_folder = {p.name: [str(x) for x in list_parts(p, EVENT_SCHEMA)] for p in partitions(events)}
     engines = [parts for name, parts in by_folder.items() if partition_kind(name) == "engine"]
     buckets = {name: parts for name, parts in by_folder.items() if partition_kind(name) == "bucket" and parts}
+    _check_buckets(events, layout.buckets, buckets)
     return layout.buckets, engines, buckets, by_folder.get(RUN_PARTITION, [])
+
+
+def _check_buckets(events: Path, n: int, buckets: dict[str, list[str]]) -> None:
+    """ShardError unless every task's events sit in the folder of the task's bucket under the record's
+    count: a shard owns only its bucket's tasks, so folders of another count would lose rows silently."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        for name, parts in buckets.items():
+            got = con.execute(f"SELECT task_id, {BUCKET_SQL.format(key='task_id', buckets=n)} AS b FROM "
+                              f"read_parquet(?) WHERE task_id IS NOT NULL AND b <> {int(name.split('-', 1)[1])} "
+                              "LIMIT 1", [parts]).fetchall()
+            if got:
+                raise ShardError(f"{events / name}: task {got[0][0]!r} belongs to bucket {got[0][1]} of the {n} "
+                                 f"buckets {LAYOUT_FILE} records: the folders were written for another bucket count; "
+                                 f"run `inferledger repartition` again (a sharded rebuild would lose its rows)")
 
 
 def _ray(address: str | None, workers: int):

@@ -27,6 +27,32 @@ ARCHITECTURE_KEYS = {"layers": "n_layers", "d_model": "d_model", "n_heads": "n_h
                      "head_dim": "head_dim", "ffn": "ffn_dim", "vocab": "vocab_size", "tied_embeddings": "tie_embeddings"}
 
 
+# The shapes a transformer can have (docs/MODEL.md "The shape"): each count an integer within these
+# bounds, the heads grouped evenly (n_kv_heads divides n_heads); a shape outside them is refused by key.
+SHAPE_BOUNDS = {"layers": 4096, "d_model": 1 << 18, "n_heads": 4096, "n_kv_heads": 4096, "head_dim": 4096,
+                "ffn": 1 << 20, "vocab": 1 << 24}
+# each field of the shape as an HF config.json spells it
+HF_KEYS = {"layers": "num_hidden_layers", "d_model": "hidden_size", "n_heads": "num_attention_heads",
+           "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "ffn": "intermediate_size",
+           "vocab": "vocab_size"}
+
+
+def shape_problems(values: dict, names: dict | None = None) -> list[str]:
+    """What makes these counts (by field name) a shape no transformer has, each naming its key as
+    `names` spells it (default: the field's own name); empty when the shape can exist."""
+    names = names or {}
+    out = []
+    for field, top in SHAPE_BOUNDS.items():
+        v = values.get(field)
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
+            out.append(f"{names.get(field, field)}: must be an integer in 1..{top}, not {v!r}")
+    h, kv = values.get("n_heads"), values.get("n_kv_heads")
+    if not out and h % kv:
+        out.append(f"{names.get('n_kv_heads', 'n_kv_heads')}: {kv} does not divide "
+                   f"{names.get('n_heads', 'n_heads')} = {h} (each KV head serves a whole group of query heads)")
+    return out
+
+
 def dtype_bytes(name: str, where: str) -> int:
     key = str(name).removeprefix("torch.")
     if key not in DTYPE_BYTES:
@@ -48,6 +74,11 @@ class ModelShape:
     act_bytes: int               # bytes of one activation element
     kv_bytes: int                # bytes of one cached K or V element
     source: str = "declared"     # where the shape came from (manifest, a config.json path)
+
+    def __post_init__(self) -> None:
+        problems = shape_problems({f: getattr(self, f) for f in SHAPE_BOUNDS})
+        if problems:
+            raise ShapeError(f"{self.source}: a shape no transformer has: " + "; ".join(problems))
 
     @property
     def q_dim(self) -> int:
@@ -135,16 +166,27 @@ class ModelShape:
             raise ShapeError(f"{path}: not valid JSON ({exc})") from None
         cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else cfg
         need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
-        missing = [k for k in need if not isinstance(cfg, dict) or not isinstance(cfg.get(k), int)]
+        missing = [k for k in need if not isinstance(cfg, dict) or isinstance(cfg.get(k), bool)
+                   or not isinstance(cfg.get(k), int)]
         if missing:
             raise ShapeError(f"{path}: field(s) {', '.join(missing)} missing or not integers")
-        heads = cfg["num_attention_heads"]
+        heads, d = cfg["num_attention_heads"], cfg["hidden_size"]
+        values = {field: cfg.get(key) for field, key in HF_KEYS.items()}
+        if cfg.get("num_key_value_heads") is None:  # absent: one KV head per query head (multi-head attention)
+            values["n_kv_heads"] = heads
+        if cfg.get("head_dim") is None:  # absent: the hidden size split evenly over the heads
+            if isinstance(heads, int) and heads > 0 and d % heads:
+                raise ShapeError(f"{path}: num_attention_heads: {heads} does not divide hidden_size = {d} "
+                                 f"(and no head_dim is given)")
+            values["head_dim"] = d // heads if heads > 0 else None
+        problems = shape_problems(values, HF_KEYS)
+        if problems:
+            raise ShapeError(f"{path}: a shape no transformer has: " + "; ".join(problems))
         dt = dtype or cfg.get("torch_dtype") or cfg.get("dtype")
         if not dt:
             raise ShapeError(f"{path}: no torch_dtype; pass the dtype the model was served at")
         b = dtype_bytes(dt, f"{path} torch_dtype")
-        return cls(cfg["num_hidden_layers"], cfg["hidden_size"], heads, cfg.get("num_key_value_heads") or heads,
-                   cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["intermediate_size"], cfg["vocab_size"],
+        return cls(*(values[f] for f in ("layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab")),
                    bool(cfg.get("tie_word_embeddings", False)), b, b, b, source=f"hf config {path}")
 
     @classmethod

@@ -14,7 +14,11 @@ and compacted like `events/` itself: `bucket-NNNN/` for the events of the tasks 
 attempt's events without a task id go with the attempt's task, else with its request's, else they
 are keyed by the request or attempt id), `engine-<id>/` for the step events of one engine instance
 (`attrs.engine_id`), and `run/` for events with neither (`partition_name_sql` names them, the one rule).
-The layout record in `events/` (probes/run_folder.py `Layout`) holds the bucket count. Every reader lists the same parts: the top level first, then `run/`, `engine-*/`, `bucket-*/`.
+The layout record in `events/` (probes/run_folder.py `Layout`) holds the bucket count and, per
+partition folder, each part written (name, rows, bytes, the sha256 of its Parquet footer):
+`check_layout` holds the folders against it before a rebuild. Every reader lists the same parts: the
+top level first, then `run/`, `engine-*/`, `bucket-*/`; a file there that is none of these (a part, the
+layout record, a partition folder, a dot-named file being written) is refused by name.
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from inferledger.probes.run_folder import LAYOUT_FILE, Layout, PartRecord
 
 PART = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
 # the partition folders: their kinds, in reading order, and how each is named
@@ -109,11 +115,83 @@ def partitions(events: Path) -> list[Path]:
 
 def list_parts(folder: Path, schema: pa.Schema) -> list[Path]:
     """Every part of `folder` (and of its partition folders) to read, each checked to be whole
-    Parquet holding `schema`'s columns."""
+    Parquet holding `schema`'s columns; a file that is not a part is refused by name."""
     out = []
     for part_folder in (folder, *partitions(folder)):
+        _no_strangers(part_folder, top=part_folder == folder)
         out += _checked(part_folder, schema)
     return out
+
+
+def _no_strangers(folder: Path, top: bool) -> None:
+    """PartError naming the first entry of `folder` that is not a part, a dot-named file being written,
+    or (at the top) the layout record or a partition folder: its rows would be silently left out."""
+    if not folder.is_dir():
+        return
+    for p in sorted(folder.iterdir()):
+        known = p.name.startswith(".") or (p.is_file() and PART.match(p.name)) or (
+            top and ((p.is_file() and p.name == LAYOUT_FILE) or (p.is_dir() and PARTITION.match(p.name))))
+        if not known:
+            raise PartError(f"{p}: not a part of the run (expected part-NNNNN.parquet or part-AAAAA-BBBBB.parquet"
+                            f"{', ' + LAYOUT_FILE + ' or a partition folder' if top else ''}); its rows would not be "
+                            "read: rename it as a part if it holds the run's events, else move it out, and rebuild")
+
+
+def part_record(path: Path) -> PartRecord:
+    """What the layout record keeps of a part: its name, rows, size and the sha256 of its footer."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        f.seek(max(size - 8, 0))
+        tail = f.read(8)
+        length = int.from_bytes(tail[:4], "little") if len(tail) == 8 and tail[4:] == b"PAR1" else None
+        if length is None or length + 8 > size:
+            raise PartError(f"{path}: not a whole Parquet file (no footer); it is torn or foreign")
+        f.seek(size - 8 - length)
+        footer = f.read(length)
+    return PartRecord(path.name, pq.ParquetFile(path).metadata.num_rows, size, hashlib.sha256(footer).hexdigest())
+
+
+def check_layout(events: Path) -> list[str]:
+    """The partition folders of `events/` held against its layout record: PartError for a recorded
+    part that is missing, has other rows or was rewritten (its footer differs), or a recorded folder
+    that is gone (a rebuild would quietly lose their rows); one line per part newer than the record (a
+    capture killed between writing a part and recording it: rebuilt, with a gap). Nothing to hold for
+    an unpartitioned run or a record that did not keep its parts."""
+    layout = Layout.read(events)
+    if layout is None:
+        return []
+    for p in partitions(events):
+        n = p.name.removeprefix(BUCKET_PREFIX)
+        if partition_kind(p.name) == "bucket" and int(n) >= layout.buckets:
+            raise PartError(f"{p}: bucket {int(n)} of a layout of {layout.buckets} buckets ({Layout.file(events)}): "
+                            f"the folders are not the layout the record describes; run `inferledger repartition` "
+                            "again from the run's events")
+    if layout.parts is None:
+        return []
+    on_disk = {p.name: {q.name: q for _span, q in _covering(p)} for p in partitions(events)}
+    on_disk[""] = {q.name: q for _span, q in _covering(events)} if events.is_dir() else {}
+    fix = "the run's parts no longer match what was written; restore the part (or rebuild the layout from " \
+          "the run's source with `inferledger repartition`)"
+    for folder, records in layout.parts.items():
+        have = on_disk.get(folder, {})
+        for r in records:
+            p = have.pop(r.name, None)
+            where = events / folder / r.name
+            if p is None:
+                raise PartError(f"{where}: recorded in {LAYOUT_FILE} ({r.rows} rows) but missing: {fix}")
+            got = part_record(p)
+            if got.rows != r.rows:
+                raise PartError(f"{where}: {got.rows} rows, {LAYOUT_FILE} recorded {r.rows}: {fix}")
+            if (got.bytes, got.footer_sha256) != (r.bytes, r.footer_sha256):
+                raise PartError(f"{where}: rewritten since {LAYOUT_FILE} recorded it (its Parquet footer differs): {fix}")
+    return [f"{(events / folder / name).relative_to(events.parent)}: a part newer than {LAYOUT_FILE} "
+            f"({part_record(p).rows} rows, not recorded): rebuilt with it"
+            for folder, rest in sorted(on_disk.items()) for name, p in sorted(rest.items())]
+
+
+def layout_parts(events: Path) -> dict[str, tuple[PartRecord, ...]]:
+    """The parts of each partition folder of `events/`, as the layout record keeps them."""
+    return {p.name: tuple(part_record(q) for _span, q in _covering(p)) for p in partitions(events)}
 
 
 def _checked(folder: Path, schema: pa.Schema) -> list[Path]:

@@ -8,7 +8,8 @@ their file names are spelled here and nowhere else in the library.
   them, generated from this table). A capture writes it from its first second and again as the run
   goes (state starting, running, complete or interrupted); a manifest written before the version was
   recorded reads as version 1.
-- `Layout` (`events/layout.json`): the partitioned layout's bucket count (probes/run_dir.py).
+- `Layout` (`events/layout.json`): the partitioned layout's bucket count and what was written in
+  each partition folder (probes/run_dir.py `check_layout` holds the folders against it).
 - `StudyIndex` (`study.json`, in a study folder): the study, its runs and its comparison's tables
   (probes/study_dir.py).
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from inferledger.probes.model_shape import ModelShape, ShapeError
@@ -32,7 +33,7 @@ STUDY_FILE = "study.json"
 FILE_NAMES = (MANIFEST_FILE, LAYOUT_FILE, STUDY_FILE)  # the run folder's records: spelled only here
 
 MANIFEST_FORMAT = 1
-LAYOUT_FORMAT = 1
+LAYOUT_FORMAT = 2  # 2: with `parts`; a record of format 1 (no parts) is still read
 STUDY_FORMAT = 1
 STATES = ("starting", "running", "complete", "interrupted")  # a manifest's `state`
 STUDY_STATES = ("running", "complete", "failed")
@@ -323,10 +324,26 @@ class Manifest:
 
 
 @dataclass(frozen=True)
+class PartRecord:
+    """One part as the layout wrote it: its file name, rows, size and the sha256 of its Parquet footer
+    (the footer holds every row group's statistics and offsets: a rewritten part has another one)."""
+    name: str
+    rows: int
+    bytes: int
+    footer_sha256: str
+
+
+_PART_RECORD_KINDS = {"name": str, "rows": int, "bytes": int, "footer_sha256": str}
+
+
+@dataclass(frozen=True)
 class Layout:
-    """The partitioned layout's record (`events/layout.json`): the bucket count and the events placed."""
+    """The partitioned layout's record (`events/layout.json`): the bucket count, the events placed, and
+    per partition folder (`bucket-NNNN`, `engine-<id>`, `run`) the parts written (None: an older
+    record that did not keep them)."""
     buckets: int
     events: int | None = None
+    parts: dict[str, tuple[PartRecord, ...]] | None = None
 
     @staticmethod
     def file(events: str | os.PathLike) -> Path:
@@ -342,21 +359,45 @@ class Layout:
         fix = "`inferledger repartition` rewrites it"
         if not isinstance(doc, dict):
             raise RunFolderError(f"{f}: not a layout record (expected a JSON object); {fix}")
-        unknown = sorted(set(doc) - {"format", "buckets", "events"})
+        unknown = sorted(set(doc) - {k.name for k in LAYOUT_KEYS})
         if unknown:
             raise RunFolderError(f"{f}: {unknown[0]}: not a key of the layout record; {fix}")
-        if doc.get("format", LAYOUT_FORMAT) != LAYOUT_FORMAT:
-            raise RunFolderError(f"{f}: format: {doc['format']} is not {LAYOUT_FORMAT}, the version this inferledger reads")
+        if doc.get("format", 1) not in (1, LAYOUT_FORMAT) or isinstance(doc.get("format"), bool):
+            raise RunFolderError(f"{f}: format: {doc['format']} is not 1 or {LAYOUT_FORMAT}, the versions this "
+                                 "inferledger reads")
         buckets = doc.get("buckets")
         if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
             raise RunFolderError(f"{f}: buckets: not a layout record (buckets must be a whole number >= 1); {fix}")
         if doc.get("events") is not None and not isinstance(doc["events"], int):
             raise RunFolderError(f"{f}: events: expected integer; {fix}")
-        return cls(buckets, doc.get("events"))
+        return cls(buckets, doc.get("events"), cls._parts(doc.get("parts"), f, fix))
+
+    @staticmethod
+    def _parts(doc, f: Path, fix: str) -> dict[str, tuple[PartRecord, ...]] | None:
+        if doc is None:
+            return None
+        if not isinstance(doc, dict):
+            raise RunFolderError(f"{f}: parts: expected an object of partition folders; {fix}")
+        out = {}
+        for folder, records in doc.items():
+            if not isinstance(records, list):
+                raise RunFolderError(f"{f}: parts.{folder}: expected a list of parts; {fix}")
+            for i, r in enumerate(records):
+                bad = [k for k, kind in _PART_RECORD_KINDS.items() if not isinstance(r, dict)
+                       or not isinstance(r.get(k), kind) or isinstance(r.get(k), bool)]
+                if bad or set(r) != set(_PART_RECORD_KINDS):
+                    key = bad[0] if bad else sorted(set(r) ^ set(_PART_RECORD_KINDS))[0]
+                    raise RunFolderError(f"{f}: parts.{folder}[{i}].{key}: not a part record (name, rows, bytes, "
+                                         f"footer_sha256); {fix}")
+            out[folder] = tuple(PartRecord(**r) for r in records)
+        return out
 
     def write(self, events: str | os.PathLike) -> Path:
         f = self.file(events)
-        f.write_text(json.dumps({"format": LAYOUT_FORMAT, "buckets": self.buckets, "events": self.events}) + "\n")
+        doc = {"format": LAYOUT_FORMAT, "buckets": self.buckets, "events": self.events}
+        if self.parts is not None:
+            doc["parts"] = {folder: [asdict(r) for r in records] for folder, records in self.parts.items()}
+        f.write_text(json.dumps(doc) + "\n")
         return f
 
 
@@ -449,6 +490,9 @@ LAYOUT_KEYS: tuple[Key, ...] = (
     Key("format", (int,), f"the layout record's schema version ({LAYOUT_FORMAT}; absent in older records)"),
     Key("buckets", (int,), "the number of task buckets (`bucket-NNNN/` folders)"),
     Key("events", (int, _NONE), "the events placed when the layout was written"),
+    Key("parts", (dict, _NONE), "per partition folder (`bucket-NNNN`, `engine-<id>`, `run`), the parts written "
+        "there: a list of {name, rows, bytes, footer_sha256 (the sha256 of the Parquet footer)}; `reconstruct` "
+        "refuses a recorded part that is missing or differs, and rebuilds a part newer than the record with a gap"),
 )
 
 

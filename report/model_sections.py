@@ -2,6 +2,7 @@
 prediction against the run (docs/REPORT.md). Every figure is a ledger column; nothing is computed here."""
 from __future__ import annotations
 
+from inferledger.probes.run_dir import PREDICTION_FILE
 from inferledger.probes.run_folder import MANIFEST_FILE
 from inferledger.report.page import esc, fmt, kv_table, note, section, table
 from inferledger.report.sections import missing
@@ -126,8 +127,11 @@ def prediction(rv, p: str) -> str:
         verdict = f"registered {fmt(reg['lead_ms'], 1)} ms before the run's first event on {esc(reg['clock'])}"
     elif reg["valid"]:
         verdict = "not registered before the data (or no event on its clock): it cannot count as a prediction"
-    else:
-        verdict = "the registered file is missing, changed or malformed (see the gap register): nothing is checked"
+    else:  # the gap row says why: missing, changed, malformed, or made for another run
+        why = rv.all("SELECT detail FROM gaps WHERE subject_id = ? AND affects LIKE '%prediction_registration%'",
+                     [PREDICTION_FILE]) if rv.has("gaps") else []
+        verdict = ("not valid: " + esc(why[0][0]) if why else
+                   "the registered file is missing, changed or malformed (see the gap register)") + ": nothing is checked"
     body = f'<p class="verdict"><b>{verdict}</b></p>' + kv_table(list(reg.items()))
     if rv.has("prediction_check"):
         cols, rows = rv.dicts("SELECT class, prompt_tokens, cached_tokens, output_tokens, n_attempts, ttft_lower_ms, "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -34,9 +35,12 @@ class StudyError(ValueError):
 
 @dataclass(frozen=True)
 class Option:
-    """A setting a user may change (`inferledger study NAME --set key=value`)."""
+    """A setting a user may change (`inferledger study NAME --set key=value`): its type is its
+    default's, a number's meaning bounds it to `low`..`high` (None: unbounded on that side)."""
     default: object
     help: str
+    low: float | None = None
+    high: float | None = None
 
     def parse(self, key: str, text: str):
         kind = type(self.default)
@@ -45,9 +49,23 @@ class Option:
                 if text.lower() not in ("true", "false"):
                     raise ValueError("expected true or false")
                 return text.lower() == "true"
-            return kind(text)
+            value = kind(text)
         except ValueError as exc:
             raise StudyError(f"--set {key}={text}: {exc} ({kind.__name__} expected; {self.help})") from None
+        self.check(key, value)
+        return value
+
+    def check(self, key: str, value) -> None:
+        """StudyError naming the knob and its range unless `value` is a finite number within it."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        inside = math.isfinite(value) and (self.low is None or value >= self.low) and (
+            self.high is None or value <= self.high)
+        if not inside:
+            low = "" if self.low is None else f">= {self.low:g}"
+            high = "" if self.high is None else f"<= {self.high:g}"
+            allowed = " and ".join(b for b in (low, high) if b) or "a finite number"
+            raise StudyError(f"--set {key}={value}: must be {allowed} ({self.help})")
 
 
 @dataclass(frozen=True)
@@ -123,7 +141,10 @@ class Study:
         if unknown:
             known = ", ".join(sorted(self.options)) or "none"
             raise StudyError(f"study {self.name}: unknown option {unknown[0]!r} (its options: {known})")
-        return {k: (given or {}).get(k, o.default) for k, o in self.options.items()}
+        resolved = {k: (given or {}).get(k, o.default) for k, o in self.options.items()}
+        for k, o in self.options.items():
+            o.check(k, resolved[k])
+        return resolved
 
 
 @dataclass

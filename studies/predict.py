@@ -8,12 +8,11 @@ step-time fit (`fit_run`) adds a fit-based expected range.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from inferledger.costmodel import spec_roofs
-from inferledger.costmodel.prediction import PredictionError, predict, sustained_roofs
+from inferledger.costmodel.prediction import PredictionError, predict, strict_json, sustained_roofs
 from inferledger.costmodel.roofs import SPEC, microbenchmark_roofs
 from inferledger.probes.model_shape import ModelShape
 from inferledger.probes.run_folder import MANIFEST_FILE, Manifest
@@ -22,11 +21,9 @@ from inferledger.probes.run_folder import MANIFEST_FILE, Manifest
 def read_device_params(path: Path) -> dict:
     """device_params from a run's manifest (its `device_params` key) or a file holding only them."""
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = strict_json(Path(path).read_bytes(), str(path))
     except OSError as exc:
         raise PredictionError(f"{path}: cannot read ({exc.strerror})") from None
-    except ValueError as exc:
-        raise PredictionError(f"{path}: not valid JSON ({exc})") from None
     params = doc.get("device_params", doc) if isinstance(doc, dict) else None
     if not isinstance(params, dict) or microbenchmark_roofs(params) is None:
         raise PredictionError(f"{path}: no device parameters: expected memcpy_gbps.peak and matmul_tflops.peak "

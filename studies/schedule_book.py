@@ -99,8 +99,9 @@ STUDY = Study(
             "longest_gap_ms jumps (r0 waits for r2's whole 8K prefill); chunks of `chunk` tokens under a "
             "`budget` spread that prefill over several steps: a shorter gap for a slightly longer total.",
     runs=runs, compare=compare,
-    options={"chunk": Option(2048, "chunked run: long_prefill_token_threshold, tokens per prefill chunk"),
-             "budget": Option(4096, "chunked run: max_num_batched_tokens, the step's token budget")},
+    options={"chunk": Option(2048, "chunked run: long_prefill_token_threshold, tokens per prefill chunk", 1, 65536),
+             "budget": Option(4096, "chunked run: max_num_batched_tokens, the step's token budget: at least the "
+                              "2 running sequences' decodes", 2, 65536)},
     figures=({"kind": "timeline", "title": "the four requests under each schedule, on one time scale",
               "runs": ["fixed", "continuous", "chunked"]},),
 )

@@ -87,3 +87,65 @@ def test_the_calibration_probe_runs_as_the_step_thread_will(bundle):
     assert speed.threads == len(os.sched_getaffinity(0)) - 1 and speed.tok_s > 0
     assert torch.get_num_threads() == before  # the caller's own thread count is left alone
     assert probe_throughput(bundle, max_num_seqs=2, tokens=2, engine_config={"cpu_threads": None}).threads is None
+
+
+def _long_prompt_workload(tmp_path, prompt_tokens: int) -> Path:
+    wl = tmp_path / "long.toml"
+    wl.write_text(WORKLOAD.read_text().replace('file = "../tasks/basic.jsonl"',
+                                               f'file = "{WORKLOAD.parent.parent / "tasks" / "basic.jsonl"}"')
+                  + f'\n[[classes]]\nname = "huge"\nprompt_tokens = {prompt_tokens}\n')
+    return wl
+
+
+def test_a_prompt_past_the_models_context_is_refused_before_the_run_folder_exists(tmp_path, monkeypatch):
+    def no_load(*a, **k):
+        raise AssertionError("the model must not load for a workload the model cannot take")
+
+    monkeypatch.setattr(loader, "load_model", no_load)
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"\[\[classes\]\]\[1\]\.prompt_tokens: 9000 \+ max_tokens \d+ = \d+ "
+                                         r"exceeds the model's context of 8192 tokens"):
+        capture_mod.capture(_long_prompt_workload(tmp_path, 9000), out)
+    assert not out.exists()
+
+
+def test_a_url_target_without_a_context_skips_the_check_and_says_so():
+    wl = Workload.load(WORKLOAD)
+    context = wl.check_context(*capture_mod._served_context(wl, CaptureOptions(target="http://127.0.0.1:9"), None))
+    assert context["checked"] is False and context["tokens"] is None and "URL target" in context["why"]
+
+
+def test_sigterm_while_preparing_leaves_no_run_and_no_starting_manifest(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from inferledger.collectors.capture.interrupt import Interrupted
+
+    def load_then_sigterm(model=None, device="cpu"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the preparation")
+
+    def unhandled(signum, frame):  # what the default disposition would do: end the process, run left 'starting'
+        raise SystemExit("SIGTERM not handled while preparing")
+
+    monkeypatch.setattr(loader, "load_model", load_then_sigterm)
+    old = signal.signal(signal.SIGTERM, unhandled)
+    out = tmp_path / "run"
+    try:
+        with pytest.raises(Interrupted) as info:
+            capture_mod.capture(WORKLOAD, out)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert info.value.signum == signal.SIGTERM and info.value.recorded is False and info.value.exit_code == 143
+    assert not out.exists()
+
+
+def test_the_capture_command_refuses_a_prompt_past_the_context_with_exit_2_and_writes_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["capture", "-w", str(_long_prompt_workload(tmp_path, 9000)), "-o", str(out)])
+    assert res.exit_code == 2 and "prompt_tokens: 9000 + max_tokens" in res.output.replace("\n", "")
+    assert not out.exists()

@@ -172,3 +172,62 @@ def test_the_model_and_the_ledger_never_import_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+GOOD_CONFIG = {"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
+               "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("change, refusal", [
+    ({"num_hidden_layers": 0}, "num_hidden_layers: must be an integer in 1..4096, not 0"),
+    ({"hidden_size": -576}, "hidden_size: must be an integer in 1..262144, not -576"),
+    ({"intermediate_size": 10 ** 15}, "intermediate_size: must be an integer in 1..1048576, not 1000000000000000"),
+    ({"hidden_size": 1e15}, "field(s) hidden_size missing or not integers"),
+    ({"num_key_value_heads": 0}, "num_key_value_heads: must be an integer in 1..4096, not 0"),
+    ({"num_key_value_heads": 2}, "num_key_value_heads: 2 does not divide num_attention_heads = 9"),
+    ({"num_attention_heads": 7}, "num_attention_heads: 7 does not divide hidden_size = 576 (and no head_dim is given)"),
+    ({"num_hidden_layers": True}, "field(s) num_hidden_layers missing or not integers"),
+    ({"head_dim": "64"}, "head_dim: must be an integer in 1..4096, not '64'"),
+])
+def test_a_config_of_a_shape_that_cannot_exist_is_refused_by_key(tmp_path, change, refusal):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**GOOD_CONFIG, **change}))
+    with pytest.raises(ShapeError) as info:
+        ModelShape.from_hf_config(cfg)
+    assert str(info.value).startswith(str(cfg)) and refusal in str(info.value)
+
+
+def test_a_shape_built_any_other_way_is_checked_too():
+    with pytest.raises(ShapeError, match="n_kv_heads: must be an integer in 1..4096, not 0"):
+        ModelShape(30, 576, 9, 0, 64, 1536, 49152, True, 2, 2, 2)
+    # Qwen3-like: heads x head_dim need not be the hidden size when head_dim is given
+    assert ModelShape.from_declared({"layers": 30, "d_model": 576, "n_heads": 8, "n_kv_heads": 8, "head_dim": 128,
+                                     "ffn": 1536, "vocab": 49152, "tied_embeddings": True, "weight_bytes_per_param": 2,
+                                     "act_bytes": 2, "kv_bytes": 2}, "x").q_dim == 1024
+
+
+def test_generated_model_configs_give_a_shape_that_can_exist_or_are_refused_by_key(tmp_path):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from inferledger.probes.model_shape import HF_KEYS, SHAPE_BOUNDS
+
+    value = st.sampled_from([0, -1, 1, 2, 3, 7, 64, 576, 10 ** 15, 2 ** 63, 1e15, float("nan"), float("inf"), True,
+                             "64", None]) | st.integers(-4, 5000)
+    keys = list(HF_KEYS.values()) + ["tie_word_embeddings", "torch_dtype"]
+    cfg = tmp_path / "config.json"
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.dictionaries(st.sampled_from(keys), value, max_size=4))
+    def check(changes):
+        cfg.write_text(json.dumps({**GOOD_CONFIG, **changes}))
+        try:
+            shape = ModelShape.from_hf_config(cfg)
+        except ShapeError as exc:
+            assert str(exc).startswith(str(cfg))
+            return
+        for field, top in SHAPE_BOUNDS.items():
+            assert 1 <= getattr(shape, field) <= top and not isinstance(getattr(shape, field), bool)
+        assert shape.n_heads % shape.n_kv_heads == 0 and 0 < shape.kv_bytes_per_token and 0 < shape.params
+
+    check()

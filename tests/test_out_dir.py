@@ -49,3 +49,58 @@ def test_a_run_written_there_meanwhile_is_kept(tmp_path):
             (out / "manifest.json").write_text('{"theirs": true}')
     assert (out / "manifest.json").read_text() == '{"theirs": true}'
     assert [p.name for p in tmp_path.iterdir()] == ["r1"]
+
+
+# ---- every command that writes checks its output first -------------------------------------------------
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def places(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "a-folder" / "kept").write_text("x")
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", [
+    lambda t, out: ["predict", "-w", t / "no-such-workload.toml", "-o", out],
+    lambda t, out: ["report", t / "no-such-run", "-o", out],
+    lambda t, out: ["export", t / "no-such-run", "--as", "perfetto", "-o", out],
+    lambda t, out: ["reconstruct", t / "no-such-run", "-o", out],
+], ids=["predict", "report", "export", "reconstruct"])
+@pytest.mark.parametrize("where, why", [
+    ("a-folder", "is a folder; give a file name"),
+    ("a-file/out.json", "cannot create or write this folder ({t}/a-file is a file, not a folder)"),
+], ids=["a folder", "under a file"])
+def test_an_output_file_that_cannot_be_written_is_refused_before_any_work(places, command, where, why):
+    res = _cli(*command(places, places / where))
+    why = why.format(t=places)
+    assert res.exit_code == 2 and "error: --out" in res.output and why in res.output, res.output
+    assert "no-such" not in res.output  # the output was checked before the input was even read
+    assert sorted(p.name for p in places.iterdir()) == ["a-file", "a-folder"]
+
+
+@pytest.mark.parametrize("where, why", [
+    ("a-file", "is a file, not a folder"), ("a-folder", "a folder that is not empty"),
+    ("a-file/study", "cannot create or write this folder ({t}/a-file is a file, not a folder)"),
+])
+def test_a_study_folder_that_cannot_be_written_is_refused_before_any_work(places, where, why):
+    res = _cli("study", "no-such-study", "-o", places / where)
+    why = why.format(t=places)
+    assert res.exit_code == 2 and why in res.output and "no-such-study" not in res.output, res.output
+
+
+def test_an_existing_output_file_is_replaced_and_nothing_is_left_by_the_check(tmp_path):
+    from inferledger.collectors.rundir.out_dir import check_out_file
+
+    (tmp_path / "pred.json").write_text("old")
+    check_out_file(tmp_path / "pred.json", "--out")
+    check_out_file(tmp_path / "new" / "deeper" / "pred.json", "--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pred.json"]

@@ -289,3 +289,182 @@ def test_the_matmul_roof_times_the_engines_own_linear(monkeypatch):
                        matmul_repeats=1, stream_repeats=1, slice_s=0.0)
     assert {c[1] for c in calls} == {"kernels"}  # fp32: the kernel (this machine builds it), as the engine's step
 
+
+
+# ---- a prediction belongs to its run, and is strict JSON ---------------------------------------------
+
+def _doc(tmp_path) -> dict:
+    from inferledger.collectors.capture.registration import own_prediction
+
+    identity = {"architecture": {"n_layers": 1, "d_model": 4, "n_heads": 1, "n_kv_heads": 1, "head_dim": 4,
+                                 "ffn_dim": 8, "vocab_size": 16}, "dtype": {"weights": "float32",
+                                                                           "activations": "float32", "kv": "float32"}}
+    params = {"memcpy_gbps": {"peak": 2.0, "median": 1.0}, "matmul_tflops": {"peak": 2e-3, "median": 1e-3}}
+    data, _ = own_prediction(Workload.load(_workload(tmp_path)), identity, params, 4)
+    return json.loads(data)
+
+
+@pytest.mark.parametrize("text, field", [
+    ("Infinity", "Infinity is not a JSON number"), ("NaN", "NaN is not a JSON number"),
+    ("-Infinity", "-Infinity is not a JSON number"), ("1e400", "1e400 overflows a double"),
+])
+def test_infinity_and_nan_are_refused_as_roofs_bounds_or_range_ends(tmp_path, text, field):
+    from inferledger.costmodel.prediction import load
+
+    doc = _doc(tmp_path)
+    doc["roofs"]["peak"]["compute"]["value"] = "@"
+    raw = json.dumps(doc).replace('"@"', text)
+    with pytest.raises(PredictionError, match=f"pred.json: not valid JSON \\({field}"):
+        load(raw, "pred.json")
+    doc = _doc(tmp_path)
+    doc["requests"][0]["ttft_expected_ms"]["sustained"][1] = float("inf")
+    with pytest.raises(PredictionError, match=r"requests\[0\]\.ttft_expected_ms\.sustained = \[.*inf\]"):
+        check(doc, "pred.json")
+
+
+def test_a_deeply_nested_file_is_refused_by_name(tmp_path):
+    from inferledger.costmodel.prediction import load
+    from inferledger.studies.predict import read_device_params
+
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(PredictionError, match="pred.json: nested too deeply"):
+        load(deep, "pred.json")
+    (tmp_path / "params.json").write_text(deep)
+    with pytest.raises(PredictionError, match="params.json: nested too deeply"):
+        read_device_params(tmp_path / "params.json")
+
+
+def test_a_median_above_the_peak_is_refused_not_an_expected_range_below_the_bound():
+    from inferledger.costmodel.roofs import Roof
+
+    peak = Roofs(Roof("compute", 1.0, "TFLOP/s", "microbenchmark", "peak", "p"),
+                 Roof("memory", 10.0, "GB/s", "microbenchmark", "peak", "p"))
+    high = Roofs(Roof("compute", 0.5, "TFLOP/s", "microbenchmark", "sustained", "m"),
+                 Roof("memory", 50.0, "GB/s", "microbenchmark", "sustained", "m"))
+    shapes = [{"class": "c", "prompt_tokens": 40, "cached_tokens": 0, "output_tokens": 6, "weight": 1.0}]
+    with pytest.raises(PredictionError, match=r"roofs\.sustained\.memory = 50 GB/s is above roofs\.peak\.memory = 10"):
+        predict(SMOL.shape, shapes, peak, max_batch=4, sustained=high)
+    doc = predict(SMOL.shape, shapes, peak, max_batch=4)
+    doc["requests"][0]["ttft_expected_ms"]["sustained"] = [doc["requests"][0]["ttft_lower_ms"] / 5, 1e9]
+    with pytest.raises(PredictionError, match=r"starts below its own lower bound ttft_lower_ms"):
+        check(doc, "pred.json")
+
+
+def test_predict_writes_strict_json_or_refuses_naming_the_figure():
+    from inferledger.costmodel.prediction import dumps
+
+    with pytest.raises(PredictionError, match=r"prediction: requests\[0\]\.ttft_lower_ms = inf: not a finite number"):
+        dumps({"schema": SCHEMA, "requests": [{"ttft_lower_ms": float("inf")}]})
+
+
+def test_a_prediction_for_another_workload_shape_or_device_is_not_this_runs(tmp_path):
+    from inferledger.ledger.prediction_check import _not_this_run
+    from inferledger.probes.run_folder import Manifest
+
+    doc = _doc(tmp_path)
+    run = Manifest({"workload": {"sha256": doc["workload"]["sha256"]},
+                    "model": {"architecture": {"n_layers": 1, "d_model": 4, "n_heads": 1, "n_kv_heads": 1,
+                                               "head_dim": 4, "ffn_dim": 8, "vocab_size": 16},
+                              "dtype": {"weights": "float32", "activations": "float32", "kv": "float32"}},
+                    "device_params": {"device_name": "cpu-a"}})
+    assert _not_this_run(doc, run) == []
+    doc["workload"]["sha256"] = "f" * 64
+    doc["model_shape"]["layers"] = 2
+    doc["device"]["name"] = "cpu-b"
+    wrong = _not_this_run(doc, run)
+    assert wrong[0].startswith("workload sha256 ffffffffffff… is not the run's ")
+    assert wrong[1:] == ["model shape layers 2 (the run's: 1)", "device 'cpu-b' is not the run's 'cpu-a'"]
+
+
+def test_a_registered_prediction_of_another_run_is_not_valid_with_a_gap(registered_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(registered_run, run)
+    doc = json.loads((run / "prediction.json").read_text())
+    doc["workload"]["sha256"] = "0" * 64
+    data = json.dumps(doc).encode()
+    (run / "prediction.json").write_bytes(data)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["prediction"]["sha256"] = hashlib.sha256(data).hexdigest()  # registered as it is: not changed after
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    reconstruct(run)
+    with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT valid FROM prediction_registration").fetchall() == [(False,)]
+        assert con.execute("SELECT count(*) FROM prediction_check").fetchone()[0] == 0
+        gaps = con.execute("SELECT detail FROM gaps WHERE subject_id = 'prediction.json'").fetchall()
+    assert len(gaps) == 1 and "made for another run: workload sha256 000000000000… is not the run's" in gaps[0][0]
+    from inferledger.report.build import build_report
+
+    html = build_report(run, tmp_path / "report.html").path.read_text()
+    section = html[html.index('id="a-prediction"'):]
+    assert "not valid: prediction.json was made for another run: workload sha256 000000000000" in section
+
+
+def test_generated_prediction_files_load_or_are_refused_by_name(tmp_path):
+    """Any bytes as a prediction file: a checked document, or a PredictionError naming the file; never
+    another exception (a RecursionError, a TypeError deep in the check)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from inferledger.costmodel.prediction import load
+
+    good = _doc(tmp_path)
+    leaves = st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats() | st.text(max_size=4) \
+        | st.sampled_from(["Infinity", "NaN", "-Infinity", "1e400"])
+    json_like = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3)
+                             | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
+    paths = [("max_batch",), ("schema",), ("roofs", "peak", "compute", "value"), ("roofs", "peak"),
+             ("requests", 0, "ttft_lower_ms"), ("requests", 0, "ttft_expected_ms", "sustained"),
+             ("requests", 0, "tpot_expected_ms"), ("requests", 0, "prompt_tokens"), ("requests",),
+             ("workload", "sha256"), ("model_shape",), ("device",)]
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(st.sampled_from(paths), json_like), max_size=3), st.booleans())
+    def check(changes, raw_tokens):
+        doc = json.loads(json.dumps(good))
+        tokens = {}
+        for n, (path, value) in enumerate(changes):
+            target = doc
+            for key in path[:-1]:
+                target = target[key] if isinstance(target, dict) and key in target or isinstance(target, list) \
+                    and isinstance(key, int) and key < len(target) else None
+                if target is None:
+                    break
+            if target is None or not isinstance(target, (dict, list)):
+                continue
+            if isinstance(target, list) and not (isinstance(path[-1], int) and path[-1] < len(target)):
+                continue
+            if raw_tokens and isinstance(value, str) and value in ("Infinity", "NaN", "-Infinity", "1e400"):
+                tokens[f'"@{n}"'], value = value, f"@{n}"  # as a bare token in the file, not a string
+            target[path[-1]] = value
+        text = json.dumps(doc)
+        for placeholder, token in tokens.items():
+            text = text.replace(placeholder, token)
+        try:
+            out = load(text, "pred.json")
+        except PredictionError as exc:
+            assert str(exc).startswith("pred.json: ")
+            return
+        assert json.loads(json.dumps(out, allow_nan=False)) == out  # what loads is strict JSON
+
+    check()
+
+
+@pytest.mark.parametrize("params, refusal", [
+    ('{"memcpy_gbps": {"peak": Infinity, "median": 1.0}, "matmul_tflops": {"peak": 1.0, "median": 0.5}}',
+     "Infinity is not a JSON number"),
+    ('{"memcpy_gbps": {"peak": 10.0, "median": 50.0}, "matmul_tflops": {"peak": 1.0, "median": 0.5}}',
+     "roofs.sustained.memory = 50 GB/s is above roofs.peak.memory = 10 GB/s"),
+])
+def test_predict_refuses_roofs_that_are_not_finite_or_a_median_above_its_peak(tmp_path, params, refusal):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,
+                               "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+                               "tie_word_embeddings": True, "torch_dtype": "bfloat16"}))
+    (tmp_path / "params.json").write_text(params)
+    out = tmp_path / "pred.json"
+    res = CliRunner().invoke(app, ["predict", "-w", str(_workload(tmp_path)), "--model-config", str(cfg),
+                                   "--device-params", str(tmp_path / "params.json"), "-o", str(out)])
+    assert res.exit_code == 2 and refusal in res.output, res.output
+    assert not out.exists()

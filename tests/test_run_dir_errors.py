@@ -53,7 +53,7 @@ def test_a_foreign_part_is_named(tmp_path):
         reconstruct(run)
     (run / "events" / "part-00007.parquet").unlink()
     (run / "events" / "part-x.parquet").write_bytes(b"")
-    with pytest.raises(RunDirError, match=r"part-x\.parquet: not a part name"):
+    with pytest.raises(RunDirError, match=r"part-x\.parquet: not a part of the run"):
         reconstruct(run)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from inferledger.probes import run_folder
-from inferledger.probes.run_folder import Layout, Manifest, RunFolderError, StudyIndex
+from inferledger.probes.run_folder import Layout, Manifest, PartRecord, RunFolderError, StudyIndex
 
 ARCHITECTURE_MD = Path(__file__).resolve().parent.parent / "docs" / "ARCHITECTURE.md"
 HEAD = {"source": "inferledger capture", "state": "running",
@@ -73,11 +73,19 @@ def test_the_layout_record_reads_old_and_new_and_refuses_bad_ones(tmp_path):
     assert Layout.read(tmp_path) is None
     (tmp_path / "layout.json").write_text('{"buckets": 4, "events": 10}\n')  # as written before its version
     assert Layout.read(tmp_path) == Layout(4, 10)
+    (tmp_path / "layout.json").write_text('{"format": 1, "buckets": 4, "events": 10}\n')  # format 1: no parts
+    assert Layout.read(tmp_path) == Layout(4, 10)
     Layout(8, 3).write(tmp_path)
-    assert json.loads((tmp_path / "layout.json").read_text()) == {"format": 1, "buckets": 8, "events": 3}
+    assert json.loads((tmp_path / "layout.json").read_text()) == {"format": 2, "buckets": 8, "events": 3}
     assert Layout.read(tmp_path) == Layout(8, 3)
+    parts = {"bucket-0001": (PartRecord("part-00000.parquet", 5, 900, "ab" * 32),)}
+    Layout(8, 3, parts).write(tmp_path)
+    assert Layout.read(tmp_path) == Layout(8, 3, parts)
     (tmp_path / "layout.json").write_text('{"buckets": 0}')
     with pytest.raises(RunFolderError, match="layout.json: buckets: not a layout record"):
+        Layout.read(tmp_path)
+    (tmp_path / "layout.json").write_text('{"format": 2, "buckets": 2, "parts": {"run": [{"name": "p", "rows": "5"}]}}')
+    with pytest.raises(RunFolderError, match=r"layout.json: parts.run\[0\].rows: not a part record"):
         Layout.read(tmp_path)
 
 

@@ -72,7 +72,10 @@ def test_each_event_goes_to_its_tasks_bucket_its_engine_or_the_run(tmp_path):
         want.setdefault(part, []).append(event_id)
     assert _placed(run) == {k: sorted(v, key=lambda e: int(e[2:])) for k, v in want.items()}
     assert counts == {k: len(v) for k, v in want.items()}
-    assert json.loads((run / "events" / "layout.json").read_text()) == {"format": 1, "buckets": 8, "events": 10}
+    record = json.loads((run / "events" / "layout.json").read_text())
+    assert {k: record[k] for k in ("format", "buckets", "events")} == {"format": 2, "buckets": 8, "events": 10}
+    assert {folder: [(r["name"], r["rows"]) for r in parts] for folder, parts in record["parts"].items()} == \
+        {k: [("part-00000.parquet", len(v))] for k, v in want.items()}
     assert not list((run / "events").glob("part-*.parquet")) and not (run / "events.new").exists()
     assert len(list_parts(run / "events", EVENT_SCHEMA)) == len(want)
     after = reconstruct(run, out=tmp_path / "after.duckdb")
@@ -126,3 +129,86 @@ def test_repartition_refuses_what_it_cannot_do_and_the_cli_says_so(tmp_path):
     assert res.exit_code == 2 and "--buckets 0" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(app, ["repartition", str(run), "--buckets", "2", "--format", "json"])
     assert res.exit_code == 0 and sum(r["events"] for r in json.loads(res.output)) == 625
+
+
+# ---- a run checked as a whole against its layout record --------------------------------------------------
+
+def _partitioned(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    with RunWriter(run, "r") as w:
+        w.clock_domain("c", host="h", kind="monotonic")
+        _emit(w, ROWS)
+    repartition(run, 8)
+    return run
+
+
+def _bucket_of(run: Path, task: str) -> Path:
+    return run / "events" / f"bucket-{md5_bucket(task, 8):04d}"
+
+
+def test_a_deleted_bucket_part_is_refused_not_a_smaller_ledger(tmp_path):
+    from inferledger.ledger.reconstruct import RunDirError
+
+    run = _partitioned(tmp_path)
+    (_bucket_of(run, "T2") / "part-00000.parquet").unlink()
+    with pytest.raises(RunDirError, match=r"part-00000\.parquet: recorded in layout.json \(\d+ rows\) but missing"):
+        reconstruct(run)
+    res = CliRunner().invoke(app, ["reconstruct", str(run)])
+    assert res.exit_code == 2 and "recorded in layout.json" in res.output
+
+
+def test_a_part_with_other_rows_or_rewritten_is_refused(tmp_path):
+    from inferledger.ledger.reconstruct import RunDirError
+
+    run = _partitioned(tmp_path)
+    part = _bucket_of(run, "T1") / "part-00000.parquet"
+    table = pq.read_table(part)
+    pq.write_table(table.slice(0, 2), part)
+    with pytest.raises(RunDirError, match=rf"part-00000\.parquet: 2 rows, layout.json recorded {table.num_rows}"):
+        reconstruct(run)
+    pq.write_table(table, part, compression="gzip")  # the same rows, written again
+    with pytest.raises(RunDirError, match=r"rewritten since layout.json recorded it"):
+        reconstruct(run)
+
+
+def test_a_part_newer_than_the_record_is_rebuilt_with_a_named_gap(tmp_path):
+    import duckdb
+
+    run = _partitioned(tmp_path)
+    folder = _bucket_of(run, "T1")
+    shutil.copy(folder / "part-00000.parquet", tmp_path / "keep.parquet")
+    table = pq.read_table(folder / "part-00000.parquet")
+    rows = table.to_pylist()[:1]
+    rows[0]["event_id"] = "e:late"
+    pq.write_table(pq.read_table(folder / "part-00000.parquet").from_pylist(rows, schema=table.schema),
+                   folder / "part-00001.parquet")
+    summary = reconstruct(run)
+    assert summary.n_events == 11
+    with duckdb.connect(str(summary.path), read_only=True) as con:
+        gaps = con.execute("SELECT detail FROM gaps WHERE detail LIKE '%newer than layout.json%'").fetchall()
+    assert gaps == [(f"events/{folder.name}/part-00001.parquet: a part newer than layout.json (1 rows, not "
+                     f"recorded): rebuilt with it",)]
+
+
+def test_a_bucket_folder_past_the_layouts_count_is_refused(tmp_path):
+    from inferledger.ledger.reconstruct import RunDirError
+
+    run = _partitioned(tmp_path)
+    shutil.copytree(_bucket_of(run, "T1"), run / "events" / "bucket-0008")
+    with pytest.raises(RunDirError, match=r"bucket-0008: bucket 8 of a layout of 8 buckets"):
+        reconstruct(run)
+
+
+def test_a_file_in_events_that_is_not_a_part_is_refused_by_name(tmp_path):
+    from inferledger.ledger.reconstruct import RunDirError
+
+    run = tmp_path / "run"
+    with RunWriter(run, "r") as w:
+        w.clock_domain("c", host="h", kind="monotonic")
+        _emit(w, ROWS)
+    shutil.copy(next((run / "events").glob("part-*.parquet")), run / "events" / "extra.parquet")
+    with pytest.raises(RunDirError, match=r"events/extra\.parquet: not a part of the run"):
+        reconstruct(run)
+    (run / "events" / "extra.parquet").unlink()
+    (run / "events" / ".part-00009.parquet.tmp-123").write_bytes(b"")  # a part being written: not read, not refused
+    assert reconstruct(run).n_events == 10

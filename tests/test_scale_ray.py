@@ -151,3 +151,26 @@ def test_without_ray_the_error_says_what_to_install_and_the_default_path_never_i
     code = ("import sys; from inferledger.ledger.reconstruct import reconstruct; "
             f"reconstruct({str(run)!r}); assert 'ray' not in sys.modules, 'ray imported'")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
+
+
+def test_a_partitioned_run_whose_parts_disagree_with_its_record_is_refused_before_ray_starts(tmp_path):
+    run = tmp_path / "run"
+    import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run)
+    repartition(run, 4)
+    victim = next((run / "events").glob("bucket-*/part-*.parquet"))
+    victim.unlink()
+    with pytest.raises(RunDirError, match=rf"{victim.parent.name}/{victim.name}: recorded in layout.json"):
+        reconstruct(run, BuildOptions(engine="ray"))
+
+
+def test_bucket_folders_of_another_count_than_the_record_are_refused_not_a_smaller_ledger(tmp_path):
+    from inferledger.ledger.load import RunFiles
+    from inferledger.ledger.sharded import ShardError, _plan
+
+    run = tmp_path / "run"
+    import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run)
+    repartition(run, 2)
+    _plan(RunFiles(run, []))  # as written: every task in its bucket
+    (run / "events" / "layout.json").write_text('{"format": 1, "buckets": 7}')  # a record of another layout
+    with pytest.raises(ShardError, match=r"bucket-000\d: task '.+' belongs to bucket \d of the 7 buckets"):
+        _plan(RunFiles(run, []))

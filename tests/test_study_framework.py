@@ -91,6 +91,32 @@ def test_options_and_folders_are_checked_before_anything_runs(tmp_path):
     assert sorted(p.name for p in (tmp_path / "busy").iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.parametrize("pair, refusal", [
+    ("chunk=0", "--set chunk=0: must be >= 1 and <= 65536"),
+    ("chunk=-1", "--set chunk=-1: must be >= 1 and <= 65536"),
+    ("budget=1", "--set budget=1: must be >= 2 and <= 65536"),
+])
+def test_a_knob_of_the_right_type_but_no_meaning_is_refused_naming_its_range(tmp_path, pair, refusal):
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    res = CliRunner().invoke(app, ["study", "schedule-book", "--set", pair, "-o", str(tmp_path / "s")])
+    assert res.exit_code == 2 and refusal in res.output, res.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_non_finite_or_out_of_range_float_knob_is_refused():
+    from inferledger.studies.framework import StudyError, parse_sets
+    from inferledger.studies.registry import get_study
+
+    for text in ("nan", "inf", "0", "-2"):
+        with pytest.raises(StudyError, match=f"--set deadline_batches={text}"):
+            parse_sets(get_study("load"), [f"deadline_batches={text}"])
+    with pytest.raises(StudyError, match="budget=1: must be >= 2"):
+        get_study("schedule-book").resolve_options({"budget": 1})
+
+
 def test_a_broken_study_json_is_named_with_its_key(tmp_path):
     run_study(_study(archives=("cancel_release",)), tmp_path / "s")
     doc = json.loads((tmp_path / "s" / "study.json").read_text())

@@ -218,3 +218,34 @@ def test_capture_refuses_a_bad_trace_with_exit_2_and_writes_nothing(tmp_path):
     flat = "".join(res.output.split()).replace("│", "")
     assert res.exit_code == 2 and "m.jsonl:1:output_length:mustbeanumber,not\"ten\"" in flat
     assert not out.exists()
+
+
+def test_generated_mooncake_traces_load_within_the_bounds_or_are_refused_by_line_or_key(tmp_path):
+    """Rows of hostile values (huge, negative, fractional, non-finite, text, a timestamp 10^21 ms away):
+    the workload loads with every arrival within the horizon, or a ValueError names the file and line
+    or the key; never another exception."""
+    import re
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from inferledger.collectors.workload.schema import MAX_HORIZON_S
+
+    number = st.sampled_from([0, 1, 2, 7, 100, 3000, -1, 10 ** 21, 2 ** 63, 0.5, 1e300, "1", None]) \
+        | st.integers(0, 5000)
+    row = st.fixed_dictionaries({"timestamp": number, "input_length": number, "output_length": number,
+                                 "hash_ids": st.lists(st.integers(-3, 10 ** 20), max_size=4) | number})
+    named = re.compile(r"^(\S+:\d+: |\S+: |w\.toml: \[\w+\]\.\w+: |a context )")
+
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(row, min_size=1, max_size=5), st.sampled_from([0.001, 1.0, 1000.0]))
+    def check(rows, speed):
+        (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        try:
+            wl = _workload(tmp_path, "mooncake", "t.jsonl", speed=speed)
+        except ValueError as exc:
+            assert all(named.match(line) for line in str(exc).splitlines()), str(exc)
+            return
+        assert all(0 <= t <= MAX_HORIZON_S for t in wl.arrival_offsets())
+
+    check()

@@ -184,3 +184,130 @@ def test_docs_list_exactly_the_keys_of_the_format():
     for section in SECTIONS:
         expected[section] = set(WorkloadFile.model_fields[section].annotation.model_fields)
     assert _documented_keys() == expected
+
+
+# ---- values that pass their own key but not each other, and the bounds of planning ---------------------
+
+@pytest.mark.parametrize("extra, where", [
+    ("[[classes]]\nname = \"a\"\n[[classes]]\nname = \"a\"", "[[classes]][1].name: 'a' is already the name of [[classes]][0]"),
+    ("[[classes]]\nweight = 0", "[[classes]][0].weight: must be > 0.0, not 0"),
+    ("[[classes]]\nshape = \"session\"\nturns = 2\ntool_before = [3]",
+     "[[classes]][0].tool_before: turn(s) [3] past turns = 2 (allowed: 1..2)"),
+    ("[inject]\ncancel_tasks = [5]", "[inject].cancel_tasks: task(s) [5] past the 4 tasks (allowed: 1..4)"),
+    ("[[classes]]\nprompt_tokens = 2000000", "[[classes]][0].prompt_tokens: must be <= 262144, not 2000000"),
+    ("[[classes]]\nshape = \"parallel\"\nbranches = 100000", "[[classes]][0].branches: must be <= 256, not 100000"),
+])
+def test_values_that_do_not_fit_together_are_refused_by_key(folder, extra, where):
+    assert where in _refused(folder, GOOD + extra + "\n")
+
+
+@pytest.mark.parametrize("old, new, where", [
+    ("n_tasks = 4", "n_tasks = 1000000000", "[arrivals].n_tasks: must be <= 100000, not 1000000000"),
+    ("rate_rps = 2.0", "rate_rps = 1e-18", "[arrivals].rate_rps: 1e-18 tasks/s puts 4 tasks' arrivals 3e+18 s away"),
+    ("rate_rps = 2.0", "rate_rps = 1e300", "[arrivals].rate_rps: must be <= 100000.0, not 1e+300"),
+    ("deadline_ms = 60000", "deadline_ms = 1e30", "[contract].deadline_ms: must be <= 86400000.0, not 1e+30"),
+    ("n_tasks = 4", "n_tasks = 60000\n[[classes]]\nshape = \"session\"\nturns = 2",
+     "[arrivals].n_tasks: 60000 tasks send 120000 requests (turns, branches): allowed at most 100000"),
+    ("n_tasks = 4", "n_tasks = 2000\n[[classes]]\nprompt_tokens = 2000",
+     "[arrivals].n_tasks: 2000 tasks need 4000000 prompt tokens built to an exact count: allowed at most 1500000"),
+])
+def test_counts_rates_and_horizons_past_the_planning_bounds_are_refused(folder, old, new, where):
+    assert where in _refused(folder, GOOD.replace(old, new))
+
+
+def test_the_planning_bounds_are_stated_in_the_docs():
+    from inferledger.collectors.workload import schema
+
+    text = (REPO / "docs" / "CAPTURE.md").read_text().split("### Bounds", 1)[1].split("\n## ", 1)[0]
+    for name in ("MAX_TASKS", "MAX_REQUESTS", "MAX_BUILT_TOKENS", "MAX_PROMPT_TOKENS", "MAX_FANOUT", "MAX_LENGTH",
+                 "MAX_HORIZON_S"):
+        assert f"{int(getattr(schema, name)):,}" in text, name
+
+
+def test_a_replay_past_the_horizon_is_refused_before_planning(folder):
+    (folder / "arrivals.txt").write_text("0\n1e15\n")
+    text = GOOD.replace('rate_rps = 2.0\nn_tasks = 4', 'process = "replay"\nfile = "arrivals.txt"')
+    assert "[arrivals].speed: 1 puts the last of 2 arrivals 1e+12 s away" in _refused(folder, text)
+
+
+@pytest.mark.parametrize("row, where", [
+    ({"prompt": None, "answer": "a"}, "tasks.jsonl:1: prompt: must be a non-empty string, not None"),
+    ({"prompt": "  ", "answer": "a"}, "tasks.jsonl:1: prompt: must be a non-empty string, not '  '"),
+    ({"prompt": "q", "answer": 4}, "tasks.jsonl:1: answer: must be a string, not 4"),
+    ([1, 2], "tasks.jsonl:1: a task is a JSON object"),
+])
+def test_a_task_without_a_prompt_is_refused_by_line_and_key(folder, row, where):
+    (folder / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    assert where in _refused(folder, GOOD)
+
+
+def test_prompt_and_output_are_checked_against_the_models_context(folder):
+    wl = _load(folder, GOOD + "[[classes]]\nname = \"long\"\nprompt_tokens = 5000\nmax_tokens = 64\n")
+    with pytest.raises(ValueError) as info:
+        wl.check_context(4096, "the model file's context length")
+    assert str(info.value) == (f"{folder / 'cpu_demo.toml'}: [[classes]][0].prompt_tokens: 5000 + max_tokens 64 = "
+                               f"5064 exceeds the model's context of 4096 tokens (allowed: prompt_tokens <= 4032) "
+                               f"(the model file's context length)")
+    assert wl.check_context(8192, "x") == {"tokens": 8192, "source": "x", "checked": True}
+    skipped = wl.check_context(None, "a URL target")
+    assert skipped["checked"] is False and "unknown" in skipped["why"]
+
+
+# ---- generated workloads: they load and plan within the bounds, or are refused naming a key ---------------
+
+HOSTILE_NUMBERS = [0, -1, 1, 2, 3, 7, 64, 10 ** 6, 2 ** 63 - 1, -2 ** 63, 0.0, 0.5, -0.5, 1e-18, 1e300,
+                   float("inf"), float("-inf"), float("nan")]
+KEYS = [("arrivals", "n_tasks"), ("arrivals", "rate_rps"), ("arrivals", "cv2"), ("arrivals", "process"),
+        ("arrivals", "concurrency"), ("arrivals", "think_ms"), ("arrivals", "speed"), ("contract", "deadline_ms"),
+        ("client", "timeout_ms"), ("client", "max_attempts"), ("client", "backoff_ms"), ("client", "jitter"),
+        ("generation", "max_tokens"), ("generation", "temperature"), ("inject", "cancel_every"),
+        ("inject", "cancel_tasks"), ("inject", "timeout_ms"), ("slo", "ttft_ms"), ("", "seed"),
+        ("classes", "weight"), ("classes", "turns"), ("classes", "branches"), ("classes", "shape"),
+        ("classes", "name"), ("classes", "tool_before"), ("classes", "max_tokens"), ("classes", "deadline_ms")]
+
+
+def _values():
+    from hypothesis import strategies as st
+
+    number = st.sampled_from(HOSTILE_NUMBERS) | st.integers(-5, 40) | st.floats(-1e3, 1e3)
+    return number | st.sampled_from(["poisson", "gamma", "closed", "session", "parallel", "a", "", "1"]) \
+        | st.booleans() | st.lists(number, max_size=3)
+
+
+def test_generated_workloads_load_and_plan_within_the_bounds_or_are_refused_by_key(folder):
+    import time
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from inferledger.collectors.workload.schema import MAX_REQUESTS
+
+    base = {"name": "w", "taskset": {"file": "tasks.jsonl"}, "arrivals": {"rate_rps": 2.0, "n_tasks": 4},
+            "contract": {"deadline_ms": 60000}, "client": {"timeout_ms": 2000}, "generation": {"max_tokens": 8}}
+    key_pattern = re.compile(r"^\S+: (seed|\[\w+\]|\[\[classes\]\])(\.\w+|\[\d+\])*: .+")
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(st.sampled_from(KEYS), _values()), min_size=1, max_size=4),
+           st.integers(0, 2))
+    def check(changes, n_classes):
+        spec = json.loads(json.dumps(base))
+        spec["classes"] = [{} for _ in range(n_classes)] or None
+        for (section, key), value in changes:
+            if section == "classes":
+                if spec["classes"]:
+                    spec["classes"][0][key] = value
+            elif section:
+                spec.setdefault(section, {})[key] = value
+            else:
+                spec[key] = value
+        try:
+            wl = Workload.from_dict(spec, base=folder, where="w.toml")
+        except ValueError as exc:
+            assert all(key_pattern.match(line) for line in str(exc).splitlines()), str(exc)
+            return
+        t0 = time.perf_counter()
+        plans, offsets = wl.plan(), wl.arrival_offsets()
+        assert time.perf_counter() - t0 < 10 and sum(len(p.requests) for p in plans) <= MAX_REQUESTS
+        assert offsets is None or all(0 <= t <= 7 * 86_400 for t in offsets)
+
+    check()

@@ -18,9 +18,10 @@ from contextlib import contextmanager
 class Interrupted(KeyboardInterrupt):
     """A capture stopped by a signal after its run directory was closed; `.signum` says which."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, recorded: bool = True) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.recorded = recorded  # False: stopped while preparing, before anything was recorded (no run left)
 
     @property
     def exit_code(self) -> int:

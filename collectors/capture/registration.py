@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from inferledger.costmodel import spec_roofs
-from inferledger.costmodel.prediction import PredictionError, check, predict, request_shapes, sustained_roofs
+from inferledger.costmodel.prediction import PredictionError, dumps, load, predict, request_shapes, sustained_roofs
 from inferledger.costmodel.roofs import microbenchmark_roofs
 from inferledger.probes.model_shape import ShapeError
 from inferledger.probes.run_dir import PREDICTION_FILE
@@ -31,11 +31,7 @@ def read_prediction(path: str | Path) -> bytes:
         data = path.read_bytes()
     except OSError as exc:
         raise PredictionError(f"{path}: cannot read the prediction ({exc.strerror})") from None
-    try:
-        doc = json.loads(data)
-    except ValueError as exc:
-        raise PredictionError(f"{path}: not valid JSON ({exc})") from None
-    check(doc, str(path))
+    load(data, str(path))
     return data
 
 
@@ -63,7 +59,7 @@ def own_prediction(wl, identity: dict, device_params: dict, max_batch: int) -> t
     doc = predict(shape, shapes, peak, max_batch=max_batch, sustained=sustained_roofs(device_params),
                   workload={"name": wl.name, "path": wl.path, "sha256": wl.sha256},
                   device={"name": manifest.device_name, "dtype": dtype})
-    return json.dumps(doc, indent=1).encode(), "computed by the capture (workload classes, the loaded model, device_params)"
+    return dumps(doc).encode(), "computed by the capture (workload classes, the loaded model, device_params)"
 
 
 def register(out: Path, data: bytes, source: str, clock: str) -> dict:

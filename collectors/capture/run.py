@@ -101,19 +101,41 @@ def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOp
     with what was recorded."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
+    # refused before the run folder exists: a bad prediction file, a prompt past the model's context
+    given = read_prediction(options.prediction) if options.prediction is not None else None
+    wl.context = wl.check_context(*_served_context(wl, options, bundle))
     # The manifest exists from the first second (state "starting") while the model loads and the
-    # prompts are built; if that fails, nothing was recorded and the folder is taken away again.
-    with StartingManifest(out, {"source": SOURCE, "state": "starting", "target": options.target_entry(),
-                                "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256}}):
-        prep = _prepare(wl, options, bundle)
+    # prompts are built; if that fails or a signal stops it, nothing was recorded and the folder is
+    # taken away again.
+    with sigterm_like_sigint() as got:
+        try:
+            with StartingManifest(out, {"source": SOURCE, "state": "starting", "target": options.target_entry(),
+                                        "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256}}):
+                prep = _prepare(wl, options, bundle, given)
+        except KeyboardInterrupt:  # SIGINT or SIGTERM while preparing: the folder is gone again, say so
+            raise Interrupted(got["signum"] or signal.SIGINT, recorded=False) from None
     live, head = _open_run(out, prep, options)
     return _record(live, head, prep, options, progress, on_ready)
 
 
-def _prepare(wl: Workload, options: CaptureOptions, bundle) -> Prepared:
-    """Everything slow or refusable before anything is recorded: a bad prediction file, model,
-    workload or tokenizer stops here and leaves no run."""
-    given = read_prediction(options.prediction) if options.prediction is not None else None
+def _served_context(wl: Workload, options: CaptureOptions, bundle) -> tuple[int | None, str]:
+    """The served model's context and where it comes from, read before any weights load: the embedded
+    model file's metadata (or `max_model_len` when lower); a URL target's is unknown."""
+    if not options.embedded:
+        return None, "a URL target: its context is not known here"
+    if bundle is not None:
+        context, source = bundle.config.max_position, "the loaded model's positions"
+    else:
+        from inferledger.engine.loader import model_context
+
+        context, source = model_context(options.model), "the model file's context length"
+    limit = options.engine_config.get("max_model_len")
+    return (limit, "the engine's max_model_len") if limit and limit < context else (context, source)
+
+
+def _prepare(wl: Workload, options: CaptureOptions, bundle, given: bytes | None) -> Prepared:
+    """Everything slow or refusable before anything is recorded (`given`: the prediction file's checked
+    bytes): a model, workload or tokenizer that fails stops here and leaves no run."""
     if options.embedded and bundle is None:
         from inferledger.engine.loader import load_model
 
@@ -158,6 +180,8 @@ def _open_run(out: Path, prep: Prepared, options: CaptureOptions) -> tuple[Live,
             **({"slo": wl.slo} if wl.slo else {}), "client": {"clock": client_clock, "warmups": prep.warmups},
             "host": {"name": host, "platform": platform.platform(), "python": platform.python_version()}}
     head["device_params"] = prep.device_params
+    if wl.context is not None:  # the prompts against the served model's context: checked, or why not
+        head["workload"]["context"] = wl.context
     # registered before the server exists: every event of the run comes after it
     head["prediction"] = register(out, prep.prediction, prep.prediction_source,
                                   engine_clock if options.embedded else client_clock) \

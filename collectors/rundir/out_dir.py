@@ -1,9 +1,13 @@
-"""The one rule for a new run directory (`capture --out`, `serve --out`, `import --out`).
+"""The rules for what a command writes, checked before it loads anything: a new run directory
+(`capture --out`, `serve --out`, `import --out`), a new folder (`study -o`) and an output file
+(`predict -o`, `report -o`, `export -o`, `reconstruct -o`).
 
 A new run goes into a folder that does not exist yet or is empty, and that this process can create
 and write: a file, a folder holding another run or other files, or a place we cannot write is refused
-before anything is loaded or recorded, with the reason and what to do. Checking writes a probe file
-and removes it again (with any folder it had to create), so a refusal leaves the disk as it was.
+before anything is loaded or recorded, with the reason and what to do. An output file may replace a
+file, never a folder, and its folder must be one this process can create and write. Checking writes a
+probe file and removes it again (with any folder it had to create), so a refusal leaves the disk as
+it was.
 """
 from __future__ import annotations
 
@@ -39,13 +43,41 @@ def check_new_run_dir(out: Path) -> None:
             shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
             raise OutDirError(f"{out} already holds files that are not a run ({shown}); choose a new or empty "
                               "folder for --out")
+    _check_writable(out, "--out")
+
+
+def check_new_folder(out: Path, flag: str) -> None:
+    """Raise OutDirError unless `out` can become a new folder (absent or empty, creatable, writable)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OutDirError(f"{flag} {out}: is a file, not a folder; choose a new folder")
+    if out.is_dir() and any(out.iterdir()):
+        raise OutDirError(f"{flag} {out}: a folder that is not empty; choose a new or empty folder, nothing was changed")
+    _check_writable(out, flag)
+
+
+def check_out_file(path: Path, flag: str) -> None:
+    """Raise OutDirError unless `path` can be written as a file: not a folder, its folder creatable
+    and writable (an existing file is replaced)."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutDirError(f"{flag} {path}: is a folder; give a file name (e.g. {path / 'out.json'})")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise OutDirError(f"{flag} {path}: a file this process cannot write; choose another path")
+    _check_writable(path.parent, flag)
+
+
+def _check_writable(out: Path, flag: str) -> None:
+    """`out` can be created (with its parents) and written: tried with a probe file, then undone."""
     created = [p for p in (out, *out.parents) if not p.exists()]
     probe = out / f".inferledger-write-check-{os.getpid()}"
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
     except OSError as exc:
-        raise OutDirError(f"{out}: cannot create or write this folder ({exc.strerror or exc}); choose a --out "
+        blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file, not a folder" if blocker is not None else exc.strerror or exc
+        raise OutDirError(f"{flag} {out}: cannot create or write this folder ({why}); choose a {flag} "
                           "in a folder you can write") from None
     finally:
         try:

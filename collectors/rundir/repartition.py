@@ -23,7 +23,7 @@ from pathlib import Path
 import duckdb
 
 from inferledger.probes.events import EVENT_SCHEMA
-from inferledger.probes.run_dir import PartError, list_parts, partition_name_sql
+from inferledger.probes.run_dir import PartError, layout_parts, list_parts, partition_name_sql
 from inferledger.probes.run_folder import Layout, RunFolderError
 
 DEFAULT_BUCKETS = 16
@@ -108,7 +108,7 @@ def repartition(run_dir: str | os.PathLike, buckets: int = DEFAULT_BUCKETS, *, m
     con.close()
     db.unlink(missing_ok=True)
     shutil.rmtree(new / ".spill", ignore_errors=True)
-    Layout(buckets, read).write(new)
+    Layout(buckets, read, layout_parts(new)).write(new)  # what was written, so a rebuild can hold the folders to it
     os.rename(events, run_dir / "events.old")
     os.rename(new, events)
     shutil.rmtree(run_dir / "events.old")

@@ -11,7 +11,7 @@ from pathlib import Path
 from .arrivals import planned_offsets, read_replay
 from .calibration import calibrate
 from .plans import TaskPlan, build_plans, class_sequence
-from .schema import Inject, TaskClass, parse
+from .schema import MAX_HORIZON_S, Inject, TaskClass, context_checks, count_checks, parse
 from .tasks import Question, load_questions
 from .trace_plans import TraceSource
 
@@ -82,6 +82,7 @@ class Workload:
     taskset: dict = field(default_factory=dict)  # the task-set file used: path and sha256, for the manifest
     sha256: str = ""  # of the workload file, its task set, replay file or trace: the run's input identity
     path: str | None = None
+    context: dict | None = None  # the check against the served model's context (check_context), for the manifest
 
     @classmethod
     def load(cls, path: str | Path) -> "Workload":
@@ -119,6 +120,15 @@ class Workload:
         if replay_ms is not None and n_tasks > len(replay_ms):
             raise ValueError(f"{where}: [arrivals].n_tasks: {n_tasks}, but the replay file has "
                              f"{len(replay_ms)} arrivals")
+        problems = [] if a.n_tasks is not None and trace is None else count_checks(
+            f, n_tasks, sum(trace.scaled(r.input_tokens) for r in trace.sent_rows[:n_tasks]) if trace else None)
+        last_s = (replay_ms[n_tasks - 1] / 1000 / a.speed if replay_ms else
+                  trace.offsets_s()[n_tasks - 1] if trace else 0.0)
+        if last_s > MAX_HORIZON_S:
+            problems.append(("[arrivals].speed", f"{a.speed:g} puts the last of {n_tasks} arrivals {last_s:.3g} s "
+                             f"away (allowed: at most {MAX_HORIZON_S:g} s)"))
+        if problems:
+            raise ValueError("\n".join(f"{where}: {key}: {why}" for key, why in problems))
         classes = f.classes or ([TaskClass(name=n) for n in trace.class_names()] if trace else
                                 [TaskClass(name="default")])
         for i, c in enumerate(classes):
@@ -137,6 +147,23 @@ class Workload:
             calibrate_tok_s=a.calibrate_tok_s, inject=f.inject, classes=classes, questions=questions,
             tokenizer=f.prompt.tokenizer, trace=trace, spec=spec, taskset=taskset,
             slo=f.slo.model_dump(exclude_none=True), sha256=hashlib.sha256(b"".join(blobs)).hexdigest())
+
+    def check_context(self, context_tokens: int | None, source: str) -> dict:
+        """Every class's prompt and output budget against the served model's context, before anything is
+        planned or written; returns what the manifest records of the check (`workload.context`). An
+        unknown context (a URL target that declares none) skips the check and says so. A trace's rows
+        are fitted to the context instead (docs/CAPTURE.md)."""
+        if context_tokens is None:
+            return {"tokens": None, "source": None, "checked": False,
+                    "why": f"the served model's context is unknown ({source}): prompts not checked against it"}
+        problems = [] if self.trace is not None else context_checks(self.classes, self.max_tokens, context_tokens)
+        if problems:
+            where = self.path or self.name
+            raise ValueError("\n".join(f"{where}: {key}: {why} ({source})" for key, why in problems))
+        if self.trace is not None:
+            return {"tokens": context_tokens, "source": source, "checked": False,
+                    "why": "a trace's rows are fitted to the context when planned (manifest workload.trace)"}
+        return {"tokens": context_tokens, "source": source, "checked": True}
 
     # ---- what the client runs ------------------------------------------------------------------
     @property

@@ -41,6 +41,7 @@ class PromptBuilder:
     def __init__(self, tokenizer, seed: int, cls: TaskClass) -> None:
         self.tok, self.seed, self.cls = tokenizer, seed, cls
         self.words = one_token_words(tokenizer)
+        self._last: tuple[tuple[str | None, str], list[int]] | None = None  # the last prompt tokenized
         self.shared, self.head = None, []
         if cls.shared_prefix_tokens:
             make = lambda n: self.LEAD + self._filler("prefix", n)
@@ -57,9 +58,13 @@ class PromptBuilder:
         return "".join(items[:n])
 
     def _render(self, system: str | None, user: str) -> list[int]:
+        if self._last is not None and self._last[0] == (system, user):  # the fit's last count, asked again
+            return self._last[1]
         msgs = ([{"role": "system", "content": system}] if system is not None else []) + \
                [{"role": "user", "content": user}]
-        return self.tok.encode(self.tok.apply_chat_template(msgs, add_generation_prompt=True), add_special=False)
+        tokens = self.tok.encode(self.tok.apply_chat_template(msgs, add_generation_prompt=True), add_special=False)
+        self._last = ((system, user), tokens)
+        return tokens
 
     def _head(self, system: str) -> list[int]:
         """Tokens of the templated prompt up to the end of `system` (the part every request shares)."""

@@ -19,7 +19,23 @@ TraceFormat = Literal["mooncake", "burstgpt", "azure"]
 Shape = Literal["single", "session", "parallel"]
 OnMissing = Literal["failure", "partial_success"]
 OnTimeout = Literal["disconnect", "abandon"]
-TaskNumbers = list[Annotated[int, Field(ge=1)]]  # [inject] *_tasks: 1 = the first task
+# The bounds of planning (docs/CAPTURE.md "Bounds"): planning a workload within them takes at most
+# about 10 s and 1 GiB on the slowest machine we run on; they are checked from the declared counts,
+# before anything is planned, so a file past them is refused at once instead of planning for hours.
+MAX_TASKS = 100_000  # n_tasks, a trace's rows
+MAX_REQUESTS = 100_000  # requests planned in all: tasks x turns (session) or branches (parallel)
+MAX_BUILT_TOKENS = 1_500_000  # prompt tokens built to an exact count, in all requests together
+MAX_PROMPT_TOKENS = 262_144  # one prompt built to an exact count (prompt_tokens, shared_prefix_tokens)
+MAX_FANOUT = 256  # turns of a session, branches of a parallel task
+MAX_LENGTH = 1 << 20  # tokens of any other length: max_tokens, context_tokens, block_tokens
+MAX_MS = 86_400_000.0  # one day: any duration in ms (deadline, timeout, think, tool, backoff)
+MAX_HORIZON_S = 7 * 86_400.0  # a week: the last planned arrival
+MAX_RATE_RPS = 100_000.0
+MAX_SCALE = 1_000.0  # speed, token_scale, cv2 (and 1/MAX_SCALE the least speed)
+MAX_SEED = (1 << 63) - 1
+
+Ms = Annotated[float, Field(ge=0, le=MAX_MS)]
+TaskNumbers = list[Annotated[int, Field(ge=1, le=MAX_TASKS)]]  # [inject] *_tasks: 1 = the first task
 
 
 class Section(BaseModel):
@@ -38,35 +54,35 @@ class Prompt(Section):
 
 class Arrivals(Section):
     process: Process = "poisson"
-    n_tasks: int | None = Field(None, ge=1)  # replay: defaults to the file's arrivals; a trace: refused
-    rate_rps: float | None = Field(None, gt=0)
-    cv2: float = Field(1.0, gt=0)
+    n_tasks: int | None = Field(None, ge=1, le=MAX_TASKS)  # replay: defaults to the file's arrivals; a trace: refused
+    rate_rps: float | None = Field(None, gt=0, le=MAX_RATE_RPS)
+    cv2: float = Field(1.0, ge=1 / MAX_SCALE, le=MAX_SCALE)
     file: str | None = None
-    speed: float = Field(1.0, gt=0)
-    concurrency: int | None = Field(None, ge=1)
-    think_ms: float = Field(0.0, ge=0)
-    calibrate_tok_s: float | None = Field(None, gt=0)
+    speed: float = Field(1.0, ge=1 / MAX_SCALE, le=MAX_SCALE)
+    concurrency: int | None = Field(None, ge=1, le=MAX_TASKS)
+    think_ms: Ms = 0.0
+    calibrate_tok_s: float | None = Field(None, gt=0, le=1e9)
 
 
 class Contract(Section):
-    deadline_ms: float = Field(ge=0)
+    deadline_ms: Ms
     on_missing: OnMissing = "failure"
 
 
 class Client(Section):
-    timeout_ms: float = Field(ge=1)
-    max_attempts: int = Field(1, ge=1)
-    backoff_ms: float = Field(100.0, ge=0)
-    backoff_max_ms: float = Field(10_000.0, ge=0)
+    timeout_ms: float = Field(ge=1, le=MAX_MS)
+    max_attempts: int = Field(1, ge=1, le=100)
+    backoff_ms: Ms = 100.0
+    backoff_max_ms: Ms = 10_000.0
     jitter: float = Field(0.5, ge=0, le=1)  # a fraction of the backoff
     give_up_after_deadline: bool = True
     on_timeout: OnTimeout = "disconnect"
-    drain_s: float = Field(30.0, ge=0)
+    drain_s: float = Field(30.0, ge=0, le=MAX_MS / 1000)
 
 
 class Generation(Section):
-    max_tokens: int = Field(ge=1)
-    temperature: float = Field(0.0, ge=0)
+    max_tokens: int = Field(ge=1, le=MAX_LENGTH)
+    temperature: float = Field(0.0, ge=0, le=100)
     ignore_eos: bool | None = None  # None: false, true for a trace (its rows fix each output's length)
 
 
@@ -75,33 +91,33 @@ class Trace(Section):
 
     format: TraceFormat | None = None  # required with process = 'trace'
     file: str | None = None  # relative to the workload file
-    skip_rows: int = Field(0, ge=0)  # rows of the window passed over before the first replayed one
-    max_rows: int | None = Field(None, ge=1)  # None: every row of the window
-    start_s: float = Field(0.0, ge=0)  # window on trace time (s since the file's first row)
-    end_s: float | None = Field(None, gt=0)
-    token_scale: float = Field(1.0, gt=0)  # multiplies input, output and block lengths alike
-    block_tokens: int = Field(512, ge=1)  # Mooncake: the tokens of one hash id, before token_scale
-    context_tokens: int | None = Field(None, ge=1)  # the served model's context; embedded: at most the engine's
+    skip_rows: int = Field(0, ge=0, le=1 << 40)  # rows of the window passed over before the first replayed one
+    max_rows: int | None = Field(None, ge=1, le=MAX_TASKS)  # None: every row of the window
+    start_s: float = Field(0.0, ge=0, le=1e10)  # window on trace time (s since the file's first row)
+    end_s: float | None = Field(None, gt=0, le=1e10)
+    token_scale: float = Field(1.0, gt=0, le=MAX_SCALE)  # multiplies input, output and block lengths alike
+    block_tokens: int = Field(512, ge=1, le=MAX_LENGTH)  # Mooncake: the tokens of one hash id, before token_scale
+    context_tokens: int | None = Field(None, ge=1, le=MAX_LENGTH)  # the served model's context; embedded: at most the engine's
     strict: bool = False  # refuse a row that cannot be replayed at its own length instead of fitting it
 
 
 class Slo(Section):
     """Thresholds of the vLLM-style goodput (docs/LEDGER.md); an undeclared one is not checked."""
 
-    ttft_ms: float | None = Field(None, gt=0)
-    tpot_ms: float | None = Field(None, gt=0)
-    e2e_ms: float | None = Field(None, gt=0)
+    ttft_ms: float | None = Field(None, gt=0, le=MAX_MS)
+    tpot_ms: float | None = Field(None, gt=0, le=MAX_MS)
+    e2e_ms: float | None = Field(None, gt=0, le=MAX_MS)
 
 
 class Inject(Section):
-    cancel_every: int = Field(0, ge=0)  # every N-th task; 0: none
+    cancel_every: int = Field(0, ge=0, le=MAX_TASKS)  # every N-th task; 0: none
     cancel_tasks: TaskNumbers = []
-    cancel_after_tokens: int | None = Field(None, ge=1)
-    cancel_after_ms: float | None = Field(None, gt=0)
-    timeout_every: int = Field(0, ge=0)
+    cancel_after_tokens: int | None = Field(None, ge=1, le=MAX_LENGTH)
+    cancel_after_ms: float | None = Field(None, gt=0, le=MAX_MS)
+    timeout_every: int = Field(0, ge=0, le=MAX_TASKS)
     timeout_tasks: TaskNumbers = []
-    timeout_ms: float | None = Field(None, gt=0)
-    abandon_every: int = Field(0, ge=0)
+    timeout_ms: float | None = Field(None, gt=0, le=MAX_MS)
+    abandon_every: int = Field(0, ge=0, le=MAX_TASKS)
     abandon_tasks: TaskNumbers = []
 
 
@@ -109,24 +125,24 @@ class TaskClass(Section):
     """One kind of task in the mix; unset overrides fall back to the workload's globals."""
 
     name: str | None = None  # None: class<i>
-    weight: float = Field(1.0, ge=0)
+    weight: float = Field(1.0, gt=0, le=1e6)
     shape: Shape = "single"
-    prompt_tokens: int | None = Field(None, ge=1)  # the first request's whole templated prompt, exactly
-    shared_prefix_tokens: int = Field(0, ge=0)  # leading tokens identical across the class
-    turns: int = Field(1, ge=1)  # session
-    branches: int = Field(1, ge=1)  # parallel
-    tool_ms: float = Field(0.0, ge=0)  # session: a simulated tool call before the turns in tool_before
-    tool_before: list[Annotated[int, Field(ge=1)]] = [2]
-    max_tokens: int | None = Field(None, ge=1)
+    prompt_tokens: int | None = Field(None, ge=1, le=MAX_PROMPT_TOKENS)  # the first request's whole templated prompt, exactly
+    shared_prefix_tokens: int = Field(0, ge=0, le=MAX_PROMPT_TOKENS)  # leading tokens identical across the class
+    turns: int = Field(1, ge=1, le=MAX_FANOUT)  # session
+    branches: int = Field(1, ge=1, le=MAX_FANOUT)  # parallel
+    tool_ms: Ms = 0.0  # session: a simulated tool call before the turns in tool_before
+    tool_before: list[Annotated[int, Field(ge=1, le=MAX_FANOUT)]] = [2]
+    max_tokens: int | None = Field(None, ge=1, le=MAX_LENGTH)
     ignore_eos: bool | None = None
-    timeout_ms: float | None = Field(None, ge=1)
-    deadline_ms: float | None = Field(None, ge=0)
+    timeout_ms: float | None = Field(None, ge=1, le=MAX_MS)
+    deadline_ms: float | None = Field(None, ge=0, le=MAX_MS)
     on_missing: OnMissing | None = None
 
 
 class WorkloadFile(Section):
     name: str | None = None  # None: the file's stem
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     description: str | None = None
     taskset: Taskset
     prompt: Prompt
@@ -176,10 +192,76 @@ def cross_checks(f: WorkloadFile) -> list[tuple[str, str]]:
     i = f.inject
     if (i.timeout_every or i.timeout_tasks) and i.timeout_ms is None:
         out.append(("[inject].timeout_ms", "required by timeout_every / timeout_tasks (the injected timeout)"))
+    seen: dict[str, int] = {}
     for n, c in enumerate(f.classes or []):
         if c.prompt_tokens is not None and c.prompt_tokens < c.shared_prefix_tokens:
             out.append((f"[[classes]][{n}].prompt_tokens",
                         f"{c.prompt_tokens} is shorter than shared_prefix_tokens = {c.shared_prefix_tokens}"))
+        name = c.name if c.name is not None else f"class{n}"
+        if name in seen:
+            out.append((f"[[classes]][{n}].name", f"{name!r} is already the name of [[classes]][{seen[name]}]"))
+        seen.setdefault(name, n)
+        late = [t for t in c.tool_before if t > c.turns]
+        if c.shape == "session" and "tool_before" in c.model_fields_set and late:
+            out.append((f"[[classes]][{n}].tool_before", f"turn(s) {late} past turns = {c.turns} (allowed: 1..{c.turns})"))
+    if a.n_tasks is not None:
+        out += count_checks(f, a.n_tasks)
+    return out
+
+
+def requests_per_task(c: TaskClass) -> int:
+    """The requests one task of class `c` sends."""
+    return c.turns if c.shape == "session" else c.branches if c.shape == "parallel" else 1
+
+
+def count_checks(f: WorkloadFile, n_tasks: int, built_tokens: int | None = None) -> list[tuple[str, str]]:
+    """The rules that need the task count (declared, or a replay file's or a trace's rows): the
+    [inject] task numbers within it, the arrivals within MAX_HORIZON_S, and planning within its bounds
+    (MAX_REQUESTS requests, MAX_BUILT_TOKENS prompt tokens built to an exact count), all from the
+    declared counts, before anything is planned. `built_tokens`: a trace's prompt tokens, from its rows."""
+    out, a = [], f.arrivals
+    for what in ("cancel", "timeout", "abandon"):
+        late = [t for t in getattr(f.inject, f"{what}_tasks") if t > n_tasks]
+        if late:
+            out.append((f"[inject].{what}_tasks", f"task(s) {late} past the {n_tasks} tasks (allowed: 1..{n_tasks})"))
+    if a.process in ("poisson", "gamma") and a.rate_rps is not None and (n_tasks - 1) / a.rate_rps > MAX_HORIZON_S:
+        out.append(("[arrivals].rate_rps", f"{a.rate_rps:g} tasks/s puts {n_tasks} tasks' arrivals "
+                    f"{(n_tasks - 1) / a.rate_rps:.3g} s away (allowed: at most {MAX_HORIZON_S:g} s: rate_rps >= "
+                    f"{(n_tasks - 1) / MAX_HORIZON_S:.3g})"))
+    classes = f.classes or [TaskClass()]
+    total = sum(c.weight for c in classes)
+    share = [c.weight / total for c in classes]  # dealt in exact proportions (plans.class_sequence)
+    requests = round(n_tasks * sum(s * requests_per_task(c) for s, c in zip(share, classes)))
+    if requests > MAX_REQUESTS:
+        out.append(("[arrivals].n_tasks", f"{n_tasks} tasks send {requests} requests (turns, branches): allowed "
+                    f"at most {MAX_REQUESTS} in one workload"))
+    if built_tokens is None:
+        built_tokens = round(n_tasks * sum(s * (c.prompt_tokens or c.shared_prefix_tokens)
+                                           * (c.branches if c.shape == "parallel" else 1)
+                                           for s, c in zip(share, classes)))
+    if built_tokens > MAX_BUILT_TOKENS:
+        key = "[trace].max_rows" if a.process == "trace" else "[arrivals].n_tasks"
+        out.append((key, f"{n_tasks} tasks need {built_tokens} prompt tokens built to an exact count: allowed at "
+                    f"most {MAX_BUILT_TOKENS} in one workload"))
+    return out
+
+
+def context_checks(classes: list[TaskClass], max_tokens: int, context: int) -> list[tuple[str, str]]:
+    """Each class's exact prompt and its output budget against the served model's context (the engine
+    refuses a request past it): (key, problem) pairs, empty when every class fits."""
+    out = []
+    if max_tokens >= context:
+        out.append(("[generation].max_tokens", f"{max_tokens} leaves no room for a prompt in the model's context "
+                    f"of {context} tokens (allowed: 1..{context - 1})"))
+    for n, c in enumerate(classes):
+        budget = c.max_tokens if c.max_tokens is not None else max_tokens
+        if c.prompt_tokens is not None and c.prompt_tokens + budget > context:
+            out.append((f"[[classes]][{n}].prompt_tokens", f"{c.prompt_tokens} + max_tokens {budget} = "
+                        f"{c.prompt_tokens + budget} exceeds the model's context of {context} tokens (allowed: "
+                        f"prompt_tokens <= {context - budget})"))
+        elif c.max_tokens is not None and c.max_tokens >= context:
+            out.append((f"[[classes]][{n}].max_tokens", f"{c.max_tokens} leaves no room for a prompt in the "
+                        f"model's context of {context} tokens (allowed: 1..{context - 1})"))
     return out
 
 

@@ -28,10 +28,16 @@ def load_questions(path: Path) -> list[Question]:
             continue
         try:
             row = json.loads(line)
-            q = Question(str(row["prompt"]), str(row["answer"]), str(row.get("match", "regex")),
-                         str(row.get("kind", "qa")))
-        except (ValueError, KeyError, TypeError) as exc:
+        except ValueError as exc:
             raise ValueError(f"{path}:{n}: a task needs JSON with prompt and answer ({exc})") from exc
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: a task is a JSON object with prompt and answer, not {line[:40]!r}")
+        for key, default in (("prompt", None), ("answer", None), ("match", "regex"), ("kind", "qa")):
+            value = row.get(key, default)
+            if not isinstance(value, str) or (key == "prompt" and not value.strip()):
+                raise ValueError(f"{path}:{n}: {key}: must be a non-empty string, not {value!r}" if key == "prompt"
+                                 else f"{path}:{n}: {key}: must be a string, not {value!r}")
+        q = Question(row["prompt"], row["answer"], row.get("match", "regex"), row.get("kind", "qa"))
         if q.match not in MATCHES:
             raise ValueError(f"{path}:{n}: match must be 'regex' or 'exact', not {q.match!r}")
         out.append(q)
