@@ -123,7 +123,9 @@ MANIFEST_KEYS: tuple[Key, ...] = (
         "file used and its sha256), arrivals, n_tasks, classes, requests, trace (what was done to a trace's rows); a simulation's plan",
         (Key("spec", (dict,), "the workload file as read",
              (Key("slo", (dict,), "the workload's [slo] section: the thresholds where the manifest has no `slo`",
-                  _SLO.keys),)),)),
+                  _SLO.keys),)),
+         Key("context", (dict,), "the check of each class's prompt and output lengths against the model's context "
+             "window before the run: the window, where it was read, or why the check was skipped (a URL target)"))),
     _SLO,
     Key("prompts", (dict,), "how prompt tokens were counted: tokenizer hash, tokenizer_source, exact_prompt_tokens"),
     Key("calibration", (dict, _NONE), "the workload's calibration against the engine's measured speed"),
