@@ -69,9 +69,9 @@ ORDER BY a.step_id, a.attempt_id
 # @column roof_compute_tflops: the compute roof used (peak)
 # @column roof_memory_gbps: the memory roof used (peak)
 # @column measured_ms: step.end − step.start
-# @column contention_ms: the run-queue wait of the step's critical compute thread over the step (steps.contention_ms:
-#   the larger of the step thread's and its intra-op workers' largest, docs/MODEL.md "Contention"); NULL with a
-#   gap where the step's step.end has no schedstat figures
+# @column contention_ms: the time the step waited for a CPU (steps.contention_ms): the step thread's run-queue
+#   wait plus the part of its sleep at the parallel sections' barriers that its workers' wait explains
+#   (docs/MODEL.md "Contention"); NULL with a gap where the step's step.end has no schedstat figures
 # @column cpu_ms: measured_ms − contention_ms: the step as it would have run uncontended (steps.cpu_ms)
 # @column residual_ms: measured_ms − bound_ms
 # @column residual_pct: residual_ms / bound_ms × 100

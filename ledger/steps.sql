@@ -6,29 +6,33 @@
 -- reads: ev
 -- creates: steps, step_attribution, steps_gaps
 --
--- contention_ms: the run-queue wait of the step's critical compute thread over the step, the larger
--- of the step thread's wait (step.end attrs.wait_ns) and its intra-op workers' largest
--- (attrs.workers_wait_ns_max): every parallel section ends at a barrier where the step thread waits
--- for its slowest worker, so one worker's wait delays the step as much as the step thread's own
--- (docs/MODEL.md "Contention"). cpu_ms = step_ms − contention_ms: the step as it would have run
--- uncontended. Both NULL (a steps_gaps row) where step.end carries no wait_ns (schedstat hidden, an
--- older run, another writer) or the wait exceeds the step.
+-- contention_ms: the time the step waited for a CPU (docs/MODEL.md "Contention"). The step thread's
+-- own run-queue wait (step.end attrs.wait_ns), plus the part of its sleep that its intra-op workers'
+-- run-queue wait explains: torch's parallel sections end at a barrier where the step thread sleeps
+-- (OMP_WAIT_POLICY=PASSIVE, as the command line sets) until its slowest worker arrives, so a worker
+-- held off a CPU holds the step; counted at most the step thread's sleep (step − its on-CPU time
+-- attrs.cpu_ns − its wait: time on a CPU was not spent waiting) and at most the workers' largest wait
+-- (attrs.workers_wait_ns_max; sleep beyond it is the workers' own work, a lock or the GIL).
+-- cpu_ms = step_ms − contention_ms: the step as it would have run uncontended. Both NULL (a
+-- steps_gaps row) where step.end carries no cpu_ns / wait_ns (schedstat hidden, an older run,
+-- another writer) or they add up to more than the step.
 CREATE OR REPLACE TEMP TABLE steps AS
 WITH raw AS (
   SELECT s.step_id, s.ts_ns AS start_ns, e.ts_ns AS end_ns, s.clock, (e.ts_ns - s.ts_ns) / 1e6 AS step_ms,
-         s.attrs AS start_attrs,
-         -- no wait_ns: unknown (greatest would skip a NULL); no workers: the step thread's wait alone
-         CASE WHEN TRY_CAST(json_extract(e.attrs, '$.wait_ns') AS BIGINT) IS NOT NULL
-              THEN greatest(TRY_CAST(json_extract(e.attrs, '$.wait_ns') AS BIGINT),
-                            coalesce(TRY_CAST(json_extract(e.attrs, '$.workers_wait_ns_max') AS BIGINT), 0)) / 1e6
-         END AS wait_ms
+         s.attrs AS start_attrs, e.ts_ns - s.ts_ns AS step_ns,
+         TRY_CAST(json_extract(e.attrs, '$.cpu_ns') AS BIGINT) AS cpu_ns,
+         TRY_CAST(json_extract(e.attrs, '$.wait_ns') AS BIGINT) AS wait_ns,
+         coalesce(TRY_CAST(json_extract(e.attrs, '$.workers_wait_ns_max') AS BIGINT), 0) AS workers_wait_ns  -- none: no workers
   FROM ev s JOIN ev e ON e.step_id = s.step_id AND e.name = 'step.end' AND e.clock = s.clock
   WHERE s.name = 'step.start'
+), waited AS (
+  SELECT *, CASE WHEN cpu_ns >= 0 AND wait_ns >= 0 AND cpu_ns + wait_ns <= step_ns
+                 THEN wait_ns + least(greatest(workers_wait_ns, 0), step_ns - cpu_ns - wait_ns) END AS contention_ns
+  FROM raw
 )
 SELECT step_id, start_ns, end_ns, clock, step_ms, start_attrs,
-       CASE WHEN wait_ms <= step_ms THEN wait_ms END AS contention_ms,
-       CASE WHEN wait_ms <= step_ms THEN step_ms - wait_ms END AS cpu_ms
-FROM raw;
+       contention_ns / 1e6 AS contention_ms, (step_ns - contention_ns) / 1e6 AS cpu_ms
+FROM waited;
 
 -- @table step_attribution: one row per engine step × attempt in its batch (docs/LEDGER.md
 --   "step_attribution")
@@ -60,7 +64,7 @@ FROM parsed
 ORDER BY step_id, attempt_id;
 
 -- @gaps: a step whose batch lists 0 tokens in all (its time cannot be shared by tokens); steps without
--- run-queue figures on their step.end, or with a wait longer than the step (contention_ms, cpu_ms unknown).
+-- schedstat figures on their step.end, or with figures longer than the step (contention_ms, cpu_ms unknown).
 CREATE OR REPLACE TEMP TABLE steps_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO steps_gaps
 SELECT 'step', step_id::VARCHAR, 'step_attribution share_ms, energy_shares',
@@ -69,7 +73,7 @@ SELECT 'step', step_id::VARCHAR, 'step_attribution share_ms, energy_shares',
 FROM step_attribution GROUP BY step_id HAVING sum(tokens) = 0;
 INSERT INTO steps_gaps
 SELECT 'run', NULL, 'steps contention_ms, cpu_ms; step_model contention_ms, cpu_ms',
-       'step.end attrs.wait_ns: the step thread''s run-queue wait from Linux schedstat (/proc/self/task/<tid>/schedstat)',
-       count(*) || ' of ' || (SELECT count(*) FROM steps) || ' step(s) without a run-queue wait no longer than the step: '
+       'step.end attrs.cpu_ns and wait_ns: the step thread''s on-CPU time and run-queue wait from Linux schedstat (/proc/self/task/<tid>/schedstat)',
+       count(*) || ' of ' || (SELECT count(*) FROM steps) || ' step(s) without on-CPU and wait figures that fit the step: '
        || 'schedstat hidden by the kernel, or a writer that does not record it; their contention is unknown, not 0'
 FROM steps WHERE contention_ms IS NULL HAVING count(*) > 0;

@@ -189,36 +189,40 @@ class ComputeThreads:
 
 
 class ThreadUsage:
-    """One thread's on-CPU and run-queue wait over a stretch (the load client's event-loop thread):
-    `start()` and `stop()` in that thread; `summary()` for a manifest."""
+    """One thread's on-CPU time and run-queue wait over a stretch of wall time (the load client's
+    event-loop thread over its run): `start()` and `stop()` in that thread; `summary()` for a manifest."""
 
-    def __init__(self, task_dir: str = TASK_DIR) -> None:
-        self._task_dir = task_dir
+    def __init__(self, task_dir: str = TASK_DIR, now_ns=time.monotonic_ns) -> None:
+        self._task_dir, self._now_ns = task_dir, now_ns
         self._clocks: ThreadClocks | None = None
-        self._before: Sched | None = None
+        self._before: tuple[int, Sched | None] | None = None
         self.delta: Sched | None = None
+        self.wall_ns: int | None = None
         self.unavailable: str | None = None
 
     def start(self) -> "ThreadUsage":
         self._clocks, why = ThreadClocks.open([threading.get_native_id()], self._task_dir)
         self.unavailable = why or None
-        self._before = self._clocks.read()[0] if self._clocks is not None else None
+        self._before = (self._now_ns(), self._clocks.read()[0]) if self._clocks is not None else None
         return self
 
     def stop(self) -> None:
-        if self._clocks is None:
+        if self._clocks is None or self._before is None:
             return
         after = self._clocks.read()[0]
         self._clocks.close()
         self._clocks = None
-        if self._before is not None and after is not None:
-            self.delta = Sched(after.cpu_ns - self._before.cpu_ns, after.wait_ns - self._before.wait_ns)
+        t0, before = self._before
+        self.wall_ns = self._now_ns() - t0
+        if before is not None and after is not None:
+            self.delta = Sched(after.cpu_ns - before.cpu_ns, after.wait_ns - before.wait_ns)
 
     def summary(self) -> dict:
-        """{cpu_ms, wait_ms, wait_share} (wait / (cpu + wait)), or {unknown: why}."""
-        d = self.delta
-        if d is None:
+        """{cpu_ms, wait_ms, wall_ms, cpu_share, wait_share} (shares of the wall time: a thread busy on
+        its own CPU has a high cpu_share, one held back by others a high wait_share), or {unknown: why}."""
+        d, wall = self.delta, self.wall_ns
+        if d is None or not wall:
             return {"unknown": self.unavailable or "not measured"}
-        busy = d.cpu_ns + d.wait_ns
         return {"cpu_ms": round(d.cpu_ns / 1e6, 3), "wait_ms": round(d.wait_ns / 1e6, 3),
-                "wait_share": round(d.wait_ns / busy, 4) if busy else None}
+                "wall_ms": round(wall / 1e6, 3), "cpu_share": round(d.cpu_ns / wall, 4),
+                "wait_share": round(d.wait_ns / wall, 4)}
