@@ -15,7 +15,7 @@
 -- (attrs.workers_wait_ns_max; sleep beyond it is the workers' own work, a lock or the GIL).
 -- cpu_ms = step_ms − contention_ms: the step as it would have run uncontended. Both NULL (a
 -- steps_gaps row) where step.end carries no cpu_ns / wait_ns (schedstat hidden, an older run,
--- another writer) or they add up to more than the step.
+-- another writer) or the wait is longer than the step.
 CREATE OR REPLACE TEMP TABLE steps AS
 WITH raw AS (
   SELECT s.step_id, s.ts_ns AS start_ns, e.ts_ns AS end_ns, s.clock, (e.ts_ns - s.ts_ns) / 1e6 AS step_ms,
@@ -26,8 +26,9 @@ WITH raw AS (
   FROM ev s JOIN ev e ON e.step_id = s.step_id AND e.name = 'step.end' AND e.clock = s.clock
   WHERE s.name = 'step.start'
 ), waited AS (
-  SELECT *, CASE WHEN cpu_ns >= 0 AND wait_ns >= 0 AND cpu_ns + wait_ns <= step_ns
-                 THEN wait_ns + least(greatest(workers_wait_ns, 0), step_ns - cpu_ns - wait_ns) END AS contention_ns
+  -- the sleep floored at 0: an on-CPU figure read from schedstat (a writer's other than ours) lags a tick
+  SELECT *, CASE WHEN cpu_ns >= 0 AND wait_ns >= 0 AND wait_ns <= step_ns
+                 THEN wait_ns + least(greatest(workers_wait_ns, 0), greatest(step_ns - cpu_ns - wait_ns, 0)) END AS contention_ns
   FROM raw
 )
 SELECT step_id, start_ns, end_ns, clock, step_ms, start_attrs,
@@ -64,7 +65,7 @@ FROM parsed
 ORDER BY step_id, attempt_id;
 
 -- @gaps: a step whose batch lists 0 tokens in all (its time cannot be shared by tokens); steps without
--- schedstat figures on their step.end, or with figures longer than the step (contention_ms, cpu_ms unknown).
+-- schedstat figures on their step.end, or with a wait longer than the step (contention_ms, cpu_ms unknown).
 CREATE OR REPLACE TEMP TABLE steps_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO steps_gaps
 SELECT 'step', step_id::VARCHAR, 'step_attribution share_ms, energy_shares',
@@ -74,6 +75,6 @@ FROM step_attribution GROUP BY step_id HAVING sum(tokens) = 0;
 INSERT INTO steps_gaps
 SELECT 'run', NULL, 'steps contention_ms, cpu_ms; step_model contention_ms, cpu_ms',
        'step.end attrs.cpu_ns and wait_ns: the step thread''s on-CPU time and run-queue wait from Linux schedstat (/proc/self/task/<tid>/schedstat)',
-       count(*) || ' of ' || (SELECT count(*) FROM steps) || ' step(s) without on-CPU and wait figures that fit the step: '
+       count(*) || ' of ' || (SELECT count(*) FROM steps) || ' step(s) without on-CPU and wait figures (or a wait longer than the step): '
        || 'schedstat hidden by the kernel, or a writer that does not record it; their contention is unknown, not 0'
 FROM steps WHERE contention_ms IS NULL HAVING count(*) > 0;

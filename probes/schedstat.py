@@ -141,10 +141,13 @@ class ComputeThreads:
 
     `begin()` in the step thread right after the step starts, `end()` right before it ends: the
     window lies inside the step, so the step thread's wait (it is running at both reads) is at most
-    the step's time. The team is found again when the calling thread or its thread count changes."""
+    the step's time. The step thread's on-CPU time is its CPU clock (CLOCK_THREAD_CPUTIME_ID): schedstat's
+    first number of a running thread lags by up to a scheduler tick. The team is found again when the
+    calling thread or its thread count changes."""
 
-    def __init__(self, team=openmp_team, task_dir: str = TASK_DIR, now_ns=time.monotonic_ns) -> None:
-        self._team, self._task_dir, self._now_ns = team, task_dir, now_ns
+    def __init__(self, team=openmp_team, task_dir: str = TASK_DIR, now_ns=time.monotonic_ns,
+                 cpu_ns=time.thread_time_ns) -> None:
+        self._team, self._task_dir, self._now_ns, self._cpu_ns = team, task_dir, now_ns, cpu_ns
         self._key: tuple | None = None
         self._clocks: ThreadClocks | None = None
         self.unavailable: str | None = None
@@ -165,22 +168,21 @@ class ComputeThreads:
     def begin(self, threads: int) -> None:
         """The step's starting readings (`threads`: the step thread's intra-op thread count)."""
         self._ensure(threads)
-        self._start = (self._now_ns(), self._clocks.read()) if self._clocks is not None else None
+        self._start = (self._now_ns(), self._cpu_ns(), self._clocks.read()) if self._clocks is not None else None
 
     def end(self) -> StepSched | None:
         """The deltas since `begin`, or None when schedstat is unreadable (or a thread went)."""
         if self._start is None or self._clocks is None:
             return None
-        t0, before = self._start
+        t0, cpu0, before = self._start
         after = self._clocks.read()
-        window = self._now_ns() - t0
+        cpu1, window = self._cpu_ns(), self._now_ns() - t0
         self._start = None
         if before[0] is None or after[0] is None:
             return None
         waits = [min(a.wait_ns - b.wait_ns, window) for b, a in zip(before[1:], after[1:])
                  if a is not None and b is not None]
-        return StepSched(after[0].cpu_ns - before[0].cpu_ns, after[0].wait_ns - before[0].wait_ns,
-                         len(waits), max(waits) if waits else None)
+        return StepSched(cpu1 - cpu0, after[0].wait_ns - before[0].wait_ns, len(waits), max(waits) if waits else None)
 
     def close(self) -> None:
         if self._clocks is not None:
@@ -192,10 +194,10 @@ class ThreadUsage:
     """One thread's on-CPU time and run-queue wait over a stretch of wall time (the load client's
     event-loop thread over its run): `start()` and `stop()` in that thread; `summary()` for a manifest."""
 
-    def __init__(self, task_dir: str = TASK_DIR, now_ns=time.monotonic_ns) -> None:
-        self._task_dir, self._now_ns = task_dir, now_ns
+    def __init__(self, task_dir: str = TASK_DIR, now_ns=time.monotonic_ns, cpu_ns=time.thread_time_ns) -> None:
+        self._task_dir, self._now_ns, self._cpu_ns = task_dir, now_ns, cpu_ns
         self._clocks: ThreadClocks | None = None
-        self._before: tuple[int, Sched | None] | None = None
+        self._before: tuple[int, int, Sched | None] | None = None
         self.delta: Sched | None = None
         self.wall_ns: int | None = None
         self.unavailable: str | None = None
@@ -203,7 +205,7 @@ class ThreadUsage:
     def start(self) -> "ThreadUsage":
         self._clocks, why = ThreadClocks.open([threading.get_native_id()], self._task_dir)
         self.unavailable = why or None
-        self._before = (self._now_ns(), self._clocks.read()[0]) if self._clocks is not None else None
+        self._before = (self._now_ns(), self._cpu_ns(), self._clocks.read()[0]) if self._clocks is not None else None
         return self
 
     def stop(self) -> None:
@@ -212,10 +214,10 @@ class ThreadUsage:
         after = self._clocks.read()[0]
         self._clocks.close()
         self._clocks = None
-        t0, before = self._before
+        t0, cpu0, before = self._before
         self.wall_ns = self._now_ns() - t0
-        if before is not None and after is not None:
-            self.delta = Sched(after.cpu_ns - before.cpu_ns, after.wait_ns - before.wait_ns)
+        if before is not None and after is not None:  # on-CPU from the thread's CPU clock (exact), as for steps
+            self.delta = Sched(self._cpu_ns() - cpu0, after.wait_ns - before.wait_ns)
 
     def summary(self) -> dict:
         """{cpu_ms, wait_ms, wall_ms, cpu_share, wait_share} (shares of the wall time: a thread busy on

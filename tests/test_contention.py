@@ -41,9 +41,11 @@ def test_compute_threads_deltas_and_a_worker_wait_capped_at_the_window(tmp_path)
     write_task(tmp_path, 9001, 2_000, 100)
     write_task(tmp_path, 9002, 3_000, 0)
     clock = iter([0, 10_000_000])  # a 10 ms window
-    threads = ComputeThreads(team=lambda: [9001, 9002], task_dir=str(tmp_path), now_ns=lambda: next(clock))
+    cpu = iter([7_000, 5_007_000])  # the step thread's CPU clock: 5 ms on a CPU
+    threads = ComputeThreads(team=lambda: [9001, 9002], task_dir=str(tmp_path), now_ns=lambda: next(clock),
+                             cpu_ns=lambda: next(cpu))
     threads.begin(3)
-    write_task(tmp_path, me, 5_001_000, 2_000_500)  # 5 ms on a CPU, 2 ms waiting
+    write_task(tmp_path, me, 5_004_000, 2_000_500)  # 2 ms waiting (schedstat's on-CPU lags: not read)
     write_task(tmp_path, 9001, 6_000, 3_000_100)  # waited 3 ms
     write_task(tmp_path, 9002, 3_000, 25_000_000)  # runnable since before the step: 25 ms accounted now
     assert threads.end() == StepSched(cpu_ns=5_000_000, wait_ns=2_000_000, workers=2, workers_wait_ns_max=10_000_000)
@@ -54,7 +56,9 @@ def test_compute_threads_deltas_and_a_worker_wait_capped_at_the_window(tmp_path)
 def test_one_intra_op_thread_reads_the_step_thread_alone(tmp_path):
     me = threading.get_native_id()
     write_task(tmp_path, me, 0, 0)
-    threads = ComputeThreads(team=lambda: pytest.fail("no team for one thread"), task_dir=str(tmp_path))
+    cpu = iter([10, 13])
+    threads = ComputeThreads(team=lambda: pytest.fail("no team for one thread"), task_dir=str(tmp_path),
+                             cpu_ns=lambda: next(cpu))
     threads.begin(1)
     write_task(tmp_path, me, 3, 4)
     got = threads.end()
@@ -76,8 +80,8 @@ def test_hidden_schedstat_measures_nothing_and_says_why(tmp_path):
 def test_thread_usage_over_a_stretch(tmp_path):
     me = threading.get_native_id()
     write_task(tmp_path, me, 0, 0)
-    clock = iter([0, 100_000_000])
-    usage = ThreadUsage(task_dir=str(tmp_path), now_ns=lambda: next(clock)).start()
+    clock, cpu = iter([0, 100_000_000]), iter([5, 20_000_005])
+    usage = ThreadUsage(task_dir=str(tmp_path), now_ns=lambda: next(clock), cpu_ns=lambda: next(cpu)).start()
     write_task(tmp_path, me, 20_000_000, 30_000_000)
     usage.stop()
     assert usage.summary() == {"cpu_ms": 20.0, "wait_ms": 30.0, "wall_ms": 100.0, "cpu_share": 0.2,
@@ -199,11 +203,13 @@ def test_contention_is_the_critical_threads_wait_and_cpu_the_rest(tmp_path):
         {"cpu_ns": 6_000_000, "wait_ns": 2_500_000, "workers": 1, "workers_wait_ns_max": 4_000_000},
         {"cpu_ns": 8_000_000, "wait_ns": 1_500_000, "workers": 1, "workers_wait_ns_max": 250_000},
         {"cpu_ns": 9_000_000, "wait_ns": 750_000, "workers": 0},
+        # on-CPU + wait 0.1 ms over the step (an on-CPU figure that lags): no sleep, the worker's wait not counted
+        {"cpu_ns": 7_100_000, "wait_ns": 3_000_000, "workers": 1, "workers_wait_ns_max": 2_000_000},
     ]), domains=("e",), manifest={"run_id": "c"})
     rows = con.execute("SELECT step_id, measured_ms, contention_ms, cpu_ms FROM step_model ORDER BY step_id").fetchall()
     # step 1: its own 2.5 ms wait + its 1.5 ms of sleep (10 - 6 - 2.5), which the worker's 4 ms wait explains
     # step 2: 1.5 ms + the worker's 0.25 ms (the step thread slept 0.5 ms); step 3: no workers, its own wait
-    assert rows == [(1, 10.0, 4.0, 6.0), (2, 10.0, 1.75, 8.25), (3, 10.0, 0.75, 9.25)]
+    assert rows == [(1, 10.0, 4.0, 6.0), (2, 10.0, 1.75, 8.25), (3, 10.0, 0.75, 9.25), (4, 10.0, 3.0, 7.0)]
     assert dict_rows(con, "SELECT * FROM gaps WHERE affects LIKE '%contention_ms%'") == []
 
 
