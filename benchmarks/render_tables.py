@@ -317,10 +317,12 @@ def model_fit(rs: list[dict]) -> str:
 
 def step_records_cost(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
-    rows = [["step thread alone (1 intra-op thread)", fmt(f["step_thread_alone_us"], ".2f", " µs")],
-            [f"with its workers ({f['threads']} intra-op threads, {f['workers']} worker(s) read)",
-             fmt(f["with_workers_us"], ".2f", " µs")]]
-    return (table(["records per step", "cost"], rows)
+    rows = [[label, fmt(f[f"{key}_us"], ".2f", " µs"), fmt(f.get(f"{key}_mean_us"), ".2f", " µs"),
+             fmt(f.get(f"{key}_cpu_us"), ".2f", " µs")]
+            for key, label in (("step_thread_alone", "step thread alone (1 intra-op thread)"),
+                               ("with_workers", f"with its workers ({f['threads']} intra-op threads, "
+                                                f"{f['workers']} worker(s) read)"))]
+    return (table(["records per step", "wall (median batch)", "wall (mean, preemption included)", "CPU"], rows)
             + f"\n\nMedian decode-only step {fmt(f['median_decode_step_ms'], '.2f')} ms ({f['decode_steps']} steps, "
               f"{f['dtype']}); the records' share of it: {fmt(f['share_of_decode_step_pct'], '.3f')} %.\n\n"
             + targets(f["targets"]))
