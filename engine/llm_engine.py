@@ -63,8 +63,9 @@ class LLMEngine:
         self.probe = Probe(sink, "engine", run_id=run_id, host=host, clock=clock, enabled=cfg.probes,
                            now_ns=now_ns)
         self.events = EngineEvents(self.probe, sink, self.block_manager)
-        # what the step thread and its intra-op workers got from the scheduler over each step (step.end)
-        self.compute_threads = ComputeThreads() if self.probe.enabled else None
+        # what the step thread and its intra-op workers got from the scheduler over each step (step.end):
+        # host time, so only where the steps are stamped on the host's clock (not the simulated clock's)
+        self.compute_threads = ComputeThreads() if self.probe.enabled and now_ns is time.monotonic_ns else None
         self.device_timer = None
         on_cuda = getattr(self.runner, "device", None) is not None and self.runner.device.type == "cuda"
         if self.probe.enabled and on_cuda and cfg.device_timing in (True, "auto"):
