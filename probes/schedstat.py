@@ -77,13 +77,16 @@ class ThreadClocks:
             os.close(fd)
         self._fds = []
 
+    def __del__(self) -> None:  # an engine dropped without close() leaves no open files behind
+        self.close()
+
 
 def loaded_openmp(maps: str = "/proc/self/maps") -> str | None:
     """The path of the OpenMP runtime mapped into this process, or None."""
     try:
         with open(maps) as f:
             for line in f:
-                path = line.rsplit(None, 1)[-1] if line.count(" ") >= 5 else ""
+                path = line.rsplit(None, 1)[-1]  # the mapped file (a line without one ends in its inode)
                 if any(name in os.path.basename(path) for name in OPENMP_LIBS):
                     return path
     except OSError:
