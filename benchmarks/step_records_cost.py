@@ -123,6 +123,9 @@ def main(argv=None) -> int:
                            {"target": f"step records < {TARGET_PCT:g} % of the median decode step",
                             "measured": f"{share:.3f} %", "met": share < TARGET_PCT}]}
     path = rec.write(figures)
+    cpu = results.cpu_info()
+    print(f"CPU: {cpu.get('model')}; flags {' '.join(cpu.get('flags') or ['unknown'])}; "
+          f"load (1 min) {os.getloadavg()[0]:.2f}")
     print(f"records: {alone_us:.2f} µs per step (step thread alone; CPU {alone['cpu_us']:.2f} µs), {with_us:.2f} µs "
           f"({workers['workers']} worker(s); CPU {workers['cpu_us']:.2f} µs); "
           f"median decode step {step_ms:.2f} ms over {n_decode} steps: {share:.3f} % -> {path}")

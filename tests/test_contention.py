@@ -290,3 +290,15 @@ def test_a_cpu_burning_co_tenant_shows_as_contention(contended_run):
     # the steps beside two burners waited for a CPU more than the steps of the quiet phases
     assert burning[len(burning) // 2] > quiet[len(quiet) // 2]
     assert sum(burning) / len(burning) > sum(quiet) / len(quiet)
+
+
+def test_host_samples_describe_the_server_only_on_its_host():
+    from inferledger.collectors.capture.options import CaptureOptions
+    from inferledger.collectors.capture.run import _host_samples_apply
+    from inferledger.collectors.evidence.engine_evidence import EvidenceOptions
+
+    assert _host_samples_apply(CaptureOptions())[0] is True
+    assert _host_samples_apply(CaptureOptions(target="http://127.0.0.1:8000"))[0] is True
+    applies, why = _host_samples_apply(CaptureOptions(target="http://10.0.0.2:8000",
+                                                      evidence=EvidenceOptions(engine_host="gpu-7")))
+    assert applies is False and "gpu-7" in why and "--engine-host" in why
