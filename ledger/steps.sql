@@ -72,9 +72,13 @@ SELECT 'step', step_id::VARCHAR, 'step_attribution share_ms, energy_shares',
        'the tokens each attempt processed in the step (step.start attrs.batch)',
        'the step''s batch lists 0 tokens in all: its time cannot be shared by tokens'
 FROM step_attribution GROUP BY step_id HAVING sum(tokens) = 0;
+-- one row per engine instance (step.end attrs.engine_id), as the sharded build sees each engine apart
 INSERT INTO steps_gaps
-SELECT 'run', NULL, 'steps contention_ms, cpu_ms; step_model contention_ms, cpu_ms',
+SELECT 'run', engine_id, 'steps contention_ms, cpu_ms; step_model contention_ms, cpu_ms',
        'step.end attrs.cpu_ns and wait_ns: the step thread''s on-CPU time and run-queue wait from Linux schedstat (/proc/self/task/<tid>/schedstat)',
-       count(*) || ' of ' || (SELECT count(*) FROM steps) || ' step(s) without on-CPU and wait figures (or a wait longer than the step): '
-       || 'schedstat hidden by the kernel, or a writer that does not record it; their contention is unknown, not 0'
-FROM steps WHERE contention_ms IS NULL HAVING count(*) > 0;
+       count(*) FILTER (WHERE contention_ms IS NULL) || ' of ' || count(*) || ' step(s) without on-CPU and wait figures '
+       || '(or a wait longer than the step): schedstat hidden by the kernel, or a writer that does not record it; '
+       || 'their contention is unknown, not 0'
+FROM (SELECT st.contention_ms, json_extract_string(e.attrs, '$.engine_id') AS engine_id
+      FROM steps st JOIN ev e ON e.step_id = st.step_id AND e.clock = st.clock AND e.name = 'step.end')
+GROUP BY engine_id HAVING count(*) FILTER (WHERE contention_ms IS NULL) > 0;
