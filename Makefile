@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_throughput.py
 	$(BIN)/python benchmarks/engine_throughput.py --concurrency 1 --requests 4 --repeats 1 --probe-repeats 0 --threads 1
 	$(BIN)/python benchmarks/loop_lag.py
+	$(BIN)/python benchmarks/step_records_cost.py
 	$(BIN)/python benchmarks/ledger_scale.py
 	$(BIN)/python benchmarks/report_scale.py --exports
 	$(BIN)/python benchmarks/parts_compaction.py

@@ -321,6 +321,19 @@ def model_fit(rs: list[dict]) -> str:
               f"{f['requests_b']} requests; its dominant residual source: {f['dominant_residual'] or DASH}.")
 
 
+def step_records_cost(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = [[label, fmt(f[f"{key}_us"], ".2f", " µs"), fmt(f.get(f"{key}_mean_us"), ".2f", " µs"),
+             fmt(f.get(f"{key}_cpu_us"), ".2f", " µs")]
+            for key, label in (("step_thread_alone", "step thread alone (1 intra-op thread)"),
+                               ("with_workers", f"with its workers ({f['threads']} intra-op threads, "
+                                                f"{f['workers']} worker(s) read)"))]
+    return (table(["records per step", "wall (median batch)", "wall (mean, preemption included)", "CPU"], rows)
+            + f"\n\nMedian decode-only step {fmt(f['median_decode_step_ms'], '.2f')} ms ({f['decode_steps']} steps, "
+              f"{f['dtype']}); the records' share of it: {fmt(f['share_of_decode_step_pct'], '.3f')} %.\n\n"
+            + targets(f["targets"]))
+
+
 @dataclass(frozen=True)
 class TableSpec:
     benchmark: str
@@ -368,4 +381,5 @@ TABLES = {
     "parts_compaction": TableSpec("parts_compaction", parts_compaction),
     "model_fit": TableSpec("model_fit", model_fit),
     "microbench_cost": TableSpec("microbench_cost", microbench_cost),
+    "step_records_cost": TableSpec("step_records_cost", step_records_cost),
 }

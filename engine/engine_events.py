@@ -31,7 +31,11 @@ step-level ones carry step_id (the engine iteration; request events of a step ca
                           num_waiting; end: value = tokens processed, attrs mode (eager |
                           padded | graph | graph_capture: this step captured a new bucket's graph | simulated:
                           the simulated clock's runner),
-                          padded_tokens (tokens run, padding rows included), num_seqs
+                          padded_tokens (tokens run, padding rows included), num_seqs; where Linux
+                          schedstat is readable (probes/schedstat.py): cpu_ns and wait_ns (the step
+                          thread's on-CPU time and run-queue wait over the step), workers (its intra-op
+                          workers read) and workers_wait_ns_max (their largest run-queue wait over the
+                          step, capped at the step; absent without workers)
   device.step             (CUDA, probes/cuda_timer.py) the step's device time from CUDA events on the
                           cuda:<host>:<device> clock; value = device ms, attrs end_ns, mode, padded_tokens
 Samples after each step (when the sink has `sample`): kv_blocks_used, kv_blocks_cached,
@@ -66,10 +70,12 @@ class EngineEvents:
                         num_running=num_running, num_waiting=num_waiting, preempted=len(out.preempted))
 
     def step_end(self, step_id: int, out, error: str | None = None, mode: str = "eager",
-                 padded_tokens: int | None = None) -> None:
+                 padded_tokens: int | None = None, sched=None) -> None:
         if not self.probe.enabled:
             return
         extra = {"error": error} if error else {}
+        if sched is not None:  # probes/schedstat.py StepSched: absent where schedstat is unreadable
+            extra.update(sched.attrs())
         self.probe.emit("step.end", step_id=step_id, engine_id=self.engine_id, value=out.num_batched_tokens, mode=mode,
                         padded_tokens=out.num_batched_tokens if padded_tokens is None else padded_tokens,
                         num_seqs=len(out.scheduled), **extra)

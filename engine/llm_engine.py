@@ -15,6 +15,7 @@ from collections import deque
 import torch
 
 from inferledger.probes.probe import Probe
+from inferledger.probes.schedstat import ComputeThreads
 
 from .block_manager import BlockManager
 from .cpu_host import place_current_thread, plan_placement
@@ -62,6 +63,9 @@ class LLMEngine:
         self.probe = Probe(sink, "engine", run_id=run_id, host=host, clock=clock, enabled=cfg.probes,
                            now_ns=now_ns)
         self.events = EngineEvents(self.probe, sink, self.block_manager)
+        # what the step thread and its intra-op workers got from the scheduler over each step (step.end):
+        # host time, so only where the steps are stamped on the host's clock (not the simulated clock's)
+        self.compute_threads = ComputeThreads() if self.probe.enabled and now_ns is time.monotonic_ns else None
         self.device_timer = None
         on_cuda = getattr(self.runner, "device", None) is not None and self.runner.device.type == "cuda"
         if self.probe.enabled and on_cuda and cfg.device_timing in (True, "auto"):
@@ -173,6 +177,9 @@ class LLMEngine:
         step_id = self.step_id
         self.events.step_start(step_id, out, self.config.max_num_batched_tokens,
                                len(self.scheduler.running), len(self.scheduler.waiting))
+        threads = self.compute_threads
+        if threads is not None:  # after step.start's stamp: the window lies inside the step
+            threads.begin(torch.get_num_threads())
         chunks = []
         for item in out.scheduled:
             self.events.scheduled(item, step_id)
@@ -196,10 +203,10 @@ class LLMEngine:
                 req = self.requests.get(item.seq.attempt_id)
                 if req is not None and not req.finished:
                     self._finish_request(req, "error", deltas)
-            self.events.step_end(step_id, out, error=repr(exc))
+            self.events.step_end(step_id, out, error=repr(exc), sched=threads and threads.end())
             self.events.kv_samples()
             raise EngineStepError(exc, deltas) from exc
-        self.events.step_end(step_id, out, **mode)
+        self.events.step_end(step_id, out, sched=threads and threads.end(), **mode)
         self.events.kv_samples()
         if timer is not None:
             timer.poll()
@@ -284,6 +291,8 @@ class LLMEngine:
         then free the runner this engine made (graphs, KV cache) now rather than at a later GC."""
         if self.device_timer is not None:
             self.device_timer.close()
+        if self.compute_threads is not None:
+            self.compute_threads.close()
         if self._owns_runner and hasattr(self.runner, "close"):
             self.runner.close()
 

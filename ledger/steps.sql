@@ -5,11 +5,35 @@
 -- scope: engine
 -- reads: ev
 -- creates: steps, step_attribution, steps_gaps
+--
+-- contention_ms: the time the step waited for a CPU (docs/MODEL.md "Contention"). The step thread's
+-- own run-queue wait (step.end attrs.wait_ns), plus the part of its sleep that its intra-op workers'
+-- run-queue wait explains: torch's parallel sections end at a barrier where the step thread sleeps
+-- (OMP_WAIT_POLICY=PASSIVE, as the command line sets) until its slowest worker arrives, so a worker
+-- held off a CPU holds the step; counted at most the step thread's sleep (step − its on-CPU time
+-- attrs.cpu_ns − its wait: time on a CPU was not spent waiting) and at most the workers' largest wait
+-- (attrs.workers_wait_ns_max; sleep beyond it is the workers' own work, a lock or the GIL).
+-- cpu_ms = step_ms − contention_ms: the step as it would have run uncontended. Both NULL (a
+-- steps_gaps row) where step.end carries no cpu_ns / wait_ns (schedstat hidden, an older run,
+-- another writer) or the wait is longer than the step.
 CREATE OR REPLACE TEMP TABLE steps AS
-SELECT s.step_id, s.ts_ns AS start_ns, e.ts_ns AS end_ns, s.clock, (e.ts_ns - s.ts_ns) / 1e6 AS step_ms, s.attrs AS start_attrs,
-       NULL::DOUBLE AS contention_ms  -- placeholder: the step's CPU wait, unknown until the step records it
-FROM ev s JOIN ev e ON e.step_id = s.step_id AND e.name = 'step.end' AND e.clock = s.clock
-WHERE s.name = 'step.start';
+WITH raw AS (
+  SELECT s.step_id, s.ts_ns AS start_ns, e.ts_ns AS end_ns, s.clock, (e.ts_ns - s.ts_ns) / 1e6 AS step_ms,
+         s.attrs AS start_attrs, e.ts_ns - s.ts_ns AS step_ns,
+         TRY_CAST(json_extract(e.attrs, '$.cpu_ns') AS BIGINT) AS cpu_ns,
+         TRY_CAST(json_extract(e.attrs, '$.wait_ns') AS BIGINT) AS wait_ns,
+         coalesce(TRY_CAST(json_extract(e.attrs, '$.workers_wait_ns_max') AS BIGINT), 0) AS workers_wait_ns  -- none: no workers
+  FROM ev s JOIN ev e ON e.step_id = s.step_id AND e.name = 'step.end' AND e.clock = s.clock
+  WHERE s.name = 'step.start'
+), waited AS (
+  -- the sleep floored at 0: an on-CPU figure read from schedstat (a writer's other than ours) lags a tick
+  SELECT *, CASE WHEN cpu_ns >= 0 AND wait_ns >= 0 AND wait_ns <= step_ns
+                 THEN wait_ns + least(greatest(workers_wait_ns, 0), greatest(step_ns - cpu_ns - wait_ns, 0)) END AS contention_ns
+  FROM raw
+)
+SELECT step_id, start_ns, end_ns, clock, step_ms, start_attrs,
+       contention_ns / 1e6 AS contention_ms, (step_ns - contention_ns) / 1e6 AS cpu_ms
+FROM waited;
 
 -- @table step_attribution: one row per engine step × attempt in its batch (docs/LEDGER.md
 --   "step_attribution")
@@ -40,10 +64,21 @@ SELECT getvariable('run_id') AS run_id, step_id, attempt_id, kind, tokens, conte
 FROM parsed
 ORDER BY step_id, attempt_id;
 
--- @gaps: a step whose batch lists 0 tokens in all (its time cannot be shared by tokens).
+-- @gaps: a step whose batch lists 0 tokens in all (its time cannot be shared by tokens); steps without
+-- schedstat figures on their step.end, or with a wait longer than the step (contention_ms, cpu_ms unknown).
 CREATE OR REPLACE TEMP TABLE steps_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO steps_gaps
 SELECT 'step', step_id::VARCHAR, 'step_attribution share_ms, energy_shares',
        'the tokens each attempt processed in the step (step.start attrs.batch)',
        'the step''s batch lists 0 tokens in all: its time cannot be shared by tokens'
 FROM step_attribution GROUP BY step_id HAVING sum(tokens) = 0;
+-- one row per engine instance (step.end attrs.engine_id), as the sharded build sees each engine apart
+INSERT INTO steps_gaps
+SELECT 'run', engine_id, 'steps contention_ms, cpu_ms; step_model contention_ms, cpu_ms',
+       'step.end attrs.cpu_ns and wait_ns: the step thread''s on-CPU time and run-queue wait from Linux schedstat (/proc/self/task/<tid>/schedstat)',
+       count(*) FILTER (WHERE contention_ms IS NULL) || ' of ' || count(*) || ' step(s) without on-CPU and wait figures '
+       || '(or a wait longer than the step): schedstat hidden by the kernel, or a writer that does not record it; '
+       || 'their contention is unknown, not 0'
+FROM (SELECT st.contention_ms, json_extract_string(e.attrs, '$.engine_id') AS engine_id
+      FROM steps st JOIN ev e ON e.step_id = st.step_id AND e.clock = st.clock AND e.name = 'step.end')
+GROUP BY engine_id HAVING count(*) FILTER (WHERE contention_ms IS NULL) > 0;

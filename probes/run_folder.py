@@ -131,7 +131,11 @@ MANIFEST_KEYS: tuple[Key, ...] = (
     Key("calibration", (dict, _NONE), "the workload's calibration against the engine's measured speed"),
     Key("client", (dict,), "the load client: its clock, event-loop lag (p99, max, wakes, trace period), "
         "client_bound and its rule, pacing error, switch interval, result counts, warmups (requests sent before "
-        "the run opened: n, output_tokens, wall_s; never attempts)"),
+        "the run opened: n, output_tokens, wall_s; never attempts), its loop's thread",
+        (Key("thread", (dict,), "the event loop's thread over the run (Linux schedstat): cpu_ms (on a CPU), "
+             "wait_ms (runnable, waiting for one), wall_ms, cpu_share and wait_share (of wall_ms); a client held "
+             "back by other processes has a high wait_share, one busy itself a high cpu_share; {unknown: why} "
+             "where schedstat is hidden"),)),
     Key("clock_mappings", (list,), "clock mappings estimated by round trips (from_clock, to_clock, offset_ns, "
         "epsilon_ns, method)"),
     Key("clock_mappings_failed", (list,), "clock syncs that failed (label, reason)"),
@@ -152,6 +156,9 @@ MANIFEST_KEYS: tuple[Key, ...] = (
     Key("step_fit", (dict,), "a step-time fit declared from another run (costmodel/fit.py `StepFit.to_dict`): "
         "every step of this run is then held out"),
     Key("energy", (dict,), "the energy samplers: GPU names and UUIDs, RAPL zones, the rate and the clock"),
+    Key("host_samples", (dict,), "the host sampler (probes/host.py): rate, clock, which /proc files it read (or "
+        "why not), clk_tck, cpus, and whether its samples describe the server's host (applies_to_server, "
+        "applies_why: not for a URL target on another host, --engine-host)"),
     Key("engine_evidence", (dict,), "another engine's evidence about itself: OTLP spans (reporter, clock, join "
         "summary), /metrics scrapes"),
     Key("engine_config", (dict,), "the engine's configuration as declared, and `resolved` on this device "

@@ -1,7 +1,8 @@
-"""The energy sampler: one background thread that reads every available energy source at 10–20 Hz.
+"""The samplers: one background thread that reads its readers at a fixed rate (`PeriodicSampler`);
+the energy sampler (below) and the host sampler (probes/host.py) are that loop with their readers.
 
-Each tick asks every reader (NVML per GPU, RAPL for the CPU) for its raw values and writes them
-through a sink with `.sample(...)` (a `collectors.rundir.writer.RunWriter`) on the host monotonic clock
+The energy sampler reads every available energy source at 10–20 Hz. Each tick asks every reader
+(NVML per GPU, RAPL for the CPU) for its raw values and writes them through a sink with `.sample(...)` (a `collectors.rundir.writer.RunWriter`) on the host monotonic clock
 `mono:<host>`, the clock the engine's and the client's events use. Counters go out raw; the
 ledger turns them into joules (`ledger/energy.sql`). Sources that are
 unavailable write nothing (never a 0): `sources()` and `gap_rows()` say why.
@@ -28,15 +29,21 @@ def default_readers(nvml=None, powercap_root=DEFAULT_ROOT) -> list:
     return [*NvmlReader.open_all(nvml), RaplReader.open(powercap_root)]
 
 
-class EnergySampler:
-    def __init__(self, sink, *, hz: float = 10.0, readers: list | None = None, host: str | None = None,
-                 nvml=None, powercap_root: str = DEFAULT_ROOT) -> None:
+class PeriodicSampler:
+    """One background thread that asks its readers for readings every 1/hz s and writes them through
+    `sink.sample(...)` on the host monotonic clock; the energy and the host samplers are this loop
+    with their own readers (each reader: `available`, `sources()`, `static_readings()`, `read()`,
+    `close()`, `source`)."""
+
+    THREAD_NAME = "inferledger-sampler"
+
+    def __init__(self, sink, *, hz: float, readers: list, host: str | None = None) -> None:
         if not MIN_HZ <= hz <= MAX_HZ:
             raise ValueError(f"sampling rate {hz} Hz is outside [{MIN_HZ:g}, {MAX_HZ:g}]; 10-20 Hz suits "
                              "NVML's ~100 ms counter and RAPL's wrap period")
         self.sink = sink
         self.hz = float(hz)
-        self.readers = readers if readers is not None else default_readers(nvml, powercap_root)
+        self.readers = readers
         self.host = host or host_id()
         self.clock = mono_clock(self.host)
         self.ticks = 0
@@ -59,32 +66,6 @@ class EnergySampler:
     def sources(self) -> list[SourceStatus]:
         """Every source of every reader, available or unavailable with the reason."""
         return [s for r in self.readers for s in r.sources()]
-
-    def gap_rows(self, run_id: str) -> list[dict]:
-        """Gap-register rows (GAP_SCHEMA) for the energy counters this run cannot read."""
-        rows = []
-        for s in self.sources():
-            if s.available or s.reason.startswith("skipped"):
-                continue
-            if s.source == "nvml" and s.metric == GPU_ENERGY:
-                affects = "energy_gpu_j, energy_per_good_j"
-                needs = "an NVIDIA driver with NVML and a Volta or newer GPU (its total energy counter)"
-            elif s.source == "rapl" and (s.metric is None or s.metric == "cpu_package_energy_uj"):
-                affects = "energy_cpu_j, energy_per_good_j"
-                needs = GRANT_ACCESS if "permission denied" in s.reason else \
-                    "read access to a powercap RAPL tree (bare metal; most VMs have none)"
-            else:
-                continue
-            rows.append({"run_id": run_id, "gap_id": f"energy:{s.source}:{s.device or s.name}", "scope": "energy",
-                         "subject_id": s.device, "affects": affects, "needs": needs,
-                         "detail": f"{s.name}: {s.reason}; {UNKNOWN_NOT_ZERO}"})
-        return rows
-
-    def manifest(self) -> dict:
-        """For manifest.json: GPU names and UUIDs, RAPL zones, the rate and the clock."""
-        return {"sampler_hz": self.hz, "clock": self.clock,
-                "gpus": [r.manifest() for r in self.readers if isinstance(r, NvmlReader)],
-                "rapl": next((r.manifest() for r in self.readers if isinstance(r, RaplReader)), None)}
 
     # -- running ------------------------------------------------------------------------------
     def _write(self, reader, readings) -> None:
@@ -118,17 +99,17 @@ class EnergySampler:
             if self._stop.wait(max(delay, 0) / 1e9):
                 return
 
-    def start(self) -> "EnergySampler":
+    def start(self) -> "PeriodicSampler":
         """Write each source's one-time values (RAPL wrap ranges) and start the thread. With no
         available source nothing starts and nothing is written."""
         if self._thread is not None or not self.available:
             return self
         if self.sink is None:
-            raise ValueError("EnergySampler needs a sink with .sample(...) (a RunWriter) to start")
+            raise ValueError(f"{type(self).__name__} needs a sink with .sample(...) (a RunWriter) to start")
         for reader in self.live_readers:
             self._write(reader, reader.static_readings())
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="inferledger-energy", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.THREAD_NAME, daemon=True)
         self._thread.start()
         return self
 
@@ -146,8 +127,45 @@ class EnergySampler:
         for r in self.readers:
             r.close()
 
-    def __enter__(self) -> "EnergySampler":
+    def __enter__(self) -> "PeriodicSampler":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class EnergySampler(PeriodicSampler):
+    """Every available energy source (NVML per GPU, RAPL), raw counters at 10–20 Hz."""
+
+    THREAD_NAME = "inferledger-energy"
+
+    def __init__(self, sink, *, hz: float = 10.0, readers: list | None = None, host: str | None = None,
+                 nvml=None, powercap_root: str = DEFAULT_ROOT) -> None:
+        super().__init__(sink, hz=hz, readers=readers if readers is not None else default_readers(nvml, powercap_root),
+                         host=host)
+
+    def gap_rows(self, run_id: str) -> list[dict]:
+        """Gap-register rows (GAP_SCHEMA) for the energy counters this run cannot read."""
+        rows = []
+        for s in self.sources():
+            if s.available or s.reason.startswith("skipped"):
+                continue
+            if s.source == "nvml" and s.metric == GPU_ENERGY:
+                affects = "energy_gpu_j, energy_per_good_j"
+                needs = "an NVIDIA driver with NVML and a Volta or newer GPU (its total energy counter)"
+            elif s.source == "rapl" and (s.metric is None or s.metric == "cpu_package_energy_uj"):
+                affects = "energy_cpu_j, energy_per_good_j"
+                needs = GRANT_ACCESS if "permission denied" in s.reason else \
+                    "read access to a powercap RAPL tree (bare metal; most VMs have none)"
+            else:
+                continue
+            rows.append({"run_id": run_id, "gap_id": f"energy:{s.source}:{s.device or s.name}", "scope": "energy",
+                         "subject_id": s.device, "affects": affects, "needs": needs,
+                         "detail": f"{s.name}: {s.reason}; {UNKNOWN_NOT_ZERO}"})
+        return rows
+
+    def manifest(self) -> dict:
+        """For manifest.json: GPU names and UUIDs, RAPL zones, the rate and the clock."""
+        return {"sampler_hz": self.hz, "clock": self.clock,
+                "gpus": [r.manifest() for r in self.readers if isinstance(r, NvmlReader)],
+                "rapl": next((r.manifest() for r in self.readers if isinstance(r, RaplReader)), None)}

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
+from inferledger.probes.host import HostSampler
 from inferledger.probes.probe import WallMapping, host_id, mono_clock
 
 from . import DRAIN_TIMEOUT_S
@@ -70,6 +71,9 @@ class Serving:
         self.t0 = time.monotonic()
         self.drain: DrainResult | None = None
         self._closed = threading.Event()
+        # an owned run samples its host (pressure, CPU time, load) from start to stop, as a capture does
+        self.host_sampler = HostSampler(sink, host=self.host, applies_to_server=(True, "the server runs in this process")) \
+            if self.owns_run else None
 
     @property
     def clock(self) -> str:
@@ -87,7 +91,8 @@ class Serving:
                 "server": {**bind, "max_queue": self.options.max_queue, "api_key": self.options.api_key is not None},
                 "host": {"name": self.host, "platform": platform.platform(), "python": platform.python_version()},
                 "system_under_test": {"inside": ["HTTP front end", "reference engine"], "outside": ["clients"]},
-                "evidence": {"engine_config": "declared", "events": "observed"}}
+                "evidence": {"engine_config": "declared", "events": "observed"},
+                **({"host_samples": self.host_sampler.manifest()} if self.host_sampler is not None else {})}
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Start the engine loop and the front end on `host:port` (0: an ephemeral port); returns the URL.
@@ -96,6 +101,7 @@ class Serving:
         if self.owns_run:
             self.wall = WallMapping()  # mono -> Unix time for the exports, checked again at the end
             self.sink.clock_domain(self.clock, host=self.host, kind="monotonic")
+            self.host_sampler.start()
         self.async_engine.start()
         self.thread = ServerThread(self.app, host, port)
         if self.owns_run:  # before the first request can arrive; again below with the port it got
@@ -139,6 +145,8 @@ class Serving:
         finally:
             self.async_engine.close()
             self._closed.set()
+            if self.host_sampler is not None:
+                self.host_sampler.stop()
             if self.owns_run:
                 self._write_run(stopped_by)
         return self.drain

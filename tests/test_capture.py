@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 
@@ -392,3 +393,23 @@ def test_a_clock_that_stops_answering_at_the_end_costs_one_mapping_not_the_run(t
     assert gap and "/clock: no clock reading within 0.3 s" in gap[0]["detail"]
     assert [a["client_status"] for a in _rows(con, "SELECT client_status FROM attempts ORDER BY attempt_id")] == \
         ["error", "completed", "completed"]
+
+
+def test_a_capture_records_contention_the_host_and_the_client_thread(scenario):
+    """On this Linux host: every engine step has its contention and uncontended time, adding up to the
+    step; the host's samples are on the engine's clock; the client's loop thread has its CPU and wait."""
+    run, _, con = scenario
+    if not Path("/proc/self/task").joinpath(str(os.getpid()), "schedstat").exists():
+        pytest.skip("this kernel hides schedstat")
+    rows = con.execute("SELECT measured_ms, contention_ms, cpu_ms FROM step_model").fetchall()
+    assert rows and all(c is not None and 0 <= c <= m and cpu + c == pytest.approx(m, abs=1e-9) for m, c, cpu in rows)
+    m = json.loads((run / "manifest.json").read_text())
+    host = m["host_samples"]
+    assert host["applies_to_server"] is True and host["files"]["stat"] == "read" and host["started"] is True
+    thread = m["client"]["thread"]
+    assert thread["cpu_ms"] > 0 and thread["wait_ms"] >= 0 and 0 < thread["cpu_share"] <= 1
+    assert thread["wait_share"] == pytest.approx(thread["wait_ms"] / thread["wall_ms"], abs=1e-3)
+    samples = duckdb.connect().execute(f"SELECT DISTINCT clock, metric FROM '{run}/samples/*.parquet' "
+                                       "WHERE source = 'host'").fetchall()
+    assert {c for c, _ in samples} == {m["host_samples"]["clock"]}
+    assert {"host_cpu_busy_ns", "host_other_cpu_ns", "host_cpu_steal_ns", "host_load1"} <= {x for _, x in samples}

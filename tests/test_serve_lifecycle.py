@@ -103,3 +103,7 @@ def test_a_run_the_server_owns_is_written_when_it_stops(bundle, tmp_path):
     assert names[0] == "server.received" and names[-1] == "server.done"
     clocks = pq.read_table(run / "clocks.parquet").to_pylist()
     assert any(c["to_clock"] == f"wall:{life.host}" and c["from_clock"] == life.clock for c in clocks)
+    # the host sampled from start to stop, on the server's clock, as a capture samples it
+    assert manifest["host_samples"]["applies_to_server"] is True and manifest["host_samples"]["clock"] == life.clock
+    host = [r for r in pq.read_table(run / "samples").to_pylist() if r["source"] == "host"]
+    assert host and {r["clock"] for r in host} == {life.clock}

@@ -91,6 +91,12 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
                      "affects": "server_status, ttft_server_ms, e2e_server_ms, queue/prefill/decode, resources",
                      "needs": "server-side events: serve with `inferledger serve --out` or import the server's trace",
                      "detail": f"black-box target {url}: only the client's events were recorded"})
+    applies, why = live.host_sampler.applies_to_server
+    if not applies:
+        gaps.append({"run_id": writer.run_id, "gap_id": "collector:host-contention", "scope": "run", "subject_id": None,
+                     "affects": "the server's host contention (host samples, run-queue wait)",
+                     "needs": "the capture on the server's host, or the server's own run (`inferledger serve --out`)",
+                     "detail": why})
     write_table_atomic(pa.Table.from_pylist(gaps, schema=GAP_SCHEMA), out / "gaps.parquet")
     client_bound = lag_p99 > CLIENT_BOUND_LAG_MS
     classes = Counter(p.cls.name for p in plans)
@@ -115,7 +121,7 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
                    "loop_lag_trace_every": trace_every, "client_bound": client_bound,
                    "client_bound_rule": f"event-loop lag p99 > {CLIENT_BOUND_LAG_MS} ms",
                    "pacing_error_ms": result.pacing_summary(), "switch_interval_s": switch_interval_s,
-                   "result": result.counts(), "warmups": prep.warmups},
+                   "result": result.counts(), "warmups": prep.warmups, "thread": result.thread},
         "clock_mappings": [m.__dict__ for m in mappings],
         "clock_mappings_failed": [f.__dict__ for f in failed],
         "system_under_test": {
@@ -130,6 +136,7 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
     }
     manifest.update(registered or {})  # device_params and the registered prediction, as written before the load
     manifest["energy"] = sampler.manifest()
+    manifest["host_samples"] = live.host_sampler.manifest()
     if evidence_manifest is not None:
         manifest["engine_evidence"] = evidence_manifest
     if server is not None:

@@ -29,6 +29,7 @@ from inferledger.collectors.capture.warmup import warm_up
 from inferledger.collectors.workload import Workload
 from inferledger.collectors.rundir.writer import AUTOFLUSH_S, RunWriter
 from inferledger.probes.probe import Probe, WallMapping, host_id, mono_clock
+from inferledger.probes.host import HostSampler
 from inferledger.probes.sampler import EnergySampler
 
 IDLE_BASELINE_S = 1.0  # sampled before load: the idle term of energy per good result
@@ -189,7 +190,20 @@ def _open_run(out: Path, prep: Prepared, options: CaptureOptions) -> tuple[Live,
     writer.write_manifest(head)  # from the first second: a killed run still says what it was
     writer.clock_domain(client_clock, host=host, kind="monotonic")
     wall = WallMapping()  # checked again at the end
-    return Live(out, writer, host, engine_clock, client_clock, wall, EnergySampler(writer, hz=10, host=host)), head
+    host_samples = HostSampler(writer, host=host, applies_to_server=_host_samples_apply(options))
+    return Live(out, writer, host, engine_clock, client_clock, wall, EnergySampler(writer, hz=10, host=host),
+                host_samples), head
+
+
+def _host_samples_apply(options: CaptureOptions) -> tuple[bool, str]:
+    """Whether this host's samples describe the server's host: yes for the embedded engine and for a URL
+    target on this host; not when --engine-host names another (its contention is then unknown)."""
+    if options.embedded:
+        return True, "the embedded engine runs in this process"
+    other = options.evidence.engine_host
+    if other:
+        return False, f"the server runs on {other} (--engine-host): these samples describe the capture's host only"
+    return True, "the URL target's server is taken to run on this host (no --engine-host given)"
 
 
 def _start_target(live: Live, head: dict, prep: Prepared, options: CaptureOptions) -> None:
@@ -222,6 +236,7 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
             _start_target(live, head, prep, options)
             # Energy counters (NVML, RAPL) where this machine has them, raw, on the host clock; a short idle
             # stretch before load gives the ledger its idle baseline. Without a source nothing runs.
+            live.host_sampler.start()  # the host's pressure and CPU time, where its files are readable
             if any(src.available for src in live.sampler.sources()):
                 live.sampler.start()
                 time.sleep(IDLE_BASELINE_S)
@@ -235,6 +250,7 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
             if live.server is not None:
                 live.server.stop(options.drain_timeout_s)
             live.sampler.stop()
+            live.host_sampler.stop()
             manifest = finish_run(live, prep, driven, options, wall_s=time.monotonic() - t0,
                                   registered={k: head[k] for k in ("device_params", "prediction") if k in head})
             clean = True
@@ -257,7 +273,7 @@ def _stop_quietly(live: Live, drain_timeout_s: float) -> None:
     """Stop what runs, each part on its own: one failing (a CUDA timer's close) must not stop the rest."""
     server, evidence = live.server, live.evidence
     for stop in ((lambda: server.stop(drain_timeout_s)) if server is not None else None, live.sampler.stop,
-                 evidence.abort if evidence is not None else None):
+                 live.host_sampler.stop, evidence.abort if evidence is not None else None):
         if stop is None:
             continue
         try:

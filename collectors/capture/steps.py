@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from inferledger.collectors.rundir.writer import RunWriter
     from inferledger.collectors.workload import Workload
     from inferledger.probes.probe import WallMapping
+    from inferledger.probes.host import HostSampler
     from inferledger.probes.sampler import EnergySampler
     from inferledger.serve.lifecycle import Serving
 
@@ -42,6 +43,7 @@ class Live:
     client_clock: str
     wall: "WallMapping"  # mono -> Unix time, for exports in wall time (OTLP); checked again at the end
     sampler: "EnergySampler"
+    host_sampler: "HostSampler"  # the host's pressure, CPU time and load (probes/host.py)
     server: "Serving | None" = None  # the embedded target
     evidence: "EngineEvidence | None" = None  # a URL target's own spans and scrapes
     url: str | None = None  # what the load client talks to

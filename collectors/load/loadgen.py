@@ -22,6 +22,7 @@ from typing import AsyncIterator, Callable, Protocol
 from inferledger.collectors.workload import Question, RequestPlan, TaskPlan, Workload
 from inferledger.probes.probe import EventIds, Probe
 from inferledger.probes.quantile import quantile
+from inferledger.probes.schedstat import ThreadUsage
 
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)  # and transport failures (no status)
 OUTPUT_KINDS = ("content", "reasoning", "tool_call")
@@ -83,9 +84,11 @@ class LoadResult:
     tool_calls: int = 0
     max_in_flight: int = 0  # tasks in flight at once
     pacing: dict = field(default_factory=lambda: {"arrival": [], "retry": [], "turn": []})
+    # the event loop's thread over the run: on-CPU and run-queue wait (probes/schedstat.py ThreadUsage.summary)
+    thread: dict = field(default_factory=dict)
 
     def counts(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "pacing"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("pacing", "thread")}
 
     def pacing_summary(self) -> dict:
         """Send time minus planned time (ms) per kind of plan: the client's own scheduling error."""
@@ -167,6 +170,15 @@ class LoadClient:
             await asyncio.sleep(delay)
 
     async def run(self) -> LoadResult:
+        usage = ThreadUsage().start()  # this loop's thread: held back by others (run-queue wait) or busy itself
+        try:
+            await self._run()
+        finally:
+            usage.stop()
+            self.result.thread = usage.summary()
+        return self.result
+
+    async def _run(self) -> None:
         start = self.now()
         offsets = self.w.arrival_offsets()
         if offsets is None:  # closed loop: N workers, each starts its next task when its last one ends
@@ -193,7 +205,6 @@ class LoadClient:
 
             await asyncio.gather(*(arrive(p, start + round(off * 1e9)) for p, off in zip(self.plans, offsets)))
         await self._drain()
-        return self.result
 
     async def _drain(self) -> None:
         """Abandoned streams read to their end (bounded by drain_s), so the server finishes its work."""
