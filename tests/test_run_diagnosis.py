@@ -192,3 +192,22 @@ def test_a_declared_slo_threshold_makes_an_attempt_late_without_a_deadline(tmp_p
         [{"attempt_id": "A1", "missed": "slo_e2e", "deadline_ms": None, "dominant_cause": "server_queue"}]
     row = _row(con)
     assert (row["diagnosed"], row["n_late"], row["server_queue_share"]) == ("late", 1, pytest.approx(0.8))
+
+
+def test_host_contention_is_each_holding_steps_cpu_wait_by_the_attempts_share(tmp_path):
+    """The steps record their CPU wait (step.end cpu_ns / wait_ns): step 1 (A1 alone, 10 ms) waited 2 ms,
+    step 2 (A1's decode beside B1's prefill, one token each, 20 ms) 5 ms. A1 held all of step 1 and half
+    of step 2: 2 + 2.5 = 4.5 ms of host contention, beside its 40 ms of queue and 10 ms of interference."""
+    waits = {1: (8_000_000, 2_000_000), 2: (15_000_000, 5_000_000)}
+    events = [dict(e, attrs={"cpu_ns": waits[e["step_id"]][0], "wait_ns": waits[e["step_id"]][1]})
+              if e["name"] == "step.end" else e for e in _queued_then_interfered()]
+    con = build_run(tmp_path / "r", events)
+    assert con.execute("SELECT step_id, contention_ms, cpu_ms FROM step_model ORDER BY step_id").fetchall() == [
+        (1, 2.0, 8.0), (2, 5.0, 15.0)]
+    a1 = dict_rows(con, "SELECT * FROM attempt_causes WHERE attempt_id = 'A1'")[0]
+    assert a1["host_contention_ms"] == pytest.approx(4.5)
+    row = _row(con)
+    assert row["delay_ms"] == pytest.approx(54.5)
+    assert row["host_contention_share"] == pytest.approx(4.5 / 54.5)
+    assert row["server_queue_share"] == pytest.approx(40 / 54.5)
+    assert row["first_cause"] == "server_queue"
