@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -26,6 +27,16 @@ def _post(url: str, attempt: str, max_tokens: int, stream: bool = False):
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+
+
+def _wait_front_idle(url: str, timeout_s: float = 30.0) -> None:
+    """Until /health says nothing is in flight: a response can reach the client a moment before its
+    handler has finished (and left the front end's count), and a stop begun in that moment rightly
+    counts it as in flight."""
+    deadline = time.monotonic() + timeout_s
+    while json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())["in_flight"]:
+        assert time.monotonic() < deadline, "the front end never went idle"
+        time.sleep(0.01)
 
 
 def _names(rows: list[dict], attempt: str) -> list[str]:
@@ -93,6 +104,7 @@ def test_a_run_the_server_owns_is_written_when_it_stops(bundle, tmp_path):
     url = life.start()
     assert json.loads((run / "manifest.json").read_text())["state"] == "running"
     assert _post(url, "A1", 3)[0] == 200
+    _wait_front_idle(url)
     life.stop(stopped_by="SIGINT")
     manifest = json.loads((run / "manifest.json").read_text())
     assert (manifest["state"], manifest["interrupted"], manifest["served_model_name"]) == ("interrupted", "SIGINT", "m")
