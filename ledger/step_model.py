@@ -24,8 +24,12 @@ PUBLIC = ("step_model",)
 LINEAR_STAGES = ("embed", "qkv", "o_proj", "gate_up", "down")
 EPSILON_MS = 0.005  # a step is faster than its bound only beyond this (the clock's resolution and jitter)
 
-_STEPS = """
-SELECT st.step_id, st.step_ms, st.start_ns, st.end_ns, st.clock, m.mode,
+# the step's time without its wait for a CPU, read here alone: the wall time until steps carries a measured
+# cpu_ms (then coalesce(st.cpu_ms, st.step_ms): NULL where the capture could not measure it)
+CPU_MS = "st.step_ms"
+
+_STEPS = f"""
+SELECT st.step_id, st.step_ms, {CPU_MS} AS cpu_ms, st.start_ns, st.end_ns, st.clock, m.mode,
        lead(st.start_ns) OVER (PARTITION BY st.clock ORDER BY st.start_ns) AS next_start_ns,
        lead(st.step_id) OVER (PARTITION BY st.clock ORDER BY st.start_ns) AS next_step_id
 FROM steps st
@@ -69,6 +73,8 @@ ORDER BY a.step_id, a.attempt_id
 # @column roof_compute_tflops: the compute roof used (peak)
 # @column roof_memory_gbps: the memory roof used (peak)
 # @column measured_ms: step.end − step.start
+# @column cpu_ms: the step's time without its wait for a CPU (steps.cpu_ms; the wall time measured_ms where
+#   the capture did not measure it): what the step fit is trained on
 # @column residual_ms: measured_ms − bound_ms
 # @column residual_pct: residual_ms / bound_ms × 100
 # @column gap_after_ms: host time from this step's end to the next step's start while the engine had
@@ -99,7 +105,7 @@ def build(con, run) -> None:
         rows_by_step.setdefault(step_id, []).append((kind, tokens, ctx, sampled))
         attempts.setdefault(step_id, set()).add(attempt_id)
     out, no_context = [], 0
-    for step_id, step_ms, _, end_ns, _, mode, next_start, next_step in con.execute(_STEPS).fetchall():
+    for step_id, step_ms, cpu_ms, _, end_ns, _, mode, next_start, next_step in con.execute(_STEPS).fetchall():
         items = rows_by_step.get(step_id, [])
         known = bool(items) and all(c is not None and t is not None for _, t, c, _ in items)
         no_context += bool(items) and not known
@@ -112,11 +118,13 @@ def build(con, run) -> None:
                "tokens": int(sum(t or 0 for _, t, _, _ in items)) if items else None,
                "prefill_tokens": int(sum(t or 0 for k, t, _, _ in items if k == "prefill")) if items else None,
                "context_tokens": int(sum(c for _, _, c, _ in items)) if known else None,
-               "measured_ms": step_ms, "gap_after_ms": gap_after, "wait_after_ms": wait_after}
+               "measured_ms": step_ms, "cpu_ms": cpu_ms, "gap_after_ms": gap_after, "wait_after_ms": wait_after}
         if shape is not None and known:
             rows = [StepRow(k, int(t), int(c), logit_rows=None if k != "prefill" else int(bool(s)))
                     for k, t, c, s in items]
             rec.update(_work(shape, rows, roofs, step_ms))
+            if rec.get("beats_bound"):
+                gaps.append(_beaten(rec))
         out.append(rec)
     if no_context:
         gaps.append(("run", None, "step_model flops, bytes, bounds of those steps",
@@ -149,6 +157,15 @@ def _work(shape, rows, roofs, step_ms) -> dict:
     return rec
 
 
+def _beaten(rec: dict) -> tuple:
+    """The gap row of a step faster than its lower bound: the roof it beat is wrong for it."""
+    by = rec["bound_ms"] - rec["measured_ms"]
+    return ("step", str(rec["step_id"]), "step_model bound_ms (not a lower bound for this step)",
+            f"a correct {rec['binding_roof']} roof (the best microbenchmark of an idle moment, or the spec)",
+            f"step {rec['step_id']} ran {rec['measured_ms']:.3f} ms, {by:.3f} ms ({by / rec['bound_ms'] * 100:.1f} %) "
+            f"below its bound {rec['bound_ms']:.3f} ms on the {rec['beaten_roof']} roof: that roof is wrong")
+
+
 STEP_MODEL = StageTable("step_model", (
     ("step_id", pa.int64()), ("mode", pa.string()), ("num_seqs", pa.int64()), ("tokens", pa.int64()),
     ("prefill_tokens", pa.int64()), ("context_tokens", pa.int64()), ("flops_linear", pa.float64()),
@@ -158,9 +175,10 @@ STEP_MODEL = StageTable("step_model", (
     ("bound_attention_ms", pa.float64()), ("bound_lm_head_ms", pa.float64()), ("bound_ms", pa.float64()),
     ("aggregated_bound_ms", pa.float64()), ("binding_roof", pa.string()), ("roof_source", pa.string()),
     ("roof_compute_tflops", pa.float64()), ("roof_memory_gbps", pa.float64()), ("measured_ms", pa.float64()),
-    ("residual_ms", pa.float64()), ("residual_pct", pa.float64()), ("gap_after_ms", pa.float64()),
+    ("cpu_ms", pa.float64()), ("residual_ms", pa.float64()), ("residual_pct", pa.float64()), ("gap_after_ms", pa.float64()),
     ("wait_after_ms", pa.float64()), ("beats_bound", pa.bool_()), ("beaten_roof", pa.string()),
 ), order="step_id")
-# @gaps: no model shape or no roofs in the manifest; batch rows without their context
+# @gaps: no model shape or no roofs in the manifest; batch rows without their context; a step faster than its
+#   lower bound (one row per step: the roof it beat, by how much)
 GAPS = gap_table("step_model")
 
