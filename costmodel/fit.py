@@ -182,6 +182,16 @@ class StepFit:
                 else c_lin + m_lin + c_att + m_att)
         return self.alpha_ms + self.ms_per_seq * work.num_seqs + body
 
+    @property
+    def formula(self) -> str:
+        """How predict_ms turns a step's work into milliseconds, in words."""
+        if self.combine == "stage_max":
+            return ("alpha_ms + ms_per_seq × sequences + max(ms_per_gflop × linear GFLOP, ms_per_mb × linear MB) "
+                    "+ max(ms_per_gflop × attention GFLOP, ms_per_mb × KV MB) of the step's work (costmodel.work); "
+                    "ms_per_gflop = compute_efficiency / the measured matmul rate, ms_per_mb = 1 / the measured "
+                    "memory rate")
+        return "alpha_ms + ms_per_gflop × GFLOP + ms_per_mb × MB of the step's work (costmodel.work)"
+
     def predict_gap_ms(self, num_seqs: int) -> float | None:
         if self.gap_alpha_ms is None:
             return None

@@ -109,8 +109,10 @@ def calibration(rv, page, p: str) -> str:
     if not rows:
         return section(f"{p}-calibration", title, note("no fit: too few steps with a shape (see the gap register)"),
                        "step_fit")
-    body = note("T = α + F / P_eff + Q / B_eff, trained on some step shapes (batch size, tokens, context) and "
-                "judged on the others; the held-out errors below are on shapes the fit never saw", "source")
+    body = note("T = α + a_seq · sequences + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, Q_kv / B): the "
+                "step's work at the run's measured rates P and B, with α, a_seq and the compute efficiency e fitted "
+                "on cpu_ms; trained on some step shapes (batch size, tokens, context) and judged on the others; "
+                "the held-out errors below are on shapes the fit never saw", "source")
     body += table(cols, rows)
     if rv.has("step_fit_points"):
         data = _points(rv, "measured_ms", "predicted_ms", "split", "step_fit_points")

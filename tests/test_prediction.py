@@ -289,3 +289,41 @@ def test_the_matmul_roof_times_the_engines_own_linear(monkeypatch):
                        matmul_repeats=1, stream_repeats=1, slice_s=0.0)
     assert {c[1] for c in calls} == {"kernels"}  # fp32: the kernel (this machine builds it), as the engine's step
 
+
+
+def test_the_ttft_bound_of_a_cached_prefix_counts_the_tokens_computed():
+    """128 prompt tokens of which the prefix cache served 112: the bound is a 16-token prefill at context
+    112. By hand on SmolLM2-135M (30 layers, d 576, q 576, kv 192, ffn 1536, vocab 49152) at 1 TFLOP/s
+    with memory free: linear 2 · 16 · 30 · (576 · 960 + 576 · 576 + 576 · 3072 + 1536 · 576) =
+    3,397,386,240 FLOP; the LM head 2 · 576 · 49152 = 56,623,104 (one logit row); attention 4 · 30 · 576 ·
+    (16 · 112 + 16 · 17 / 2) = 133,263,360: 3,587,272,704 FLOP, 3.587 ms."""
+    smol = ModelShape(30, 576, 9, 3, 64, 1536, 49152, True, 2, 2, 2)
+    shape = {"class": "cached", "prompt_tokens": 128, "cached_tokens": 112, "output_tokens": 4, "weight": 1.0}
+    doc = predict(smol, [shape], Roofs.declared(1.0, 1e9), max_batch=1)
+    assert doc["requests"][0]["ttft_lower_ms"] == pytest.approx(3.587272704, rel=1e-6)
+
+
+def test_an_attempt_served_from_the_prefix_cache_is_held_to_the_bound_of_what_it_computed():
+    """Two shapes of 128 prompt tokens: `chat` (nothing cached, bound 20 ms) and `cached` (112 cached,
+    bound 3 ms). A1 had 112 tokens served by the cache (16 computed, TTFT 5 ms), A2 none (128 computed,
+    TTFT 30 ms). Matched by the prompt alone, A1 fell to `chat` and "beat" its 20 ms bound; matched by the
+    tokens computed, A1 is `cached` (5 ≥ 3) and A2 `chat` (30 ≥ 20): no bound is beaten."""
+    from inferledger.ledger.prediction_check import PREDICTION_CHECK
+
+    con = duckdb.connect()
+    con.execute((Path(__file__).resolve().parent.parent / "ledger" / "macros.sql").read_text())
+    con.execute("SET VARIABLE run_id = 'r'")
+    con.execute("CREATE TABLE events AS SELECT * FROM (VALUES ('A1', 'engine.prefill', 16.0, '{\"cached_tokens\": 112}'),"
+                " ('A2', 'engine.prefill', 128.0, '{\"cached_tokens\": 0}')) t(attempt_id, name, value, attrs)")
+    con.execute("CREATE TABLE marks AS SELECT * FROM (VALUES ('A1', 128), ('A2', 128)) t(attempt_id, n_prompt_engine)")
+    con.execute("CREATE TABLE request_metrics AS SELECT * FROM (VALUES ('A1', 5.0, 1.0), ('A2', 30.0, 1.0)) "
+                "t(attempt_id, ttft_server_ms, tpot_server_ms)")
+    cols = ", ".join(f"NULL::DOUBLE AS {c}" for c in ("ttft_sustained_low_ms", "ttft_sustained_high_ms",
+                                                       "ttft_fit_low_ms", "ttft_fit_high_ms", "tpot_sustained_low_ms",
+                                                       "tpot_sustained_high_ms", "tpot_fit_low_ms", "tpot_fit_high_ms"))
+    con.execute(f"CREATE TABLE prediction_shapes AS SELECT t.*, {cols}, 0.1 AS tpot_lower_ms FROM (VALUES "
+                "('chat', 128, 0, 4, 20.0, 0), ('cached', 128, 112, 4, 3.0, 1)) "
+                "t(class, prompt_tokens, cached_tokens, output_tokens, ttft_lower_ms, ord)")
+    con.execute(PREDICTION_CHECK)
+    got = con.execute("SELECT class, n_attempts, ttft_p50_ms, ttft_below_bound FROM prediction_check ORDER BY class").fetchall()
+    assert got == [("cached", 1, 5.0, 0), ("chat", 1, 30.0, 0)]

@@ -215,8 +215,10 @@ class Rebench:
 
     def due(self, next_arrival_ns: int | None) -> bool:
         """An idle gap worth a repeat: the next planned arrival far enough away, the last repeat long enough ago."""
+        if next_arrival_ns is None:  # no arrival left: the end's repeat comes next
+            return False
         now = self.now_ns()
-        far = next_arrival_ns is None or next_arrival_ns - now >= REPEAT_NEEDS_S * 1e9
+        far = next_arrival_ns - now >= REPEAT_NEEDS_S * 1e9
         return far and (self.last_ns is None or now - self.last_ns >= REPEAT_EVERY_S * 1e9)
 
     def run(self, at: str) -> dict:
