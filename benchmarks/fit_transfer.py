@@ -1,6 +1,6 @@
 """A step fit from one workload predicting another workload's steps, on this host.
 
-    python benchmarks/fit_transfer.py [--tasks 15] [--workloads cpu_short_chat cpu_mixed] [--keep DIR]
+    python benchmarks/fit_transfer.py [--tasks 15] [--workloads cpu_short_chat cpu_mixed] [--keep DIR [--reuse]]
 
 Two of samples/workloads/ scaled down to --tasks tasks (a copy of each TOML), each captured on the
 bundled engine (`inferledger capture`, its microbenchmarks repeated over the run) and rebuilt
@@ -47,7 +47,7 @@ def run_facts(run: Path) -> dict:
 
     params = Manifest.read(run).block("device_params")
     with open_ledger(run) as led:
-        beats, steps = led.sql("SELECT count(*) FILTER (WHERE beats_bound), count(bound_ms) FROM step_model").fetchone()
+        _, ((beats, steps),) = led.rows("SELECT count(*) FILTER (WHERE beats_bound), count(bound_ms) FROM step_model")
     return {"steps": steps, "steps_below_bound": beats,
             "memory_gb_s": (params.get("memcpy_gbps") or {}).get("peak"),
             "matmul_tflop_per_s": (params.get("matmul_tflops") or {}).get("peak"),
@@ -59,7 +59,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=15, help="tasks per workload (the samples have 40)")
     ap.add_argument("--workloads", nargs=2, default=["cpu_short_chat", "cpu_mixed"], help="two samples/workloads names")
-    ap.add_argument("--keep", type=Path, default=None, help="keep the runs in this new folder")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the runs in this folder")
+    ap.add_argument("--reuse", action="store_true", help="with --keep: use the runs already there, captured before")
     a = ap.parse_args(argv)
     rec = results.start("fit_transfer", {k: str(v) for k, v in vars(a).items()})
 
@@ -72,6 +73,9 @@ def main(argv=None) -> int:
         runs = []
         for name in a.workloads:
             run = root / name
+            if a.reuse and (run / "ledger.duckdb").is_file():
+                runs.append(run)
+                continue
             subprocess.run([cli, "capture", "-w", str(scaled(name, a.tasks, root)), "-o", str(run)], check=True,
                            stdout=subprocess.DEVNULL)
             subprocess.run([cli, "reconstruct", str(run)], check=True, stdout=subprocess.DEVNULL)
@@ -87,7 +91,7 @@ def main(argv=None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     figures["targets"] = [{"pair": f"{p['train']} -> {p['test']}", "figure": k, "target_pct": v,
                            "measured_pct": p[f"held_out_{k}"],
-                           "met": None if p[f"held_out_{k}"] is None else p[f"held_out_{k}"] <= v}
+                           "met": None if p[f"held_out_{k}"] is None else bool(p[f"held_out_{k}"] <= v)}
                           for p in figures["pairs"] for k, v in TARGETS.items()]
     path = rec.write(json.loads(json.dumps(figures, default=float)),
                      notes="errors against cpu_ms, which is the wall step time until the capture measures "

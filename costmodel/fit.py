@@ -257,7 +257,7 @@ def held_out_summary(fit: StepFit, points: list[FitPoint]) -> dict:
     def block(ms: str) -> dict:
         def errs(ps):
             out = (error_pct(fit.predict_ms(p), getattr(p, ms)) for p in ps if getattr(p, ms) is not None)
-            return [abs(e) for e in out if e is not None]
+            return [abs(float(e)) for e in out if e is not None]
         every = errs(points)
         by_kind = {}
         for k in KINDS:

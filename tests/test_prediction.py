@@ -327,3 +327,45 @@ def test_an_attempt_served_from_the_prefix_cache_is_held_to_the_bound_of_what_it
     con.execute(PREDICTION_CHECK)
     got = con.execute("SELECT class, n_attempts, ttft_p50_ms, ttft_below_bound FROM prediction_check ORDER BY class").fetchall()
     assert got == [("cached", 1, 5.0, 0), ("chat", 1, 30.0, 0)]
+
+
+def test_the_last_level_cache_is_read_from_sysfs_and_the_stream_is_larger(tmp_path):
+    for i, (level, kind, size) in enumerate(((1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"),
+                                             (3, "Unified", "32768K"))):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n"), (d / "type").write_text(f"{kind}\n"), (d / "size").write_text(f"{size}\n")
+    assert microbench.llc_bytes(str(tmp_path)) == 32 << 20
+    assert microbench.llc_bytes(str(tmp_path / "none")) is None
+    # 4 x a 32 MiB LLC = 128 MiB, even for 10 MB of weights; 64 MiB without a known cache
+    assert microbench.stream_bytes_for(10_000_000, 32 << 20) == 128 << 20
+    assert microbench.stream_bytes_for(10_000_000) == 64 << 20
+    assert microbench.stream_bytes_for(300_000_000, 64 << 20) == 256 << 20
+
+
+def test_repeats_over_the_run_are_marked_in_samples_and_the_best_is_the_roof():
+    import torch
+
+    cfg = SimpleNamespace(shape=ModelShape(1, 8, 1, 1, 8, 16, 32, False, 4, 4, 4))
+    bundle = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32, config=cfg, model=torch.nn.Linear(8, 8))
+    start = {"source": "microbenchmark", "placement": None,
+             "memcpy_gbps": {"peak": 10.0, "median": 9.0, "label": "start"},
+             "stream_read_gbps": {"peak": 10.0, "buffer_bytes": 1 << 20},
+             "matmul_tflops": {"peak": 0.5, "median": 0.4, "at": "qkv", "m": 2,
+                               "shapes": [{"name": "qkv", "m": 2, "k": 8, "n": 24}]}}
+    samples, clock = [], iter(range(1_000, 10_000_000_000, 1_000_000_000))
+    bench = microbench.Rebench(bundle, start, lambda ts, v: samples.append((ts, v)), timer=fake_timer(),
+                               now_ns=lambda: next(clock))
+    got = bench.run("idle")
+    # every timed call lasts 1 ms: 1 MiB read in 1 ms, copied (2 MiB moved) in 1 ms; 2 · 2 · 8 · 24 FLOP in 1 ms
+    assert got["memcpy_gbps"] == pytest.approx(2 * 1.048576) and got["matmul_tflops"] == pytest.approx(768 / 1e-3 / 1e12)
+    assert samples == [(1_000, 1.0), (1_000_001_000, 0.0)] and got["start_ns"] == 1_000
+    assert not bench.due(None)  # no arrival left: the end's repeat comes next
+    merged = microbench.with_repeats(start, bench.repeats + [{"at": "end", "memcpy_gbps": 12.5, "matmul_tflops": 0.3}],
+                                     "mono:h")
+    assert merged["memcpy_gbps"]["peak"] == 12.5 and merged["memcpy_gbps"]["best_at"] == "end"
+    assert merged["memcpy_gbps"]["start_peak"] == 10.0 and merged["matmul_tflops"]["peak"] == 0.5
+    assert [r["at"] for r in merged["repeats"]["runs"]] == ["start", "idle", "end"]
+    assert merged["memcpy_gbps"]["label"] == ("the best of 3 measurements over the run (start × 1, idle × 1, end × 1); "
+                                              "best at end")
+    assert microbench.with_repeats(microbench.skipped("no"), bench.repeats) == microbench.skipped("no")
