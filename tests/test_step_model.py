@@ -226,6 +226,17 @@ def test_a_step_faster_than_its_bound_is_a_gap_row_naming_the_roof(tmp_path):
                           f"{steps[0][1]:.3f} ms on the memory 1 GB/s (assumption peak) roof: that roof is wrong")
 
 
+def test_the_report_shows_the_steps_that_beat_their_bound(tmp_path):
+    from inferledger.report.build import build_report
+
+    manifest = {"run_id": "beat", "model": {"architecture": SMOL_ARCH, "dtype": BF16},
+                "declared_roofs": {"tflops": 1.0, "gbps": 1.0, "label": "too low"}}
+    build_run(tmp_path / "beat", _step_events([([["A1", "decode", 1, 7]], 5.0), ([["A1", "decode", 1, 8]], 5.0)]),
+              domains=("e",), manifest=manifest).close()
+    html = build_report(tmp_path / "beat").path.read_text(encoding="utf-8")
+    assert "2 step(s) ran faster than their lower bound" in html and "memory 1 GB/s (assumption peak)" in html
+
+
 def test_steps_that_compiled_or_captured_are_left_out_of_the_fit(tmp_path):
     """A step whose time holds a compile (`compiling`) or a CUDA graph capture (`graph_capture`) is one-off
     build work, not the step's cost: neither the ledger's fit nor ledger_fit_points sees it, and the
