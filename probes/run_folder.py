@@ -144,8 +144,8 @@ MANIFEST_KEYS: tuple[Key, ...] = (
          Key("llc_bytes", (int, _NONE), "the last-level cache, bytes (/sys/devices/system/cpu/cpu0/cache); the "
              "stream's buffer is at least 4 times it"),
          Key("repeats", (dict,), "every measurement over the run: clock (of start_ns, end_ns), runs (at: start, "
-             "idle or end; memcpy_gbps, matmul_tflops; start_ns, end_ns), each marked in the samples by "
-             "microbench.running 1 / 0"))),
+             "idle or end; memcpy_gbps, matmul_tflops; start_ns, end_ns; overlapped: a task arrived during it, "
+             "not used), each marked in the samples by microbench.running 1 / 0"))),
     Key("declared_roofs", (dict,), "roofs a person declared: tflops, gbps, label",
         (Key("tflops", _NUM, "compute roof, TFLOP/s"), Key("gbps", _NUM, "memory roof, GB/s"),
          Key("label", (str,), "where the figures come from"))),

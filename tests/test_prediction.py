@@ -369,3 +369,7 @@ def test_repeats_over_the_run_are_marked_in_samples_and_the_best_is_the_roof():
     assert merged["memcpy_gbps"]["label"] == ("the best of 3 measurements over the run (start × 1, idle × 1, end × 1); "
                                               "best at end")
     assert microbench.with_repeats(microbench.skipped("no"), bench.repeats) == microbench.skipped("no")
+    # a repeat a task arrived during is listed but is no roof
+    left = microbench.with_repeats(start, [{"at": "idle", "memcpy_gbps": 99.0, "matmul_tflops": 9.0, "overlapped": True}])
+    assert left["memcpy_gbps"]["peak"] == 10.0 and len(left["repeats"]["runs"]) == 2
+    assert left["memcpy_gbps"]["label"].endswith("1 left out: a task arrived during it); best at start")

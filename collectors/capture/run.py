@@ -77,7 +77,8 @@ async def _drive(prep: Prepared, live: Live, options: CaptureOptions, progress=N
             if rebench is not None:
                 async def on_idle(next_ns):  # no task in flight: a short repeat when the next arrival is far
                     if rebench.due(next_ns):
-                        await asyncio.to_thread(rebench.run, "idle")
+                        rec = await asyncio.to_thread(rebench.run, "idle")
+                        rec["overlapped"] = client.in_flight > 0  # a task arrived during it: not a roof
                 client.on_idle = on_idle
             result = await client.run()
             if rebench is not None:  # the load is over, nothing in flight: the end's repeat
@@ -230,7 +231,7 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
                 live.server.stop(options.drain_timeout_s)
             live.sampler.stop()
             manifest = finish_run(live, prep, driven, options, wall_s=time.monotonic() - t0,
-                                  registered={**{k: head[k] for k in ("device_params", "prediction") if k in head},
+                                  registered={**{k: head[k] for k in ("prediction",) if k in head},
                                               "device_params": prep.device_params})
             clean = True
         except BaseException as exc:  # interrupted or failed: keep what was recorded, say so, re-raise

@@ -149,6 +149,11 @@ class LoadClient:
         self._planned: list[int] = []
         self._idle: asyncio.Task | None = None
 
+    @property
+    def in_flight(self) -> int:
+        """Tasks started and not yet ended."""
+        return self._in_flight
+
     # ---- arrivals ----------------------------------------------------------------------------------
     async def _sleep_until(self, t_ns: int) -> None:
         delay = (t_ns - self.now()) / 1e9
