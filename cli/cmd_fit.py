@@ -69,6 +69,10 @@ def fit_cmd(
     for against, kind, n, med, p90 in rows:
         table.add_row(against, kind, str(n), "—" if med is None else f"{med:.1f}", "—" if p90 is None else f"{p90:.1f}")
     console.print(table)
+    if fit.rates is None:
+        console.print(f"fit (free form: {train.name} has no measured, spec or declared rates): α {fit.alpha_ms:.3f} ms, "
+                      f"{fit.ms_per_gflop:.4g} ms per GFLOP, {fit.ms_per_mb:.4g} ms per MB")
+        return
     console.print(f"fit: α {fit.alpha_ms:.3f} ms, {fit.ms_per_seq:.3f} ms per sequence, compute efficiency "
                   f"{fit.compute_efficiency:.3g} on {fit.rates['compute_tflops']:.4g} TFLOP/s and "
                   f"{fit.rates['memory_gbps']:.4g} GB/s ({fit.rates['source']})")

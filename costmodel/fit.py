@@ -23,8 +23,9 @@ every third one (the 2nd, 5th, ...) is held out. The covered range is the traini
 batch size, tokens and context; a step outside it is `extrapolated`. The inter-step term is a second
 fit, gap = γ0 + γ1 · batch size, on the host time from one step's end to the next one's start.
 
-A fit with no rates (`combine = "sum"`, an older run's declared fit) keeps the free form
-T = α + F / P_eff + Q / B_eff.
+A run with no rates (no microbenchmarks, no spec entry, no declared roofs) and an older run's declared
+fit keep the free form (`combine = "sum"`): T = α + F / P_eff + Q / B_eff by non-negative least squares,
+whose bytes term can drop on decode-heavy steps.
 """
 from __future__ import annotations
 
@@ -137,12 +138,28 @@ class StepFit:
     combine: str = "sum"       # "stage_max" (the physics fit) or "sum" (the free form of older fits)
 
     @classmethod
-    def fit(cls, points: list[FitPoint], roofs: Roofs, trained_on: str = "") -> "StepFit":
+    def fit(cls, points: list[FitPoint], roofs: Roofs | None, trained_on: str = "") -> "StepFit":
         """Train on the training shapes of `points` with the rates of `roofs` held fixed, report errors on
-        the held-out shapes."""
+        the held-out shapes; without roofs (a run with no measured or declared rates) the free form."""
         train, held = split(points)
         if len(train) < 3:
             raise FitError(f"step fit: {len(train)} training steps (of {len(points)}); at least 3 are needed")
+        out = cls._physics(train, roofs, trained_on) if roofs is not None else cls._free(train, trained_on)
+        out.n_held_out = len(held)
+        out.train_median_abs_pct = out.median_abs_pct(train)
+        out.held_out_median_abs_pct = out.median_abs_pct(held)
+        out.held_out_p90_abs_pct = out.abs_pct_quantile(held, 0.9)
+        return out
+
+    @classmethod
+    def _free(cls, train: list[FitPoint], trained_on: str) -> "StepFit":
+        """T = α + F / P_eff + Q / B_eff, non-negative least squares on absolute time (no rates to hold)."""
+        x = np.array([[1.0, p.flops / 1e9, p.bytes / 1e6] for p in train])
+        alpha, per_gflop, per_mb = (float(v) for v in _nnls(x, np.array([p.measured_ms for p in train])))
+        return cls(alpha, per_gflop, per_mb, *_gap_fit(train), _covered(train), len(train), trained_on=trained_on)
+
+    @classmethod
+    def _physics(cls, train: list[FitPoint], roofs: Roofs, trained_on: str) -> "StepFit":
         ms_per_gflop, ms_per_mb = 1e12 / roofs.compute.per_s, 1e9 / roofs.memory.per_s
         g = np.array([_groups(p) for p in train]) * [ms_per_gflop / 1e9, ms_per_mb / 1e6, ms_per_gflop / 1e9,
                                                      ms_per_mb / 1e6]
@@ -165,13 +182,9 @@ class StepFit:
         alpha, per_seq = (float(v) for v in solve(e)[1])
         rates = {"compute_tflops": roofs.compute.value, "memory_gbps": roofs.memory.value,
                  "source": roofs.memory.source, "label": roofs.memory.label}
-        out = cls(alpha, e * ms_per_gflop, ms_per_mb, *_gap_fit(train), _covered(train), len(train), len(held),
-                  trained_on=trained_on, ms_per_seq=per_seq, compute_efficiency=float(e), rates=rates,
-                  combine="stage_max")
-        out.train_median_abs_pct = out.median_abs_pct(train)
-        out.held_out_median_abs_pct = out.median_abs_pct(held)
-        out.held_out_p90_abs_pct = out.abs_pct_quantile(held, 0.9)
-        return out
+        return cls(alpha, e * ms_per_gflop, ms_per_mb, *_gap_fit(train), _covered(train), len(train),
+                   trained_on=trained_on, ms_per_seq=per_seq, compute_efficiency=float(e), rates=rates,
+                   combine="stage_max")
 
     def predict_ms(self, work) -> float:
         """The step time for a FitPoint or a StepWork."""

@@ -27,7 +27,7 @@ STEP_FIT_POINTS = StageTable("step_fit_points", (("step_id", pa.int64()), ("spli
                                             ("measured_ms", pa.float64()), ("predicted_ms", pa.float64()),
                                             ("error_pct", pa.float64()), ("extrapolated", pa.bool_())),
                         order="step_id")
-# @gaps: too few engine steps of known shape to fit
+# @gaps: too few engine steps of known shape to fit; no rates to hold the fit's physics at (the free form)
 GAPS = gap_table("step_fit")
 
 # The steps a fit sees: a measured time and a shape, and not simulated ones, nor steps whose time holds
@@ -64,12 +64,11 @@ def ledger_fit_points(ledger: str | Path) -> list[FitPoint]:
 
 def run_fit(run_dir: str | Path) -> StepFit:
     """The step fit of a reconstructed run folder, at the rates of its own manifest (its microbenchmarks
-    first): what `inferledger fit` trains. FileNotFoundError without a ledger, FitError when it cannot fit."""
+    first; the free form without any): what `inferledger fit` trains. FileNotFoundError without a ledger,
+    FitError when it cannot fit."""
     run_dir = Path(run_dir)
     points = ledger_fit_points(run_dir)
-    roofs, why = fit_rates(Manifest.read(run_dir))
-    if roofs is None:
-        raise FitError(f"{run_dir}: no rates to hold the fit's physics at: {why}")
+    roofs, _ = fit_rates(Manifest.read(run_dir))
     return StepFit.fit(points, roofs, trained_on=run_dir.name)
 
 
@@ -111,14 +110,15 @@ def build(con, run) -> None:
     else:
         roofs, why = fit_rates(run.manifest)
         try:
-            if roofs is None:
-                raise FitError(f"no rates to hold the fit's physics at: {why}")
             fit = StepFit.fit(points, roofs, trained_on=run.run_dir.name)
         except FitError as exc:
             if points:
-                needs = "more engine steps of known shape" if roofs is not None else \
-                    "the capture's microbenchmarks (manifest device_params), a spec entry or declared_roofs"
-                gaps.append(("run", None, "step_fit, step_fit_points", needs, str(exc)))
+                gaps.append(("run", None, "step_fit, step_fit_points", "more engine steps of known shape", str(exc)))
+        if fit is not None and roofs is None:
+            gaps.append(("run", None, "step_fit (its physics: the free form, α + F / P_eff + Q / B_eff)",
+                         "the capture's microbenchmarks (manifest device_params), a spec entry or declared_roofs",
+                         f"no rates to hold the step's work at ({why}): the fit is free, and its bytes term "
+                         "may drop"))
     if fit is not None:
         params = [("alpha_ms", fit.alpha_ms, "ms"), ("ms_per_seq", fit.ms_per_seq, "ms"),
                   ("compute_efficiency", fit.compute_efficiency, "×"), ("p_eff_tflops", fit.p_eff_tflops, "TFLOP/s"),

@@ -66,6 +66,7 @@ WHERE e.attempt_id = a.attempt_id ORDER BY a.enqueued_ns"""
 def _simulate(run_dir: Path, run_id: str, bundle) -> None:
     runs_dir = run_dir.parent
     fit = run_fit(runs_dir / "fit")
+    fit.trained_on = "run fit"
     with open_ledger(runs_dir / "real") as led:
         cols, rows = led.rows(REQUESTS_SQL)
     real = [dict(zip(cols, r)) for r in rows]

@@ -222,3 +222,18 @@ def test_the_model_and_the_ledger_never_import_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_without_rates_the_fit_keeps_the_free_form():
+    """No measured, spec or declared rates: T = α + F / P_eff + Q / B_eff by least squares, as before."""
+    points = []
+    for batch in (1, 2, 4, 8):
+        for ctx in (16, 256, 2048):
+            for prefill in (0, 64):
+                w = step_work(SMOL, [StepRow("decode", 1, ctx + i) for i in range(batch)]
+                              + ([StepRow("prefill", prefill, 0)] if prefill else []))
+                points.append(FitPoint.of(w, 2.0 + w.flops / 0.8e9 + w.bytes / 15e6))
+    fit = StepFit.fit(points, None)
+    assert fit.combine == "sum" and fit.rates is None and fit.compute_efficiency is None
+    assert fit.alpha_ms == pytest.approx(2.0, abs=1e-6) and fit.p_eff_tflops == pytest.approx(0.8)
+    assert fit.b_eff_gbps == pytest.approx(15.0) and fit.held_out_median_abs_pct < 1e-6
