@@ -52,7 +52,8 @@ def capture(bundle, run_dir: Path, waves, tokens: int, device_params: dict) -> N
 
 
 def _one(led, sql):
-    return led.sql(sql).fetchone()
+    rows = led.rows(sql)[1]
+    return rows[0] if rows else None
 
 
 def main(argv=None) -> int:
@@ -91,8 +92,8 @@ def main(argv=None) -> int:
                 roofs = _one(led, "SELECT any_value(roof_source), any_value(roof_compute_tflops), "
                                   "any_value(roof_memory_gbps) FROM step_model")
                 if run == run_b:
-                    req = led.sql("SELECT ttft_error_pct, tpot_error_pct FROM request_model "
-                                      "WHERE basis = 'schedule'").fetchall()
+                    req = led.rows("SELECT ttft_error_pct, tpot_error_pct FROM request_model "
+                                   "WHERE basis = 'schedule'")[1]
                     dominant = _one(led, "SELECT source FROM residual_sources WHERE dominant")
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -178,7 +178,8 @@ class StepFit:
         grid += list(fine)
         errs += [solve(e)[0] for e in fine]
         best = min(errs)
-        e = min((v for v, err in zip(grid, errs) if err <= best * (1 + FLAT) + 1e-15), key=lambda v: abs(math.log(v)))
+        flat = (v for v, err in zip(grid, errs) if err <= best * (1 + FLAT) + 1e-15)
+        e = float(min(flat, key=lambda v: abs(math.log(v))))
         alpha, per_seq = (float(v) for v in solve(e)[1])
         rates = {"compute_tflops": roofs.compute.value, "memory_gbps": roofs.memory.value,
                  "source": roofs.memory.source, "label": roofs.memory.label}
