@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/parts_compaction.py
 	$(BIN)/python benchmarks/study_load.py
 	$(BIN)/python benchmarks/study_fidelity.py
+	$(BIN)/python benchmarks/fit_transfer.py
 	$(BIN)/python benchmarks/render.py
 
 clean:

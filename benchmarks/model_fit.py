@@ -52,7 +52,8 @@ def capture(bundle, run_dir: Path, waves, tokens: int, device_params: dict) -> N
 
 
 def _one(led, sql):
-    return led.sql(sql).fetchone()
+    rows = led.rows(sql)[1]
+    return rows[0] if rows else None
 
 
 def main(argv=None) -> int:
@@ -62,11 +63,11 @@ def main(argv=None) -> int:
     rec = results.start("model_fit", vars(a))
 
     from inferledger.collectors.capture.microbench import device_params
-    from inferledger.costmodel.fit import StepFit, apply
+    from inferledger.costmodel.fit import apply
     from inferledger.engine.loader import load_model
     from inferledger.ledger.query import open_ledger
     from inferledger.ledger.reconstruct import reconstruct
-    from inferledger.ledger.step_fit import ledger_fit_points
+    from inferledger.ledger.step_fit import ledger_fit_points, run_fit
     from inferledger.probes.quantile import quantile
 
     bundle = load_model()
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
         capture(bundle, run_b, RUN_B, a.tokens, params)
         for run in (run_a, run_b):
             reconstruct(run)
-        fit = StepFit.fit(ledger_fit_points(run_a), trained_on="run A")
+        fit = run_fit(run_a)
         on_b = apply(fit, ledger_fit_points(run_b))
         manifest = json.loads((run_b / "manifest.json").read_text())  # B judged by A's fit
         (run_b / "manifest.json").write_text(json.dumps({**manifest, "step_fit": fit.to_dict()}))
@@ -91,8 +92,8 @@ def main(argv=None) -> int:
                 roofs = _one(led, "SELECT any_value(roof_source), any_value(roof_compute_tflops), "
                                   "any_value(roof_memory_gbps) FROM step_model")
                 if run == run_b:
-                    req = led.sql("SELECT ttft_error_pct, tpot_error_pct FROM request_model "
-                                      "WHERE basis = 'schedule'").fetchall()
+                    req = led.rows("SELECT ttft_error_pct, tpot_error_pct FROM request_model "
+                                   "WHERE basis = 'schedule'")[1]
                     dominant = _one(led, "SELECT source FROM residual_sources WHERE dominant")
     finally:
         shutil.rmtree(root, ignore_errors=True)

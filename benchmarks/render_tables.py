@@ -334,6 +334,33 @@ def step_records_cost(rs: list[dict]) -> str:
             + targets(f["targets"]))
 
 
+def fit_transfer(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    rows = []
+    for p in f["pairs"]:
+        for against, block in (("cpu_ms", p), ("wall", p["wall"])):
+            k = block["by_kind"]
+            rows.append([f"{p['train']} → {p['test']}", against, block["n_steps"],
+                         fmt(block["held_out_median_abs_error_pct"], ".1f", " %"),
+                         fmt(block["held_out_p90_abs_error_pct"], ".1f", " %")]
+                        + [fmt(k[x]["median_abs_error_pct"], ".1f", " %") for x in ("prefill", "decode", "mixed")])
+    runs = "; ".join(f"{name}: {r['steps']} steps ({r['steps_below_bound']} below their bound), memory "
+                     f"{fmt(r['memory_gb_s'], '.1f')} GB/s and matmul {fmt(r['matmul_tflop_per_s'], '.3f')} TFLOP/s, the "
+                     f"best of {len(r['repeats']) or 1} measurement(s) ("
+                     + ", ".join(f"{x['at']} {fmt(x['memory_gb_s'], '.1f')} GB/s" for x in r["repeats"]) + ")"
+                     for name, r in f["runs"].items())
+    fits = "; ".join(f"{p['train']}: α {fmt(p['fit']['alpha_ms'], '.2f')} ms, {fmt(p['fit']['per_seq_ms'], '.2f')} "
+                     f"ms per sequence, compute efficiency {fmt(p['fit']['compute_efficiency_ratio'], '.2f')}"
+                     for p in f["pairs"])
+    return (table(["train → test", "against", "steps", "median \\|error\\|", "p90 \\|error\\|", "prefill median",
+                   "decode median", "mixed median"], rows)
+            + f"\n\nRuns: {runs}. Fits: {fits}.\n\n"
+            + table(["pair", "target", "bound", "measured", ""],
+                    [[t["pair"], t["figure"].replace("_abs_error_pct", " \\|error\\|").replace("_", " "),
+                      f"≤ {fmt(t['target_pct'], '.0f')} %", fmt(t["measured_pct"], ".1f", " %"), met(t["met"])]
+                     for t in f["targets"]]))
+
+
 @dataclass(frozen=True)
 class TableSpec:
     benchmark: str
@@ -382,4 +409,5 @@ TABLES = {
     "model_fit": TableSpec("model_fit", model_fit),
     "microbench_cost": TableSpec("microbench_cost", microbench_cost),
     "step_records_cost": TableSpec("step_records_cost", step_records_cost),
+    "fit_transfer": TableSpec("fit_transfer", fit_transfer),
 }

@@ -10,8 +10,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer
 
-from inferledger.cli import (cmd_capture, cmd_data, cmd_demo, cmd_doctor, cmd_export, cmd_ledger, cmd_predict,  # noqa: E402
-                             cmd_report, cmd_serve, cmd_study, cmd_summary, cmd_whatif)
+from inferledger.cli import (cmd_capture, cmd_data, cmd_demo, cmd_doctor, cmd_export, cmd_fit, cmd_ledger,  # noqa: E402
+                             cmd_predict, cmd_report, cmd_serve, cmd_study, cmd_summary, cmd_whatif)
 
 app = typer.Typer(
     add_completion=False,
@@ -42,7 +42,7 @@ def _root(version: bool = typer.Option(False, "--version", "-V", callback=_versi
 # Each command module owns its commands and registers them here. Importing them is cheap: heavy
 # libraries (torch, duckdb, pyarrow) are imported inside the commands.
 for _module in (cmd_data, cmd_ledger, cmd_serve, cmd_capture, cmd_predict, cmd_demo, cmd_whatif, cmd_report, cmd_export,
-                cmd_doctor, cmd_summary, cmd_study):
+                cmd_doctor, cmd_summary, cmd_study, cmd_fit):
     _module.register(app)
 
 

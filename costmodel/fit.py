@@ -1,19 +1,36 @@
-"""The step-time fit T = α + F / P_eff + Q / B_eff, and the host time between steps (docs/MODEL.md "Fit").
+"""The step-time fit, and the host time between steps (docs/MODEL.md "Fit").
 
-Least squares with non-negative coefficients (every subset of the terms is solved and the best
-feasible one kept: three unknowns). It is trained on some step *shapes* and judged on others: a
-step's shape is its batch size, its tokens and its context (each of the last two by powers of two);
-the distinct shapes are sorted and every third one (the 2nd, 5th, ...) is held out, so held-out
-steps are never neighbours of training steps of the same shape. The covered range is the training
-steps' span of batch size, tokens and context; a step outside it is `extrapolated`.
+The physics is held fixed where it is known: each step's FLOPs and bytes (costmodel/work.py: the
+weights read once per step, the KV read and written, the activations) and the device's rates (the
+run's microbenchmarks: the best of its matmul and memory-stream repeats, `rates`). What is not known
+is fitted: a per-step host overhead α, a per-sequence overhead, and one efficiency factor on the
+compute roof (the engine's whole step against its best matmul). The step is two serial groups, the
+linear layers with the LM head and attention, each taking the longer of its compute and its memory
+time:
 
-The fitted rates are *effective* (source `fit`): what this engine reached on these shapes, never a
-peak. The inter-step term is a second fit, gap = γ0 + γ1 · batch size, on the host time from one
-step's end to the next one's start.
+    T = α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, Q_kv / B)
+
+The memory rate carries no fitted factor: a step reads its weights once, so a fitted factor on bytes
+and α are the same column on decode-only steps (least squares keeps one and drops the other); held at
+the measured rate the bytes term is always there, and α is what the step costs beyond it. e is found
+by a search over a log grid (from 0.5 to 200; the flattest runs, where no step is compute-bound, keep
+the e closest to 1), α and a_seq by non-negative least squares on relative error (the error is judged
+in percent, so a 200 ms prefill and a 17 ms decode weigh alike).
+
+It is trained on some step *shapes* and judged on others: a step's shape is its batch size, its
+tokens and its context (each of the last two by powers of two); the distinct shapes are sorted and
+every third one (the 2nd, 5th, ...) is held out. The covered range is the training steps' span of
+batch size, tokens and context; a step outside it is `extrapolated`. The inter-step term is a second
+fit, gap = γ0 + γ1 · batch size, on the host time from one step's end to the next one's start.
+
+A run with no rates (no microbenchmarks, no spec entry, no declared roofs) and an older run's declared
+fit keep the free form (`combine = "sum"`): T = α + F / P_eff + Q / B_eff by non-negative least squares,
+whose bytes term can drop on decode-heavy steps.
 """
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -23,6 +40,9 @@ from inferledger.probes.quantile import quantile
 from .roofs import Roof, Roofs
 
 HOLD_OUT_EVERY = 3  # every third distinct shape is held out
+EFFICIENCY_GRID = np.geomspace(0.5, 200.0, 241)  # e searched here (1 % steps), refined around the best
+FLAT = 1e-3  # an e whose error is within 0.1 % of the best is as good: the one closest to 1 is kept
+KINDS = ("prefill", "decode", "mixed")
 
 
 class FitError(ValueError):
@@ -31,14 +51,30 @@ class FitError(ValueError):
 
 @dataclass(frozen=True)
 class FitPoint:
-    flops: float
+    """One step as a fit sees it. measured_ms: the time the fit is trained on and judged against
+    (steps.cpu_ms: the step without its wait for a CPU); wall_ms: the step's wall time."""
+    linear_flops: float
+    attention_flops: float
     bytes: float
+    kv_bytes: float  # KV read and written: the attention group's bytes
     measured_ms: float
     num_seqs: int
     tokens: int
     context_tokens: int
     gap_ms: float | None = None  # host time from this step's end to the next step's start
     step_id: int | None = None
+    kind: str | None = None      # prefill, decode or mixed
+    wall_ms: float | None = None
+
+    @classmethod
+    def of(cls, work, measured_ms: float, **kw) -> "FitPoint":
+        """A point from a costmodel StepWork."""
+        return cls(work.linear_flops, work.attention_flops, work.bytes, work.kv_read_bytes + work.kv_write_bytes,
+                   measured_ms, work.num_seqs, work.tokens, work.context_tokens, **kw)
+
+    @property
+    def flops(self) -> float:
+        return self.linear_flops + self.attention_flops
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -76,11 +112,17 @@ def error_pct(predicted_ms: float, measured_ms: float) -> float | None:
     return (predicted_ms - measured_ms) / measured_ms * 100.0 if measured_ms else None
 
 
+def _groups(work) -> tuple[float, float, float, float]:
+    """(linear FLOPs, linear bytes, attention FLOPs, KV bytes) of a FitPoint or a StepWork."""
+    kv = work.kv_bytes if isinstance(work, FitPoint) else work.kv_read_bytes + work.kv_write_bytes
+    return work.linear_flops, work.bytes - kv, work.attention_flops, kv
+
+
 @dataclass
 class StepFit:
     alpha_ms: float
-    ms_per_gflop: float
-    ms_per_mb: float
+    ms_per_gflop: float     # e / P (stage_max) or 1 / P_eff (sum), ms per GFLOP
+    ms_per_mb: float        # 1 / B: held at the measured rate (stage_max), or fitted (sum), ms per MB
     gap_alpha_ms: float | None = None
     gap_ms_per_seq: float | None = None
     covered: dict = field(default_factory=dict)  # {"num_seqs": [lo, hi], "tokens": [...], "context_tokens": [...]}
@@ -90,30 +132,79 @@ class StepFit:
     held_out_p90_abs_pct: float | None = None
     train_median_abs_pct: float | None = None
     trained_on: str = ""  # the run (or data) it was trained on
+    ms_per_seq: float = 0.0
+    compute_efficiency: float | None = None  # e: the step's FLOPs ran e times slower than the best matmul
+    rates: dict | None = None  # {"compute_tflops", "memory_gbps", "source", "label"}: the physics held fixed
+    combine: str = "sum"       # "stage_max" (the physics fit) or "sum" (the free form of older fits)
 
     @classmethod
-    def fit(cls, points: list[FitPoint], trained_on: str = "") -> "StepFit":
-        """Train on the training shapes of `points`, report errors on the held-out shapes."""
+    def fit(cls, points: list[FitPoint], roofs: Roofs | None, trained_on: str = "") -> "StepFit":
+        """Train on the training shapes of `points` with the rates of `roofs` held fixed, report errors on
+        the held-out shapes; without roofs (a run with no measured or declared rates) the free form."""
         train, held = split(points)
         if len(train) < 3:
             raise FitError(f"step fit: {len(train)} training steps (of {len(points)}); at least 3 are needed")
-        x = np.array([[1.0, p.flops / 1e9, p.bytes / 1e6] for p in train])
-        alpha, per_gflop, per_mb = (float(v) for v in _nnls(x, np.array([p.measured_ms for p in train])))
-        gaps = [p for p in train if p.gap_ms is not None]
-        g0 = g1 = None
-        if len(gaps) >= 2:
-            g0, g1 = (float(v) for v in _nnls(np.array([[1.0, p.num_seqs] for p in gaps]), np.array([p.gap_ms for p in gaps])))
-        covered = {k: [min(getattr(p, k) for p in train), max(getattr(p, k) for p in train)]
-                   for k in ("num_seqs", "tokens", "context_tokens")}
-        out = cls(alpha, per_gflop, per_mb, g0, g1, covered, len(train), len(held), trained_on=trained_on)
+        out = cls._physics(train, roofs, trained_on) if roofs is not None else cls._free(train, trained_on)
+        out.n_held_out = len(held)
         out.train_median_abs_pct = out.median_abs_pct(train)
         out.held_out_median_abs_pct = out.median_abs_pct(held)
         out.held_out_p90_abs_pct = out.abs_pct_quantile(held, 0.9)
         return out
 
+    @classmethod
+    def _free(cls, train: list[FitPoint], trained_on: str) -> "StepFit":
+        """T = α + F / P_eff + Q / B_eff, non-negative least squares on absolute time (no rates to hold)."""
+        x = np.array([[1.0, p.flops / 1e9, p.bytes / 1e6] for p in train])
+        alpha, per_gflop, per_mb = (float(v) for v in _nnls(x, np.array([p.measured_ms for p in train])))
+        return cls(alpha, per_gflop, per_mb, *_gap_fit(train), _covered(train), len(train), trained_on=trained_on)
+
+    @classmethod
+    def _physics(cls, train: list[FitPoint], roofs: Roofs, trained_on: str) -> "StepFit":
+        ms_per_gflop, ms_per_mb = 1e12 / roofs.compute.per_s, 1e9 / roofs.memory.per_s
+        g = np.array([_groups(p) for p in train]) * [ms_per_gflop / 1e9, ms_per_mb / 1e6, ms_per_gflop / 1e9,
+                                                     ms_per_mb / 1e6]
+        y = np.array([p.measured_ms for p in train])
+        x = np.array([[1.0, p.num_seqs] for p in train]) / y[:, None]  # relative error: rows divided by y
+
+        def solve(e: float) -> tuple[float, np.ndarray]:
+            phys = np.maximum(e * g[:, 0], g[:, 1]) + np.maximum(e * g[:, 2], g[:, 3])
+            c = _nnls(x, (y - phys) / y)
+            return float(np.sum((x @ c - (y - phys) / y) ** 2)), c
+
+        grid = list(EFFICIENCY_GRID)
+        errs = [solve(e)[0] for e in grid]
+        i = int(np.argmin(errs))
+        fine = np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 41)
+        grid += list(fine)
+        errs += [solve(e)[0] for e in fine]
+        best = min(errs)
+        flat = (v for v, err in zip(grid, errs) if err <= best * (1 + FLAT) + 1e-15)
+        e = float(min(flat, key=lambda v: abs(math.log(v))))
+        alpha, per_seq = (float(v) for v in solve(e)[1])
+        rates = {"compute_tflops": roofs.compute.value, "memory_gbps": roofs.memory.value,
+                 "source": roofs.memory.source, "label": roofs.memory.label}
+        return cls(alpha, e * ms_per_gflop, ms_per_mb, *_gap_fit(train), _covered(train), len(train),
+                   trained_on=trained_on, ms_per_seq=per_seq, compute_efficiency=float(e), rates=rates,
+                   combine="stage_max")
+
     def predict_ms(self, work) -> float:
-        """The step time for a StepWork (or anything with `flops` and `bytes`)."""
-        return self.alpha_ms + work.flops / 1e9 * self.ms_per_gflop + work.bytes / 1e6 * self.ms_per_mb
+        """The step time for a FitPoint or a StepWork."""
+        fl, bl, fa, bkv = _groups(work)
+        c_lin, m_lin = fl / 1e9 * self.ms_per_gflop, bl / 1e6 * self.ms_per_mb
+        c_att, m_att = fa / 1e9 * self.ms_per_gflop, bkv / 1e6 * self.ms_per_mb
+        body = (max(c_lin, m_lin) + max(c_att, m_att) if self.combine == "stage_max"
+                else c_lin + m_lin + c_att + m_att)
+        return self.alpha_ms + self.ms_per_seq * work.num_seqs + body
+
+    @property
+    def formula(self) -> str:
+        """How predict_ms turns a step's work into milliseconds, in words."""
+        if self.combine == "stage_max":
+            return ("alpha_ms + ms_per_seq × sequences + max(ms_per_gflop × linear GFLOP, ms_per_mb × linear MB) "
+                    "+ max(ms_per_gflop × attention GFLOP, ms_per_mb × KV MB) of the step's work (costmodel.work); "
+                    "ms_per_gflop = compute_efficiency / the measured matmul rate, ms_per_mb = 1 / the measured "
+                    "memory rate")
+        return "alpha_ms + ms_per_gflop × GFLOP + ms_per_mb × MB of the step's work (costmodel.work)"
 
     def predict_gap_ms(self, num_seqs: int) -> float | None:
         if self.gap_alpha_ms is None:
@@ -159,6 +250,39 @@ class StepFit:
     @classmethod
     def from_dict(cls, d: dict) -> "StepFit":
         return cls(**d)
+
+
+def _gap_fit(train: list[FitPoint]) -> tuple[float | None, float | None]:
+    gaps = [p for p in train if p.gap_ms is not None]
+    if len(gaps) < 2:
+        return None, None
+    g0, g1 = _nnls(np.array([[1.0, p.num_seqs] for p in gaps]), np.array([p.gap_ms for p in gaps]))
+    return float(g0), float(g1)
+
+
+def _covered(train: list[FitPoint]) -> dict:
+    return {k: [min(getattr(p, k) for p in train), max(getattr(p, k) for p in train)]
+            for k in ("num_seqs", "tokens", "context_tokens")}
+
+
+def held_out_summary(fit: StepFit, points: list[FitPoint]) -> dict:
+    """|error| in percent of `fit` on every point against its measured_ms (cpu_ms) and its wall_ms, all
+    points and by kind: the figures of `inferledger fit TRAIN --test TEST`."""
+    def block(ms: str) -> dict:
+        def errs(ps):
+            out = (error_pct(fit.predict_ms(p), getattr(p, ms)) for p in ps if getattr(p, ms) is not None)
+            return [abs(float(e)) for e in out if e is not None]
+        every = errs(points)
+        by_kind = {}
+        for k in KINDS:
+            ek = errs([p for p in points if p.kind == k])
+            by_kind[k] = {"n_steps": len(ek), "median_abs_error_pct": quantile(ek, 0.5),
+                          "p90_abs_error_pct": quantile(ek, 0.9)}
+        return {"held_out_median_abs_error_pct": quantile(every, 0.5),
+                "held_out_p90_abs_error_pct": quantile(every, 0.9), "by_kind": by_kind, "n_steps": len(every)}
+    out = block("measured_ms")
+    out["wall"] = block("wall_ms")
+    return out
 
 
 def apply(fit: StepFit, points: list[FitPoint]) -> dict:

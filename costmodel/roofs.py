@@ -121,3 +121,12 @@ def run_roofs(manifest: Manifest) -> tuple[Roofs | None, str]:
                 "roofs a person declared (manifest declared_roofs)")
     return None, (f"no spec entry for device {name!r} at {dtype or 'an unknown dtype'}, no microbenchmarks "
                   "(manifest device_params memcpy_gbps.peak and matmul_tflops.peak) and no declared_roofs")
+
+
+def fit_rates(manifest: Manifest) -> tuple[Roofs | None, str]:
+    """The rates a step fit holds fixed: the run's own microbenchmarks first (what this host reached),
+    else the run's peak roofs (`run_roofs`: spec, declared); with why."""
+    bench = microbenchmark_roofs(manifest.block("device_params"))
+    if bench is not None:
+        return bench, "the run's microbenchmarks (manifest device_params)"
+    return run_roofs(manifest)

@@ -4,9 +4,12 @@ prediction_check").
 A capture registers a prediction before its load: RUN/prediction.json, with its sha256 and the
 registration time on the host's monotonic clock in manifest.json `prediction`. This stage checks the
 file against that hash and the prediction format, tells whether the registration predates the run's
-first event on the same clock, and matches each attempt to a predicted request shape by its prompt
-length (engine.enqueued's value): the shape with the longest prompt not longer than the attempt's, so
-the shape's lower bounds stay bounds (of shapes with equal prompts, the first the file lists). A missing, altered or malformed file is a gap, never a check.
+first event on the same clock, and matches each attempt to a predicted request shape by the prompt
+tokens it computed (engine.enqueued's value less the engine.prefill cached_tokens its prefix cache
+served): the shape whose computed prompt (prompt less cached) is the longest not longer than the
+attempt's, so the shape's lower bounds stay bounds (of equal ones, the first the file lists); an
+attempt that computed fewer tokens than every shape is matched to none. A missing, altered or
+malformed file is a gap, never a check.
 """
 from __future__ import annotations
 
@@ -130,13 +133,18 @@ FROM reg, first WHERE registered
 
 PREDICTION_CHECK = """
 CREATE OR REPLACE TABLE prediction_check AS
-WITH prompt AS (  -- the engine's own count: the prefill the bound was computed for
-  SELECT attempt_id, n_prompt_engine::BIGINT AS prompt_tokens FROM marks WHERE n_prompt_engine IS NOT NULL),
+WITH cached AS (
+  SELECT attempt_id, sum(TRY_CAST(json_extract_string(attrs, '$.cached_tokens') AS BIGINT)) AS cached
+  FROM events WHERE name = 'engine.prefill' GROUP BY attempt_id),
+prompt AS (  -- the prompt tokens the engine computed: its own count less those its prefix cache served
+  SELECT attempt_id, (n_prompt_engine - coalesce(c.cached, 0))::BIGINT AS computed_tokens
+  FROM marks LEFT JOIN cached c USING (attempt_id) WHERE n_prompt_engine IS NOT NULL),
 matched AS (
-  SELECT m.attempt_id, p.prompt_tokens, m.ttft_server_ms, m.tpot_server_ms,
-         arg_max(s.class, [s.prompt_tokens, -s.ord]) AS class  -- equal prompts: the first listed
+  SELECT m.attempt_id, p.computed_tokens, m.ttft_server_ms, m.tpot_server_ms,
+         -- the shape whose bound assumes the most computed tokens not above the attempt's (equal: the first listed)
+         arg_max(s.class, [s.prompt_tokens - s.cached_tokens, -s.ord]) AS class
   FROM request_metrics m JOIN prompt p USING (attempt_id)
-  JOIN prediction_shapes s ON s.prompt_tokens <= p.prompt_tokens
+  JOIN prediction_shapes s ON s.prompt_tokens - s.cached_tokens <= p.computed_tokens
   GROUP BY ALL)
 SELECT getvariable('run_id') AS run_id, s.class, s.prompt_tokens, s.cached_tokens, s.output_tokens,
        count(m.attempt_id) AS n_attempts,
@@ -173,8 +181,9 @@ GROUP BY ALL ORDER BY s.prompt_tokens, any_value(s.ord)
 # @table prediction_check: one row per predicted request shape: the prediction beside the run's attempts
 #   of that shape (docs/LEDGER.md "prediction_registration and prediction_check")
 # @column class: the workload class the shape is
-# @column prompt_tokens: the shape's prompt tokens; an attempt belongs to the shape with the longest prompt
-#   not longer than its own (engine.enqueued value)
+# @column prompt_tokens: the shape's prompt tokens; an attempt belongs to the shape whose computed prompt
+#   (prompt_tokens − cached_tokens) is the longest not longer than the attempt's computed prompt (engine.enqueued
+#   value less engine.prefill attrs.cached_tokens: tokens its prefix cache served are not computed)
 # @column cached_tokens: the shape's prefix assumed cached (its class's shared prefix)
 # @column output_tokens: the shape's output tokens (max_tokens)
 # @column n_attempts: the attempts matched to the shape

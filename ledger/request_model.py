@@ -74,7 +74,8 @@ REQUEST_MODEL = StageTable("request_model", (
     ("tpot_error_pct", pa.float64()), ("queue_steps", pa.int64()), ("residual_queue_ms", pa.float64()),
     ("residual_prefill_ms", pa.float64()), ("residual_decode_ms", pa.float64()),
     ("residual_host_ms", pa.float64()), ("transport_ms", pa.float64())), order="attempt_id")
-# @gaps: no engine steps (a peer's per-request spans); no shape, roofs or declared fit for the solo model
+# @gaps: no engine steps (a peer's per-request spans); no shape, roofs or declared fit for the solo model; the
+#   solo TTFT bound, which cannot count the prompt tokens a peer served from its prefix cache
 GAPS = gap_table("request_model")
 
 
@@ -148,6 +149,11 @@ def build(con, run) -> None:
                      "residual_host_ms (basis solo)", "per-step events (batch composition, step start and end)",
                      "the run has no engine steps: a peer's spans are per request (vLLM reports queue, prefill "
                      "and decode times and token counts, not its batches, step times or host time between steps)"))
+        if solo is not None and solo.roofs is not None:
+            gaps.append(("run", None, "request_model ttft_bound_ms (basis solo)",
+                         "the prompt tokens the server served from its prefix cache, per request",
+                         "the solo TTFT bound computes every prompt token: a request whose prefix the server "
+                         "had cached computes fewer, and can run faster than this bound"))
         if solo is None or solo.reason:
             gaps.append(("run", None, "request_model predicted and bound columns", "the served model's shape "
                          "(manifest model_shape, declared) and roofs or a step fit (manifest step_fit)",

@@ -1,5 +1,6 @@
-"""The step-time fit of this run (costmodel/fit.py): T = α + F / P_eff + Q / B_eff, trained on some step
-shapes and reported on the held-out ones, with the inter-step host time as its own term.
+"""The step-time fit of this run (costmodel/fit.py): the step's FLOPs and bytes at the run's measured
+rates, with α, a per-sequence overhead and a compute efficiency fitted on the steps' cpu_ms; trained on
+some step shapes and reported on the held-out ones, with the inter-step host time as its own term.
 
 The steps a fit sees are selected here, from step_model (`fit_points`): the cost model is handed
 the rows, for this run's fit and for a fit applied to another run's ledger (`ledger_fit_points`).
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from inferledger.costmodel.fit import FitError, FitPoint, StepFit, error_pct, split
+from inferledger.costmodel.fit import FitError, FitPoint, StepFit, error_pct, held_out_summary, split
+from inferledger.costmodel.roofs import fit_rates
 from inferledger.ledger.tables import StageTable, gap_table
+from inferledger.probes.run_folder import Manifest
 
 READS = ("step_model",)
 CREATES = ("step_fit", "step_fit_points", "step_fit_gaps")
@@ -24,15 +27,22 @@ STEP_FIT_POINTS = StageTable("step_fit_points", (("step_id", pa.int64()), ("spli
                                             ("measured_ms", pa.float64()), ("predicted_ms", pa.float64()),
                                             ("error_pct", pa.float64()), ("extrapolated", pa.bool_())),
                         order="step_id")
-# @gaps: too few engine steps of known shape to fit
+# @gaps: too few engine steps of known shape to fit; no rates to hold the fit's physics at (the free form)
 GAPS = gap_table("step_fit")
 
 # The steps a fit sees: a measured time and a shape, and not simulated ones, nor steps whose time holds
 # one-off build work (`compiling`: the step compiled its graph; `graph_capture`: it captured a CUDA
-# graph). A step with no mode (an older run) counts.
+# graph). A step with no mode (an older run) counts. The fit's time is the step's cpu_ms (without its wait
+# for a CPU), its wall time where the capture could not measure the wait (cpu_ms NULL: an older run, a
+# kernel that hides schedstat).
 _POINTS = """
-SELECT flops, bytes, measured_ms, num_seqs, tokens, context_tokens, gap_after_ms, step_id FROM step_model
-WHERE flops IS NOT NULL AND measured_ms > 0 AND coalesce(mode, '') NOT IN ('simulated', 'compiling', 'graph_capture')
+SELECT flops_linear, flops_attention, bytes, bytes_kv_read + bytes_kv_write, coalesce(cpu_ms, measured_ms), num_seqs,
+       tokens, context_tokens,
+       gap_after_ms, step_id,
+       CASE WHEN prefill_tokens = 0 THEN 'decode' WHEN prefill_tokens = tokens THEN 'prefill' ELSE 'mixed' END,
+       measured_ms
+FROM step_model
+WHERE flops IS NOT NULL AND coalesce(cpu_ms, measured_ms) > 0 AND coalesce(mode, '') NOT IN ('simulated', 'compiling', 'graph_capture')
 ORDER BY step_id
 """
 
@@ -55,14 +65,32 @@ def ledger_fit_points(ledger: str | Path) -> list[FitPoint]:
         return fit_points(con)
 
 
+def run_fit(run_dir: str | Path) -> StepFit:
+    """The step fit of a reconstructed run folder, at the rates of its own manifest (its microbenchmarks
+    first; the free form without any): what `inferledger fit` trains. FileNotFoundError without a ledger,
+    FitError when it cannot fit."""
+    run_dir = Path(run_dir)
+    points = ledger_fit_points(run_dir)
+    roofs, _ = fit_rates(Manifest.read(run_dir))
+    return StepFit.fit(points, roofs, trained_on=run_dir.name)
+
+
+def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict]:
+    """TRAIN's fit and its |error| on every step of TEST (costmodel.fit.held_out_summary)."""
+    fit = run_fit(train_run)
+    return fit, held_out_summary(fit, ledger_fit_points(test_run))
+
+
 # @table step_fit: one row per parameter or figure of the run's step-time fit (docs/LEDGER.md "step_fit",
 #   docs/MODEL.md "Fit"); empty when the run has too few steps with a shape
-# @column name: alpha_ms, p_eff_tflops, b_eff_gbps, gap_alpha_ms, gap_ms_per_seq; n_train, n_held_out;
+# @column name: alpha_ms, ms_per_seq, compute_efficiency (e: the best matmul's rate over the step's),
+#   p_eff_tflops (the best matmul's rate / e), b_eff_gbps (the memory rate held fixed), gap_alpha_ms, gap_ms_per_seq; n_train, n_held_out;
 #   train_median_abs_pct, held_out_median_abs_pct, held_out_p90_abs_pct; covered_num_seqs_lo / _hi,
 #   covered_tokens_lo / _hi, covered_context_tokens_lo / _hi
 # @column value: the figure (NULL: the fit found no such term, or no held-out step)
-# @column unit: ms, TFLOP/s, GB/s, steps, %, sequences, tokens
-# @column source: fit (every parameter here is effective, never a peak)
+# @column unit: ms, ×, TFLOP/s, GB/s, steps, %, sequences, tokens
+# @column source: fit (every parameter here is effective, never a peak; b_eff_gbps is the run's measured
+#   memory rate the fit holds fixed)
 # @column trained_on: the run the fit was trained on (another run's name when manifest step_fit declared
 #   one: then n_train and the held-out figures are that run's, applied_median_abs_pct and
 #   applied_p90_abs_pct this run's)
@@ -71,8 +99,9 @@ def ledger_fit_points(ledger: str | Path) -> list[FitPoint]:
 # @column step_id: the engine step
 # @column split: train or held_out (by shape: batch size, tokens and context by powers of two), or
 #   applied (a declared fit from another run: every step is outside its training)
-# @column measured_ms: step_model.measured_ms
-# @column predicted_ms: the fit's α + F / P_eff + Q / B_eff
+# @column measured_ms: step_model.cpu_ms (the step without its wait for a CPU; its wall time measured_ms where the
+#   capture could not measure the wait), what the fit is judged against
+# @column predicted_ms: the fit's α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, Q_kv / B)
 # @column error_pct: (predicted − measured) / measured × 100
 # @column extrapolated: the step lies outside the training steps' range of batch size, tokens or context
 def build(con, run) -> None:
@@ -83,13 +112,20 @@ def build(con, run) -> None:
     if isinstance(declared, dict):  # a fit from another run, applied here: every step is held out
         fit = StepFit.from_dict(declared)
     else:
+        roofs, why = fit_rates(run.manifest)
         try:
-            fit = StepFit.fit(points, trained_on=run.run_dir.name)
+            fit = StepFit.fit(points, roofs, trained_on=run.run_dir.name)
         except FitError as exc:
             if points:
                 gaps.append(("run", None, "step_fit, step_fit_points", "more engine steps of known shape", str(exc)))
+        if fit is not None and roofs is None:
+            gaps.append(("run", None, "step_fit (its physics: the free form, α + F / P_eff + Q / B_eff)",
+                         "the capture's microbenchmarks (manifest device_params), a spec entry or declared_roofs",
+                         f"no rates to hold the step's work at ({why}): the fit is free, and its bytes term "
+                         "may drop"))
     if fit is not None:
-        params = [("alpha_ms", fit.alpha_ms, "ms"), ("p_eff_tflops", fit.p_eff_tflops, "TFLOP/s"),
+        params = [("alpha_ms", fit.alpha_ms, "ms"), ("ms_per_seq", fit.ms_per_seq, "ms"),
+                  ("compute_efficiency", fit.compute_efficiency, "×"), ("p_eff_tflops", fit.p_eff_tflops, "TFLOP/s"),
                   ("b_eff_gbps", fit.b_eff_gbps, "GB/s"), ("gap_alpha_ms", fit.gap_alpha_ms, "ms"),
                   ("gap_ms_per_seq", fit.gap_ms_per_seq, "ms"), ("n_train", fit.n_train, "steps"),
                   ("n_held_out", fit.n_held_out, "steps"), ("train_median_abs_pct", fit.train_median_abs_pct, "%"),

@@ -122,6 +122,8 @@ def build(con, run) -> None:
             rows = [StepRow(k, int(t), int(c), logit_rows=None if k != "prefill" else int(bool(s)))
                     for k, t, c, s in items]
             rec.update(_work(shape, rows, roofs, step_ms))
+            if rec.get("beats_bound"):
+                gaps.append(_beaten(rec))
         out.append(rec)
     if no_context:
         gaps.append(("run", None, "step_model flops, bytes, bounds of those steps",
@@ -154,6 +156,15 @@ def _work(shape, rows, roofs, step_ms) -> dict:
     return rec
 
 
+def _beaten(rec: dict) -> tuple:
+    """The gap row of a step faster than its lower bound: the roof it beat is wrong for it."""
+    by = rec["bound_ms"] - rec["measured_ms"]
+    return ("step", str(rec["step_id"]), "step_model bound_ms (not a lower bound for this step)",
+            f"a correct {rec['binding_roof']} roof (the best microbenchmark of an idle moment, or the spec)",
+            f"step {rec['step_id']} ran {rec['measured_ms']:.3f} ms, {by:.3f} ms ({by / rec['bound_ms'] * 100:.1f} %) "
+            f"below its bound {rec['bound_ms']:.3f} ms on the {rec['beaten_roof']} roof: that roof is wrong")
+
+
 STEP_MODEL = StageTable("step_model", (
     ("step_id", pa.int64()), ("mode", pa.string()), ("num_seqs", pa.int64()), ("tokens", pa.int64()),
     ("prefill_tokens", pa.int64()), ("context_tokens", pa.int64()), ("flops_linear", pa.float64()),
@@ -167,6 +178,7 @@ STEP_MODEL = StageTable("step_model", (
     ("residual_ms", pa.float64()), ("residual_pct", pa.float64()), ("gap_after_ms", pa.float64()),
     ("wait_after_ms", pa.float64()), ("beats_bound", pa.bool_()), ("beaten_roof", pa.string()),
 ), order="step_id")
-# @gaps: no model shape or no roofs in the manifest; batch rows without their context
+# @gaps: no model shape or no roofs in the manifest; batch rows without their context; a step faster than its
+#   lower bound (one row per step: the roof it beat, by how much)
 GAPS = gap_table("step_model")
 

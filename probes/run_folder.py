@@ -142,11 +142,18 @@ MANIFEST_KEYS: tuple[Key, ...] = (
     Key("system_under_test", (dict,), "what is inside and outside the system measured"),
     Key("host", (dict, str), "the host: name, platform, python, processor (a name alone for an OTLP import)"),
     Key("evidence", (dict,), "for each kind of fact, how it is known: observed, declared, reported, simulated"),
-    Key("device_params", (dict,), "the device measured at capture start (the host's microbenchmarks), or "
-        "{skipped: why}; the roofs read device_name, memcpy_gbps.peak and matmul_tflops.peak",
+    Key("device_params", (dict,), "the device measured at capture start and again over the run (the host's "
+        "microbenchmarks), or {skipped: why}; the roofs read device_name, memcpy_gbps.peak and matmul_tflops.peak",
         (Key("device_name", (str, _NONE), "the device's name"),
-         Key("memcpy_gbps", (dict,), "memory bandwidth: peak (GB/s), label"),
-         Key("matmul_tflops", (dict,), "matmul rate: peak (TFLOP/s), label"))),
+         Key("memcpy_gbps", (dict,), "memory bandwidth: peak (GB/s, the best of every measurement), start_peak "
+             "(the start's), best_at (start, idle or end), label"),
+         Key("matmul_tflops", (dict,), "matmul rate: peak (TFLOP/s, the best of every measurement), start_peak, "
+             "best_at, label"),
+         Key("llc_bytes", (int, _NONE), "the last-level cache, bytes (/sys/devices/system/cpu/cpu0/cache); the "
+             "stream's buffer is at least 4 times it"),
+         Key("repeats", (dict,), "every measurement over the run: clock (of start_ns, end_ns), runs (at: start, "
+             "idle or end; memcpy_gbps, matmul_tflops; start_ns, end_ns; overlapped: a task arrived during it, "
+             "not used), each marked in the samples by microbench.running 1 / 0"))),
     Key("declared_roofs", (dict,), "roofs a person declared: tflops, gbps, label",
         (Key("tflops", _NUM, "compute roof, TFLOP/s"), Key("gbps", _NUM, "memory roof, GB/s"),
          Key("label", (str,), "where the figures come from"))),

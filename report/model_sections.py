@@ -77,7 +77,7 @@ def residuals(rv, page, p: str) -> str:
             figs += "<div>" + page.figure(f"{p}-resid-{x}", {"data": data, "layout": _layout(
                 340, xaxis={"title": {"text": f"{label} (step_model.{x})"}},
                 yaxis={"title": {"text": "residual_ms (measured − bound)"}})}) + "</div>"
-    body = f'<div class="cols">{figs}</div>' if figs else note("no step has a bound and a measured time")
+    body = _beaten(rv) + (f'<div class="cols">{figs}</div>' if figs else note("no step has a bound and a measured time"))
     if rv.has("model_residuals"):
         cols, rows = rv.dicts("SELECT num_seqs, context_lo, context_hi, mode, n_steps, median_measured_ms, "
                               "median_bound_ms, median_residual_ms, median_residual_pct, median_gap_after_ms, "
@@ -89,6 +89,19 @@ def residuals(rv, page, p: str) -> str:
     return section(f"{p}-residuals", title, body, "step_model (residual_ms), model_residuals, residual_sources")
 
 
+def _beaten(rv) -> str:
+    """Steps faster than their lower bound: each marks its roof as wrong (step_model.beats_bound, a gap row each)."""
+    cols, rows = rv.dicts("SELECT step_id, measured_ms, bound_ms, bound_ms - measured_ms AS below_by_ms, "
+                          "(bound_ms - measured_ms) / bound_ms * 100 AS below_by_pct, beaten_roof FROM step_model "
+                          "WHERE beats_bound ORDER BY below_by_pct DESC, step_id")
+    if not rows:
+        return ""
+    return (f'<p class="verdict"><b>{len(rows)} step(s) ran faster than their lower bound: the roof each names is '
+            "wrong for it (a gap row per step in the gap register)</b></p>"
+            + f'<div class="scroll">{table(cols, rows[:20])}</div>'
+            + (note(f"the 20 furthest below their bound of {len(rows)}") if len(rows) > 20 else ""))
+
+
 def calibration(rv, page, p: str) -> str:
     title = "Calibration: the step-time fit and its error on held-out shapes"
     if not rv.has("step_fit"):
@@ -97,8 +110,10 @@ def calibration(rv, page, p: str) -> str:
     if not rows:
         return section(f"{p}-calibration", title, note("no fit: too few steps with a shape (see the gap register)"),
                        "step_fit")
-    body = note("T = α + F / P_eff + Q / B_eff, trained on some step shapes (batch size, tokens, context) and "
-                "judged on the others; the held-out errors below are on shapes the fit never saw", "source")
+    body = note("T = α + a_seq · sequences + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, Q_kv / B): the "
+                "step's work at the run's measured rates P and B, with α, a_seq and the compute efficiency e fitted "
+                "on cpu_ms; trained on some step shapes (batch size, tokens, context) and judged on the others; "
+                "the held-out errors below are on shapes the fit never saw", "source")
     body += table(cols, rows)
     if rv.has("step_fit_points"):
         data = _points(rv, "measured_ms", "predicted_ms", "split", "step_fit_points")

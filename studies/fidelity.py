@@ -1,14 +1,14 @@
 """fidelity: how close the simulated clock comes to the real engine on a workload it was not fitted on.
 
-Three runs. `fit`: a real capture of one workload (a mix of prompt lengths and batch sizes), whose
-steps train a step fit (costmodel.fit.StepFit over the ledger's step_model: α + F / P_eff + Q / B_eff,
-with the host time between steps as a second term). `real`: a real capture of a *different* workload
-(other prompt lengths, outputs, arrival rate and seed). `sim`: the same requests as `real` (each one's
-arrival at the engine, prompt tokens and output tokens, read from that run's ledger) on the simulated
-clock: the real scheduler and block manager with the bundled model's shape declared, each step lasting
-what the fit predicts for its work (collectors/sim/step_time.FittedStepModel). The knob is the clock:
-real or simulated. The comparison holds the simulated TTFT, TPOT and E2E against the real ones, per
-request and at p50 / p99 (latency_percentiles, server and engine layers), beside the targets.
+Three runs. `fit`: a real capture of one workload (a mix of prompt lengths and batch sizes), whose steps train
+a step fit (costmodel.fit.StepFit over the ledger's step_model: its work at the run's measured rates, α and a
+compute efficiency fitted, with the host time between steps as a second term). `real`: a real capture of a
+*different* workload (other prompt lengths, outputs, arrival rate and seed). `sim`: the same requests as
+`real` (each one's arrival at the engine, prompt tokens and output tokens, read from that run's ledger) on the
+simulated clock: the real scheduler and block manager with the bundled model's shape declared, each step
+lasting what the fit predicts for its work (collectors/sim/step_time.FittedStepModel). The knob is the clock:
+real or simulated. The comparison holds the simulated TTFT, TPOT and E2E against the real ones, per request
+and at p50 / p99 (latency_percentiles, server and engine layers), beside the targets.
 """
 from __future__ import annotations
 
@@ -18,11 +18,10 @@ from pathlib import Path
 from inferledger.collectors.sim.declared import DeclaredModel
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
 from inferledger.collectors.sim.step_time import FittedStepModel
-from inferledger.costmodel.fit import StepFit
 from inferledger.probes.run_folder import Manifest
 from inferledger.engine.params import EngineConfig
 from inferledger.ledger.query import open_ledger
-from inferledger.ledger.step_fit import ledger_fit_points
+from inferledger.ledger.step_fit import run_fit
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
 from inferledger.studies.real import capture_run, workload
 
@@ -66,7 +65,8 @@ WHERE e.attempt_id = a.attempt_id ORDER BY a.enqueued_ns"""
 
 def _simulate(run_dir: Path, run_id: str, bundle) -> None:
     runs_dir = run_dir.parent
-    fit = StepFit.fit(ledger_fit_points(runs_dir / "fit" / "ledger.duckdb"), trained_on="run fit")
+    fit = run_fit(runs_dir / "fit")
+    fit.trained_on = "run fit"
     with open_ledger(runs_dir / "real") as led:
         cols, rows = led.rows(REQUESTS_SQL)
     real = [dict(zip(cols, r)) for r in rows]

@@ -33,14 +33,14 @@ def read_device_params(path: Path) -> dict:
 
 def fit_of(run: Path):
     """The step-time fit of a reconstructed run (its step_model steps, trained as the ledger's step_fit)."""
-    from inferledger.costmodel.fit import FitError, StepFit
-    from inferledger.ledger.step_fit import ledger_fit_points
+    from inferledger.costmodel.fit import FitError
+    from inferledger.ledger.step_fit import run_fit
 
     path = Path(run) / "ledger.duckdb"
     if not path.exists():
         raise PredictionError(f"{path}: no ledger; run `inferledger reconstruct {run}` first")
     try:
-        return StepFit.fit(ledger_fit_points(path), trained_on=str(run))
+        return run_fit(run)
     except FitError as exc:
         raise PredictionError(f"--fit {run}: {exc}") from None
     except Exception as exc:  # a ledger without step_model (built before the model existed)

@@ -323,3 +323,24 @@ def test_slo_section_is_checked_and_stretches_with_calibration(tmp_path):
         _workload(tmp_path, slo={"ttft": 500})
     with pytest.raises(ValueError, match=r"\[slo\]\.tpot_ms: must be > 0\.0, not -1"):
         _workload(tmp_path, slo={"tpot_ms": -1})
+
+
+def test_the_idle_hook_runs_only_with_no_task_in_flight_and_is_told_the_next_arrival(tmp_path):
+    """Replayed arrivals at 0, 150 and 300 ms, each task a few ms: the client is idle after each one; the
+    hook sees no task in flight and the next planned arrival (none after the last)."""
+    (tmp_path / "trace.txt").write_text("0\n150\n300\n")
+    wl = _workload(tmp_path, arrivals={"process": "replay", "file": "trace.txt", "n_tasks": 3, "rate_rps": None})
+    transport = FakeTransport()
+    sink = ListSink()
+    client = LoadClient(wl, transport, Probe(sink, "client", run_id="t", host="h", clock="mono:h"))
+    seen = []
+
+    async def on_idle(next_ns):
+        seen.append((transport.in_flight, client._in_flight, next_ns))
+        await asyncio.sleep(0.01)
+
+    client.on_idle = on_idle
+    asyncio.run(client.run())
+    planned = sorted(r["ts_ns"] for r in _events(sink.rows, "arrival.planned"))
+    assert [(t, c) for t, c, _ in seen] == [(0, 0)] * 3
+    assert [n for _, _, n in seen] == [planned[1], planned[2], None]

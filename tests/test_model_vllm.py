@@ -42,7 +42,8 @@ def test_vllm_attempts_are_modelled_alone_and_the_missing_step_figures_are_named
     assert n >= 38 and solo == n and predicted == 0  # no step fit declared: no prediction, bounds only
     assert con.execute("SELECT count(*) FROM step_model").fetchone()[0] == 0
     needs = [r[0] for r in con.execute("SELECT needs FROM gaps WHERE affects LIKE '%request_model%'").fetchall()]
-    assert needs == ["per-step events (batch composition, step start and end)"]
+    assert sorted(needs) == ["per-step events (batch composition, step start and end)",
+                             "the prompt tokens the server served from its prefix cache, per request"]
     # transport is the client's TTFT less the server's, as request_metrics has them
     diff = con.execute("SELECT max(abs(m.transport_ms - (r.ttft_client_ms - r.ttft_server_ms))) FROM request_model m "
                        "JOIN request_metrics r USING (attempt_id)").fetchone()[0]

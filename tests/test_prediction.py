@@ -468,3 +468,87 @@ def test_predict_refuses_roofs_that_are_not_finite_or_a_median_above_its_peak(tm
                                    "--device-params", str(tmp_path / "params.json"), "-o", str(out)])
     assert res.exit_code == 2 and refusal in res.output, res.output
     assert not out.exists()
+
+
+def test_the_ttft_bound_of_a_cached_prefix_counts_the_tokens_computed():
+    """128 prompt tokens of which the prefix cache served 112: the bound is a 16-token prefill at context
+    112. By hand on SmolLM2-135M (30 layers, d 576, q 576, kv 192, ffn 1536, vocab 49152) at 1 TFLOP/s
+    with memory free: linear 2 · 16 · 30 · (576 · 960 + 576 · 576 + 576 · 3072 + 1536 · 576) =
+    3,397,386,240 FLOP; the LM head 2 · 576 · 49152 = 56,623,104 (one logit row); attention 4 · 30 · 576 ·
+    (16 · 112 + 16 · 17 / 2) = 133,263,360: 3,587,272,704 FLOP, 3.587 ms."""
+    smol = ModelShape(30, 576, 9, 3, 64, 1536, 49152, True, 2, 2, 2)
+    shape = {"class": "cached", "prompt_tokens": 128, "cached_tokens": 112, "output_tokens": 4, "weight": 1.0}
+    doc = predict(smol, [shape], Roofs.declared(1.0, 1e9), max_batch=1)
+    assert doc["requests"][0]["ttft_lower_ms"] == pytest.approx(3.587272704, rel=1e-6)
+
+
+def test_an_attempt_served_from_the_prefix_cache_is_held_to_the_bound_of_what_it_computed():
+    """Two shapes of 128 prompt tokens: `chat` (nothing cached, bound 20 ms) and `cached` (112 cached,
+    bound 3 ms). A1 had 112 tokens served by the cache (16 computed, TTFT 5 ms), A2 none (128 computed,
+    TTFT 30 ms). Matched by the prompt alone, A1 fell to `chat` and "beat" its 20 ms bound; matched by the
+    tokens computed, A1 is `cached` (5 ≥ 3) and A2 `chat` (30 ≥ 20): no bound is beaten."""
+    from inferledger.ledger.prediction_check import PREDICTION_CHECK
+
+    con = duckdb.connect()
+    con.execute((Path(__file__).resolve().parent.parent / "ledger" / "macros.sql").read_text())
+    con.execute("SET VARIABLE run_id = 'r'")
+    con.execute("CREATE TABLE events AS SELECT * FROM (VALUES ('A1', 'engine.prefill', 16.0, '{\"cached_tokens\": 112}'),"
+                " ('A2', 'engine.prefill', 128.0, '{\"cached_tokens\": 0}')) t(attempt_id, name, value, attrs)")
+    con.execute("CREATE TABLE marks AS SELECT * FROM (VALUES ('A1', 128), ('A2', 128)) t(attempt_id, n_prompt_engine)")
+    con.execute("CREATE TABLE request_metrics AS SELECT * FROM (VALUES ('A1', 5.0, 1.0), ('A2', 30.0, 1.0)) "
+                "t(attempt_id, ttft_server_ms, tpot_server_ms)")
+    cols = ", ".join(f"NULL::DOUBLE AS {c}" for c in ("ttft_sustained_low_ms", "ttft_sustained_high_ms",
+                                                       "ttft_fit_low_ms", "ttft_fit_high_ms", "tpot_sustained_low_ms",
+                                                       "tpot_sustained_high_ms", "tpot_fit_low_ms", "tpot_fit_high_ms"))
+    con.execute(f"CREATE TABLE prediction_shapes AS SELECT t.*, {cols}, 0.1 AS tpot_lower_ms FROM (VALUES "
+                "('chat', 128, 0, 4, 20.0, 0), ('cached', 128, 112, 4, 3.0, 1)) "
+                "t(class, prompt_tokens, cached_tokens, output_tokens, ttft_lower_ms, ord)")
+    con.execute(PREDICTION_CHECK)
+    got = con.execute("SELECT class, n_attempts, ttft_p50_ms, ttft_below_bound FROM prediction_check ORDER BY class").fetchall()
+    assert got == [("cached", 1, 5.0, 0), ("chat", 1, 30.0, 0)]
+
+
+def test_the_last_level_cache_is_read_from_sysfs_and_the_stream_is_larger(tmp_path):
+    for i, (level, kind, size) in enumerate(((1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"),
+                                             (3, "Unified", "32768K"))):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n"), (d / "type").write_text(f"{kind}\n"), (d / "size").write_text(f"{size}\n")
+    assert microbench.llc_bytes(str(tmp_path)) == 32 << 20
+    assert microbench.llc_bytes(str(tmp_path / "none")) is None
+    # 4 x a 32 MiB LLC = 128 MiB, even for 10 MB of weights; 64 MiB without a known cache
+    assert microbench.stream_bytes_for(10_000_000, 32 << 20) == 128 << 20
+    assert microbench.stream_bytes_for(10_000_000) == 64 << 20
+    assert microbench.stream_bytes_for(300_000_000, 64 << 20) == 256 << 20
+
+
+def test_repeats_over_the_run_are_marked_in_samples_and_the_best_is_the_roof():
+    import torch
+
+    cfg = SimpleNamespace(shape=ModelShape(1, 8, 1, 1, 8, 16, 32, False, 4, 4, 4))
+    bundle = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32, config=cfg, model=torch.nn.Linear(8, 8))
+    start = {"source": "microbenchmark", "placement": None,
+             "memcpy_gbps": {"peak": 10.0, "median": 9.0, "label": "start"},
+             "stream_read_gbps": {"peak": 10.0, "buffer_bytes": 1 << 20},
+             "matmul_tflops": {"peak": 0.5, "median": 0.4, "at": "qkv", "m": 2,
+                               "shapes": [{"name": "qkv", "m": 2, "k": 8, "n": 24}]}}
+    samples, clock = [], iter(range(1_000, 10_000_000_000, 1_000_000_000))
+    bench = microbench.Rebench(bundle, start, lambda ts, v: samples.append((ts, v)), timer=fake_timer(),
+                               now_ns=lambda: next(clock))
+    got = bench.run("idle")
+    # every timed call lasts 1 ms: 1 MiB read in 1 ms, copied (2 MiB moved) in 1 ms; 2 · 2 · 8 · 24 FLOP in 1 ms
+    assert got["memcpy_gbps"] == pytest.approx(2 * 1.048576) and got["matmul_tflops"] == pytest.approx(768 / 1e-3 / 1e12)
+    assert samples == [(1_000, 1.0), (1_000_001_000, 0.0)] and got["start_ns"] == 1_000
+    assert not bench.due(None)  # no arrival left: the end's repeat comes next
+    merged = microbench.with_repeats(start, bench.repeats + [{"at": "end", "memcpy_gbps": 12.5, "matmul_tflops": 0.3}],
+                                     "mono:h")
+    assert merged["memcpy_gbps"]["peak"] == 12.5 and merged["memcpy_gbps"]["best_at"] == "end"
+    assert merged["memcpy_gbps"]["start_peak"] == 10.0 and merged["matmul_tflops"]["peak"] == 0.5
+    assert [r["at"] for r in merged["repeats"]["runs"]] == ["start", "idle", "end"]
+    assert merged["memcpy_gbps"]["label"] == ("the best of 3 measurements over the run (start × 1, idle × 1, end × 1); "
+                                              "best at end")
+    assert microbench.with_repeats(microbench.skipped("no"), bench.repeats) == microbench.skipped("no")
+    # a repeat a task arrived during is listed but is no roof
+    left = microbench.with_repeats(start, [{"at": "idle", "memcpy_gbps": 99.0, "matmul_tflops": 9.0, "overlapped": True}])
+    assert left["memcpy_gbps"]["peak"] == 10.0 and len(left["repeats"]["runs"]) == 2
+    assert left["memcpy_gbps"]["label"].endswith("1 left out: a task arrived during it); best at start")

@@ -14,7 +14,7 @@ from inferledger.costmodel.fit import StepFit, apply
 from inferledger.probes.model_shape import ModelShape
 from inferledger.engine import EngineConfig, LLMEngine, SamplingParams
 from inferledger.ledger.reconstruct import reconstruct
-from inferledger.ledger.step_fit import ledger_fit_points
+from inferledger.ledger.step_fit import ledger_fit_points, run_fit
 
 # a one-socket roof no two-core VM can exceed (the Xeon Platinum 8480+ entry: 56 cores, 8 × DDR5-4800)
 ROOFS = {"tflops": 218.0, "gbps": 307.2, "label": "one Xeon 8480+ socket, above this VM's ceiling"}
@@ -129,34 +129,48 @@ def test_a_run_without_shape_or_roofs_leaves_null_with_gaps(tmp_path):
     assert con.execute("SELECT count(*) FROM gaps WHERE affects LIKE 'step_model bound_%'").fetchone()[0] == 1
 
 
+# a run's own microbenchmarks (manifest device_params): the rates the fit holds fixed
+P_TFLOPS, B_GBPS = 0.5, 20.0
+BENCH = {"source": "microbenchmark", "memcpy_gbps": {"peak": B_GBPS, "label": "synthetic"},
+         "matmul_tflops": {"peak": P_TFLOPS, "label": "synthetic"}}
+SMOL = ModelShape(30, 576, 9, 3, 64, 1536, 49152, True, 2, 2, 2)
+
+
+def _synthetic_ms(rows, alpha=3.0, per_seq=0.4, e=1.5) -> float:
+    """The fit's form at BENCH's rates: α + a_seq · n + max(e F_lin / P, Q_lin / B) + max(e F_att / P, Q_kv / B)."""
+    w = step_work(SMOL, [StepRow(k, t, c) for _, k, t, c in rows])
+    kv = w.kv_read_bytes + w.kv_write_bytes
+    p, b = P_TFLOPS * 1e12, B_GBPS * 1e9
+    return alpha + per_seq * w.num_seqs + 1e3 * (max(e * w.linear_flops / p, (w.bytes - kv) / b)
+                                                 + max(e * w.attention_flops / p, kv / b))
+
+
+def _steps(batches, contexts, prefill=0, seed=3):
+    rng, out = random.Random(seed), []
+    for batch in batches:
+        for ctx in contexts:
+            rows = [["A1", "decode", 1, ctx + i] for i in range(batch)] + (
+                [["P1", "prefill", prefill, 0]] if prefill else [])
+            out.append((rows, _synthetic_ms(rows) * (1 + rng.gauss(0, 0.01))))
+    return out
+
+
 def test_a_synthetic_runs_fit_recovers_its_device_and_applies_to_a_second_run(tmp_path):
-    alpha, p_tflops, b_gbps = 3.0, 0.5, 20.0
-    smol = ModelShape(30, 576, 9, 3, 64, 1536, 49152, True, 2, 2, 2)
-    rng = random.Random(3)
-
-    def steps(batches, contexts):
-        out = []
-        for batch in batches:
-            for ctx in contexts:
-                rows = [["A1", "decode", 1, ctx + i] for i in range(batch)]
-                w = step_work(smol, [StepRow(k, t, c) for _, k, t, c in rows])
-                out.append((rows, (alpha + w.flops / (p_tflops * 1e9) + w.bytes / (b_gbps * 1e6))
-                            * (1 + rng.gauss(0, 0.01))))
-        return out
-
-    manifest = {"model": {"architecture": SMOL_ARCH, "dtype": BF16}, "declared_roofs": ROOFS}
-    build_run(tmp_path / "a", _step_events(steps((1, 2, 4, 8, 16), (32, 256, 2048))), domains=("e",),
+    manifest = {"model": {"architecture": SMOL_ARCH, "dtype": BF16}, "device_params": BENCH}
+    build_run(tmp_path / "a", _step_events(_steps((1, 2, 4, 8, 16), (32, 256, 2048))
+                                           + _steps((0, 1, 2), (64, 512), prefill=48)), domains=("e",),
               manifest={"run_id": "a", **manifest}).close()
     con = duckdb.connect(str(tmp_path / "a" / "ledger.duckdb"), read_only=True)
     fit = {n: v for n, v in con.execute("SELECT name, value FROM step_fit").fetchall()}
-    assert fit["alpha_ms"] == pytest.approx(alpha, abs=0.5)
-    assert fit["b_eff_gbps"] == pytest.approx(b_gbps, rel=0.05)
+    assert fit["alpha_ms"] == pytest.approx(3.0, abs=0.5) and fit["ms_per_seq"] == pytest.approx(0.4, abs=0.1)
+    assert fit["compute_efficiency"] == pytest.approx(1.5, rel=0.05)
+    assert fit["b_eff_gbps"] == pytest.approx(B_GBPS)  # held at the measured rate
     assert fit["held_out_median_abs_pct"] < 2.0 and fit["n_held_out"] > 0
     splits = dict(con.execute("SELECT split, count(*) FROM step_fit_points GROUP BY split").fetchall())
-    assert splits["train"] + splits["held_out"] == 15
+    assert splits["train"] + splits["held_out"] == 21
     # the fit of run a, trained in Python on a's ledger, held against run b's steps (other shapes)
-    trained = StepFit.fit(ledger_fit_points(tmp_path / "a" / "ledger.duckdb"), trained_on="a")
-    build_run(tmp_path / "b", _step_events(steps((3, 6), (100, 1000))), domains=("e",),
+    trained = run_fit(tmp_path / "a")
+    build_run(tmp_path / "b", _step_events(_steps((3, 6), (100, 1000))), domains=("e",),
               manifest={"run_id": "b", **manifest, "step_fit": trained.to_dict()}).close()
     result = apply(trained, ledger_fit_points(tmp_path / "b"))
     assert result["n"] == 4 and result["median_abs_pct"] < 3.0
@@ -167,21 +181,70 @@ def test_a_synthetic_runs_fit_recovers_its_device_and_applies_to_a_second_run(tm
     assert applied == pytest.approx(result["median_abs_pct"])
 
 
+def test_fit_cli_prints_the_transfer_as_one_json_object_and_refuses_a_run_without_ledger(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    manifest = {"model": {"architecture": SMOL_ARCH, "dtype": BF16}, "device_params": BENCH}
+    build_run(tmp_path / "a", _step_events(_steps((1, 2, 4, 8), (32, 256, 2048)) + _steps((0, 1), (64, 512), 48)),
+              domains=("e",), manifest={"run_id": "a", **manifest}).close()
+    build_run(tmp_path / "b", _step_events(_steps((3, 6), (100, 1000)) + _steps((0,), (0,), 40, seed=4)
+                                           + _steps((2,), (300,), 24, seed=5)),
+              domains=("e",), manifest={"run_id": "b", **manifest}).close()
+    runner = CliRunner()
+    got = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "b"), "--format", "json"])
+    assert got.exit_code == 0, got.output
+    doc = json.loads(got.output)
+    assert list(doc)[:3] == ["held_out_median_abs_error_pct", "held_out_p90_abs_error_pct", "by_kind"]
+    assert list(doc["by_kind"]) == ["prefill", "decode", "mixed"] and "wall" in doc
+    assert list(doc["wall"])[:3] == list(doc)[:3]
+    assert [doc["by_kind"][k]["n_steps"] for k in ("prefill", "decode", "mixed")] == [1, 4, 1]
+    assert list(doc["by_kind"]["decode"]) == ["n_steps", "median_abs_error_pct", "p90_abs_error_pct"]
+    assert doc["held_out_median_abs_error_pct"] < 3.0
+    csv = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "b"), "--format", "csv"])
+    assert csv.exit_code == 0 and csv.output.splitlines()[0] == "against,kind,n_steps,median_abs_error_pct,p90_abs_error_pct"
+    bad = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "nowhere")])
+    assert bad.exit_code == 2 and "--test" in bad.output and "no ledger" in bad.output
+
+
+def test_a_step_faster_than_its_bound_is_a_gap_row_naming_the_roof(tmp_path):
+    """Roofs declared far too low: a decode step's bound is its ~269 MB of weights at 1 GB/s (~269 ms); the
+    5 ms steps beat it, and each is a gap row naming the roof and by how much, never silently."""
+    manifest = {"run_id": "beat", "model": {"architecture": SMOL_ARCH, "dtype": BF16},
+                "declared_roofs": {"tflops": 1.0, "gbps": 1.0, "label": "too low"}}
+    con = build_run(tmp_path / "beat", _step_events([([["A1", "decode", 1, 7]], 5.0), ([["A1", "decode", 1, 8]], 5.0)]),
+                    domains=("e",), manifest=manifest)
+    steps = con.execute("SELECT step_id, bound_ms, beats_bound, beaten_roof FROM step_model ORDER BY step_id").fetchall()
+    assert [s[2] for s in steps] == [True, True] and steps[0][3] == "memory 1 GB/s (assumption peak)"
+    rows = con.execute("SELECT scope, subject_id, affects, detail FROM gaps WHERE scope = 'step' ORDER BY subject_id").fetchall()
+    assert [r[:2] for r in rows] == [("step", "1"), ("step", "2")]
+    by = steps[0][1] - 5.0
+    assert rows[0][3] == (f"step 1 ran 5.000 ms, {by:.3f} ms ({by / steps[0][1] * 100:.1f} %) below its bound "
+                          f"{steps[0][1]:.3f} ms on the memory 1 GB/s (assumption peak) roof: that roof is wrong")
+
+
+def test_the_report_shows_the_steps_that_beat_their_bound(tmp_path):
+    from inferledger.report.build import build_report
+
+    manifest = {"run_id": "beat", "model": {"architecture": SMOL_ARCH, "dtype": BF16},
+                "declared_roofs": {"tflops": 1.0, "gbps": 1.0, "label": "too low"}}
+    build_run(tmp_path / "beat", _step_events([([["A1", "decode", 1, 7]], 5.0), ([["A1", "decode", 1, 8]], 5.0)]),
+              domains=("e",), manifest=manifest).close()
+    html = build_report(tmp_path / "beat").path.read_text(encoding="utf-8")
+    assert "2 step(s) ran faster than their lower bound" in html and "memory 1 GB/s (assumption peak)" in html
+
+
 def test_steps_that_compiled_or_captured_are_left_out_of_the_fit(tmp_path):
     """A step whose time holds a compile (`compiling`) or a CUDA graph capture (`graph_capture`) is one-off
     build work, not the step's cost: neither the ledger's fit nor ledger_fit_points sees it, and the
     fit of the other steps recovers the device as if they were not there."""
-    alpha, p_tflops, b_gbps = 3.0, 0.5, 20.0
-    smol = ModelShape(30, 576, 9, 3, 64, 1536, 49152, True, 2, 2, 2)
-    steps = []
-    for batch in (1, 2, 4, 8, 16):
-        for ctx in (32, 256, 2048):
-            rows = [["A1", "decode", 1, ctx + i] for i in range(batch)]
-            w = step_work(smol, [StepRow(k, t, c) for _, k, t, c in rows])
-            steps.append((rows, alpha + w.flops / (p_tflops * 1e9) + w.bytes / (b_gbps * 1e6)))
+    steps = _steps((1, 2, 4, 8, 16), (32, 256, 2048))
     steps[0] = (steps[0][0], 2500.0)  # step 1 compiled its graph, step 9 captured one
     steps[8] = (steps[8][0], 900.0)
-    manifest = {"run_id": "c", "model": {"architecture": SMOL_ARCH, "dtype": BF16}, "declared_roofs": ROOFS}
+    manifest = {"run_id": "c", "model": {"architecture": SMOL_ARCH, "dtype": BF16}, "device_params": BENCH}
     build_run(tmp_path / "c", _step_events(steps, modes={1: "compiling", 9: "graph_capture"}), domains=("e",),
               manifest=manifest).close()
     con = duckdb.connect(str(tmp_path / "c" / "ledger.duckdb"), read_only=True)
@@ -189,5 +252,4 @@ def test_steps_that_compiled_or_captured_are_left_out_of_the_fit(tmp_path):
     assert seen == set(range(1, 16)) - {1, 9}
     assert {p.step_id for p in ledger_fit_points(tmp_path / "c" / "ledger.duckdb")} == seen
     fit = {n: v for n, v in con.execute("SELECT name, value FROM step_fit").fetchall()}
-    assert fit["alpha_ms"] == pytest.approx(alpha, abs=0.5)
-    assert fit["b_eff_gbps"] == pytest.approx(b_gbps, rel=0.05)
+    assert fit["alpha_ms"] == pytest.approx(3.0, abs=0.5) and fit["ms_per_seq"] == pytest.approx(0.4, abs=0.1)

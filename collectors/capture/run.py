@@ -75,7 +75,17 @@ async def _drive(prep: Prepared, live: Live, options: CaptureOptions, progress=N
     try:
         async with HTTPTarget(live.url, model=served_model, api_key=options.api_key, trace_salt=trace_salt) as target:
             client = LoadClient(prep.wl, target, probe, plans=prep.plans, on_task_done=progress)
+            rebench = _rebench(prep, live)
+            if rebench is not None:
+                async def on_idle(next_ns):  # no task in flight: a short repeat when the next arrival is far
+                    if rebench.due(next_ns):
+                        rec = await asyncio.to_thread(rebench.run, "idle")
+                        rec["overlapped"] = client.in_flight > 0  # a task arrived during it: not a roof
+                client.on_idle = on_idle
             result = await client.run()
+            if rebench is not None:  # the load is over, nothing in flight: the end's repeat
+                await asyncio.to_thread(rebench.run, "end")
+                prep.device_params = microbench.with_repeats(prep.device_params, rebench.repeats, live.engine_clock)
     finally:
         stop.set()
         await watcher
@@ -85,6 +95,17 @@ async def _drive(prep: Prepared, live: Live, options: CaptureOptions, progress=N
         except ClockSyncError as exc:
             mappings.append(ClockSyncFailure("end", str(exc)))
     return Driven(result, lags, mappings)
+
+
+def _rebench(prep: Prepared, live: Live):
+    """The microbenchmarks' repeats over the load (embedded target whose start was measured), else None."""
+    if live.server is None or prep.device_params.get("source") != microbench.SOURCE:
+        return None
+
+    def sample(ts_ns: int, value: float) -> None:
+        live.writer.sample(ts_ns=ts_ns, clock=live.engine_clock, source="capture", host=live.host,
+                           metric=microbench.RUNNING_METRIC, value=value, unit="1")
+    return microbench.Rebench(prep.bundle, prep.device_params, sample)
 
 
 def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOptions = CaptureOptions(), *,
@@ -252,7 +273,8 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
             live.sampler.stop()
             live.host_sampler.stop()
             manifest = finish_run(live, prep, driven, options, wall_s=time.monotonic() - t0,
-                                  registered={k: head[k] for k in ("device_params", "prediction") if k in head})
+                                  registered={**{k: head[k] for k in ("prediction",) if k in head},
+                                              "device_params": prep.device_params})
             clean = True
         except BaseException as exc:  # interrupted or failed: keep what was recorded, say so, re-raise
             why = signal_name(got, exc)

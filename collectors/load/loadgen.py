@@ -162,6 +162,15 @@ class LoadClient:
         self.on_task_done = on_task_done
         self._in_flight = 0
         self._draining: set[asyncio.Task] = set()
+        # on_idle(next planned arrival ns or None): awaited when no task is in flight (open loop only)
+        self.on_idle = None
+        self._planned: list[int] = []
+        self._idle: asyncio.Task | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks started and not yet ended."""
+        return self._in_flight
 
     # ---- arrivals ----------------------------------------------------------------------------------
     async def _sleep_until(self, t_ns: int) -> None:
@@ -203,7 +212,10 @@ class LoadClient:
                 async with cap:  # a task past the cap starts late; its pacing error shows by how much
                     await self._task(plan, planned)
 
+            self._planned = sorted(start + round(off * 1e9) for off in offsets[:len(self.plans)])
             await asyncio.gather(*(arrive(p, start + round(off * 1e9)) for p, off in zip(self.plans, offsets)))
+        if self._idle is not None:
+            await self._idle
         await self._drain()
 
     async def _drain(self) -> None:
@@ -256,6 +268,10 @@ class LoadClient:
             self._in_flight -= 1
             if self.on_task_done:
                 self.on_task_done()
+            if self._in_flight == 0 and not self._draining and self.on_idle and self._planned \
+                    and (self._idle is None or self._idle.done()):
+                now = self.now()
+                self._idle = asyncio.create_task(self.on_idle(next((t for t in self._planned if t > now), None)))
 
     async def _tool(self, plan: TaskPlan, turn: int, *, after: str, before: str) -> None:
         """A simulated external tool call: the task waits, no model works, the interval is the tool's."""

@@ -58,8 +58,8 @@ class FittedStepModel:
     """T(step) = a step fit's prediction over the step's work, plus its host time between steps.
 
     The work (FLOPs and bytes of every serial stage) comes from costmodel.work for the declared model
-    shape; the fit (costmodel.fit.StepFit: α + F / P_eff + Q / B_eff, least squares over a real run's
-    steps) turns it into milliseconds, and its inter-step term (γ0 + γ1 · batch size, the host time from
+    shape; the fit (costmodel.fit.StepFit: the work at a real run's measured rates, with α, a
+    per-sequence overhead and a compute efficiency fitted on its steps; docs/MODEL.md "Fit") turns it into milliseconds, and its inter-step term (γ0 + γ1 · batch size, the host time from
     one step's end to the next one's start on that run) is added, so consecutive simulated steps are as
     far apart as real ones. A chunk of one token is counted as a decode, anything longer as a prefill
     (both give the LM head one row)."""
@@ -80,11 +80,12 @@ class FittedStepModel:
     def describe(self) -> dict:
         f, source = self.fit, f"step fit on {self.fit.trained_on or 'a real run'}"
         return {"name": self.name,
-                "formula": "alpha_ms + ms_per_gflop × GFLOP + ms_per_mb × MB of the step's work (costmodel.work), "
-                           "+ gap_alpha_ms + gap_ms_per_seq × the step's sequences (host time between steps)",
+                "formula": f.formula + ", + gap_alpha_ms + gap_ms_per_seq × the step's sequences (host time "
+                           "between steps)",
                 "parameters": {"alpha_ms": {"value": f.alpha_ms, "unit": "ms", "source": source},
                                "ms_per_gflop": {"value": f.ms_per_gflop, "unit": "ms/GFLOP", "source": source},
                                "ms_per_mb": {"value": f.ms_per_mb, "unit": "ms/MB", "source": source},
+                               "ms_per_seq": {"value": f.ms_per_seq, "unit": "ms", "source": source},
                                "gap_alpha_ms": {"value": f.gap_alpha_ms, "unit": "ms", "source": source},
                                "gap_ms_per_seq": {"value": f.gap_ms_per_seq, "unit": "ms", "source": source}},
                 "fit": f.to_dict(), "shape": self.shape.to_dict()}

@@ -1,0 +1,82 @@
+"""`inferledger fit TRAIN --test TEST`: a step fit from one run held against another run's steps."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from inferledger.cli.output import FORMAT_HELP, OutputFormat
+
+COLUMNS = ("against", "kind", "n_steps", "median_abs_error_pct", "p90_abs_error_pct")
+
+
+def _rows(summary: dict) -> list[list]:
+    rows = []
+    for against, block in (("cpu_ms", summary), ("wall", summary["wall"])):
+        rows.append([against, "all", block["n_steps"], block["held_out_median_abs_error_pct"],
+                     block["held_out_p90_abs_error_pct"]])
+        rows += [[against, k, v["n_steps"], v["median_abs_error_pct"], v["p90_abs_error_pct"]]
+                 for k, v in block["by_kind"].items()]
+    return rows
+
+
+def fit_cmd(
+    train: Path = typer.Argument(..., help="The reconstructed run whose steps train the fit."),
+    test: Path = typer.Option(..., "--test", help="The reconstructed run whose every step the fit predicts."),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " json is one "
+                                     "object: held_out_median_abs_error_pct, held_out_p90_abs_error_pct, by_kind "
+                                     "(prefill, decode, mixed), n_steps, wall (the same against wall time), fit."),
+) -> None:
+    """How well a step fit transfers: TRAIN's fit predicting every step of TEST, |error| in percent.
+
+    The fit holds each step's work fixed (FLOPs, weight and KV bytes: docs/MODEL.md "Counting") at
+    TRAIN's measured rates (its microbenchmarks' best) and fits a per-step overhead, a per-sequence
+    overhead and a compute efficiency on TRAIN's steps; the errors are on TEST's cpu_ms (the step
+    without its wait for a CPU), then on its wall time. A step is prefill, decode or mixed by its batch.
+
+    Example: [cyan]inferledger fit runs/chat --test runs/mixed --format json[/]
+    """
+    from rich.table import Table
+
+    from inferledger.cli.output import console, csv_text, fail, plain
+    from inferledger.costmodel.fit import FitError
+    from inferledger.ledger.step_fit import transfer
+
+    for flag, run in (("TRAIN", train), ("--test", test)):
+        if not (run / "ledger.duckdb").is_file():
+            fail(f"error: {flag} {run}: no ledger there (a run folder holds ledger.duckdb once "
+                 f"`inferledger reconstruct {run}` has run)")
+    try:
+        fit, summary = transfer(train, test)
+    except FitError as exc:
+        fail(f"error: TRAIN {train}: {exc}")
+    except Exception as exc:  # a ledger built before step_model had what the fit reads
+        fail(f"error: cannot read the steps of {train} or {test} ({exc}); rebuild them with "
+             f"`inferledger reconstruct RUN`")
+    if not summary["n_steps"]:
+        fail(f"error: --test {test}: no engine step with a shape and a measured time to predict")
+    if fmt == OutputFormat.json:
+        typer.echo(json.dumps(plain({**summary, "fit": fit.to_dict()}), allow_nan=False))
+        return
+    rows = _rows(summary)
+    if fmt == OutputFormat.csv:
+        typer.echo(csv_text(COLUMNS, rows), nl=False)
+        return
+    table = Table(title=f"the fit of {train.name} predicting the steps of {test.name}: |error| %")
+    for col in ("against", "kind", "steps", "median |error| %", "p90 |error| %"):
+        table.add_column(col, justify="left" if col in ("against", "kind") else "right")
+    for against, kind, n, med, p90 in rows:
+        table.add_row(against, kind, str(n), "—" if med is None else f"{med:.1f}", "—" if p90 is None else f"{p90:.1f}")
+    console.print(table)
+    if fit.rates is None:
+        console.print(f"fit (free form: {train.name} has no measured, spec or declared rates): α {fit.alpha_ms:.3f} ms, "
+                      f"{fit.ms_per_gflop:.4g} ms per GFLOP, {fit.ms_per_mb:.4g} ms per MB")
+        return
+    console.print(f"fit: α {fit.alpha_ms:.3f} ms, {fit.ms_per_seq:.3f} ms per sequence, compute efficiency "
+                  f"{fit.compute_efficiency:.3g} on {fit.rates['compute_tflops']:.4g} TFLOP/s and "
+                  f"{fit.rates['memory_gbps']:.4g} GB/s ({fit.rates['source']})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fit")(fit_cmd)
