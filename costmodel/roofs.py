@@ -7,6 +7,8 @@ says which one a roof is. Lower bounds use peaks only.
 """
 from __future__ import annotations
 
+import math
+
 import re
 from dataclasses import asdict, dataclass
 
@@ -92,11 +94,17 @@ def spec_roofs(device_name: str | None, dtype: str) -> Roofs | None:
     return None
 
 
+def _rate(x) -> bool:
+    """A roof's number as a manifest may hold it: finite and positive (JSON's Infinity, NaN, a boolean or
+    a string is no rate: a roof of Infinity would make every bound 0)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
 def microbenchmark_roofs(params: dict) -> Roofs | None:
-    """The best (peak) of a run's own microbenchmarks (its manifest's `device_params`), None without both."""
+    """The best (peak) of a run's own microbenchmarks (its manifest's `device_params`), None without both
+    as finite positive numbers."""
     mem, mm = params.get("memcpy_gbps") or {}, params.get("matmul_tflops") or {}
-    if not (isinstance(mem.get("peak"), (int, float)) and mem["peak"] > 0
-            and isinstance(mm.get("peak"), (int, float)) and mm["peak"] > 0):
+    if not (isinstance(mem, dict) and isinstance(mm, dict) and _rate(mem.get("peak")) and _rate(mm.get("peak"))):
         return None
     return Roofs(Roof("compute", float(mm["peak"]), "TFLOP/s", "microbenchmark", "peak",
                       mm.get("label") or "the best of the capture's matmul repeats"),
@@ -116,11 +124,12 @@ def run_roofs(manifest: Manifest) -> tuple[Roofs | None, str]:
     if bench is not None:
         return bench, "the run's microbenchmarks (manifest device_params)"
     declared = manifest.block("declared_roofs")
-    if isinstance(declared.get("tflops"), (int, float)) and isinstance(declared.get("gbps"), (int, float)):
+    if _rate(declared.get("tflops")) and _rate(declared.get("gbps")):
         return (Roofs.declared(float(declared["tflops"]), float(declared["gbps"]), declared.get("label") or "declared"),
                 "roofs a person declared (manifest declared_roofs)")
     return None, (f"no spec entry for device {name!r} at {dtype or 'an unknown dtype'}, no microbenchmarks "
-                  "(manifest device_params memcpy_gbps.peak and matmul_tflops.peak) and no declared_roofs")
+                  "(manifest device_params memcpy_gbps.peak and matmul_tflops.peak, finite and positive) and no "
+                  "declared_roofs")
 
 
 def fit_rates(manifest: Manifest) -> tuple[Roofs | None, str]:

@@ -122,6 +122,20 @@ def test_roofs_carry_their_source():
         Roof("memory", 1.0, "GB/s", "guess", "peak", "x")
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), True, "12.5", -1.0, 0])
+def test_a_roof_that_is_not_a_finite_positive_number_is_no_roof(bad):
+    """A manifest read back from JSON may hold Infinity or NaN (Python's json reads both): a roof of
+    Infinity would make every bound 0 and hide every beaten bound, so it is no roof: unknown, with why."""
+    for block, key in (("device_params", "memcpy_gbps"), ("device_params", "matmul_tflops")):
+        params = {"memcpy_gbps": {"peak": 12.5}, "matmul_tflops": {"peak": 1.5}}
+        params[key]["peak"] = bad
+        roofs, why = run_roofs(Manifest({"model": {"dtype": {"weights": "float32"}}, block: params}))
+        assert roofs is None and "finite and positive" in why
+    if isinstance(bad, (int, float)) and not isinstance(bad, bool):  # the schema refuses the others on read
+        roofs, _ = run_roofs(Manifest({"declared_roofs": {"tflops": bad, "gbps": 10.0}}))
+        assert roofs is None
+
+
 # a 2-core host's measured rates (the bundled engine's bf16 matmul, a memory stream)
 HOST = Roofs(Roof("compute", 0.2, "TFLOP/s", "microbenchmark", "peak", "synthetic"),
              Roof("memory", 30.0, "GB/s", "microbenchmark", "peak", "synthetic"))
