@@ -188,6 +188,26 @@ def table_width(con: Console | None = None) -> int | None:
     return None
 
 
+def show(con: Console, renderable) -> None:
+    """Print one table or line for people: in a terminal as rich draws it; piped or to a file, a table at
+    its own full width and a line unwrapped (rich would cut both to 80 columns)."""
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    if table_width(con) is not None:
+        con.print(renderable)
+    elif isinstance(renderable, Table):
+        width = Measurement.get(con, con.options.update(width=100_000), renderable).maximum
+        before = con.width
+        con.width = max(width, before)  # the same console (its file, its record), wide enough for the table
+        try:
+            con.print(renderable, crop=False)
+        finally:
+            con.width = before
+    else:
+        con.print(renderable, soft_wrap=True)
+
+
 def _groups(widths: list[int], limit: int | None, keep_first: bool) -> list[list[int]]:
     """Column indexes split into tables of at most `limit` characters (3 per column for its border
     and padding, 1 for the last border); the first column repeated in each when it names the row."""

@@ -11,6 +11,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from inferledger.cli.output import show
+
 
 def _fmt(v) -> str:
     return "—" if v is None else f"{v:,.1f}"
@@ -103,12 +105,12 @@ def _cause_line(c: dict) -> str:
 
 def _verdict(sec: dict, console: Console, want) -> None:
     if want("verdict_time") and sec["verdict_time"]:
-        console.print(_where_time_went(sec["verdict_time"]))
+        show(console, _where_time_went(sec["verdict_time"]))
     if want("verdict_prediction"):
         for line in _prediction_lines(sec["verdict_prediction"]):
-            console.print(line)
+            show(console, line)
     if want("verdict_cause"):
-        console.print(_cause_line(sec["verdict_cause"]))
+        show(console, _cause_line(sec["verdict_cause"]))
 
 
 def _unknown(what: str, needs: str | None) -> str:
@@ -147,39 +149,39 @@ def print_sections(sec: dict, console: Console, only: str | None = None) -> None
 
     _verdict(sec, console, want)
     if want("latency"):
-        console.print(_latency(sec["latency"]))
+        show(console, _latency(sec["latency"]))
     if want("accounts"):
-        console.print(_accounts(sec["accounts"]))
+        show(console, _accounts(sec["accounts"]))
     if want("run"):
         for line in _run_lines(sec["run"]):
-            console.print(line)
+            show(console, line)
     if want("peer_views") and sec["peer_views"]:
-        console.print(_peer_views(sec["peer_views"]))
+        show(console, _peer_views(sec["peer_views"]))
     imported = [r for r in sec["peers"] if r["imported"]]  # drawn for a run imported from a load tool
     if want("peers") and imported:
-        console.print(_peers(imported))
+        show(console, _peers(imported))
     if want("slo_misses") and sec["slo_misses"]:
-        console.print("late requests by dominant cause: " + ", ".join(
+        show(console, "late requests by dominant cause: " + ", ".join(
             f"{r['dominant_cause'] or 'none measured'} {r['n']}" for r in sec["slo_misses"]))
     ghost = sec["ghost"]
     if want("ghost") and ghost["ghost_attempts"]:
         ms = "an unknown time" if ghost["ghost_ms"] is None else f"{ghost['ghost_ms']:,.0f} ms"
         tokens = "unknown" if ghost["ghost_tokens"] is None else f"{int(ghost['ghost_tokens'])}"
-        console.print(f"ghost load: {ghost['ghost_attempts']} attempt(s) the client gave up on kept the server busy "
+        show(console, f"ghost load: {ghost['ghost_attempts']} attempt(s) the client gave up on kept the server busy "
                       f"{ms} and {tokens} tokens")
     model = sec.get("model") or {}
     if want("model") and model.get("n_steps"):
         share = model["median_bound_share_pct"]
         source = (f"{model['dominant_source']} ({model['dominant_ms_per_step']:,.1f} ms per step)"
                   if model["dominant_source"] else "unknown (too few steps to tell the sources apart)")
-        console.print(f"workload model: median step at {share:.0f} % of its bound (bound_ms / measured_ms over "
+        show(console, f"workload model: median step at {share:.0f} % of its bound (bound_ms / measured_ms over "
                       f"{model['n_steps']} steps, {model['n_beats_bound']} faster than their bound); "
                       f"dominant residual source: {source}")
     if want("stream_checks"):
-        console.print("stream checks: " + ", ".join(f"{r['status']} {r['n']}" for r in sec["stream_checks"]))
+        show(console, "stream checks: " + ", ".join(f"{r['status']} {r['n']}" for r in sec["stream_checks"]))
     if want("gaps"):
         n = sec["gaps"]["n"]
-        console.print(f"gap register: {n} row(s)" + ("  (query: select * from gaps)" if n else ""))
+        show(console, f"gap register: {n} row(s)" + ("  (query: select * from gaps)" if n else ""))
 
 
 def summary_sections(ledger_path: Path, *, all_tools: bool = False) -> dict:

@@ -63,3 +63,20 @@ def test_reconstruct_of_an_engine_only_run_prints_unknown_goodput_instead_of_cra
     assert out["ledger"]["n_attempts"] == 1
     engine_ttft = next(r for r in out["latency"] if r["column"] == "request_metrics.ttft_server_ms")
     assert (engine_ttft["n"], engine_ttft["p50_ms"]) == (1, 9.0)  # token at 10 ms − enqueued at 1 ms
+
+
+def test_a_piped_summary_keeps_every_header_and_line_whole(tmp_path, monkeypatch):
+    """Piped or written to a file (no terminal), rich would draw at 80 columns: the verdict's header
+    cut to `conte…` and its lines wrapped. The summary prints each table at its own width instead."""
+    import io
+
+    monkeypatch.delenv("COLUMNS", raising=False)  # $COLUMNS would say a terminal's width
+    run = tmp_path / "retry"
+    import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run)
+    out = io.StringIO()
+    print_summary(reconstruct(run).path, Console(file=out, width=80, force_terminal=False))
+    text = out.getvalue()
+    header = next(ln for ln in text.splitlines() if "request" in ln and "attempt" in ln)
+    assert [c.strip() for c in header.split("┃")[1:-1]] == [
+        "request", "attempt", "E2E", "queue", "prefill", "decode", "contention", "transport", "client"]
+    assert "…" not in text and max(map(len, text.splitlines())) > 80
