@@ -21,7 +21,7 @@ table.kv th{width:240px}table.kv td{word-break:break-all}.cols{display:flex;gap:
 .big b{display:block;font-size:22px}.big span{color:#555;font-size:12px}.plot{width:100%;min-height:200px}
 .errors{background:#fdecea;color:#611a15;padding:8px 24px;border-bottom:1px solid #f5c2c0}
 .filters{display:flex;gap:10px;flex-wrap:wrap;align-items:center;margin:6px 0}.filters label{font-size:12px;color:#444}
-.scroll{max-height:520px;overflow:auto;border:1px solid #eee}.pos{color:#a11}.neg{color:#176b1f}
+.scroll{max-height:520px;overflow:auto;border:1px solid #eee}.worse{color:#a11}.better{color:#176b1f}.differs{color:#a11}
 .drill select{max-width:640px}.tag{display:inline-block;background:#eef;padding:0 6px;border-radius:3px;font-size:12px}
 """
 

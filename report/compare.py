@@ -26,25 +26,31 @@ def _identity_rows(m: dict | None) -> dict[str, object]:
     return out
 
 
-def metric_rows(rv, h: dict) -> list[tuple[str, object, str]]:
-    """(label, value, unit) for the comparison table, in display order."""
+def metric_rows(rv, h: dict) -> list[tuple[str, object, str, str | None]]:
+    """(label, value, unit, better) for the comparison table, in display order. `better` is the
+    figure's direction: "higher" (goodput, good results), "lower" (latencies, energy per good result) or
+    None where a change is neither better nor worse (how many attempts were sent, the window)."""
     c = h["counts"]
-    rows = [("attempts", c["attempts"], ""), ("client-completed attempts", c["completed"], ""),
-            ("good results", h["n_good"], ""), ("T_obs", h["t_obs_s"], "s"),
-            ("goodput", h["goodput_rps"], "req/s"), ("completed throughput", h["completed_rps"], "req/s"),
-            ("energy per good result", h["energy_per_good_j"], "J")]
+    rows = [("attempts", c["attempts"], "", None), ("client-completed attempts", c["completed"], "", "higher"),
+            ("good results", h["n_good"], "", "higher"), ("T_obs", h["t_obs_s"], "s", None),
+            ("goodput", h["goodput_rps"], "req/s", "higher"),
+            ("completed throughput", h["completed_rps"], "req/s", "higher"),
+            ("energy per good result", h["energy_per_good_j"], "J", "lower")]
     for r in tables.latency(rv):
         for q, v in zip(("p50", "p99"), (r["values"][0], r["values"][2])):
-            rows.append((f"{r['metric']} {q} · {r['layer']}", v, "ms"))
+            rows.append((f"{r['metric']} {q} · {r['layer']}", v, "ms", "lower"))
     return rows
 
 
-def _delta_cells(a, b) -> str:
+def _delta_cells(a, b, better: str | None) -> str:
+    """Δ and Δ% coloured by the figure's direction: green where this run is better, red where worse."""
     if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or isinstance(a, bool):
         return "<td>—</td><td>—</td>"
     d = a - b
     pct = f"{100.0 * d / b:+.1f}%" if b else "—"
-    cls = "pos" if d > 0 else "neg" if d < 0 else ""
+    up = {"higher": "better", "lower": "worse"}.get(better, "")
+    down = {"higher": "worse", "lower": "better"}.get(better, "")
+    cls = up if d > 0 else down if d < 0 else ""
     return f'<td class="num {cls}">{esc(f"{d:+,.3f}")}</td><td class="num {cls}">{esc(pct)}</td>'
 
 
@@ -53,17 +59,17 @@ def compare_section(page, a, ha: dict, b, hb: dict) -> str:
     rows = []
     for k in sorted(set(ia) | set(ib)):
         va, vb = ia.get(k), ib.get(k)
-        mark = ' class="pos"' if va != vb else ""
+        mark = ' class="differs"' if va != vb else ""
         rows.append(f"<tr{mark}><th>{esc(k)}</th><td>{esc(fmt(va))}</td><td>{esc(fmt(vb))}</td></tr>")
     ident = (f'<table class="grid"><thead><tr><th>identity</th><th>{esc(a.name)}</th><th>{esc(b.name)}</th></tr>'
              f"</thead><tbody>{''.join(rows)}</tbody></table>")
     ma, mb = metric_rows(a, ha), metric_rows(b, hb)
-    by_b = {label: v for label, v, _u in mb}
+    by_b = {label: v for label, v, _u, _d in mb}
     trs = []
-    for label, va, unit in ma + [(lbl, None, u) for lbl, _v, u in mb if lbl not in {x[0] for x in ma}]:
+    for label, va, unit, better in ma + [(lbl, None, u, d) for lbl, _v, u, d in mb if lbl not in {x[0] for x in ma}]:
         vb = by_b.get(label)
         trs.append(f"<tr><th>{esc(label)}</th><td>{esc(unit)}</td><td class=\"num\">{esc(fmt(va, 3))}</td>"
-                   f"<td class=\"num\">{esc(fmt(vb, 3))}</td>{_delta_cells(va, vb)}</tr>")
+                   f"<td class=\"num\">{esc(fmt(vb, 3))}</td>{_delta_cells(va, vb, better)}</tr>")
     head = (f"<thead><tr><th>figure</th><th>unit</th><th>{esc(a.name)} (this run)</th><th>{esc(b.name)} (compared)"
             "</th><th>Δ</th><th>Δ%</th></tr></thead>")
     body = ('<div class="cols"><div>' + f'<table class="grid">{head}<tbody>{"".join(trs)}</tbody></table>'

@@ -379,3 +379,15 @@ def test_the_verdict_is_the_first_section_and_holds_the_figures(runs, tmp_path):
     assert "largest cause of delay (no request was late)" in text and "preemption 62%" in text
     assert ("preemption: 105.0 ms of the 168.2 ms of delay (62 %) over 4 attempts (none was late); "
             "unknown: prefill_interference, host_contention, client") in text
+
+
+def test_compare_colours_a_change_by_the_figures_direction():
+    """More goodput is better (green), a higher latency worse (red), more attempts sent neither: the
+    colour says better or worse, not up or down."""
+    from inferledger.report.compare import _delta_cells
+
+    assert _delta_cells(1.74, 1.0, "higher").count('class="num better"') == 2
+    assert _delta_cells(1.74, 1.0, "lower").count('class="num worse"') == 2
+    assert _delta_cells(80.0, 100.0, "lower").count('class="num better"') == 2
+    assert _delta_cells(120, 100, None) == '<td class="num ">+20.000</td><td class="num ">+20.0%</td>'
+    assert _delta_cells(None, 1.0, "higher") == "<td>—</td><td>—</td>"
