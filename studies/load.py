@@ -30,6 +30,9 @@ from inferledger.studies.real import LONG_MS, capture_run, workload
 
 MAX_NUM_SEQS = 8
 KNEE_GOOD_SHARE = 0.9  # the knee: the first rate at which fewer than 90 % of the requests are good
+# below this many attempts a point cannot tell 90 % good from not: one late request moves its good share
+# by more than 5 points, so the study says it cannot conclude rather than name a knee or its absence
+MIN_POINT_ATTEMPTS = 20
 # scale -> (multiples of the capacity, tasks per run, prompt tokens, output tokens)
 SCALES = {"default": ((0.25, 0.5, 1.0, 2.0, 4.0), 32, 64, 16),
           "tiny": ((0.5, 2.0), 4, 32, 4)}
@@ -101,7 +104,7 @@ SHARES = [f"{c}_share" for c in CAUSES]
 POINT_SQL = f"""
 WITH m AS (SELECT * FROM run_metrics),
 d AS (SELECT * FROM run_diagnosis ORDER BY scope = 'point' DESC LIMIT 1)
-SELECT m.offered_rps, m.attempted_rps, m.completed_rps, m.goodput_rps,
+SELECT m.offered_rps, m.attempted_rps, m.completed_rps, m.goodput_rps, (SELECT count(*) FROM attempts) AS n_attempts,
        m.n_good / (SELECT count(*) FROM attempts) AS good_share,
        m.mean_in_system AS little_l, m.attempted_rps * m.mean_time_in_system_s AS little_lambda_w, m.little_rel_err,
        (SELECT p50_ms FROM latency_percentiles WHERE source_column = 'request_metrics.ttft_client_ms') AS ttft_p50_ms,
@@ -110,9 +113,18 @@ SELECT m.offered_rps, m.attempted_rps, m.completed_rps, m.goodput_rps,
        d.first_cause, d.first_cause_share, d.evidence
 FROM m, d"""
 
-COLUMNS = ["run", "multiple", "offered_rps", "attempted_rps", "completed_rps", "goodput_rps", "good_share",
+COLUMNS = ["run", "multiple", "n_attempts", "offered_rps", "attempted_rps", "completed_rps", "goodput_rps", "good_share",
            "little_l", "little_lambda_w", "little_rel_err", "ttft_p50_ms", "e2e_p99_ms", "diagnosed", "n_diagnosed",
            *SHARES, "first_cause", "first_cause_share"]
+
+
+def _rates(p: dict) -> str:
+    """A point's offered rate, and the rate its attempts were actually sent at where that is known and
+    differs (a client that could not keep up, or few arrivals over a short window)."""
+    sent = p.get("attempted_rps")
+    if sent is None or f"{sent:.3g}" == f"{p['offered_rps']:.3g}":
+        return f"{p['offered_rps']:.3g} req/s"
+    return f"{p['offered_rps']:.3g} req/s offered ({sent:.3g} req/s attempted)"
 
 
 def explain(points: list[dict]) -> tuple[dict | None, str]:
@@ -124,10 +136,15 @@ def explain(points: list[dict]) -> tuple[dict | None, str]:
     # blip (the host stalled during that run), not the knee
     knee = next((p for i, p in enumerate(points) if all(below[i:])), None)
     at = knee or points[-1]
+    counts = [p["n_attempts"] for p in points if p.get("n_attempts") is not None]
+    if counts and min(counts) < MIN_POINT_ATTEMPTS:
+        few = min(points, key=lambda p: p.get("n_attempts") if p.get("n_attempts") is not None else 1 << 62)
+        return None, (f"no conclusion: too few requests ({few['n_attempts']} attempts at {_rates(few)}; at least "
+                      f"{MIN_POINT_ATTEMPTS} a point are needed to tell {KNEE_GOOD_SHARE:.0%} good from not)")
     if knee is None:
-        head = f"no knee up to {at['offered_rps']:.3g} req/s (every rate kept {KNEE_GOOD_SHARE:.0%} good)"
+        head = f"no knee up to {_rates(at)} (every rate kept {KNEE_GOOD_SHARE:.0%} good)"
     else:
-        head = f"knee at {at['offered_rps']:.3g} req/s ({at['multiple']:g} × capacity, {at['good_share']:.0%} good)"
+        head = f"knee at {_rates(at)} ({at['multiple']:g} × capacity, {at['good_share']:.0%} good)"
     if at["first_cause"] is None:
         cause = f"no measured delay at {at['offered_rps']:.3g} req/s ({at['evidence']})"
     else:

@@ -15,7 +15,7 @@ from inferledger.cli.app import app
 from inferledger.ledger.query import open_ledger
 from inferledger.probes.run_folder import StudyIndex
 from inferledger.probes.study_dir import read_comparison, run_dirs
-from inferledger.studies.load import CAUSES, explain
+from inferledger.studies.load import CAUSES, MIN_POINT_ATTEMPTS, explain
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +149,10 @@ def test_load_has_every_point_with_littles_law_and_names_the_knee_or_its_absence
             assert sum(known.values()) == pytest.approx(1.0)
             assert p["first_cause_share"] == max(known.values()) == known[p["first_cause"]]
     [knee] = comp["knee"]["rows"]
-    assert knee[5].startswith("knee at " if knee[0] is not None else "no knee up to ")
+    if min(p["n_attempts"] for p in key.values()) < MIN_POINT_ATTEMPTS:  # the tiny scale: too few to conclude
+        assert knee[0] is None and knee[5].startswith("no conclusion: too few requests (")
+    else:
+        assert knee[5].startswith("knee at " if knee[0] is not None else "no knee up to ")
     with open_ledger(out) as led:  # the study's cause is the ledger's: run_diagnosis at each point
         diag = dict(led.rows("SELECT run_id, first_cause FROM run_diagnosis WHERE scope = 'point'")[1])
     assert {f"load.{r}": key[r]["first_cause"] for r in ("x0.5", "x2")} == diag
@@ -181,6 +184,18 @@ def test_the_knee_is_where_the_good_share_stays_below_90_percent_and_its_cause_t
     _, busy = explain([_point("a", 1.0, 1.0, "host_contention", 0.55)])
     assert busy == ("no knee up to 1 req/s (every rate kept 90% good); largest cause at the highest rate: "
                     "host_contention (55% of the delay; ev a)")
+
+
+def test_a_point_of_too_few_requests_gives_no_conclusion_and_the_sent_rate_stands_beside_the_offered():
+    few = [dict(_point("a", 1.0, 1.0), n_attempts=40), dict(_point("b", 6.31, 1.0), n_attempts=4, attempted_rps=2.76)]
+    knee, sentence = explain(few)
+    assert knee is None
+    assert sentence == ("no conclusion: too few requests (4 attempts at 6.31 req/s offered (2.76 req/s attempted); "
+                        "at least 20 a point are needed to tell 90% good from not)")
+    enough = [dict(_point("a", 1.0, 1.0), n_attempts=40, attempted_rps=1.0),
+              dict(_point("b", 6.31, 0.5, "server_queue", 0.8), n_attempts=40, attempted_rps=2.76)]
+    knee, sentence = explain(enough)
+    assert knee["run"] == "b" and sentence.startswith("knee at 6.31 req/s offered (2.76 req/s attempted) (6.31 × ")
 
 
 def test_a_real_engine_study_refuses_an_unknown_scale_before_loading_anything(tmp_path):
