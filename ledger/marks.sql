@@ -113,6 +113,9 @@ WITH firsts AS (
     arg_max(usage_completion, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS n_tokens_usage,
     arg_max(usage_prompt, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS n_prompt_usage,
     max(value) FILTER (WHERE name = 'engine.enqueued') AS n_prompt_engine,
+    -- of those, the tokens its prefix cache served (engine.prefill attrs.cached_tokens): not computed
+    sum(TRY_CAST(json_extract_string(attrs, '$.cached_tokens') AS BIGINT)) FILTER (WHERE name = 'engine.prefill')
+      AS n_prompt_cached,
     arg_max(reason, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS client_finish_reason,
     count(*) FILTER (WHERE name = 'engine.preempted') AS preemptions,
     coalesce(sum(value) FILTER (WHERE name = 'engine.preempted'), 0) AS recomputed_tokens,

@@ -133,12 +133,9 @@ FROM reg, first WHERE registered
 
 PREDICTION_CHECK = """
 CREATE OR REPLACE TABLE prediction_check AS
-WITH cached AS (
-  SELECT attempt_id, sum(TRY_CAST(json_extract_string(attrs, '$.cached_tokens') AS BIGINT)) AS cached
-  FROM events WHERE name = 'engine.prefill' GROUP BY attempt_id),
-prompt AS (  -- the prompt tokens the engine computed: its own count less those its prefix cache served
-  SELECT attempt_id, (n_prompt_engine - coalesce(c.cached, 0))::BIGINT AS computed_tokens
-  FROM marks LEFT JOIN cached c USING (attempt_id) WHERE n_prompt_engine IS NOT NULL),
+WITH prompt AS (  -- the prompt tokens the engine computed: its own count less those its prefix cache served
+  SELECT attempt_id, (n_prompt_engine - coalesce(n_prompt_cached, 0))::BIGINT AS computed_tokens
+  FROM marks WHERE n_prompt_engine IS NOT NULL),
 matched AS (
   SELECT m.attempt_id, p.computed_tokens, m.ttft_server_ms, m.tpot_server_ms,
          -- the shape whose bound assumes the most computed tokens not above the attempt's (equal: the first listed)

@@ -100,15 +100,13 @@ WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), 
          -- prompt tokens: the engine's count, else the usage the client received (a black-box run)
          CASE WHEN (SELECT has_client FROM window_bounds)
               THEN sum_if_known(m.n_prompt_tokens, m.n_prompt_tokens) END AS prompt_tokens,
-         CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(m.n_prompt_engine, coalesce(p.cached, 0))
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(m.n_prompt_engine, coalesce(m.n_prompt_cached, 0))
               END AS prompt_tokens_cached,
          CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(m.n_prompt_engine, coalesce(p.computed, 0))
               END AS prefill_tokens_computed,
          count(*) AS n
   FROM attempts a JOIN marks m USING (attempt_id) LEFT JOIN (
-    SELECT attempt_id,
-           sum(TRY_CAST(json_extract_string(attrs, '$.cached_tokens') AS BIGINT)) FILTER (WHERE name = 'engine.prefill') AS cached,
-           sum(value) FILTER (WHERE name = 'engine.prefill') AS computed
+    SELECT attempt_id, sum(value) AS computed
     FROM ev WHERE name = 'engine.prefill' GROUP BY attempt_id) p USING (attempt_id)
   WHERE a.client_status = 'completed'
 )

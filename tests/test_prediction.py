@@ -492,9 +492,9 @@ def test_an_attempt_served_from_the_prefix_cache_is_held_to_the_bound_of_what_it
     con = duckdb.connect()
     con.execute((Path(__file__).resolve().parent.parent / "ledger" / "macros.sql").read_text())
     con.execute("SET VARIABLE run_id = 'r'")
-    con.execute("CREATE TABLE events AS SELECT * FROM (VALUES ('A1', 'engine.prefill', 16.0, '{\"cached_tokens\": 112}'),"
-                " ('A2', 'engine.prefill', 128.0, '{\"cached_tokens\": 0}')) t(attempt_id, name, value, attrs)")
-    con.execute("CREATE TABLE marks AS SELECT * FROM (VALUES ('A1', 128), ('A2', 128)) t(attempt_id, n_prompt_engine)")
+    # marks: the engine's prompt count and what its prefix cache served (engine.prefill attrs.cached_tokens)
+    con.execute("CREATE TABLE marks AS SELECT * FROM (VALUES ('A1', 128, 112), ('A2', 128, 0)) "
+                "t(attempt_id, n_prompt_engine, n_prompt_cached)")
     con.execute("CREATE TABLE request_metrics AS SELECT * FROM (VALUES ('A1', 5.0, 1.0), ('A2', 30.0, 1.0)) "
                 "t(attempt_id, ttft_server_ms, tpot_server_ms)")
     cols = ", ".join(f"NULL::DOUBLE AS {c}" for c in ("ttft_sustained_low_ms", "ttft_sustained_high_ms",
