@@ -197,15 +197,19 @@ def show(con: Console, renderable) -> None:
     if table_width(con) is not None:
         con.print(renderable)
     elif isinstance(renderable, Table):
-        width = Measurement.get(con, con.options.update(width=100_000), renderable).maximum
-        before = con.width
-        con.width = max(width, before)  # the same console (its file, its record), wide enough for the table
-        try:
-            con.print(renderable, crop=False)
-        finally:
-            con.width = before
+        _print_at(con, renderable, Measurement.get(con, con.options.update(width=100_000), renderable).maximum)
     else:
         con.print(renderable, soft_wrap=True)
+
+
+def _print_at(con: Console, renderable, width: int) -> None:
+    """Print on the same console (its file, its record), at least `width` columns wide, nothing cropped."""
+    before = con.width
+    con.width = max(width, before)
+    try:
+        con.print(renderable, crop=False)
+    finally:
+        con.width = before
 
 
 def _groups(widths: list[int], limit: int | None, keep_first: bool) -> list[list[int]]:
@@ -254,9 +258,7 @@ def print_rows(columns, rows, *, title: str | None = None, null: str = NULL_TEXT
         for row_cells, row in zip(cells, rows):
             table.add_row(*(Text(row_cells[j], style="dim" if row[j] is None else "") for j in group))
         if limit is None:  # piped: the table's own width, whatever the 80 columns rich assumes
-            wide = Console(file=con.file, width=max(sum(widths[j] + 3 for j in group) + 1, len(head or "")),
-                           color_system=con.color_system and "standard", highlight=False)
-            wide.print(table, crop=False)
+            _print_at(con, table, max(sum(widths[j] + 3 for j in group) + 1, len(head or "")))
         else:
             con.print(table)
 
