@@ -144,9 +144,10 @@ def test_openai_sdk_chat_and_completions_match_the_engine(stack):
     assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == ref_chat.text
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(stack.chat_ids), len(ref_chat.token_ids))
 
-    n_done = sum(r["name"] == "server.done" for r in list(stack.sink.rows))
+    aid = "sdk-streamed-chat"
     chunks = list(c.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=8, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_headers={"x-inferledger-attempt-id": aid}))
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == ref_chat.text
     assert chunks[-2].choices[0].finish_reason == ref_chat.finish_reason
@@ -154,15 +155,13 @@ def test_openai_sdk_chat_and_completions_match_the_engine(stack):
     assert len({ch.id for ch in chunks}) == 1
 
     # the streamed chat's evidence: server writes carry exactly the engine's tokens, role chunk first.
-    # server.done is logged after [DONE] reaches the socket, so the client can finish first: wait for it.
-    deadline = time.monotonic() + 120  # a bound for a loaded host, not a timing
-    while sum(r["name"] == "server.done" for r in list(stack.sink.rows)) <= n_done and time.monotonic() < deadline:
-        time.sleep(0.01)
-    aid = next(r["attempt_id"] for r in reversed(stack.sink.rows) if r["name"] == "server.done")
-    writes = [r for r in stack.events(aid) if r["name"] == "server.write"]
+    # wait for this attempt's own server.done: counting server.done rows raced the non-streamed chat's, which
+    # can be logged after its response reached the client.
+    events = stack.events_when_done(aid)
+    writes = [r for r in events if r["name"] == "server.write"]
     kinds = [json.loads(w["attrs"])["kinds"] for w in writes]
     assert kinds[0] == ["role"] and kinds[-2:] == [["usage"], ["done"]] and ["finish"] in kinds
-    engine_tokens = sum(r["value"] for r in stack.events(aid) if r["name"] == "engine.token")
+    engine_tokens = sum(r["value"] for r in events if r["name"] == "engine.token")
     assert sum(w["value"] for w in writes) == engine_tokens == len(ref_chat.token_ids)
 
 
