@@ -21,13 +21,15 @@
 -- @column done_since_reference_ms: as request_metrics.done_since_reference_ms
 -- @column client_queue_ms: the client's own queue (client_queue intervals); NULL without client events
 -- @column server_queue_ms: request_metrics.queue_ms; NULL without engine events
--- @column prefill_interference_ms: this attempt's decode steps' time charged to other attempts' prefill
---   tokens; NULL without steps, or when a span reported the engine side
+-- @column prefill_interference_ms: this attempt's decode steps' on-CPU time charged to other attempts'
+--   prefill tokens (their token shares of steps.cpu_ms; of the wall step where cpu_ms is unknown); NULL
+--   without steps, or when a span reported the engine side
 -- @column preemption_ms: its preempted and recompute intervals; NULL without engine events
 -- @column decode_stall_ms: engine gaps beyond twice the attempt's median gap, less what preemption,
 --   interference and contention explain (its most stalled choice's); NULL as prefill_interference_ms
--- @column host_contention_ms: Σ over the steps holding it of its share of the step × the step's
---   steps.contention_ms (time the step waited for a CPU); NULL when one step's contention is unknown
+-- @column host_contention_ms: Σ over the steps holding it of the step's steps.contention_ms (time the
+--   step waited for a CPU: every attempt in the step waited all of it); NULL when one step's contention
+--   is unknown
 -- @column transport_ms: ttft_client_ms − ttft_server_ms (at most e2e_client_ms − e2e_server_ms, the
 --   client's time outside the server's span), less client_ms, beyond the clock mappings' epsilon (≥ 0);
 --   NULL without both TTFTs and both E2Es
@@ -59,14 +61,22 @@ WITH base AS (
   SELECT attempt_id, sum(dur_ms) AS ms FROM intervals WHERE stream = 'client' AND name = 'client_queue' GROUP BY 1
 ), preempt AS (
   SELECT attempt_id, sum(dur_ms) AS ms FROM intervals WHERE stream = 'engine' AND name IN ('preempted', 'recompute') GROUP BY 1
-), interference AS (
-  -- time this attempt's decode steps spent on other attempts' prefill tokens
-  SELECT me.attempt_id, sum(o.share_ms) AS ms
+), step_cpu AS (  -- the fraction of each step the CPU worked on it: cpu_ms / step_ms (1 where unknown: wall)
+  SELECT step_id, contention_ms, coalesce(cpu_ms / nullif(step_ms, 0), 1.0) AS cpu_frac FROM steps
+), others_prefill AS (
+  -- per decode step of the attempt: the step's on-CPU time spent on other attempts' prefill tokens (their
+  -- token shares of cpu_ms; of the wall step where cpu_ms is unknown). The CPU wait is not theirs: it
+  -- is host_contention, whole
+  SELECT me.attempt_id, me.step_id, sum(o.share_ms * sc.cpu_frac) AS ms
   FROM step_attribution me JOIN step_attribution o ON o.step_id = me.step_id AND o.attempt_id <> me.attempt_id
-  WHERE me.kind = 'decode' AND o.kind = 'prefill' GROUP BY 1
-), held AS (  -- the CPU wait of each step holding the attempt, apportioned by its share of the step
-  SELECT sa.attempt_id, sa.step_id, sa.share_ms / nullif(sa.step_ms, 0) * st.contention_ms AS ms
-  FROM step_attribution sa JOIN steps st USING (step_id)
+  JOIN step_cpu sc ON sc.step_id = me.step_id
+  WHERE me.kind = 'decode' AND o.kind = 'prefill' GROUP BY 1, 2
+), interference AS (
+  SELECT attempt_id, sum(ms) AS ms FROM others_prefill GROUP BY 1
+), held AS (  -- the CPU wait of each step holding the attempt: the whole wait (every attempt in the step
+              -- waited it out), not a token share
+  SELECT sa.attempt_id, sa.step_id, sc.contention_ms AS ms
+  FROM step_attribution sa JOIN step_cpu sc USING (step_id)
 ), contention AS (  -- unknown (NULL) as soon as one of its steps' contention is unknown
   SELECT attempt_id, CASE WHEN count(*) = count(ms) THEN sum(ms) END AS ms FROM held GROUP BY 1
 ), tok_gaps AS (  -- engine gaps between consecutive tokens of one choice, with the step of the later token
@@ -81,9 +91,8 @@ WITH base AS (
          coalesce((SELECT sum(greatest(least(g.ts_ns, v.end_ns) - greatest(g.prev_ns, v.start_ns), 0)) / 1e6
                    FROM intervals v WHERE v.attempt_id = g.attempt_id AND v.stream = 'engine' AND v.clock = g.clock
                      AND v.name IN ('preempted', 'recompute')), 0)
-         + coalesce((SELECT sum(o.share_ms) FROM step_attribution me JOIN step_attribution o
-                       ON o.step_id = me.step_id AND o.attempt_id <> me.attempt_id AND o.kind = 'prefill'
-                     WHERE me.attempt_id = g.attempt_id AND me.step_id = g.step_id AND me.kind = 'decode'), 0)
+         + coalesce((SELECT sum(op.ms) FROM others_prefill op
+                     WHERE op.attempt_id = g.attempt_id AND op.step_id = g.step_id), 0)
          + coalesce((SELECT sum(h.ms) FROM held h WHERE h.attempt_id = g.attempt_id AND h.step_id = g.step_id), 0) AS ms
   FROM tok_gaps g
 ), stalls AS (

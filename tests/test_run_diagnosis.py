@@ -194,10 +194,11 @@ def test_a_declared_slo_threshold_makes_an_attempt_late_without_a_deadline(tmp_p
     assert (row["diagnosed"], row["n_late"], row["server_queue_share"]) == ("late", 1, pytest.approx(0.8))
 
 
-def test_host_contention_is_each_holding_steps_cpu_wait_by_the_attempts_share(tmp_path):
+def test_host_contention_is_each_holding_steps_whole_cpu_wait_and_interference_the_on_cpu_rest(tmp_path):
     """The steps record their CPU wait (step.end cpu_ns / wait_ns): step 1 (A1 alone, 10 ms) waited 2 ms,
-    step 2 (A1's decode beside B1's prefill, one token each, 20 ms) 5 ms. A1 held all of step 1 and half
-    of step 2: 2 + 2.5 = 4.5 ms of host contention, beside its 40 ms of queue and 10 ms of interference."""
+    step 2 (A1's decode beside B1's prefill, one token each, 20 ms) 5 ms. A1 waited out both waits whole:
+    2 + 5 = 7 ms of host contention. Of step 2's 15 ms on a CPU, B1's prefill took its token share, half:
+    7.5 ms of interference (the wait is not B1's). Beside its 40 ms of queue: 54.5 ms, as without waits."""
     waits = {1: (8_000_000, 2_000_000), 2: (15_000_000, 5_000_000)}
     events = [dict(e, attrs={"cpu_ns": waits[e["step_id"]][0], "wait_ns": waits[e["step_id"]][1]})
               if e["name"] == "step.end" else e for e in _queued_then_interfered()]
@@ -205,9 +206,24 @@ def test_host_contention_is_each_holding_steps_cpu_wait_by_the_attempts_share(tm
     assert con.execute("SELECT step_id, contention_ms, cpu_ms FROM step_model ORDER BY step_id").fetchall() == [
         (1, 2.0, 8.0), (2, 5.0, 15.0)]
     a1 = dict_rows(con, "SELECT * FROM attempt_causes WHERE attempt_id = 'A1'")[0]
-    assert a1["host_contention_ms"] == pytest.approx(4.5)
+    assert a1["host_contention_ms"] == pytest.approx(7.0)
+    assert a1["prefill_interference_ms"] == pytest.approx(7.5)
     row = _row(con)
     assert row["delay_ms"] == pytest.approx(54.5)
-    assert row["host_contention_share"] == pytest.approx(4.5 / 54.5)
+    assert row["host_contention_share"] == pytest.approx(7 / 54.5)
+    assert row["prefill_interference_share"] == pytest.approx(7.5 / 54.5)
     assert row["server_queue_share"] == pytest.approx(40 / 54.5)
     assert row["first_cause"] == "server_queue"
+
+
+def test_a_step_mostly_waiting_for_a_cpu_is_host_contention_not_interference(tmp_path):
+    """The busy-host case: step 2 (A1's decode beside B1's prefill, 20 ms) waited 16 ms for a CPU and ran 4.
+    A1's delay in it: the 16 ms wait (host contention) and B1's half of the 4 ms on a CPU (2 ms of
+    interference). Counted on wall time, interference would have been 10 ms and contention 8."""
+    waits = {1: (10_000_000, 0), 2: (4_000_000, 16_000_000)}
+    events = [dict(e, attrs={"cpu_ns": waits[e["step_id"]][0], "wait_ns": waits[e["step_id"]][1]})
+              if e["name"] == "step.end" else e for e in _queued_then_interfered()]
+    con = build_run(tmp_path / "r", events)
+    a1 = dict_rows(con, "SELECT host_contention_ms, prefill_interference_ms FROM attempt_causes "
+                        "WHERE attempt_id = 'A1'")[0]
+    assert a1 == {"host_contention_ms": pytest.approx(16.0), "prefill_interference_ms": pytest.approx(2.0)}
