@@ -35,7 +35,8 @@
 --   NULL without both TTFTs and both E2Es
 -- @column client_ms: the client's own event-loop lag while it held the attempt (samples
 --   client_loop_lag_ms, every wake traced), at most the TTFT difference transport_ms starts from; NULL when unknown
--- @column spec_rejected_ms: its decode step time × rejected drafted tokens / (drafted tokens + rounds);
+-- @column spec_rejected_ms: its decode steps' on-CPU time (share_ms × cpu_ms / step_ms; wall where cpu_ms
+--   is unknown) × rejected drafted tokens / (drafted tokens + rounds);
 --   0 without speculative rounds
 -- @column dominant_cause: its largest cause: server_queue, client_queue, prefill_interference,
 --   preemption, decode_stall, host_contention, transport, client, spec_rejected (prefill, decode where a
@@ -139,7 +140,9 @@ WITH base AS (
          CASE WHEN b.spec_rounds = 0 THEN 0.0 WHEN b.spec_rounds > 0 THEN
            -- the share of its decode step time spent verifying drafted tokens that were rejected: each
            -- round verifies its drafted tokens and one more
-           (SELECT sum(share_ms) FROM step_attribution sa WHERE sa.attempt_id = b.attempt_id AND sa.kind = 'decode')
+           -- (on-CPU time: the step's CPU wait is host_contention's)
+           (SELECT sum(sa.share_ms * sc.cpu_frac) FROM step_attribution sa JOIN step_cpu sc USING (step_id)
+            WHERE sa.attempt_id = b.attempt_id AND sa.kind = 'decode')
            * (b.spec_drafted_tokens - b.spec_accepted_tokens) / nullif(b.spec_drafted_tokens + b.spec_rounds, 0) END
            AS spec_rejected_ms
   FROM base b JOIN layers l USING (attempt_id) LEFT JOIN client_queue cq USING (attempt_id)

@@ -154,11 +154,9 @@ def _row_evidence(run) -> str:
         return con.execute("SELECT evidence FROM run_diagnosis WHERE scope = 'run'").fetchone()[0]
 
 
-def test_rejected_drafts_are_time_in_the_verify_step(tmp_path):
-    """A1 (deadline 20 ms): prefill 0 -> 10, then one speculative round (4 drafted, 1 accepted) verified in
-    step 2 (10 -> 30, 5 tokens: the drafts and one more). 3 of its 5 tokens were thrown away: 12 of 20 ms."""
+def _spec_round_events() -> list[dict]:
     eng, content = {"source": "engine"}, {"attrs": {"kinds": ["content"]}}
-    events = [
+    return [
         _e("task.start", 0, task="T1", attrs={"deadline_ms": 20}),
         _e("attempt.created", 0, "A1", task="T1"), _e("attempt.sent", 0, "A1", task="T1"),
         _e("engine.enqueued", 0, "A1", **eng), _e("engine.scheduled", 0, "A1", **eng),
@@ -174,7 +172,12 @@ def test_rejected_drafts_are_time_in_the_verify_step(tmp_path):
         _e("attempt.chunk", 31, "A1", task="T1", **content),
         _e("attempt.done", 31, "A1", task="T1", attrs={"finish_reason": "stop"}),
     ]
-    con = build_run(tmp_path / "r", events)
+
+
+def test_rejected_drafts_are_time_in_the_verify_step(tmp_path):
+    """A1 (deadline 20 ms): prefill 0 -> 10, then one speculative round (4 drafted, 1 accepted) verified in
+    step 2 (10 -> 30, 5 tokens: the drafts and one more). 3 of its 5 tokens were thrown away: 12 of 20 ms."""
+    con = build_run(tmp_path / "r", _spec_round_events())
     got = dict_rows(con, "SELECT spec_rejected_ms, transport_ms, dominant_cause FROM slo_misses")[0]
     # transport: client TTFT 11 − server TTFT 10 = 1 ms (client E2E 31 − server E2E 30 = 1 ms)
     assert got == {"spec_rejected_ms": pytest.approx(12.0), "transport_ms": pytest.approx(1.0),
@@ -182,6 +185,18 @@ def test_rejected_drafts_are_time_in_the_verify_step(tmp_path):
     row = _row(con)
     assert (row["first_cause"], row["spec_rejected_share"], row["transport_share"]) == \
         ("spec_rejected", pytest.approx(12 / 13), pytest.approx(1 / 13))
+
+
+def test_rejected_drafts_are_on_cpu_time_beside_the_steps_cpu_wait(tmp_path):
+    """The verify step of the case above (10 -> 30) waited 10 ms for a CPU and ran 10: the rejected drafts
+    took 3/5 of the 10 ms on a CPU (6 ms); the 10 ms wait is host contention, so the two never exceed the
+    step (counted on wall time, 12 + 10 would be 22 ms of a 20 ms step)."""
+    waits = {1: (10_000_000, 0), 2: (10_000_000, 10_000_000)}
+    events = [dict(e, attrs={"cpu_ns": waits[e["step_id"]][0], "wait_ns": waits[e["step_id"]][1]})
+              if e["name"] == "step.end" else e for e in _spec_round_events()]
+    con = build_run(tmp_path / "r", events)
+    got = dict_rows(con, "SELECT spec_rejected_ms, host_contention_ms FROM attempt_causes")[0]
+    assert got == {"spec_rejected_ms": pytest.approx(6.0), "host_contention_ms": pytest.approx(10.0)}
 
 
 def test_a_declared_slo_threshold_makes_an_attempt_late_without_a_deadline(tmp_path):
