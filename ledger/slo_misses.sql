@@ -30,11 +30,12 @@
 -- @column host_contention_ms: Σ over the steps holding it of the step's steps.contention_ms (time the
 --   step waited for a CPU: every attempt in the step waited all of it); NULL when one step's contention
 --   is unknown
--- @column transport_ms: ttft_client_ms − ttft_server_ms (at most e2e_client_ms − e2e_server_ms, the
---   client's time outside the server's span), less client_ms, beyond the clock mappings' epsilon (≥ 0);
---   NULL without both TTFTs and both E2Es
+-- @column transport_ms: ttft_client_ms − ttft_server_ms, at most what client_ms leaves of the client's
+--   time outside the server's span (e2e_client_ms − e2e_server_ms), beyond the clock mappings' epsilon
+--   (≥ 0); NULL without both TTFTs and both E2Es
 -- @column client_ms: the client's own event-loop lag while it held the attempt (samples
---   client_loop_lag_ms, every wake traced), at most the TTFT difference transport_ms starts from; NULL when unknown
+--   client_loop_lag_ms, every wake traced), at most the client's time outside the server's span
+--   (e2e_client_ms − e2e_server_ms: a late read of the first chunk or of the last); NULL when unknown
 -- @column spec_rejected_ms: its decode steps' on-CPU time (share_ms × cpu_ms / step_ms; wall where cpu_ms
 --   is unknown) × rejected drafted tokens / (drafted tokens + rounds);
 --   0 without speculative rounds
@@ -128,10 +129,13 @@ WITH base AS (
          CASE WHEN l.has_engine THEN coalesce(p.ms, 0) END AS preemption_ms,
          -- contention lives in the steps: without them it is unknown, never 0
          CASE WHEN l.has_steps AND b.cause_evidence IS DISTINCT FROM 'reported' THEN h.ms END AS host_contention_ms,
-         -- the client / server TTFT difference, at most the client's time outside the server's span (a
-         -- first chunk the server held back is not the link's): the client's own lag explains what it
-         -- can, the rest beyond the clock mappings' epsilon is transport
+         -- the client's time outside the server's span (client E2E − server E2E: before the server's
+         -- first event and after its last write); the client's own lag takes what it can of it, and the
+         -- link the client / server TTFT difference (a first chunk the server held back is not the
+         -- link's) of the rest, beyond the clock mappings' epsilon
          -- (least and greatest skip a NULL in DuckDB: every unknown is spelled out)
+         CASE WHEN b.e2e_client_ms IS NOT NULL AND b.e2e_server_ms IS NOT NULL
+              THEN greatest(b.e2e_client_ms - b.e2e_server_ms, 0) END AS outside_ms,
          CASE WHEN b.ttft_client_ms IS NOT NULL AND b.ttft_server_ms IS NOT NULL AND b.e2e_client_ms IS NOT NULL
                    AND b.e2e_server_ms IS NOT NULL
               THEN least(b.ttft_client_ms - b.ttft_server_ms, b.e2e_client_ms - b.e2e_server_ms) END AS link_ms,
@@ -149,10 +153,11 @@ WITH base AS (
   LEFT JOIN preempt p USING (attempt_id) LEFT JOIN interference f USING (attempt_id) LEFT JOIN stalls s USING (attempt_id)
   LEFT JOIN contention h USING (attempt_id) LEFT JOIN client_lag cl USING (attempt_id)
 ), linked AS (
-  SELECT *, CASE WHEN link_ms IS NOT NULL AND lag_ms IS NOT NULL THEN least(lag_ms, greatest(link_ms, 0)) END AS client_ms,
-         CASE WHEN link_ms IS NOT NULL AND lag_ms IS NOT NULL THEN greatest(link_ms - least(lag_ms, greatest(link_ms, 0)) - link_eps_ms, 0)
-              WHEN link_ms IS NOT NULL THEN greatest(link_ms - link_eps_ms, 0) END AS transport_ms
-  FROM causes
+  SELECT *, CASE WHEN link_ms IS NOT NULL AND lag_ms IS NOT NULL
+                 THEN greatest(least(link_ms, outside_ms - client_ms) - link_eps_ms, 0)
+                 WHEN link_ms IS NOT NULL THEN greatest(link_ms - link_eps_ms, 0) END AS transport_ms
+  FROM (SELECT *, CASE WHEN outside_ms IS NOT NULL AND lag_ms IS NOT NULL THEN least(lag_ms, outside_ms) END AS client_ms
+        FROM causes)
 )
 SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, late, missed, deadline_ms,
        done_since_reference_ms, client_queue_ms, server_queue_ms, prefill_interference_ms, preemption_ms, decode_stall_ms,

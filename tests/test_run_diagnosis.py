@@ -72,6 +72,17 @@ def test_shares_are_the_late_attempts_cause_times_in_ms(tmp_path):
     assert con.execute("SELECT dominant_cause FROM slo_misses").fetchall() == [("server_queue",)]
 
 
+def test_a_client_that_reads_the_last_chunk_late_is_client_time(tmp_path):
+    """The first chunk arrives on time (50 ms) but the client's loop is blocked 15 ms as the stream ends:
+    it reads the end at 90 ms, 20 ms after server.done. The lag lies in the client's time outside the
+    server's span (20 ms), so 15 ms is the client's; the TTFT difference is 0, so no transport."""
+    con = build_run(tmp_path / "r", _queued_then_interfered(chunk_ms=50, done_ms=90),
+                    samples=[(85, "client_loop_lag_ms", 15.0, "ms", None)],
+                    manifest={"client": {"loop_lag_trace_every": 1}})
+    got = dict_rows(con, "SELECT client_ms, transport_ms FROM slo_misses")[0]
+    assert got == {"client_ms": pytest.approx(15.0), "transport_ms": pytest.approx(0.0)}
+
+
 def test_no_late_attempt_diagnoses_every_attempt(tmp_path):
     events = [dict(e, attrs={"deadline_ms": 500}) if e["name"] == "task.start" else e for e in _queued_then_interfered()]
     con = build_run(tmp_path / "r", events)
