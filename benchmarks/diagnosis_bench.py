@@ -64,35 +64,34 @@ def _wl(name: str, classes: list[dict], max_tokens: int, arrivals_ms: list[float
 
 
 def server_queue(scale: str) -> Case:
-    n = 6 if scale == "tiny" else 12
+    n = 5 if scale == "tiny" else 12
     return Case("server_queue", _wl("queue", [{"name": "q", "prompt_tokens": 32}], 16, arrivals_ms=[0.0] * n), 1)
 
 
 def prefill_interference(scale: str) -> Case:
-    # decoders (32-token prompts, long outputs) and long prompts alternate in task order (equal weights);
-    # the decoders start together, each long prompt lands while they decode
+    # decoders (32-token prompts, long outputs) and long prompts alternate in task order (equal weights):
+    # decoder i arrives once long prompt i−1's prefill is done (so it does not queue behind it), long
+    # prompt i 100 ms after it; each decoder then decodes through every later long prompt's prefill
     pairs = 3 if scale == "tiny" else 5
-    long_tokens = 640 if scale == "tiny" else 960
-    arrivals, t = [], 0.0
-    for i in range(pairs):
-        arrivals += [t, t + 150.0]
-        t += 160.0
-    classes = [{"name": "decoder", "prompt_tokens": 32, "max_tokens": 96 if scale == "tiny" else 160},
+    long_tokens, spacing_ms = (512, 450.0) if scale == "tiny" else (960, 800.0)
+    arrivals = [t for i in range(pairs) for t in (i * spacing_ms, i * spacing_ms + 100.0)]
+    classes = [{"name": "decoder", "prompt_tokens": 32, "max_tokens": 80 if scale == "tiny" else 160},
                {"name": "long", "prompt_tokens": long_tokens, "max_tokens": 2}]
     return Case("prefill_interference", _wl("interference", classes, 96, arrivals_ms=arrivals), 16,
                 {"chunked_prefill": False, "max_num_batched_tokens": 2048, "enable_prefix_caching": False})
 
 
 def preemption(scale: str) -> Case:
-    # 4 requests of 32 prompt + 96 output tokens need 4 x 8 blocks of 16; the pool holds 14
-    n = 4 if scale == "tiny" else 6
-    return Case("preemption", _wl("preemption", [{"name": "p", "prompt_tokens": 32}], 96, arrivals_ms=[0.0] * n), n,
-                {"num_blocks": 14 if scale == "tiny" else 18, "enable_prefix_caching": False})
+    # tiny: 4 requests of 32 prompt + 64 output tokens need 4 x 6 blocks of 16; the pool holds 10
+    # (default: 6 x (32 + 96) tokens, 6 x 8 blocks, in 18)
+    n, out, blocks = (4, 64, 10) if scale == "tiny" else (6, 96, 18)
+    return Case("preemption", _wl("preemption", [{"name": "p", "prompt_tokens": 32}], out, arrivals_ms=[0.0] * n), n,
+                {"num_blocks": blocks, "enable_prefix_caching": False})
 
 
 def host_contention(scale: str) -> Case:
-    n = 4 if scale == "tiny" else 8
-    wl = _wl("contention", [{"name": "c", "prompt_tokens": 32}], 32,
+    n, out = (2, 16) if scale == "tiny" else (8, 32)
+    wl = _wl("contention", [{"name": "c", "prompt_tokens": 32}], out,
              arrivals={"process": "closed", "concurrency": 1, "n_tasks": n})
     return Case("host_contention", wl, 1, co_tenants=os.cpu_count() or 2)
 
@@ -105,8 +104,8 @@ def client(scale: str) -> Case:
 
 
 def spec_rejected(scale: str) -> Case:
-    n = 3 if scale == "tiny" else 6
-    wl = _wl("spec", [{"name": "s", "prompt_tokens": 40}], 48,
+    n, out = (2, 32) if scale == "tiny" else (6, 48)
+    wl = _wl("spec", [{"name": "s", "prompt_tokens": 40}], out,
              arrivals={"process": "closed", "concurrency": 1, "n_tasks": n})
     return Case("spec_rejected", wl, 1, {"speculative": {"method": "prompt_lookup", "k": 8, "ngram_min": 1}})
 

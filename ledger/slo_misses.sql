@@ -21,9 +21,9 @@
 -- @column done_since_reference_ms: as request_metrics.done_since_reference_ms
 -- @column client_queue_ms: the client's own queue (client_queue intervals); NULL without client events
 -- @column server_queue_ms: request_metrics.queue_ms; NULL without engine events
--- @column prefill_interference_ms: this attempt's decode steps' on-CPU time charged to other attempts'
---   prefill tokens (their token shares of steps.cpu_ms; of the wall step where cpu_ms is unknown); NULL
---   without steps, or when a span reported the engine side
+-- @column prefill_interference_ms: the on-CPU time of the steps holding this attempt (its prefill and
+--   decode steps) charged to other attempts' prefill tokens (their token shares of steps.cpu_ms; of the
+--   wall step where cpu_ms is unknown); NULL without steps, or when a span reported the engine side
 -- @column preemption_ms: its preempted and recompute intervals; NULL without engine events
 -- @column decode_stall_ms: engine gaps beyond twice the attempt's median gap, less what preemption,
 --   interference and contention explain (its most stalled choice's); NULL as prefill_interference_ms
@@ -66,13 +66,14 @@ WITH base AS (
 ), step_cpu AS (  -- the fraction of each step the CPU worked on it: cpu_ms / step_ms (1 where unknown: wall)
   SELECT step_id, contention_ms, coalesce(cpu_ms / nullif(step_ms, 0), 1.0) AS cpu_frac FROM steps
 ), others_prefill AS (
-  -- per decode step of the attempt: the step's on-CPU time spent on other attempts' prefill tokens (their
-  -- token shares of cpu_ms; of the wall step where cpu_ms is unknown). The CPU wait is not theirs: it
-  -- is host_contention, whole
+  -- per step holding the attempt (its decode steps, and its own prefill step when other prompts were
+  -- prefilled beside it): the step's on-CPU time spent on other attempts' prefill tokens (their token
+  -- shares of cpu_ms; of the wall step where cpu_ms is unknown). The CPU wait is not theirs: it is
+  -- host_contention, whole
   SELECT me.attempt_id, me.step_id, sum(o.share_ms * sc.cpu_frac) AS ms
   FROM step_attribution me JOIN step_attribution o ON o.step_id = me.step_id AND o.attempt_id <> me.attempt_id
   JOIN step_cpu sc ON sc.step_id = me.step_id
-  WHERE me.kind = 'decode' AND o.kind = 'prefill' GROUP BY 1, 2
+  WHERE o.kind = 'prefill' GROUP BY 1, 2
 ), interference AS (
   SELECT attempt_id, sum(ms) AS ms FROM others_prefill GROUP BY 1
 ), held AS (  -- the CPU wait of each step holding the attempt: the whole wait (every attempt in the step

@@ -83,6 +83,25 @@ def test_a_client_that_reads_the_last_chunk_late_is_client_time(tmp_path):
     assert got == {"client_ms": pytest.approx(15.0), "transport_ms": pytest.approx(0.0)}
 
 
+def test_a_short_prompt_prefilled_beside_a_long_one_waits_for_its_work(tmp_path):
+    """One step (0 -> 40 ms) prefills A1's 1 prompt token beside B1's 3: A1's first token waited for B1's
+    work, 3/4 of the step: 30 ms of interference. B1's share of A1's prefill (1/4: 10 ms) is the same
+    for B1; A1's own token is never a cause."""
+    eng = {"source": "engine"}
+    events = [
+        _e("engine.enqueued", 0, "A1", **eng), _e("engine.enqueued", 0, "B1", **eng),
+        _e("engine.scheduled", 0, "A1", **eng), _e("engine.scheduled", 0, "B1", **eng),
+        _e("step.start", 0, step_id=1, source="engine", attrs={"batch": [["A1", "prefill", 1], ["B1", "prefill", 3]]}),
+        _e("step.end", 40, step_id=1, source="engine", value=4),
+        _e("engine.token", 40, "A1", step_id=1, value=1, **eng), _e("engine.token", 40, "B1", step_id=1, value=1, **eng),
+        _e("engine.finished", 40, "A1", value=1, attrs={"reason": "length"}, **eng),
+        _e("engine.finished", 40, "B1", value=1, attrs={"reason": "length"}, **eng),
+    ]
+    con = build_run(tmp_path / "r", events)
+    assert con.execute("SELECT attempt_id, prefill_interference_ms FROM attempt_causes ORDER BY 1").fetchall() == [
+        ("A1", pytest.approx(30.0)), ("B1", pytest.approx(10.0))]
+
+
 def test_no_late_attempt_diagnoses_every_attempt(tmp_path):
     events = [dict(e, attrs={"deadline_ms": 500}) if e["name"] == "task.start" else e for e in _queued_then_interfered()]
     con = build_run(tmp_path / "r", events)
