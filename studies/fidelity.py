@@ -28,7 +28,7 @@ from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
 from inferledger.collectors.sim.step_time import FittedStepModel
 from inferledger.collectors.workload import Workload
 from inferledger.engine.params import EngineConfig
-from inferledger.ledger.query import Ledger, open_ledger
+from inferledger.ledger.query import Ledger, open_ledger, resolve_runs
 from inferledger.ledger.step_fit import run_fit
 from inferledger.probes.run_folder import Manifest
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
@@ -44,7 +44,7 @@ FIGURE_COLUMNS = ("ttft_server_ms", "tpot_server_ms", "e2e_server_ms")
 SCALES = {"default": ((((40, 24), (128, 12), (384, 8)), 18, 0.5, 3), (((64, 16), (256, 16)), 14, 0.4, 11)),
           "tiny": ((((40, 6), (96, 3)), 6, 8.0, 3), (((48, 4),), 3, 4.0, 11))}
 FIT, REAL = 0, 1
-# how each attempt of run real is replayed (the sim's manifest `replay` block counts them)
+# how each attempt of run real is replayed (the sim's manifest `workload.replay` counts them)
 WHOLE, UNTIL_CANCEL = "whole", "until_cancel"
 
 
@@ -153,9 +153,9 @@ def _simulate(run_dir: Path, run_id: str, bundle) -> None:
              step_model=FittedStepModel(fit, manifest.model_shape()),
              model=DeclaredModel(manifest.block("model").get("name") or "bundled", bundle.config, bundle.dtype),
              run_id=run_id, workload="the attempts of run real, as its engine received them")
-    # what was replayed of run real, declared beside the run (the study's replay table reads it)
+    # what was replayed of run real, declared beside the plan (the study's replay table reads it)
     sim = Manifest.read(run_dir)
-    sim.body["replay"] = {"of_run": "real", "attempts": len(attempts),
+    sim.body["workload"]["replay"] = {"of_run": "real", "attempts": len(attempts),
                           WHOLE: sum(a["replay"] == WHOLE for a in done),
                           UNTIL_CANCEL: sum(a["replay"] == UNTIL_CANCEL for a in done),
                           "not_replayed": left}
@@ -232,7 +232,7 @@ def contention_sentence(c: dict) -> str:
 
 def compare(runs: StudyRuns) -> list[Table]:
     ids = [runs.one(n, "SELECT DISTINCT run_id FROM attempts")["run_id"] for n in ("real", "sim")]
-    with Ledger([(n, runs.dirs[n]) for n in ("real", "sim")]) as both:
+    with Ledger([(n, path) for n in ("real", "sim") for _, path in resolve_runs(runs.dirs[n])]) as both:
         cols, rows = both.rows(_figures_sql(), ids)
         f = dict(zip(cols, rows[0]))
         cols, rows = both.rows(_paired_sql() + " ORDER BY 1", ids)
@@ -244,7 +244,7 @@ def compare(runs: StudyRuns) -> list[Table]:
                     None if target is None or err is None else abs(err) <= target, f[f"n_{i}"], f[f"n_real_{i}"],
                     f[f"n_sim_{i}"]])
     sim_manifest = runs.manifest("sim")
-    replay = sim_manifest["replay"]
+    replay = sim_manifest["workload"]["replay"]
     how = {a["attempt_id"]: WHOLE if a["cancel_at_ms"] is None else UNTIL_CANCEL
            for a in sim_manifest["workload"]["plan"]}
     how.update({a["attempt_id"]: f"not replayed: {a['why']}" for a in replay["not_replayed"]})
