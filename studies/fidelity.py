@@ -7,7 +7,8 @@ contention-free time, with the host time between steps as a second term). `real`
 workload under test (`--workload W.toml`, else the study's own second mix), retries, timeouts and
 cancellations included. `sim`: the attempts of `real` on the simulated clock, keyed on `attempt_id`: each
 attempt that reached the engine arrives when it reached it (a retry is its own attempt with its own
-arrival), with its prompt length and the output the engine gave it; an attempt the engine saw cancelled
+arrival), with its prompt length (sharing the blocks the real prefix cache served it) and the output the
+engine gave it; an attempt the engine saw cancelled
 is aborted in the simulation when the real engine learned of the cancellation (engine.cancel_received),
 whatever the simulated attempt had produced by then. The simulation is the real scheduler and block
 manager with the bundled model's shape declared, each step lasting what the fit predicts for its work
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from inferledger.collectors.sim.declared import DeclaredModel
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
+from inferledger.collectors.sim.runner import emitted_token
 from inferledger.collectors.sim.step_time import FittedStepModel
 from inferledger.collectors.workload import Workload
 from inferledger.engine.params import EngineConfig
@@ -129,27 +131,71 @@ def replay_plan(attempts: list[dict]) -> tuple[list[dict], list[dict]]:
     return done, left
 
 
+# the real engine's block traffic: which attempt filled each block (kv.alloc), which cached blocks each attempt's
+# prompt reused (kv.prefix_hit), in the order they happened
+KV_SQL = """SELECT attempt_id, name, json_extract(attrs, '$.blocks')::BIGINT[] AS blocks FROM events
+WHERE name IN ('kv.alloc', 'kv.prefix_hit') AND attempt_id IS NOT NULL ORDER BY ts_ns, seq"""
+
+
+def prefix_sources(kv: list[tuple]) -> dict[str, tuple[str, int]]:
+    """attempt_id -> (the attempt whose prompt and output it shared, the blocks shared): at an attempt's first
+    prefix-cache hit, its k reused blocks are its first k, and the chained block hash makes them the first k
+    of the attempt that last allocated the k-th of them (a reallocated block loses its hash)."""
+    filled: dict[int, str] = {}
+    sources: dict[str, tuple[str, int]] = {}
+    for attempt, name, blocks in kv:
+        if name == "kv.alloc":
+            filled.update((b, attempt) for b in blocks or [])
+        elif blocks and attempt not in sources and filled.get(blocks[-1], attempt) != attempt:
+            sources[attempt] = (filled[blocks[-1]], len(blocks))
+    return sources
+
+
+def replay_prompts(done: list[dict], sources: dict[str, tuple[str, int]], block_size: int, vocab: int,
+                   eos_ids) -> dict[str, tuple[int, ...]]:
+    """attempt_id -> its simulated prompt, the attempts taken in arrival order. The attempts of one request
+    replay one prompt (a retry resends its request's). An attempt whose prompt hit k cached blocks in the real
+    run begins with the first k blocks of its source's simulated sequence (prompt, then the tokens the
+    simulation emits: a session's next turn reuses the last one's answer), so the simulated cache can serve
+    them too; the rest of every prompt shares no block with another request's."""
+    index = {rid: i for i, rid in enumerate(dict.fromkeys(a["request_id"] for a in done))}
+    by_request: dict[str, tuple[int, ...]] = {}
+    sequences: dict[str, tuple[int, ...]] = {}
+    prompts: dict[str, tuple[int, ...]] = {}
+    for a in done:
+        n = a["prompt_tokens"]
+        prompt = by_request.get(a["request_id"])
+        if prompt is None or len(prompt) != n:
+            prompt = distinct_prompt(index[a["request_id"]], n, vocab)
+            source, blocks = sources.get(a["attempt_id"], (None, 0))
+            shared = sequences.get(source, ())[:min(blocks * block_size, n)]
+            prompt = shared + prompt[len(shared):]
+            by_request.setdefault(a["request_id"], prompt)
+        prompts[a["attempt_id"]] = prompt
+        output = tuple(emitted_token(n - 1 + j, vocab, eos_ids) for j in range(a["tokens"]))
+        sequences[a["attempt_id"]] = prompt + output
+    return prompts
+
+
 def _simulate(run_dir: Path, run_id: str, bundle) -> None:
     runs_dir = run_dir.parent
     fit = run_fit(runs_dir / "fit")
     fit.trained_on = "run fit"
     with open_ledger(runs_dir / "real") as led:
         cols, rows = led.rows(ATTEMPTS_SQL)
-    attempts = [dict(zip(cols, r)) for r in rows]
-    done, left = replay_plan(attempts)
-    if not done:
-        raise StudyError("run real: no attempt reached the engine, nothing to simulate")
-    # one prompt per request: a retry sends its request's prompt again (a prefix-cache hit where the engine
-    # still holds it); prompts of different requests share no block
-    index = {rid: i for i, rid in enumerate(dict.fromkeys(a["request_id"] for a in done))}
-    vocab = bundle.config.shape.vocab
-    requests = [SimRequest(a["request_id"], a["arrival_ms"], distinct_prompt(index[a["request_id"]],
-                                                                             a["prompt_tokens"], vocab),
-                           a["tokens"], cancel_at_ms=a["cancel_at_ms"], attempt_id=a["attempt_id"])
-                for a in done]
+        attempts = [dict(zip(cols, r)) for r in rows]
+        done, left = replay_plan(attempts)
+        if not done:
+            raise StudyError("run real: no attempt reached the engine, nothing to simulate")
+        sources = prefix_sources(led.rows(KV_SQL)[1])
     manifest = Manifest.read(runs_dir / "real")
     cfg = {k: v for k, v in manifest.block("engine_config").items() if k in EngineConfig.__dataclass_fields__}
-    simulate(run_dir, requests, engine_config=EngineConfig(**cfg),
+    config = EngineConfig(**cfg)
+    prompts = replay_prompts(done, sources, config.block_size, bundle.config.shape.vocab,
+                             set(bundle.config.eos_ids or []))
+    requests = [SimRequest(a["request_id"], a["arrival_ms"], prompts[a["attempt_id"]], a["tokens"],
+                           cancel_at_ms=a["cancel_at_ms"], attempt_id=a["attempt_id"]) for a in done]
+    simulate(run_dir, requests, engine_config=config,
              step_model=FittedStepModel(fit, manifest.model_shape()),
              model=DeclaredModel(manifest.block("model").get("name") or "bundled", bundle.config, bundle.dtype),
              run_id=run_id, workload="the attempts of run real, as its engine received them")
@@ -271,14 +317,16 @@ def compare(runs: StudyRuns) -> list[Table]:
                    "n_sim"],
                   key, "real_ms / sim_ms: the quantile of request_metrics.<column> over the attempts both engines "
                        "completed (n; n_real / n_sim: each run's completed attempts with the figure); error_ratio "
-                       f"= (sim − real) / real; met: |error_ratio| <= target_ratio. {contention_sentence(real_contention)}; "
+                       "= (sim − real) / real; met: |error_ratio| <= target_ratio. "
+                       f"{contention_sentence(real_contention)}; "
                        f"replayed {replay[WHOLE] + replay[UNTIL_CANCEL]} of run real's {replay['attempts']} attempts "
                        f"({replay[UNTIL_CANCEL]} until their cancellation, {len(replay['not_replayed'])} not: the "
                        "replay table)"),
             Table("replay", "what the simulation replayed of run real's attempts (keyed on attempt_id)",
                   ["replay", "n_attempts", "what"], replay_rows,
                   "every attempt of run real is replayed whole, until its cancellation, or named here with why not; "
-                  "prompts of different requests share no block in the simulation (a retry resends its own)"),
+                  "a retry resends its request's prompt, and a prompt shares the blocks the real prefix cache "
+                  "served it with the attempt that filled them, nothing else"),
             Table("attempts", "each attempt of the workload under test, real and simulated, paired on attempt_id",
                   ["attempt_id", "request_id", "attempt_index", "real_status", "sim_status", "replay",
                    "ttft_real_ms", "ttft_sim_ms", "ttft_error_ratio", "tpot_real_ms", "tpot_sim_ms",
