@@ -290,7 +290,10 @@ def compare(runs: StudyRuns) -> list[Table]:
                     None if target is None or err is None else abs(err) <= target, f[f"n_{i}"], f[f"n_real_{i}"],
                     f[f"n_sim_{i}"]])
     sim_manifest = runs.manifest("sim")
-    replay = sim_manifest["workload"]["replay"]
+    replay = sim_manifest["workload"].get("replay")
+    if replay is None:
+        raise StudyError("run sim: its manifest says nothing of what it replayed (workload.replay): a simulation "
+                         "of requests, not attempts, by an older version; run the study again to compare")
     how = {a["attempt_id"]: WHOLE if a["cancel_at_ms"] is None else UNTIL_CANCEL
            for a in sim_manifest["workload"]["plan"]}
     how.update({a["attempt_id"]: f"not replayed: {a['why']}" for a in replay["not_replayed"]})
