@@ -315,6 +315,9 @@ def test_fidelity_refuses_a_bad_workload_file_by_file_and_key_before_loading_any
     res = CliRunner().invoke(app, ["study", "load", "-o", str(tmp_path / "s"), "--workload", str(bad)])
     assert res.exit_code == 2 and "--workload: study load takes no workload file" in res.output
     assert not (tmp_path / "s").exists()
+    (tmp_path / "a-file").write_text("")  # the output is checked first
+    res = CliRunner().invoke(app, ["study", "fidelity", "-o", str(tmp_path / "a-file"), "--workload", str(bad)])
+    assert res.exit_code == 2 and "--out" in res.output and "backof_ms" not in res.output, res.output
 
 
 def test_the_fitted_step_model_adds_the_host_gap_to_the_predicted_step():
