@@ -1,4 +1,4 @@
-"""The simulated clock against the real engine: TPOT p50 within 5 %, TTFT p50 within 10 %, E2E p99 within 15 %.
+"""The simulated clock against the real engine: TPOT p50 within 5 %, TTFT p50 within 10 %, E2E p99 within 10 %.
 
     python benchmarks/study_fidelity.py [--scale default] [--out DIR]
 

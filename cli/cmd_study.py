@@ -20,6 +20,9 @@ def study_cmd(
                                      "section,row,column,value); the folder keeps the key table as comparison.csv."),
     sets: Optional[List[str]] = typer.Option(None, "--set", help="key=value: one of the study's options "
                                              "(repeatable; docs/STUDIES.md lists each study's)."),
+    workload: Optional[Path] = typer.Option(None, "--workload", help="A workload file (capture's TOML format) "
+                                            "for a study that takes one (fidelity: the workload replayed on the "
+                                            "simulated clock); the same as --set workload=FILE."),
 ) -> None:
     """Run one of the book's experiments: a set of runs that differ in one knob, then one comparison.
 
@@ -32,6 +35,7 @@ def study_cmd(
 
     Example: [cyan]inferledger study schedule-book -o runs/book && inferledger report runs/book[/]
     Example: [cyan]inferledger study load -o runs/load[/] (the knee and its first cause)
+    Example: [cyan]inferledger study fidelity --workload samples/workloads/cpu_mixed.toml -o runs/fid[/]
     """
 
     from inferledger.cli.output import console, echo_sections, fail, print_rows
@@ -44,7 +48,10 @@ def study_cmd(
 
     try:
         study = get_study(name)
-        options = parse_sets(study, sets or [])
+        if workload is not None and "workload" not in study.options:
+            raise StudyError(f"--workload: study {name} takes no workload file (its options: "
+                             f"{', '.join(sorted(study.options)) or 'none'})")
+        options = parse_sets(study, [*(sets or []), *([f"workload={workload}"] if workload is not None else [])])
         target = out or Path("runs") / f"study-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         def done(run: str, i: int, n: int, seconds: float, summary) -> None:
             if fmt == OutputFormat.table:

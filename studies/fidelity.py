@@ -1,14 +1,23 @@
 """fidelity: how close the simulated clock comes to the real engine on a workload it was not fitted on.
 
-Three runs. `fit`: a real capture of one workload (a mix of prompt lengths and batch sizes), whose steps train
-a step fit (costmodel.fit.StepFit over the ledger's step_model: its work at the run's measured rates, α and a
-compute efficiency fitted, with the host time between steps as a second term). `real`: a real capture of a
-*different* workload (other prompt lengths, outputs, arrival rate and seed). `sim`: the same requests as
-`real` (each one's arrival at the engine, prompt tokens and output tokens, read from that run's ledger) on the
-simulated clock: the real scheduler and block manager with the bundled model's shape declared, each step
-lasting what the fit predicts for its work (collectors/sim/step_time.FittedStepModel). The knob is the clock:
-real or simulated. The comparison holds the simulated TTFT, TPOT and E2E against the real ones, per request
-and at p50 / p99 (latency_percentiles, server and engine layers), beside the targets.
+Three runs. `fit`: a real capture of the calibration workload (`--set calibration=W2.toml`, else the
+study's own mix of prompt lengths and batch sizes), whose steps train a step fit (costmodel.fit.StepFit
+over the ledger's step_model: its work at the run's measured rates, α and a compute efficiency fitted on
+contention-free time, with the host time between steps as a second term). `real`: a real capture of the
+workload under test (`--workload W.toml`, else the study's own second mix), retries, timeouts and
+cancellations included. `sim`: the attempts of `real` on the simulated clock, keyed on `attempt_id`: each
+attempt that reached the engine arrives when it reached it (a retry is its own attempt with its own
+arrival), with its prompt length (sharing the blocks the real prefix cache served it) and the output the
+engine gave it; an attempt the engine saw cancelled
+is aborted in the simulation when the real engine learned of the cancellation (engine.cancel_received),
+whatever the simulated attempt had produced by then. The simulation is the real scheduler and block
+manager with the bundled model's shape declared, each step lasting what the fit predicts for its work
+(collectors/sim/step_time.FittedStepModel). The knob is the clock: real or simulated.
+
+The comparison pairs the two runs' attempts on attempt_id and holds the server layer of request_metrics
+(ttft_server_ms, tpot_server_ms, e2e_server_ms) of the attempts both engines completed, at p50 / p99,
+against the targets; it says what was replayed and what was not, and how much of `real`'s step time was
+spent waiting for a CPU (step_model.contention_ms), since the fit and the real run share the host.
 """
 from __future__ import annotations
 
@@ -17,22 +26,28 @@ from pathlib import Path
 
 from inferledger.collectors.sim.declared import DeclaredModel
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
+from inferledger.collectors.sim.runner import emitted_token
 from inferledger.collectors.sim.step_time import FittedStepModel
-from inferledger.probes.run_folder import Manifest
+from inferledger.collectors.workload import Workload
 from inferledger.engine.params import EngineConfig
-from inferledger.ledger.query import open_ledger
+from inferledger.ledger.query import Ledger, open_ledger, resolve_runs
 from inferledger.ledger.step_fit import run_fit
+from inferledger.probes.run_folder import Manifest
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
 from inferledger.studies.real import capture_run, workload
 
 MAX_NUM_SEQS = 8
-# figure -> (latency_percentiles metric, request_metrics column, statistic, target: |sim − real| / real at most)
-TARGETS = (("TPOT", "tpot_server_ms", "p50", 0.05), ("TTFT", "ttft_server_ms", "p50", 0.10),
-           ("E2E", "e2e_server_ms", "p99", 0.15), ("TTFT", "ttft_server_ms", "p99", None),
-           ("TPOT", "tpot_server_ms", "p99", None), ("E2E", "e2e_server_ms", "p50", None))
+# figure -> (request_metrics column, quantile, target: |sim − real| / real at most; None: shown, not judged)
+TARGETS = (("TPOT p50", "tpot_server_ms", 0.5, 0.05), ("TTFT p50", "ttft_server_ms", 0.5, 0.10),
+           ("E2E p99", "e2e_server_ms", 0.99, 0.10), ("TTFT p99", "ttft_server_ms", 0.99, None),
+           ("TPOT p99", "tpot_server_ms", 0.99, None), ("E2E p50", "e2e_server_ms", 0.5, None))
+FIGURE_COLUMNS = ("ttft_server_ms", "tpot_server_ms", "e2e_server_ms")
 # scale -> (fit workload, test workload): (classes as (prompt tokens, output tokens), tasks, rate req/s, seed)
 SCALES = {"default": ((((40, 24), (128, 12), (384, 8)), 18, 0.5, 3), (((64, 16), (256, 16)), 14, 0.4, 11)),
           "tiny": ((((40, 6), (96, 3)), 6, 8.0, 3), (((48, 4),), 3, 4.0, 11))}
+FIT, REAL = 0, 1
+# how each attempt of run real is replayed (the sim's manifest `workload.replay` counts them)
+WHOLE, UNTIL_CANCEL = "whole", "until_cancel"
 
 
 def shape(options: dict) -> tuple:
@@ -41,26 +56,125 @@ def shape(options: dict) -> tuple:
     return SCALES[options["scale"]]
 
 
-def _workload(name: str, spec: tuple):
-    classes, n, rate, seed = spec
-    return workload(name, [{"name": f"p{p}", "prompt_tokens": p, "max_tokens": o} for p, o in classes],
+def _given(options: dict, which: int) -> tuple[str, str]:
+    """(the flag, the workload file) of the fit or the real run; the file is '' for the study's own mix."""
+    return ("--set calibration", options["calibration"]) if which == FIT else ("--workload", options["workload"])
+
+
+def _load(options: dict, which: int) -> Workload:
+    """The workload of the fit or the real run: the file given (checked as `capture` checks it: exit 2
+    naming the file and key, before any model is loaded), else the study's own mix at its scale."""
+    flag, path = _given(options, which)
+    if path:
+        try:
+            return Workload.load(path)
+        except ValueError as exc:
+            raise StudyError(f"{flag}: {exc}") from None
+    classes, n, rate, seed = shape(options)[which]
+    return workload(f"fidelity-{'fit' if which == FIT else 'test'}",
+                    [{"name": f"p{p}", "prompt_tokens": p, "max_tokens": o} for p, o in classes],
                     max_tokens=max(o for _, o in classes), seed=seed,
                     arrivals={"process": "poisson", "rate_rps": rate, "n_tasks": n})
 
 
 def _capture(options: dict, which: int, run_dir: Path, run_id: str, bundle) -> None:
-    capture_run(run_dir, run_id, _workload(f"fidelity-{'fit' if which == 0 else 'test'}", shape(options)[which]),
-                bundle, max_num_seqs=MAX_NUM_SEQS)
+    # read again: a capture may calibrate its workload in place
+    capture_run(run_dir, run_id, _load(options, which), bundle, max_num_seqs=MAX_NUM_SEQS)
 
 
-# what the simulation replays of the real run: each request's arrival at the engine, prompt and output tokens
-REQUESTS_SQL = """
-WITH t0 AS (SELECT min(enqueued_ns) AS ns FROM attempts)
-SELECT a.request_id, (a.enqueued_ns - t0.ns) / 1e6 AS arrival_ms, e.value::BIGINT AS prompt_tokens,
-       r.n_output_tokens
-FROM attempts a JOIN request_metrics r USING (attempt_id), t0,
-     (SELECT attempt_id, value FROM events WHERE name = 'engine.enqueued') e
-WHERE e.attempt_id = a.attempt_id ORDER BY a.enqueued_ns"""
+# every attempt of run real, with what its engine saw of it: its arrival (engine.enqueued, with the prompt's
+# token count, max_tokens and n), the cancellation it learned of (engine.cancel_received), how it ended
+ATTEMPTS_SQL = """
+WITH enq AS (
+  SELECT attempt_id, ts_ns, clock, value::BIGINT AS prompt_tokens,
+         TRY_CAST(json_extract(attrs, '$.max_tokens') AS BIGINT) AS max_tokens,
+         coalesce(TRY_CAST(json_extract(attrs, '$.n') AS BIGINT), 1) AS n
+  FROM events WHERE name = 'engine.enqueued'),
+cancel AS (SELECT attempt_id, clock, min(ts_ns) AS ns FROM events WHERE name = 'engine.cancel_received' GROUP BY ALL)
+SELECT a.attempt_id, a.request_id, a.client_status, a.server_status, a.finish_reason, a.n_tokens_engine,
+       e.prompt_tokens, e.max_tokens, e.n, e.ts_ns AS enqueued_ns, e.clock, c.ns AS cancel_ns
+FROM attempts a LEFT JOIN enq e USING (attempt_id)
+LEFT JOIN cancel c ON c.attempt_id = a.attempt_id AND c.clock = e.clock
+ORDER BY e.ts_ns NULLS LAST, a.attempt_id"""
+
+
+def replay_plan(attempts: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the attempts replayed, each with `replay` whole or until_cancel, its arrival and cancel in ms from the
+    first arrival and its max_tokens; the attempts not replayed, each with `why`). Whole: the engine finished
+    it (stop or length), replayed to the output it gave. Until cancel: the engine learned of a cancellation
+    (a client timeout that disconnected, a client cancel, the capture's drain), replayed with its max_tokens
+    and aborted at that moment. An abandoned attempt the engine served to its end is replayed whole."""
+    done, left = [], []
+    for a in attempts:
+        why = None
+        if a["enqueued_ns"] is None:
+            why = f"never reached the engine (client {a['client_status']}, server {a['server_status']})"
+        elif a["n"] != 1:
+            why = f"asked for {a['n']} choices; the simulation replays one per attempt"
+        elif a["finish_reason"] in ("stop", "length") and a["n_tokens_engine"]:
+            done.append({**a, "replay": WHOLE, "tokens": a["n_tokens_engine"]})
+        elif a["cancel_ns"] is not None and a["max_tokens"]:
+            done.append({**a, "replay": UNTIL_CANCEL, "tokens": a["max_tokens"]})
+        else:
+            why = (f"the engine neither finished it with a token nor learned of a cancellation (server "
+                   f"{a['server_status']}, finish reason {a['finish_reason']})")
+        if why:
+            left.append({"attempt_id": a["attempt_id"], "request_id": a["request_id"], "why": why})
+    clocks = sorted({a["clock"] for a in done})
+    if len(clocks) > 1:
+        raise StudyError(f"run real: its attempts reached the engine on {len(clocks)} clocks ({', '.join(clocks)}); "
+                         "arrivals on different clocks cannot be replayed on one")
+    t0 = min((a["enqueued_ns"] for a in done), default=0)
+    for a in done:
+        a["arrival_ms"] = (a["enqueued_ns"] - t0) / 1e6
+        a["cancel_at_ms"] = None if a["replay"] == WHOLE else (a["cancel_ns"] - t0) / 1e6
+    return done, left
+
+
+# the real engine's block traffic: which attempt filled each block (kv.alloc), which cached blocks each attempt's
+# prompt reused (kv.prefix_hit), in the order they happened
+KV_SQL = """SELECT attempt_id, name, json_extract(attrs, '$.blocks')::BIGINT[] AS blocks FROM events
+WHERE name IN ('kv.alloc', 'kv.prefix_hit') AND attempt_id IS NOT NULL ORDER BY ts_ns, seq"""
+
+
+def prefix_sources(kv: list[tuple]) -> dict[str, tuple[str, int]]:
+    """attempt_id -> (the attempt whose prompt and output it shared, the blocks shared): at an attempt's first
+    prefix-cache hit, its k reused blocks are its first k, and the chained block hash makes them the first k
+    of the attempt that last allocated the k-th of them (a reallocated block loses its hash)."""
+    filled: dict[int, str] = {}
+    sources: dict[str, tuple[str, int]] = {}
+    for attempt, name, blocks in kv:
+        if name == "kv.alloc":
+            filled.update((b, attempt) for b in blocks or [])
+        elif blocks and attempt not in sources and filled.get(blocks[-1], attempt) != attempt:
+            sources[attempt] = (filled[blocks[-1]], len(blocks))
+    return sources
+
+
+def replay_prompts(done: list[dict], sources: dict[str, tuple[str, int]], block_size: int, vocab: int,
+                   eos_ids) -> dict[str, tuple[int, ...]]:
+    """attempt_id -> its simulated prompt, the attempts taken in arrival order. The attempts of one request
+    replay one prompt (a retry resends its request's). An attempt whose prompt hit k cached blocks in the real
+    run begins with the first k blocks of its source's simulated sequence (prompt, then the tokens the
+    simulation emits: a session's next turn reuses the last one's answer), so the simulated cache can serve
+    them too; the rest of every prompt shares no block with another request's."""
+    index = {rid: i for i, rid in enumerate(dict.fromkeys(a["request_id"] for a in done))}
+    by_request: dict[str, tuple[int, ...]] = {}
+    sequences: dict[str, tuple[int, ...]] = {}
+    prompts: dict[str, tuple[int, ...]] = {}
+    for a in done:
+        n = a["prompt_tokens"]
+        prompt = by_request.get(a["request_id"])
+        if prompt is None or len(prompt) != n:
+            prompt = distinct_prompt(index[a["request_id"]], n, vocab)
+            source, blocks = sources.get(a["attempt_id"], (None, 0))
+            shared = sequences.get(source, ())[:min(blocks * block_size, n)]
+            prompt = shared + prompt[len(shared):]
+            by_request.setdefault(a["request_id"], prompt)
+        prompts[a["attempt_id"]] = prompt
+        output = tuple(emitted_token(n - 1 + j, vocab, eos_ids) for j in range(a["tokens"]))
+        sequences[a["attempt_id"]] = prompt + output
+    return prompts
 
 
 def _simulate(run_dir: Path, run_id: str, bundle) -> None:
@@ -68,31 +182,38 @@ def _simulate(run_dir: Path, run_id: str, bundle) -> None:
     fit = run_fit(runs_dir / "fit")
     fit.trained_on = "run fit"
     with open_ledger(runs_dir / "real") as led:
-        cols, rows = led.rows(REQUESTS_SQL)
-    real = [dict(zip(cols, r)) for r in rows]
-    if not real:
-        raise StudyError("run real: no request reached the engine, nothing to simulate")
+        cols, rows = led.rows(ATTEMPTS_SQL)
+        attempts = [dict(zip(cols, r)) for r in rows]
+        done, left = replay_plan(attempts)
+        if not done:
+            raise StudyError("run real: no attempt reached the engine, nothing to simulate")
+        sources = prefix_sources(led.rows(KV_SQL)[1])
     manifest = Manifest.read(runs_dir / "real")
-    requests = [SimRequest(r["request_id"], r["arrival_ms"], distinct_prompt(i, r["prompt_tokens"],
-                                                                             bundle.config.shape.vocab),
-                           r["n_output_tokens"]) for i, r in enumerate(real)]
     cfg = {k: v for k, v in manifest.block("engine_config").items() if k in EngineConfig.__dataclass_fields__}
-    simulate(run_dir, requests, engine_config=EngineConfig(**cfg),
+    config = EngineConfig(**cfg)
+    prompts = replay_prompts(done, sources, config.block_size, bundle.config.shape.vocab,
+                             set(bundle.config.eos_ids or []))
+    requests = [SimRequest(a["request_id"], a["arrival_ms"], prompts[a["attempt_id"]], a["tokens"],
+                           cancel_at_ms=a["cancel_at_ms"], attempt_id=a["attempt_id"]) for a in done]
+    simulate(run_dir, requests, engine_config=config,
              step_model=FittedStepModel(fit, manifest.model_shape()),
              model=DeclaredModel(manifest.block("model").get("name") or "bundled", bundle.config, bundle.dtype),
-             run_id=run_id, workload="the requests of run real, as its engine received them")
+             run_id=run_id, workload="the attempts of run real, as its engine received them")
+    # what was replayed of run real, declared beside the plan (the study's replay table reads it)
+    sim = Manifest.read(run_dir)
+    sim.body["workload"]["replay"] = {"of_run": "real", "attempts": len(attempts),
+                          WHOLE: sum(a["replay"] == WHOLE for a in done),
+                          UNTIL_CANCEL: sum(a["replay"] == UNTIL_CANCEL for a in done),
+                          "not_replayed": left}
+    sim.write(run_dir)
 
 
 def runs(options: dict) -> list[StudyRun]:
-    shape(options)
-    return [StudyRun("fit", {"clock": "real", "workload": "fit"}, partial(_capture, options, 0)),
-            StudyRun("real", {"clock": "real", "workload": "test"}, partial(_capture, options, 1)),
-            StudyRun("sim", {"clock": "simulated", "workload": "test", "step_model": "fit on run fit"}, _simulate)]
-
-
-PCT_SQL = """SELECT p50_ms, p99_ms, n FROM latency_percentiles WHERE source_column = 'request_metrics.' || ?"""
-PER_REQUEST_SQL = """SELECT request_id, ttft_server_ms, tpot_server_ms, e2e_server_ms FROM request_metrics
-ORDER BY request_id"""
+    names = [_load(options, which).name for which in (FIT, REAL)]  # every file checked before the model loads
+    return [StudyRun("fit", {"clock": "real", "workload": names[FIT]}, partial(_capture, options, FIT)),
+            StudyRun("real", {"clock": "real", "workload": names[REAL]}, partial(_capture, options, REAL)),
+            StudyRun("sim", {"clock": "simulated", "workload": names[REAL], "step_model": "fit on run fit"},
+                     _simulate)]
 
 
 def error_ratio(sim: float | None, real: float | None) -> float | None:
@@ -100,31 +221,124 @@ def error_ratio(sim: float | None, real: float | None) -> float | None:
     return (sim - real) / real if sim is not None and real else None
 
 
+# the attempts of both runs, paired on attempt_id (a full join: an attempt of one run alone keeps its row),
+# with the server layer of request_metrics and each run's server_status; ? = run real's run_id, run sim's
+PAIRED_SQL = """
+WITH m AS (SELECT run_id, attempt_id, m.request_id, a.attempt_index, a.server_status, {cols}
+           FROM request_metrics m JOIN attempts a USING (run_id, attempt_id)),
+r AS (SELECT * FROM m WHERE run_id = ?), s AS (SELECT * FROM m WHERE run_id = ?)
+SELECT coalesce(r.attempt_id, s.attempt_id) AS attempt_id, coalesce(r.request_id, s.request_id) AS request_id,
+       coalesce(r.attempt_index, s.attempt_index) AS attempt_index, r.server_status AS real_status,
+       s.server_status AS sim_status, {pairs},
+       r.server_status = 'completed' AND s.server_status = 'completed' AS both_completed
+FROM r FULL JOIN s USING (attempt_id)"""
+
+
+def _paired_sql() -> str:
+    return PAIRED_SQL.format(cols=", ".join(FIGURE_COLUMNS),
+                             pairs=", ".join(f"r.{c} AS real_{c}, s.{c} AS sim_{c}" for c in FIGURE_COLUMNS))
+
+
+def _figures_sql() -> str:
+    """Each figure's quantile over the attempts both engines completed where both runs have it (quantile_cont:
+    the ledger's quantile_linear), the paired count, and each run's own count of completed attempts with it."""
+    parts = []
+    for i, (_, c, q, _) in enumerate(TARGETS):
+        both = f"both_completed AND real_{c} IS NOT NULL AND sim_{c} IS NOT NULL"
+        parts += [f"quantile_cont(real_{c}, {q}) FILTER (WHERE {both}) AS real_{i}",
+                  f"quantile_cont(sim_{c}, {q}) FILTER (WHERE {both}) AS sim_{i}",
+                  f"count(*) FILTER (WHERE {both}) AS n_{i}",
+                  f"count(real_{c}) FILTER (WHERE real_status = 'completed') AS n_real_{i}",
+                  f"count(sim_{c}) FILTER (WHERE sim_status = 'completed') AS n_sim_{i}"]
+    return f"WITH p AS ({_paired_sql()}) SELECT {', '.join(parts)} FROM p"
+
+
+# how long run's steps waited for a CPU, over the steps whose wait is known (NULL where none is)
+CONTENTION_SQL = """
+SELECT count(*) AS n_steps, count(contention_ms) AS n_steps_known, sum(contention_ms) AS contention_ms,
+       sum(measured_ms) FILTER (WHERE contention_ms IS NOT NULL) AS step_ms,
+       sum(contention_ms) / nullif(sum(measured_ms) FILTER (WHERE contention_ms IS NOT NULL), 0) AS contention_share
+FROM step_model"""
+
+STEPS_SQL = """SELECT count(DISTINCT step_id) AS steps, median(step_ms) AS step_ms_p50, avg(step_ms) AS step_ms_mean,
+(SELECT engine_busy_s FROM run_metrics) AS busy_s
+FROM (SELECT DISTINCT step_id, step_ms FROM step_attribution)"""
+
+
+def contention_sentence(c: dict) -> str:
+    """run real's contention in words: measured, partly measured, or unknown (never 0 for unknown)."""
+    if not c["n_steps_known"] or c["contention_share"] is None:
+        return (f"run real's contention is unknown (none of its {c['n_steps']} steps carries the engine threads' "
+                "run-queue wait: schedstat hidden or not recorded)")
+    part = "" if c["n_steps_known"] == c["n_steps"] else f" (the {c['n_steps_known']} of {c['n_steps']} steps " \
+                                                          "whose wait is known)"
+    return (f"run real waited {c['contention_ms']:.1f} ms for a CPU over {c['step_ms']:.1f} ms of steps"
+            f"{part}: {100 * c['contention_share']:.1f} % of its step time")
+
+
 def compare(runs: StudyRuns) -> list[Table]:
+    ids = [runs.one(n, "SELECT DISTINCT run_id FROM attempts")["run_id"] for n in ("real", "sim")]
+    with Ledger([(n, path) for n in ("real", "sim") for _, path in resolve_runs(runs.dirs[n])]) as both:
+        cols, rows = both.rows(_figures_sql(), ids)
+        f = dict(zip(cols, rows[0]))
+        cols, rows = both.rows(_paired_sql() + " ORDER BY 1", ids)
+        paired = [dict(zip(cols, r)) for r in rows]
     key = []
-    for metric, column, stat, target in TARGETS:
-        real, sim = (runs.one(n, PCT_SQL, [column]) for n in ("real", "sim"))
-        err = error_ratio(sim[f"{stat}_ms"], real[f"{stat}_ms"])
-        key.append([f"{metric} {stat}", column, real[f"{stat}_ms"], sim[f"{stat}_ms"], err, target,
-                    None if target is None or err is None else abs(err) <= target, real["n"], sim["n"]])
-    real = {r["request_id"]: r for r in runs.records("real", PER_REQUEST_SQL)}
-    sim = {r["request_id"]: r for r in runs.records("sim", PER_REQUEST_SQL)}
-    per_request = []
-    for rid, r in real.items():
-        s = sim.get(rid, {})
-        row = [rid]
-        for c in ("ttft_server_ms", "tpot_server_ms", "e2e_server_ms"):
-            row += [r[c], s.get(c), error_ratio(s.get(c), r[c])]
-        per_request.append(row)
-    fit = runs.manifest("sim")["simulation"]["step_model"]["fit"]
+    for i, (figure, column, _, target) in enumerate(TARGETS):
+        err = error_ratio(f[f"sim_{i}"], f[f"real_{i}"])
+        key.append([figure, column, f[f"real_{i}"], f[f"sim_{i}"], err, target,
+                    None if target is None or err is None else abs(err) <= target, f[f"n_{i}"], f[f"n_real_{i}"],
+                    f[f"n_sim_{i}"]])
+    sim_manifest = runs.manifest("sim")
+    replay = sim_manifest["workload"].get("replay")
+    if replay is None:
+        raise StudyError("run sim: its manifest says nothing of what it replayed (workload.replay): a simulation "
+                         "of requests, not attempts, by an older version; run the study again to compare")
+    how = {a["attempt_id"]: WHOLE if a["cancel_at_ms"] is None else UNTIL_CANCEL
+           for a in sim_manifest["workload"]["plan"]}
+    how.update({a["attempt_id"]: f"not replayed: {a['why']}" for a in replay["not_replayed"]})
+    per_attempt = []
+    for p in paired:
+        row = [p["attempt_id"], p["request_id"], p["attempt_index"], p["real_status"], p["sim_status"],
+               how.get(p["attempt_id"], "not in run real")]
+        for c in FIGURE_COLUMNS:
+            row += [p[f"real_{c}"], p[f"sim_{c}"], error_ratio(p[f"sim_{c}"], p[f"real_{c}"])]
+        per_attempt.append(row)
+    contention = [[n, *runs.one(n, CONTENTION_SQL).values()] for n in ("fit", "real")]
+    real_contention = dict(zip(["run", "n_steps", "n_steps_known", "contention_ms", "step_ms", "contention_share"],
+                               contention[1]))
+    fit = sim_manifest["simulation"]["step_model"]["fit"]
     steps = [[n, *runs.one(n, STEPS_SQL).values()] for n in runs.names]
-    return [Table("fidelity", "simulated against real TTFT, TPOT and E2E (server and engine layers), with the targets",
-                  ["figure", "column", "real_ms", "sim_ms", "error_ratio", "target_ratio", "met", "n_real", "n_sim"],
-                  key, "real_ms / sim_ms: latency_percentiles of each run (request_metrics.<column>); error_ratio = "
-                       "(sim − real) / real; met: |error_ratio| <= target_ratio"),
-            Table("requests", "each request of the test workload, real and simulated",
-                  ["request", "ttft_real_ms", "ttft_sim_ms", "ttft_error_ratio", "tpot_real_ms", "tpot_sim_ms",
-                   "tpot_error_ratio", "e2e_real_ms", "e2e_sim_ms", "e2e_error_ratio"], per_request),
+    replay_rows = [[WHOLE, replay[WHOLE], "the engine finished it: replayed to the output it gave"],
+                   [UNTIL_CANCEL, replay[UNTIL_CANCEL], "the engine learned of a cancellation (client timeout, "
+                    "cancel, drain): replayed with its max_tokens, aborted when the real engine learned of it"]]
+    replay_rows += [["not_replayed", 1, f"{a['attempt_id']} (request {a['request_id']}): {a['why']}"]
+                    for a in replay["not_replayed"]]
+    return [Table("fidelity", "simulated against real TTFT, TPOT and E2E (server layer), paired on attempt_id, "
+                              "with the targets",
+                  ["figure", "column", "real_ms", "sim_ms", "error_ratio", "target_ratio", "met", "n", "n_real",
+                   "n_sim"],
+                  key, "real_ms / sim_ms: the quantile of request_metrics.<column> over the attempts both engines "
+                       "completed (n; n_real / n_sim: each run's completed attempts with the figure); error_ratio "
+                       "= (sim − real) / real; met: |error_ratio| <= target_ratio. "
+                       f"{contention_sentence(real_contention)}; "
+                       f"replayed {replay[WHOLE] + replay[UNTIL_CANCEL]} of run real's {replay['attempts']} attempts "
+                       f"({replay[UNTIL_CANCEL]} until their cancellation, {len(replay['not_replayed'])} not: the "
+                       "replay table)"),
+            Table("replay", "what the simulation replayed of run real's attempts (keyed on attempt_id)",
+                  ["replay", "n_attempts", "what"], replay_rows,
+                  "every attempt of run real is replayed whole, until its cancellation, or named here with why not; "
+                  "a retry resends its request's prompt, and a prompt shares the blocks the real prefix cache "
+                  "served it with the attempt that filled them, nothing else"),
+            Table("attempts", "each attempt of the workload under test, real and simulated, paired on attempt_id",
+                  ["attempt_id", "request_id", "attempt_index", "real_status", "sim_status", "replay",
+                   "ttft_real_ms", "ttft_sim_ms", "ttft_error_ratio", "tpot_real_ms", "tpot_sim_ms",
+                   "tpot_error_ratio", "e2e_real_ms", "e2e_sim_ms", "e2e_error_ratio"], per_attempt),
+            Table("contention", "how long each real run's steps waited for a CPU (step_model.contention_ms)",
+                  ["run", "n_steps", "n_steps_known", "contention_ms", "step_ms", "contention_share"], contention,
+                  "contention_share = Σ contention_ms / Σ step wall time over the steps whose wait is known "
+                  "(n_steps_known); NULL where none is. The fit is trained on cpu_ms, so the simulation replays "
+                  "uncontended steps: the real run's contention is time the simulation does not have"),
             Table("steps", "the steps of each run", ["run", "steps", "step_ms_p50", "step_ms_mean", "busy_s"], steps,
                   f"the sim's steps last what the fit predicts (trained on {fit['n_train']} steps of run fit, held-out "
                   f"median error {_pct(fit['held_out_median_abs_pct'])}), plus its host time between steps"),
@@ -135,25 +349,26 @@ def compare(runs: StudyRuns) -> list[Table]:
                                      "n_train", "n_held_out", "held_out_median_abs_pct", "held_out_p90_abs_pct")]])]
 
 
-STEPS_SQL = """SELECT count(DISTINCT step_id) AS steps, median(step_ms) AS step_ms_p50, avg(step_ms) AS step_ms_mean,
-(SELECT engine_busy_s FROM run_metrics) AS busy_s
-FROM (SELECT DISTINCT step_id, step_ms FROM step_attribution)"""
-
-
 def _pct(v) -> str:
     return "unknown" if v is None else f"{v:.1f} %"
 
 
 STUDY = Study(
     name="fidelity",
-    question="Fitted on one real run, how close does the simulated clock come to the real engine on a different "
-             "workload: TTFT, TPOT and E2E per request and at p50 / p99?",
+    question="Fitted on one real run, how close does the simulated clock come to the real engine on a workload it "
+             "was not fitted on: TTFT, TPOT and E2E per attempt and at p50 / p99?",
     knob="the clock: the real engine, or the simulated clock with a step fit from another real run",
-    reading="the fidelity table holds each figure's simulated value against the real one: met where the error is "
-            "within its target (TPOT p50 5 %, TTFT p50 10 %, E2E p99 15 %); the requests table shows where the "
-            "simulation drifts (queueing the real run had, or host time the fit does not see).",
+    reading="the fidelity table holds each figure's simulated value against the real one, over the attempts both "
+            "completed: met where the error is within its target (TPOT p50 5 %, TTFT p50 10 %, E2E p99 10 %); its "
+            "note names the real run's contention; the replay table says what was replayed; the attempts table "
+            "shows where the simulation drifts (queueing the real run had, or host time the fit does not see).",
     runs=runs, compare=compare, needs_model=True,
-    options={"scale": Option("default", "default or tiny (a few short requests: the tests)")},
-    figures=({"kind": "timeline", "title": "the test workload on the real engine and on the simulated clock",
+    options={"scale": Option("default", "default or tiny (a few short requests: the tests): the study's own "
+                                        "workloads, used where no file is given"),
+             "workload": Option("", "the workload file under test (a capture workload TOML; also --workload), "
+                                    "replayed on the simulated clock; empty: the study's own at its scale"),
+             "calibration": Option("", "the workload file the step fit is trained on (a capture workload TOML); "
+                                       "empty: the study's own at its scale")},
+    figures=({"kind": "timeline", "title": "the workload on the real engine and on the simulated clock",
               "runs": ["real", "sim"]},),
 )

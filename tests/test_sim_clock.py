@@ -129,3 +129,21 @@ def test_a_request_the_engine_would_refuse_is_named_and_nothing_is_written(tmp_p
         simulate(tmp_path / "r", [*_requests()[:1], SimRequest("b", 0.0, (1,) * 30, 2)], engine_config=short,
                  step_model=TEN_MS)
     assert not (tmp_path / "r").exists()
+
+
+def test_each_attempt_of_a_request_is_its_own_arrival_and_a_cancel_aborts_that_attempt_alone(tmp_path):
+    prompt = distinct_prompt(0, 20, QWEN3_8B.shape.vocab)
+    plan = [SimRequest("a", 0.0, prompt, 6, cancel_at_ms=25.0, attempt_id="a#1"),  # gives up mid-decode
+            SimRequest("a", 30.0, prompt, 4, attempt_id="a#2"),  # its retry, the same prompt
+            SimRequest("b", 5.0, distinct_prompt(1, 10, QWEN3_8B.shape.vocab), 3)]
+    res = simulate(tmp_path / "r", plan, engine_config=CFG, step_model=TEN_MS)
+    reconstruct(res.run_dir)
+    with open_ledger(res.run_dir) as led:
+        assert led.rows("SELECT attempt_id, request_id, attempt_index, server_status, n_output_tokens FROM attempts "
+                        "ORDER BY 1")[1] == [("a#1", "a", 1, "cancelled", 2), ("a#2", "a", 2, "completed", 4),
+                                             ("b", "b", 1, "completed", 3)]
+    assert [e[1] for e in _events(res.run_dir) if e[0] == "engine.enqueued"] == [0, 5_000_000, 30_000_000]
+    assert [p["attempt_id"] for p in res.manifest["workload"]["plan"]] == ["a#1", "a#2", "b"]
+    with pytest.raises(ValueError, match=r"attempt ids must be distinct \(a retry is its own attempt\)"):
+        simulate(tmp_path / "s", [plan[0], SimRequest("c", 1.0, prompt, 2, attempt_id="a#1")], engine_config=CFG,
+                 step_model=TEN_MS)

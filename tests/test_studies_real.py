@@ -15,6 +15,7 @@ from inferledger.cli.app import app
 from inferledger.ledger.query import open_ledger
 from inferledger.probes.run_folder import StudyIndex
 from inferledger.probes.study_dir import read_comparison, run_dirs
+from inferledger.studies.fidelity import contention_sentence
 from inferledger.studies.load import CAUSES, MIN_POINT_ATTEMPTS, explain
 
 pytestmark = pytest.mark.slow
@@ -204,33 +205,119 @@ def test_a_real_engine_study_refuses_an_unknown_scale_before_loading_anything(tm
     assert not (tmp_path / "s").exists()
 
 
+# the workload under test: three chats, the first one's first attempt times out mid-decode (the client
+# disconnects, the engine cancels it) and is retried; the retry and the two others complete
+RETRY_WORKLOAD = """name = "fidelity-retry"
+seed = 5
+[taskset]
+file = "basic.jsonl"
+[arrivals]
+process = "replay"
+file = "arrivals.txt"
+[contract]
+deadline_ms = 120000
+[client]
+timeout_ms = 60000
+max_attempts = 2
+backoff_ms = 20
+[generation]
+max_tokens = 16
+ignore_eos = true
+[[classes]]
+name = "chat"
+prompt_tokens = 48
+[inject]
+timeout_tasks = [1]
+timeout_ms = 250
+"""
+
+
+def _retry_workload(folder):
+    (folder / "arrivals.txt").write_text("0\n150\n300\n")
+    (folder / "retry.toml").write_text(RETRY_WORKLOAD)
+    return folder / "retry.toml"
+
+
 @pytest.fixture(scope="module")
 def fidelity(tmp_path_factory, bundle):
-    return _run("fidelity", tmp_path_factory, bundle)
+    wl = _retry_workload(tmp_path_factory.mktemp("fidelity-workload"))
+    return _run("fidelity", tmp_path_factory, bundle, workload=str(wl))
 
 
-def test_fidelity_replays_the_real_requests_on_the_simulated_clock_with_the_fit_of_another_run(fidelity):
+# each attempt's arrival at the engine and the cancellation it learned of, in ns from the run's first arrival
+ENGINE_TIMES_SQL = """WITH t0 AS (SELECT min(ts_ns) AS ns FROM events WHERE name = 'engine.enqueued')
+SELECT attempt_id, name, ts_ns - t0.ns FROM events, t0
+WHERE name IN ('engine.enqueued', 'engine.cancel_received') ORDER BY 1, 2"""
+
+
+def test_fidelity_replays_every_attempt_of_a_workload_with_a_retry_keyed_on_attempt_id(fidelity):
     out, comp = fidelity
     assert [r["name"] for r in StudyIndex.read(out).doc["runs"]] == ["fit", "real", "sim"]
-    figures = [r[0] for r in comp["fidelity"]["rows"]]
+    assert StudyIndex.read(out).doc["runs"][1]["knob"]["workload"] == "fidelity-retry"
+    dirs = dict(run_dirs(out))
+    q = "SELECT attempt_id, request_id, attempt_index, server_status FROM attempts ORDER BY 1"
+    with open_ledger(dirs["real"]) as real, open_ledger(dirs["sim"]) as sim:
+        r, s = real.rows(q)[1], sim.rows(q)[1]
+        # four attempts of three requests: the timed-out first one and its retry share a request
+        assert len(r) == 4 and len({x[1] for x in r}) == 3 and sorted(x[2] for x in r) == [1, 1, 1, 2]
+        assert real.rows("SELECT client_status, count(*) FROM attempts GROUP BY 1 ORDER BY 1")[1] == [
+            ("completed", 3), ("timeout", 1)]
+        assert [x[:3] for x in s] == [x[:3] for x in r]  # every real attempt has its sim attempt, by id and place
+        assert sorted(x[3] for x in r) == ["cancelled", "completed", "completed", "completed"]
+        timed_out = [x[0] for x in r if x[3] == "cancelled"]
+        # each attempt arrives when the real engine saw it arrive, to the ns; the timed-out one is planned to be
+        # cancelled when the real engine learned of its cancellation (the simulation may have finished it before)
+        times = real.rows(ENGINE_TIMES_SQL)[1]
+        assert [t for t in sim.rows(ENGINE_TIMES_SQL)[1] if t[1] == "engine.enqueued"] == \
+            [t for t in times if t[1] == "engine.enqueued"]
+        [cancel_ns] = [t[2] for t in times if t[1] == "engine.cancel_received"]
+        plan = json.loads((dirs["sim"] / "manifest.json").read_text())["workload"]["plan"]
+        assert [(a["attempt_id"], round(a["cancel_at_ms"] * 1e6)) for a in plan if a["cancel_at_ms"] is not None] \
+            == [(timed_out[0], cancel_ns)]
+        # the others replayed whole: the output each one's engine gave it
+        q = "SELECT attempt_id, n_output_tokens FROM attempts WHERE attempt_id <> ? ORDER BY 1"
+        assert sim.rows(q, timed_out)[1] == real.rows(q, timed_out)[1] == [(x[0], 16) for x in r if x[3] == "completed"]
+        assert sim.rows("SELECT value FROM events WHERE name = 'engine.enqueued'")[1] == [(48,)] * 4
+    replay = _rows(comp["replay"])
+    assert {k: v["n_attempts"] for k, v in replay.items()} == {"whole": 3, "until_cancel": 1}  # none left out
+    attempts = {a["attempt_id"]: a for a in (dict(zip(comp["attempts"]["columns"], row))
+                                             for row in comp["attempts"]["rows"])}
+    assert sorted(attempts) == [x[0] for x in r]
+    assert [a["replay"] for a in attempts.values() if a["attempt_id"] in timed_out] == ["until_cancel"]
+    assert sorted(a["replay"] for a in attempts.values()) == ["until_cancel", "whole", "whole", "whole"]
+    figures = [row[0] for row in comp["fidelity"]["rows"]]
     assert figures == ["TPOT p50", "TTFT p50", "E2E p99", "TTFT p99", "TPOT p99", "E2E p50"]
-    for row in comp["fidelity"]["rows"]:
-        fig = dict(zip(comp["fidelity"]["columns"], row))
-        assert fig["n_real"] == fig["n_sim"] == 3  # the test workload's three requests, each simulated
+    targets = {f["figure"]: f["target_ratio"] for f in _rows(comp["fidelity"]).values()}
+    assert (targets["TPOT p50"], targets["TTFT p50"], targets["E2E p99"]) == (0.05, 0.10, 0.10)
+    for fig in _rows(comp["fidelity"]).values():
+        assert fig["n"] == fig["n_real"] == fig["n_sim"] == 3  # the three attempts both engines completed
         assert fig["error_ratio"] == pytest.approx((fig["sim_ms"] - fig["real_ms"]) / fig["real_ms"])
         assert fig["met"] == (None if fig["target_ratio"] is None else abs(fig["error_ratio"]) <= fig["target_ratio"])
-    dirs = dict(run_dirs(out))
-    with open_ledger(dirs["real"]) as real, open_ledger(dirs["sim"]) as sim:
-        q = "SELECT request_id, n_output_tokens, server_evidence FROM request_metrics ORDER BY 1"
-        r, s = real.rows(q)[1], sim.rows(q)[1]
-        assert [x[:2] for x in r] == [x[:2] for x in s]  # the same requests, the same output lengths
-        assert {x[2] for x in r} == {"observed"} and {x[2] for x in s} == {"simulated"}
-        q = "SELECT value FROM events WHERE name = 'engine.enqueued' ORDER BY request_id"
-        assert real.rows(q)[1] == sim.rows(q)[1] == [(48,)] * 3  # the prompts' token counts, replayed
+    contention = _rows(comp["contention"])
+    assert list(contention) == ["fit", "real"]
+    for c in contention.values():
+        assert 0 <= c["n_steps_known"] <= c["n_steps"] and (c["contention_share"] is None) == (c["n_steps_known"] == 0)
+    assert contention_sentence({k: v for k, v in contention["real"].items()}) in comp["fidelity"]["note"]
     model = json.loads((dirs["sim"] / "manifest.json").read_text())["simulation"]["step_model"]
     [fit] = comp["fit"]["rows"]
     assert model["name"] == "fit" and model["parameters"]["alpha_ms"]["value"] == fit[0]
     assert model["fit"]["trained_on"] == "run fit" and fit[5] >= 3  # trained on the fit run's steps alone
+
+
+def test_fidelity_refuses_a_bad_workload_file_by_file_and_key_before_loading_anything(tmp_path):
+    bad = _retry_workload(tmp_path)
+    bad.write_text(RETRY_WORKLOAD.replace("backoff_ms = 20", "backof_ms = 20"))
+    res = CliRunner().invoke(app, ["study", "fidelity", "-o", str(tmp_path / "s"), "--workload", str(bad)])
+    assert res.exit_code == 2 and f"--workload: {bad}: [client].backof_ms: unknown key" in res.output
+    res = CliRunner().invoke(app, ["study", "fidelity", "-o", str(tmp_path / "s"), "--set",
+                                   f"calibration={tmp_path / 'none.toml'}"])
+    assert res.exit_code == 2 and f"--set calibration: {tmp_path / 'none.toml'}: cannot read workload" in res.output
+    res = CliRunner().invoke(app, ["study", "load", "-o", str(tmp_path / "s"), "--workload", str(bad)])
+    assert res.exit_code == 2 and "--workload: study load takes no workload file" in res.output
+    assert not (tmp_path / "s").exists()
+    (tmp_path / "a-file").write_text("")  # the output is checked first
+    res = CliRunner().invoke(app, ["study", "fidelity", "-o", str(tmp_path / "a-file"), "--workload", str(bad)])
+    assert res.exit_code == 2 and "--out" in res.output and "backof_ms" not in res.output, res.output
 
 
 def test_the_fitted_step_model_adds_the_host_gap_to_the_predicted_step():

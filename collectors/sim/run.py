@@ -1,6 +1,6 @@
 """A simulated run: planned arrivals injected into the real engine at simulated time, written as a run directory.
 
-The driver plans each request's arrival (and cancellation, if any) on the `SimClock`; the real
+The driver plans each attempt's arrival (and cancellation, if any) on the `SimClock`; the real
 `LLMEngine` (scheduler, block manager, cancellation, event emission unchanged) steps whenever it has
 work, its probe reading the simulated clock, its runner a `SimRunner` whose steps last what the step
 model says. Actions that fall inside a step run at their own simulated time, as a request reaching a
@@ -40,14 +40,21 @@ IDLE_LIMIT = 3  # iterations in a row with no step and nothing planned: the engi
 
 @dataclass(frozen=True)
 class SimRequest:
+    """One attempt reaching the engine: a retry is its own SimRequest (the same `request_id`, its own
+    `attempt_id` and arrival); `cancel_at_ms` aborts this attempt alone (None: it runs to max_tokens)."""
     request_id: str
     arrival_ms: float
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     cancel_at_ms: float | None = None
+    attempt_id: str | None = None  # None: the request's only attempt, named by its request_id
+
+    @property
+    def attempt(self) -> str:
+        return self.attempt_id or self.request_id
 
     def plan_entry(self) -> dict:
-        return {"request_id": self.request_id, "arrival_ms": self.arrival_ms,
+        return {"request_id": self.request_id, "attempt_id": self.attempt, "arrival_ms": self.arrival_ms,
                 "prompt_tokens": len(self.prompt_token_ids), "max_tokens": self.max_tokens,
                 "cancel_at_ms": self.cancel_at_ms,
                 "prompt_sha256": hashlib.sha256(json.dumps(list(self.prompt_token_ids)).encode()).hexdigest()}
@@ -94,11 +101,12 @@ def drive(engine: LLMEngine, clock: SimClock, requests: list[SimRequest]) -> Non
         try:  # a request the engine would refuse is refused before anything runs, by its id
             engine.validate(list(r.prompt_token_ids), params)
         except ValueError as exc:
-            raise ValueError(f"request {r.request_id}: {exc}") from None
-        clock.at(_ns(r.arrival_ms), lambda r=r, p=params: engine.add_request(list(r.prompt_token_ids), p,
-                                                                           request_id=r.request_id))
+            raise ValueError(f"request {r.request_id}: {exc}" if r.attempt == r.request_id else
+                             f"request {r.request_id} attempt {r.attempt}: {exc}") from None
+        clock.at(_ns(r.arrival_ms), lambda r=r, p=params: engine.add_request(
+            list(r.prompt_token_ids), p, request_id=r.request_id, attempt_id=r.attempt))
         if r.cancel_at_ms is not None:
-            clock.at(_ns(r.cancel_at_ms), lambda r=r: engine.abort(r.request_id))
+            clock.at(_ns(r.cancel_at_ms), lambda r=r: engine.abort(r.attempt))
     idle = 0
     while engine.has_unfinished() or clock.has_due():
         if not engine.has_unfinished():
@@ -123,9 +131,9 @@ def simulate(run_dir: str | Path, requests: list[SimRequest], *, engine_config: 
     """Simulate `requests` on the real engine, standing for `model`, into the new run directory `run_dir`."""
     model_config, kv_dtype = model.config, model.kv_dtype
     run_dir = Path(run_dir)
-    ids = [r.request_id for r in requests]
+    ids = [r.attempt for r in requests]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"request ids must be distinct, got {ids}")
+        raise ValueError(f"attempt ids must be distinct (a retry is its own attempt), got {ids}")
     # nothing runs on the host: no thread placement to plan, no device timer to start
     cfg = dataclasses.replace(engine_config, cpu_threads=None, device_timing=False, graph_batch_sizes=None)
     num_blocks = cfg.resolve_num_blocks(model_config.shape.at(kv_dtype).kv_bytes_per_token)

@@ -16,6 +16,15 @@ from .clock import SimClock
 from .step_time import SimStepRow, StepModel
 
 
+def emitted_token(position: int, vocab: int, eos_ids) -> int:
+    """The token the simulation emits after `position` (deterministic, never an id of `eos_ids`): a
+    sequence's token at position p + 1 is emitted_token(p), whatever its prompt."""
+    t = 1 + (position * 7919) % (vocab - 1)
+    while t in eos_ids:
+        t = 1 + t % (vocab - 1)
+    return t
+
+
 class SimRunner:
     def __init__(self, config: ModelConfig, *, num_blocks: int, block_size: int, clock: SimClock,
                  step_model: StepModel, kv_dtype: torch.dtype = torch.bfloat16) -> None:
@@ -42,11 +51,7 @@ class SimRunner:
             raise ValueError(f"block_table {c.block_table} has ids outside [0, {self.num_blocks})")
 
     def token_at(self, position: int) -> int:
-        """The token the simulation emits after `position` (deterministic, never an EOS id)."""
-        t = 1 + (position * 7919) % (self.config.shape.vocab - 1)
-        while t in self._eos:
-            t = 1 + t % (self.config.shape.vocab - 1)
-        return t
+        return emitted_token(position, self.config.shape.vocab, self._eos)
 
     def forward(self, chunks) -> list[torch.Tensor | None]:
         for c in chunks:

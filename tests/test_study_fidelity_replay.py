@@ -1,0 +1,71 @@
+"""What the fidelity study replays of a real run, without a model: each attempt whole, until its
+cancellation, or named with why not; arrivals from the run's first; prompts that share with each other
+what the real engine's prefix cache shared."""
+from __future__ import annotations
+
+import pytest
+
+from inferledger.collectors.sim.run import distinct_prompt
+from inferledger.collectors.sim.runner import emitted_token
+from inferledger.studies.fidelity import contention_sentence, prefix_sources, replay_plan, replay_prompts
+from inferledger.studies.framework import StudyError
+
+
+def _attempt(aid, rid, *, ns=None, reason="length", tokens=8, cancel=None, n=1, prompt=40, client="completed",
+             server="completed", clock="c"):
+    return {"attempt_id": aid, "request_id": rid, "client_status": client, "server_status": server,
+            "finish_reason": reason, "n_tokens_engine": tokens, "prompt_tokens": prompt, "max_tokens": 16, "n": n,
+            "enqueued_ns": ns, "clock": clock, "cancel_ns": cancel}
+
+
+def test_each_attempt_is_replayed_whole_until_its_cancellation_or_named_with_why_not():
+    attempts = [_attempt("r1:A1", "r1", ns=5_000_000, reason="cancelled", tokens=3, cancel=255_500_000,
+                         client="timeout", server="cancelled"),
+                _attempt("r1:A2", "r1", ns=300_000_000, tokens=16),
+                _attempt("r2:A1", "r2", ns=1_000_000, reason="stop", tokens=5),
+                _attempt("r3:A1", "r3", client="error", server="rejected"),  # never reached the engine
+                _attempt("r4:A1", "r4", ns=9_000_000, n=2),
+                _attempt("r5:A1", "r5", ns=9_500_000, reason=None, tokens=None, server="unterminated")]
+    done, left = replay_plan(attempts)
+    assert [(a["attempt_id"], a["replay"], a["arrival_ms"], a["cancel_at_ms"], a["tokens"]) for a in done] == [
+        ("r1:A1", "until_cancel", 4.0, 254.5, 16),  # its max_tokens, aborted when the engine learned of it
+        ("r1:A2", "whole", 299.0, None, 16), ("r2:A1", "whole", 0.0, None, 5)]
+    assert [(a["attempt_id"], a["why"]) for a in left] == [
+        ("r3:A1", "never reached the engine (client error, server rejected)"),
+        ("r4:A1", "asked for 2 choices; the simulation replays one per attempt"),
+        ("r5:A1", "the engine neither finished it with a token nor learned of a cancellation (server unterminated, "
+                  "finish reason None)")]
+    with pytest.raises(StudyError, match="on 2 clocks"):
+        replay_plan([_attempt("a", "a", ns=1), _attempt("b", "b", ns=2, clock="d")])
+
+
+def test_a_prefix_hit_is_traced_to_the_attempt_that_filled_its_last_block():
+    kv = [("A", "kv.alloc", [0, 1, 2]), ("B", "kv.alloc", [3, 4]), ("C", "kv.prefix_hit", [0, 1]),
+          ("C", "kv.alloc", [5]), ("D", "kv.alloc", [3, 6]),  # block 3 reallocated: B's content in it is gone
+          ("E", "kv.prefix_hit", [3]), ("E", "kv.prefix_hit", [0]),  # only its first hit counts
+          ("F", "kv.prefix_hit", [9]), ("B", "kv.prefix_hit", [4])]  # F: a block no attempt filled; B: its own
+    assert prefix_sources(kv) == {"C": ("A", 2), "E": ("D", 1)}
+
+
+def test_replayed_prompts_share_what_the_real_cache_shared_and_nothing_else():
+    vocab, eos = 1000, {2}
+    done = [{"attempt_id": "a1", "request_id": "a", "prompt_tokens": 40, "tokens": 8},
+            {"attempt_id": "b1", "request_id": "b", "prompt_tokens": 70, "tokens": 4},
+            {"attempt_id": "a2", "request_id": "a", "prompt_tokens": 40, "tokens": 8},  # a's retry
+            {"attempt_id": "c1", "request_id": "c", "prompt_tokens": 60, "tokens": 4}]
+    # b hit a1's first 2 blocks of 16; c hit 3 blocks of a1's sequence: its prompt (40) and 8 of its output
+    prompts = replay_prompts(done, {"b1": ("a1", 2), "c1": ("a1", 3), "a2": ("a1", 2)}, 16, vocab, eos)
+    a = distinct_prompt(0, 40, vocab)
+    assert prompts["a1"] == prompts["a2"] == a  # a retry resends its request's prompt
+    assert prompts["b1"] == a[:32] + distinct_prompt(1, 70, vocab)[32:]
+    a_output = tuple(emitted_token(39 + j, vocab, eos) for j in range(8))
+    assert prompts["c1"] == (a + a_output)[:48] + distinct_prompt(2, 60, vocab)[48:]
+    assert {len(p) for p in prompts.values()} == {40, 70, 60}
+
+
+def test_contention_is_named_measured_partly_measured_or_unknown_never_zero():
+    c = {"n_steps": 10, "n_steps_known": 10, "contention_ms": 50.0, "step_ms": 400.0, "contention_share": 0.125}
+    assert contention_sentence(c) == "run real waited 50.0 ms for a CPU over 400.0 ms of steps: 12.5 % of its step time"
+    assert "(the 4 of 10 steps whose wait is known)" in contention_sentence({**c, "n_steps_known": 4})
+    unknown = {**c, "n_steps_known": 0, "contention_ms": None, "step_ms": None, "contention_share": None}
+    assert contention_sentence(unknown).startswith("run real's contention is unknown (none of its 10 steps")
