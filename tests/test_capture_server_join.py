@@ -141,6 +141,41 @@ def test_a_folder_that_never_flushed_is_a_gap_naming_it(bundle, tmp_path):
     assert con.execute("SELECT count(*) FROM gaps WHERE gap_id = 'collector:black-box'").fetchone()[0] == 0
 
 
+@pytest.mark.slow
+def test_a_folder_lacking_the_last_attempts_end_is_a_gap_naming_it(bundle, tmp_path):
+    """As a server killed before its last flush: the last attempt's ends never reach the folder. What the
+    folder holds of it is joined (server side unterminated), the others whole, and the gaps name the folder
+    and what the attempt lacks."""
+    from inferledger.collectors.rundir.writer import RunWriter
+    from inferledger.engine import EngineConfig
+    from inferledger.serve.lifecycle import Serving
+
+    last, ends = "T0002:R1:A1", ("server.done", "engine.finished", "kv.free")
+
+    class LosesTheLastEnd(RunWriter):
+        def emit(self, row: dict) -> None:
+            if not (row["attempt_id"] == last and row["name"] in ends):
+                super().emit(row)
+
+    folder = tmp_path / "killed"
+    writer = LosesTheLastEnd(folder, autoflush_s=0.2)
+    life = Serving(bundle, EngineConfig(max_num_seqs=4), sink=writer, owns_run=True)
+    url = life.start()
+    try:
+        run = tmp_path / "run"
+        capture(_workload(tmp_path), run, CaptureOptions(target=url, servers=(folder,), server_wait_s=3))
+    finally:
+        life.stop()
+    con = _ledger(run)
+    assert [(a["attempt_id"], a["server_status"]) for a in _rows(con, "SELECT attempt_id, server_status FROM attempts "
+                                                                      "ORDER BY 1")] == \
+        [("T0000:R1:A1", "completed"), ("T0001:R1:A1", "completed"), (last, "unterminated")]
+    gaps = _rows(con, "SELECT gap_id, detail FROM gaps WHERE gap_id LIKE 'collector:server%' ORDER BY 1")
+    assert [g["gap_id"] for g in gaps] == [f"collector:server-attempt:{last}", "collector:server:killed"]
+    assert gaps[0]["detail"] == f"{folder}: its flushed parts lack the attempt's server.done, engine.finished, kv.free"
+    assert str(folder) in gaps[1]["detail"] and "lack the end of 1 of the 3 attempt(s)" in gaps[1]["detail"]
+
+
 def _ev(name, aid=None, ts=0, step=None, attrs="{}", clock="mono:h"):
     return {"name": name, "attempt_id": aid, "ts_ns": ts, "step_id": step, "attrs": attrs, "clock": clock,
             "source": "engine", "event_id": f"e{ts}", "seq": ts}
@@ -163,3 +198,14 @@ def test_an_attempt_is_covered_only_with_its_end_on_disk():
     renamed = json.loads(server_join._batch_renamed('{"batch":[["T0:R0:A1#2","decode",1,5],["T0:R0:A1","decode",1,9]]}',
                                                     found.ours, "srv"))
     assert [b[0] for b in renamed["batch"]] == ["T0:R0:A1", "T0:R0:A1@srv"]  # another client's kept apart
+
+
+def test_an_attempt_id_sent_again_is_a_new_attempt_on_the_server():
+    """Two captures sending one attempt id stay two attempts, as a reused x-request-id already did."""
+    from inferledger.serve.ids import IdAssigner
+
+    ids = IdAssigner()
+    sent = [ids.assign({"x-inferledger-attempt-id": "T0000:R1:A1", "x-request-id": "T0000:R1:A1"}) for _ in range(3)]
+    assert [i.attempt_id for i in sent] == ["T0000:R1:A1", "T0000:R1:A1#2", "T0000:R1:A1#3"]
+    assert {i.request_id for i in sent} == {"T0000:R1:A1"}
+    assert ids.assign({"x-request-id": "other"}).attempt_id == "other"

@@ -92,7 +92,8 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
     elif server is None and not (evidence_manifest or {}).get("spans", {}).get("joined"):
         gaps.append({"run_id": writer.run_id, "gap_id": "collector:black-box", "scope": "run", "subject_id": None,
                      "affects": "server_status, ttft_server_ms, e2e_server_ms, queue/prefill/decode, resources",
-                     "needs": "server-side events: serve with `inferledger serve --out` or import the server's trace",
+                     "needs": "server-side events: serve with `inferledger serve --out S` and capture with `--server S`, "
+                              "or import the server's trace",
                      "detail": f"black-box target {url}: only the client's events were recorded"})
     applies, why = live.host_sampler.applies_to_server
     if not applies:

@@ -178,6 +178,8 @@ class ServerJoin:
             self.joined.append(_Joined(f, clock, same, why, f.clock_url(target, len(folders))))
         self.waited_s = 0.0
         self.wait_s = SERVER_WAIT_S
+        self.answered: set[str] = set()  # this run's attempts the server answered (join fills both)
+        self.found: set[str] = set()  # those found in a folder
 
     async def map_clocks(self, label: str, headers: dict | None) -> None:
         """Round trips to each foreign server's /clock (start and end of the load); a failure is kept."""
