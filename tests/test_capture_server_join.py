@@ -209,3 +209,26 @@ def test_an_attempt_id_sent_again_is_a_new_attempt_on_the_server():
     assert [i.attempt_id for i in sent] == ["T0000:R1:A1", "T0000:R1:A1#2", "T0000:R1:A1#3"]
     assert {i.request_id for i in sent} == {"T0000:R1:A1"}
     assert ids.assign({"x-request-id": "other"}).attempt_id == "other"
+
+
+def test_capture_refuses_a_server_folder_it_cannot_join_with_exit_2_naming_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.probes.run_folder import Manifest
+
+    def run(*args):
+        return CliRunner().invoke(app, ["capture", "-o", str(tmp_path / "r"), "--num-prompts", "1", *args],
+                                  env={"COLUMNS": "300"})
+
+    res = run("--target", "http://127.0.0.1:9", "--server", str(tmp_path / "none"))
+    assert res.exit_code == 2 and "--server" in res.output and "no run manifest there" in res.output
+    Manifest({"source": "inferledger capture"}).write(tmp_path / "cap")
+    res = run("--target", "http://127.0.0.1:9", "--server", str(tmp_path / "cap"))
+    assert res.exit_code == 2 and "not of `inferledger serve --out`" in res.output
+    Manifest({"source": "inferledger serve"}).write(tmp_path / "srv")
+    res = run("--server", str(tmp_path / "srv"))
+    assert res.exit_code == 2 and "give its URL as --target" in res.output
+    res = run("--target", "http://127.0.0.1:9", "--server", str(tmp_path / "srv"), "--separate-clocks")
+    assert res.exit_code == 2 and "leave out --separate-clocks" in res.output
+    assert not (tmp_path / "r").exists()
