@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from inferledger.cli import engine_flags as ef
+from inferledger.collectors.capture import SERVER_WAIT_S
 from inferledger.serve import DRAIN_TIMEOUT_S
 
 
@@ -83,6 +84,14 @@ def capture_cmd(
                                               "span times are on wall:<host>)."),
     engine_clock_epsilon_ms: float = typer.Option(5.0, min=0, help="With --engine-host: the declared bound of "
                                                   "that host's wall clock against this one's (NTP)."),
+    server: Optional[List[Path]] = typer.Option(None, "--server", help="URL target: the folder of `inferledger serve "
+                                                "--out S` serving it (repeatable: one per server). After the load the "
+                                                "capture waits until the folder's flushed parts hold the end of this "
+                                                "run's attempts, then joins the server's and engine's events to the "
+                                                "run (docs/CAPTURE.md \"Your own server, joined\")."),
+    server_wait: float = typer.Option(SERVER_WAIT_S, "--server-wait", min=0, help="With --server: seconds the "
+                                      "folders get, after the load, to flush the end of this run's attempts; what is "
+                                      "still missing then is a gap naming the folder."),
     drain_timeout: float = typer.Option(DRAIN_TIMEOUT_S, min=0, help="Embedded engine: after the load, seconds "
                                         "requests still in flight get to finish before they are cancelled."),
     buckets: Optional[int] = typer.Option(None, min=1, max=9999, help="Write the events partitioned for large runs: "
@@ -110,6 +119,9 @@ def capture_cmd(
 
     Against another server: [cyan]inferledger capture -w W.toml -o runs/v1 --target http://127.0.0.1:8000[/]
 
+    Against your own server, joined with its events (two terminals): [cyan]inferledger serve --out runs/s1[/], then
+    [cyan]inferledger capture -o runs/c1 --target http://127.0.0.1:8000 --server runs/s1 --num-prompts 20[/]
+
     Against vLLM with its own evidence: [cyan]... --target http://127.0.0.1:18100 --otlp-port 18101 --scrape-metrics[/]
     (docs/PEERS.md "Engines").
     """
@@ -123,6 +135,19 @@ def capture_cmd(
     if target == "embedded" and (otlp_port is not None or scrape_metrics):
         raise typer.BadParameter("--otlp-port / --scrape-metrics need a URL --target (the embedded engine "
                                  "records its own events)", param_hint="--otlp-port")
+    if server:
+        from inferledger.collectors.capture.servers import ServerFolderError, check_server_folders
+
+        if target == "embedded":
+            raise typer.BadParameter("--server joins a `serve --out` folder to a capture against that server: "
+                                     "give its URL as --target", param_hint="--server")
+        if separate_clocks or otlp_port is not None:
+            raise typer.BadParameter("--server maps the server's clock itself and is its account: leave out "
+                                     "--separate-clocks and --otlp-port", param_hint="--server")
+        try:
+            check_server_folders(server)
+        except ServerFolderError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--server") from None
     from inferledger.collectors.workload.flags import FlagError, LoadFlags, flags_workload, parse_rate
 
     engine = ef.engine_fields(
@@ -148,7 +173,8 @@ def capture_cmd(
         drain_timeout_s=drain_timeout, microbenchmarks=microbench, served_model=served_model_name, api_key=api_key,
         evidence=EvidenceOptions(otlp_port=otlp_port, scrape_metrics=scrape_metrics, engine_host=engine_host,
                                  engine_clock_epsilon_ms=engine_clock_epsilon_ms),
-        prediction=prediction, buckets=buckets, engine_config=engine, warmups=num_warmups)
+        prediction=prediction, buckets=buckets, engine_config=engine, warmups=num_warmups,
+        servers=tuple(server or ()), server_wait_s=server_wait)
     result = run_capture(wl, out, options)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 

@@ -63,6 +63,9 @@ def serve_cmd(
     The engine's knobs take vLLM's names: [cyan]inferledger serve --max-num-batched-tokens 256
     --no-enable-prefix-caching --num-gpu-blocks-override 512[/].
 
+    Drive it with a workload and join its events into the client's run: [cyan]inferledger capture -o runs/c1
+    --target http://127.0.0.1:8000 --server runs/s1 --num-prompts 20[/] (docs/CAPTURE.md "Your own server, joined").
+
     Stop it with Ctrl-C; with --out, then run [cyan]inferledger reconstruct runs/s1[/].
     """
     from inferledger.cli.output import console

@@ -19,6 +19,16 @@ def host_id() -> str:
     return socket.gethostname() or "localhost"
 
 
+def boot_id() -> str | None:
+    """This kernel's boot id (Linux): two processes share CLOCK_MONOTONIC only within one boot of one host.
+    None where the kernel does not say; a reader then cannot prove two runs share a clock."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def mono_clock(host: str | None = None) -> str:
     """The CLOCK_MONOTONIC domain of this host: every process of one host can subtract in it."""
     return f"mono:{host or host_id()}"

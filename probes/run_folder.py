@@ -140,7 +140,8 @@ MANIFEST_KEYS: tuple[Key, ...] = (
         "epsilon_ns, method)"),
     Key("clock_mappings_failed", (list,), "clock syncs that failed (label, reason)"),
     Key("system_under_test", (dict,), "what is inside and outside the system measured"),
-    Key("host", (dict, str), "the host: name, platform, python, processor (a name alone for an OTLP import)"),
+    Key("host", (dict, str), "the host: name, boot_id (the kernel's: one boot of one host is one CLOCK_MONOTONIC), "
+        "platform, python, processor (a name alone for an OTLP import)"),
     Key("evidence", (dict,), "for each kind of fact, how it is known: observed, declared, reported, simulated"),
     Key("device_params", (dict,), "the device measured at capture start and again over the run (the host's "
         "microbenchmarks), or {skipped: why}; the roofs read device_name, memcpy_gbps.peak and matmul_tflops.peak",
@@ -184,6 +185,10 @@ MANIFEST_KEYS: tuple[Key, ...] = (
     Key("drain", (dict,), "how the server drained at the end (the serving drain rule)"),
     Key("served_model_name", (str, _NONE), "the model name the server answers to"),
     Key("server", (dict,), "the server's address, admission limit, whether it checks an API key"),
+    Key("servers", (dict,), "a capture's `--server` folders (`serve --out`) joined to its URL target: per folder "
+        "its server_id, path, state, host (name, boot_id), clock (the domain its events are on in the run, "
+        "same_domain and why, the round-trip mappings and failures), attempts (joined, covered), events and "
+        "samples copied; the bound waited (wait_s, waited_s), the attempts the server answered and those joined"),
     Key("simulation", (dict,), "a simulated run: its clock, step model, steps, end time"),
     Key("archive", (dict,), "an imported E0 archive: path, sha256"),
     Key("counts", (dict, _NONE), "what an import read, wrote and refused"),

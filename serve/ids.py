@@ -52,13 +52,25 @@ def parse_traceparent(value: str | None) -> dict:
 
 
 class IdAssigner:
-    """attempt id = x-inferledger-attempt-id, else x-request-id (suffixed #2, #3 ... when a client reuses
-    it, so a retry is a new attempt of the same request), else generated; request id =
-    x-inferledger-request-id, else x-request-id, else the attempt id."""
+    """attempt id = x-inferledger-attempt-id, else x-request-id, else generated; an id a client sends again
+    gets #2, #3 ... (a retry under one x-request-id is a new attempt of the same request; two clients, or
+    two captures, sending one attempt id stay two attempts, as one attempt id names one attempt); request
+    id = x-inferledger-request-id, else x-request-id, else the attempt id."""
 
     def __init__(self, remember: int = 100_000) -> None:
         self._seen: OrderedDict[str, int] = OrderedDict()
         self.remember = remember
+
+    def _unique(self, sent: str) -> str:
+        """`sent` the first time it is seen, then `sent#2`, `sent#3` ... (the last `remember` ids kept)."""
+        if sent in self._seen:
+            self._seen[sent] += 1
+            self._seen.move_to_end(sent)
+            return f"{sent}#{self._seen[sent]}"
+        self._seen[sent] = 1
+        if len(self._seen) > self.remember:
+            self._seen.popitem(last=False)
+        return sent
 
     def assign(self, headers) -> Ids:
         got, problem = {}, None
@@ -68,18 +80,9 @@ class IdAssigner:
                 problem = (name, f"header {name} must be 1 to 256 printable characters")
             elif v:
                 got[name] = v
-        xrid, aid = got.get("x-request-id"), got.get("x-inferledger-attempt-id")
-        if aid is None and xrid is not None:
-            aid = xrid
-            if xrid in self._seen:
-                self._seen[xrid] += 1
-                self._seen.move_to_end(xrid)
-                aid = f"{xrid}#{self._seen[xrid]}"
-            else:
-                self._seen[xrid] = 1
-                if len(self._seen) > self.remember:
-                    self._seen.popitem(last=False)
-        aid = aid or f"srv-{uuid.uuid4().hex}"
+        xrid = got.get("x-request-id")
+        sent = got.get("x-inferledger-attempt-id") or xrid
+        aid = self._unique(sent) if sent is not None else f"srv-{uuid.uuid4().hex}"
         return Ids(request_id=got.get("x-inferledger-request-id") or xrid or aid, attempt_id=aid,
                    task_id=got.get("x-inferledger-task-id"), session_id=got.get("x-inferledger-session-id"),
                    client_request_id=xrid, trace=parse_traceparent(headers.get("traceparent")), problem=problem)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from inferledger.engine import AsyncEngine, EngineConfig, LLMEngine
 from inferledger.probes.host import HostSampler
-from inferledger.probes.probe import WallMapping, host_id, mono_clock
+from inferledger.probes.probe import WallMapping, boot_id, host_id, mono_clock
 
 from . import DRAIN_TIMEOUT_S
 from .app import SERVER_KEY, build_app
@@ -89,7 +89,8 @@ class Serving:
         bind = {"host": self.thread.host, "port": self.thread.port} if self.thread else {}
         return {"source": self.source, "target": "http", **self.engine.manifest(), "served_model_name": self.model_name,
                 "server": {**bind, "max_queue": self.options.max_queue, "api_key": self.options.api_key is not None},
-                "host": {"name": self.host, "platform": platform.platform(), "python": platform.python_version()},
+                "host": {"name": self.host, "boot_id": boot_id(), "platform": platform.platform(),
+                         "python": platform.python_version()},
                 "system_under_test": {"inside": ["HTTP front end", "reference engine"], "outside": ["clients"]},
                 "evidence": {"engine_config": "declared", "events": "observed"},
                 **({"host_samples": self.host_sampler.manifest()} if self.host_sampler is not None else {})}

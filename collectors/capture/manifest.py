@@ -20,6 +20,7 @@ from inferledger.collectors.rundir.out_dir import check_new_run_dir
 from inferledger.collectors.rundir.writer import write_table_atomic
 from inferledger.probes.events import GAP_SCHEMA
 from inferledger.probes.quantile import quantile
+from inferledger.probes.probe import boot_id
 from inferledger.probes.run_folder import Manifest
 
 CLIENT_BOUND_LAG_MS = 1.0  # p99 event-loop lag above which the client's own delay taints its figures
@@ -86,10 +87,13 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
               "affects": "the clock mapping's drift check between the start and end of the run",
               "needs": "a server whose /clock answers within its deadline when the run ends",
               "detail": f.reason} for f in failed]
-    if server is None and not (evidence_manifest or {}).get("spans", {}).get("joined"):
+    if live.servers is not None:  # the --server folders: what they lacked, by folder and attempt
+        gaps += live.servers.gap_rows(writer.run_id)
+    elif server is None and not (evidence_manifest or {}).get("spans", {}).get("joined"):
         gaps.append({"run_id": writer.run_id, "gap_id": "collector:black-box", "scope": "run", "subject_id": None,
                      "affects": "server_status, ttft_server_ms, e2e_server_ms, queue/prefill/decode, resources",
-                     "needs": "server-side events: serve with `inferledger serve --out` or import the server's trace",
+                     "needs": "server-side events: serve with `inferledger serve --out S` and capture with `--server S`, "
+                              "or import the server's trace",
                      "detail": f"black-box target {url}: only the client's events were recorded"})
     applies, why = live.host_sampler.applies_to_server
     if not applies:
@@ -125,9 +129,11 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
         "clock_mappings": [m.__dict__ for m in mappings],
         "clock_mappings_failed": [f.__dict__ for f in failed],
         "system_under_test": {
-            "inside": ["reference engine", "OpenAI-compatible HTTP front end"] if server else [url],
+            "inside": ["reference engine", "OpenAI-compatible HTTP front end"] if server else
+                      [url] + (["its reference engine and HTTP front end, joined from their `serve --out` folders"]
+                               if live.servers is not None else []),
             "outside": ["load client", "checker", "simulated tools"]},
-        "host": {"name": host, "platform": platform.platform(), "python": platform.python_version(),
+        "host": {"name": host, "boot_id": boot_id(), "platform": platform.platform(), "python": platform.python_version(),
                  "processor": platform.processor()},
         "evidence": {"engine_config": "declared", "model": "declared", "events": "observed",
                      "clock_mapping": "observed (round trips)" if separate_clocks else "same domain",
@@ -139,6 +145,9 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
     manifest["host_samples"] = live.host_sampler.manifest()
     if evidence_manifest is not None:
         manifest["engine_evidence"] = evidence_manifest
+    if live.servers is not None:
+        manifest.update(live.servers.manifest())
+        manifest["evidence"]["events"] = "observed (the client's here; the server's and engine's in the --server folders)"
     if server is not None:
         manifest.update(server.engine.manifest())
         manifest["drain"] = asdict(server.drain)

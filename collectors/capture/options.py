@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inferledger.collectors.capture import SERVER_WAIT_S
 from inferledger.collectors.evidence.engine_evidence import EvidenceOptions
 from inferledger.engine.params import EngineConfig
 from inferledger.serve import DRAIN_TIMEOUT_S
@@ -30,6 +31,8 @@ class CaptureOptions:
     served_model: str | None = None  # the model name to request (None: the first of its /v1/models)
     api_key: str | None = None
     evidence: EvidenceOptions = EvidenceOptions()  # its own OTLP spans and /metrics
+    servers: tuple[str | Path, ...] = ()  # its `serve --out` folders, joined after the load (servers.py)
+    server_wait_s: float = SERVER_WAIT_S  # how long after the load the folders get to flush this run's attempts
     # the run
     prediction: str | Path | None = None  # a file from `inferledger predict` (None: the capture's own)
     run_id: str | None = None  # None: the folder's name

@@ -28,7 +28,7 @@ from inferledger.collectors.load.prompt_tokenizer import load_tokenizer
 from inferledger.collectors.capture.warmup import warm_up
 from inferledger.collectors.workload import Workload
 from inferledger.collectors.rundir.writer import AUTOFLUSH_S, RunWriter
-from inferledger.probes.probe import Probe, WallMapping, host_id, mono_clock
+from inferledger.probes.probe import Probe, WallMapping, boot_id, host_id, mono_clock
 from inferledger.probes.host import HostSampler
 from inferledger.probes.sampler import EnergySampler
 
@@ -64,11 +64,14 @@ async def _drive(prep: Prepared, live: Live, options: CaptureOptions, progress=N
 
     probe = Probe(live.writer, "client", run_id=live.writer.run_id, host=live.host, clock=live.client_clock)
     served_model = options.served_model or (live.server.model_name if live.server is not None else None)
-    trace_salt = live.evidence.trace_salt if live.evidence is not None else None
+    trace_salt = live.servers.salt if live.servers is not None else \
+        live.evidence.trace_salt if live.evidence is not None else None
     mappings = []
     headers = {"authorization": f"Bearer {options.api_key}"} if options.api_key else None
     if options.separate_clocks:
         mappings.append(await estimate(live.url, probe.clock, headers=headers, label="start"))
+    if live.servers is not None:  # a server on another clock: mapped before the load and after it
+        await live.servers.map_clocks("start", headers)
     lags: list[tuple[int, float]] = []
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch_loop_lag(lags, stop))
@@ -94,6 +97,8 @@ async def _drive(prep: Prepared, live: Live, options: CaptureOptions, progress=N
             mappings.append(await estimate(live.url, probe.clock, headers=headers, label="end"))
         except ClockSyncError as exc:
             mappings.append(ClockSyncFailure("end", str(exc)))
+    if live.servers is not None:
+        await live.servers.map_clocks("end", headers)
     return Driven(result, lags, mappings)
 
 
@@ -123,6 +128,7 @@ def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOp
     with what was recorded."""
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
+    servers = _server_folders(options)  # refused before the run folder exists, naming the folder
     # refused before the run folder exists: a bad prediction file, a prompt past the model's context
     given = read_prediction(options.prediction) if options.prediction is not None else None
     wl.context = wl.check_context(*_served_context(wl, options, bundle))
@@ -134,10 +140,29 @@ def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOp
             with StartingManifest(out, {"source": SOURCE, "state": "starting", "target": options.target_entry(),
                                         "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256}}):
                 prep = _prepare(wl, options, bundle, given)
+                prep.servers = servers
         except KeyboardInterrupt:  # SIGINT or SIGTERM while preparing: the folder is gone again, say so
             raise Interrupted(got["signum"] or signal.SIGINT, recorded=False) from None
     live, head = _open_run(out, prep, options)
     return _record(live, head, prep, options, progress, on_ready)
+
+
+def _server_folders(options: CaptureOptions) -> list:
+    """The --server folders checked (collectors/capture/servers.py); ValueError for a combination that
+    cannot join them."""
+    if not options.servers:
+        return []
+    if options.embedded:
+        raise ValueError("--server joins a `serve --out` folder to a capture against its URL; the embedded "
+                         "target records its engine itself (give --target URL)")
+    if options.separate_clocks:
+        raise ValueError("--server maps each server's clock itself (one domain on this host and boot, else round "
+                         "trips to its /clock): leave out --separate-clocks")
+    if options.evidence.otlp_port is not None:
+        raise ValueError("--server and --otlp-port both give the server's account: pass one")
+    from inferledger.collectors.capture.servers import check_server_folders
+
+    return check_server_folders(options.servers)
 
 
 def _served_context(wl: Workload, options: CaptureOptions, bundle) -> tuple[int | None, str]:
@@ -200,7 +225,8 @@ def _open_run(out: Path, prep: Prepared, options: CaptureOptions) -> tuple[Live,
             "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec, "taskset": wl.taskset,
                          **({"trace": wl.trace.summary} if wl.trace else {})},
             **({"slo": wl.slo} if wl.slo else {}), "client": {"clock": client_clock, "warmups": prep.warmups},
-            "host": {"name": host, "platform": platform.platform(), "python": platform.python_version()}}
+            "host": {"name": host, "boot_id": boot_id(), "platform": platform.platform(),
+                     "python": platform.python_version()}}
     head["device_params"] = prep.device_params
     if wl.context is not None:  # the prompts against the served model's context: checked, or why not
         head["workload"]["context"] = wl.context
@@ -239,6 +265,10 @@ def _start_target(live: Live, head: dict, prep: Prepared, options: CaptureOption
         head.update(live.server.engine.manifest())
         live.writer.write_manifest(head)
     live.url = live.server.start() if live.server is not None else options.target
+    if prep.servers:
+        from inferledger.collectors.capture.servers import ServerJoin
+
+        live.servers = ServerJoin(prep.servers, host=live.host, client_clock=live.client_clock, target=live.url)
     if live.server is None and options.evidence.wanted:
         from inferledger.collectors.evidence.engine_evidence import EngineEvidence
 
@@ -270,6 +300,9 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
             sys.setswitchinterval(old_switch)
             if live.server is not None:
                 live.server.stop(options.drain_timeout_s)
+            if live.servers is not None:  # the --server folders' events of this run's attempts, once on disk
+                live.servers.join(live.writer, live.out, options.server_wait_s,
+                                  say=lambda line: print(f"inferledger capture: {line}", file=sys.stderr))
             live.sampler.stop()
             live.host_sampler.stop()
             manifest = finish_run(live, prep, driven, options, wall_s=time.monotonic() - t0,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from inferledger.collectors.capture.servers import ServerJoin
     from inferledger.collectors.evidence.engine_evidence import EngineEvidence
     from inferledger.collectors.load.loadgen import LoadResult
     from inferledger.collectors.rundir.writer import RunWriter
@@ -32,6 +33,7 @@ class Prepared:
     prediction: bytes | None  # the prediction to register (a given file, else the capture's own)
     prediction_source: str  # where it came from, or why there is none
     warmups: dict = field(default_factory=lambda: {"n": 0})  # the warm-ups sent before the run opened
+    servers: list = field(default_factory=list)  # the --server folders, checked (servers.py ServerFolder)
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Live:
     host_sampler: "HostSampler"  # the host's pressure, CPU time and load (probes/host.py)
     server: "Serving | None" = None  # the embedded target
     evidence: "EngineEvidence | None" = None  # a URL target's own spans and scrapes
+    servers: "ServerJoin | None" = None  # a URL target's `serve --out` folders (capture --server)
     url: str | None = None  # what the load client talks to
 
 

@@ -1,0 +1,436 @@
+"""`capture --target URL --server S`: the events of `inferledger serve --out S` joined into the capture's run.
+
+A capture against a URL records only the client; a server started with `serve --out S` records its own
+and its engine's events in S, flushing every `--flush-every` seconds (2 s) and at its stop. With
+`--server S` (repeatable) the capture, after its load, waits until each folder's flushed parts cover
+this run's attempts, then copies their server and engine events, and the engine's steps and KV samples
+of the window they span, into the run: the run rebuilds whole whether the server still runs or has
+stopped, as an embedded capture's does.
+
+- **This run's attempts**, not the other clients' of the server: the capture sends each attempt a W3C
+  traceparent derived from the attempt id and a salt of this capture (collectors/evidence/trace_context.py);
+  the server keeps its trace id on `server.received`, so a server attempt is this run's by its trace id.
+  A server names an attempt id it has already seen `id#2` (serve/ids.py): its events are copied under the
+  client's id. Model discovery and clock probes carry no attempt and are never copied.
+- **Clocks.** A folder whose manifest names this host and this boot (`host.name`, `host.boot_id`) stamped
+  its events on this capture's own `mono:<host>`: one domain. Otherwise its clock is another domain
+  (renamed `<clock>@<server id>` when its name is one of ours), mapped to the client's by round trips to
+  the server's `/clock` before and after the load (clocksync.py), mapping and epsilon recorded; without
+  a mapping the cross-domain figures are NULL with a gap, never guessed.
+- **Covered**: every attempt of this run that the server answered (the client saw its first byte) is
+  found, and each found attempt's end is on disk: a server terminal (server.done, server.rejected or
+  server.disconnect) and, once the engine took it (engine.enqueued), engine.finished, kv.free and the
+  step.end of its last step. What is not covered within `wait_s` (`--server-wait`, SERVER_WAIT_S) is copied as
+  far as it goes and is a gap naming the folder.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from inferledger.collectors.capture import SERVER_WAIT_S
+from inferledger.collectors.capture.clocksync import ClockMapping, ClockSyncError, ClockSyncFailure, estimate
+from inferledger.collectors.evidence.trace_context import trace_ids_for
+from inferledger.probes.events import CLOCK_SCHEMA, EVENT_SCHEMA, SAMPLE_SCHEMA
+from inferledger.probes.probe import boot_id, mono_clock
+from inferledger.probes.run_dir import PartError, list_parts
+from inferledger.probes.run_folder import Manifest, RunFolderError
+
+SERVE_SOURCE = "inferledger serve"
+POLL_S = 0.25
+SERVER_ENDS = ("server.done", "server.rejected", "server.disconnect")
+ENGINE_ENDS = ("engine.finished", "kv.free")
+SERVER_SOURCES = ("server", "engine", "device")
+COPIED_SAMPLES = ("engine",)  # the engine's KV gauges; the host's are the capture's own (or another host's)
+
+
+class ServerFolderError(ValueError):
+    """A --server folder that is not a `serve --out` run folder; the message names it and what to do."""
+
+
+@dataclass(frozen=True)
+class ServerFolder:
+    """One `serve --out` folder, checked before the capture starts."""
+    path: Path
+    server_id: str  # the folder's name, made unique among the --server folders
+    manifest: dict
+
+    @property
+    def host(self) -> dict:
+        host = self.manifest.get("host")
+        return host if isinstance(host, dict) else {}
+
+    @property
+    def clock(self) -> str:
+        """The domain its server and engine stamp (`mono:<its host>`)."""
+        return mono_clock(self.host.get("name"))
+
+    def same_clock(self, host: str) -> tuple[bool, str]:
+        """Whether its events are on this capture's `mono:<host>`, and why (the manifest must say so)."""
+        theirs, ours = self.host.get("boot_id"), boot_id()
+        if self.host.get("name") != host:
+            return False, f"the server's host is {self.host.get('name')!r}, the capture's {host!r}"
+        if not theirs or not ours:
+            return False, "the server's manifest or this kernel names no boot id: one boot cannot be proven"
+        if theirs != ours:
+            return False, f"the server ran on another boot of {host!r} (boot id {theirs})"
+        return True, f"the server ran on this host and boot ({host}, boot id {ours}): one CLOCK_MONOTONIC"
+
+    def clock_url(self, target: str, n_servers: int) -> str:
+        """Where its /clock answers: the capture's target when it is the only server, else its own address."""
+        server = self.manifest.get("server") or {}
+        if n_servers == 1 or not server.get("port"):
+            return target
+        bind = server.get("host") or "127.0.0.1"
+        if bind in ("0.0.0.0", "::", ""):
+            bind = target.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0] or "127.0.0.1"
+        return f"http://{bind}:{server['port']}"
+
+
+def check_server_folders(paths) -> list[ServerFolder]:
+    """Each --server folder checked before anything is recorded: a `serve --out` run folder (its manifest
+    readable, written by `inferledger serve`), each named once. ServerFolderError names the folder."""
+    folders, seen, ids = [], set(), Counter()
+    for p in paths:
+        path = Path(p)
+        if not Manifest.exists(path):
+            raise ServerFolderError(f"{path}: not a `serve --out` folder (no run manifest there); start the server "
+                                    f"with `inferledger serve --out {path}` and pass that folder")
+        try:
+            manifest = Manifest.read(path).body
+        except RunFolderError as exc:
+            raise ServerFolderError(f"{exc}: the --server folder's manifest is damaged") from None
+        if manifest.get("source") != SERVE_SOURCE:
+            raise ServerFolderError(f"{path}: a run of {manifest.get('source')!r}, not of `inferledger serve --out`; "
+                                    "pass the folder a server writes")
+        if path.resolve() in seen:
+            raise ServerFolderError(f"{path}: given twice as --server")
+        seen.add(path.resolve())
+        ids[path.name] += 1
+        sid = path.name if ids[path.name] == 1 else f"{path.name}-{ids[path.name]}"
+        folders.append(ServerFolder(path, sid, manifest))
+    return folders
+
+
+class _Parts:
+    """The parts of one folder read so far, each once: parts are renamed in whole and never rewritten,
+    and a merged part (the server's compaction at its stop) replaces the single parts it covers."""
+
+    def __init__(self, folder: Path, schema: pa.Schema) -> None:
+        self.folder, self.schema = folder, schema
+        self.read_parts: dict[str, list[dict]] = {}
+
+    def rows(self) -> list[dict]:
+        """Every row on disk now; PartError or OSError while the server compacts (the next poll reads again)."""
+        if not self.folder.is_dir():
+            return []
+        parts = list_parts(self.folder, self.schema)
+        for p in parts:
+            if str(p) not in self.read_parts:
+                self.read_parts[str(p)] = pq.read_table(p, schema=self.schema).to_pylist()
+        current = {str(p) for p in parts}
+        self.read_parts = {k: v for k, v in self.read_parts.items() if k in current}
+        return [r for p in parts for r in self.read_parts[str(p)]]
+
+
+@dataclass
+class _Found:
+    """What one folder's parts hold of this run's attempts."""
+    ours: dict[str, str] = field(default_factory=dict)  # server attempt id -> the client's
+    events: dict[str, list[dict]] = field(default_factory=dict)  # by server attempt id
+    uncovered: dict[str, list[str]] = field(default_factory=dict)  # server attempt id -> what its end lacks
+
+
+@dataclass
+class _Joined:
+    """One folder's outcome, for the manifest and the gap register."""
+    folder: ServerFolder
+    clock: str  # its domain as written into the run
+    same_domain: bool
+    why: str
+    url: str
+    mappings: list = field(default_factory=list)  # ClockMapping or ClockSyncFailure
+    found: _Found = field(default_factory=_Found)
+    events: int = 0
+    samples: int = 0
+    state: str | None = None
+    error: str | None = None  # a part that could not be read at the last poll
+
+
+class ServerJoin:
+    """The --server folders of one capture: their clocks mapped around the load, then their events joined."""
+
+    def __init__(self, folders: list[ServerFolder], *, host: str, client_clock: str, target: str) -> None:
+        self.host, self.client_clock = host, client_clock
+        self.salt = uuid.uuid4().hex  # this capture's traceparents: no other client's attempt has them
+        ours = {client_clock, mono_clock(host)}
+        self.joined = []
+        for f in folders:
+            same, why = f.same_clock(host)
+            clock = f.clock if same or f.clock not in ours else f"{f.clock}@{f.server_id}"
+            self.joined.append(_Joined(f, clock, same, why, f.clock_url(target, len(folders))))
+        self.waited_s = 0.0
+        self.wait_s = SERVER_WAIT_S
+        self.answered: set[str] = set()  # this run's attempts the server answered (join fills both)
+        self.found: set[str] = set()  # those found in a folder
+
+    async def map_clocks(self, label: str, headers: dict | None) -> None:
+        """Round trips to each foreign server's /clock (start and end of the load); a failure is kept."""
+        for j in self.joined:
+            if j.same_domain:
+                continue
+            try:
+                m = await estimate(j.url, self.client_clock, headers=headers, label=label)
+            except ClockSyncError as exc:
+                j.mappings.append(ClockSyncFailure(label, str(exc)))
+                continue
+            if m.from_clock != j.folder.clock:
+                j.mappings.append(ClockSyncFailure(label, f"{j.url}/clock answers for {m.from_clock!r}, but the "
+                                                          f"folder's events are on {j.folder.clock!r}: not its server"))
+                continue
+            j.mappings.append(ClockMapping(j.clock, m.to_clock, m.offset_ns, m.epsilon_ns,
+                                           f"round-trip ({j.folder.server_id}'s /clock)", m.samples, label))
+
+    # -- after the load ------------------------------------------------------------------------
+    def join(self, writer, run_dir: Path, wait_s: float, say=print) -> None:
+        """Wait (at most `wait_s`) until the folders cover this run's answered attempts, then copy; `say`
+        tells once that the capture waits."""
+        writer.flush()
+        sent, answered = _client_attempts(run_dir)
+        want = {trace_ids_for(aid, self.salt)[0]: aid for aid in sent}
+        readers = [(_Parts(j.folder.path / "events", EVENT_SCHEMA)) for j in self.joined]
+        t0, told = time.monotonic(), False
+        self.wait_s = wait_s
+        while True:
+            rows = [self._poll(j, r, want) for j, r in zip(self.joined, readers)]
+            found = {c for j in self.joined for c in j.found.ours.values()}
+            if (answered <= found and not any(j.found.uncovered or j.error for j in self.joined)) \
+                    or time.monotonic() - t0 >= wait_s:
+                break
+            if not told:
+                told = True
+                say(f"waiting up to {wait_s:g} s (--server-wait) for {', '.join(str(j.folder.path) for j in self.joined)}"
+                    " to flush the end of this run's attempts")
+            time.sleep(POLL_S)
+        self.waited_s = round(time.monotonic() - t0, 3)
+        for j, events in zip(self.joined, rows):
+            self._copy(writer, j, events)
+        self.answered, self.found = answered, found
+
+    def _poll(self, j: _Joined, reader: _Parts, want: dict[str, str]) -> list[dict]:
+        try:
+            events = reader.rows()
+            j.error = None
+        except (PartError, OSError) as exc:  # a part renamed away by the server's compaction: read again
+            j.error = str(exc)
+            return [r for rows in reader.read_parts.values() for r in rows]
+        try:
+            j.state = Manifest.read(j.folder.path).body.get("state")
+        except RunFolderError:  # being replaced: keep the last state seen
+            pass
+        j.found = _find(events, want)
+        return events
+
+    def _copy(self, writer, j: _Joined, events: list[dict]) -> None:
+        """This run's attempts' events, and the steps, device and KV samples of the window they span."""
+        f, sid = j.found, j.folder.server_id
+        ours = [e for evs in f.events.values() for e in evs]
+        if not ours:
+            return
+        clock = Counter(e["clock"] for e in ours).most_common(1)[0][0]
+        t0, t1 = min(e["ts_ns"] for e in ours if e["clock"] == clock), max(e["ts_ns"] for e in ours if e["clock"] == clock)
+        steps = _steps_in(events, clock, t0, t1)
+        clocks = {j.folder.clock: j.clock}
+        for e in events:
+            aid, name = e["attempt_id"], e["name"]
+            if aid is not None:
+                if aid not in f.ours:
+                    continue  # another client's attempt
+                row = {**e, "attempt_id": f.ours[aid]}
+            elif name in ("step.start", "step.end"):
+                if (e["clock"], e["step_id"]) not in steps:
+                    continue
+                row = dict(e)
+                if name == "step.start":
+                    row["attrs"] = _batch_renamed(e["attrs"], f.ours, sid)
+            elif e["step_id"] is not None:
+                if (clock, e["step_id"]) not in steps:
+                    continue  # a device.step of a step outside the window
+                row = dict(e)
+            elif e["clock"] != clock or not t0 <= e["ts_ns"] <= t1 or e["source"] not in SERVER_SOURCES:
+                continue
+            else:
+                row = dict(e)
+            row.update(run_id=writer.run_id, event_id=f"{e['event_id']}@{sid}", clock=clocks.get(e["clock"], e["clock"]))
+            writer.emit(row)
+            j.events += 1
+        try:
+            samples = _Parts(j.folder.path / "samples", SAMPLE_SCHEMA).rows()
+        except (PartError, OSError) as exc:
+            samples, j.error = [], str(exc)
+        for s in samples:
+            if s["source"] in COPIED_SAMPLES and s["clock"] == clock and t0 <= s["ts_ns"] <= t1:
+                writer.sample(**{k: v for k, v in s.items() if k not in ("run_id", "clock")}, clock=clocks.get(clock, clock))
+                j.samples += 1
+        self._clock_rows(writer, j)
+
+    def _clock_rows(self, writer, j: _Joined) -> None:
+        """The server's own domains and mappings but its wall clock (a CUDA clock to its mono), renamed;
+        and, for a foreign domain, the round-trip mappings to the client's."""
+        declared = {self.client_clock, mono_clock(self.host)}
+        path = j.folder.path / "clocks.parquet"
+        rows = pq.read_table(path, schema=CLOCK_SCHEMA).to_pylist() if path.exists() else []
+        rename = {j.folder.clock: j.clock}
+        for c in rows:
+            names = [c["clock"]] if c["from_clock"] is None else [c["from_clock"], c["to_clock"]]
+            if any(n is None or n.startswith("wall:") for n in names):
+                continue
+            if c["from_clock"] is None:
+                if rename.get(c["clock"], c["clock"]) not in declared:
+                    writer.clock_domain(rename.get(c["clock"], c["clock"]), host=c["host"], kind=c["kind"])
+            else:
+                writer.clock_map(rename.get(c["from_clock"], c["from_clock"]), rename.get(c["to_clock"], c["to_clock"]),
+                                 c["offset_ns"], c["epsilon_ns"], c["method"])
+        if not j.same_domain:
+            if j.clock not in {rename.get(c.get("clock"), c.get("clock")) for c in rows if c["from_clock"] is None}:
+                writer.clock_domain(j.clock, host=j.folder.host.get("name"), kind="monotonic")
+            for m in j.mappings:
+                if isinstance(m, ClockMapping):
+                    writer.clock_map(m.from_clock, m.to_clock, m.offset_ns, m.epsilon_ns, m.method)
+
+    # -- what the run says about it ------------------------------------------------------------
+    def manifest(self) -> dict:
+        """The manifest's `servers`, and the engine's identity (model, engine_config, served name) from
+        the first folder that served this run."""
+        entries = []
+        for j in self.joined:
+            f = j.found
+            entries.append({
+                "server_id": j.folder.server_id, "path": str(j.folder.path.resolve()),
+                "run_id": j.folder.manifest.get("run_id"), "state": j.state,
+                "host": {k: j.folder.host.get(k) for k in ("name", "boot_id")},
+                "clock": {"events": j.clock, "same_domain": j.same_domain, "why": j.why, "url": j.url,
+                          "mappings": [m.__dict__ for m in j.mappings if isinstance(m, ClockMapping)],
+                          "failed": [m.__dict__ for m in j.mappings if isinstance(m, ClockSyncFailure)]},
+                "attempts": {"joined": len(f.ours), "covered": len(f.ours) - len(f.uncovered)},
+                "events": j.events, "samples": j.samples})
+        first = next((j.folder.manifest for j in self.joined if j.found.ours), self.joined[0].folder.manifest)
+        engine = {k: first[k] for k in ("model", "engine_config", "served_model_name", "device_clock") if k in first}
+        return {"servers": {"folders": entries, "wait_s": self.wait_s, "waited_s": self.waited_s,
+                            "answered": len(self.answered), "joined": len(self.found & self.answered),
+                            "joined_by": "the trace id of the traceparent each attempt was sent with "
+                                         "(server.received attrs.trace_id)"}, **engine}
+
+    def gap_rows(self, run_id: str) -> list[dict]:
+        gaps = []
+        missing = sorted(self.answered - self.found)
+        paths = ", ".join(str(j.folder.path) for j in self.joined)
+        for j in self.joined:
+            f, sid = j.found, j.folder.server_id
+            if f.uncovered or missing or j.error:
+                lacking = len(f.uncovered) + len(missing)
+                gaps.append(_gap(run_id, f"collector:server:{sid}", "run", None,
+                                 f"server_status and the server's and engine's figures of {lacking} attempt(s)",
+                                 f"the folder's flushed parts: `serve --out {j.folder.path}` flushes every "
+                                 "--flush-every s and at its stop; a longer `capture --server-wait`, or a server "
+                                 "that is not killed",
+                                 f"{j.folder.path}: after {self.waited_s:g} s (--server-wait {self.wait_s:g}) its "
+                                 f"flushed parts lack the end of {len(f.uncovered)} of the {len(f.ours)} attempt(s) "
+                                 f"of this run it holds" + (f", and {len(missing)} attempt(s) the server answered "
+                                 f"are in no --server folder" if missing else "") + f" (server state {j.state}"
+                                 + (f"; {j.error}" if j.error else "") + "): the server was killed, stopped "
+                                 "flushing, or ended them later than the bound"))
+            for sid_attempt, lacks in sorted(f.uncovered.items()):
+                gaps.append(_gap(run_id, f"collector:server-attempt:{f.ours[sid_attempt]}", "attempt",
+                                 f.ours[sid_attempt], "server_status, the server's and engine's figures",
+                                 f"its end in {j.folder.path}", f"{j.folder.path}: its flushed parts lack the "
+                                 f"attempt's {', '.join(lacks)}"))
+            for m in j.mappings:
+                if isinstance(m, ClockSyncFailure):
+                    gaps.append(_gap(run_id, f"collector:clock-sync:{sid}:{m.label}", "run", None,
+                                     f"every difference between the client's clock and {j.clock} ({j.folder.path})",
+                                     "a server whose /clock answers at the start and end of the load", m.reason))
+        for aid in missing:
+            gaps.append(_gap(run_id, f"collector:server-attempt:{aid}", "attempt", aid,
+                             "server_status, the server's and engine's figures",
+                             "the server's events of this attempt (its server.received by trace id)",
+                             f"answered by the server, but in no --server folder's flushed parts ({paths})"))
+        return gaps
+
+
+def _gap(run_id, gap_id, scope, subject, affects, needs, detail) -> dict:
+    return {"run_id": run_id, "gap_id": gap_id, "scope": scope, "subject_id": subject, "affects": affects,
+            "needs": needs, "detail": detail[:800]}
+
+
+def _client_attempts(run_dir: Path) -> tuple[set[str], set[str]]:
+    """(sent, answered): the attempts this capture sent, and those the server answered (a first byte)."""
+    sent, answered = set(), set()
+    for p in list_parts(run_dir / "events", EVENT_SCHEMA) if (run_dir / "events").is_dir() else []:
+        for r in pq.read_table(p, columns=["name", "attempt_id", "source"]).to_pylist():
+            if r["source"] == "client" and r["attempt_id"] is not None:
+                if r["name"] == "attempt.sent":
+                    sent.add(r["attempt_id"])
+                elif r["name"] == "attempt.first_byte":
+                    answered.add(r["attempt_id"])
+    return sent, answered & sent
+
+
+def _find(events: list[dict], want: dict[str, str]) -> _Found:
+    """This run's attempts among a folder's events (by trace id), their events, and whose end is not on disk."""
+    f = _Found()
+    for e in events:
+        if e["name"] in ("server.received", "server.rejected") and e["attempt_id"] and '"trace_id"' in (e["attrs"] or ""):
+            client = want.get(json.loads(e["attrs"]).get("trace_id"))
+            if client is not None:
+                f.ours.setdefault(e["attempt_id"], client)
+    by = defaultdict(list)
+    step_ends = set()
+    for e in events:
+        if e["attempt_id"] in f.ours:
+            by[e["attempt_id"]].append(e)
+        elif e["name"] == "step.end":
+            step_ends.add((e["clock"], e["step_id"]))
+    for sid in f.ours:
+        evs = by.get(sid, [])
+        names = {e["name"] for e in evs}
+        lacks = [] if names & set(SERVER_ENDS) else ["server.done"]
+        if "engine.enqueued" in names:
+            lacks += [n for n in ENGINE_ENDS if n not in names]
+            last = max(((e["clock"], e["step_id"]) for e in evs if e["step_id"] is not None), default=None,
+                        key=lambda cs: cs[1])
+            if last is not None and last not in step_ends:
+                lacks.append(f"step.end of step {last[1]}")
+        if lacks:
+            f.uncovered[sid] = lacks
+    f.events = dict(by)
+    return f
+
+
+def _steps_in(events: list[dict], clock: str, t0: int, t1: int) -> set[tuple[str, int]]:
+    """The engine steps on `clock` that overlap [t0, t1] (both ends on disk)."""
+    start, end = {}, {}
+    for e in events:
+        if e["clock"] == clock and e["step_id"] is not None:
+            if e["name"] == "step.start":
+                start[e["step_id"]] = e["ts_ns"]
+            elif e["name"] == "step.end":
+                end[e["step_id"]] = e["ts_ns"]
+    return {(clock, s) for s, ts in start.items() if s in end and ts <= t1 and end[s] >= t0}
+
+
+def _batch_renamed(attrs: str | None, ours: dict[str, str], server_id: str) -> str | None:
+    """step.start's batch with this run's attempts under the client's ids and another client's apart
+    (`<id>@<server id>`), so a step shared with other clients is never charged to an attempt of ours."""
+    if not attrs or '"batch"' not in attrs:
+        return attrs
+    a = json.loads(attrs)
+    a["batch"] = [[ours.get(item[0], f"{item[0]}@{server_id}"), *item[1:]] for item in a.get("batch") or []]
+    return json.dumps(a, separators=(",", ":"), sort_keys=True)

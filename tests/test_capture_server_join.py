@@ -1,0 +1,234 @@
+"""`inferledger serve --out S` in one process and `capture --target URL --server S` in another make one run with
+the engine's account: every attempt sent, no other, with its steps, engine intervals and server status from
+the server's own events; a folder that has not flushed them is a gap naming it."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import duckdb
+import pytest
+from ledger_util import dict_rows as _rows
+
+from inferledger.collectors.capture import servers as server_join
+from inferledger.collectors.capture.options import CaptureOptions
+from inferledger.collectors.capture.run import capture
+from inferledger.collectors.workload import Workload
+from inferledger.ledger.reconstruct import reconstruct
+from inferledger.probes.probe import host_id, mono_clock
+
+START_LIMIT_S = 600  # model load on a busy 2-core host: a bound, not a timing
+N_TASKS = 3
+
+
+def _workload(tmp: Path) -> Workload:
+    (tmp / "tasks.jsonl").write_text(json.dumps({"kind": "lookup", "answer": "paris", "prompt":
+                                                 "What is the capital of France? Answer in one word."}) + "\n")
+    spec = {"name": "joined", "seed": 1, "taskset": {"file": "tasks.jsonl"},
+            "arrivals": {"process": "closed", "concurrency": 2, "n_tasks": N_TASKS},
+            "contract": {"deadline_ms": 300_000}, "client": {"timeout_ms": 300_000},
+            "generation": {"max_tokens": 4, "temperature": 0.0}}
+    return Workload.from_dict(spec, base=tmp)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ledger(run: Path):
+    reconstruct(run)
+    return duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A real `inferledger serve --out` in a process of its own, serving the captures of this module."""
+    folder, port = tmp_path_factory.mktemp("serve") / "srv", _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(port),
+                             "--out", str(folder), "--served-model-name", "m", "--flush-every", "0.5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline, up = time.monotonic() + START_LIMIT_S, False
+        while not up and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                up = urllib.request.urlopen(url + "/health", timeout=5).status == 200
+            except OSError:
+                pass
+        assert up, proc.stderr.read() if proc.poll() is not None else "the server did not start"
+        yield url, folder
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=120)
+
+
+def _check_joined(run: Path, server_clock: str) -> duckdb.DuckDBPyConnection:
+    con = _ledger(run)
+    attempts = _rows(con, "SELECT attempt_id, client_status, server_status, server_clock FROM attempts ORDER BY 1")
+    assert [a["attempt_id"] for a in attempts] == [f"T{i:04d}:R1:A1" for i in range(N_TASKS)]  # these, no other
+    assert {(a["client_status"], a["server_status"], a["server_clock"]) for a in attempts} == \
+        {("completed", "completed", server_clock)}
+    stepped = con.execute("SELECT count(DISTINCT attempt_id) FROM step_attribution WHERE attempt_id IN "
+                          "(SELECT attempt_id FROM attempts)").fetchone()[0]
+    assert stepped == N_TASKS  # every attempt in the engine's steps
+    engine = con.execute("SELECT count(DISTINCT attempt_id) FROM intervals WHERE stream = 'engine'").fetchone()[0]
+    assert engine == N_TASKS
+    assert con.execute("SELECT count(*) FROM gaps WHERE gap_id LIKE 'collector:server%' "
+                       "OR gap_id = 'collector:black-box'").fetchone()[0] == 0
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert (manifest["servers"]["answered"], manifest["servers"]["joined"]) == (N_TASKS, N_TASKS)
+    assert manifest["model"]["architecture"] and manifest["engine_config"]["block_size"]
+    return con
+
+
+@pytest.mark.slow
+def test_one_host_one_clock_the_run_has_the_engines_account(served, tmp_path):
+    url, folder = served
+    run = tmp_path / "run"
+    capture(_workload(tmp_path), run, CaptureOptions(target=url, servers=(folder,), server_wait_s=120))
+    con = _check_joined(run, mono_clock(host_id()))
+    entry = json.loads((run / "manifest.json").read_text())["servers"]["folders"][0]
+    assert (entry["clock"]["same_domain"], entry["clock"]["mappings"]) == (True, [])
+    assert con.execute("SELECT count(*) FROM clocks WHERE from_clock LIKE 'mono:%@%'").fetchone()[0] == 0
+
+
+@pytest.mark.slow
+def test_another_boot_is_another_clock_mapped_by_round_trips(served, tmp_path, monkeypatch):
+    """The same attempt ids as the other capture (the server names them #2): this run's are picked by trace id;
+    a server the manifest does not place on this boot is on a clock of its own, mapped with its epsilon."""
+    url, folder = served
+    monkeypatch.setattr(server_join, "boot_id", lambda: "another-boot")
+    run = tmp_path / "run"
+    capture(_workload(tmp_path), run, CaptureOptions(target=url, servers=(folder,), server_wait_s=120))
+    theirs = f"{mono_clock(host_id())}@srv"
+    con = _check_joined(run, theirs)
+    maps = _rows(con, "SELECT to_clock, epsilon_ns, method FROM clocks WHERE from_clock = ? ORDER BY 1", theirs)
+    assert len(maps) == 2 and {m["to_clock"] for m in maps} == {mono_clock(host_id())}
+    assert all(m["epsilon_ns"] > 0 and m["method"] == "round-trip (srv's /clock)" for m in maps)
+    entry = json.loads((run / "manifest.json").read_text())["servers"]["folders"][0]
+    assert [m["label"] for m in entry["clock"]["mappings"]] == ["start", "end"]
+
+
+@pytest.mark.slow
+def test_a_folder_that_never_flushed_is_a_gap_naming_it(bundle, tmp_path):
+    from inferledger.collectors.rundir.writer import RunWriter
+    from inferledger.engine import EngineConfig
+    from inferledger.serve.lifecycle import Serving
+
+    folder = tmp_path / "quiet"
+    writer = RunWriter(folder)  # no periodic flush: nothing of the load reaches the disk while it serves
+    life = Serving(bundle, EngineConfig(max_num_seqs=4), sink=writer, owns_run=True)
+    url = life.start()
+    try:
+        run = tmp_path / "run"
+        capture(_workload(tmp_path), run, CaptureOptions(target=url, servers=(folder,), server_wait_s=0.5))
+    finally:
+        life.stop()
+    con = _ledger(run)
+    assert [a["server_status"] for a in _rows(con, "SELECT server_status FROM attempts")] == ["unknown"] * N_TASKS
+    gaps = _rows(con, "SELECT gap_id, scope, detail FROM gaps WHERE gap_id LIKE 'collector:server%' ORDER BY 1")
+    assert [g["gap_id"] for g in gaps] == ["collector:server-attempt:T0000:R1:A1", "collector:server-attempt:T0001:R1:A1",
+                                           "collector:server-attempt:T0002:R1:A1", "collector:server:quiet"]
+    assert str(folder) in gaps[-1]["detail"] and f"and {N_TASKS} attempt(s) the server answered" in gaps[-1]["detail"]
+    assert con.execute("SELECT count(*) FROM gaps WHERE gap_id = 'collector:black-box'").fetchone()[0] == 0
+
+
+@pytest.mark.slow
+def test_a_folder_lacking_the_last_attempts_end_is_a_gap_naming_it(bundle, tmp_path):
+    """As a server killed before its last flush: the last attempt's ends never reach the folder. What the
+    folder holds of it is joined (server side unterminated), the others whole, and the gaps name the folder
+    and what the attempt lacks."""
+    from inferledger.collectors.rundir.writer import RunWriter
+    from inferledger.engine import EngineConfig
+    from inferledger.serve.lifecycle import Serving
+
+    last, ends = "T0002:R1:A1", ("server.done", "engine.finished", "kv.free")
+
+    class LosesTheLastEnd(RunWriter):
+        def emit(self, row: dict) -> None:
+            if not (row["attempt_id"] == last and row["name"] in ends):
+                super().emit(row)
+
+    folder = tmp_path / "killed"
+    writer = LosesTheLastEnd(folder, autoflush_s=0.2)
+    life = Serving(bundle, EngineConfig(max_num_seqs=4), sink=writer, owns_run=True)
+    url = life.start()
+    try:
+        run = tmp_path / "run"
+        capture(_workload(tmp_path), run, CaptureOptions(target=url, servers=(folder,), server_wait_s=3))
+    finally:
+        life.stop()
+    con = _ledger(run)
+    assert [(a["attempt_id"], a["server_status"]) for a in _rows(con, "SELECT attempt_id, server_status FROM attempts "
+                                                                      "ORDER BY 1")] == \
+        [("T0000:R1:A1", "completed"), ("T0001:R1:A1", "completed"), (last, "unterminated")]
+    gaps = _rows(con, "SELECT gap_id, detail FROM gaps WHERE gap_id LIKE 'collector:server%' ORDER BY 1")
+    assert [g["gap_id"] for g in gaps] == [f"collector:server-attempt:{last}", "collector:server:killed"]
+    assert gaps[0]["detail"] == f"{folder}: its flushed parts lack the attempt's server.done, engine.finished, kv.free"
+    assert str(folder) in gaps[1]["detail"] and "lack the end of 1 of the 3 attempt(s)" in gaps[1]["detail"]
+
+
+def _ev(name, aid=None, ts=0, step=None, attrs="{}", clock="mono:h"):
+    return {"name": name, "attempt_id": aid, "ts_ns": ts, "step_id": step, "attrs": attrs, "clock": clock,
+            "source": "engine", "event_id": f"e{ts}", "seq": ts}
+
+
+def test_an_attempt_is_covered_only_with_its_end_on_disk():
+    """Found by its trace id; covered with a server terminal and, once enqueued, engine.finished, kv.free and
+    the step.end of its last step; the one whose end is not flushed yet names what it lacks."""
+    want = {"t1": "T0:R0:A1", "t2": "T1:R0:A1"}
+    events = [_ev("server.received", "T0:R0:A1#2", 1, attrs='{"trace_id":"t1"}'),
+              _ev("server.received", "T1:R0:A1", 2, attrs='{"trace_id":"t2"}'),
+              _ev("server.received", "other", 3, attrs='{"trace_id":"tx"}'),
+              _ev("engine.enqueued", "T0:R0:A1#2", 4), _ev("engine.enqueued", "T1:R0:A1", 5),
+              _ev("engine.finished", "T0:R0:A1#2", 6, step=7), _ev("kv.free", "T0:R0:A1#2", 7, step=7),
+              _ev("step.end", None, 8, step=7), _ev("server.done", "T0:R0:A1#2", 9),
+              _ev("engine.finished", "T1:R0:A1", 10, step=8), _ev("server.done", "T1:R0:A1", 11)]
+    found = server_join._find(events, want)
+    assert found.ours == {"T0:R0:A1#2": "T0:R0:A1", "T1:R0:A1": "T1:R0:A1"}
+    assert found.uncovered == {"T1:R0:A1": ["kv.free", "step.end of step 8"]}
+    renamed = json.loads(server_join._batch_renamed('{"batch":[["T0:R0:A1#2","decode",1,5],["T0:R0:A1","decode",1,9]]}',
+                                                    found.ours, "srv"))
+    assert [b[0] for b in renamed["batch"]] == ["T0:R0:A1", "T0:R0:A1@srv"]  # another client's kept apart
+
+
+def test_an_attempt_id_sent_again_is_a_new_attempt_on_the_server():
+    """Two captures sending one attempt id stay two attempts, as a reused x-request-id already did."""
+    from inferledger.serve.ids import IdAssigner
+
+    ids = IdAssigner()
+    sent = [ids.assign({"x-inferledger-attempt-id": "T0000:R1:A1", "x-request-id": "T0000:R1:A1"}) for _ in range(3)]
+    assert [i.attempt_id for i in sent] == ["T0000:R1:A1", "T0000:R1:A1#2", "T0000:R1:A1#3"]
+    assert {i.request_id for i in sent} == {"T0000:R1:A1"}
+    assert ids.assign({"x-request-id": "other"}).attempt_id == "other"
+
+
+def test_capture_refuses_a_server_folder_it_cannot_join_with_exit_2_naming_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.probes.run_folder import Manifest
+
+    def run(*args):
+        return CliRunner().invoke(app, ["capture", "-o", str(tmp_path / "r"), "--num-prompts", "1", *args],
+                                  env={"COLUMNS": "300"})
+
+    res = run("--target", "http://127.0.0.1:9", "--server", str(tmp_path / "none"))
+    assert res.exit_code == 2 and "--server" in res.output and "no run manifest there" in res.output
+    Manifest({"source": "inferledger capture"}).write(tmp_path / "cap")
+    res = run("--target", "http://127.0.0.1:9", "--server", str(tmp_path / "cap"))
+    assert res.exit_code == 2 and "not of `inferledger serve --out`" in res.output
+    Manifest({"source": "inferledger serve"}).write(tmp_path / "srv")
+    res = run("--server", str(tmp_path / "srv"))
+    assert res.exit_code == 2 and "give its URL as --target" in res.output
+    res = run("--target", "http://127.0.0.1:9", "--server", str(tmp_path / "srv"), "--separate-clocks")
+    assert res.exit_code == 2 and "leave out --separate-clocks" in res.output
+    assert not (tmp_path / "r").exists()
