@@ -17,8 +17,9 @@ outweighs the others:
 - spec_rejected: prompt-lookup speculation with long drafts (k = 8) on prose, where most drafts are
   thrown away.
 
-`transport` (a delaying proxy between client and server) needs the server's evidence beside a
-URL target's client, which the capture does not join yet: it is not a case here.
+- transport: a proxy between client and server that holds every byte of each response for a fixed
+  delay; the server is `inferledger serve --out S` in a process of its own and the capture, against
+  the proxy's URL, joins its folder (`--server S`), so both sides of the link are measured.
 
 Per case the results file records the run's first cause and every share, the steps' CPU wait
 fraction (steps' contention over their time) and the load average before and after; the table's rows
@@ -54,6 +55,7 @@ class Case:
     engine_config: dict = field(default_factory=dict)
     co_tenants: int = 0  # CPU burners started as the load starts, stopped after it
     client_block_s: float = 0.0  # the client's loop blocked this long after each finished task
+    link_delay_s: float = 0.0  # a separate server behind a proxy that delays its responses this long
 
 
 def _wl(name: str, classes: list[dict], max_tokens: int, arrivals_ms: list[float] | None = None,
@@ -110,8 +112,110 @@ def spec_rejected(scale: str) -> Case:
     return Case("spec_rejected", wl, 1, {"speculative": {"method": "prompt_lookup", "k": 8, "ngram_min": 1}})
 
 
+def transport(scale: str) -> Case:
+    n = 3 if scale == "tiny" else 8
+    wl = _wl("transport", [{"name": "t", "prompt_tokens": 32}], 8,
+             arrivals={"process": "closed", "concurrency": 1, "n_tasks": n})
+    return Case("transport", wl, 1, link_delay_s=0.5)
+
+
 BUILDERS: dict[str, Callable[[str], Case]] = {f.__name__: f for f in (
-    server_queue, prefill_interference, preemption, host_contention, client, spec_rejected)}
+    server_queue, prefill_interference, preemption, host_contention, client, spec_rejected, transport)}
+
+
+class DelayingProxy:
+    """A TCP proxy on loopback, in a process of its own (this file run with --proxy): requests pass at
+    once, every chunk of a response is passed on `delay_s` after it left the server (order kept), as a
+    slow link would."""
+
+    def __init__(self, upstream_port: int, delay_s: float) -> None:
+        self.args = [sys.executable, __file__, "--proxy", str(upstream_port), str(delay_s)]
+
+    def __enter__(self) -> "DelayingProxy":
+        import subprocess
+
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def serve_proxy(upstream_port: int, delay_s: float) -> None:
+    """The proxy's process: prints its port, then serves until killed."""
+    import asyncio
+
+    async def pipe(reader, writer, delay):
+        loop, held = asyncio.get_running_loop(), asyncio.Queue()
+
+        async def send():  # each chunk written `delay` after it was read, in order
+            while (item := await held.get()) is not None:
+                await asyncio.sleep(max(0.0, item[0] + delay - loop.time()))
+                writer.write(item[1])
+                await writer.drain()
+
+        sender = asyncio.create_task(send())
+        try:
+            while data := await reader.read(65536):
+                held.put_nowait((loop.time(), data))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            held.put_nowait(None)
+            try:
+                await sender
+            except (ConnectionError, OSError):
+                pass
+            writer.close()
+
+    async def handle(client_r, client_w):
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", upstream_port)
+        await asyncio.gather(pipe(client_r, up_w, 0.0), pipe(up_r, client_w, delay_s))
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SeparateServer:
+    """`inferledger serve --out FOLDER` in a process of its own (the transport case's server)."""
+
+    def __init__(self, folder: Path, engine_args: list[str]) -> None:
+        self.folder, self.port = folder, _free_port()
+        self.args = [sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(self.port),
+                     "--out", str(folder), "--flush-every", "0.5", *engine_args]
+
+    def __enter__(self) -> "SeparateServer":
+        import subprocess
+        import urllib.request
+
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5).status == 200:
+                    return self
+            except OSError:
+                time.sleep(0.5)
+        self.__exit__()
+        raise RuntimeError(f"inferledger serve did not start: {self.proc.stderr.read() if self.proc.stderr else ''}")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        self.proc.communicate(timeout=120)
 
 
 def _burn() -> None:  # a co-tenant: one core's worth of arithmetic until it is stopped
@@ -143,9 +247,16 @@ def run_case(case: Case, run_dir: Path, bundle=None) -> dict:
                              run_id=run_dir.name, microbenchmarks=False)
     load_before = os.getloadavg()[0]
     try:
-        capture(case.workload, run_dir, options, bundle=bundle,
-                progress=blocked_client if case.client_block_s else None,
-                on_ready=start_co_tenants if case.co_tenants else None)
+        if case.link_delay_s:
+            server_dir = run_dir.with_name(run_dir.name + "-server")
+            with SeparateServer(server_dir, ["--max-num-seqs", str(case.max_num_seqs)]) as srv, \
+                    DelayingProxy(srv.port, case.link_delay_s) as proxy:
+                capture(case.workload, run_dir, CaptureOptions(
+                    target=f"http://127.0.0.1:{proxy.port}", servers=(server_dir,), run_id=run_dir.name))
+        else:
+            capture(case.workload, run_dir, options, bundle=bundle,
+                    progress=blocked_client if case.client_block_s else None,
+                    on_ready=start_co_tenants if case.co_tenants else None)
     finally:
         for p in burners:
             p.kill()
@@ -178,6 +289,10 @@ def confusion(outcomes: list[dict]) -> tuple[list[str], list[list]]:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--proxy"]:  # the transport case's proxy, in its own process
+        serve_proxy(int(argv[1]), float(argv[2]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scale", default="default", choices=("default", "tiny"))
     ap.add_argument("--cases", default=",".join(BUILDERS), help="comma-separated, of: " + ", ".join(BUILDERS))

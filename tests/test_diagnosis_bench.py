@@ -29,7 +29,8 @@ def _bench():
 BENCH = _bench()
 
 
-@pytest.mark.parametrize("case", ["server_queue", "prefill_interference", "preemption", "client", "spec_rejected"])
+@pytest.mark.parametrize("case", ["server_queue", "prefill_interference", "preemption", "client", "spec_rejected",
+                                  "transport"])
 def test_the_constructed_cause_is_named_before_every_other_engine_and_client_cause(case, bundle, tmp_path):
     got = BENCH.run_case(BENCH.BUILDERS[case]("tiny"), tmp_path / case, bundle)
     shares = {c: got["shares"][f"{c}_share"] for c in BENCH.CAUSES}
