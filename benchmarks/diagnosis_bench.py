@@ -29,7 +29,6 @@ tiny scale of the cases a test host's load cannot overturn.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import sys
 import tempfile
@@ -218,12 +217,6 @@ class SeparateServer:
         self.proc.communicate(timeout=120)
 
 
-def _burn() -> None:  # a co-tenant: one core's worth of arithmetic until it is stopped
-    x = 0
-    while True:
-        x = (x * 1103515245 + 12345) % 2147483648
-
-
 def run_case(case: Case, run_dir: Path, bundle=None) -> dict:
     """Capture `case` into `run_dir`, rebuild its ledger and return what run_diagnosis says of it."""
     from inferledger.collectors.capture.options import CaptureOptions
@@ -231,14 +224,9 @@ def run_case(case: Case, run_dir: Path, bundle=None) -> dict:
     from inferledger.ledger.query import open_ledger
     from inferledger.ledger.reconstruct import reconstruct
 
-    burners: list[multiprocessing.Process] = []
+    from co_tenants import CoTenants
 
-    def start_co_tenants() -> None:
-        ctx = multiprocessing.get_context("spawn")
-        for _ in range(case.co_tenants):
-            p = ctx.Process(target=_burn, daemon=True)
-            p.start()
-            burners.append(p)
+    burners = CoTenants(case.co_tenants)
 
     def blocked_client() -> None:  # runs in the client's event loop after each task: blocks it, no CPU
         time.sleep(case.client_block_s)
@@ -256,11 +244,9 @@ def run_case(case: Case, run_dir: Path, bundle=None) -> dict:
         else:
             capture(case.workload, run_dir, options, bundle=bundle,
                     progress=blocked_client if case.client_block_s else None,
-                    on_ready=start_co_tenants if case.co_tenants else None)
+                    on_ready=burners.start if case.co_tenants else None)
     finally:
-        for p in burners:
-            p.kill()
-            p.join()
+        burners.stop()
     load_after = os.getloadavg()[0]
     reconstruct(run_dir)
     led = open_ledger(run_dir)
