@@ -6,9 +6,12 @@ registration time on the host's monotonic clock in manifest.json `prediction`. T
 file against that hash and the prediction format, tells whether the registration predates the run's
 first event on the same clock, and matches each attempt to a predicted request shape by the prompt
 tokens it computed (engine.enqueued's value less the engine.prefill cached_tokens its prefix cache
-served): the shape whose computed prompt (prompt less cached) is the longest not longer than the
-attempt's, so the shape's lower bounds stay bounds (of equal ones, the first the file lists); an
-attempt that computed fewer tokens than every shape is matched to none. A missing, altered or
+served): its own class's shape (the class the client dealt its task) when that shape's computed
+prompt (prompt less cached) is not longer than the attempt's, so the shape's lower bounds stay
+bounds, and none when it is longer; an attempt whose class the run does not name, or the prediction
+does not list, to the shape whose computed prompt is the longest not longer than its own (of equal
+ones, the first the file lists); an attempt that computed fewer tokens than every shape is matched
+to none. A missing, altered or
 malformed file is a gap, never a check.
 """
 from __future__ import annotations
@@ -136,13 +139,24 @@ CREATE OR REPLACE TABLE prediction_check AS
 WITH prompt AS (  -- the prompt tokens the engine computed: its own count less those its prefix cache served
   SELECT attempt_id, (n_prompt_engine - coalesce(n_prompt_cached, 0))::BIGINT AS computed_tokens
   FROM marks WHERE n_prompt_engine IS NOT NULL),
+task_class AS (  -- the workload class the client dealt each task (task.start attrs.task_class)
+  SELECT task_id, any_value(json_extract_string(attrs, '$.task_class')) AS task_class
+  FROM events WHERE name = 'task.start' AND task_id IS NOT NULL GROUP BY 1),
+cand AS (  -- the shapes whose bound assumes no more computed tokens than the attempt computed
+  SELECT m.attempt_id, p.computed_tokens, m.ttft_server_ms, m.tpot_server_ms, c.task_class,
+         c.task_class IN (SELECT class FROM prediction_shapes) AS class_predicted,
+         s.class, s.prompt_tokens - s.cached_tokens AS shape_computed, s.ord
+  FROM request_metrics m JOIN prompt p USING (attempt_id) LEFT JOIN task_class c USING (task_id)
+  JOIN prediction_shapes s ON s.prompt_tokens - s.cached_tokens <= p.computed_tokens),
 matched AS (
-  SELECT m.attempt_id, p.computed_tokens, m.ttft_server_ms, m.tpot_server_ms,
-         -- the shape whose bound assumes the most computed tokens not above the attempt's (equal: the first listed)
-         arg_max(s.class, [s.prompt_tokens - s.cached_tokens, -s.ord]) AS class
-  FROM request_metrics m JOIN prompt p USING (attempt_id)
-  JOIN prediction_shapes s ON s.prompt_tokens - s.cached_tokens <= p.computed_tokens
-  GROUP BY ALL)
+  -- its own class's shape where the run says which class it is and the prediction has that class (a
+  -- session's later turns, longer, stay with their class; none when its class's shape assumes more
+  -- computed tokens); else the one that assumes the most (equal: the first listed)
+  SELECT attempt_id, any_value(computed_tokens) AS computed_tokens, any_value(ttft_server_ms) AS ttft_server_ms,
+         any_value(tpot_server_ms) AS tpot_server_ms,
+         CASE WHEN coalesce(any_value(class_predicted), false) THEN any_value(class) FILTER (WHERE class = task_class)
+              ELSE arg_max(class, [shape_computed, -ord]) END AS class
+  FROM cand GROUP BY attempt_id)
 SELECT getvariable('run_id') AS run_id, s.class, s.prompt_tokens, s.cached_tokens, s.output_tokens,
        count(m.attempt_id) AS n_attempts,
        s.ttft_lower_ms, s.ttft_sustained_low_ms, s.ttft_sustained_high_ms, s.ttft_fit_low_ms, s.ttft_fit_high_ms,
@@ -178,9 +192,11 @@ GROUP BY ALL ORDER BY s.prompt_tokens, any_value(s.ord)
 # @table prediction_check: one row per predicted request shape: the prediction beside the run's attempts
 #   of that shape (docs/LEDGER.md "prediction_registration and prediction_check")
 # @column class: the workload class the shape is
-# @column prompt_tokens: the shape's prompt tokens; an attempt belongs to the shape whose computed prompt
-#   (prompt_tokens − cached_tokens) is the longest not longer than the attempt's computed prompt (engine.enqueued
-#   value less engine.prefill attrs.cached_tokens: tokens its prefix cache served are not computed)
+# @column prompt_tokens: the shape's prompt tokens; an attempt belongs to its own class's shape (task.start
+#   attrs.task_class) when that shape's computed prompt (prompt_tokens − cached_tokens) is not longer than the
+#   attempt's computed prompt (engine.enqueued value less engine.prefill attrs.cached_tokens: tokens its prefix
+#   cache served are not computed), to none when it is; an attempt of no known or predicted class to the
+#   shape whose computed prompt is the longest not longer than its own
 # @column cached_tokens: the shape's prefix assumed cached (its class's shared prefix)
 # @column output_tokens: the shape's output tokens (max_tokens)
 # @column n_attempts: the attempts matched to the shape

@@ -495,17 +495,53 @@ def test_an_attempt_served_from_the_prefix_cache_is_held_to_the_bound_of_what_it
     # marks: the engine's prompt count and what its prefix cache served (engine.prefill attrs.cached_tokens)
     con.execute("CREATE TABLE marks AS SELECT * FROM (VALUES ('A1', 128, 112), ('A2', 128, 0)) "
                 "t(attempt_id, n_prompt_engine, n_prompt_cached)")
-    con.execute("CREATE TABLE request_metrics AS SELECT * FROM (VALUES ('A1', 5.0, 1.0), ('A2', 30.0, 1.0)) "
-                "t(attempt_id, ttft_server_ms, tpot_server_ms)")
-    cols = ", ".join(f"NULL::DOUBLE AS {c}" for c in ("ttft_sustained_low_ms", "ttft_sustained_high_ms",
-                                                       "ttft_fit_low_ms", "ttft_fit_high_ms", "tpot_sustained_low_ms",
-                                                       "tpot_sustained_high_ms", "tpot_fit_low_ms", "tpot_fit_high_ms"))
-    con.execute(f"CREATE TABLE prediction_shapes AS SELECT t.*, {cols}, 0.1 AS tpot_lower_ms FROM (VALUES "
-                "('chat', 128, 0, 4, 20.0, 0), ('cached', 128, 112, 4, 3.0, 1)) "
-                "t(class, prompt_tokens, cached_tokens, output_tokens, ttft_lower_ms, ord)")
+    con.execute("CREATE TABLE request_metrics AS SELECT * FROM (VALUES ('A1', 'T1', 5.0, 1.0), ('A2', 'T2', 30.0, 1.0)) "
+                "t(attempt_id, task_id, ttft_server_ms, tpot_server_ms)")
+    _shapes(con, "('chat', 128, 0, 4, 20.0, 0), ('cached', 128, 112, 4, 3.0, 1)")
+    _task_classes(con, {})  # the run does not say which class a task is
     con.execute(PREDICTION_CHECK)
     got = con.execute("SELECT class, n_attempts, ttft_p50_ms, ttft_below_bound FROM prediction_check ORDER BY class").fetchall()
     assert got == [("cached", 1, 5.0, 0), ("chat", 1, 30.0, 0)]
+
+
+def _shapes(con, values: str) -> None:
+    cols = ", ".join(f"NULL::DOUBLE AS {c}" for c in ("ttft_sustained_low_ms", "ttft_sustained_high_ms",
+                                                       "ttft_fit_low_ms", "ttft_fit_high_ms", "tpot_sustained_low_ms",
+                                                       "tpot_sustained_high_ms", "tpot_fit_low_ms", "tpot_fit_high_ms"))
+    con.execute(f"CREATE TABLE prediction_shapes AS SELECT t.*, {cols}, 0.1 AS tpot_lower_ms FROM (VALUES {values}) "
+                "t(class, prompt_tokens, cached_tokens, output_tokens, ttft_lower_ms, ord)")
+
+
+def _task_classes(con, classes: dict) -> None:
+    """events: one task.start per task, carrying the class the client dealt it (attrs.task_class)."""
+    con.execute("CREATE TABLE events (name VARCHAR, task_id VARCHAR, attrs VARCHAR)")
+    for task, cls in classes.items():
+        con.execute("INSERT INTO events VALUES ('task.start', ?, ?)", [task, json.dumps({"task_class": cls})])
+
+
+def test_an_attempt_is_held_to_its_own_classs_shape_when_the_run_names_its_class():
+    """Three classes whose shapes assume the same 64 computed tokens: `chat` (64, none cached), `session`
+    (64), `long` (320, 256 cached). By computed tokens alone every attempt fell to `chat`, the first
+    listed. With task.start's task_class each is held to its own: L1 (long, 64 computed, 25 ms) to `long`,
+    S1 (session turn 1, 64 computed) and S2 (a later turn, 140 computed) to `session`; S3 (a turn whose
+    history the cache served: 40 computed, fewer than its shape assumes) to none, so no bound is wrongly
+    beaten; C1 to `chat`."""
+    from inferledger.ledger.prediction_check import PREDICTION_CHECK
+
+    con = duckdb.connect()
+    con.execute((Path(__file__).resolve().parent.parent / "ledger" / "macros.sql").read_text())
+    con.execute("SET VARIABLE run_id = 'r'")
+    con.execute("CREATE TABLE marks AS SELECT * FROM (VALUES ('C1', 64, 0), ('L1', 320, 256), ('S1', 64, 0), "
+                "('S2', 140, 0), ('S3', 140, 100)) t(attempt_id, n_prompt_engine, n_prompt_cached)")
+    con.execute("CREATE TABLE request_metrics AS SELECT * FROM (VALUES ('C1', 'T1', 10.0, 1.0), "
+                "('L1', 'T2', 25.0, 1.0), ('S1', 'T3', 11.0, 1.0), ('S2', 'T3', 19.0, 1.0), ('S3', 'T3', 6.0, 1.0)) "
+                "t(attempt_id, task_id, ttft_server_ms, tpot_server_ms)")
+    _shapes(con, "('chat', 64, 0, 4, 8.0, 0), ('session', 64, 0, 4, 8.0, 1), ('long', 320, 256, 4, 8.0, 2)")
+    _task_classes(con, {"T1": "chat", "T2": "long", "T3": "session"})
+    con.execute(PREDICTION_CHECK)
+    got = con.execute("SELECT class, n_attempts, ttft_p50_ms, ttft_below_bound FROM prediction_check "
+                      "ORDER BY class").fetchall()
+    assert got == [("chat", 1, 10.0, 0), ("long", 1, 25.0, 0), ("session", 2, 15.0, 0)]
 
 
 def test_the_last_level_cache_is_read_from_sysfs_and_the_stream_is_larger(tmp_path):
