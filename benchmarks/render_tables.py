@@ -344,7 +344,9 @@ def fit_transfer(rs: list[dict]) -> str:
                          fmt(block["held_out_median_abs_error_pct"], ".1f", " %"),
                          fmt(block["held_out_p90_abs_error_pct"], ".1f", " %")]
                         + [fmt(k[x]["median_abs_error_pct"], ".1f", " %") for x in ("prefill", "decode", "mixed")])
-    runs = "; ".join(f"{name}: {r['steps']} steps ({r['steps_below_bound']} below their bound), memory "
+    runs = "; ".join(f"{name}: {r['steps']} steps ({r['steps_below_bound']} below their bound"
+                     + (f", {r['cpu_wait_share']:.1%} of their time waiting for a CPU"
+                        if r.get("cpu_wait_share") is not None else "") + "), memory "
                      f"{fmt(r['memory_gb_s'], '.1f')} GB/s and matmul {fmt(r['matmul_tflop_per_s'], '.3f')} TFLOP/s, the "
                      f"best of {len(r['repeats']) or 1} measurement(s) ("
                      + ", ".join(f"{x['at']} {fmt(x['memory_gb_s'], '.1f')} GB/s" for x in r["repeats"]) + ")"
@@ -359,6 +361,22 @@ def fit_transfer(rs: list[dict]) -> str:
                     [[t["pair"], t["figure"].replace("_abs_error_pct", " \\|error\\|").replace("_", " "),
                       f"≤ {fmt(t['target_pct'], '.0f')} %", fmt(t["measured_pct"], ".1f", " %"), met(t["met"])]
                      for t in f["targets"]]))
+
+
+def diagnosis_bench(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    conf = f["confusion"]
+    cases = [[c["expected"], c["named"] or DASH, fmt(c["shares"].get(f"{c['expected']}_share"), ".2f"),
+              fmt((c["shares"].get(f"{c['named']}_share") if c["named"] else None), ".2f"),
+              DASH if c["cpu_wait_share"] is None else f"{c['cpu_wait_share']:.1%}",
+              f"{fmt(c['load_before_1m'], '.2f')} → {fmt(c['load_after_1m'], '.2f')}", c["n_attempts"],
+              fmt(c["wall_s"], ".0f", " s")] for c in f["cases"]]
+    right = sum(c["expected"] == c["named"] for c in f["cases"])
+    return (table(conf["columns"], [[str(v) for v in r] for r in conf["rows"]])
+            + "\n\n" + table(["constructed", "named first", "its share", "named share", "steps waiting for a CPU",
+                               "load (1 min)", "attempts", "wall"], cases)
+            + "\n\n" + targets([{"target": "every constructed cause named first",
+                                  "measured": f"{right} of {len(f['cases'])}", "met": f["target_met"]}]))
 
 
 @dataclass(frozen=True)
@@ -409,5 +427,8 @@ TABLES = {
     "model_fit": TableSpec("model_fit", model_fit),
     "microbench_cost": TableSpec("microbench_cost", microbench_cost),
     "step_records_cost": TableSpec("step_records_cost", step_records_cost),
-    "fit_transfer": TableSpec("fit_transfer", fit_transfer),
+    "fit_transfer": TableSpec("fit_transfer", fit_transfer, lambda p: not int(p.get("co_tenants") or 0)),
+    "fit_transfer.co_tenants": TableSpec("fit_transfer", fit_transfer, lambda p: int(p.get("co_tenants") or 0) > 0),
+    "diagnosis_bench": TableSpec("diagnosis_bench", diagnosis_bench,
+                                 lambda p: p.get("scale") == "default" and len(p.get("cases") or []) >= 7),
 }
