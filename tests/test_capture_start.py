@@ -147,5 +147,6 @@ def test_the_capture_command_refuses_a_prompt_past_the_context_with_exit_2_and_w
 
     out = tmp_path / "run"
     res = CliRunner().invoke(app, ["capture", "-w", str(_long_prompt_workload(tmp_path, 9000)), "-o", str(out)])
-    assert res.exit_code == 2 and "prompt_tokens: 9000 + max_tokens" in res.output.replace("\n", "")
+    flat = res.output.replace("\n", "")
+    assert res.exit_code == 2 and "[[classes]][1].prompt_tokens: 9000 + max_tokens" in flat  # the key, not markup
     assert not out.exists()
