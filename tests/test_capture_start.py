@@ -150,3 +150,30 @@ def test_the_capture_command_refuses_a_prompt_past_the_context_with_exit_2_and_w
     flat = res.output.replace("\n", "")
     assert res.exit_code == 2 and "[[classes]][1].prompt_tokens: 9000 + max_tokens" in flat  # the key, not markup
     assert not out.exists()
+
+
+def test_a_session_whose_later_turn_cannot_fit_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """Turn 1 fits (64 + 2000 tokens of 8192) but the chat grows by each answer: by turn 5 it cannot, and
+    the capture says so, with the task, the turn, its length and the context, before any weights load."""
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    def no_load(*a, **k):
+        raise AssertionError("the model must not load for a workload the model cannot take")
+
+    monkeypatch.setattr(loader, "load_model", no_load)
+    wl = tmp_path / "chat.toml"
+    wl.write_text(WORKLOAD.read_text().replace('file = "../tasks/basic.jsonl"',
+                                               f'file = "{WORKLOAD.parent.parent / "tasks" / "basic.jsonl"}"')
+                  .replace('prompt_tokens = 128', 'prompt_tokens = 64\nshape = "session"\nturns = 8\nmax_tokens = 2000'))
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"\[\[classes\]\]\[0\]\.turns: task T0000's turn 5 of 8 reaches \d+ prompt "
+                                         r"tokens \(the first turn's 64, then 4 answer\(s\) at max_tokens 2000 .*\) "
+                                         r"\+ max_tokens 2000 = \d+ exceeds the model's context of 8192 tokens "
+                                         r"\(allowed: turns <= 4"):
+        capture_mod.capture(wl, out)
+    assert not out.exists()
+    res = CliRunner().invoke(app, ["capture", "-w", str(wl), "-o", str(out)])
+    assert res.exit_code == 2 and "[[classes]][0].turns: task T0000's turn 5 of 8" in res.output.replace("\n", "")
+    assert not out.exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .arrivals import planned_offsets, read_replay
 from .calibration import calibrate
-from .plans import TaskPlan, build_plans, class_sequence
+from .plans import TaskPlan, build_plans, class_sequence, turn_checks
 from .schema import MAX_HORIZON_S, Inject, TaskClass, context_checks, count_checks, parse
 from .tasks import Question, load_questions
 from .trace_plans import TraceSource
@@ -148,22 +148,33 @@ class Workload:
             tokenizer=f.prompt.tokenizer, trace=trace, spec=spec, taskset=taskset,
             slo=f.slo.model_dump(exclude_none=True), sha256=hashlib.sha256(b"".join(blobs)).hexdigest())
 
-    def check_context(self, context_tokens: int | None, source: str) -> dict:
+    def check_context(self, context_tokens: int | None, source: str, tokenizer=None) -> dict:
         """Every class's prompt and output budget against the served model's context, before anything is
-        planned or written; returns what the manifest records of the check (`workload.context`). An
-        unknown context (a URL target that declares none) skips the check and says so. A trace's rows
-        are fitted to the context instead (docs/CAPTURE.md)."""
+        planned or written, and with `tokenizer` (the one the prompts are counted with) every turn of
+        every session, each taken at its longest (`plans.turn_checks`); returns what the manifest records
+        of the check (`workload.context`). An unknown context (a URL target that declares none) skips
+        the check and says so. A trace's rows are fitted to the context instead (docs/CAPTURE.md)."""
         if context_tokens is None:
             return {"tokens": None, "source": None, "checked": False,
                     "why": f"the served model's context is unknown ({source}): prompts not checked against it"}
         problems = [] if self.trace is not None else context_checks(self.classes, self.max_tokens, context_tokens)
+        if not problems and tokenizer is not None and self.trace is None:
+            problems = turn_checks(self, tokenizer, context_tokens)
         if problems:
             where = self.path or self.name
             raise ValueError("\n".join(f"{where}: {key}: {why} ({source})" for key, why in problems))
         if self.trace is not None:
             return {"tokens": context_tokens, "source": source, "checked": False,
                     "why": "a trace's rows are fitted to the context when planned (manifest workload.trace)"}
+        if self.has_later_turns and tokenizer is None:
+            return {"tokens": context_tokens, "source": source, "checked": False,
+                    "why": "the first turns were checked; the sessions' later turns need the tokenizer to be counted"}
         return {"tokens": context_tokens, "source": source, "checked": True}
+
+    @property
+    def has_later_turns(self) -> bool:
+        """Whether a class is a session of more than one turn (its later prompts grow by the answers)."""
+        return any(c.shape == "session" and c.turns > 1 for c in self.classes)
 
     # ---- what the client runs ------------------------------------------------------------------
     @property
