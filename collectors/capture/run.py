@@ -9,6 +9,7 @@ pacing error) and the manifest marks a run client-bound when the lag exceeds 1 m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import platform
 import signal
 import sys
@@ -129,17 +130,17 @@ def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOp
     # a session's later turns are counted with the tokenizer, read from the model file's header alone
     tokenizer = _tokenizer(wl, options, bundle) if context is not None and wl.has_later_turns else None
     wl.context = wl.check_context(context, source, tokenizer)
-    # The manifest exists from the first second (state "starting") while the model loads and the
-    # prompts are built; if that fails or a signal stops it, nothing was recorded and the folder is
-    # taken away again.
+    # The manifest exists from the first second (state "starting") while the model loads, the prompts
+    # are built and the run is opened; if that fails or a signal stops it, nothing was recorded and the
+    # folder is taken away again.
     with sigterm_like_sigint() as got:
         try:
             with StartingManifest(out, {"source": SOURCE, "state": "starting", "target": options.target_entry(),
                                         "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256}}):
                 prep = _prepare(wl, options, bundle, given, tokenizer)
+                live, head = _open_run(out, prep, options)
         except KeyboardInterrupt:  # SIGINT or SIGTERM while preparing: the folder is gone again, say so
             raise Interrupted(got["signum"] or signal.SIGINT, recorded=False) from None
-    live, head = _open_run(out, prep, options)
     return _record(live, head, prep, options, progress, on_ready)
 
 
@@ -205,8 +206,17 @@ def _prepare(wl: Workload, options: CaptureOptions, bundle, given: bytes | None,
 
 def _open_run(out: Path, prep: Prepared, options: CaptureOptions) -> tuple[Live, dict]:
     """The run's writer, clocks and first manifest (state "running"), with the prediction registered."""
-    wl, host = prep.wl, host_id()
     writer = RunWriter(out, options.run_id, autoflush_s=AUTOFLUSH_S, buckets=options.buckets)  # a kill loses at most the last 2 s
+    try:
+        return _open_writer(writer, out, prep, options)
+    except BaseException:  # nothing recorded yet: its flush thread stops, and what it wrote goes with the folder
+        with contextlib.suppress(Exception):
+            writer.close()
+        raise
+
+
+def _open_writer(writer: RunWriter, out: Path, prep: Prepared, options: CaptureOptions) -> tuple[Live, dict]:
+    wl, host = prep.wl, host_id()
     engine_clock = mono_clock(host)
     client_clock = f"client-mono:{host}" if options.separate_clocks else engine_clock
     head = {"source": SOURCE, "state": "running", "target": options.target_entry(),
