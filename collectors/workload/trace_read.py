@@ -57,15 +57,11 @@ class _Bad(ValueError):
     """One field of one row is wrong (its message is the problem)."""
 
 
-class TraceBoundError(ValueError):
-    """The file passes a bound of reading (rows read, rows with an output, block ids), at a line."""
-
-
 def read_trace(path: Path, fmt: str, *, skip_rows: int = 0, max_rows: int | None = None, start_s: float = 0.0,
                end_s: float | None = None, max_sent: int | None = None) -> TraceRead:
     """The rows of `path` whose trace time lies in [start_s, end_s), less the first `skip_rows` of them, at
-    most `max_rows`; a ValueError listing every bad row read (`<file>:<line>: <field>: <problem>`), a
-    TraceBoundError where reading passes a bound (`max_sent`: rows with an output in the window)."""
+    most `max_rows`; a ValueError listing every bad row read (`<file>:<line>: <field>: <problem>`), or
+    naming the line where reading passed a bound (`max_sent`: rows with an output in the window)."""
     start_ns, end_ns = _ns(start_s), (None if end_s is None else _ns(end_s))
     rows, problems, read, skipped, sent, block_ids = [], [], 0, 0, 0, 0
     n_problems = 0
@@ -76,7 +72,7 @@ def read_trace(path: Path, fmt: str, *, skip_rows: int = 0, max_rows: int | None
         for line, rec in records:
             read += 1
             if read > MAX_TRACE_ROWS_READ:
-                raise TraceBoundError(f"{path}:{line}: {MAX_TRACE_ROWS_READ} rows read and the window ({window}) "
+                raise ValueError(f"{path}:{line}: {MAX_TRACE_ROWS_READ} rows read and the window ({window}) "
                                       f"is not complete: a trace is read for at most {MAX_TRACE_ROWS_READ} rows "
                                       f"(about 5 s); cut the rows to replay into a file of their own")
             row, bad = _row(fmt, line, rec)
@@ -101,12 +97,12 @@ def read_trace(path: Path, fmt: str, *, skip_rows: int = 0, max_rows: int | None
                 continue
             sent += row.output_tokens > 0
             if max_sent is not None and sent > max_sent:
-                raise TraceBoundError(f"{path}:{line}: the window ({window}) holds more than {max_sent} rows with "
+                raise ValueError(f"{path}:{line}: the window ({window}) holds more than {max_sent} rows with "
                                       f"an output: at most {max_sent} tasks in one workload; set [trace].max_rows "
                                       f"(at most {max_sent}) or a shorter window")
             block_ids += len(row.hash_ids or ())
             if block_ids > MAX_TRACE_BLOCK_IDS:
-                raise TraceBoundError(f"{path}:{line}: hash_ids: the window's rows hold more than "
+                raise ValueError(f"{path}:{line}: hash_ids: the window's rows hold more than "
                                       f"{MAX_TRACE_BLOCK_IDS} block ids together (allowed: at most "
                                       f"{MAX_TRACE_BLOCK_IDS}, the prompt tokens one workload builds)")
             rows.append(TraceRow(line, t, row.input_tokens, row.output_tokens, row.hash_ids, row.model))
