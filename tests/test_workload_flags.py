@@ -66,6 +66,9 @@ def test_a_trace_dataset_replays_the_trace_and_refuses_a_rate():
     (LoadFlags(num_prompts=3, duration_s=2.0, request_rate=1.0), "--duration", "not both"),
     (LoadFlags(duration_s=2.0), "--duration", "needs a finite --request-rate"),
     (LoadFlags(request_rate=math.inf, burstiness=2.0), "--burstiness", "finite --request-rate"),
+    # (the derived task count was refused as [arrivals].n_tasks, a key the command line has not, with 300 digits)
+    (LoadFlags(request_rate=2.0, duration_s=1e300), "--duration", r"--duration 1e\+300 s at 2 requests/s makes "
+     r"2e\+300 requests: at most 100000 in one workload \(--duration <= 50000 s at this rate\)"),
 ])
 def test_contradicting_flags_are_refused_naming_the_flag(flags, flag, words):
     with pytest.raises(FlagError, match=words) as exc:
