@@ -125,3 +125,15 @@ def test_the_engine_flags_under_vllms_names_set_engine_config_fields():
     assert exc.value.param_hint == "--max-num-batched-tokens"
     with pytest.raises(typer.BadParameter, match="prompt lookup only"):
         engine_fields(speculative='{"method": "eagle"}')
+
+
+@pytest.mark.parametrize("command, args, flag", [
+    ("capture", ["--num-warmups", "100000000"], "--num-warmups"),  # warmed up for days before the run
+    ("capture", ["--drain-timeout", "1e300"], "--drain-timeout"),
+    ("serve", ["--drain-timeout", "1e300"], "--drain-timeout"),
+])
+def test_a_flag_past_any_meaning_is_refused_before_anything_loads(tmp_path, command, args, flag):
+    out = tmp_path / "r"
+    res = CliRunner().invoke(app, [command, "-o", str(out), *args], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and f"Invalid value for '{flag}'" in res.output, res.output
+    assert not out.exists()
