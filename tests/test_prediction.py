@@ -501,6 +501,16 @@ def test_device_parameters_that_no_device_has_are_refused_by_key(tmp_path, param
     assert not out.exists()
 
 
+def test_a_batch_limit_the_engine_cannot_take_is_refused_before_planning(tmp_path):
+    """--max-num-seqs 10^8 planned steps for minutes; the engine takes 1..4096 (serve and capture refuse more)."""
+    out = tmp_path / "pred.json"
+    res = CliRunner().invoke(app, ["predict", "-w", str(_workload(tmp_path)), "--model-config", str(_smol_config(tmp_path)),
+                                   "--device", "H100", "--max-num-seqs", "100000000", "-o", str(out)],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and "Invalid value for '--max-num-seqs'" in res.output, res.output
+    assert not out.exists()
+
+
 def test_generated_device_parameters_predict_or_are_refused_by_key(tmp_path):
     """Device parameter files of hostile values (0, negative, tiny, huge, text, booleans, null, lists,
     Infinity / NaN / 1e400 tokens, keys missing): `predict` writes a strict-JSON prediction of finite,
