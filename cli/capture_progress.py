@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions"):
     """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`). The
     workload is a file, or one already built (from `capture`'s flags)."""
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from inferledger.cli.output import console
@@ -54,8 +55,8 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
 
         try:
             result = capture(wl, out, options, on_ready=ready, progress=lambda: progress.advance(bar))
-        except errors as exc:
-            console.print(f"[red]error:[/] {exc}")
+        except errors as exc:  # (escaped: a refusal names keys like [[classes]][1], not markup)
+            console.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(2)
         except Interrupted as exc:  # the run directory is closed: say what it holds, no traceback
             progress.stop()

@@ -53,7 +53,7 @@ def capture_cmd(
     ignore_eos: Optional[bool] = typer.Option(None, "--ignore-eos/--no-ignore-eos", show_default=False,
                                               help="Load: generate exactly --output-len tokens.",
                                               rich_help_panel="Load (vLLM bench serve's names)"),
-    num_warmups: int = typer.Option(0, "--num-warmups", min=0, help="Load: requests sent before the run is opened "
+    num_warmups: int = typer.Option(0, "--num-warmups", min=0, max=1000, help="Load: requests sent before the run is opened "
                                     "(the first requests of the first tasks, one after another): not attempts, no "
                                     "events; the manifest counts them (client.warmups).",
                                     rich_help_panel="Load (vLLM bench serve's names)"),
@@ -92,7 +92,7 @@ def capture_cmd(
     server_wait: float = typer.Option(SERVER_WAIT_S, "--server-wait", min=0, help="With --server: seconds the "
                                       "folders get, after the load, to flush the end of this run's attempts; what is "
                                       "still missing then is a gap naming the folder."),
-    drain_timeout: float = typer.Option(DRAIN_TIMEOUT_S, min=0, help="Embedded engine: after the load, seconds "
+    drain_timeout: float = typer.Option(DRAIN_TIMEOUT_S, min=0, max=86400, help="Embedded engine: after the load, seconds "
                                         "requests still in flight get to finish before they are cancelled."),
     buckets: Optional[int] = typer.Option(None, min=1, max=9999, help="Write the events partitioned for large runs: "
                                           "by task into this many buckets, engine steps by engine instance "

@@ -45,7 +45,7 @@ def predict_cmd(
                                                 "model file (declared shape; needs --device or --device-params)."),
     dtype: Optional[str] = typer.Option(None, help="Compute dtype (float32, bfloat16; default: what the engine "
                                         "resolves, or the config's torch_dtype)."),
-    max_num_seqs: int = typer.Option(MAX_NUM_SEQS, min=1, help="The engine's batch limit the prediction plans for "
+    max_num_seqs: int = typer.Option(MAX_NUM_SEQS, min=1, max=4096, help="The engine's batch limit the prediction plans for "
                                      "(vLLM's --max-num-seqs; the engine's default, as serve and capture)."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " One row per "
                                      "request shape: " + ", ".join(COLUMNS) + " (ranges as \\[low, high])."),

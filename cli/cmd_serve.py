@@ -36,7 +36,7 @@ def serve_cmd(
     flush_every: float = typer.Option(2.0, help="Seconds between flushes of --out (events, samples, manifest; and "
                                       "once more on shutdown): a kill loses at most this much."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
-    drain_timeout: float = typer.Option(DRAIN_TIMEOUT_S, min=0, help="On Ctrl-C / SIGTERM: seconds in-flight requests get to "
+    drain_timeout: float = typer.Option(DRAIN_TIMEOUT_S, min=0, max=86400, help="On Ctrl-C / SIGTERM: seconds in-flight requests get to "
                                         "finish (new ones get 503); what is still running then is cancelled, so "
                                         "every request ends with a terminal event."),
 ) -> None:

@@ -165,14 +165,14 @@ def load_tokenizer(path=None) -> Tokenizer:
         raise ModelLoadError(f"{path}: no such model file or folder")
     if path.is_dir():  # a tokenizer-only folder has no config.json: no end-of-sequence ids then
         return _hf_tokenizer(path, _hf_config(path).get("eos_token_id") if (path / "config.json").exists() else None)
-    _reader, meta = _gguf_reader(path)
-    return _gguf_tokenizer(path, meta)
+    return _gguf_tokenizer(path, gguf_metadata(path))  # the header alone: no tensor is read
 
 
 def model_context(path=None) -> int:
     """The model's context (its positions) from its metadata alone, before any weights load: a GGUF
-    file's `<arch>.context_length`, an HF folder's `max_position_embeddings` (2048 when absent, as
-    `load_model` reads it); a bad or unreadable checkpoint raises ModelLoadError."""
+    file's `<arch>.context_length` (read from the file's header, which stops at that key: milliseconds,
+    where reading the whole file's tensor index takes seconds), an HF folder's `max_position_embeddings`
+    (2048 when absent, as `load_model` reads it); a bad or unreadable checkpoint raises ModelLoadError."""
     path = Path(path) if path is not None else default_model_path()
     if not path.exists():
         raise ModelLoadError(f"{path}: no such model file or folder")
@@ -180,12 +180,89 @@ def model_context(path=None) -> int:
         value = _hf_config(path).get("max_position_embeddings", 2048)
         where = f"{path / 'config.json'}: max_position_embeddings"
     else:
-        _reader, meta = _gguf_reader(path)
-        key = f"{meta.get('general.architecture')}.context_length"
-        value, where = meta.get(key), f"{path}: GGUF field {key!r}"
+        key = lambda meta: f"{meta.get('general.architecture')}.context_length"
+        meta = gguf_metadata(path, until=lambda meta: key(meta) in meta)
+        value, where = meta.get(key(meta)), f"{path}: GGUF field {key(meta)!r}"
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ModelLoadError(f"{where} is {value!r}, not a positive integer")
     return value
+
+
+# GGUF value types (the format's numbering) as struct codes; 8 is a string, 9 an array
+_GGUF_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def gguf_metadata(path: Path, until=None) -> dict:
+    """A GGUF file's key-value header as Python values (the gguf package's `contents()` of each
+    field), read in file order without reading the tensor index or any tensor; with `until`, reading
+    stops at the first key after which `until(metadata so far)` is true. A file that is not GGUF, of
+    an unknown version, or torn inside its header raises ModelLoadError naming it."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            f.seek(0)
+            raise ModelLoadError(f"{path}: not a GGUF file (starts with {f.read(4)!r}, not b'GGUF'); "
+                                 "pass a .gguf file or a Hugging Face folder")
+        try:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError as e:  # an empty file cannot be mapped (four bytes already were read)
+            raise ModelLoadError(f"{path}: unreadable GGUF ({e})") from e
+    meta: dict = {}
+    try:
+        end = "<" if struct.unpack_from("<I", buf, 4)[0] & 0xFFFF else ">"  # a byte-swapped version: big-endian
+        version = struct.unpack_from(end + "I", buf, 4)[0]
+        if version not in (2, 3):
+            raise ModelLoadError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+        n_kv, at = struct.unpack_from(end + "Q", buf, 16)[0], 24
+
+        def scalar(code: str):
+            nonlocal at
+            value = struct.unpack_from(end + code, buf, at)[0]
+            at += struct.calcsize(code)
+            return value
+
+        def string() -> str:
+            nonlocal at
+            n = scalar("Q")
+            if at + n > len(buf):
+                raise struct.error(f"a string of {n} bytes past the end of the file")
+            at += n
+            return buf[at - n: at].decode("utf-8")
+
+        def value(kind: int):
+            nonlocal at
+            if kind == _GGUF_STRING:
+                return string()
+            if kind in _GGUF_SCALAR:
+                return scalar(_GGUF_SCALAR[kind])
+            if kind != _GGUF_ARRAY:
+                raise struct.error(f"unknown value type {kind}")
+            item, n = scalar("I"), scalar("Q")
+            if item in _GGUF_SCALAR:
+                code = f"{end}{n}{_GGUF_SCALAR[item]}"
+                if at + struct.calcsize(code) > len(buf):
+                    raise struct.error(f"an array of {n} values past the end of the file")
+                out = list(struct.unpack_from(code, buf, at))
+                at += struct.calcsize(code)
+                return out
+            if n * 8 > len(buf) - at:  # every item takes at least 8 bytes (a string's length, an array's head)
+                raise struct.error(f"an array of {n} items past the end of the file")
+            return [value(item) for _ in range(n)]
+
+        for _ in range(n_kv):
+            key = string()
+            meta[key] = value(scalar("I"))
+            if until is not None and until(meta):
+                break
+    except (struct.error, UnicodeDecodeError, RecursionError) as e:
+        raise ModelLoadError(f"{path}: unreadable GGUF, probably truncated or corrupt "
+                             f"({type(e).__name__}: {e}); replace the file") from e
+    finally:
+        buf.close()
+    return {k: v for k, v in meta.items() if not k.startswith("GGUF.")}
 
 
 def _gguf_reader(path: Path):

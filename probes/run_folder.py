@@ -264,10 +264,6 @@ class Manifest:
         write_json_atomic(self.to_json(), path)
         return path
 
-    @classmethod
-    def remove(cls, run_dir: str | os.PathLike) -> None:
-        cls.file(run_dir).unlink(missing_ok=True)
-
     # -- what the readers take from it, each in one place ---------------------------------------
     def get(self, key: str, default=None):
         assert key in _MANIFEST_NAMES, f"{key}: not a manifest key"

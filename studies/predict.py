@@ -8,6 +8,7 @@ step-time fit (`fit_run`) adds a fit-based expected range.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,16 +19,33 @@ from inferledger.probes.model_shape import ModelShape
 from inferledger.probes.run_folder import MANIFEST_FILE, Manifest
 
 
+# what a device measured here can be: the roofs' plausible range, far beyond any machine on both sides
+DEVICE_PARAM_RANGES = {"memcpy_gbps": (1e-3, 1e5, "GB/s"), "matmul_tflops": (1e-6, 1e4, "TFLOP/s")}
+
+
 def read_device_params(path: Path) -> dict:
-    """device_params from a run's manifest (its `device_params` key) or a file holding only them."""
+    """device_params from a run's manifest (its `device_params` key) or a file holding only them; each
+    roof's `peak` (and `median` where given) a number within DEVICE_PARAM_RANGES, else a PredictionError
+    naming the file, the key and the value."""
     try:
         doc = strict_json(Path(path).read_bytes(), str(path))
     except OSError as exc:
         raise PredictionError(f"{path}: cannot read ({exc.strerror})") from None
     params = doc.get("device_params", doc) if isinstance(doc, dict) else None
-    if not isinstance(params, dict) or microbenchmark_roofs(params) is None:
+    if not isinstance(params, dict) or not all(isinstance(params.get(k), dict) for k in DEVICE_PARAM_RANGES):
         raise PredictionError(f"{path}: no device parameters: expected memcpy_gbps.peak and matmul_tflops.peak "
                               f"(a capture's {MANIFEST_FILE}, or its device_params block)")
+    for key, (low, high, unit) in DEVICE_PARAM_RANGES.items():
+        for stat in ("peak", "median"):
+            value = params[key].get(stat)
+            if value is None and stat == "median":
+                continue  # a peak without its median: no sustained range, as the prediction says
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise PredictionError(f"{path}: {key}.{stat}: must be a number of {unit} in {low:g}..{high:g}, "
+                                      f"not {json.dumps(value)[:40]}")
+    name = params.get("device_name")
+    if name is not None and not isinstance(name, str):
+        raise PredictionError(f"{path}: device_name: must be a string, not {json.dumps(name)[:40]}")
     return params
 
 

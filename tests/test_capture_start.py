@@ -147,5 +147,81 @@ def test_the_capture_command_refuses_a_prompt_past_the_context_with_exit_2_and_w
 
     out = tmp_path / "run"
     res = CliRunner().invoke(app, ["capture", "-w", str(_long_prompt_workload(tmp_path, 9000)), "-o", str(out)])
-    assert res.exit_code == 2 and "prompt_tokens: 9000 + max_tokens" in res.output.replace("\n", "")
+    flat = res.output.replace("\n", "")
+    assert res.exit_code == 2 and "[[classes]][1].prompt_tokens: 9000 + max_tokens" in flat  # the key, not markup
+    assert not out.exists()
+
+
+def test_a_session_whose_later_turn_cannot_fit_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """Turn 1 fits (64 + 2000 tokens of 8192) but the chat grows by each answer: by turn 5 it cannot, and
+    the capture says so, with the task, the turn, its length and the context, before any weights load."""
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    def no_load(*a, **k):
+        raise AssertionError("the model must not load for a workload the model cannot take")
+
+    monkeypatch.setattr(loader, "load_model", no_load)
+    wl = tmp_path / "chat.toml"
+    wl.write_text(WORKLOAD.read_text().replace('file = "../tasks/basic.jsonl"',
+                                               f'file = "{WORKLOAD.parent.parent / "tasks" / "basic.jsonl"}"')
+                  .replace('prompt_tokens = 128', 'prompt_tokens = 64\nshape = "session"\nturns = 8\nmax_tokens = 2000'))
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"\[\[classes\]\]\[0\]\.turns: task T0000's turn 5 of 8 reaches \d+ prompt "
+                                         r"tokens \(the first turn's 64, then 4 answer\(s\) at max_tokens 2000 .*\) "
+                                         r"\+ max_tokens 2000 = \d+ exceeds the model's context of 8192 tokens "
+                                         r"\(allowed: turns <= 4"):
+        capture_mod.capture(wl, out)
+    assert not out.exists()
+    res = CliRunner().invoke(app, ["capture", "-w", str(wl), "-o", str(out)])
+    assert res.exit_code == 2 and "[[classes]][0].turns: task T0000's turn 5 of 8" in res.output.replace("\n", "")
+    assert not out.exists()
+
+
+def test_a_failure_while_the_run_opens_leaves_no_run_and_no_writer_behind(tmp_path, monkeypatch):
+    """Past the preparation, opening the run (its writer, the registered prediction, the first manifest,
+    the samplers) can still fail: nothing was recorded, so the folder goes as after a failed preparation,
+    and the writer's flush thread does not write into it afterwards."""
+    import threading
+    import time
+
+    class SamplerBroken(RuntimeError):
+        pass
+
+    def broken(*a, **k):
+        raise SamplerBroken("the host sampler cannot start")
+
+    monkeypatch.setattr(capture_mod, "HostSampler", broken)
+    monkeypatch.setattr(capture_mod, "AUTOFLUSH_S", 0.05)
+    out = tmp_path / "new" / "run"
+    with pytest.raises(SamplerBroken):
+        capture_mod.capture(WORKLOAD, out, CaptureOptions(target="http://127.0.0.1:9"))
+    time.sleep(0.3)  # a flush thread left running would write clocks.parquet and the manifest again
+    assert not out.exists() and not out.parent.exists() and tmp_path.exists()
+    assert not [t for t in threading.enumerate() if t.name == "run-writer-flush"]
+
+
+@pytest.mark.slow
+def test_sigint_while_the_model_loads_leaves_no_run_and_exits_130(tmp_path):
+    """The real command in its own process, stopped by SIGINT once its manifest says "starting" (the
+    model loading): exit 130, one line saying nothing was recorded, no folder, no traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    cli = Path(sys.executable).parent / "inferledger"
+    proc = subprocess.Popen([str(cli), "capture", "-w", str(WORKLOAD), "-o", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+    deadline = time.monotonic() + 60
+    while not (out / "manifest.json").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert json.loads((out / "manifest.json").read_text())["state"] == "starting"
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert "interrupted (SIGINT) while preparing: nothing was recorded" in output and "Traceback" not in output
     assert not out.exists()

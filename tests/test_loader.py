@@ -130,3 +130,78 @@ def test_identity_of_the_bundled_model(bundle):
     assert (ident["tokenizer"]["bos_token"], ident["tokenizer"]["eos_tokens"]) == ("<|im_start|>", ["<|im_end|>"])
     assert ident["chat_template_sha256"] == bundle.tokenizer.template_sha256
     json.dumps(ident)  # goes into manifest.json as is
+
+
+def test_the_context_is_read_from_the_gguf_header_alone(tmp_path):
+    """The context comes from the file's first key-values: a copy torn after 64 KiB (no tensor index,
+    no tokenizer, no weights) still gives it, in milliseconds, where reading the whole index took seconds."""
+    import time
+
+    from inferledger.engine.loader import model_context
+
+    head = tmp_path / "head.gguf"
+    with open(default_model_path(), "rb") as f:
+        head.write_bytes(f.read(64 * 1024))
+    t0 = time.perf_counter()
+    assert model_context(head) == 8192
+    assert time.perf_counter() - t0 < 0.5
+    assert model_context() == 8192
+
+
+def test_the_header_reader_reads_what_the_gguf_package_reads():
+    gguf = pytest.importorskip("gguf")
+    from inferledger.engine.loader import gguf_metadata
+
+    path = default_model_path()
+    reader = gguf.GGUFReader(path)
+    expected = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert gguf_metadata(path) == expected
+
+
+def _gguf_bytes(*kvs: tuple[str, int, bytes]) -> bytes:
+    """A GGUF v3 header of these (key, value type, packed value) and no tensors."""
+    import struct
+
+    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs))
+    for key, kind, packed in kvs:
+        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", kind) + packed
+    return out
+
+
+def _gguf_str(text: str) -> bytes:
+    import struct
+
+    return struct.pack("<Q", len(text)) + text.encode()
+
+
+@pytest.mark.parametrize("body, problem", [
+    (b"", r"not a GGUF file \(starts with b''"),
+    (b"PK\x03\x04 a zip", r"not a GGUF file \(starts with b'PK"),
+    (b"GGUF", r"unreadable GGUF, probably truncated"),
+    (b"GGUF" + (9).to_bytes(4, "little") + bytes(16), r"GGUF version 9 is not supported"),
+    (_gguf_bytes(("general.architecture", 8, _gguf_str("llama")))[:-2], r"unreadable GGUF, probably truncated"),
+    (_gguf_bytes(("general.architecture", 8, (2 ** 62).to_bytes(8, "little"))), r"unreadable GGUF"),
+    (_gguf_bytes(("general.architecture", 8, _gguf_str("llama"))),
+     r"GGUF field 'llama\.context_length' is None, not a positive integer"),
+    (_gguf_bytes(("general.architecture", 8, _gguf_str("llama")), ("llama.context_length", 11, (-5).to_bytes(8, "little", signed=True))),
+     r"GGUF field 'llama\.context_length' is -5, not a positive integer"),
+    (_gguf_bytes(("general.architecture", 8, _gguf_str("llama")), ("x", 9, (8).to_bytes(4, "little") + (2 ** 60).to_bytes(8, "little"))),
+     r"an array of \d+ items past the end of the file"),
+])
+def test_a_bad_gguf_header_is_refused_by_name(tmp_path, body, problem):
+    from inferledger.engine.loader import model_context
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(body)
+    with pytest.raises(ModelLoadError, match=rf"m\.gguf: .*{problem}"):
+        model_context(path)
+
+
+def test_a_gguf_header_gives_the_context_of_its_own_architecture(tmp_path):
+    from inferledger.engine.loader import model_context
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_gguf_bytes(("general.architecture", 8, _gguf_str("qwen2")),
+                                 ("llama.context_length", 4, (99).to_bytes(4, "little")),
+                                 ("qwen2.context_length", 4, (32768).to_bytes(4, "little"))))
+    assert model_context(path) == 32768

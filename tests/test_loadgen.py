@@ -135,6 +135,28 @@ def test_replay_plans_exactly_the_file_offsets(tmp_path):
         _workload(tmp_path, arrivals={"process": "replay", "file": "bad.txt"})
 
 
+def test_a_replay_file_is_read_as_a_stream_up_to_its_bound_and_refused_by_line(tmp_path):
+    """A replay file is read for the arrivals used: n_tasks of them (a bad line after them is never read),
+    or every one up to the bound of tasks; a number no double holds or a nesting the parser cannot take
+    is refused by line, not a traceback."""
+    replay = {"process": "replay", "file": "r.txt", "rate_rps": None}
+    (tmp_path / "r.txt").write_text("0\n10\n20\nnot a number\n")
+    assert _workload(tmp_path, arrivals={**replay, "n_tasks": 3}).arrival_offsets() == [0.0, 0.01, 0.02]
+    assert read_replay(tmp_path / "r.txt", first=2) == [0.0, 10.0]
+    (tmp_path / "r.txt").write_text("".join(f"{i}\n" for i in range(6)))
+    with pytest.raises(ValueError, match=r"r\.txt:6: more than 5 arrivals: at most 5 tasks in one workload; set "
+                                         r"\[arrivals\]\.n_tasks \(at most 5\)"):
+        read_replay(tmp_path / "r.txt", most=5)
+    for line, problem in (("9" * 4000, "OverflowError"), ("[" * 100_000, "RecursionError")):
+        (tmp_path / "r.txt").write_text(f"0\n{line}\n")
+        with pytest.raises(ValueError, match=rf"r\.txt:2: expected a number of ms or a JSON object with t_ms "
+                                             rf"\({problem}"):
+            _workload(tmp_path, arrivals={**replay, "n_tasks": None})
+    (tmp_path / "r.txt").write_bytes(b"0\n\xff\xfe\n")
+    with pytest.raises(ValueError, match=r"r\.txt: not a text file of arrivals"):
+        _workload(tmp_path, arrivals={**replay, "n_tasks": None})
+
+
 def test_an_open_loops_concurrency_caps_the_tasks_in_flight(tmp_path):
     # 12 arrivals at 2000/s all land while the first are still streaming: without the cap all 12 overlap
     transport = FakeTransport(delays={f"T{i:04d}": 0.03 for i in range(12)})

@@ -470,6 +470,111 @@ def test_predict_refuses_roofs_that_are_not_finite_or_a_median_above_its_peak(tm
     assert not out.exists()
 
 
+def _smol_config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,
+                               "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+                               "tie_word_embeddings": True, "torch_dtype": "bfloat16"}))
+    return cfg
+
+
+@pytest.mark.parametrize("params, refusal", [
+    ('{"memcpy_gbps": {"peak": 1e308, "median": 1}, "matmul_tflops": {"peak": 1.0, "median": 0.5}}',
+     "memcpy_gbps.peak: must be a number of GB/s in 0.001..100000, not 1e+308"),
+    ('{"memcpy_gbps": {"peak": 5, "median": -1}, "matmul_tflops": {"peak": 1.0, "median": 0.5}}',
+     "memcpy_gbps.median: must be a number of GB/s in 0.001..100000, not -1"),
+    ('{"memcpy_gbps": {"peak": 5, "median": 1}, "matmul_tflops": {"peak": 1e-300, "median": 1e-300}}',
+     "matmul_tflops.peak: must be a number of TFLOP/s in 1e-06..10000, not 1e-300"),
+    ('{"memcpy_gbps": {"peak": 5, "median": 1}, "matmul_tflops": {"peak": "1", "median": 0.5}}',
+     'matmul_tflops.peak: must be a number of TFLOP/s in 1e-06..10000, not "1"'),
+    ('{"device_params": {"memcpy_gbps": {"peak": 5, "median": 1}, "matmul_tflops": {"peak": 1, "median": 0.5}, '
+     '"device_name": 7}}', "device_name: must be a string, not 7"),
+])
+def test_device_parameters_that_no_device_has_are_refused_by_key(tmp_path, params, refusal):
+    """A median of -1 was taken as no median (a silently different range), 1e-300 TFLOP/s made bounds of
+    10^300 ms, a name of 7 stood as the device's name."""
+    (tmp_path / "params.json").write_text(params)
+    out = tmp_path / "pred.json"
+    res = CliRunner().invoke(app, ["predict", "-w", str(_workload(tmp_path)), "--model-config", str(_smol_config(tmp_path)),
+                                   "--device-params", str(tmp_path / "params.json"), "-o", str(out)])
+    assert res.exit_code == 2 and f"params.json: {refusal}" in res.output, res.output
+    assert not out.exists()
+
+
+def test_a_batch_limit_the_engine_cannot_take_is_refused_before_planning(tmp_path):
+    """--max-num-seqs 10^8 planned steps for minutes; the engine takes 1..4096 (serve and capture refuse more)."""
+    out = tmp_path / "pred.json"
+    res = CliRunner().invoke(app, ["predict", "-w", str(_workload(tmp_path)), "--model-config", str(_smol_config(tmp_path)),
+                                   "--device", "H100", "--max-num-seqs", "100000000", "-o", str(out)],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and "Invalid value for '--max-num-seqs'" in res.output, res.output
+    assert not out.exists()
+
+
+def test_generated_device_parameters_predict_or_are_refused_by_key(tmp_path):
+    """Device parameter files of hostile values (0, negative, tiny, huge, text, booleans, null, lists,
+    Infinity / NaN / 1e400 tokens, keys missing): `predict` writes a strict-JSON prediction of finite,
+    non-negative bounds, or exits 2 naming the file; never a traceback."""
+    import math
+    import re
+    import time
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    hostile = st.sampled_from([0, -1, 1e-9, 1e-4, 0.02, 1, 5.5, 300, 1e5, 2e5, 1e308, "5", True, None, [], {},
+                               "@Infinity", "@NaN", "@1e400", "@-Infinity", "<gone>"]) | st.floats(1e-3, 1e4)
+    good = st.floats(1e-3, 1e4)
+    params = st.fixed_dictionaries({"memcpy_gbps": st.fixed_dictionaries({"peak": good, "median": good}),
+                                    "matmul_tflops": st.fixed_dictionaries({"peak": good, "median": good}),
+                                    "device_name": st.just("cpu-a")})
+    where = st.sampled_from([("memcpy_gbps", "peak"), ("memcpy_gbps", "median"), ("matmul_tflops", "peak"),
+                             ("matmul_tflops", "median"), ("device_name",), ("memcpy_gbps",), ("matmul_tflops",)])
+    edits = st.lists(st.tuples(where, hostile), max_size=3)
+    workload, cfg = _workload(tmp_path), _smol_config(tmp_path)
+    out = tmp_path / "pred.json"
+
+    def finite(doc) -> bool:
+        if isinstance(doc, dict):
+            return all(finite(v) for v in doc.values())
+        if isinstance(doc, list):
+            return all(finite(v) for v in doc)
+        return not isinstance(doc, float) or math.isfinite(doc)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(params, edits, st.booleans())
+    def check(doc, changes, wrapped):
+        for path, value in changes:  # a good file with up to three values made hostile (or taken out)
+            target = doc
+            for key in path[:-1]:
+                target = target.setdefault(key, {}) if isinstance(target.get(key), dict) else {}
+            if value == "<gone>":
+                target.pop(path[-1], None)
+            else:
+                target[path[-1]] = value
+        text = json.dumps({"device_params": doc} if wrapped else doc)
+        for token in ("Infinity", "NaN", "1e400", "-Infinity"):
+            text = text.replace(f'"@{token}"', token)
+        (tmp_path / "params.json").write_text(text)
+        out.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        res = CliRunner().invoke(app, ["predict", "-w", str(workload), "--model-config", str(cfg),
+                                       "--device-params", str(tmp_path / "params.json"), "-o", str(out)])
+        assert time.perf_counter() - t0 < 10
+        assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+        if res.exit_code == 2:  # named by file and key, or the two roofs that disagree by theirs
+            flat = res.output.replace("\n", " ")
+            assert not out.exists() and (f"error: {tmp_path / 'params.json'}: " in flat or
+                                         re.search(r"roofs\.sustained\.\w+ = .* is above roofs\.peak\.", flat)), flat
+            return
+        assert res.exit_code == 0, res.output
+        pred = json.loads(out.read_text())  # strict JSON: no NaN / Infinity token
+        assert finite(pred)
+        assert all(r["ttft_lower_ms"] >= 0 and r["ttft_lower_ms"] < 1e9 for r in pred["requests"])
+
+    check()
+
+
 def test_the_ttft_bound_of_a_cached_prefix_counts_the_tokens_computed():
     """128 prompt tokens of which the prefix cache served 112: the bound is a 16-token prefill at context
     112. By hand on SmolLM2-135M (30 layers, d 576, q 576, kv 192, ffn 1536, vocab 49152) at 1 TFLOP/s

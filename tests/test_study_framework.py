@@ -175,3 +175,52 @@ def test_a_known_study_gets_its_comparison_again_from_the_rebuilt_ledgers(tmp_pa
     assert seen == [("cancel_release", 1), ("preemption", 1)]
     assert tables[0].rows == [["cancel_release", 1017.0], ["preemption", 892.0]]
     assert read_comparison(out)["key"]["rows"] == [["cancel_release", 1017.0], ["preemption", 892.0]]
+
+
+def test_generated_knobs_plan_or_are_refused_with_exit_2_naming_the_knob(tmp_path, monkeypatch):
+    """`--set` pairs of every study's knobs (and unknown ones) with hostile values (0, negative, huge,
+    non-finite, fractional for an integer, empty, a scale no study has): the study plans its runs, each
+    of the values given, or `inferledger study` exits 2 naming the knob, with no folder written; never
+    a traceback or a hang. (The runs themselves are not produced: only the plan.)"""
+    import time
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from inferledger.studies import framework
+    from inferledger.studies.registry import STUDIES
+
+    class Planned(Exception):
+        pass
+
+    def plan_only(study, out, options=None, **kw):  # run_study up to its plan: options, folder, runs
+        opts = study.resolve_options(options)
+        framework.check_new_study_dir(Path(out))
+        plans = study.runs(opts)
+        raise Planned(opts, [r.knob for r in plans])
+
+    monkeypatch.setattr(framework, "run_study", plan_only)
+    keys = sorted({k for s in STUDIES.values() for k in s.options} | {"chunks", ""})
+    texts = st.sampled_from(["0", "-1", "1", "2", "3", "7", "65536", "65537", "1e3", "1e308", "nan", "inf", "-inf",
+                             "", "1.5", "9" * 30, "true", "tiny", "default", "huge", " 4 ", "1_000", "0.01",
+                             "1000", "1000.5", str(2 ** 63)]) | st.integers(-10, 10 ** 6).map(str)
+    out = tmp_path / "s"
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(sorted(STUDIES)), st.lists(st.tuples(st.sampled_from(keys), texts), max_size=3))
+    def check(name, pairs):
+        args = [a for k, v in pairs for a in ("--set", f"{k}={v}")]
+        t0 = time.perf_counter()
+        res = CliRunner().invoke(app, ["study", name, "-o", str(out), *args])
+        assert time.perf_counter() - t0 < 10
+        assert not out.exists()
+        if isinstance(res.exception, Planned):
+            opts, knobs = res.exception.args
+            given_ = {k: v for k, v in pairs}
+            for k, v in given_.items():  # no silently different plan: each knob is the value given
+                assert str(opts[k]) == v.strip() or opts[k] == type(opts[k])(v), (k, v, opts[k])
+            return
+        assert res.exit_code == 2, (res.output, repr(res.exception))
+        assert "error: " in res.output and ("--set " in res.output or "unknown option" in res.output), res.output
+
+    check()

@@ -249,3 +249,152 @@ def test_generated_mooncake_traces_load_within_the_bounds_or_are_refused_by_line
         assert all(0 <= t <= MAX_HORIZON_S for t in wl.arrival_offsets())
 
     check()
+
+
+# ---- bounds of reading: rows read, rows kept, line length, magnitudes (docs/CAPTURE.md "Bounds") ----------
+
+BURST_HEAD = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+
+
+def _burst(tmp_path: Path, rows: list[str]) -> Path:
+    path = tmp_path / "b.csv"
+    path.write_text(BURST_HEAD + "".join(r + "\n" for r in rows))
+    return path
+
+
+def test_a_trace_is_read_for_at_most_its_bound_of_rows_naming_the_line_and_the_window(tmp_path, monkeypatch):
+    from inferledger.collectors.workload import trace_read
+
+    monkeypatch.setattr(trace_read, "MAX_TRACE_ROWS_READ", 5)
+    path = _burst(tmp_path, [f"{i},ChatGPT,10,5,15,API log" for i in range(10)])
+    assert [r.line for r in read_trace(path, "burstgpt", skip_rows=2, max_rows=3).rows] == [4, 5, 6]
+    assert _refusal(path, "burstgpt", skip_rows=8) == [
+        f"{path}:7: 5 rows read and the window ([trace] skip_rows = 8, start_s = 0.0, end_s = None, max_rows = None) "
+        f"is not complete: a trace is read for at most 5 rows (about 5 s); cut the rows to replay into a file of "
+        f"their own"]
+
+
+def test_a_window_of_more_rows_than_a_workload_may_send_is_refused_while_reading(tmp_path, monkeypatch):
+    from inferledger.collectors.workload import trace_plans
+
+    monkeypatch.setattr(trace_plans, "MAX_TASKS", 3)
+    _burst(tmp_path, [f"{i},ChatGPT,10,{i % 2 * 5},15,API log" for i in range(9)])  # every other row has an output
+    with pytest.raises(ValueError) as info:
+        _workload(tmp_path, "burstgpt", "b.csv")
+    assert str(info.value) == (f"{tmp_path / 'b.csv'}:9: the window ([trace] skip_rows = 0, start_s = 0.0, end_s = "
+                               f"None, max_rows = None) holds more than 3 rows with an output: at most 3 tasks in one "
+                               f"workload; set [trace].max_rows (at most 3) or a shorter window")
+    assert _workload(tmp_path, "burstgpt", "b.csv", max_rows=6).n_tasks == 3
+
+
+def test_a_line_past_the_bound_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
+    from inferledger.collectors.workload import trace_read
+
+    monkeypatch.setattr(trace_read, "MAX_TRACE_LINE_BYTES", 100)
+    path = _burst(tmp_path, ["0,ChatGPT,10,5,15,API log", "1," + "G" * 200 + ",10,5,15,API log"])
+    assert _refusal(path, "burstgpt") == [
+        f"{path}:3: a line longer than 100 characters (allowed: at most 100: one row of a trace)"]
+    moon = tmp_path / "m.jsonl"
+    moon.write_text('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [' + "1, " * 60 + "1]}\n")
+    assert _refusal(moon, "mooncake") == [
+        f"{moon}:1: a line longer than 100 characters (allowed: at most 100: one row of a trace)"]
+
+
+def test_values_past_their_bounds_and_unreadable_csv_are_refused_by_line_and_column(tmp_path):
+    """A timestamp 10^400 s away (it overflowed the arrival offsets), a token count whose digits would
+    take forever to spell out, a field past the csv module's own limit: each named by line, at once."""
+    import time
+
+    path = _burst(tmp_path, ["0,ChatGPT,10,5,15,API log", "1e400,ChatGPT,10,5,15,API log",
+                             "2,ChatGPT,1e999999999,5,15,API log", "3,ChatGPT,10,1" + "0" * 20 + ",15,API log"])
+    t0 = time.perf_counter()
+    assert _refusal(path, "burstgpt") == [
+        f"{path}:3: Timestamp: must be <= 10000000000 (1e+10 s), not '1e400'",
+        f"{path}:4: Request tokens: must be <= 1000000000 tokens, not '1e999999999'",
+        f"{path}:5: Response tokens: must be <= 1000000000 tokens, not '100000000000000000000'"]
+    assert time.perf_counter() - t0 < 1
+    big = _burst(tmp_path, ["0,ChatGPT,10,5,15,API log", '1,"' + "x" * 200_000 + '",10,5,15,API log'])
+    assert _refusal(big, "burstgpt") == [f"{big}:3: cannot be read as CSV (field larger than field limit (131072))"]
+    moon = tmp_path / "m.jsonl"
+    moon.write_text('{"timestamp": 1e17, "input_length": 1, "output_length": 1, "hash_ids": []}\n' + "[" * 5000 + "\n")
+    assert _refusal(moon, "mooncake") == [
+        f"{moon}:1: timestamp: must be <= 10000000000000 (1e+10 s), not 1e+17",
+        f"{moon}:2: row: not JSON (nested too deeply)"]
+
+
+def _generated_csv_check(tmp_path, fmt: str, head: str, good, hostile, examples: int):
+    """Files of good rows (`good`: a strategy of one row's cells, timestamps sorted) with up to three
+    cells made hostile (huge, negative, fractional, non-finite, exponents, text, quotes, empty): the
+    workload loads with every arrival within the horizon and its rows exactly the file's numbers, or a
+    ValueError names the file and line or the key; never another exception, never a hang."""
+    import csv
+    import io
+    import re
+    import time
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from inferledger.collectors.workload.schema import MAX_HORIZON_S, MAX_TASKS
+
+    named = re.compile(r"^(\S+:\d+: |\S+: |w\.toml: \[\w+\]\.\w+: )")
+    columns = FIELDS_OF[fmt]
+    n_cols = len(head.split(","))
+    edit = st.tuples(st.integers(0, 5), st.integers(0, n_cols - 1), st.sampled_from(hostile))
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(good, min_size=1, max_size=6), st.lists(edit, max_size=3), st.sampled_from([0.001, 1.0, 1000.0]),
+           st.sampled_from([{}, {"max_rows": 2}, {"skip_rows": 1}, {"start_s": 1.0, "end_s": 1e9}]))
+    def check(rows, edits, speed, window):
+        rows = [list(r) for r in sorted(rows)]  # time order (the good cells' first is the time)
+        for i, j, value in edits:
+            rows[i % len(rows)][j] = value
+        text = head + "".join(",".join(r) + "\n" for r in rows)
+        (tmp_path / "t.csv").write_text(text)
+        t0 = time.perf_counter()
+        try:
+            wl = _workload(tmp_path, fmt, "t.csv", speed=speed, **window)
+        except ValueError as exc:
+            assert all(named.match(line) for line in str(exc).splitlines()), str(exc)
+            return
+        finally:
+            assert time.perf_counter() - t0 < 5
+        assert 1 <= wl.n_tasks <= MAX_TASKS and all(0 <= t <= MAX_HORIZON_S for t in wl.arrival_offsets())
+        reader = csv.reader(io.StringIO(text))
+        header = next(reader)
+        cells = {reader.line_num: dict(zip(header, values)) for values in reader}
+        for r in wl.trace.read.rows:  # no silently different plan: each row read is its line's numbers
+            read = cells[r.line]
+            assert (r.input_tokens, r.output_tokens) == (int(float(read[columns[1]])), int(float(read[columns[2]])))
+
+    check()
+
+
+FIELDS_OF = {"burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
+             "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens")}
+HOSTILE_CELLS = ["0", "1", "7", "100", "3000", "-1", "0.5", "1e3", "1e400", "1e999999999", "nan", "inf", "",
+                 "abc", "10" + "0" * 25, '"5"', '"', "1_000", " 12 "]
+
+
+def test_generated_burstgpt_traces_load_within_the_bounds_or_are_refused_by_line_or_key(tmp_path):
+    from hypothesis import strategies as st
+
+    count = st.integers(0, 5000).map(str)
+    good = st.tuples(st.integers(0, 10 ** 6).map(str), st.sampled_from(["ChatGPT", "GPT-4"]), count, count, count,
+                     st.sampled_from(["Conversation log", "API log"]))
+    _generated_csv_check(tmp_path, "burstgpt", BURST_HEAD, good, HOSTILE_CELLS + ["1e10", "9999999999", '"a,b"'],
+                         examples=60)
+
+
+def test_generated_azure_traces_load_within_the_bounds_or_are_refused_by_line_or_key(tmp_path):
+    from datetime import datetime
+
+    from hypothesis import strategies as st
+
+    stamps = ["9999-12-31 23:59:59", "0001-01-01 00:00:00", "2023-11-16 18:15:46+05:00", "2023-02-30 00:00:00",
+              "16/11/2023 18:15", "2023-11-16T18:15:48Z"]
+    count = st.integers(0, 5000).map(str)
+    when = st.datetimes(min_value=datetime(2023, 11, 16), max_value=datetime(2023, 11, 17))
+    good = st.tuples(when.map(lambda d: d.strftime("%Y-%m-%d %H:%M:%S.%f")), count, count)
+    _generated_csv_check(tmp_path, "azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n", good, HOSTILE_CELLS + stamps,
+                         examples=60)

@@ -66,6 +66,9 @@ def test_a_trace_dataset_replays_the_trace_and_refuses_a_rate():
     (LoadFlags(num_prompts=3, duration_s=2.0, request_rate=1.0), "--duration", "not both"),
     (LoadFlags(duration_s=2.0), "--duration", "needs a finite --request-rate"),
     (LoadFlags(request_rate=math.inf, burstiness=2.0), "--burstiness", "finite --request-rate"),
+    # (the derived task count was refused as [arrivals].n_tasks, a key the command line has not, with 300 digits)
+    (LoadFlags(request_rate=2.0, duration_s=1e300), "--duration", r"--duration 1e\+300 s at 2 requests/s makes "
+     r"2e\+300 requests: at most 100000 in one workload \(--duration <= 50000 s at this rate\)"),
 ])
 def test_contradicting_flags_are_refused_naming_the_flag(flags, flag, words):
     with pytest.raises(FlagError, match=words) as exc:
@@ -122,3 +125,15 @@ def test_the_engine_flags_under_vllms_names_set_engine_config_fields():
     assert exc.value.param_hint == "--max-num-batched-tokens"
     with pytest.raises(typer.BadParameter, match="prompt lookup only"):
         engine_fields(speculative='{"method": "eagle"}')
+
+
+@pytest.mark.parametrize("command, args, flag", [
+    ("capture", ["--num-warmups", "100000000"], "--num-warmups"),  # warmed up for days before the run
+    ("capture", ["--drain-timeout", "1e300"], "--drain-timeout"),
+    ("serve", ["--drain-timeout", "1e300"], "--drain-timeout"),
+])
+def test_a_flag_past_any_meaning_is_refused_before_anything_loads(tmp_path, command, args, flag):
+    out = tmp_path / "r"
+    res = CliRunner().invoke(app, [command, "-o", str(out), *args], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and f"Invalid value for '{flag}'" in res.output, res.output
+    assert not out.exists()

@@ -253,6 +253,54 @@ def test_prompt_and_output_are_checked_against_the_models_context(folder):
     assert skipped["checked"] is False and "unknown" in skipped["why"]
 
 
+def test_every_turn_of_a_session_is_checked_against_the_context_as_the_chat_grows(folder):
+    """Turn k's prompt holds the first turn's, each earlier answer and each question in the chat template:
+    counted with the tokenizer, every earlier answer at its max_tokens, the earliest turn that cannot fit is
+    refused with its task, its length and the context; the lengths are those of the real conversation."""
+    from inferledger.engine.loader import load_tokenizer
+
+    tok = load_tokenizer()
+    questions = ["What is the capital of France?", "And of Italy, in one word please?", "Name a river there."]
+    (folder / "tasks.jsonl").write_text("".join(json.dumps({"prompt": q, "answer": "x"}) + "\n" for q in questions))
+    wl = _load(folder, GOOD.replace("max_tokens = 8", "max_tokens = 100")
+               + '[[classes]]\nname = "chat"\nshape = "session"\nturns = 6\n')
+    answer = " the" * 100  # an answer of exactly max_tokens tokens
+    assert len(tok.encode(answer, add_special=False)) == 100
+
+    def real(k: int) -> int:  # turn k's prompt as the client sends it, the answers at their longest
+        messages = []
+        for j in range(k):
+            messages += [{"role": "user", "content": questions[j % 3]}] + \
+                ([{"role": "assistant", "content": answer}] if j < k - 1 else [])
+        return len(tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True), add_special=False))
+
+    assert [real(k) for k in (1, 4, 5)] == [37, 391, 511]
+    with pytest.raises(ValueError) as info:
+        wl.check_context(500, "the model file's context length", tok)
+    assert str(info.value) == (
+        f"{folder / 'cpu_demo.toml'}: [[classes]][0].turns: task T0000's turn 5 of 6 reaches 511 prompt tokens "
+        f"(the first turn's 37, then 4 answer(s) at max_tokens 100 and the questions in the chat template) "
+        f"+ max_tokens 100 = 611 exceeds the model's context of 500 tokens (allowed: turns <= 4, or a smaller "
+        f"max_tokens) (the model file's context length)")
+    # the last turn fits exactly (627 + 100) or not at all; without the tokenizer only the first turns are
+    # checked, and the record says so
+    assert real(6) == 627 and wl.check_context(727, "x", tok) == {"tokens": 727, "source": "x", "checked": True}
+    with pytest.raises(ValueError, match=r"turn 6 of 6 reaches 627 prompt tokens .* = 727 exceeds the model's "
+                                         r"context of 726 tokens \(allowed: turns <= 5"):
+        wl.check_context(726, "x", tok)
+    unchecked = wl.check_context(500, "x")
+    assert unchecked["checked"] is False and "later turns" in unchecked["why"]
+
+
+def test_a_session_whose_built_first_turn_leaves_no_room_names_its_first_turn(folder):
+    from inferledger.engine.loader import load_tokenizer
+
+    wl = _load(folder, GOOD + '[[classes]]\nname = "chat"\nshape = "session"\nturns = 3\nprompt_tokens = 200\n')
+    with pytest.raises(ValueError, match=r"\[\[classes\]\]\[0\]\.turns: task T0000's turn 2 of 3 reaches 2\d\d "
+                                         r"prompt tokens \(the first turn's 200, then 1 answer\(s\) at max_tokens 8 "):
+        wl.check_context(220, "x", load_tokenizer())
+
+
 # ---- generated workloads: they load and plan within the bounds, or are refused naming a key ---------------
 
 HOSTILE_NUMBERS = [0, -1, 1, 2, 3, 7, 64, 10 ** 6, 2 ** 63 - 1, -2 ** 63, 0.0, 0.5, -0.5, 1e-18, 1e300,

@@ -7,6 +7,7 @@ client's lag trace, the gap rows and the full manifest (state "complete").
 from __future__ import annotations
 
 import platform
+import shutil
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -32,8 +33,9 @@ def lag_p99_ms(values: list[float]) -> float:
 
 class StartingManifest:
     """The manifest with state "starting" before anything slow, in a folder that holds no run yet; on a
-    failure inside the block the manifest goes again, and the folder too when this capture made it (a
-    bad workload leaves no run)."""
+    failure inside the block (a bad workload, a model that does not load, a run that cannot be opened)
+    everything written into the folder goes again, and the folder too when this capture made it: no run
+    is left."""
 
     def __init__(self, out: Path, body: dict) -> None:
         check_new_run_dir(out)  # so the clean-up below can only take away what this capture wrote
@@ -47,7 +49,8 @@ class StartingManifest:
     def __exit__(self, kind, exc, tb) -> None:
         if kind is None:
             return
-        Manifest.remove(self.out)
+        for p in self.out.iterdir():  # new or empty before (check_new_run_dir): all of it is this capture's
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         for p in self.made:  # innermost first; a folder something else wrote into stays
             try:
                 p.rmdir()

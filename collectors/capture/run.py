@@ -9,6 +9,7 @@ pacing error) and the manifest marks a run client-bound when the lag exceeds 1 m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import platform
 import signal
 import sys
@@ -131,19 +132,22 @@ def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOp
     servers = _server_folders(options)  # refused before the run folder exists, naming the folder
     # refused before the run folder exists: a bad prediction file, a prompt past the model's context
     given = read_prediction(options.prediction) if options.prediction is not None else None
-    wl.context = wl.check_context(*_served_context(wl, options, bundle))
-    # The manifest exists from the first second (state "starting") while the model loads and the
-    # prompts are built; if that fails or a signal stops it, nothing was recorded and the folder is
-    # taken away again.
+    context, source = _served_context(wl, options, bundle)
+    # a session's later turns are counted with the tokenizer, read from the model file's header alone
+    tokenizer = _tokenizer(wl, options, bundle) if context is not None and wl.has_later_turns else None
+    wl.context = wl.check_context(context, source, tokenizer)
+    # The manifest exists from the first second (state "starting") while the model loads, the prompts
+    # are built and the run is opened; if that fails or a signal stops it, nothing was recorded and the
+    # folder is taken away again.
     with sigterm_like_sigint() as got:
         try:
             with StartingManifest(out, {"source": SOURCE, "state": "starting", "target": options.target_entry(),
                                         "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256}}):
-                prep = _prepare(wl, options, bundle, given)
+                prep = _prepare(wl, options, bundle, given, tokenizer)
                 prep.servers = servers
+                live, head = _open_run(out, prep, options)
         except KeyboardInterrupt:  # SIGINT or SIGTERM while preparing: the folder is gone again, say so
             raise Interrupted(got["signum"] or signal.SIGINT, recorded=False) from None
-    live, head = _open_run(out, prep, options)
     return _record(live, head, prep, options, progress, on_ready)
 
 
@@ -180,9 +184,22 @@ def _served_context(wl: Workload, options: CaptureOptions, bundle) -> tuple[int 
     return (limit, "the engine's max_model_len") if limit and limit < context else (context, source)
 
 
-def _prepare(wl: Workload, options: CaptureOptions, bundle, given: bytes | None) -> Prepared:
+def _tokenizer(wl: Workload, options: CaptureOptions, bundle):
+    """The tokenizer the prompts are built and counted with: the embedded model's own (its bundle's once
+    loaded, else read from the model file without its weights), else the workload's [prompt] tokenizer."""
+    if options.embedded and (wl.tokenizer is None or (wl.tokenizer == "bundled" and options.model is None)):
+        if bundle is not None:
+            return bundle.tokenizer
+        from inferledger.engine.loader import load_tokenizer as checkpoint_tokenizer
+
+        return checkpoint_tokenizer(options.model)
+    return load_tokenizer(wl.tokenizer)
+
+
+def _prepare(wl: Workload, options: CaptureOptions, bundle, given: bytes | None, tokenizer=None) -> Prepared:
     """Everything slow or refusable before anything is recorded (`given`: the prediction file's checked
-    bytes): a model, workload or tokenizer that fails stops here and leaves no run."""
+    bytes; `tokenizer`: the prompts' when it was read already): a model, workload or tokenizer that fails
+    stops here and leaves no run."""
     if options.embedded and bundle is None:
         from inferledger.engine.loader import load_model
 
@@ -191,10 +208,7 @@ def _prepare(wl: Workload, options: CaptureOptions, bundle, given: bytes | None)
     if wl.calibrate_tok_s and options.embedded:
         speed = probe_throughput(bundle, options.max_num_seqs, engine_config=options.engine_config)
         calibration = {**wl.calibrate(speed.tok_s), "probe_threads": speed.threads}
-    tokenizer = None
-    if wl.needs_tokenizer:
-        own = options.embedded and (wl.tokenizer is None or (wl.tokenizer == "bundled" and options.model is None))
-        tokenizer = bundle.tokenizer if own else load_tokenizer(wl.tokenizer)
+    tokenizer = (tokenizer if tokenizer is not None else _tokenizer(wl, options, bundle)) if wl.needs_tokenizer else None
     # the engine refuses prompt + max_tokens past its context: a trace's rows are fitted to it
     context = min(bundle.config.max_position, options.engine_config.get("max_model_len") or 1 << 62) \
         if options.embedded else None
@@ -217,8 +231,17 @@ def _prepare(wl: Workload, options: CaptureOptions, bundle, given: bytes | None)
 
 def _open_run(out: Path, prep: Prepared, options: CaptureOptions) -> tuple[Live, dict]:
     """The run's writer, clocks and first manifest (state "running"), with the prediction registered."""
-    wl, host = prep.wl, host_id()
     writer = RunWriter(out, options.run_id, autoflush_s=AUTOFLUSH_S, buckets=options.buckets)  # a kill loses at most the last 2 s
+    try:
+        return _open_writer(writer, out, prep, options)
+    except BaseException:  # nothing recorded yet: its flush thread stops, and what it wrote goes with the folder
+        with contextlib.suppress(Exception):
+            writer.close()
+        raise
+
+
+def _open_writer(writer: RunWriter, out: Path, prep: Prepared, options: CaptureOptions) -> tuple[Live, dict]:
+    wl, host = prep.wl, host_id()
     engine_clock = mono_clock(host)
     client_clock = f"client-mono:{host}" if options.separate_clocks else engine_clock
     head = {"source": SOURCE, "state": "running", "target": options.target_entry(),

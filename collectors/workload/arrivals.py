@@ -25,24 +25,46 @@ def gamma_offsets(rate_rps: float, cv2: float, n: int, rng: random.Random) -> li
     return out
 
 
-def read_replay(path: Path) -> list[float]:
-    """Planned arrival offsets in ms: one number per line, or JSON Lines with `t_ms` ('#' comments)."""
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
+def read_replay(path: Path, first: int | None = None, most: int = 100_000) -> list[float]:
+    """Planned arrival offsets in ms: one number per line, or JSON Lines with `t_ms` ('#' comments). Read
+    as a stream, lines of at most 1 MiB: the `first` arrivals (None: every one, refused past `most`), a
+    ValueError naming the file and line of a bad one."""
+    out: list[float] = []
+    with open(path, encoding="utf-8") as f:
         try:
-            value = json.loads(line)
-            t_ms = float(value["t_ms"] if isinstance(value, dict) else value)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}:{n}: expected a number of ms or a JSON object with t_ms ({exc})") from exc
-        if not math.isfinite(t_ms) or t_ms < 0:
-            raise ValueError(f"{path}:{n}: t_ms must be a finite number >= 0, not {t_ms}")
-        out.append(t_ms)
-    if out != sorted(out):
-        raise ValueError(f"{path}: arrival offsets must not decrease")
+            for n, line in enumerate(iter(lambda: f.readline(MAX_LINE + 1), ""), 1):
+                if len(line) > MAX_LINE:
+                    raise ValueError(f"{path}:{n}: a line longer than {MAX_LINE} characters (one arrival a line)")
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                if len(out) == first:
+                    break
+                if first is None and len(out) == most:
+                    raise ValueError(f"{path}:{n}: more than {most} arrivals: at most {most} tasks in one "
+                                     f"workload; set [arrivals].n_tasks (at most {most}) to replay the first ones")
+                out.append(_arrival(path, n, line, out[-1] if out else 0.0))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not a text file of arrivals ({exc})") from None
     return out
+
+
+MAX_LINE = 1 << 20  # characters of one line of a replay file
+
+
+def _arrival(path: Path, n: int, line: str, last: float) -> float:
+    """One line's offset in ms, at least the line before's."""
+    try:
+        value = json.loads(line)
+        t_ms = float(value["t_ms"] if isinstance(value, dict) else value)
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+        raise ValueError(f"{path}:{n}: expected a number of ms or a JSON object with t_ms "
+                         f"({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not math.isfinite(t_ms) or t_ms < 0:
+        raise ValueError(f"{path}:{n}: t_ms must be a finite number >= 0, not {t_ms}")
+    if t_ms < last:
+        raise ValueError(f"{path}:{n}: arrival offsets must not decrease ({t_ms} after {last})")
+    return t_ms
 
 
 def planned_offsets(process: str, *, seed: int, n_tasks: int, rate_rps: float | None = None, cv2: float = 1.0,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .load import TASKS_DIR
+from .schema import MAX_TASKS
 
 TRACE_FORMATS = ("azure", "burstgpt", "mooncake")
 # A workload from flags alone: vLLM bench serve's random dataset's lengths, a task set with answers for
@@ -176,6 +177,10 @@ def _n_tasks(spec: dict, flags: LoadFlags) -> int:
         if rate is None or math.isinf(rate):
             raise FlagError("--duration", "--duration S needs a finite --request-rate R (R x S requests); at inf "
                             "give --num-prompts")
+        if rate * flags.duration_s > MAX_TASKS:  # refused by the flags that make it, not the derived count
+            raise FlagError("--duration", f"--duration {flags.duration_s:g} s at {rate:g} requests/s makes "
+                            f"{rate * flags.duration_s:.3g} requests: at most {MAX_TASKS} in one workload "
+                            f"(--duration <= {MAX_TASKS / rate:g} s at this rate)")
         return max(1, round(rate * flags.duration_s))
     if flags.num_prompts is not None:
         return flags.num_prompts

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from .arrivals import planned_offsets, read_replay
 from .calibration import calibrate
-from .plans import TaskPlan, build_plans, class_sequence
-from .schema import MAX_HORIZON_S, Inject, TaskClass, context_checks, count_checks, parse
+from .plans import TaskPlan, build_plans, class_sequence, turn_checks
+from .schema import MAX_HORIZON_S, MAX_TASKS, Inject, TaskClass, context_checks, count_checks, parse
 from .tasks import Question, load_questions
 from .trace_plans import TraceSource
 
@@ -98,24 +98,27 @@ class Workload:
         """A workload from its parsed TOML; relative files are relative to `base`; errors name `where`."""
         base = Path(base)
         f = parse(spec, where)
-        blobs = [extra_bytes or json.dumps(spec, sort_keys=True).encode()]
+        identity = hashlib.sha256(extra_bytes or json.dumps(spec, sort_keys=True).encode())  # the input's, in order
         taskpath = taskset_path(base, f.taskset.file, where)
         questions = load_questions(taskpath)
-        blobs.append(taskpath.read_bytes())
-        taskset = {"path": str(taskpath), "sha256": hashlib.sha256(blobs[-1]).hexdigest()}
+        tasks_bytes = taskpath.read_bytes()
+        identity.update(tasks_bytes)
+        taskset = {"path": str(taskpath), "sha256": hashlib.sha256(tasks_bytes).hexdigest()}
         a = f.arrivals
         replay_ms = None
         if a.process == "replay":
             rpath = base / a.file
             try:
-                replay_ms = read_replay(rpath)
-                blobs.append(rpath.read_bytes())
+                replay_ms = read_replay(rpath, first=a.n_tasks, most=MAX_TASKS)
+                with open(rpath, "rb") as replay:  # streamed: the file may be long, only its first rows are read
+                    for block in iter(lambda: replay.read(1 << 20), b""):
+                        identity.update(block)
             except OSError as exc:
                 raise ValueError(f"{where}: [arrivals].file: {rpath} cannot be read ({exc})") from exc
         trace = None
         if a.process == "trace":
             trace = TraceSource.load(f.trace, base, a.speed, where)
-            blobs.append(trace.read.sha256.encode())  # the trace's own digest: real traces are large
+            identity.update(trace.read.sha256.encode())  # the trace's own digest: real traces are large
         n_tasks = a.n_tasks if a.n_tasks is not None else len(trace.sent_rows) if trace else len(replay_ms)
         if replay_ms is not None and n_tasks > len(replay_ms):
             raise ValueError(f"{where}: [arrivals].n_tasks: {n_tasks}, but the replay file has "
@@ -146,24 +149,35 @@ class Workload:
             ignore_eos=f.generation.ignore_eos if f.generation.ignore_eos is not None else trace is not None,
             calibrate_tok_s=a.calibrate_tok_s, inject=f.inject, classes=classes, questions=questions,
             tokenizer=f.prompt.tokenizer, trace=trace, spec=spec, taskset=taskset,
-            slo=f.slo.model_dump(exclude_none=True), sha256=hashlib.sha256(b"".join(blobs)).hexdigest())
+            slo=f.slo.model_dump(exclude_none=True), sha256=identity.hexdigest())
 
-    def check_context(self, context_tokens: int | None, source: str) -> dict:
+    def check_context(self, context_tokens: int | None, source: str, tokenizer=None) -> dict:
         """Every class's prompt and output budget against the served model's context, before anything is
-        planned or written; returns what the manifest records of the check (`workload.context`). An
-        unknown context (a URL target that declares none) skips the check and says so. A trace's rows
-        are fitted to the context instead (docs/CAPTURE.md)."""
+        planned or written, and with `tokenizer` (the one the prompts are counted with) every turn of
+        every session, each taken at its longest (`plans.turn_checks`); returns what the manifest records
+        of the check (`workload.context`). An unknown context (a URL target that declares none) skips
+        the check and says so. A trace's rows are fitted to the context instead (docs/CAPTURE.md)."""
         if context_tokens is None:
             return {"tokens": None, "source": None, "checked": False,
                     "why": f"the served model's context is unknown ({source}): prompts not checked against it"}
         problems = [] if self.trace is not None else context_checks(self.classes, self.max_tokens, context_tokens)
+        if not problems and tokenizer is not None and self.trace is None:
+            problems = turn_checks(self, tokenizer, context_tokens)
         if problems:
             where = self.path or self.name
             raise ValueError("\n".join(f"{where}: {key}: {why} ({source})" for key, why in problems))
         if self.trace is not None:
             return {"tokens": context_tokens, "source": source, "checked": False,
                     "why": "a trace's rows are fitted to the context when planned (manifest workload.trace)"}
+        if self.has_later_turns and tokenizer is None:
+            return {"tokens": context_tokens, "source": source, "checked": False,
+                    "why": "the first turns were checked; the sessions' later turns need the tokenizer to be counted"}
         return {"tokens": context_tokens, "source": source, "checked": True}
+
+    @property
+    def has_later_turns(self) -> bool:
+        """Whether a class is a session of more than one turn (its later prompts grow by the answers)."""
+        return any(c.shape == "session" and c.turns > 1 for c in self.classes)
 
     # ---- what the client runs ------------------------------------------------------------------
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .prompts import PromptBuilder
-from .schema import TaskClass
+from .schema import TaskClass, requests_per_task
 from .tasks import Question
 from .trace_plans import trace_tasks
 
@@ -93,15 +93,24 @@ def build_plans(wl, tokenizer=None, context_tokens: int | None = None) -> list[T
     return plans
 
 
+def task_questions(wl):  # wl: a load.Workload
+    """(task number from 1, its class, the task set's row of each of its requests' questions) of every
+    task of the mix, in order: the questions are taken in file order, cycling."""
+    q = 0
+    for i, c in enumerate(class_sequence(wl.classes, wl.n_tasks), 1):
+        n_req = requests_per_task(c)
+        yield i, c, [(q + k) % len(wl.questions) for k in range(n_req)]
+        q += n_req
+
+
 def _class_tasks(wl, tokenizer) -> list[tuple[TaskClass, list[tuple[Question, str | None, int | None]]]]:
     """(class, [(question, system message, exact prompt tokens)] of each request) of each task of the mix."""
     builders: dict[str, PromptBuilder] = {}
-    out, q = [], 0
-    for i, c in enumerate(class_sequence(wl.classes, wl.n_tasks), 1):
+    out = []
+    for i, c, rows in task_questions(wl):
         tid = f"T{i - 1:04d}"
-        n_req = c.turns if c.shape == "session" else c.branches if c.shape == "parallel" else 1
-        qs = [wl.questions[(q + k) % len(wl.questions)] for k in range(n_req)]
-        q += n_req
+        n_req = len(rows)
+        qs = [wl.questions[r] for r in rows]
         systems, counts = [None] * n_req, [None] * n_req
         if tokenizer is not None and (c.prompt_tokens or c.shared_prefix_tokens):
             b = builders.setdefault(c.name, PromptBuilder(tokenizer, wl.seed, c))
@@ -112,3 +121,82 @@ def _class_tasks(wl, tokenizer) -> list[tuple[TaskClass, list[tuple[Question, st
                 systems = [systems[0]] * n_req
         out.append((c, list(zip(qs, systems, counts))))
     return out
+
+
+def turn_checks(wl, tokenizer, context: int) -> list[tuple[str, str]]:  # wl: a load.Workload
+    """Every turn of every session against the served model's context, counted with `tokenizer` and its
+    chat template: turn k's prompt holds the first turn's, each earlier answer and each later question,
+    so it is taken at its longest, every earlier answer at its max_tokens (the engine refuses a prompt
+    plus max_tokens past its context). (key, problem) pairs: per session class, the earliest turn of
+    any task that does not fit."""
+    out = []
+    for n, c in enumerate(wl.classes):
+        if c.shape != "session" or c.turns < 2:
+            continue
+        budget = c.max_tokens if c.max_tokens is not None else wl.max_tokens
+        count = _TurnCounter(tokenizer, wl, c)
+        worst = None  # (turn, task number, its prompt tokens, the first turn's) of the earliest turn past the context
+        for i, cls, rows in task_questions(wl):
+            if cls is not c:
+                continue
+            length = first = count.first(rows[0])
+            for k in range(1, len(rows) + 1):
+                if worst is not None and k >= worst[0]:
+                    break
+                if k > 1:
+                    length += budget + count.added(rows[k - 1])
+                if length + budget > context:
+                    worst = (k, i, length, first)
+                    break
+        if worst is None:
+            continue
+        k, i, length, first = worst
+        total = f"+ max_tokens {budget} = {length + budget} exceeds the model's context of {context} tokens"
+        if k == 1:  # a question too long for the context even before any answer
+            out.append((f"[[classes]][{n}].turns", f"task T{i - 1:04d}'s turn 1 has {length} prompt tokens (its "
+                        f"question in the chat template) {total}"))
+        else:
+            out.append((f"[[classes]][{n}].turns", f"task T{i - 1:04d}'s turn {k} of {c.turns} reaches {length} "
+                        f"prompt tokens (the first turn's {first}, then {k - 1} answer(s) at max_tokens {budget} "
+                        f"and the questions in the chat template) {total} (allowed: turns <= {k - 1}, or a smaller "
+                        f"max_tokens)"))
+    return out
+
+
+class _TurnCounter:
+    """Token counts of one session class's turns, each question rendered once: the first turn's
+    prompt, and what each later turn adds beside the answer before it (that answer's and the
+    question's messages in the chat template)."""
+
+    def __init__(self, tokenizer, wl, c: TaskClass) -> None:
+        self.tok, self.wl, self.c = tokenizer, wl, c
+        self.system = None
+        if c.prompt_tokens is None and c.shared_prefix_tokens:  # the first turn's system message: the prefix
+            self.system = PromptBuilder(tokenizer, wl.seed, c).shared
+        probe = "x" if c.prompt_tokens or c.shared_prefix_tokens else None  # any system: only the growth counts
+        self.head = ([{"role": "system", "content": probe}] if probe is not None else []) + \
+            [{"role": "user", "content": "x"}]
+        self.head_tokens = self._tokens(self.head)
+        self._first: dict[int, int] = {}
+        self._added: dict[int, int] = {}
+
+    def _tokens(self, messages: list[dict]) -> int:
+        return len(self.tok.encode(self.tok.apply_chat_template(messages, add_generation_prompt=True),
+                                   add_special=False))
+
+    def first(self, row: int) -> int:
+        """The first turn's prompt tokens: exact when built (prompt_tokens), else its question's."""
+        if self.c.prompt_tokens is not None:
+            return self.c.prompt_tokens
+        if row not in self._first:
+            system = [{"role": "system", "content": self.system}] if self.system is not None else []
+            self._first[row] = self._tokens(system + [{"role": "user", "content": self.wl.questions[row].prompt}])
+        return self._first[row]
+
+    def added(self, row: int) -> int:
+        """The tokens a later turn whose question is row `row` adds, less its previous answer's own."""
+        if row not in self._added:
+            grown = self.head + [{"role": "assistant", "content": ""},
+                                 {"role": "user", "content": self.wl.questions[row].prompt}]
+            self._added[row] = self._tokens(grown) - self.head_tokens
+        return self._added[row]

@@ -33,6 +33,12 @@ MAX_HORIZON_S = 7 * 86_400.0  # a week: the last planned arrival
 MAX_RATE_RPS = 100_000.0
 MAX_SCALE = 1_000.0  # speed, token_scale, cv2 (and 1/MAX_SCALE the least speed)
 MAX_SEED = (1 << 63) - 1
+# a trace file (collectors/workload/trace_read.py), bounded while it is read, before anything is planned
+MAX_TRACE_ROWS_READ = 250_000  # rows read to fill the window (those before it too): about 5 s
+MAX_TRACE_LINE_BYTES = 1 << 20  # one line (row) of a trace file
+MAX_TRACE_BLOCK_IDS = MAX_BUILT_TOKENS  # Mooncake: block ids of the window's rows together
+MAX_TRACE_TOKENS = 10 ** 9  # a row's token count, before token_scale
+MAX_TRACE_S = 1e10  # a row's time (its timestamp, in s, as start_s and end_s)
 
 Ms = Annotated[float, Field(ge=0, le=MAX_MS)]
 TaskNumbers = list[Annotated[int, Field(ge=1, le=MAX_TASKS)]]  # [inject] *_tasks: 1 = the first task

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .schema import TaskClass, Trace
+from .schema import MAX_TASKS, TaskClass, Trace
 from .trace_prompts import BlockPrompts
 from .trace_read import FIELDS, TraceRead, TraceRow, read_trace
 
@@ -33,7 +33,8 @@ class TraceSource:
         path = Path(os.path.normpath(base / spec.file))
         try:
             read = read_trace(path, spec.format, skip_rows=spec.skip_rows, max_rows=spec.max_rows,
-                              start_s=spec.start_s, end_s=spec.end_s)
+                              start_s=spec.start_s, end_s=spec.end_s,
+                              max_sent=MAX_TASKS if spec.max_rows is None else None)
         except OSError as exc:
             raise ValueError(f"{where}: [trace].file: {path} cannot be read ({exc})") from None
         src = cls(spec, read, speed)

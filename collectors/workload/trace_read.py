@@ -2,9 +2,13 @@
 into rows of trace time and token lengths, with the row window applied while reading.
 
 Every row read is checked; a bad one is named by file:line and field (a missing column or key, a value
-that is no number, negative, NaN, not whole, or a timestamp earlier than the row before), every one
-listed, and nothing is returned. Reading stops once the window is full, so rows after it are neither
-read nor checked. docs/CAPTURE.md "Real traces as workloads" says what each field means.
+that is no number, negative, NaN, not whole, past its bound, or a timestamp earlier than the row
+before), every one listed, and nothing is returned. Reading stops once the window is full, so rows after
+it are neither read nor checked. It is bounded as it goes (docs/CAPTURE.md "Bounds"): at most
+MAX_TRACE_ROWS_READ rows read, lines of at most MAX_TRACE_LINE_BYTES, MAX_TRACE_BLOCK_IDS block ids
+kept, and with `max_sent` at most that many rows with an output in the window; past one, the file is
+refused at that line, naming the bound. docs/CAPTURE.md "Real traces as workloads" says what each
+field means.
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
+
+from .schema import MAX_TRACE_BLOCK_IDS, MAX_TRACE_LINE_BYTES, MAX_TRACE_ROWS_READ, MAX_TRACE_S, MAX_TRACE_TOKENS
 
 MAX_LISTED = 50  # refusals listed in full; the rest are counted
 
@@ -52,23 +58,33 @@ class _Bad(ValueError):
 
 
 def read_trace(path: Path, fmt: str, *, skip_rows: int = 0, max_rows: int | None = None, start_s: float = 0.0,
-               end_s: float | None = None) -> TraceRead:
+               end_s: float | None = None, max_sent: int | None = None) -> TraceRead:
     """The rows of `path` whose trace time lies in [start_s, end_s), less the first `skip_rows` of them, at
-    most `max_rows`; a ValueError listing every bad row read (`<file>:<line>: <field>: <problem>`)."""
+    most `max_rows`; a ValueError listing every bad row read (`<file>:<line>: <field>: <problem>`), or
+    naming the line where reading passed a bound (`max_sent`: rows with an output in the window)."""
     start_ns, end_ns = _ns(start_s), (None if end_s is None else _ns(end_s))
-    rows, problems, read, skipped = [], [], 0, 0
+    rows, problems, read, skipped, sent, block_ids = [], [], 0, 0, 0, 0
+    n_problems = 0
     first = last = None  # (line, t_ns) of the first and the latest good row
+    window = (f"[trace] skip_rows = {skip_rows}, start_s = {start_s}, end_s = {end_s}, max_rows = {max_rows}")
     records = _records(path, fmt)
     try:
         for line, rec in records:
             read += 1
+            if read > MAX_TRACE_ROWS_READ:
+                raise ValueError(f"{path}:{line}: {MAX_TRACE_ROWS_READ} rows read and the window ({window}) "
+                                      f"is not complete: a trace is read for at most {MAX_TRACE_ROWS_READ} rows "
+                                      f"(about 5 s); cut the rows to replay into a file of their own")
             row, bad = _row(fmt, line, rec)
             if bad:
-                problems += [f"{path}:{line}: {field}: {why}" for field, why in bad]
+                n_problems += len(bad)
+                problems += [f"{path}:{line}: {field}: {why}" for field, why in bad][:MAX_LISTED - len(problems)]
                 continue
             if last is not None and row.t_ns < last[1]:
-                problems.append(f"{path}:{line}: {FIELDS[fmt][0]}: earlier than line {last[0]}'s; a trace's rows "
-                                f"must be in time order")
+                n_problems += 1
+                if len(problems) < MAX_LISTED:
+                    problems.append(f"{path}:{line}: {FIELDS[fmt][0]}: earlier than line {last[0]}'s; a trace's "
+                                    f"rows must be in time order")
                 continue
             first, last = first or (line, row.t_ns), (line, row.t_ns)
             t = row.t_ns - first[1]
@@ -79,44 +95,74 @@ def read_trace(path: Path, fmt: str, *, skip_rows: int = 0, max_rows: int | None
             if skipped < skip_rows:
                 skipped += 1
                 continue
+            sent += row.output_tokens > 0
+            if max_sent is not None and sent > max_sent:
+                raise ValueError(f"{path}:{line}: the window ({window}) holds more than {max_sent} rows with "
+                                      f"an output: at most {max_sent} tasks in one workload; set [trace].max_rows "
+                                      f"(at most {max_sent}) or a shorter window")
+            block_ids += len(row.hash_ids or ())
+            if block_ids > MAX_TRACE_BLOCK_IDS:
+                raise ValueError(f"{path}:{line}: hash_ids: the window's rows hold more than "
+                                      f"{MAX_TRACE_BLOCK_IDS} block ids together (allowed: at most "
+                                      f"{MAX_TRACE_BLOCK_IDS}, the prompt tokens one workload builds)")
             rows.append(TraceRow(line, t, row.input_tokens, row.output_tokens, row.hash_ids, row.model))
             if max_rows is not None and len(rows) >= max_rows:
                 break
     except UnicodeDecodeError as exc:  # (an OSError is the caller's: it names the workload's key)
         raise ValueError(f"{path}: cannot be read as a {fmt} trace ({exc})") from None
-    except _Bad as exc:  # the file as a whole (its header) cannot be read
+    except _Bad as exc:  # the file as a whole (its header), or one line of it, cannot be read
         raise ValueError(str(exc)) from None
     finally:
         records.close()
     if problems:
-        more = len(problems) - MAX_LISTED
-        raise ValueError("\n".join(problems[:MAX_LISTED] + ([f"{path}: … and {more} more bad rows"] if more > 0 else [])))
+        more = n_problems - len(problems)
+        raise ValueError("\n".join(problems + ([f"{path}: … and {more} more bad rows"] if more > 0 else [])))
     if not rows:
         raise ValueError(f"{path}: no row in the window ([trace] skip_rows = {skip_rows}, start_s = {start_s}, "
                          f"end_s = {end_s}; {read} rows read)")
     return TraceRead(path, fmt, rows, read, _sha256(path))
 
 
+def _lines(f, path: Path):
+    """The file's lines, each at most MAX_TRACE_LINE_BYTES (a longer one is refused at its line, never
+    read whole into memory)."""
+    n = 0
+    while True:
+        text = f.readline(MAX_TRACE_LINE_BYTES + 1)
+        if not text:
+            return
+        n += 1
+        if len(text) > MAX_TRACE_LINE_BYTES:
+            raise _Bad(f"{path}:{n}: a line longer than {MAX_TRACE_LINE_BYTES} characters (allowed: at most "
+                       f"{MAX_TRACE_LINE_BYTES}: one row of a trace)")
+        yield text
+
+
 def _records(path: Path, fmt: str):
     """(line number, record) of each non-blank row: a parsed JSON value, or a dict of CSV columns."""
     with open(path, newline="", encoding="utf-8-sig") as f:
         if fmt == "mooncake":
-            for n, text in enumerate(f, 1):
+            for n, text in enumerate(_lines(f, path), 1):
                 if text.strip():
                     try:
                         yield n, json.loads(text)
                     except ValueError as exc:
-                        yield n, _Bad(f"not JSON ({exc})")
+                        yield n, _Bad(f"not JSON ({str(exc)[:200]})")
+                    except RecursionError:
+                        yield n, _Bad("not JSON (nested too deeply)")
             return
-        reader = csv.reader(f)
-        header = [h.strip() for h in next(reader, [])]
-        missing = [c for c in CSV_COLUMNS[fmt] if c not in header]
-        if missing:
-            raise _Bad(f"{path}:1: header: no column {', '.join(map(repr, missing))} for a {fmt} trace "
-                       f"(columns: {', '.join(map(repr, header)) or 'none'})")
-        for values in reader:
-            if any(v.strip() for v in values):
-                yield reader.line_num, dict(zip(header, values))
+        reader = csv.reader(_lines(f, path))
+        try:
+            header = [h.strip() for h in next(reader, [])]
+            missing = [c for c in CSV_COLUMNS[fmt] if c not in header]
+            if missing:
+                raise _Bad(f"{path}:1: header: no column {', '.join(map(repr, missing))} for a {fmt} trace "
+                           f"(columns: {', '.join(map(repr, header))[:400] or 'none'})")
+            for values in reader:
+                if any(v.strip() for v in values):
+                    yield reader.line_num, dict(zip(header, values))
+        except csv.Error as exc:  # a field past the csv module's limit, a quote left open at the end
+            raise _Bad(f"{path}:{reader.line_num}: cannot be read as CSV ({exc})") from None
 
 
 def _row(fmt: str, line: int, rec) -> tuple[TraceRow | None, list[tuple[str, str]]]:
@@ -162,23 +208,34 @@ def _decimal(value) -> Decimal:
     try:
         d = Decimal(value.strip() if isinstance(value, str) else repr(value) if isinstance(value, float) else value)
     except InvalidOperation:
-        raise _Bad(f"must be a number, not {value!r}") from None
+        raise _Bad(f"must be a number, not {_short(value)}") from None
     if not d.is_finite():
-        raise _Bad(f"must be a finite number, not {value!r}")
+        raise _Bad(f"must be a finite number, not {_short(value)}")
     if d < 0:
-        raise _Bad(f"must be >= 0, not {value!r}")
+        raise _Bad(f"must be >= 0, not {_short(value)}")
     return d
 
 
 def _count(value) -> int:
     d = _decimal(value)
+    if d > MAX_TRACE_TOKENS:  # (checked before int(): 1e999999999 would take forever to spell out)
+        raise _Bad(f"must be <= {MAX_TRACE_TOKENS} tokens, not {_short(value)}")
     if d != d.to_integral_value():
-        raise _Bad(f"must be a whole number of tokens, not {value!r}")
+        raise _Bad(f"must be a whole number of tokens, not {_short(value)}")
     return int(d)
 
 
 def _number_ns(value, ns_per_unit: int) -> int:
-    return int((_decimal(value) * ns_per_unit).to_integral_value())
+    d, most = _decimal(value), Decimal(int(MAX_TRACE_S)) * 10**9 / ns_per_unit  # (compared before any product)
+    if d > most:
+        raise _Bad(f"must be <= {most:f} ({MAX_TRACE_S:g} s), not {_short(value)}")
+    return int((d * ns_per_unit).to_integral_value())
+
+
+def _short(value) -> str:
+    """A value as a refusal quotes it: at most 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _text(value) -> str:
@@ -200,7 +257,7 @@ def _datetime_ns(value) -> int:
             raise ValueError
         at = datetime.fromisoformat(f"{m.group(1)}T{m.group(2)}").replace(tzinfo=timezone.utc)
     except ValueError:
-        raise _Bad(f"must be a datetime like '2023-11-16 18:15:46.6805900', not {value!r}") from None
+        raise _Bad(f"must be a datetime like '2023-11-16 18:15:46.6805900', not {_short(value)}") from None
     zone = m.group(4)
     if zone and zone != "Z":
         sign, hh, mm = zone[0], int(zone[1:3]), int(zone[-2:])
