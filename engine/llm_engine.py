@@ -102,7 +102,9 @@ class LLMEngine:
         if device.type == "cuda" and device.index is None:
             device = param.device  # "cuda" is the model's own cuda:N, not whichever device is current later
         dtype = getattr(torch, cfg.dtype) if cfg.dtype else param.dtype
-        num_blocks = cfg.resolve_num_blocks(bundle.config.shape.at(dtype).kv_bytes_per_token)
+        kv_bytes_per_token = bundle.config.shape.at(dtype).kv_bytes_per_token
+        num_blocks = cfg.resolve_num_blocks(kv_bytes_per_token)
+        _check_kv_fits(num_blocks * cfg.block_size * kv_bytes_per_token, num_blocks, device)
         compile_, _ = cfg.resolve_compile(device.type, dtype)
         paged, _ = cfg.resolve_attention(device.type, dtype)
         linear, _ = cfg.resolve_linear(device.type, dtype)
@@ -399,3 +401,29 @@ class LLMEngine:
         if deltas and deltas[-1].attempt_id == req.seq.attempt_id:
             deltas[-1].request_finished = True
             deltas[-1].output = req.to_output()
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    """Memory the KV cache could take on `device` now: the GPU's free memory, or the host's available
+    memory (/proc/meminfo MemAvailable); None where neither can be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_kv_fits(kv_bytes: int, num_blocks: int, device: torch.device, available: int | None = None) -> None:
+    """A KV pool larger than the memory there is to hold it is refused before it is allocated (an
+    allocation that fails, or one the kernel grants and then kills the process for, loses the run)."""
+    available = _available_bytes(device) if available is None else available
+    if available is not None and kv_bytes > available:
+        raise ValueError(f"num_blocks={num_blocks}: the KV cache would take {kv_bytes / 2**30:.3g} GiB but "
+                         f"{available / 2**30:.3g} GiB is available on {device}; give fewer blocks "
+                         f"(--num-gpu-blocks-override) or a smaller kv_cache_bytes")
+

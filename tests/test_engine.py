@@ -438,3 +438,20 @@ def test_events_and_kv_samples_land_in_a_run_directory(bundle, prompts, tmp_path
     assert {s["metric"] for s in samples} == {"kv_blocks_used", "kv_blocks_cached", "kv_blocks_free"}
     last = {s["metric"]: s["value"] for s in samples[-3:]}
     assert last["kv_blocks_used"] == 0 and sum(last.values()) == 32
+
+
+def test_a_kv_pool_larger_than_the_memory_there_is_refused_before_it_is_allocated(bundle):
+    """10^13 blocks of 16 tokens: refused by name with the sizes, not an allocation traceback (or a kill)."""
+    with pytest.raises(ValueError, match=r"num_blocks=10000000000000: the KV cache would take .* GiB but .* GiB is "
+                                         r"available on cpu; give fewer blocks \(--num-gpu-blocks-override\)"):
+        LLMEngine(bundle, EngineConfig(num_blocks=10**13))
+
+
+def test_the_kv_pool_check_compares_the_pool_with_what_is_available():
+    import torch
+
+    from inferledger.engine.llm_engine import _check_kv_fits
+
+    _check_kv_fits(2**30, 64, torch.device("cpu"), available=2**30)  # exactly fits
+    with pytest.raises(ValueError, match="would take 1 GiB but 0.5 GiB is available on cpu"):
+        _check_kv_fits(2**30, 64, torch.device("cpu"), available=2**29)
