@@ -78,10 +78,12 @@ class BuildOptions:
 
 def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(), *,
                 out: str | os.PathLike | None = None, profile: list | None = None,
-                run_id: str | None = None) -> LedgerSummary:
+                run_id: str | None = None, on_stage=None) -> LedgerSummary:
     """Build the ledger, the `options` way; with `profile` (a list), append (stage, statement,
     seconds) for every step (with engine="ray": a dict per shard, `ledger/sharded.py`). `run_dir` may
-    be a URL fsspec can read (s3://, memory://, file://, ...): then `out` is needed."""
+    be a URL fsspec can read (s3://, memory://, file://, ...): then `out` is needed. `on_stage(name, i,
+    n)` as each stage starts, i of n done (n None: one step of unknown length, as the Ray shards), for a
+    progress bar."""
     memory_limit, temp_directory = options.memory_limit, options.temp_directory
     engine, address, workers = options.engine, options.address, options.workers
     if is_url(run_dir):  # an object store: copied beside the ledger, read locally, the copy removed
@@ -89,9 +91,12 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
             raise RunDirError(f"{run_dir}: a run at a URL needs --out, a local path for its ledger")
         staging = Path(out).with_name(f".{Path(out).name}.run-{os.getpid()}")
         try:
+            if on_stage is not None:
+                on_stage(f"copying {run_dir}", 0, None)
             stage(str(run_dir), staging)
             return reconstruct(staging, options, out=out, profile=profile,
-                               run_id=_run_id(_manifest(staging), staging, str(run_dir).rstrip("/")))
+                               run_id=_run_id(_manifest(staging), staging, str(run_dir).rstrip("/")),
+                               on_stage=on_stage)
         except RemoteRunError as exc:
             raise RunDirError(str(exc)) from None
         finally:
@@ -127,10 +132,12 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
         if engine == "ray":
             from inferledger.ledger.sharded import build_sharded
 
+            if on_stage is not None:
+                on_stage("Ray shards (engines, task buckets), then the merge", 0, None)
             build_sharded(con, run, variables, work=target.with_name(f".{target.name}.shards-{os.getpid()}"),
                           limit_bytes=limit, address=address, workers=workers, stats=profile)
         else:
-            run_modules(con, ledger_modules(), run, profile)
+            run_modules(con, ledger_modules(), run, profile, on_stage)
         counts = con.execute(
             "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
             "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone()

@@ -42,9 +42,13 @@ def set_variables(con, variables: dict) -> None:
         con.execute(f"SET VARIABLE {name} = ?::{kind}", [value])
 
 
-def run_modules(con, modules, run: RunFiles, profile: list | None = None) -> None:
-    """The stages in order, each error as a RunDirError naming the stage."""
-    for module in modules:
+def run_modules(con, modules, run: RunFiles, profile: list | None = None, on_stage=None) -> None:
+    """The stages in order, each error as a RunDirError naming the stage; `on_stage(name, i, n)` as the
+    i-th of n starts (0-based: i stages are done)."""
+    modules = list(modules)
+    for i, module in enumerate(modules):
+        if on_stage is not None:
+            on_stage(module.name, i, len(modules))
         try:
             _run_module(con, module, run, profile)
         except LoadError as exc:
