@@ -76,6 +76,9 @@ def reconstruct_cmd(
             summary = reconstruct(run_dir, options, out=out, on_stage=stage_ticks(bar, f"reconstruct {run_dir}"))
     except (RunDirError, SizeError, RunFolderError, StudyError) as exc:
         fail(f"error: {exc}")
+    except KeyboardInterrupt:  # the ledger is written whole or not at all: the previous one stands
+        fail(f"interrupted: the ledger being built was removed; a ledger built before is as it was; run "
+             f"the same command again to rebuild {run_dir}", 130)
     if quiet:
         console.print(str(summary.path))
         return

@@ -19,7 +19,8 @@ from inferledger.ledger.load import RunFiles
 from inferledger.ledger.memory import bound, default_memory_limit, parse_size
 from inferledger.ledger.remote import RemoteRunError, is_url, stage
 from inferledger.ledger.modules import ledger_modules, public_tables
-from inferledger.ledger.stages import RunDirError, StageError, run_modules, set_variables  # noqa: F401 (API)
+from inferledger.ledger.stages import (RunDirError, StageError, query_interrupted, run_modules,  # noqa: F401 (API)
+                                       set_variables)
 from inferledger.probes.events import EVENT_SCHEMA, SAMPLE_SCHEMA
 from inferledger.probes.run_dir import PartError, check_layout, list_parts
 from inferledger.probes.run_folder import SLO_KEYS, Manifest, RunFolderError
@@ -142,9 +143,11 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
             "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
             "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone()
         con.execute("CHECKPOINT")
-    except BaseException:
+    except BaseException as exc:
         con.close()
         tmp.unlink(missing_ok=True)
+        if query_interrupted(exc):  # Ctrl-C inside a statement: the interrupt it was, not an error
+            raise KeyboardInterrupt("SIGINT") from None
         raise
     finally:
         con.close()

@@ -18,6 +18,12 @@ class StageError(RunDirError):
     """A ledger stage failed on this run's data; the message names the stage and the run."""
 
 
+def query_interrupted(exc: BaseException) -> bool:
+    """A Ctrl-C that landed inside a DuckDB statement: DuckDB's Python client takes the KeyboardInterrupt
+    and raises RuntimeError('Query interrupted') in its place; callers give the interrupt back."""
+    return type(exc) is RuntimeError and str(exc) == "Query interrupted"
+
+
 def _run_module(con, module: Module, run: RunFiles, profile: list | None) -> None:
     """One stage; with `profile`, (module, statement, seconds) for each SQL statement or Python stage."""
     t0 = time.perf_counter()

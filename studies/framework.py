@@ -32,6 +32,7 @@ from typing import Callable
 
 from inferledger.ledger.query import LEDGER_FILE, Ledger, open_ledger
 from inferledger.ledger.reconstruct import BuildOptions, reconstruct
+from inferledger.ledger.stages import query_interrupted
 from inferledger.probes import study_dir as fmt
 from inferledger.probes.run_folder import STUDY_FORMAT, Manifest, RunFolderError, StudyIndex, write_json_atomic
 
@@ -299,13 +300,15 @@ def run_study(study: Study, out: str | Path, options: dict | None = None, *, bun
         tables = study.compare(runs)
         if not tables:
             raise StudyError(f"study {study.name}: its comparison returned no table")
-    except KeyboardInterrupt as exc:  # Ctrl-C (SIGTERM in the command): what is finished stays, resumable
-        kept = [name for name, d in runs.dirs.items() if finished(d)]
-        doc.update(state="interrupted", interrupted=f"{_signal_name(exc)} with {len(kept)} of {len(plan)} runs "
-                   f"finished" + (f" ({', '.join(kept)})" if kept else ""))
-        StudyIndex(doc).write(out)
-        raise
     except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt) or query_interrupted(exc):  # Ctrl-C (SIGTERM in the command)
+            kept = [name for name, d in runs.dirs.items() if finished(d)]
+            doc.update(state="interrupted", interrupted=f"{_signal_name(exc)} with {len(kept)} of {len(plan)} "
+                       "runs finished" + (f" ({', '.join(kept)})" if kept else ""))
+            StudyIndex(doc).write(out)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise KeyboardInterrupt("SIGINT") from None  # (in the comparison's SQL)
         doc.update(state="failed", error=f"{type(exc).__name__}: {exc}")
         StudyIndex(doc).write(out)
         raise
@@ -315,7 +318,7 @@ def run_study(study: Study, out: str | Path, options: dict | None = None, *, bun
     return StudyResult(out, doc, tables, time.perf_counter() - t0)
 
 
-def _signal_name(exc: KeyboardInterrupt) -> str:
+def _signal_name(exc: BaseException) -> str:
     signum = getattr(exc, "signum", None)  # a capture's Interrupted says which signal
     if signum is not None:
         import signal
