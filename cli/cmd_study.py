@@ -102,7 +102,8 @@ def _run(study, target: Path, options: dict, resume: bool, fmt: OutputFormat):
             if summary is None:
                 bar.say(f"run {i}/{n} [bold]{run}[/]: kept (finished before the resume)")
             else:
-                bar.say(f"run {i}/{n} [bold]{run}[/]: {summary.n_attempts} attempts, {seconds:.1f} s")
+                bar.say(f"run {i}/{n} [bold]{run}[/]: {summary.n_attempts} attempts, {seconds:.1f} s; "
+                        + point_figures(summary.path))
 
         try:
             return run_study(study, target, options, resume=resume,
@@ -119,6 +120,29 @@ def _run(study, target: Path, options: dict, resume: bool, fmt: OutputFormat):
             fail(f"interrupted: study {study.name} kept {len(kept)} finished run{'s' if len(kept) != 1 else ''}"
                  f"{' (' + ', '.join(kept) + ')' if kept else ''} in {target}; continue it with: "
                  f"{command_name()} study {study.name} --resume {shlex.quote(str(target))}", 128 + signum)
+
+
+POINT_SQL = """
+SELECT (SELECT goodput_rps FROM run_metrics) AS goodput_rps,
+       (SELECT p50_ms FROM latency_percentiles WHERE metric = 'TTFT' AND n > 0 ORDER BY position LIMIT 1) AS ttft,
+       (SELECT layer FROM latency_percentiles WHERE metric = 'TTFT' AND n > 0 ORDER BY position LIMIT 1) AS ttft_at,
+       (SELECT p50_ms FROM latency_percentiles WHERE metric = 'ITL' AND n > 0 ORDER BY position LIMIT 1) AS itl,
+       (SELECT layer FROM latency_percentiles WHERE metric = 'ITL' AND n > 0 ORDER BY position LIMIT 1) AS itl_at
+"""
+
+
+def point_figures(ledger: Path) -> str:
+    """A finished run's goodput and median TTFT and ITL (the first layer that has them), from its ledger,
+    for the line the study prints as it goes; unknown where the ledger has none."""
+    from inferledger.ledger.query import open_ledger
+
+    with open_ledger(ledger) as led:
+        goodput, ttft, ttft_at, itl, itl_at = led.rows(POINT_SQL)[1][0]
+
+    def ms(v, at) -> str:
+        return "unknown" if v is None else f"{float(v):.1f} ms ({at})"
+    return (f"goodput {'unknown' if goodput is None else f'{float(goodput):.3g} req/s'}, "
+            f"TTFT p50 {ms(ttft, ttft_at)}, ITL p50 {ms(itl, itl_at)}")
 
 
 def register(app: typer.Typer) -> None:

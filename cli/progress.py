@@ -56,9 +56,12 @@ class Bar:
 
     def say(self, text: str) -> None:
         """A line for people: above the bar when there is one, else on stdout."""
-        from inferledger.cli.output import console
+        from inferledger.cli.output import console, show
 
-        (self.progress.console if self.progress is not None else console).print(text, highlight=False)
+        if self.progress is not None:
+            self.progress.console.print(text, highlight=False)
+        else:
+            show(console, text)  # piped: one line, unwrapped
 
 
 @contextmanager

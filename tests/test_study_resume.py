@@ -134,16 +134,25 @@ def test_the_command_says_what_was_kept_and_how_to_continue_then_resumes(tmp_pat
     lines = [line for line in res.output.splitlines() if line.startswith("interrupted")]
     assert lines == [f"interrupted: study e0-pair kept 1 finished run (cancel_release) in {out}; continue it with: "
                      f"{command_name()} study e0-pair --resume {out}"]
+    assert "run 1/2 cancel_release: 1 attempts, " in res.output  # the point's line as it finished ...
+    # ... with its figures (samples/e0/cancel_release/expected.json: TTFT 163 ms at the client, not good)
+    assert "goodput 0 req/s, TTFT p50 163.0 ms (client), ITL p50 20.0 ms (client)" in res.output
 
     res = runner.invoke(app, ["study", "e0-pair", "--resume", str(out), "--set", "scale=2"])
     assert res.exit_code == 2 and "--set scale=2 differs from the study's recorded scale=3" in res.output, res.output
 
+
     pair_study["stop"] = None
-    res = runner.invoke(app, ["study", "e0-pair", "--resume", str(out), "--format", "json"])
+    res = runner.invoke(app, ["study", "e0-pair", "--resume", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "run 1/2 cancel_release: kept (finished before the resume)" in res.output
+    assert f"run 2/2 preemption: half-done, set aside: {out / 'interrupted' / 'preemption'}" in res.output
+    assert pair_study["produced"] == ["cancel_release", "preemption", "preemption"]  # cancel_release once
+    res = runner.invoke(app, ["study", "e0-pair", "--resume", str(out), "--format", "json"])  # complete: exit 0
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout) == {"key": [{"run": "cancel_release", "e2e_server_ms": 1017.0},
                                               {"run": "preemption", "e2e_server_ms": 892.0}]}
-    assert pair_study["produced"] == ["cancel_release", "preemption", "preemption"]  # cancel_release once
+    assert pair_study["produced"] == ["cancel_release", "preemption", "preemption"]  # nothing run again
 
     res = runner.invoke(app, ["study", "e0-pair", "--resume", str(out), "-o", str(tmp_path / "t")])
     assert res.exit_code == 2 and "not both" in res.output
