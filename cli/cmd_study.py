@@ -87,10 +87,16 @@ def _run(study, target: Path, options: dict, resume: bool, fmt: OutputFormat):
 
     with sigterm_like_sigint() as got, progress_bar(f"study {study.name}: {target}", None) as bar:
         def start(run: str, i: int, n: int, what: str) -> None:
-            current.update(run=run, head=f"study {study.name}: run {i}/{n} {run}" if i else f"study {study.name}")
-            bar.update(f"{current['head']}: {what}", completed=max(i - 1, 0), total=n)
+            if not i:  # before the runs: the model's load
+                bar.update(f"study {study.name}: {what} {run}", completed=0, total=n)
+                return
+            current.update(run=run, head=f"study {study.name}: run {i}/{n} {run}")
+            bar.update(f"{current['head']}: {what}", completed=i - 1, total=n)
             if what.startswith("set aside") and fmt == OutputFormat.table:
                 bar.say(f"run {i}/{n} [bold]{run}[/]: half-done, {what}")
+
+        def task(k: int, m: int) -> None:
+            bar.update(f"{current['head']}: producing, task {k}/{m}")
 
         def stage(module: str, k: int, m) -> None:
             bar.update(f"{current['head']}: ledger {module}" + (f" ({k + 1}/{m})" if m else ""))
@@ -107,7 +113,7 @@ def _run(study, target: Path, options: dict, resume: bool, fmt: OutputFormat):
 
         try:
             return run_study(study, target, options, resume=resume,
-                             watch=StudyWatch(on_start=start, on_stage=stage, on_run=done))
+                             watch=StudyWatch(on_start=start, on_stage=stage, on_run=done, on_task=task))
         except StudyError as exc:
             bar.stop()
             fail(f"error: {exc}")

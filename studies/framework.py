@@ -26,6 +26,7 @@ import io
 import math
 import os
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -241,12 +242,23 @@ def table_csv(table: Table) -> str:
 class StudyWatch:
     """What the caller is told as a study goes (the command's progress): `on_start(name, i, n, what)`
     as the i-th of n runs starts (`what`: producing, kept: finished before a resume, set aside: its
-    half-done folder moved to interrupted/), `on_stage(name, i, n)` per ledger stage of the run being
-    rebuilt, `on_run(name, i, n, seconds, summary)` after each run's ledger (summary None for a kept
-    run whose ledger was there)."""
+    half-done folder moved to interrupted/), `on_task(done, total)` after each task of a run being
+    produced (where its producer says: a capture's), `on_stage(name, i, n)` per ledger stage of the run
+    being rebuilt, `on_run(name, i, n, seconds, summary)` after each run's ledger (summary None for a
+    kept run whose ledger was there)."""
     on_start: Callable | None = None
     on_stage: Callable | None = None
     on_run: Callable | None = None
+    on_task: Callable | None = None
+
+
+_TASK_TICKS: ContextVar[Callable | None] = ContextVar("study_task_ticks", default=None)
+
+
+def task_ticks() -> Callable | None:
+    """For a study's producer: `tick(done, total)` to call after each task of the run it produces (the
+    command's progress), None when nobody watches."""
+    return _TASK_TICKS.get()
 
 
 def run_study(study: Study, out: str | Path, options: dict | None = None, *, bundle=None,
@@ -343,7 +355,11 @@ def _one_run(study: Study, r: StudyRun, out: Path, at: tuple[int, int], watch: S
         if run_dir.exists():
             say(r.name, i, n, f"set aside: {_set_aside(out, run_dir, r.name)}")
         say(r.name, i, n, "producing")
-        r.produce(run_dir, f"{study.name}.{r.name}", *((bundle,) if study.needs_model else ()))
+        token = _TASK_TICKS.set(watch.on_task)
+        try:
+            r.produce(run_dir, f"{study.name}.{r.name}", *((bundle,) if study.needs_model else ()))
+        finally:
+            _TASK_TICKS.reset(token)
         say(r.name, i, n, "reconstructing")
         summary = reconstruct(run_dir, on_stage=stage)
     if watch.on_run is not None:

@@ -117,3 +117,19 @@ def test_a_capture_says_each_slow_step_its_microbenchmarks_included(bundle, tmp_
             on_stage=said.append)
     assert said == ["measuring the device (microbenchmarks)", "ready", "task", "task",
                     "measuring the device again (the end's microbenchmarks)"]
+
+
+def test_a_study_on_the_real_engine_ticks_each_task_of_the_run_it_captures(resolved_bundle, tmp_path):
+    """A study's producer that captures tells the study's watcher each task done, of the run's total."""
+    from inferledger.studies.framework import Study, StudyRun, StudyWatch, Table, run_study
+    from inferledger.studies.real import capture_run, workload
+
+    def produce(run_dir, run_id, bundle):
+        wl = workload("ticks", [{"name": "chat", "prompt_tokens": 48}], max_tokens=3, arrivals_ms=[0, 20, 40])
+        capture_run(run_dir, run_id, wl, bundle, max_num_seqs=2)
+
+    study = Study("ticks", "?", "nothing", lambda options: [StudyRun("one", {}, produce)],
+                  lambda runs: [Table("t", "t", ["run"], [["one"]])], needs_model=True)
+    ticks: list[tuple] = []
+    run_study(study, tmp_path / "s", bundle=resolved_bundle, watch=StudyWatch(on_task=lambda *a: ticks.append(a)))
+    assert ticks == [(1, 3), (2, 3), (3, 3)]
