@@ -76,6 +76,7 @@ def _run(study, target: Path, options: dict, resume: bool, fmt: OutputFormat):
     """The study run with its progress bar (stderr, a terminal only); Ctrl-C or SIGTERM: one line saying
     what was kept and how to continue, exit 130 (143), no traceback."""
     import shlex
+    import signal
 
     from inferledger.cli.output import command_name, fail
     from inferledger.cli.progress import progress_bar
@@ -113,7 +114,8 @@ def _run(study, target: Path, options: dict, resume: bool, fmt: OutputFormat):
 
         try:
             return run_study(study, target, options, resume=resume,
-                             watch=StudyWatch(on_start=start, on_stage=stage, on_run=done, on_task=task))
+                             watch=StudyWatch(on_start=start, on_stage=stage, on_run=done, on_task=task,
+                                              signal=lambda: "SIGTERM" if got["signum"] == signal.SIGTERM else None))
         except StudyError as exc:
             bar.stop()
             fail(f"error: {exc}")

@@ -245,11 +245,13 @@ class StudyWatch:
     half-done folder moved to interrupted/), `on_task(done, total)` after each task of a run being
     produced (where its producer says: a capture's), `on_stage(name, i, n)` per ledger stage of the run
     being rebuilt, `on_run(name, i, n, seconds, summary)` after each run's ledger (summary None for a
-    kept run whose ledger was there)."""
+    kept run whose ledger was there). `signal()`: the name of the signal that stopped the study where
+    the caller caught it (SIGTERM), else None (the study.json record says SIGINT)."""
     on_start: Callable | None = None
     on_stage: Callable | None = None
     on_run: Callable | None = None
     on_task: Callable | None = None
+    signal: Callable | None = None
 
 
 _TASK_TICKS: ContextVar[Callable | None] = ContextVar("study_task_ticks", default=None)
@@ -315,7 +317,7 @@ def run_study(study: Study, out: str | Path, options: dict | None = None, *, bun
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt) or query_interrupted(exc):  # Ctrl-C (SIGTERM in the command)
             kept = [name for name, d in runs.dirs.items() if finished(d)]
-            doc.update(state="interrupted", interrupted=f"{_signal_name(exc)} with {len(kept)} of {len(plan)} "
+            doc.update(state="interrupted", interrupted=f"{_signal_name(exc, watch)} with {len(kept)} of {len(plan)} "
                        "runs finished" + (f" ({', '.join(kept)})" if kept else ""))
             StudyIndex(doc).write(out)
             if isinstance(exc, KeyboardInterrupt):
@@ -330,13 +332,14 @@ def run_study(study: Study, out: str | Path, options: dict | None = None, *, bun
     return StudyResult(out, doc, tables, time.perf_counter() - t0)
 
 
-def _signal_name(exc: BaseException) -> str:
+def _signal_name(exc: BaseException, watch: StudyWatch) -> str:
     signum = getattr(exc, "signum", None)  # a capture's Interrupted says which signal
     if signum is not None:
         import signal
 
         return signal.Signals(signum).name
-    return str(exc) if str(exc).startswith("SIG") else "SIGINT"
+    caught = watch.signal() if watch.signal is not None else None  # (DuckDB's client drops which one)
+    return caught or (str(exc) if str(exc).startswith("SIG") else "SIGINT")
 
 
 def _one_run(study: Study, r: StudyRun, out: Path, at: tuple[int, int], watch: StudyWatch, bundle) -> None:

@@ -195,3 +195,17 @@ def test_sigint_to_the_command_keeps_the_first_run_and_the_resume_does_not_captu
     assert read_comparison(out) == read_comparison(tmp_path / "fresh")
     assert StudyIndex.read(out).doc["state"] == "complete"
     assert sorted(os.listdir(out / "runs")) == sorted(os.listdir(tmp_path / "fresh" / "runs"))
+
+
+def test_sigterm_stops_a_study_as_ctrl_c_does_with_its_own_exit_code(tmp_path):
+    out = tmp_path / "book"
+    proc = subprocess.Popen(_inferledger() + ["study", "schedule-book", "-o", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not Manifest.exists(out / "runs" / "fixed") and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (stdout, stderr)
+    assert "Traceback" not in stderr and f"study schedule-book --resume {out}" in stderr
+    assert StudyIndex.read(out).doc["interrupted"].startswith("SIGTERM with ")
