@@ -84,14 +84,14 @@ def _run(study, target: Path, options: dict, resume: bool, fmt: OutputFormat):
     from inferledger.probes.run_folder import StudyIndex
     from inferledger.studies.framework import StudyError, StudyWatch, kept_runs, run_study
 
-    current = {"run": "", "head": f"study {study.name}"}
+    current = {"head": f"study {study.name}"}  # the run being worked on, as the bar names it
 
     with sigterm_like_sigint() as got, progress_bar(f"study {study.name}: {target}", None) as bar:
         def start(run: str, i: int, n: int, what: str) -> None:
             if not i:  # before the runs: the model's load
                 bar.update(f"study {study.name}: {what} {run}", completed=0, total=n)
                 return
-            current.update(run=run, head=f"study {study.name}: run {i}/{n} {run}")
+            current["head"] = f"study {study.name}: run {i}/{n} {run}"
             bar.update(f"{current['head']}: {what}", completed=i - 1, total=n)
             if what.startswith("set aside") and fmt == OutputFormat.table:
                 bar.say(f"run {i}/{n} [bold]{run}[/]: half-done, {what}")

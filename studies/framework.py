@@ -264,15 +264,14 @@ def task_ticks() -> Callable | None:
 
 
 def run_study(study: Study, out: str | Path, options: dict | None = None, *, bundle=None,
-              on_run: Callable | None = None, resume: bool = False, watch: StudyWatch | None = None) -> StudyResult:
+              resume: bool = False, watch: StudyWatch | None = None) -> StudyResult:
     """Produce and reconstruct every run of `study` into `out`, then write its comparison. A study
     that `needs_model` runs on `bundle` (a loaded model), else on the bundled model loaded once here.
-    `on_run(name, i, n, seconds, summary)` after each run's ledger (the command's progress lines; or
-    `watch`, which says more). `resume`: continue the study folder `out` (the module docstring); a
-    complete one returns its recorded comparison."""
+    `watch` is told each step (the command's progress). `resume`: continue the study folder `out` (the
+    module docstring); a complete one returns its recorded comparison."""
     t0 = time.perf_counter()
     out = Path(out)
-    watch = watch or StudyWatch(on_run=on_run)
+    watch = watch or StudyWatch()
     if resume:
         doc, opts = _resumed_index(study, out, options or {})
     else:
