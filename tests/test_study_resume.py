@@ -209,3 +209,30 @@ def test_sigterm_stops_a_study_as_ctrl_c_does_with_its_own_exit_code(tmp_path):
     assert proc.returncode == 143, (stdout, stderr)
     assert "Traceback" not in stderr and f"study schedule-book --resume {out}" in stderr
     assert StudyIndex.read(out).doc["interrupted"].startswith("SIGTERM with ")
+
+
+def test_ctrl_c_inside_a_ledger_statement_is_given_back_as_an_interrupt(tmp_path, monkeypatch):
+    """DuckDB's client turns a Ctrl-C that lands inside a statement into RuntimeError('Query
+    interrupted'); the rebuild gives it back as KeyboardInterrupt (a study then says interrupted, not
+    failed), and leaves no ledger behind."""
+    import threading
+
+    from inferledger.ledger import stages
+    from inferledger.ledger.reconstruct import reconstruct
+
+    run = tmp_path / "r"
+    import_archive(E0 / "preemption" / "archive.jsonl", run, run_id="r")
+    real = stages._run_module
+
+    def slow_first(con, module, run_files, profile):
+        if module.name == "load":  # statements long enough for the signal to land inside them (DuckDB
+            threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()  # notices it between two)
+            con.execute("CREATE TEMP TABLE slow AS SELECT count(*) FROM range(400000000) t(i) WHERE i % 7 = 3; "
+                        "SELECT 1")
+        return real(con, module, run_files, profile)
+    monkeypatch.setattr(stages, "_run_module", slow_first)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        reconstruct(run)
+    assert time.monotonic() - t0 < 60
+    assert not (run / "ledger.duckdb").exists() and not list(run.glob(".ledger.duckdb.tmp-*"))
