@@ -1,4 +1,5 @@
-"""A capture on the terminal: a progress bar while it runs, then what it did (shared by `capture` and `demo`)."""
+"""A capture on the terminal: a progress bar while it runs (cli/progress.py), then what it did (shared by
+`capture` and `demo`)."""
 from __future__ import annotations
 
 import time
@@ -16,9 +17,9 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
     """Capture with a progress bar; returns the CaptureResult (shared by `capture` and `demo`). The
     workload is a file, or one already built (from `capture`'s flags)."""
     from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from inferledger.cli.output import console
+    from inferledger.cli.progress import progress_bar
     from inferledger.collectors.capture.interrupt import Interrupted
     from inferledger.collectors.capture.run import capture
     from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
@@ -41,25 +42,25 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
         from inferledger.engine.loader import ModelLoadError
 
         errors += (ModelLoadError,)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
-        bar = progress.add_task(f"{wl.name}: " + ("loading the model" if target == "embedded" else "preparing"),
-                                total=wl.n_tasks)
+    with progress_bar(f"{wl.name}: " + ("loading the model" if target == "embedded" else "preparing"),
+                      wl.n_tasks, transient=False) as bar:
         t0 = time.monotonic()
 
         def ready() -> None:  # the load starts: the bar's clock counts the tasks' time, not the preparation's
             what = ("the model, " if target == "embedded" else "") + "prompts, measurements" + \
                 (f", {options.warmups} warm-ups" if options.warmups else "")
-            progress.console.print(f"{wl.name}: ready in {time.monotonic() - t0:.1f} s ({what})")
-            progress.reset(bar, total=wl.n_tasks, description=f"{wl.name}: tasks")
+            bar.say(f"{wl.name}: ready in {time.monotonic() - t0:.1f} s ({what})")
+            bar.restart(f"{wl.name}: tasks", wl.n_tasks)
 
         try:
-            result = capture(wl, out, options, on_ready=ready, progress=lambda: progress.advance(bar))
+            result = capture(wl, out, options, on_ready=ready, progress=bar.advance,
+                             on_stage=lambda text: bar.update(f"{wl.name}: {text}"))
         except errors as exc:  # (escaped: a refusal names keys like [[classes]][1], not markup)
+            bar.stop()
             console.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(2)
         except Interrupted as exc:  # the run directory is closed: say what it holds, no traceback
-            progress.stop()
+            bar.stop()
             if not exc.recorded:
                 console.print(f"[yellow]interrupted[/] ({exc}) while preparing: nothing was recorded, no run "
                               f"left in {out}")

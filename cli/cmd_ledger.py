@@ -47,6 +47,7 @@ def reconstruct_cmd(
     if out is not None:  # before anything is read
         check_output(out, "--out")
     from inferledger.cli.output import console, echo_sections, fail
+    from inferledger.cli.progress import progress_bar
     from inferledger.cli.summary import print_sections, summary_sections
     from inferledger.ledger.memory import SizeError
     from inferledger.ledger.reconstruct import BuildOptions, RunDirError, reconstruct
@@ -62,7 +63,8 @@ def reconstruct_cmd(
             if out is not None:
                 raise typer.BadParameter("a study folder's runs keep their ledgers in their own folders",
                                          param_hint="--out")
-            _reconstruct_study(Path(run_dir), options, quiet, fmt)
+            with progress_bar(f"reconstruct {run_dir}") as bar:
+                _reconstruct_study(Path(run_dir), options, quiet, fmt, bar)
             return
         from inferledger.collectors.evidence.vllm_rejoin import is_recording
 
@@ -70,9 +72,13 @@ def reconstruct_cmd(
             fail(f"{run_dir} is a recorded capture (raw evidence), not a run; join it into one first:\n"
                  f"  inferledger import --from vllm-recording {run_dir} -o runs/{Path(run_dir).name}\n"
                  f"  inferledger reconstruct runs/{Path(run_dir).name}")
-        summary = reconstruct(run_dir, options, out=out)
+        with progress_bar(f"reconstruct {run_dir}") as bar:
+            summary = reconstruct(run_dir, options, out=out, on_stage=stage_ticks(bar, f"reconstruct {run_dir}"))
     except (RunDirError, SizeError, RunFolderError, StudyError) as exc:
         fail(f"error: {exc}")
+    except KeyboardInterrupt:  # the ledger is written whole or not at all: the previous one stands
+        fail(f"interrupted: the ledger being built was removed; a ledger built before is as it was; run "
+             f"the same command again to rebuild {run_dir}", 130)
     if quiet:
         console.print(str(summary.path))
         return
@@ -84,9 +90,16 @@ def reconstruct_cmd(
     print_sections(sections, console)
 
 
-def _reconstruct_study(folder: Path, options, quiet: bool, fmt: OutputFormat) -> None:
+def stage_ticks(bar, head: str):
+    """`reconstruct`'s on_stage for a bar: one tick per ledger stage (a spinner for one of unknown length)."""
+    def tick(name: str, i: int, n) -> None:
+        bar.update(f"{head}: {name}", completed=i, total=n)
+    return tick
+
+
+def _reconstruct_study(folder: Path, options, quiet: bool, fmt: OutputFormat, bar) -> None:
     """Every run of a study folder rebuilt, then its comparison from the new ledgers (the study that
-    wrote it, when this version knows it)."""
+    wrote it, when this version knows it); `bar` shows the stages of the run being rebuilt."""
     from inferledger.cli.output import console, echo_sections, print_rows
     from inferledger.probes.run_folder import StudyIndex
     from inferledger.studies.framework import rebuild_study
@@ -98,10 +111,14 @@ def _reconstruct_study(folder: Path, options, quiet: bool, fmt: OutputFormat) ->
     def one(run: str, summary) -> None:
         built.append({"run": run, **asdict(summary), "path": str(summary.path)})
         if not quiet and fmt == OutputFormat.table:
-            console.print(f"[bold]{run}[/]: {summary.n_events} events, {summary.n_attempts} attempts, "
-                          f"{summary.n_tasks} tasks, {summary.n_gaps} gaps → {summary.path}")
+            bar.say(f"[bold]{run}[/]: {summary.n_events} events, {summary.n_attempts} attempts, "
+                    f"{summary.n_tasks} tasks, {summary.n_gaps} gaps → {summary.path}")
 
-    tables = rebuild_study(folder, STUDIES.get(name), options, on_run=one)
+    def stage(run: str, module: str, i: int, n) -> None:
+        bar.update(f"reconstruct {folder}: {run}: {module}", completed=i, total=n)
+
+    tables = rebuild_study(folder, STUDIES.get(name), options, on_run=one, on_stage=stage)
+    bar.stop()
     if quiet:
         console.print("\n".join(b["path"] for b in built))
         return
@@ -137,8 +154,11 @@ def repartition_cmd(
 
     if not run_dir.is_dir():
         fail(f"{run_dir}: no such run directory")
+    from inferledger.cli.progress import progress_bar
+
     try:
-        counts = repartition(run_dir, buckets)
+        with progress_bar(f"repartition {run_dir} into {buckets} buckets"):
+            counts = repartition(run_dir, buckets)
     except RepartitionError as exc:
         fail(f"error: {exc}")
     rows = sorted(counts.items())

@@ -27,6 +27,7 @@ def report_cmd(
     Example: [cyan]inferledger report runs/r1 --compare runs/r0[/]
     """
     from inferledger.cli.output import check_output, console, fail
+    from inferledger.cli.progress import progress_bar
     from inferledger.report.build import build_report
     from inferledger.ledger.query import LedgerError
 
@@ -43,11 +44,13 @@ def report_cmd(
                                          param_hint="--compare")
             from inferledger.report.study_page import build_study_report
 
-            result = build_study_report(run, out)
+            with progress_bar(f"report {run}: the study's page"):
+                result = build_study_report(run, out)
             console.print(f"report: [bold]{result.path}[/]  ({result.bytes / 2**20:.1f} MiB, {result.attempts} runs, "
                           f"{result.seconds:.1f} s)")
             return
-        result = build_report(run, out, compare=compare, detail_limit=detail)
+        with progress_bar(f"report {run}" + (f" compared with {compare}" if compare is not None else "")):
+            result = build_report(run, out, compare=compare, detail_limit=detail)
     except LedgerError as exc:
         fail(f"error: {exc}")
     console.print(f"report: [bold]{result.path}[/]  ({result.bytes / 2**20:.1f} MiB, {result.attempts:,} attempts, "

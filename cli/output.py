@@ -35,13 +35,16 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def check_output(path, flag: str, *, folder: bool = False) -> None:
-    """Exit 2 naming `flag` and the reason unless `path` can be written (a file, or with `folder` a new
-    or empty folder): every command that writes checks this before it loads anything."""
-    from inferledger.collectors.rundir.out_dir import OutDirError, check_new_folder, check_out_file
+def check_output(path, flag: str, *, folder: bool = False, existing: bool = False) -> None:
+    """Exit 2 naming `flag` and the reason unless `path` can be written (a file, with `folder` a new or
+    empty folder, with `existing` a folder that exists, to continue): every command that writes checks
+    this before it loads anything."""
+    from inferledger.collectors.rundir.out_dir import (OutDirError, check_existing_folder, check_new_folder,
+                                                        check_out_file)
 
+    check = check_existing_folder if existing else check_new_folder if folder else check_out_file
     try:
-        (check_new_folder if folder else check_out_file)(path, flag)
+        check(path, flag)
     except OutDirError as exc:
         fail(f"error: {exc}")
 

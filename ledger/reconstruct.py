@@ -19,7 +19,8 @@ from inferledger.ledger.load import RunFiles
 from inferledger.ledger.memory import bound, default_memory_limit, parse_size
 from inferledger.ledger.remote import RemoteRunError, is_url, stage
 from inferledger.ledger.modules import ledger_modules, public_tables
-from inferledger.ledger.stages import RunDirError, StageError, run_modules, set_variables  # noqa: F401 (API)
+from inferledger.ledger.stages import (RunDirError, StageError, query_interrupted, run_modules,  # noqa: F401 (API)
+                                       set_variables)
 from inferledger.probes.events import EVENT_SCHEMA, SAMPLE_SCHEMA
 from inferledger.probes.run_dir import PartError, check_layout, list_parts
 from inferledger.probes.run_folder import SLO_KEYS, Manifest, RunFolderError
@@ -78,10 +79,12 @@ class BuildOptions:
 
 def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(), *,
                 out: str | os.PathLike | None = None, profile: list | None = None,
-                run_id: str | None = None) -> LedgerSummary:
+                run_id: str | None = None, on_stage=None) -> LedgerSummary:
     """Build the ledger, the `options` way; with `profile` (a list), append (stage, statement,
     seconds) for every step (with engine="ray": a dict per shard, `ledger/sharded.py`). `run_dir` may
-    be a URL fsspec can read (s3://, memory://, file://, ...): then `out` is needed."""
+    be a URL fsspec can read (s3://, memory://, file://, ...): then `out` is needed. `on_stage(name, i,
+    n)` as each stage starts, i of n done (n None: one step of unknown length, as the Ray shards), for a
+    progress bar."""
     memory_limit, temp_directory = options.memory_limit, options.temp_directory
     engine, address, workers = options.engine, options.address, options.workers
     if is_url(run_dir):  # an object store: copied beside the ledger, read locally, the copy removed
@@ -89,9 +92,12 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
             raise RunDirError(f"{run_dir}: a run at a URL needs --out, a local path for its ledger")
         staging = Path(out).with_name(f".{Path(out).name}.run-{os.getpid()}")
         try:
+            if on_stage is not None:
+                on_stage(f"copying {run_dir}", 0, None)
             stage(str(run_dir), staging)
             return reconstruct(staging, options, out=out, profile=profile,
-                               run_id=_run_id(_manifest(staging), staging, str(run_dir).rstrip("/")))
+                               run_id=_run_id(_manifest(staging), staging, str(run_dir).rstrip("/")),
+                               on_stage=on_stage)
         except RemoteRunError as exc:
             raise RunDirError(str(exc)) from None
         finally:
@@ -127,17 +133,21 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
         if engine == "ray":
             from inferledger.ledger.sharded import build_sharded
 
+            if on_stage is not None:
+                on_stage("Ray shards (engines, task buckets), then the merge", 0, None)
             build_sharded(con, run, variables, work=target.with_name(f".{target.name}.shards-{os.getpid()}"),
                           limit_bytes=limit, address=address, workers=workers, stats=profile)
         else:
-            run_modules(con, ledger_modules(), run, profile)
+            run_modules(con, ledger_modules(), run, profile, on_stage)
         counts = con.execute(
             "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
             "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone()
         con.execute("CHECKPOINT")
-    except BaseException:
+    except BaseException as exc:
         con.close()
         tmp.unlink(missing_ok=True)
+        if query_interrupted(exc):  # Ctrl-C inside a statement: the interrupt it was, not an error
+            raise KeyboardInterrupt("SIGINT") from None
         raise
     finally:
         con.close()

@@ -18,6 +18,12 @@ class StageError(RunDirError):
     """A ledger stage failed on this run's data; the message names the stage and the run."""
 
 
+def query_interrupted(exc: BaseException) -> bool:
+    """A Ctrl-C that landed inside a DuckDB statement: DuckDB's Python client takes the KeyboardInterrupt
+    and raises RuntimeError('Query interrupted') in its place; callers give the interrupt back."""
+    return type(exc) is RuntimeError and str(exc) == "Query interrupted"
+
+
 def _run_module(con, module: Module, run: RunFiles, profile: list | None) -> None:
     """One stage; with `profile`, (module, statement, seconds) for each SQL statement or Python stage."""
     t0 = time.perf_counter()
@@ -42,9 +48,13 @@ def set_variables(con, variables: dict) -> None:
         con.execute(f"SET VARIABLE {name} = ?::{kind}", [value])
 
 
-def run_modules(con, modules, run: RunFiles, profile: list | None = None) -> None:
-    """The stages in order, each error as a RunDirError naming the stage."""
-    for module in modules:
+def run_modules(con, modules, run: RunFiles, profile: list | None = None, on_stage=None) -> None:
+    """The stages in order, each error as a RunDirError naming the stage; `on_stage(name, i, n)` as the
+    i-th of n starts (0-based: i stages are done)."""
+    modules = list(modules)
+    for i, module in enumerate(modules):
+        if on_stage is not None:
+            on_stage(module.name, i, len(modules))
         try:
             _run_module(con, module, run, profile)
         except LoadError as exc:

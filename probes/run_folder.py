@@ -36,7 +36,7 @@ MANIFEST_FORMAT = 1
 LAYOUT_FORMAT = 2  # 2: with `parts`; a record of format 1 (no parts) is still read
 STUDY_FORMAT = 1
 STATES = ("starting", "running", "complete", "interrupted")  # a manifest's `state`
-STUDY_STATES = ("running", "complete", "failed")
+STUDY_STATES = ("running", "complete", "failed", "interrupted")
 FIGURE_KINDS = ("timeline", "curve", "kv_blocks")  # what the report knows how to draw from a study
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
@@ -430,6 +430,8 @@ STUDY_KEYS: tuple[Key, ...] = (
     Key("options", (dict,), "the options it ran with"),
     Key("reading", (str,), "how to read its answer"),
     Key("error", (str,), "why a failed study failed"),
+    Key("interrupted", (str,), "what stopped an interrupted study and the runs it had finished (`inferledger "
+        "study NAME --resume DIR` continues it)"),
     Key("created", (str,), "when it was started"),
 )
 _STUDY_REQUIRED = ("format", "name", "question", "knob", "state", "runs")

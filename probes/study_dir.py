@@ -7,6 +7,7 @@
       comparison.csv    the key table: one row per run (or per point of the knob)
       comparison.json   every table of the comparison: {name: {title, columns, rows}}
       runs/<name>/      each a normal run directory (reconstruct, query and report open it alone)
+      interrupted/<name>/  a run a resumed study found half-done, moved aside before it was run again
       report.html       derived (`inferledger report STUDY_DIR`)
 
 The studies write it (studies/framework.py); the report, the query surface and the command line read
@@ -22,6 +23,7 @@ from inferledger.probes.run_folder import RunFolderError, StudyIndex
 RUNS_DIR = "runs"
 COMPARISON_CSV = "comparison.csv"
 COMPARISON_JSON = "comparison.json"
+INTERRUPTED_DIR = "interrupted"
 
 
 class StudyDirError(RunFolderError):

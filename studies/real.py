@@ -16,6 +16,7 @@ from pathlib import Path
 from inferledger.collectors.capture.run import capture
 from inferledger.collectors.capture.options import CaptureOptions
 from inferledger.collectors.workload import Workload
+from inferledger.studies.framework import task_ticks
 
 # every answer accepted (a regex any output character matches): goodness is completion within the deadline
 TASKS = ({"kind": "open", "prompt": "Write about the sea and the ships that sail on it.", "answer": "."},
@@ -58,4 +59,9 @@ def capture_run(run_dir: Path, run_id: str, wl: Workload, bundle, *, max_num_seq
     device microbenchmarks are skipped (a study compares its runs with each other, not with roofs)."""
     options = CaptureOptions(max_num_seqs=max_num_seqs, engine_config=engine_config or {}, run_id=run_id,
                              microbenchmarks=False)
-    return capture(wl, run_dir, options, bundle=bundle).manifest
+    tick, done = task_ticks(), [0]
+
+    def progress() -> None:  # the study's progress: tasks done of the run's
+        done[0] += 1
+        tick(done[0], wl.n_tasks)
+    return capture(wl, run_dir, options, bundle=bundle, progress=progress if tick is not None else None).manifest

@@ -43,7 +43,7 @@ def sigterm_like_sigint():
         if callable(handler) and handler is not signal.default_int_handler:
             handler(signal.SIGINT, frame)  # asyncio.run's handler: cancels its main task
         else:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt("SIGTERM")
 
     old_int = signal.getsignal(signal.SIGINT)
     if old_int is signal.SIG_IGN or old_int is signal.SIG_DFL:  # inherited ignored (or reset): take it back

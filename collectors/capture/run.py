@@ -58,8 +58,10 @@ async def _watch_loop_lag(samples: list[tuple[int, float]], stop: asyncio.Event,
             break
 
 
-async def _drive(prep: Prepared, live: Live, options: CaptureOptions, progress=None) -> Driven:
-    """The load, with the client's loop lag watched and (separate clocks) the server's clock mapped at both ends."""
+async def _drive(prep: Prepared, live: Live, options: CaptureOptions, progress=None, on_stage=None) -> Driven:
+    """The load, with the client's loop lag watched and (separate clocks) the server's clock mapped at both
+    ends; `on_stage(text)` as a repeat of the microbenchmarks starts and ends."""
+    stage = on_stage or (lambda text: None)
     from inferledger.collectors.capture.clocksync import ClockSyncError, ClockSyncFailure, estimate
     from inferledger.collectors.load.http_transport import HTTPTarget
 
@@ -83,11 +85,14 @@ async def _drive(prep: Prepared, live: Live, options: CaptureOptions, progress=N
             if rebench is not None:
                 async def on_idle(next_ns):  # no task in flight: a short repeat when the next arrival is far
                     if rebench.due(next_ns):
+                        stage("tasks (measuring the device in an idle gap)")
                         rec = await asyncio.to_thread(rebench.run, "idle")
                         rec["overlapped"] = client.in_flight > 0  # a task arrived during it: not a roof
+                        stage("tasks")
                 client.on_idle = on_idle
             result = await client.run()
             if rebench is not None:  # the load is over, nothing in flight: the end's repeat
+                stage("measuring the device again (the end's microbenchmarks)")
                 await asyncio.to_thread(rebench.run, "end")
                 prep.device_params = microbench.with_repeats(prep.device_params, rebench.repeats, live.engine_clock)
     finally:
@@ -115,12 +120,13 @@ def _rebench(prep: Prepared, live: Live):
 
 
 def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOptions = CaptureOptions(), *,
-            bundle=None, progress=None, on_ready=None) -> CaptureResult:
+            bundle=None, progress=None, on_ready=None, on_stage=None) -> CaptureResult:
     """Run `workload` against `options.target` ('embedded' or a base URL) and write the run directory `out`.
 
     `bundle` reuses an already loaded model (tests), else `options.model` is loaded on `options.device`
     ("cpu" or "cuda": bf16, CUDA graphs, device.step events). `on_ready` is called as the load starts,
-    `progress` after each task. The steps: `_prepare` (model, prompts, device measurements, the
+    `progress` after each task, `on_stage(text)` as a slow step starts (the model's load, the
+    microbenchmarks at the start, in an idle gap and at the end). The steps: `_prepare` (model, prompts, device measurements, the
     prediction) while the manifest says "starting"; `_open_run` (writer, clocks, the prediction
     registered before the server exists); `_start_target` (the embedded server, or a URL target's own
     evidence); `_drive` (the load); `finish_run` (clock mappings, gaps, the full manifest). The
@@ -143,12 +149,12 @@ def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOp
         try:
             with StartingManifest(out, {"source": SOURCE, "state": "starting", "target": options.target_entry(),
                                         "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256}}):
-                prep = _prepare(wl, options, bundle, given, tokenizer)
+                prep = _prepare(wl, options, bundle, given, on_stage or (lambda text: None), tokenizer)
                 prep.servers = servers
                 live, head = _open_run(out, prep, options)
         except KeyboardInterrupt:  # SIGINT or SIGTERM while preparing: the folder is gone again, say so
             raise Interrupted(got["signum"] or signal.SIGINT, recorded=False) from None
-    return _record(live, head, prep, options, progress, on_ready)
+    return _record(live, head, prep, options, progress, on_ready, on_stage)
 
 
 def _server_folders(options: CaptureOptions) -> list:
@@ -196,16 +202,18 @@ def _tokenizer(wl: Workload, options: CaptureOptions, bundle):
     return load_tokenizer(wl.tokenizer)
 
 
-def _prepare(wl: Workload, options: CaptureOptions, bundle, given: bytes | None, tokenizer=None) -> Prepared:
+def _prepare(wl: Workload, options: CaptureOptions, bundle, given: bytes | None, stage, tokenizer=None) -> Prepared:
     """Everything slow or refusable before anything is recorded (`given`: the prediction file's checked
-    bytes; `tokenizer`: the prompts' when it was read already): a model, workload or tokenizer that fails
-    stops here and leaves no run."""
+    bytes; `stage(text)` as each slow step starts; `tokenizer`: the prompts' when it was read already): a
+    model, workload or tokenizer that fails stops here and leaves no run."""
     if options.embedded and bundle is None:
+        stage("loading the model")
         from inferledger.engine.loader import load_model
 
         bundle = load_model(options.model, device=options.device)
     calibration = None
     if wl.calibrate_tok_s and options.embedded:
+        stage("measuring the engine's speed (calibration)")
         speed = probe_throughput(bundle, options.max_num_seqs, engine_config=options.engine_config)
         calibration = {**wl.calibrate(speed.tok_s), "probe_threads": speed.threads}
     tokenizer = (tokenizer if tokenizer is not None else _tokenizer(wl, options, bundle)) if wl.needs_tokenizer else None
@@ -219,12 +227,15 @@ def _prepare(wl: Workload, options: CaptureOptions, bundle, given: bytes | None,
     elif not options.microbenchmarks:
         device_params = microbench.skipped("not measured (capture --no-microbench)")
     else:
+        stage("measuring the device (microbenchmarks)")
         device_params = microbench.device_params(
             bundle, max_batch=limits["max_num_seqs"], cpu_threads=limits.get("cpu_threads", "auto"),
             max_tokens=limits.get("max_num_batched_tokens"))
     source = str(options.prediction) if given is not None else "no file given (capture --prediction)"
     if given is None and options.embedded:
         given, source = own_prediction(wl, bundle.identity, device_params, limits["max_num_seqs"])
+    if options.warmups:
+        stage(f"{options.warmups} warm-ups")
     warmups = warm_up(options.warmups, plans, wl, options, bundle)  # before anything is recorded
     return Prepared(wl, bundle, tokenizer, plans, calibration, device_params, given, source, warmups)
 
@@ -299,7 +310,8 @@ def _start_target(live: Live, head: dict, prep: Prepared, options: CaptureOption
                                        target_url=live.url)
 
 
-def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, progress, on_ready) -> CaptureResult:
+def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, progress, on_ready,
+            on_stage) -> CaptureResult:
     """Start the target, drive the load, finish the run; on a failure or a signal, keep what was
     recorded, mark the run interrupted and re-raise."""
     old_switch = sys.getswitchinterval()
@@ -319,7 +331,7 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
             if options.switch_interval_s:
                 sys.setswitchinterval(options.switch_interval_s)
             t0 = time.monotonic()
-            driven = asyncio.run(_drive(prep, live, options, progress))
+            driven = asyncio.run(_drive(prep, live, options, progress, on_stage))
             sys.setswitchinterval(old_switch)
             if live.server is not None:
                 live.server.stop(options.drain_timeout_s)

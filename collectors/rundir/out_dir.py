@@ -1,6 +1,7 @@
 """The rules for what a command writes, checked before it loads anything: a new run directory
-(`capture --out`, `serve --out`, `import --out`), a new folder (`study -o`) and an output file
-(`predict -o`, `report -o`, `export -o`, `reconstruct -o`).
+(`capture --out`, `serve --out`, `import --out`), a new folder (`study -o`), a folder to continue
+(`study --resume`: it must exist, by design) and an output file (`predict -o`, `report -o`, `export -o`,
+`reconstruct -o`).
 
 A new run goes into a folder that does not exist yet or is empty, and that this process can create
 and write: a file, a folder holding another run or other files, or a place we cannot write is refused
@@ -53,6 +54,16 @@ def check_new_folder(out: Path, flag: str) -> None:
         raise OutDirError(f"{flag} {out}: is a file, not a folder; choose a new folder")
     if out.is_dir() and any(out.iterdir()):
         raise OutDirError(f"{flag} {out}: a folder that is not empty; choose a new or empty folder, nothing was changed")
+    _check_writable(out, flag)
+
+
+def check_existing_folder(out: Path, flag: str) -> None:
+    """Raise OutDirError unless `out` is a folder this process can write into (one a command continues)."""
+    out = Path(out)
+    if not out.exists():
+        raise OutDirError(f"{flag} {out}: no such folder; {flag} continues a folder an earlier command wrote")
+    if not out.is_dir():
+        raise OutDirError(f"{flag} {out}: is a file, not a folder")
     _check_writable(out, flag)
 
 
