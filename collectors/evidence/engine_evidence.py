@@ -1,4 +1,5 @@
-"""A URL target's own evidence during a capture: its OTLP spans and its `/metrics`, joined afterwards.
+"""A URL target's own evidence during a capture: its OTLP spans and its `/metrics`, joined afterwards
+(llama.cpp's per-response timings need neither: the load client keeps them on `attempt.done`).
 
 `capture --otlp-port P` starts the loopback OTLP receiver (the engine exports to
 http://127.0.0.1:P/v1/traces) and sends a `traceparent` with every attempt; `--scrape-metrics`
@@ -72,8 +73,9 @@ class EngineEvidence:
         self.mapped_spans = 0
         self.reporter, self.version = engine_reporter(target_url)
         self.receiver = OTLPReceiver(self.run_dir, options.otlp_port).start() if options.otlp_port is not None else None
-        self.scraper = (scraper_for(self.reporter)(f"{target_url.rstrip('/')}/metrics", self.run_dir, writer, clock=client_clock,
-                                       host=host).start() if options.scrape_metrics else None)
+        scraper = scraper_for(self.reporter)  # vLLM's vllm:* or llama.cpp's llamacpp:* series
+        self.scraper = (scraper(f"{target_url.rstrip('/')}/metrics", self.run_dir, writer, clock=client_clock,
+                                host=host).start() if options.scrape_metrics else None)
 
     @property
     def trace_salt(self) -> str | None:
