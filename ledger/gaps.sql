@@ -49,10 +49,12 @@ WITH declared AS (
   UNION ALL SELECT 'window', * FROM window_gaps
 ), numbered AS (
   -- the rows of reported evidence keep the ids docs/LEDGER.md "Reported evidence" names: reported:itl
-  -- (latency) and reported:counter:<metric> (reported); every other row is scope:subject:n
+  -- (latency), reported:counter:<metric> and reported:timings:<attempt> (reported); every other row is
+  -- scope:subject:n
   SELECT scope, subject_id, affects, needs, detail,
          CASE module WHEN 'latency' THEN 'reported:itl'
-                     WHEN 'reported' THEN format('reported:counter:{}', subject_id)
+                     WHEN 'reported' THEN format(CASE scope WHEN 'attempt' THEN 'reported:timings:{}'
+                                                 ELSE 'reported:counter:{}' END, subject_id)
                      ELSE format('{}:{}:{}', scope, coalesce(subject_id, '-'),
                                  row_number() OVER (PARTITION BY module IN ('latency', 'reported'), scope, subject_id
                                                     ORDER BY affects, detail)) END AS gap_id

@@ -2,7 +2,7 @@
 -- whether the attempt was good (docs/LEDGER.md "request_metrics").
 --
 -- scope: task
--- reads: figures, itl, choice_tpot, attempts, marks, attempt_ids, contracts, attempt_evidence
+-- reads: figures, itl, choice_tpot, attempts, marks, attempt_ids, contracts, attempt_evidence, reported_timings
 -- creates: fig_wide, itl_max, request_metrics
 
 CREATE OR REPLACE TEMP TABLE fig_wide AS
@@ -52,8 +52,10 @@ FROM itl GROUP BY attempt_id;
 -- @column client_span_ms: the earliest client terminal − (created, else sent), whatever the terminal:
 --   how long the client held the attempt (client)
 -- @column queue_ms: first engine.scheduled − engine.enqueued (engine)
--- @column prefill_ms: first engine.token − first engine.scheduled (engine)
--- @column decode_ms: engine.finished − first engine.token (engine)
+-- @column prefill_ms: first engine.token − first engine.scheduled (engine); without engine events, an
+--   engine's reported prefill duration placed inside the client's interval (reported_timings)
+-- @column decode_ms: engine.finished − first engine.token (engine); without engine events, an engine's
+--   reported decode duration placed inside the client's interval (reported_timings)
 -- @column tpot_ms: Σ choice_metrics.decode_client_ms / Σ (tokens − 1) over the choices with more than
 --   one token, for an attempt the client saw complete; one choice: (done − first content) /
 --   (n_output_tokens − 1); NULL when a choice's count or span is unknown (client)
@@ -91,14 +93,18 @@ FROM itl GROUP BY attempt_id;
 -- @column done_since_reference_ms: attempt.done − the task's reference (arrival.planned, else
 --   task.start, else its first attempt's created or sent)
 -- @column server_evidence: observed (our engine's probes), reported (an engine's account of itself, e.g.
---   a vLLM span), simulated (a run on the simulated clock: the real scheduler, no model compute) or NULL
+--   a vLLM span, llama.cpp's per-response timings), simulated (a run on the simulated clock: the real scheduler, no model compute) or NULL
 --   (no server or engine event)
--- @column server_reporter: who reported it (attrs.reporter, e.g. vllm-0.32.0)
+-- @column server_reporter: who reported it (attrs.reporter, e.g. vllm-0.32.0; reported_timings.reporter, e.g.
+--   llamacpp-b0-unknown)
 CREATE OR REPLACE TABLE request_metrics AS
 SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   f.ttft_client_ms, f.ttft_first_byte_ms, f.ttft_visible_ms, f.ttft_server_ms,
   f.e2e_client_ms, f.e2e_server_ms, f.client_span_ms,
-  f.queue_ms, f.prefill_ms, f.decode_ms,
+  f.queue_ms,
+  -- llama.cpp reports durations only (reported_timings): taken where they fit the client's interval
+  coalesce(f.prefill_ms, CASE WHEN t.inside_client THEN t.prefill_reported_ms END) AS prefill_ms,
+  coalesce(f.decode_ms, CASE WHEN t.inside_client THEN t.decode_reported_ms END) AS decode_ms,
   CASE WHEN a.client_status = 'completed' AND f.e2e_client_ms IS NOT NULL THEN ct.tpot_ms END AS tpot_ms,
   CASE WHEN a.server_status = 'completed' AND f.e2e_server_ms IS NOT NULL THEN ct.tpot_server_ms END AS tpot_server_ms,
   x.itl_client_max_ms, x.itl_server_max_ms, x.itl_engine_max_ms,
@@ -124,7 +130,7 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
                                 WHEN f.e2e_client_label IN ('impossible', 'unknown') THEN NULL
                                 ELSE f.done_since_reference_ms <= c.deadline_ms END) END AS good,
   f.done_since_reference_ms,
-  e.evidence AS server_evidence, e.reporter AS server_reporter
+  coalesce(e.evidence, t.evidence) AS server_evidence, coalesce(e.reporter, t.reporter) AS server_reporter
 FROM attempts a
 JOIN marks m USING (attempt_id)
 JOIN attempt_ids i USING (attempt_id)
@@ -133,4 +139,5 @@ LEFT JOIN itl_max x USING (attempt_id)
 LEFT JOIN choice_tpot ct USING (attempt_id)
 LEFT JOIN contracts c ON c.task_id = a.task_id
 LEFT JOIN attempt_evidence e USING (attempt_id)
+LEFT JOIN reported_timings t USING (attempt_id)
 ORDER BY a.attempt_id;

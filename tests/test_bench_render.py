@@ -202,6 +202,32 @@ def test_the_engine_against_vllm_run_keeps_its_rows_with_units_and_renders_its_r
         "| vllm bench serve | 1 | 0.40, 1.15 | 0.23, 0.82 |"]
 
 
+def test_llamacpp_as_a_third_server_gets_its_own_ratios_and_names_its_weights():
+    import argparse
+    import importlib.util
+
+    import results
+
+    spec = importlib.util.spec_from_file_location("engine_vs_vllm", ROOT / "benchmarks" / "engine_vs_vllm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cap = "inferledger capture (closed loop)"
+
+    def row(server, tok_s, tpot_p50):
+        return {"round": 1, "server": server, "client": cap, "concurrency": 2, "prompts": 4, "load_before": "9.4 6.1 4.5",
+                "tok_s": tok_s, "ttft_p50": 430.0, "ttft_p99": 450.0, "tpot_p50": tpot_p50, "tpot_p99": 72.1,
+                "completed": 4, "prompt_tokens_server": 256.0}
+    rows = [row("ours", 25.8, 71.9), row("llamacpp", 34.1, 41.5)]
+    servers = [mod.Ours("auto", "off"), mod.LlamaCpp(ROOT / "benchmarks" / "peers" / "llamacpp.sh", 1)]
+    figures = mod.figures(rows, servers, argparse.Namespace(concurrency=[], capture_concurrency=[2], rounds=1))
+    results.check_figures(figures)
+    assert figures["ratios"] == []  # ours / vLLM: no vLLM in this run
+    assert figures["llamacpp_ratios"] == [{"client": cap, "concurrency": 2, "ours_over_llamacpp_tok_s_ratio": [0.7566],
+                                           "llamacpp_over_ours_tpot_p50_ratio": [0.5772]}]
+    assert "as stored" in figures["servers"]["llamacpp"]["weights"] and \
+        "dequantised" in figures["servers"]["ours"]["weights"]
+
+
 def test_a_run_with_onednn_held_to_avx2_is_drawn_only_by_the_held_table_and_says_so():
     rows = {"threads": 1, "repeats": 5, "torch_isa": "AVX512", "onednn_bf16": True,
             "rows": [{"rows": 1, "fp32_ms": 100.0, "bf16_ms": 60.0, "fp16_ms": 70.0, "bf16_over_fp32_ratio": 0.6,

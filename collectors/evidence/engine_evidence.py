@@ -1,4 +1,5 @@
-"""A URL target's own evidence during a capture: its OTLP spans and its `/metrics`, joined afterwards.
+"""A URL target's own evidence during a capture: its OTLP spans and its `/metrics`, joined afterwards
+(llama.cpp's per-response timings need neither: the load client keeps them on `attempt.done`).
 
 `capture --otlp-port P` starts the loopback OTLP receiver (the engine exports to
 http://127.0.0.1:P/v1/traces) and sends a `traceparent` with every attempt; `--scrape-metrics`
@@ -21,7 +22,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 
 from inferledger.collectors.evidence.bounded_get import GetFailed, bounded_get
-from inferledger.collectors.evidence.metrics_scrape import MetricsScraper
+from inferledger.collectors.evidence.metrics_scrape import scraper_for
 from inferledger.collectors.evidence.otlp_file import read_otlp_file, refused_gaps
 from inferledger.collectors.evidence.otlp_receiver import OTLPReceiver
 from inferledger.collectors.evidence.vllm_spans import map_spans
@@ -43,16 +44,26 @@ class EvidenceOptions:
         return self.otlp_port is not None or self.scrape_metrics
 
 
-def engine_reporter(base_url: str) -> tuple[str, str | None]:
-    """("vllm-<version>", raw version) from the target's GET /version; ("unknown", None) without one."""
+def _get_field(url: str, name: str) -> str | None:
+    """A non-empty string field of the JSON object at `url`; None when anything else answers."""
     try:
-        status, body = bounded_get(f"{base_url.rstrip('/')}/version", deadline_s=5.0, max_bytes=1 << 16)
-        version = json.loads(body).get("version") if status == 200 else None
+        status, body = bounded_get(url, deadline_s=5.0, max_bytes=1 << 20)
+        value = json.loads(body).get(name) if status == 200 else None
     except (GetFailed, ValueError, AttributeError, RecursionError):
-        return "unknown", None
-    if not isinstance(version, str) or not version:
-        return "unknown", None
-    return f"vllm-{version.split('+')[0]}", version
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def engine_reporter(base_url: str) -> tuple[str, str | None]:
+    """("vllm-<version>", raw version) from the target's GET /version; else ("llamacpp-<build>", build)
+    from llama.cpp's GET /props `build_info` (the build its responses name as `system_fingerprint`);
+    ("unknown", None) without either."""
+    base = base_url.rstrip("/")
+    version = _get_field(f"{base}/version", "version")
+    if version is not None:
+        return f"vllm-{version.split('+')[0]}", version
+    build = _get_field(f"{base}/props", "build_info")
+    return (f"llamacpp-{build}", build) if build is not None else ("unknown", None)
 
 
 class EngineEvidence:
@@ -62,8 +73,9 @@ class EngineEvidence:
         self.mapped_spans = 0
         self.reporter, self.version = engine_reporter(target_url)
         self.receiver = OTLPReceiver(self.run_dir, options.otlp_port).start() if options.otlp_port is not None else None
-        self.scraper = (MetricsScraper(f"{target_url.rstrip('/')}/metrics", self.run_dir, writer, clock=client_clock,
-                                       host=host).start() if options.scrape_metrics else None)
+        scraper = scraper_for(self.reporter)  # vLLM's vllm:* or llama.cpp's llamacpp:* series
+        self.scraper = (scraper(f"{target_url.rstrip('/')}/metrics", self.run_dir, writer, clock=client_clock,
+                                host=host).start() if options.scrape_metrics else None)
 
     @property
     def trace_salt(self) -> str | None:

@@ -1,12 +1,12 @@
-"""Scraping an engine's Prometheus `/metrics` during a capture: vLLM's own gauges and counters.
+"""Scraping an engine's Prometheus `/metrics` during a capture: vLLM's or llama.cpp's own gauges and counters.
 
 A thread GETs the endpoint at `hz` (1-2 Hz is enough for queue depth and KV usage), stamps each
 scrape with the client's monotonic clock before and after (the scrape's own timestamps; a value is
-placed at the midpoint, the half-width says how well), and keeps the `vllm:*` series that are not
-histogram buckets: every scrape as one JSON line in `<run>/scrapes/metrics.jsonl` and as samples
-(metric = series name, labels summed over) that the ledger turns into gauge series and counter
-deltas. Values are the engine's report about itself: samples of source `vllm-metrics` are evidence
-of strength "reported".
+placed at the midpoint, the half-width says how well), and keeps the engine's series (`vllm:*`, or
+`llamacpp:*` for `LlamaCppScraper`) that are not histogram buckets: every scrape as one JSON line in
+`<run>/scrapes/metrics.jsonl` and as samples (metric = series name, labels summed over) that the
+ledger turns into gauge series and counter deltas. Values are the engine's report about itself:
+samples of source `vllm-metrics` / `llamacpp-metrics` are evidence of strength "reported".
 
 Each scrape has a total deadline of at most one period (collectors.evidence.bounded_get), so a slow endpoint
 costs that scrape, never the capture. Parsing follows the text exposition format (Prometheus 0.0.4
@@ -33,6 +33,7 @@ from inferledger.collectors.evidence.bounded_get import GetFailed, bounded_get
 
 SOURCE = "vllm-metrics"
 PREFIX = "vllm:"
+LLAMACPP_SOURCE, LLAMACPP_PREFIX = "llamacpp-metrics", "llamacpp:"
 UNITS = {"_seconds_sum": "s", "_seconds_count": "count", "_perc": "ratio", "_tokens_total": "tokens",
          "_total": "count", "_count": "count", "_sum": "sum"}
 MAX_SCRAPE_BYTES = 16 * 2**20
@@ -100,7 +101,8 @@ def unit_of(name: str, types: dict[str, str]) -> str:
     for suffix, unit in UNITS.items():
         if name.endswith(suffix):
             return unit
-    return "requests" if name.startswith(PREFIX + "num_requests") else types.get(name, "value")
+    requests = name.startswith(PREFIX + "num_requests") or name.startswith(LLAMACPP_PREFIX + "requests_")
+    return "requests" if requests else types.get(name, "value")
 
 
 def refused_gaps(run_id: str, records: list[dict], scrapes: int, kept_in: str = "scrapes/refused.jsonl") -> list[dict]:
@@ -129,6 +131,8 @@ def refused_gaps(run_id: str, records: list[dict], scrapes: int, kept_in: str = 
 
 class MetricsScraper:
     """start() / stop(); `sink` is a RunWriter (samples) and the raw lines go under the run folder."""
+
+    prefix, source = PREFIX, SOURCE  # the engine's series kept, and the samples' source
 
     def __init__(self, url: str, run_dir: str | Path, sink, *, clock: str, host: str, hz: float = 2.0,
                  now_ns=time.monotonic_ns, timeout_s: float = 2.0) -> None:
@@ -159,7 +163,7 @@ class MetricsScraper:
             except GetFailed as exc:
                 return self._failed(t0, str(exc))
             try:
-                return self._keep(t0, self.now_ns(), parse_prometheus(body))
+                return self._keep(t0, self.now_ns(), parse_prometheus(body, self.prefix))
             except Exception as exc:  # a disk error writing the record: the next scrape tries again
                 return self._failed(t0, f"{type(exc).__name__}: {exc}"[:200])
 
@@ -175,7 +179,7 @@ class MetricsScraper:
                      [{"kind": "not-finite", "scrape": self.scrapes, "t0_ns": t0, "series": name}
                       for name in scrape.not_finite])
         for name, value in scrape.values.items():
-            self.sink.sample(ts_ns=mid, clock=self.clock, source=SOURCE, host=self.host, metric=name,
+            self.sink.sample(ts_ns=mid, clock=self.clock, source=self.source, host=self.host, metric=name,
                              value=value, unit=unit_of(name, self.types))
         return True
 
@@ -227,4 +231,16 @@ class MetricsScraper:
         return {"url": self.url, "scrapes": self.scrapes, "failures": self.failures, "last_error": self.last_error,
                 "period_s": self.period_s, "deadline_s": self.deadline_s, "file": "scrapes/metrics.jsonl",
                 "refused_lines": kinds["line"], "not_finite_values": kinds["not-finite"],
-                "refused_file": "scrapes/refused.jsonl", "types": self.types, "evidence": "reported"}
+                "refused_file": "scrapes/refused.jsonl", "types": self.types, "evidence": "reported",
+                "prefix": self.prefix, "source": self.source}
+
+
+class LlamaCppScraper(MetricsScraper):
+    """llama.cpp's `/metrics` (`--metrics`): the `llamacpp:*` series, samples of source `llamacpp-metrics`."""
+
+    prefix, source = LLAMACPP_PREFIX, LLAMACPP_SOURCE
+
+
+def scraper_for(reporter: str) -> type[MetricsScraper]:
+    """The scraper of the engine that `reporter` names (`llamacpp-...`); vLLM's otherwise."""
+    return LlamaCppScraper if reporter.startswith("llamacpp-") else MetricsScraper

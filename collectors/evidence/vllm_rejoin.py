@@ -1,12 +1,15 @@
-"""Rebuild a vLLM capture from its raw evidence: the client's events plus vLLM's own spans and scrapes.
+"""Rebuild a capture of a peer engine from its raw evidence: the client's events plus the engine's own
+spans and scrapes.
 
-A recorded run (samples/peers/vllm-0.32-cpu/) keeps what each side produced, not what we made of it:
-`client/` (the client's, checker's and tool's event parts, clocks, tasks), `otlp/traces.jsonl` (the
-OTLP requests vLLM exported, as received), `scrapes/metrics.jsonl.gz` (every /metrics scrape) and
-`manifest.json`, and what capture refused (`otlp/refused.jsonl`, `scrapes/refused.jsonl`) where it
-refused anything. `rejoin()` joins them again exactly as capture does (collectors.evidence.vllm_spans,
-collectors.evidence.metrics_scrape), the refusals as the same gap rows, into a run directory the ledger reads,
-so the join is checked on real vLLM output without vLLM installed.
+A recorded run (samples/peers/vllm-0.32-cpu/, samples/peers/llamacpp/) keeps what each side produced,
+not what we made of it: `client/` (the client's, checker's and tool's event parts, clocks, tasks; the
+per-response reports the client received ride on its `attempt.done`: vLLM's `server_metrics`,
+llama.cpp's `server_timings`), `otlp/traces.jsonl` (the OTLP requests vLLM exported, as received;
+llama.cpp exports none), `scrapes/metrics.jsonl.gz` (every /metrics scrape) and `manifest.json`, and
+what capture refused (`otlp/refused.jsonl`, `scrapes/refused.jsonl`) where it refused anything.
+`rejoin()` joins them again exactly as capture does (collectors.evidence.vllm_spans,
+collectors.evidence.metrics_scrape), the refusals as the same gap rows, into a run directory the ledger
+reads, so the join is checked on real engine output without the engine installed.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ CLIENT_SOURCES = ("client", "checker", "tool")
 def is_recording(path: str | Path) -> bool:
     """A recorded sample (raw evidence for `rejoin`), not yet a run directory."""
     path = Path(path)
-    return (path / "client" / "events.parquet").is_file() and (path / "otlp").is_dir() and not (path / "events").exists()
+    return (path / "client" / "events.parquet").is_file() and ((path / "otlp").is_dir() or (path / "scrapes").is_dir()) \
+        and not (path / "events").exists()
 
 
 def record(run_dir: str | Path, sample_dir: str | Path) -> None:
@@ -50,7 +54,7 @@ def record(run_dir: str | Path, sample_dir: str | Path) -> None:
     write_table_atomic(pa.Table.from_pylist([g for g in gaps if not g["gap_id"].startswith(regenerated)],
                                             schema=GAP_SCHEMA), sample_dir / "client" / "gaps.parquet")
     for rel in ("otlp/traces.jsonl", MANIFEST_FILE, "otlp/refused.jsonl", "scrapes/refused.jsonl"):
-        if rel == "otlp/traces.jsonl" or (run_dir / rel).exists():
+        if (run_dir / rel).exists():
             (sample_dir / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(run_dir / rel, sample_dir / rel)
     if (run_dir / "scrapes" / "metrics.jsonl").exists():  # 2 Hz of ~2.5 kB lines: kept compressed
@@ -66,7 +70,8 @@ def _records(path: Path) -> list[dict]:
 
 
 def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
-    """Write run directory `out` from a recorded sample; returns the span join's summary."""
+    """Write run directory `out` from a recorded sample; returns the span join's summary (without spans:
+    the attempts and how many carry the engine's per-response timings)."""
     sample_dir, out = Path(sample_dir), Path(out)
     manifest = Manifest.read(sample_dir)
     run_id, host = manifest.run_id, manifest.block("host").get("name")
@@ -76,27 +81,36 @@ def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
     client = pq.read_table(sample_dir / "client" / "events.parquet").cast(EVENT_SCHEMA)
     for row in client.to_pylist():
         writer.emit(row)
+    sent = client.filter(pa.compute.equal(client["name"], "attempt.sent")).to_pylist()
     attempts = {r["attempt_id"]: {"task_id": r["task_id"], "request_id": r["request_id"], "session_id": r["session_id"]}
-                for r in client.filter(pa.compute.equal(client["name"], "attempt.sent")).to_pylist()}
-    spans, late = read_otlp_file(sample_dir / "otlp" / "traces.jsonl")
-    refused = _records(sample_dir / "otlp" / "refused.jsonl") + [{**r.record(), "from": "otlp/traces.jsonl"}
-                                                                  for r in late]
-    join = map_spans(spans, run_id=run_id, host=engine_clock.split(":", 1)[1], reporter=ev.get("reporter", "unknown"),
-                     attempts=attempts, trace_salt=run_id)
-    for row in join.rows:
-        writer.emit(row)
+                for r in sent}
+    gaps: list[dict] = []
+    if (sample_dir / "otlp" / "traces.jsonl").exists():
+        spans, late = read_otlp_file(sample_dir / "otlp" / "traces.jsonl")
+        refused = _records(sample_dir / "otlp" / "refused.jsonl") + [{**r.record(), "from": "otlp/traces.jsonl"}
+                                                                      for r in late]
+        join = map_spans(spans, run_id=run_id, host=engine_clock.split(":", 1)[1],
+                         reporter=ev.get("reporter", "unknown"), attempts=attempts, trace_salt=run_id)
+        for row in join.rows:
+            writer.emit(row)
+        gaps += join.gaps + refused_gaps(run_id, refused, "otlp/refused.jsonl")
+        if refused:
+            (out / "otlp").mkdir(parents=True, exist_ok=True)
+            (out / "otlp" / "refused.jsonl").write_text("".join(dumps(r) + "\n" for r in refused))
+        summary = join.summary()
+    else:
+        done = client.filter(pa.compute.equal(client["name"], "attempt.done")).to_pylist()
+        summary = {"attempts": len(attempts),
+                   "with_timings": sum("server_timings" in json.loads(r["attrs"] or "{}") for r in done)}
     scrapes = sample_dir / "scrapes" / "metrics.jsonl.gz"
-    types = (ev.get("metrics") or {}).get("types") or {}
-    gaps = join.gaps + refused_gaps(run_id, refused, "otlp/refused.jsonl")
-    if refused:
-        (out / "otlp").mkdir(parents=True, exist_ok=True)
-        (out / "otlp" / "refused.jsonl").write_text("".join(dumps(r) + "\n" for r in refused))
+    metrics = ev.get("metrics") or {}
+    types, source = metrics.get("types") or {}, metrics.get("source") or SOURCE
     lines = gzip.open(scrapes, "rt").read().splitlines() if scrapes.exists() else []
     gaps += scrape_gaps(run_id, _records(sample_dir / "scrapes" / "refused.jsonl"), len(lines))
     for line in lines:
         s = json.loads(line)
         for name, value in s["values"].items():
-            writer.sample(ts_ns=(s["t0_ns"] + s["t1_ns"]) // 2, clock=s["clock"], source=SOURCE,
+            writer.sample(ts_ns=(s["t0_ns"] + s["t1_ns"]) // 2, clock=s["clock"], source=source,
                           host=host, metric=name, value=value, unit=unit_of(name, types))
     writer.close()
     for name in ("clocks.parquet", "tasks.parquet"):  # the client's clocks and contracts, as captured
@@ -104,4 +118,4 @@ def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
     collector_gaps = pq.read_table(sample_dir / "client" / "gaps.parquet").to_pylist()
     write_table_atomic(pa.Table.from_pylist(collector_gaps + gaps, schema=GAP_SCHEMA), out / "gaps.parquet")
     shutil.copyfile(Manifest.file(sample_dir), Manifest.file(out))
-    return join.summary()
+    return summary

@@ -1,7 +1,8 @@
 """The load client's HTTP transport: streaming `/v1/chat/completions` over aiohttp, SSE parsed by hand.
 
 Every SSE event becomes one `Chunk` with the kinds it carries (content, reasoning, tool_call, finish,
-usage). The OpenAI protocol does not say how many tokens a chunk holds, so `tokens` stays None: the
+usage), and the server's own per-request report where it sends one (vLLM's `metrics`, llama.cpp's
+`timings`). The OpenAI protocol does not say how many tokens a chunk holds, so `tokens` stays None: the
 ledger takes the count from `usage` (requested with `stream_options.include_usage`), never from the
 number of chunks.
 
@@ -66,8 +67,16 @@ def chunk_from_event(event: dict) -> Chunk:
     indexes = [c.get("index", 0) for c in event.get("choices") or [] if isinstance(c, dict)]
     one = indexes and type(indexes[0]) is int and all(i == indexes[0] for i in indexes)
     choice = indexes[0] if one else None
+    # llama.cpp's per-response durations (on the final chunk when streaming), kept as received with the
+    # build that sent them (system_fingerprint)
+    timings = event.get("timings") if isinstance(event.get("timings"), dict) else None
+    if timings is not None and isinstance(event.get("system_fingerprint"), str):
+        timings = {"timings": timings, "system_fingerprint": event["system_fingerprint"]}
+    elif timings is not None:
+        timings = {"timings": timings}
     return Chunk(kinds=sorted(set(kinds)), text="".join(text), tokens=None, finish_reason=finish, usage=usage,
-                 choice=choice, metrics=event.get("metrics") if isinstance(event.get("metrics"), dict) else None)
+                 choice=choice, metrics=event.get("metrics") if isinstance(event.get("metrics"), dict) else None,
+                 timings=timings)
 
 
 def _event(payload: str) -> dict:

@@ -37,6 +37,8 @@ class Chunk:
     usage: dict | None = None
     choice: int | None = None  # the choice index when the event carries one choice (n > 1 accounting)
     metrics: dict | None = None  # the server's own per-request metrics (vLLM --enable-per-request-metrics)
+    # llama.cpp's per-response durations: {"timings": {...}, "system_fingerprint": "<build>"} as received
+    timings: dict | None = None
 
 
 class TransportError(Exception):
@@ -108,6 +110,7 @@ class _Att:
     finish: str | None = None
     usage: dict | None = None
     server_metrics: dict | None = None
+    server_timings: dict | None = None
     cancelled: bool = False
     abandoned: bool = False
     late_chunks: int = 0
@@ -138,6 +141,14 @@ def request_params(plan: TaskPlan, w: Workload) -> dict:
     if c.ignore_eos if c.ignore_eos is not None else w.ignore_eos:
         params["ignore_eos"] = True
     return params
+
+
+def _timings_attrs(received: dict) -> dict:
+    """`attempt.done` attributes of a server's per-response timings (llama.cpp), kept as received."""
+    out = {"server_timings": received["timings"], "server_timings_evidence": "reported"}
+    if received.get("system_fingerprint") is not None:
+        out["server_fingerprint"] = received["system_fingerprint"]
+    return out
 
 
 def first_messages(req: RequestPlan) -> list[dict]:
@@ -383,7 +394,8 @@ class LoadClient:
         text = "".join(st.text)
         p.emit("attempt.done", ids, finish_reason=st.finish, usage=st.usage, output_chunks=st.output_chunks,
                **({"server_metrics": st.server_metrics, "server_metrics_evidence": "reported"}
-                  if st.server_metrics else {}))
+                  if st.server_metrics else {}),
+               **(_timings_attrs(st.server_timings) if st.server_timings else {}))
         self.result.completed += 1
         correct = check_answer(req.question, text)
         self.result.correct += correct
@@ -410,6 +422,7 @@ class LoadClient:
                     st.output_chunks += 1
                 st.finish, st.usage = chunk.finish_reason or st.finish, chunk.usage or st.usage
                 st.server_metrics = chunk.metrics or st.server_metrics
+                st.server_timings = chunk.timings or st.server_timings
                 # tokens when the server says how many a chunk holds, else output-bearing chunks (each >= 1 token)
                 seen = st.tokens if st.tokens_known else st.output_chunks
                 if cancel_tokens is not None and seen >= cancel_tokens and st.finish is None:
