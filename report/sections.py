@@ -22,6 +22,13 @@ def missing(table: str, what: str) -> str:
             "<code>inferledger reconstruct RUN</code> once it exists).</p>")
 
 
+def client_bound_note(rv) -> str:
+    """For a client-bound run (its manifest's client.client_bound), what the client's lag does to each latency
+    figure, where client-layer latencies are shown."""
+    effect = tables.client_bound(rv.manifest)["effect"]
+    return note(effect) if effect else ""
+
+
 def verdict(rv, p: str) -> str:
     """The first screen: where the median and the p99 request's time went, the prediction met or missed
     per request class, the first cause of the run's delay (report/tables.py reads each from the ledger)."""
@@ -35,6 +42,8 @@ def verdict(rv, p: str) -> str:
         body += table(["request", "attempt", "E2E", *(n.removesuffix("_ms") for n, _ in tables.WHERE_TIME_WENT)],
                       [[r["request"], r["attempt_id"], fmt(r["e2e_ms"]), *(fmt(r[n]) for n, _ in tables.WHERE_TIME_WENT)]
                        for r in requests])
+        if requests[0]["e2e_layer"] == "client":
+            body += client_bound_note(rv)
     else:
         body += note("no request with an E2E time (or a ledger without attempt_causes)")
     body += "<h3>The prediction, per request class</h3>"
@@ -99,8 +108,9 @@ def headline(rv, p: str, h: dict) -> str:
     energy = (f"{fmt(h['energy_per_good_j'], 2)} J" if h["energy_per_good_j"] is not None else "unknown")
     cards = [("goodput", f"{fmt(h['goodput_rps'], 3)} req/s", "good results (correct and on time) / T_obs"),
              ("completed throughput", f"{fmt(h['completed_rps'], 3)} req/s", "client-completed attempts / T_obs"),
-             ("good results", f"{fmt(h['n_good'])} of {fmt(c['judged'])} judged", f"{fmt(c['attempts'])} attempts, "
-              f"{fmt(c['completed'])} completed at the client"),
+             ("good results", f"{fmt(h['n_good'])} of {fmt(c['judged'])} judged attempts",
+              f"{tables.counted(c['attempts'], 'attempts')} ({fmt(c['completed'])} completed at the client) for "
+              f"{tables.tasks_text(tables.task_outcomes(rv))}"),
              ("energy per good result", energy, "run_metrics.energy_per_good_j")]
     rm = h["run_metrics"] or {}
     if rm.get("vllm_goodput_rps") is not None:
@@ -118,8 +128,9 @@ def headline(rv, p: str, h: dict) -> str:
     body = big + note(window, "source")
     if h["energy_per_good_j"] is None:
         body += note(f"energy per good result is unknown: {h['energy_reason']}")
-    rows = [[r["metric"], r["layer"], r["n"], *r["values"], r["column"]] for r in tables.latency(rv)]
-    body += "<h3>Latency by observation layer (ms)</h3>" + table(
+    rows = [[r["metric"], r["layer"], tables.counted(r["n"], r["of"]), *r["values"], r["column"]]
+            for r in tables.latency(rv)]
+    body += "<h3>Latency by observation layer (ms)</h3>" + client_bound_note(rv) + table(
         ["metric", "layer", "n", "p50", "p90", "p99", "max", "ledger column"], rows)
     if rv.has("peer_views"):
         peers = rv.all("SELECT metric, tool, definition, weighting, n, mean_ms, p50_ms, p90_ms, p99_ms FROM peer_views")
@@ -245,7 +256,7 @@ def critical(rv, page, p: str, top: int = 3) -> str:
 
 def accounts(rv, page, p: str) -> str:
     counts = tables.account_counts(rv)
-    small = "".join(f"<div>{table([name, 'n'], rows)}</div>" for name, rows in counts.items())
+    small = "".join(f"<div>{table([name, tables.ACCOUNT_COUNTS[name]], rows)}</div>" for name, rows in counts.items())
     cols, rows = rd.account_rows(rv)
     page.data["accounts"][p] = {"cols": cols, "rows": rows}
     body = (f'<div class="cols">{small}</div><div class="acct" data-key="{esc(p)}"><div class="filters"></div>'
