@@ -7,7 +7,7 @@ from inferledger.report import figs, tables
 from inferledger.report.read import num
 from inferledger.report.drill import drill, drill_ids
 from inferledger.report.page import esc, flatten, fmt, kv_table, note, section, table
-from inferledger.report.timeline import STATE_COLORS, aggregate, attempt_index, choose_sample, gantt
+from inferledger.report.timeline import STATE_COLORS, aggregate, arrange, attempt_index, choose_sample, gantt, group_label
 
 IDENTITY_KEYS = (("model", ("path", "sha256", "format", "quantization", "architecture", "dtype", "tokenizer",
                             "chat_template_sha256")),
@@ -176,28 +176,47 @@ def timeline(rv, page, p: str, tb, detail_limit: int, drill_limit: int) -> str:
         body += (f"<h3>Attempts in each {esc(stream)} state over time (all {len(atts):,} attempts)</h3>"
                  + page.figure(f"{p}-agg", agg))
     sample = choose_sample(atts, detail_limit)
-    fig, left = gantt(rv, tb, sample)
+    rows = arrange(atts, sample)
+    fig, left = gantt(rv, tb, sample, rows)
     what = (f"all {len(atts):,} attempts" if len(sample) == len(atts) else
             f"{len(sample):,} of {len(atts):,} attempts: the slowest end to end and to first token, the ones not "
             "completed on every layer, and an even spread by arrival (hover a row for why it was drawn)")
     body += (f"<h3>One row per attempt: {esc(what)}</h3>"
-             '<p class="source">wide pale bar: client stream; narrow bar: engine stream; triangle: arrival '
+             '<p class="source">grouped by task class, then outcome (the client status; the server status without '
+             "client events); in each group the slowest first (client E2E, else the client's time to its terminal "
+             "event, else server E2E). Wide pale bar: client stream; narrow bar: engine stream; triangle: arrival "
              "(the task's arrival.planned, else the attempt's creation); ticks: prefill chunks; crosses: "
-             "cancellations, timeouts, errors. Drag to zoom, use the slider below, double-click to reset; "
-             "click a row to open it in the drill-down.</p>" + page.figure(f"{p}-gantt", fig))
+             "cancellations, timeouts, errors. Drag a box to zoom on time and rows, pick a group to zoom to its "
+             "rows, double-click to reset; click a row to open it in the drill-down.</p>"
+             f'<div class="filters tl-controls" data-fig="{esc(p)}-gantt"><label>rows in each group '
+             '<select class="tl-order"><option value="slowest">slowest first</option>'
+             '<option value="arrival">in arrival order</option></select></label>'
+             '<label>zoom to <select class="tl-group"><option value="">every group</option></select></label></div>'
+             + page.figure(f"{p}-gantt", fig))
     if left["intervals"]:
         body += note(f"{left['intervals']} intervals or markers are on clocks with no mapping to {tb.ref} "
                      f"({', '.join(left['clocks'])}) and are not drawn on this axis (the drill-down lists them).")
-    ids = drill_ids(sample, drill_limit)
-    page.data["drill"][p] = drill(rv, tb, ids, dict(sample))
+    row_of = {aid: i for i, aid in enumerate(rows["orders"]["slowest"])}
+    ids = sorted(drill_ids(sample, drill_limit), key=row_of.__getitem__)  # in the timeline's order
+    group_of = {a["id"]: group_label(a["cls"], a["outcome"]) for a in atts}
+    page.data["drill"][p] = [{**d, "group": group_of[d["id"]]} for d in drill(rv, tb, ids, dict(sample))]
     page.data["gantt"][f"{p}-gantt"] = p
+    page.data["timeline"][f"{p}-gantt"] = rows
     page.data["colors"] = STATE_COLORS
-    body += (f'<h3>Drill-down: one attempt ({len(ids):,} attempts available)</h3><div class="drill" data-key="{esc(p)}">'
-             '<select aria-label="attempt"></select><div class="plot drill-plot" id="' + esc(p) + '-drill-plot"></div>'
-             '<div class="cols"><div><table class="kv drill-metrics"></table></div><div class="scroll">'
+    body += (f'<h3>Drill-down: one attempt ({len(ids):,} attempts available, in the timeline\'s order)</h3>'
+             f'<div class="drill" data-key="{esc(p)}"><select aria-label="attempt"></select>'
+             '<h4 class="drill-title"></h4><div class="cols">'
+             '<div><h4>The four accounts</h4><table class="kv drill-accounts"></table></div>'
+             '<div><h4>Causes of delay (attempt_causes, ms)</h4><table class="kv drill-causes"></table></div>'
+             '<div><h4>Figures (request_metrics)</h4><table class="kv drill-metrics"></table></div></div>'
+             '<h4>Intervals (ms on the report axis)</h4><table class="grid drill-intervals"><thead><tr><th>stream</th>'
+             "<th>interval</th><th>kind</th><th>start</th><th>end</th><th>duration</th><th>±</th><th>label</th>"
+             "<th>on the path</th><th>when, within the attempt</th></tr></thead><tbody></tbody></table>"
+             '<div class="plot drill-plot" id="' + esc(p) + '-drill-plot"></div>'
+             "<h4>Evidence: the attempt's events (output events drawn above)</h4><div class=\"scroll\">"
              '<table class="grid drill-events"><thead><tr><th>ms</th><th>event</th><th>source</th><th>clock</th>'
              "<th>ts_ns</th><th>value</th><th>attrs</th><th>event_id</th></tr></thead><tbody></tbody></table>"
-             "</div></div></div>")
+             "</div></div>")
     return section(f"{p}-timeline", "Per-request timeline", body,
                    f"intervals (stream, name, start_ns, end_ns, label) and events, on clock {tb.ref}")
 

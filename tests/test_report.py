@@ -116,7 +116,7 @@ HOOK = ("<script>window.__t={errors:[],alerts:[]};window.alert=function(m){windo
         # use the page: open the last attempt of the drill-down, filter the accounts to cancelled attempts
         "var box=document.querySelector('.drill'),sel=box.querySelector('select');"
         "sel.value=String(sel.options.length-1);sel.dispatchEvent(new Event('change'));"
-        "window.__t.drill=box.querySelector('.drill-metrics td').textContent;"
+        "window.__t.drill=box.querySelector('.drill-accounts td').textContent;"
         "var acct=document.querySelector('.acct'),f=acct.querySelector('select');f.value='cancelled';"
         "f.dispatchEvent(new Event('change'));window.__t.accounts=acct.querySelector('.tag').textContent;"
         "var d=document.createElement('pre');d.id='test-hook';d.textContent=JSON.stringify(window.__t);"
@@ -293,11 +293,16 @@ def test_single_run_report_draws_every_attempt(runs, tmp_path):
     html = res.path.read_text(encoding="utf-8")
     data = json.loads(re.search(r'id="report-data">(.*?)</script>', html, re.S).group(1))
     figs = json.loads(re.search(r'id="report-figures">(.*?)</script>', html, re.S).group(1))
-    assert res.attempts == 4 and [d["id"] for d in data["drill"]["a"]] == ["A0", "A1", "A2", "A3"]
+    # grouped by outcome (no class declared: A0, A1, A3 completed, A2 cancelled), the slowest first in each:
+    # client E2E A1 289.5 ms, A0 and A3 199.5 (a tie: by id)
+    assert res.attempts == 4 and [d["id"] for d in data["drill"]["a"]] == ["A1", "A0", "A3", "A2"]
     assert len(data["accounts"]["a"]["rows"]) == 4
     assert {t["name"] for t in figs["a-gantt"]["data"]} >= {"engine: prefill", "engine: decode", "engine: preempted",
                                                            "client: stream", "arrival", "prefill chunk", "client cancel"}
-    assert figs["a-gantt"]["layout"]["yaxis"]["ticktext"] == ["A0", "A1", "A2", "A3"]
+    assert figs["a-gantt"]["layout"]["yaxis"]["ticktext"] == ["A1", "A0", "A3", "A2"]
+    assert [a["text"] for a in figs["a-gantt"]["layout"]["annotations"]] == [
+        "(no class) · completed (3)", "(no class) · cancelled (1)"]
+    assert data["timeline"]["a-gantt"]["orders"]["arrival"] == ["A0", "A1", "A3", "A2"]
     assert "all 4 attempts" in html and "compared" not in html.split("<main>")[1][:200]
 
 
