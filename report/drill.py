@@ -1,5 +1,6 @@
-"""Drill-down data for single attempts: every interval of every stream, every event with its attrs, and
-the output events (client chunks, server writes, engine tokens) as times, on the report's axis.
+"""Drill-down data for single attempts: every interval of every stream, every event with its attrs (as text,
+not JSON), the output events (client chunks, server writes, engine tokens) as times on the report's axis,
+its four accounts, its figures and its causes of delay (attempt_causes).
 
 The page draws one attempt at a time from this data (report/assets.py, PAGE_JS); strings travel as data and
 reach the page through textContent, or escaped where plotly renders them.

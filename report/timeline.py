@@ -1,7 +1,8 @@
 """The per-request timeline: one row per attempt (client stream behind, engine stream in front), arrival
 markers, prefill chunks, preemptions and cancellations, drawn from `intervals` and `events` on one
-clock axis (report/clocks.py). A big run is drawn as attempts-per-stage over time for every attempt plus
-the rows of a sample (the slowest, the abnormal, and an even spread by arrival); docs/REPORT.md.
+clock axis (report/clocks.py), grouped by task class and outcome with the slowest first in each group
+(`arrange`). A big run is drawn as attempts-per-stage over time for every attempt plus the rows of a sample
+(the slowest, the abnormal, and an even spread by arrival); docs/REPORT.md.
 """
 from __future__ import annotations
 
