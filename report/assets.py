@@ -168,6 +168,18 @@ document.querySelectorAll('.tl-controls').forEach(function(bar){
     Plotly.restyle(div,{y:ys},idx);
     Plotly.relayout(div,{'yaxis.ticktext':ids.map(function(a){return esc(a.slice(0,28));})});
   });
+  var time=bar.querySelector('.tl-time'),mode='sent';
+  time.addEventListener('change',function(){  /* rows from each attempt's send, or all on the run's clock */
+    if(time.value===mode)return;var sign=time.value==='run'?1:-1;mode=time.value;
+    function shift(v,a){return Math.round((v+sign*(rows.offset[a]||0))*1e6)/1e6;}
+    var bars=[],bi=[],pts=[],pi=[];
+    div.data.forEach(function(t,i){if(!t.customdata)return;
+      if(t.type==='bar'){bi.push(i);bars.push(t.base.map(function(b,j){return shift(b,t.customdata[j]);}));}
+      else{pi.push(i);pts.push(t.x.map(function(x,j){return shift(x,t.customdata[j]);}));}});
+    if(bi.length)Plotly.restyle(div,{base:bars},bi);
+    if(pi.length)Plotly.restyle(div,{x:pts},pi);
+    Plotly.relayout(div,{'xaxis.title.text':esc(rows.titles[mode]),'xaxis.autorange':true});
+  });
   group.addEventListener('change',function(){
     var g=rows.groups[+group.value];
     Plotly.relayout(div,group.value===''?{'yaxis.autorange':'reversed'}:{'yaxis.range':[g.first+g.n-0.5,g.first-0.5]});

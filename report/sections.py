@@ -184,13 +184,15 @@ def timeline(rv, page, p: str, tb, detail_limit: int, drill_limit: int) -> str:
     body += (f"<h3>One row per attempt: {esc(what)}</h3>"
              '<p class="source">grouped by task class, then outcome (the client status; the server status without '
              "client events); in each group the slowest first (client E2E, else the client's time to its terminal "
-             "event, else server E2E). Wide pale bar: client stream; narrow bar: engine stream; triangle: arrival "
+             "event, else server E2E), each row from its attempt's send (or all on the run's clock). Wide pale bar: client stream; narrow bar: engine stream; triangle: arrival "
              "(the task's arrival.planned, else the attempt's creation); ticks: prefill chunks; crosses: "
              "cancellations, timeouts, errors. Drag a box to zoom on time and rows, pick a group to zoom to its "
              "rows, double-click to reset; click a row to open it in the drill-down.</p>"
              f'<div class="filters tl-controls" data-fig="{esc(p)}-gantt"><label>rows in each group '
              '<select class="tl-order"><option value="slowest">slowest first</option>'
              '<option value="arrival">in arrival order</option></select></label>'
+             '<label>time <select class="tl-time"><option value="sent">from each attempt\'s send</option>'
+             '<option value="run">on the run\'s clock</option></select></label>'
              '<label>zoom to <select class="tl-group"><option value="">every group</option></select></label></div>'
              + page.figure(f"{p}-gantt", fig))
     if left["intervals"]:

@@ -68,13 +68,15 @@ def group_label(cls: str | None, outcome: str) -> str:
 def arrange(atts: list[dict], sample: list[tuple[str, str]]) -> dict:
     """The timeline's rows: the drawn attempts grouped by task class, then outcome (OUTCOME_ORDER), and in
     each group the slowest first (`orders["slowest"]`, by `e2e`, unknown last) or in arrival order
-    (`orders["arrival"]`); `groups`: each group's label, first row and size (the same in both orders)."""
+    (`orders["arrival"]`); `groups`: each group's label, first row and size (the same in both orders);
+    `sent`: each one's send on the run's axis (ms; its enqueue without a send; None where neither is on it)."""
     drawn = {aid for aid, _ in sample}
     groups: dict[tuple, list[dict]] = {}
     for a in atts:  # arrival order
         if a["id"] in drawn:
             groups.setdefault((a["cls"], a["outcome"]), []).append(a)
-    out = {"groups": [], "orders": {"slowest": [], "arrival": []}}
+    out = {"groups": [], "orders": {"slowest": [], "arrival": []},
+           "sent": {a["id"]: a["t"] for a in atts if a["id"] in drawn}}
     for key in sorted(groups, key=_group_key):
         members = groups[key]
         out["groups"].append({"label": group_label(*key), "first": len(out["orders"]["slowest"]), "n": len(members)})
@@ -137,12 +139,23 @@ def gantt(rv, tb, sample: list[tuple[str, str]], rows: dict) -> tuple[dict, dict
                  {"ids": ids})
     traces: dict[tuple[str, str], dict] = {}
     left_out = {"intervals": 0, "clocks": set()}
+    placed = []
     for aid, stream, name, clock, s, e, label, eps in ivs:
         x0, x1 = tb.ms(s, clock), tb.ms(e, clock)
         if x0 is None:
             left_out["intervals"] += 1
             left_out["clocks"].add(clock)
             continue
+        placed.append((aid, stream, name, x0, x1, label, eps))
+    # each row from its attempt's send (its first drawn interval where no send is on the axis)
+    off = dict(rows["sent"])
+    for aid, _stream, _name, x0, *_rest in placed:
+        if off.get(aid) is None or (rows["sent"].get(aid) is None and x0 < off[aid]):
+            off[aid] = x0
+    rows["offset"] = off
+    rows["titles"] = {"sent": f"ms since each attempt was sent (enqueued, without a send; clock {tb.ref})",
+                      "run": f"ms since the run's first event (clock {tb.ref})"}
+    for aid, stream, name, x0, x1, label, eps in placed:
         width, opacity = OVERVIEW_STREAMS[stream]
         t = traces.setdefault((stream, name), {
             "type": "bar", "orientation": "h", "name": f"{stream}: {name}", "legendgroup": stream,
@@ -151,24 +164,24 @@ def gantt(rv, tb, sample: list[tuple[str, str]], rows: dict) -> tuple[dict, dict
             "marker": {"color": STATE_COLORS.get(name, "#aaaaaa"),
                        "line": {"width": 0.5 if len(ids) <= DENSE_ROWS else 0, "color": "#444444"}}})
         t["x"].append(round(x1 - x0, 6))
-        t["base"].append(round(x0, 6))
+        t["base"].append(round(x0 - off[aid], 6))
         t["y"].append(row_of[aid])
         t["customdata"].append(aid)
         plus = f" ± {eps:.3f}" if eps else ""
         t["hovertext"].append(f"{esc(aid)}<br>{esc(stream)} · {esc(name)}: {x1 - x0:.3f} ms{plus} ({esc(label)})"
-                              f"<br>{x0:.3f} → {x1:.3f} ms<br>{esc(group_of[aid])}; drawn because: {esc(reason[aid])}")
+                              f"<br>{x0 - off[aid]:.3f} → {x1 - off[aid]:.3f} ms after its send; {x0:.3f} → {x1:.3f} "
+                              f"ms on the run's axis<br>{esc(group_of[aid])}; drawn because: {esc(reason[aid])}")
     order = ["engine", "client"]
     data = [traces[k] for k in sorted(traces, key=lambda k: (order.index(k[0]), k[1]))]
     if not any(k[0] == "engine" for k in traces):  # black box: the client's view is all there is
         for t in data:
             t["opacity"] = 0.9
-    data += _marker_traces(rv, tb, ids, row_of, left_out)
+    data += _marker_traces(rv, tb, ids, row_of, left_out, off)
     n = len(ids)
     fig = {"data": data, "layout": {
         "barmode": "overlay", "height": max(260, min(1200, 16 * n + 160)), "hovermode": "closest",
         "margin": {"l": 120, "r": 20, "t": 30, "b": 40}, "dragmode": "zoom",
-        "xaxis": {"title": {"text": f"ms since the run's first event (clock {esc(tb.ref)})"},
-                  "rangeslider": {"visible": True, "thickness": 0.05}},
+        "xaxis": {"title": {"text": esc(rows["titles"]["sent"])}, "rangeslider": {"visible": True, "thickness": 0.05}},
         # a range slider fixes the y axis unless told otherwise: rows zoom too
         "yaxis": {"autorange": "reversed", "automargin": True, "fixedrange": False, "tickmode": "array",
                   "tickvals": list(range(n)), "ticktext": [esc(a[:28]) for a in ids],
@@ -190,12 +203,12 @@ def _group_marks(groups: list[dict]) -> dict:
     return {"shapes": shapes, "annotations": notes}
 
 
-def _marker_traces(rv, tb, ids, row_of, left_out) -> list[dict]:
+def _marker_traces(rv, tb, ids, row_of, left_out, off) -> list[dict]:
     pts: dict[str, dict] = {}
 
     def add(kind, aid, ns, clock, extra=""):
         x = tb.ms(ns, clock)
-        if x is None:
+        if x is None or off.get(aid) is None:
             left_out["intervals"] += 1
             left_out["clocks"].add(clock)
             return
@@ -205,10 +218,11 @@ def _marker_traces(rv, tb, ids, row_of, left_out) -> list[dict]:
                                   "marker": {"symbol": symbol, "size": 9 if len(ids) <= DENSE_ROWS else 5,
                                              "color": color,
                                              "line": {"width": 1.5, "color": color}}})
-        t["x"].append(round(x, 6))
+        t["x"].append(round(x - off[aid], 6))
         t["y"].append(row_of[aid])
         t["customdata"].append(aid)
-        t["hovertext"].append(f"{esc(aid)}<br>{esc(label)} at {x:.3f} ms{extra}")
+        t["hovertext"].append(f"{esc(aid)}<br>{esc(label)} {x - off[aid]:.3f} ms after its send, at {x:.3f} ms on the "
+                              f"run's axis{extra}")
 
     for aid, ns, clock in _arrivals(rv, ids):
         if ns is not None:

@@ -101,6 +101,12 @@ function rows(div){var r=[];div.data.forEach(function(t){if(!t.customdata)return
   t.customdata.forEach(function(a,j){r[t.y[j]]=a;});});return r;}
 var g=document.getElementById('a-gantt'),bar=document.querySelector('.tl-controls');
 out.slowest=rows(g);out.groups=g.layout.annotations.map(function(a){return a.text;});
+function at(name,key,aid){var r=null;g.data.forEach(function(t){if(t.name===name)t.customdata.forEach(function(a,j){
+  if(a===aid)r=t[key][j];});});return r;}
+var first=out.slowest[0],tm=bar.querySelector('.tl-time');
+out.sent={queue:at('engine: queue','base',first),arrival:at('arrival','x',first),title:g.layout.xaxis.title.text};
+tm.value='run';tm.dispatchEvent(new Event('change'));
+out.run={queue:at('engine: queue','base',first),arrival:at('arrival','x',first),title:g.layout.xaxis.title.text};
 var order=bar.querySelector('.tl-order');order.value='arrival';order.dispatchEvent(new Event('change'));
 out.arrival=rows(g);out.ticks=g.layout.yaxis.ticktext.slice();
 var grp=bar.querySelector('.tl-group');grp.value='1';grp.dispatchEvent(new Event('change'));
@@ -166,6 +172,13 @@ def test_the_timeline_is_grouped_by_class_and_outcome_with_the_slowest_first(lon
         assert [led[a][1] for a in members] == sorted((led[a][1] for a in members), reverse=True), g
         assert members == sorted(members, key=lambda a: (-led[a][1], a))
     assert rendered["groups"] == labels and len(labels) == 6
+    # each row from its attempt's send by default (the engine queue starts 1 ms after it, the arrival 0.5 ms
+    # before), or on the run's clock from the menu
+    t = timing(int(rows[0][1:]))
+    assert rendered["sent"] == {"queue": 1.0, "arrival": -0.5,
+                                "title": "ms since each attempt was sent (enqueued, without a send; clock mono:gen)"}
+    assert rendered["run"] == {"queue": t["enqueued"], "arrival": t["base"],
+                               "title": "ms since the run's first event (clock mono:gen)"}
     # in arrival order on request: the same groups, each in arrival order
     assert rendered["arrival"] == sorted(rows, key=lambda a: (group(a), int(a[1:])))
     assert rendered["ticks"] == rendered["arrival"]
@@ -214,3 +227,26 @@ def test_the_drill_down_is_a_formatted_page_of_one_attempt(long_run, rendered):
     assert done[0] == f"{t['done']:.3f}"
     assert done[6] == f"finish_reason: stop; usage: (completion_tokens {t['n']}, prompt_tokens 32)"
     assert not any(r[6].startswith("{") for r in rendered["events"])
+
+
+def test_screenshots_show_the_grouped_timeline_and_the_drill_downs_bars(long_run, tmp_path):
+    """Headless screenshots (kept in the test's tmp folder) of the timeline zoomed to its first group and of
+    the drill-down: both drawn, the engine's prefill and decode colours among their pixels."""
+    _run, res, _ = long_run
+    html = res.path.read_text(encoding="utf-8")
+    zoom = ("<script>window.addEventListener('load',function(){var g=document.querySelector('.tl-group');"
+            "g.value='0';g.dispatchEvent(new Event('change'));});</script>")
+    prefill, decode = bytes((0x1F, 0x77, 0xB4)), bytes((0x2C, 0xA0, 0x2C))
+    for name, css, script in (("timeline", "main>section:not(#a-timeline),main>h2,#a-timeline>.drill{display:none}", zoom),
+                              ("drill", "main>section:not(#a-timeline),main>h2,#a-timeline>*:not(.drill){display:none}",
+                               "")):
+        page = tmp_path / f"{name}.html"
+        page.write_text(html.replace("</head>", f"<style>{css}</style></head>", 1).replace("</body>", script + "</body>", 1),
+                        encoding="utf-8")
+        shot = tmp_path / f"{name}.png"
+        proc = _chromium(tmp_path, "--hide-scrollbars", "--window-size=1400,1800", f"--screenshot={shot}", page.as_uri())
+        assert proc.returncode == 0 and shot.exists(), proc.stderr[-2000:]
+        w, h, colours = png_pixels(shot)
+        assert (w, h) == (1400, 1800) and len(colours) > 20, f"{name}: a near-blank screenshot"
+        assert any(c[:3] == prefill for c in colours) and any(c[:3] == decode for c in colours), name
+        print(f"screenshot: {shot}")
