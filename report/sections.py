@@ -198,6 +198,9 @@ def timeline(rv, page, p: str, tb, detail_limit: int, drill_limit: int) -> str:
     if left["intervals"]:
         body += note(f"{left['intervals']} intervals or markers are on clocks with no mapping to {tb.ref} "
                      f"({', '.join(left['clocks'])}) and are not drawn on this axis (the drill-down lists them).")
+    if left["unanchored"]:
+        body += note(f"{left['unanchored']} markers belong to attempts with neither a send nor an interval on this "
+                     "axis, so they have no row start and are not drawn (the drill-down lists them).")
     row_of = {aid: i for i, aid in enumerate(rows["orders"]["slowest"])}
     ids = sorted(drill_ids(sample, drill_limit), key=row_of.__getitem__)  # in the timeline's order
     group_of = {a["id"]: group_label(a["cls"], a["outcome"]) for a in atts}

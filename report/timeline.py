@@ -138,7 +138,7 @@ def gantt(rv, tb, sample: list[tuple[str, str]], rows: dict) -> tuple[dict, dict
                  "AND attempt_id IN (SELECT unnest($ids::VARCHAR[])) ORDER BY attempt_id, stream, start_ns",
                  {"ids": ids})
     traces: dict[tuple[str, str], dict] = {}
-    left_out = {"intervals": 0, "clocks": set()}
+    left_out = {"intervals": 0, "clocks": set(), "unanchored": 0}
     placed = []
     for aid, stream, name, clock, s, e, label, eps in ivs:
         x0, x1 = tb.ms(s, clock), tb.ms(e, clock)
@@ -208,7 +208,10 @@ def _marker_traces(rv, tb, ids, row_of, left_out, off) -> list[dict]:
 
     def add(kind, aid, ns, clock, extra=""):
         x = tb.ms(ns, clock)
-        if x is None or off.get(aid) is None:
+        if x is not None and off.get(aid) is None:  # neither its send nor an interval of it is on the axis
+            left_out["unanchored"] += 1
+            return
+        if x is None:
             left_out["intervals"] += 1
             left_out["clocks"].add(clock)
             return
