@@ -156,7 +156,9 @@ def print_sections(sec: dict, console: Console, only: str | None = None) -> None
     if want("latency"):
         show(console, _latency(sec["latency"]))
     if want("client") and sec["client"]["effect"]:
-        show(console, f"[yellow]{sec['client']['effect']}[/]")
+        from rich.markup import escape
+
+        show(console, f"[yellow]{escape(sec['client']['effect'])}[/]")
     if want("accounts"):
         show(console, _accounts(sec["accounts"]))
     if want("run"):

@@ -152,7 +152,8 @@ function drawDrill(box,item){
 }
 document.querySelectorAll('.drill').forEach(function(box){
   var items=DATA.drill[box.dataset.key]||[],sel=box.querySelector('select');
-  items.forEach(function(it,i){var o=el('option',it.id+' — '+it.group+' — '+it.why);o.value=String(i);sel.appendChild(o);});
+  items.forEach(function(it,i){var o=el('option',it.id+' — '+it.group+' — '+(it.took_ms==null?'time unknown':it.took_ms.toFixed(1)+' ms')
+    +' — '+it.why);o.value=String(i);sel.appendChild(o);});
   sel.addEventListener('change',function(){drawDrill(box,items[+sel.value]);});
   if(items.length)drawDrill(box,items[0]);
   box.selectAttempt=function(aid){for(var i=0;i<items.length;i++){if(items[i].id===aid){sel.value=String(i);drawDrill(box,items[i]);box.scrollIntoView({behavior:'smooth'});return true;}}return false;};

@@ -203,8 +203,9 @@ def timeline(rv, page, p: str, tb, detail_limit: int, drill_limit: int) -> str:
                      "axis, so they have no row start and are not drawn (the drill-down lists them).")
     row_of = {aid: i for i, aid in enumerate(rows["orders"]["slowest"])}
     ids = sorted(drill_ids(sample, drill_limit), key=row_of.__getitem__)  # in the timeline's order
-    group_of = {a["id"]: group_label(a["cls"], a["outcome"]) for a in atts}
-    page.data["drill"][p] = [{**d, "group": group_of[d["id"]]} for d in drill(rv, tb, ids, dict(sample))]
+    by_id = {a["id"]: a for a in atts}
+    page.data["drill"][p] = [{**d, "group": group_label(by_id[d["id"]]["cls"], by_id[d["id"]]["outcome"]),
+                              "took_ms": by_id[d["id"]]["e2e"]} for d in drill(rv, tb, ids, dict(sample))]
     page.data["gantt"][f"{p}-gantt"] = p
     page.data["timeline"][f"{p}-gantt"] = rows
     page.data["colors"] = STATE_COLORS

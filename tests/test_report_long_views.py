@@ -199,6 +199,8 @@ def test_the_drill_down_is_a_formatted_page_of_one_attempt(long_run, rendered):
     t = timing(i)
     assert i % 10 not in (3, 7)  # completed: the slowest completed attempt of its class comes first
     e2e = t["done"] - t["sent"]
+    assert rendered["options"][0] == f"{aid} — {'long' if i % 3 == 0 else 'chat'} · completed — {e2e:.1f} ms — " \
+                                     "slowest end to end"
     assert rendered["title"].startswith(f"attempt {aid} · task T{i:04d} · request R{i:04d} · attempt 1 of its "
                                         f"request · {'long' if i % 3 == 0 else 'chat'} · completed · drawn because: ")
     assert rendered["accounts"] == [["attempt", aid], ["client status", "completed"], ["server status", "completed"],
