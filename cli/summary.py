@@ -19,22 +19,27 @@ def _fmt(v) -> str:
 
 
 def _latency(rows: list[dict]) -> Table:
+    from inferledger.report.tables import counted
+
     t = Table(title="Latency by observation layer (ms)", title_justify="left")
     for col in ("metric", "layer", "n", "p50", "p90", "p99", "max"):
         t.add_column(col, justify="left" if col in ("metric", "layer") else "right")
     for r in rows:
-        t.add_row(r["metric"], r["layer"], str(r["n"]), *(_fmt(r[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")))
+        t.add_row(r["metric"], r["layer"], counted(r["n"], r["of"]),
+                  *(_fmt(r[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")))
     return t
 
 
 def _accounts(rows: list[dict]) -> Table:
+    from inferledger.report.tables import counted
+
     t = Table(title="The four accounts (attempts; tasks for the outcome)", title_justify="left")
     t.add_column("account")
     t.add_column("status")
     t.add_column("n", justify="right")
     previous = None
     for r in rows:
-        t.add_row(r["account"] if r["account"] != previous else "", str(r["status"]), str(r["n"]))
+        t.add_row(r["account"] if r["account"] != previous else "", str(r["status"]), counted(r["n"], r["of"]))
         previous = r["account"]
     return t
 
@@ -118,10 +123,10 @@ def _unknown(what: str, needs: str | None) -> str:
 
 
 def _run_lines(rm: dict) -> list[str]:
-    from inferledger.report.tables import slo_text
+    from inferledger.report.tables import slo_text, tasks_text
 
-    lines = [f"good results (correct and on time): [bold]{rm['good']}[/] of {rm['judged']} judged attempts "
-             f"({rm['attempts']} attempts in all; the outcome per task is in the accounts)"]
+    lines = [f"good results (correct and on time): [bold]{rm['good']:,}[/] of {rm['judged']:,} judged attempts "
+             f"({rm['attempts']:,} attempts in all, for {tasks_text(list(rm['task_outcomes'].items()))})"]
     if not rm["t_obs_s"]:
         return lines
     if rm["goodput_rps"] is None:
@@ -150,6 +155,10 @@ def print_sections(sec: dict, console: Console, only: str | None = None) -> None
     _verdict(sec, console, want)
     if want("latency"):
         show(console, _latency(sec["latency"]))
+    if want("client") and sec["client"]["effect"]:
+        from rich.markup import escape
+
+        show(console, f"[yellow]{escape(sec['client']['effect'])}[/]")
     if want("accounts"):
         show(console, _accounts(sec["accounts"]))
     if want("run"):

@@ -31,8 +31,9 @@ def metric_rows(rv, h: dict) -> list[tuple[str, object, str, str | None]]:
     figure's direction: "higher" (goodput, good results), "lower" (latencies, energy per good result) or
     None where a change is neither better nor worse (how many attempts were sent, the window)."""
     c = h["counts"]
-    rows = [("attempts", c["attempts"], "", None), ("client-completed attempts", c["completed"], "", "higher"),
-            ("good results", h["n_good"], "", "higher"), ("T_obs", h["t_obs_s"], "s", None),
+    rows = [("attempts", c["attempts"], "", None), ("tasks", c["tasks"], "", None),
+            ("client-completed attempts", c["completed"], "", "higher"),
+            ("good results (attempts)", h["n_good"], "", "higher"), ("T_obs", h["t_obs_s"], "s", None),
             ("goodput", h["goodput_rps"], "req/s", "higher"),
             ("completed throughput", h["completed_rps"], "req/s", "higher"),
             ("energy per good result", h["energy_per_good_j"], "J", "lower")]

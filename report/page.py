@@ -110,7 +110,7 @@ class Page:
     def __init__(self, title: str) -> None:
         self.title = title
         self.figures: dict[str, dict] = {}
-        self.data: dict[str, dict] = {"accounts": {}, "drill": {}, "gantt": {}}
+        self.data: dict[str, dict] = {"accounts": {}, "drill": {}, "gantt": {}, "timeline": {}}
         self.nav: list[tuple[str, str]] = []
 
     def figure(self, div_id: str, fig: dict, cls: str = "plot") -> str:

@@ -7,7 +7,7 @@ from inferledger.report import figs, tables
 from inferledger.report.read import num
 from inferledger.report.drill import drill, drill_ids
 from inferledger.report.page import esc, flatten, fmt, kv_table, note, section, table
-from inferledger.report.timeline import STATE_COLORS, aggregate, attempt_index, choose_sample, gantt
+from inferledger.report.timeline import STATE_COLORS, aggregate, arrange, attempt_index, choose_sample, gantt, group_label
 
 IDENTITY_KEYS = (("model", ("path", "sha256", "format", "quantization", "architecture", "dtype", "tokenizer",
                             "chat_template_sha256")),
@@ -20,6 +20,13 @@ def missing(table: str, what: str) -> str:
     return (f'<p class="missing">not in this ledger: no <code>{esc(table)}</code> table, so {esc(what)} cannot be '
             "shown (this ledger was built by an inferledger without it; rebuild with "
             "<code>inferledger reconstruct RUN</code> once it exists).</p>")
+
+
+def client_bound_note(rv) -> str:
+    """For a client-bound run (its manifest's client.client_bound), what the client's lag does to each latency
+    figure, where client-layer latencies are shown."""
+    effect = tables.client_bound(rv.manifest)["effect"]
+    return note(effect) if effect else ""
 
 
 def verdict(rv, p: str) -> str:
@@ -35,6 +42,8 @@ def verdict(rv, p: str) -> str:
         body += table(["request", "attempt", "E2E", *(n.removesuffix("_ms") for n, _ in tables.WHERE_TIME_WENT)],
                       [[r["request"], r["attempt_id"], fmt(r["e2e_ms"]), *(fmt(r[n]) for n, _ in tables.WHERE_TIME_WENT)]
                        for r in requests])
+        if requests[0]["e2e_layer"] == "client":
+            body += client_bound_note(rv)
     else:
         body += note("no request with an E2E time (or a ledger without attempt_causes)")
     body += "<h3>The prediction, per request class</h3>"
@@ -99,8 +108,9 @@ def headline(rv, p: str, h: dict) -> str:
     energy = (f"{fmt(h['energy_per_good_j'], 2)} J" if h["energy_per_good_j"] is not None else "unknown")
     cards = [("goodput", f"{fmt(h['goodput_rps'], 3)} req/s", "good results (correct and on time) / T_obs"),
              ("completed throughput", f"{fmt(h['completed_rps'], 3)} req/s", "client-completed attempts / T_obs"),
-             ("good results", f"{fmt(h['n_good'])} of {fmt(c['judged'])} judged", f"{fmt(c['attempts'])} attempts, "
-              f"{fmt(c['completed'])} completed at the client"),
+             ("good results", f"{fmt(h['n_good'])} of {fmt(c['judged'])} judged attempts",
+              f"{tables.counted(c['attempts'], 'attempts')} ({fmt(c['completed'])} completed at the client) for "
+              f"{tables.tasks_text(tables.task_outcomes(rv))}"),
              ("energy per good result", energy, "run_metrics.energy_per_good_j")]
     rm = h["run_metrics"] or {}
     if rm.get("vllm_goodput_rps") is not None:
@@ -118,8 +128,9 @@ def headline(rv, p: str, h: dict) -> str:
     body = big + note(window, "source")
     if h["energy_per_good_j"] is None:
         body += note(f"energy per good result is unknown: {h['energy_reason']}")
-    rows = [[r["metric"], r["layer"], r["n"], *r["values"], r["column"]] for r in tables.latency(rv)]
-    body += "<h3>Latency by observation layer (ms)</h3>" + table(
+    rows = [[r["metric"], r["layer"], tables.counted(r["n"], r["of"]), *r["values"], r["column"]]
+            for r in tables.latency(rv)]
+    body += "<h3>Latency by observation layer (ms)</h3>" + client_bound_note(rv) + table(
         ["metric", "layer", "n", "p50", "p90", "p99", "max", "ledger column"], rows)
     if rv.has("peer_views"):
         peers = rv.all("SELECT metric, tool, definition, weighting, n, mean_ms, p50_ms, p90_ms, p99_ms FROM peer_views")
@@ -165,28 +176,53 @@ def timeline(rv, page, p: str, tb, detail_limit: int, drill_limit: int) -> str:
         body += (f"<h3>Attempts in each {esc(stream)} state over time (all {len(atts):,} attempts)</h3>"
                  + page.figure(f"{p}-agg", agg))
     sample = choose_sample(atts, detail_limit)
-    fig, left = gantt(rv, tb, sample)
+    rows = arrange(atts, sample)
+    fig, left = gantt(rv, tb, sample, rows)
     what = (f"all {len(atts):,} attempts" if len(sample) == len(atts) else
             f"{len(sample):,} of {len(atts):,} attempts: the slowest end to end and to first token, the ones not "
             "completed on every layer, and an even spread by arrival (hover a row for why it was drawn)")
     body += (f"<h3>One row per attempt: {esc(what)}</h3>"
-             '<p class="source">wide pale bar: client stream; narrow bar: engine stream; triangle: arrival '
+             '<p class="source">grouped by task class, then outcome (the client status; the server status without '
+             "client events); in each group the slowest first (client E2E, else the client's time to its terminal "
+             "event, else server E2E), each row from its attempt's send (or all on the run's clock). Wide pale bar: client stream; narrow bar: engine stream; triangle: arrival "
              "(the task's arrival.planned, else the attempt's creation); ticks: prefill chunks; crosses: "
-             "cancellations, timeouts, errors. Drag to zoom, use the slider below, double-click to reset; "
-             "click a row to open it in the drill-down.</p>" + page.figure(f"{p}-gantt", fig))
+             "cancellations, timeouts, errors. Drag a box to zoom on time and rows, pick a group to zoom to its "
+             "rows, double-click to reset; click a row to open it in the drill-down.</p>"
+             f'<div class="filters tl-controls" data-fig="{esc(p)}-gantt"><label>rows in each group '
+             '<select class="tl-order"><option value="slowest">slowest first</option>'
+             '<option value="arrival">in arrival order</option></select></label>'
+             '<label>time <select class="tl-time"><option value="sent">from each attempt\'s send</option>'
+             '<option value="run">on the run\'s clock</option></select></label>'
+             '<label>zoom to <select class="tl-group"><option value="">every group</option></select></label></div>'
+             + page.figure(f"{p}-gantt", fig))
     if left["intervals"]:
         body += note(f"{left['intervals']} intervals or markers are on clocks with no mapping to {tb.ref} "
                      f"({', '.join(left['clocks'])}) and are not drawn on this axis (the drill-down lists them).")
-    ids = drill_ids(sample, drill_limit)
-    page.data["drill"][p] = drill(rv, tb, ids, dict(sample))
+    if left["unanchored"]:
+        body += note(f"{left['unanchored']} markers belong to attempts with neither a send nor an interval on this "
+                     "axis, so they have no row start and are not drawn (the drill-down lists them).")
+    row_of = {aid: i for i, aid in enumerate(rows["orders"]["slowest"])}
+    ids = sorted(drill_ids(sample, drill_limit), key=row_of.__getitem__)  # in the timeline's order
+    by_id = {a["id"]: a for a in atts}
+    page.data["drill"][p] = [{**d, "group": group_label(by_id[d["id"]]["cls"], by_id[d["id"]]["outcome"]),
+                              "took_ms": by_id[d["id"]]["e2e"]} for d in drill(rv, tb, ids, dict(sample))]
     page.data["gantt"][f"{p}-gantt"] = p
+    page.data["timeline"][f"{p}-gantt"] = rows
     page.data["colors"] = STATE_COLORS
-    body += (f'<h3>Drill-down: one attempt ({len(ids):,} attempts available)</h3><div class="drill" data-key="{esc(p)}">'
-             '<select aria-label="attempt"></select><div class="plot drill-plot" id="' + esc(p) + '-drill-plot"></div>'
-             '<div class="cols"><div><table class="kv drill-metrics"></table></div><div class="scroll">'
+    body += (f'<h3>Drill-down: one attempt ({len(ids):,} attempts available, in the timeline\'s order)</h3>'
+             f'<div class="drill" data-key="{esc(p)}"><select aria-label="attempt"></select>'
+             '<h4 class="drill-title"></h4><div class="cols">'
+             '<div><h4>The four accounts</h4><table class="kv drill-accounts"></table></div>'
+             '<div><h4>Causes of delay (attempt_causes, ms)</h4><table class="kv drill-causes"></table></div>'
+             '<div><h4>Figures (request_metrics)</h4><table class="kv drill-metrics"></table></div></div>'
+             '<h4>Intervals (ms on the report axis)</h4><table class="grid drill-intervals"><thead><tr><th>stream</th>'
+             "<th>interval</th><th>kind</th><th>start</th><th>end</th><th>duration</th><th>±</th><th>label</th>"
+             "<th>on the path</th><th>when, within the attempt</th></tr></thead><tbody></tbody></table>"
+             '<div class="plot drill-plot" id="' + esc(p) + '-drill-plot"></div>'
+             "<h4>Evidence: the attempt's events (output events drawn above)</h4><div class=\"scroll\">"
              '<table class="grid drill-events"><thead><tr><th>ms</th><th>event</th><th>source</th><th>clock</th>'
              "<th>ts_ns</th><th>value</th><th>attrs</th><th>event_id</th></tr></thead><tbody></tbody></table>"
-             "</div></div></div>")
+             "</div></div>")
     return section(f"{p}-timeline", "Per-request timeline", body,
                    f"intervals (stream, name, start_ns, end_ns, label) and events, on clock {tb.ref}")
 
@@ -245,7 +281,7 @@ def critical(rv, page, p: str, top: int = 3) -> str:
 
 def accounts(rv, page, p: str) -> str:
     counts = tables.account_counts(rv)
-    small = "".join(f"<div>{table([name, 'n'], rows)}</div>" for name, rows in counts.items())
+    small = "".join(f"<div>{table([name, tables.ACCOUNT_COUNTS[name]], rows)}</div>" for name, rows in counts.items())
     cols, rows = rd.account_rows(rv)
     page.data["accounts"][p] = {"cols": cols, "rows": rows}
     body = (f'<div class="cols">{small}</div><div class="acct" data-key="{esc(p)}"><div class="filters"></div>'

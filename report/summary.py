@@ -4,7 +4,9 @@
 `--format csv|json` serialises the same sections), the verdict first: where the median and the p99
 request's time went (`verdict_time`), the registered prediction met or missed per request class
 (`verdict_prediction`) and the first cause of the run's delay (`verdict_cause`, run_diagnosis). A
-section is a list of records; `verdict_cause`, `run`, `ghost` and `gaps` are one record each. Unknown figures stay None, with the gap register's `needs` beside
+section is a list of records; `verdict_cause`, `client` (the load client's own delay and, for a client-bound
+run, its effect on each latency figure), `run`, `ghost` and `gaps` are one record each. Counts say what they
+count (`of`: attempts, tasks, gaps). Unknown figures stay None, with the gap register's `needs` beside
 them where a gap names the figure.
 """
 from __future__ import annotations
@@ -17,19 +19,19 @@ COMPARISON_COLUMNS = ("metric", "tool", "imported", "reporter", "tool_n", "tool_
                       "server_n", "server_mean_ms", "server_p50_ms", "server_p99_ms", "reason")
 RUN_COLUMNS = ("t_obs_s", "goodput_rps", "completed_rps", "energy_per_good_j", "vllm_goodput_rps", "slo_ttft_ms",
                "slo_tpot_ms", "slo_e2e_ms", "output_tok_s", "total_tok_s", "computed_tok_s")
-SECTIONS = ("verdict_time", "verdict_prediction", "verdict_cause", "latency", "accounts", "run", "peer_views", "peers",
-            "slo_misses", "ghost", "model", "stream_checks", "gaps")
+SECTIONS = ("verdict_time", "verdict_prediction", "verdict_cause", "latency", "client", "accounts", "run", "peer_views",
+            "peers", "slo_misses", "ghost", "model", "stream_checks", "gaps")
 MODEL_COLUMNS = ("n_steps", "median_bound_share_pct", "n_beats_bound", "dominant_source", "dominant_ms_per_step")
 
 
 def latency_rows(rv: RunView) -> list[dict]:
     """The latency table (report/tables.py), one record per metric and layer."""
-    return [{"metric": r["metric"], "layer": r["layer"], "column": r["column"], "n": r["n"],
+    return [{"metric": r["metric"], "layer": r["layer"], "column": r["column"], "n": r["n"], "of": r["of"],
              **dict(zip(("p50_ms", "p90_ms", "p99_ms", "max_ms"), r["values"]))} for r in tables.latency(rv)]
 
 
 def account_rows(rv: RunView) -> list[dict]:
-    return [{"account": account, "status": status, "n": n}
+    return [{"account": account, "status": status, "n": n, "of": tables.ACCOUNT_COUNTS[account]}
             for account, rows in tables.account_counts(rv).items() for status, n in rows]
 
 
@@ -42,7 +44,9 @@ def needs(rv: RunView, column: str) -> str | None:
 def run_row(rv: RunView) -> dict:
     """Good results, goodput beside completed throughput, token rates and energy per good result."""
     good, judged, attempts = rv.one("SELECT count(*) FILTER (WHERE good), count(good), count(*) FROM request_metrics")
-    out = {"good": good, "judged": judged, "attempts": attempts, **{c: None for c in RUN_COLUMNS}}
+    outcomes = tables.task_outcomes(rv)
+    out = {"good": good, "judged": judged, "attempts": attempts, "tasks": sum(n for _, n in outcomes),
+           "task_outcomes": dict(outcomes), **{c: None for c in RUN_COLUMNS}}
     if rv.has("run_metrics"):
         have = set(rv.columns("run_metrics"))
         cols = [c for c in RUN_COLUMNS if c in have]
@@ -75,7 +79,8 @@ def comparison_rows(rv: RunView, *, imported_only: bool = True) -> list[dict]:
 def sections(rv: RunView, *, all_tools: bool = False) -> dict:
     """Every section of the summary, in print order (SECTIONS)."""
     out = {"verdict_time": tables.verdict_requests(rv), "verdict_prediction": tables.verdict_prediction(rv),
-           "verdict_cause": tables.verdict_cause(rv), "latency": latency_rows(rv), "accounts": account_rows(rv), "run": run_row(rv),
+           "verdict_cause": tables.verdict_cause(rv), "latency": latency_rows(rv), "client": tables.client_bound(rv.manifest),
+           "accounts": account_rows(rv), "run": run_row(rv),
            "peer_views": peer_view_rows(rv), "peers": comparison_rows(rv, imported_only=not all_tools)}
     if rv.has("slo_misses"):
         cols, rows = rv.dicts("SELECT dominant_cause, count(*) AS n, round(avg(server_queue_ms), 1) AS server_queue_ms, "

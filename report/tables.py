@@ -18,14 +18,35 @@ def latency(rv: RunView) -> list[dict]:
     if not rv.has("latency_percentiles"):
         raise LedgerError(f"{rv.run_dir}: this ledger has no latency_percentiles table (built by an older "
                           f"version): rebuild it with `inferledger reconstruct {rv.run_dir}`")
-    rows = rv.all("SELECT metric, label, source_column, n, p50_ms, p90_ms, p99_ms, max_ms FROM latency_percentiles "
+    rows = rv.all("SELECT metric, label, source_column, sample, n, p50_ms, p90_ms, p99_ms, max_ms FROM latency_percentiles "
                   "WHERE n > 0 OR metric NOT IN ('ITL', 'max ITL') ORDER BY position")
-    return [{"metric": m, "layer": label, "column": col, "n": n, "values": [num(v) for v in vals]}
-            for m, label, col, n, *vals in rows]
+    return [{"metric": m, "layer": label, "column": col, "n": n, "of": f"{sample}s", "values": [num(v) for v in vals]}
+            for m, label, col, sample, n, *vals in rows]
+
+
+def counted(n, of: str) -> str:
+    """A count with what it counts (`of` in the plural), as `106 attempts`, `1 task`: a headline never leaves
+    attempts and tasks to guess."""
+    return "— " + of if n is None else f"{n:,} {of.removesuffix('s') if n == 1 else of}"
+
+
+def task_outcomes(rv: RunView) -> list[tuple[str, int]]:
+    """(outcome, tasks) from the task account, most first."""
+    return rv.all("SELECT coalesce(outcome, 'unknown'), count(*) FROM tasks GROUP BY 1 ORDER BY 2 DESC, 1")
+
+
+def tasks_text(outcomes: list[tuple[str, int]]) -> str:
+    """`72 tasks: success 48, failure 24` (the task account, beside an attempt count)."""
+    n = sum(k for _, k in outcomes)
+    return counted(n, "tasks") + (": " + ", ".join(f"{o} {k:,}" for o, k in outcomes) if outcomes else "")
+
+
+ACCOUNT_COUNTS = {"client": "attempts", "server": "attempts", "task": "tasks", "resource": "attempts"}
 
 
 def account_counts(rv: RunView) -> dict[str, list[tuple]]:
-    """(status, n) per account: client and server statuses and resources per attempt, outcome per task."""
+    """(status, n) per account: client and server statuses and resources per attempt, outcome per task
+    (what each counts: ACCOUNT_COUNTS)."""
     return {
         "client": rv.all("SELECT coalesce(client_status, '(no client events)'), count(*) FROM accounts GROUP BY 1 ORDER BY 1"),
         "server": rv.all("SELECT server_status, count(*) FROM accounts GROUP BY 1 ORDER BY 1"),
@@ -108,3 +129,19 @@ def verdict_cause(rv: RunView) -> dict:
     row = rv.one(f"SELECT {', '.join(DIAGNOSIS_COLUMNS)} FROM run_diagnosis WHERE scope = 'run'") \
         if rv.has("run_diagnosis") else None
     return {c: num(v) if isinstance(v, float) else v for c, v in zip(DIAGNOSIS_COLUMNS, row or (None,) * 6)}
+
+
+def client_bound(manifest: dict | None) -> dict:
+    """The load client's own delay as the capture's manifest records it (docs/CAPTURE.md, "The client's own
+    overhead"), and, for a client-bound run, what it does to each latency figure (`effect`; else None)."""
+    c = (manifest or {}).get("client") or {}
+    p99, worst, rule = num(c.get("loop_lag_p99_ms")), num(c.get("loop_lag_max_ms")), c.get("client_bound_rule")
+    out = {"client_bound": c.get("client_bound"), "loop_lag_p99_ms": p99, "loop_lag_max_ms": worst, "rule": rule,
+           "effect": None}
+    if c.get("client_bound") is True and p99 is not None:
+        how = "; ".join(x for x in (None if worst is None else f"{worst:.2f} ms at worst", rule) if x)
+        out["effect"] = (f"client-bound: the client's event loop lagged {p99:.2f} ms at p99" + (f" ({how})" if how else "")
+                         + ". Client TTFT and E2E include up to that lag, each client ITL gap can be off by up to it, "
+                         "client TPOT by up to it over the attempt's output tokens less one; the server and engine "
+                         "figures do not include it")
+    return out

@@ -51,7 +51,7 @@ def test_whatif_has_no_short_flag_for_node(book_run):
 
 def test_summary_json_holds_every_section_and_csv_every_cell(book_run):
     whole = json.loads(_run("summary", book_run, "--format", "json"))
-    assert list(whole) == ["verdict_time", "verdict_prediction", "verdict_cause", "latency", "accounts", "run",
+    assert list(whole) == ["verdict_time", "verdict_prediction", "verdict_cause", "latency", "client", "accounts", "run",
                            "peer_views", "peers", "slo_misses", "ghost", "model", "stream_checks", "gaps"]
     assert whole["model"]["n_steps"] == 0 and whole["model"]["median_bound_share_pct"] is None  # no shape: unknown
     cells = list(csv.DictReader(io.StringIO(_run("summary", book_run, "--format", "csv"))))

@@ -116,7 +116,7 @@ HOOK = ("<script>window.__t={errors:[],alerts:[]};window.alert=function(m){windo
         # use the page: open the last attempt of the drill-down, filter the accounts to cancelled attempts
         "var box=document.querySelector('.drill'),sel=box.querySelector('select');"
         "sel.value=String(sel.options.length-1);sel.dispatchEvent(new Event('change'));"
-        "window.__t.drill=box.querySelector('.drill-metrics td').textContent;"
+        "window.__t.drill=box.querySelector('.drill-accounts td').textContent;"
         "var acct=document.querySelector('.acct'),f=acct.querySelector('select');f.value='cancelled';"
         "f.dispatchEvent(new Event('change'));window.__t.accounts=acct.querySelector('.tag').textContent;"
         "var d=document.createElement('pre');d.id='test-hook';d.textContent=JSON.stringify(window.__t);"
@@ -293,11 +293,16 @@ def test_single_run_report_draws_every_attempt(runs, tmp_path):
     html = res.path.read_text(encoding="utf-8")
     data = json.loads(re.search(r'id="report-data">(.*?)</script>', html, re.S).group(1))
     figs = json.loads(re.search(r'id="report-figures">(.*?)</script>', html, re.S).group(1))
-    assert res.attempts == 4 and [d["id"] for d in data["drill"]["a"]] == ["A0", "A1", "A2", "A3"]
+    # grouped by outcome (no class declared: A0, A1, A3 completed, A2 cancelled), the slowest first in each:
+    # client E2E A1 289.5 ms, A0 and A3 199.5 (a tie: by id)
+    assert res.attempts == 4 and [d["id"] for d in data["drill"]["a"]] == ["A1", "A0", "A3", "A2"]
     assert len(data["accounts"]["a"]["rows"]) == 4
     assert {t["name"] for t in figs["a-gantt"]["data"]} >= {"engine: prefill", "engine: decode", "engine: preempted",
                                                            "client: stream", "arrival", "prefill chunk", "client cancel"}
-    assert figs["a-gantt"]["layout"]["yaxis"]["ticktext"] == ["A0", "A1", "A2", "A3"]
+    assert figs["a-gantt"]["layout"]["yaxis"]["ticktext"] == ["A1", "A0", "A3", "A2"]
+    assert [a["text"] for a in figs["a-gantt"]["layout"]["annotations"]] == [
+        "(no class) · completed (3)", "(no class) · cancelled (1)"]
+    assert data["timeline"]["a-gantt"]["orders"]["arrival"] == ["A0", "A1", "A3", "A2"]
     assert "all 4 attempts" in html and "compared" not in html.split("<main>")[1][:200]
 
 
@@ -391,3 +396,34 @@ def test_compare_colours_a_change_by_the_figures_direction():
     assert _delta_cells(80.0, 100.0, "lower").count('class="num better"') == 2
     assert _delta_cells(120, 100, None) == '<td class="num ">+20.000</td><td class="num ">+20.0%</td>'
     assert _delta_cells(None, 1.0, "higher") == "<td>—</td><td>—</td>"
+
+
+def test_headline_counts_say_attempts_or_tasks_and_a_client_bound_run_says_what_it_cost(tmp_path):
+    """r2_timeout_retry: one task, two attempts (the first timed out, its retry completed). Marked client-bound
+    here: the verdict's client E2E and the latency table carry what the client's lag does to each figure."""
+    from inferledger.probes.run_folder import Manifest
+    from inferledger.report.page import esc
+
+    run = tmp_path / "retry"
+    import_archive(SAMPLES / "r2_timeout_retry" / "archive.jsonl", run)
+    m = Manifest.read(run)
+    m.body["client"] = {"loop_lag_p99_ms": 2.64, "loop_lag_max_ms": 9.1, "client_bound": True,
+                        "client_bound_rule": "event-loop lag p99 > 1.0 ms"}
+    m.write(run)
+    reconstruct(run)
+    html = build_report(run, tmp_path / "r.html").path.read_text(encoding="utf-8")
+    card = html[html.index("<span>good results</span>"):][:300]
+    assert card.startswith("<span>good results</span><b>1 of 2 judged attempts</b>"
+                           "<span>2 attempts (1 completed at the client) for 1 task: success 1</span>"), card
+    effect = esc("client-bound: the client's event loop lagged 2.64 ms at p99 (9.10 ms at worst; event-loop lag "
+                 "p99 > 1.0 ms). Client TTFT and E2E include up to that lag, each client ITL gap can be off by up "
+                 "to it, client TPOT by up to it over the attempt's output tokens less one; the server and engine "
+                 "figures do not include it")
+    verdict = html[html.index('<section id="a-verdict"'):html.index('<section id="a-headline"')]
+    headline = html[html.index('<section id="a-headline"'):]
+    headline = headline[:headline.index("</section>")]
+    assert f'<p class="note">{effect}</p>' in verdict and f'<p class="note">{effect}</p>' in headline
+    assert "<td>TTFT</td><td>engine</td><td>2 attempts</td>" in headline
+    assert "<td>ITL</td><td>server (per output event)</td><td>174 gaps</td>" in headline
+    accounts = html[html.index('<section id="a-accounts"'):]
+    assert "<th>task</th><th>tasks</th>" in accounts and "<th>client</th><th>attempts</th>" in accounts

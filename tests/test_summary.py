@@ -29,8 +29,8 @@ def test_summary_sets_the_peers_readings_beside_ours(tmp_path):
     # every row has samples here; no thresholds declared, so no vLLM-style goodput (not a zero)
     assert "MLPerf-style" in text and "vLLM-style goodput" not in text
     # no verdicts: A1 and A2 are unjudged; A3 timed out, so it is judged not good
-    assert ("good results (correct and on time): 0 of 1 judged attempts (3 attempts in all; the outcome per task "
-            "is in the accounts)") in " ".join(text.split())
+    assert ("good results (correct and on time): 0 of 1 judged attempts (3 attempts in all, for 3 tasks: "
+            "unknown 2, failure 1)") in " ".join(text.split())
 
 
 def test_reconstruct_of_an_engine_only_run_prints_unknown_goodput_instead_of_crashing(tmp_path):
@@ -80,3 +80,78 @@ def test_a_piped_summary_keeps_every_header_and_line_whole(tmp_path, monkeypatch
     assert [c.strip() for c in header.split("┃")[1:-1]] == [
         "request", "attempt", "E2E", "queue", "prefill", "decode", "contention", "transport", "client"]
     assert "…" not in text and max(map(len, text.splitlines())) > 80
+
+
+def _summary_text(run: Path) -> str:
+    console = Console(record=True, width=200)
+    print_summary(run / "ledger.duckdb", console)
+    return console.export_text()
+
+
+def _cells(text: str, *first: str) -> list[str]:
+    """The cells of the table row whose first cells are `first`."""
+    for ln in text.splitlines():
+        cells = [c.strip() for c in ln.split("│")[1:-1]]
+        if cells[:len(first)] == list(first):
+            return cells
+    raise AssertionError(f"no row {first} in\n{text}")
+
+
+def test_headline_counts_say_attempts_or_tasks_on_a_run_with_a_retry(tmp_path):
+    """r2_timeout_retry: one task, two attempts (A1 timed out, A2 its retry completed): every count says
+    which it counts, so 2 attempts are never read as 2 tasks."""
+    run = tmp_path / "retry"
+    import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run)
+    reconstruct(run)
+    text = _summary_text(run)
+    assert ("good results (correct and on time): 1 of 2 judged attempts (2 attempts in all, for 1 task: "
+            "success 1)") in text
+    assert _cells(text, "TTFT", "engine")[2] == "2 attempts"  # A1's 2190 ms and A2's
+    assert _cells(text, "TTFT", "client (first content)")[2] == "1 attempt"  # A1 saw no chunk
+    assert _cells(text, "ITL", "server (per output event)")[2] == "174 gaps"  # 115 + 59
+    assert _cells(text, "", "timeout") == ["", "timeout", "1 attempt"]  # the client account's second row
+    assert _cells(text, "server", "completed") == ["server", "completed", "2 attempts"]
+    assert _cells(text, "task", "success") == ["task", "success", "1 task"]
+    assert "client-bound" not in text  # an imported archive has no client block: nothing to say
+
+
+CLIENT_BOUND = ("client-bound: the client's event loop lagged 2.64 ms at p99 (9.10 ms at worst; event-loop lag "
+                "p99 > 1.0 ms). Client TTFT and E2E include up to that lag, each client ITL gap can be off by up "
+                "to it, client TPOT by up to it over the attempt's output tokens less one; the server and engine "
+                "figures do not include it")
+
+
+def _client_run(run: Path, client: dict) -> Path:
+    from ledger_util import build_run
+
+    events = [dict(name="attempt.created", ms=0), dict(name="attempt.sent", ms=1),
+              dict(name="server.received", ms=2, source="server"), dict(name="engine.enqueued", ms=3, source="engine"),
+              dict(name="engine.scheduled", ms=4, source="engine"), dict(name="engine.token", ms=10, source="engine", value=1),
+              dict(name="engine.token", ms=20, source="engine", value=1),
+              dict(name="attempt.chunk", ms=12, value=1, attrs={"kinds": ["content"]}),
+              dict(name="attempt.chunk", ms=22, value=1, attrs={"kinds": ["content"]}),
+              dict(name="engine.finished", ms=21, source="engine", attrs={"reason": "stop"}),
+              dict(name="server.done", ms=22, source="server", attrs={"status": 200}),
+              dict(name="attempt.done", ms=23, attrs={"finish_reason": "stop"})]
+    build_run(run, events, manifest={"source": "test", "client": client}).close()
+    return run
+
+
+def test_a_client_bound_run_says_what_the_lag_does_to_each_latency_figure(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    bound = _client_run(tmp_path / "bound", {"loop_lag_p99_ms": 2.64, "loop_lag_max_ms": 9.1, "client_bound": True,
+                                             "client_bound_rule": "event-loop lag p99 > 1.0 ms"})
+    text = " ".join(_summary_text(bound).split())
+    assert CLIENT_BOUND in text
+    assert text.index("Latency by observation layer") < text.index("client-bound:") < text.index("The four accounts")
+    out = json.loads(CliRunner().invoke(app, ["summary", str(bound), "--table", "client", "--format", "json"]).output)
+    assert out == [{"client_bound": True, "loop_lag_p99_ms": 2.64, "loop_lag_max_ms": 9.1,
+                    "rule": "event-loop lag p99 > 1.0 ms", "effect": CLIENT_BOUND}]
+    calm = _client_run(tmp_path / "calm", {"loop_lag_p99_ms": 0.4, "loop_lag_max_ms": 1.2, "client_bound": False,
+                                           "client_bound_rule": "event-loop lag p99 > 1.0 ms"})
+    assert "client-bound" not in _summary_text(calm)
