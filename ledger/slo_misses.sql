@@ -45,6 +45,12 @@
 --   cause that applies is unknown; NULL when every cause is measured and 0
 -- @column prefill_ms: request_metrics.prefill_ms (NULL without server evidence)
 -- @column decode_ms: request_metrics.decode_ms (NULL without server evidence)
+-- @column prefill_work_ms: its own prefill work: prefill_ms less the CPU wait and the interference of the
+--   steps that prefilled its prompt (≥ 0; a wait that is unknown stays in it); prefill_ms where a span
+--   reported the engine side
+-- @column decode_work_ms: its own decode work: decode_ms less the causes inside it (the rest of its
+--   interference and CPU wait, preemption, stalls, rejected drafts; ≥ 0); decode_ms where a span reported
+--   the engine side
 -- @column cause_evidence: observed (our engine's probes), reported (a span) or simulated (a run on the
 --   simulated clock): request_metrics.server_evidence; NULL without server evidence
 CREATE OR REPLACE TABLE attempt_causes AS
@@ -82,6 +88,11 @@ WITH base AS (
   FROM step_attribution sa JOIN step_cpu sc USING (step_id)
 ), contention AS (  -- unknown (NULL) as soon as one of its steps' contention is unknown
   SELECT attempt_id, CASE WHEN count(*) = count(ms) THEN sum(ms) END AS ms FROM held GROUP BY 1
+), in_prefill AS (  -- the CPU wait and the interference of the steps that prefilled the attempt's prompt
+  SELECT sa.attempt_id, sum(coalesce(sc.contention_ms, 0) + coalesce(op.ms, 0)) AS ms
+  FROM step_attribution sa JOIN step_cpu sc USING (step_id)
+  LEFT JOIN others_prefill op ON op.attempt_id = sa.attempt_id AND op.step_id = sa.step_id
+  WHERE sa.kind = 'prefill' GROUP BY 1
 ), tok_gaps AS (  -- engine gaps between consecutive tokens of one choice, with the step of the later token
   SELECT attempt_id, choice, clock, step_id, ts_ns, prev_ns, (ts_ns - prev_ns) / 1e6 AS gap_ms FROM (
     SELECT attempt_id, choice, clock, step_id, ts_ns,
@@ -141,7 +152,7 @@ WITH base AS (
                    AND b.e2e_server_ms IS NOT NULL
               THEN least(b.ttft_client_ms - b.ttft_server_ms, b.e2e_client_ms - b.e2e_server_ms) END AS link_ms,
          coalesce(b.uplink_eps_ms, 0) + coalesce(b.downlink_first_eps_ms, 0) AS link_eps_ms,
-         cl.ms AS lag_ms,
+         cl.ms AS lag_ms, coalesce(ip.ms, 0) AS in_prefill_ms,
          CASE WHEN b.spec_rounds = 0 THEN 0.0 WHEN b.spec_rounds > 0 THEN
            -- the share of its decode step time spent verifying drafted tokens that were rejected: each
            -- round verifies its drafted tokens and one more
@@ -153,6 +164,7 @@ WITH base AS (
   FROM base b JOIN layers l USING (attempt_id) LEFT JOIN client_queue cq USING (attempt_id)
   LEFT JOIN preempt p USING (attempt_id) LEFT JOIN interference f USING (attempt_id) LEFT JOIN stalls s USING (attempt_id)
   LEFT JOIN contention h USING (attempt_id) LEFT JOIN client_lag cl USING (attempt_id)
+  LEFT JOIN in_prefill ip USING (attempt_id)
 ), linked AS (
   SELECT *, CASE WHEN link_ms IS NOT NULL AND lag_ms IS NOT NULL
                  THEN greatest(least(link_ms, outside_ms - client_ms) - link_eps_ms, 0)
@@ -195,6 +207,13 @@ SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, late
             ELSE 'spec_rejected' END END AS dominant_cause,
        CASE WHEN cause_evidence IS NOT NULL THEN prefill_ms END AS prefill_ms,
        CASE WHEN cause_evidence IS NOT NULL THEN decode_ms END AS decode_ms,
+       -- its own work: each phase less the causes that lie inside it (a reported span has none measured)
+       CASE WHEN cause_evidence = 'reported' THEN prefill_ms
+            WHEN cause_evidence IS NOT NULL THEN greatest(prefill_ms - in_prefill_ms, 0) END AS prefill_work_ms,
+       CASE WHEN cause_evidence = 'reported' THEN decode_ms
+            WHEN cause_evidence IS NOT NULL THEN greatest(decode_ms - (coalesce(prefill_interference_ms, 0)
+                   + coalesce(host_contention_ms, 0) - in_prefill_ms) - coalesce(preemption_ms, 0)
+                   - coalesce(decode_stall_ms, 0) - coalesce(spec_rejected_ms, 0), 0) END AS decode_work_ms,
        cause_evidence
 FROM linked ORDER BY attempt_id;
 

@@ -62,9 +62,12 @@ def slo_text(ttft_ms, tpot_ms, e2e_ms) -> str:
     return ", ".join(parts)
 
 
-# the verdict's stretches of a request: the ledger column each is read from (attempt_causes)
-WHERE_TIME_WENT = (("queue_ms", "c.client_queue_ms + c.server_queue_ms"), ("prefill_ms", "c.prefill_ms"),
-                   ("decode_ms", "c.decode_ms"), ("contention_ms", "c.host_contention_ms"),
+# the verdict's stretches of a request, disjoint: the ledger column each is read from (attempt_causes);
+# prefill and decode are its own work, the causes inside those phases beside them
+WHERE_TIME_WENT = (("queue_ms", "c.client_queue_ms + c.server_queue_ms"), ("prefill_ms", "c.prefill_work_ms"),
+                   ("decode_ms", "c.decode_work_ms"), ("interference_ms", "c.prefill_interference_ms"),
+                   ("contention_ms", "c.host_contention_ms"),
+                   ("stalls_ms", "c.preemption_ms + c.decode_stall_ms + c.spec_rejected_ms"),
                    ("transport_ms", "c.transport_ms"), ("client_ms", "c.client_ms"))
 
 

@@ -159,10 +159,12 @@ def test_the_summary_opens_with_the_verdict(tmp_path):
     out = json.loads(res.output)
     assert list(out)[:3] == ["verdict_time", "verdict_prediction", "verdict_cause"]
     # one completed request with a client E2E (70 ms): it is the p50 and the p99 request; queue 40 (client
-    # queue 0), prefill 50 − 40, decode 70 − 50, contention and the client's delay unknown, transport 0
+    # queue 0), prefill 50 − 40, decode 70 − 50 less B1's 10 ms of interference beside it, contention and the
+    # client's delay unknown, no stall, transport 0
     assert out["verdict_time"] == [
         {"request": q, "attempt_id": "A1", "e2e_layer": "client", "e2e_ms": 70.0, "queue_ms": 40.0, "prefill_ms": 10.0,
-         "decode_ms": 20.0, "contention_ms": None, "transport_ms": 0.0, "client_ms": None} for q in ("p50", "p99")]
+         "decode_ms": 10.0, "interference_ms": 10.0, "contention_ms": None, "stalls_ms": 0.0, "transport_ms": 0.0,
+         "client_ms": None} for q in ("p50", "p99")]
     assert out["verdict_prediction"] == []  # nothing registered
     assert out["verdict_cause"] == {"diagnosed": "late", "n_attempts": 1, "n_late": 1, "first_cause": "server_queue",
                                     "first_cause_share": pytest.approx(0.8), "evidence": _row_evidence(run)}
@@ -253,6 +255,10 @@ def test_host_contention_is_each_holding_steps_whole_cpu_wait_and_interference_t
     a1 = dict_rows(con, "SELECT * FROM attempt_causes WHERE attempt_id = 'A1'")[0]
     assert a1["host_contention_ms"] == pytest.approx(7.0)
     assert a1["prefill_interference_ms"] == pytest.approx(7.5)
+    # its own work, the phases less the causes inside them: prefill 10 ms less step 1's 2 ms wait; decode
+    # 20 ms less step 2's 5 ms wait and B1's 7.5 ms; so queue + work + causes = its 70 ms at the engine
+    assert (a1["prefill_work_ms"], a1["decode_work_ms"]) == (pytest.approx(8.0), pytest.approx(7.5))
+    assert 40 + 8 + 7.5 + 7 + 7.5 == 70
     row = _row(con)
     assert row["delay_ms"] == pytest.approx(54.5)
     assert row["host_contention_share"] == pytest.approx(7 / 54.5)
