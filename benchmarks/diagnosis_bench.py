@@ -98,6 +98,8 @@ def host_contention(scale: str) -> Case:
 
 
 def client(scale: str) -> Case:
+    # a request every 120 ms, and the client's loop blocked 0.4 s after each finished one: sends put off,
+    # first and last chunks read late
     n = 8 if scale == "tiny" else 16
     arrivals = [i * 120.0 for i in range(n)]
     return Case("client", _wl("client", [{"name": "c", "prompt_tokens": 32}], 24, arrivals_ms=arrivals), 16,

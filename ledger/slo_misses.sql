@@ -19,7 +19,8 @@
 -- @column missed: what it missed, comma-separated: deadline, timeout, slo_ttft, slo_tpot, slo_e2e ('' when none)
 -- @column deadline_ms: the task's deadline (NULL without one)
 -- @column done_since_reference_ms: as request_metrics.done_since_reference_ms
--- @column client_queue_ms: the client's own queue (client_queue intervals); NULL without client events
+-- @column client_queue_ms: the client's own queue (client_queue intervals: created -> sent) less the lag
+--   of its event loop in that time (a send the busy loop put off is client_ms); NULL without client events
 -- @column server_queue_ms: request_metrics.queue_ms; NULL without engine events
 -- @column prefill_interference_ms: the on-CPU time of the steps holding this attempt (its prefill and
 --   decode steps) charged to other attempts' prefill tokens (their token shares of steps.cpu_ms; of the
@@ -33,9 +34,10 @@
 -- @column transport_ms: ttft_client_ms − ttft_server_ms, at most what client_ms leaves of the client's
 --   time outside the server's span (e2e_client_ms − e2e_server_ms), beyond the clock mappings' epsilon
 --   (≥ 0); NULL without both TTFTs and both E2Es
--- @column client_ms: the client's own event-loop lag while it held the attempt (samples
---   client_loop_lag_ms, every wake traced), at most the client's time outside the server's span
---   (e2e_client_ms − e2e_server_ms: a late read of the first chunk or of the last); NULL when unknown
+-- @column client_ms: the client's own event-loop lag (samples client_loop_lag_ms, every wake traced) while
+--   the attempt waited to be sent (at most its client_queue interval) and while it held the attempt (at most
+--   the client's time outside the server's span, e2e_client_ms − e2e_server_ms: a late read of the first
+--   chunk or of the last); NULL when unknown
 -- @column spec_rejected_ms: its decode steps' on-CPU time (share_ms × cpu_ms / step_ms; wall where cpu_ms
 --   is unknown) × rejected drafted tokens / (drafted tokens + rounds);
 --   0 without speculative rounds
@@ -126,13 +128,24 @@ WITH base AS (
     ON l.clock = m.sent.clock AND l.ts_ns > m.sent.ns AND l.ts_ns <= m.client_end.ns
   WHERE m.sent IS NOT NULL AND m.client_end IS NOT NULL AND EXISTS (SELECT 1 FROM lag_trace)
   GROUP BY 1
+), send_lag AS (  -- the lag of the client's loop while the attempt waited to be sent (created -> sent)
+  SELECT m.attempt_id, coalesce(sum(l.value), 0) AS ms
+  FROM marks m LEFT JOIN lag_trace l
+    ON l.clock = m.sent.clock AND l.ts_ns > m.created.ns AND l.ts_ns <= m.sent.ns
+  WHERE m.sent IS NOT NULL AND m.created IS NOT NULL AND m.created.clock = m.sent.clock
+    AND EXISTS (SELECT 1 FROM lag_trace)
+  GROUP BY 1
 ), layers AS (  -- which layers saw the attempt: a cause is 0 only where its layer could have seen it
   SELECT attempt_id, client_status IS NOT NULL AS has_client, server_status <> 'unknown' AS has_engine,
          attempt_id IN (SELECT attempt_id FROM step_attribution) AS has_steps
   FROM attempts
 ), causes AS (
   SELECT b.*, b.missed <> '' AS late,
-         CASE WHEN l.has_client THEN coalesce(cq.ms, 0) END AS client_queue_ms,
+         -- the client's own queue less what its loop's lag explains of it (a send the busy loop put off
+         -- is the client's overhead, not a queue)
+         CASE WHEN l.has_client THEN coalesce(cq.ms, 0) - least(coalesce(sl.ms, 0), coalesce(cq.ms, 0)) END
+           AS client_queue_ms,
+         CASE WHEN l.has_client AND sl.ms IS NOT NULL THEN least(sl.ms, coalesce(cq.ms, 0)) END AS send_lag_ms,
          CASE WHEN l.has_engine THEN coalesce(b.queue_ms, 0) END AS server_queue_ms,
          CASE WHEN l.has_steps AND b.cause_evidence IS DISTINCT FROM 'reported' THEN coalesce(f.ms, 0) END
            AS prefill_interference_ms,
@@ -164,12 +177,14 @@ WITH base AS (
   FROM base b JOIN layers l USING (attempt_id) LEFT JOIN client_queue cq USING (attempt_id)
   LEFT JOIN preempt p USING (attempt_id) LEFT JOIN interference f USING (attempt_id) LEFT JOIN stalls s USING (attempt_id)
   LEFT JOIN contention h USING (attempt_id) LEFT JOIN client_lag cl USING (attempt_id)
-  LEFT JOIN in_prefill ip USING (attempt_id)
+  LEFT JOIN in_prefill ip USING (attempt_id) LEFT JOIN send_lag sl USING (attempt_id)
 ), linked AS (
-  SELECT *, CASE WHEN link_ms IS NOT NULL AND lag_ms IS NOT NULL
-                 THEN greatest(least(link_ms, outside_ms - client_ms) - link_eps_ms, 0)
+  SELECT *, CASE WHEN client_late_ms IS NOT NULL THEN client_late_ms + coalesce(send_lag_ms, 0) END AS client_ms,
+         CASE WHEN link_ms IS NOT NULL AND lag_ms IS NOT NULL
+                 THEN greatest(least(link_ms, outside_ms - client_late_ms) - link_eps_ms, 0)
                  WHEN link_ms IS NOT NULL THEN greatest(link_ms - link_eps_ms, 0) END AS transport_ms
-  FROM (SELECT *, CASE WHEN outside_ms IS NOT NULL AND lag_ms IS NOT NULL THEN least(lag_ms, outside_ms) END AS client_ms
+  FROM (SELECT *, CASE WHEN outside_ms IS NOT NULL AND lag_ms IS NOT NULL THEN least(lag_ms, outside_ms) END
+                    AS client_late_ms  -- its lag read a chunk late
         FROM causes)
 )
 SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, late, missed, deadline_ms,
