@@ -122,16 +122,19 @@ WITH base AS (
   GROUP BY attempt_id
 ), lag_trace AS (  -- the client's event-loop lag, every wake traced (a subsampled trace is no measure)
   SELECT ts_ns, clock, value FROM samples WHERE metric = 'client_loop_lag_ms' AND getvariable('client_lag_every') = 1
-), client_lag AS (  -- the lag of the client's own loop while it held the attempt (sent -> its terminal)
-  SELECT m.attempt_id, coalesce(sum(l.value), 0) AS ms
+), client_lag AS (  -- the lag of the client's own loop while it held the attempt (sent -> its terminal): a
+                    -- sample stamped at the late wake covers the value before it, counted where it overlaps
+  SELECT m.attempt_id, coalesce(sum(greatest(least(l.ts_ns, m.client_end.ns)
+                                             - greatest(l.ts_ns - l.value * 1e6, m.sent.ns), 0)) / 1e6, 0) AS ms
   FROM marks m LEFT JOIN lag_trace l
-    ON l.clock = m.sent.clock AND l.ts_ns > m.sent.ns AND l.ts_ns <= m.client_end.ns
+    ON l.clock = m.sent.clock AND l.ts_ns > m.sent.ns AND l.ts_ns - l.value * 1e6 < m.client_end.ns
   WHERE m.sent IS NOT NULL AND m.client_end IS NOT NULL AND EXISTS (SELECT 1 FROM lag_trace)
   GROUP BY 1
-), send_lag AS (  -- the lag of the client's loop while the attempt waited to be sent (created -> sent)
-  SELECT m.attempt_id, coalesce(sum(l.value), 0) AS ms
+), send_lag AS (  -- the lag of the client's loop while the attempt waited to be sent (created -> sent), the same way
+  SELECT m.attempt_id, coalesce(sum(greatest(least(l.ts_ns, m.sent.ns)
+                                             - greatest(l.ts_ns - l.value * 1e6, m.created.ns), 0)) / 1e6, 0) AS ms
   FROM marks m LEFT JOIN lag_trace l
-    ON l.clock = m.sent.clock AND l.ts_ns > m.created.ns AND l.ts_ns <= m.sent.ns
+    ON l.clock = m.sent.clock AND l.ts_ns > m.created.ns AND l.ts_ns - l.value * 1e6 < m.sent.ns
   WHERE m.sent IS NOT NULL AND m.created IS NOT NULL AND m.created.clock = m.sent.clock
     AND EXISTS (SELECT 1 FROM lag_trace)
   GROUP BY 1

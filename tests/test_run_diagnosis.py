@@ -104,9 +104,10 @@ def test_a_short_prompt_prefilled_beside_a_long_one_waits_for_its_work(tmp_path)
 
 def test_a_send_the_clients_busy_loop_put_off_is_client_time_not_its_queue(tmp_path):
     """A1 is created at −10 ms and sent at 0: 10 ms in the client's own queue, in which the loop woke
-    6 ms late (a lag sample at −5 ms). 6 ms of that wait is the client's overhead, 4 ms its queue."""
+    6 ms late (a lag sample stamped at −2 ms: its wake, late from −8). 6 ms of that wait is the client's
+    overhead, 4 ms its queue. (A sample stamped at −5 would cover −11 to −5: 5 ms of the wait.)"""
     events = [dict(e, ms=-10) if e["name"] == "attempt.created" else e for e in _queued_then_interfered()]
-    con = build_run(tmp_path / "r", events, samples=[(-5, "client_loop_lag_ms", 6.0, "ms", None)],
+    con = build_run(tmp_path / "r", events, samples=[(-2, "client_loop_lag_ms", 6.0, "ms", None)],
                     manifest={"client": {"loop_lag_trace_every": 1}})
     got = dict_rows(con, "SELECT client_queue_ms, client_ms, transport_ms FROM attempt_causes WHERE attempt_id = 'A1'")
     assert got == [{"client_queue_ms": pytest.approx(4.0), "client_ms": pytest.approx(6.0),
