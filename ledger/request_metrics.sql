@@ -94,6 +94,7 @@ FROM itl GROUP BY attempt_id;
 --   a vLLM span), simulated (a run on the simulated clock: the real scheduler, no model compute) or NULL
 --   (no server or engine event)
 -- @column server_reporter: who reported it (attrs.reporter, e.g. vllm-0.32.0)
+-- @column replica_id: as attempts.replica_id: the replica that served it (NULL with one server)
 CREATE OR REPLACE TABLE request_metrics AS
 SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   f.ttft_client_ms, f.ttft_first_byte_ms, f.ttft_visible_ms, f.ttft_server_ms,
@@ -124,7 +125,7 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
                                 WHEN f.e2e_client_label IN ('impossible', 'unknown') THEN NULL
                                 ELSE f.done_since_reference_ms <= c.deadline_ms END) END AS good,
   f.done_since_reference_ms,
-  e.evidence AS server_evidence, e.reporter AS server_reporter
+  e.evidence AS server_evidence, e.reporter AS server_reporter, a.replica_id
 FROM attempts a
 JOIN marks m USING (attempt_id)
 JOIN attempt_ids i USING (attempt_id)
