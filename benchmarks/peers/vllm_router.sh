@@ -6,7 +6,10 @@
 #   bash benchmarks/peers/vllm_router.sh start URL [URL...]           start in the background, wait until it answers
 #   bash benchmarks/peers/vllm_router.sh stop                         stop the router started by `start` on ROUTER_PORT
 #   bash benchmarks/peers/vllm_router.sh status                       print pid, port and health
-#   bash benchmarks/peers/vllm_router.sh recipe                       the recorded sample's run (samples/peers/vllm_router/README.md)
+#   bash benchmarks/peers/vllm_router.sh recipe [OUT]                 the recorded samples' run (samples/peers/vllm_router/README.md):
+#                                                                     two `serve --out` replicas behind the router, one capture
+#   (recipe's environment: REPLICA1_ARGS / REPLICA2_ARGS, appended to that replica's `inferledger serve`;
+#    LOAD_ARGS, the capture's load flags, default "--request-rate 4")
 #
 # Environment: ROUTER_PORT (18200), ROUTER_METRICS_PORT (18201: its Prometheus /metrics), ROUTER_POLICY
 # (round_robin; any of the router's --policy), ROUTER_START_TIMEOUT_S (60), ROUTER_EXTRA_ARGS (appended,
@@ -98,8 +101,11 @@ recipe() {
   local out="${1:-$ROOT/samples/peers/vllm_router/run}" work; work="$(mktemp -d)"
   local il="$ROOT/.venv/bin/inferledger"
   trap cleanup EXIT
+  local extra
   for i in 1 2; do
-    OMP_NUM_THREADS=1 "$il" serve --port "1811$i" --max-num-seqs 2 --out "$work/replica$i" \
+    extra="REPLICA${i}_ARGS"
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=1 "$il" serve --port "1811$i" --max-num-seqs 2 --out "$work/replica$i" ${!extra:-} \
       >"$work/replica$i.log" 2>&1 &
     REPLICA_PIDS+=($!)
   done
@@ -109,8 +115,8 @@ recipe() {
   start "http://127.0.0.1:18111" "http://127.0.0.1:18112"
   rm -rf "$out"
   "$il" capture -o "$out" --target "http://127.0.0.1:$PORT" --router-metrics "http://127.0.0.1:$METRICS_PORT/metrics" \
-    --server "$work/replica1" --server "$work/replica2" --num-prompts 20 --request-rate 4 --seed 0 \
-    --input-len 64 --output-len 8 --ignore-eos
+    --server "$work/replica1" --server "$work/replica2" --num-prompts 20 --seed 0 --input-len 64 --output-len 8 \
+    --ignore-eos ${LOAD_ARGS:---request-rate 4}
   cleanup
   trap - EXIT
   rm -rf "$work"

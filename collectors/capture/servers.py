@@ -22,6 +22,11 @@ stopped, as an embedded capture's does.
   server.disconnect) and, once the engine took it (engine.enqueued), engine.finished, kv.free and the
   step.end of its last step. What is not covered within `wait_s` (`--server-wait`, SERVER_WAIT_S) is copied as
   far as it goes and is a gap naming the folder.
+- **Several folders** (replicas behind a router): every copied event gets `attrs.replica_id` (the folder's
+  server id), each folder's step ids are offset by (index + 1) x STEP_STRIDE (every engine counts from 0)
+  and its KV samples name the replica as their device. A client attempt that reached servers more than once
+  (the router's retries carry the same traceparent) is its latest try; each earlier try is copied as
+  `<client attempt>@<server id>#<n>` with `attrs.parent_attempt_id` (`_name_tries`).
 """
 from __future__ import annotations
 

@@ -1,0 +1,153 @@
+"""The recorded deployment runs (samples/peers/vllm_router/): two `inferledger serve --out` replicas
+behind the real vllm-router 0.1.17, one capture through the router joining both folders and its
+counters. Rebuilt without the router installed and held to exact values: every attempt has its
+replica; each replica's rows in `attempts` equal the router's own per-worker count of what it sent;
+a router's retries the client never saw are rows of their own, tied to the client attempt."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from inferledger.collectors.evidence.metrics_scrape import parse_prometheus
+from inferledger.collectors.evidence.router_metrics import PREFIX, split_worker, worker_key
+from inferledger.ledger.query import open_ledger
+from inferledger.ledger.reconstruct import reconstruct
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm_router"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = {}
+    for name in ("round_robin", "retries"):
+        run = tmp_path_factory.mktemp(name) / "run"
+        shutil.copytree(SAMPLES / name, run)
+        reconstruct(run)
+        out[name] = run
+    return out
+
+
+def rows(run, sql):
+    with open_ledger(run) as led:
+        return led.rows(sql)[1]
+
+
+def router_counts(name: str) -> dict[str, int]:
+    """The router's processed_requests_total per replica, read from the raw scrapes (last − first; a
+    worker absent from the first scrape had not been counted yet), mapped by the manifest's replicas."""
+    manifest = json.loads((SAMPLES / name / "manifest.json").read_text())
+    scrapes = [json.loads(line) for line in (SAMPLES / name / "scrapes" / "router.jsonl").read_text().splitlines()]
+    assert len(scrapes) == 2  # before and after the load
+    counts = {}
+    for series, value in scrapes[-1]["values"].items():
+        metric, worker = split_worker(series)
+        if metric == "vllm_router_processed_requests_total":
+            counts[manifest["router"]["replicas"][worker_key(worker)]] = int(value - scrapes[0]["values"].get(series, 0))
+    return counts
+
+
+def test_every_attempt_has_a_replica_and_each_replica_equals_the_routers_count(runs):
+    for name, want in (("round_robin", {"replica1": 10, "replica2": 10}), ("retries", {"replica1": 18, "replica2": 18})):
+        assert rows(runs[name], "select count(*) filter (where replica_id is null) from attempts") == [(0,)]
+        ledger = dict(rows(runs[name], "select replica_id, count(*) from attempts group by 1"))
+        assert ledger == router_counts(name) == want
+        assert rows(runs[name], "select replica_id, attempts, router_sent, router_agrees from replicas order by 1") == \
+            [(r, n, n, True) for r, n in sorted(want.items())]
+
+
+def test_round_robin_splits_twenty_attempts_evenly_and_each_is_joined_once(runs):
+    run = runs["round_robin"]
+    assert rows(run, "select count(*), count(distinct attempt_id), count(parent_attempt_id), "
+                     "count(*) filter (where client_status = 'completed' and server_status = 'completed') "
+                     "from attempts") == [(20, 20, 0, 20)]
+    # each replica's own engine: its steps apart (ids offset per folder), its queue and busy time its own
+    assert rows(run, "select replica_id, count(distinct step_id), min(step_id) // 1000000000000 from step_attribution "
+                     "group by 1 order by 1")[0][2] == 1
+    assert rows(run, "select count(*) from replicas where busy_ms > 0 and queue_p50_ms is not null "
+                     "and balance between 0.5 and 1.5") == [(2,)]
+    assert rows(run, "select count(*) filter (where replica_id is null) from request_metrics") == [(0,)]
+    assert rows(run, "select count(*) filter (where replica_id is null) from intervals") == [(0,)]
+
+
+def test_router_retries_the_client_never_saw_are_their_own_attempts(runs):
+    run = runs["retries"]
+    # replica1 admitted one request at a time (--max-queue 1): the router's tries it refused with 429 were
+    # retried on the next worker; the client saw 20 attempts, all completed
+    assert rows(run, "select replica_id, count(*) filter (where parent_attempt_id is null), "
+                     "count(*) filter (where parent_attempt_id is not null) from attempts group by 1 order by 1") == \
+        [("replica1", 2, 16), ("replica2", 18, 0)]
+    tries = rows(run, "select attempt_id, parent_attempt_id, client_status, server_status, replica_id from attempts "
+                      "where parent_attempt_id is not null")
+    clients = {a for (a,) in rows(run, "select attempt_id from attempts where client_status is not null")}
+    assert len(clients) == 20
+    for attempt_id, parent, client_status, server_status, replica in tries:
+        assert re.fullmatch(re.escape(parent) + r"@replica1#\d+", attempt_id) and parent in clients
+        assert (client_status, server_status, replica) == (None, "rejected", "replica1")
+    # numbered by arrival from 1 per client attempt
+    per_parent = Counter(p for _, p, *_ in tries)
+    assert {a for a, *_ in tries} == {f"{p}@replica1#{n}" for p, k in per_parent.items() for n in range(1, k + 1)}
+    assert rows(run, "select count(*) filter (where client_status = 'completed') from attempts") == [(20,)]
+    assert rows(run, "select unseen_tries from replicas order by replica_id") == [(16,), (0,)]
+
+
+def test_an_unseen_try_is_no_missing_client_layer(runs):
+    """A try the client never saw has no client events by what it is, not by a gap in the capture."""
+    assert rows(runs["retries"], "select count(*) from gaps where gap_id like 'attempt:%@replica1#%'") == [(0,)]
+
+
+def test_events_carry_their_replica_and_a_single_server_run_none(runs, tmp_path):
+    assert rows(runs["round_robin"], "select count(*) filter (where json_extract_string(attrs, '$.replica_id') "
+                                     "is null) from events where source in ('server', 'engine')") == [(0,)]
+    # no copied replica: the column is NULL and the replicas table empty
+    one = tmp_path / "one"
+    shutil.copytree(SAMPLES / "round_robin", one)
+    import pyarrow.parquet as pq
+
+    for part in (one / "events").rglob("*.parquet"):
+        t = pq.read_table(part).to_pylist()
+        for r in t:
+            if r["attrs"] and '"replica_id"' in r["attrs"]:
+                a = json.loads(r["attrs"])
+                a.pop("replica_id")
+                r["attrs"] = json.dumps(a)
+        pq.write_table(pq.read_table(part).from_pylist(t, schema=pq.read_schema(part)), part)
+    (one / "scrapes" / "router.jsonl").unlink()
+    shutil.rmtree(one / "samples")
+    reconstruct(one)
+    assert rows(one, "select count(replica_id) from attempts") == [(0,)]
+    assert rows(one, "select count(*) from replicas") == [(0,)]
+
+
+def test_the_routers_labels_are_kept_apart_per_worker():
+    body = ('# TYPE vllm_router_processed_requests_total counter\n'
+            'vllm_router_processed_requests_total{worker="http://127.0.0.1:18111"} 3\n'
+            'vllm_router_processed_requests_total{worker="http://127.0.0.1:18112"} 4\n'
+            'vllm_router_policy_decisions_total{policy="round_robin",worker="http://127.0.0.1:18111"} 3\n')
+    values = parse_prometheus(body, PREFIX, keep_labels=True).values
+    assert values == {'vllm_router_processed_requests_total{worker="http://127.0.0.1:18111"}': 3.0,
+                      'vllm_router_processed_requests_total{worker="http://127.0.0.1:18112"}': 4.0,
+                      'vllm_router_policy_decisions_total{policy="round_robin",worker="http://127.0.0.1:18111"}': 3.0}
+    assert parse_prometheus(body, PREFIX).values["vllm_router_processed_requests_total"] == 7.0  # summed, as before
+    assert split_worker('vllm_router_policy_decisions_total{policy="round_robin",worker="http://h:1"}') == \
+        ('vllm_router_policy_decisions_total{policy="round_robin"}', "http://h:1")
+    assert worker_key("http://127.0.0.1:18111/") == "127.0.0.1:18111"
+
+
+def test_router_metrics_needs_a_url_target_and_a_url_with_exit_2(tmp_path):
+    from inferledger.cli.app import app
+
+    def run(*args):
+        return CliRunner().invoke(app, ["capture", "-o", str(tmp_path / "r"), "--num-prompts", "1", *args],
+                                  env={"COLUMNS": "300"})
+
+    res = run("--router-metrics", "http://127.0.0.1:9/metrics")
+    assert res.exit_code == 2 and "--router-metrics" in res.output and "give its URL as --target" in res.output
+    res = run("--target", "http://127.0.0.1:9", "--router-metrics", "127.0.0.1:9/metrics")
+    assert res.exit_code == 2 and "expected the router's metrics URL" in res.output
+    assert not (tmp_path / "r").exists()
