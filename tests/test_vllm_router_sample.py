@@ -151,3 +151,33 @@ def test_router_metrics_needs_a_url_target_and_a_url_with_exit_2(tmp_path):
     res = run("--target", "http://127.0.0.1:9", "--router-metrics", "127.0.0.1:9/metrics")
     assert res.exit_code == 2 and "expected the router's metrics URL" in res.output
     assert not (tmp_path / "r").exists()
+
+
+def test_a_client_attempts_tries_are_named_by_arrival_the_latest_keeps_its_id():
+    """The naming rule on its own: tries of one client attempt across two folders and twice in one (`#2`),
+    ordered by server.received; a foreign folder's arrivals on the client's clock through its mapping."""
+    from inferledger.collectors.capture.clocksync import ClockMapping
+    from inferledger.collectors.capture.servers import STEP_STRIDE, ServerFolder, ServerJoin
+
+    folders = [ServerFolder(Path(f"/x/r{i}"), f"r{i}", {"host": {"name": "h"}}) for i in (1, 2)]
+    join = ServerJoin(folders, host="h", client_clock="mono:h", target="http://router")
+    a, b = join.joined
+    a.same_domain, b.same_domain = True, False
+    b.mappings = [ClockMapping(b.clock, "mono:h", 1_000, 10, "round-trip", 16, "start")]
+    a.found.ours = {"A": "A", "A#2": "A", "B": "B"}
+    a.found.received = {"A": 100, "A#2": 5_000, "B": 50}
+    b.found.ours = {"A": "A", "C": "C"}
+    b.found.received = {"A": 2_500, "C": 10}  # + 1000 on the client's clock: 3500, between r1's two tries
+    join._name_tries()
+    assert a.names == {"A": "A@r1#1", "A#2": "A", "B": "B"} and b.names == {"A": "A@r2#2", "C": "C"}
+    assert a.parents == {"A": "A"} and b.parents == {"A": "A"}
+    assert a.attrs("A") == {"replica_id": "r1", "parent_attempt_id": "A"} and b.attrs(None) == {"replica_id": "r2"}
+    assert (a.step_id(7), b.step_id(7), a.step_id(None)) == (STEP_STRIDE + 7, 2 * STEP_STRIDE + 7, None)
+    one = ServerJoin(folders[:1], host="h", client_clock="mono:h", target="http://router").joined[0]
+    assert (one.attrs("A"), one.step_id(7)) == ({}, 7)  # a single server: no replica, step ids as written
+
+
+def test_reconciliation_counts_the_routers_unseen_tries(runs):
+    assert rows(runs["retries"], "select sent, received, unseen_tries, attempts_per_request from reconciliation") == \
+        [(20, 36, 16, 36 / 20)]
+    assert rows(runs["round_robin"], "select unseen_tries, attempts_per_request from reconciliation") == [(0, 1.0)]
