@@ -19,13 +19,16 @@
 --   minus its first (a labelled counter is exported from its first increment: absent in a first scrape
 --   that answered, it was 0); NULL without two router scrapes (capture --router-metrics)
 -- @column router_agrees: attempts = router_sent; NULL when either is unknown
--- @column busy_ms: Σ step_ms of its engine's steps that served this run's attempts
+-- @column busy_ms: Σ step_ms of its engine's steps in the run (those copied from its folder: the window of
+--   this run's attempts there)
 -- @column balance: busy_ms over the mean busy_ms of the replicas (1 for an even spread; the busiest
 --   replica's is the run's imbalance)
 -- @column queue_p50_ms: the median queue_ms (engine.enqueued → first scheduled) of its attempts
 -- @column queue_p99_ms: the 99th percentile of the same
 -- @column prefix_hit_blocks: KV blocks its attempts took from its prefix cache (kv_holds how prefix_hit)
 -- @column prefix_hit_attempts: its attempts that took at least one cached block
+-- @column kv_blocks_used_max: the most KV blocks its engine held at once, from its engine's samples in the
+--   run (kv_blocks_used, device = the replica); NULL without them
 CREATE OR REPLACE TABLE replicas AS
 WITH served AS (
   SELECT replica_id, count(*) AS attempts, count(*) FILTER (WHERE parent_attempt_id IS NULL) AS client_attempts,
@@ -53,6 +56,9 @@ WITH served AS (
   SELECT a.replica_id, count(*) AS prefix_hit_blocks, count(DISTINCT h.attempt_id) AS prefix_hit_attempts
   FROM kv_holds h JOIN attempts a USING (attempt_id) WHERE h.how = 'prefix_hit' AND a.replica_id IS NOT NULL
   GROUP BY a.replica_id
+), kv AS (
+  SELECT device AS replica_id, max(value) AS kv_blocks_used_max FROM samples
+  WHERE source = 'engine' AND metric = 'kv_blocks_used' AND device IS NOT NULL GROUP BY device
 ), ids AS (
   SELECT replica_id FROM served UNION SELECT replica_id FROM processed UNION SELECT replica_id FROM busy
 )
@@ -64,9 +70,11 @@ SELECT getvariable('run_id') AS run_id, ids.replica_id,
     / nullif(avg(coalesce(b.busy_ms, CASE WHEN s.attempts IS NOT NULL THEN 0 END)) OVER (), 0) AS balance,
   q.queue_p50_ms, q.queue_p99_ms,
   CASE WHEN s.attempts IS NOT NULL THEN coalesce(h.prefix_hit_blocks, 0) END AS prefix_hit_blocks,
-  CASE WHEN s.attempts IS NOT NULL THEN coalesce(h.prefix_hit_attempts, 0) END AS prefix_hit_attempts
+  CASE WHEN s.attempts IS NOT NULL THEN coalesce(h.prefix_hit_attempts, 0) END AS prefix_hit_attempts,
+  kv.kv_blocks_used_max::BIGINT AS kv_blocks_used_max
 FROM ids LEFT JOIN served s USING (replica_id) LEFT JOIN processed p USING (replica_id)
 LEFT JOIN busy b USING (replica_id) LEFT JOIN queue q USING (replica_id) LEFT JOIN hits h USING (replica_id)
+LEFT JOIN kv USING (replica_id)
 ORDER BY ids.replica_id;
 
 -- @gaps: a worker the router counted that no joined folder is (its attempts unknown); a replica the

@@ -178,6 +178,8 @@ def test_a_client_attempts_tries_are_named_by_arrival_the_latest_keeps_its_id():
 
 
 def test_reconciliation_counts_the_routers_unseen_tries(runs):
+    assert rows(runs["retries"], "select replica_id, kv_blocks_used_max from replicas order by 1") == \
+        [("replica1", 5), ("replica2", 10)]  # the most KV blocks each engine held: its own samples
     assert rows(runs["retries"], "select sent, received, unseen_tries, attempts_per_request from reconciliation") == \
         [(20, 36, 16, 36 / 20)]
     assert rows(runs["round_robin"], "select unseen_tries, attempts_per_request from reconciliation") == [(0, 1.0)]
