@@ -10,6 +10,8 @@ stopped, as an embedded capture's does.
 - **This run's attempts**, not the other clients' of the server: the capture sends each attempt a W3C
   traceparent derived from the attempt id and a salt of this capture (collectors/evidence/trace_context.py);
   the server keeps its trace id on `server.received`, so a server attempt is this run's by its trace id.
+  The request id passed through (x-request-id) must agree: a server attempt whose own id is not the
+  client's (less a `#n`) is counted (`id_disagrees`) and a gap.
   A server names an attempt id it has already seen `id#2` (serve/ids.py): its events are copied under the
   client's id. Model discovery and clock probes carry no attempt and are never copied.
 - **Clocks.** A folder whose manifest names this host and this boot (`host.name`, `host.boot_id`) stamped
@@ -31,6 +33,7 @@ stopped, as an embedded capture's does.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -385,7 +388,7 @@ class ServerJoin:
                           "mappings": [m.__dict__ for m in j.mappings if isinstance(m, ClockMapping)],
                           "failed": [m.__dict__ for m in j.mappings if isinstance(m, ClockSyncFailure)]},
                 "attempts": {"joined": len(f.ours), "covered": len(f.ours) - len(f.uncovered),
-                             "unseen_tries": len(j.parents)},
+                             "unseen_tries": len(j.parents), "id_disagrees": len(_id_disagrees(f))},
                 "events": j.events, "samples": j.samples})
         first = next((j.folder.manifest for j in self.joined if j.found.ours), self.joined[0].folder.manifest)
         engine = {k: first[k] for k in ("model", "engine_config", "served_model_name", "device_clock") if k in first}
@@ -418,6 +421,13 @@ class ServerJoin:
                                  f.ours[sid_attempt], "server_status, the server's and engine's figures",
                                  f"its end in {j.folder.path}", f"{j.folder.path}: its flushed parts lack the "
                                  f"attempt's {', '.join(lacks)}"))
+            for sid_attempt in _id_disagrees(f):
+                gaps.append(_gap(run_id, f"collector:server-id:{sid}:{sid_attempt}", "attempt", f.ours[sid_attempt],
+                                 "the join of this attempt to its server attempt (by trace id only)",
+                                 "the client's attempt id passed through as x-request-id / x-inferledger-attempt-id",
+                                 f"{j.folder.path}: the server attempt {sid_attempt!r} carries the trace id of the "
+                                 f"client attempt {f.ours[sid_attempt]!r}, but its own id names another: a proxy "
+                                 "rewrote the request id, or the trace id was reused"))
             for m in j.mappings:
                 if isinstance(m, ClockSyncFailure):
                     gaps.append(_gap(run_id, f"collector:clock-sync:{sid}:{m.label}", "run", None,
@@ -429,6 +439,12 @@ class ServerJoin:
                              "the server's events of this attempt (its server.received by trace id)",
                              f"answered by the server, but in no --server folder's flushed parts ({paths})"))
         return gaps
+
+
+def _id_disagrees(f: _Found) -> list[str]:
+    """Server attempts joined by trace id whose own id (the request id passed through, less a `#n` the
+    server added for an id it had seen) is not the client's attempt id: a join the two ids do not agree on."""
+    return sorted(sid for sid, client in f.ours.items() if re.sub(r"#\d+$", "", sid) != client)
 
 
 def _gap(run_id, gap_id, scope, subject, affects, needs, detail) -> dict:
