@@ -199,3 +199,24 @@ def test_a_join_the_request_id_does_not_agree_with_is_counted_and_a_gap():
     for name in ("round_robin", "retries"):  # the recorded runs: every join agreed
         folders = json.loads((SAMPLES / name / "manifest.json").read_text())["servers"]["folders"]
         assert [f["attempts"]["id_disagrees"] for f in folders] == [0, 0]
+
+
+def test_partitioned_each_engine_is_one_replica_and_a_tasks_tries_share_its_bucket(tmp_path):
+    import pyarrow.dataset as ds
+
+    from inferledger.collectors.rundir.repartition import repartition
+
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "retries", run)
+    repartition(run, 4)
+    engines = sorted(p for p in (run / "events").iterdir() if p.name.startswith("engine-"))
+    seen = []
+    for folder in engines:
+        attrs = ds.dataset(str(folder), format="parquet").to_table(columns=["attrs"]).column("attrs").to_pylist()
+        seen.append({json.loads(a).get("replica_id") for a in attrs})
+    assert sorted(map(sorted, seen)) == [["replica1"], ["replica2"]]
+    buckets = {}
+    for folder in (run / "events").glob("bucket-*"):
+        for r in ds.dataset(str(folder), format="parquet").to_table(columns=["task_id"]).to_pylist():
+            buckets.setdefault(r["task_id"], set()).add(folder.name)
+    assert len(buckets) == 20 and all(len(b) == 1 for b in buckets.values())
