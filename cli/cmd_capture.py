@@ -84,6 +84,11 @@ def capture_cmd(
                                               "span times are on wall:<host>)."),
     engine_clock_epsilon_ms: float = typer.Option(5.0, min=0, help="With --engine-host: the declared bound of "
                                                   "that host's wall clock against this one's (NTP)."),
+    router_metrics: Optional[str] = typer.Option(None, "--router-metrics", metavar="URL", help="URL target that is a "
+                                                 "router (vllm-router --prometheus-port P): its Prometheus /metrics, "
+                                                 "scraped once before the load and once after it; per-worker "
+                                                 "counters land per replica in the ledger's `replicas` table "
+                                                 "(docs/CAPTURE.md \"A deployment\")."),
     server: Optional[List[Path]] = typer.Option(None, "--server", help="URL target: the folder of `inferledger serve "
                                                 "--out S` serving it (repeatable: one per server). After the load the "
                                                 "capture waits until the folder's flushed parts hold the end of this "
@@ -92,11 +97,6 @@ def capture_cmd(
     server_wait: float = typer.Option(SERVER_WAIT_S, "--server-wait", min=0, help="With --server: seconds the "
                                       "folders get, after the load, to flush the end of this run's attempts; what is "
                                       "still missing then is a gap naming the folder."),
-    router_metrics: Optional[str] = typer.Option(None, "--router-metrics", metavar="URL", help="URL target that is a "
-                                                 "router (vllm-router --prometheus-port P): its Prometheus /metrics, "
-                                                 "scraped once before the load and once after it; per-worker "
-                                                 "counters land per replica in the ledger's `replicas` table "
-                                                 "(docs/CAPTURE.md \"A deployment\")."),
     drain_timeout: float = typer.Option(DRAIN_TIMEOUT_S, min=0, help="Embedded engine: after the load, seconds "
                                         "requests still in flight get to finish before they are cancelled."),
     buckets: Optional[int] = typer.Option(None, min=1, max=9999, help="Write the events partitioned for large runs: "
