@@ -220,3 +220,53 @@ def test_partitioned_each_engine_is_one_replica_and_a_tasks_tries_share_its_buck
         for r in ds.dataset(str(folder), format="parquet").to_table(columns=["task_id"]).to_pylist():
             buckets.setdefault(r["task_id"], set()).add(folder.name)
     assert len(buckets) == 20 and all(len(b) == 1 for b in buckets.values())
+
+
+def test_the_router_scraper_names_each_workers_replica_and_a_dead_router_is_a_gap(tmp_path):
+    import http.server
+    import threading
+
+    from inferledger.collectors.evidence.router_metrics import RouterScraper
+
+    body = ('vllm_router_processed_requests_total{worker="http://127.0.0.1:18111"} 3\n'
+            'vllm_router_processed_requests_total{worker="http://10.0.0.9:8000"} 1\n'
+            'vllm_router_retries_total{route="/v1/chat/completions"} 2\n').encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    class Sink:
+        def __init__(self):
+            self.rows = []
+
+        def sample(self, **kw):
+            self.rows.append(kw)
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sink = Sink()
+        scraper = RouterScraper(f"http://127.0.0.1:{server.server_port}/metrics", tmp_path, sink, clock="c", host="h")
+        scraper.replicas = {"127.0.0.1:18111": "replica1"}
+        scraper.scrape_once()
+        scraper.stop()  # no thread was started: the scrape after the load alone
+    finally:
+        server.shutdown()
+        server.server_close()
+    got = sorted((r["metric"], r["device"], r["value"], r["unit"], r["source"]) for r in sink.rows)
+    assert got == 2 * [("vllm_router_processed_requests_total", "http://10.0.0.9:8000", 1.0, "count", "vllm-router")] + \
+        2 * [("vllm_router_processed_requests_total", "replica1", 3.0, "count", "vllm-router")] + \
+        2 * [('vllm_router_retries_total{route="/v1/chat/completions"}', None, 2.0, "count", "vllm-router")]
+    assert len((tmp_path / "scrapes" / "router.jsonl").read_text().splitlines()) == 2 and scraper.gap_rows("r") == []
+    dead = RouterScraper("http://127.0.0.1:9/metrics", tmp_path / "dead", Sink(), clock="c", host="h", timeout_s=0.5)
+    dead.scrape_once()
+    dead.stop()
+    assert [g["gap_id"] for g in dead.gap_rows("r")] == ["collector:router-metrics"]
+    assert "vllm-router --prometheus-port" in dead.gap_rows("r")[0]["needs"]

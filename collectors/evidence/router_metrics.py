@@ -42,7 +42,10 @@ def split_worker(series: str) -> tuple[str, str | None]:
 class RouterScraper(MetricsScraper):
     """The router's counters: `scrape_once()` before the load, `stop()` after it (no thread runs)."""
     source, prefix, keep_labels, file_stem = SOURCE, PREFIX, True, "router"
-    replicas: dict[str, str] = {}  # worker_key(url) -> replica id; set by the capture before the first scrape
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.replicas: dict[str, str] = {}  # worker_key(url) -> replica id; set by the capture before the first scrape
 
     def _samples(self, ts_ns: int, scrape: Scrape) -> None:
         for series, value in scrape.values.items():
