@@ -84,6 +84,11 @@ def capture_cmd(
                                               "span times are on wall:<host>)."),
     engine_clock_epsilon_ms: float = typer.Option(5.0, min=0, help="With --engine-host: the declared bound of "
                                                   "that host's wall clock against this one's (NTP)."),
+    router_metrics: Optional[str] = typer.Option(None, "--router-metrics", metavar="URL", help="URL target that is a "
+                                                 "router (vllm-router --prometheus-port P): its Prometheus /metrics, "
+                                                 "scraped once before the load and once after it; per-worker "
+                                                 "counters land per replica in the ledger's `replicas` table "
+                                                 "(docs/CAPTURE.md \"A deployment\")."),
     server: Optional[List[Path]] = typer.Option(None, "--server", help="URL target: the folder of `inferledger serve "
                                                 "--out S` serving it (repeatable: one per server). After the load the "
                                                 "capture waits until the folder's flushed parts hold the end of this "
@@ -122,6 +127,9 @@ def capture_cmd(
     Against your own server, joined with its events (two terminals): [cyan]inferledger serve --out runs/s1[/], then
     [cyan]inferledger capture -o runs/c1 --target http://127.0.0.1:8000 --server runs/s1 --num-prompts 20[/]
 
+    Two replicas behind vLLM's router: [cyan]... --target http://127.0.0.1:18200 --router-metrics
+    http://127.0.0.1:18201/metrics --server runs/s1 --server runs/s2[/] (docs/CAPTURE.md "A deployment")
+
     Against vLLM with its own evidence: [cyan]... --target http://127.0.0.1:18100 --otlp-port 18101 --scrape-metrics[/]
     (docs/PEERS.md "Engines").
     """
@@ -135,6 +143,13 @@ def capture_cmd(
     if target == "embedded" and (otlp_port is not None or scrape_metrics):
         raise typer.BadParameter("--otlp-port / --scrape-metrics need a URL --target (the embedded engine "
                                  "records its own events)", param_hint="--otlp-port")
+    if router_metrics is not None:
+        if target == "embedded":
+            raise typer.BadParameter("--router-metrics scrapes the router a URL --target is; give its URL as --target",
+                                     param_hint="--router-metrics")
+        if not router_metrics.startswith(("http://", "https://")):
+            raise typer.BadParameter(f"{router_metrics!r}: expected the router's metrics URL, e.g. "
+                                     "http://127.0.0.1:18201/metrics", param_hint="--router-metrics")
     if server:
         from inferledger.collectors.capture.servers import ServerFolderError, check_server_folders
 
@@ -174,7 +189,7 @@ def capture_cmd(
         evidence=EvidenceOptions(otlp_port=otlp_port, scrape_metrics=scrape_metrics, engine_host=engine_host,
                                  engine_clock_epsilon_ms=engine_clock_epsilon_ms),
         prediction=prediction, buckets=buckets, engine_config=engine, warmups=num_warmups,
-        servers=tuple(server or ()), server_wait_s=server_wait)
+        servers=tuple(server or ()), server_wait_s=server_wait, router_metrics=router_metrics)
     result = run_capture(wl, out, options)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 

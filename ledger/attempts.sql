@@ -57,6 +57,10 @@ FROM s LEFT JOIN ref r USING (grp) LEFT JOIN clock_conv c ON c.from_clock = s.p.
 --   engine.cancel_effective, ns on server_clock
 -- @column kv_release_ns: the last kv.release (the attempt holds no more references), ns on server_clock
 -- @column kv_free_ns: the last kv.free (its blocks back in the free pool), ns on server_clock
+-- @column replica_id: the replica that served it (its events' attrs.replica_id: a capture joining several
+--   `serve --out` folders); NULL with one server or none
+-- @column parent_attempt_id: for an upstream try the client never saw (a router's retry: attempt_id
+--   `<client attempt>@<replica>#<n>`, client_status NULL), the client attempt it was a try of; else NULL
 CREATE OR REPLACE TABLE attempts AS
 SELECT
   getvariable('run_id') AS run_id,
@@ -98,7 +102,8 @@ SELECT
   m.client_end.ns AS client_end_ns,
   m.enqueued.ns AS enqueued_ns, m.enqueued.clock AS server_clock,
   m.server_end.ns AS server_end_ns,
-  m.kv_release.ns AS kv_release_ns, m.kv_free.ns AS kv_free_ns
+  m.kv_release.ns AS kv_release_ns, m.kv_free.ns AS kv_free_ns,
+  i.replica_id, i.parent_attempt_id
 FROM marks m JOIN attempt_ids i USING (attempt_id) JOIN attempt_start st USING (attempt_id)
 ORDER BY m.attempt_id;
 

@@ -7,7 +7,7 @@
 -- scope: rollup
 -- reads: attempts_gaps, choice_metrics_gaps, critical_path_gaps, energy_gaps, energy_shares_gaps,
 --        figures_gaps, kv_holding_gaps, latency_gaps, layers_gaps, load_gaps, marks_gaps, peer_views_gaps,
---        prediction_check_gaps, reported_gaps, request_model_gaps, run_diagnosis_gaps, run_metrics_gaps, slo_misses_gaps, step_fit_gaps,
+--        prediction_check_gaps, replicas_gaps, reported_gaps, request_model_gaps, run_diagnosis_gaps, run_metrics_gaps, slo_misses_gaps, step_fit_gaps,
 --        step_model_gaps, steps_gaps, streams_gaps, window_gaps, gaps_file
 -- creates: gaps
 
@@ -37,6 +37,7 @@ WITH declared AS (
   UNION ALL SELECT 'marks', * FROM marks_gaps
   UNION ALL SELECT 'peer_views', * FROM peer_views_gaps
   UNION ALL SELECT 'prediction_check', * FROM prediction_check_gaps
+  UNION ALL SELECT 'replicas', * FROM replicas_gaps
   UNION ALL SELECT 'reported', * FROM reported_gaps
   UNION ALL SELECT 'request_model', * FROM request_model_gaps
   UNION ALL SELECT 'run_diagnosis', * FROM run_diagnosis_gaps

@@ -8,7 +8,7 @@
 -- creates: layers_gaps
 
 -- @gaps: a layer (client; server or engine) the whole run lacks, or one attempt lacks while its peers
---   have it
+--   have it (not the client layer of an upstream try the client never saw: attempts.parent_attempt_id)
 CREATE OR REPLACE TEMP TABLE layers_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO layers_gaps
 SELECT 'run', NULL, 'ttft_client_ms, e2e_client_ms, tpot_ms, client_status, good; run_metrics n_good, n_completed, '
@@ -33,4 +33,5 @@ UNION ALL
 SELECT 'attempt', attempt_id, 'client_status and the client-side metrics',
        'the client''s events for this attempt', 'no client event carries this attempt id'
 FROM attempt_ids WHERE n_client_events = 0 AND n_server_events > 0
+  AND parent_attempt_id IS NULL  -- a router's try the client never saw has no client layer to miss
   AND EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0);

@@ -70,7 +70,13 @@ WITH per_output AS (
          arg_min(request_id, (ts_ns, event_id)) FILTER (WHERE request_id IS NOT NULL) AS request_id,
          count(*) FILTER (WHERE source = 'client' AND name <> 'verdict') AS n_client,
          count(*) FILTER (WHERE name LIKE 'server.%' OR name LIKE 'engine.%') AS n_server,
-         count(*) FILTER (WHERE name LIKE 'kv.%') AS n_kv_events
+         count(*) FILTER (WHERE name LIKE 'kv.%') AS n_kv_events,
+         -- the replica that served it and, for a router's try the client never saw, the client attempt
+         -- (attrs of the events a capture copied from several `serve --out` folders; docs/EVENTS.md)
+         arg_min(json_extract_string(attrs, '$.replica_id'), (ts_ns, event_id))
+           FILTER (WHERE attrs LIKE '%"replica_id"%') AS replica_id,
+         arg_min(json_extract_string(attrs, '$.parent_attempt_id'), (ts_ns, event_id))
+           FILTER (WHERE attrs LIKE '%"parent_attempt_id"%') AS parent_attempt_id
   FROM ev WHERE attempt_id IS NOT NULL GROUP BY attempt_id
 ), outputs AS (
   SELECT attempt_id, sum(n_client) AS n_client, sum(n_server) AS n_server FROM per_output GROUP BY attempt_id
@@ -78,7 +84,7 @@ WITH per_output AS (
 SELECT coalesce(c.attempt_id, o.attempt_id) AS attempt_id, c.task_id, c.session_id, c.request_id,
        coalesce(c.n_client, 0) + coalesce(o.n_client, 0) AS n_client_events,
        coalesce(c.n_server, 0) + coalesce(o.n_server, 0) AS n_server_events,
-       coalesce(c.n_kv_events, 0) AS n_kv_events
+       coalesce(c.n_kv_events, 0) AS n_kv_events, c.replica_id, c.parent_attempt_id
 FROM control c FULL OUTER JOIN outputs o USING (attempt_id);
 
 CREATE OR REPLACE TEMP TABLE marks AS

@@ -31,6 +31,8 @@
 --   r = max_retries
 -- @column ghost_energy_j: the window energy charged to ghost attempts by their step-time shares in steps
 --   that started after the give-up; NULL when the window's energy is unknown
+-- @column unseen_tries: upstream tries the client never saw (a router's retries: attempts rows with
+--   parent_attempt_id); NULL without server events (a black-box run cannot see them)
 CREATE OR REPLACE TABLE reconciliation AS
 WITH p AS (  -- client counts: unknown (NULL) without client events, a count otherwise
   SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_status IS NOT NULL) AS n,
@@ -79,5 +81,7 @@ SELECT getvariable('run_id') AS run_id,
   -- ghost joules: the window energy charged to ghost attempts by their step-time shares after the
   -- give-up; NULL when the window's energy is unknown
   (coalesce(m.energy_gpu_j, 0) + coalesce(m.energy_cpu_j, 0)) * coalesce(gs.ms, 0) / nullif(al.ms, 0)
-    * CASE WHEN coalesce(m.energy_gpu_j, m.energy_cpu_j) IS NULL THEN NULL ELSE 1 END AS ghost_energy_j
+    * CASE WHEN coalesce(m.energy_gpu_j, m.energy_cpu_j) IS NULL THEN NULL ELSE 1 END AS ghost_energy_j,
+  CASE WHEN (SELECT count(*) FROM marks WHERE received IS NOT NULL OR enqueued IS NOT NULL) > 0
+       THEN (SELECT count(*) FROM attempts WHERE parent_attempt_id IS NOT NULL) END AS unseen_tries
 FROM p, run_metrics m, ghost_steps gs, all_steps al;

@@ -84,6 +84,7 @@ FROM itl GROUP BY attempt_id;
 -- @column n_output_tokens: the server's count (attempts.n_output_tokens)
 -- @column n_chunks: the client's chunks of any kind (attempts.n_chunks)
 -- @column n_choices: the choices that left an engine token or an output-bearing chunk or write; NULL when none did
+-- @column replica_id: as attempts.replica_id: the replica that served it (NULL with one server)
 -- @column correct: the last verdict of the attempt (attrs.correct); NULL without one
 -- @column on_time: done_since_reference_ms ≤ the task's deadline_ms; NULL without a deadline or a done,
 --   and when the done's own E2E is refused (a done before sent, clocks no mapping joins)
@@ -116,7 +117,7 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   f.downlink_first_ms, f.downlink_first_eps_ms, f.downlink_first_label,
   CASE WHEN i.n_server_events > 0 THEN m.spec_rounds END::BIGINT AS spec_rounds, m.spec_forward_passes::BIGINT AS spec_forward_passes,
   m.spec_drafted_tokens::BIGINT AS spec_drafted_tokens, m.spec_accepted_tokens::BIGINT AS spec_accepted_tokens,
-  a.n_output_tokens, a.n_chunks, m.n_choices::INTEGER AS n_choices,
+  a.n_output_tokens, a.n_chunks, m.n_choices::INTEGER AS n_choices, a.replica_id,
   m.correct,
   -- a done whose own E2E is refused (before its send, clocks no mapping joins) is not on time either
   CASE WHEN c.deadline_ms IS NULL OR f.e2e_client_label IN ('impossible', 'unknown') THEN NULL

@@ -19,6 +19,7 @@
 CREATE OR REPLACE TEMP TABLE steps AS
 WITH raw AS (
   SELECT s.step_id, s.ts_ns AS start_ns, e.ts_ns AS end_ns, s.clock, (e.ts_ns - s.ts_ns) / 1e6 AS step_ms,
+         json_extract_string(s.attrs, '$.replica_id') AS replica_id,
          s.attrs AS start_attrs, e.ts_ns - s.ts_ns AS step_ns,
          TRY_CAST(json_extract(e.attrs, '$.cpu_ns') AS BIGINT) AS cpu_ns,
          TRY_CAST(json_extract(e.attrs, '$.wait_ns') AS BIGINT) AS wait_ns,
@@ -31,7 +32,7 @@ WITH raw AS (
                  THEN wait_ns + least(greatest(workers_wait_ns, 0), greatest(step_ns - cpu_ns - wait_ns, 0)) END AS contention_ns
   FROM raw
 )
-SELECT step_id, start_ns, end_ns, clock, step_ms, start_attrs,
+SELECT step_id, start_ns, end_ns, clock, step_ms, start_attrs, replica_id,
        contention_ns / 1e6 AS contention_ms, (step_ns - contention_ns) / 1e6 AS cpu_ms
 FROM waited;
 
@@ -48,19 +49,21 @@ FROM waited;
 -- @column start_ns: step.start, ns on clock
 -- @column end_ns: step.end, ns on clock
 -- @column clock: the clock of the step's events
+-- @column replica_id: the replica whose engine ran the step (step.start attrs.replica_id, a capture joining
+--   several `serve --out` folders); NULL with one engine
 CREATE OR REPLACE TABLE step_attribution AS
 WITH items AS (
-  SELECT st.step_id, st.step_ms, st.start_ns, st.end_ns, st.clock, unnest(from_json(json_extract(st.start_attrs, '$.batch'), '[["JSON"]]')) AS item
+  SELECT st.step_id, st.step_ms, st.start_ns, st.end_ns, st.clock, st.replica_id, unnest(from_json(json_extract(st.start_attrs, '$.batch'), '[["JSON"]]')) AS item
   FROM steps st WHERE json_extract(st.start_attrs, '$.batch') IS NOT NULL
 ), parsed AS (
-  SELECT step_id, step_ms, start_ns, end_ns, clock, json_extract_string(item[1], '$') AS attempt_id, json_extract_string(item[2], '$') AS kind,
+  SELECT step_id, step_ms, start_ns, end_ns, clock, replica_id, json_extract_string(item[1], '$') AS attempt_id, json_extract_string(item[2], '$') AS kind,
          TRY_CAST(json_extract_string(item[3], '$') AS DOUBLE) AS tokens,
          TRY_CAST(json_extract_string(item[4], '$') AS BIGINT) AS context_before
   FROM items
 )
 SELECT getvariable('run_id') AS run_id, step_id, attempt_id, kind, tokens, context_before, step_ms,
        step_ms * tokens / nullif(sum(tokens) OVER (PARTITION BY step_id), 0) AS share_ms, 'by_tokens' AS policy,
-       start_ns, end_ns, clock
+       start_ns, end_ns, clock, replica_id
 FROM parsed
 ORDER BY step_id, attempt_id;
 

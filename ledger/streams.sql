@@ -2,7 +2,7 @@
 -- "intervals and stream_checks").
 --
 -- scope: task
--- reads: marks, ev, ev_tok, clock_conv, figures, point_of
+-- reads: marks, ev, ev_tok, clock_conv, figures, point_of, attempt_ids
 -- creates: ms_raw, spans_raw, stream_clock, stream_points, span_iv, cuts, ms_state, stream_segs, state_iv,
 --          span_off, intervals, stream_checks, streams_gaps
 
@@ -161,6 +161,7 @@ GROUP BY ALL;
 -- @column on_path: registered on the stream's path: false for unattributed time, an unknown link, and a
 --   span contained in another, or the later-starting of two that overlap
 -- @column overlaps_with: the spans an off-path span overlaps
+-- @column replica_id: as attempts.replica_id: the replica that served its attempt (NULL with one server)
 CREATE OR REPLACE TABLE intervals AS
 WITH iv_rows AS (
   SELECT s.attempt_id, s.stream, s.span AS name, 'span' AS kind, s.start_eid AS start_event, s.end_eid AS end_event,
@@ -181,8 +182,8 @@ SELECT getvariable('run_id') AS run_id, attempt_id, stream, name, kind, start_ev
        start_ns, end_ns, (end_ns - start_ns) / 1e6 AS dur_ms, eps_ns / 1e6 AS eps_ms,
        CASE WHEN kind = 'link' AND end_ns IS NULL THEN 'unknown'
             WHEN conv THEN 'derived' WHEN clock LIKE 'sim:%' THEN 'simulated' ELSE 'measured' END AS label,
-       on_path, overlaps_with
-FROM iv_rows
+       on_path, overlaps_with, i.replica_id
+FROM iv_rows LEFT JOIN attempt_ids i USING (attempt_id)
 ORDER BY attempt_id, stream, start_ns NULLS LAST, name, start_event;
 
 -- @table stream_checks: one row per attempt × stream: the path sum against the stream's span

@@ -188,7 +188,11 @@ MANIFEST_KEYS: tuple[Key, ...] = (
     Key("servers", (dict,), "a capture's `--server` folders (`serve --out`) joined to its URL target: per folder "
         "its server_id, path, state, host (name, boot_id), clock (the domain its events are on in the run, "
         "same_domain and why, the round-trip mappings and failures), attempts (joined, covered), events and "
-        "samples copied; the bound waited (wait_s, waited_s), the attempts the server answered and those joined"),
+        "samples copied; the bound waited (wait_s, waited_s), the attempts the server answered and those joined; "
+        "with several folders, each folder's replica_id (its events' attrs.replica_id), url (its own address) and "
+        "unseen_tries (a router's tries the client never saw)"),
+    Key("router", (dict,), "a capture's `--router-metrics`: the router's /metrics scraped before and after the load "
+        "(url, scrapes, failures, last_error, file, refused_file, types), replicas (worker host:port -> replica id)"),
     Key("simulation", (dict,), "a simulated run: its clock, step model, steps, end time"),
     Key("archive", (dict,), "an imported E0 archive: path, sha256"),
     Key("counts", (dict, _NONE), "what an import read, wrote and refused"),

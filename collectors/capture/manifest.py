@@ -90,6 +90,8 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
               "affects": "the clock mapping's drift check between the start and end of the run",
               "needs": "a server whose /clock answers within its deadline when the run ends",
               "detail": f.reason} for f in failed]
+    if live.router is not None:  # the router's counters: a failed or refused scrape
+        gaps += live.router.gap_rows(writer.run_id)
     if live.servers is not None:  # the --server folders: what they lacked, by folder and attempt
         gaps += live.servers.gap_rows(writer.run_id)
     elif server is None and not (evidence_manifest or {}).get("spans", {}).get("joined"):
@@ -148,6 +150,10 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
     manifest["host_samples"] = live.host_sampler.manifest()
     if evidence_manifest is not None:
         manifest["engine_evidence"] = evidence_manifest
+    if live.router is not None:
+        manifest["router"] = {**live.router.summary(), "replicas": live.router.replicas,
+                              "scraped": "once before the load, once after it (samples of source vllm-router)"}
+        manifest["evidence"]["router_metrics"] = "reported (the router's /metrics)"
     if live.servers is not None:
         manifest.update(live.servers.manifest())
         manifest["evidence"]["events"] = "observed (the client's here; the server's and engine's in the --server folders)"

@@ -33,6 +33,7 @@ class CaptureOptions:
     evidence: EvidenceOptions = EvidenceOptions()  # its own OTLP spans and /metrics
     servers: tuple[str | Path, ...] = ()  # its `serve --out` folders, joined after the load (servers.py)
     server_wait_s: float = SERVER_WAIT_S  # how long after the load the folders get to flush this run's attempts
+    router_metrics: str | None = None  # a router target's Prometheus /metrics, scraped before and after the load
     # the run
     prediction: str | Path | None = None  # a file from `inferledger predict` (None: the capture's own)
     run_id: str | None = None  # None: the folder's name

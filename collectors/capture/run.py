@@ -66,7 +66,8 @@ async def _drive(prep: Prepared, live: Live, options: CaptureOptions, progress=N
     from inferledger.collectors.load.http_transport import HTTPTarget
 
     probe = Probe(live.writer, "client", run_id=live.writer.run_id, host=live.host, clock=live.client_clock)
-    served_model = options.served_model or (live.server.model_name if live.server is not None else None)
+    served_model = options.served_model or (live.server.model_name if live.server is not None else None) or \
+        (live.servers.model_name if live.servers is not None else None)  # no model discovery through a router
     trace_salt = live.servers.salt if live.servers is not None else \
         live.evidence.trace_salt if live.evidence is not None else None
     mappings = []
@@ -303,6 +304,13 @@ def _start_target(live: Live, head: dict, prep: Prepared, options: CaptureOption
         from inferledger.collectors.capture.servers import ServerJoin
 
         live.servers = ServerJoin(prep.servers, host=live.host, client_clock=live.client_clock, target=live.url)
+    if options.router_metrics:  # the router's counters before the load (and after it, _record)
+        from inferledger.collectors.evidence.router_metrics import RouterScraper, worker_key
+
+        live.router = RouterScraper(options.router_metrics, live.out, live.writer, clock=live.client_clock,
+                                    host=live.host)
+        live.router.replicas = {worker_key(u): r for u, r in (live.servers.replica_urls() if live.servers else {}).items()}
+        live.router.scrape_once()
     if live.server is None and options.evidence.wanted:
         from inferledger.collectors.evidence.engine_evidence import EngineEvidence
 
@@ -335,6 +343,8 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
             sys.setswitchinterval(old_switch)
             if live.server is not None:
                 live.server.stop(options.drain_timeout_s)
+            if live.router is not None:  # every attempt has ended: the router's counters after the load
+                live.router.stop()
             if live.servers is not None:  # the --server folders' events of this run's attempts, once on disk
                 live.servers.join(live.writer, live.out, options.server_wait_s,
                                   say=lambda line: print(f"inferledger capture: {line}", file=sys.stderr))

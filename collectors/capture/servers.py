@@ -10,6 +10,8 @@ stopped, as an embedded capture's does.
 - **This run's attempts**, not the other clients' of the server: the capture sends each attempt a W3C
   traceparent derived from the attempt id and a salt of this capture (collectors/evidence/trace_context.py);
   the server keeps its trace id on `server.received`, so a server attempt is this run's by its trace id.
+  The request id passed through (x-request-id) must agree: a server attempt whose own id is not the
+  client's (less a `#n`) is counted (`id_disagrees`) and a gap.
   A server names an attempt id it has already seen `id#2` (serve/ids.py): its events are copied under the
   client's id. Model discovery and clock probes carry no attempt and are never copied.
 - **Clocks.** A folder whose manifest names this host and this boot (`host.name`, `host.boot_id`) stamped
@@ -22,10 +24,16 @@ stopped, as an embedded capture's does.
   server.disconnect) and, once the engine took it (engine.enqueued), engine.finished, kv.free and the
   step.end of its last step. What is not covered within `wait_s` (`--server-wait`, SERVER_WAIT_S) is copied as
   far as it goes and is a gap naming the folder.
+- **Several folders** (replicas behind a router): every copied event gets `attrs.replica_id` (the folder's
+  server id), each folder's step ids are offset by (index + 1) x STEP_STRIDE (every engine counts from 0)
+  and its KV samples name the replica as their device. A client attempt that reached servers more than once
+  (the router's retries carry the same traceparent) is its latest try; each earlier try is copied as
+  `<client attempt>@<server id>#<n>` with `attrs.parent_attempt_id` (`_name_tries`).
 """
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -48,6 +56,7 @@ POLL_S = 0.25
 SERVER_ENDS = ("server.done", "server.rejected", "server.disconnect")
 ENGINE_ENDS = ("engine.finished", "kv.free")
 SERVER_SOURCES = ("server", "engine", "device")
+STEP_STRIDE = 10**12  # several folders: the i-th folder's (0-based) step ids are offset by (i + 1) x this
 COPIED_SAMPLES = ("engine",)  # the engine's KV gauges; the host's are the capture's own (or another host's)
 
 
@@ -85,9 +94,14 @@ class ServerFolder:
 
     def clock_url(self, target: str, n_servers: int) -> str:
         """Where its /clock answers: the capture's target when it is the only server, else its own address."""
+        return target if n_servers == 1 else self.own_url(target) or target
+
+    def own_url(self, target: str) -> str | None:
+        """Its own address from its manifest (`server.host`, `server.port`; an any-address bind is taken on
+        the target's host); None when the manifest names no port."""
         server = self.manifest.get("server") or {}
-        if n_servers == 1 or not server.get("port"):
-            return target
+        if not server.get("port"):
+            return None
         bind = server.get("host") or "127.0.0.1"
         if bind in ("0.0.0.0", "::", ""):
             bind = target.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0] or "127.0.0.1"
@@ -146,12 +160,14 @@ class _Found:
     ours: dict[str, str] = field(default_factory=dict)  # server attempt id -> the client's
     events: dict[str, list[dict]] = field(default_factory=dict)  # by server attempt id
     uncovered: dict[str, list[str]] = field(default_factory=dict)  # server attempt id -> what its end lacks
+    received: dict[str, int] = field(default_factory=dict)  # server attempt id -> its server.received ts_ns
 
 
 @dataclass
 class _Joined:
     """One folder's outcome, for the manifest and the gap register."""
     folder: ServerFolder
+    index: int  # its place among the --server folders
     clock: str  # its domain as written into the run
     same_domain: bool
     why: str
@@ -162,6 +178,20 @@ class _Joined:
     samples: int = 0
     state: str | None = None
     error: str | None = None  # a part that could not be read at the last poll
+    names: dict[str, str] = field(default_factory=dict)  # server attempt id -> the id it is copied under
+    parents: dict[str, str] = field(default_factory=dict)  # an upstream try the client never saw -> its client attempt
+    replica_id: str | None = None  # its server id where several folders are joined (attrs.replica_id)
+
+    def attrs(self, server_attempt: str | None) -> dict:
+        """What its copied events' attrs gain: the replica, and an unseen try's client attempt."""
+        extra = {"replica_id": self.replica_id} if self.replica_id is not None else {}
+        if server_attempt in self.parents:
+            extra["parent_attempt_id"] = self.parents[server_attempt]
+        return extra
+
+    def step_id(self, step_id: int | None) -> int | None:
+        """Its step ids kept apart from the other folders' engines' (each engine counts its steps from 0)."""
+        return step_id if step_id is None or self.replica_id is None else step_id + (self.index + 1) * STEP_STRIDE
 
 
 class ServerJoin:
@@ -172,14 +202,25 @@ class ServerJoin:
         self.salt = uuid.uuid4().hex  # this capture's traceparents: no other client's attempt has them
         ours = {client_clock, mono_clock(host)}
         self.joined = []
-        for f in folders:
+        for i, f in enumerate(folders):
             same, why = f.same_clock(host)
             clock = f.clock if same or f.clock not in ours else f"{f.clock}@{f.server_id}"
-            self.joined.append(_Joined(f, clock, same, why, f.clock_url(target, len(folders))))
+            self.joined.append(_Joined(f, i, clock, same, why, f.clock_url(target, len(folders)),
+                                       replica_id=f.server_id if len(folders) > 1 else None))
+        self.target = target
         self.waited_s = 0.0
         self.wait_s = SERVER_WAIT_S
         self.answered: set[str] = set()  # this run's attempts the server answered (join fills both)
         self.found: set[str] = set()  # those found in a folder
+
+    @property
+    def model_name(self) -> str | None:
+        """The served model's name from the first folder's manifest: the capture asks it of no router."""
+        return self.joined[0].folder.manifest.get("served_model_name") if self.joined else None
+
+    def replica_urls(self) -> dict[str, str]:
+        """Each folder's own address (from its manifest) -> its replica id (its server id)."""
+        return {u: j.folder.server_id for j in self.joined if (u := j.folder.own_url(self.target))}
 
     async def map_clocks(self, label: str, headers: dict | None) -> None:
         """Round trips to each foreign server's /clock (start and end of the load); a failure is kept."""
@@ -220,9 +261,32 @@ class ServerJoin:
                     " to flush the end of this run's attempts")
             time.sleep(POLL_S)
         self.waited_s = round(time.monotonic() - t0, 3)
+        self._name_tries()
         for j, events in zip(self.joined, rows):
             self._copy(writer, j, events)
         self.answered, self.found = answered, found
+
+    def _name_tries(self) -> None:
+        """Each server attempt's id in the run: a client attempt that reached a server once keeps its id;
+        one that reached servers more than once (a router's retries: the same traceparent again, in one
+        folder as `id#2` or in another folder) is the latest-arriving try, and each earlier try, which the
+        client never saw, is `<client attempt>@<server id>#<n>` (n: its place among the tries by arrival)
+        with attrs.parent_attempt_id the client attempt. Arrivals are compared on the client's clock
+        (a foreign folder's through its first mapping; without one, as written)."""
+        tries = defaultdict(list)
+        for j in self.joined:
+            offset = 0 if j.same_domain else next((m.offset_ns for m in j.mappings if isinstance(m, ClockMapping)), 0)
+            for sid, client in j.found.ours.items():
+                tries[client].append((j.found.received.get(sid, 0) + offset, j.index, sid))
+        for client, ts in tries.items():
+            ts.sort()
+            for n, (_, i, sid) in enumerate(ts, 1):
+                j = self.joined[i]
+                if n == len(ts):
+                    j.names[sid] = client
+                else:
+                    j.names[sid] = f"{client}@{j.folder.server_id}#{n}"
+                    j.parents[sid] = client
 
     def _poll(self, j: _Joined, reader: _Parts, want: dict[str, str]) -> list[dict]:
         try:
@@ -240,7 +304,7 @@ class ServerJoin:
 
     def _copy(self, writer, j: _Joined, events: list[dict]) -> None:
         """This run's attempts' events, and the steps, device and KV samples of the window they span."""
-        f, sid = j.found, j.folder.server_id
+        f, names = j.found, j.names
         ours = [e for evs in f.events.values() for e in evs]
         if not ours:
             return
@@ -253,13 +317,13 @@ class ServerJoin:
             if aid is not None:
                 if aid not in f.ours:
                     continue  # another client's attempt
-                row = {**e, "attempt_id": f.ours[aid]}
+                row = {**e, "attempt_id": names[aid]}
             elif name in ("step.start", "step.end"):
                 if (e["clock"], e["step_id"]) not in steps:
                     continue
                 row = dict(e)
                 if name == "step.start":
-                    row["attrs"] = _batch_renamed(e["attrs"], f.ours, sid)
+                    row["attrs"] = _batch_renamed(e["attrs"], names, j.folder.server_id)
             elif e["step_id"] is not None:
                 if (clock, e["step_id"]) not in steps:
                     continue  # a device.step of a step outside the window
@@ -268,7 +332,9 @@ class ServerJoin:
                 continue
             else:
                 row = dict(e)
-            row.update(run_id=writer.run_id, event_id=f"{e['event_id']}@{sid}", clock=clocks.get(e["clock"], e["clock"]))
+            row.update(run_id=writer.run_id, event_id=f"{e['event_id']}@{j.folder.server_id}",
+                       clock=clocks.get(e["clock"], e["clock"]), step_id=j.step_id(e["step_id"]),
+                       attrs=_with_attrs(row["attrs"], j.attrs(aid)))
             writer.emit(row)
             j.events += 1
         try:
@@ -277,7 +343,8 @@ class ServerJoin:
             samples, j.error = [], str(exc)
         for s in samples:
             if s["source"] in COPIED_SAMPLES and s["clock"] == clock and t0 <= s["ts_ns"] <= t1:
-                writer.sample(**{k: v for k, v in s.items() if k not in ("run_id", "clock")}, clock=clocks.get(clock, clock))
+                writer.sample(**{k: v for k, v in s.items() if k not in ("run_id", "clock", "device")},
+                              clock=clocks.get(clock, clock), device=s["device"] or j.replica_id)
                 j.samples += 1
         self._clock_rows(writer, j)
 
@@ -313,13 +380,15 @@ class ServerJoin:
         for j in self.joined:
             f = j.found
             entries.append({
-                "server_id": j.folder.server_id, "path": str(j.folder.path.resolve()),
+                "server_id": j.folder.server_id, "replica_id": j.replica_id, "url": j.folder.own_url(self.target),
+                "path": str(j.folder.path.resolve()),
                 "run_id": j.folder.manifest.get("run_id"), "state": j.state,
                 "host": {k: j.folder.host.get(k) for k in ("name", "boot_id")},
                 "clock": {"events": j.clock, "same_domain": j.same_domain, "why": j.why, "url": j.url,
                           "mappings": [m.__dict__ for m in j.mappings if isinstance(m, ClockMapping)],
                           "failed": [m.__dict__ for m in j.mappings if isinstance(m, ClockSyncFailure)]},
-                "attempts": {"joined": len(f.ours), "covered": len(f.ours) - len(f.uncovered)},
+                "attempts": {"joined": len(f.ours), "covered": len(f.ours) - len(f.uncovered),
+                             "unseen_tries": len(j.parents), "id_disagrees": len(_id_disagrees(f))},
                 "events": j.events, "samples": j.samples})
         first = next((j.folder.manifest for j in self.joined if j.found.ours), self.joined[0].folder.manifest)
         engine = {k: first[k] for k in ("model", "engine_config", "served_model_name", "device_clock") if k in first}
@@ -352,6 +421,13 @@ class ServerJoin:
                                  f.ours[sid_attempt], "server_status, the server's and engine's figures",
                                  f"its end in {j.folder.path}", f"{j.folder.path}: its flushed parts lack the "
                                  f"attempt's {', '.join(lacks)}"))
+            for sid_attempt in _id_disagrees(f):
+                gaps.append(_gap(run_id, f"collector:server-id:{sid}:{sid_attempt}", "attempt", f.ours[sid_attempt],
+                                 "the join of this attempt to its server attempt (by trace id only)",
+                                 "the client's attempt id passed through as x-request-id / x-inferledger-attempt-id",
+                                 f"{j.folder.path}: the server attempt {sid_attempt!r} carries the trace id of the "
+                                 f"client attempt {f.ours[sid_attempt]!r}, but its own id names another: a proxy "
+                                 "rewrote the request id, or the trace id was reused"))
             for m in j.mappings:
                 if isinstance(m, ClockSyncFailure):
                     gaps.append(_gap(run_id, f"collector:clock-sync:{sid}:{m.label}", "run", None,
@@ -363,6 +439,12 @@ class ServerJoin:
                              "the server's events of this attempt (its server.received by trace id)",
                              f"answered by the server, but in no --server folder's flushed parts ({paths})"))
         return gaps
+
+
+def _id_disagrees(f: _Found) -> list[str]:
+    """Server attempts joined by trace id whose own id (the request id passed through, less a `#n` the
+    server added for an id it had seen) is not the client's attempt id: a join the two ids do not agree on."""
+    return sorted(sid for sid, client in f.ours.items() if re.sub(r"#\d+$", "", sid) != client)
 
 
 def _gap(run_id, gap_id, scope, subject, affects, needs, detail) -> dict:
@@ -391,6 +473,7 @@ def _find(events: list[dict], want: dict[str, str]) -> _Found:
             client = want.get(json.loads(e["attrs"]).get("trace_id"))
             if client is not None:
                 f.ours.setdefault(e["attempt_id"], client)
+                f.received.setdefault(e["attempt_id"], e["ts_ns"])
     by = defaultdict(list)
     step_ends = set()
     for e in events:
@@ -424,6 +507,13 @@ def _steps_in(events: list[dict], clock: str, t0: int, t1: int) -> set[tuple[str
             elif e["name"] == "step.end":
                 end[e["step_id"]] = e["ts_ns"]
     return {(clock, s) for s, ts in start.items() if s in end and ts <= t1 and end[s] >= t0}
+
+
+def _with_attrs(attrs: str | None, extra: dict) -> str | None:
+    """attrs (a JSON object, or None) with `extra`'s keys set."""
+    if not extra:
+        return attrs
+    return json.dumps({**(json.loads(attrs) if attrs else {}), **extra}, separators=(",", ":"), sort_keys=True)
 
 
 def _batch_renamed(attrs: str | None, ours: dict[str, str], server_id: str) -> str | None:

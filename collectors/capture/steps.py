@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from inferledger.collectors.capture.servers import ServerJoin
     from inferledger.collectors.evidence.engine_evidence import EngineEvidence
+    from inferledger.collectors.evidence.router_metrics import RouterScraper
     from inferledger.collectors.load.loadgen import LoadResult
     from inferledger.collectors.rundir.writer import RunWriter
     from inferledger.collectors.workload import Workload
@@ -49,6 +50,7 @@ class Live:
     server: "Serving | None" = None  # the embedded target
     evidence: "EngineEvidence | None" = None  # a URL target's own spans and scrapes
     servers: "ServerJoin | None" = None  # a URL target's `serve --out` folders (capture --server)
+    router: "RouterScraper | None" = None  # a router target's counters, before and after the load (--router-metrics)
     url: str | None = None  # what the load client talks to
 
 

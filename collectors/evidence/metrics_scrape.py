@@ -48,14 +48,22 @@ class Scrape:
     not_finite: list[str] = field(default_factory=list)  # series left out: a label set was NaN or infinite
 
 
-def _sample(line: str) -> tuple[str, float]:
+def _sample(line: str) -> tuple[str, dict, float]:
     (family,) = text_string_to_metric_families(line)
     (sample,) = family.samples
-    return sample.name, float(sample.value)
+    return sample.name, sample.labels, float(sample.value)
 
 
-def parse_prometheus(body: bytes | str, prefix: str = PREFIX) -> Scrape:
-    """The families under `prefix` of one exposition; histogram buckets and `_created` are left out."""
+def series_key(name: str, labels: dict) -> str:
+    """`name{a="x",b="y"}` (labels sorted, values as JSON strings), or `name` without labels."""
+    if not labels:
+        return name
+    return name + "{" + ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items())) + "}"
+
+
+def parse_prometheus(body: bytes | str, prefix: str = PREFIX, keep_labels: bool = False) -> Scrape:
+    """The families under `prefix` of one exposition; histogram buckets and `_created` are left out.
+    Label sets are summed per series name, or each kept apart (`keep_labels`: keyed by `series_key`)."""
     lines = body.split(b"\n") if isinstance(body, bytes) else body.split("\n")
     out, unknown, ended = Scrape(), set(), False
     for n, raw in enumerate(lines, 1):
@@ -82,12 +90,14 @@ def parse_prometheus(body: bytes | str, prefix: str = PREFIX) -> Scrape:
         if not line.startswith(prefix):
             continue
         try:
-            name, value = _sample(line)
+            name, labels, value = _sample(line)
         except Exception as exc:  # the parser's ValueError, or any shape it did not expect
             out.refused.append((n, line, f"not a sample line ({type(exc).__name__}: {str(exc)[:120]})"))
             continue
         if name.endswith(("_bucket", "_created")):
             continue
+        if keep_labels:
+            name = series_key(name, labels)
         if not math.isfinite(value):
             unknown.add(name)
         out.values[name] = out.values.get(name, 0.0) + value
@@ -130,9 +140,10 @@ def refused_gaps(run_id: str, records: list[dict], scrapes: int, kept_in: str = 
 
 
 class MetricsScraper:
-    """start() / stop(); `sink` is a RunWriter (samples) and the raw lines go under the run folder."""
-
-    prefix, source = PREFIX, SOURCE  # the engine's series kept, and the samples' source
+    """start() / stop(); `sink` is a RunWriter (samples) and the raw lines go under the run folder. A
+    subclass scrapes another exporter by its class attributes (collectors/evidence/router_metrics.py)."""
+    # the engine's series kept, the samples' source, whether label sets stay apart, the raw file's stem
+    source, prefix, keep_labels, file_stem = SOURCE, PREFIX, False, "metrics"
 
     def __init__(self, url: str, run_dir: str | Path, sink, *, clock: str, host: str, hz: float = 2.0,
                  now_ns=time.monotonic_ns, timeout_s: float = 2.0) -> None:
@@ -142,7 +153,8 @@ class MetricsScraper:
         self.now_ns, self.deadline_s = now_ns, min(timeout_s, self.period_s)  # a scrape never outlasts its period
         folder = Path(run_dir) / "scrapes"
         folder.mkdir(parents=True, exist_ok=True)
-        self.path, self.refused_path = folder / "metrics.jsonl", folder / "refused.jsonl"
+        self.path = folder / f"{self.file_stem}.jsonl"
+        self.refused_path = folder / ("refused.jsonl" if self.file_stem == "metrics" else f"{self.file_stem}-refused.jsonl")
         self.scrapes = self.failures = 0
         self.last_error: str | None = None
         self.types: dict[str, str] = {}
@@ -163,7 +175,7 @@ class MetricsScraper:
             except GetFailed as exc:
                 return self._failed(t0, str(exc))
             try:
-                return self._keep(t0, self.now_ns(), parse_prometheus(body, self.prefix))
+                return self._keep(t0, self.now_ns(), parse_prometheus(body, self.prefix, self.keep_labels))
             except Exception as exc:  # a disk error writing the record: the next scrape tries again
                 return self._failed(t0, f"{type(exc).__name__}: {exc}"[:200])
 
@@ -178,10 +190,13 @@ class MetricsScraper:
                       for n, text, why in scrape.refused] +
                      [{"kind": "not-finite", "scrape": self.scrapes, "t0_ns": t0, "series": name}
                       for name in scrape.not_finite])
-        for name, value in scrape.values.items():
-            self.sink.sample(ts_ns=mid, clock=self.clock, source=self.source, host=self.host, metric=name,
-                             value=value, unit=unit_of(name, self.types))
+        self._samples(mid, scrape)
         return True
+
+    def _samples(self, ts_ns: int, scrape: Scrape) -> None:
+        for name, value in scrape.values.items():
+            self.sink.sample(ts_ns=ts_ns, clock=self.clock, source=self.source, host=self.host, metric=name,
+                             value=value, unit=unit_of(name, self.types))
 
     def _failed(self, t0: int, error: str) -> bool:
         self.failures += 1
@@ -219,7 +234,7 @@ class MetricsScraper:
             self.scrape_once()
 
     def gap_rows(self, run_id: str) -> list[dict]:
-        gaps = refused_gaps(run_id, self.refused, self.scrapes)
+        gaps = refused_gaps(run_id, self.refused, self.scrapes, f"scrapes/{self.refused_path.name}")
         if self.scrapes == 0:
             gaps.append({"run_id": run_id, "gap_id": "collector:metrics", "scope": "run", "subject_id": None,
                          "affects": "reported gauges and counter deltas", "needs": "a reachable <target>/metrics",
@@ -229,9 +244,9 @@ class MetricsScraper:
     def summary(self) -> dict:
         kinds = Counter(r["kind"] for r in self.refused)
         return {"url": self.url, "scrapes": self.scrapes, "failures": self.failures, "last_error": self.last_error,
-                "period_s": self.period_s, "deadline_s": self.deadline_s, "file": "scrapes/metrics.jsonl",
+                "period_s": self.period_s, "deadline_s": self.deadline_s, "file": f"scrapes/{self.path.name}",
                 "refused_lines": kinds["line"], "not_finite_values": kinds["not-finite"],
-                "refused_file": "scrapes/refused.jsonl", "types": self.types, "evidence": "reported",
+                "refused_file": f"scrapes/{self.refused_path.name}", "types": self.types, "evidence": "reported",
                 "prefix": self.prefix, "source": self.source}
 
 

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# vLLM's router (vllm-router 0.1.17, a prebuilt Rust wheel) as a real peer: install into
+# .peers/vllm-router, start / stop it on 127.0.0.1 in front of the replicas you name.
+#
+#   bash benchmarks/peers/vllm_router.sh install                     install when missing
+#   bash benchmarks/peers/vllm_router.sh start URL [URL...]           start in the background, wait until it answers
+#   bash benchmarks/peers/vllm_router.sh stop                         stop the router started by `start` on ROUTER_PORT
+#   bash benchmarks/peers/vllm_router.sh status                       print pid, port and health
+#   bash benchmarks/peers/vllm_router.sh recipe [OUT]                 the recorded samples' run (samples/peers/vllm_router/README.md):
+#                                                                     two `serve --out` replicas behind the router, one capture
+#   (recipe's environment: REPLICA1_ARGS / REPLICA2_ARGS, appended to that replica's `inferledger serve`;
+#    LOAD_ARGS, the capture's load flags, default "--request-rate 4")
+#
+# Environment: ROUTER_PORT (18200), ROUTER_METRICS_PORT (18201: its Prometheus /metrics), ROUTER_POLICY
+# (round_robin; any of the router's --policy), ROUTER_START_TIMEOUT_S (60), ROUTER_EXTRA_ARGS (appended,
+# e.g. "--disable-retries"). Retries are on by default (--retry-max-retries 5): an upstream try that
+# fails is tried again, on the same or another worker, and the client never sees it.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+mkdir -p "$ROOT/.peers"
+PEERS="$(cd "$ROOT/.peers" && pwd -P)"  # physical path: .peers is a symlink in the project's worktrees
+VENV="$PEERS/vllm-router"
+RUN_DIR="$PEERS/vllm-router-run"
+PORT="${ROUTER_PORT:-18200}"
+METRICS_PORT="${ROUTER_METRICS_PORT:-18201}"
+POLICY="${ROUTER_POLICY:-round_robin}"
+START_TIMEOUT_S="${ROUTER_START_TIMEOUT_S:-60}"
+PIDFILE="$RUN_DIR/router-$PORT.pid"
+LOG="$RUN_DIR/router-$PORT.log"
+ROUTER_VERSION=0.1.17
+
+die() { echo "vllm_router.sh: error: $*" >&2; exit 1; }
+say() { echo "vllm_router.sh: $*" >&2; }
+
+install() {
+  if [[ -f "$VENV/.installed" ]] && [[ "$(cat "$VENV/.installed")" == "$ROUTER_VERSION" ]]; then
+    say "already installed ($VENV)"; return 0
+  fi
+  test -x "$VENV/bin/python" || python3 -m venv "$VENV" || die "could not create venv $VENV"
+  "$VENV/bin/python" -m pip install -q "vllm-router==$ROUTER_VERSION" || die "pip could not install vllm-router==$ROUTER_VERSION"
+  "$VENV/bin/vllm-router" --help >/dev/null || die "vllm-router does not start from $VENV"
+  echo "$ROUTER_VERSION" > "$VENV/.installed"
+  say "installed: $VENV"
+}
+
+healthy() { curl -fsS -m 2 "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; }
+
+start() {
+  [[ $# -ge 1 ]] || die "start needs the replicas' URLs (e.g. http://127.0.0.1:18111 http://127.0.0.1:18112)"
+  [[ -x "$VENV/bin/vllm-router" ]] || die "not installed: run \`bash benchmarks/peers/vllm_router.sh install\`"
+  mkdir -p "$RUN_DIR"
+  if [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then die "a router already runs on $PORT (pid $(cat "$PIDFILE"))"; fi
+  # shellcheck disable=SC2086
+  nohup "$VENV/bin/vllm-router" --host 127.0.0.1 --port "$PORT" --worker-urls "$@" --policy "$POLICY" \
+    --prometheus-host 127.0.0.1 --prometheus-port "$METRICS_PORT" --log-level warning \
+    --worker-startup-timeout-secs "$START_TIMEOUT_S" --worker-startup-check-interval 1 ${ROUTER_EXTRA_ARGS:-} \
+    >"$LOG" 2>&1 &
+  echo $! > "$PIDFILE"
+  local t0=$SECONDS
+  until healthy; do
+    kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { tail -20 "$LOG" >&2; rm -f "$PIDFILE"; die "the router exited (log: $LOG)"; }
+    (( SECONDS - t0 < START_TIMEOUT_S )) || { stop; die "no /health within ${START_TIMEOUT_S}s (log: $LOG)"; }
+    sleep 0.5
+  done
+  say "router on http://127.0.0.1:$PORT (metrics http://127.0.0.1:$METRICS_PORT/metrics, policy $POLICY, pid $(cat "$PIDFILE"))"
+}
+
+stop() {
+  [[ -f "$PIDFILE" ]] || { say "no router started on $PORT"; return 0; }
+  local pid; pid="$(cat "$PIDFILE")"
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid"
+    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+  fi
+  rm -f "$PIDFILE"
+  say "stopped the router on $PORT (pid $pid)"
+}
+
+status() {
+  if [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+    echo "pid $(cat "$PIDFILE") port $PORT metrics $METRICS_PORT health $(healthy && echo ok || echo no)"
+  else
+    echo "not running (port $PORT)"
+  fi
+}
+
+# The recorded sample: two `inferledger serve --out` replicas of the bundled 135M model behind the
+# router, one capture through it joining both folders and scraping the router's counters. Every
+# process it starts is stopped on exit, whatever happens.
+REPLICA_PIDS=()
+cleanup() {  # the router and every replica `recipe` started (globals: the EXIT trap runs after its locals are gone)
+  stop || true
+  for p in "${REPLICA_PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+  for p in "${REPLICA_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  REPLICA_PIDS=()
+}
+
+recipe() {
+  local out="${1:-$ROOT/samples/peers/vllm_router/run}" work; work="$(mktemp -d)"
+  local il="$ROOT/.venv/bin/inferledger"
+  trap cleanup EXIT
+  local extra
+  for i in 1 2; do
+    extra="REPLICA${i}_ARGS"
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=1 "$il" serve --port "1811$i" --max-num-seqs 2 --out "$work/replica$i" ${!extra:-} \
+      >"$work/replica$i.log" 2>&1 &
+    REPLICA_PIDS+=($!)
+  done
+  for i in 1 2; do
+    for _ in $(seq 1 240); do curl -fsS -m 2 "http://127.0.0.1:1811$i/health" >/dev/null 2>&1 && break; sleep 0.5; done
+  done
+  start "http://127.0.0.1:18111" "http://127.0.0.1:18112"
+  rm -rf "$out"
+  "$il" capture -o "$out" --target "http://127.0.0.1:$PORT" --router-metrics "http://127.0.0.1:$METRICS_PORT/metrics" \
+    --server "$work/replica1" --server "$work/replica2" --num-prompts 20 --seed 0 --input-len 64 --output-len 8 \
+    --ignore-eos ${LOAD_ARGS:---request-rate 4}
+  cleanup
+  trap - EXIT
+  rm -rf "$work"
+}
+
+case "${1:-}" in
+  install) install ;;
+  start) shift; start "$@" ;;
+  stop) stop ;;
+  status) status ;;
+  recipe) shift; recipe "$@" ;;
+  *) echo "usage: $0 install|start URL...|stop|status|recipe [OUT]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,272 @@
+"""The recorded deployment runs (samples/peers/vllm_router/): two `inferledger serve --out` replicas
+behind the real vllm-router 0.1.17, one capture through the router joining both folders and its
+counters. Rebuilt without the router installed and held to exact values: every attempt has its
+replica; each replica's rows in `attempts` equal the router's own per-worker count of what it sent;
+a router's retries the client never saw are rows of their own, tied to the client attempt."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from inferledger.collectors.evidence.metrics_scrape import parse_prometheus
+from inferledger.collectors.evidence.router_metrics import PREFIX, split_worker, worker_key
+from inferledger.ledger.query import open_ledger
+from inferledger.ledger.reconstruct import reconstruct
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm_router"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = {}
+    for name in ("round_robin", "retries"):
+        run = tmp_path_factory.mktemp(name) / "run"
+        shutil.copytree(SAMPLES / name, run)
+        reconstruct(run)
+        out[name] = run
+    return out
+
+
+def rows(run, sql):
+    with open_ledger(run) as led:
+        return led.rows(sql)[1]
+
+
+def router_counts(name: str) -> dict[str, int]:
+    """The router's processed_requests_total per replica, read from the raw scrapes (last − first; a
+    worker absent from the first scrape had not been counted yet), mapped by the manifest's replicas."""
+    manifest = json.loads((SAMPLES / name / "manifest.json").read_text())
+    scrapes = [json.loads(line) for line in (SAMPLES / name / "scrapes" / "router.jsonl").read_text().splitlines()]
+    assert len(scrapes) == 2  # before and after the load
+    counts = {}
+    for series, value in scrapes[-1]["values"].items():
+        metric, worker = split_worker(series)
+        if metric == "vllm_router_processed_requests_total":
+            counts[manifest["router"]["replicas"][worker_key(worker)]] = int(value - scrapes[0]["values"].get(series, 0))
+    return counts
+
+
+def test_every_attempt_has_a_replica_and_each_replica_equals_the_routers_count(runs):
+    for name, want in (("round_robin", {"replica1": 10, "replica2": 10}), ("retries", {"replica1": 19, "replica2": 18})):
+        assert rows(runs[name], "select count(*) filter (where replica_id is null) from attempts") == [(0,)]
+        ledger = dict(rows(runs[name], "select replica_id, count(*) from attempts group by 1"))
+        assert ledger == router_counts(name) == want
+        assert rows(runs[name], "select replica_id, attempts, router_sent, router_agrees from replicas order by 1") == \
+            [(r, n, n, True) for r, n in sorted(want.items())]
+
+
+def test_round_robin_splits_twenty_attempts_evenly_and_each_is_joined_once(runs):
+    run = runs["round_robin"]
+    assert rows(run, "select count(*), count(distinct attempt_id), count(parent_attempt_id), "
+                     "count(*) filter (where client_status = 'completed' and server_status = 'completed') "
+                     "from attempts") == [(20, 20, 0, 20)]
+    # each replica's own engine: its steps apart (ids offset per folder), its queue and busy time its own
+    assert rows(run, "select replica_id, count(distinct step_id), min(step_id) // 1000000000000 from step_attribution "
+                     "group by 1 order by 1")[0][2] == 1
+    assert rows(run, "select count(*) from replicas where busy_ms > 0 and queue_p50_ms is not null "
+                     "and balance between 0.5 and 1.5") == [(2,)]
+    assert rows(run, "select count(*) filter (where replica_id is null) from request_metrics") == [(0,)]
+    assert rows(run, "select count(*) filter (where replica_id is null) from intervals") == [(0,)]
+
+
+def test_router_retries_the_client_never_saw_are_their_own_attempts(runs):
+    run = runs["retries"]
+    # replica1 admitted one request at a time (--max-queue 1): the router's 17 tries it refused with 429 were
+    # retried on the next worker; the client saw 20 attempts, all completed
+    assert rows(run, "select replica_id, count(*) filter (where parent_attempt_id is null), "
+                     "count(*) filter (where parent_attempt_id is not null) from attempts group by 1 order by 1") == \
+        [("replica1", 2, 17), ("replica2", 18, 0)]
+    tries = rows(run, "select attempt_id, parent_attempt_id, client_status, server_status, replica_id from attempts "
+                      "where parent_attempt_id is not null")
+    clients = {a for (a,) in rows(run, "select attempt_id from attempts where client_status is not null")}
+    assert len(clients) == 20
+    for attempt_id, parent, client_status, server_status, replica in tries:
+        assert re.fullmatch(re.escape(parent) + r"@replica1#\d+", attempt_id) and parent in clients
+        assert (client_status, server_status, replica) == (None, "rejected", "replica1")
+    # numbered by arrival from 1 per client attempt
+    per_parent = Counter(p for _, p, *_ in tries)
+    assert {a for a, *_ in tries} == {f"{p}@replica1#{n}" for p, k in per_parent.items() for n in range(1, k + 1)}
+    assert rows(run, "select count(*) filter (where client_status = 'completed') from attempts") == [(20,)]
+    assert rows(run, "select unseen_tries from replicas order by replica_id") == [(17,), (0,)]
+
+
+def test_an_unseen_try_is_no_missing_client_layer(runs):
+    """A try the client never saw has no client events by what it is, not by a gap in the capture."""
+    assert rows(runs["retries"], "select count(*) from gaps where gap_id like 'attempt:%@replica1#%'") == [(0,)]
+
+
+def test_events_carry_their_replica_and_a_single_server_run_none(runs, tmp_path):
+    assert rows(runs["round_robin"], "select count(*) filter (where json_extract_string(attrs, '$.replica_id') "
+                                     "is null) from events where source in ('server', 'engine')") == [(0,)]
+    # no copied replica: the column is NULL and the replicas table empty
+    one = tmp_path / "one"
+    shutil.copytree(SAMPLES / "round_robin", one)
+    import pyarrow.parquet as pq
+
+    for part in (one / "events").rglob("*.parquet"):
+        t = pq.read_table(part).to_pylist()
+        for r in t:
+            if r["attrs"] and '"replica_id"' in r["attrs"]:
+                a = json.loads(r["attrs"])
+                a.pop("replica_id")
+                r["attrs"] = json.dumps(a)
+        pq.write_table(pq.read_table(part).from_pylist(t, schema=pq.read_schema(part)), part)
+    (one / "scrapes" / "router.jsonl").unlink()
+    shutil.rmtree(one / "samples")
+    reconstruct(one)
+    assert rows(one, "select count(replica_id) from attempts") == [(0,)]
+    assert rows(one, "select count(*) from replicas") == [(0,)]
+
+
+def test_the_routers_labels_are_kept_apart_per_worker():
+    body = ('# TYPE vllm_router_processed_requests_total counter\n'
+            'vllm_router_processed_requests_total{worker="http://127.0.0.1:18111"} 3\n'
+            'vllm_router_processed_requests_total{worker="http://127.0.0.1:18112"} 4\n'
+            'vllm_router_policy_decisions_total{policy="round_robin",worker="http://127.0.0.1:18111"} 3\n')
+    values = parse_prometheus(body, PREFIX, keep_labels=True).values
+    assert values == {'vllm_router_processed_requests_total{worker="http://127.0.0.1:18111"}': 3.0,
+                      'vllm_router_processed_requests_total{worker="http://127.0.0.1:18112"}': 4.0,
+                      'vllm_router_policy_decisions_total{policy="round_robin",worker="http://127.0.0.1:18111"}': 3.0}
+    assert parse_prometheus(body, PREFIX).values["vllm_router_processed_requests_total"] == 7.0  # summed, as before
+    assert split_worker('vllm_router_policy_decisions_total{policy="round_robin",worker="http://h:1"}') == \
+        ('vllm_router_policy_decisions_total{policy="round_robin"}', "http://h:1")
+    assert worker_key("http://127.0.0.1:18111/") == "127.0.0.1:18111"
+
+
+def test_router_metrics_needs_a_url_target_and_a_url_with_exit_2(tmp_path):
+    from inferledger.cli.app import app
+
+    def run(*args):
+        return CliRunner().invoke(app, ["capture", "-o", str(tmp_path / "r"), "--num-prompts", "1", *args],
+                                  env={"COLUMNS": "300"})
+
+    res = run("--router-metrics", "http://127.0.0.1:9/metrics")
+    assert res.exit_code == 2 and "--router-metrics" in res.output and "give its URL as --target" in res.output
+    res = run("--target", "http://127.0.0.1:9", "--router-metrics", "127.0.0.1:9/metrics")
+    assert res.exit_code == 2 and "expected the router's metrics URL" in res.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_client_attempts_tries_are_named_by_arrival_the_latest_keeps_its_id():
+    """The naming rule on its own: tries of one client attempt across two folders and twice in one (`#2`),
+    ordered by server.received; a foreign folder's arrivals on the client's clock through its mapping."""
+    from inferledger.collectors.capture.clocksync import ClockMapping
+    from inferledger.collectors.capture.servers import STEP_STRIDE, ServerFolder, ServerJoin
+
+    folders = [ServerFolder(Path(f"/x/r{i}"), f"r{i}", {"host": {"name": "h"}}) for i in (1, 2)]
+    join = ServerJoin(folders, host="h", client_clock="mono:h", target="http://router")
+    a, b = join.joined
+    a.same_domain, b.same_domain = True, False
+    b.mappings = [ClockMapping(b.clock, "mono:h", 1_000, 10, "round-trip", 16, "start")]
+    a.found.ours = {"A": "A", "A#2": "A", "B": "B"}
+    a.found.received = {"A": 100, "A#2": 5_000, "B": 50}
+    b.found.ours = {"A": "A", "C": "C"}
+    b.found.received = {"A": 2_500, "C": 10}  # + 1000 on the client's clock: 3500, between r1's two tries
+    join._name_tries()
+    assert a.names == {"A": "A@r1#1", "A#2": "A", "B": "B"} and b.names == {"A": "A@r2#2", "C": "C"}
+    assert a.parents == {"A": "A"} and b.parents == {"A": "A"}
+    assert a.attrs("A") == {"replica_id": "r1", "parent_attempt_id": "A"} and b.attrs(None) == {"replica_id": "r2"}
+    assert (a.step_id(7), b.step_id(7), a.step_id(None)) == (STEP_STRIDE + 7, 2 * STEP_STRIDE + 7, None)
+    one = ServerJoin(folders[:1], host="h", client_clock="mono:h", target="http://router").joined[0]
+    assert (one.attrs("A"), one.step_id(7)) == ({}, 7)  # a single server: no replica, step ids as written
+
+
+def test_reconciliation_counts_the_routers_unseen_tries(runs):
+    assert rows(runs["retries"], "select replica_id, kv_blocks_used_max from replicas order by 1") == \
+        [("replica1", 5), ("replica2", 10)]  # the most KV blocks each engine held: its own samples
+    assert rows(runs["retries"], "select sent, received, unseen_tries, attempts_per_request from reconciliation") == \
+        [(20, 37, 17, 37 / 20)]
+    assert rows(runs["round_robin"], "select unseen_tries, attempts_per_request from reconciliation") == [(0, 1.0)]
+
+
+def test_a_join_the_request_id_does_not_agree_with_is_counted_and_a_gap():
+    from inferledger.collectors.capture.servers import ServerFolder, ServerJoin
+
+    join = ServerJoin([ServerFolder(Path("/x/r1"), "r1", {"host": {"name": "h"}})], host="h",
+                      client_clock="mono:h", target="http://router")
+    j = join.joined[0]
+    j.found.ours = {"A": "A", "A#2": "A", "Z": "B"}  # Z carries B's trace id: the ids disagree
+    join._name_tries()
+    assert join.manifest()["servers"]["folders"][0]["attempts"]["id_disagrees"] == 1
+    assert [g["gap_id"] for g in join.gap_rows("run")] == ["collector:server-id:r1:Z"]
+    assert all(json.loads(line)["values"] for line in (SAMPLES / "retries" / "scrapes" / "router.jsonl").read_text().splitlines())
+    for name in ("round_robin", "retries"):  # the recorded runs: every join agreed
+        folders = json.loads((SAMPLES / name / "manifest.json").read_text())["servers"]["folders"]
+        assert [f["attempts"]["id_disagrees"] for f in folders] == [0, 0]
+
+
+def test_partitioned_each_engine_is_one_replica_and_a_tasks_tries_share_its_bucket(tmp_path):
+    import pyarrow.dataset as ds
+
+    from inferledger.collectors.rundir.repartition import repartition
+
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "retries", run)
+    repartition(run, 4)
+    engines = sorted(p for p in (run / "events").iterdir() if p.name.startswith("engine-"))
+    seen = []
+    for folder in engines:
+        attrs = ds.dataset(str(folder), format="parquet").to_table(columns=["attrs"]).column("attrs").to_pylist()
+        seen.append({json.loads(a).get("replica_id") for a in attrs})
+    assert sorted(map(sorted, seen)) == [["replica1"], ["replica2"]]
+    buckets = {}
+    for folder in (run / "events").glob("bucket-*"):
+        for r in ds.dataset(str(folder), format="parquet").to_table(columns=["task_id"]).to_pylist():
+            buckets.setdefault(r["task_id"], set()).add(folder.name)
+    assert len(buckets) == 20 and all(len(b) == 1 for b in buckets.values())
+
+
+def test_the_router_scraper_names_each_workers_replica_and_a_dead_router_is_a_gap(tmp_path):
+    import http.server
+    import threading
+
+    from inferledger.collectors.evidence.router_metrics import RouterScraper
+
+    body = ('vllm_router_processed_requests_total{worker="http://127.0.0.1:18111"} 3\n'
+            'vllm_router_processed_requests_total{worker="http://10.0.0.9:8000"} 1\n'
+            'vllm_router_retries_total{route="/v1/chat/completions"} 2\n').encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    class Sink:
+        def __init__(self):
+            self.rows = []
+
+        def sample(self, **kw):
+            self.rows.append(kw)
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sink = Sink()
+        scraper = RouterScraper(f"http://127.0.0.1:{server.server_port}/metrics", tmp_path, sink, clock="c", host="h")
+        scraper.replicas = {"127.0.0.1:18111": "replica1"}
+        scraper.scrape_once()
+        scraper.stop()  # no thread was started: the scrape after the load alone
+    finally:
+        server.shutdown()
+        server.server_close()
+    got = sorted((r["metric"], r["device"], r["value"], r["unit"], r["source"]) for r in sink.rows)
+    assert got == 2 * [("vllm_router_processed_requests_total", "http://10.0.0.9:8000", 1.0, "count", "vllm-router")] + \
+        2 * [("vllm_router_processed_requests_total", "replica1", 3.0, "count", "vllm-router")] + \
+        2 * [('vllm_router_retries_total{route="/v1/chat/completions"}', None, 2.0, "count", "vllm-router")]
+    assert len((tmp_path / "scrapes" / "router.jsonl").read_text().splitlines()) == 2 and scraper.gap_rows("r") == []
+    dead = RouterScraper("http://127.0.0.1:9/metrics", tmp_path / "dead", Sink(), clock="c", host="h", timeout_s=0.5)
+    dead.scrape_once()
+    dead.stop()
+    assert [g["gap_id"] for g in dead.gap_rows("r")] == ["collector:router-metrics"]
+    assert "vllm-router --prometheus-port" in dead.gap_rows("r")[0]["needs"]
