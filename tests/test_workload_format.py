@@ -241,6 +241,17 @@ def test_a_task_without_a_prompt_is_refused_by_line_and_key(folder, row, where):
     assert where in _refused(folder, GOOD)
 
 
+def test_a_task_set_past_its_bounds_is_refused_before_it_is_read(folder):
+    """A task set is read whole: past 64 MiB it is refused from its size, unread; past 100,000 rows, by count."""
+    big = folder / "tasks.jsonl"
+    with open(big, "wb") as f:  # sparse: 64 MiB + 1 byte without writing them
+        f.truncate((64 << 20) + 1)
+    assert f"tasks.jsonl: the task set is {(64 << 20) + 1} bytes: at most {64 << 20} (64 MiB) are read" in \
+        _refused(folder, GOOD)
+    big.write_text((json.dumps({"prompt": "q", "answer": "a"}) + "\n") * 100_001)
+    assert "tasks.jsonl: the task set has 100001 rows: at most 100000" in _refused(folder, GOOD)
+
+
 def test_prompt_and_output_are_checked_against_the_models_context(folder):
     wl = _load(folder, GOOD + "[[classes]]\nname = \"long\"\nprompt_tokens = 5000\nmax_tokens = 64\n")
     with pytest.raises(ValueError) as info:

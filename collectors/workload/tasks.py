@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MATCHES = ("regex", "exact")
+MAX_TASKSET_BYTES = 64 << 20  # a task set is read whole: at most 64 MiB (docs/CAPTURE.md "Bounds")
+MAX_TASKSET_ROWS = 100_000  # requests cycle through it, and no workload plans more requests than this
 
 
 @dataclass
@@ -19,9 +21,17 @@ class Question:
 def load_questions(path: Path) -> list[Question]:
     """Every row of the task set, or a ValueError naming the file and line of the first bad one."""
     try:
+        size = path.stat().st_size
+        if size > MAX_TASKSET_BYTES:
+            raise ValueError(f"{path}: the task set is {size} bytes: at most {MAX_TASKSET_BYTES} ({MAX_TASKSET_BYTES >> 20} "
+                             f"MiB) are read; keep the rows the workload asks (requests take them in order, cycling)")
         lines = path.read_text().splitlines()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"[taskset] file {path} cannot be read ({exc})") from exc
+    rows = sum(1 for line in lines if line.strip())
+    if rows > MAX_TASKSET_ROWS:
+        raise ValueError(f"{path}: the task set has {rows} rows: at most {MAX_TASKSET_ROWS} (no workload plans more "
+                         f"requests than that)")
     out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
