@@ -37,6 +37,8 @@ SQL_SURFACE = [
     ("gaps", "gap: what is missing, what it affects"),
     ("reported_spans", "engine span (vLLM llm_request): its own figures beside ours"),
     ("reported_counters", "engine /metrics counter: run delta vs the spans' sum"),
+    ("reported_timings", "attempt: llama.cpp's own timings (prefill, decode, cached tokens) as reported"),
+    ("replicas", "replica behind a router: attempts, unseen tries, busy time, queue, the router's count"),
     ("request_path", "reported attempt x node: client -> link -> queue -> prefill -> decode"),
     ("latency_percentiles", "figure x layer: n, mean, p50 / p90 / p95 / p99, max"),
     ("step_model", "engine step: FLOPs, bytes, lower bound per stage, measured, residual"),
