@@ -104,6 +104,8 @@ def _cause_line(c: dict) -> str:
         return "first cause: [yellow]unknown[/] (this ledger has no run_diagnosis)"
     if c["first_cause"] is None:
         return f"first cause: none measured ({c['evidence']})"
+    if c["first_cause_share"] is None:  # 'unknown': an engine cause is not measured
+        return f"first cause: [yellow]{c['first_cause']}[/] — {c['evidence']}"
     what = "first cause of SLO misses" if c["diagnosed"] == "late" else "largest cause of delay (no request was late)"
     return f"{what}: [bold]{c['first_cause']}[/] {c['first_cause_share']:.0%} — {c['evidence']}"
 

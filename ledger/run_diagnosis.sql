@@ -27,9 +27,11 @@
 --   see complete)
 -- @column client_share: likewise for client_ms (not applicable likewise)
 -- @column spec_rejected_share: likewise for spec_rejected_ms
--- @column first_cause: the cause with the largest known share (ties in the order above); NULL when the
---   known causes add up to 0
--- @column first_cause_share: its share
+-- @column first_cause: the cause with the largest share (ties in the order above); 'unknown' when one of
+--   the engine's causes (server_queue, prefill_interference, preemption, decode_stall) is unknown (a black
+--   box; an engine's own spans, which see no step): any of them could be the largest; NULL when the known
+--   causes add up to 0. host_contention and client rank where measured (the gap register names them)
+-- @column first_cause_share: its share (NULL when first_cause is unknown)
 -- @column evidence: one sentence: the first cause's time against the delay, over which attempts, and
 --   the causes left unknown
 CREATE OR REPLACE TABLE run_diagnosis AS
@@ -57,8 +59,12 @@ WITH d AS (
   SELECT (SELECT count(*) FROM diag) AS n_attempts, (SELECT count(*) FROM d WHERE late) AS n_late,
          (SELECT bool_or(none_late) FROM d) AS none_late,
          sum(ms) AS delay_ms,
-         arg_max(cause, (ms, -ord)) FILTER (WHERE ms > 0) AS first_cause,
+         arg_max(cause, (ms, -ord)) FILTER (WHERE ms > 0) AS largest_known,
          max(ms) FILTER (WHERE ms > 0) AS first_ms,
+         -- the engine's side unknown (a black box; an engine's own spans see no step): any of its causes
+         -- could be the largest, so none is named first
+         bool_or(ms IS NULL AND cause IN ('server_queue', 'prefill_interference', 'preemption', 'decode_stall'))
+           AS engine_unknown,
          string_agg(cause, ', ' ORDER BY ord) FILTER (WHERE ms IS NULL) AS unknown,
          map(list(cause ORDER BY ord), list(ms ORDER BY ord)) AS by_cause
   FROM totals
@@ -76,10 +82,16 @@ SELECT getvariable('run_id') AS run_id, s.scope, s.point,
        r.by_cause['transport'] / nullif(r.delay_ms, 0) AS transport_share,
        r.by_cause['client'] / nullif(r.delay_ms, 0) AS client_share,
        r.by_cause['spec_rejected'] / nullif(r.delay_ms, 0) AS spec_rejected_share,
-       r.first_cause, r.first_ms / nullif(r.delay_ms, 0) AS first_cause_share,
+       CASE WHEN r.engine_unknown THEN 'unknown' ELSE r.largest_known END AS first_cause,
+       CASE WHEN NOT r.engine_unknown THEN r.first_ms / nullif(r.delay_ms, 0) END AS first_cause_share,
        CASE WHEN r.n_attempts = 0 THEN 'no attempt to diagnose'
-            ELSE concat(CASE WHEN r.first_cause IS NULL THEN 'no measured delay'
-                             ELSE printf('%s: %.1f ms of the %.1f ms of delay (%.0f %%)', r.first_cause, r.first_ms,
+            ELSE concat(CASE WHEN r.engine_unknown AND r.largest_known IS NOT NULL
+                             THEN printf('an engine cause is unknown, so none is named first; the largest '
+                                         'known, %s: %.1f ms of the %.1f ms known', r.largest_known,
+                                         r.first_ms, r.delay_ms)
+                             WHEN r.engine_unknown THEN 'an engine cause is unknown, so none is named first'
+                             WHEN r.largest_known IS NULL THEN 'no measured delay'
+                             ELSE printf('%s: %.1f ms of the %.1f ms of delay (%.0f %%)', r.largest_known, r.first_ms,
                                          r.delay_ms, 100 * r.first_ms / r.delay_ms) END,
                         printf(' over %d %sattempt%s', r.n_attempts, CASE WHEN r.none_late THEN '' ELSE 'late ' END,
                                CASE WHEN r.n_attempts = 1 THEN '' ELSE 's' END),

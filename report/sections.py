@@ -60,6 +60,8 @@ def verdict(rv, p: str) -> str:
         cause, sub = "unknown", "this ledger has no run_diagnosis"
     elif c["first_cause"] is None:
         cause, sub = "none measured", c["evidence"]
+    elif c["first_cause_share"] is None:  # 'unknown': an engine cause is not measured
+        cause, sub = c["first_cause"], c["evidence"]
     else:
         cause, sub = f"{c['first_cause']} {c['first_cause_share']:.0%}", c["evidence"]
     what = "first cause of SLO misses" if c["diagnosed"] != "all" else "largest cause of delay (no request was late)"

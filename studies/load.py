@@ -10,6 +10,12 @@ other setting is the same. A request is good when it completes within its deadli
 times the time a request spends in a full batch (max_num_seqs / capacity, Little's law on the
 saturated run).
 
+Against any server (`--set target=URL`, ours or a black box; `--set server=S` joins the folder of an
+`inferledger serve --out S` behind it, so each point has the engine's account and its causes) the
+saturated run and the points are captures of that URL; `--set rates=1,2,4` offers those rates (req/s)
+instead of multiples of the capacity. A URL target's batch size is unknown: MAX_NUM_SEQS stands for
+it in the deadline, and `--set deadline_ms=D` states the deadline outright.
+
 From each run's ledger: goodput and completed rate (run_metrics), Little's law (mean_in_system, the
 attempts in flight integrated over the window, against attempted_rps × mean_time_in_system_s: two
 measurements), and why: each point's row of run_diagnosis (the ledger's one diagnosis: the late
@@ -26,6 +32,8 @@ from inferledger.collectors.capture.speed_probe import probe_throughput
 from inferledger.ledger.query import open_ledger
 from inferledger.probes.run_folder import Manifest
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
+from inferledger.collectors.capture.options import CaptureOptions
+from inferledger.collectors.capture.run import capture
 from inferledger.studies.real import LONG_MS, capture_run, workload
 
 MAX_NUM_SEQS = 8
@@ -47,18 +55,50 @@ def shape(options: dict) -> tuple:
 SATURATED = "saturated"
 
 
-def capacity(runs_dir: Path, bundle, out_tokens: int) -> dict:
+def rates(options: dict) -> list[float]:
+    """The rates `--set rates=1,2,4` asks (req/s, ascending), or [] for multiples of the capacity."""
+    text = options["rates"].strip()
+    if not text:
+        return []
+    try:
+        got = [float(r) for r in text.split(",")]
+    except ValueError:
+        raise StudyError(f"--set rates={text}: expected request rates in req/s separated by commas, e.g. 1,2,4") from None
+    if not all(0.001 <= r <= 100_000 for r in got) or len(set(got)) != len(got):
+        raise StudyError(f"--set rates={text}: each rate in 0.001..100000 req/s, none twice")
+    return sorted(got)
+
+
+def _embedded(options: dict) -> bool:
+    return options["target"] == "embedded"
+
+
+def _capture(options: dict, wl, run_dir: Path, run_id: str, bundle) -> None:
+    """One capture of the study's workload: on the embedded engine, or against the target URL (with the
+    server's folder joined when one is given)."""
+    if _embedded(options):
+        capture_run(run_dir, run_id, wl, bundle, max_num_seqs=MAX_NUM_SEQS)
+        return
+    servers = (options["server"],) if options["server"] else ()
+    capture(wl, run_dir, CaptureOptions(target=options["target"], servers=servers, run_id=run_id,
+                                        microbenchmarks=False))
+
+
+def capacity(runs_dir: Path, bundle, out_tokens: int, embedded: bool = True) -> dict:
     """The capacity from the saturated run's ledger (completed requests per second with the batch kept
-    full), with the speed probe's figure beside it."""
+    full), with the speed probe's figure beside it (the embedded engine only)."""
     with open_ledger(runs_dir / SATURATED) as led:
         completed_rps = led.rows("SELECT completed_rps FROM run_metrics")[1][0][0]
     if not completed_rps:
         raise StudyError(f"run {SATURATED}: no completed request, so no capacity to offer multiples of")
-    speed = probe_throughput(bundle, MAX_NUM_SEQS)
+    probe = None
+    if embedded:
+        speed = probe_throughput(bundle, MAX_NUM_SEQS)
+        probe = {"probe_tok_s": round(speed.tok_s, 3), "probe_capacity_rps": round(speed.tok_s / out_tokens, 4)}
     return {"capacity_rps": round(completed_rps, 4), "full_batch_ms": round(MAX_NUM_SEQS / completed_rps * 1000, 1),
-            "probe_tok_s": round(speed.tok_s, 3), "probe_capacity_rps": round(speed.tok_s / out_tokens, 4),
-            "source": f"run {SATURATED}: run_metrics.completed_rps of a closed loop of {2 * MAX_NUM_SEQS} clients; "
-                      "probe: collectors/capture/speed_probe.py output tok/s / output tokens"}
+            **(probe or {"probe_tok_s": None, "probe_capacity_rps": None}),
+            "source": f"run {SATURATED}: run_metrics.completed_rps of a closed loop of {2 * MAX_NUM_SEQS} clients"
+                      + ("; probe: collectors/capture/speed_probe.py output tok/s / output tokens" if embedded else "")}
 
 
 def _workload(options: dict, arrivals: dict, deadline_ms: float = LONG_MS):
@@ -69,30 +109,45 @@ def _workload(options: dict, arrivals: dict, deadline_ms: float = LONG_MS):
 
 def _saturated(options: dict, run_dir: Path, run_id: str, bundle) -> None:
     wl = _workload(options, {"process": "closed", "concurrency": 2 * MAX_NUM_SEQS})
-    capture_run(run_dir, run_id, wl, bundle, max_num_seqs=MAX_NUM_SEQS)
+    _capture(options, wl, run_dir, run_id, bundle)
 
 
-def _produce(options: dict, multiple: float, memo: dict, run_dir: Path, run_id: str, bundle) -> None:
+def _produce(options: dict, point: tuple[str, float], memo: dict, run_dir: Path, run_id: str, bundle) -> None:
+    """A point: ("multiple", m) offers m × the capacity, ("rate", r) offers r req/s."""
     if "capacity" not in memo:  # measured once, from the saturated run written (and rebuilt) before this one
-        memo["capacity"] = capacity(run_dir.parent, bundle, shape(options)[3])
+        memo["capacity"] = capacity(run_dir.parent, bundle, shape(options)[3], _embedded(options))
     cap = memo["capacity"]
-    rate = multiple * cap["capacity_rps"]
-    deadline = options["deadline_batches"] * cap["full_batch_ms"]
+    kind, value = point
+    rate = value * cap["capacity_rps"] if kind == "multiple" else value
+    deadline = options["deadline_ms"] or options["deadline_batches"] * cap["full_batch_ms"]
     wl = _workload(options, {"process": "poisson", "rate_rps": rate}, deadline)
-    capture_run(run_dir, run_id, wl, bundle, max_num_seqs=MAX_NUM_SEQS)
+    _capture(options, wl, run_dir, run_id, bundle)
     # the point's place on the curve, declared beside the run (the ledger's figures are measured)
     manifest = Manifest.read(run_dir)
-    manifest.body["study_point"] = {"multiple_of_capacity": multiple, "offered_rps": round(rate, 4),
+    manifest.body["study_point"] = {"multiple_of_capacity": round(rate / cap["capacity_rps"], 4), "offered_rps": round(rate, 4),
                                     "deadline_ms": round(deadline, 1), **cap}
     manifest.write(run_dir)
 
 
 def runs(options: dict) -> list[StudyRun]:
     memo: dict = {}
+    if not _embedded(options) and not options["target"].startswith(("http://", "https://")):
+        raise StudyError(f"--set target={options['target']}: 'embedded' or a server's base URL (http://...)")
+    if options["server"] and _embedded(options):
+        raise StudyError("--set server=S joins a `serve --out S` folder to a URL target: give --set target=URL too")
+    if options["server"]:  # a folder that cannot be joined is refused before any run
+        from inferledger.collectors.capture.servers import ServerFolderError, check_server_folders
+
+        try:
+            check_server_folders([options["server"]])
+        except ServerFolderError as exc:
+            raise StudyError(f"--set server={options['server']}: {exc}") from None
+    asked = rates(options)
+    points = [(f"r{r:g}", ("rate", r)) for r in asked] or [(f"x{m:g}", ("multiple", m)) for m in shape(options)[0]]
     return [StudyRun(SATURATED, {"multiple_of_capacity": None, "closed_loop_clients": 2 * MAX_NUM_SEQS},
                      partial(_saturated, options))] + \
-        [StudyRun(f"x{m:g}", {"multiple_of_capacity": m}, partial(_produce, options, m, memo))
-         for m in shape(options)[0]]
+        [StudyRun(name, {kind + ("_of_capacity" if kind == "multiple" else "_rps"): v},
+                  partial(_produce, options, (kind, v), memo)) for name, (kind, v) in points]
 
 
 CAUSES = ("server_queue", "client_queue", "prefill_interference", "preemption", "decode_stall", "host_contention",
@@ -147,6 +202,8 @@ def explain(points: list[dict]) -> tuple[dict | None, str]:
         head = f"knee at {_rates(at)} ({at['multiple']:g} × capacity, {at['good_share']:.0%} good)"
     if at["first_cause"] is None:
         cause = f"no measured delay at {at['offered_rps']:.3g} req/s ({at['evidence']})"
+    elif at["first_cause"] == "unknown":
+        cause = f"first cause unknown at {at['offered_rps']:.3g} req/s ({at['evidence']})"
     else:
         cause = (f"{'first cause' if knee else 'largest cause at the highest rate'}: {at['first_cause']} "
                  f"({at['first_cause_share']:.0%} of the delay; {at['evidence']})")
@@ -163,8 +220,10 @@ def compare(runs: StudyRuns) -> list[Table]:
     return [Table("load", "goodput and completed rate against the offered arrival rate, with each point's diagnosis",
                   COLUMNS, [[p[c] for c in COLUMNS] for p in points],
                   f"capacity {cap['capacity_rps']:.3g} req/s: completed_rps of run {SATURATED} (a closed loop keeping "
-                  f"the batch full; the speed probe read {cap['probe_capacity_rps']:.3g} req/s, "
-                  f"{cap['probe_tok_s']:.3g} tok/s); good = completed within {cap['deadline_ms']:.0f} ms; "
+                  + (f"the batch full; the speed probe read {cap['probe_capacity_rps']:.3g} req/s, "
+                     f"{cap['probe_tok_s']:.3g} tok/s)" if cap.get("probe_tok_s") is not None else
+                     f"{2 * MAX_NUM_SEQS} requests in flight against the target)")
+                  + f"; good = completed within {cap['deadline_ms']:.0f} ms; "
                   "offered_rps and attempted_rps: run_metrics; each <cause>_share, first_cause: the point's "
                   "run_diagnosis row (the diagnosed attempts' delay time per cause); Little's law: little_l = "
                   "mean_in_system (in flight, integrated) against little_lambda_w = attempted_rps × "
@@ -189,7 +248,15 @@ STUDY = Study(
     options={"scale": Option("default", "default or tiny (two rates of four requests: the tests)"),
              "deadline_batches": Option(2.0, "a request's deadline: this many times a request's time in a full batch",
                                         0.01, 1000),
-             "seed": Option(7, "the arrival process's seed", 0, 2 ** 63 - 1)},
+             "seed": Option(7, "the arrival process's seed", 0, 2 ** 63 - 1),
+             "rates": Option("", "request rates to offer, req/s, comma-separated (e.g. 1,2,4); empty: the scale's "
+                                 "multiples of the capacity"),
+             "target": Option("embedded", "embedded, or the base URL of any OpenAI-compatible server (ours, vLLM, "
+                                          "a black box) every run is a capture of"),
+             "server": Option("", "with a URL target: the folder of the `inferledger serve --out S` serving it, "
+                                  "joined to each run (the engine's account, the causes)"),
+             "deadline_ms": Option(0.0, "a request's deadline in ms (0: deadline_batches × a full batch's time)",
+                                   0, 86_400_000)},
     figures=({"kind": "curve", "title": "goodput and completed rate against the offered rate", "table": "load",
               "x": "offered_rps", "y": ["attempted_rps", "completed_rps", "goodput_rps"]},
              {"kind": "curve", "title": "where the late requests' delay went, against the offered rate", "table": "load",

@@ -381,11 +381,14 @@ def test_the_verdict_is_the_first_section_and_holds_the_figures(runs, tmp_path):
                           "p99", "A1", "289.5", "11.3", "42.0", "126.0", "—", "—", "105.0", "4.0", "—"]
     assert "no registered prediction" in verdict
     # no request was late: every attempt diagnosed; A1's 105 ms of preemption of the 168.2 ms known delay
-    # (client queues 4 × 0.3, server queues 8 + 11 + 14 + 17, transport 3 × 4, the cancelled one none)
+    # (client queues 4 × 0.3, server queues 8 + 11 + 14 + 17, transport 3 × 4, the cancelled one none) is
+    # the largest known, but A1's steps are not in the archive: its interference could be larger, so no
+    # cause is named first
     text = unescape(re.sub(r"<[^>]+>", " ", verdict))
-    assert "largest cause of delay (no request was late)" in text and "preemption 62%" in text
-    assert ("preemption: 105.0 ms of the 168.2 ms of delay (62 %) over 4 attempts (none was late); "
-            "unknown: prefill_interference, host_contention, client") in text
+    assert "largest cause of delay (no request was late)" in text and " unknown " in text
+    assert ("an engine cause is unknown, so none is named first; the largest known, preemption: 105.0 ms of the "
+            "168.2 ms known over 4 attempts (none was late); unknown: prefill_interference, host_contention, "
+            "client") in text
 
 
 def test_compare_colours_a_change_by_the_figures_direction():

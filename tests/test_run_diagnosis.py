@@ -114,6 +114,19 @@ def test_a_send_the_clients_busy_loop_put_off_is_client_time_not_its_queue(tmp_p
                     "transport_ms": pytest.approx(0.0)}]
 
 
+def test_a_black_box_run_names_no_first_cause_where_the_engines_causes_are_unknown(tmp_path):
+    """Only the client's events (a black box): the client queue is measured (0 ms) but the engine's queue,
+    interference, preemption and stalls are not, and any of them could be the largest: no cause is named
+    first, and the evidence says why and lists what is unknown."""
+    events = [e for e in _queued_then_interfered() if e.get("source", "client") == "client"]
+    con = build_run(tmp_path / "r", events)
+    row = _row(con)
+    assert (row["first_cause"], row["first_cause_share"]) == ("unknown", None)
+    assert row["server_queue_share"] is None and row["prefill_interference_share"] is None
+    assert row["evidence"].startswith("an engine cause is unknown, so none is named first")
+    assert "unknown: server_queue, prefill_interference, preemption, decode_stall" in row["evidence"]
+
+
 def test_no_late_attempt_diagnoses_every_attempt(tmp_path):
     events = [dict(e, attrs={"deadline_ms": 500}) if e["name"] == "task.start" else e for e in _queued_then_interfered()]
     con = build_run(tmp_path / "r", events)
