@@ -65,7 +65,7 @@ def _wl(name: str, classes: list[dict], max_tokens: int, arrivals_ms: list[float
 
 
 def server_queue(scale: str) -> Case:
-    n = 5 if scale == "tiny" else 12
+    n = 4 if scale == "tiny" else 12
     return Case("server_queue", _wl("queue", [{"name": "q", "prompt_tokens": 32}], 16, arrivals_ms=[0.0] * n), 1)
 
 
@@ -73,7 +73,7 @@ def prefill_interference(scale: str) -> Case:
     # decoders (32-token prompts, long outputs) and long prompts alternate in task order (equal weights):
     # decoder i arrives once long prompt i−1's prefill is done (so it does not queue behind it), long
     # prompt i 100 ms after it; each decoder then decodes through every later long prompt's prefill
-    pairs = 3 if scale == "tiny" else 5
+    pairs = 2 if scale == "tiny" else 5
     long_tokens, spacing_ms = (512, 450.0) if scale == "tiny" else (960, 800.0)
     arrivals = [t for i in range(pairs) for t in (i * spacing_ms, i * spacing_ms + 100.0)]
     classes = [{"name": "decoder", "prompt_tokens": 32, "max_tokens": 80 if scale == "tiny" else 160},
@@ -83,9 +83,9 @@ def prefill_interference(scale: str) -> Case:
 
 
 def preemption(scale: str) -> Case:
-    # tiny: 4 requests of 32 prompt + 64 output tokens need 4 x 6 blocks of 16; the pool holds 10
+    # tiny: 4 requests of 32 prompt + 48 output tokens need 4 x 5 blocks of 16; the pool holds 8
     # (default: 6 x (32 + 96) tokens, 6 x 8 blocks, in 18)
-    n, out, blocks = (4, 64, 10) if scale == "tiny" else (6, 96, 18)
+    n, out, blocks = (4, 48, 8) if scale == "tiny" else (6, 96, 18)
     return Case("preemption", _wl("preemption", [{"name": "p", "prompt_tokens": 32}], out, arrivals_ms=[0.0] * n), n,
                 {"num_blocks": blocks, "enable_prefix_caching": False})
 
@@ -100,7 +100,7 @@ def host_contention(scale: str) -> Case:
 def client(scale: str) -> Case:
     # a request every 120 ms, and the client's loop blocked 0.4 s after each finished one: sends put off,
     # first and last chunks read late
-    n = 8 if scale == "tiny" else 16
+    n = 6 if scale == "tiny" else 16
     arrivals = [i * 120.0 for i in range(n)]
     return Case("client", _wl("client", [{"name": "c", "prompt_tokens": 32}], 24, arrivals_ms=arrivals), 16,
                 client_block_s=0.4)
@@ -114,7 +114,7 @@ def spec_rejected(scale: str) -> Case:
 
 
 def transport(scale: str) -> Case:
-    n = 3 if scale == "tiny" else 8
+    n = 2 if scale == "tiny" else 8
     wl = _wl("transport", [{"name": "t", "prompt_tokens": 32}], 8,
              arrivals={"process": "closed", "concurrency": 1, "n_tasks": n})
     return Case("transport", wl, 1, link_delay_s=0.5)

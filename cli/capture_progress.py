@@ -82,9 +82,12 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
                       f"{a['rate_rps']:.3g}/s x {a['n_tasks']}, timeout {b['timeout_ms']:.0f} → {a['timeout_ms']:.0f} ms, "
                       f"deadline {b['deadline_ms']:.0f} → {a['deadline_ms']:.0f} ms")
     console.print(overhead_line(result.loop_lag_p99_ms, result.manifest["client"]["pacing_error_ms"]["arrival"]))
-    if result.client_bound:
-        console.print(f"[yellow]warning:[/] the client's event loop lagged {result.loop_lag_p99_ms:.2f} ms at p99 "
-                      "(> 1 ms): this run is client-bound, its client-side latencies include the client's own delay")
+    if result.client_bound:  # the rule stated once (report/tables.py client_bound; docs/CAPTURE.md)
+        from inferledger.report.tables import client_bound
+
+        effect = client_bound(result.manifest)["effect"] or (
+            f"client-bound: the client's event loop lagged {result.loop_lag_p99_ms:.2f} ms at p99")
+        console.print(f"[yellow]warning:[/] {effect}")
     return result
 
 
