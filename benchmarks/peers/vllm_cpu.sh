@@ -26,8 +26,11 @@ LOG="$RUN_DIR/vllm-$PORT.log"
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
 
+NAME=vLLM
 die() { echo "vllm_cpu.sh: error: $*" >&2; exit 1; }
 say() { echo "vllm_cpu.sh: $*" >&2; }
+# shellcheck source=server_lib.sh
+source "$ROOT/benchmarks/peers/server_lib.sh"
 
 install() {
   if [[ -f "$VENV/.installed" && -d "$MODEL_DIR" ]]; then say "already installed ($VENV)"; return 0; fi
@@ -59,7 +62,6 @@ install() {
   say "installed: $VENV (marker $VENV/.installed)"
 }
 
-alive() { [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 healthy() { "$VENV/bin/python" - "$PORT" <<'PY' 2>/dev/null
 import sys, urllib.request
 urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).read()
@@ -69,7 +71,7 @@ PY
 start() {
   [[ -f "$VENV/.installed" ]] || die "vLLM is not installed: run 'bash benchmarks/peers/vllm_cpu.sh install'"
   mkdir -p "$RUN_DIR" "$PEERS/vllm-cache"
-  if alive; then die "a vLLM started here already runs on port $PORT (pid $(cat "$PIDFILE")); stop it first"; fi
+  if peer_alive; then die "a vLLM started here already runs on port $PORT (pid $(cat "$PIDFILE")); stop it first"; fi
   local otlp_args=()
   [[ -n "$OTLP" ]] && otlp_args=(--otlp-traces-endpoint "$OTLP")
   say "starting vLLM on 127.0.0.1:$PORT (log $LOG; first start compiles for minutes)"
@@ -82,28 +84,11 @@ start() {
       --enable-per-request-metrics --enable-request-id-headers \
       "${otlp_args[@]}" ${VLLM_EXTRA_ARGS:-} >"$LOG" 2>&1 < /dev/null &
   echo $! > "$PIDFILE"
-  local waited=0
-  until healthy; do
-    if ! alive; then tail -n 30 "$LOG" >&2; rm -f "$PIDFILE"; die "vLLM exited during start (log $LOG)"; fi
-    if (( waited >= START_TIMEOUT_S )); then stop; die "vLLM not healthy after ${START_TIMEOUT_S}s (log $LOG)"; fi
-    sleep 2; waited=$((waited + 2))
-  done
-  say "vLLM healthy on 127.0.0.1:$PORT after ${waited}s (pid $(cat "$PIDFILE"))"
+  peer_wait_healthy 2
 }
 
-stop() {
-  if ! alive; then rm -f "$PIDFILE"; say "no vLLM of ours runs on port $PORT"; return 0; fi
-  local pid; pid="$(cat "$PIDFILE")"
-  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
-  rm -f "$PIDFILE"
-  say "stopped vLLM (pid $pid, port $PORT)"
-}
-
-status() {
-  if alive; then echo "pid $(cat "$PIDFILE") port $PORT $(healthy && echo healthy || echo starting)"; else echo "not running (port $PORT)"; fi
-}
+stop() { peer_stop 30 1; }
+status() { peer_status; }
 
 case "${1:-all}" in
   install) install ;;

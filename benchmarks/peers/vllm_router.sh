@@ -30,8 +30,11 @@ PIDFILE="$RUN_DIR/router-$PORT.pid"
 LOG="$RUN_DIR/router-$PORT.log"
 ROUTER_VERSION=0.1.17
 
+NAME=router
 die() { echo "vllm_router.sh: error: $*" >&2; exit 1; }
 say() { echo "vllm_router.sh: $*" >&2; }
+# shellcheck source=server_lib.sh
+source "$ROOT/benchmarks/peers/server_lib.sh"
 
 install() {
   if [[ -f "$VENV/.installed" ]] && [[ "$(cat "$VENV/.installed")" == "$ROUTER_VERSION" ]]; then
@@ -50,36 +53,21 @@ start() {
   [[ $# -ge 1 ]] || die "start needs the replicas' URLs (e.g. http://127.0.0.1:18111 http://127.0.0.1:18112)"
   [[ -x "$VENV/bin/vllm-router" ]] || die "not installed: run \`bash benchmarks/peers/vllm_router.sh install\`"
   mkdir -p "$RUN_DIR"
-  if [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then die "a router already runs on $PORT (pid $(cat "$PIDFILE"))"; fi
+  if peer_alive; then die "a router already runs on $PORT (pid $(cat "$PIDFILE"))"; fi
   # shellcheck disable=SC2086
   nohup "$VENV/bin/vllm-router" --host 127.0.0.1 --port "$PORT" --worker-urls "$@" --policy "$POLICY" \
     --prometheus-host 127.0.0.1 --prometheus-port "$METRICS_PORT" --log-level warning \
     --worker-startup-timeout-secs "$START_TIMEOUT_S" --worker-startup-check-interval 1 ${ROUTER_EXTRA_ARGS:-} \
     >"$LOG" 2>&1 &
   echo $! > "$PIDFILE"
-  local t0=$SECONDS
-  until healthy; do
-    kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { tail -20 "$LOG" >&2; rm -f "$PIDFILE"; die "the router exited (log: $LOG)"; }
-    (( SECONDS - t0 < START_TIMEOUT_S )) || { stop; die "no /health within ${START_TIMEOUT_S}s (log: $LOG)"; }
-    sleep 0.5
-  done
+  peer_wait_healthy 0.5
   say "router on http://127.0.0.1:$PORT (metrics http://127.0.0.1:$METRICS_PORT/metrics, policy $POLICY, pid $(cat "$PIDFILE"))"
 }
 
-stop() {
-  [[ -f "$PIDFILE" ]] || { say "no router started on $PORT"; return 0; }
-  local pid; pid="$(cat "$PIDFILE")"
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid"
-    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
-  fi
-  rm -f "$PIDFILE"
-  say "stopped the router on $PORT (pid $pid)"
-}
+stop() { peer_stop 20 0.25; }
 
 status() {
-  if [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+  if peer_alive; then
     echo "pid $(cat "$PIDFILE") port $PORT metrics $METRICS_PORT health $(healthy && echo ok || echo no)"
   else
     echo "not running (port $PORT)"
