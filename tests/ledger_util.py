@@ -40,6 +40,14 @@ def build_run(run_dir: Path, events: list[dict], *, domains=("c",), maps=(), sam
     return duckdb.connect(str(summary.path), read_only=True)
 
 
+def event(name: str, ms: float, aid: str | None = None, source: str = "client", task: str | None = None, **kw) -> dict:
+    """One event for build_run: at `ms` on the first domain, of attempt `aid` (its request R<aid>) and task."""
+    ev = {"name": name, "ms": ms, "source": source, "task_id": task, "attempt_id": aid,
+          "request_id": None if aid is None else "R" + aid}
+    ev.update(kw)
+    return ev
+
+
 def dict_rows(con, sql: str, *args) -> list[dict]:
     """The rows of `sql` (with its ? parameters) as dicts by column name."""
     cur = con.execute(sql, list(args))

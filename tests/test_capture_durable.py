@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
+from serve_util import wait_healthy
 
 from inferledger.ledger.reconstruct import reconstruct
 
@@ -103,13 +104,7 @@ def test_serve_out_flushes_while_serving_and_stops_on_sigterm(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(port), "--out", str(run),
                              "--served-model-name", "m"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline, up = time.monotonic() + START_LIMIT_S, False
-        while not up and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-            try:
-                up = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
-            except OSError:
-                pass
+        up = wait_healthy(proc, f"http://127.0.0.1:{port}")
         assert up and json.loads((run / "manifest.json").read_text())["state"] == "running"
         body = json.dumps({"model": "m", "prompt": "The capital of France is", "max_tokens": 4}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
@@ -138,20 +133,12 @@ def test_serve_out_flushes_while_serving_and_stops_on_sigterm(tmp_path):
 def test_serve_started_with_sigint_ignored_still_stops_on_sigint(tmp_path):
     """A shell script's background job (`inferledger serve &`) inherits SIGINT ignored; `kill -INT`
     must stop it all the same, with its run written."""
-    import urllib.request
-
     run, port = tmp_path / "bg", 21119
     proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(port), "-o", str(run)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
-        deadline, up = time.monotonic() + START_LIMIT_S, False
-        while not up and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-            try:
-                up = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
-            except OSError:
-                pass
+        up = wait_healthy(proc, f"http://127.0.0.1:{port}")
         assert up, proc.stderr.read() if proc.poll() is not None else "not up"
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=120)  # a bound: it stops, or the test fails

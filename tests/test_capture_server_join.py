@@ -4,16 +4,12 @@ the server's own events; a folder that has not flushed them is a gap naming it."
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import duckdb
 import pytest
 from ledger_util import dict_rows as _rows
+from serve_util import serve_out
 
 from inferledger.collectors.capture import servers as server_join
 from inferledger.collectors.capture.options import CaptureOptions
@@ -22,7 +18,6 @@ from inferledger.collectors.workload import Workload
 from inferledger.ledger.reconstruct import reconstruct
 from inferledger.probes.probe import host_id, mono_clock
 
-START_LIMIT_S = 600  # model load on a busy 2-core host: a bound, not a timing
 N_TASKS = 3
 
 
@@ -36,12 +31,6 @@ def _workload(tmp: Path) -> Workload:
     return Workload.from_dict(spec, base=tmp)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ledger(run: Path):
     reconstruct(run)
     return duckdb.connect(str(run / "ledger.duckdb"), read_only=True)
@@ -50,24 +39,9 @@ def _ledger(run: Path):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A real `inferledger serve --out` in a process of its own, serving the captures of this module."""
-    folder, port = tmp_path_factory.mktemp("serve") / "srv", _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(port),
-                             "--out", str(folder), "--served-model-name", "m", "--flush-every", "0.5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline, up = time.monotonic() + START_LIMIT_S, False
-        while not up and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-            try:
-                up = urllib.request.urlopen(url + "/health", timeout=5).status == 200
-            except OSError:
-                pass
-        assert up, proc.stderr.read() if proc.poll() is not None else "the server did not start"
+    folder = tmp_path_factory.mktemp("serve") / "srv"
+    with serve_out(folder, "--served-model-name", "m", "--flush-every", "0.5") as url:
         yield url, folder
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=120)
 
 
 def _check_joined(run: Path, server_clock: str) -> duckdb.DuckDBPyConnection:
@@ -117,22 +91,29 @@ def test_another_boot_is_another_clock_mapped_by_round_trips(served, tmp_path, m
     assert [m["label"] for m in entry["clock"]["mappings"]] == ["start", "end"]
 
 
-@pytest.mark.slow
-def test_a_folder_that_never_flushed_is_a_gap_naming_it(bundle, tmp_path):
-    from inferledger.collectors.rundir.writer import RunWriter
+def _captured_beside(bundle, tmp_path: Path, writer, wait_s: float) -> duckdb.DuckDBPyConnection:
+    """A server in this process writing its run through `writer`, a capture against it joining that
+    folder (waiting at most `wait_s` for it), and the run's ledger."""
     from inferledger.engine import EngineConfig
     from inferledger.serve.lifecycle import Serving
 
-    folder = tmp_path / "quiet"
-    writer = RunWriter(folder)  # no periodic flush: nothing of the load reaches the disk while it serves
     life = Serving(bundle, EngineConfig(max_num_seqs=4), sink=writer, owns_run=True)
     url = life.start()
     try:
         run = tmp_path / "run"
-        capture(_workload(tmp_path), run, CaptureOptions(target=url, servers=(folder,), server_wait_s=0.5))
+        capture(_workload(tmp_path), run, CaptureOptions(target=url, servers=(writer.run_dir,), server_wait_s=wait_s))
     finally:
         life.stop()
-    con = _ledger(run)
+    return _ledger(run)
+
+
+@pytest.mark.slow
+def test_a_folder_that_never_flushed_is_a_gap_naming_it(bundle, tmp_path):
+    from inferledger.collectors.rundir.writer import RunWriter
+
+    folder = tmp_path / "quiet"
+    # no periodic flush: nothing of the load reaches the disk while it serves
+    con = _captured_beside(bundle, tmp_path, RunWriter(folder), wait_s=0.5)
     assert [a["server_status"] for a in _rows(con, "SELECT server_status FROM attempts")] == ["unknown"] * N_TASKS
     gaps = _rows(con, "SELECT gap_id, scope, detail FROM gaps WHERE gap_id LIKE 'collector:server%' ORDER BY 1")
     assert [g["gap_id"] for g in gaps] == ["collector:server-attempt:T0000:R1:A1", "collector:server-attempt:T0001:R1:A1",
@@ -147,8 +128,6 @@ def test_a_folder_lacking_the_last_attempts_end_is_a_gap_naming_it(bundle, tmp_p
     folder holds of it is joined (server side unterminated), the others whole, and the gaps name the folder
     and what the attempt lacks."""
     from inferledger.collectors.rundir.writer import RunWriter
-    from inferledger.engine import EngineConfig
-    from inferledger.serve.lifecycle import Serving
 
     last, ends = "T0002:R1:A1", ("server.done", "engine.finished", "kv.free")
 
@@ -158,15 +137,7 @@ def test_a_folder_lacking_the_last_attempts_end_is_a_gap_naming_it(bundle, tmp_p
                 super().emit(row)
 
     folder = tmp_path / "killed"
-    writer = LosesTheLastEnd(folder, autoflush_s=0.2)
-    life = Serving(bundle, EngineConfig(max_num_seqs=4), sink=writer, owns_run=True)
-    url = life.start()
-    try:
-        run = tmp_path / "run"
-        capture(_workload(tmp_path), run, CaptureOptions(target=url, servers=(folder,), server_wait_s=3))
-    finally:
-        life.stop()
-    con = _ledger(run)
+    con = _captured_beside(bundle, tmp_path, LosesTheLastEnd(folder, autoflush_s=0.2), wait_s=3)
     assert [(a["attempt_id"], a["server_status"]) for a in _rows(con, "SELECT attempt_id, server_status FROM attempts "
                                                                       "ORDER BY 1")] == \
         [("T0000:R1:A1", "completed"), ("T0001:R1:A1", "completed"), (last, "unterminated")]

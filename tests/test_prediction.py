@@ -594,9 +594,7 @@ def test_an_attempt_served_from_the_prefix_cache_is_held_to_the_bound_of_what_it
     tokens computed, A1 is `cached` (5 ≥ 3) and A2 `chat` (30 ≥ 20): no bound is beaten."""
     from inferledger.ledger.prediction_check import PREDICTION_CHECK
 
-    con = duckdb.connect()
-    con.execute((Path(__file__).resolve().parent.parent / "ledger" / "macros.sql").read_text())
-    con.execute("SET VARIABLE run_id = 'r'")
+    con = _check_connection()
     # marks: the engine's prompt count and what its prefix cache served (engine.prefill attrs.cached_tokens)
     con.execute("CREATE TABLE marks AS SELECT * FROM (VALUES ('A1', 128, 112), ('A2', 128, 0)) "
                 "t(attempt_id, n_prompt_engine, n_prompt_cached)")
@@ -607,6 +605,14 @@ def test_an_attempt_served_from_the_prefix_cache_is_held_to_the_bound_of_what_it
     con.execute(PREDICTION_CHECK)
     got = con.execute("SELECT class, n_attempts, ttft_p50_ms, ttft_below_bound FROM prediction_check ORDER BY class").fetchall()
     assert got == [("cached", 1, 5.0, 0), ("chat", 1, 30.0, 0)]
+
+
+def _check_connection() -> duckdb.DuckDBPyConnection:
+    """An empty database with the ledger's macros and a run id, for PREDICTION_CHECK over hand-made tables."""
+    con = duckdb.connect()
+    con.execute((Path(__file__).resolve().parent.parent / "ledger" / "macros.sql").read_text())
+    con.execute("SET VARIABLE run_id = 'r'")
+    return con
 
 
 def _shapes(con, values: str) -> None:
@@ -633,9 +639,7 @@ def test_an_attempt_is_held_to_its_own_classs_shape_when_the_run_names_its_class
     beaten; C1 to `chat`."""
     from inferledger.ledger.prediction_check import PREDICTION_CHECK
 
-    con = duckdb.connect()
-    con.execute((Path(__file__).resolve().parent.parent / "ledger" / "macros.sql").read_text())
-    con.execute("SET VARIABLE run_id = 'r'")
+    con = _check_connection()
     con.execute("CREATE TABLE marks AS SELECT * FROM (VALUES ('C1', 64, 0), ('L1', 320, 256), ('S1', 64, 0), "
                 "('S2', 140, 0), ('S3', 140, 100)) t(attempt_id, n_prompt_engine, n_prompt_cached)")
     con.execute("CREATE TABLE request_metrics AS SELECT * FROM (VALUES ('C1', 'T1', 10.0, 1.0), "

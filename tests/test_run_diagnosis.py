@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ledger_util import build_run, dict_rows
+from ledger_util import build_run, dict_rows, event as _e
 
 CAUSES = ("server_queue", "client_queue", "prefill_interference", "preemption", "decode_stall", "host_contention",
           "transport", "client", "spec_rejected")
-
-
-def _e(name, ms, aid=None, source="client", task=None, **kw):
-    ev = {"name": name, "ms": ms, "source": source, "task_id": task, "attempt_id": aid,
-          "request_id": None if aid is None else "R" + aid}
-    ev.update(kw)
-    return ev
 
 
 def _queued_then_interfered(chunk_ms=50, done_ms=70):

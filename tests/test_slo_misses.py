@@ -3,14 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledger_util import build_run
-
-
-def _e(name, ms, aid=None, source="client", task=None, **kw):
-    ev = {"name": name, "ms": ms, "source": source, "task_id": task, "attempt_id": aid,
-          "request_id": None if aid is None else "R" + aid}
-    ev.update(kw)
-    return ev
+from ledger_util import build_run, event as _e
 
 
 def _events():

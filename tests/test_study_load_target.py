@@ -4,13 +4,9 @@ the engine's account and its diagnosis; and the settings that cannot work refuse
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
+from serve_util import serve_out
 from typer.testing import CliRunner
 
 import inferledger
@@ -20,33 +16,12 @@ from inferledger.probes.study_dir import read_comparison, run_dirs
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A real `inferledger serve --out` in a process of its own."""
-    folder, port = tmp_path_factory.mktemp("serve") / "srv", _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(port), "--out",
-                             str(folder), "--flush-every", "0.5"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline, up = time.monotonic() + 300, False  # a bound for a loaded host, not a timing
-        while not up and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-            try:
-                up = urllib.request.urlopen(url + "/health", timeout=5).status == 200
-            except OSError:
-                pass
-        assert up, proc.stderr.read() if proc.poll() is not None else "the server did not start"
+    folder = tmp_path_factory.mktemp("serve") / "srv"
+    with serve_out(folder, "--flush-every", "0.5") as url:
         yield url, folder
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=120)
 
 
 def test_a_rate_sweep_against_a_url_offers_the_rates_asked_and_diagnoses_each_from_the_joined_engine(

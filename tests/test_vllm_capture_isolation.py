@@ -8,7 +8,6 @@ import asyncio
 import hashlib
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
+from serve_util import free_port
 
 from inferledger.collectors.capture.run import capture
 from inferledger.collectors.capture.options import CaptureOptions
@@ -116,12 +116,6 @@ class _Vllm:
         return resp
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _workload(tmp: Path) -> Workload:
     (tmp / "tasks.jsonl").write_text("".join(json.dumps({"kind": "lookup", "prompt": f"Capital of France? ({i})",
                                                          "answer": "paris"}) + "\n" for i in range(N_TASKS)))
@@ -140,7 +134,7 @@ def _rows(con, sql):
 @pytest.fixture(scope="module")
 def bad_evidence_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("evidence")
-    port = _free_port()
+    port = free_port()
     stub = _Vllm(port)
     with stub.thread as srv:
         result = capture(_workload(tmp), tmp / "run", CaptureOptions(target=srv.url, evidence=EvidenceOptions(
@@ -182,7 +176,7 @@ def test_the_manifest_says_the_engine_events_are_reported(bad_evidence_run):
 
 
 def test_a_trickling_metrics_endpoint_costs_its_scrapes_not_the_capture(tmp_path):
-    port = _free_port()
+    port = free_port()
     stub = _Vllm(port, trickle=True)
     done: dict = {}
     with stub.thread as srv:
@@ -208,7 +202,7 @@ def test_a_part_that_cannot_be_written_never_leaves_a_complete_manifest(tmp_path
         return join
 
     monkeypatch.setattr(engine_evidence, "map_spans", with_an_unwritable_row)
-    port = _free_port()
+    port = free_port()
     with _Vllm(port, bad=False).thread as srv, pytest.raises(ValueError, match="could not write part"):
         capture(_workload(tmp_path), tmp_path / "run", CaptureOptions(target=srv.url, evidence=EvidenceOptions(otlp_port=port)))
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
@@ -240,7 +234,7 @@ def test_sigterm_stops_a_capture_whose_metrics_endpoint_trickles(tmp_path):
     (tmp_path / "arrivals.txt").write_text("".join(f"{500 * i}\n" for i in range(N_TASKS * 2)))  # 8 s of load
     (tmp_path / "tasks.jsonl").write_text((tmp_path / "tasks.jsonl").read_text() * 2)
     (tmp_path / "w.toml").write_text(WORKLOAD_TOML)
-    port, run = _free_port(), tmp_path / "run"
+    port, run = free_port(), tmp_path / "run"
     with _Vllm(port, trickle=True).thread as srv:
         proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "capture", "-w", str(tmp_path / "w.toml"),
                                  "-o", str(run), "--target", srv.url, "--otlp-port", str(port), "--scrape-metrics"],

@@ -1,0 +1,49 @@
+"""A real `inferledger serve` in a process of its own, for the tests that need one: a free loopback
+port, the wait until /health answers, and the server started and stopped around a block."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+START_LIMIT_S = 600  # model load on a busy 2-core host: a bound, not a timing
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, limit_s: float = START_LIMIT_S) -> bool:
+    """Whether `url`/health answered 200 before `proc` exited or `limit_s` passed."""
+    deadline = time.monotonic() + limit_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            if urllib.request.urlopen(url + "/health", timeout=5).status == 200:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+@contextmanager
+def serve_out(folder: Path, *args: str) -> Iterator[str]:
+    """`inferledger serve --out folder` (and `args`) on a free port: its URL once healthy; stopped after."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(port),
+                             "--out", str(folder), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_healthy(proc, url), proc.stderr.read() if proc.poll() is not None else "the server did not start"
+        yield url
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=120)
