@@ -39,10 +39,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-CAUSES = ("server_queue", "client_queue", "prefill_interference", "preemption", "decode_stall", "host_contention",
-          "transport", "client", "spec_rejected")
-PROSE = ({"kind": "open", "prompt": "Write about the sea and the ships that sail on it.", "answer": "."},
-         {"kind": "open", "prompt": "Tell a long story about a small village in the mountains.", "answer": "."})
+from inferledger.studies.load import CAUSES  # noqa: E402  (run_diagnosis' causes, in its order)
 
 
 @dataclass
@@ -58,10 +55,10 @@ class Case:
 
 
 def _wl(name: str, classes: list[dict], max_tokens: int, arrivals_ms: list[float] | None = None,
-        arrivals: dict | None = None, tasks=PROSE):
+        arrivals: dict | None = None):
     from inferledger.studies.real import workload
 
-    return workload(name, classes, max_tokens=max_tokens, arrivals_ms=arrivals_ms, arrivals=arrivals, tasks=tasks)
+    return workload(name, classes, max_tokens=max_tokens, arrivals_ms=arrivals_ms, arrivals=arrivals)
 
 
 def server_queue(scale: str) -> Case:
@@ -125,12 +122,12 @@ BUILDERS: dict[str, Callable[[str], Case]] = {f.__name__: f for f in (
 
 
 class DelayingProxy:
-    """A TCP proxy on loopback, in a process of its own (this file run with --proxy): requests pass at
+    """A TCP proxy on loopback, in a process of its own (benchmarks/delaying_proxy.py): requests pass at
     once, every chunk of a response is passed on `delay_s` after it left the server (order kept), as a
     slow link would."""
 
     def __init__(self, upstream_port: int, delay_s: float) -> None:
-        self.args = [sys.executable, __file__, "--proxy", str(upstream_port), str(delay_s)]
+        self.args = [sys.executable, str(Path(__file__).with_name("delaying_proxy.py")), str(upstream_port), str(delay_s)]
 
     def __enter__(self) -> "DelayingProxy":
         import subprocess
@@ -142,45 +139,6 @@ class DelayingProxy:
     def __exit__(self, *exc) -> None:
         self.proc.kill()
         self.proc.wait()
-
-
-def serve_proxy(upstream_port: int, delay_s: float) -> None:
-    """The proxy's process: prints its port, then serves until killed."""
-    import asyncio
-
-    async def pipe(reader, writer, delay):
-        loop, held = asyncio.get_running_loop(), asyncio.Queue()
-
-        async def send():  # each chunk written `delay` after it was read, in order
-            while (item := await held.get()) is not None:
-                await asyncio.sleep(max(0.0, item[0] + delay - loop.time()))
-                writer.write(item[1])
-                await writer.drain()
-
-        sender = asyncio.create_task(send())
-        try:
-            while data := await reader.read(65536):
-                held.put_nowait((loop.time(), data))
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            held.put_nowait(None)
-            try:
-                await sender
-            except (ConnectionError, OSError):
-                pass
-            writer.close()
-
-    async def handle(client_r, client_w):
-        up_r, up_w = await asyncio.open_connection("127.0.0.1", upstream_port)
-        await asyncio.gather(pipe(client_r, up_w, 0.0), pipe(up_r, client_w, delay_s))
-
-    async def main():
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        print(server.sockets[0].getsockname()[1], flush=True)
-        await server.serve_forever()
-
-    asyncio.run(main())
 
 
 def _free_port() -> int:
@@ -277,10 +235,6 @@ def confusion(outcomes: list[dict]) -> tuple[list[str], list[list]]:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--proxy"]:  # the transport case's proxy, in its own process
-        serve_proxy(int(argv[1]), float(argv[2]))
-        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scale", default="default", choices=("default", "tiny"))
     ap.add_argument("--cases", default=",".join(BUILDERS), help="comma-separated, of: " + ", ".join(BUILDERS))
