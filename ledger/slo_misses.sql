@@ -122,22 +122,20 @@ WITH base AS (
   GROUP BY attempt_id
 ), lag_trace AS (  -- the client's event-loop lag, every wake traced (a subsampled trace is no measure)
   SELECT ts_ns, clock, value FROM samples WHERE metric = 'client_loop_lag_ms' AND getvariable('client_lag_every') = 1
-), client_lag AS (  -- the lag of the client's own loop while it held the attempt (sent -> its terminal): a
-                    -- sample stamped at the late wake covers the value before it, counted where it overlaps
-  SELECT m.attempt_id, coalesce(sum(greatest(least(l.ts_ns, m.client_end.ns)
-                                             - greatest(l.ts_ns - l.value * 1e6, m.sent.ns), 0)) / 1e6, 0) AS ms
-  FROM marks m LEFT JOIN lag_trace l
-    ON l.clock = m.sent.clock AND l.ts_ns > m.sent.ns AND l.ts_ns - l.value * 1e6 < m.client_end.ns
-  WHERE m.sent IS NOT NULL AND m.client_end IS NOT NULL AND EXISTS (SELECT 1 FROM lag_trace)
-  GROUP BY 1
-), send_lag AS (  -- the lag of the client's loop while the attempt waited to be sent (created -> sent), the same way
-  SELECT m.attempt_id, coalesce(sum(greatest(least(l.ts_ns, m.sent.ns)
-                                             - greatest(l.ts_ns - l.value * 1e6, m.created.ns), 0)) / 1e6, 0) AS ms
-  FROM marks m LEFT JOIN lag_trace l
-    ON l.clock = m.sent.clock AND l.ts_ns > m.created.ns AND l.ts_ns - l.value * 1e6 < m.sent.ns
-  WHERE m.sent IS NOT NULL AND m.created IS NOT NULL AND m.created.clock = m.sent.clock
-    AND EXISTS (SELECT 1 FROM lag_trace)
-  GROUP BY 1
+), lag_windows AS (  -- the attempt's two stretches on the client: waiting to be sent, and held to its end
+  SELECT attempt_id, 'send' AS stretch, sent.clock AS clock, created.ns AS lo, sent.ns AS hi FROM marks
+  WHERE sent IS NOT NULL AND created IS NOT NULL AND created.clock = sent.clock
+  UNION ALL
+  SELECT attempt_id, 'held', sent.clock, sent.ns, client_end.ns FROM marks WHERE sent IS NOT NULL AND client_end IS NOT NULL
+), window_lag AS (  -- the client loop's lag in each: a sample stamped at the late wake covers the value
+                    -- before it, counted where it overlaps the window
+  SELECT w.attempt_id, w.stretch,
+         coalesce(sum(greatest(least(l.ts_ns, w.hi) - greatest(l.ts_ns - l.value * 1e6, w.lo), 0)) / 1e6, 0) AS ms
+  FROM lag_windows w LEFT JOIN lag_trace l ON l.clock = w.clock AND l.ts_ns > w.lo AND l.ts_ns - l.value * 1e6 < w.hi
+  WHERE EXISTS (SELECT 1 FROM lag_trace)
+  GROUP BY 1, 2
+), client_lag AS (SELECT attempt_id, ms FROM window_lag WHERE stretch = 'held'
+), send_lag AS (SELECT attempt_id, ms FROM window_lag WHERE stretch = 'send'
 ), layers AS (  -- which layers saw the attempt: a cause is 0 only where its layer could have seen it
   SELECT attempt_id, client_status IS NOT NULL AS has_client, server_status <> 'unknown' AS has_engine,
          attempt_id IN (SELECT attempt_id FROM step_attribution) AS has_steps
