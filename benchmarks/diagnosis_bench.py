@@ -133,7 +133,11 @@ class DelayingProxy:
         import subprocess
 
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
-        self.port = int(self.proc.stdout.readline())
+        line = self.proc.stdout.readline()
+        if not line.strip().isdigit():
+            self.proc.kill()
+            raise RuntimeError(f"the delaying proxy did not start ({' '.join(self.args)} printed {line!r})")
+        self.port = int(line)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,12 +11,14 @@ import pytest
 from ledger_util import dict_rows as _rows
 from serve_util import serve_out
 
+import inferledger
 from inferledger.collectors.capture import servers as server_join
 from inferledger.collectors.capture.options import CaptureOptions
 from inferledger.collectors.capture.run import capture
 from inferledger.collectors.workload import Workload
 from inferledger.ledger.reconstruct import reconstruct
 from inferledger.probes.probe import host_id, mono_clock
+from inferledger.probes.study_dir import read_comparison, run_dirs
 
 N_TASKS = 3
 
@@ -203,3 +205,32 @@ def test_capture_refuses_a_server_folder_it_cannot_join_with_exit_2_naming_it(tm
     res = run("--target", "http://127.0.0.1:9", "--server", str(tmp_path / "srv"), "--separate-clocks")
     assert res.exit_code == 2 and "leave out --separate-clocks" in res.output
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_a_rate_sweep_against_a_url_offers_the_rates_asked_and_diagnoses_each_from_the_joined_engine(
+        served, bundle, tmp_path):
+    """`study load --set target=URL --set server=S --set rates=3,12` on this module's server (last: its
+    captures send the attempt ids the tests above count on seeing first)."""
+    url, folder = served
+    out = tmp_path / "sweep"
+    # (bundle: the model this worker holds already; a URL target's runs do not use it)
+    inferledger.study("load", out, bundle=bundle, scale="tiny", rates="3,12", target=url, server=str(folder))
+    comp = read_comparison(out)
+    rows = {r[0]: dict(zip(comp["load"]["columns"], r)) for r in comp["load"]["rows"]}
+    assert list(rows) == ["saturated", "r3", "r12"]
+    assert (rows["r3"]["offered_rps"], rows["r12"]["offered_rps"]) == (3.0, 12.0)
+    for name in ("r3", "r12"):
+        # the server's folder joined: the engine's queue is measured at every point, not unknown
+        assert rows[name]["server_queue_share"] is not None and rows[name]["n_attempts"] == 4
+    for name, run in run_dirs(out):
+        manifest = json.loads((run / "manifest.json").read_text())
+        assert manifest["target"] == {"kind": "url", "url": url}
+        assert manifest["servers"]["joined"] == 4
+    sat = rows["saturated"]["completed_rps"]
+    for name, run in run_dirs(out)[1:]:
+        point = json.loads((run / "manifest.json").read_text())["study_point"]
+        assert point["offered_rps"] == {"r3": 3.0, "r12": 12.0}[name]
+        assert point["multiple_of_capacity"] == pytest.approx(point["offered_rps"] / sat, rel=1e-3)
+        assert point["probe_tok_s"] is None  # the embedded engine's speed probe says nothing of a URL
+    assert "speed probe" not in comp["load"]["note"]
