@@ -122,12 +122,13 @@ BUILDERS: dict[str, Callable[[str], Case]] = {f.__name__: f for f in (
 
 
 class DelayingProxy:
-    """A TCP proxy on loopback, in a process of its own (benchmarks/delaying_proxy.py): requests pass at
+    """A TCP proxy on loopback, in a process of its own (benchmarks/peers/delaying_proxy.py): requests pass at
     once, every chunk of a response is passed on `delay_s` after it left the server (order kept), as a
     slow link would."""
 
     def __init__(self, upstream_port: int, delay_s: float) -> None:
-        self.args = [sys.executable, str(Path(__file__).with_name("delaying_proxy.py")), str(upstream_port), str(delay_s)]
+        proxy = Path(__file__).parent / "peers" / "delaying_proxy.py"
+        self.args = [sys.executable, str(proxy), str(upstream_port), str(delay_s)]
 
     def __enter__(self) -> "DelayingProxy":
         import subprocess

@@ -1,7 +1,7 @@
 """A TCP proxy on loopback that holds every chunk of a response for a fixed delay, as a slow link
 would (the diagnosis bench's transport case runs it in a process of its own).
 
-    python benchmarks/delaying_proxy.py UPSTREAM_PORT DELAY_S
+    python benchmarks/peers/delaying_proxy.py UPSTREAM_PORT DELAY_S
 
 Prints the port it listens on (127.0.0.1), then serves until killed: requests pass at once, each chunk
 the upstream sends is passed on DELAY_S after it was read, in order.
