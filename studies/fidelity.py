@@ -58,7 +58,7 @@ def shape(options: dict) -> tuple:
 
 def _given(options: dict, which: int) -> tuple[str, str]:
     """(the flag, the workload file) of the fit or the real run; the file is '' for the study's own mix."""
-    return ("--set calibration", options["calibration"]) if which == FIT else ("--workload", options["workload"])
+    return ("--set calibration", options["calibration"]) if which == FIT else ("--workload (--set workload)", options["workload"])
 
 
 def _load(options: dict, which: int) -> Workload:

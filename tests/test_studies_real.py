@@ -308,7 +308,7 @@ def test_fidelity_refuses_a_bad_workload_file_by_file_and_key_before_loading_any
     bad = _retry_workload(tmp_path)
     bad.write_text(RETRY_WORKLOAD.replace("backoff_ms = 20", "backof_ms = 20"))
     res = CliRunner().invoke(app, ["study", "fidelity", "-o", str(tmp_path / "s"), "--workload", str(bad)])
-    assert res.exit_code == 2 and f"--workload: {bad}: [client].backof_ms: unknown key" in res.output
+    assert res.exit_code == 2 and f"--workload (--set workload): {bad}: [client].backof_ms: unknown key" in res.output
     res = CliRunner().invoke(app, ["study", "fidelity", "-o", str(tmp_path / "s"), "--set",
                                    f"calibration={tmp_path / 'none.toml'}"])
     assert res.exit_code == 2 and f"--set calibration: {tmp_path / 'none.toml'}: cannot read workload" in res.output

@@ -184,7 +184,7 @@ def test_generated_knobs_plan_or_are_refused_with_exit_2_naming_the_knob(tmp_pat
     a traceback or a hang. (The runs themselves are not produced: only the plan.)"""
     import time
 
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, example, given, settings
     from hypothesis import strategies as st
 
     from inferledger.studies import framework
@@ -208,6 +208,7 @@ def test_generated_knobs_plan_or_are_refused_with_exit_2_naming_the_knob(tmp_pat
 
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.sampled_from(sorted(STUDIES)), st.lists(st.tuples(st.sampled_from(keys), texts), max_size=3))
+    @example("fidelity", [("workload", "0")])  # a file knob given by --set: the error names --set
     def check(name, pairs):
         args = [a for k, v in pairs for a in ("--set", f"{k}={v}")]
         t0 = time.perf_counter()
