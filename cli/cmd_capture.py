@@ -16,8 +16,9 @@ def capture_cmd(
                                             "the load flags below override its keys. Without it the flags alone "
                                             "make the workload (vLLM bench serve's random dataset by default)."),
     out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
-    target: str = typer.Option("embedded", help="'embedded' (serve the bundled engine on loopback) or the base URL "
-                               "of any OpenAI-compatible server (black-box: client events only)."),
+    target: Optional[str] = typer.Option(None, help="'embedded' (serve the bundled engine on loopback; the default "
+                                         "unless the workload's [deployment] names a router) or the base URL of any "
+                                         "OpenAI-compatible server (black-box: client events only)."),
     separate_clocks: bool = typer.Option(False, help="Give the client its own clock domain and estimate the "
                                          "server's offset by round trips to /clock (as across hosts)."),
     request_rate: Optional[str] = typer.Option(None, "--request-rate", metavar="R|inf", help="Load: requests per "
@@ -94,6 +95,11 @@ def capture_cmd(
                                                 "capture waits until the folder's flushed parts hold the end of this "
                                                 "run's attempts, then joins the server's and engine's events to the "
                                                 "run (docs/CAPTURE.md \"Your own server, joined\")."),
+    replica: Optional[List[str]] = typer.Option(None, "--replica", metavar="URL[=KIND]", help="URL target that is a "
+                                                "router: a replica behind it that is no `serve --out` folder "
+                                                "(repeatable), KIND ours, vllm, llamacpp or blackbox (default): its "
+                                                "/metrics scraped by its kind, per replica; which attempts it served "
+                                                "is a gap naming it (docs/CAPTURE.md \"A deployment\")."),
     server_wait: float = typer.Option(SERVER_WAIT_S, "--server-wait", min=0, help="With --server: seconds the "
                                       "folders get, after the load, to flush the end of this run's attempts; what is "
                                       "still missing then is a gap naming the folder."),
@@ -128,7 +134,9 @@ def capture_cmd(
     [cyan]inferledger capture -o runs/c1 --target http://127.0.0.1:8000 --server runs/s1 --num-prompts 20[/]
 
     Two replicas behind vLLM's router: [cyan]... --target http://127.0.0.1:18200 --router-metrics
-    http://127.0.0.1:18201/metrics --server runs/s1 --server runs/s2[/] (docs/CAPTURE.md "A deployment")
+    http://127.0.0.1:18201/metrics --server runs/s1 --server runs/s2[/] (docs/CAPTURE.md "A deployment"); a
+    llama.cpp replica beside them: [cyan]--replica http://127.0.0.1:18113=llamacpp[/]; or all of it in the
+    workload's [deployment] section (router, router_metrics, servers, replicas), the flags overriding it.
 
     Against vLLM with its own evidence: [cyan]... --target http://127.0.0.1:18100 --otlp-port 18101 --scrape-metrics[/]
     (docs/PEERS.md "Engines").
@@ -140,39 +148,9 @@ def capture_cmd(
 
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise typer.BadParameter(f"{device!r}: expected 'cpu', 'cuda' or 'cuda:N'", param_hint="--device")
-    if target == "embedded" and (otlp_port is not None or scrape_metrics):
-        raise typer.BadParameter("--otlp-port / --scrape-metrics need a URL --target (the embedded engine "
-                                 "records its own events)", param_hint="--otlp-port")
-    if router_metrics is not None:
-        if target == "embedded":
-            raise typer.BadParameter("--router-metrics scrapes the router a URL --target is; give its URL as --target",
-                                     param_hint="--router-metrics")
-        if not router_metrics.startswith(("http://", "https://")):
-            raise typer.BadParameter(f"{router_metrics!r}: expected the router's metrics URL, e.g. "
-                                     "http://127.0.0.1:18201/metrics", param_hint="--router-metrics")
-    if server:
-        from inferledger.collectors.capture.servers import ServerFolderError, check_server_folders
-
-        if target == "embedded":
-            raise typer.BadParameter("--server joins a `serve --out` folder to a capture against that server: "
-                                     "give its URL as --target", param_hint="--server")
-        if separate_clocks or otlp_port is not None:
-            raise typer.BadParameter("--server maps the server's clock itself and is its account: leave out "
-                                     "--separate-clocks and --otlp-port", param_hint="--server")
-        try:
-            check_server_folders(server)
-        except ServerFolderError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--server") from None
+    from inferledger.collectors.capture.deployment import DeploymentError, DeploymentFlags, check_replicas, resolve
     from inferledger.collectors.workload.flags import FlagError, LoadFlags, flags_workload, parse_rate
 
-    engine = ef.engine_fields(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=enable_chunked_prefill,
-        long_prefill_token_threshold=long_prefill_token_threshold, enable_prefix_caching=enable_prefix_caching,
-        block_size=block_size, num_blocks=num_gpu_blocks_override, max_model_len=max_model_len,
-        speculative=speculative_config)
-    if target != "embedded" and set(engine) - {"max_num_seqs"}:
-        raise typer.BadParameter("the engine's flags set the embedded engine; a URL target's server has its own",
-                                 param_hint="--" + next(k for k in engine if k != "max_num_seqs").replace("_", "-"))
     try:
         flags = LoadFlags(request_rate=None if request_rate is None else parse_rate(request_rate),
                           num_prompts=num_prompts, duration_s=duration, max_concurrency=max_concurrency,
@@ -183,13 +161,61 @@ def capture_cmd(
         raise typer.BadParameter(str(exc), param_hint=exc.flag) from None
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload" if workload else "the load flags") from None
+    dep = resolve(DeploymentFlags(target, router_metrics, tuple(server or ()), tuple(replica or ())), wl.deployment)
+    target, router_metrics, server = dep.target, dep.router_metrics, list(dep.servers)
+    if target == "embedded" and (otlp_port is not None or scrape_metrics):
+        raise typer.BadParameter("--otlp-port / --scrape-metrics need a URL --target (the embedded engine "
+                                 "records its own events)", param_hint="--otlp-port")
+    if router_metrics is not None:
+        if target == "embedded":
+            raise typer.BadParameter("--router-metrics scrapes the router a URL --target is; give its URL as --target",
+                                     param_hint="--router-metrics")
+        if not router_metrics.startswith(("http://", "https://")):
+            raise typer.BadParameter(f"{router_metrics!r}: expected the router's metrics URL, e.g. "
+                                     "http://127.0.0.1:18201/metrics", param_hint="--router-metrics")
+    folders = []
+    if server:
+        from inferledger.collectors.capture.servers import ServerFolderError, check_server_folders
+
+        if target == "embedded":
+            raise typer.BadParameter("--server joins a `serve --out` folder to a capture against that server: "
+                                     "give its URL as --target", param_hint="--server")
+        if separate_clocks or (otlp_port is not None and not dep.replicas):
+            raise typer.BadParameter("--server maps the server's clock itself and is its account: leave out "
+                                     "--separate-clocks and --otlp-port", param_hint="--server")
+        try:
+            folders = check_server_folders(server)
+        except ServerFolderError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--server") from None
+    replicas = ()
+    if dep.replicas:
+        if target == "embedded":
+            raise typer.BadParameter("--replica declares a replica behind a router: give the router's URL as --target",
+                                     param_hint="--replica")
+        if scrape_metrics:
+            raise typer.BadParameter("--scrape-metrics scrapes the target, here the router: each --replica's "
+                                     "/metrics is scraped by its kind; leave it out", param_hint="--scrape-metrics")
+        try:
+            replicas = check_replicas(dep.replicas, {u: f.server_id for f in folders if (u := f.own_url(target))},
+                                      otlp_port is not None)
+        except DeploymentError as exc:
+            raise typer.BadParameter(str(exc), param_hint=exc.flag) from None
+
+    engine = ef.engine_fields(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=enable_chunked_prefill,
+        long_prefill_token_threshold=long_prefill_token_threshold, enable_prefix_caching=enable_prefix_caching,
+        block_size=block_size, num_blocks=num_gpu_blocks_override, max_model_len=max_model_len,
+        speculative=speculative_config)
+    if target != "embedded" and set(engine) - {"max_num_seqs"}:
+        raise typer.BadParameter("the engine's flags set the embedded engine; a URL target's server has its own",
+                                 param_hint="--" + next(k for k in engine if k != "max_num_seqs").replace("_", "-"))
     options = CaptureOptions(
         target=target, separate_clocks=separate_clocks, max_num_seqs=max_num_seqs, model=model, device=device,
         drain_timeout_s=drain_timeout, microbenchmarks=microbench, served_model=served_model_name, api_key=api_key,
         evidence=EvidenceOptions(otlp_port=otlp_port, scrape_metrics=scrape_metrics, engine_host=engine_host,
                                  engine_clock_epsilon_ms=engine_clock_epsilon_ms),
         prediction=prediction, buckets=buckets, engine_config=engine, warmups=num_warmups,
-        servers=tuple(server or ()), server_wait_s=server_wait, router_metrics=router_metrics)
+        servers=tuple(server or ()), server_wait_s=server_wait, router_metrics=router_metrics, replicas=replicas)
     result = run_capture(wl, out, options)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
 

@@ -193,6 +193,9 @@ MANIFEST_KEYS: tuple[Key, ...] = (
         "unseen_tries (a router's tries the client never saw)"),
     Key("router", (dict,), "a capture's `--router-metrics`: the router's /metrics scraped before and after the load "
         "(url, scrapes, failures, last_error, file, refused_file, types), replicas (worker host:port -> replica id)"),
+    Key("deployment", (dict,), "a capture through a router to several replicas: router (the target), router_metrics, "
+        "replicas (each: replica_id, url, kind ours / vllm / llamacpp / blackbox, what the capture records of it, "
+        "its /metrics scrape summary)"),
     Key("simulation", (dict,), "a simulated run: its clock, step model, steps, end time"),
     Key("archive", (dict,), "an imported E0 archive: path, sha256"),
     Key("counts", (dict, _NONE), "what an import read, wrote and refused"),
@@ -330,6 +333,13 @@ class Manifest:
         """The prediction block when the capture registered one (None when absent or {skipped: why})."""
         block = self.body.get("prediction")
         return None if block is None or set(block) == {"skipped"} else block
+
+    @property
+    def replica_kinds(self) -> dict[str, str]:
+        """A deployment's replicas: replica id -> kind (ours, vllm, llamacpp, blackbox); empty without one."""
+        reps = self.block("deployment").get("replicas")
+        return {r["replica_id"]: r.get("kind") for r in reps if isinstance(r, dict) and r.get("replica_id")} \
+            if isinstance(reps, list) else {}
 
     @property
     def device_name(self) -> str | None:

@@ -13,7 +13,7 @@ from inferledger.ledger.reconstruct import reconstruct
 def build_run(run_dir: Path, events: list[dict], *, domains=("c",), maps=(), samples=(),
               manifest: dict | None = None) -> duckdb.DuckDBPyConnection:
     """events: dicts with name, ms (float) or ts_ns, and optional clock/source/ids/value/attrs;
-    samples: (ms, metric, value, unit, device) on the first domain."""
+    samples: (ms, metric, value, unit, device[, source]) on the first domain (source: probe unless given)."""
     w = RunWriter(run_dir, run_dir.name)
     for d in domains:
         w.clock_domain(d, host="h", kind="monotonic")
@@ -30,9 +30,9 @@ def build_run(run_dir: Path, events: list[dict], *, domains=("c",), maps=(), sam
                 "task_id": e.get("task_id"), "session_id": e.get("session_id"),
                 "request_id": e.get("request_id", "R1"), "attempt_id": e.get("attempt_id", "A1"),
                 "step_id": e.get("step_id"), "value": e.get("value"), "attrs": json.dumps(e.get("attrs", {}))})
-    for ms, metric, value, unit, device in samples:
-        w.sample(ts_ns=int(round(ms * 1_000_000)), clock=domains[0], source="probe", host="h", metric=metric,
-                 value=value, unit=unit, device=device)
+    for ms, metric, value, unit, device, *source in samples:
+        w.sample(ts_ns=int(round(ms * 1_000_000)), clock=domains[0], source=source[0] if source else "probe", host="h",
+                 metric=metric, value=value, unit=unit, device=device)
     if manifest is not None:
         w.write_manifest(manifest)
     w.close()

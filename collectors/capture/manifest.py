@@ -92,6 +92,8 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
               "detail": f.reason} for f in failed]
     if live.router is not None:  # the router's counters: a failed or refused scrape
         gaps += live.router.gap_rows(writer.run_id)
+    if live.replicas is not None:  # the replicas declared by URL: which attempts each served, its scrapes
+        gaps += live.replicas.gap_rows(writer.run_id)
     if live.servers is not None:  # the --server folders: what they lacked, by folder and attempt
         gaps += live.servers.gap_rows(writer.run_id)
     elif server is None and not (evidence_manifest or {}).get("spans", {}).get("joined"):
@@ -157,6 +159,13 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
     if live.servers is not None:
         manifest.update(live.servers.manifest())
         manifest["evidence"]["events"] = "observed (the client's here; the server's and engine's in the --server folders)"
+    if live.replicas is not None or (live.servers is not None and len(live.servers.joined) > 1):
+        manifest["deployment"] = {
+            "router": options.target, "router_metrics": options.router_metrics,
+            "replicas": [{"replica_id": j.replica_id, "url": j.folder.own_url(options.target), "kind": "ours",
+                          "records": f"its `serve --out` folder {j.folder.path}"}
+                         for j in (live.servers.joined if live.servers is not None else [])]
+            + (live.replicas.manifest() if live.replicas is not None else [])}
     if server is not None:
         manifest.update(server.engine.manifest())
         manifest["drain"] = asdict(server.drain)

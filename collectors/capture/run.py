@@ -137,6 +137,7 @@ def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOp
     wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     out = Path(out)
     servers = _server_folders(options)  # refused before the run folder exists, naming the folder
+    _check_replicas(options, servers)
     # refused before the run folder exists: a bad prediction file, a prompt past the model's context
     given = read_prediction(options.prediction) if options.prediction is not None else None
     context, source = _served_context(wl, options, bundle)
@@ -169,11 +170,28 @@ def _server_folders(options: CaptureOptions) -> list:
     if options.separate_clocks:
         raise ValueError("--server maps each server's clock itself (one domain on this host and boot, else round "
                          "trips to its /clock): leave out --separate-clocks")
-    if options.evidence.otlp_port is not None:
+    if options.evidence.otlp_port is not None and not options.replicas:
         raise ValueError("--server and --otlp-port both give the server's account: pass one")
     from inferledger.collectors.capture.servers import check_server_folders
 
     return check_server_folders(options.servers)
+
+
+def _check_replicas(options: CaptureOptions, servers: list) -> None:
+    """The --replica values against each other and the --server folders (deployment.py); ValueError for a
+    combination that cannot record them."""
+    if not options.replicas:
+        return
+    if options.embedded:
+        raise ValueError("--replica declares a replica behind a router: give the router's URL as --target")
+    if options.evidence.scrape_metrics:
+        raise ValueError("--scrape-metrics scrapes the target, here the router: each --replica's /metrics is "
+                         "scraped by its kind; leave it out")
+    from inferledger.collectors.capture.deployment import check_replicas
+
+    check_replicas([f"{r.url}={r.kind}" for r in options.replicas],
+                   {u: f.server_id for f in servers if (u := f.own_url(options.target))},
+                   options.evidence.otlp_port is not None)
 
 
 def _served_context(wl: Workload, options: CaptureOptions, bundle) -> tuple[int | None, str]:
@@ -303,19 +321,28 @@ def _start_target(live: Live, head: dict, prep: Prepared, options: CaptureOption
     if prep.servers:
         from inferledger.collectors.capture.servers import ServerJoin
 
-        live.servers = ServerJoin(prep.servers, host=live.host, client_clock=live.client_clock, target=live.url)
+        live.servers = ServerJoin(prep.servers, host=live.host, client_clock=live.client_clock, target=live.url,
+                                  deployment=bool(options.replicas))
+    if options.replicas:  # each declared replica's own evidence, by its kind
+        from inferledger.collectors.capture.deployment import Replicas
+
+        live.replicas = Replicas(options.replicas, live.out, live.writer, clock=live.client_clock, host=live.host)
+        live.replicas.start()
     if options.router_metrics:  # the router's counters before the load (and after it, _record)
         from inferledger.collectors.evidence.router_metrics import RouterScraper, worker_key
 
         live.router = RouterScraper(options.router_metrics, live.out, live.writer, clock=live.client_clock,
                                     host=live.host)
-        live.router.replicas = {worker_key(u): r for u, r in (live.servers.replica_urls() if live.servers else {}).items()}
+        urls = {**(live.servers.replica_urls() if live.servers else {}), **(live.replicas.urls() if live.replicas else {})}
+        live.router.replicas = {worker_key(u): r for u, r in urls.items()}
         live.router.scrape_once()
     if live.server is None and options.evidence.wanted:
         from inferledger.collectors.evidence.engine_evidence import EngineEvidence
 
+        vllm = next((r for r in options.replicas if r.kind == "vllm"), None)  # a deployment's one vLLM replica
         live.evidence = EngineEvidence(live.writer, options.evidence, host=live.host, client_clock=live.client_clock,
-                                       target_url=live.url)
+                                       target_url=vllm.url if vllm is not None else live.url)
+        live.evidence.replica_id = vllm.replica_id if vllm is not None else None
 
 
 def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, progress, on_ready,
@@ -345,6 +372,8 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
                 live.server.stop(options.drain_timeout_s)
             if live.router is not None:  # every attempt has ended: the router's counters after the load
                 live.router.stop()
+            if live.replicas is not None:  # and each declared replica's last scrape
+                live.replicas.stop()
             if live.servers is not None:  # the --server folders' events of this run's attempts, once on disk
                 live.servers.join(live.writer, live.out, options.server_wait_s,
                                   say=lambda line: print(f"inferledger capture: {line}", file=sys.stderr))
@@ -371,9 +400,10 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
 
 def _stop_quietly(live: Live, drain_timeout_s: float) -> None:
     """Stop what runs, each part on its own: one failing (a CUDA timer's close) must not stop the rest."""
-    server, evidence = live.server, live.evidence
+    server, evidence, replicas = live.server, live.evidence, live.replicas
     for stop in ((lambda: server.stop(drain_timeout_s)) if server is not None else None, live.sampler.stop,
-                 live.host_sampler.stop, evidence.abort if evidence is not None else None):
+                 live.host_sampler.stop, evidence.abort if evidence is not None else None,
+                 (lambda: replicas.stop(final_scrape=False)) if replicas is not None else None):
         if stop is None:
             continue
         try:

@@ -24,7 +24,7 @@ stopped, as an embedded capture's does.
   server.disconnect) and, once the engine took it (engine.enqueued), engine.finished, kv.free and the
   step.end of its last step. What is not covered within `wait_s` (`--server-wait`, SERVER_WAIT_S) is copied as
   far as it goes and is a gap naming the folder.
-- **Several folders** (replicas behind a router): every copied event gets `attrs.replica_id` (the folder's
+- **Several folders** (replicas behind a router), or one beside replicas declared by URL (`deployment`): every copied event gets `attrs.replica_id` (the folder's
   server id), each folder's step ids are offset by (index + 1) x STEP_STRIDE (every engine counts from 0)
   and its KV samples name the replica as their device. A client attempt that reached servers more than once
   (the router's retries carry the same traceparent) is its latest try; each earlier try is copied as
@@ -197,7 +197,8 @@ class _Joined:
 class ServerJoin:
     """The --server folders of one capture: their clocks mapped around the load, then their events joined."""
 
-    def __init__(self, folders: list[ServerFolder], *, host: str, client_clock: str, target: str) -> None:
+    def __init__(self, folders: list[ServerFolder], *, host: str, client_clock: str, target: str,
+                 deployment: bool = False) -> None:
         self.host, self.client_clock = host, client_clock
         self.salt = uuid.uuid4().hex  # this capture's traceparents: no other client's attempt has them
         ours = {client_clock, mono_clock(host)}
@@ -206,7 +207,7 @@ class ServerJoin:
             same, why = f.same_clock(host)
             clock = f.clock if same or f.clock not in ours else f"{f.clock}@{f.server_id}"
             self.joined.append(_Joined(f, i, clock, same, why, f.clock_url(target, len(folders)),
-                                       replica_id=f.server_id if len(folders) > 1 else None))
+                                       replica_id=f.server_id if len(folders) > 1 or deployment else None))
         self.target = target
         self.waited_s = 0.0
         self.wait_s = SERVER_WAIT_S

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from inferledger.collectors.capture.deployment import Replicas
     from inferledger.collectors.capture.servers import ServerJoin
     from inferledger.collectors.evidence.engine_evidence import EngineEvidence
     from inferledger.collectors.evidence.router_metrics import RouterScraper
@@ -51,6 +52,7 @@ class Live:
     evidence: "EngineEvidence | None" = None  # a URL target's own spans and scrapes
     servers: "ServerJoin | None" = None  # a URL target's `serve --out` folders (capture --server)
     router: "RouterScraper | None" = None  # a router target's counters, before and after the load (--router-metrics)
+    replicas: "Replicas | None" = None  # a router target's replicas declared by URL (--replica), their own evidence
     url: str | None = None  # what the load client talks to
 
 

@@ -67,6 +67,8 @@ def engine_reporter(base_url: str) -> tuple[str, str | None]:
 
 
 class EngineEvidence:
+    replica_id: str | None = None  # a deployment's one vLLM replica whose spans these are (attrs.replica_id)
+
     def __init__(self, writer, options: EvidenceOptions, *, host: str, client_clock: str, target_url: str) -> None:
         self.run_dir, self.writer, self.host = writer.run_dir, writer, host
         self.engine_host = options.engine_host or host
@@ -112,6 +114,9 @@ class EngineEvidence:
             join = map_spans(spans, run_id=self.writer.run_id, host=self.engine_host, reporter=self.reporter,
                              attempts=self._sent_attempts(), trace_salt=self.trace_salt)
             for row in join.rows:
+                if self.replica_id is not None:
+                    row = {**row, "attrs": json.dumps({**json.loads(row["attrs"] or "{}"), "replica_id": self.replica_id},
+                                                      separators=(",", ":"), sort_keys=True)}
                 self.writer.emit(row)
             self.mapped_spans = join.spans
             gaps.extend(join.gaps + refused_gaps(self.writer.run_id, self.receiver.refused, "otlp/refused.jsonl"))

@@ -144,6 +144,7 @@ class MetricsScraper:
     subclass scrapes another exporter by its class attributes (collectors/evidence/router_metrics.py)."""
     # the engine's series kept, the samples' source, whether label sets stay apart, the raw file's stem
     source, prefix, keep_labels, file_stem = SOURCE, PREFIX, False, "metrics"
+    device: str | None = None  # the replica of a deployment whose /metrics these are (`for_replica`)
 
     def __init__(self, url: str, run_dir: str | Path, sink, *, clock: str, host: str, hz: float = 2.0,
                  now_ns=time.monotonic_ns, timeout_s: float = 2.0) -> None:
@@ -193,10 +194,18 @@ class MetricsScraper:
         self._samples(mid, scrape)
         return True
 
+    def for_replica(self, replica_id: str) -> "MetricsScraper":
+        """One replica's of a deployment: its samples' `device` is the replica, its raw lines go to
+        `scrapes/metrics-<replica>.jsonl` (and `-refused.jsonl`), apart from the other replicas'."""
+        stem = "metrics-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in replica_id)
+        self.device, self.path = replica_id, self.path.with_name(f"{stem}.jsonl")
+        self.refused_path = self.path.with_name(f"{stem}-refused.jsonl")
+        return self
+
     def _samples(self, ts_ns: int, scrape: Scrape) -> None:
         for name, value in scrape.values.items():
             self.sink.sample(ts_ns=ts_ns, clock=self.clock, source=self.source, host=self.host, metric=name,
-                             value=value, unit=unit_of(name, self.types))
+                             value=value, unit=unit_of(name, self.types), device=self.device)
 
     def _failed(self, t0: int, error: str) -> bool:
         self.failures += 1
@@ -254,6 +263,13 @@ class LlamaCppScraper(MetricsScraper):
     """llama.cpp's `/metrics` (`--metrics`): the `llamacpp:*` series, samples of source `llamacpp-metrics`."""
 
     prefix, source = LLAMACPP_PREFIX, LLAMACPP_SOURCE
+
+
+class OursScraper(MetricsScraper):
+    """`inferledger serve`'s `/metrics` (its vLLM-named `vllm:*` series), samples of source `inferledger-metrics`:
+    a replica of ours that writes no `serve --out` folder (`capture --replica URL=ours`)."""
+
+    source = "inferledger-metrics"
 
 
 def scraper_for(reporter: str) -> type[MetricsScraper]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from .arrivals import planned_offsets, read_replay
 from .calibration import calibrate
 from .plans import TaskPlan, build_plans, class_sequence, turn_checks
-from .schema import MAX_HORIZON_S, MAX_TASKS, Inject, TaskClass, context_checks, count_checks, parse
+from .schema import MAX_HORIZON_S, MAX_TASKS, Deployment, Inject, TaskClass, context_checks, count_checks, parse
 from .tasks import Question, load_questions
 from .trace_plans import TraceSource
 
@@ -83,6 +83,7 @@ class Workload:
     sha256: str = ""  # of the workload file, its task set, replay file or trace: the run's input identity
     path: str | None = None
     context: dict | None = None  # the check against the served model's context (check_context), for the manifest
+    deployment: Deployment | None = None  # [deployment] as declared, its servers relative to the file; None: none
 
     @classmethod
     def load(cls, path: str | Path) -> "Workload":
@@ -149,7 +150,9 @@ class Workload:
             ignore_eos=f.generation.ignore_eos if f.generation.ignore_eos is not None else trace is not None,
             calibrate_tok_s=a.calibrate_tok_s, inject=f.inject, classes=classes, questions=questions,
             tokenizer=f.prompt.tokenizer, trace=trace, spec=spec, taskset=taskset,
-            slo=f.slo.model_dump(exclude_none=True), sha256=identity.hexdigest())
+            slo=f.slo.model_dump(exclude_none=True), sha256=identity.hexdigest(),
+            deployment=f.deployment.model_copy(update={"servers": [str(base / p) for p in f.deployment.servers]})
+            if f.deployment.model_fields_set else None)
 
     def check_context(self, context_tokens: int | None, source: str, tokenizer=None) -> dict:
         """Every class's prompt and output budget against the served model's context, before anything is

@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 Process = Literal["poisson", "gamma", "replay", "closed", "trace"]
 TraceFormat = Literal["mooncake", "burstgpt", "azure"]
@@ -146,6 +146,43 @@ class TaskClass(Section):
     on_missing: OnMissing | None = None
 
 
+REPLICA_KINDS = ("ours", "vllm", "llamacpp", "blackbox")  # what a replica that is no `serve --out` folder is
+
+
+def replica_entry(text: str) -> tuple[str, str]:
+    """`URL[=KIND]` (`capture --replica`, `[deployment].replicas`) as (url, kind); KIND defaults to blackbox.
+    ValueError says what is wrong."""
+    url, kind = text.rsplit("=", 1) if "=" in text else (text, "blackbox")
+    if kind not in REPLICA_KINDS:
+        raise ValueError(f"{text!r}: KIND {kind!r} is not one of {', '.join(REPLICA_KINDS)} (URL[=KIND])")
+    _url(url, "a replica's base URL, e.g. http://127.0.0.1:18112=llamacpp")
+    return url.rstrip("/"), kind
+
+
+def _replica(text: str) -> str:
+    replica_entry(text)
+    return text
+
+
+def _url(url: str, what: str) -> str:
+    if not url.startswith(("http://", "https://")) or not url.split("://", 1)[1].split("/", 1)[0]:
+        raise ValueError(f"{url!r} is not an http(s) URL ({what})")
+    return url
+
+
+class Deployment(Section):
+    """A router in front of several replicas (docs/CAPTURE.md "A deployment"); `capture`'s flags override it."""
+
+    router: str | None = None  # the router's base URL: the capture's --target
+    router_metrics: str | None = None  # its Prometheus /metrics (--router-metrics)
+    servers: list[str] = []  # replicas that are `inferledger serve --out` folders, relative to the file (--server)
+    replicas: list[Annotated[str, AfterValidator(_replica)]] = []  # the other replicas, URL[=KIND] (--replica)
+
+    @field_validator("router", "router_metrics")
+    @classmethod
+    def _is_url(cls, v: str | None) -> str | None:
+        return v if v is None else _url(v, "e.g. http://127.0.0.1:18200")
+
 class WorkloadFile(Section):
     name: str | None = None  # None: the file's stem
     seed: int = Field(0, ge=0, le=MAX_SEED)
@@ -159,10 +196,11 @@ class WorkloadFile(Section):
     slo: Slo
     inject: Inject
     trace: Trace
+    deployment: Deployment
     classes: list[TaskClass] | None = None  # None or empty: one class, "default"
 
 
-SECTIONS = ("taskset", "prompt", "arrivals", "contract", "client", "generation", "slo", "inject", "trace")
+SECTIONS = ("taskset", "prompt", "arrivals", "contract", "client", "generation", "slo", "inject", "trace", "deployment")
 
 
 def parse(spec: dict, where: str) -> WorkloadFile:
@@ -334,4 +372,4 @@ def _problem(e: dict) -> str:
              "float_type": f"must be a number, not {value!r}", "bool_type": f"must be true or false, not {value!r}",
              "string_type": f"must be a string, not {value!r}", "finite_number": f"must be a finite number, not {value!r}",
              "literal_error": f"must be one of {ctx.get('expected')}, not {value!r}"}
-    return plain.get(kind, e["msg"])
+    return plain.get(kind, e["msg"].removeprefix("Value error, "))

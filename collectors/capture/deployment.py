@@ -1,0 +1,150 @@
+"""A deployment's replicas that are not `serve --out` folders (`capture --replica URL[=KIND]`), and the
+`[deployment]` workload section that declares a router, its metrics, the servers and the replicas.
+
+A replica of ours with a folder is joined per attempt (servers.py). The others are declared by URL and
+kind; each records what today's single-server path records for its kind, per replica:
+
+- `vllm`: its Prometheus `/metrics` at 2 Hz (the `vllm:*` series, source `vllm-metrics`), and with
+  `--otlp-port` its spans when it is the deployment's only vLLM replica (its spans' events carry
+  `attrs.replica_id`; with several, spans could not be told apart by replica and the flag is refused);
+- `llamacpp`: its `/metrics` (`llamacpp:*`, source `llamacpp-metrics`); the client keeps each response's
+  `timings` on `attempt.done` whatever answers;
+- `ours`: an `inferledger serve` without `--out`: its `/metrics` (`vllm:*` names, source `inferledger-metrics`);
+- `blackbox`: nothing of its own.
+
+Each replica's samples carry it as their `device`, its raw scrapes are `scrapes/metrics-<replica>.jsonl`,
+and its id is its URL's `host:port` (the form the router's counters are matched by). Which attempts
+such a replica served is not in its answers: each one is a gap naming the replica and its kind.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferledger.collectors.evidence.metrics_scrape import LlamaCppScraper, MetricsScraper, OursScraper
+from inferledger.collectors.evidence.router_metrics import worker_key
+from inferledger.collectors.workload.schema import REPLICA_KINDS, replica_entry
+
+SCRAPERS = {"vllm": MetricsScraper, "llamacpp": LlamaCppScraper, "ours": OursScraper}
+WHAT = {"vllm": "its /metrics (vllm:*)", "llamacpp": "its /metrics (llamacpp:*); each response's timings are the "
+        "client's", "ours": "its /metrics (vllm:* names)", "blackbox": "nothing of its own"}
+
+
+class DeploymentError(ValueError):
+    """A replica or deployment that cannot be captured; `flag` names the flag (or workload key)."""
+
+    def __init__(self, message: str, flag: str) -> None:
+        super().__init__(message)
+        self.flag = flag
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """One `--replica URL[=KIND]`."""
+    url: str
+    kind: str = "blackbox"
+
+    @property
+    def replica_id(self) -> str:
+        return worker_key(self.url)
+
+    @classmethod
+    def parse(cls, text: str) -> "ReplicaSpec":
+        """From `URL[=KIND]`; ValueError says what is wrong."""
+        return cls(*replica_entry(text))
+
+
+@dataclass(frozen=True)
+class DeploymentFlags:
+    """What the command line gave (None / empty: not given), before the workload's [deployment] fills it."""
+    target: str | None = None
+    router_metrics: str | None = None
+    servers: tuple = ()
+    replicas: tuple[str, ...] = ()
+
+
+def resolve(flags: DeploymentFlags, deployment) -> DeploymentFlags:
+    """The flags over the workload's `[deployment]` (each flag given replaces its key; `deployment` None:
+    the flags alone); the target defaults to 'embedded'."""
+    d = deployment
+    return DeploymentFlags(
+        target=flags.target or (d.router if d is not None else None) or "embedded",
+        router_metrics=flags.router_metrics or (d.router_metrics if d is not None else None),
+        servers=tuple(flags.servers) or tuple(Path(p) for p in (d.servers if d is not None else ())),
+        replicas=tuple(flags.replicas) or tuple(d.replicas if d is not None else ()))
+
+
+def check_replicas(texts, server_urls: dict[str, str], otlp: bool) -> tuple[ReplicaSpec, ...]:
+    """The --replica values parsed and checked against each other and the --server folders' own addresses
+    (`server_urls`: URL -> server id); DeploymentError names the flag."""
+    specs, seen = [], {worker_key(u): f"--server {sid}" for u, sid in server_urls.items()}
+    for text in texts:
+        try:
+            spec = ReplicaSpec.parse(text)
+        except ValueError as exc:
+            raise DeploymentError(str(exc), "--replica") from None
+        if spec.replica_id in seen:
+            raise DeploymentError(f"{text!r}: {spec.replica_id} is already a replica ({seen[spec.replica_id]}); "
+                                  "declare each replica once", "--replica")
+        seen[spec.replica_id] = f"--replica {text}"
+        specs.append(spec)
+    if otlp and sum(s.kind == "vllm" for s in specs) != 1:
+        raise DeploymentError("--otlp-port in a deployment takes the spans of exactly one vLLM replica "
+                              "(--replica URL=vllm): spans name no replica, so several could not be told apart",
+                              "--otlp-port")
+    return tuple(specs)
+
+
+class Replicas:
+    """The declared replicas' own evidence during one capture: `start()` as the target starts, `stop()` after
+    the load, then `gap_rows` and `manifest`."""
+
+    def __init__(self, specs: tuple[ReplicaSpec, ...], run_dir: Path, writer, *, clock: str, host: str) -> None:
+        self.specs = specs
+        self.scrapers = {s.replica_id: SCRAPERS[s.kind](f"{s.url}/metrics", run_dir, writer, clock=clock,
+                                                         host=host).for_replica(s.replica_id)
+                         for s in specs if s.kind in SCRAPERS}
+
+    def urls(self) -> dict[str, str]:
+        """Each replica's URL -> its id (the router's workers are matched by it)."""
+        return {s.url: s.replica_id for s in self.specs}
+
+    def start(self) -> None:
+        for s in self.scrapers.values():
+            s.start()
+
+    def stop(self, final_scrape: bool = True) -> None:
+        for s in self.scrapers.values():
+            s.stop(final_scrape)
+
+    def gap_rows(self, run_id: str) -> list[dict]:
+        """Per replica: which attempts it served is unknown (its kind's answers name no replica), its scrapes'
+        failures under its own ids."""
+        gaps = []
+        for s in self.specs:
+            rid = s.replica_id
+            gaps.append({"run_id": run_id, "gap_id": f"collector:replica:{rid}", "scope": "run", "subject_id": rid,
+                         "affects": f"which attempts replica {rid} served (attempts.replica_id), their server_status "
+                                    "and server and engine figures; its replicas row's per-attempt figures",
+                         "needs": "the replica's own events per attempt: `inferledger serve --out S` joined with "
+                                  "--server S",
+                         "detail": f"replica {rid} ({s.kind}, {s.url}) is declared by URL: the capture records "
+                                   f"{WHAT[s.kind]}, and its answers name no replica"})
+            scraper = self.scrapers.get(rid)
+            for g in scraper.gap_rows(run_id) if scraper is not None else []:
+                gaps.append({**g, "gap_id": f"{g['gap_id']}@{rid}", "subject_id": rid,
+                             "affects": f"replica {rid}'s {g['affects']}"})
+        return gaps
+
+    def manifest(self) -> list[dict]:
+        """The manifest's `deployment.replicas` entries."""
+        out = []
+        for s in self.specs:
+            scraper = self.scrapers.get(s.replica_id)
+            out.append({"replica_id": s.replica_id, "url": s.url, "kind": s.kind, "records": WHAT[s.kind],
+                        **({"metrics": scraper.summary()} if scraper is not None else {})})
+        return out
+
+
+__all__ = ["REPLICA_KINDS", "DeploymentError", "DeploymentFlags", "ReplicaSpec", "Replicas", "check_replicas",
+           "resolve"]

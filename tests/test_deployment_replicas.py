@@ -1,0 +1,150 @@
+"""A deployment's replicas that are no `serve --out` folder (`capture --replica URL[=KIND]`, or the workload's
+`[deployment]` section): the flags over the section, refusals that name the flag or key (exit 2, before any
+run folder), and each replica's own /metrics scraped by its kind, apart from the others', with a gap naming
+the replica and its kind for what its answers cannot say."""
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from inferledger.collectors.capture.deployment import (DeploymentError, DeploymentFlags, Replicas, ReplicaSpec,
+                                                       check_replicas, resolve)
+from inferledger.collectors.workload import Workload
+
+TASKS = Path(__file__).resolve().parent.parent / "samples" / "tasks" / "basic.jsonl"
+WORKLOAD = f"""
+[taskset]
+file = "{TASKS}"
+[arrivals]
+process = "closed"
+n_tasks = 2
+concurrency = 1
+[contract]
+deadline_ms = 1000
+[client]
+timeout_ms = 1000
+[generation]
+max_tokens = 4
+"""
+
+
+def _workload(tmp_path: Path, deployment: str) -> Path:
+    path = tmp_path / "w.toml"
+    path.write_text(WORKLOAD + "[deployment]\n" + deployment)
+    return path
+
+
+def test_the_deployment_section_is_read_and_the_flags_override_it(tmp_path):
+    wl = Workload.load(_workload(tmp_path, 'router = "http://127.0.0.1:18200"\n'
+                                           'router_metrics = "http://127.0.0.1:18201/metrics"\n'
+                                           'servers = ["runs/r1"]\nreplicas = ["http://127.0.0.1:18113=llamacpp", '
+                                           '"http://127.0.0.1:18114"]\n'))
+    got = resolve(DeploymentFlags(), wl.deployment)
+    assert got == DeploymentFlags("http://127.0.0.1:18200", "http://127.0.0.1:18201/metrics", (tmp_path / "runs/r1",),
+                                  ("http://127.0.0.1:18113=llamacpp", "http://127.0.0.1:18114"))
+    flags = DeploymentFlags("http://127.0.0.1:9", None, ("s",), ("http://127.0.0.1:7=vllm",))
+    assert resolve(flags, wl.deployment) == DeploymentFlags("http://127.0.0.1:9", "http://127.0.0.1:18201/metrics",
+                                                            ("s",), ("http://127.0.0.1:7=vllm",))
+    assert resolve(DeploymentFlags(), None) == DeploymentFlags("embedded")
+    assert Workload.load(_workload(tmp_path, "")).deployment is None  # an empty table declares nothing
+    assert [(s.replica_id, s.kind) for s in check_replicas(got.replicas, {}, otlp=False)] == \
+        [("127.0.0.1:18113", "llamacpp"), ("127.0.0.1:18114", "blackbox")]
+
+
+def test_a_bad_deployment_key_is_refused_by_its_name(tmp_path):
+    path = _workload(tmp_path, 'router = "127.0.0.1:18200"\nreplicas = ["http://127.0.0.1:1=vllm", "http://x:2=gpu"]\n'
+                               'rooter = 1\n')
+    with pytest.raises(ValueError) as exc:
+        Workload.load(path)
+    assert str(exc.value).splitlines() == [
+        f"{path}: [deployment].router: '127.0.0.1:18200' is not an http(s) URL (e.g. http://127.0.0.1:18200)",
+        f"{path}: [deployment].replicas[1]: 'http://x:2=gpu': KIND 'gpu' is not one of ours, vllm, llamacpp, "
+        "blackbox (URL[=KIND])",
+        f"{path}: [deployment].rooter: unknown key (did you mean router?)"]
+
+
+def test_replica_refusals_name_the_flag_with_exit_2(tmp_path):
+    from inferledger.cli.app import app
+
+    def run(*args):
+        return CliRunner().invoke(app, ["capture", "-o", str(tmp_path / "r"), "--num-prompts", "1", *args],
+                                  env={"COLUMNS": "300"})
+
+    res = run("--replica", "http://127.0.0.1:9=vllm")
+    assert res.exit_code == 2 and "--replica" in res.output and "give the router's URL as --target" in res.output
+    res = run("--target", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:7=gpu")
+    assert res.exit_code == 2 and "KIND 'gpu' is not one of" in res.output
+    res = run("--target", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:7", "--replica", "http://127.0.0.1:7=vllm")
+    assert res.exit_code == 2 and "127.0.0.1:7 is already a replica" in res.output
+    res = run("--target", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:7=llamacpp", "--otlp-port", "0")
+    assert res.exit_code == 2 and "exactly one vLLM replica" in res.output
+    res = run("-w", str(_workload(tmp_path, 'replicas = ["http://127.0.0.1:7=vllm"]\n')))
+    assert res.exit_code == 2 and "give the router's URL as --target" in res.output
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(DeploymentError):
+        check_replicas(["http://127.0.0.1:18111=llamacpp"], {"http://127.0.0.1:18111": "replica1"}, otlp=False)
+
+
+def _metrics_server(body: bytes) -> http.server.HTTPServer:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+class _Sink:
+    def __init__(self):
+        self.rows = []
+
+    def sample(self, **kw):
+        self.rows.append(kw)
+
+
+def test_each_replica_is_scraped_by_its_kind_apart_and_its_gap_names_it(tmp_path):
+    vllm = _metrics_server(b'vllm:num_requests_waiting{model_name="m"} 2\nvllm:prefix_cache_hits_total 64\n'
+                           b'llamacpp:requests_deferred 9\n')
+    llama = _metrics_server(b'llamacpp:requests_deferred 1\nllamacpp:prompt_tokens_total 96\nvllm:x 1\n')
+    specs = (ReplicaSpec(f"http://127.0.0.1:{vllm.server_port}", "vllm"),
+             ReplicaSpec(f"http://127.0.0.1:{llama.server_port}", "llamacpp"), ReplicaSpec("http://127.0.0.1:9"))
+    sink = _Sink()
+    try:
+        reps = Replicas(specs, tmp_path, sink, clock="c", host="h")
+        for s in reps.scrapers.values():
+            s.scrape_once()  # no thread: one scrape, and the last one at stop
+        reps.stop()
+    finally:
+        for srv in (vllm, llama):
+            srv.shutdown()
+            srv.server_close()
+    v, l = specs[0].replica_id, specs[1].replica_id
+    got = sorted({(r["device"], r["source"], r["metric"], r["value"]) for r in sink.rows})
+    assert got == sorted([(v, "vllm-metrics", "vllm:num_requests_waiting", 2.0),
+                          (v, "vllm-metrics", "vllm:prefix_cache_hits_total", 64.0),
+                          (l, "llamacpp-metrics", "llamacpp:requests_deferred", 1.0),
+                          (l, "llamacpp-metrics", "llamacpp:prompt_tokens_total", 96.0)])
+    assert len(sink.rows) == 8  # two scrapes each
+    files = sorted(p.name for p in (tmp_path / "scrapes").iterdir())
+    assert files == sorted(f"metrics-{r.replace(':', '_')}.jsonl" for r in (v, l))
+    gaps = {g["gap_id"]: g for g in reps.gap_rows("run")}
+    assert sorted(gaps) == sorted(f"collector:replica:{r}" for r in (v, l, "127.0.0.1:9"))
+    assert "127.0.0.1:9 (blackbox, http://127.0.0.1:9)" in gaps["collector:replica:127.0.0.1:9"]["detail"]
+    assert gaps[f"collector:replica:{l}"]["subject_id"] == l
+    entries = {e["replica_id"]: e for e in reps.manifest()}
+    assert (entries[v]["kind"], entries[v]["metrics"]["scrapes"], entries[v]["metrics"]["source"]) == \
+        ("vllm", 2, "vllm-metrics")
+    assert "metrics" not in entries["127.0.0.1:9"]
+    json.dumps(reps.manifest())
