@@ -8,6 +8,8 @@ the raw files are only read.
 """
 from __future__ import annotations
 
+import json
+
 import os
 import shutil
 from dataclasses import dataclass
@@ -57,6 +59,7 @@ def run_variables(manifest: Manifest, run_id: str) -> dict:
     return {"run_id": (run_id, "VARCHAR"), "kv_block_bytes": (manifest.kv_block_bytes, "BIGINT"),
             "offered_rps": (manifest.offered_rps, "DOUBLE"),
             "client_lag_every": (manifest.block("client").get("loop_lag_trace_every"), "BIGINT"),
+            "replica_kinds": (json.dumps(sorted(manifest.replica_kinds.items())), "VARCHAR"),
             **{f"slo_{k}": (slo.get(k), "DOUBLE") for k in SLO_KEYS}}
 
 

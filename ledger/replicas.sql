@@ -1,17 +1,22 @@
--- Per-replica accounts of a deployment capture (several `serve --out` folders behind a router):
--- attempts, the router's own count of what it sent each worker, busy time, queue, prefix-cache hits
--- (docs/LEDGER.md "replicas").
+-- Per-replica accounts of a deployment capture (a router in front of `serve --out` folders and replicas
+-- declared by URL and kind): attempts, the router's own count of what it sent each worker, busy time,
+-- queue, KV use, prefix-cache hits, balance (docs/LEDGER.md "replicas").
 --
 -- scope: rollup
 -- reads: attempts, request_metrics, step_attribution, kv_holds, samples, quantile_linear
 -- creates: replicas, replicas_gaps
 
--- @table replicas: one row per replica of a deployment capture (attempts.replica_id, or a worker the
---   router's counters name); empty for a run of one server (docs/LEDGER.md "replicas")
--- @column replica_id: the replica (its `serve --out` folder's server id), or a router worker's URL when no
---   joined folder is that worker
+-- @table replicas: one row per replica of a deployment capture (attempts.replica_id, a replica the manifest's
+--   deployment declares, or a worker the router's counters name); empty for a run of one server (docs/LEDGER.md
+--   "replicas")
+-- @column replica_id: the replica (its `serve --out` folder's server id, or a --replica's host:port), or a router
+--   worker's URL when no declared replica is that worker
+-- @column kind: ours (a `serve --out` folder, or --replica URL=ours), vllm, llamacpp or blackbox, as the manifest's
+--   deployment declares it; ours for a replica whose events are in the run without one; NULL for a worker only
+--   the router names
 -- @column attempts: its rows in attempts: the client attempts it answered and the upstream tries it got
---   that the client never saw; NULL for a worker no joined folder is
+--   that the client never saw; NULL for a replica whose events are not in the run (declared by URL, or only the
+--   router's worker)
 -- @column client_attempts: of those, the attempts the client sent (parent_attempt_id NULL)
 -- @column unseen_tries: of those, the router's tries the client never saw (parent_attempt_id set)
 -- @column server_completed: of those, server_status completed
@@ -20,15 +25,26 @@
 --   that answered, it was 0); NULL without two router scrapes (capture --router-metrics)
 -- @column router_agrees: attempts = router_sent; NULL when either is unknown
 -- @column busy_ms: Σ step_ms of its engine's steps in the run (those copied from its folder: the window of
---   this run's attempts there)
--- @column balance: busy_ms over the mean busy_ms of the replicas (1 for an even spread; the busiest
---   replica's is the run's imbalance)
+--   this run's attempts there); NULL for a replica whose steps are not in the run (no engine of another kind
+--   reports its busy time: llama.cpp's and vLLM's seconds counters add up overlapping requests)
+-- @column balance: busy_ms over the mean busy_ms of the replicas (1 for an even spread); the busiest replica's
+--   is the run's balance figure; NULL on every row when one replica's busy_ms is unknown (a mean over some of
+--   them is no mean of the deployment)
 -- @column queue_p50_ms: the median queue_ms (engine.enqueued → first scheduled) of its attempts
 -- @column queue_p99_ms: the 99th percentile of the same
--- @column prefix_hit_blocks: KV blocks its attempts took from its prefix cache (kv_holds how prefix_hit)
--- @column prefix_hit_attempts: its attempts that took at least one cached block
+-- @column waiting_max: the most requests waiting in its queue at one scrape of its own /metrics
+--   (vllm:num_requests_waiting, llamacpp:requests_deferred); NULL without its scrapes (a `serve --out` replica's
+--   queue is queue_p50_ms, queue_p99_ms)
+-- @column prefix_hit_blocks: KV blocks its attempts took from its prefix cache (kv_holds how prefix_hit); NULL
+--   for a replica whose events are not in the run
+-- @column prefix_hit_attempts: its attempts that took at least one cached block; NULL likewise
+-- @column prefix_hit_tokens: prompt tokens its own counters say it took from its prefix cache over the run
+--   (last scrape − first of vllm:prefix_cache_hits_total, llamacpp:prompt_tokens_cached_total); NULL without
+--   two scrapes of such a counter, or when it went down
 -- @column kv_blocks_used_max: the most KV blocks its engine held at once, from its engine's samples in the
 --   run (kv_blocks_used, device = the replica); NULL without them
+-- @column kv_usage_max: the largest KV-cache usage fraction (0 to 1) its own /metrics reported
+--   (vllm:kv_cache_usage_perc, or vllm:gpu_cache_usage_perc); NULL without such a gauge (llama.cpp exports none)
 CREATE OR REPLACE TABLE replicas AS
 WITH served AS (
   SELECT replica_id, count(*) AS attempts, count(*) FILTER (WHERE parent_attempt_id IS NULL) AS client_attempts,
@@ -59,31 +75,66 @@ WITH served AS (
 ), kv AS (
   SELECT device AS replica_id, max(value) AS kv_blocks_used_max FROM samples
   WHERE source = 'engine' AND metric = 'kv_blocks_used' AND device IS NOT NULL GROUP BY device
+), declared AS (  -- the manifest's deployment: replica id -> kind
+  SELECT x[1] AS replica_id, x[2] AS kind FROM (SELECT unnest(from_json(getvariable('replica_kinds'), '[["VARCHAR"]]')) AS x)
+), own AS (  -- each replica's own /metrics (capture --replica), per replica (device)
+  SELECT device AS replica_id, metric, ts_ns, value, lag(value) OVER (PARTITION BY device, metric ORDER BY ts_ns) AS prev
+  FROM samples WHERE source IN ('vllm-metrics', 'llamacpp-metrics', 'inferledger-metrics') AND device IS NOT NULL
+), gauges AS (
+  SELECT replica_id,
+         max(value) FILTER (WHERE metric IN ('vllm:num_requests_waiting', 'llamacpp:requests_deferred')) AS waiting_max,
+         max(value) FILTER (WHERE metric IN ('vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc')) AS kv_usage_max
+  FROM own GROUP BY replica_id
+), counters AS (
+  SELECT replica_id,
+         CASE WHEN count(*) >= 2 AND NOT coalesce(bool_or(value < prev), false)
+              THEN arg_max(value, ts_ns) - arg_min(value, ts_ns) END AS prefix_hit_tokens
+  FROM own WHERE metric IN ('vllm:prefix_cache_hits_total', 'llamacpp:prompt_tokens_cached_total')
+  GROUP BY replica_id
 ), ids AS (
   SELECT replica_id FROM served UNION SELECT replica_id FROM processed UNION SELECT replica_id FROM busy
+  UNION SELECT replica_id FROM declared
+), acc AS (
+  SELECT ids.replica_id, coalesce(dc.kind, CASE WHEN s.attempts IS NOT NULL THEN 'ours' END) AS kind,
+         s.attempts, s.client_attempts, s.unseen_tries, s.server_completed,
+         p.router_sent::BIGINT AS router_sent, s.attempts = p.router_sent AS router_agrees,
+         coalesce(b.busy_ms, CASE WHEN s.attempts IS NOT NULL THEN 0 END) AS busy_ms,
+         q.queue_p50_ms, q.queue_p99_ms, g.waiting_max::BIGINT AS waiting_max,
+         CASE WHEN s.attempts IS NOT NULL THEN coalesce(h.prefix_hit_blocks, 0) END AS prefix_hit_blocks,
+         CASE WHEN s.attempts IS NOT NULL THEN coalesce(h.prefix_hit_attempts, 0) END AS prefix_hit_attempts,
+         c.prefix_hit_tokens::BIGINT AS prefix_hit_tokens,
+         kv.kv_blocks_used_max::BIGINT AS kv_blocks_used_max, g.kv_usage_max
+  FROM ids LEFT JOIN served s USING (replica_id) LEFT JOIN processed p USING (replica_id)
+  LEFT JOIN busy b USING (replica_id) LEFT JOIN queue q USING (replica_id) LEFT JOIN hits h USING (replica_id)
+  LEFT JOIN kv USING (replica_id) LEFT JOIN declared dc USING (replica_id) LEFT JOIN gauges g USING (replica_id)
+  LEFT JOIN counters c USING (replica_id)
 )
-SELECT getvariable('run_id') AS run_id, ids.replica_id,
-  s.attempts, s.client_attempts, s.unseen_tries, s.server_completed,
-  p.router_sent::BIGINT AS router_sent, s.attempts = p.router_sent AS router_agrees,
-  coalesce(b.busy_ms, CASE WHEN s.attempts IS NOT NULL THEN 0 END) AS busy_ms,
-  coalesce(b.busy_ms, CASE WHEN s.attempts IS NOT NULL THEN 0 END)
-    / nullif(avg(coalesce(b.busy_ms, CASE WHEN s.attempts IS NOT NULL THEN 0 END)) OVER (), 0) AS balance,
-  q.queue_p50_ms, q.queue_p99_ms,
-  CASE WHEN s.attempts IS NOT NULL THEN coalesce(h.prefix_hit_blocks, 0) END AS prefix_hit_blocks,
-  CASE WHEN s.attempts IS NOT NULL THEN coalesce(h.prefix_hit_attempts, 0) END AS prefix_hit_attempts,
-  kv.kv_blocks_used_max::BIGINT AS kv_blocks_used_max
-FROM ids LEFT JOIN served s USING (replica_id) LEFT JOIN processed p USING (replica_id)
-LEFT JOIN busy b USING (replica_id) LEFT JOIN queue q USING (replica_id) LEFT JOIN hits h USING (replica_id)
-LEFT JOIN kv USING (replica_id)
-ORDER BY ids.replica_id;
+SELECT getvariable('run_id') AS run_id, replica_id, kind, attempts, client_attempts, unseen_tries,
+  server_completed, router_sent, router_agrees, busy_ms,
+  CASE WHEN count(busy_ms) OVER () = count(*) OVER () THEN busy_ms / nullif(avg(busy_ms) OVER (), 0) END AS balance,
+  queue_p50_ms, queue_p99_ms, waiting_max, prefix_hit_blocks, prefix_hit_attempts, prefix_hit_tokens,
+  kv_blocks_used_max, kv_usage_max
+FROM acc
+ORDER BY replica_id;
 
--- @gaps: a worker the router counted that no joined folder is (its attempts unknown); a replica the
---   router's counters do not name while router samples exist (router_sent unknown).
+-- @gaps: a replica whose events are not in the run (declared by URL, or a worker only the router names): its
+--   attempts, busy time (so every row's balance), queue, KV use and prefix hits each where its kind cannot say
+--   them; a replica the router's counters do not name while router samples exist (router_sent unknown).
 CREATE OR REPLACE TEMP TABLE replicas_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO replicas_gaps
-SELECT 'run', replica_id, 'replicas attempts, busy_ms, queue, prefix hits of this worker',
-       'the worker''s `serve --out` folder given to the capture as --server (its own host and port in its manifest)',
-       format('the router sent {} request(s) to {}, but no joined --server folder is that worker', router_sent, replica_id)
+SELECT 'run', replica_id,
+       concat_ws(', ', 'replicas attempts, busy_ms, balance (every replica''s)',
+                 CASE WHEN queue_p50_ms IS NULL AND waiting_max IS NULL THEN 'queue_p50_ms, waiting_max' END,
+                 CASE WHEN kv_blocks_used_max IS NULL AND kv_usage_max IS NULL THEN 'kv_blocks_used_max, kv_usage_max' END,
+                 CASE WHEN prefix_hit_tokens IS NULL THEN 'prefix_hit_blocks, prefix_hit_tokens' END)
+         || format(' of {}', replica_id),
+       'the replica''s own events per attempt: its `serve --out` folder given to the capture as --server',
+       CASE WHEN kind IS NULL THEN format('the router sent {} request(s) to {}, but no declared replica is that worker',
+                                          coalesce(router_sent::VARCHAR, 'an unknown number of'), replica_id)
+            ELSE format('replica {} ({}) is declared by URL: its steps and attempts are not in the run{}', replica_id,
+                        kind, CASE kind WHEN 'blackbox' THEN ', and it reports nothing of its own'
+                                        WHEN 'llamacpp' THEN '; its /metrics have no KV usage gauge'
+                                        ELSE '' END) END
 FROM replicas WHERE attempts IS NULL
 UNION ALL
 SELECT 'run', replica_id, 'replicas router_sent, router_agrees',

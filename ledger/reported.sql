@@ -147,7 +147,8 @@ FROM v ORDER BY attempt_id;
 -- spans (vLLM) or per-response timings (llama.cpp) that the same engine reported (a difference says
 -- reports were lost or work ran outside the run).
 -- @table reported_counters: one row per /metrics counter, histogram _sum or _count an engine exposed
---   (samples of source vllm-metrics or llamacpp-metrics), over the run (docs/LEDGER.md "Reported evidence")
+--   (samples of source vllm-metrics or llamacpp-metrics of the target itself: a deployment's replicas' own,
+--   device = the replica, are in `replicas`), over the run (docs/LEDGER.md "Reported evidence")
 -- @column metric: the counter's name
 -- @column n_scrapes: the scrapes that read it
 -- @column first_value: its first reading
@@ -162,7 +163,8 @@ CREATE OR REPLACE TABLE reported_counters AS
 WITH s AS (
   SELECT metric, ts_ns, value, lag(value) OVER (PARTITION BY metric ORDER BY ts_ns) AS prev
   FROM samples
-  WHERE source IN ('vllm-metrics', 'llamacpp-metrics') AND (suffix(metric, '_total') OR suffix(metric, '_count') OR suffix(metric, '_sum'))
+  WHERE source IN ('vllm-metrics', 'llamacpp-metrics') AND device IS NULL  -- a deployment's replicas: `replicas`
+    AND (suffix(metric, '_total') OR suffix(metric, '_count') OR suffix(metric, '_sum'))
 ), agg AS (
   SELECT metric, count(*) AS n_scrapes, arg_min(value, ts_ns) AS first_value, arg_max(value, ts_ns) AS last_value,
          coalesce(bool_or(value < prev), false) AS went_down

@@ -1,0 +1,96 @@
+"""A deployment's ledger built from events: per-replica accounts (`replicas`: attempts, busy time, queue, KV
+use, prefix-cache hits, balance; a replica declared by URL and kind with what its own /metrics say and NULL
+where its kind cannot say) and `run_diagnosis` naming the one replica that served most of the late attempts
+(one slow replica), and none for a balanced pair."""
+from __future__ import annotations
+
+import pytest
+
+from ledger_util import build_run, dict_rows, event as _e
+
+ENG, SRV = {"source": "engine"}, {"source": "server"}
+
+
+def _attempt(n: int, replica: str, queue_ms: float, work_ms: float, step_id: int, prefix_hit: bool = False) -> list[dict]:
+    """Task T<n> (deadline 50 ms) at n x 100 ms: one attempt served by `replica`, queued `queue_ms`, prefilled
+    and done in one step of `work_ms`."""
+    t0, aid, task = n * 100.0, f"A{n}", f"T{n}"
+    rep = {"replica_id": replica}
+    t1, t2 = t0 + queue_ms, t0 + queue_ms + work_ms
+    kv = [_e("kv.prefix_hit", t1, aid, attrs={"blocks": [n], **rep}, value=1, **ENG)] if prefix_hit else []
+    return [
+        _e("task.start", t0, task=task, attrs={"deadline_ms": 50}),
+        _e("attempt.created", t0, aid, task=task), _e("attempt.sent", t0, aid, task=task),
+        _e("server.received", t0, aid, attrs=rep, **SRV), _e("engine.enqueued", t0, aid, attrs=rep, **ENG),
+        _e("engine.scheduled", t1, aid, attrs=rep, **ENG), *kv,
+        _e("step.start", t1, step_id=step_id, source="engine", attrs={"batch": [[aid, "prefill", 10]], **rep}),
+        _e("step.end", t2, step_id=step_id, source="engine", value=10, attrs=rep),
+        _e("engine.token", t2, aid, step_id=step_id, value=1, attrs=rep, **ENG),
+        _e("engine.finished", t2, aid, value=1, attrs={"reason": "stop", **rep}, **ENG),
+        _e("server.done", t2, aid, attrs=rep, **SRV),
+        _e("attempt.chunk", t2, aid, task=task, attrs={"kinds": ["content"]}),
+        _e("attempt.done", t2, aid, task=task, attrs={"finish_reason": "stop"}),
+    ]
+
+
+def _deployment(plan: list[tuple[str, float, float]], **kw):
+    """Events of one attempt per (replica, queue_ms, work_ms), in order, each its own step."""
+    return [ev for n, (rep, q, w) in enumerate(plan) for ev in _attempt(n, rep, q, w, step_id=n + 1, **kw)]
+
+
+# r1 is slow: every one of its 9 attempts waits 40 ms and works 30 ms (late at 70 ms against a 50 ms deadline);
+# r2 serves 11 in 10 ms each, one of them queued 45 ms (late at 55 ms)
+SLOW = [("r1", 40.0, 30.0)] * 9 + [("r2", 0.0, 10.0)] * 10 + [("r2", 45.0, 10.0)]
+MANIFEST = {"deployment": {"router": "http://127.0.0.1:18200", "replicas": [
+    {"replica_id": "r1", "kind": "ours"}, {"replica_id": "r2", "kind": "ours"},
+    {"replica_id": "127.0.0.1:18113", "kind": "llamacpp", "url": "http://127.0.0.1:18113"},
+    {"replica_id": "127.0.0.1:18114", "kind": "vllm", "url": "http://127.0.0.1:18114"}]}}
+SAMPLES = [(0, "kv_blocks_used", 3.0, "blocks", "r1", "engine"), (500, "kv_blocks_used", 7.0, "blocks", "r1", "engine"),
+           (0, "llamacpp:requests_deferred", 2.0, "count", "127.0.0.1:18113", "llamacpp-metrics"),
+           (0, "llamacpp:prompt_tokens_cached_total", 100.0, "tokens", "127.0.0.1:18113", "llamacpp-metrics"),
+           (900, "llamacpp:prompt_tokens_cached_total", 164.0, "tokens", "127.0.0.1:18113", "llamacpp-metrics"),
+           (0, "vllm:num_requests_waiting", 4.0, "count", "127.0.0.1:18114", "vllm-metrics"),
+           (0, "vllm:kv_cache_usage_perc", 0.25, "ratio", "127.0.0.1:18114", "vllm-metrics"),
+           (900, "vllm:kv_cache_usage_perc", 0.5, "ratio", "127.0.0.1:18114", "vllm-metrics"),
+           (0, "vllm:prefix_cache_hits_total", 32.0, "tokens", "127.0.0.1:18114", "vllm-metrics"),
+           (900, "vllm:prefix_cache_hits_total", 16.0, "tokens", "127.0.0.1:18114", "vllm-metrics")]
+
+
+TWO = {"deployment": {"replicas": [{"replica_id": "r1", "kind": "ours"}, {"replica_id": "r2", "kind": "ours"}]}}
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory):
+    return build_run(tmp_path_factory.mktemp("slow") / "r", _deployment(SLOW), manifest=TWO)
+
+
+def test_each_replica_has_its_own_account_and_null_where_its_kind_cannot_say(tmp_path):
+    plan = [("r1", 40.0, 30.0)] * 3 + [("r2", 0.0, 10.0)] * 2
+    events = [ev for n, (rep, q, w) in enumerate(plan)
+              for ev in _attempt(n, rep, q, w, step_id=n + 1, prefix_hit=n in (1, 2, 4))]
+    con = build_run(tmp_path / "r", events, manifest=MANIFEST, samples=SAMPLES)
+    got = {r["replica_id"]: r for r in dict_rows(con, "SELECT * FROM replicas")}
+    assert sorted(got) == ["127.0.0.1:18113", "127.0.0.1:18114", "r1", "r2"]
+    r1, r2, llama, vllm = got["r1"], got["r2"], got["127.0.0.1:18113"], got["127.0.0.1:18114"]
+    assert (r1["kind"], r1["attempts"], r1["busy_ms"], r1["queue_p50_ms"], r1["prefix_hit_blocks"],
+            r1["prefix_hit_attempts"], r1["kv_blocks_used_max"]) == ("ours", 3, 90.0, 40.0, 2, 2, 7)
+    assert (r2["attempts"], r2["busy_ms"], r2["queue_p99_ms"], r2["prefix_hit_blocks"], r2["kv_blocks_used_max"]) == \
+        (2, 20.0, 0.0, 1, None)
+    assert (llama["kind"], llama["attempts"], llama["busy_ms"], llama["waiting_max"], llama["prefix_hit_tokens"],
+            llama["kv_usage_max"]) == ("llamacpp", None, None, 2, 64, None)
+    # vLLM's prefix counter went down (a restart): its delta is unknown, never negative
+    assert (vllm["kind"], vllm["waiting_max"], vllm["kv_usage_max"], vllm["prefix_hit_tokens"]) == \
+        ("vllm", 4, 0.5, None)
+    # a mean over some of the replicas is no mean of the deployment: every balance is NULL
+    assert [r["balance"] for r in got.values()] == [None] * 4
+    gaps = {r["subject_id"]: r for r in dict_rows(con, "SELECT * FROM gaps WHERE gap_id LIKE 'replicas:%' OR "
+                                                       "affects LIKE 'replicas %'")}
+    assert sorted(gaps) == ["127.0.0.1:18113", "127.0.0.1:18114"]
+    assert "kv_usage_max" in gaps["127.0.0.1:18113"]["affects"] and "queue" not in gaps["127.0.0.1:18113"]["affects"]
+    assert "(llamacpp) is declared by URL" in gaps["127.0.0.1:18113"]["detail"]
+
+
+def test_balance_is_busy_time_over_the_mean(slow):
+    got = {r[0]: r[1:] for r in slow.execute("SELECT replica_id, attempts, busy_ms, balance FROM replicas").fetchall()}
+    # r1 9 x 30 = 270 ms, r2 11 x 10 = 110 ms: the mean 190 ms
+    assert got == {"r1": (9, 270.0, pytest.approx(270 / 190)), "r2": (11, 110.0, pytest.approx(110 / 190))}
