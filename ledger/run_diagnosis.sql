@@ -3,7 +3,7 @@
 -- cause and its evidence, for the run and for its load point (docs/LEDGER.md "run_diagnosis").
 --
 -- scope: rollup
--- reads: attempt_causes
+-- reads: attempt_causes, attempts, replicas
 -- creates: run_diagnosis, run_diagnosis_gaps
 
 -- @table run_diagnosis: one row for the run (scope run) and one for its load point (scope point, an
@@ -33,7 +33,12 @@
 --   causes add up to 0. host_contention and client rank where measured (the gap register names them)
 -- @column first_cause_share: its share (NULL when first_cause is unknown)
 -- @column evidence: one sentence: the first cause's time against the delay, over which attempts, and
---   the causes left unknown
+--   the causes left unknown; in a deployment, the replica named (replica_id) and why
+-- @column replica_id: in a deployment of two replicas or more, the replica that served at least 3/4 of the late
+--   attempts when every late attempt's replica is known and at least 2 were late (one slow or one hot replica
+--   explains them); NULL otherwise (docs/LEDGER.md "run_diagnosis")
+-- @column replica_balance: the deployment's balance figure, the busiest replica's busy time over the replicas'
+--   mean (max replicas.balance); NULL for one server or when a replica's busy time is unknown
 CREATE OR REPLACE TABLE run_diagnosis AS
 WITH d AS (
   SELECT *, NOT EXISTS (SELECT 1 FROM attempt_causes WHERE late) AS none_late FROM attempt_causes
@@ -68,6 +73,22 @@ WITH d AS (
          string_agg(cause, ', ' ORDER BY ord) FILTER (WHERE ms IS NULL) AS unknown,
          map(list(cause ORDER BY ord), list(ms ORDER BY ord)) AS by_cause
   FROM totals
+), late_by AS (  -- the late attempts per replica that served them
+  SELECT a.replica_id, count(*) AS n FROM d JOIN attempts a USING (attempt_id) WHERE d.late GROUP BY a.replica_id
+), rep AS (
+  SELECT arg_max(replica_id, n) FILTER (WHERE replica_id IS NOT NULL) AS top,
+         max(n) FILTER (WHERE replica_id IS NOT NULL) AS top_late, sum(n) AS n_late,
+         count(*) FILTER (WHERE replica_id IS NULL) AS unplaced
+  FROM late_by
+), named AS (
+  SELECT CASE WHEN (SELECT count(*) FROM replicas) >= 2 AND rep.unplaced = 0 AND rep.n_late >= 2
+                   AND 4 * rep.top_late >= 3 * rep.n_late THEN rep.top END AS replica_id,
+         rep.top_late, rep.n_late,
+         (SELECT count(*) FROM d JOIN attempts a USING (attempt_id) WHERE a.replica_id = rep.top) AS top_attempts,
+         (SELECT count(*) FROM d) AS all_attempts,
+         (SELECT balance FROM replicas WHERE replica_id = rep.top) AS top_balance,
+         (SELECT max(balance) FROM replicas) AS replica_balance
+  FROM rep
 ), scopes(scope, point) AS (
   SELECT 'run', NULL::DOUBLE UNION ALL SELECT 'point', getvariable('offered_rps') WHERE getvariable('offered_rps') IS NOT NULL
 )
@@ -96,8 +117,16 @@ SELECT getvariable('run_id') AS run_id, s.scope, s.point,
                         printf(' over %d %sattempt%s', r.n_attempts, CASE WHEN r.none_late THEN '' ELSE 'late ' END,
                                CASE WHEN r.n_attempts = 1 THEN '' ELSE 's' END),
                         CASE WHEN r.none_late THEN ' (none was late)' ELSE '' END,
-                        CASE WHEN r.unknown IS NOT NULL THEN '; unknown: ' || r.unknown ELSE '' END) END AS evidence
-FROM run r, scopes s
+                        CASE WHEN r.unknown IS NOT NULL THEN '; unknown: ' || r.unknown ELSE '' END,
+                        CASE WHEN nm.replica_id IS NOT NULL
+                             THEN printf('; replica %s served %d of the %d late attempts (%d of the %d attempts)%s',
+                                         nm.replica_id, nm.top_late, nm.n_late, nm.top_attempts, nm.all_attempts,
+                                         CASE WHEN nm.top_balance IS NOT NULL
+                                              THEN printf('; its busy time %.1f× the mean', nm.top_balance)
+                                              ELSE '' END)
+                             ELSE '' END) END AS evidence,
+       nm.replica_id, nm.replica_balance
+FROM run r, scopes s, named nm
 ORDER BY s.scope DESC;
 
 -- @gaps: a cause whose time is unknown for a diagnosed attempt (its share is NULL).

@@ -94,3 +94,24 @@ def test_balance_is_busy_time_over_the_mean(slow):
     got = {r[0]: r[1:] for r in slow.execute("SELECT replica_id, attempts, busy_ms, balance FROM replicas").fetchall()}
     # r1 9 x 30 = 270 ms, r2 11 x 10 = 110 ms: the mean 190 ms
     assert got == {"r1": (9, 270.0, pytest.approx(270 / 190)), "r2": (11, 110.0, pytest.approx(110 / 190))}
+
+
+def test_the_diagnosis_names_the_one_slow_replica(slow):
+    row = dict_rows(slow, "SELECT * FROM run_diagnosis WHERE scope = 'run'")[0]
+    assert (row["n_late"], row["replica_id"]) == (10, "r1")
+    assert row["replica_balance"] == pytest.approx(270 / 190)
+    assert row["evidence"].endswith("; replica r1 served 9 of the 10 late attempts (9 of the 20 attempts); "
+                                    "its busy time 1.4× the mean")
+
+
+def test_a_balanced_pair_names_no_replica(tmp_path):
+    # r1 and r2 alike: 10 attempts each, 5 of each late (queued 45 ms, done at 55 ms against 50 ms)
+    plan = [(rep, 45.0 if n % 2 else 0.0, 10.0) for rep in ("r1", "r2") for n in range(10)]
+    con = build_run(tmp_path / "r", _deployment(plan), manifest=TWO)
+    row = dict_rows(con, "SELECT * FROM run_diagnosis WHERE scope = 'run'")[0]
+    assert (row["n_late"], row["replica_id"], row["replica_balance"]) == (10, None, pytest.approx(1.0))
+    assert "replica" not in row["evidence"]
+    # 7 of 10 late on one replica is short of 3/4: still none named
+    plan = [("r1", 45.0, 10.0)] * 7 + [("r2", 45.0, 10.0)] * 3 + [("r2", 0.0, 10.0)] * 10
+    con = build_run(tmp_path / "r7", _deployment(plan), manifest=TWO)
+    assert con.execute("SELECT n_late, replica_id FROM run_diagnosis WHERE scope = 'run'").fetchall() == [(10, None)]
