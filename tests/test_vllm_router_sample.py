@@ -215,6 +215,7 @@ def test_partitioned_each_engine_is_one_replica_and_a_tasks_tries_share_its_buck
         attrs = ds.dataset(str(folder), format="parquet").to_table(columns=["attrs"]).column("attrs").to_pylist()
         seen.append({json.loads(a).get("replica_id") for a in attrs})
     assert sorted(map(sorted, seen)) == [["replica1"], ["replica2"]]
+    assert [f.name for f in engines] == ["engine-replica1", "engine-replica2"]  # each named by its replica
     buckets = {}
     for folder in (run / "events").glob("bucket-*"):
         for r in ds.dataset(str(folder), format="parquet").to_table(columns=["task_id"]).to_pylist():

@@ -3,7 +3,8 @@
 Every event goes to one partition: `bucket-NNNN/` by the stable bucket of its task (an attempt's
 events without a task id inherit the attempt's task, else its request's task; with no task at all
 the request id, else the attempt id, is the key), `engine-<id>/` for an event with `attrs.engine_id`
-and neither task, request nor attempt (an engine instance's step events), `run/` for the rest.
+and neither task, request nor attempt (an engine instance's step events; in a deployment capture `<id>`
+is the replica's, `attrs.replica_id`), `run/` for the rest.
 Within a partition the events keep the order they were read in (parts in flush order, rows in file
 order), so "the earliest copy of an event wins" picks the same copy as before; every row is kept,
 copies included.
@@ -54,7 +55,10 @@ def partition_sql(buckets: int) -> str:
       SELECT request_id, min(task_id) AS task_id FROM events WHERE request_id IS NOT NULL GROUP BY request_id
     ), keyed AS (
       SELECT e.*, coalesce(e.task_id, a.task_id, r.task_id, ra.task_id, e.request_id, a.request_id, e.attempt_id) AS key,
-             json_extract_string(e.attrs, '$.engine_id') AS engine_id
+             -- an engine's steps: in a deployment, the folder of the replica it served (engine-<replica_id>)
+             CASE WHEN json_extract_string(e.attrs, '$.engine_id') IS NOT NULL
+                  THEN coalesce(json_extract_string(e.attrs, '$.replica_id'), json_extract_string(e.attrs, '$.engine_id'))
+             END AS engine_id
       FROM events e LEFT JOIN att a USING (attempt_id) LEFT JOIN req r ON r.request_id = e.request_id
            LEFT JOIN req ra ON ra.request_id = a.request_id
     )
