@@ -76,7 +76,9 @@ WITH per_output AS (
          arg_min(json_extract_string(attrs, '$.replica_id'), (ts_ns, event_id))
            FILTER (WHERE attrs LIKE '%"replica_id"%') AS replica_id,
          arg_min(json_extract_string(attrs, '$.parent_attempt_id'), (ts_ns, event_id))
-           FILTER (WHERE attrs LIKE '%"parent_attempt_id"%') AS parent_attempt_id
+           FILTER (WHERE attrs LIKE '%"parent_attempt_id"%') AS parent_attempt_id,
+         -- answered with llama.cpp's own per-response timings (the client keeps them on attempt.done)
+         bool_or(name = 'attempt.done' AND source = 'client' AND attrs LIKE '%"server_timings"%') AS llamacpp_answered
   FROM ev WHERE attempt_id IS NOT NULL GROUP BY attempt_id
 ), outputs AS (
   SELECT attempt_id, sum(n_client) AS n_client, sum(n_server) AS n_server FROM per_output GROUP BY attempt_id
@@ -84,7 +86,12 @@ WITH per_output AS (
 SELECT coalesce(c.attempt_id, o.attempt_id) AS attempt_id, c.task_id, c.session_id, c.request_id,
        coalesce(c.n_client, 0) + coalesce(o.n_client, 0) AS n_client_events,
        coalesce(c.n_server, 0) + coalesce(o.n_server, 0) AS n_server_events,
-       coalesce(c.n_kv_events, 0) AS n_kv_events, c.replica_id, c.parent_attempt_id
+       coalesce(c.n_kv_events, 0) AS n_kv_events,
+       -- no served folder holds it and llama.cpp's timings answered it: the deployment's one llama.cpp replica
+       coalesce(c.replica_id, CASE WHEN c.llamacpp_answered THEN (
+         SELECT any_value(x[1]) FROM (SELECT unnest(from_json(getvariable('replica_kinds'), '[["VARCHAR"]]')) AS x)
+         WHERE x[2] = 'llamacpp' HAVING count(*) = 1) END) AS replica_id,
+       c.parent_attempt_id
 FROM control c FULL OUTER JOIN outputs o USING (attempt_id);
 
 CREATE OR REPLACE TEMP TABLE marks AS

@@ -14,9 +14,9 @@
 -- @column kind: ours (a `serve --out` folder, or --replica URL=ours), vllm, llamacpp or blackbox, as the manifest's
 --   deployment declares it; ours for a replica whose events are in the run without one; NULL for a worker only
 --   the router names
--- @column attempts: its rows in attempts: the client attempts it answered and the upstream tries it got
---   that the client never saw; NULL for a replica whose events are not in the run (declared by URL, or only the
---   router's worker)
+-- @column attempts: its rows in attempts (attempts.replica_id): the client attempts it answered and the upstream
+--   tries it got that the client never saw; NULL for a replica no attempt names (declared by URL and placed by
+--   no evidence, or only the router's worker)
 -- @column client_attempts: of those, the attempts the client sent (parent_attempt_id NULL)
 -- @column unseen_tries: of those, the router's tries the client never saw (parent_attempt_id set)
 -- @column server_completed: of those, server_status completed
@@ -25,7 +25,7 @@
 --   that answered, it was 0); NULL without two router scrapes (capture --router-metrics)
 -- @column router_agrees: attempts = router_sent; NULL when either is unknown
 -- @column busy_ms: Σ step_ms of its engine's steps in the run (those copied from its folder: the window of
---   this run's attempts there); NULL for a replica whose steps are not in the run (no engine of another kind
+--   this run's attempts there); NULL for a replica whose engine's events are not in the run (no engine of another kind
 --   reports its busy time: llama.cpp's and vLLM's seconds counters add up overlapping requests)
 -- @column balance: busy_ms over the mean busy_ms of the replicas (1 for an even spread); the busiest replica's
 --   is the run's balance figure; NULL on every row when one replica's busy_ms is unknown (a mean over some of
@@ -36,7 +36,7 @@
 --   (vllm:num_requests_waiting, llamacpp:requests_deferred); NULL without its scrapes (a `serve --out` replica's
 --   queue is queue_p50_ms, queue_p99_ms)
 -- @column prefix_hit_blocks: KV blocks its attempts took from its prefix cache (kv_holds how prefix_hit); NULL
---   for a replica whose events are not in the run
+--   for a replica whose engine's events are not in the run (any but a `serve --out` replica)
 -- @column prefix_hit_attempts: its attempts that took at least one cached block; NULL likewise
 -- @column prefix_hit_tokens: prompt tokens its own counters say it took from its prefix cache over the run
 --   (last scrape − first of vllm:prefix_cache_hits_total, llamacpp:prompt_tokens_cached_total); NULL without
@@ -98,44 +98,54 @@ WITH served AS (
   SELECT ids.replica_id, coalesce(dc.kind, CASE WHEN s.attempts IS NOT NULL THEN 'ours' END) AS kind,
          s.attempts, s.client_attempts, s.unseen_tries, s.server_completed,
          p.router_sent::BIGINT AS router_sent, s.attempts = p.router_sent AS router_agrees,
-         coalesce(b.busy_ms, CASE WHEN s.attempts IS NOT NULL THEN 0 END) AS busy_ms,
-         q.queue_p50_ms, q.queue_p99_ms, g.waiting_max::BIGINT AS waiting_max,
-         CASE WHEN s.attempts IS NOT NULL THEN coalesce(h.prefix_hit_blocks, 0) END AS prefix_hit_blocks,
-         CASE WHEN s.attempts IS NOT NULL THEN coalesce(h.prefix_hit_attempts, 0) END AS prefix_hit_attempts,
+         s.attempts IS NOT NULL AND coalesce(dc.kind, 'ours') = 'ours' AS steps_here,  -- its engine's events are in the run
+         b.busy_ms, q.queue_p50_ms, q.queue_p99_ms, g.waiting_max::BIGINT AS waiting_max,
+         h.prefix_hit_blocks, h.prefix_hit_attempts,
          c.prefix_hit_tokens::BIGINT AS prefix_hit_tokens,
          kv.kv_blocks_used_max::BIGINT AS kv_blocks_used_max, g.kv_usage_max
   FROM ids LEFT JOIN served s USING (replica_id) LEFT JOIN processed p USING (replica_id)
   LEFT JOIN busy b USING (replica_id) LEFT JOIN queue q USING (replica_id) LEFT JOIN hits h USING (replica_id)
   LEFT JOIN kv USING (replica_id) LEFT JOIN declared dc USING (replica_id) LEFT JOIN gauges g USING (replica_id)
   LEFT JOIN counters c USING (replica_id)
+), shown AS (
+  SELECT * EXCLUDE (busy_ms, prefix_hit_blocks, prefix_hit_attempts),
+         CASE WHEN steps_here THEN coalesce(busy_ms, 0) END AS busy_ms,
+         CASE WHEN steps_here THEN coalesce(prefix_hit_blocks, 0) END AS prefix_hit_blocks,
+         CASE WHEN steps_here THEN coalesce(prefix_hit_attempts, 0) END AS prefix_hit_attempts
+  FROM acc
 )
 SELECT getvariable('run_id') AS run_id, replica_id, kind, attempts, client_attempts, unseen_tries,
   server_completed, router_sent, router_agrees, busy_ms,
   CASE WHEN count(busy_ms) OVER () = count(*) OVER () THEN busy_ms / nullif(avg(busy_ms) OVER (), 0) END AS balance,
   queue_p50_ms, queue_p99_ms, waiting_max, prefix_hit_blocks, prefix_hit_attempts, prefix_hit_tokens,
   kv_blocks_used_max, kv_usage_max
-FROM acc
+FROM shown
 ORDER BY replica_id;
 
--- @gaps: a replica whose events are not in the run (declared by URL, or a worker only the router names): its
---   attempts, busy time (so every row's balance), queue, KV use and prefix hits each where its kind cannot say
---   them; a replica the router's counters do not name while router samples exist (router_sent unknown).
+-- @gaps: a replica whose engine's events are not in the run (declared by URL, or a worker only the router
+--   names): its attempts (when no evidence places them), busy time (so every row's balance), queue, KV use and
+--   prefix hits, each where its kind cannot say them; a replica the router's counters do not name while router
+--   samples exist (router_sent unknown).
 CREATE OR REPLACE TEMP TABLE replicas_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO replicas_gaps
 SELECT 'run', replica_id,
-       concat_ws(', ', 'replicas attempts, busy_ms, balance (every replica''s)',
-                 CASE WHEN queue_p50_ms IS NULL AND waiting_max IS NULL THEN 'queue_p50_ms, waiting_max' END,
-                 CASE WHEN kv_blocks_used_max IS NULL AND kv_usage_max IS NULL THEN 'kv_blocks_used_max, kv_usage_max' END,
-                 CASE WHEN prefix_hit_tokens IS NULL THEN 'prefix_hit_blocks, prefix_hit_tokens' END)
+       'replicas ' || concat_ws(', ', CASE WHEN attempts IS NULL THEN 'attempts' END,
+                                'busy_ms, balance (every replica''s)',
+                                CASE WHEN queue_p50_ms IS NULL AND waiting_max IS NULL THEN 'queue_p50_ms, waiting_max' END,
+                                CASE WHEN kv_blocks_used_max IS NULL AND kv_usage_max IS NULL
+                                     THEN 'kv_blocks_used_max, kv_usage_max' END,
+                                CASE WHEN prefix_hit_tokens IS NULL THEN 'prefix_hit_blocks, prefix_hit_tokens' END)
          || format(' of {}', replica_id),
        'the replica''s own events per attempt: its `serve --out` folder given to the capture as --server',
        CASE WHEN kind IS NULL THEN format('the router sent {} request(s) to {}, but no declared replica is that worker',
                                           coalesce(router_sent::VARCHAR, 'an unknown number of'), replica_id)
-            ELSE format('replica {} ({}) is declared by URL: its steps and attempts are not in the run{}', replica_id,
-                        kind, CASE kind WHEN 'blackbox' THEN ', and it reports nothing of its own'
-                                        WHEN 'llamacpp' THEN '; its /metrics have no KV usage gauge'
-                                        ELSE '' END) END
-FROM replicas WHERE attempts IS NULL
+            ELSE format('replica {} ({}) is declared by URL: its engine''s steps are not in the run{}{}', replica_id,
+                        kind, CASE WHEN attempts IS NOT NULL
+                                   THEN format(' (its {} attempt(s) are placed by the timings llama.cpp answered with)',
+                                               attempts) ELSE ', nor which attempts it served' END,
+                        CASE kind WHEN 'blackbox' THEN ', and it reports nothing of its own'
+                                  WHEN 'llamacpp' THEN '; its /metrics have no KV usage gauge' ELSE '' END) END
+FROM replicas WHERE busy_ms IS NULL
 UNION ALL
 SELECT 'run', replica_id, 'replicas router_sent, router_agrees',
        'vllm_router_processed_requests_total{worker} for this replica in two router scrapes',

@@ -115,3 +115,35 @@ def test_a_balanced_pair_names_no_replica(tmp_path):
     plan = [("r1", 45.0, 10.0)] * 7 + [("r2", 45.0, 10.0)] * 3 + [("r2", 0.0, 10.0)] * 10
     con = build_run(tmp_path / "r7", _deployment(plan), manifest=TWO)
     assert con.execute("SELECT n_late, replica_id FROM run_diagnosis WHERE scope = 'run'").fetchall() == [(10, None)]
+
+
+def _llamacpp_answered(n: int) -> list[dict]:
+    """Task T<n>: one attempt answered with llama.cpp's own timings (no server event of ours)."""
+    t0, aid, task = n * 100.0, f"L{n}", f"T{n}"
+    timings = {"cache_n": 0, "prompt_n": 8, "prompt_ms": 5.0, "predicted_n": 1, "predicted_ms": 2.0}
+    return [_e("task.start", t0, task=task, attrs={"deadline_ms": 500}),
+            _e("attempt.created", t0, aid, task=task), _e("attempt.sent", t0, aid, task=task),
+            _e("attempt.chunk", t0 + 20, aid, task=task, attrs={"kinds": ["content"]}),
+            _e("attempt.done", t0 + 20, aid, task=task, attrs={"finish_reason": "stop", "server_timings": timings,
+                                                               "server_timings_evidence": "reported"})]
+
+
+def test_an_attempt_answered_with_llamacpps_timings_is_the_one_llamacpp_replicas(tmp_path):
+    events = _deployment([("r1", 0.0, 10.0)] * 2) + _llamacpp_answered(5) + _llamacpp_answered(6)
+    one = {"deployment": {"replicas": [{"replica_id": "r1", "kind": "ours"},
+                                       {"replica_id": "127.0.0.1:18113", "kind": "llamacpp"}]}}
+    con = build_run(tmp_path / "one", events, manifest=one)
+    assert con.execute("SELECT attempt_id, replica_id FROM attempts ORDER BY 1").fetchall() == \
+        [("A0", "r1"), ("A1", "r1"), ("L5", "127.0.0.1:18113"), ("L6", "127.0.0.1:18113")]
+    got = dict_rows(con, "SELECT * FROM replicas WHERE kind = 'llamacpp'")[0]
+    # its attempts are known; its engine's steps and prefix blocks are not (NULL, never 0), nor the balance
+    assert (got["attempts"], got["busy_ms"], got["prefix_hit_blocks"], got["balance"]) == (2, None, None, None)
+    detail = con.execute("SELECT detail FROM gaps WHERE affects LIKE 'replicas busy_ms%'").fetchall()
+    assert detail == [("replica 127.0.0.1:18113 (llamacpp) is declared by URL: its engine's steps are not in the run "
+                       "(its 2 attempt(s) are placed by the timings llama.cpp answered with); its /metrics have no "
+                       "KV usage gauge",)]
+    # two llama.cpp replicas: the timings cannot say which one answered
+    two = {"deployment": {"replicas": [*one["deployment"]["replicas"],
+                                       {"replica_id": "127.0.0.1:18114", "kind": "llamacpp"}]}}
+    con = build_run(tmp_path / "two", events, manifest=two)
+    assert con.execute("SELECT count(*) FROM attempts WHERE replica_id IS NULL").fetchall() == [(2,)]

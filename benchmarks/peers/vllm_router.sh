@@ -9,7 +9,7 @@
 #   bash benchmarks/peers/vllm_router.sh recipe [OUT]                 the recorded samples' run (samples/peers/vllm_router/README.md):
 #                                                                     two `serve --out` replicas behind the router, one capture
 #   (recipe's environment: REPLICA1_ARGS / REPLICA2_ARGS, appended to that replica's `inferledger serve`;
-#    LOAD_ARGS, the capture's load flags, default "--request-rate 4")
+#    LOAD_ARGS, the capture's load flags, default "--request-rate 4"; NUM_PROMPTS, the attempts, default 20)
 #
 # Environment: ROUTER_PORT (18200), ROUTER_METRICS_PORT (18201: its Prometheus /metrics), ROUTER_POLICY
 # (round_robin; any of the router's --policy), ROUTER_START_TIMEOUT_S (60), ROUTER_EXTRA_ARGS (appended,
@@ -103,7 +103,7 @@ recipe() {
   start "http://127.0.0.1:18111" "http://127.0.0.1:18112"
   rm -rf "$out"
   "$il" capture -o "$out" --target "http://127.0.0.1:$PORT" --router-metrics "http://127.0.0.1:$METRICS_PORT/metrics" \
-    --server "$work/replica1" --server "$work/replica2" --num-prompts 20 --seed 0 --input-len 64 --output-len 8 \
+    --server "$work/replica1" --server "$work/replica2" --num-prompts "${NUM_PROMPTS:-20}" --seed 0 --input-len 64 --output-len 8 \
     --ignore-eos ${LOAD_ARGS:---request-rate 4}
   cleanup
   trap - EXIT

@@ -14,7 +14,9 @@ kind; each records what today's single-server path records for its kind, per rep
 
 Each replica's samples carry it as their `device`, its raw scrapes are `scrapes/metrics-<replica>.jsonl`,
 and its id is its URL's `host:port` (the form the router's counters are matched by). Which attempts
-such a replica served is not in its answers: each one is a gap naming the replica and its kind.
+such a replica served is not in its answers: each one is a gap naming the replica and its kind. One
+exception, by evidence: an attempt answered with llama.cpp's timings that no `--server` folder holds is
+the deployment's llama.cpp replica's when exactly one is declared (the ledger's attempts.replica_id).
 """
 from __future__ import annotations
 
@@ -121,15 +123,21 @@ class Replicas:
         """Per replica: which attempts it served is unknown (its kind's answers name no replica), its scrapes'
         failures under its own ids."""
         gaps = []
+        one_llamacpp = sum(s.kind == "llamacpp" for s in self.specs) == 1
         for s in self.specs:
             rid = s.replica_id
+            placed = one_llamacpp and s.kind == "llamacpp"
             gaps.append({"run_id": run_id, "gap_id": f"collector:replica:{rid}", "scope": "run", "subject_id": rid,
-                         "affects": f"which attempts replica {rid} served (attempts.replica_id), their server_status "
-                                    "and server and engine figures; its replicas row's per-attempt figures",
+                         "affects": ("" if placed else f"which attempts replica {rid} served (attempts.replica_id), ")
+                                    + "their server_status and server and engine figures; its replicas row's "
+                                      "per-attempt figures",
                          "needs": "the replica's own events per attempt: `inferledger serve --out S` joined with "
                                   "--server S",
                          "detail": f"replica {rid} ({s.kind}, {s.url}) is declared by URL: the capture records "
-                                   f"{WHAT[s.kind]}, and its answers name no replica"})
+                                   f"{WHAT[s.kind]}, and "
+                                   + ("its attempts are those answered with llama.cpp's timings that no --server "
+                                      "folder holds (the deployment's one llama.cpp replica)" if placed
+                                      else "its answers name no replica")})
             scraper = self.scrapers.get(rid)
             for g in scraper.gap_rows(run_id) if scraper is not None else []:
                 gaps.append({**g, "gap_id": f"{g['gap_id']}@{rid}", "subject_id": rid,
