@@ -148,3 +148,53 @@ def test_each_replica_is_scraped_by_its_kind_apart_and_its_gap_names_it(tmp_path
         ("vllm", 2, "vllm-metrics")
     assert "metrics" not in entries["127.0.0.1:9"]
     json.dumps(reps.manifest())
+
+
+def _server_folder(path: Path, salt: str, flushed_at: float) -> None:
+    """A `serve --out` folder holding attempt A's whole server side, last flushed at `flushed_at` (Unix s)."""
+    from inferledger.collectors.evidence.trace_context import trace_ids_for
+    from inferledger.collectors.rundir.writer import RunWriter
+    from inferledger.probes.run_folder import Manifest
+
+    w = RunWriter(path, "s1")
+    for seq, (name, ms) in enumerate((("server.received", 1), ("server.done", 5))):
+        w.emit({"run_id": "s1", "event_id": f"s:{seq}", "seq": seq, "source": "server", "host": "h", "name": name,
+                "ts_ns": ms * 1_000_000, "clock": "mono:h", "task_id": None, "session_id": None, "request_id": None,
+                "attempt_id": "A", "step_id": None, "value": None,
+                "attrs": json.dumps({"trace_id": trace_ids_for("A", salt)[0]})})
+    w.close()
+    Manifest({"source": "inferledger serve", "state": "running", "host": {"name": "h"},
+              "flushed": {"at_unix_s": flushed_at, "events": 2, "samples": 0, "flushes": 1}}).write(path)
+
+
+def test_beside_replicas_declared_by_url_an_attempt_no_folder_holds_is_theirs_once_the_folder_flushed(tmp_path):
+    """Client attempts A and B both answered through the router; the folder holds A only (B went to a
+    replica declared by URL). Beside such replicas the wait ends once the folder flushed after the load, and B
+    is no gap of the folder; without them B is a gap and the capture waits its whole bound."""
+    import time
+
+    from inferledger.collectors.capture.servers import ServerFolder, ServerJoin
+    from inferledger.collectors.rundir.writer import RunWriter
+
+    for deployment, flushed_at in ((True, time.time() + 3600), (False, time.time() + 3600), (True, 0.0)):
+        run = tmp_path / f"run-{deployment}-{flushed_at > 0}"
+        w = RunWriter(run, "c")
+        for seq, (name, aid) in enumerate((("attempt.sent", "A"), ("attempt.first_byte", "A"),
+                                           ("attempt.sent", "B"), ("attempt.first_byte", "B"))):
+            w.emit({"run_id": "c", "event_id": f"c:{seq}", "seq": seq, "source": "client", "host": "h", "name": name,
+                    "ts_ns": seq, "clock": "mono:h", "task_id": "T" + aid, "session_id": None, "request_id": "R" + aid,
+                    "attempt_id": aid, "step_id": None, "value": None, "attrs": "{}"})
+        folder = run.parent / f"s-{run.name}"
+        join = ServerJoin([ServerFolder(folder, "s1", {"host": {"name": "h"}})],
+                          host="h", client_clock="mono:h", target="http://router", deployment=deployment)
+        _server_folder(folder, join.salt, flushed_at)
+        t0 = time.monotonic()
+        join.join(w, run, wait_s=1.0, say=lambda line: None)
+        waited = time.monotonic() - t0
+        w.close()
+        gaps = sorted(g["gap_id"] for g in join.gap_rows("c"))
+        if deployment and flushed_at:
+            assert waited < 0.9 and gaps == [] and join.manifest()["servers"]["flushed_after_load"] is True
+        else:  # B is in no folder: a gap, after the whole bound
+            assert waited >= 1.0 and gaps == ["collector:server-attempt:B", "collector:server:s1"]
+        assert (join.manifest()["servers"]["answered"], join.manifest()["servers"]["joined"]) == (2, 1)

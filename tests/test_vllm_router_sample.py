@@ -25,7 +25,7 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm_r
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = {}
-    for name in ("round_robin", "retries"):
+    for name in ("round_robin", "retries", "llamacpp_replica"):
         run = tmp_path_factory.mktemp(name) / "run"
         shutil.copytree(SAMPLES / name, run)
         reconstruct(run)
@@ -271,3 +271,27 @@ def test_the_router_scraper_names_each_workers_replica_and_a_dead_router_is_a_ga
     dead.stop()
     assert [g["gap_id"] for g in dead.gap_rows("r")] == ["collector:router-metrics"]
     assert "vllm-router --prometheus-port" in dead.gap_rows("r")[0]["needs"]
+
+
+def test_a_llamacpp_replica_beside_ours_is_placed_by_its_timings_and_counted_by_the_router(runs):
+    """replica1 is a `serve --out` folder, the second replica llama.cpp's own server declared by URL
+    (`--replica http://127.0.0.1:18210=llamacpp`): each attempt llama.cpp answered carries its timings and is
+    in no folder, so it is the llama.cpp replica's; both replicas' counts equal the router's."""
+    run = runs["llamacpp_replica"]
+    ledger = dict(rows(run, "select replica_id, count(*) from attempts group by 1"))
+    assert ledger == router_counts("llamacpp_replica") == {"replica1": 10, "127.0.0.1:18210": 10}
+    assert rows(run, "select replica_id, kind, attempts, router_sent, router_agrees, busy_ms is null, balance, "
+                     "waiting_max, prefix_hit_blocks, prefix_hit_tokens, kv_blocks_used_max from replicas order by 1") == [
+        ("127.0.0.1:18210", "llamacpp", 10, 10, True, True, None, 6, None, 36, None),
+        ("replica1", "ours", 10, 10, True, False, None, None, 0, None, 10)]
+    # every llama.cpp attempt joined with its timings inside the client's interval; their cached tokens are its counter's
+    assert rows(run, "select a.replica_id, count(t.attempt_id), count(*) filter (where t.inside_client), "
+                     "sum(t.cached_tokens) from attempts a left join reported_timings t using (attempt_id) "
+                     "group by 1 order by 1") == [("127.0.0.1:18210", 10, 10, 36), ("replica1", 0, 0, None)]
+    gaps = [g for (g,) in rows(run, "select gap_id from gaps where subject_id = '127.0.0.1:18210'")]
+    assert sorted(gaps) == ["collector:replica:127.0.0.1:18210", "run:127.0.0.1:18210:1"]
+    # no attempt of the folder lacked its end, and the folder flushed after the load at once
+    manifest = json.loads((SAMPLES / "llamacpp_replica" / "manifest.json").read_text())
+    assert (manifest["servers"]["answered"], manifest["servers"]["joined"], manifest["servers"]["flushed_after_load"]) \
+        == (20, 10, True)
+    assert rows(run, "select count(*) from gaps where gap_id like 'collector:server%'") == [(0,)]

@@ -9,7 +9,9 @@
 #   bash benchmarks/peers/vllm_router.sh recipe [OUT]                 the recorded samples' run (samples/peers/vllm_router/README.md):
 #                                                                     two `serve --out` replicas behind the router, one capture
 #   (recipe's environment: REPLICA1_ARGS / REPLICA2_ARGS, appended to that replica's `inferledger serve`;
-#    LOAD_ARGS, the capture's load flags, default "--request-rate 4"; NUM_PROMPTS, the attempts, default 20)
+#    LOAD_ARGS, the capture's load flags, default "--request-rate 4"; NUM_PROMPTS, the attempts, default 20;
+#    LLAMACPP_REPLICA=1: the second replica is llama.cpp's own server (benchmarks/peers/llamacpp.sh, port
+#    18210), declared to the capture as --replica URL=llamacpp, the first served as `smollm2` like it)
 #
 # Environment: ROUTER_PORT (18200), ROUTER_METRICS_PORT (18201: its Prometheus /metrics), ROUTER_POLICY
 # (round_robin; any of the router's --policy), ROUTER_START_TIMEOUT_S (60), ROUTER_EXTRA_ARGS (appended,
@@ -80,6 +82,7 @@ status() {
 REPLICA_PIDS=()
 cleanup() {  # the router and every replica `recipe` started (globals: the EXIT trap runs after its locals are gone)
   stop || true
+  if [[ -n "${LLAMACPP_REPLICA:-}" ]]; then LLAMACPP_PORT=18210 bash "$ROOT/benchmarks/peers/llamacpp.sh" stop || true; fi
   for p in "${REPLICA_PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done
   for p in "${REPLICA_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   REPLICA_PIDS=()
@@ -89,21 +92,25 @@ recipe() {
   local out="${1:-$ROOT/samples/peers/vllm_router/run}" work; work="$(mktemp -d)"
   local il="$ROOT/.venv/bin/inferledger"
   trap cleanup EXIT
-  local extra
-  for i in 1 2; do
+  local extra ours=(1 2) second="http://127.0.0.1:18112" replicas=(--server "$work/replica2") name=()
+  if [[ -n "${LLAMACPP_REPLICA:-}" ]]; then
+    ours=(1) second="http://127.0.0.1:18210" replicas=(--replica "$second=llamacpp") name=(--served-model-name smollm2)
+    LLAMACPP_PORT=18210 bash "$ROOT/benchmarks/peers/llamacpp.sh" start
+  fi
+  for i in "${ours[@]}"; do
     extra="REPLICA${i}_ARGS"
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS=1 "$il" serve --port "1811$i" --max-num-seqs 2 --out "$work/replica$i" ${!extra:-} \
+    OMP_NUM_THREADS=1 "$il" serve --port "1811$i" --max-num-seqs 2 "${name[@]}" --out "$work/replica$i" ${!extra:-} \
       >"$work/replica$i.log" 2>&1 &
     REPLICA_PIDS+=($!)
   done
-  for i in 1 2; do
+  for i in "${ours[@]}"; do
     for _ in $(seq 1 240); do curl -fsS -m 2 "http://127.0.0.1:1811$i/health" >/dev/null 2>&1 && break; sleep 0.5; done
   done
-  start "http://127.0.0.1:18111" "http://127.0.0.1:18112"
+  start "http://127.0.0.1:18111" "$second"
   rm -rf "$out"
   "$il" capture -o "$out" --target "http://127.0.0.1:$PORT" --router-metrics "http://127.0.0.1:$METRICS_PORT/metrics" \
-    --server "$work/replica1" --server "$work/replica2" --num-prompts "${NUM_PROMPTS:-20}" --seed 0 --input-len 64 --output-len 8 \
+    --server "$work/replica1" "${replicas[@]}" --num-prompts "${NUM_PROMPTS:-20}" --seed 0 --input-len 64 --output-len 8 \
     --ignore-eos ${LOAD_ARGS:---request-rate 4}
   cleanup
   trap - EXIT

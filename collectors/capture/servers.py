@@ -24,7 +24,11 @@ stopped, as an embedded capture's does.
   server.disconnect) and, once the engine took it (engine.enqueued), engine.finished, kv.free and the
   step.end of its last step. What is not covered within `wait_s` (`--server-wait`, SERVER_WAIT_S) is copied as
   far as it goes and is a gap naming the folder.
-- **Several folders** (replicas behind a router), or one beside replicas declared by URL (`deployment`): every copied event gets `attrs.replica_id` (the folder's
+- **Replicas declared by URL beside the folders** (`deployment`): an answered attempt no folder holds may be
+  theirs, so the wait ends once the found attempts are covered and every folder has flushed after the load
+  (its manifest's `flushed.at_unix_s`, or a stopped server's final state), and an attempt no folder holds
+  then is no gap of the folders (the replicas' own gaps name them).
+- **Several folders** (replicas behind a router), or one beside replicas declared by URL: every copied event gets `attrs.replica_id` (the folder's
   server id), each folder's step ids are offset by (index + 1) x STEP_STRIDE (every engine counts from 0)
   and its KV samples name the replica as their device. A client attempt that reached servers more than once
   (the router's retries carry the same traceparent) is its latest try; each earlier try is copied as
@@ -178,6 +182,7 @@ class _Joined:
     samples: int = 0
     state: str | None = None
     error: str | None = None  # a part that could not be read at the last poll
+    flushed_at: float | None = None  # the folder's last periodic flush (manifest flushed.at_unix_s), Unix s
     names: dict[str, str] = field(default_factory=dict)  # server attempt id -> the id it is copied under
     parents: dict[str, str] = field(default_factory=dict)  # an upstream try the client never saw -> its client attempt
     replica_id: str | None = None  # its server id where several folders are joined (attrs.replica_id)
@@ -208,7 +213,8 @@ class ServerJoin:
             clock = f.clock if same or f.clock not in ours else f"{f.clock}@{f.server_id}"
             self.joined.append(_Joined(f, i, clock, same, why, f.clock_url(target, len(folders)),
                                        replica_id=f.server_id if len(folders) > 1 or deployment else None))
-        self.target = target
+        self.target, self.deployment = target, deployment
+        self.flushed_after = False  # deployment: every folder flushed after the load (its unfound attempts are not its)
         self.waited_s = 0.0
         self.wait_s = SERVER_WAIT_S
         self.answered: set[str] = set()  # this run's attempts the server answered (join fills both)
@@ -248,12 +254,14 @@ class ServerJoin:
         sent, answered = _client_attempts(run_dir)
         want = {trace_ids_for(aid, self.salt)[0]: aid for aid in sent}
         readers = [(_Parts(j.folder.path / "events", EVENT_SCHEMA)) for j in self.joined]
-        t0, told = time.monotonic(), False
+        t0, told, load_end = time.monotonic(), False, time.time()
         self.wait_s = wait_s
         while True:
             rows = [self._poll(j, r, want) for j, r in zip(self.joined, readers)]
             found = {c for j in self.joined for c in j.found.ours.values()}
-            if (answered <= found and not any(j.found.uncovered or j.error for j in self.joined)) \
+            self.flushed_after = self.deployment and all(
+                j.state in ("complete", "interrupted") or (j.flushed_at or 0) >= load_end for j in self.joined)
+            if ((answered <= found or self.flushed_after) and not any(j.found.uncovered or j.error for j in self.joined)) \
                     or time.monotonic() - t0 >= wait_s:
                 break
             if not told:
@@ -297,7 +305,8 @@ class ServerJoin:
             j.error = str(exc)
             return [r for rows in reader.read_parts.values() for r in rows]
         try:
-            j.state = Manifest.read(j.folder.path).body.get("state")
+            body = Manifest.read(j.folder.path).body
+            j.state, j.flushed_at = body.get("state"), (body.get("flushed") or {}).get("at_unix_s")
         except RunFolderError:  # being replaced: keep the last state seen
             pass
         j.found = _find(events, want)
@@ -391,16 +400,18 @@ class ServerJoin:
                 "attempts": {"joined": len(f.ours), "covered": len(f.ours) - len(f.uncovered),
                              "unseen_tries": len(j.parents), "id_disagrees": len(_id_disagrees(f))},
                 "events": j.events, "samples": j.samples})
+        deployment = {"flushed_after_load": self.flushed_after} if self.deployment else {}
         first = next((j.folder.manifest for j in self.joined if j.found.ours), self.joined[0].folder.manifest)
         engine = {k: first[k] for k in ("model", "engine_config", "served_model_name", "device_clock") if k in first}
-        return {"servers": {"folders": entries, "wait_s": self.wait_s, "waited_s": self.waited_s,
+        return {"servers": {"folders": entries, "wait_s": self.wait_s, "waited_s": self.waited_s, **deployment,
                             "answered": len(self.answered), "joined": len(self.found & self.answered),
                             "joined_by": "the trace id of the traceparent each attempt was sent with "
                                          "(server.received attrs.trace_id)"}, **engine}
 
     def gap_rows(self, run_id: str) -> list[dict]:
         gaps = []
-        missing = sorted(self.answered - self.found)
+        # beside replicas declared by URL, an attempt no folder holds once each flushed after the load is theirs
+        missing = [] if self.flushed_after else sorted(self.answered - self.found)
         paths = ", ".join(str(j.folder.path) for j in self.joined)
         for j in self.joined:
             f, sid = j.found, j.folder.server_id
