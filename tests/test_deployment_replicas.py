@@ -198,3 +198,12 @@ def test_beside_replicas_declared_by_url_an_attempt_no_folder_holds_is_theirs_on
         else:  # B is in no folder: a gap, after the whole bound
             assert waited >= 1.0 and gaps == ["collector:server-attempt:B", "collector:server:s1"]
         assert (join.manifest()["servers"]["answered"], join.manifest()["servers"]["joined"]) == (2, 1)
+
+
+def test_the_one_vllm_replicas_span_events_carry_its_replica():
+    from inferledger.collectors.evidence.engine_evidence import with_replica
+
+    rows = [{"name": "server.received", "attrs": '{"trace_id":"t"}'}, {"name": "engine.finished", "attrs": None}]
+    assert [r["attrs"] for r in with_replica(rows, "127.0.0.1:18114")] == \
+        ['{"replica_id":"127.0.0.1:18114","trace_id":"t"}', '{"replica_id":"127.0.0.1:18114"}']
+    assert with_replica(rows, None) is rows

@@ -66,6 +66,14 @@ def engine_reporter(base_url: str) -> tuple[str, str | None]:
     return (f"llamacpp-{build}", build) if build is not None else ("unknown", None)
 
 
+def with_replica(rows: list[dict], replica_id: str | None) -> list[dict]:
+    """Event rows with `attrs.replica_id` set (a deployment's one vLLM replica's spans); as they are for None."""
+    if replica_id is None:
+        return rows
+    return [{**r, "attrs": json.dumps({**json.loads(r["attrs"] or "{}"), "replica_id": replica_id},
+                                      separators=(",", ":"), sort_keys=True)} for r in rows]
+
+
 class EngineEvidence:
     replica_id: str | None = None  # a deployment's one vLLM replica whose spans these are (attrs.replica_id)
 
@@ -113,10 +121,7 @@ class EngineEvidence:
             manifest["otlp"] = self.receiver.summary()
             join = map_spans(spans, run_id=self.writer.run_id, host=self.engine_host, reporter=self.reporter,
                              attempts=self._sent_attempts(), trace_salt=self.trace_salt)
-            for row in join.rows:
-                if self.replica_id is not None:
-                    row = {**row, "attrs": json.dumps({**json.loads(row["attrs"] or "{}"), "replica_id": self.replica_id},
-                                                      separators=(",", ":"), sort_keys=True)}
+            for row in with_replica(join.rows, self.replica_id):
                 self.writer.emit(row)
             self.mapped_spans = join.spans
             gaps.extend(join.gaps + refused_gaps(self.writer.run_id, self.receiver.refused, "otlp/refused.jsonl"))
