@@ -240,3 +240,30 @@ def test_ctrl_c_inside_a_ledger_statement_is_given_back_as_an_interrupt(tmp_path
         reconstruct(run)
     assert time.monotonic() - t0 < 60
     assert not (run / "ledger.duckdb").exists() and not list(run.glob(".ledger.duckdb.tmp-*"))
+
+
+def test_report_of_an_interrupted_study_draws_the_runs_that_finished(tmp_path):
+    """`report DIR` of a study Ctrl-C stopped: DIR/report.html with the finished run's timeline, the
+    runs table saying which did not finish, no comparison (the study did not write one), exit 0."""
+    import dataclasses
+
+    out = tmp_path / "s"
+    figures = ({"kind": "timeline", "title": "each run's steps"},
+               {"kind": "curve", "title": "E2E per run", "table": "key", "x": "run", "y": ["e2e_server_ms"]})
+    with pytest.raises(KeyboardInterrupt):
+        run_study(dataclasses.replace(_study(stop_at="preemption"), figures=figures), out)
+    res = CliRunner().invoke(app, ["report", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "1 runs" in res.output
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "SIGINT with 1 of 2 runs finished (cancel_release)" in html
+    assert "the 1 of 2 runs that finished" in html and f"study e0-pair --resume {out}" in html
+    assert html.count('id="study-fig0-') == 1  # the timeline of cancel_release alone
+    assert "drawn from the study&#x27;s comparison, which an unfinished study has not written" in html or \
+        "drawn from the study's comparison, which an unfinished study has not written" in html
+    assert "<td>preemption</td><td>archive=preemption</td><td>not finished</td>" in html
+    assert "<td>cancel_release</td><td>archive=cancel_release</td><td>finished</td>" in html
+
+    (out / "runs" / "cancel_release" / "ledger.duckdb").unlink()  # no run with a ledger: a clear refusal
+    res = CliRunner().invoke(app, ["report", str(out)])
+    assert res.exit_code == 2 and "none of its runs has finished" in res.output, res.output
