@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -135,3 +136,75 @@ def test_a_study_on_the_real_engine_ticks_each_task_of_the_run_it_captures(resol
     ticks: list[tuple] = []
     run_study(study, tmp_path / "s", bundle=resolved_bundle, watch=StudyWatch(on_task=lambda *a: ticks.append(a)))
     assert ticks == [(1, 3), (2, 3), (3, 3)]
+
+
+def _recorded_bars(monkeypatch) -> list[str]:
+    """Every bar a command opens and each description it gives it, in order (no terminal needed)."""
+    from contextlib import contextmanager
+
+    from inferledger.cli import progress
+
+    said: list[str] = []
+
+    class Recorder(progress.Bar):
+        def update(self, description=None, **kw) -> None:
+            if description is not None:
+                said.append(description)
+
+    @contextmanager
+    def bar(description, total=None, **kw):
+        said.append(description)
+        yield Recorder(None, None)
+    monkeypatch.setattr(progress, "progress_bar", bar)
+    return said
+
+
+def test_serve_shows_its_start_up_the_load_then_the_engines_warm_up(bundle, monkeypatch):
+    """Both slow steps before `serving ...` (the load, then the engine's compiled first step) are on
+    the spinner; the listening is refused here (a fake), which ends the command at once."""
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.engine import loader
+    from inferledger.serve import lifecycle
+
+    said = _recorded_bars(monkeypatch)
+
+    class FakeServing:
+        def __init__(self, *a, **kw):
+            said.append("engine built")
+
+        def start(self, host, port):
+            raise OSError(98, "Address already in use")
+
+        def stop(self, *a, **kw):
+            return SimpleNamespace(in_flight=0, cancelled=0)
+    monkeypatch.setattr(loader, "load_model", lambda *a, **kw: bundle)
+    monkeypatch.setattr(lifecycle, "Serving", FakeServing)
+    res = CliRunner().invoke(app, ["serve", "--port", "0"])
+    assert res.exit_code == 2 and "already" in res.output and "--port" in res.output, res.output
+    assert said == ["loading the bundled model", "warming up the engine (its compiled step)", "engine built"]
+
+
+def test_predict_shows_the_load_the_microbenchmarks_and_the_plan(bundle, monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.collectors.capture import microbench
+    from inferledger.engine import loader
+
+    said = _recorded_bars(monkeypatch)
+    real = microbench.device_params
+    ticks = iter(range(10**6))
+
+    def measured(b, **kw):  # the real measurement, small and on a clock that moves 1 ms a reading
+        said.append("measured")
+        return real(b, max_batch=2, max_tokens=4, cpu_threads=1, timer=lambda: next(ticks) * 1e-3,
+                    stream_bytes=1 << 20)
+    monkeypatch.setattr(loader, "load_model", lambda *a, **kw: bundle)
+    monkeypatch.setattr(microbench, "device_params", measured)
+    res = CliRunner().invoke(app, ["predict", "-w", str(E0.parent / "workloads" / "cpu_demo.toml"),
+                                   "-o", str(tmp_path / "p.json"), "-f", "json"])
+    assert said[:4] == ["predicting", "loading the bundled model", "measuring this host's roofs (microbenchmarks)",
+                        "measured"], (said, res.output)
+    assert said[4:] == ["planning the steps"] and res.exit_code == 0, (said, res.output)
