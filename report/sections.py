@@ -7,7 +7,7 @@ from inferledger.report import figs, tables
 from inferledger.report.read import num
 from inferledger.report.drill import drill, drill_ids
 from inferledger.report.page import esc, flatten, fmt, kv_table, note, section, table
-from inferledger.report.timeline import STATE_COLORS, aggregate, arrange, attempt_index, choose_sample, gantt, group_label
+from inferledger.report.timeline import STATE_COLORS, aggregate, arrange, attempt_index, choose_sample, gantt
 
 IDENTITY_KEYS = (("model", ("path", "sha256", "format", "quantization", "architecture", "dtype", "tokenizer",
                             "chat_template_sha256")),
@@ -206,7 +206,9 @@ def timeline(rv, page, p: str, tb, detail_limit: int, drill_limit: int) -> str:
     row_of = {aid: i for i, aid in enumerate(rows["orders"]["slowest"])}
     ids = sorted(drill_ids(sample, drill_limit), key=row_of.__getitem__)  # in the timeline's order
     by_id = {a["id"]: a for a in atts}
-    page.data["drill"][p] = [{**d, "group": group_label(by_id[d["id"]]["cls"], by_id[d["id"]]["outcome"]),
+    slowest = rows["orders"]["slowest"]
+    group_of = {aid: g["label"] for g in rows["groups"] for aid in slowest[g["first"]:g["first"] + g["n"]]}
+    page.data["drill"][p] = [{**d, "group": group_of[d["id"]],
                               "took_ms": by_id[d["id"]]["e2e"]} for d in drill(rv, tb, ids, dict(sample))]
     page.data["gantt"][f"{p}-gantt"] = p
     page.data["timeline"][f"{p}-gantt"] = rows

@@ -78,6 +78,30 @@ def _figure(page: Page, i: int, fig: dict, runs: dict[str, Path], comparison: di
     return section(f"fig{i}", title, "".join(parts), source)
 
 
+TIMELINE_ROWS = 100  # a study's own timeline draws a run of at most this many attempts (a row each)
+
+
+def _default_timeline(doc: dict, runs: dict[str, Path]) -> list[dict]:
+    """A timeline of the runs small enough to read row by row, where the study names no timeline of its
+    own (a curve or the KV blocks alone): each bigger run's own report samples its requests."""
+    if any(f["kind"] == "timeline" for f in doc.get("figures", [])):
+        return []
+    small, big = [], []
+    for name, run in runs.items():
+        rv = open_run(run)
+        try:
+            (n,), = rv.all("SELECT count(*) FROM attempts")
+        finally:
+            rv.close()
+        (small if n <= TIMELINE_ROWS else big).append(name)
+    if not small:
+        return []
+    title = "each run's requests, on one time scale"
+    if big:
+        title += f" (not drawn, over {TIMELINE_ROWS} attempts: {', '.join(big)}; each run's own report samples them)"
+    return [{"kind": "timeline", "title": title, "runs": small}]
+
+
 def build_study_report(study_dir, out=None) -> ReportResult:
     """Write the report of a study folder to `out` (default STUDY_DIR/report.html)."""
     t0 = time.perf_counter()
@@ -110,7 +134,8 @@ def build_study_report(study_dir, out=None) -> ReportResult:
         body.append(section(f"table-{name}", t.get("title", name),
                             table(t["columns"], t["rows"]) + (note(t["note"]) if t.get("note") else ""),
                             "the runs' ledgers (comparison.json)"))
-    for i, fig in enumerate(doc.get("figures", [])):
+    figures = list(doc.get("figures", [])) + _default_timeline(doc, runs)
+    for i, fig in enumerate(figures):
         body.append(_figure(page, i, fig, runs, comparison))
     rows = [[r["name"], ", ".join(f"{k}={v}" for k, v in r["knob"].items()),
              "finished" if complete or r["name"] in runs else "not finished", str(study_dir / r["dir"])]
@@ -119,7 +144,7 @@ def build_study_report(study_dir, out=None) -> ReportResult:
                         + note("each is a normal run folder: inferledger report FOLDER, inferledger query FOLDER "
                                "\"select ...\"; inferledger query STUDY_DIR reads them all at once")))
     page.nav = [("study", "Study")] + [(f"table-{n}", n) for n in table_names] + \
-               [(f"fig{i}", f.get("title", f["kind"])[:24]) for i, f in enumerate(doc.get("figures", []))] + \
+               [(f"fig{i}", f.get("title", f["kind"])[:24]) for i, f in enumerate(figures)] + \
                [("runs", "Runs")]
     text = page.render("".join(body), plotly_js())
     target = Path(out) if out is not None else study_dir / "report.html"

@@ -267,3 +267,21 @@ def test_report_of_an_interrupted_study_draws_the_runs_that_finished(tmp_path):
     (out / "runs" / "cancel_release" / "ledger.duckdb").unlink()  # no run with a ledger: a clear refusal
     res = CliRunner().invoke(app, ["report", str(out)])
     assert res.exit_code == 2 and "none of its runs has finished" in res.output, res.output
+
+
+def test_a_study_that_names_no_timeline_gets_one_of_its_small_runs(tmp_path, monkeypatch):
+    """Its page draws every run of at most TIMELINE_ROWS attempts on one time scale; a bigger run is
+    named in the title, not drawn."""
+    from inferledger.report import study_page
+
+    out = tmp_path / "s"
+    run_study(_study(), out)
+    res = CliRunner().invoke(app, ["report", str(out)])
+    assert res.exit_code == 0, res.output
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert 'id="study-fig0-0"' in html and 'id="study-fig0-1"' in html and 'id="study-fig0-2"' not in html
+    assert "each run&#x27;s requests, on one time scale" in html or "each run's requests, on one time scale" in html
+
+    monkeypatch.setattr(study_page, "TIMELINE_ROWS", 0)  # every run too big: no timeline, no empty section
+    res = CliRunner().invoke(app, ["report", str(out)])
+    assert res.exit_code == 0 and 'id="study-fig0' not in (out / "report.html").read_text(encoding="utf-8")
