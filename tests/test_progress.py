@@ -208,3 +208,27 @@ def test_predict_shows_the_load_the_microbenchmarks_and_the_plan(bundle, monkeyp
     assert said[:4] == ["predicting", "loading the bundled model", "measuring this host's roofs (microbenchmarks)",
                         "measured"], (said, res.output)
     assert said[4:] == ["planning the steps"] and res.exit_code == 0, (said, res.output)
+
+
+def test_the_captures_bar_is_up_before_its_slow_imports(tmp_path):
+    """A fresh process: when the capture's bar opens, the capture's own module (torch behind it) is not
+    imported yet, so those seconds are under the bar; the target refusing ends it (exit 2)."""
+    script = (
+        "import sys, contextlib\n"
+        "from inferledger.cli import progress\n"
+        "real = progress.progress_bar\n"
+        "@contextlib.contextmanager\n"
+        "def bar(*a, **kw):\n"
+        "    print('bar opened; capture imported:', 'inferledger.collectors.capture.run' in sys.modules)\n"
+        "    with real(*a, **kw) as b:\n"
+        "        yield b\n"
+        "progress.progress_bar = bar\n"
+        "from inferledger.cli.app import app\n"
+        "app(['capture', '-o', sys.argv[1], '--target', 'http://127.0.0.1:9', '--num-prompts', '1', '--dataset', "
+        "sys.argv[2]])\n")
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text('{"prompt": "Capital of France?", "answer": "paris"}\n')
+    res = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run"), str(tasks)], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "bar opened; capture imported: False" in res.stdout, (res.stdout, res.stderr)
