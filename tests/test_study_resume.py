@@ -285,3 +285,22 @@ def test_a_study_that_names_no_timeline_gets_one_of_its_small_runs(tmp_path, mon
     monkeypatch.setattr(study_page, "TIMELINE_ROWS", 0)  # every run too big: no timeline, no empty section
     res = CliRunner().invoke(app, ["report", str(out)])
     assert res.exit_code == 0 and 'id="study-fig0' not in (out / "report.html").read_text(encoding="utf-8")
+
+
+def test_summary_of_an_interrupted_study_gives_the_finished_runs_and_names_the_rest(tmp_path):
+    out = tmp_path / "s"
+    with pytest.raises(KeyboardInterrupt):
+        run_study(_study(stop_at="preemption"), out)
+    res = CliRunner().invoke(app, ["summary", str(out), "--table", "run"])
+    assert res.exit_code == 0, res.output
+    text = "".join(res.output.split())  # a narrow terminal wraps the line, a long path even inside it
+    assert "cancel_release" in text and "preemption" in text.split("nocomparisonyet")[1]
+    assert "".join(f"no comparison yet: the study is interrupted, not finished: preemption; continue it with: "
+                   f"{command_name()} study e0-pair --resume {out}".split()) in text
+    res = CliRunner().invoke(app, ["summary", str(out), "--format", "json"])
+    assert res.exit_code == 0 and {k.split(".")[0] for k in json.loads(res.stdout)} == {"cancel_release"}
+
+    (out / "runs" / "cancel_release" / "ledger.duckdb").unlink()  # a finished run without its ledger: rebuild it
+    res = CliRunner().invoke(app, ["summary", str(out)])
+    assert res.exit_code == 2 and "".join(f"no ledger; build them with: {command_name()} reconstruct {out}".split()) \
+        in "".join(res.output.split()), res.output
