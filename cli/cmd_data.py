@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from inferledger.cli.output import FORMAT_HELP, OutputFormat, echo_result, echo_rows, fail
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name, echo_result, echo_rows, fail
 
 TABLE_ROWS = 100  # rows a terminal table shows when --limit is not given
 
@@ -174,7 +174,7 @@ def _import_recording(sample: Path, out: Path, fmt: OutputFormat) -> None:
     join = rejoin(sample, out)
     if not echo_rows(fmt, list(join), [list(join.values())]):
         console.print(f"rejoined {sample} -> {out}: {', '.join(f'{k} {v}' for k, v in join.items())}\n"
-                      f"next: inferledger reconstruct {out}", highlight=False, soft_wrap=True)
+                      f"next: {command_name()} reconstruct {out}", highlight=False, soft_wrap=True)
 
 
 def _import_e0(archive: Path, out: Path, server, run_id, lenient: bool, fmt: OutputFormat) -> None:

@@ -68,7 +68,7 @@ def serve_cmd(
 
     Stop it with Ctrl-C; with --out, then run [cyan]inferledger reconstruct runs/s1[/].
     """
-    from inferledger.cli.output import console
+    from inferledger.cli.output import command_name, console
     from inferledger.cli.progress import progress_bar
     from inferledger.collectors.capture.interrupt import sigterm_like_sigint
     from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
@@ -131,7 +131,7 @@ def serve_cmd(
     console.print(f"stopped: {drain.in_flight} request(s) were in flight, {drain.cancelled} cancelled after the "
                   "drain timeout")
     if out is not None:
-        console.print(f"run directory: [bold]{out}[/]  (next: inferledger reconstruct {out})")
+        console.print(f"run directory: [bold]{out}[/]  (next: {command_name()} reconstruct {out})")
     if stopped_by == "SIGTERM":
         raise typer.Exit(143)
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from inferledger.cli.output import FORMAT_HELP, OutputFormat
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 
 
 def study_cmd(
@@ -76,7 +76,7 @@ def study_cmd(
         if t.note:
             console.print(f"[dim]{t.note}[/]")
     console.print(f"study folder: [bold]{result.path}[/] ({len(result.study['runs'])} runs, {result.seconds:.1f} s); "
-                  f"draw it with: inferledger report {result.path}")
+                  f"draw it with: {command_name()} report {result.path}")
 
 
 def _run(study, target: Path, options: dict, resume: bool, fmt: OutputFormat):
@@ -85,7 +85,7 @@ def _run(study, target: Path, options: dict, resume: bool, fmt: OutputFormat):
     import shlex
     import signal
 
-    from inferledger.cli.output import command_name, fail
+    from inferledger.cli.output import fail
     from inferledger.cli.progress import progress_bar
     from inferledger.collectors.capture.interrupt import sigterm_like_sigint
     from inferledger.probes.run_folder import StudyIndex

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from inferledger.cli.output import FORMAT_HELP, OutputFormat
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 from inferledger.report.summary import SECTIONS
 
 
@@ -49,7 +49,7 @@ def summary_cmd(
         return
     ledger = run_dir / "ledger.duckdb"
     if not ledger.exists():
-        fail(f"{ledger}: no ledger; build it with: inferledger reconstruct {run_dir}")
+        fail(f"{ledger}: no ledger; build it with: {command_name()} reconstruct {run_dir}")
     sections = summary_sections(ledger, all_tools=all_tools)
     if table is None:
         if not echo_sections(fmt, sections):
@@ -60,7 +60,7 @@ def summary_cmd(
 
 def _study_summary(folder: Path, table: str | None, all_tools: bool, fmt: OutputFormat) -> None:
     """A study folder: each run's summary (or its one section), then the study's comparison."""
-    from inferledger.cli.output import command_name, console, echo_sections, fail, print_rows
+    from inferledger.cli.output import console, echo_sections, fail, print_rows
     from inferledger.cli.summary import print_sections, summary_sections
     from inferledger.ledger.query import LEDGER_FILE
     from inferledger.probes.run_folder import RunFolderError, StudyIndex

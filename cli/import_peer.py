@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from inferledger.cli.output import OutputFormat, echo_result
+from inferledger.cli.output import OutputFormat, command_name, echo_result
 
 
 def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, run_id: str | None, lenient: bool,
@@ -53,4 +53,4 @@ def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, ru
                           f"± {m['epsilon_ns']:,} ns (estimated from {m['n']} joined requests)", highlight=False)
         else:
             console.print(f"  [yellow]no clock mapping[/]: {escape(str(m.get('problem') or 'no request joined'))}")
-    console.print(f"next: inferledger reconstruct {escape(str(out))}", highlight=False)
+    console.print(f"next: {command_name()} reconstruct {escape(str(out))}", highlight=False)
