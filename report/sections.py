@@ -184,7 +184,8 @@ def timeline(rv, page, p: str, tb, detail_limit: int, drill_limit: int) -> str:
             f"{len(sample):,} of {len(atts):,} attempts: the slowest end to end and to first token, the ones not "
             "completed on every layer, and an even spread by arrival (hover a row for why it was drawn)")
     body += (f"<h3>One row per attempt: {esc(what)}</h3>"
-             '<p class="source">grouped by task class, then outcome (the client status; the server status without '
+             '<p class="source">grouped by ' + ("replica, then " if any(a["replica"] is not None for a in atts) else "")
+             + 'task class, then outcome (the client status; the server status without '
              "client events); in each group the slowest first (client E2E, else the client's time to its terminal "
              "event, else server E2E), each row from its attempt's send (or all on the run's clock). Wide pale bar: client stream; narrow bar: engine stream; triangle: arrival "
              "(the task's arrival.planned, else the attempt's creation); ticks: prefill chunks; crosses: "

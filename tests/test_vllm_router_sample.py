@@ -294,6 +294,7 @@ def test_the_reports_timeline_is_grouped_by_replica_first(runs, tmp_path):
         members = rows["orders"]["slowest"][g["first"]:g["first"] + g["n"]]
         assert {replica[a] for a in members} == {g["label"].split(" · ")[0]}
     html = build_report(runs["round_robin"], tmp_path / "r.html").path.read_text(encoding="utf-8")
+    assert "grouped by replica, then task class, then outcome" in html
     groups = re.findall(r'"label": ?"([^"]*)", ?"first": ?\d+, ?"n": ?(\d+)', html)  # the page's data, ASCII-escaped
     assert [(json.loads(f'"{label}"'), int(n)) for label, n in groups] == [
         ("replica1 · random · completed", 10), ("replica2 · random · completed", 10)]
