@@ -40,7 +40,7 @@ def study_cmd(
     Ctrl-C keeps the runs finished so far and prints the command that continues the study
     ([bold]--resume[/]).
 
-    Example: [cyan]inferledger study schedule-book -o runs/book && inferledger report runs/book[/]
+    Example: [cyan]inferledger study schedule-book -o runs/sched && inferledger report runs/sched[/]
     Example: [cyan]inferledger study load -o runs/load[/] (the knee and its first cause)
     Example: [cyan]inferledger study fidelity --workload samples/workloads/cpu_mixed.toml -o runs/fid[/]
     Example: [cyan]inferledger study load --resume runs/load[/] (after Ctrl-C: the runs not yet finished)

@@ -242,3 +242,18 @@ def test_every_next_step_hint_names_the_command_as_it_runs_here(tmp_path):
     assert res.exit_code == 2 and f"build it with: {command_name()} reconstruct {empty}" in res.stderr
     res = CliRunner().invoke(app, ["whatif", str(empty), "--node", "n", "--shrink", "30%"])
     assert res.exit_code == 2 and f"run `{command_name()} reconstruct {empty}` first" in res.stderr
+
+
+def test_no_help_example_writes_into_a_folder_the_readmes_tour_has_made():
+    """A new user runs the README's tour, then a command's --help example: its -o folder must be new
+    (a capture, import or study refuses a folder that is not empty)."""
+    import re
+
+    import typer.main
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    folder = re.compile(r"(?:-o|--out)\s+(runs/[\w.\-]+)")
+    tour = set(folder.findall(readme))
+    assert {"runs/b0", "runs/book", "runs/vllm"} <= tour
+    for name, command in typer.main.get_command(app).commands.items():
+        assert not set(folder.findall(command.help or "")) & tour, name
