@@ -74,8 +74,6 @@ def serve_cmd(
     from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
     from inferledger.collectors.rundir.writer import RunWriter
     from inferledger.engine import EngineConfig
-    from inferledger.engine.loader import DeviceUnavailableError, ModelLoadError, load_model
-    from inferledger.serve.lifecycle import Serving
     from inferledger.serve.options import ServeOptions
 
     engine = ef.engine_fields(
@@ -94,6 +92,10 @@ def serve_cmd(
     # a spinner on stderr through the start-up's two slow steps: the load, then the engine's first
     # (compiled) step, which takes as long again on a CPU
     with progress_bar(f"loading {model or 'the bundled model'}") as bar:
+        # (torch behind these: seconds on a busy host, under the spinner)
+        from inferledger.engine.loader import DeviceUnavailableError, ModelLoadError, load_model
+        from inferledger.serve.lifecycle import Serving
+
         try:
             bundle = load_model(model, device=device)
         except ModelLoadError as exc:

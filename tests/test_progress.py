@@ -210,25 +210,26 @@ def test_predict_shows_the_load_the_microbenchmarks_and_the_plan(bundle, monkeyp
     assert said[4:] == ["planning the steps"] and res.exit_code == 0, (said, res.output)
 
 
-def test_the_captures_bar_is_up_before_its_slow_imports(tmp_path):
-    """A fresh process: when the capture's bar opens, the capture's own module (torch behind it) is not
-    imported yet, so those seconds are under the bar; the target refusing ends it (exit 2)."""
+@pytest.mark.parametrize("args, module", [
+    (["capture", "-o", "{tmp}/run", "--target", "http://127.0.0.1:9", "--num-prompts", "1", "--dataset", "{tmp}/t.jsonl"],
+     "inferledger.collectors.capture.run"),
+    (["serve", "--port", "0"], "inferledger.serve.lifecycle"),
+])
+def test_the_bar_is_up_before_the_slow_imports(tmp_path, args, module):
+    """A fresh process: when the bar opens, the command's heavy module (torch behind it) is not imported
+    yet, so those seconds are under the bar (the bar ends the command there, before any work)."""
     script = (
         "import sys, contextlib\n"
         "from inferledger.cli import progress\n"
-        "real = progress.progress_bar\n"
         "@contextlib.contextmanager\n"
         "def bar(*a, **kw):\n"
-        "    print('bar opened; capture imported:', 'inferledger.collectors.capture.run' in sys.modules)\n"
-        "    with real(*a, **kw) as b:\n"
-        "        yield b\n"
+        "    print('bar opened; imported:', sys.argv[1] in sys.modules, flush=True)\n"
+        "    raise SystemExit(0)\n"
+        "    yield\n"
         "progress.progress_bar = bar\n"
         "from inferledger.cli.app import app\n"
-        "app(['capture', '-o', sys.argv[1], '--target', 'http://127.0.0.1:9', '--num-prompts', '1', '--dataset', "
-        "sys.argv[2]])\n")
-    tasks = tmp_path / "t.jsonl"
-    tasks.write_text('{"prompt": "Capital of France?", "answer": "paris"}\n')
-    res = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run"), str(tasks)], capture_output=True,
-                         text=True, timeout=300)
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    assert "bar opened; capture imported: False" in res.stdout, (res.stdout, res.stderr)
+        "app(sys.argv[2:])\n")
+    (tmp_path / "t.jsonl").write_text('{"prompt": "Capital of France?", "answer": "paris"}\n')
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    res = subprocess.run([sys.executable, "-c", script, module, *argv], capture_output=True, text=True, timeout=300)
+    assert res.stdout == "bar opened; imported: False\n", (res.stdout, res.stderr)
