@@ -47,8 +47,8 @@ def study_cmd(
     """
 
     from inferledger.cli.output import check_output, console, echo_sections, fail, print_rows
-    from inferledger.studies.framework import StudyError, parse_sets, run_study
-    from inferledger.studies.registry import get_study
+    from inferledger.cli.progress import progress_bar
+    from inferledger.studies.framework import StudyError, parse_sets
 
     if out is not None and resume is not None:
         raise typer.BadParameter("give -o for a new study folder or --resume for one to continue, not both",
@@ -59,7 +59,10 @@ def study_cmd(
         check_output(resume, "--resume", existing=True)
 
     try:
-        study = get_study(name)
+        with progress_bar(f"study {name}: reading it"):  # its code imports torch: seconds on a busy host
+            from inferledger.studies.registry import get_study
+
+            study = get_study(name)
         if workload is not None and "workload" not in study.options:
             raise StudyError(f"--workload: study {name} takes no workload file (its options: "
                              f"{', '.join(sorted(study.options)) or 'none'})")

@@ -214,6 +214,7 @@ def test_predict_shows_the_load_the_microbenchmarks_and_the_plan(bundle, monkeyp
     (["capture", "-o", "{tmp}/run", "--target", "http://127.0.0.1:9", "--num-prompts", "1", "--dataset", "{tmp}/t.jsonl"],
      "inferledger.collectors.capture.run"),
     (["serve", "--port", "0"], "inferledger.serve.lifecycle"),
+    (["study", "load", "-o", "{tmp}/s"], "inferledger.studies.registry"),
 ])
 def test_the_bar_is_up_before_the_slow_imports(tmp_path, args, module):
     """A fresh process: when the bar opens, the command's heavy module (torch behind it) is not imported
