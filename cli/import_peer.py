@@ -18,8 +18,12 @@ def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, ru
     from inferledger.collectors.peers.join import ServerRunError
     from inferledger.collectors.peers.records import RecordError
 
+    from inferledger.cli.progress import progress_bar
+
     try:
-        res = import_peer(tool, path, out, server=server, lenient=lenient, run_id=run_id, tool_version=tool_version)
+        with progress_bar(f"import {tool} output {path}" + (" and join it with the server's" if server else "")):
+            res = import_peer(tool, path, out, server=server, lenient=lenient, run_id=run_id,
+                              tool_version=tool_version)
     except PeerRecordsError as exc:
         for e in exc.errors:
             typer.echo(str(e), err=True)

@@ -234,3 +234,29 @@ def test_the_bar_is_up_before_the_slow_imports(tmp_path, args, module):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
     res = subprocess.run([sys.executable, "-c", script, module, *argv], capture_output=True, text=True, timeout=300)
     assert res.stdout == "bar opened; imported: False\n", (res.stdout, res.stderr)
+
+
+def test_import_and_export_show_a_spinner_while_they_work(monkeypatch, tmp_path):
+    """The other commands whose work grows with the run: an E0 archive's import, a load tool's output
+    joined with its server run, a recorded capture's rejoin, and an export."""
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.ledger.reconstruct import reconstruct
+
+    said = _recorded_bars(monkeypatch)
+    archive = E0 / "cancel_release" / "archive.jsonl"
+    peers = E0.parent / "peers"
+    runs = [("import", str(archive), "--out", str(tmp_path / "e0")),
+            ("import", "--from", "vllm-recording", str(peers / "vllm-0.32-cpu"), "-o", str(tmp_path / "rec")),
+            ("import", "--from", "guidellm", str(peers / "guidellm-0.8.1" / "tool"), "--server",
+             str(peers / "guidellm-0.8.1" / "server"), "-o", str(tmp_path / "g"))]
+    for args in runs:
+        res = CliRunner().invoke(app, list(args))
+        assert res.exit_code == 0, (args, res.output)
+    reconstruct(tmp_path / "e0")
+    res = CliRunner().invoke(app, ["export", str(tmp_path / "e0"), "--as", "perfetto", "-o", str(tmp_path / "t.json")])
+    assert res.exit_code == 0, res.output
+    assert said == [f"import {archive}", f"import {peers / 'vllm-0.32-cpu'}: joining the engine's evidence",
+                    f"import guidellm output {peers / 'guidellm-0.8.1' / 'tool'} and join it with the server's",
+                    f"export {tmp_path / 'e0'} as perfetto"]
