@@ -257,3 +257,11 @@ def test_no_help_example_writes_into_a_folder_the_readmes_tour_has_made():
     assert {"runs/b0", "runs/book", "runs/vllm"} <= tour
     for name, command in typer.main.get_command(app).commands.items():
         assert not set(folder.findall(command.help or "")) & tour, name
+
+
+def test_the_readme_activates_the_venv_right_after_its_two_commands():
+    """The tour calls `inferledger` by name: the line that makes it reachable comes before the tour."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    first_block = readme.index("make demo")
+    activate = readme.index(". .venv/bin/activate")
+    assert first_block < activate < readme.index("## A five-minute tour") < readme.index("inferledger query")
