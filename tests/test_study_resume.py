@@ -254,7 +254,7 @@ def test_report_of_an_interrupted_study_draws_the_runs_that_finished(tmp_path):
         run_study(dataclasses.replace(_study(stop_at="preemption"), figures=figures), out)
     res = CliRunner().invoke(app, ["report", str(out)])
     assert res.exit_code == 0, res.output
-    assert "1 runs" in res.output
+    assert "MiB, 1 run, " in res.output
     html = (out / "report.html").read_text(encoding="utf-8")
     assert "SIGINT with 1 of 2 runs finished (cancel_release)" in html
     assert "the 1 of 2 runs that finished" in html and f"study e0-pair --resume {out}" in html
