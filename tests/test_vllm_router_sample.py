@@ -298,4 +298,3 @@ def test_the_router_scraper_names_each_workers_replica_and_a_dead_router_is_a_ga
     dead.stop()
     assert [g["gap_id"] for g in dead.gap_rows("r")] == ["collector:router-metrics"]
     assert "vllm-router --prometheus-port" in dead.gap_rows("r")[0]["needs"]
-
