@@ -21,7 +21,6 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
     from inferledger.cli.output import console
     from inferledger.cli.progress import progress_bar
     from inferledger.collectors.capture.interrupt import Interrupted
-    from inferledger.collectors.capture.run import capture
     from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
     from inferledger.collectors.workload import Workload
 
@@ -36,15 +35,18 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
         wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload")
-    # a workload that cannot be built, a target that cannot be reached, a model or device that cannot load
-    errors: tuple = (ValueError, OSError)
-    if target == "embedded" or wl.needs_tokenizer:  # (torch is imported only for the model or its tokenizer)
-        from inferledger.engine.loader import ModelLoadError
-
-        errors += (ModelLoadError,)
     with progress_bar(f"{wl.name}: " + ("loading the model" if target == "embedded" else "preparing"),
                       wl.n_tasks, transient=False) as bar:
         t0 = time.monotonic()
+        # the capture's imports (torch among them: seconds on a busy host) under the bar and its clock
+        from inferledger.collectors.capture.run import capture
+
+        # a workload that cannot be built, a target that cannot be reached, a model or device that cannot load
+        errors: tuple = (ValueError, OSError)
+        if target == "embedded" or wl.needs_tokenizer:  # (torch is imported only for the model or its tokenizer)
+            from inferledger.engine.loader import ModelLoadError
+
+            errors += (ModelLoadError,)
 
         def ready() -> None:  # the load starts: the bar's clock counts the tasks' time, not the preparation's
             what = ("the model, " if target == "embedded" else "") + "prompts, measurements" + \

@@ -142,7 +142,7 @@ def capture_cmd(
     (docs/PEERS.md "Engines").
     """
     from inferledger.cli.capture_progress import run_capture
-    from inferledger.cli.output import console
+    from inferledger.cli.output import command_name, console
     from inferledger.collectors.capture.options import CaptureOptions
     from inferledger.collectors.evidence.engine_evidence import EvidenceOptions
 
@@ -217,7 +217,7 @@ def capture_cmd(
         prediction=prediction, buckets=buckets, engine_config=engine, warmups=num_warmups,
         servers=tuple(server or ()), server_wait_s=server_wait, router_metrics=router_metrics, replicas=replicas)
     result = run_capture(wl, out, options)
-    console.print(f"run directory: [bold]{result.run_dir}[/]  (next: inferledger reconstruct {result.run_dir})")
+    console.print(f"run directory: [bold]{result.run_dir}[/]  (next: {command_name()} reconstruct {result.run_dir})")
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from inferledger.cli.output import FORMAT_HELP, OutputFormat, echo_result, echo_rows, fail
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name, echo_result, echo_rows, fail
 
 TABLE_ROWS = 100  # rows a terminal table shows when --limit is not given
 
@@ -171,10 +171,13 @@ def _import_recording(sample: Path, out: Path, fmt: OutputFormat) -> None:
         check_new_run_dir(out)
     except OutDirError as exc:
         fail(f"inferledger import: {exc}")
-    join = rejoin(sample, out)
+    from inferledger.cli.progress import progress_bar
+
+    with progress_bar(f"import {sample}: joining the engine's evidence"):
+        join = rejoin(sample, out)
     if not echo_rows(fmt, list(join), [list(join.values())]):
         console.print(f"rejoined {sample} -> {out}: {', '.join(f'{k} {v}' for k, v in join.items())}\n"
-                      f"next: inferledger reconstruct {out}", highlight=False, soft_wrap=True)
+                      f"next: {command_name()} reconstruct {out}", highlight=False, soft_wrap=True)
 
 
 def _import_e0(archive: Path, out: Path, server, run_id, lenient: bool, fmt: OutputFormat) -> None:
@@ -186,8 +189,11 @@ def _import_e0(archive: Path, out: Path, server, run_id, lenient: bool, fmt: Out
 
     from inferledger.collectors.rundir.e0_import import ArchiveError, OutDirError, import_archive
 
+    from inferledger.cli.progress import progress_bar
+
     try:
-        res = import_archive(archive, out, run_id=run_id, lenient=lenient)
+        with progress_bar(f"import {archive}"):
+            res = import_archive(archive, out, run_id=run_id, lenient=lenient)
     except ArchiveError as exc:
         for n, reason in exc.refusals:
             typer.echo(f"{archive}:{n}: {reason}", err=True)
@@ -219,8 +225,11 @@ def _import_otlp(path: Path, out: Path, run_id, host, reporter, lenient: bool, f
     from inferledger.collectors.evidence.otlp_import import import_otlp
     from inferledger.collectors.rundir.out_dir import OutDirError
 
+    from inferledger.cli.progress import progress_bar
+
     try:
-        res = import_otlp(path, out, run_id=run_id, host=host, reporter=reporter, lenient=lenient)
+        with progress_bar(f"import {path}"):
+            res = import_otlp(path, out, run_id=run_id, host=host, reporter=reporter, lenient=lenient)
     except OtlpFileError as exc:
         typer.echo(str(exc), err=True)
         fail(f"inferledger import --from otlp: {len(exc.refusals)} span(s) or line(s) of {path} refused; nothing "

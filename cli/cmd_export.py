@@ -28,6 +28,7 @@ def export_cmd(
     Example: [cyan]inferledger export runs/r1 --as perfetto[/]  (then open the file at ui.perfetto.dev)
     """
     from inferledger.cli.output import check_output, console, fail
+    from inferledger.cli.progress import progress_bar
     from inferledger.report.export import FORMATS, export_run
     from inferledger.ledger.query import LedgerError
 
@@ -39,7 +40,8 @@ def export_cmd(
     if out is not None:
         check_output(out, "--out")
     try:
-        result = export_run(run, fmt, out, endpoint=endpoint)
+        with progress_bar(f"export {run} as {fmt}"):
+            result = export_run(run, fmt, out, endpoint=endpoint)
     except LedgerError as exc:
         fail(f"error: {exc}")
     except (ValueError, RuntimeError) as exc:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from inferledger.cli.output import FORMAT_HELP, OutputFormat
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 
 COLUMNS = ("against", "kind", "n_steps", "median_abs_error_pct", "p90_abs_error_pct")
 
@@ -46,7 +46,7 @@ def fit_cmd(
     for flag, run in (("TRAIN", train), ("--test", test)):
         if not (run / "ledger.duckdb").is_file():
             fail(f"error: {flag} {run}: no ledger there (a run folder holds ledger.duckdb once "
-                 f"`inferledger reconstruct {run}` has run)")
+                 f"`{command_name()} reconstruct {run}` has run)")
     try:
         fit, summary = transfer(train, test)
     except FitError as exc:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from inferledger.cli.output import FORMAT_HELP, OutputFormat
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 
 
 def reconstruct_cmd(
@@ -70,8 +70,8 @@ def reconstruct_cmd(
 
         if "://" not in run_dir and is_recording(run_dir):
             fail(f"{run_dir} is a recorded capture (raw evidence), not a run; join it into one first:\n"
-                 f"  inferledger import --from vllm-recording {run_dir} -o runs/{Path(run_dir).name}\n"
-                 f"  inferledger reconstruct runs/{Path(run_dir).name}")
+                 f"  {command_name()} import --from vllm-recording {run_dir} -o runs/{Path(run_dir).name}\n"
+                 f"  {command_name()} reconstruct runs/{Path(run_dir).name}")
         with progress_bar(f"reconstruct {run_dir}") as bar:
             summary = reconstruct(run_dir, options, out=out, on_stage=stage_ticks(bar, f"reconstruct {run_dir}"))
     except (RunDirError, SizeError, RunFolderError, StudyError) as exc:

@@ -61,6 +61,7 @@ def predict_cmd(
     from rich.table import Table
 
     from inferledger.cli.output import check_output, console, echo_rows, fail
+    from inferledger.cli.progress import progress_bar
     from inferledger.studies.predict import PredictOptions, predict_workload
     from inferledger.collectors.workload import Workload
     from inferledger.costmodel.prediction import PredictionError, dumps
@@ -73,13 +74,11 @@ def predict_cmd(
         wl = Workload.load(workload)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload")
-    busy = "reading the shape" if model_config is not None else "loading the model" + (
-        "" if device or device_params else " and measuring this host's roofs")
     try:
-        with console.status(f"{busy} ...", spinner="dots"):
+        with progress_bar("reading the shape" if model_config is not None else "predicting") as bar:
             doc = predict_workload(wl, PredictOptions(max_batch=max_num_seqs, device=device,
                                                       device_params_file=device_params, fit_run=fit, model=model,
-                                                      model_config=model_config, dtype=dtype))
+                                                      model_config=model_config, dtype=dtype, on_stage=bar.update))
     except (PredictionError, ShapeError) as exc:
         fail(f"error: {exc}")
     except Exception as exc:  # a model that cannot load

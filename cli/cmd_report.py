@@ -46,7 +46,8 @@ def report_cmd(
 
             with progress_bar(f"report {run}: the study's page"):
                 result = build_study_report(run, out)
-            console.print(f"report: [bold]{result.path}[/]  ({result.bytes / 2**20:.1f} MiB, {result.attempts} runs, "
+            runs = f"{result.attempts} run" + ("s" if result.attempts != 1 else "")
+            console.print(f"report: [bold]{result.path}[/]  ({result.bytes / 2**20:.1f} MiB, {runs}, "
                           f"{result.seconds:.1f} s)")
             return
         with progress_bar(f"report {run}" + (f" compared with {compare}" if compare is not None else "")):

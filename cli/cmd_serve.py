@@ -68,13 +68,12 @@ def serve_cmd(
 
     Stop it with Ctrl-C; with --out, then run [cyan]inferledger reconstruct runs/s1[/].
     """
-    from inferledger.cli.output import console
+    from inferledger.cli.output import command_name, console
+    from inferledger.cli.progress import progress_bar
     from inferledger.collectors.capture.interrupt import sigterm_like_sigint
     from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
     from inferledger.collectors.rundir.writer import RunWriter
     from inferledger.engine import EngineConfig
-    from inferledger.engine.loader import DeviceUnavailableError, ModelLoadError, load_model
-    from inferledger.serve.lifecycle import Serving
     from inferledger.serve.options import ServeOptions
 
     engine = ef.engine_fields(
@@ -90,15 +89,23 @@ def serve_cmd(
     busy = port_taken(host, port)  # before the model loads: a busy port is told in a second, not after it
     if busy:
         raise typer.BadParameter(busy, param_hint="--port")
-    try:
-        with console.status(f"loading {model or 'the bundled model'} ..."):
+    # a spinner on stderr through the start-up's two slow steps: the load, then the engine's first
+    # (compiled) step, which takes as long again on a CPU
+    with progress_bar(f"loading {model or 'the bundled model'}") as bar:
+        # (torch behind these: seconds on a busy host, under the spinner)
+        from inferledger.engine.loader import DeviceUnavailableError, ModelLoadError, load_model
+        from inferledger.serve.lifecycle import Serving
+
+        try:
             bundle = load_model(model, device=device)
-    except ModelLoadError as exc:
-        hint = "--device" if isinstance(exc, DeviceUnavailableError) else "--model"
-        raise typer.BadParameter(str(exc), param_hint=hint) from exc
-    writer = RunWriter(out, autoflush_s=flush_every) if out is not None else None
-    options = ServeOptions(model_name=served_model_name, api_key=api_key, max_queue=max_queue)
-    life = Serving(bundle, EngineConfig(**engine), options, sink=writer, owns_run=True)
+        except ModelLoadError as exc:
+            bar.stop()
+            hint = "--device" if isinstance(exc, DeviceUnavailableError) else "--model"
+            raise typer.BadParameter(str(exc), param_hint=hint) from exc
+        bar.update("warming up the engine (its compiled step)")
+        writer = RunWriter(out, autoflush_s=flush_every) if out is not None else None
+        options = ServeOptions(model_name=served_model_name, api_key=api_key, max_queue=max_queue)
+        life = Serving(bundle, EngineConfig(**engine), options, sink=writer, owns_run=True)
     # SIGTERM (docker stop, a CI timeout) stops it as Ctrl-C does, from the first moment on; a second
     # signal during the drain cancels what is left at once
     unbound = None
@@ -126,7 +133,7 @@ def serve_cmd(
     console.print(f"stopped: {drain.in_flight} request(s) were in flight, {drain.cancelled} cancelled after the "
                   "drain timeout")
     if out is not None:
-        console.print(f"run directory: [bold]{out}[/]  (next: inferledger reconstruct {out})")
+        console.print(f"run directory: [bold]{out}[/]  (next: {command_name()} reconstruct {out})")
     if stopped_by == "SIGTERM":
         raise typer.Exit(143)
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from inferledger.cli.output import FORMAT_HELP, OutputFormat
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 
 
 def study_cmd(
@@ -40,15 +40,15 @@ def study_cmd(
     Ctrl-C keeps the runs finished so far and prints the command that continues the study
     ([bold]--resume[/]).
 
-    Example: [cyan]inferledger study schedule-book -o runs/book && inferledger report runs/book[/]
+    Example: [cyan]inferledger study schedule-book -o runs/sched && inferledger report runs/sched[/]
     Example: [cyan]inferledger study load -o runs/load[/] (the knee and its first cause)
     Example: [cyan]inferledger study fidelity --workload samples/workloads/cpu_mixed.toml -o runs/fid[/]
     Example: [cyan]inferledger study load --resume runs/load[/] (after Ctrl-C: the runs not yet finished)
     """
 
     from inferledger.cli.output import check_output, console, echo_sections, fail, print_rows
-    from inferledger.studies.framework import StudyError, parse_sets, run_study
-    from inferledger.studies.registry import get_study
+    from inferledger.cli.progress import progress_bar
+    from inferledger.studies.framework import StudyError, parse_sets
 
     if out is not None and resume is not None:
         raise typer.BadParameter("give -o for a new study folder or --resume for one to continue, not both",
@@ -59,7 +59,10 @@ def study_cmd(
         check_output(resume, "--resume", existing=True)
 
     try:
-        study = get_study(name)
+        with progress_bar(f"study {name}: reading it"):  # its code imports torch: seconds on a busy host
+            from inferledger.studies.registry import get_study
+
+            study = get_study(name)
         if workload is not None and "workload" not in study.options:
             raise StudyError(f"--workload: study {name} takes no workload file (its options: "
                              f"{', '.join(sorted(study.options)) or 'none'})")
@@ -76,7 +79,7 @@ def study_cmd(
         if t.note:
             console.print(f"[dim]{t.note}[/]")
     console.print(f"study folder: [bold]{result.path}[/] ({len(result.study['runs'])} runs, {result.seconds:.1f} s); "
-                  f"draw it with: inferledger report {result.path}")
+                  f"draw it with: {command_name()} report {result.path}")
 
 
 def _run(study, target: Path, options: dict, resume: bool, fmt: OutputFormat):
@@ -85,7 +88,7 @@ def _run(study, target: Path, options: dict, resume: bool, fmt: OutputFormat):
     import shlex
     import signal
 
-    from inferledger.cli.output import command_name, fail
+    from inferledger.cli.output import fail
     from inferledger.cli.progress import progress_bar
     from inferledger.collectors.capture.interrupt import sigterm_like_sigint
     from inferledger.probes.run_folder import StudyIndex

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from inferledger.cli.output import FORMAT_HELP, OutputFormat
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 from inferledger.report.summary import SECTIONS
 
 
@@ -49,7 +49,7 @@ def summary_cmd(
         return
     ledger = run_dir / "ledger.duckdb"
     if not ledger.exists():
-        fail(f"{ledger}: no ledger; build it with: inferledger reconstruct {run_dir}")
+        fail(f"{ledger}: no ledger; build it with: {command_name()} reconstruct {run_dir}")
     sections = summary_sections(ledger, all_tools=all_tools)
     if table is None:
         if not echo_sections(fmt, sections):
@@ -63,17 +63,25 @@ def _study_summary(folder: Path, table: str | None, all_tools: bool, fmt: Output
     from inferledger.cli.output import console, echo_sections, fail, print_rows
     from inferledger.cli.summary import print_sections, summary_sections
     from inferledger.ledger.query import LEDGER_FILE
-    from inferledger.probes.run_folder import RunFolderError
+    from inferledger.probes.run_folder import RunFolderError, StudyIndex
     from inferledger.probes.study_dir import COMPARISON_JSON, read_comparison, run_dirs
+    from inferledger.studies.framework import finished
 
     try:
-        runs = run_dirs(folder)
+        doc = StudyIndex.read(folder).doc
+        runs = run_dirs(folder, doc)
         comparison = read_comparison(folder) if (folder / COMPARISON_JSON).exists() else {}
     except RunFolderError as exc:
         fail(f"error: {exc}")
+    # a study Ctrl-C stopped: the runs it finished, and the ones it did not named with how to continue
+    unfinished = [name for name, run in runs if not finished(run)]
+    runs = [(name, run) for name, run in runs if name not in unfinished]
+    resume = f"continue it with: {command_name()} study {doc['name']} --resume {folder}"
+    if not runs:
+        fail(f"{folder}: the study is {doc['state']} and none of its runs has finished; {resume}")
     missing = [str(run) for _, run in runs if not (run / LEDGER_FILE).exists()]
     if missing:
-        fail(f"{', '.join(missing)}: no ledger; build them with: inferledger reconstruct {folder}")
+        fail(f"{', '.join(missing)}: no ledger; build them with: {command_name()} reconstruct {folder}")
     per_run = {name: summary_sections(run / LEDGER_FILE, all_tools=all_tools) for name, run in runs}
     sections = {f"{name}.{sec}": value for name, secs in per_run.items() for sec, value in secs.items()
                 if table is None or sec == table}
@@ -86,7 +94,8 @@ def _study_summary(folder: Path, table: str | None, all_tools: bool, fmt: Output
         print_sections(secs, console, only=table)
     console.rule("[bold]comparison[/]", align="left")
     if not comparison:
-        console.print("no comparison yet (the study did not complete)")
+        console.print(f"no comparison yet: the study is {doc['state']}"
+                      + (f", not finished: {', '.join(unfinished)}; {resume}" if unfinished else ""))
     for t in comparison.values():
         print_rows(t["columns"], t["rows"], title=t.get("title"), null="—")
 

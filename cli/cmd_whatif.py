@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from inferledger.cli.output import FORMAT_HELP, OutputFormat
+from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 
 
 def _parse_shrink(text: str) -> float:
@@ -54,7 +54,7 @@ def whatif_cmd(
         raise typer.BadParameter("give exactly one of --shrink and --to")
     path = run / "ledger.duckdb" if run.is_dir() else run
     if not path.exists():
-        fail(f"error: {path} not found: run `inferledger reconstruct {run}` first")
+        fail(f"error: {path} not found: run `{command_name()} reconstruct {run}` first")
     dags = ledger_dags(path, scope_id=scope)
     frac, to_ms = (_parse_shrink(shrink), None) if shrink is not None else (None, _parse_duration(to))
     rows = []

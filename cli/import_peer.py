@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from inferledger.cli.output import OutputFormat, echo_result
+from inferledger.cli.output import OutputFormat, command_name, echo_result
 
 
 def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, run_id: str | None, lenient: bool,
@@ -18,8 +18,12 @@ def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, ru
     from inferledger.collectors.peers.join import ServerRunError
     from inferledger.collectors.peers.records import RecordError
 
+    from inferledger.cli.progress import progress_bar
+
     try:
-        res = import_peer(tool, path, out, server=server, lenient=lenient, run_id=run_id, tool_version=tool_version)
+        with progress_bar(f"import {tool} output {path}" + (" and join it with the server's" if server else "")):
+            res = import_peer(tool, path, out, server=server, lenient=lenient, run_id=run_id,
+                              tool_version=tool_version)
     except PeerRecordsError as exc:
         for e in exc.errors:
             typer.echo(str(e), err=True)
@@ -53,4 +57,4 @@ def import_peer_cmd(tool: str, path: Path, out: Path, *, server: Path | None, ru
                           f"± {m['epsilon_ns']:,} ns (estimated from {m['n']} joined requests)", highlight=False)
         else:
             console.print(f"  [yellow]no clock mapping[/]: {escape(str(m.get('problem') or 'no request joined'))}")
-    console.print(f"next: inferledger reconstruct {escape(str(out))}", highlight=False)
+    console.print(f"next: {command_name()} reconstruct {escape(str(out))}", highlight=False)

@@ -7,7 +7,7 @@ from inferledger.report import figs, tables
 from inferledger.report.read import num
 from inferledger.report.drill import drill, drill_ids
 from inferledger.report.page import esc, flatten, fmt, kv_table, note, section, table
-from inferledger.report.timeline import STATE_COLORS, aggregate, arrange, attempt_index, choose_sample, gantt, group_label
+from inferledger.report.timeline import STATE_COLORS, aggregate, arrange, attempt_index, choose_sample, gantt
 
 IDENTITY_KEYS = (("model", ("path", "sha256", "format", "quantization", "architecture", "dtype", "tokenizer",
                             "chat_template_sha256")),
@@ -184,7 +184,8 @@ def timeline(rv, page, p: str, tb, detail_limit: int, drill_limit: int) -> str:
             f"{len(sample):,} of {len(atts):,} attempts: the slowest end to end and to first token, the ones not "
             "completed on every layer, and an even spread by arrival (hover a row for why it was drawn)")
     body += (f"<h3>One row per attempt: {esc(what)}</h3>"
-             '<p class="source">grouped by task class, then outcome (the client status; the server status without '
+             '<p class="source">grouped by ' + ("replica, then " if any(a["replica"] is not None for a in atts) else "")
+             + 'task class, then outcome (the client status; the server status without '
              "client events); in each group the slowest first (client E2E, else the client's time to its terminal "
              "event, else server E2E), each row from its attempt's send (or all on the run's clock). Wide pale bar: client stream; narrow bar: engine stream; triangle: arrival "
              "(the task's arrival.planned, else the attempt's creation); ticks: prefill chunks; crosses: "
@@ -206,7 +207,9 @@ def timeline(rv, page, p: str, tb, detail_limit: int, drill_limit: int) -> str:
     row_of = {aid: i for i, aid in enumerate(rows["orders"]["slowest"])}
     ids = sorted(drill_ids(sample, drill_limit), key=row_of.__getitem__)  # in the timeline's order
     by_id = {a["id"]: a for a in atts}
-    page.data["drill"][p] = [{**d, "group": group_label(by_id[d["id"]]["cls"], by_id[d["id"]]["outcome"]),
+    slowest = rows["orders"]["slowest"]
+    group_of = {aid: g["label"] for g in rows["groups"] for aid in slowest[g["first"]:g["first"] + g["n"]]}
+    page.data["drill"][p] = [{**d, "group": group_of[d["id"]],
                               "took_ms": by_id[d["id"]]["e2e"]} for d in drill(rv, tb, ids, dict(sample))]
     page.data["gantt"][f"{p}-gantt"] = p
     page.data["timeline"][f"{p}-gantt"] = rows

@@ -1,7 +1,7 @@
 """The per-request timeline: one row per attempt (client stream behind, engine stream in front), arrival
 markers, prefill chunks, preemptions and cancellations, drawn from `intervals` and `events` on one
-clock axis (report/clocks.py), grouped by task class and outcome with the slowest first in each group
-(`arrange`). A big run is drawn as attempts-per-stage over time for every attempt plus the rows of a sample
+clock axis (report/clocks.py), grouped by replica (a deployment's run), task class and outcome with the
+slowest first in each group (`arrange`). A big run is drawn as attempts-per-stage over time for every attempt plus the rows of a sample
 (the slowest, the abnormal, and an even spread by arrival); docs/REPORT.md.
 """
 from __future__ import annotations
@@ -36,37 +36,41 @@ OUTCOME_ORDER = ("completed", "timeout", "cancelled", "error", "unterminated")
 
 
 def attempt_index(rv, tb) -> list[dict]:
-    """Every attempt with where it starts on the axis, its group (task class, outcome) and what makes it
+    """Every attempt with where it starts on the axis, its group (replica, task class, outcome) and what makes it
     interesting; `e2e` is how long it took: the client's E2E, else the client's span to its terminal event,
     else the server's E2E."""
     rows = rv.all("WITH cls AS (SELECT task_id, arg_min(json_extract_string(attrs, '$.task_class'), (ts_ns, seq)) AS cls "
                   "FROM events WHERE name = 'task.start' AND task_id IS NOT NULL GROUP BY task_id) "
                   "SELECT a.attempt_id, a.sent_ns, a.client_clock, a.enqueued_ns, a.server_clock, a.client_status, "
                   "a.server_status, coalesce(r.e2e_client_ms, r.client_span_ms, r.e2e_server_ms), r.ttft_client_ms, "
-                  "cls.cls FROM attempts a JOIN request_metrics r USING (attempt_id) LEFT JOIN cls ON cls.task_id = a.task_id")
+                  "cls.cls, a.replica_id FROM attempts a JOIN request_metrics r USING (attempt_id) LEFT JOIN cls ON cls.task_id = a.task_id")
     out = []
-    for aid, sent, cc, enq, sc, cs, ss, e2e, ttft, cls in rows:
+    for aid, sent, cc, enq, sc, cs, ss, e2e, ttft, cls, replica in rows:
         t = tb.ms(sent, cc)
         t = tb.ms(enq, sc) if t is None else t
         abnormal = cs not in (None, "completed") or ss not in ("completed", "unknown")
-        out.append({"id": aid, "t": t, "e2e": e2e, "ttft": ttft, "abnormal": abnormal, "cls": cls,
+        out.append({"id": aid, "t": t, "e2e": e2e, "ttft": ttft, "abnormal": abnormal, "cls": cls, "replica": replica,
                     "outcome": cs if cs is not None else f"server {ss}"})
     out.sort(key=lambda a: (a["t"] is None, a["t"] or 0.0, a["id"]))
     return out
 
 
 def _group_key(key: tuple) -> tuple:
-    cls, outcome = key
+    replica, cls, outcome = key
     rank = OUTCOME_ORDER.index(outcome) if outcome in OUTCOME_ORDER else len(OUTCOME_ORDER)
-    return cls is None, cls or "", rank, outcome
+    return replica is None, replica or "", cls is None, cls or "", rank, outcome
 
 
-def group_label(cls: str | None, outcome: str) -> str:
-    return f"{cls or '(no class)'} · {outcome}"
+def group_label(replica: str | None, cls: str | None, outcome: str, replicas: bool) -> str:
+    """`replicas`: the run has them (a deployment's capture), so every label names one ('(no replica)'
+    for an attempt none served); a run of one server names none."""
+    where = f"{replica or '(no replica)'} · " if replicas else ""
+    return f"{where}{cls or '(no class)'} · {outcome}"
 
 
 def arrange(atts: list[dict], sample: list[tuple[str, str]]) -> dict:
-    """The timeline's rows: the drawn attempts grouped by task class, then outcome (OUTCOME_ORDER), and in
+    """The timeline's rows: the drawn attempts grouped by replica where the run has replicas, then task
+    class, then outcome (OUTCOME_ORDER), and in
     each group the slowest first (`orders["slowest"]`, by `e2e`, unknown last) or in arrival order
     (`orders["arrival"]`); `groups`: each group's label, first row and size (the same in both orders);
     `sent`: each one's send on the run's axis (ms; its enqueue without a send; None where neither is on it)."""
@@ -74,12 +78,13 @@ def arrange(atts: list[dict], sample: list[tuple[str, str]]) -> dict:
     groups: dict[tuple, list[dict]] = {}
     for a in atts:  # arrival order
         if a["id"] in drawn:
-            groups.setdefault((a["cls"], a["outcome"]), []).append(a)
+            groups.setdefault((a.get("replica"), a["cls"], a["outcome"]), []).append(a)
     out = {"groups": [], "orders": {"slowest": [], "arrival": []},
            "sent": {a["id"]: a["t"] for a in atts if a["id"] in drawn}}
+    replicas = any(a.get("replica") is not None for a in atts)
     for key in sorted(groups, key=_group_key):
         members = groups[key]
-        out["groups"].append({"label": group_label(*key), "first": len(out["orders"]["slowest"]), "n": len(members)})
+        out["groups"].append({"label": group_label(*key, replicas), "first": len(out["orders"]["slowest"]), "n": len(members)})
         out["orders"]["slowest"] += [a["id"] for a in sorted(
             members, key=lambda a: (a["e2e"] is None, -(a["e2e"] or 0.0), a["id"]))]
         out["orders"]["arrival"] += [a["id"] for a in members]

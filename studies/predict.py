@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from inferledger.costmodel import spec_roofs
 from inferledger.costmodel.prediction import PredictionError, predict, strict_json, sustained_roofs
@@ -78,6 +79,7 @@ class PredictOptions:
     model_config: Path | None = None  # an HF config.json instead: the shape declared, nothing loaded
     dtype: str | None = None
     cpu_threads: object = "auto"  # the microbenchmarks' placement, as EngineConfig.cpu_threads
+    on_stage: Callable[[str], None] | None = None  # told each slow step as it starts (the command's spinner)
 
 
 def predict_workload(wl, options: PredictOptions) -> dict:
@@ -85,6 +87,7 @@ def predict_workload(wl, options: PredictOptions) -> dict:
     max_batch, device, device_params_file = options.max_batch, options.device, options.device_params_file
     fit_run, model, model_config, dtype = options.fit_run, options.model, options.model_config, options.dtype
     cpu_threads = options.cpu_threads
+    stage = options.on_stage or (lambda what: None)
     from inferledger.collectors.capture.registration import workload_shapes
 
     bundle = None
@@ -94,6 +97,7 @@ def predict_workload(wl, options: PredictOptions) -> dict:
     else:
         from inferledger.engine.loader import load_model
 
+        stage(f"loading {model or 'the bundled model'}")
         bundle = load_model(model, dtype=dtype)
         shape = Manifest({"model": bundle.identity}).model_shape()
         weights_dtype = bundle.identity["dtype"]["weights"]
@@ -113,9 +117,13 @@ def predict_workload(wl, options: PredictOptions) -> dict:
     else:
         from inferledger.collectors.capture.microbench import device_params
 
+        stage("measuring this host's roofs (microbenchmarks)")
         params = device_params(bundle, max_batch=max_batch, cpu_threads=cpu_threads)
         peak, name = microbenchmark_roofs(params), params.get("device_name")
+    if fit_run is not None:
+        stage(f"reading the step-time fit of {fit_run}")
     fit = fit_of(fit_run) if fit_run is not None else None
+    stage("planning the steps")
     return predict(shape, workload_shapes(wl), peak, max_batch=max_batch, sustained=sustained_roofs(params),
                    fit=fit, workload={"name": wl.name, "path": wl.path, "sha256": wl.sha256},
                    device={"name": name, "dtype": weights_dtype, "device_params": params})

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferledger.cli.app import app
+from inferledger.cli.output import command_name
 from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.reconstruct import reconstruct
 
@@ -206,10 +207,11 @@ def test_the_recorded_vllm_capture_reconstructs_as_the_readme_says(tmp_path):
     res = CliRunner().invoke(app, ["reconstruct", str(sample)])
     assert res.exit_code == 2 and res.stderr.splitlines() == [
         f"{sample} is a recorded capture (raw evidence), not a run; join it into one first:",
-        f"  inferledger import --from vllm-recording {sample} -o runs/vllm-0.32-cpu",
-        "  inferledger reconstruct runs/vllm-0.32-cpu"]
+        f"  {command_name()} import --from vllm-recording {sample} -o runs/vllm-0.32-cpu",
+        f"  {command_name()} reconstruct runs/vllm-0.32-cpu"]
     assert not (sample / "ledger.duckdb").exists()
-    _run("import", "--from", "vllm-recording", sample, "-o", tmp_path / "vllm")
+    said = _run("import", "--from", "vllm-recording", sample, "-o", tmp_path / "vllm")
+    assert said.splitlines()[-1] == f"next: {command_name()} reconstruct {tmp_path / 'vllm'}"  # runs as pasted
     out = json.loads(_run("reconstruct", tmp_path / "vllm", "--format", "json"))
     assert (out["ledger"]["n_attempts"], out["ledger"]["n_tasks"]) == (43, 40)
 
@@ -229,3 +231,37 @@ def test_serve_refuses_a_busy_port_before_loading_the_model(monkeypatch):
         port = s.getsockname()[1]
         res = CliRunner().invoke(app, ["serve", "--port", str(port)], env={"COLUMNS": "200"})
     assert res.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}: Address already in use" in res.output
+
+
+def test_every_next_step_hint_names_the_command_as_it_runs_here(tmp_path):
+    """The hints a command prints (build the ledger first, ...) call `inferledger` as this shell reaches it
+    (`.venv/bin/inferledger` without the venv on PATH), so they run as pasted, as the demo's do."""
+    empty = tmp_path / "r"
+    empty.mkdir()
+    res = CliRunner().invoke(app, ["summary", str(empty)])
+    assert res.exit_code == 2 and f"build it with: {command_name()} reconstruct {empty}" in res.stderr
+    res = CliRunner().invoke(app, ["whatif", str(empty), "--node", "n", "--shrink", "30%"])
+    assert res.exit_code == 2 and f"run `{command_name()} reconstruct {empty}` first" in res.stderr
+
+
+def test_no_help_example_writes_into_a_folder_the_readmes_tour_has_made():
+    """A new user runs the README's tour, then a command's --help example: its -o folder must be new
+    (a capture, import or study refuses a folder that is not empty)."""
+    import re
+
+    import typer.main
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    folder = re.compile(r"(?:-o|--out)\s+(runs/[\w.\-]+)")
+    tour = set(folder.findall(readme))
+    assert {"runs/b0", "runs/book", "runs/vllm"} <= tour
+    for name, command in typer.main.get_command(app).commands.items():
+        assert not set(folder.findall(command.help or "")) & tour, name
+
+
+def test_the_readme_activates_the_venv_right_after_its_two_commands():
+    """The tour calls `inferledger` by name: the line that makes it reachable comes before the tour."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    first_block = readme.index("make demo")
+    activate = readme.index(". .venv/bin/activate")
+    assert first_block < activate < readme.index("## A five-minute tour") < readme.index("inferledger query")

@@ -142,3 +142,19 @@ def test_a_file_with_a_bad_line_names_it(tmp_path):
     assert [(r.line, r.span_id) for r in refusals] == [(3, "not-hex")] and "spanId" in refusals[0].reason
     f.write_text(good + "\n")
     assert len(read_otlp_file(f)[0]) == 1 and read_otlp_file(f)[1] == []
+
+
+def test_a_missing_span_names_the_server_the_target_answered_as():
+    """vLLM's own setting only for a vLLM; another server (or one that did not say) is told it is no vLLM."""
+    attempts = {"t3:A1": {"task_id": "t3"}}
+
+    def needs(reporter: str) -> str:
+        join = map_spans([], run_id="r", host="h", reporter=reporter, attempts=attempts)
+        (gap,) = join.gaps
+        assert gap["gap_id"] == "otlp:no-span:t3:A1"
+        return gap["needs"]
+    assert needs("vllm-0.32.0").startswith("vLLM's llm_request span for this attempt (serve with --otlp-traces-endpoint")
+    assert needs("llamacpp-b6000").startswith("an llm_request span for this attempt: the target answered as "
+                                              "llamacpp-b6000, not vLLM,")
+    unknown = needs("unknown")
+    assert "did not say what it is (no GET /version or /props), not vLLM" in unknown and "vLLM's llm_request" not in unknown

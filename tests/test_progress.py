@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -135,3 +136,127 @@ def test_a_study_on_the_real_engine_ticks_each_task_of_the_run_it_captures(resol
     ticks: list[tuple] = []
     run_study(study, tmp_path / "s", bundle=resolved_bundle, watch=StudyWatch(on_task=lambda *a: ticks.append(a)))
     assert ticks == [(1, 3), (2, 3), (3, 3)]
+
+
+def _recorded_bars(monkeypatch) -> list[str]:
+    """Every bar a command opens and each description it gives it, in order (no terminal needed)."""
+    from contextlib import contextmanager
+
+    from inferledger.cli import progress
+
+    said: list[str] = []
+
+    class Recorder(progress.Bar):
+        def update(self, description=None, **kw) -> None:
+            if description is not None:
+                said.append(description)
+
+    @contextmanager
+    def bar(description, total=None, **kw):
+        said.append(description)
+        yield Recorder(None, None)
+    monkeypatch.setattr(progress, "progress_bar", bar)
+    return said
+
+
+def test_serve_shows_its_start_up_the_load_then_the_engines_warm_up(bundle, monkeypatch):
+    """Both slow steps before `serving ...` (the load, then the engine's compiled first step) are on
+    the spinner; the listening is refused here (a fake), which ends the command at once."""
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.engine import loader
+    from inferledger.serve import lifecycle
+
+    said = _recorded_bars(monkeypatch)
+
+    class FakeServing:
+        def __init__(self, *a, **kw):
+            said.append("engine built")
+
+        def start(self, host, port):
+            raise OSError(98, "Address already in use")
+
+        def stop(self, *a, **kw):
+            return SimpleNamespace(in_flight=0, cancelled=0)
+    monkeypatch.setattr(loader, "load_model", lambda *a, **kw: bundle)
+    monkeypatch.setattr(lifecycle, "Serving", FakeServing)
+    res = CliRunner().invoke(app, ["serve", "--port", "0"])
+    assert res.exit_code == 2 and "already" in res.output and "--port" in res.output, res.output
+    assert said == ["loading the bundled model", "warming up the engine (its compiled step)", "engine built"]
+
+
+def test_predict_shows_the_load_the_microbenchmarks_and_the_plan(bundle, monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.collectors.capture import microbench
+    from inferledger.engine import loader
+
+    said = _recorded_bars(monkeypatch)
+    real = microbench.device_params
+    ticks = iter(range(10**6))
+
+    def measured(b, **kw):  # the real measurement, small and on a clock that moves 1 ms a reading
+        said.append("measured")
+        return real(b, max_batch=2, max_tokens=4, cpu_threads=1, timer=lambda: next(ticks) * 1e-3,
+                    stream_bytes=1 << 20)
+    monkeypatch.setattr(loader, "load_model", lambda *a, **kw: bundle)
+    monkeypatch.setattr(microbench, "device_params", measured)
+    res = CliRunner().invoke(app, ["predict", "-w", str(E0.parent / "workloads" / "cpu_demo.toml"),
+                                   "-o", str(tmp_path / "p.json"), "-f", "json"])
+    assert said[:4] == ["predicting", "loading the bundled model", "measuring this host's roofs (microbenchmarks)",
+                        "measured"], (said, res.output)
+    assert said[4:] == ["planning the steps"] and res.exit_code == 0, (said, res.output)
+
+
+@pytest.mark.parametrize("args, module", [
+    (["capture", "-o", "{tmp}/run", "--target", "http://127.0.0.1:9", "--num-prompts", "1", "--dataset", "{tmp}/t.jsonl"],
+     "inferledger.collectors.capture.run"),
+    (["serve", "--port", "0"], "inferledger.serve.lifecycle"),
+    (["study", "load", "-o", "{tmp}/s"], "inferledger.studies.registry"),
+])
+def test_the_bar_is_up_before_the_slow_imports(tmp_path, args, module):
+    """A fresh process: when the bar opens, the command's heavy module (torch behind it) is not imported
+    yet, so those seconds are under the bar (the bar ends the command there, before any work)."""
+    script = (
+        "import sys, contextlib\n"
+        "from inferledger.cli import progress\n"
+        "@contextlib.contextmanager\n"
+        "def bar(*a, **kw):\n"
+        "    print('bar opened; imported:', sys.argv[1] in sys.modules, flush=True)\n"
+        "    raise SystemExit(0)\n"
+        "    yield\n"
+        "progress.progress_bar = bar\n"
+        "from inferledger.cli.app import app\n"
+        "app(sys.argv[2:])\n")
+    (tmp_path / "t.jsonl").write_text('{"prompt": "Capital of France?", "answer": "paris"}\n')
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    res = subprocess.run([sys.executable, "-c", script, module, *argv], capture_output=True, text=True, timeout=300)
+    assert res.stdout == "bar opened; imported: False\n", (res.stdout, res.stderr)
+
+
+def test_import_and_export_show_a_spinner_while_they_work(monkeypatch, tmp_path):
+    """The other commands whose work grows with the run: an E0 archive's import, a load tool's output
+    joined with its server run, a recorded capture's rejoin, and an export."""
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.ledger.reconstruct import reconstruct
+
+    said = _recorded_bars(monkeypatch)
+    archive = E0 / "cancel_release" / "archive.jsonl"
+    peers = E0.parent / "peers"
+    runs = [("import", str(archive), "--out", str(tmp_path / "e0")),
+            ("import", "--from", "vllm-recording", str(peers / "vllm-0.32-cpu"), "-o", str(tmp_path / "rec")),
+            ("import", "--from", "guidellm", str(peers / "guidellm-0.8.1" / "tool"), "--server",
+             str(peers / "guidellm-0.8.1" / "server"), "-o", str(tmp_path / "g"))]
+    for args in runs:
+        res = CliRunner().invoke(app, list(args))
+        assert res.exit_code == 0, (args, res.output)
+    reconstruct(tmp_path / "e0")
+    res = CliRunner().invoke(app, ["export", str(tmp_path / "e0"), "--as", "perfetto", "-o", str(tmp_path / "t.json")])
+    assert res.exit_code == 0, res.output
+    assert said == [f"import {archive}", f"import {peers / 'vllm-0.32-cpu'}: joining the engine's evidence",
+                    f"import guidellm output {peers / 'guidellm-0.8.1' / 'tool'} and join it with the server's",
+                    f"export {tmp_path / 'e0'} as perfetto"]

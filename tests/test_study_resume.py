@@ -240,3 +240,67 @@ def test_ctrl_c_inside_a_ledger_statement_is_given_back_as_an_interrupt(tmp_path
         reconstruct(run)
     assert time.monotonic() - t0 < 60
     assert not (run / "ledger.duckdb").exists() and not list(run.glob(".ledger.duckdb.tmp-*"))
+
+
+def test_report_of_an_interrupted_study_draws_the_runs_that_finished(tmp_path):
+    """`report DIR` of a study Ctrl-C stopped: DIR/report.html with the finished run's timeline, the
+    runs table saying which did not finish, no comparison (the study did not write one), exit 0."""
+    import dataclasses
+
+    out = tmp_path / "s"
+    figures = ({"kind": "timeline", "title": "each run's steps"},
+               {"kind": "curve", "title": "E2E per run", "table": "key", "x": "run", "y": ["e2e_server_ms"]})
+    with pytest.raises(KeyboardInterrupt):
+        run_study(dataclasses.replace(_study(stop_at="preemption"), figures=figures), out)
+    res = CliRunner().invoke(app, ["report", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "MiB, 1 run, " in res.output
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "SIGINT with 1 of 2 runs finished (cancel_release)" in html
+    assert "the 1 of 2 runs that finished" in html and f"study e0-pair --resume {out}" in html
+    assert html.count('id="study-fig0-') == 1  # the timeline of cancel_release alone
+    assert "drawn from the study&#x27;s comparison, which an unfinished study has not written" in html or \
+        "drawn from the study's comparison, which an unfinished study has not written" in html
+    assert "<td>preemption</td><td>archive=preemption</td><td>not finished</td>" in html
+    assert "<td>cancel_release</td><td>archive=cancel_release</td><td>finished</td>" in html
+
+    (out / "runs" / "cancel_release" / "ledger.duckdb").unlink()  # no run with a ledger: a clear refusal
+    res = CliRunner().invoke(app, ["report", str(out)])
+    assert res.exit_code == 2 and "none of its runs has finished" in res.output, res.output
+
+
+def test_a_study_that_names_no_timeline_gets_one_of_its_small_runs(tmp_path, monkeypatch):
+    """Its page draws every run of at most TIMELINE_ROWS attempts on one time scale; a bigger run is
+    named in the title, not drawn."""
+    from inferledger.report import study_page
+
+    out = tmp_path / "s"
+    run_study(_study(), out)
+    res = CliRunner().invoke(app, ["report", str(out)])
+    assert res.exit_code == 0, res.output
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert 'id="study-fig0-0"' in html and 'id="study-fig0-1"' in html and 'id="study-fig0-2"' not in html
+    assert "each run&#x27;s requests, on one time scale" in html or "each run's requests, on one time scale" in html
+
+    monkeypatch.setattr(study_page, "TIMELINE_ROWS", 0)  # every run too big: no timeline, no empty section
+    res = CliRunner().invoke(app, ["report", str(out)])
+    assert res.exit_code == 0 and 'id="study-fig0' not in (out / "report.html").read_text(encoding="utf-8")
+
+
+def test_summary_of_an_interrupted_study_gives_the_finished_runs_and_names_the_rest(tmp_path):
+    out = tmp_path / "s"
+    with pytest.raises(KeyboardInterrupt):
+        run_study(_study(stop_at="preemption"), out)
+    res = CliRunner().invoke(app, ["summary", str(out), "--table", "run"])
+    assert res.exit_code == 0, res.output
+    text = "".join(res.output.split())  # a narrow terminal wraps the line, a long path even inside it
+    assert "cancel_release" in text and "preemption" in text.split("nocomparisonyet")[1]
+    assert "".join(f"no comparison yet: the study is interrupted, not finished: preemption; continue it with: "
+                   f"{command_name()} study e0-pair --resume {out}".split()) in text
+    res = CliRunner().invoke(app, ["summary", str(out), "--format", "json"])
+    assert res.exit_code == 0 and {k.split(".")[0] for k in json.loads(res.stdout)} == {"cancel_release"}
+
+    (out / "runs" / "cancel_release" / "ledger.duckdb").unlink()  # a finished run without its ledger: rebuild it
+    res = CliRunner().invoke(app, ["summary", str(out)])
+    assert res.exit_code == 2 and "".join(f"no ledger; build them with: {command_name()} reconstruct {out}".split()) \
+        in "".join(res.output.split()), res.output

@@ -101,6 +101,34 @@ def test_an_unseen_try_is_no_missing_client_layer(runs):
     assert rows(runs["retries"], "select count(*) from gaps where gap_id like 'attempt:%@replica1#%'") == [(0,)]
 
 
+def test_the_reports_timeline_is_grouped_by_replica_first(runs, tmp_path):
+    """A deployment's run: the timeline's groups are replica, then class, then outcome; every row of a
+    group was served by its replica (the router's unseen tries on replica1 rejected, as it said)."""
+    from inferledger.report.build import build_report
+    from inferledger.report.clocks import build_timebase
+    from inferledger.report.read import open_run
+    from inferledger.report.timeline import arrange, attempt_index, choose_sample
+
+    rv = open_run(runs["retries"])
+    try:
+        atts = attempt_index(rv, build_timebase(rv.led))
+    finally:
+        rv.close()
+    rows = arrange(atts, choose_sample(atts, 300))
+    assert [(g["label"], g["n"]) for g in rows["groups"]] == [
+        ("replica1 · random · completed", 2), ("replica1 · random · server rejected", 17),
+        ("replica2 · random · completed", 18)]
+    replica = {a["id"]: a["replica"] for a in atts}
+    for g in rows["groups"]:
+        members = rows["orders"]["slowest"][g["first"]:g["first"] + g["n"]]
+        assert {replica[a] for a in members} == {g["label"].split(" · ")[0]}
+    html = build_report(runs["round_robin"], tmp_path / "r.html").path.read_text(encoding="utf-8")
+    assert "grouped by replica, then task class, then outcome" in html
+    groups = re.findall(r'"label": ?"([^"]*)", ?"first": ?\d+, ?"n": ?(\d+)', html)  # the page's data, ASCII-escaped
+    assert [(json.loads(f'"{label}"'), int(n)) for label, n in groups] == [
+        ("replica1 · random · completed", 10), ("replica2 · random · completed", 10)]
+
+
 def test_events_carry_their_replica_and_a_single_server_run_none(runs, tmp_path):
     assert rows(runs["round_robin"], "select count(*) filter (where json_extract_string(attrs, '$.replica_id') "
                                      "is null) from events where source in ('server', 'engine')") == [(0,)]

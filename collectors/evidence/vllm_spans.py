@@ -41,6 +41,18 @@ SPAN_GAP_NEEDS = ("vLLM's llm_request span for this attempt (serve with --otlp-t
                   "that outlives the export; vLLM ends no span for a request it aborted)")
 
 
+def span_gap_needs(reporter: str) -> str:
+    """What would close an attempt's missing span, said of the server the target answered as: vLLM's
+    own span for a vLLM; for another server (llama.cpp, ours, one that did not say), that it is no
+    vLLM and what it would take, not a vLLM setting it has not got."""
+    if reporter.startswith("vllm-"):
+        return SPAN_GAP_NEEDS
+    said = "did not say what it is (no GET /version or /props)" if reporter == "unknown" else f"answered as {reporter}"
+    return (f"an {REQUEST_SPAN} span for this attempt: the target {said}, not vLLM, and only vLLM's is read as the "
+            "engine's account (a server exporting its own spans joins nothing; capture it without --otlp-port, or "
+            "with --server RUN for our own server's events)")
+
+
 def attempt_of_request_id(request_id: str | None) -> str | None:
     """Our attempt id inside vLLM's request id (`chatcmpl-<x-request-id>`), else the id itself."""
     if not request_id:
@@ -182,7 +194,7 @@ def map_spans(spans: list[Span], *, run_id: str, host: str, reporter: str, attem
             out.attempts_without_span += 1
             out.add_gap({"run_id": run_id, "gap_id": f"otlp:no-span:{aid}", "scope": "attempt", "subject_id": aid,
                              "affects": "server_status, ttft_server_ms, queue_ms, prefill_ms, decode_ms, ghost load",
-                             "needs": SPAN_GAP_NEEDS, "detail": "the engine reported no span for this attempt"})
+                             "needs": span_gap_needs(reporter), "detail": "the engine reported no span for this attempt"})
     out.rows = em.rows
     return out
 
