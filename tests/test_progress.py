@@ -97,8 +97,8 @@ def test_repartition_prints_the_same_json_with_its_bar_on_a_terminal_or_without(
 
 def test_a_capture_says_each_slow_step_its_microbenchmarks_included(bundle, tmp_path):
     """The stages a capture's bar shows, in order: the device measured before the load (the model was
-    given), the tasks, a repeat of the microbenchmarks in the idle gap before the second arrival (2.5 s
-    after the first) and the end's repeat after the last task."""
+    given), the tasks, a repeat of the microbenchmarks in the idle gap before the second arrival (4 s
+    after the first: the first task's end at most 2.5 s in, on a busy host too) and the end's repeat after the last task."""
     import json
 
     from inferledger.collectors.capture.options import CaptureOptions
@@ -107,7 +107,7 @@ def test_a_capture_says_each_slow_step_its_microbenchmarks_included(bundle, tmp_
 
     (tmp_path / "tasks.jsonl").write_text(json.dumps({"kind": "lookup", "prompt": "Capital of France?",
                                                       "answer": "paris"}) + "\n")
-    (tmp_path / "arrivals.txt").write_text("0\n2500\n")
+    (tmp_path / "arrivals.txt").write_text("0\n4000\n")
     (tmp_path / "w.toml").write_text('name = "progress-test"\nseed = 1\n[taskset]\nfile = "tasks.jsonl"\n'
                                      '[arrivals]\nprocess = "replay"\nfile = "arrivals.txt"\n[contract]\n'
                                      'deadline_ms = 120000\n[client]\ntimeout_ms = 60000\n[generation]\n'
