@@ -303,6 +303,36 @@ def test_every_turn_of_a_session_is_checked_against_the_context_as_the_chat_grow
     assert unchecked["checked"] is False and "later turns" in unchecked["why"]
 
 
+def test_a_large_session_task_set_is_cleared_by_a_bound_not_tokenized_question_by_question(folder):
+    """A task whose turns all fit by the rendered text's bytes (at least one byte a token) is not counted
+    token by token: 2,000 questions are checked with the head's count alone; where the bound does not
+    clear a task, it is counted exactly, with the same verdict and message as counting every turn."""
+    from inferledger.engine.loader import load_tokenizer
+
+    tok = load_tokenizer()
+    (folder / "tasks.jsonl").write_text("".join(json.dumps({"prompt": f"Question {i}: what is {i} + 1?",
+                                                            "answer": "x"}) + "\n" for i in range(2000)))
+    wl = _load(folder, GOOD.replace("n_tasks = 4", "n_tasks = 1000")
+               + '[[classes]]\nname = "chat"\nshape = "session"\nturns = 2\n')
+    encodes = []
+
+    class Counting:
+        backend, apply_chat_template = tok.backend, tok.apply_chat_template
+
+        def encode(self, text, add_special=False):
+            encodes.append(text)
+            return tok.encode(text, add_special)
+
+    assert wl.check_context(4096, "x", Counting())["checked"] is True
+    assert len(encodes) == 1  # the head's tokens, once (each of the 2,000 questions before)
+    # near the context the bound clears nothing: every task counted exactly, the earliest miss named
+    exact = [len(tok.encode(tok.apply_chat_template([{"role": "user", "content": f"Question {i}: what is {i} + 1?"}])))
+             for i in range(0, 2000, 2)]
+    worst = max(range(1000), key=lambda t: exact[t])
+    with pytest.raises(ValueError, match=rf"task T{worst:04d}'s turn 1 has {exact[worst]} prompt tokens "):
+        wl.check_context(exact[worst] + 7, "x", Counting())
+
+
 def test_a_session_whose_built_first_turn_leaves_no_room_names_its_first_turn(folder):
     from inferledger.engine.loader import load_tokenizer
 
