@@ -80,7 +80,8 @@ class Workload:
     trace: TraceSource | None = None  # process = 'trace': the rows replayed (their arrivals and tasks)
     spec: dict = field(default_factory=dict)  # the file as parsed, for the manifest
     taskset: dict = field(default_factory=dict)  # the task-set file used: path and sha256, for the manifest
-    sha256: str = ""  # of the workload file, its task set, replay file or trace: the run's input identity
+    replay: dict = field(default_factory=dict)  # a replay file's path and what its sha256 covers, for the manifest
+    sha256: str = ""  # of the workload file, its task set, and the lines read of its replay file or trace
     path: str | None = None
     context: dict | None = None  # the check against the served model's context (check_context), for the manifest
 
@@ -105,20 +106,19 @@ class Workload:
         identity.update(tasks_bytes)
         taskset = {"path": str(taskpath), "sha256": hashlib.sha256(tasks_bytes).hexdigest()}
         a = f.arrivals
-        replay_ms = None
+        replay_ms, replay = None, {}
         if a.process == "replay":
             rpath = base / a.file
             try:
-                replay_ms = read_replay(rpath, first=a.n_tasks, most=MAX_TASKS)
-                with open(rpath, "rb") as replay:  # streamed: the file may be long, only its first rows are read
-                    for block in iter(lambda: replay.read(1 << 20), b""):
-                        identity.update(block)
+                replay_ms, replay = read_replay(rpath, first=a.n_tasks, most=MAX_TASKS)
             except OSError as exc:
                 raise ValueError(f"{where}: [arrivals].file: {rpath} cannot be read ({exc})") from exc
+            replay = {"path": str(rpath), **replay}
+            identity.update(replay["sha256"].encode())  # of the lines read: a long file's rest is not its input
         trace = None
         if a.process == "trace":
             trace = TraceSource.load(f.trace, base, a.speed, where)
-            identity.update(trace.read.sha256.encode())  # the trace's own digest: real traces are large
+            identity.update(trace.read.sha256.encode())  # of the lines read: a long trace's rest is not its input
         n_tasks = a.n_tasks if a.n_tasks is not None else len(trace.sent_rows) if trace else len(replay_ms)
         if replay_ms is not None and n_tasks > len(replay_ms):
             raise ValueError(f"{where}: [arrivals].n_tasks: {n_tasks}, but the replay file has "
@@ -148,7 +148,7 @@ class Workload:
             drain_s=f.client.drain_s, max_tokens=f.generation.max_tokens, temperature=f.generation.temperature,
             ignore_eos=f.generation.ignore_eos if f.generation.ignore_eos is not None else trace is not None,
             calibrate_tok_s=a.calibrate_tok_s, inject=f.inject, classes=classes, questions=questions,
-            tokenizer=f.prompt.tokenizer, trace=trace, spec=spec, taskset=taskset,
+            tokenizer=f.prompt.tokenizer, trace=trace, spec=spec, taskset=taskset, replay=replay,
             slo=f.slo.model_dump(exclude_none=True), sha256=identity.hexdigest())
 
     def check_context(self, context_tokens: int | None, source: str, tokenizer=None) -> dict:
