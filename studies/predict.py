@@ -15,7 +15,7 @@ from pathlib import Path
 from inferledger.costmodel import spec_roofs
 from inferledger.costmodel.prediction import PredictionError, predict, strict_json, sustained_roofs
 from inferledger.costmodel.roofs import SPEC, microbenchmark_roofs
-from inferledger.probes.model_shape import ModelShape
+from inferledger.probes.model_shape import ModelShape, hf_config_context
 from inferledger.probes.run_folder import MANIFEST_FILE, Manifest
 
 
@@ -88,6 +88,7 @@ def predict_workload(wl, options: PredictOptions) -> dict:
     from inferledger.collectors.capture.registration import workload_shapes
 
     bundle = None
+    _check_context(wl, options)
     if model_config is not None:
         shape = ModelShape.from_hf_config(model_config, dtype=dtype)
         weights_dtype = dtype or {2: "bfloat16", 4: "float32"}.get(shape.weight_bytes_per_param, "")
@@ -119,3 +120,20 @@ def predict_workload(wl, options: PredictOptions) -> dict:
     return predict(shape, workload_shapes(wl), peak, max_batch=max_batch, sustained=sustained_roofs(params),
                    fit=fit, workload={"name": wl.name, "path": wl.path, "sha256": wl.sha256},
                    device={"name": name, "dtype": weights_dtype, "device_params": params})
+
+
+def _check_context(wl, options: PredictOptions) -> None:
+    """The workload's prompts and output budgets against the model's context before anything loads (a
+    prediction for requests the engine would refuse predicts nothing): the context `--model-config`
+    declares, else the model file's metadata; a PredictionError naming the class and the context."""
+    if options.model_config is not None:
+        context = hf_config_context(options.model_config)
+        source = f"{options.model_config}: max_position_embeddings" if context else "--model-config declares none"
+    else:
+        from inferledger.engine.loader import model_context
+
+        context, source = model_context(options.model), "the model file's context length"
+    try:
+        wl.check_context(context, source)
+    except ValueError as exc:
+        raise PredictionError(str(exc)) from None

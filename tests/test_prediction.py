@@ -141,6 +141,14 @@ def test_predict_command_writes_a_prediction_from_a_config_and_a_spec_device(tmp
     assert rows[0]["tpot_lower_ms"] > 269_030_016 / 3350e9 * 1e3
     res = CliRunner().invoke(app, ["predict", "-w", str(wl), "--model-config", str(cfg), "-o", str(out)])
     assert res.exit_code == 2 and "--device NAME" in res.output
+    # a prompt past the context the config declares: refused by class, before anything is written
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "max_position_embeddings": 32}))
+    out.unlink()
+    res = CliRunner().invoke(app, ["predict", "-w", str(wl), "--model-config", str(cfg), "--device", "H100 SXM",
+                                   "-o", str(out)])
+    assert res.exit_code == 2 and not out.exists()
+    assert (f"{wl}: [[classes]][0].prompt_tokens: 40 + max_tokens 6 = 46 exceeds the model's context of 32 tokens "
+            f"(allowed: prompt_tokens <= 26) ({cfg}: max_position_embeddings)") in " ".join(res.output.split())
 
 
 def _workload(tmp: Path, n: int = 3) -> Path:
