@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 
-from inferledger.probes.model_shape import ModelShape
+from inferledger.probes.model_shape import MAX_CONTEXT, ModelShape
 
 from .bounds import stage_bounds
 from .roofs import Roof, Roofs
@@ -189,15 +189,22 @@ def check(doc, where: str) -> dict:
     if not isinstance(doc, dict):
         raise PredictionError(f"{where}: not a JSON object")
     _field(doc, "schema", where, str, lambda s: s == SCHEMA, f"{SCHEMA!r}")
-    _field(doc, "max_batch", where, int, lambda n: n >= 1, "an integer >= 1")
+    _field(doc, "max_batch", where, int, lambda n: 1 <= n <= MAX_CONTEXT, f"an integer in 1..{MAX_CONTEXT}")
     for key in ("compute", "memory"):
         _field(doc, f"roofs.peak.{key}.value", where, (int, float), lambda x: x > 0, "a positive number")
         _field(doc, f"roofs.peak.{key}.source", where, str, lambda s: bool(s), "a source label")
     reqs = _field(doc, "requests", where, list, lambda v: len(v) > 0, "a non-empty list")
+    named = set()
     for i in range(len(reqs)):
-        _field(doc, f"requests[{i}].class", where, str, why="a class name")
+        _field(doc, f"requests[{i}].class", where, str, lambda c: c not in named,
+               "a class name no other request shape has (an attempt is held to its class's shape)")
+        named.add(reqs[i]["class"])
         for key in ("prompt_tokens", "output_tokens"):
-            _field(doc, f"requests[{i}].{key}", where, int, lambda n: n >= 1, "an integer >= 1")
+            _field(doc, f"requests[{i}].{key}", where, int, lambda n: 1 <= n <= MAX_CONTEXT,
+                   f"an integer in 1..{MAX_CONTEXT} (tokens of one request)")
+        if "cached_tokens" in reqs[i]:
+            _field(doc, f"requests[{i}].cached_tokens", where, int, lambda n: 0 <= n < reqs[i]["prompt_tokens"],
+                   "an integer in 0..prompt_tokens - 1 (the prompt tokens a prefix cache serves)")
         for key in ("ttft_lower_ms", "tpot_lower_ms"):
             _field(doc, f"requests[{i}].{key}", where, (int, float), lambda x: x >= 0, "a number >= 0")
         for key in ("ttft_expected_ms", "tpot_expected_ms"):

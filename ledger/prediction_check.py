@@ -76,18 +76,23 @@ def _registered(run) -> tuple[dict | None, dict | None, list[tuple[str, str, str
 
 
 def _not_this_run(doc: dict, manifest) -> list[str]:
-    """How the prediction's workload (sha256), model shape and device differ from the run's; what
-    either side does not say is not compared."""
+    """How the prediction's workload (sha256), model shape and device differ from the run's: a workload
+    or shape the run records and the prediction does not name cannot be shown to be the run's, and
+    differs; what the run does not say, or a device either side does not name, is not compared."""
     out = []
     theirs, ours = (doc.get("workload") or {}).get("sha256"), manifest.block("workload").get("sha256")
-    if theirs and ours and theirs != ours:
-        out.append(f"workload sha256 {theirs[:12]}… is not the run's {ours[:12]}…")
+    if ours and theirs != ours:
+        out.append(f"workload sha256 {theirs[:12]}… is not the run's {ours[:12]}…" if theirs else
+                   f"it names no workload sha256 (the run's: {ours[:12]}…)")
     try:
         shape = manifest.model_shape().to_dict()
     except ShapeError:
         shape = None
     predicted = doc.get("model_shape") or {}
-    if shape is not None and predicted:
+    if shape is not None and not predicted:
+        out.append("it names no model shape (the run's: " + ", ".join(
+            f"{k} {v!r}" for k, v in shape.items() if k != "source") + ")")
+    elif shape is not None:
         differ = [f"{k} {predicted.get(k)!r} (the run's: {v!r})" for k, v in shape.items()
                   if k != "source" and predicted.get(k) != v]
         if differ:

@@ -330,6 +330,27 @@ def test_infinity_and_nan_are_refused_as_roofs_bounds_or_range_ends(tmp_path, te
         check(doc, "pred.json")
 
 
+@pytest.mark.parametrize("edit, refusal", [
+    (lambda d: d["requests"].append(dict(d["requests"][0])),
+     "field requests[1].class = 'chat': expected a class name no other request shape has"),
+    (lambda d: d["requests"][0].update(prompt_tokens=10 ** 30),
+     "field requests[0].prompt_tokens = 1000000000000000000000000000000: expected an integer in 1..16777216"),
+    (lambda d: d["requests"][0].update(cached_tokens="all"),
+     "field requests[0].cached_tokens = 'all': expected an integer in 0..prompt_tokens - 1"),
+    (lambda d: d["requests"][0].update(cached_tokens=40), "field requests[0].cached_tokens = 40: expected"),
+    (lambda d: d.update(max_batch=10 ** 20), "field max_batch = 100000000000000000000: expected an integer in 1.."),
+])
+def test_a_prediction_whose_shapes_no_run_can_hold_is_refused_naming_the_field(tmp_path, edit, refusal):
+    """Two shapes for one class (which would an attempt be held to?), token counts no request has, a
+    cached prefix as long as the prompt: refused by field, not stored to fail in the ledger."""
+    doc = _doc(tmp_path)
+    check(doc, "pred.json")
+    edit(doc)
+    with pytest.raises(PredictionError) as info:
+        check(doc, "pred.json")
+    assert str(info.value).startswith("pred.json: " + refusal)
+
+
 def test_a_deeply_nested_file_is_refused_by_name(tmp_path):
     from inferledger.costmodel.prediction import load
     from inferledger.studies.predict import read_device_params
@@ -382,6 +403,12 @@ def test_a_prediction_for_another_workload_shape_or_device_is_not_this_runs(tmp_
     wrong = _not_this_run(doc, run)
     assert wrong[0].startswith("workload sha256 ffffffffffff… is not the run's ")
     assert wrong[1:] == ["model shape layers 2 (the run's: 1)", "device 'cpu-b' is not the run's 'cpu-a'"]
+    # a prediction that names no workload or shape cannot be shown to be this run's: it differs
+    bare = {k: v for k, v in doc.items() if k not in ("workload", "model_shape", "device")}
+    assert _not_this_run(bare, run) == [
+        f"it names no workload sha256 (the run's: {run.block('workload')['sha256'][:12]}…)",
+        "it names no model shape (the run's: layers 1, d_model 4, n_heads 1, n_kv_heads 1, head_dim 4, ffn 8, "
+        "vocab 16, tied_embeddings False, weight_bytes_per_param 4, act_bytes 4, kv_bytes 4)"]
 
 
 def test_a_registered_prediction_of_another_run_is_not_valid_with_a_gap(registered_run, tmp_path):
