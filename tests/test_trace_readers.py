@@ -64,6 +64,19 @@ def test_a_trace_and_a_replay_file_are_hashed_as_far_as_they_are_read(tmp_path):
         "file_bytes": 35}
 
 
+def test_a_pipe_or_a_device_as_a_trace_or_replay_file_is_refused_not_waited_on(tmp_path):
+    """A FIFO with no writer blocked the workload's load for ever (a device may never end): refused by key."""
+    import os
+
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(ValueError, match=r"w\.toml: \[trace\]\.file: .*pipe cannot be read \(not a regular file"):
+        _workload(tmp_path, "mooncake", "pipe")
+    spec = {"taskset": {"file": "tasks.jsonl"}, "arrivals": {"process": "replay", "file": "/dev/zero"},
+            "contract": {"deadline_ms": 60_000}, "client": {"timeout_ms": 30_000}, "generation": {"max_tokens": 8}}
+    with pytest.raises(ValueError, match=r"w\.toml: \[arrivals\]\.file: /dev/zero cannot be read \(not a regular"):
+        Workload.from_dict(spec, base=tmp_path, where="w.toml")
+
+
 def test_mooncake_sample_arrives_at_its_timestamps_over_the_speed():
     wl = Workload.load(WORKLOADS / "trace_mooncake.toml")  # speed 4
     assert wl.process == "trace" and wl.n_tasks == 12 and wl.ignore_eos is True

@@ -4,17 +4,23 @@ trace of which a window of rows is replayed costs the time of those rows (docs/C
 from __future__ import annotations
 
 import hashlib
+import stat
 from pathlib import Path
 
 
 class ReadLines:
     """The lines of `path` as text (UTF-8, a leading byte-order mark dropped), each at most `max_bytes`
     bytes (a longer one is refused at its line, never read whole); `sha256()` and `bytes_read` cover
-    exactly the lines handed out so far, from the file's first byte. Use as a context manager."""
+    exactly the lines handed out so far, from the file's first byte; OSError for a file that is not a
+    regular one (a pipe, a device). Use as a context manager."""
 
     def __init__(self, path: Path, max_bytes: int, what: str) -> None:
         self.path, self.max_bytes, self.what = path, max_bytes, what
-        self.size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a pipe with no writer blocks for ever; a device may never end
+            raise OSError(f"not a regular file: a pipe or a device may block or never end, and its bytes "
+                          f"cannot be named by a hash and a size; save it to a file first")
+        self.size = st.st_size
         self.bytes_read = 0
         self._hash = hashlib.sha256()
         self._file = open(path, "rb")
