@@ -215,6 +215,18 @@ def test_counts_rates_and_horizons_past_the_planning_bounds_are_refused(folder, 
     assert where in _refused(folder, GOOD.replace(old, new))
 
 
+def test_a_workload_file_too_long_to_parse_in_the_bound_is_refused_before_it_is_parsed(folder):
+    """3,000,000 task numbers in one [inject] list took 11 s to parse and were taken; 200,000 classes 7 s:
+    the file is bounded by its size before it is parsed, its lists by their length."""
+    assert _refused(folder, GOOD + "#" * (2 << 20)) == (
+        f"{folder / 'cpu_demo.toml'}: {len(GOOD) + (2 << 20)} bytes: a workload file is at most 2097152 bytes (its "
+        "keys take a few KiB; the task set, a replay file or a trace are files of their own)")
+    many = GOOD.replace("n_tasks = 4", "n_tasks = 100000") + "[inject]\nabandon_tasks = [" + "1," * 100_001 + "]\n"
+    assert _refused(folder, many).endswith("[inject].abandon_tasks: must hold at most 100000 entries, not 100001")
+    classes = "".join(f'[[classes]]\nname = "c{i}"\n' for i in range(10_001))
+    assert _refused(folder, GOOD + classes).endswith("[[classes]]: must hold at most 10000 entries, not 10001")
+
+
 def test_the_planning_bounds_are_stated_in_the_docs():
     from inferledger.collectors.workload import schema
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from .arrivals import planned_offsets, read_replay
 from .calibration import calibrate
 from .plans import TaskPlan, build_plans, class_sequence, turn_checks
-from .schema import MAX_HORIZON_S, MAX_TASKS, Inject, TaskClass, context_checks, count_checks, parse
+from .schema import MAX_FILE_BYTES, MAX_HORIZON_S, MAX_TASKS, Inject, TaskClass, context_checks, count_checks, parse
 from .tasks import Question, load_questions
 from .trace_plans import TraceSource
 
@@ -37,6 +37,10 @@ def taskset_path(base: Path, file: str, where: str) -> Path:
 def read_spec(path: Path) -> tuple[bytes, dict]:
     """A workload file's bytes and its parsed TOML, or a ValueError naming the file."""
     try:
+        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{path}: {path.stat().st_size} bytes: a workload file is at most {MAX_FILE_BYTES} "
+                             f"bytes (its keys take a few KiB; the task set, a replay file or a trace are files "
+                             f"of their own)")
         raw = path.read_bytes()
         return raw, tomllib.loads(raw.decode())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
