@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 from inferledger.probes.model_shape import MAX_CONTEXT, ModelShape
 
@@ -53,6 +54,22 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{text} overflows a double: not a finite number")
     return value
+
+
+MAX_FILE_BYTES = 16 << 20  # a prediction or device-parameters file (a few KiB; one shape a class)
+
+
+def read_file(path, what: str) -> bytes:
+    """The bytes of a prediction or device-parameters file at most MAX_FILE_BYTES long (refused before
+    it is read: JSON takes several times its size in memory), else PredictionError naming the file."""
+    try:
+        size = os.stat(path).st_size
+        if size > MAX_FILE_BYTES:
+            raise PredictionError(f"{path}: {size} bytes: {what} is at most {MAX_FILE_BYTES} bytes")
+        with open(path, "rb") as f:
+            return f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise PredictionError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
 
 
 def strict_json(data: bytes | str, where: str):

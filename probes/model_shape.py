@@ -33,6 +33,7 @@ SHAPE_BOUNDS = {"layers": 4096, "d_model": 1 << 18, "n_heads": 4096, "n_kv_heads
                 "ffn": 1 << 20, "vocab": 1 << 24}
 # the longest context a model may declare (positions): past it a config or model file is refused by key
 MAX_CONTEXT = 1 << 24
+MAX_CONFIG_BYTES = 16 << 20  # an HF config.json (a few KiB; a label map makes some longer)
 # each field of the shape as an HF config.json spells it
 HF_KEYS = {"layers": "num_hidden_layers", "d_model": "hidden_size", "n_heads": "num_attention_heads",
            "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "ffn": "intermediate_size",
@@ -219,9 +220,14 @@ def _hf_config(path) -> tuple[Path, object]:
     if path.is_dir():
         path = path / "config.json"
     try:
-        cfg = json.loads(path.read_text())
+        size = path.stat().st_size
+        data = path.read_bytes() if size <= MAX_CONFIG_BYTES else None
     except OSError as exc:
         raise ShapeError(f"{path}: cannot read ({exc.strerror})") from None
+    if data is None:
+        raise ShapeError(f"{path}: {size} bytes: a config.json is at most {MAX_CONFIG_BYTES} bytes")
+    try:
+        cfg = json.loads(data)
     except (ValueError, RecursionError) as exc:
         raise ShapeError(f"{path}: not valid JSON ({str(exc)[:200] or 'nested too deeply'})") from None
     return path, cfg.get("text_config", cfg) if isinstance(cfg, dict) else cfg

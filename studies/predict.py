@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferledger.costmodel import spec_roofs
-from inferledger.costmodel.prediction import PredictionError, predict, strict_json, sustained_roofs
+from inferledger.costmodel.prediction import PredictionError, predict, read_file, strict_json, sustained_roofs
 from inferledger.costmodel.roofs import SPEC, microbenchmark_roofs
 from inferledger.probes.model_shape import ModelShape, hf_config_context
 from inferledger.probes.run_folder import MANIFEST_FILE, Manifest
@@ -27,10 +27,7 @@ def read_device_params(path: Path) -> dict:
     """device_params from a run's manifest (its `device_params` key) or a file holding only them; each
     roof's `peak` (and `median` where given) a number within DEVICE_PARAM_RANGES, else a PredictionError
     naming the file, the key and the value."""
-    try:
-        doc = strict_json(Path(path).read_bytes(), str(path))
-    except OSError as exc:
-        raise PredictionError(f"{path}: cannot read ({exc.strerror})") from None
+    doc = strict_json(read_file(path, "a device-parameters file"), str(path))
     params = doc.get("device_params", doc) if isinstance(doc, dict) else None
     if not isinstance(params, dict) or not all(isinstance(params.get(k), dict) for k in DEVICE_PARAM_RANGES):
         raise PredictionError(f"{path}: no device parameters: expected memcpy_gbps.peak and matmul_tflops.peak "

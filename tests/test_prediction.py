@@ -732,3 +732,21 @@ def test_repeats_over_the_run_are_marked_in_samples_and_the_best_is_the_roof():
     left = microbench.with_repeats(start, [{"at": "idle", "memcpy_gbps": 99.0, "matmul_tflops": 9.0, "overlapped": True}])
     assert left["memcpy_gbps"]["peak"] == 10.0 and len(left["repeats"]["runs"]) == 2
     assert left["memcpy_gbps"]["label"].endswith("1 left out: a task arrived during it); best at start")
+
+
+def test_a_json_input_too_long_to_be_one_is_refused_before_it_is_read(tmp_path):
+    """A prediction, device-parameters or config file of 20 MiB (sparse: nothing is written) was read
+    whole and parsed (JSON takes several times its size in memory): refused by its size, naming it."""
+    from inferledger.collectors.capture.registration import read_prediction
+    from inferledger.probes.model_shape import ShapeError
+    from inferledger.studies.predict import read_device_params
+
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(20 << 20)
+    with pytest.raises(PredictionError, match=rf"^{big}: 20971520 bytes: the prediction is at most 16777216 bytes$"):
+        read_prediction(big)
+    with pytest.raises(PredictionError, match=r": 20971520 bytes: a device-parameters file is at most 16777216 bytes$"):
+        read_device_params(big)
+    with pytest.raises(ShapeError, match=r": 20971520 bytes: a config.json is at most 16777216 bytes$"):
+        ModelShape.from_hf_config(big)
