@@ -77,6 +77,20 @@ def test_a_pipe_or_a_device_as_a_trace_or_replay_file_is_refused_not_waited_on(t
         Workload.from_dict(spec, base=tmp_path, where="w.toml")
 
 
+def test_line_ends_and_a_byte_order_mark_read_as_before_and_bare_carriage_returns_are_named(tmp_path):
+    """The lines are read as bytes (to hash what is read): \\r\\n ends and a leading byte-order mark read
+    as in text mode; a file whose lines end in a bare \\r is refused saying so."""
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens"
+    (tmp_path / "crlf.csv").write_bytes(f"\ufeff{head}\r\n2024-05-10 00:00:00.5,10,2\r\n2024-05-10 00:00:01,12,3\r\n"
+                                        .encode())
+    assert [(r.line, r.t_ns, r.input_tokens) for r in read_trace(tmp_path / "crlf.csv", "azure").rows] == [
+        (2, 0, 10), (3, 500_000_000, 12)]
+    (tmp_path / "cr.csv").write_bytes(f"{head}\r2024-05-10 00:00:00,10,2\r".encode())
+    assert _refusal(tmp_path / "cr.csv", "azure") == [
+        f"{tmp_path / 'cr.csv'}:1: cannot be read as CSV (its lines end in a bare carriage return: lines end in \\n "
+        f"or \\r\\n)"]
+
+
 def test_mooncake_sample_arrives_at_its_timestamps_over_the_speed():
     wl = Workload.load(WORKLOADS / "trace_mooncake.toml")  # speed 4
     assert wl.process == "trace" and wl.n_tasks == 12 and wl.ignore_eos is True

@@ -150,7 +150,9 @@ def _records(lines: ReadLines, path: Path, fmt: str):
             if any(v.strip() for v in values):
                 yield reader.line_num, dict(zip(header, values))
     except csv.Error as exc:  # a field past the csv module's limit, a quote left open at the end
-        raise _Bad(f"{path}:{reader.line_num}: cannot be read as CSV ({exc})") from None
+        why = ("its lines end in a bare carriage return: lines end in \\n or \\r\\n" if "new-line character" in str(exc)
+               else str(exc))
+        raise _Bad(f"{path}:{reader.line_num}: cannot be read as CSV ({why})") from None
 
 
 def _row(fmt: str, line: int, rec) -> tuple[TraceRow | None, list[tuple[str, str]]]:
