@@ -227,6 +227,13 @@ def test_a_workload_file_too_long_to_parse_in_the_bound_is_refused_before_it_is_
     assert _refused(folder, GOOD + classes).endswith("[[classes]]: must hold at most 10000 entries, not 10001")
 
 
+def test_a_task_set_that_is_a_folder_or_a_device_is_named_as_such(folder):
+    for name in (".", "/dev/zero"):
+        assert _refused(folder, GOOD.replace('file = "tasks.jsonl"', f'file = "{name}"')).endswith(
+            f"[taskset].file: {folder / name} is not a regular file (a folder, a pipe or a device): a task set is a "
+            "JSON Lines file, read whole")
+
+
 def test_the_planning_bounds_are_stated_in_the_docs():
     from inferledger.collectors.workload import schema
 

@@ -27,6 +27,9 @@ def taskset_path(base: Path, file: str, where: str) -> Path:
     given = base / file
     if given.is_file():
         return given
+    if given.exists():
+        raise ValueError(f"{where}: [taskset].file: {given} is not a regular file (a folder, a pipe or a device): "
+                         f"a task set is a JSON Lines file, read whole")
     bundled = TASKS_DIR / Path(file).name
     if not Path(file).is_absolute() and bundled.is_file():
         return bundled
