@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from inferledger.costmodel.prediction import PredictionError, load
+from inferledger.costmodel.prediction import PredictionError, load, read_file
 import pyarrow as pa
 
 from inferledger.ledger.tables import StageTable, gap_table
@@ -53,12 +53,14 @@ def _registered(run) -> tuple[dict | None, dict | None, list[tuple[str, str, str
             return None, None, [(affects, "the manifest's prediction block (sha256, registration time)",
                                  f"{PREDICTION_FILE} is in the run directory but {MANIFEST_FILE} registers none")]
         return None, None, []
-    try:
-        data = path.read_bytes()
-    except OSError:
+    if not path.is_file():
         return block, None, [(affects, f"the registered {PREDICTION_FILE}",
                               f"{MANIFEST_FILE} registers a prediction (sha256 {block.get('sha256')}) but "
                               f"{PREDICTION_FILE} is missing")]
+    try:
+        data = read_file(path, "a prediction")  # bounded: the file is read whole to be hashed and parsed
+    except PredictionError as exc:
+        return block, None, [(affects, "a prediction file of the inferledger.prediction format", str(exc))]
     digest = hashlib.sha256(data).hexdigest()
     if digest != block.get("sha256"):
         return block, None, [(affects, f"the {PREDICTION_FILE} that was registered",

@@ -411,6 +411,20 @@ def test_a_prediction_for_another_workload_shape_or_device_is_not_this_runs(tmp_
         "vocab 16, tied_embeddings False, weight_bytes_per_param 4, act_bytes 4, kv_bytes 4)"]
 
 
+def test_a_registered_prediction_too_long_to_be_one_is_a_gap_not_read(registered_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(registered_run, run)
+    with open(run / "prediction.json", "r+b") as f:  # 20 MiB, sparse: read whole, it was hashed and parsed
+        f.truncate(20 << 20)
+    reconstruct(run)
+    with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT valid FROM prediction_registration").fetchall() == [(False,)]
+        assert con.execute("SELECT detail FROM gaps WHERE subject_id = 'prediction.json'").fetchall() == [
+            (f"{run / 'prediction.json'}: 20971520 bytes: a prediction is at most 16777216 bytes",)]
+
+
 def test_a_registered_prediction_of_another_run_is_not_valid_with_a_gap(registered_run, tmp_path):
     import shutil
 
