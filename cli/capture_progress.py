@@ -21,6 +21,7 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
     from inferledger.cli.output import console
     from inferledger.cli.progress import progress_bar
     from inferledger.collectors.capture.interrupt import Interrupted
+    from inferledger.collectors.capture.options import url_problem
     from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
     from inferledger.collectors.workload import Workload
 
@@ -29,8 +30,9 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
     except OutDirError as exc:
         raise typer.BadParameter(str(exc), param_hint="--out") from None
     target = options.target
-    if target != "embedded" and not target.startswith(("http://", "https://")):
-        raise typer.BadParameter(f"{target!r} is neither 'embedded' nor an http(s):// base URL", param_hint="--target")
+    if target != "embedded" and url_problem(target):
+        raise typer.BadParameter(f"{url_problem(target)}: give 'embedded' or a server's http(s):// base URL",
+                                 param_hint="--target")
     try:
         wl = workload if isinstance(workload, Workload) else Workload.load(workload)
     except ValueError as exc:

@@ -14,8 +14,8 @@ def reconstruct_cmd(
     run_dir: str = typer.Argument(..., help="A run directory (events/, clocks.parquet, ...), or its URL "
                                   "(file://, s3://, memory://: any store fsspec reads; needs --out), or a study "
                                   "folder (every run, then the comparison)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the ledger (default "
-                                       "RUN_DIR/ledger.duckdb)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the ledger, a file named "
+                                       "*.duckdb (default RUN_DIR/ledger.duckdb)."),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", "-m", help="Most memory DuckDB may use "
                                                "(4GB, 512MiB, ...; default a quarter of this machine's memory): "
                                                "beyond it the build spills to disk beside the ledger, so a run of "
@@ -44,9 +44,12 @@ def reconstruct_cmd(
     """
     from inferledger.cli.output import check_output
 
+    from inferledger.cli.output import console, echo_sections, fail
+
     if out is not None:  # before anything is read
         check_output(out, "--out")
-    from inferledger.cli.output import console, echo_sections, fail
+        if Path(out).suffix != ".duckdb":  # query, report and summary know a ledger file by its suffix
+            fail(f"error: --out {out}: a ledger file's name ends in .duckdb (e.g. {Path(out).with_suffix('.duckdb')})")
     from inferledger.cli.progress import progress_bar
     from inferledger.cli.summary import print_sections, summary_sections
     from inferledger.ledger.memory import SizeError

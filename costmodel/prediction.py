@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
-from inferledger.probes.model_shape import ModelShape
+from inferledger.probes.model_shape import MAX_CONTEXT, ModelShape
 
 from .bounds import stage_bounds
 from .roofs import Roof, Roofs
@@ -53,6 +54,22 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{text} overflows a double: not a finite number")
     return value
+
+
+MAX_FILE_BYTES = 16 << 20  # a prediction or device-parameters file (a few KiB; one shape a class)
+
+
+def read_file(path, what: str) -> bytes:
+    """The bytes of a prediction or device-parameters file at most MAX_FILE_BYTES long (refused before
+    it is read: JSON takes several times its size in memory), else PredictionError naming the file."""
+    try:
+        size = os.stat(path).st_size
+        if size > MAX_FILE_BYTES:
+            raise PredictionError(f"{path}: {size} bytes: {what} is at most {MAX_FILE_BYTES} bytes")
+        with open(path, "rb") as f:
+            return f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise PredictionError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
 
 
 def strict_json(data: bytes | str, where: str):
@@ -189,15 +206,22 @@ def check(doc, where: str) -> dict:
     if not isinstance(doc, dict):
         raise PredictionError(f"{where}: not a JSON object")
     _field(doc, "schema", where, str, lambda s: s == SCHEMA, f"{SCHEMA!r}")
-    _field(doc, "max_batch", where, int, lambda n: n >= 1, "an integer >= 1")
+    _field(doc, "max_batch", where, int, lambda n: 1 <= n <= MAX_CONTEXT, f"an integer in 1..{MAX_CONTEXT}")
     for key in ("compute", "memory"):
         _field(doc, f"roofs.peak.{key}.value", where, (int, float), lambda x: x > 0, "a positive number")
         _field(doc, f"roofs.peak.{key}.source", where, str, lambda s: bool(s), "a source label")
     reqs = _field(doc, "requests", where, list, lambda v: len(v) > 0, "a non-empty list")
+    named = set()
     for i in range(len(reqs)):
-        _field(doc, f"requests[{i}].class", where, str, why="a class name")
+        _field(doc, f"requests[{i}].class", where, str, lambda c: c not in named,
+               "a class name no other request shape has (an attempt is held to its class's shape)")
+        named.add(reqs[i]["class"])
         for key in ("prompt_tokens", "output_tokens"):
-            _field(doc, f"requests[{i}].{key}", where, int, lambda n: n >= 1, "an integer >= 1")
+            _field(doc, f"requests[{i}].{key}", where, int, lambda n: 1 <= n <= MAX_CONTEXT,
+                   f"an integer in 1..{MAX_CONTEXT} (tokens of one request)")
+        if "cached_tokens" in reqs[i]:
+            _field(doc, f"requests[{i}].cached_tokens", where, int, lambda n: 0 <= n < reqs[i]["prompt_tokens"],
+                   "an integer in 0..prompt_tokens - 1 (the prompt tokens a prefix cache serves)")
         for key in ("ttft_lower_ms", "tpot_lower_ms"):
             _field(doc, f"requests[{i}].{key}", where, (int, float), lambda x: x >= 0, "a number >= 0")
         for key in ("ttft_expected_ms", "tpot_expected_ms"):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inferledger.probes.model_shape import ModelShape, dtype_bytes
+from inferledger.probes.model_shape import MAX_CONTEXT, ModelShape, dtype_bytes
 
 from .config import SUPPORTED_ARCHS, ModelConfig
 from .cpu_host import resolve_dtype
@@ -183,8 +183,8 @@ def model_context(path=None) -> int:
         key = lambda meta: f"{meta.get('general.architecture')}.context_length"
         meta = gguf_metadata(path, until=lambda meta: key(meta) in meta)
         value, where = meta.get(key(meta)), f"{path}: GGUF field {key(meta)!r}"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ModelLoadError(f"{where} is {value!r}, not a positive integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONTEXT:
+        raise ModelLoadError(f"{where} is {value!r}, not an integer in 1..{MAX_CONTEXT}")
     return value
 
 

@@ -24,7 +24,8 @@ class SizeError(ValueError):
 
 
 def parse_size(text: str) -> int:
-    """Bytes of "4GB", "512MiB", "2.5GiB" or a plain byte count; SizeError for anything else."""
+    """Bytes of "4GB", "512MiB", "2.5GiB" or a plain byte count, from 64 MiB to this machine's physical
+    memory; SizeError for anything else."""
     m = _SIZE.match(str(text))
     unit = m.group(2).lower() if m else None
     if not m or unit not in _UNITS:
@@ -33,6 +34,10 @@ def parse_size(text: str) -> int:
     size = int(float(m.group(1)) * _UNITS[unit])
     if size < MIN_BYTES:
         raise SizeError(f"memory limit {text!r}: at least {MIN_BYTES // 2 ** 20} MiB is needed")
+    if size > physical_memory_bytes():  # DuckDB would not spill before the machine ran out
+        raise SizeError(f"memory limit {text!r}: more than this machine's memory "
+                        f"({physical_memory_bytes() / 2 ** 30:.1f} GiB); the build spills beyond the limit, "
+                        f"so a smaller one still fits any run")
     return size
 
 

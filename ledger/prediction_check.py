@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from inferledger.costmodel.prediction import PredictionError, load
+from inferledger.costmodel.prediction import PredictionError, load, read_file
 import pyarrow as pa
 
 from inferledger.ledger.tables import StageTable, gap_table
@@ -53,12 +53,14 @@ def _registered(run) -> tuple[dict | None, dict | None, list[tuple[str, str, str
             return None, None, [(affects, "the manifest's prediction block (sha256, registration time)",
                                  f"{PREDICTION_FILE} is in the run directory but {MANIFEST_FILE} registers none")]
         return None, None, []
-    try:
-        data = path.read_bytes()
-    except OSError:
+    if not path.is_file():
         return block, None, [(affects, f"the registered {PREDICTION_FILE}",
                               f"{MANIFEST_FILE} registers a prediction (sha256 {block.get('sha256')}) but "
                               f"{PREDICTION_FILE} is missing")]
+    try:
+        data = read_file(path, "a prediction")  # bounded: the file is read whole to be hashed and parsed
+    except PredictionError as exc:
+        return block, None, [(affects, "a prediction file of the inferledger.prediction format", str(exc))]
     digest = hashlib.sha256(data).hexdigest()
     if digest != block.get("sha256"):
         return block, None, [(affects, f"the {PREDICTION_FILE} that was registered",
@@ -76,18 +78,23 @@ def _registered(run) -> tuple[dict | None, dict | None, list[tuple[str, str, str
 
 
 def _not_this_run(doc: dict, manifest) -> list[str]:
-    """How the prediction's workload (sha256), model shape and device differ from the run's; what
-    either side does not say is not compared."""
+    """How the prediction's workload (sha256), model shape and device differ from the run's: a workload
+    or shape the run records and the prediction does not name cannot be shown to be the run's, and
+    differs; what the run does not say, or a device either side does not name, is not compared."""
     out = []
     theirs, ours = (doc.get("workload") or {}).get("sha256"), manifest.block("workload").get("sha256")
-    if theirs and ours and theirs != ours:
-        out.append(f"workload sha256 {theirs[:12]}… is not the run's {ours[:12]}…")
+    if ours and theirs != ours:
+        out.append(f"workload sha256 {theirs[:12]}… is not the run's {ours[:12]}…" if theirs else
+                   f"it names no workload sha256 (the run's: {ours[:12]}…)")
     try:
         shape = manifest.model_shape().to_dict()
     except ShapeError:
         shape = None
     predicted = doc.get("model_shape") or {}
-    if shape is not None and predicted:
+    if shape is not None and not predicted:
+        out.append("it names no model shape (the run's: " + ", ".join(
+            f"{k} {v!r}" for k, v in shape.items() if k != "source") + ")")
+    elif shape is not None:
         differ = [f"{k} {predicted.get(k)!r} (the run's: {v!r})" for k, v in shape.items()
                   if k != "source" and predicted.get(k) != v]
         if differ:

@@ -31,6 +31,9 @@ ARCHITECTURE_KEYS = {"layers": "n_layers", "d_model": "d_model", "n_heads": "n_h
 # bounds, the heads grouped evenly (n_kv_heads divides n_heads); a shape outside them is refused by key.
 SHAPE_BOUNDS = {"layers": 4096, "d_model": 1 << 18, "n_heads": 4096, "n_kv_heads": 4096, "head_dim": 4096,
                 "ffn": 1 << 20, "vocab": 1 << 24}
+# the longest context a model may declare (positions): past it a config or model file is refused by key
+MAX_CONTEXT = 1 << 24
+MAX_CONFIG_BYTES = 16 << 20  # an HF config.json (a few KiB; a label map makes some longer)
 # each field of the shape as an HF config.json spells it
 HF_KEYS = {"layers": "num_hidden_layers", "d_model": "hidden_size", "n_heads": "num_attention_heads",
            "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "ffn": "intermediate_size",
@@ -155,16 +158,7 @@ class ModelShape:
     @classmethod
     def from_hf_config(cls, path, dtype: str | None = None) -> "ModelShape":
         """From a Hugging Face config.json (or the folder holding one); dtype defaults to its torch_dtype."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        try:
-            cfg = json.loads(path.read_text())
-        except OSError as exc:
-            raise ShapeError(f"{path}: cannot read ({exc.strerror})") from None
-        except ValueError as exc:
-            raise ShapeError(f"{path}: not valid JSON ({exc})") from None
-        cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else cfg
+        path, cfg = _hf_config(path)
         need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
         missing = [k for k in need if not isinstance(cfg, dict) or isinstance(cfg.get(k), bool)
                    or not isinstance(cfg.get(k), int)]
@@ -182,12 +176,16 @@ class ModelShape:
         problems = shape_problems(values, HF_KEYS)
         if problems:
             raise ShapeError(f"{path}: a shape no transformer has: " + "; ".join(problems))
+        tied = cfg.get("tie_word_embeddings", False)
+        if not isinstance(tied, bool):
+            raise ShapeError(f"{path}: tie_word_embeddings: must be true or false, not {tied!r}")
+        hf_config_context(path)  # a context no model has is refused with the shape
         dt = dtype or cfg.get("torch_dtype") or cfg.get("dtype")
         if not dt:
             raise ShapeError(f"{path}: no torch_dtype; pass the dtype the model was served at")
         b = dtype_bytes(dt, f"{path} torch_dtype")
         return cls(*(values[f] for f in ("layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab")),
-                   bool(cfg.get("tie_word_embeddings", False)), b, b, b, source=f"hf config {path}")
+                   tied, b, b, b, source=f"hf config {path}")
 
     @classmethod
     def from_gguf(cls, path, dtype: str) -> "ModelShape":
@@ -214,6 +212,35 @@ class ModelShape:
     def declared_entry(self) -> dict:
         """What a run's manifest records as `model_shape` when a person declares the served model."""
         return {**self.to_dict(), "evidence": "declared"}
+
+
+def _hf_config(path) -> tuple[Path, object]:
+    """The config.json at `path` (or in the folder `path`) and its model's part (a `text_config` inside)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        size = path.stat().st_size
+        data = path.read_bytes() if size <= MAX_CONFIG_BYTES else None
+    except OSError as exc:
+        raise ShapeError(f"{path}: cannot read ({exc.strerror})") from None
+    if data is None:
+        raise ShapeError(f"{path}: {size} bytes: a config.json is at most {MAX_CONFIG_BYTES} bytes")
+    try:
+        cfg = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise ShapeError(f"{path}: not valid JSON ({str(exc)[:200] or 'nested too deeply'})") from None
+    return path, cfg.get("text_config", cfg) if isinstance(cfg, dict) else cfg
+
+
+def hf_config_context(path) -> int | None:
+    """The context an HF config.json declares (`max_position_embeddings`; None when it declares none),
+    a ShapeError naming the key when it is no context a model has (an integer in 1..MAX_CONTEXT)."""
+    path, cfg = _hf_config(path)
+    value = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONTEXT):
+        raise ShapeError(f"{path}: max_position_embeddings: must be an integer in 1..{MAX_CONTEXT}, not {value!r}")
+    return value
 
 
 def _gguf_value(reader, name: str):

@@ -156,10 +156,14 @@ def check_layout(events: Path) -> list[str]:
     part that is missing, has other rows or was rewritten (its footer differs), or a recorded folder
     that is gone (a rebuild would quietly lose their rows); one line per part newer than the record (a
     capture killed between writing a part and recording it: rebuilt, with a gap). Nothing to hold for
-    an unpartitioned run or a record that did not keep its parts."""
+    an unpartitioned run; partition folders with no record, or a record that did not keep its parts,
+    are rebuilt with a line saying their parts were not held to one (a deleted part would not be seen)."""
     layout = Layout.read(events)
+    folders = [p.name for p in partitions(events)]
     if layout is None:
-        return []
+        return [f"{events.name}: partition folders ({', '.join(folders[:3])}{', ...' if len(folders) > 3 else ''}) "
+                f"but no {LAYOUT_FILE}: their parts are not held to a record of what was written (a deleted part "
+                f"or bucket would not be seen); `inferledger repartition` writes one"] if folders else []
     for p in partitions(events):
         n = p.name.removeprefix(BUCKET_PREFIX)
         if partition_kind(p.name) == "bucket" and int(n) >= layout.buckets:
@@ -167,7 +171,9 @@ def check_layout(events: Path) -> list[str]:
                             f"the folders are not the layout the record describes; run `inferledger repartition` "
                             "again from the run's events")
     if layout.parts is None:
-        return []
+        return [f"{events.name}/{LAYOUT_FILE}: a record that keeps no parts (format 1): the partition folders' "
+                f"parts are not held to what was written (a deleted part would not be seen); `inferledger "
+                f"repartition` writes one that does"] if folders else []
     on_disk = {p.name: {q.name: q for _span, q in _covering(p)} for p in partitions(events)}
     on_disk[""] = {q.name: q for _span, q in _covering(events)} if events.is_dir() else {}
     fix = "the run's parts no longer match what was written; restore the part (or rebuild the layout from " \

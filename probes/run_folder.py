@@ -120,7 +120,8 @@ MANIFEST_KEYS: tuple[Key, ...] = (
         "a reader of a killed run can count on"),
     Key("target", (dict, str), "what was driven: {kind: embedded|url, url} for a capture, `http` for a server"),
     Key("workload", (dict,), "the workload: path, name, sha256, spec (the file as read), taskset (the task-set "
-        "file used and its sha256), arrivals, n_tasks, classes, requests, trace (what was done to a trace's rows); a simulation's plan",
+        "file used and its sha256), replay (a replay file: path, sha256 of the lines read, sha256_bytes, "
+        "file_bytes), arrivals, n_tasks, classes, requests, trace (what was done to a trace's rows); a simulation's plan",
         (Key("spec", (dict,), "the workload file as read",
              (Key("slo", (dict,), "the workload's [slo] section: the thresholds where the manifest has no `slo`",
                   _SLO.keys),)),

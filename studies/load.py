@@ -32,7 +32,7 @@ from inferledger.collectors.capture.speed_probe import probe_throughput
 from inferledger.ledger.query import open_ledger
 from inferledger.probes.run_folder import Manifest
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
-from inferledger.collectors.capture.options import CaptureOptions
+from inferledger.collectors.capture.options import CaptureOptions, url_problem
 from inferledger.collectors.capture.run import capture
 from inferledger.studies.real import LONG_MS, capture_run, workload
 
@@ -131,8 +131,9 @@ def _produce(options: dict, point: tuple[str, float], memo: dict, run_dir: Path,
 
 def runs(options: dict) -> list[StudyRun]:
     memo: dict = {}
-    if not _embedded(options) and not options["target"].startswith(("http://", "https://")):
-        raise StudyError(f"--set target={options['target']}: 'embedded' or a server's base URL (http://...)")
+    if not _embedded(options) and url_problem(options["target"]):
+        raise StudyError(f"--set target={options['target']}: 'embedded' or a server's base URL: "
+                         f"{url_problem(options['target'])}")
     if options["server"] and _embedded(options):
         raise StudyError("--set server=S joins a `serve --out S` folder to a URL target: give --set target=URL too")
     if options["server"]:  # a folder that cannot be joined is refused before any run

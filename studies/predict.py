@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Callable
 
 from inferledger.costmodel import spec_roofs
-from inferledger.costmodel.prediction import PredictionError, predict, strict_json, sustained_roofs
+from inferledger.costmodel.prediction import PredictionError, predict, read_file, strict_json, sustained_roofs
 from inferledger.costmodel.roofs import SPEC, microbenchmark_roofs
-from inferledger.probes.model_shape import ModelShape
+from inferledger.probes.model_shape import ModelShape, hf_config_context
 from inferledger.probes.run_folder import MANIFEST_FILE, Manifest
 
 
@@ -28,10 +28,7 @@ def read_device_params(path: Path) -> dict:
     """device_params from a run's manifest (its `device_params` key) or a file holding only them; each
     roof's `peak` (and `median` where given) a number within DEVICE_PARAM_RANGES, else a PredictionError
     naming the file, the key and the value."""
-    try:
-        doc = strict_json(Path(path).read_bytes(), str(path))
-    except OSError as exc:
-        raise PredictionError(f"{path}: cannot read ({exc.strerror})") from None
+    doc = strict_json(read_file(path, "a device-parameters file"), str(path))
     params = doc.get("device_params", doc) if isinstance(doc, dict) else None
     if not isinstance(params, dict) or not all(isinstance(params.get(k), dict) for k in DEVICE_PARAM_RANGES):
         raise PredictionError(f"{path}: no device parameters: expected memcpy_gbps.peak and matmul_tflops.peak "
@@ -91,6 +88,7 @@ def predict_workload(wl, options: PredictOptions) -> dict:
     from inferledger.collectors.capture.registration import workload_shapes
 
     bundle = None
+    _check_context(wl, options)
     if model_config is not None:
         shape = ModelShape.from_hf_config(model_config, dtype=dtype)
         weights_dtype = dtype or {2: "bfloat16", 4: "float32"}.get(shape.weight_bytes_per_param, "")
@@ -127,3 +125,20 @@ def predict_workload(wl, options: PredictOptions) -> dict:
     return predict(shape, workload_shapes(wl), peak, max_batch=max_batch, sustained=sustained_roofs(params),
                    fit=fit, workload={"name": wl.name, "path": wl.path, "sha256": wl.sha256},
                    device={"name": name, "dtype": weights_dtype, "device_params": params})
+
+
+def _check_context(wl, options: PredictOptions) -> None:
+    """The workload's prompts and output budgets against the model's context before anything loads (a
+    prediction for requests the engine would refuse predicts nothing): the context `--model-config`
+    declares, else the model file's metadata; a PredictionError naming the class and the context."""
+    if options.model_config is not None:
+        context = hf_config_context(options.model_config)
+        source = f"{options.model_config}: max_position_embeddings" if context else "--model-config declares none"
+    else:
+        from inferledger.engine.loader import model_context
+
+        context, source = model_context(options.model), "the model file's context length"
+    try:
+        wl.check_context(context, source)
+    except ValueError as exc:
+        raise PredictionError(str(exc)) from None

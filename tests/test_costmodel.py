@@ -252,6 +252,10 @@ GOOD_CONFIG = {"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads
     ({"num_attention_heads": 7}, "num_attention_heads: 7 does not divide hidden_size = 576 (and no head_dim is given)"),
     ({"num_hidden_layers": True}, "field(s) num_hidden_layers missing or not integers"),
     ({"head_dim": "64"}, "head_dim: must be an integer in 1..4096, not '64'"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings: must be an integer in 1..16777216, not 0"),
+    ({"max_position_embeddings": 10 ** 30},
+     "max_position_embeddings: must be an integer in 1..16777216, not 1000000000000000000000000000000"),
+    ({"tie_word_embeddings": "yes"}, "tie_word_embeddings: must be true or false, not 'yes'"),
 ])
 def test_a_config_of_a_shape_that_cannot_exist_is_refused_by_key(tmp_path, change, refusal):
     cfg = tmp_path / "config.json"
@@ -278,7 +282,7 @@ def test_generated_model_configs_give_a_shape_that_can_exist_or_are_refused_by_k
 
     value = st.sampled_from([0, -1, 1, 2, 3, 7, 64, 576, 10 ** 15, 2 ** 63, 1e15, float("nan"), float("inf"), True,
                              "64", None]) | st.integers(-4, 5000)
-    keys = list(HF_KEYS.values()) + ["tie_word_embeddings", "torch_dtype"]
+    keys = list(HF_KEYS.values()) + ["tie_word_embeddings", "torch_dtype", "max_position_embeddings"]
     cfg = tmp_path / "config.json"
 
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))

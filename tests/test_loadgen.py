@@ -119,7 +119,7 @@ def test_gamma_burstiness_is_the_cv2_of_gaps(cv2):
 def test_replay_plans_exactly_the_file_offsets(tmp_path):
     (tmp_path / "trace.txt").write_text("# ms\n0\n12.5\n12.5\n40\n250.25\n")
     (tmp_path / "trace.jsonl").write_text('{"t_ms": 0}\n{"t_ms": 7.75, "note": "x"}\n{"t_ms": 30}\n')
-    assert read_replay(tmp_path / "trace.jsonl") == [0.0, 7.75, 30.0]
+    assert read_replay(tmp_path / "trace.jsonl")[0] == [0.0, 7.75, 30.0]
     wl = _workload(tmp_path, arrivals={"process": "replay", "file": "trace.txt", "n_tasks": 5, "rate_rps": None})
     _, rows = _run(wl, FakeTransport())
     planned = sorted(r["ts_ns"] for r in _events(rows, "arrival.planned"))
@@ -142,7 +142,7 @@ def test_a_replay_file_is_read_as_a_stream_up_to_its_bound_and_refused_by_line(t
     replay = {"process": "replay", "file": "r.txt", "rate_rps": None}
     (tmp_path / "r.txt").write_text("0\n10\n20\nnot a number\n")
     assert _workload(tmp_path, arrivals={**replay, "n_tasks": 3}).arrival_offsets() == [0.0, 0.01, 0.02]
-    assert read_replay(tmp_path / "r.txt", first=2) == [0.0, 10.0]
+    assert read_replay(tmp_path / "r.txt", first=2)[0] == [0.0, 10.0]
     (tmp_path / "r.txt").write_text("".join(f"{i}\n" for i in range(6)))
     with pytest.raises(ValueError, match=r"r\.txt:6: more than 5 arrivals: at most 5 tasks in one workload; set "
                                          r"\[arrivals\]\.n_tasks \(at most 5\)"):

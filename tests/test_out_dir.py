@@ -1,6 +1,8 @@
 """A new run folder is built aside and renamed into place: a failure part-way leaves nothing at --out."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from inferledger.collectors.rundir.out_dir import RunExistsError, building_run_dir
@@ -104,3 +106,17 @@ def test_an_existing_output_file_is_replaced_and_nothing_is_left_by_the_check(tm
     check_out_file(tmp_path / "pred.json", "--out")
     check_out_file(tmp_path / "new" / "deeper" / "pred.json", "--out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pred.json"]
+
+
+def test_a_ledger_written_under_a_name_no_reader_knows_is_refused_before_the_rebuild(places):
+    """reconstruct -o ledger.db built the ledger, then its summary could not open it (a traceback after
+    the work): a ledger file is named *.duckdb, checked first."""
+    res = _cli("reconstruct", places / "no-such-run", "-o", places / "ledger.db")
+    assert res.exit_code == 2 and "error: --out" in res.output and "ends in .duckdb" in res.output, res.output
+    assert "no-such" not in res.output and sorted(p.name for p in places.iterdir()) == ["a-file", "a-folder"]
+    from inferledger.collectors.rundir.e0_import import import_archive
+
+    run = places / "run"
+    import_archive(Path(__file__).resolve().parent.parent / "samples" / "e0" / "r1_sample_b0" / "archive.jsonl", run)
+    res = _cli("reconstruct", run, "-o", places / "built.duckdb")
+    assert res.exit_code == 0 and (places / "built.duckdb").is_file(), res.output

@@ -141,6 +141,14 @@ def test_predict_command_writes_a_prediction_from_a_config_and_a_spec_device(tmp
     assert rows[0]["tpot_lower_ms"] > 269_030_016 / 3350e9 * 1e3
     res = CliRunner().invoke(app, ["predict", "-w", str(wl), "--model-config", str(cfg), "-o", str(out)])
     assert res.exit_code == 2 and "--device NAME" in res.output
+    # a prompt past the context the config declares: refused by class, before anything is written
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "max_position_embeddings": 32}))
+    out.unlink()
+    res = CliRunner().invoke(app, ["predict", "-w", str(wl), "--model-config", str(cfg), "--device", "H100 SXM",
+                                   "-o", str(out)])
+    assert res.exit_code == 2 and not out.exists()
+    assert (f"{wl}: [[classes]][0].prompt_tokens: 40 + max_tokens 6 = 46 exceeds the model's context of 32 tokens "
+            f"(allowed: prompt_tokens <= 26) ({cfg}: max_position_embeddings)") in " ".join(res.output.split())
 
 
 def _workload(tmp: Path, n: int = 3) -> Path:
@@ -322,6 +330,27 @@ def test_infinity_and_nan_are_refused_as_roofs_bounds_or_range_ends(tmp_path, te
         check(doc, "pred.json")
 
 
+@pytest.mark.parametrize("edit, refusal", [
+    (lambda d: d["requests"].append(dict(d["requests"][0])),
+     "field requests[1].class = 'chat': expected a class name no other request shape has"),
+    (lambda d: d["requests"][0].update(prompt_tokens=10 ** 30),
+     "field requests[0].prompt_tokens = 1000000000000000000000000000000: expected an integer in 1..16777216"),
+    (lambda d: d["requests"][0].update(cached_tokens="all"),
+     "field requests[0].cached_tokens = 'all': expected an integer in 0..prompt_tokens - 1"),
+    (lambda d: d["requests"][0].update(cached_tokens=40), "field requests[0].cached_tokens = 40: expected"),
+    (lambda d: d.update(max_batch=10 ** 20), "field max_batch = 100000000000000000000: expected an integer in 1.."),
+])
+def test_a_prediction_whose_shapes_no_run_can_hold_is_refused_naming_the_field(tmp_path, edit, refusal):
+    """Two shapes for one class (which would an attempt be held to?), token counts no request has, a
+    cached prefix as long as the prompt: refused by field, not stored to fail in the ledger."""
+    doc = _doc(tmp_path)
+    check(doc, "pred.json")
+    edit(doc)
+    with pytest.raises(PredictionError) as info:
+        check(doc, "pred.json")
+    assert str(info.value).startswith("pred.json: " + refusal)
+
+
 def test_a_deeply_nested_file_is_refused_by_name(tmp_path):
     from inferledger.costmodel.prediction import load
     from inferledger.studies.predict import read_device_params
@@ -374,6 +403,26 @@ def test_a_prediction_for_another_workload_shape_or_device_is_not_this_runs(tmp_
     wrong = _not_this_run(doc, run)
     assert wrong[0].startswith("workload sha256 ffffffffffff… is not the run's ")
     assert wrong[1:] == ["model shape layers 2 (the run's: 1)", "device 'cpu-b' is not the run's 'cpu-a'"]
+    # a prediction that names no workload or shape cannot be shown to be this run's: it differs
+    bare = {k: v for k, v in doc.items() if k not in ("workload", "model_shape", "device")}
+    assert _not_this_run(bare, run) == [
+        f"it names no workload sha256 (the run's: {run.block('workload')['sha256'][:12]}…)",
+        "it names no model shape (the run's: layers 1, d_model 4, n_heads 1, n_kv_heads 1, head_dim 4, ffn 8, "
+        "vocab 16, tied_embeddings False, weight_bytes_per_param 4, act_bytes 4, kv_bytes 4)"]
+
+
+def test_a_registered_prediction_too_long_to_be_one_is_a_gap_not_read(registered_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(registered_run, run)
+    with open(run / "prediction.json", "r+b") as f:  # 20 MiB, sparse: read whole, it was hashed and parsed
+        f.truncate(20 << 20)
+    reconstruct(run)
+    with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT valid FROM prediction_registration").fetchall() == [(False,)]
+        assert con.execute("SELECT detail FROM gaps WHERE subject_id = 'prediction.json'").fetchall() == [
+            (f"{run / 'prediction.json'}: 20971520 bytes: a prediction is at most 16777216 bytes",)]
 
 
 def test_a_registered_prediction_of_another_run_is_not_valid_with_a_gap(registered_run, tmp_path):
@@ -697,3 +746,21 @@ def test_repeats_over_the_run_are_marked_in_samples_and_the_best_is_the_roof():
     left = microbench.with_repeats(start, [{"at": "idle", "memcpy_gbps": 99.0, "matmul_tflops": 9.0, "overlapped": True}])
     assert left["memcpy_gbps"]["peak"] == 10.0 and len(left["repeats"]["runs"]) == 2
     assert left["memcpy_gbps"]["label"].endswith("1 left out: a task arrived during it); best at start")
+
+
+def test_a_json_input_too_long_to_be_one_is_refused_before_it_is_read(tmp_path):
+    """A prediction, device-parameters or config file of 20 MiB (sparse: nothing is written) was read
+    whole and parsed (JSON takes several times its size in memory): refused by its size, naming it."""
+    from inferledger.collectors.capture.registration import read_prediction
+    from inferledger.probes.model_shape import ShapeError
+    from inferledger.studies.predict import read_device_params
+
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(20 << 20)
+    with pytest.raises(PredictionError, match=rf"^{big}: 20971520 bytes: the prediction is at most 16777216 bytes$"):
+        read_prediction(big)
+    with pytest.raises(PredictionError, match=r": 20971520 bytes: a device-parameters file is at most 16777216 bytes$"):
+        read_device_params(big)
+    with pytest.raises(ShapeError, match=r": 20971520 bytes: a config.json is at most 16777216 bytes$"):
+        ModelShape.from_hf_config(big)

@@ -90,3 +90,19 @@ def test_capture_and_serve_refuse_a_bad_out_before_loading_anything(tmp_path, co
                        (tmp_path / "file" / "sub", "cannot create or write")):
         res = CliRunner().invoke(app, command + ["--out", str(out)], env={"COLUMNS": "300"})
         assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output, res.output
+
+
+@pytest.mark.parametrize("target, words", [
+    ("http://", "'http://' is not an http(s):// URL with a host"),
+    ("http://:8000", "'http://:8000' is not an http(s):// URL with a host"),
+    ("http://127.0.0.1:99999", "'http://127.0.0.1:99999' is not a URL (Port out of range 0-65535)"),
+    ("ftp://h", "'ftp://h' is not an http(s):// URL with a host"),
+])
+def test_a_target_that_is_no_servers_url_is_refused_before_a_run_folder_exists(tmp_path, target, words):
+    """A URL with no host reached the server's first request, and the run folder was left behind."""
+    res = CliRunner().invoke(app, ["capture", "-w", "samples/workloads/cpu_demo.toml", "--target", target,
+                                   "--out", str(tmp_path / "run")], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and words in res.output and not (tmp_path / "run").exists(), res.output
+    res = CliRunner().invoke(app, ["study", "load", "--set", f"target={target}", "-o", str(tmp_path / "s")],
+                             env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and words in res.output and not (tmp_path / "s").exists(), res.output

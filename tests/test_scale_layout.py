@@ -212,3 +212,26 @@ def test_a_file_in_events_that_is_not_a_part_is_refused_by_name(tmp_path):
     (run / "events" / "extra.parquet").unlink()
     (run / "events" / ".part-00009.parquet.tmp-123").write_bytes(b"")  # a part being written: not read, not refused
     assert reconstruct(run).n_events == 10
+
+
+def test_partition_folders_with_no_record_of_their_parts_are_rebuilt_with_a_gap_saying_so(tmp_path):
+    """Without layout.json (or with a format-1 record that kept no parts) nothing can tell a deleted
+    bucket part: the rebuild says so in a gap row instead of passing as a checked run."""
+    import duckdb
+
+    run = _partitioned(tmp_path)
+    (run / "events" / "layout.json").unlink()
+    (_bucket_of(run, "T2") / "part-00000.parquet").unlink()
+    summary = reconstruct(run)
+    with duckdb.connect(str(summary.path), read_only=True) as con:
+        gaps = con.execute("SELECT subject_id, detail FROM gaps "
+                           "WHERE affects LIKE 'events (rows no layout%'").fetchall()
+    assert gaps == [("events", "events: partition folders (run, engine-h-1-0, bucket-0000, ...) but no layout.json: "
+                     "their parts are not held to a record of what was written (a deleted part or bucket would not be "
+                     "seen); `inferledger repartition` writes one")]
+    (run / "events" / "layout.json").write_text('{"format": 1, "buckets": 8}')
+    with duckdb.connect(str(reconstruct(run).path), read_only=True) as con:
+        assert con.execute("SELECT detail FROM gaps WHERE affects LIKE 'events (rows no layout%'").fetchall() == [
+            ("events/layout.json: a record that keeps no parts (format 1): the partition folders' parts are not "
+             "held to what was written (a deleted part would not be seen); `inferledger repartition` writes one "
+             "that does",)]

@@ -30,7 +30,7 @@ def test_sizes_read_as_people_write_them(text, size):
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["lots", "4 parsecs", "-1GB", "1MB", ""])
+@pytest.mark.parametrize("text", ["lots", "4 parsecs", "-1GB", "1MB", "", "10000000TB"])
 def test_a_size_that_cannot_be_read_or_is_too_small_is_named(text):
     with pytest.raises(SizeError, match="memory limit"):
         parse_size(text)

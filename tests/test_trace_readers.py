@@ -3,6 +3,7 @@ after time scaling, the row window, and every bad row refused by file:line and f
 before anything runs."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -30,6 +31,64 @@ def _refusal(path: Path, fmt: str, **kw) -> list[str]:
     with pytest.raises(ValueError) as info:
         read_trace(path, fmt, **kw)
     return str(info.value).splitlines()
+
+
+def test_a_trace_and_a_replay_file_are_hashed_as_far_as_they_are_read(tmp_path):
+    """A window at the start of a multi-GB trace costs the time of its rows: the input's identity is the
+    sha256 of the lines read (through the one that filled the window), and it says how many bytes of the
+    file it covers; the rest of the file is not the run's input. A file read to its end is hashed whole."""
+    lines = [json.dumps({"timestamp": i * 1000, "input_length": 10, "output_length": 5, "hash_ids": [i]}) + "\n"
+             for i in range(5)]
+    trace, replay = tmp_path / "m.jsonl", tmp_path / "r.txt"
+    trace.write_text("".join(lines))
+    whole = _workload(tmp_path, "mooncake", "m.jsonl").trace.read
+    size = len("".join(lines))
+    assert (whole.sha256, whole.sha256_bytes, whole.file_bytes) == (
+        hashlib.sha256("".join(lines).encode()).hexdigest(), size, size)
+    with open(trace, "r+b") as f:  # a 4 GiB tail, never read (sparse: written at its end only)
+        f.truncate(size + (4 << 30))
+        f.seek(size + (4 << 30) - 2)
+        f.write(b"x\n")
+    window = _workload(tmp_path, "mooncake", "m.jsonl", max_rows=3)
+    assert (window.trace.read.sha256, window.trace.read.sha256_bytes, window.trace.read.file_bytes) == (
+        hashlib.sha256("".join(lines[:3]).encode()).hexdigest(), len("".join(lines[:3])), size + (4 << 30))
+    trace.write_text("".join(lines[:3]) + "another tail\n")
+    assert _workload(tmp_path, "mooncake", "m.jsonl", max_rows=3).sha256 == window.sha256
+    trace.write_text("".join(lines[:2]) + lines[3])  # a line read differs: another input
+    assert _workload(tmp_path, "mooncake", "m.jsonl", max_rows=3).sha256 != window.sha256
+    replay.write_text("0\n10\n20\nnot an arrival, never read\n")
+    spec = {"taskset": {"file": "tasks.jsonl"}, "arrivals": {"process": "replay", "file": "r.txt", "n_tasks": 3},
+            "contract": {"deadline_ms": 60_000}, "client": {"timeout_ms": 30_000}, "generation": {"max_tokens": 8}}
+    assert Workload.from_dict(spec, base=tmp_path, where="w.toml").replay == {
+        "path": str(replay), "sha256": hashlib.sha256(b"0\n10\n20\n").hexdigest(), "sha256_bytes": 8,
+        "file_bytes": 35}
+
+
+def test_a_pipe_or_a_device_as_a_trace_or_replay_file_is_refused_not_waited_on(tmp_path):
+    """A FIFO with no writer blocked the workload's load for ever (a device may never end): refused by key."""
+    import os
+
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(ValueError, match=r"w\.toml: \[trace\]\.file: .*pipe cannot be read \(not a regular file"):
+        _workload(tmp_path, "mooncake", "pipe")
+    spec = {"taskset": {"file": "tasks.jsonl"}, "arrivals": {"process": "replay", "file": "/dev/zero"},
+            "contract": {"deadline_ms": 60_000}, "client": {"timeout_ms": 30_000}, "generation": {"max_tokens": 8}}
+    with pytest.raises(ValueError, match=r"w\.toml: \[arrivals\]\.file: /dev/zero cannot be read \(not a regular"):
+        Workload.from_dict(spec, base=tmp_path, where="w.toml")
+
+
+def test_line_ends_and_a_byte_order_mark_read_as_before_and_bare_carriage_returns_are_named(tmp_path):
+    """The lines are read as bytes (to hash what is read): \\r\\n ends and a leading byte-order mark read
+    as in text mode; a file whose lines end in a bare \\r is refused saying so."""
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens"
+    (tmp_path / "crlf.csv").write_bytes(f"\ufeff{head}\r\n2024-05-10 00:00:00.5,10,2\r\n2024-05-10 00:00:01,12,3\r\n"
+                                        .encode())
+    assert [(r.line, r.t_ns, r.input_tokens) for r in read_trace(tmp_path / "crlf.csv", "azure").rows] == [
+        (2, 0, 10), (3, 500_000_000, 12)]
+    (tmp_path / "cr.csv").write_bytes(f"{head}\r2024-05-10 00:00:00,10,2\r".encode())
+    assert _refusal(tmp_path / "cr.csv", "azure") == [
+        f"{tmp_path / 'cr.csv'}:1: cannot be read as CSV (its lines end in a bare carriage return: lines end in \\n "
+        f"or \\r\\n)"]
 
 
 def test_mooncake_sample_arrives_at_its_timestamps_over_the_speed():
@@ -293,11 +352,11 @@ def test_a_line_past_the_bound_is_refused_without_reading_it_whole(tmp_path, mon
     monkeypatch.setattr(trace_read, "MAX_TRACE_LINE_BYTES", 100)
     path = _burst(tmp_path, ["0,ChatGPT,10,5,15,API log", "1," + "G" * 200 + ",10,5,15,API log"])
     assert _refusal(path, "burstgpt") == [
-        f"{path}:3: a line longer than 100 characters (allowed: at most 100: one row of a trace)"]
+        f"{path}:3: a line longer than 100 bytes (allowed: at most 100: one row of a trace)"]
     moon = tmp_path / "m.jsonl"
     moon.write_text('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [' + "1, " * 60 + "1]}\n")
     assert _refusal(moon, "mooncake") == [
-        f"{moon}:1: a line longer than 100 characters (allowed: at most 100: one row of a trace)"]
+        f"{moon}:1: a line longer than 100 bytes (allowed: at most 100: one row of a trace)"]
 
 
 def test_values_past_their_bounds_and_unreadable_csv_are_refused_by_line_and_column(tmp_path):

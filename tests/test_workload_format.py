@@ -215,6 +215,25 @@ def test_counts_rates_and_horizons_past_the_planning_bounds_are_refused(folder, 
     assert where in _refused(folder, GOOD.replace(old, new))
 
 
+def test_a_workload_file_too_long_to_parse_in_the_bound_is_refused_before_it_is_parsed(folder):
+    """3,000,000 task numbers in one [inject] list took 11 s to parse and were taken; 200,000 classes 7 s:
+    the file is bounded by its size before it is parsed, its lists by their length."""
+    assert _refused(folder, GOOD + "#" * (2 << 20)) == (
+        f"{folder / 'cpu_demo.toml'}: {len(GOOD) + (2 << 20)} bytes: a workload file is at most 2097152 bytes (its "
+        "keys take a few KiB; the task set, a replay file or a trace are files of their own)")
+    many = GOOD.replace("n_tasks = 4", "n_tasks = 100000") + "[inject]\nabandon_tasks = [" + "1," * 100_001 + "]\n"
+    assert _refused(folder, many).endswith("[inject].abandon_tasks: must hold at most 100000 entries, not 100001")
+    classes = "".join(f'[[classes]]\nname = "c{i}"\n' for i in range(10_001))
+    assert _refused(folder, GOOD + classes).endswith("[[classes]]: must hold at most 10000 entries, not 10001")
+
+
+def test_a_task_set_that_is_a_folder_or_a_device_is_named_as_such(folder):
+    for name in (".", "/dev/zero"):
+        assert _refused(folder, GOOD.replace('file = "tasks.jsonl"', f'file = "{name}"')).endswith(
+            f"[taskset].file: {folder / name} is not a regular file (a folder, a pipe or a device): a task set is a "
+            "JSON Lines file, read whole")
+
+
 def test_the_planning_bounds_are_stated_in_the_docs():
     from inferledger.collectors.workload import schema
 
@@ -301,6 +320,36 @@ def test_every_turn_of_a_session_is_checked_against_the_context_as_the_chat_grow
         wl.check_context(726, "x", tok)
     unchecked = wl.check_context(500, "x")
     assert unchecked["checked"] is False and "later turns" in unchecked["why"]
+
+
+def test_a_large_session_task_set_is_cleared_by_a_bound_not_tokenized_question_by_question(folder):
+    """A task whose turns all fit by the rendered text's bytes (at least one byte a token) is not counted
+    token by token: 2,000 questions are checked with the head's count alone; where the bound does not
+    clear a task, it is counted exactly, with the same verdict and message as counting every turn."""
+    from inferledger.engine.loader import load_tokenizer
+
+    tok = load_tokenizer()
+    (folder / "tasks.jsonl").write_text("".join(json.dumps({"prompt": f"Question {i}: what is {i} + 1?",
+                                                            "answer": "x"}) + "\n" for i in range(2000)))
+    wl = _load(folder, GOOD.replace("n_tasks = 4", "n_tasks = 1000")
+               + '[[classes]]\nname = "chat"\nshape = "session"\nturns = 2\n')
+    encodes = []
+
+    class Counting:
+        backend, apply_chat_template = tok.backend, tok.apply_chat_template
+
+        def encode(self, text, add_special=False):
+            encodes.append(text)
+            return tok.encode(text, add_special)
+
+    assert wl.check_context(4096, "x", Counting())["checked"] is True
+    assert len(encodes) == 1  # the head's tokens, once (each of the 2,000 questions before)
+    # near the context the bound clears nothing: every task counted exactly, the earliest miss named
+    exact = [len(tok.encode(tok.apply_chat_template([{"role": "user", "content": f"Question {i}: what is {i} + 1?"}])))
+             for i in range(0, 2000, 2)]
+    worst = max(range(1000), key=lambda t: exact[t])
+    with pytest.raises(ValueError, match=rf"task T{worst:04d}'s turn 1 has {exact[worst]} prompt tokens "):
+        wl.check_context(exact[worst] + 7, "x", Counting())
 
 
 def test_a_session_whose_built_first_turn_leaves_no_room_names_its_first_turn(folder):

@@ -117,6 +117,7 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
         "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec, "taskset": wl.taskset,
                      "arrivals": wl.process, "n_tasks": wl.n_tasks, "classes": dict(classes),
                      "requests": sum(len(p.requests) for p in plans),
+                     **({"replay": wl.replay} if wl.replay else {}),
                      **({"trace": wl.trace.summary} if wl.trace else {})},  # what was done to the trace's rows
         **({"slo": wl.slo} if wl.slo else {}),  # vLLM-style goodput thresholds (after calibration)
         "prompts": {"tokenizer": (tokenizer.hash if tokenizer is not None else None),

@@ -17,7 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from inferledger.costmodel import spec_roofs
-from inferledger.costmodel.prediction import PredictionError, dumps, load, predict, request_shapes, sustained_roofs
+from inferledger.costmodel.prediction import (PredictionError, dumps, load, predict, read_file, request_shapes,
+                                              sustained_roofs)
 from inferledger.costmodel.roofs import microbenchmark_roofs
 from inferledger.probes.model_shape import ShapeError
 from inferledger.probes.run_dir import PREDICTION_FILE
@@ -27,10 +28,7 @@ from inferledger.probes.run_folder import Manifest
 def read_prediction(path: str | Path) -> bytes:
     """The bytes of a prediction file, checked (PredictionError names the file and the field)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise PredictionError(f"{path}: cannot read the prediction ({exc.strerror})") from None
+    data = read_file(path, "the prediction")
     load(data, str(path))
     return data
 

@@ -276,6 +276,7 @@ def _open_writer(writer: RunWriter, out: Path, prep: Prepared, options: CaptureO
     client_clock = f"client-mono:{host}" if options.separate_clocks else engine_clock
     head = {"source": SOURCE, "state": "running", "target": options.target_entry(),
             "workload": {"path": wl.path, "name": wl.name, "sha256": wl.sha256, "spec": wl.spec, "taskset": wl.taskset,
+                         **({"replay": wl.replay} if wl.replay else {}),
                          **({"trace": wl.trace.summary} if wl.trace else {})},
             **({"slo": wl.slo} if wl.slo else {}), "client": {"clock": client_clock, "warmups": prep.warmups},
             "host": {"name": host, "boot_id": boot_id(), "platform": platform.platform(),

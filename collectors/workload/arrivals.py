@@ -6,6 +6,8 @@ import math
 import random
 from pathlib import Path
 
+from .read_lines import ReadLines
+
 
 def poisson_offsets(rate_rps: float, n: int, rng: random.Random) -> list[float]:
     """Open-loop Poisson arrivals: exponential gaps of mean 1/rate; the first task arrives at 0."""
@@ -25,31 +27,30 @@ def gamma_offsets(rate_rps: float, cv2: float, n: int, rng: random.Random) -> li
     return out
 
 
-def read_replay(path: Path, first: int | None = None, most: int = 100_000) -> list[float]:
+def read_replay(path: Path, first: int | None = None, most: int = 100_000) -> tuple[list[float], dict]:
     """Planned arrival offsets in ms: one number per line, or JSON Lines with `t_ms` ('#' comments). Read
     as a stream, lines of at most 1 MiB: the `first` arrivals (None: every one, refused past `most`), a
-    ValueError naming the file and line of a bad one."""
+    ValueError naming the file and line of a bad one; with what was read (`ReadLines.covered`: the sha256
+    of the bytes read, through the last arrival used, and how many)."""
     out: list[float] = []
-    with open(path, encoding="utf-8") as f:
+    with ReadLines(path, MAX_LINE, "one arrival a line") as lines:
         try:
-            for n, line in enumerate(iter(lambda: f.readline(MAX_LINE + 1), ""), 1):
-                if len(line) > MAX_LINE:
-                    raise ValueError(f"{path}:{n}: a line longer than {MAX_LINE} characters (one arrival a line)")
+            for n, line in enumerate(lines, 1):
                 line = line.strip()
                 if not line or line.startswith("#"):
                     continue
+                out.append(_arrival(path, n, line, out[-1] if out else 0.0))
                 if len(out) == first:
                     break
-                if first is None and len(out) == most:
+                if first is None and len(out) > most:
                     raise ValueError(f"{path}:{n}: more than {most} arrivals: at most {most} tasks in one "
                                      f"workload; set [arrivals].n_tasks (at most {most}) to replay the first ones")
-                out.append(_arrival(path, n, line, out[-1] if out else 0.0))
         except UnicodeDecodeError as exc:
             raise ValueError(f"{path}: not a text file of arrivals ({exc})") from None
-    return out
+        return out, lines.covered()
 
 
-MAX_LINE = 1 << 20  # characters of one line of a replay file
+MAX_LINE = 1 << 20  # bytes of one line of a replay file
 
 
 def _arrival(path: Path, n: int, line: str, last: float) -> float:

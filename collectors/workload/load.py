@@ -11,7 +11,8 @@ from pathlib import Path
 from .arrivals import planned_offsets, read_replay
 from .calibration import calibrate
 from .plans import TaskPlan, build_plans, class_sequence, turn_checks
-from .schema import MAX_HORIZON_S, MAX_TASKS, Deployment, Inject, TaskClass, context_checks, count_checks, parse
+from .schema import (MAX_FILE_BYTES, MAX_HORIZON_S, MAX_TASKS, Deployment, Inject, TaskClass, context_checks,
+                     count_checks, parse)
 from .tasks import Question, load_questions
 from .trace_plans import TraceSource
 
@@ -27,6 +28,9 @@ def taskset_path(base: Path, file: str, where: str) -> Path:
     given = base / file
     if given.is_file():
         return given
+    if given.exists():
+        raise ValueError(f"{where}: [taskset].file: {given} is not a regular file (a folder, a pipe or a device): "
+                         f"a task set is a JSON Lines file, read whole")
     bundled = TASKS_DIR / Path(file).name
     if not Path(file).is_absolute() and bundled.is_file():
         return bundled
@@ -37,6 +41,10 @@ def taskset_path(base: Path, file: str, where: str) -> Path:
 def read_spec(path: Path) -> tuple[bytes, dict]:
     """A workload file's bytes and its parsed TOML, or a ValueError naming the file."""
     try:
+        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{path}: {path.stat().st_size} bytes: a workload file is at most {MAX_FILE_BYTES} "
+                             f"bytes (its keys take a few KiB; the task set, a replay file or a trace are files "
+                             f"of their own)")
         raw = path.read_bytes()
         return raw, tomllib.loads(raw.decode())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -80,7 +88,8 @@ class Workload:
     trace: TraceSource | None = None  # process = 'trace': the rows replayed (their arrivals and tasks)
     spec: dict = field(default_factory=dict)  # the file as parsed, for the manifest
     taskset: dict = field(default_factory=dict)  # the task-set file used: path and sha256, for the manifest
-    sha256: str = ""  # of the workload file, its task set, replay file or trace: the run's input identity
+    replay: dict = field(default_factory=dict)  # a replay file's path and what its sha256 covers, for the manifest
+    sha256: str = ""  # of the workload file, its task set, and the lines read of its replay file or trace
     path: str | None = None
     context: dict | None = None  # the check against the served model's context (check_context), for the manifest
     deployment: Deployment | None = None  # [deployment] as declared, its servers relative to the file; None: none
@@ -106,20 +115,19 @@ class Workload:
         identity.update(tasks_bytes)
         taskset = {"path": str(taskpath), "sha256": hashlib.sha256(tasks_bytes).hexdigest()}
         a = f.arrivals
-        replay_ms = None
+        replay_ms, replay = None, {}
         if a.process == "replay":
             rpath = base / a.file
             try:
-                replay_ms = read_replay(rpath, first=a.n_tasks, most=MAX_TASKS)
-                with open(rpath, "rb") as replay:  # streamed: the file may be long, only its first rows are read
-                    for block in iter(lambda: replay.read(1 << 20), b""):
-                        identity.update(block)
+                replay_ms, replay = read_replay(rpath, first=a.n_tasks, most=MAX_TASKS)
             except OSError as exc:
                 raise ValueError(f"{where}: [arrivals].file: {rpath} cannot be read ({exc})") from exc
+            replay = {"path": str(rpath), **replay}
+            identity.update(replay["sha256"].encode())  # of the lines read: a long file's rest is not its input
         trace = None
         if a.process == "trace":
             trace = TraceSource.load(f.trace, base, a.speed, where)
-            identity.update(trace.read.sha256.encode())  # the trace's own digest: real traces are large
+            identity.update(trace.read.sha256.encode())  # of the lines read: a long trace's rest is not its input
         n_tasks = a.n_tasks if a.n_tasks is not None else len(trace.sent_rows) if trace else len(replay_ms)
         if replay_ms is not None and n_tasks > len(replay_ms):
             raise ValueError(f"{where}: [arrivals].n_tasks: {n_tasks}, but the replay file has "
@@ -149,7 +157,7 @@ class Workload:
             drain_s=f.client.drain_s, max_tokens=f.generation.max_tokens, temperature=f.generation.temperature,
             ignore_eos=f.generation.ignore_eos if f.generation.ignore_eos is not None else trace is not None,
             calibrate_tok_s=a.calibrate_tok_s, inject=f.inject, classes=classes, questions=questions,
-            tokenizer=f.prompt.tokenizer, trace=trace, spec=spec, taskset=taskset,
+            tokenizer=f.prompt.tokenizer, trace=trace, spec=spec, taskset=taskset, replay=replay,
             slo=f.slo.model_dump(exclude_none=True), sha256=identity.hexdigest(),
             deployment=f.deployment.model_copy(update={"servers": [str(base / p) for p in f.deployment.servers]})
             if f.deployment.model_fields_set else None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tokenizers.models import BPE
+
 from .prompts import PromptBuilder
 from .schema import TaskClass, requests_per_task
 from .tasks import Question
@@ -127,8 +129,9 @@ def turn_checks(wl, tokenizer, context: int) -> list[tuple[str, str]]:  # wl: a 
     """Every turn of every session against the served model's context, counted with `tokenizer` and its
     chat template: turn k's prompt holds the first turn's, each earlier answer and each later question,
     so it is taken at its longest, every earlier answer at its max_tokens (the engine refuses a prompt
-    plus max_tokens past its context). (key, problem) pairs: per session class, the earliest turn of
-    any task that does not fit."""
+    plus max_tokens past its context). A task whose turns all fit by an upper bound of their tokens (the
+    rendered text's bytes, `_TurnCounter.bound`) is cleared without counting; the others are counted
+    exactly. (key, problem) pairs: per session class, the earliest turn of any task that does not fit."""
     out = []
     for n, c in enumerate(wl.classes):
         if c.shape != "session" or c.turns < 2:
@@ -139,15 +142,13 @@ def turn_checks(wl, tokenizer, context: int) -> list[tuple[str, str]]:  # wl: a 
         for i, cls, rows in task_questions(wl):
             if cls is not c:
                 continue
-            length = first = count.first(rows[0])
-            for k in range(1, len(rows) + 1):
-                if worst is not None and k >= worst[0]:
-                    break
-                if k > 1:
-                    length += budget + count.added(rows[k - 1])
-                if length + budget > context:
-                    worst = (k, i, length, first)
-                    break
+            turns = len(rows) if worst is None else worst[0] - 1  # a later miss than the earliest known is moot
+            if count.bounded and _first_miss(count.first_bound, count.added_bound, rows[:turns], budget,
+                                             context) is None:
+                continue
+            miss = _first_miss(count.first, count.added, rows[:turns], budget, context)
+            if miss is not None:
+                worst = (*miss[:1], i, *miss[1:])
         if worst is None:
             continue
         k, i, length, first = worst
@@ -161,6 +162,18 @@ def turn_checks(wl, tokenizer, context: int) -> list[tuple[str, str]]:  # wl: a 
                         f"and the questions in the chat template) {total} (allowed: turns <= {k - 1}, or a smaller "
                         f"max_tokens)"))
     return out
+
+
+def _first_miss(first, added, rows: list[int], budget: int, context: int) -> tuple[int, int, int] | None:
+    """(turn, its prompt tokens, the first turn's) of the first of a task's turns (the task set's `rows`)
+    whose prompt plus `budget` passes `context`, its tokens counted by `first` and `added`; None if all fit."""
+    length = start = first(rows[0]) if rows else 0
+    for k in range(1, len(rows) + 1):
+        if k > 1:
+            length += budget + added(rows[k - 1])
+        if length + budget > context:
+            return k, length, start
+    return None
 
 
 class _TurnCounter:
@@ -179,24 +192,47 @@ class _TurnCounter:
         self.head_tokens = self._tokens(self.head)
         self._first: dict[int, int] = {}
         self._added: dict[int, int] = {}
+        # A token of a BPE model with no normalizer holds at least one byte of the text (a byte-level
+        # alphabet maps each byte to one symbol; a byte fallback spends one token a byte; a special token
+        # matches its own text), one more for a prefix a Metaspace split may add: the rendered text's bytes
+        # + 1 bound its tokens from above, without running the model's merges.
+        backend = getattr(tokenizer, "backend", None)
+        self.bounded = backend is not None and backend.normalizer is None and isinstance(backend.model, BPE)
 
     def _tokens(self, messages: list[dict]) -> int:
-        return len(self.tok.encode(self.tok.apply_chat_template(messages, add_generation_prompt=True),
-                                   add_special=False))
+        return len(self.tok.encode(self._text(messages), add_special=False))
+
+    def _text(self, messages: list[dict]) -> str:
+        return self.tok.apply_chat_template(messages, add_generation_prompt=True)
+
+    def _first_messages(self, row: int) -> list[dict]:
+        system = [{"role": "system", "content": self.system}] if self.system is not None else []
+        return system + [{"role": "user", "content": self.wl.questions[row].prompt}]
+
+    def _grown(self, row: int) -> list[dict]:
+        return self.head + [{"role": "assistant", "content": ""},
+                            {"role": "user", "content": self.wl.questions[row].prompt}]
+
+    def first_bound(self, row: int) -> int:
+        """At least `first(row)` (exact when the prompt is built to a count), from the text's bytes."""
+        if self.c.prompt_tokens is not None:
+            return self.c.prompt_tokens
+        return len(self._text(self._first_messages(row)).encode()) + 1
+
+    def added_bound(self, row: int) -> int:
+        """At least `added(row)`, from the text's bytes (the head's tokens are counted exactly)."""
+        return len(self._text(self._grown(row)).encode()) + 1 - self.head_tokens
 
     def first(self, row: int) -> int:
         """The first turn's prompt tokens: exact when built (prompt_tokens), else its question's."""
         if self.c.prompt_tokens is not None:
             return self.c.prompt_tokens
         if row not in self._first:
-            system = [{"role": "system", "content": self.system}] if self.system is not None else []
-            self._first[row] = self._tokens(system + [{"role": "user", "content": self.wl.questions[row].prompt}])
+            self._first[row] = self._tokens(self._first_messages(row))
         return self._first[row]
 
     def added(self, row: int) -> int:
         """The tokens a later turn whose question is row `row` adds, less its previous answer's own."""
         if row not in self._added:
-            grown = self.head + [{"role": "assistant", "content": ""},
-                                 {"role": "user", "content": self.wl.questions[row].prompt}]
-            self._added[row] = self._tokens(grown) - self.head_tokens
+            self._added[row] = self._tokens(self._grown(row)) - self.head_tokens
         return self._added[row]

@@ -27,6 +27,8 @@ MAX_REQUESTS = 100_000  # requests planned in all: tasks x turns (session) or br
 MAX_BUILT_TOKENS = 1_500_000  # prompt tokens built to an exact count, in all requests together
 MAX_PROMPT_TOKENS = 262_144  # one prompt built to an exact count (prompt_tokens, shared_prefix_tokens)
 MAX_FANOUT = 256  # turns of a session, branches of a parallel task
+MAX_CLASSES = 10_000  # [[classes]] entries (each a request shape: checked, dealt and predicted one by one)
+MAX_FILE_BYTES = 2 << 20  # the workload file (its keys take a few KiB; 100,000 task numbers about 0.7 MB): ~4 s of TOML
 MAX_LENGTH = 1 << 20  # tokens of any other length: max_tokens, context_tokens, block_tokens
 MAX_MS = 86_400_000.0  # one day: any duration in ms (deadline, timeout, think, tool, backoff)
 MAX_HORIZON_S = 7 * 86_400.0  # a week: the last planned arrival
@@ -41,7 +43,8 @@ MAX_TRACE_TOKENS = 10 ** 9  # a row's token count, before token_scale
 MAX_TRACE_S = 1e10  # a row's time (its timestamp, in s, as start_s and end_s)
 
 Ms = Annotated[float, Field(ge=0, le=MAX_MS)]
-TaskNumbers = list[Annotated[int, Field(ge=1, le=MAX_TASKS)]]  # [inject] *_tasks: 1 = the first task
+TaskNumbers = Annotated[list[Annotated[int, Field(ge=1, le=MAX_TASKS)]],  # [inject] *_tasks: 1 = the first task
+                        Field(max_length=MAX_TASKS)]
 
 
 class Section(BaseModel):
@@ -197,7 +200,7 @@ class WorkloadFile(Section):
     inject: Inject
     trace: Trace
     deployment: Deployment
-    classes: list[TaskClass] | None = None  # None or empty: one class, "default"
+    classes: Annotated[list[TaskClass], Field(max_length=MAX_CLASSES)] | None = None  # None or empty: one class
 
 
 SECTIONS = ("taskset", "prompt", "arrivals", "contract", "client", "generation", "slo", "inject", "trace", "deployment")
@@ -367,6 +370,8 @@ def _problem(e: dict) -> str:
     if kind in bounds:
         op, name = bounds[kind]
         return f"must be {op} {ctx[name]}, not {value!r}"
+    if kind == "too_long":
+        return f"must hold at most {ctx.get('max_length')} entries, not {ctx.get('actual_length')}"
     plain = {"missing": "required", "model_type": "must be a table", "dict_type": "must be a table",
              "list_type": f"must be a list, not {value!r}", "int_type": f"must be an integer, not {value!r}",
              "float_type": f"must be a number, not {value!r}", "bool_type": f"must be true or false, not {value!r}",

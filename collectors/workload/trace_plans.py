@@ -114,7 +114,8 @@ def trace_tasks(wl, tokenizer, context_tokens: int | None = None) \
         raise ValueError("\n".join(problems))
     rows = src.read.rows
     src.summary = {
-        "format": spec.format, "file": str(path), "sha256": src.read.sha256, "rows_read": src.read.rows_read,
+        "format": spec.format, "file": str(path), "sha256": src.read.sha256,
+        "sha256_bytes": src.read.sha256_bytes, "file_bytes": src.read.file_bytes, "rows_read": src.read.rows_read,
         "window_rows": len(rows), "first_line": rows[0].line, "last_line": rows[-1].line, "sent": len(tasks),
         "speed": src.speed, "token_scale": spec.token_scale,
         "block_tokens": prompts.block_tokens if spec.format == "mooncake" else None,

@@ -13,7 +13,6 @@ field means.
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+from .read_lines import ReadLines
 from .schema import MAX_TRACE_BLOCK_IDS, MAX_TRACE_LINE_BYTES, MAX_TRACE_ROWS_READ, MAX_TRACE_S, MAX_TRACE_TOKENS
 
 MAX_LISTED = 50  # refusals listed in full; the rest are counted
@@ -50,7 +50,9 @@ class TraceRead:
     format: str
     rows: list[TraceRow]  # the window, in file order
     rows_read: int  # rows of the file read to fill it (the window's and those before it)
-    sha256: str  # of the whole file
+    sha256: str  # of the bytes read: the file's first `sha256_bytes` bytes, through the last line read
+    sha256_bytes: int
+    file_bytes: int  # the file's size
 
 
 class _Bad(ValueError):
@@ -67,7 +69,8 @@ def read_trace(path: Path, fmt: str, *, skip_rows: int = 0, max_rows: int | None
     n_problems = 0
     first = last = None  # (line, t_ns) of the first and the latest good row
     window = (f"[trace] skip_rows = {skip_rows}, start_s = {start_s}, end_s = {end_s}, max_rows = {max_rows}")
-    records = _records(path, fmt)
+    lines = ReadLines(path, MAX_TRACE_LINE_BYTES, "one row of a trace")
+    records = _records(lines, path, fmt)
     try:
         for line, rec in records:
             read += 1
@@ -114,55 +117,42 @@ def read_trace(path: Path, fmt: str, *, skip_rows: int = 0, max_rows: int | None
         raise ValueError(str(exc)) from None
     finally:
         records.close()
+        lines.close()
     if problems:
         more = n_problems - len(problems)
         raise ValueError("\n".join(problems + ([f"{path}: … and {more} more bad rows"] if more > 0 else [])))
     if not rows:
         raise ValueError(f"{path}: no row in the window ([trace] skip_rows = {skip_rows}, start_s = {start_s}, "
                          f"end_s = {end_s}; {read} rows read)")
-    return TraceRead(path, fmt, rows, read, _sha256(path))
+    return TraceRead(path, fmt, rows, read, lines.sha256(), lines.bytes_read, lines.size)
 
 
-def _lines(f, path: Path):
-    """The file's lines, each at most MAX_TRACE_LINE_BYTES (a longer one is refused at its line, never
-    read whole into memory)."""
-    n = 0
-    while True:
-        text = f.readline(MAX_TRACE_LINE_BYTES + 1)
-        if not text:
-            return
-        n += 1
-        if len(text) > MAX_TRACE_LINE_BYTES:
-            raise _Bad(f"{path}:{n}: a line longer than {MAX_TRACE_LINE_BYTES} characters (allowed: at most "
-                       f"{MAX_TRACE_LINE_BYTES}: one row of a trace)")
-        yield text
-
-
-def _records(path: Path, fmt: str):
+def _records(lines: ReadLines, path: Path, fmt: str):
     """(line number, record) of each non-blank row: a parsed JSON value, or a dict of CSV columns."""
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        if fmt == "mooncake":
-            for n, text in enumerate(_lines(f, path), 1):
-                if text.strip():
-                    try:
-                        yield n, json.loads(text)
-                    except ValueError as exc:
-                        yield n, _Bad(f"not JSON ({str(exc)[:200]})")
-                    except RecursionError:
-                        yield n, _Bad("not JSON (nested too deeply)")
-            return
-        reader = csv.reader(_lines(f, path))
-        try:
-            header = [h.strip() for h in next(reader, [])]
-            missing = [c for c in CSV_COLUMNS[fmt] if c not in header]
-            if missing:
-                raise _Bad(f"{path}:1: header: no column {', '.join(map(repr, missing))} for a {fmt} trace "
-                           f"(columns: {', '.join(map(repr, header))[:400] or 'none'})")
-            for values in reader:
-                if any(v.strip() for v in values):
-                    yield reader.line_num, dict(zip(header, values))
-        except csv.Error as exc:  # a field past the csv module's limit, a quote left open at the end
-            raise _Bad(f"{path}:{reader.line_num}: cannot be read as CSV ({exc})") from None
+    if fmt == "mooncake":
+        for n, text in enumerate(lines, 1):
+            if text.strip():
+                try:
+                    yield n, json.loads(text)
+                except ValueError as exc:
+                    yield n, _Bad(f"not JSON ({str(exc)[:200]})")
+                except RecursionError:
+                    yield n, _Bad("not JSON (nested too deeply)")
+        return
+    reader = csv.reader(iter(lines))
+    try:
+        header = [h.strip() for h in next(reader, [])]
+        missing = [c for c in CSV_COLUMNS[fmt] if c not in header]
+        if missing:
+            raise _Bad(f"{path}:1: header: no column {', '.join(map(repr, missing))} for a {fmt} trace "
+                       f"(columns: {', '.join(map(repr, header))[:400] or 'none'})")
+        for values in reader:
+            if any(v.strip() for v in values):
+                yield reader.line_num, dict(zip(header, values))
+    except csv.Error as exc:  # a field past the csv module's limit, a quote left open at the end
+        why = ("its lines end in a bare carriage return: lines end in \\n or \\r\\n" if "new-line character" in str(exc)
+               else str(exc))
+        raise _Bad(f"{path}:{reader.line_num}: cannot be read as CSV ({why})") from None
 
 
 def _row(fmt: str, line: int, rec) -> tuple[TraceRow | None, list[tuple[str, str]]]:
@@ -269,10 +259,3 @@ def _datetime_ns(value) -> int:
 def _ns(seconds: float) -> int:
     return int((Decimal(repr(float(seconds))) * 10**9).to_integral_value())
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
