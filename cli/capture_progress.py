@@ -21,7 +21,7 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
     from inferledger.cli.output import console
     from inferledger.cli.progress import progress_bar
     from inferledger.collectors.capture.interrupt import Interrupted
-    from inferledger.collectors.capture.options import url_problem
+    from inferledger.collectors.workload.schema import url_problem
     from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
     from inferledger.collectors.workload import Workload
 

@@ -32,7 +32,8 @@ from inferledger.collectors.capture.speed_probe import probe_throughput
 from inferledger.ledger.query import open_ledger
 from inferledger.probes.run_folder import Manifest
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
-from inferledger.collectors.capture.options import CaptureOptions, url_problem
+from inferledger.collectors.capture.options import CaptureOptions
+from inferledger.collectors.workload.schema import url_problem
 from inferledger.collectors.capture.run import capture
 from inferledger.studies.real import LONG_MS, capture_run, workload
 

@@ -57,14 +57,17 @@ def test_the_deployment_section_is_read_and_the_flags_override_it(tmp_path):
 
 
 def test_a_bad_deployment_key_is_refused_by_its_name(tmp_path):
-    path = _workload(tmp_path, 'router = "127.0.0.1:18200"\nreplicas = ["http://127.0.0.1:1=vllm", "http://x:2=gpu"]\n'
-                               'rooter = 1\n')
+    path = _workload(tmp_path, 'router = "127.0.0.1:18200"\nreplicas = ["http://127.0.0.1:1=vllm", "http://x:2=gpu", '
+                               '"http://127.0.0.1:99999=ours"]\nrooter = 1\n')
     with pytest.raises(ValueError) as exc:
         Workload.load(path)
     assert str(exc.value).splitlines() == [
-        f"{path}: [deployment].router: '127.0.0.1:18200' is not an http(s) URL (e.g. http://127.0.0.1:18200)",
+        f"{path}: [deployment].router: '127.0.0.1:18200' is not an http(s):// URL with a host "
+        "(e.g. http://127.0.0.1:18200)",
         f"{path}: [deployment].replicas[1]: 'http://x:2=gpu': KIND 'gpu' is not one of ours, vllm, llamacpp, "
         "blackbox (URL[=KIND])",
+        f"{path}: [deployment].replicas[2]: 'http://127.0.0.1:99999' is not a URL (Port out of range 0-65535) "
+        "(a replica's base URL, e.g. http://127.0.0.1:18112=llamacpp)",
         f"{path}: [deployment].rooter: unknown key (did you mean router?)"]
 
 

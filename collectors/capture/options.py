@@ -15,18 +15,6 @@ from inferledger.engine.params import EngineConfig
 from inferledger.serve import DRAIN_TIMEOUT_S
 
 
-def url_problem(url: str) -> str | None:
-    """Why `url` is no server's http(s) base URL (no scheme, no host, a port no socket has), or None."""
-    from urllib.parse import urlsplit
-
-    try:
-        u = urlsplit(url)
-        u.port  # noqa: B018 (a port past 65535 or not a number raises here)
-    except ValueError as exc:
-        return f"{url!r} is not a URL ({exc})"
-    if u.scheme not in ("http", "https") or not u.hostname:
-        return f"{url!r} is not an http(s):// URL with a host (e.g. http://127.0.0.1:8000)"
-    return None
 
 
 @dataclass(frozen=True)

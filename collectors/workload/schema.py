@@ -167,9 +167,23 @@ def _replica(text: str) -> str:
     return text
 
 
+def url_problem(url: str) -> str | None:
+    """Why `url` is no server's http(s) base URL (no scheme, no host, a port no socket has), or None."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(url)
+        u.port  # noqa: B018 (a port past 65535 or not a number raises here)
+    except ValueError as exc:
+        return f"{url!r} is not a URL ({exc})"
+    if u.scheme not in ("http", "https") or not u.hostname:
+        return f"{url!r} is not an http(s):// URL with a host"
+    return None
+
+
 def _url(url: str, what: str) -> str:
-    if not url.startswith(("http://", "https://")) or not url.split("://", 1)[1].split("/", 1)[0]:
-        raise ValueError(f"{url!r} is not an http(s) URL ({what})")
+    if (why := url_problem(url)) is not None:
+        raise ValueError(f"{why} ({what})")
     return url
 
 
