@@ -2,7 +2,8 @@
 
 The physics is held fixed where it is known: each step's FLOPs and bytes (costmodel/work.py: the
 weights read once per step, the KV read and written, the activations) and the device's rates (the
-run's microbenchmarks: the best of its matmul and memory-stream repeats, `rates`). What is not known
+run's microbenchmarks: the best of its matmul and memory-stream repeats, each raised to what a training
+step demonstrably reached where a repeat was held back: `held_rates`, `rates`). What is not known
 is fitted: a per-step host overhead α, a per-sequence overhead, one efficiency factor on the
 compute roof (the engine's whole step against its best matmul) and κ, the on-CPU time a step loses per
 ms it waited for a CPU (W, the step's measured wait: steps.contention_ms). The step is two serial
@@ -168,7 +169,8 @@ class StepFit:
 
     @classmethod
     def _physics(cls, train: list[FitPoint], roofs: Roofs, trained_on: str) -> "StepFit":
-        ms_per_gflop, ms_per_mb = 1e12 / roofs.compute.per_s, 1e9 / roofs.memory.per_s
+        rates = held_rates(train, roofs)
+        ms_per_gflop, ms_per_mb = 1 / rates["compute_tflops"], 1 / rates["memory_gbps"]
         g = np.array([_groups(p) for p in train]) * [ms_per_gflop / 1e9, ms_per_mb / 1e6, ms_per_gflop / 1e9,
                                                      ms_per_mb / 1e6]
         y = np.array([p.measured_ms for p in train])
@@ -193,8 +195,6 @@ class StepFit:
         flat = (v for v, err in zip(grid, errs) if err <= best * (1 + FLAT) + 1e-15)
         e = float(min(flat, key=lambda v: abs(math.log(v))))
         alpha, per_seq, *kappa = (float(v) for v in solve(e)[1])
-        rates = {"compute_tflops": roofs.compute.value, "memory_gbps": roofs.memory.value,
-                 "source": roofs.memory.source, "label": roofs.memory.label}
         return cls(alpha, e * ms_per_gflop, ms_per_mb, *_gap_fit(train), _covered(train), len(train),
                    trained_on=trained_on, ms_per_seq=per_seq, compute_efficiency=float(e), rates=rates,
                    combine="stage_max", ms_per_wait_ms=kappa[0] if kappa else 0.0)
@@ -265,6 +265,25 @@ class StepFit:
     @classmethod
     def from_dict(cls, d: dict) -> "StepFit":
         return cls(**d)
+
+
+def held_rates(points: list[FitPoint], roofs: Roofs) -> dict:
+    """The rates a physics fit holds fixed: the roofs', each raised to the rate a step demonstrably reached
+    where that is higher (a step that read Q bytes in T ms of cpu_ms had at least Q / T of memory, and
+    F / T of compute; a roof below that was measured while its thread was held back, and holding the
+    fit at it puts steps below their own bytes term). {"compute_tflops", "memory_gbps", "source", "label"}."""
+    out = {"compute_tflops": roofs.compute.value, "memory_gbps": roofs.memory.value, "source": roofs.memory.source,
+           "label": roofs.memory.label}
+    for key, roof, work, scale in (("memory_gbps", roofs.memory, "bytes", 1e6), ("compute_tflops", roofs.compute,
+                                                                                   "flops", 1e9)):
+        p = max(points, key=lambda q: getattr(q, work) / q.measured_ms)
+        reached = getattr(p, work) / p.measured_ms / scale  # GB/s or TFLOP/s: bytes / ms / 1e6, FLOP / ms / 1e9
+        if reached > roof.value:
+            out[key] = reached
+            out["source"] = "steps"
+            out["label"] = (f"{out['label']}; {roof.quantity} raised from {roof.value:.4g} to {reached:.4g} {roof.unit}, "
+                            f"what step {p.step_id} reached on a CPU (the roof is below it: measured while held back)")
+    return out
 
 
 def _gap_fit(train: list[FitPoint]) -> tuple[float | None, float | None]:

@@ -84,7 +84,8 @@ def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict
 # @table step_fit: one row per parameter or figure of the run's step-time fit (docs/LEDGER.md "step_fit",
 #   docs/MODEL.md "Fit"); empty when the run has too few steps with a shape
 # @column name: alpha_ms, ms_per_seq, compute_efficiency (e: the best matmul's rate over the step's),
-#   p_eff_tflops (the best matmul's rate / e), b_eff_gbps (the memory rate held fixed), ms_per_wait_ms (κ: on-CPU
+#   p_eff_tflops (the best matmul's rate / e), b_eff_gbps (the memory rate held fixed: the run's measured rate, or what a step reached where
+#   that is higher), ms_per_wait_ms (κ: on-CPU
 #   ms a step loses per ms it waited for a CPU; 0 where the training steps hardly waited), gap_alpha_ms,
 #   gap_ms_per_seq; n_train, n_held_out;
 #   train_median_abs_pct, held_out_median_abs_pct, held_out_p90_abs_pct; covered_num_seqs_lo / _hi,

@@ -335,3 +335,20 @@ def test_a_steps_wait_for_a_cpu_costs_it_on_cpu_time_kappa_fitted_only_where_see
     quiet = [dataclasses.replace(p, wait_ms=0.002 * p.measured_ms) for p in _points(
         (1, 2, 3, 4), (16, 64, 256), (0, 32), alpha, per_seq, e)]
     assert StepFit.fit(quiet, HOST).ms_per_wait_ms == 0.0
+
+
+def test_a_memory_roof_below_what_a_step_reached_is_raised_to_it():
+    """The run's memory roof read 5 GB/s (its microbenchmark held off a CPU), but a decode step read its
+    ~270 MB of weights in about 17 ms: the memory gave it at least 16 GB/s. Held at 5 GB/s the bytes term
+    alone (54 ms) exceeded every decode step and the fit had nothing left to fit; the fit holds memory at
+    the rate a step reached instead, says so in its rates, and predicts the held-out shapes again."""
+    alpha, per_seq, e = 6.0, 1.5, 1.8
+    points = _points((1, 2, 3, 4, 6), (16, 64, 256, 1024), (0, 0, 32), alpha, per_seq, e)
+    low = Roofs(HOST.compute, Roof("memory", 5.0, "GB/s", "microbenchmark", "peak", "held back"))
+    reached = max(p.bytes / p.measured_ms / 1e6 for p in split(points)[0])
+    fit = StepFit.fit(points, low)
+    assert 5.0 < reached < 30.0 and fit.b_eff_gbps == pytest.approx(reached)
+    assert fit.rates["source"] == "steps" and "memory raised from 5 to" in fit.rates["label"]
+    assert fit.rates["compute_tflops"] == 0.2  # no step reached the matmul's rate: held there
+    assert fit.held_out_median_abs_pct < 10.0
+    assert StepFit.fit(points, HOST).rates["source"] == "microbenchmark"  # a roof above every step stays
