@@ -315,17 +315,22 @@ def test_without_rates_the_fit_keeps_the_free_form():
 
 def test_a_steps_wait_for_a_cpu_costs_it_on_cpu_time_kappa_fitted_only_where_seen():
     """On a host with co-tenants a step that waited W ms for a CPU also ran longer on one (caches and
-    prefetch refilled after each preemption): cpu_ms = the work + κ · W. With κ = 0.2 on steps of which
-    half waited 5 to 25 ms, the fit recovers κ and predicts held-out contended steps from their measured
-    wait; a StepWork carries no wait and is predicted uncontended. Without the term the same steps were
-    off by up to κ · W / cpu_ms (about 20 % on a 20 ms decode that waited 20 ms)."""
+    prefetch refilled after each preemption): cpu_ms = the work T_0 + κ · min(W, T_0), the wait counted up
+    to the step's own time (it is preempted at most once per slice it runs). With κ = 0.2 on steps of
+    which half waited 5 to 60 ms, the fit recovers κ and predicts held-out contended steps from their
+    measured wait; a StepWork carries no wait and is predicted uncontended, and a wait far past the
+    step's time costs no more than κ · T_0. Without the term the same steps were off by up to κ (20 %)."""
     alpha, per_seq, e, kappa = 6.0, 1.5, 1.8, 0.2
     rng, points = random.Random(5), []
     for p in _points((1, 2, 3, 4, 6, 8), (16, 64, 256, 1024), (0, 0, 32, 200), alpha, per_seq, e, noise=0.005):
-        wait = rng.uniform(5.0, 25.0) if rng.random() < 0.5 else 0.0
-        points.append(dataclasses.replace(p, measured_ms=p.measured_ms + kappa * wait, wait_ms=wait))
+        wait = rng.uniform(5.0, 60.0) if rng.random() < 0.5 else 0.0
+        points.append(dataclasses.replace(p, measured_ms=p.measured_ms + kappa * min(wait, p.measured_ms),
+                                          wait_ms=wait))
     fit = StepFit.fit(points, HOST)
     assert fit.ms_per_wait_ms == pytest.approx(kappa, abs=0.02)
+    quiet_step = dataclasses.replace(points[0], wait_ms=None)
+    assert fit.predict_ms(dataclasses.replace(points[0], wait_ms=5000.0)) == pytest.approx(
+        fit.predict_ms(quiet_step) * (1 + fit.ms_per_wait_ms))
     assert fit.alpha_ms == pytest.approx(alpha, abs=0.3) and fit.ms_per_seq == pytest.approx(per_seq, abs=0.1)
     assert fit.held_out_median_abs_pct < 1.0 and fit.held_out_p90_abs_pct < 2.0
     one = step_work(SMOL, [StepRow("decode", 1, 5)])

@@ -261,14 +261,15 @@ def test_steps_that_compiled_or_captured_are_left_out_of_the_fit(tmp_path):
 
 def test_the_fit_learns_what_a_wait_for_a_cpu_costs_on_cpu_from_the_ledger(tmp_path):
     """A run beside co-tenants: every other step waited 10 to 20 ms for a CPU and, for it, ran 0.3 ms
-    longer on a CPU per ms it waited (cpu_ms = the work + κ · contention_ms). The ledger hands the fit
+    longer on a CPU per ms it waited, up to its own time (cpu_ms = the work T_0 + κ · min(contention_ms,
+    T_0)). The ledger hands the fit
     each step's wait (ledger_fit_points), step_fit lists κ as ms_per_wait_ms, and each step's prediction
     in step_fit_points carries its own κ · wait."""
     rng, kappa = random.Random(9), 0.3
     steps, waits = [], []
     for rows, ms in _steps((1, 2, 4, 8, 16), (32, 256, 2048)) + _steps((0, 1, 2), (64, 512), prefill=48):
         wait = rng.uniform(10.0, 20.0) if len(steps) % 2 else 0.0
-        steps.append((rows, ms + kappa * wait + wait))  # the wall time: the on-CPU time and the wait
+        steps.append((rows, ms + kappa * min(wait, ms) + wait))  # the wall time: the on-CPU time and the wait
         waits.append(wait)
     manifest = {"run_id": "co", "model": {"architecture": SMOL_ARCH, "dtype": BF16}, "device_params": BENCH}
     build_run(tmp_path / "co", _step_events(steps, waits_ms=waits), domains=("e",), manifest=manifest).close()
