@@ -52,13 +52,15 @@ def run_facts(run: Path) -> dict:
     from inferledger.ledger.query import open_ledger
     from inferledger.probes.run_folder import Manifest
 
-    params = Manifest.read(run).block("device_params")
+    manifest = Manifest.read(run)
+    params = manifest.block("device_params")
+    registered = manifest.block("prediction").get("registered") or {}
     with open_ledger(run) as led:
         _, ((beats, steps, wait),) = led.rows(
             "SELECT count(*) FILTER (WHERE beats_bound), count(bound_ms), "
             "sum(contention_ms) / nullif(sum(measured_ms) FILTER (WHERE contention_ms IS NOT NULL), 0) FROM step_model")
         _, ((lo, hi),) = led.rows("SELECT min(value), max(value) FROM samples WHERE metric = 'host_load1'")
-    return {"steps": steps, "steps_below_bound": beats, "cpu_wait_share": wait, "load_1m_min": lo, "load_1m_max": hi,
+    return {"captured_utc": registered.get("wall_utc"), "steps": steps, "steps_below_bound": beats, "cpu_wait_share": wait, "load_1m_min": lo, "load_1m_max": hi,
             "memory_gb_s": (params.get("memcpy_gbps") or {}).get("peak"),
             "matmul_tflop_per_s": (params.get("matmul_tflops") or {}).get("peak"),
             "repeats": [{"at": r["at"], "memory_gb_s": r["memcpy_gbps"], "matmul_tflop_per_s": r["matmul_tflops"]}

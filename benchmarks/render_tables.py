@@ -334,6 +334,12 @@ def step_records_cost(rs: list[dict]) -> str:
             + targets(f["targets"]))
 
 
+def _captured(r: dict) -> str:
+    """When a fit_transfer run's first workload was captured (a rerun with --reuse is later), HH:MM UTC."""
+    at = next(iter(r["figures"]["runs"].values())).get("captured_utc") or r["date_utc"]
+    return at[11:16]
+
+
 def fit_transfer(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
     rows = []
@@ -360,7 +366,7 @@ def fit_transfer(rs: list[dict]) -> str:
                      for p in f["pairs"])
     # the repeats: every run of this selection at the newest one's commit (the same fit), each with its load
     same = [r for r in rs if r["git"]["commit"] == rs[-1]["git"]["commit"]]
-    repeats = [[r["date_utc"][11:16], f"{p['train']} → {p['test']}", fmt(p["held_out_median_abs_error_pct"], ".1f", " %"),
+    repeats = [[_captured(r), f"{p['train']} → {p['test']}", fmt(p["held_out_median_abs_error_pct"], ".1f", " %"),
                 fmt(p["held_out_p90_abs_error_pct"], ".1f", " %"),
                 ", ".join(f"{fmt(x.get('load_1m_min'), '.1f')} to {fmt(x.get('load_1m_max'), '.1f')}"
                           for x in r["figures"]["runs"].values()),
@@ -370,7 +376,7 @@ def fit_transfer(rs: list[dict]) -> str:
     return (table(["train → test", "against", "steps", "median \\|error\\|", "p90 \\|error\\|", "prefill median",
                    "decode median", "mixed median"], rows)
             + f"\n\nRuns: {runs}. Fits: {fits}.\n\n"
-            + (table(["repeat (UTC)", "train → test", "median \\|error\\| (cpu_ms)", "p90 \\|error\\|",
+            + (table(["captured (UTC)", "train → test", "median \\|error\\| (cpu_ms)", "p90 \\|error\\|",
                       "load (1 min) during the captures", "time waiting for a CPU"], repeats) + "\n\n"
                if len(same) > 1 else "")
             + table(["pair", "target", "bound", "measured", ""],
