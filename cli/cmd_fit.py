@@ -31,11 +31,12 @@ def fit_cmd(
     """How well a step fit transfers: TRAIN's fit predicting every step of TEST, |error| in percent.
 
     The fit holds each step's work fixed (FLOPs, weight and KV bytes: docs/MODEL.md "Counting") at
-    TRAIN's measured rates (its microbenchmarks' best) and fits a per-step overhead, a per-sequence
-    overhead, a compute efficiency and what a wait for a CPU costs on one (κ, where TRAIN's steps waited)
-    on TRAIN's steps; the errors are on TEST's cpu_ms (the step without its wait for a CPU; each
-    prediction adds κ times that step's measured wait), then on its wall time. A step is prefill,
-    decode or mixed by its batch.
+    TRAIN's measured rates (its microbenchmarks' best, raised to what a step of TRAIN reached where
+    that is higher) and fits a per-step overhead, a per-sequence overhead, a compute efficiency and
+    what a wait for a CPU costs on one (κ, where TRAIN's steps waited) on TRAIN's steps; the errors are
+    on TEST's cpu_ms (the step without its wait for a CPU; each prediction adds κ times that step's
+    measured wait, counted up to its own time), then on its wall time. A step is prefill, decode or
+    mixed by its batch.
 
     Example: [cyan]inferledger fit runs/chat --test runs/mixed --format json[/]
     """
