@@ -8,7 +8,9 @@ bundled engine (`inferledger capture`, its microbenchmarks repeated over the run
 (`inferledger reconstruct`); then `inferledger fit A --test B` and `fit B --test A` (ledger/step_fit.py
 `transfer`): the |error| in percent of the one run's fit on every step of the other, all steps and by
 kind, against cpu_ms and against the wall time. Also recorded: each run's measured rates (the best of
-its microbenchmark repeats, and every repeat), its steps faster than their bound, and the load average.
+its microbenchmark repeats, and every repeat), its steps faster than their bound, and the load average
+over its capture (the host samples' 1-minute load, so a rerun with --reuse still says how busy the host
+was while the steps ran).
 With --co-tenants N, N CPU-burning processes (benchmarks/co_tenants.py) run through both captures:
 the steps then wait for a CPU, which `cpu_ms` leaves out (steps.contention_ms records it), and the
 figures say how much of the steps' time that wait was.
@@ -50,12 +52,15 @@ def run_facts(run: Path) -> dict:
     from inferledger.ledger.query import open_ledger
     from inferledger.probes.run_folder import Manifest
 
-    params = Manifest.read(run).block("device_params")
+    manifest = Manifest.read(run)
+    params = manifest.block("device_params")
+    registered = manifest.block("prediction").get("registered") or {}
     with open_ledger(run) as led:
         _, ((beats, steps, wait),) = led.rows(
             "SELECT count(*) FILTER (WHERE beats_bound), count(bound_ms), "
             "sum(contention_ms) / nullif(sum(measured_ms) FILTER (WHERE contention_ms IS NOT NULL), 0) FROM step_model")
-    return {"steps": steps, "steps_below_bound": beats, "cpu_wait_share": wait,
+        _, ((lo, hi),) = led.rows("SELECT min(value), max(value) FROM samples WHERE metric = 'host_load1'")
+    return {"captured_utc": registered.get("wall_utc"), "steps": steps, "steps_below_bound": beats, "cpu_wait_share": wait, "load_1m_min": lo, "load_1m_max": hi,
             "memory_gb_s": (params.get("memcpy_gbps") or {}).get("peak"),
             "matmul_tflop_per_s": (params.get("matmul_tflops") or {}).get("peak"),
             "repeats": [{"at": r["at"], "memory_gb_s": r["memcpy_gbps"], "matmul_tflop_per_s": r["matmul_tflops"]}
@@ -94,7 +99,8 @@ def main(argv=None) -> int:
             fit, summary = transfer(train, test)
             figures["pairs"].append({"train": train.name, "test": test.name, **summary,
                                      "fit": {"alpha_ms": fit.alpha_ms, "per_seq_ms": fit.ms_per_seq,
-                                             "compute_efficiency_ratio": fit.compute_efficiency}})
+                                             "compute_efficiency_ratio": fit.compute_efficiency,
+                                             "on_cpu_ms_per_wait_ms_ratio": fit.ms_per_wait_ms}})
     finally:
         if a.keep is None:
             shutil.rmtree(root, ignore_errors=True)

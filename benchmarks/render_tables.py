@@ -334,6 +334,12 @@ def step_records_cost(rs: list[dict]) -> str:
             + targets(f["targets"]))
 
 
+def _captured(r: dict) -> str:
+    """When a fit_transfer run's first workload was captured (a rerun with --reuse is later), HH:MM UTC."""
+    at = next(iter(r["figures"]["runs"].values())).get("captured_utc") or r["date_utc"]
+    return at[11:16]
+
+
 def fit_transfer(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
     rows = []
@@ -346,17 +352,33 @@ def fit_transfer(rs: list[dict]) -> str:
                         + [fmt(k[x]["median_abs_error_pct"], ".1f", " %") for x in ("prefill", "decode", "mixed")])
     runs = "; ".join(f"{name}: {r['steps']} steps ({r['steps_below_bound']} below their bound"
                      + (f", {r['cpu_wait_share']:.1%} of their time waiting for a CPU"
-                        if r.get("cpu_wait_share") is not None else "") + "), memory "
+                        if r.get("cpu_wait_share") is not None else "")
+                     + (f", load (1 min) {fmt(r['load_1m_min'], '.2f')} to {fmt(r['load_1m_max'], '.2f')} while it ran"
+                        if r.get("load_1m_max") is not None else "") + "), memory "
                      f"{fmt(r['memory_gb_s'], '.1f')} GB/s and matmul {fmt(r['matmul_tflop_per_s'], '.3f')} TFLOP/s, the "
                      f"best of {len(r['repeats']) or 1} measurement(s) ("
                      + ", ".join(f"{x['at']} {fmt(x['memory_gb_s'], '.1f')} GB/s" for x in r["repeats"]) + ")"
                      for name, r in f["runs"].items())
     fits = "; ".join(f"{p['train']}: α {fmt(p['fit']['alpha_ms'], '.2f')} ms, {fmt(p['fit']['per_seq_ms'], '.2f')} "
                      f"ms per sequence, compute efficiency {fmt(p['fit']['compute_efficiency_ratio'], '.2f')}"
+                     + (f", {fmt(p['fit']['on_cpu_ms_per_wait_ms_ratio'], '.2f')} ms on a CPU per ms waited for one"
+                        if "on_cpu_ms_per_wait_ms_ratio" in p["fit"] else "")
                      for p in f["pairs"])
+    # the repeats: every run of this selection at the newest one's commit (the same fit), each with its load
+    same = [r for r in rs if r["git"]["commit"] == rs[-1]["git"]["commit"]]
+    repeats = [[_captured(r), f"{p['train']} → {p['test']}", fmt(p["held_out_median_abs_error_pct"], ".1f", " %"),
+                fmt(p["held_out_p90_abs_error_pct"], ".1f", " %"),
+                ", ".join(f"{fmt(x.get('load_1m_min'), '.1f')} to {fmt(x.get('load_1m_max'), '.1f')}"
+                          for x in r["figures"]["runs"].values()),
+                ", ".join(DASH if x.get("cpu_wait_share") is None else f"{x['cpu_wait_share']:.1%}"
+                          for x in r["figures"]["runs"].values())]
+               for r in same for p in r["figures"]["pairs"]]
     return (table(["train → test", "against", "steps", "median \\|error\\|", "p90 \\|error\\|", "prefill median",
                    "decode median", "mixed median"], rows)
             + f"\n\nRuns: {runs}. Fits: {fits}.\n\n"
+            + (table(["captured (UTC)", "train → test", "median \\|error\\| (cpu_ms)", "p90 \\|error\\|",
+                      "load (1 min) during the captures", "time waiting for a CPU"], repeats) + "\n\n"
+               if len(same) > 1 else "")
             + table(["pair", "target", "bound", "measured", ""],
                     [[t["pair"], t["figure"].replace("_abs_error_pct", " \\|error\\|").replace("_", " "),
                       f"≤ {fmt(t['target_pct'], '.0f')} %", fmt(t["measured_pct"], ".1f", " %"), met(t["met"])]

@@ -31,9 +31,12 @@ def fit_cmd(
     """How well a step fit transfers: TRAIN's fit predicting every step of TEST, |error| in percent.
 
     The fit holds each step's work fixed (FLOPs, weight and KV bytes: docs/MODEL.md "Counting") at
-    TRAIN's measured rates (its microbenchmarks' best) and fits a per-step overhead, a per-sequence
-    overhead and a compute efficiency on TRAIN's steps; the errors are on TEST's cpu_ms (the step
-    without its wait for a CPU), then on its wall time. A step is prefill, decode or mixed by its batch.
+    TRAIN's measured rates (its microbenchmarks' best, raised to what a step of TRAIN reached where
+    that is higher) and fits a per-step overhead, a per-sequence overhead, a compute efficiency and
+    what a wait for a CPU costs on one (κ, where TRAIN's steps waited) on TRAIN's steps; the errors are
+    on TEST's cpu_ms (the step without its wait for a CPU; each prediction adds κ times that step's
+    measured wait, counted up to its own time), then on its wall time. A step is prefill, decode or
+    mixed by its batch.
 
     Example: [cyan]inferledger fit runs/chat --test runs/mixed --format json[/]
     """
@@ -75,7 +78,8 @@ def fit_cmd(
         return
     console.print(f"fit: α {fit.alpha_ms:.3f} ms, {fit.ms_per_seq:.3f} ms per sequence, compute efficiency "
                   f"{fit.compute_efficiency:.3g} on {fit.rates['compute_tflops']:.4g} TFLOP/s and "
-                  f"{fit.rates['memory_gbps']:.4g} GB/s ({fit.rates['source']})")
+                  f"{fit.rates['memory_gbps']:.4g} GB/s ({fit.rates['source']}), {fit.ms_per_wait_ms:.3g} ms on a CPU "
+                  f"per ms waited for one")
 
 
 def register(app: typer.Typer) -> None:

@@ -2,13 +2,22 @@
 
 The physics is held fixed where it is known: each step's FLOPs and bytes (costmodel/work.py: the
 weights read once per step, the KV read and written, the activations) and the device's rates (the
-run's microbenchmarks: the best of its matmul and memory-stream repeats, `rates`). What is not known
-is fitted: a per-step host overhead α, a per-sequence overhead, and one efficiency factor on the
-compute roof (the engine's whole step against its best matmul). The step is two serial groups, the
-linear layers with the LM head and attention, each taking the longer of its compute and its memory
-time:
+run's microbenchmarks: the best of its matmul and memory-stream repeats, each raised to what a training
+step demonstrably reached where a repeat was held back: `held_rates`, `rates`). What is not known
+is fitted: a per-step host overhead α, a per-sequence overhead, one efficiency factor on the
+compute roof (the engine's whole step against its best matmul) and κ, the on-CPU time a step loses per
+ms it waited for a CPU (W, the step's measured wait: steps.contention_ms). The step is two serial
+groups, the linear layers with the LM head and attention, each taking the longer of its compute and
+its memory time:
 
-    T = α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, Q_kv / B)
+    T = α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, Q_kv / B) + κ · min(W, T_0)
+
+T_0 is the step's uncontended time (T without its last term): W counts up to it, since a thread is
+preempted at most once per slice it runs and each preemption costs it at least a slice of wait, so
+the preemptions, and what they cost on a CPU, grow with min(W, T_0) and not past it (the cap is found by refitting CAP_ROUNDS
+times). κ is fitted only where the training steps waited for a CPU at least WAIT_EVIDENCE of their
+time (a co-tenant was there to measure it), else held at 0; a step with no wait (StepWork, the
+simulated clock) is predicted as it would have run uncontended.
 
 The memory rate carries no fitted factor: a step reads its weights once, so a fitted factor on bytes
 and α are the same column on decode-only steps (least squares keeps one and drops the other); held at
@@ -43,6 +52,8 @@ HOLD_OUT_EVERY = 3  # every third distinct shape is held out
 EFFICIENCY_GRID = np.geomspace(0.5, 200.0, 241)  # e searched here (1 % steps), refined around the best
 FLAT = 1e-3  # an e whose error is within 0.1 % of the best is as good: the one closest to 1 is kept
 KINDS = ("prefill", "decode", "mixed")
+WAIT_EVIDENCE = 0.01  # κ is fitted where the training steps waited for a CPU >= 1 % of their time, else 0
+CAP_ROUNDS = 4        # fits with κ: each step's wait capped at its uncontended time from the round before
 
 
 class FitError(ValueError):
@@ -65,6 +76,7 @@ class FitPoint:
     step_id: int | None = None
     kind: str | None = None      # prefill, decode or mixed
     wall_ms: float | None = None
+    wait_ms: float | None = None  # the step's measured wait for a CPU (steps.contention_ms); None: unmeasured
 
     @classmethod
     def of(cls, work, measured_ms: float, **kw) -> "FitPoint":
@@ -136,6 +148,7 @@ class StepFit:
     compute_efficiency: float | None = None  # e: the step's FLOPs ran e times slower than the best matmul
     rates: dict | None = None  # {"compute_tflops", "memory_gbps", "source", "label"}: the physics held fixed
     combine: str = "sum"       # "stage_max" (the physics fit) or "sum" (the free form of older fits)
+    ms_per_wait_ms: float = 0.0  # κ: on-CPU ms a step loses per ms it waited for a CPU (0: not fitted)
 
     @classmethod
     def fit(cls, points: list[FitPoint], roofs: Roofs | None, trained_on: str = "") -> "StepFit":
@@ -160,48 +173,44 @@ class StepFit:
 
     @classmethod
     def _physics(cls, train: list[FitPoint], roofs: Roofs, trained_on: str) -> "StepFit":
-        ms_per_gflop, ms_per_mb = 1e12 / roofs.compute.per_s, 1e9 / roofs.memory.per_s
+        rates = held_rates(train, roofs)
+        ms_per_gflop, ms_per_mb = 1 / rates["compute_tflops"], 1 / rates["memory_gbps"]
         g = np.array([_groups(p) for p in train]) * [ms_per_gflop / 1e9, ms_per_mb / 1e6, ms_per_gflop / 1e9,
                                                      ms_per_mb / 1e6]
         y = np.array([p.measured_ms for p in train])
-        x = np.array([[1.0, p.num_seqs] for p in train]) / y[:, None]  # relative error: rows divided by y
-
-        def solve(e: float) -> tuple[float, np.ndarray]:
-            phys = np.maximum(e * g[:, 0], g[:, 1]) + np.maximum(e * g[:, 2], g[:, 3])
-            c = _nnls(x, (y - phys) / y)
-            return float(np.sum((x @ c - (y - phys) / y) ** 2)), c
-
-        grid = list(EFFICIENCY_GRID)
-        errs = [solve(e)[0] for e in grid]
-        i = int(np.argmin(errs))
-        fine = np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 41)
-        grid += list(fine)
-        errs += [solve(e)[0] for e in fine]
-        best = min(errs)
-        flat = (v for v, err in zip(grid, errs) if err <= best * (1 + FLAT) + 1e-15)
-        e = float(min(flat, key=lambda v: abs(math.log(v))))
-        alpha, per_seq = (float(v) for v in solve(e)[1])
-        rates = {"compute_tflops": roofs.compute.value, "memory_gbps": roofs.memory.value,
-                 "source": roofs.memory.source, "label": roofs.memory.label}
+        wait = np.array([p.wait_ms or 0.0 for p in train])
+        cols = [np.ones(len(train)), np.array([p.num_seqs for p in train], dtype=float)]
+        seen = wait.sum() >= WAIT_EVIDENCE * y.sum()  # a co-tenant was there: κ is seen, else held at 0
+        uncontended = None  # each step's predicted time without its wait: the cap on the wait that costs
+        for _ in range(CAP_ROUNDS if seen else 1):
+            x = np.column_stack(cols + ([wait if uncontended is None else np.minimum(wait, uncontended)]
+                                        if seen else [])) / y[:, None]  # relative error: rows divided by y
+            e, c = _search(g, y, x)
+            uncontended = c[0] + c[1] * cols[1] + _stages(g, e)
+        alpha, per_seq, *kappa = (float(v) for v in c)
         return cls(alpha, e * ms_per_gflop, ms_per_mb, *_gap_fit(train), _covered(train), len(train),
                    trained_on=trained_on, ms_per_seq=per_seq, compute_efficiency=float(e), rates=rates,
-                   combine="stage_max")
+                   combine="stage_max", ms_per_wait_ms=kappa[0] if kappa else 0.0)
 
     def predict_ms(self, work) -> float:
-        """The step time for a FitPoint or a StepWork."""
+        """The step's on-CPU time for a FitPoint or a StepWork: κ times the step's measured wait, counted up
+        to the step's own uncontended time, is added where it carries one (a FitPoint's wait_ms); a
+        StepWork is the step as it would run uncontended."""
         fl, bl, fa, bkv = _groups(work)
         c_lin, m_lin = fl / 1e9 * self.ms_per_gflop, bl / 1e6 * self.ms_per_mb
         c_att, m_att = fa / 1e9 * self.ms_per_gflop, bkv / 1e6 * self.ms_per_mb
         body = (max(c_lin, m_lin) + max(c_att, m_att) if self.combine == "stage_max"
                 else c_lin + m_lin + c_att + m_att)
-        return self.alpha_ms + self.ms_per_seq * work.num_seqs + body
+        uncontended = self.alpha_ms + self.ms_per_seq * work.num_seqs + body
+        return uncontended + self.ms_per_wait_ms * min(getattr(work, "wait_ms", None) or 0.0, uncontended)
 
     @property
     def formula(self) -> str:
         """How predict_ms turns a step's work into milliseconds, in words."""
         if self.combine == "stage_max":
             return ("alpha_ms + ms_per_seq × sequences + max(ms_per_gflop × linear GFLOP, ms_per_mb × linear MB) "
-                    "+ max(ms_per_gflop × attention GFLOP, ms_per_mb × KV MB) of the step's work (costmodel.work); "
+                    "+ max(ms_per_gflop × attention GFLOP, ms_per_mb × KV MB) of the step's work (costmodel.work) "
+                    "+ ms_per_wait_ms × the step's measured wait for a CPU (none: uncontended); "
                     "ms_per_gflop = compute_efficiency / the measured matmul rate, ms_per_mb = 1 / the measured "
                     "memory rate")
         return "alpha_ms + ms_per_gflop × GFLOP + ms_per_mb × MB of the step's work (costmodel.work)"
@@ -250,6 +259,51 @@ class StepFit:
     @classmethod
     def from_dict(cls, d: dict) -> "StepFit":
         return cls(**d)
+
+
+def _stages(g: np.ndarray, e: float) -> np.ndarray:
+    """Each step's two serial groups at efficiency e (g: linear compute, linear memory, attention compute,
+    KV memory, in ms at the held rates), each the longer of its compute and its memory time."""
+    return np.maximum(e * g[:, 0], g[:, 1]) + np.maximum(e * g[:, 2], g[:, 3])
+
+
+def _search(g: np.ndarray, y: np.ndarray, x: np.ndarray) -> tuple[float, np.ndarray]:
+    """(e, the coefficients of x's columns): e over the log grid, refined around the best, the flattest
+    stretch's e closest to 1; for each e the columns by non-negative least squares on relative error."""
+    def solve(e: float) -> tuple[float, np.ndarray]:
+        r = (y - _stages(g, e)) / y
+        c = _nnls(x, r)
+        return float(np.sum((x @ c - r) ** 2)), c
+
+    grid = list(EFFICIENCY_GRID)
+    errs = [solve(e)[0] for e in grid]
+    i = int(np.argmin(errs))
+    fine = np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 41)
+    grid += list(fine)
+    errs += [solve(e)[0] for e in fine]
+    best = min(errs)
+    flat = (v for v, err in zip(grid, errs) if err <= best * (1 + FLAT) + 1e-15)
+    e = float(min(flat, key=lambda v: abs(math.log(v))))
+    return e, solve(e)[1]
+
+
+def held_rates(points: list[FitPoint], roofs: Roofs) -> dict:
+    """The rates a physics fit holds fixed: the roofs', each raised to the rate a step demonstrably reached
+    where that is higher (a step that read Q bytes in T ms of cpu_ms had at least Q / T of memory, and
+    F / T of compute; a roof below that was measured while its thread was held back, and holding the
+    fit at it puts steps below their own bytes term). {"compute_tflops", "memory_gbps", "source", "label"}."""
+    out = {"compute_tflops": roofs.compute.value, "memory_gbps": roofs.memory.value, "source": roofs.memory.source,
+           "label": roofs.memory.label}
+    for key, roof, work, scale in (("memory_gbps", roofs.memory, "bytes", 1e6), ("compute_tflops", roofs.compute,
+                                                                                   "flops", 1e9)):
+        p = max(points, key=lambda q: getattr(q, work) / q.measured_ms)
+        reached = getattr(p, work) / p.measured_ms / scale  # GB/s or TFLOP/s: bytes / ms / 1e6, FLOP / ms / 1e9
+        if reached > roof.value:
+            out[key] = reached
+            out["source"] = "steps"
+            out["label"] = (f"{out['label']}; {roof.quantity} raised from {roof.value:.4g} to {reached:.4g} {roof.unit}, "
+                            f"what step {p.step_id} reached on a CPU (the roof is below it: measured while held back)")
+    return out
 
 
 def _gap_fit(train: list[FitPoint]) -> tuple[float | None, float | None]:

@@ -34,13 +34,13 @@ GAPS = gap_table("step_fit")
 # one-off build work (`compiling`: the step compiled its graph; `graph_capture`: it captured a CUDA
 # graph). A step with no mode (an older run) counts. The fit's time is the step's cpu_ms (without its wait
 # for a CPU), its wall time where the capture could not measure the wait (cpu_ms NULL: an older run, a
-# kernel that hides schedstat).
+# kernel that hides schedstat); the wait itself (contention_ms) rides along for the fit's κ term.
 _POINTS = """
 SELECT flops_linear, flops_attention, bytes, bytes_kv_read + bytes_kv_write, coalesce(cpu_ms, measured_ms), num_seqs,
        tokens, context_tokens,
        gap_after_ms, step_id,
        CASE WHEN prefill_tokens = 0 THEN 'decode' WHEN prefill_tokens = tokens THEN 'prefill' ELSE 'mixed' END,
-       measured_ms
+       measured_ms, contention_ms
 FROM step_model
 WHERE flops IS NOT NULL AND coalesce(cpu_ms, measured_ms) > 0 AND coalesce(mode, '') NOT IN ('simulated', 'compiling', 'graph_capture')
 ORDER BY step_id
@@ -84,11 +84,14 @@ def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict
 # @table step_fit: one row per parameter or figure of the run's step-time fit (docs/LEDGER.md "step_fit",
 #   docs/MODEL.md "Fit"); empty when the run has too few steps with a shape
 # @column name: alpha_ms, ms_per_seq, compute_efficiency (e: the best matmul's rate over the step's),
-#   p_eff_tflops (the best matmul's rate / e), b_eff_gbps (the memory rate held fixed), gap_alpha_ms, gap_ms_per_seq; n_train, n_held_out;
+#   p_eff_tflops (the best matmul's rate / e), b_eff_gbps (the memory rate held fixed: the run's measured rate, or what a step reached where
+#   that is higher), ms_per_wait_ms (κ: on-CPU
+#   ms a step loses per ms it waited for a CPU; 0 where the training steps hardly waited), gap_alpha_ms,
+#   gap_ms_per_seq; n_train, n_held_out;
 #   train_median_abs_pct, held_out_median_abs_pct, held_out_p90_abs_pct; covered_num_seqs_lo / _hi,
 #   covered_tokens_lo / _hi, covered_context_tokens_lo / _hi
 # @column value: the figure (NULL: the fit found no such term, or no held-out step)
-# @column unit: ms, ×, TFLOP/s, GB/s, steps, %, sequences, tokens
+# @column unit: ms, ×, TFLOP/s, GB/s, ms/ms, steps, %, sequences, tokens
 # @column source: fit (every parameter here is effective, never a peak; b_eff_gbps is the run's measured
 #   memory rate the fit holds fixed)
 # @column trained_on: the run the fit was trained on (another run's name when manifest step_fit declared
@@ -102,6 +105,7 @@ def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict
 # @column measured_ms: step_model.cpu_ms (the step without its wait for a CPU; its wall time measured_ms where the
 #   capture could not measure the wait), what the fit is judged against
 # @column predicted_ms: the fit's α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, Q_kv / B)
+#   + κ · the step's contention_ms
 # @column error_pct: (predicted − measured) / measured × 100
 # @column extrapolated: the step lies outside the training steps' range of batch size, tokens or context
 def build(con, run) -> None:
@@ -126,7 +130,8 @@ def build(con, run) -> None:
     if fit is not None:
         params = [("alpha_ms", fit.alpha_ms, "ms"), ("ms_per_seq", fit.ms_per_seq, "ms"),
                   ("compute_efficiency", fit.compute_efficiency, "×"), ("p_eff_tflops", fit.p_eff_tflops, "TFLOP/s"),
-                  ("b_eff_gbps", fit.b_eff_gbps, "GB/s"), ("gap_alpha_ms", fit.gap_alpha_ms, "ms"),
+                  ("b_eff_gbps", fit.b_eff_gbps, "GB/s"), ("ms_per_wait_ms", fit.ms_per_wait_ms, "ms/ms"),
+                  ("gap_alpha_ms", fit.gap_alpha_ms, "ms"),
                   ("gap_ms_per_seq", fit.gap_ms_per_seq, "ms"), ("n_train", fit.n_train, "steps"),
                   ("n_held_out", fit.n_held_out, "steps"), ("train_median_abs_pct", fit.train_median_abs_pct, "%"),
                   ("held_out_median_abs_pct", fit.held_out_median_abs_pct, "%"),

@@ -1,6 +1,7 @@
 """The workload model against figures computed by hand (docs/MODEL.md)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -314,3 +315,49 @@ def test_without_rates_the_fit_keeps_the_free_form():
     assert fit.combine == "sum" and fit.rates is None and fit.compute_efficiency is None
     assert fit.alpha_ms == pytest.approx(2.0, abs=1e-6) and fit.p_eff_tflops == pytest.approx(0.8)
     assert fit.b_eff_gbps == pytest.approx(15.0) and fit.held_out_median_abs_pct < 1e-6
+
+
+def test_a_steps_wait_for_a_cpu_costs_it_on_cpu_time_kappa_fitted_only_where_seen():
+    """On a host with co-tenants a step that waited W ms for a CPU also ran longer on one (caches and
+    prefetch refilled after each preemption): cpu_ms = the work T_0 + κ · min(W, T_0), the wait counted up
+    to the step's own time (it is preempted at most once per slice it runs). With κ = 0.2 on steps of
+    which half waited 5 to 60 ms, the fit recovers κ and predicts held-out contended steps from their
+    measured wait; a StepWork carries no wait and is predicted uncontended, and a wait far past the
+    step's time costs no more than κ · T_0. Without the term the same steps were off by up to κ (20 %)."""
+    alpha, per_seq, e, kappa = 6.0, 1.5, 1.8, 0.2
+    rng, points = random.Random(5), []
+    for p in _points((1, 2, 3, 4, 6, 8), (16, 64, 256, 1024), (0, 0, 32, 200), alpha, per_seq, e, noise=0.005):
+        wait = rng.uniform(5.0, 60.0) if rng.random() < 0.5 else 0.0
+        points.append(dataclasses.replace(p, measured_ms=p.measured_ms + kappa * min(wait, p.measured_ms),
+                                          wait_ms=wait))
+    fit = StepFit.fit(points, HOST)
+    assert fit.ms_per_wait_ms == pytest.approx(kappa, abs=0.02)
+    quiet_step = dataclasses.replace(points[0], wait_ms=None)
+    assert fit.predict_ms(dataclasses.replace(points[0], wait_ms=5000.0)) == pytest.approx(
+        fit.predict_ms(quiet_step) * (1 + fit.ms_per_wait_ms))
+    assert fit.alpha_ms == pytest.approx(alpha, abs=0.3) and fit.ms_per_seq == pytest.approx(per_seq, abs=0.1)
+    assert fit.held_out_median_abs_pct < 1.0 and fit.held_out_p90_abs_pct < 2.0
+    one = step_work(SMOL, [StepRow("decode", 1, 5)])
+    assert fit.predict_ms(one) == pytest.approx(_true_ms(one, fit.alpha_ms, fit.ms_per_seq, fit.compute_efficiency))
+    assert StepFit.from_dict(json.loads(json.dumps(fit.to_dict()))).ms_per_wait_ms == fit.ms_per_wait_ms
+    # a quiet run: its steps waited 0.2 % of their time, too little to see κ; it is held at 0, not guessed
+    quiet = [dataclasses.replace(p, wait_ms=0.002 * p.measured_ms) for p in _points(
+        (1, 2, 3, 4), (16, 64, 256), (0, 32), alpha, per_seq, e)]
+    assert StepFit.fit(quiet, HOST).ms_per_wait_ms == 0.0
+
+
+def test_a_memory_roof_below_what_a_step_reached_is_raised_to_it():
+    """The run's memory roof read 5 GB/s (its microbenchmark held off a CPU), but a decode step read its
+    ~270 MB of weights in about 17 ms: the memory gave it at least 16 GB/s. Held at 5 GB/s the bytes term
+    alone (54 ms) exceeded every decode step and the fit had nothing left to fit; the fit holds memory at
+    the rate a step reached instead, says so in its rates, and predicts the held-out shapes again."""
+    alpha, per_seq, e = 6.0, 1.5, 1.8
+    points = _points((1, 2, 3, 4, 6), (16, 64, 256, 1024), (0, 0, 32), alpha, per_seq, e)
+    low = Roofs(HOST.compute, Roof("memory", 5.0, "GB/s", "microbenchmark", "peak", "held back"))
+    reached = max(p.bytes / p.measured_ms / 1e6 for p in split(points)[0])
+    fit = StepFit.fit(points, low)
+    assert 5.0 < reached < 30.0 and fit.b_eff_gbps == pytest.approx(reached)
+    assert fit.rates["source"] == "steps" and "memory raised from 5 to" in fit.rates["label"]
+    assert fit.rates["compute_tflops"] == 0.2  # no step reached the matmul's rate: held there
+    assert fit.held_out_median_abs_pct < 10.0
+    assert StepFit.fit(points, HOST).rates["source"] == "microbenchmark"  # a roof above every step stays

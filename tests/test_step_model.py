@@ -81,16 +81,20 @@ def test_request_bounds_never_exceed_the_measured_times(captured):
         assert (r["ttft_predicted_ms"] is not None) == (r["residual_prefill_ms"] is not None) == fitted
 
 
-def _step_events(steps, *, items=4, gaps_ms=None, modes=None):
+def _step_events(steps, *, items=4, gaps_ms=None, modes=None, waits_ms=None):
     """step.start / step.end pairs from (batch rows, ms): batch rows as [attempt, kind, tokens, context];
     0.25 ms from one step's end to the next's start, or gaps_ms[i] after step i + 1; modes {step_id:
-    mode} for steps not eager."""
+    mode} for steps not eager; waits_ms[i]: step i + 1 waited that long for a CPU (its schedstat readings
+    on step.end, ms the step's wall time: its on-CPU time plus the wait)."""
     ev, t = [], 0.0
     for sid, (batch, ms) in enumerate(steps, 1):
+        end = {"mode": (modes or {}).get(sid, "eager")}
+        if waits_ms is not None:
+            end |= {"cpu_ns": round((ms - waits_ms[sid - 1]) * 1e6), "wait_ns": round(waits_ms[sid - 1] * 1e6),
+                    "workers": 0}
         ev.append({"name": "step.start", "ms": t, "step_id": sid, "source": "engine", "clock": "e",
                    "attrs": {"batch": [b[:items] for b in batch]}})
-        ev.append({"name": "step.end", "ms": t + ms, "step_id": sid, "source": "engine", "clock": "e",
-                   "attrs": {"mode": (modes or {}).get(sid, "eager")}})
+        ev.append({"name": "step.end", "ms": t + ms, "step_id": sid, "source": "engine", "clock": "e", "attrs": end})
         t += ms + (gaps_ms[sid - 1] if gaps_ms else 0.25)
     return ev
 
@@ -253,3 +257,27 @@ def test_steps_that_compiled_or_captured_are_left_out_of_the_fit(tmp_path):
     assert {p.step_id for p in ledger_fit_points(tmp_path / "c" / "ledger.duckdb")} == seen
     fit = {n: v for n, v in con.execute("SELECT name, value FROM step_fit").fetchall()}
     assert fit["alpha_ms"] == pytest.approx(3.0, abs=0.5) and fit["ms_per_seq"] == pytest.approx(0.4, abs=0.1)
+
+
+def test_the_fit_learns_what_a_wait_for_a_cpu_costs_on_cpu_from_the_ledger(tmp_path):
+    """A run beside co-tenants: every other step waited 10 to 20 ms for a CPU and, for it, ran 0.3 ms
+    longer on a CPU per ms it waited, up to its own time (cpu_ms = the work T_0 + κ · min(contention_ms,
+    T_0)). The ledger hands the fit
+    each step's wait (ledger_fit_points), step_fit lists κ as ms_per_wait_ms, and each step's prediction
+    in step_fit_points carries its own κ · wait."""
+    rng, kappa = random.Random(9), 0.3
+    steps, waits = [], []
+    for rows, ms in _steps((1, 2, 4, 8, 16), (32, 256, 2048)) + _steps((0, 1, 2), (64, 512), prefill=48):
+        wait = rng.uniform(10.0, 20.0) if len(steps) % 2 else 0.0
+        steps.append((rows, ms + kappa * min(wait, ms) + wait))  # the wall time: the on-CPU time and the wait
+        waits.append(wait)
+    manifest = {"run_id": "co", "model": {"architecture": SMOL_ARCH, "dtype": BF16}, "device_params": BENCH}
+    build_run(tmp_path / "co", _step_events(steps, waits_ms=waits), domains=("e",), manifest=manifest).close()
+    points = ledger_fit_points(tmp_path / "co")
+    assert [p.wait_ms for p in points] == pytest.approx(waits, abs=1e-6)
+    con = duckdb.connect(str(tmp_path / "co" / "ledger.duckdb"), read_only=True)
+    fit = {n: (v, u) for n, v, u in con.execute("SELECT name, value, unit FROM step_fit").fetchall()}
+    assert fit["ms_per_wait_ms"][0] == pytest.approx(kappa, abs=0.03) and fit["ms_per_wait_ms"][1] == "ms/ms"
+    assert fit["alpha_ms"][0] == pytest.approx(3.0, abs=0.5) and fit["held_out_median_abs_pct"][0] < 2.0
+    got = con.execute("SELECT max(abs(error_pct)) FROM step_fit_points").fetchone()[0]
+    assert got < 5.0
