@@ -192,10 +192,12 @@ def test_an_arrival_that_follows_another_attempt_moves_with_its_simulated_end_or
 
 def test_a_step_waits_for_a_cpu_as_the_real_host_did_at_that_time(tmp_path):
     plan = [SimRequest("a", 0.0, distinct_prompt(0, 8, QWEN3_8B.shape.vocab), 4)]
-    # the real steps waited half their time in [0, 25] ms: a step starting then lasts 10 / (1 − 0.5) ms
-    host = HostReplay(contention=((0.0, 25.0, 0.5), (60.0, 70.0, 0.2)))
+    # the real steps waited half their time from 0 ms, a fifth from 50 ms: a step starting in [0, 50) lasts
+    # 10 / (1 − 0.5) ms (the real engine's idle gap [25, 50) holds the share it last measured), then 10 / 0.8
+    host = HostReplay(contention=((0.0, 25.0, 0.5), (50.0, 70.0, 0.2)))
     res = simulate(tmp_path / "r", plan, engine_config=CFG, step_model=TEN_MS, host=host)
     _, starts = _enqueued_and_starts(res.run_dir)
-    assert [s[0] for s in starts] == [0, 20_000_000, 40_000_000, 50_000_000]  # 20, 20 (starts at 20), 10, 10
-    assert res.end_ms == 60.0
-    assert host.describe()["contention_share"] == pytest.approx((25 * 0.5 + 10 * 0.2) / 35)
+    assert [s[0] for s in starts] == [0, 20_000_000, 40_000_000, 60_000_000]
+    assert res.end_ms == 72.5
+    assert HostReplay(contention=((5.0, 6.0, 0.25),)).share_at(1.0) == 0.25  # before the first: the first's
+    assert host.describe()["contention_share"] == pytest.approx((25 * 0.5 + 20 * 0.2) / 45)

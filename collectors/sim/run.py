@@ -83,16 +83,19 @@ class HostReplay:
     `first_wake_ms`, `wake_ms`: from the arrival that wakes an idle engine to its next step's start, the
     engine's first wake-up of the run (its loop thread starting) and any later one (the thread's wake-up); the
     arrivals inside that window meet one step, as on the real engine. `contention`: (from_ms, to_ms, share) periods, the share of the real
-    steps' wall time spent waiting for a CPU then; a simulated step starting inside one lasts its modelled
-    (uncontended) time / (1 − share). Outside every period nothing is added."""
+    steps' wall time spent waiting for a CPU then; a simulated step lasts its modelled (uncontended) time /
+    (1 − share) of the last period that started at or before it (of the first, before any)."""
     first_wake_ms: float = 0.0
     wake_ms: float = 0.0
     contention: tuple[tuple[float, float, float], ...] = ()
     source: str = "none: no host time added"
 
     def share_at(self, t_ms: float) -> float:
-        i = bisect.bisect_right(self._starts, t_ms) - 1
-        return self.contention[i][2] if i >= 0 and t_ms <= self.contention[i][1] else 0.0
+        """The share of the last real step that started at or before t_ms (the first's before it): the host's
+        contention as the engine last measured it, held across the real engine's idle gaps."""
+        if not self.contention:
+            return 0.0
+        return self.contention[max(0, bisect.bisect_right(self._starts, t_ms) - 1)][2]
 
     @property
     def _starts(self) -> list[float]:
