@@ -205,7 +205,9 @@ SELECT arg_min(wake_ms, step_id) AS first_wake_ms,
        quantile_cont(wake_ms, 0.5) FILTER (WHERE step_id > (SELECT min(step_id) FROM w)) AS wake_ms,
        count(*) AS n FROM w"""
 
-# each real step's share of wall time spent waiting for a CPU (step_model.contention_ms), with its start and end
+# each real step's share of wall time spent waiting for a CPU (step_model.contention_ms), with its start and end;
+# and the median host time between two steps the engine worked across (step_model.gap_after_ms)
+GAP_SQL = "SELECT quantile_cont(gap_after_ms, 0.5) AS gap_ms, count(gap_after_ms) AS n FROM step_model"
 
 
 CONTENTION_PERIODS_SQL = """
@@ -217,19 +219,22 @@ WHERE m.contention_ms IS NOT NULL ORDER BY s.ts_ns"""
 
 def host_replay(led, done: list[dict]) -> HostReplay:
     """What run real's host added around its steps, from its own events: the engine's first idle wake-up, the
-    median of its later ones (the first where there is no other) and its steps' contention by time, from the
-    first replayed arrival (the simulation's time 0)."""
+    median of its later ones (the first where there is no other), its steps' contention by time, from the
+    first replayed arrival (the simulation's time 0), and its median host time between steps (None where it
+    has none: the fit's own)."""
     t0 = min(a["enqueued_ns"] for a in done)
     cols, rows = led.rows(WAKE_SQL)
     wake = dict(zip(cols, rows[0]))
     periods = tuple(((s - t0) / 1e6, (e - t0) / 1e6, max(0.0, sh))
                     for s, e, sh in led.rows(CONTENTION_PERIODS_SQL)[1] if sh is not None)
     first = wake["first_wake_ms"] or 0.0
+    gap_ms, n_gaps = led.rows(GAP_SQL)[1][0]
     return HostReplay(first_wake_ms=first, wake_ms=first if wake["wake_ms"] is None else wake["wake_ms"],
-                      contention=periods,
+                      contention=periods, gap_ms=gap_ms,
                       source=f"run real: its first and the median of its other {max(0, wake['n'] - 1)} idle wake-ups "
-                             f"(engine.enqueued → step.start) and the contention_ms / wall time of its {len(periods)} "
-                             "steps whose wait is known")
+                             f"(engine.enqueued → step.start), the contention_ms / wall time of its {len(periods)} "
+                             f"steps whose wait is known and the median of its {n_gaps} gaps between steps "
+                             "(step_model.gap_after_ms)")
 
 
 # the real engine's block traffic: which attempt filled each block (kv.alloc), which cached blocks each attempt's

@@ -201,3 +201,31 @@ def test_a_step_waits_for_a_cpu_as_the_real_host_did_at_that_time(tmp_path):
     assert res.end_ms == 72.5
     assert HostReplay(contention=((5.0, 6.0, 0.25),)).share_at(1.0) == 0.25  # before the first: the first's
     assert host.describe()["contention_share"] == pytest.approx((25 * 0.5 + 20 * 0.2) / 45)
+
+
+class WorkAndGap:
+    """10 ms of work and 2 ms of host time after it (a fitted model tells them apart)."""
+    name = "work-and-gap"
+
+    def work_ms(self, rows):
+        return 10.0
+
+    def gap_ms(self, rows):
+        return 2.0
+
+    def step_ns(self, rows):
+        return 12_000_000
+
+    def describe(self):
+        return {"name": self.name, "formula": "10 ms + 2 ms", "parameters": {}}
+
+
+def test_only_a_steps_work_waits_for_a_cpu_and_the_real_hosts_gap_replaces_the_models(tmp_path):
+    plan = [SimRequest("a", 0.0, distinct_prompt(0, 8, QWEN3_8B.shape.vocab), 2)]
+    host = HostReplay(contention=((0.0, 100.0, 0.5),), gap_ms=1.0)
+    res = simulate(tmp_path / "r", plan, engine_config=CFG, step_model=WorkAndGap(), host=host)
+    assert res.end_ms == 2 * (10 / 0.5 + 1)  # the gap measured on the real host already holds its waits
+    res = simulate(tmp_path / "s", plan, engine_config=CFG, step_model=WorkAndGap(),
+                   host=HostReplay(contention=((0.0, 100.0, 0.5),)))
+    assert res.end_ms == 2 * (10 / 0.5 + 2)  # no gap measured: the model's
+    assert res.manifest["simulation"]["host_replay"]["gap_ms"] is None

@@ -121,3 +121,5 @@ def test_the_hosts_wake_ups_and_contention_come_from_the_real_runs_own_steps(tmp
     # the first wake-up: a's arrival to step 1 (3 ms); the others: median of 0.5, 0.25 and 1.0
     assert (host.first_wake_ms, host.wake_ms) == (3.0, 0.5)
     assert host.contention[:3] == ((3.0, 13.0, 0.5), (13.5, 23.5, 0.0), (90.5, 100.5, 0.1))
+    # the gaps the engine worked across: after step 1 only (the others were followed by an idle wait)
+    assert host.gap_ms == 0.5

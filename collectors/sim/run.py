@@ -84,10 +84,14 @@ class HostReplay:
     engine's first wake-up of the run (its loop thread starting) and any later one (the thread's wake-up); the
     arrivals inside that window meet one step, as on the real engine. `contention`: (from_ms, to_ms, share) periods, the share of the real
     steps' wall time spent waiting for a CPU then; a simulated step lasts its modelled (uncontended) time /
-    (1 − share) of the last period that started at or before it (of the first, before any)."""
+    (1 − share) of the last period that started at or before it (of the first, before any). `gap_ms`: the
+    real host's time between two steps the engine worked across (None: the step model's own); with a step
+    model that tells its work from its gap (`work_ms` / `gap_ms`, as FittedStepModel does), only the work
+    waits for a CPU (a measured gap already holds its host's waits)."""
     first_wake_ms: float = 0.0
     wake_ms: float = 0.0
     contention: tuple[tuple[float, float, float], ...] = ()
+    gap_ms: float | None = None
     source: str = "none: no host time added"
 
     def share_at(self, t_ms: float) -> float:
@@ -104,12 +108,14 @@ class HostReplay:
     def describe(self) -> dict:
         busy = sum(c[1] - c[0] for c in self.contention)
         waited = sum((c[1] - c[0]) * c[2] for c in self.contention)
-        return {"first_wake_ms": self.first_wake_ms, "wake_ms": self.wake_ms, "contention_periods": len(self.contention),
+        return {"first_wake_ms": self.first_wake_ms, "wake_ms": self.wake_ms, "gap_ms": self.gap_ms,
+                "contention_periods": len(self.contention),
                 "contention_share": waited / busy if busy else None, "source": self.source}
 
 
-class ContendedStepModel:
-    """A step model whose steps also wait for a CPU as the real host's did at the same time (HostReplay)."""
+class HostStepModel:
+    """A step model whose steps also wait for a CPU as the real host's did at the same time, and are as far
+    apart as the real host's (HostReplay)."""
 
     def __init__(self, inner: StepModel, host: HostReplay, now_ns) -> None:
         self.inner, self.host, self.now_ns = inner, host, now_ns
@@ -117,7 +123,10 @@ class ContendedStepModel:
 
     def step_ns(self, rows) -> int:
         share = min(self.host.share_at(self.now_ns() / 1e6), MAX_SHARE)
-        return round(self.inner.step_ns(rows) / (1.0 - share))
+        if not hasattr(self.inner, "work_ms"):
+            return round(self.inner.step_ns(rows) / (1.0 - share))
+        gap = self.inner.gap_ms(rows) if self.host.gap_ms is None else self.host.gap_ms
+        return round((self.inner.work_ms(rows) / (1.0 - share) + gap) * 1e6)
 
     def describe(self) -> dict:
         return {**self.inner.describe(), "host": self.host.describe()}
@@ -259,8 +268,8 @@ def simulate(run_dir: str | Path, requests: list[SimRequest], *, engine_config: 
     run_id = run_id or run_dir.name
     clock_id = f"sim:{run_id}"
     clock = SimClock()
-    if host is not None and host.contention:
-        step_model = ContendedStepModel(step_model, host, clock.now_ns)
+    if host is not None and (host.contention or host.gap_ms is not None):
+        step_model = HostStepModel(step_model, host, clock.now_ns)
     runner = SimRunner(model_config, num_blocks=num_blocks, block_size=cfg.block_size, clock=clock,
                        step_model=step_model, kv_dtype=kv_dtype)
     with building_run_dir(run_dir) as staging, RunWriter(staging, run_id) as writer:
