@@ -192,15 +192,17 @@ def test_an_arrival_that_follows_another_attempt_moves_with_its_simulated_end_or
 
 def test_a_step_waits_for_a_cpu_as_the_real_host_did_at_that_time(tmp_path):
     plan = [SimRequest("a", 0.0, distinct_prompt(0, 8, QWEN3_8B.shape.vocab), 4)]
-    # the real steps waited half their time from 0 ms, a fifth from 50 ms: a step starting in [0, 50) lasts
-    # 10 / (1 − 0.5) ms (the real engine's idle gap [25, 50) holds the share it last measured), then 10 / 0.8
-    host = HostReplay(contention=((0.0, 25.0, 0.5), (50.0, 70.0, 0.2)))
+    # the real steps waited half their time from 0 ms, a fifth from 45 ms (the real engine's idle gap [25, 45)
+    # holds the share it last measured): a step's 10 ms of work over [0, 10] or [20, 30] lasts 10 / (1 − 0.5);
+    # over [40, 50], half at 0.5 and half at 0.2, 10 / (1 − 0.35); then 10 / (1 − 0.2)
+    host = HostReplay(contention=((0.0, 25.0, 0.5), (45.0, 70.0, 0.2)))
     res = simulate(tmp_path / "r", plan, engine_config=CFG, step_model=TEN_MS, host=host)
     _, starts = _enqueued_and_starts(res.run_dir)
-    assert [s[0] for s in starts] == [0, 20_000_000, 40_000_000, 60_000_000]
-    assert res.end_ms == 72.5
+    assert [s[0] for s in starts] == [0, 20_000_000, 40_000_000, 55_384_615]
+    assert res.end_ms == 67.884615
+    assert host.share_over(40.0, 50.0) == pytest.approx(0.35) and host.share_over(30.0, 40.0) == 0.5
     assert HostReplay(contention=((5.0, 6.0, 0.25),)).share_at(1.0) == 0.25  # before the first: the first's
-    assert host.describe()["contention_share"] == pytest.approx((25 * 0.5 + 20 * 0.2) / 45)
+    assert host.describe()["contention_share"] == pytest.approx((25 * 0.5 + 25 * 0.2) / 50)
 
 
 class WorkAndGap:

@@ -83,8 +83,9 @@ class HostReplay:
     `first_wake_ms`, `wake_ms`: from the arrival that wakes an idle engine to its next step's start, the
     engine's first wake-up of the run (its loop thread starting) and any later one (the thread's wake-up); the
     arrivals inside that window meet one step, as on the real engine. `contention`: (from_ms, to_ms, share) periods, the share of the real
-    steps' wall time spent waiting for a CPU then; a simulated step lasts its modelled (uncontended) time /
-    (1 − share) of the last period that started at or before it (of the first, before any). `gap_ms`: the
+    steps' wall time spent waiting for a CPU then, each holding until the next starts (the first's before
+    it); a simulated step lasts its modelled (uncontended) time / (1 − share), the share averaged over the
+    time that modelled step spans. `gap_ms`: the
     real host's time between two steps the engine worked across (None: the step model's own); with a step
     model that tells its work from its gap (`work_ms` / `gap_ms`, as FittedStepModel does), only the work
     waits for a CPU (a measured gap already holds its host's waits)."""
@@ -100,6 +101,20 @@ class HostReplay:
         if not self.contention:
             return 0.0
         return self.contention[max(0, bisect.bisect_right(self._starts, t_ms) - 1)][2]
+
+    def share_over(self, t0_ms: float, t1_ms: float) -> float:
+        """share_at averaged over [t0_ms, t1_ms] (the time a step takes): each real step's share weighted by
+        how much of the window it holds, so a step is not priced by the one real step its start fell in."""
+        if not self.contention or t1_ms <= t0_ms:
+            return self.share_at(t0_ms)
+        starts = self._starts
+        i = max(0, bisect.bisect_right(starts, t0_ms) - 1)
+        total, t = 0.0, t0_ms
+        while t < t1_ms:
+            end = min(t1_ms, starts[i + 1]) if i + 1 < len(starts) else t1_ms
+            total += (end - t) * self.contention[i][2]
+            t, i = end, i + 1
+        return total / (t1_ms - t0_ms)
 
     @property
     def _starts(self) -> list[float]:
@@ -122,11 +137,14 @@ class HostStepModel:
         self.name = inner.name
 
     def step_ns(self, rows) -> int:
-        share = min(self.host.share_at(self.now_ns() / 1e6), MAX_SHARE)
+        now = self.now_ns() / 1e6
         if not hasattr(self.inner, "work_ms"):
-            return round(self.inner.step_ns(rows) / (1.0 - share))
+            work = self.inner.step_ns(rows) / 1e6
+            return round(work / (1.0 - min(self.host.share_over(now, now + work), MAX_SHARE)) * 1e6)
+        work = self.inner.work_ms(rows)
+        share = min(self.host.share_over(now, now + work), MAX_SHARE)
         gap = self.inner.gap_ms(rows) if self.host.gap_ms is None else self.host.gap_ms
-        return round((self.inner.work_ms(rows) / (1.0 - share) + gap) * 1e6)
+        return round((work / (1.0 - share) + gap) * 1e6)
 
     def describe(self) -> dict:
         return {**self.inner.describe(), "host": self.host.describe()}
