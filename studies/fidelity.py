@@ -7,12 +7,15 @@ contention-free time, with the host time between steps as a second term). `real`
 workload under test (`--workload W.toml`, else the study's own second mix), retries, timeouts and
 cancellations included. `sim`: the attempts of `real` on the simulated clock, keyed on `attempt_id`: each
 attempt that reached the engine arrives when it reached it (a retry is its own attempt with its own
-arrival), with its prompt length (sharing the blocks the real prefix cache served it) and the output the
+arrival; an arrival the real client made after another attempt ended, a closed loop's or a session's
+next, comes that long after the other's simulated end: `causes`), with its prompt length (sharing the blocks the real prefix cache served it) and the output the
 engine gave it; an attempt the engine saw cancelled
 is aborted in the simulation when the real engine learned of the cancellation (engine.cancel_received),
 whatever the simulated attempt had produced by then. The simulation is the real scheduler and block
 manager with the bundled model's shape declared, each step lasting what the fit predicts for its work
-(collectors/sim/step_time.FittedStepModel). The knob is the clock: real or simulated.
+(collectors/sim/step_time.FittedStepModel), around which the real run's own host is replayed: its engine's
+idle wake-ups, its steps' contention by time and its gap between steps (`host_replay`). The knob is the
+clock: real or simulated.
 
 The comparison pairs the two runs' attempts on attempt_id and holds the server layer of request_metrics
 (ttft_server_ms, tpot_server_ms, e2e_server_ms) of the attempts both engines completed, at p50 / p99,
