@@ -289,6 +289,40 @@ def study_fidelity(rs: list[dict]) -> str:
               f"{fmt(fit['gap_per_seq_ms'], '.3f')} ms/seq; {steps}; study {fmt(f['study_wall_s'], '.0f')} s.")
 
 
+def _share(v) -> str:
+    return DASH if v is None else f"{v:.1%}"
+
+
+def fidelity_bench(rs: list[dict]) -> str:
+    f = rs[-1]["figures"]
+    judged = ("TPOT p50", "TTFT p50", "E2E p99")
+    rows = []
+    for w in f["workloads"]:
+        for k, run in enumerate(w["runs"], 1):
+            figs = {x["figure"]: x for x in run["figures"]}
+            cells = [f"{fmt(figs[n]['real_ms'], '.1f')} / {fmt(figs[n]['sim_ms'], '.1f')}: "
+                     + (DASH if figs[n]["error_ratio"] is None else f"{figs[n]['error_ratio']:+.1%}")
+                     + ("" if figs[n]["met"] else " **not met**") for n in judged]
+            rows.append([w["workload"], k, *cells, _share(run["real_contention_share"]),
+                         _share(run["fit_contention_share"]), fmt(run["fit_held_out_median_abs_pct"], ".1f", " %"),
+                         f"{run['replayed_whole']} + {run['replayed_until_cancel']}", fmt(run["study_wall_s"], ".0f", " s")])
+    spreads = [[w["workload"], s["figure"], fmt(s["spread_pct"], ".1f", " points"), met(s["spread_within"])]
+               for w in f["workloads"] for s in w["spreads"]]
+    return (table(["workload", "repeat", "TPOT p50 real / sim ms (±5 %)", "TTFT p50 (±10 %)", "E2E p99 (±10 %)",
+                   "real waiting for a CPU", "fit waiting for a CPU", "fit held-out median error",
+                   "replayed whole + until cancel", "study"], rows)
+            + "\n\n" + table(["workload", "figure", "spread over the repeats", f"within {f['spread_target_pct']:g}"],
+                              spreads)
+            + "\n\n" + targets([{"target": "every judged figure within its target, every repeat",
+                                  "measured": f"{sum(bool(x['met']) for w in f['workloads'] for r in w['runs'] for x in r['figures'] if x['target_ratio'] is not None)} of "
+                                              f"{sum(1 for w in f['workloads'] for r in w['runs'] for x in r['figures'] if x['target_ratio'] is not None)}",
+                                  "met": f["all_met"]},
+                                 {"target": f"two repeats within {f['spread_target_pct']:g} points",
+                                  "measured": f"{sum(bool(s['spread_within']) for w in f['workloads'] for s in w['spreads'])} of "
+                                              f"{sum(1 for w in f['workloads'] for s in w['spreads'])}",
+                                  "met": f["all_spreads_within"]}]))
+
+
 def microbench_cost(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
     rows = [[r["round"], fmt(r["wall_s"], ".2f", " s"), fmt(r["memory_peak_gb_s"]), fmt(r["memory_median_gb_s"]),
@@ -424,6 +458,7 @@ def _default_sweep(p: dict) -> bool:
 TABLES = {
     "study_load": TableSpec("study_load", study_load),
     "study_fidelity": TableSpec("study_fidelity", study_fidelity),
+    "fidelity_bench": TableSpec("fidelity_bench", fidelity_bench),
     "engine_throughput": TableSpec("engine_throughput", engine_throughput, _default_sweep),
     "engine_throughput.bandwidth": TableSpec("engine_throughput", engine_bandwidth, _default_sweep),
     "engine_throughput.probes": TableSpec("engine_throughput", engine_probes, _default_sweep),

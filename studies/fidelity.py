@@ -7,12 +7,15 @@ contention-free time, with the host time between steps as a second term). `real`
 workload under test (`--workload W.toml`, else the study's own second mix), retries, timeouts and
 cancellations included. `sim`: the attempts of `real` on the simulated clock, keyed on `attempt_id`: each
 attempt that reached the engine arrives when it reached it (a retry is its own attempt with its own
-arrival), with its prompt length (sharing the blocks the real prefix cache served it) and the output the
+arrival; an arrival the real client made after another attempt ended, a closed loop's or a session's
+next, comes that long after the other's simulated end: `causes`), with its prompt length (sharing the blocks the real prefix cache served it) and the output the
 engine gave it; an attempt the engine saw cancelled
 is aborted in the simulation when the real engine learned of the cancellation (engine.cancel_received),
 whatever the simulated attempt had produced by then. The simulation is the real scheduler and block
 manager with the bundled model's shape declared, each step lasting what the fit predicts for its work
-(collectors/sim/step_time.FittedStepModel). The knob is the clock: real or simulated.
+(collectors/sim/step_time.FittedStepModel), around which the real run's own host is replayed: its engine's
+idle wake-ups, its steps' contention by time and its gap between steps (`host_replay`). The knob is the
+clock: real or simulated.
 
 The comparison pairs the two runs' attempts on attempt_id and holds the server layer of request_metrics
 (ttft_server_ms, tpot_server_ms, e2e_server_ms) of the attempts both engines completed, at p50 / p99,
@@ -25,7 +28,7 @@ from functools import partial
 from pathlib import Path
 
 from inferledger.collectors.sim.declared import DeclaredModel
-from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
+from inferledger.collectors.sim.run import Follows, HostReplay, SimRequest, distinct_prompt, simulate
 from inferledger.collectors.sim.runner import emitted_token
 from inferledger.collectors.sim.step_time import FittedStepModel
 from inferledger.collectors.workload import Workload
@@ -90,12 +93,25 @@ WITH enq AS (
          TRY_CAST(json_extract(attrs, '$.max_tokens') AS BIGINT) AS max_tokens,
          coalesce(TRY_CAST(json_extract(attrs, '$.n') AS BIGINT), 1) AS n
   FROM events WHERE name = 'engine.enqueued'),
-cancel AS (SELECT attempt_id, clock, min(ts_ns) AS ns FROM events WHERE name = 'engine.cancel_received' GROUP BY ALL)
-SELECT a.attempt_id, a.request_id, a.client_status, a.server_status, a.finish_reason, a.n_tokens_engine,
-       e.prompt_tokens, e.max_tokens, e.n, e.ts_ns AS enqueued_ns, e.clock, c.ns AS cancel_ns
+cancel AS (SELECT attempt_id, clock, min(ts_ns) AS ns FROM events WHERE name = 'engine.cancel_received' GROUP BY ALL),
+fin AS (SELECT attempt_id, clock, min(ts_ns) AS ns FROM events WHERE name = 'engine.finished' GROUP BY ALL),
+sent AS (SELECT attempt_id, any_value(json_extract_string(attrs, '$.planned')) AS planned FROM events
+         WHERE name = 'attempt.sent' GROUP BY ALL)
+SELECT a.attempt_id, a.request_id, a.task_id, a.attempt_index, a.client_status, a.server_status, a.finish_reason,
+       a.n_tokens_engine, e.prompt_tokens, e.max_tokens, e.n, e.ts_ns AS enqueued_ns, e.clock, c.ns AS cancel_ns,
+       f.ns AS finished_ns, s.planned
 FROM attempts a LEFT JOIN enq e USING (attempt_id)
 LEFT JOIN cancel c ON c.attempt_id = a.attempt_id AND c.clock = e.clock
+LEFT JOIN fin f ON f.attempt_id = a.attempt_id AND f.clock = e.clock
+LEFT JOIN sent s ON s.attempt_id = a.attempt_id
 ORDER BY e.ts_ns NULLS LAST, a.attempt_id"""
+
+# each task's planned arrival (with its process: a closed loop's arrival waits for a task's end) and its end, on
+# the client's clock
+TASKS_SQL = """SELECT task_id, min(ts_ns) FILTER (WHERE name = 'arrival.planned') AS arrival_ns,
+       any_value(json_extract_string(attrs, '$.process')) FILTER (WHERE name = 'arrival.planned') AS process,
+       max(ts_ns) FILTER (WHERE name = 'task.end') AS end_ns
+FROM events WHERE name IN ('arrival.planned', 'task.end') AND task_id IS NOT NULL GROUP BY ALL"""
 
 
 def replay_plan(attempts: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -129,6 +145,99 @@ def replay_plan(attempts: list[dict]) -> tuple[list[dict], list[dict]]:
         a["arrival_ms"] = (a["enqueued_ns"] - t0) / 1e6
         a["cancel_at_ms"] = None if a["replay"] == WHOLE else (a["cancel_ns"] - t0) / 1e6
     return done, left
+
+
+def causes(done: list[dict], tasks: list[dict]) -> dict[str, Follows]:
+    """attempt_id -> the attempt whose simulated end (or arrival) sets its arrival, as the real client's did:
+    a closed loop's task arrives when a task ends (the latest end before its planned arrival that no other
+    arrival took), so its first attempts follow that task's last attempt to end; a session's next turn
+    (sent as `turn`) follows the latest end of its task's other requests before it reached the engine; a retry
+    (sent as `retry`) follows its previous attempt's arrival (its timeout counts from that send). The delay is
+    the real one (this attempt's engine.enqueued − the cause's engine.finished or engine.enqueued). Only causes
+    replayed whole count; any other attempt arrives at its own time."""
+    whole = {a["attempt_id"]: a for a in done if a["replay"] == WHOLE and a["finished_ns"] is not None}
+    by_task: dict[str, list[dict]] = {}
+    for a in done:
+        by_task.setdefault(a["task_id"], []).append(a)
+    out: dict[str, Follows] = {}
+
+    def after_end(a: dict, cause: dict | None) -> None:
+        if cause is not None and a["enqueued_ns"] >= cause["finished_ns"]:
+            out[a["attempt_id"]] = Follows(cause["attempt_id"], (a["enqueued_ns"] - cause["finished_ns"]) / 1e6)
+
+    ends = sorted((t["end_ns"], t["task_id"]) for t in tasks if t["end_ns"] is not None)
+    taken: set[str] = set()
+    for t in sorted((t for t in tasks if t["process"] == "closed" and t["arrival_ns"] is not None),
+                    key=lambda t: t["arrival_ns"]):
+        freed = [tid for ns, tid in ends if ns <= t["arrival_ns"] and tid not in taken and tid != t["task_id"]]
+        if not freed:
+            continue  # one of the loop's first arrivals
+        taken.add(freed[-1])
+        last = max((c for c in by_task.get(freed[-1], []) if c["attempt_id"] in whole),
+                   key=lambda c: c["finished_ns"], default=None)
+        for a in by_task.get(t["task_id"], []):
+            if a["planned"] == "arrival":
+                after_end(a, last)
+    for a in done:
+        if a["planned"] == "turn":
+            before = [c for c in by_task.get(a["task_id"], []) if c["attempt_id"] in whole
+                      and c["request_id"] != a["request_id"] and c["finished_ns"] <= a["enqueued_ns"]]
+            after_end(a, max(before, key=lambda c: c["finished_ns"], default=None))
+        elif a["planned"] == "retry":
+            prev = [c for c in done if c["request_id"] == a["request_id"]
+                    and c["attempt_index"] == a["attempt_index"] - 1 and c["enqueued_ns"] <= a["enqueued_ns"]]
+            if prev:
+                out[a["attempt_id"]] = Follows(prev[0]["attempt_id"],
+                                               (a["enqueued_ns"] - prev[0]["enqueued_ns"]) / 1e6, "arrival")
+    return out
+
+
+# the real engine's idle wake-ups: for each step whose every attempt reached the engine after the step before it
+# ended (the engine was idle), from the first of those arrivals to the step's start: the run's first, and the
+# median of the others (NULL where there is none)
+WAKE_SQL = """
+WITH st AS (SELECT step_id, ts_ns AS start_ns, json_extract(attrs, '$.batch') AS batch FROM events WHERE name = 'step.start'),
+en AS (SELECT step_id, ts_ns AS end_ns FROM events WHERE name = 'step.end'),
+s AS (SELECT st.*, lag(end_ns) OVER (ORDER BY st.step_id) AS prev_end FROM st JOIN en USING (step_id)),
+b AS (SELECT step_id, start_ns, prev_end, json_extract_string(unnest(from_json(batch, '["json"]')), '$[0]') AS attempt_id
+      FROM s),
+e AS (SELECT attempt_id, min(ts_ns) AS ns FROM events WHERE name = 'engine.enqueued' GROUP BY ALL),
+w AS (SELECT step_id, (start_ns - min(e.ns)) / 1e6 AS wake_ms FROM b JOIN e USING (attempt_id)
+      GROUP BY step_id, start_ns, prev_end HAVING prev_end IS NULL OR min(e.ns) > prev_end)
+SELECT arg_min(wake_ms, step_id) AS first_wake_ms,
+       quantile_cont(wake_ms, 0.5) FILTER (WHERE step_id > (SELECT min(step_id) FROM w)) AS wake_ms,
+       count(*) AS n FROM w"""
+
+# each real step's share of wall time spent waiting for a CPU (step_model.contention_ms), with its start and end;
+# and the median host time between two steps the engine worked across (step_model.gap_after_ms)
+GAP_SQL = "SELECT quantile_cont(gap_after_ms, 0.5) AS gap_ms, count(gap_after_ms) AS n FROM step_model"
+
+
+CONTENTION_PERIODS_SQL = """
+SELECT s.ts_ns AS start_ns, e.ts_ns AS end_ns, m.contention_ms / nullif(m.measured_ms, 0) AS share
+FROM step_model m JOIN events s ON s.name = 'step.start' AND s.step_id = m.step_id
+JOIN events e ON e.name = 'step.end' AND e.step_id = m.step_id
+WHERE m.contention_ms IS NOT NULL ORDER BY s.ts_ns"""
+
+
+def host_replay(led, done: list[dict]) -> HostReplay:
+    """What run real's host added around its steps, from its own events: the engine's first idle wake-up, the
+    median of its later ones (the first where there is no other), its steps' contention by time, from the
+    first replayed arrival (the simulation's time 0), and its median host time between steps (None where it
+    has none: the fit's own)."""
+    t0 = min(a["enqueued_ns"] for a in done)
+    cols, rows = led.rows(WAKE_SQL)
+    wake = dict(zip(cols, rows[0]))
+    periods = tuple(((s - t0) / 1e6, (e - t0) / 1e6, max(0.0, sh))
+                    for s, e, sh in led.rows(CONTENTION_PERIODS_SQL)[1] if sh is not None)
+    first = wake["first_wake_ms"] or 0.0
+    gap_ms, n_gaps = led.rows(GAP_SQL)[1][0]
+    return HostReplay(first_wake_ms=first, wake_ms=first if wake["wake_ms"] is None else wake["wake_ms"],
+                      contention=periods, gap_ms=gap_ms,
+                      source=f"run real: its first and the median of its other {max(0, wake['n'] - 1)} idle wake-ups "
+                             f"(engine.enqueued → step.start), the contention_ms / wall time of its {len(periods)} "
+                             f"steps whose wait is known and the median of its {n_gaps} gaps between steps "
+                             "(step_model.gap_after_ms)")
 
 
 # the real engine's block traffic: which attempt filled each block (kv.alloc), which cached blocks each attempt's
@@ -188,17 +297,21 @@ def _simulate(run_dir: Path, run_id: str, bundle) -> None:
         if not done:
             raise StudyError("run real: no attempt reached the engine, nothing to simulate")
         sources = prefix_sources(led.rows(KV_SQL)[1])
+        cols, rows = led.rows(TASKS_SQL)
+        follows = causes(done, [dict(zip(cols, r)) for r in rows])
+        host = host_replay(led, done)
     manifest = Manifest.read(runs_dir / "real")
     cfg = {k: v for k, v in manifest.block("engine_config").items() if k in EngineConfig.__dataclass_fields__}
     config = EngineConfig(**cfg)
     prompts = replay_prompts(done, sources, config.block_size, bundle.config.shape.vocab,
                              set(bundle.config.eos_ids or []))
     requests = [SimRequest(a["request_id"], a["arrival_ms"], prompts[a["attempt_id"]], a["tokens"],
-                           cancel_at_ms=a["cancel_at_ms"], attempt_id=a["attempt_id"]) for a in done]
+                           cancel_at_ms=a["cancel_at_ms"], attempt_id=a["attempt_id"],
+                           follows=follows.get(a["attempt_id"])) for a in done]
     simulate(run_dir, requests, engine_config=config,
              step_model=FittedStepModel(fit, manifest.model_shape()),
              model=DeclaredModel(manifest.block("model").get("name") or "bundled", bundle.config, bundle.dtype),
-             run_id=run_id, workload="the attempts of run real, as its engine received them")
+             run_id=run_id, workload="the attempts of run real, as its engine received them", host=host)
     # what was replayed of run real, declared beside the plan (the study's replay table reads it)
     sim = Manifest.read(run_dir)
     sim.body["workload"]["replay"] = {"of_run": "real", "attempts": len(attempts),

@@ -12,7 +12,7 @@ import pytest
 
 from inferledger.collectors.sim.clock import SimClock
 from inferledger.collectors.sim.declared import QWEN3_8B
-from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
+from inferledger.collectors.sim.run import Follows, HostReplay, SimRequest, distinct_prompt, simulate
 from inferledger.collectors.sim.step_time import BookStepModel, causal_pairs
 from inferledger.engine.params import EngineConfig
 from inferledger.ledger.query import open_ledger
@@ -147,3 +147,87 @@ def test_each_attempt_of_a_request_is_its_own_arrival_and_a_cancel_aborts_that_a
     with pytest.raises(ValueError, match=r"attempt ids must be distinct \(a retry is its own attempt\)"):
         simulate(tmp_path / "s", [plan[0], SimRequest("c", 1.0, prompt, 2, attempt_id="a#1")], engine_config=CFG,
                  step_model=TEN_MS)
+
+
+def _enqueued_and_starts(run: Path) -> tuple[list[tuple], list[tuple]]:
+    ev = _events(run)
+    starts = [(e[1], [b[0] for b in json.loads(e[6])["batch"]]) for e in ev if e[0] == "step.start"]
+    return [(e[3], e[1]) for e in ev if e[0] == "engine.enqueued"], starts
+
+
+def test_an_idle_engine_starts_its_step_after_the_hosts_wake_up_and_a_burst_meets_one_step(tmp_path):
+    vocab = QWEN3_8B.shape.vocab
+    plan = [SimRequest("a", 0.0, distinct_prompt(0, 8, vocab), 1), SimRequest("b", 2.0, distinct_prompt(1, 8, vocab), 1),
+            SimRequest("c", 100.0, distinct_prompt(2, 8, vocab), 1),
+            SimRequest("d", 100.25, distinct_prompt(3, 8, vocab), 1)]
+    res = simulate(tmp_path / "r", plan, engine_config=CFG, step_model=TEN_MS,
+                   host=HostReplay(first_wake_ms=3.0, wake_ms=0.5))
+    enq, starts = _enqueued_and_starts(res.run_dir)
+    assert enq == [("a", 0), ("b", 2_000_000), ("c", 100_000_000), ("d", 100_250_000)]
+    # the first wake-up (3 ms) lets b join a's step; a later one (0.5 ms) lets d, 0.25 ms behind c, join c's
+    assert starts == [(3_000_000, ["a", "b"]), (100_500_000, ["c", "d"])]
+    assert res.manifest["simulation"]["host_replay"]["first_wake_ms"] == 3.0
+    bare = simulate(tmp_path / "s", plan, engine_config=CFG, step_model=TEN_MS)
+    assert _enqueued_and_starts(bare.run_dir)[1] == [(0, ["a"]), (10_000_000, ["b"]), (100_000_000, ["c"]),
+                                                     (110_000_000, ["d"])]
+
+
+def test_an_arrival_that_follows_another_attempt_moves_with_its_simulated_end_or_arrival(tmp_path):
+    vocab = QWEN3_8B.shape.vocab
+    plan = [SimRequest("a", 0.0, distinct_prompt(0, 8, vocab), 4),  # tokens at 10, 20, 30, 40: ends at 40
+            # a closed loop's next request: 5 ms after a's end, whatever its own recorded arrival (500)
+            SimRequest("b", 500.0, distinct_prompt(1, 8, vocab), 2, follows=Follows("a", 5.0)),
+            # b's retry, 30 ms after b's arrival, with its cancellation 12 ms after its own arrival
+            SimRequest("b", 530.0, distinct_prompt(1, 8, vocab), 3, cancel_at_ms=542.0, attempt_id="b#2",
+                       follows=Follows("b", 30.0, "arrival")),
+            # it follows an attempt that is not in the plan: its own time
+            SimRequest("c", 200.0, distinct_prompt(2, 8, vocab), 1, follows=Follows("gone", 1.0))]
+    res = simulate(tmp_path / "r", plan, engine_config=CFG, step_model=TEN_MS)
+    enq, _ = _enqueued_and_starts(res.run_dir)
+    assert enq == [("a", 0), ("b", 45_000_000), ("b", 75_000_000), ("c", 200_000_000)]
+    cancels = [(e[3], e[1]) for e in _events(res.run_dir) if e[0] == "engine.cancel_received"]
+    assert cancels == [("b", 87_000_000)]
+    assert res.manifest["workload"]["plan"][1]["follows"] == {"attempt": "a", "delay_ms": 5.0, "on": "end"}
+
+
+def test_a_step_waits_for_a_cpu_as_the_real_host_did_at_that_time(tmp_path):
+    plan = [SimRequest("a", 0.0, distinct_prompt(0, 8, QWEN3_8B.shape.vocab), 4)]
+    # the real steps waited half their time from 0 ms, a fifth from 45 ms (the real engine's idle gap [25, 45)
+    # holds the share it last measured): a step's 10 ms of work over [0, 10] or [20, 30] lasts 10 / (1 − 0.5);
+    # over [40, 50], half at 0.5 and half at 0.2, 10 / (1 − 0.35); then 10 / (1 − 0.2)
+    host = HostReplay(contention=((0.0, 25.0, 0.5), (45.0, 70.0, 0.2)))
+    res = simulate(tmp_path / "r", plan, engine_config=CFG, step_model=TEN_MS, host=host)
+    _, starts = _enqueued_and_starts(res.run_dir)
+    assert [s[0] for s in starts] == [0, 20_000_000, 40_000_000, 55_384_615]
+    assert res.end_ms == 67.884615
+    assert host.share_over(40.0, 50.0) == pytest.approx(0.35) and host.share_over(30.0, 40.0) == 0.5
+    assert HostReplay(contention=((5.0, 6.0, 0.25),)).share_at(1.0) == 0.25  # before the first: the first's
+    assert host.describe()["contention_share"] == pytest.approx((25 * 0.5 + 25 * 0.2) / 50)
+
+
+class WorkAndGap:
+    """10 ms of work and 2 ms of host time after it (a fitted model tells them apart)."""
+    name = "work-and-gap"
+
+    def work_ms(self, rows):
+        return 10.0
+
+    def gap_ms(self, rows):
+        return 2.0
+
+    def step_ns(self, rows):
+        return 12_000_000
+
+    def describe(self):
+        return {"name": self.name, "formula": "10 ms + 2 ms", "parameters": {}}
+
+
+def test_only_a_steps_work_waits_for_a_cpu_and_the_real_hosts_gap_replaces_the_models(tmp_path):
+    plan = [SimRequest("a", 0.0, distinct_prompt(0, 8, QWEN3_8B.shape.vocab), 2)]
+    host = HostReplay(contention=((0.0, 100.0, 0.5),), gap_ms=1.0)
+    res = simulate(tmp_path / "r", plan, engine_config=CFG, step_model=WorkAndGap(), host=host)
+    assert res.end_ms == 2 * (10 / 0.5 + 1)  # the gap measured on the real host already holds its waits
+    res = simulate(tmp_path / "s", plan, engine_config=CFG, step_model=WorkAndGap(),
+                   host=HostReplay(contention=((0.0, 100.0, 0.5),)))
+    assert res.end_ms == 2 * (10 / 0.5 + 2)  # no gap measured: the model's
+    assert res.manifest["simulation"]["host_replay"]["gap_ms"] is None

@@ -4,10 +4,13 @@ what the real engine's prefix cache shared."""
 from __future__ import annotations
 
 import pytest
+from ledger_util import build_run
 
-from inferledger.collectors.sim.run import distinct_prompt
+from inferledger.collectors.sim.run import Follows, distinct_prompt
 from inferledger.collectors.sim.runner import emitted_token
-from inferledger.studies.fidelity import contention_sentence, prefix_sources, replay_plan, replay_prompts
+from inferledger.ledger.query import open_ledger
+from inferledger.studies.fidelity import (causes, contention_sentence, host_replay, prefix_sources, replay_plan,
+                                          replay_prompts)
 from inferledger.studies.framework import StudyError
 
 
@@ -69,3 +72,54 @@ def test_contention_is_named_measured_partly_measured_or_unknown_never_zero():
     assert "(the 4 of 10 steps whose wait is known)" in contention_sentence({**c, "n_steps_known": 4})
     unknown = {**c, "n_steps_known": 0, "contention_ms": None, "step_ms": None, "contention_share": None}
     assert contention_sentence(unknown).startswith("run real's contention is unknown (none of its 10 steps")
+
+
+def _done(aid, task, *, enq, fin=None, planned="arrival", index=1, replay="whole"):
+    return {"attempt_id": aid, "request_id": aid.rsplit(":", 1)[0], "task_id": task, "attempt_index": index,
+            "enqueued_ns": enq, "finished_ns": fin, "planned": planned, "replay": replay}
+
+
+def test_an_arrival_the_real_client_made_after_another_attempt_follows_it_in_the_simulation():
+    ms = 1_000_000
+    done = [_done("T1:R1:A1", "T1", enq=0, fin=100 * ms), _done("T2:R1:A1", "T2", enq=1 * ms, fin=300 * ms),
+            # closed loop: T3 took the slot T1's end freed (T1 ended first), T4 the one T2's end freed
+            _done("T3:R1:A1", "T3", enq=114 * ms, fin=400 * ms), _done("T4:R1:A1", "T4", enq=320 * ms, fin=450 * ms),
+            # T4's session turn after its first request, and T3's retry 200 ms after its first attempt
+            _done("T4:R2:A1", "T4", enq=800 * ms, fin=900 * ms, planned="turn"),
+            _done("T3:R1:A2", "T3", enq=314 * ms, fin=700 * ms, planned="retry", index=2),
+            # T5 took the slot of T6, whose only attempt was cancelled: its own time
+            _done("T6:R1:A1", "T6", enq=2 * ms, replay="until_cancel"), _done("T5:R1:A1", "T5", enq=990 * ms)]
+    tasks = [{"task_id": t, "process": "closed", "arrival_ns": a, "end_ns": e} for t, a, e in
+             [("T1", 0, 101 * ms), ("T2", 0, 302 * ms), ("T6", 0, 980 * ms), ("T3", 110 * ms, 701 * ms),
+              ("T4", 310 * ms, 901 * ms), ("T5", 985 * ms, None)]]
+    assert causes(done, tasks) == {"T3:R1:A1": Follows("T1:R1:A1", 14.0), "T4:R1:A1": Follows("T2:R1:A1", 20.0),
+                                   "T4:R2:A1": Follows("T4:R1:A1", 350.0),
+                                   "T3:R1:A2": Follows("T3:R1:A1", 200.0, "arrival")}
+    # an open loop's arrivals follow nothing
+    assert causes(done[:2], [{**t, "process": "poisson"} for t in tasks]) == {}
+
+
+def test_the_hosts_wake_ups_and_contention_come_from_the_real_runs_own_steps(tmp_path):
+    def step(sid, start, end, batch, wait_ms):
+        return [{"name": "step.start", "ms": start, "step_id": sid, "source": "engine", "attrs": {"batch": batch}},
+                {"name": "step.end", "ms": end, "step_id": sid, "source": "engine",
+                 "attrs": {"mode": "eager", "cpu_ns": round((end - start - wait_ms) * 1e6),
+                           "wait_ns": round(wait_ms * 1e6), "workers": 0}}]
+
+    def enq(aid, ms):
+        return {"name": "engine.enqueued", "ms": ms, "attempt_id": aid, "request_id": aid, "source": "server",
+                "value": 8, "attrs": {"max_tokens": 2, "n": 1}}
+
+    events = [enq("a", 10.0), enq("b", 11.0), *step(1, 13.0, 23.0, [["a", "prefill", 8, 0], ["b", "prefill", 8, 0]], 5.0),
+              *step(2, 23.5, 33.5, [["a", "decode", 1, 8], ["b", "decode", 1, 8]], 0.0),  # busy: not a wake-up
+              enq("c", 100.0), *step(3, 100.5, 110.5, [["c", "prefill", 8, 0]], 1.0),
+              enq("d", 200.0), *step(4, 200.25, 210.25, [["d", "prefill", 8, 0]], 0.0),
+              enq("e", 300.0), *step(5, 301.0, 311.0, [["e", "prefill", 8, 0]], 0.0)]
+    build_run(tmp_path / "r", events, manifest={"run_id": "r"}).close()
+    with open_ledger(tmp_path / "r") as led:
+        host = host_replay(led, [{"enqueued_ns": 10_000_000}])
+    # the first wake-up: a's arrival to step 1 (3 ms); the others: median of 0.5, 0.25 and 1.0
+    assert (host.first_wake_ms, host.wake_ms) == (3.0, 0.5)
+    assert host.contention[:3] == ((3.0, 13.0, 0.5), (13.5, 23.5, 0.0), (90.5, 100.5, 0.1))
+    # the gaps the engine worked across: after step 1 only (the others were followed by an idle wait)
+    assert host.gap_ms == 0.5

@@ -67,12 +67,20 @@ class FittedStepModel:
     shape: object  # probes.model_shape.ModelShape
     name: str = "fit"
 
-    def step_ms(self, rows: Sequence[SimStepRow]) -> float:
+    def work_ms(self, rows: Sequence[SimStepRow]) -> float:
+        """The fit's prediction for the step's work alone (uncontended: the fit learns cpu_ms)."""
         from inferledger.costmodel.work import StepRow, step_work
 
         work = step_work(self.shape, [StepRow("decode" if r.new_tokens == 1 else "prefill", r.new_tokens,
                                               r.context_tokens) for r in rows])
-        return self.fit.predict_ms(work) + (self.fit.predict_gap_ms(len(rows)) or 0.0)
+        return self.fit.predict_ms(work)
+
+    def gap_ms(self, rows: Sequence[SimStepRow]) -> float:
+        """The fit's host time between steps after this one."""
+        return self.fit.predict_gap_ms(len(rows)) or 0.0
+
+    def step_ms(self, rows: Sequence[SimStepRow]) -> float:
+        return self.work_ms(rows) + self.gap_ms(rows)
 
     def step_ns(self, rows: Sequence[SimStepRow]) -> int:
         return round(self.step_ms(rows) * 1e6)
