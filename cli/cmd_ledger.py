@@ -13,7 +13,7 @@ from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 def reconstruct_cmd(
     run_dir: str = typer.Argument(..., help="A run directory (events/, clocks.parquet, ...), or its URL "
                                   "(file://, s3://, memory://: any store fsspec reads; needs --out), or a study "
-                                  "folder (every run, then the comparison)."),
+                                  "folder (every finished run, then the comparison)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the ledger, a file named "
                                        "*.duckdb (default RUN_DIR/ledger.duckdb)."),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", "-m", help="Most memory DuckDB may use "
@@ -105,10 +105,13 @@ def _reconstruct_study(folder: Path, options, quiet: bool, fmt: OutputFormat, ba
     wrote it, when this version knows it); `bar` shows the stages of the run being rebuilt."""
     from inferledger.cli.output import console, echo_sections, print_rows
     from inferledger.probes.run_folder import StudyIndex
-    from inferledger.studies.framework import rebuild_study
+    from inferledger.probes.study_dir import run_dirs
+    from inferledger.studies.framework import kept_runs, rebuild_study
     from inferledger.studies.registry import STUDIES
 
-    name = StudyIndex.read(folder).doc["name"]
+    doc = StudyIndex.read(folder).doc
+    name, kept = doc["name"], kept_runs(folder)
+    unfinished = [{"run": run} for run, _ in run_dirs(folder, doc) if run not in kept]  # Ctrl-C stopped them
     built = []
 
     def one(run: str, summary) -> None:
@@ -126,9 +129,13 @@ def _reconstruct_study(folder: Path, options, quiet: bool, fmt: OutputFormat, ba
         console.print("\n".join(b["path"] for b in built))
         return
     comparison = {t.name: [dict(zip(t.columns, row)) for row in t.rows] for t in tables or []}
-    if echo_sections(fmt, {"ledgers": built, **comparison}):
+    if echo_sections(fmt, {"ledgers": built, "not_finished": unfinished, **comparison}):
         return
-    if tables is None:
+    if unfinished:
+        console.print(f"the comparison was left as it was: the study is {doc['state']}, not finished: "
+                      f"{', '.join(u['run'] for u in unfinished)}; continue it with: {command_name()} study "
+                      f"{name} --resume {folder}")
+    elif tables is None:
         console.print(f"the comparison was left as it was (study {name!r}: "
                       + ("not one this version knows)" if name not in STUDIES else "it did not complete)"))
     for t in tables or []:

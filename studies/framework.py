@@ -379,14 +379,15 @@ def _write_comparison(out: Path, doc: dict, tables: list[Table]) -> None:
 
 def rebuild_study(out: str | Path, study: Study | None, build=None, on_run: Callable | None = None,
                   on_stage: Callable | None = None) -> list[Table] | None:
-    """Rebuild the ledger of every run a study folder keeps, then its comparison from the new ledgers
-    (`study`: the study that wrote the folder). The comparison is left as it was, and None returned,
+    """Rebuild the ledger of every finished run a study folder keeps (a run Ctrl-C stopped halfway is
+    left as it is, for a resume to redo), then its comparison from the new ledgers (`study`: the study
+    that wrote the folder). The comparison is left as it was, and None returned,
     where the study is not given (not one this version knows) or did not complete (its comparison
     needs every run). `build`: the ledger's BuildOptions; `on_run(name, summary)` after each run's ledger,
     `on_stage(name, stage, i, n)` as each of its ledger stages starts."""
     out = Path(out)
     doc = StudyIndex.read(out).doc
-    dirs = {name: run for name, run in fmt.run_dirs(out, doc) if run.is_dir()}
+    dirs = {name: run for name, run in fmt.run_dirs(out, doc) if finished(run)}
     for name, run in dirs.items():
         ticks = (lambda module, i, n, name=name: on_stage(name, module, i, n)) if on_stage is not None else None
         summary = reconstruct(run, build if build is not None else BuildOptions(), on_stage=ticks)

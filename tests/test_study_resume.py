@@ -304,3 +304,24 @@ def test_summary_of_an_interrupted_study_gives_the_finished_runs_and_names_the_r
     res = CliRunner().invoke(app, ["summary", str(out)])
     assert res.exit_code == 2 and "".join(f"no ledger; build them with: {command_name()} reconstruct {out}".split()) \
         in "".join(res.output.split()), res.output
+
+
+def test_reconstruct_of_an_interrupted_study_builds_the_finished_runs_and_names_the_rest(tmp_path):
+    """`reconstruct DIR` of a study Ctrl-C stopped: the finished run's ledger built again, the half-done
+    run left alone and named with how to continue, no comparison, exit 0."""
+    out = tmp_path / "s"
+    with pytest.raises(KeyboardInterrupt):
+        run_study(_study(stop_at="preemption"), out)
+    (out / "runs" / "cancel_release" / "ledger.duckdb").unlink()
+    res = CliRunner().invoke(app, ["reconstruct", str(out), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [b["run"] for b in doc["ledgers"]] == ["cancel_release"] and doc["not_finished"] == [{"run": "preemption"}]
+    assert (out / "runs" / "cancel_release" / "ledger.duckdb").exists()
+    assert not (out / "runs" / "preemption" / "ledger.duckdb").exists()
+    assert Manifest.read(out / "runs" / "preemption").body["state"] == "running"  # left as it was
+    res = CliRunner().invoke(app, ["reconstruct", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "".join(f"the comparison was left as it was: the study is interrupted, not finished: preemption; "
+                   f"continue it with: {command_name()} study e0-pair --resume {out}".split()) \
+        in "".join(res.output.split()), res.output
