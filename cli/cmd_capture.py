@@ -17,7 +17,7 @@ def capture_cmd(
                                             "make the workload (vLLM bench serve's random dataset by default)."),
     out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
     target: Optional[str] = typer.Option(None, help="'embedded' (serve the bundled engine on loopback; the default "
-                                         "unless the workload's [deployment] names a router) or the base URL of any "
+                                         "unless the workload's \\[deployment] names a router) or the base URL of any "
                                          "OpenAI-compatible server (black-box: client events only)."),
     separate_clocks: bool = typer.Option(False, help="Give the client its own clock domain and estimate the "
                                          "server's offset by round trips to /clock (as across hosts)."),
@@ -136,7 +136,7 @@ def capture_cmd(
     Two replicas behind vLLM's router: [cyan]... --target http://127.0.0.1:18200 --router-metrics
     http://127.0.0.1:18201/metrics --server runs/s1 --server runs/s2[/] (docs/CAPTURE.md "A deployment"); a
     llama.cpp replica beside them: [cyan]--replica http://127.0.0.1:18113=llamacpp[/]; or all of it in the
-    workload's [deployment] section (router, router_metrics, servers, replicas), the flags overriding it.
+    workload's \\[deployment] section (router, router_metrics, servers, replicas), the flags overriding it.
 
     Against vLLM with its own evidence: [cyan]... --target http://127.0.0.1:18100 --otlp-port 18101 --scrape-metrics[/]
     (docs/PEERS.md "Engines").

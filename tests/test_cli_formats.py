@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,36 @@ def test_the_readme_activates_the_venv_right_after_its_two_commands():
     first_block = readme.index("make demo")
     activate = readme.index(". .venv/bin/activate")
     assert first_block < activate < readme.index("## A five-minute tour") < readme.index("inferledger query")
+
+
+WIDTH = 80
+_INTENDED = re.compile(r"\s|Example|[-*•] |\d+[.)] ")  # a line the help text starts on purpose
+
+
+def _stops_short(above: str, line: str) -> bool:
+    """`above` ends a line of a help paragraph though `line`, which continues the paragraph, begins with a
+    word that would have fit after it: a hard line break of the source, not the terminal's wrap (rich
+    leaves one column free on each side, so a line holds WIDTH - 2 characters)."""
+    if not above.strip() or not line.strip() or _INTENDED.match(line[1:]):
+        return False
+    return len(above.rstrip()) - 1 + 1 + len(line.split()[0]) <= WIDTH - 2
+
+
+def test_help_paragraphs_reflow_to_the_terminal_keeping_their_example_and_list_lines():
+    for name in ("study", "summary", "capture", "doctor"):
+        res = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": str(WIDTH)})
+        assert res.exit_code == 0, res.output
+        lines = res.output.splitlines()
+        text = lines[[i for i, line in enumerate(lines) if "Usage:" in line][0] + 1:
+                     [i for i, line in enumerate(lines) if line.startswith("╭")][0]]
+        assert max(map(len, text)) <= WIDTH
+        short = [(a, b) for a, b in zip(text, text[1:]) if _stops_short(a, b)]
+        assert short == [], f"{name} --help: {short}"
+        assert "\b" not in res.output
+    study = CliRunner().invoke(app, ["study", "--help"], env={"COLUMNS": str(WIDTH)}).output
+    assert [line.split()[:3] for line in study.splitlines() if line.startswith(" Example:")] == \
+        [["Example:", "inferledger", "study"]] * 4  # one line each, as written
+    doctor = CliRunner().invoke(app, ["doctor", "--help"], env={"COLUMNS": str(WIDTH)}).output
+    assert "\n   inferledger doctor --format csv" in doctor and "\n   rapl    CPU energy counters" in doctor
+    capture = CliRunner().invoke(app, ["capture", "--help"], env={"COLUMNS": "200"}).output
+    assert "workload's [deployment] section" in capture  # a bracket is text, not markup
