@@ -12,6 +12,7 @@ from inferledger.serve import DRAIN_TIMEOUT_S
 
 
 def capture_cmd(
+    ctx: typer.Context,
     workload: Optional[Path] = typer.Option(None, "--workload", "-w", help="Workload TOML (samples/workloads/*.toml); "
                                             "the load flags below override its keys. Without it the flags alone "
                                             "make the workload (vLLM bench serve's random dataset by default)."),
@@ -24,6 +25,11 @@ def capture_cmd(
     request_rate: Optional[str] = typer.Option(None, "--request-rate", metavar="R|inf", help="Load: requests per "
                                                "second, Poisson arrivals (inf, the default without -w: every "
                                                "request at once).", rich_help_panel="Load (vLLM bench serve's names)"),
+    sweep: Optional[str] = typer.Option(None, "--sweep", metavar="RATES", help="Load: a rate sweep instead of one "
+                                        "run, e.g. 1,2,4 (req/s): `inferledger study load --set rates=RATES` against "
+                                        "--target (with --server and --seed, its only other flags), -o the study "
+                                        "folder; one capture per rate, then the knee and its first cause "
+                                        "(docs/STUDIES.md).", rich_help_panel="Load (vLLM bench serve's names)"),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, help="Load: this many tasks, one "
                                               "attempt each unless the workload asks for retries (default 100).",
                                               rich_help_panel="Load (vLLM bench serve's names)"),
@@ -141,6 +147,8 @@ def capture_cmd(
     Against vLLM with its own evidence: [cyan]... --target http://127.0.0.1:18100 --otlp-port 18101 --scrape-metrics[/]
     (docs/PEERS.md "Engines").
     """
+    if sweep is not None:
+        return _sweep(ctx, sweep, out)
     from inferledger.cli.capture_progress import run_capture
     from inferledger.cli.output import command_name, console
     from inferledger.collectors.capture.options import CaptureOptions
@@ -218,6 +226,43 @@ def capture_cmd(
         servers=tuple(server or ()), server_wait_s=server_wait, router_metrics=router_metrics, replicas=replicas)
     result = run_capture(wl, out, options)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: {command_name()} reconstruct {result.run_dir})")
+
+
+SWEEP_TAKES = ("sweep", "out", "target", "server", "seed")  # the flags that say something to `study load`
+
+
+def _sweep(ctx: typer.Context, rates: str, out: Path) -> None:
+    """`capture --sweep RATES`: the load study offering those rates to --target, into the study folder
+    `out`; a flag the study has no option for is refused, not ignored."""
+    from inferledger.cli.cmd_study import run_and_print
+    from inferledger.cli.output import OutputFormat, check_output, fail
+    from inferledger.cli.progress import progress_bar
+    from inferledger.studies.framework import StudyError, parse_sets
+
+    given = [p.opts[0] for p in ctx.command.params if p.name not in SWEEP_TAKES
+             and getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT") != "DEFAULT"]
+    if given:
+        raise typer.BadParameter(f"a sweep runs `inferledger study load`, which takes -o, --target, --server and "
+                                 f"--seed only; leave out {', '.join(given)}", param_hint="--sweep")
+    target, servers, seed = ctx.params["target"], ctx.params["server"] or [], ctx.params["seed"]
+    if len(servers) > 1:
+        raise typer.BadParameter("a sweep joins one server's folder (the one --target is)", param_hint="--server")
+    check_output(out, "--out", folder=True)
+    try:
+        with progress_bar("capture --sweep: reading the load study"):  # its code imports torch: seconds
+            from inferledger.studies.load import rates as offered
+            from inferledger.studies.registry import get_study
+
+            study = get_study("load")
+        try:
+            offered({"rates": rates})
+        except StudyError as exc:
+            raise typer.BadParameter(str(exc).removeprefix("--set rates="), param_hint="--sweep") from None
+        options = parse_sets(study, [f"rates={rates}", f"target={target or 'embedded'}",
+                                     *(f"server={s}" for s in servers), *([f"seed={seed}"] if seed is not None else [])])
+    except StudyError as exc:
+        fail(f"error: {exc}")
+    run_and_print(study, out, options, False, OutputFormat.table)
 
 
 def register(app: typer.Typer) -> None:

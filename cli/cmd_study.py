@@ -46,7 +46,7 @@ def study_cmd(
     Example: [cyan]inferledger study load --resume runs/load[/] (after Ctrl-C: the runs not yet finished)
     """
 
-    from inferledger.cli.output import check_output, console, echo_sections, fail, print_rows
+    from inferledger.cli.output import check_output, fail
     from inferledger.cli.progress import progress_bar
     from inferledger.studies.framework import StudyError, parse_sets
 
@@ -70,7 +70,15 @@ def study_cmd(
     except StudyError as exc:
         fail(f"error: {exc}")
     target = resume or out or Path("runs") / f"study-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    result = _run(study, target, options, resume is not None, fmt)
+    run_and_print(study, target, options, resume is not None, fmt)
+
+
+def run_and_print(study, target: Path, options: dict, resume: bool, fmt: OutputFormat) -> None:
+    """The study run (its progress, Ctrl-C as `_run` says), then its comparison printed in `fmt` and
+    where its folder is (shared by `study` and `capture --sweep`)."""
+    from inferledger.cli.output import console, echo_sections, print_rows
+
+    result = _run(study, target, options, resume, fmt)
     if echo_sections(fmt, {t.name: [dict(zip(t.columns, row)) for row in t.rows] for t in result.tables}):
         return
     console.print(f"[bold]{study.name}[/]: {study.question}")

@@ -29,3 +29,52 @@ def test_a_server_folder_that_cannot_be_joined_is_refused_before_anything_runs(t
                                    "--set", f"server={tmp_path / 'nothing'}"])
     assert res.exit_code == 2 and "not a `serve --out` folder" in " ".join(res.output.split()), res.output
     assert not (tmp_path / "s").exists()
+
+
+def _said(res) -> str:  # the error's words, out of its box
+    return " ".join(res.output.replace("│", " ").split())
+
+
+def test_capture_sweep_refuses_bad_rates_and_the_flags_the_study_cannot_take(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["capture", "--sweep", "1,x", "--target", "http://127.0.0.1:9", "-o", str(tmp_path / "s")])
+    assert res.exit_code == 2 and "--sweep" in res.output and \
+        "1,x: expected request rates in req/s separated by commas" in _said(res), res.output
+    res = runner.invoke(app, ["capture", "--sweep", "1,2", "--num-prompts", "5", "--input-len", "8",
+                              "-o", str(tmp_path / "s")])
+    assert res.exit_code == 2 and "leave out --num-prompts, --input-len" in _said(res), res.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_capture_sweep_is_the_load_study_against_the_target(tmp_path, monkeypatch):
+    """`capture --sweep 1,2 --target URL --seed 3 -o S` runs `study load` with those options into S and
+    prints its comparison (the study here imports a recorded run per rate instead of capturing)."""
+    from pathlib import Path
+
+    from inferledger.collectors.rundir.e0_import import import_archive
+    from inferledger.probes.run_folder import StudyIndex
+    from inferledger.studies import registry
+    from inferledger.studies.framework import Option, Study, StudyRun, Table
+
+    archive = Path(__file__).resolve().parent.parent / "samples" / "e0" / "preemption" / "archive.jsonl"
+    asked = []
+
+    def runs(options):
+        asked.append(options)
+        return [StudyRun(f"r{rate}", {"rate": rate}, lambda run_dir, run_id: import_archive(archive, run_dir,
+                                                                                             run_id=run_id))
+                for rate in options["rates"].split(",")]
+
+    def compare(done):
+        return [Table("load", "points", ["run"], [[name] for name in done.names])]
+    study = Study("load", "where is the knee?", "rate", runs, compare,
+                  options={"rates": Option("", "rates"), "target": Option("embedded", "target"),
+                           "server": Option("", "server"), "seed": Option(7, "seed", 0, 100)})
+    monkeypatch.setattr(registry, "get_study", lambda name: study)
+    out = tmp_path / "s"
+    res = CliRunner().invoke(app, ["capture", "--sweep", "1,2", "--target", "http://127.0.0.1:9", "--seed", "3",
+                                   "-o", str(out)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert asked == [{"rates": "1,2", "target": "http://127.0.0.1:9", "server": "", "seed": 3}]
+    assert StudyIndex.read(out).doc["state"] == "complete"
+    assert "load: where is the knee?" in res.output and f"study folder: {out} (2 runs, " in res.output
