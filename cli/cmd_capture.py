@@ -234,7 +234,7 @@ SWEEP_TAKES = ("sweep", "out", "target", "server", "seed")  # the flags that say
 def _sweep(ctx: typer.Context, rates: str, out: Path) -> None:
     """`capture --sweep RATES`: the load study offering those rates to --target, into the study folder
     `out`; a flag the study has no option for is refused, not ignored."""
-    from inferledger.cli.cmd_study import run_and_print
+    from inferledger.cli.study_progress import run_and_print
     from inferledger.cli.output import OutputFormat, check_output, fail
     from inferledger.cli.progress import progress_bar
     from inferledger.studies.framework import StudyError, parse_sets
