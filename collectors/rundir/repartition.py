@@ -12,8 +12,8 @@ order they are read everywhere (parts in flush order, rows in file order), a bat
 batch's partition per row is computed against those tables, the batch is split by partition keeping
 its rows' order, and each piece is appended to its partition's Parquet writer. Within a partition
 the events therefore keep their reading order, so "the earliest copy of an event wins" picks the
-same copy as before; every row is kept, copies included. Memory holds one batch and each open
-partition's rows not yet written as a row group; at most `_OPEN` writers are open at once (a
+same copy as before; every row is kept, copies included. Memory holds one batch and the partitions'
+rows not yet written as a row group (at most `_HELD_ROWS` in all); at most `_OPEN` writers are open at once (a
 partition whose writer was closed goes on in its next part, `part-00001.parquet`, read after it).
 
 The new layout is written whole beside the old one (`events.new/`, its layout record last), then
@@ -30,7 +30,6 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from inferledger.probes.events import EVENT_SCHEMA
@@ -65,19 +64,20 @@ def _finish_swap(run_dir: Path) -> bool:
 
 
 def partition_sql(buckets: int) -> str:
-    """The partition folder of each row of `batch` (its id columns, `attrs` and its row number `rn`), in
-    the batch's order, given the TEMP tables `att` (attempt -> task, request) and `req` (request -> task)."""
+    """The partition folder of each row of `batch` (its id columns, `attrs` and its row number `rn`), with
+    its `rn` (in no set order), given the TEMP tables `att` (attempt -> task, request) and `req` (request -> task)."""
+    # an engine's steps: in a deployment, the folder of the replica it served (engine-<replica_id>); read
+    # inline, so only the rows without a key parse their attrs
+    engine_id = ("CASE WHEN json_extract_string(attrs, '$.engine_id') IS NOT NULL THEN "
+                 "coalesce(json_extract_string(attrs, '$.replica_id'), json_extract_string(attrs, '$.engine_id')) END")
     return f"""
     WITH keyed AS (
-      SELECT e.rn, coalesce(e.task_id, a.task_id, r.task_id, ra.task_id, e.request_id, a.request_id, e.attempt_id) AS key,
-             -- an engine's steps: in a deployment, the folder of the replica it served (engine-<replica_id>)
-             CASE WHEN json_extract_string(e.attrs, '$.engine_id') IS NOT NULL
-                  THEN coalesce(json_extract_string(e.attrs, '$.replica_id'), json_extract_string(e.attrs, '$.engine_id'))
-             END AS engine_id
+      SELECT e.rn, e.attrs,
+             coalesce(e.task_id, a.task_id, r.task_id, ra.task_id, e.request_id, a.request_id, e.attempt_id) AS key
       FROM batch e LEFT JOIN att a USING (attempt_id) LEFT JOIN req r ON r.request_id = e.request_id
            LEFT JOIN req ra ON ra.request_id = a.request_id
     )
-    SELECT {partition_name_sql("key", "engine_id", buckets)} AS partition FROM keyed ORDER BY rn"""
+    SELECT rn, {partition_name_sql("key", engine_id, buckets)} AS partition FROM keyed"""
 
 
 class _Sinks:
@@ -154,16 +154,19 @@ def _route(con: duckdb.DuckDBPyConnection, part: Path, buckets: int, sinks: _Sin
         ids = rows.select(["task_id", "request_id", "attempt_id", "attrs"]).append_column(
             "rn", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
         con.register("batch", ids)
-        placed = con.sql(query).to_arrow_table().column("partition").combine_chunks().dictionary_encode()
+        placed = con.sql(query).to_arrow_table()
         con.unregister("batch")
-        if len(placed) != rows.num_rows:  # every row placed once: nothing dropped, nothing doubled
+        names = placed.column("partition").combine_chunks().dictionary_encode()
+        codes = np.full(rows.num_rows, -1, dtype=np.int64)  # each row's partition, put back in the batch's order
+        codes[placed.column("rn").to_numpy()] = names.indices.to_numpy(zero_copy_only=False)
+        if len(placed) != rows.num_rows or (codes < 0).any():  # every row placed once: nothing dropped, nothing doubled
             raise RepartitionError(f"{part}: repartition read {rows.num_rows} events of a batch but placed "
                                    f"{len(placed)}; the run is unchanged")
-        order = pc.sort_indices(placed.indices)  # stable: within a partition, the rows keep their order
-        rows, codes = rows.take(order), placed.indices.take(order).to_numpy()
+        order = np.argsort(codes, kind="stable")  # stable: within a partition, the rows keep their order
+        rows, codes = rows.take(order), codes[order]
         starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]) if len(codes) else np.array([], dtype=int)
         for start, end in zip(starts, [*starts[1:], len(codes)]):
-            sinks.append(placed.dictionary[codes[start]].as_py(), rows.slice(start, end - start))
+            sinks.append(names.dictionary[codes[start]].as_py(), rows.slice(start, end - start))
         read += rows.num_rows
     return read
 
