@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+import duckdb
 import fsspec
 import pyarrow.parquet as pq
 import pytest
@@ -94,6 +95,39 @@ def test_a_sample_run_repartitioned_keeps_its_ledger_and_a_kill_mid_swap_loses_n
     assert not (run / "events.old").exists() and not (run / "events.new").exists()
     after = reconstruct(run, out=tmp_path / "after.duckdb")
     assert after.n_events == before.n_events and ledger_differences(before.path, after.path) == []
+
+
+def test_one_pass_in_small_batches_and_many_parts_keeps_the_earliest_copy_and_the_ledger(tmp_path, monkeypatch):
+    from inferledger.collectors.rundir import repartition as rp
+
+    run = tmp_path / "run"
+    with RunWriter(run, "r", flush_rows=3) as w:  # four parts; the last holds a copy of e:3 with another value
+        w.clock_domain("c", host="h", kind="monotonic")
+        _emit(w, ROWS)
+        w.emit({"run_id": "r", "event_id": "e:3", "seq": 3, "source": "engine", "host": "h", "name": "engine.enqueued",
+                "ts_ns": 4000, "clock": "c", "task_id": None, "session_id": None, "request_id": "R1",
+                "attempt_id": "A1", "step_id": None, "value": 7, "attrs": "{}"})
+    before = reconstruct(run, out=tmp_path / "before.duckdb")
+    # batches of 2 rows, a row group per row, one writer open: partitions go on in part-00001, part-00002, ...
+    monkeypatch.setattr(rp, "_BATCH_ROWS", 2)
+    monkeypatch.setattr(rp, "_GROUP_ROWS", 1)
+    monkeypatch.setattr(rp, "_OPEN", 1)
+    counts = repartition(run, 8)
+    placed = {name: [e for p in sorted((run / "events" / name).glob("part-*.parquet"))
+                     for e in pq.read_table(p).column("event_id").to_pylist()] for name in counts}
+    bucket = {k: f"bucket-{md5_bucket(k, 8):04d}" for k in ("T1", "T2", "R3")}
+    want = [e for e, k in (("e:0", "T1"), ("e:1", "T1"), ("e:2", "T1"), ("e:3", "T1"), ("e:4", "T2"), ("e:5", "T2"),
+                           ("e:6", "R3"), ("e:3", "T1")) if bucket[k] == bucket["T1"]]
+    assert placed[bucket["T1"]] == want and want[-1] == "e:3"  # reading order: the copy after the first
+    record = json.loads((run / "events" / "layout.json").read_text())
+    names = [r["name"] for r in record["parts"][bucket["T1"]]]
+    assert len(names) >= 2 and names == [f"part-{i:05d}.parquet" for i in range(len(names))]
+    assert record["events"] == 11 and sum(counts.values()) == 11
+    after = reconstruct(run, out=tmp_path / "after.duckdb")
+    con = duckdb.connect(str(after.path), read_only=True)
+    assert con.execute("SELECT value FROM events WHERE event_id = 'e:3'").fetchall() == [(5.0,)]  # the earliest copy
+    con.close()
+    assert ledger_differences(before.path, after.path, tables=("events", "attempts", "request_metrics")) == []
 
 
 def test_a_writer_with_buckets_ends_a_clean_run_partitioned(tmp_path):
