@@ -73,16 +73,6 @@ def test_reconstruct_prints_the_same_bytes_with_its_bar_on_a_terminal_or_without
     assert piped_err == b""  # no terminal, no bar
 
 
-def test_a_study_prints_the_same_json_with_its_bar_on_a_terminal_or_without(tmp_path):
-    rc, piped_out, piped_err = _run(["study", "schedule-book", "-o", str(tmp_path / "a"), "-f", "json"], terminal=False)
-    assert rc == 0, piped_err
-    rc, tty_out, tty_err = _run(["study", "schedule-book", "-o", str(tmp_path / "b"), "-f", "json"], terminal=True)
-    assert rc == 0, tty_err
-    assert tty_out == piped_out and piped_out.startswith(b'{"schedule"')
-    assert b"study schedule-book: run 3/3 chunked" in tty_err
-    assert piped_err == b""
-
-
 def test_repartition_prints_the_same_json_with_its_bar_on_a_terminal_or_without(tmp_path):
     import_archive(E0 / "preemption" / "archive.jsonl", tmp_path / "a", run_id="r")
     shutil.copytree(tmp_path / "a", tmp_path / "b")
