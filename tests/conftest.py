@@ -82,3 +82,13 @@ def hf_tokenizer():
 
     path = default_model_path()
     return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray of two workers for a test module (the sharded reconstruct), shut down after it."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield ray
+    ray.shutdown()

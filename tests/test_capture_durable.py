@@ -81,7 +81,6 @@ def test_sigkill_keeps_every_flushed_attempt(tmp_path):
     assert done <= _completed(run)
 
 
-@pytest.mark.dtype  # the capture / serve command at the resolved dtype
 def test_sigterm_flushes_marks_the_manifest_and_exits_143(tmp_path):
     proc, run, done = _capture_until(tmp_path, 3)
     try:
@@ -96,7 +95,7 @@ def test_sigterm_flushes_marks_the_manifest_and_exits_143(tmp_path):
     assert done <= _completed(run)
 
 
-@pytest.mark.dtype  # the capture / serve command at the resolved dtype
+@pytest.mark.dtype  # the serve command at the resolved dtype (capture's: tests/test_resolved_dtype.py)
 def test_serve_out_flushes_while_serving_and_stops_on_sigterm(tmp_path):
     import urllib.request
 

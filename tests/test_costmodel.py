@@ -55,13 +55,15 @@ def test_smollm2_weights_and_kv_by_hand():
 
 
 @pytest.mark.slow
-def test_smollm2_shape_matches_the_bundled_gguf():
+def test_smollm2_shape_matches_the_bundled_gguf(monkeypatch):
     gguf = pytest.importorskip("gguf")
     from inferledger.engine.loader import default_model_path
 
     reader = gguf.GGUFReader(default_model_path())
     assert sum(int(t.n_elements) for t in reader.tensors) == SMOL.params
     assert not any(t.name == "output.weight" for t in reader.tensors)  # tied: no separate LM head
+    # from_gguf reads the same file through the reader parsed above (a parse of the file costs seconds)
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path: reader if str(path) == str(default_model_path()) else None)
     read = ModelShape.from_gguf(default_model_path(), "bfloat16").to_dict()
     assert {**read, "source": ""} == {**SMOL.to_dict(), "source": ""}
 

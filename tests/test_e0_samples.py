@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -29,13 +30,20 @@ def test_every_sample_folder_is_a_complete_checked_case():
 
 
 @pytest.fixture(scope="module")
-def ledgers(tmp_path_factory):
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Each archive imported and its (default, single-node) ledger built: {case: run folder}."""
     out = {}
     for case in CASES:
         run = tmp_path_factory.mktemp("e0") / case
         import_archive(E0 / case / "archive.jsonl", run)
-        out[case] = duckdb.connect(str(reconstruct(run).path), read_only=True)
+        reconstruct(run)
+        out[case] = run
     return out
+
+
+@pytest.fixture(scope="module")
+def ledgers(runs):
+    return {case: duckdb.connect(str(run / "ledger.duckdb"), read_only=True) for case, run in runs.items()}
 
 
 def _same(actual, expected) -> bool:
@@ -75,3 +83,18 @@ def test_case_matches_hand_computed_ledger(case, ledgers):
         if n == 0:
             problems.append(f"no gap {g}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_sample_archive_has_the_same_ledger_sharded_and_default(runs, local_ray, tmp_path):
+    """The sharded reconstruct on a local Ray of two workers (the run in 3 buckets) gives each archive the
+    ledger above, table for table, row for row (the other runs sharded: tests/test_scale_ray.py)."""
+    from inferledger.collectors.rundir.repartition import repartition
+    from inferledger.ledger.reconstruct import BuildOptions
+    from scale_util import ledger_differences
+
+    for case, run in runs.items():
+        copy = tmp_path / case
+        shutil.copytree(run, copy, ignore=shutil.ignore_patterns("ledger.duckdb*"))
+        repartition(copy, 3)
+        sharded = reconstruct(copy, BuildOptions(engine="ray"), out=tmp_path / f"{case}-ray.duckdb").path
+        assert ledger_differences(run / "ledger.duckdb", sharded) == [], case

@@ -87,31 +87,39 @@ spans_strategy = st.lists(
 
 
 @pytest.mark.slow
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # each a rebuild: ~0.5 s
-@given(spans=spans_strategy, with_milestones=st.booleans())
-def test_path_sum_never_exceeds_span_without_flag(tmp_path_factory, spans, with_milestones):
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cases=st.lists(st.tuples(spans_strategy, st.booleans()), min_size=1, max_size=8))
+def test_path_sum_never_exceeds_span_without_flag(tmp_path_factory, cases):
+    # each case (its spans, with or without milestones) is an attempt of its own in one run: a stream
+    # check is per attempt and stream, so the cases are checked independently at one reconstruct's cost
     ev = []
-    for i, (start, length) in enumerate(spans):
-        ev += _span(f"s{i}", start, start + length)
-    if with_milestones:
-        ev += [{"name": "attempt.sent", "ms": 10}, {"name": "attempt.done", "ms": 60}]
+    for k, (spans, with_milestones) in enumerate(cases):
+        ids = {"attempt_id": f"A{k}", "request_id": f"R{k}"}
+        for i, (start, length) in enumerate(spans):
+            ev += [dict(e, **ids) for e in _span(f"s{i}", start, start + length)]
+        if with_milestones:
+            ev += [{"name": "attempt.sent", "ms": 10, **ids}, {"name": "attempt.done", "ms": 60, **ids}]
     con = build_run(tmp_path_factory.mktemp("p") / "r", ev)
-    span_ms, path_sum, residual, unattributed, status = con.execute(
-        "select span_ms, path_sum_ms, residual_ms, unattributed_ms, status from stream_checks "
-        "where stream = 'client'").fetchone()
-    # expected values from the generated spans alone, on the 1 ms grid they live on: every span is
-    # registered; with milestones, uncovered time from sent (10) to done (60) is one await_first_byte state
-    cells = lambda a, b: set(range(a, b))  # noqa: E731
-    covered = set().union(*(cells(s, s + n) for s, n in spans))
-    lo = min([s for s, _ in spans] + ([10] if with_milestones else []))
-    hi = max([s + n for s, n in spans] + ([60] if with_milestones else []))
-    state = cells(10, 60) - covered if with_milestones else set()
-    overlap = any(a0 < b0 + bn and b0 < a0 + an for i, (a0, an) in enumerate(spans) for b0, bn in spans[i + 1:])
-    assert span_ms == hi - lo
-    assert path_sum == sum(n for _, n in spans) + len(state)
-    assert residual == span_ms - path_sum
-    assert unattributed == len(cells(lo, hi) - covered - state)
-    assert status == ("double_counted" if overlap else "unattributed" if residual > 0 else "ok")
-    # on-path intervals never overlap one another
-    iv = con.execute("select start_ns, end_ns from intervals where stream='client' and on_path order by start_ns").fetchall()
-    assert all(a[1] <= b[0] for a, b in zip(iv, iv[1:]))
+    checks = {r[0]: r[1:] for r in con.execute(
+        "select attempt_id, span_ms, path_sum_ms, residual_ms, unattributed_ms, status from stream_checks "
+        "where stream = 'client'").fetchall()}
+    assert sorted(checks) == sorted(f"A{k}" for k in range(len(cases)))
+    for k, (spans, with_milestones) in enumerate(cases):
+        span_ms, path_sum, residual, unattributed, status = checks[f"A{k}"]
+        # expected values from the generated spans alone, on the 1 ms grid they live on: every span is
+        # registered; with milestones, uncovered time from sent (10) to done (60) is one await_first_byte state
+        cells = lambda a, b: set(range(a, b))  # noqa: E731
+        covered = set().union(*(cells(s, s + n) for s, n in spans))
+        lo = min([s for s, _ in spans] + ([10] if with_milestones else []))
+        hi = max([s + n for s, n in spans] + ([60] if with_milestones else []))
+        state = cells(10, 60) - covered if with_milestones else set()
+        overlap = any(a0 < b0 + bn and b0 < a0 + an for i, (a0, an) in enumerate(spans) for b0, bn in spans[i + 1:])
+        assert span_ms == hi - lo, k
+        assert path_sum == sum(n for _, n in spans) + len(state), k
+        assert residual == span_ms - path_sum, k
+        assert unattributed == len(cells(lo, hi) - covered - state), k
+        assert status == ("double_counted" if overlap else "unattributed" if residual > 0 else "ok"), k
+        # on-path intervals never overlap one another
+        iv = con.execute("select start_ns, end_ns from intervals where stream='client' and on_path and attempt_id = ? "
+                         "order by start_ns", [f"A{k}"]).fetchall()
+        assert all(a[1] <= b[0] for a, b in zip(iv, iv[1:])), k

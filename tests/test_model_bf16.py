@@ -63,6 +63,21 @@ def bf16_bundle():
     return load_model(dtype="bfloat16")
 
 
+@pytest.fixture(scope="module")
+def fp32_logits(bundle):
+    """The fp32 parity path's logits of the 8 prompts: the reference of every bf16 matmul below, computed once."""
+    return [full_sequence_logits(bundle.model, ids) for ids in _prompts(bundle.tokenizer)]
+
+
+@pytest.fixture(scope="module")
+def fp32_greedy(bundle):
+    """The fp32 paged runner's 32 greedy tokens per prompt: the reference of every bf16 matmul, computed once."""
+    runner = ModelRunner(bundle.model, bundle.config, num_blocks=64, block_size=16, options=RunnerOptions(linear=None))
+    assert runner.k_cache.dtype == bundle.dtype
+    prompts = _prompts(bundle.tokenizer)
+    return greedy_paged(runner, prompts, 32, _blocks(runner, len(prompts), 6))
+
+
 def _fp32_margin(logits: torch.Tensor, best: int, other: int) -> float:
     """By how much fp32 preferred its own token over the one bf16 chose."""
     return (logits[best] - logits[other]).item()
@@ -77,15 +92,14 @@ def test_bf16_bundle_records_its_dtype(bf16_bundle):
 
 
 @pytest.mark.parametrize("matmul", MATMULS)
-def test_bf16_logits_within_tolerance_of_fp32(bundle, bf16_bundle, matmul):
+def test_bf16_logits_within_tolerance_of_fp32(bundle, bf16_bundle, fp32_logits, matmul):
     prompts = _prompts(bundle.tokenizer)
     assert sum(map(len, prompts)) == POSITIONS
     context, linear = MATMULS[matmul]
     if linear == "kernels":  # the fused layers' weights in panels, as the engine's runner prepares them
         assert cpu_kernels.panel_kernel() and bf16_bundle.model.fuse("kernels").prepared("kernels")
     agree = 0
-    for ids in prompts:
-        ref = full_sequence_logits(bundle.model, ids)
+    for ids, ref in zip(prompts, fp32_logits):
         with context():
             got = full_sequence_logits(bf16_bundle.model, ids, linear or "torch")
         assert got.dtype == torch.float32  # logits leave the model in fp32 whatever it computes in
@@ -100,20 +114,18 @@ def test_bf16_logits_within_tolerance_of_fp32(bundle, bf16_bundle, matmul):
 
 
 @pytest.mark.parametrize("matmul", MATMULS)
-def test_bf16_greedy_equals_fp32_up_to_a_near_tie(bundle, bf16_bundle, matmul):
+def test_bf16_greedy_equals_fp32_up_to_a_near_tie(bundle, bf16_bundle, fp32_greedy, matmul):
     """32 greedy tokens per prompt through the paged runner in each dtype: identical, or identical up
     to a first divergence where fp32's own token beat bf16's by less than NEAR_TIE logits."""
     prompts = _prompts(bundle.tokenizer)
-    outs = {}
     context, linear = MATMULS[matmul]
-    for name, b in (("fp32", bundle), ("bf16", bf16_bundle)):
-        kind = linear if name == "bf16" else None
-        runner = ModelRunner(b.model, b.config, num_blocks=64, block_size=16, options=RunnerOptions(linear=kind))
-        assert runner.k_cache.dtype == b.dtype and kind in (None, runner.linear)
-        with context() if name == "bf16" else contextlib.nullcontext():
-            outs[name] = greedy_paged(runner, prompts, 32, _blocks(runner, len(prompts), 6))
+    runner = ModelRunner(bf16_bundle.model, bf16_bundle.config, num_blocks=64, block_size=16,
+                         options=RunnerOptions(linear=linear))
+    assert runner.k_cache.dtype == bf16_bundle.dtype and linear in (None, runner.linear)
+    with context():
+        bf16 = greedy_paged(runner, prompts, 32, _blocks(runner, len(prompts), 6))
     identical = 0
-    for prompt, ref, got in zip(prompts, outs["fp32"], outs["bf16"]):
+    for prompt, ref, got in zip(prompts, fp32_greedy, bf16):
         j = next((j for j, (a, b) in enumerate(zip(ref, got)) if a != b), None)
         if j is None:
             identical += 1

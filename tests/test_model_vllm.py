@@ -21,9 +21,15 @@ SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm-0.
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def gguf_shape() -> ModelShape:
+    """The bundled model's shape at bf16, read from its GGUF (a parse costs seconds: once for the module)."""
+    return ModelShape.from_gguf(default_model_path(), "bfloat16")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, gguf_shape):
     base = tmp_path_factory.mktemp("vllm_model")
-    shape = ModelShape.from_gguf(default_model_path(), "bfloat16")  # what was served (the sample's README)
+    shape = gguf_shape  # what was served (the sample's README)
     run = base / "run"
     rejoin(SAMPLE, run)
     manifest = json.loads((run / "manifest.json").read_text())
@@ -67,7 +73,7 @@ SMOLLM2_CONFIG = {  # SmolLM2-135M-Instruct's config.json, as its model card pub
 }
 
 
-def test_import_model_config_declares_the_served_models_shape(tmp_path):
+def test_import_model_config_declares_the_served_models_shape(tmp_path, gguf_shape):
     from typer.testing import CliRunner
 
     from inferledger.cli.app import app
@@ -79,7 +85,7 @@ def test_import_model_config_declares_the_served_models_shape(tmp_path):
                                    "--reporter", "vllm-0.32.0", "--model-config", str(cfg)])
     assert res.exit_code == 0, res.output
     declared = json.loads((out / "manifest.json").read_text())["model_shape"]
-    gguf = ModelShape.from_gguf(default_model_path(), "bfloat16").to_dict()  # the same model, read from its weights
+    gguf = gguf_shape.to_dict()  # the same model, read from its weights
     assert declared["evidence"] == "declared" and declared["source"] == f"hf config {cfg}"
     assert {k: v for k, v in declared.items() if k not in ("evidence", "source")} == \
         {k: v for k, v in gguf.items() if k != "source"}

@@ -93,3 +93,33 @@ def test_hf_folder_at_the_resolved_dtype_matches_transformers_to_its_rounding(tm
         assert torch.allclose(got, ref, atol=1e-4, rtol=0)
     else:
         assert ((got - ref).norm() / ref.norm()).item() < TINY_BF16_REL_L2
+
+
+def test_a_capture_at_the_resolved_dtype_completes_every_task_and_its_manifest_says_the_dtype(resolved_bundle, tmp_path):
+    """`capture` on the model `load_model()` gives at the resolved dtype (the load itself is held above):
+    every task completes, the manifest's model and engine name that dtype."""
+    import json
+
+    import duckdb
+
+    from inferledger.collectors.capture.options import CaptureOptions
+    from inferledger.collectors.capture.run import capture
+    from inferledger.collectors.workload import Workload
+    from inferledger.ledger.reconstruct import reconstruct
+    from inferledger.probes.run_folder import Manifest
+
+    name = str(_expected()).removeprefix("torch.")
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"kind": "lookup", "prompt": "Capital of France?",
+                                                      "answer": "paris"}) + "\n")
+    (tmp_path / "arrivals.txt").write_text("0\n10\n20\n")
+    (tmp_path / "w.toml").write_text('name = "dtype"\nseed = 1\n[taskset]\nfile = "tasks.jsonl"\n[arrivals]\n'
+                                     'process = "replay"\nfile = "arrivals.txt"\n[contract]\ndeadline_ms = 120000\n'
+                                     '[client]\ntimeout_ms = 60000\n[generation]\nmax_tokens = 4\ntemperature = 0.0\n')
+    capture(Workload.load(tmp_path / "w.toml"), tmp_path / "run", CaptureOptions(max_num_seqs=2), bundle=resolved_bundle)
+    manifest = Manifest.read(tmp_path / "run")
+    assert manifest.get("state") == "complete"
+    assert manifest.weights_dtype == name and manifest.block("model")["dtype"]["kv"] == name
+    assert manifest.block("engine_config")["resolved"]["dtype"] == name
+    with duckdb.connect(str(reconstruct(tmp_path / "run").path), read_only=True) as con:
+        assert con.execute("SELECT count(*) FILTER (WHERE client_status = 'completed'), count(*) FROM attempts"
+                           ).fetchone() == (3, 3)

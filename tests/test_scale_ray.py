@@ -1,7 +1,8 @@
 """The sharded reconstruct on a local Ray of two workers: the same ledger as the single-node path and
-the bounded-memory path, table for table, row for row, on every sample archive, a simulated engine
+the bounded-memory path, table for table, row for row, on a simulated engine
 run (engine partitions, shared prefix blocks, a cancellation), the synthetic benchmark run and the
-degenerate runs; and its refusals."""
+degenerate runs; and its refusals. (Every sample archive sharded: tests/test_e0_samples.py, beside
+their default ledgers.)"""
 from __future__ import annotations
 
 import importlib.util
@@ -27,16 +28,6 @@ from scale_util import ledger_differences
 
 ROOT = Path(__file__).resolve().parent.parent
 E0 = ROOT / "samples" / "e0"
-CASES = sorted(p.name for p in E0.iterdir() if (p / "archive.jsonl").exists())
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 def three_ledgers(run: Path, tmp: Path, buckets: int, bounded: bool = True) -> tuple[Path, Path | None, Path]:
@@ -52,15 +43,6 @@ def assert_same(default, bounded, sharded):
     if bounded is not None:
         assert ledger_differences(default, bounded) == []
     assert ledger_differences(default, sharded) == []
-
-
-def test_every_sample_archive_has_the_same_ledger_sharded_and_default(local_ray, tmp_path):
-    # (the bounded path is compared on the runs below and in test_scale_memory.py)
-    for case in CASES:
-        run = tmp_path / case
-        import_archive(E0 / case / "archive.jsonl", run)
-        default, _, sharded = three_ledgers(run, tmp_path, 3, bounded=False)
-        assert ledger_differences(default, sharded) == [], case
 
 
 def test_an_engine_run_with_shared_prefixes_and_a_cancel_is_the_same_sharded(local_ray, tmp_path):

@@ -23,6 +23,8 @@ from inferledger.probes.study_dir import read_comparison
 from inferledger.studies import registry
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, Table, kept_runs, run_study
 
+from test_progress import _run
+
 E0 = Path(__file__).resolve().parent.parent / "samples" / "e0"
 ARCHIVES = ("cancel_release", "preemption")
 
@@ -164,11 +166,29 @@ def test_the_command_says_what_was_kept_and_how_to_continue_then_resumes(tmp_pat
     assert res.exit_code == 2 and "--resume" in res.output and "no such folder" in res.output
 
 
+@pytest.fixture(scope="module")
+def fresh_book(tmp_path_factory) -> tuple[Path, int, bytes, bytes]:
+    """A fresh `study schedule-book -f json`, stdout piped and stderr not a terminal: (folder, exit code,
+    stdout, stderr); what a resumed study must equal, and what the bar drawn on a terminal must not change."""
+    out = tmp_path_factory.mktemp("fresh") / "book"
+    return (out, *_run(["study", "schedule-book", "-o", str(out), "-f", "json"], terminal=False))
+
+
+def test_a_study_prints_the_same_json_with_its_bar_on_a_terminal_or_without(fresh_book, tmp_path):
+    _, rc, piped_out, piped_err = fresh_book
+    assert rc == 0, piped_err
+    rc, tty_out, tty_err = _run(["study", "schedule-book", "-o", str(tmp_path / "b"), "-f", "json"], terminal=True)
+    assert rc == 0, tty_err
+    assert tty_out == piped_out and piped_out.startswith(b'{"schedule"')
+    assert b"study schedule-book: run 3/3 chunked" in tty_err
+    assert piped_err == b""
+
+
 def _inferledger() -> list[str]:
     return [str(Path(sys.executable).with_name("inferledger"))]  # the venv's command, beside its python
 
 
-def test_sigint_to_the_command_keeps_the_first_run_and_the_resume_does_not_capture_it_again(tmp_path):
+def test_sigint_to_the_command_keeps_the_first_run_and_the_resume_does_not_capture_it_again(tmp_path, fresh_book):
     """A real Ctrl-C (SIGINT to the process) once the first run's folder is finished: exit 130, one line,
     no traceback; the resume keeps that run (its manifest untouched) and ends like a fresh study."""
     out = tmp_path / "book"
@@ -193,12 +213,12 @@ def test_sigint_to_the_command_keeps_the_first_run_and_the_resume_does_not_captu
     assert res.returncode == 0, res.stderr
     assert (Manifest.read(first).run_id, Manifest.file(first).stat().st_mtime_ns) == stamp == (
         "schedule-book.fixed", stamp[1])
-    fresh = subprocess.run(_inferledger() + ["study", "schedule-book", "-o", str(tmp_path / "fresh"), "-f", "json"],
-                           capture_output=True, text=True, timeout=300)
-    assert json.loads(res.stdout) == json.loads(fresh.stdout)
-    assert read_comparison(out) == read_comparison(tmp_path / "fresh")
+    fresh, rc, fresh_out, fresh_err = fresh_book
+    assert rc == 0, fresh_err
+    assert json.loads(res.stdout) == json.loads(fresh_out)
+    assert read_comparison(out) == read_comparison(fresh)
     assert StudyIndex.read(out).doc["state"] == "complete"
-    assert sorted(os.listdir(out / "runs")) == sorted(os.listdir(tmp_path / "fresh" / "runs"))
+    assert sorted(os.listdir(out / "runs")) == sorted(os.listdir(fresh / "runs"))
 
 
 def test_sigterm_stops_a_study_as_ctrl_c_does_with_its_own_exit_code(tmp_path):
