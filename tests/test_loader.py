@@ -182,9 +182,9 @@ def _gguf_str(text: str) -> bytes:
     (_gguf_bytes(("general.architecture", 8, _gguf_str("llama")))[:-2], r"unreadable GGUF, probably truncated"),
     (_gguf_bytes(("general.architecture", 8, (2 ** 62).to_bytes(8, "little"))), r"unreadable GGUF"),
     (_gguf_bytes(("general.architecture", 8, _gguf_str("llama"))),
-     r"GGUF field 'llama\.context_length' is None, not a positive integer"),
+     r"GGUF field 'llama\.context_length' is None, not an integer in 1\.\.16777216"),
     (_gguf_bytes(("general.architecture", 8, _gguf_str("llama")), ("llama.context_length", 11, (-5).to_bytes(8, "little", signed=True))),
-     r"GGUF field 'llama\.context_length' is -5, not a positive integer"),
+     r"GGUF field 'llama\.context_length' is -5, not an integer in 1\.\.16777216"),
     (_gguf_bytes(("general.architecture", 8, _gguf_str("llama")), ("x", 9, (8).to_bytes(4, "little") + (2 ** 60).to_bytes(8, "little"))),
      r"an array of \d+ items past the end of the file"),
 ])
