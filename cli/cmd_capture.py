@@ -156,7 +156,7 @@ def capture_cmd(
 
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise typer.BadParameter(f"{device!r}: expected 'cpu', 'cuda' or 'cuda:N'", param_hint="--device")
-    from inferledger.collectors.capture.deployment import DeploymentError, DeploymentFlags, check_replicas, resolve
+    from inferledger.collectors.capture.deployment import DeploymentFlags, check_replicas, resolve
     from inferledger.collectors.workload.flags import FlagError, LoadFlags, flags_workload, parse_rate
 
     try:
@@ -206,7 +206,7 @@ def capture_cmd(
         try:
             replicas = check_replicas(dep.replicas, {u: f.server_id for f in folders if (u := f.own_url(target))},
                                       otlp_port is not None)
-        except DeploymentError as exc:
+        except FlagError as exc:
             raise typer.BadParameter(str(exc), param_hint=exc.flag) from None
 
     engine = ef.engine_fields(

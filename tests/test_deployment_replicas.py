@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from inferledger.collectors.capture.deployment import (DeploymentError, DeploymentFlags, Replicas, ReplicaSpec,
+from inferledger.collectors.capture.deployment import (DeploymentFlags, Replicas, ReplicaSpec,
                                                        check_replicas, resolve)
 from inferledger.collectors.workload import Workload
+from inferledger.collectors.workload.flags import FlagError
 
 TASKS = Path(__file__).resolve().parent.parent / "samples" / "tasks" / "basic.jsonl"
 WORKLOAD = f"""
@@ -89,7 +90,7 @@ def test_replica_refusals_name_the_flag_with_exit_2(tmp_path):
     res = run("-w", str(_workload(tmp_path, 'replicas = ["http://127.0.0.1:7=vllm"]\n')))
     assert res.exit_code == 2 and "give the router's URL as --target" in res.output
     assert not (tmp_path / "r").exists()
-    with pytest.raises(DeploymentError):
+    with pytest.raises(FlagError):
         check_replicas(["http://127.0.0.1:18111=llamacpp"], {"http://127.0.0.1:18111": "replica1"}, otlp=False)
 
 

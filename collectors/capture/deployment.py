@@ -25,19 +25,12 @@ from pathlib import Path
 
 from inferledger.collectors.evidence.metrics_scrape import LlamaCppScraper, MetricsScraper, OursScraper
 from inferledger.collectors.evidence.router_metrics import worker_key
+from inferledger.collectors.workload.flags import FlagError
 from inferledger.collectors.workload.schema import REPLICA_KINDS, replica_entry
 
 SCRAPERS = {"vllm": MetricsScraper, "llamacpp": LlamaCppScraper, "ours": OursScraper}
 WHAT = {"vllm": "its /metrics (vllm:*)", "llamacpp": "its /metrics (llamacpp:*); each response's timings are the "
         "client's", "ours": "its /metrics (vllm:* names)", "blackbox": "nothing of its own"}
-
-
-class DeploymentError(ValueError):
-    """A replica or deployment that cannot be captured; `flag` names the flag (or workload key)."""
-
-    def __init__(self, message: str, flag: str) -> None:
-        super().__init__(message)
-        self.flag = flag
 
 
 @dataclass(frozen=True)
@@ -78,22 +71,21 @@ def resolve(flags: DeploymentFlags, deployment) -> DeploymentFlags:
 
 def check_replicas(texts, server_urls: dict[str, str], otlp: bool) -> tuple[ReplicaSpec, ...]:
     """The --replica values parsed and checked against each other and the --server folders' own addresses
-    (`server_urls`: URL -> server id); DeploymentError names the flag."""
+    (`server_urls`: URL -> server id); FlagError names the flag."""
     specs, seen = [], {worker_key(u): f"--server {sid}" for u, sid in server_urls.items()}
     for text in texts:
         try:
             spec = ReplicaSpec.parse(text)
         except ValueError as exc:
-            raise DeploymentError(str(exc), "--replica") from None
+            raise FlagError("--replica", str(exc)) from None
         if spec.replica_id in seen:
-            raise DeploymentError(f"{text!r}: {spec.replica_id} is already a replica ({seen[spec.replica_id]}); "
-                                  "declare each replica once", "--replica")
+            raise FlagError("--replica", f"{text!r}: {spec.replica_id} is already a replica "
+                                         f"({seen[spec.replica_id]}); declare each replica once")
         seen[spec.replica_id] = f"--replica {text}"
         specs.append(spec)
     if otlp and sum(s.kind == "vllm" for s in specs) != 1:
-        raise DeploymentError("--otlp-port in a deployment takes the spans of exactly one vLLM replica "
-                              "(--replica URL=vllm): spans name no replica, so several could not be told apart",
-                              "--otlp-port")
+        raise FlagError("--otlp-port", "--otlp-port in a deployment takes the spans of exactly one vLLM replica "
+                        "(--replica URL=vllm): spans name no replica, so several could not be told apart")
     return tuple(specs)
 
 
@@ -154,5 +146,5 @@ class Replicas:
         return out
 
 
-__all__ = ["REPLICA_KINDS", "DeploymentError", "DeploymentFlags", "ReplicaSpec", "Replicas", "check_replicas",
+__all__ = ["REPLICA_KINDS", "DeploymentFlags", "ReplicaSpec", "Replicas", "check_replicas",
            "resolve"]
