@@ -33,14 +33,21 @@ endif
 	# the 15 slowest tests named at the end, so the suite's time on the slowest CPU can be watched
 	env -u INFERLEDGER_DTYPE $(BIN)/python -m pytest $(XDIST) -q --durations=15
 	# the tests marked `dtype` ran above at the dtype "auto" resolves to on this CPU; once more at the
-	# other one, so bf16 and fp32 both run whatever the CPU
+	# other one, so bf16 and fp32 both run whatever the CPU; and, on a CPU beyond AVX2, as on the other CPU
+	# kind: oneDNN and ATen held to AVX2, where "auto" is fp32 and bf16 emulated (on an AVX2-only CPU the
+	# first pass already ran that way). Where both run, they run side by side, one process each (each
+	# alone on two workers left a core idle much of its time), each one's output printed when both end.
 	other=$$(env -u INFERLEDGER_DTYPE $(BIN)/python -c 'from inferledger.engine.cpu_host import native_bf16; \
 	  print("float32" if native_bf16()[0] else "bfloat16")') && \
-	  INFERLEDGER_DTYPE=$$other $(BIN)/python -m pytest $(XDIST) -q -m dtype
-	# and, on a CPU beyond AVX2, as on the other CPU kind: oneDNN and ATen held to AVX2, where "auto" is
-	# fp32 and bf16 emulated (on an AVX2-only CPU the first pass already ran that way)
 	if grep -qw avx512f /proc/cpuinfo; then \
-	  ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 $(BIN)/python -m pytest $(XDIST) -q -m "dtype or isa"; fi
+	  logs=$$(mktemp -d); \
+	  { INFERLEDGER_DTYPE=$$other $(BIN)/python -m pytest -q -m dtype > $$logs/dtype 2>&1; echo $$? > $$logs/dtype.rc; } & \
+	  isa=0; ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 $(BIN)/python -m pytest -q -m "dtype or isa" \
+	    > $$logs/isa 2>&1 || isa=$$?; wait; \
+	  echo "== the tests marked dtype, at $$other"; cat $$logs/dtype; \
+	  echo "== the tests marked dtype or isa, oneDNN and ATen held to AVX2"; cat $$logs/isa; \
+	  dt=$$(cat $$logs/dtype.rc); rm -rf $$logs; [ "$$dt" -eq 0 ] && [ "$$isa" -eq 0 ]; \
+	else INFERLEDGER_DTYPE=$$other $(BIN)/python -m pytest $(XDIST) -q -m dtype; fi
 
 # the edit loop: everything but the tests marked `slow` (the model, the oracle, Ray, property tests)
 test-fast: $(STAMP)

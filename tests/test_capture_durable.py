@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from serve_util import wait_healthy
+from serve_util import free_port, wait_healthy
 
 from inferledger.ledger.reconstruct import reconstruct
 
@@ -99,7 +99,7 @@ def test_sigterm_flushes_marks_the_manifest_and_exits_143(tmp_path):
 def test_serve_out_flushes_while_serving_and_stops_on_sigterm(tmp_path):
     import urllib.request
 
-    run, port = tmp_path / "srv", 21117
+    run, port = tmp_path / "srv", free_port()
     proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(port), "--out", str(run),
                              "--served-model-name", "m"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -132,7 +132,7 @@ def test_serve_out_flushes_while_serving_and_stops_on_sigterm(tmp_path):
 def test_serve_started_with_sigint_ignored_still_stops_on_sigint(tmp_path):
     """A shell script's background job (`inferledger serve &`) inherits SIGINT ignored; `kill -INT`
     must stop it all the same, with its run written."""
-    run, port = tmp_path / "bg", 21119
+    run, port = tmp_path / "bg", free_port()
     proc = subprocess.Popen([sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(port), "-o", str(run)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
