@@ -72,13 +72,17 @@ def test_a_bad_deployment_key_is_refused_by_its_name(tmp_path):
         f"{path}: [deployment].rooter: unknown key (did you mean router?)"]
 
 
-def test_replica_refusals_name_the_flag_with_exit_2(tmp_path):
+def test_replica_and_router_metrics_refusals_name_the_flag_with_exit_2(tmp_path):
     from inferledger.cli.app import app
 
     def run(*args):
         return CliRunner().invoke(app, ["capture", "-o", str(tmp_path / "r"), "--num-prompts", "1", *args],
                                   env={"COLUMNS": "300"})
 
+    res = run("--router-metrics", "http://127.0.0.1:9/metrics")
+    assert res.exit_code == 2 and "--router-metrics" in res.output and "give its URL as --target" in res.output
+    res = run("--target", "http://127.0.0.1:9", "--router-metrics", "127.0.0.1:9/metrics")
+    assert res.exit_code == 2 and "expected the router's metrics URL" in res.output
     res = run("--replica", "http://127.0.0.1:9=vllm")
     assert res.exit_code == 2 and "--replica" in res.output and "give the router's URL as --target" in res.output
     res = run("--target", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:7=gpu")

@@ -12,7 +12,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from inferledger.collectors.evidence.metrics_scrape import parse_prometheus
 from inferledger.collectors.evidence.router_metrics import PREFIX, split_worker, worker_key
@@ -165,20 +164,6 @@ def test_the_routers_labels_are_kept_apart_per_worker():
     assert split_worker('vllm_router_policy_decisions_total{policy="round_robin",worker="http://h:1"}') == \
         ('vllm_router_policy_decisions_total{policy="round_robin"}', "http://h:1")
     assert worker_key("http://127.0.0.1:18111/") == "127.0.0.1:18111"
-
-
-def test_router_metrics_needs_a_url_target_and_a_url_with_exit_2(tmp_path):
-    from inferledger.cli.app import app
-
-    def run(*args):
-        return CliRunner().invoke(app, ["capture", "-o", str(tmp_path / "r"), "--num-prompts", "1", *args],
-                                  env={"COLUMNS": "300"})
-
-    res = run("--router-metrics", "http://127.0.0.1:9/metrics")
-    assert res.exit_code == 2 and "--router-metrics" in res.output and "give its URL as --target" in res.output
-    res = run("--target", "http://127.0.0.1:9", "--router-metrics", "127.0.0.1:9/metrics")
-    assert res.exit_code == 2 and "expected the router's metrics URL" in res.output
-    assert not (tmp_path / "r").exists()
 
 
 def test_a_client_attempts_tries_are_named_by_arrival_the_latest_keeps_its_id():
