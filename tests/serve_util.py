@@ -2,9 +2,11 @@
 port, the wait until /health answers, and the server started and stopped around a block."""
 from __future__ import annotations
 
+import http.server
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -47,3 +49,21 @@ def serve_out(folder: Path, *args: str) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.communicate(timeout=120)
+
+
+def static_http_server(body: bytes) -> http.server.HTTPServer:
+    """A loopback server answering every GET with `body` (a /metrics page), on a thread; the caller shuts it
+    down (`shutdown()`, `server_close()`); `server_port` is its port."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

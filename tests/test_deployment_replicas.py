@@ -4,9 +4,7 @@ run folder), and each replica's own /metrics scraped by its kind, apart from the
 the replica and its kind for what its answers cannot say."""
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from inferledger.collectors.capture.deployment import (DeploymentFlags, Replicas
                                                        check_replicas, resolve)
 from inferledger.collectors.workload import Workload
 from inferledger.collectors.workload.flags import FlagError
+from serve_util import static_http_server
 
 TASKS = Path(__file__).resolve().parent.parent / "samples" / "tasks" / "basic.jsonl"
 WORKLOAD = f"""
@@ -98,22 +97,6 @@ def test_replica_and_router_metrics_refusals_name_the_flag_with_exit_2(tmp_path)
         check_replicas(["http://127.0.0.1:18111=llamacpp"], {"http://127.0.0.1:18111": "replica1"}, otlp=False)
 
 
-def _metrics_server(body: bytes) -> http.server.HTTPServer:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 class _Sink:
     def __init__(self):
         self.rows = []
@@ -123,9 +106,9 @@ class _Sink:
 
 
 def test_each_replica_is_scraped_by_its_kind_apart_and_its_gap_names_it(tmp_path):
-    vllm = _metrics_server(b'vllm:num_requests_waiting{model_name="m"} 2\nvllm:prefix_cache_hits_total 64\n'
+    vllm = static_http_server(b'vllm:num_requests_waiting{model_name="m"} 2\nvllm:prefix_cache_hits_total 64\n'
                            b'llamacpp:requests_deferred 9\n')
-    llama = _metrics_server(b'llamacpp:requests_deferred 1\nllamacpp:prompt_tokens_total 96\nvllm:x 1\n')
+    llama = static_http_server(b'llamacpp:requests_deferred 1\nllamacpp:prompt_tokens_total 96\nvllm:x 1\n')
     specs = (ReplicaSpec(f"http://127.0.0.1:{vllm.server_port}", "vllm"),
              ReplicaSpec(f"http://127.0.0.1:{llama.server_port}", "llamacpp"), ReplicaSpec("http://127.0.0.1:9"))
     sink = _Sink()

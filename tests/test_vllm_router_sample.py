@@ -237,24 +237,13 @@ def test_partitioned_each_engine_is_one_replica_and_a_tasks_tries_share_its_buck
 
 
 def test_the_router_scraper_names_each_workers_replica_and_a_dead_router_is_a_gap(tmp_path):
-    import http.server
-    import threading
+    from serve_util import static_http_server
 
     from inferledger.collectors.evidence.router_metrics import RouterScraper
 
     body = ('vllm_router_processed_requests_total{worker="http://127.0.0.1:18111"} 3\n'
             'vllm_router_processed_requests_total{worker="http://10.0.0.9:8000"} 1\n'
             'vllm_router_retries_total{route="/v1/chat/completions"} 2\n').encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
 
     class Sink:
         def __init__(self):
@@ -263,8 +252,7 @@ def test_the_router_scraper_names_each_workers_replica_and_a_dead_router_is_a_ga
         def sample(self, **kw):
             self.rows.append(kw)
 
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = static_http_server(body)
     try:
         sink = Sink()
         scraper = RouterScraper(f"http://127.0.0.1:{server.server_port}/metrics", tmp_path, sink, clock="c", host="h")
