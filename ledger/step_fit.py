@@ -105,7 +105,7 @@ def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict
 # @column measured_ms: step_model.cpu_ms (the step without its wait for a CPU; its wall time measured_ms where the
 #   capture could not measure the wait), what the fit is judged against
 # @column predicted_ms: the fit's α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, Q_kv / B)
-#   + κ · the step's contention_ms
+#   + κ · min(the step's contention_ms, its time without this term)
 # @column error_pct: (predicted − measured) / measured × 100
 # @column extrapolated: the step lies outside the training steps' range of batch size, tokens or context
 def build(con, run) -> None:

@@ -14,8 +14,9 @@ hidden sibling folder and renamed into place when complete, so a refused plan le
 """
 from __future__ import annotations
 
-import dataclasses
 import bisect
+import dataclasses
+import functools
 import hashlib
 import json
 import platform
@@ -63,6 +64,10 @@ class SimRequest:
     cancel_at_ms: float | None = None
     attempt_id: str | None = None  # None: the request's only attempt, named by its request_id
     follows: Follows | None = None
+
+    def params(self) -> SamplingParams:
+        """What the engine is asked: max_tokens, EOS ignored (the real run's output length is replayed)."""
+        return SamplingParams(max_tokens=self.max_tokens, ignore_eos=True)
 
     @property
     def attempt(self) -> str:
@@ -116,8 +121,8 @@ class HostReplay:
             t, i = end, i + 1
         return total / (t1_ms - t0_ms)
 
-    @property
-    def _starts(self) -> list[float]:
+    @functools.cached_property
+    def _starts(self) -> list[float]:  # read on every simulated step: built once
         return [c[0] for c in self.contention]
 
     def describe(self) -> dict:
@@ -138,12 +143,12 @@ class HostStepModel:
 
     def step_ns(self, rows) -> int:
         now = self.now_ns() / 1e6
-        if not hasattr(self.inner, "work_ms"):
-            work = self.inner.step_ns(rows) / 1e6
-            return round(work / (1.0 - min(self.host.share_over(now, now + work), MAX_SHARE)) * 1e6)
-        work = self.inner.work_ms(rows)
+        if hasattr(self.inner, "work_ms"):  # its work waits, its gap (the real host's where measured) does not
+            work = self.inner.work_ms(rows)
+            gap = self.inner.gap_ms(rows) if self.host.gap_ms is None else self.host.gap_ms
+        else:  # one time for the step: all of it waits
+            work, gap = self.inner.step_ns(rows) / 1e6, 0.0
         share = min(self.host.share_over(now, now + work), MAX_SHARE)
-        gap = self.inner.gap_ms(rows) if self.host.gap_ms is None else self.host.gap_ms
         return round((work / (1.0 - share) + gap) * 1e6)
 
     def describe(self) -> dict:
@@ -200,7 +205,7 @@ class _Driver:
 
     def plan(self, r: SimRequest, at_ns: int) -> None:
         at_ns = max(at_ns, self.clock.now_ns())
-        params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)
+        params = r.params()
         self.clock.at(at_ns, lambda: self._arrive(r, params))
         if r.cancel_at_ms is not None:
             self.clock.at(at_ns + _ns(r.cancel_at_ms - r.arrival_ms), lambda: self.engine.abort(r.attempt))
@@ -236,9 +241,8 @@ class _Driver:
 def drive(engine: LLMEngine, clock: SimClock, requests: list[SimRequest], host: HostReplay | None = None) -> None:
     """Plan every arrival and cancellation, then step the engine until nothing is left to do."""
     for r in requests:
-        params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)
         try:  # a request the engine would refuse is refused before anything runs, by its id
-            engine.validate(list(r.prompt_token_ids), params)
+            engine.validate(list(r.prompt_token_ids), r.params())
         except ValueError as exc:
             raise ValueError(f"request {r.request_id}: {exc}" if r.attempt == r.request_id else
                              f"request {r.request_id} attempt {r.attempt}: {exc}") from None
