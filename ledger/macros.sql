@@ -3,7 +3,7 @@
 -- scope: run
 -- reads:
 -- creates: first_point, last_point, point_of, json_double, json_bigint, sum_if_known, quantiles_linear,
---          quantile_linear
+--          quantile_linear, declared_replicas
 
 -- The first (last) event of a group for which `cond` holds, as a point (ns, clock, eid). Ties on the
 -- timestamp break by seq, then event id, in every stage alike.
@@ -34,3 +34,9 @@ CREATE OR REPLACE TEMP MACRO sum_if_known(known, x) AS
 -- (Hyndman-Fan type 7, NumPy's default; docs/LEDGER.md "Quantiles"). Peers' rows keep their own rules.
 CREATE OR REPLACE TEMP MACRO quantiles_linear(x, qs) AS quantile_cont(x, qs);
 CREATE OR REPLACE TEMP MACRO quantile_linear(x, q) AS quantile_cont(x, q);  -- one q: a number, not a list
+
+-- The replicas a deployment capture declared by kind (the manifest's deployment, set as the variable
+-- `replica_kinds`: [[id, kind], ...]), one row each: replica_id, kind. No row for a run of one server.
+CREATE OR REPLACE TEMP MACRO declared_replicas() AS TABLE
+  SELECT x[1] AS replica_id, x[2] AS kind
+  FROM (SELECT unnest(from_json(getvariable('replica_kinds'), '[["VARCHAR"]]')) AS x);

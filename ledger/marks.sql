@@ -2,7 +2,7 @@
 -- each attempt's first / last events of every kind, each kept as a point (ns, clock, event id).
 --
 -- scope: task
--- reads: events, first_point, last_point, point_of, json_bigint
+-- reads: events, first_point, last_point, point_of, json_bigint, declared_replicas
 -- creates: ev, ev_out, ev_tok, attempt_ids, marks, choice_marks, marks_gaps
 
 -- Three narrow working sets instead of one wide copy: the per-output rows (client chunks, server
@@ -89,8 +89,8 @@ SELECT coalesce(c.attempt_id, o.attempt_id) AS attempt_id, c.task_id, c.session_
        coalesce(c.n_kv_events, 0) AS n_kv_events,
        -- no served folder holds it and llama.cpp's timings answered it: the deployment's one llama.cpp replica
        coalesce(c.replica_id, CASE WHEN c.llamacpp_answered THEN (
-         SELECT any_value(x[1]) FROM (SELECT unnest(from_json(getvariable('replica_kinds'), '[["VARCHAR"]]')) AS x)
-         WHERE x[2] = 'llamacpp' HAVING count(*) = 1) END) AS replica_id,
+         SELECT any_value(replica_id) FROM declared_replicas() WHERE kind = 'llamacpp' HAVING count(*) = 1) END)
+         AS replica_id,
        c.parent_attempt_id
 FROM control c FULL OUTER JOIN outputs o USING (attempt_id);
 

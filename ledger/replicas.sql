@@ -3,7 +3,7 @@
 -- queue, KV use, prefix-cache hits, balance (docs/LEDGER.md "replicas").
 --
 -- scope: rollup
--- reads: attempts, request_metrics, step_attribution, kv_holds, samples, quantile_linear
+-- reads: attempts, request_metrics, step_attribution, kv_holds, samples, quantile_linear, declared_replicas
 -- creates: replicas, replicas_gaps
 
 -- @table replicas: one row per replica of a deployment capture (attempts.replica_id, a replica the manifest's
@@ -76,7 +76,7 @@ WITH served AS (
   SELECT device AS replica_id, max(value) AS kv_blocks_used_max FROM samples
   WHERE source = 'engine' AND metric = 'kv_blocks_used' AND device IS NOT NULL GROUP BY device
 ), declared AS (  -- the manifest's deployment: replica id -> kind
-  SELECT x[1] AS replica_id, x[2] AS kind FROM (SELECT unnest(from_json(getvariable('replica_kinds'), '[["VARCHAR"]]')) AS x)
+  SELECT replica_id, kind FROM declared_replicas()
 ), own AS (  -- each replica's own /metrics (capture --replica), per replica (device)
   SELECT device AS replica_id, metric, ts_ns, value, lag(value) OVER (PARTITION BY device, metric ORDER BY ts_ns) AS prev
   FROM samples WHERE source IN ('vllm-metrics', 'llamacpp-metrics', 'inferledger-metrics') AND device IS NOT NULL
