@@ -43,9 +43,10 @@ def _names(rows: list[dict], attempt: str) -> list[str]:
     return [r["name"] for r in rows if r["attempt_id"] == attempt]
 
 
-def _first_token(sink: ListSink, attempt: str, client: threading.Thread) -> None:
-    """Wait until the engine made the attempt's first token (or its client gave up: then fail)."""
-    while not any(r["name"] == "engine.token" and r["attempt_id"] == attempt for r in list(sink.rows)):
+def _first_token(sink: ListSink, attempt: str, client: threading.Thread, event: str = "engine.token") -> None:
+    """Wait until the attempt's first `event` (the engine's first token, or with server.write the stream's
+    first bytes sent, its response prepared) is recorded (or its client gave up: then fail)."""
+    while not any(r["name"] == event and r["attempt_id"] == attempt for r in list(sink.rows)):
         assert client.is_alive(), f"{attempt} ended before its first token: {_names(sink.rows, attempt)}"
         client.join(0.01)
 
@@ -57,7 +58,9 @@ def test_a_request_left_after_the_drain_timeout_is_cancelled_with_terminal_event
     got = {}
     long = threading.Thread(target=lambda: got.update(long=_post(url, "LONG", 1500, stream=True)))
     long.start()
-    _first_token(sink, "LONG", long)  # it is generating, far from its 1500 tokens
+    # its stream has started (its first bytes written, so its status is sent), far from its 1500 tokens; the
+    # engine's first token alone may come before the response is prepared, and a stop then rightly answers 503
+    _first_token(sink, "LONG", long, event="server.write")
     drain = life.stop(drain_timeout_s=0)
     long.join(60)
     assert (drain.in_flight, drain.cancelled, drain.left) == (1, 1, 0)
