@@ -35,11 +35,17 @@ endif
 	# the tests marked `dtype` ran above at the dtype "auto" resolves to on this CPU; once more at the
 	# other one, so bf16 and fp32 both run whatever the CPU; and, on a CPU beyond AVX2, as on the other CPU
 	# kind: oneDNN and ATen held to AVX2, where "auto" is fp32 and bf16 emulated (on an AVX2-only CPU the
-	# first pass already ran that way). Where both run, they run side by side, one process each (each
-	# alone on two workers left a core idle much of its time), each one's output printed when both end.
+	# first pass already ran that way). On a CPU with native bf16 the other dtype is fp32, the dtype "auto"
+	# takes under the AVX2 hold: that pass runs the `dtype` tests at fp32 too, so it is the only one (fp32
+	# at the CPU's own ISA is what the first pass's `bundle` tests run). Where both run, they run side by
+	# side, one process each, each one's output printed when both end.
 	other=$$(env -u INFERLEDGER_DTYPE $(BIN)/python -c 'from inferledger.engine.cpu_host import native_bf16; \
 	  print("float32" if native_bf16()[0] else "bfloat16")') && \
-	if grep -qw avx512f /proc/cpuinfo; then \
+	if ! grep -qw avx512f /proc/cpuinfo; then INFERLEDGER_DTYPE=$$other $(BIN)/python -m pytest $(XDIST) -q -m dtype; \
+	elif [ "$$other" = float32 ]; then \
+	  echo "== the tests marked dtype or isa, oneDNN and ATen held to AVX2 (auto: fp32, bf16 emulated)"; \
+	  ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 $(BIN)/python -m pytest $(XDIST) -q -m "dtype or isa"; \
+	else \
 	  logs=$$(mktemp -d); \
 	  { INFERLEDGER_DTYPE=$$other $(BIN)/python -m pytest -q -m dtype > $$logs/dtype 2>&1; echo $$? > $$logs/dtype.rc; } & \
 	  isa=0; ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 $(BIN)/python -m pytest -q -m "dtype or isa" \
@@ -47,7 +53,7 @@ endif
 	  echo "== the tests marked dtype, at $$other"; cat $$logs/dtype; \
 	  echo "== the tests marked dtype or isa, oneDNN and ATen held to AVX2"; cat $$logs/isa; \
 	  dt=$$(cat $$logs/dtype.rc); rm -rf $$logs; [ "$$dt" -eq 0 ] && [ "$$isa" -eq 0 ]; \
-	else INFERLEDGER_DTYPE=$$other $(BIN)/python -m pytest $(XDIST) -q -m dtype; fi
+	fi
 
 # the edit loop: everything but the tests marked `slow` (the model, the oracle, Ray, property tests)
 test-fast: $(STAMP)

@@ -14,7 +14,7 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # sleeping (not spinning) OpenMP workers: on a busy 2-core host spinning made steps ~10x slower
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# the Hugging Face oracle reads the same local GGUF; nothing may be downloaded
+# Hugging Face's tokenizer (an oracle) reads the same local GGUF; nothing may be downloaded
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 # the compiled CPU step costs a compile per process: only the tests of it ask for it (compile="on")
@@ -48,9 +48,9 @@ def pytest_configure(config):
                                        "to AVX2, as on an AVX2-only CPU")
 
 
-# a test that needs one of these (directly or through another fixture) loads the model, the oracle or
-# a Ray cluster: `slow`, left out of `make test-fast`
-SLOW_FIXTURES = {"bundle", "resolved_bundle", "hf_model", "hf_tokenizer", "local_ray"}
+# a test that needs one of these (directly or through another fixture) loads the model, Hugging Face's
+# tokenizer or a Ray cluster: `slow`, left out of `make test-fast`
+SLOW_FIXTURES = {"bundle", "resolved_bundle", "hf_tokenizer", "local_ray"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
@@ -64,15 +64,16 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def hf_model():
-    """Hugging Face transformers' model loaded from the same GGUF: the correctness oracle."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from inferledger.engine.loader import default_model_path
+def hf_oracle() -> dict:
+    """Hugging Face transformers' answers on the same GGUF in fp32, the model tests' correctness oracle:
+    recorded by benchmarks/peers/hf_oracle.py from transformers alone (the prompts' ids, 32 greedy
+    tokens each, generate()'s output, one prompt's logits), so no test process pays transformers'
+    GGUF dequantisation to ask them again."""
+    import json
+    from pathlib import Path
 
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    return model.eval()
+    path = Path(__file__).resolve().parent.parent / "samples" / "peers" / "hf_oracle" / "smollm2_q4_1.json"
+    return json.loads(path.read_text())
 
 
 @pytest.fixture(scope="session")

@@ -239,18 +239,18 @@ def test_ctrl_c_inside_a_ledger_statement_is_given_back_as_an_interrupt(tmp_path
     """DuckDB's client turns a Ctrl-C that lands inside a statement into RuntimeError('Query
     interrupted'); the rebuild gives it back as KeyboardInterrupt (a study then says interrupted, not
     failed), and leaves no ledger behind."""
-    import threading
-
     from inferledger.ledger import stages
     from inferledger.ledger.reconstruct import reconstruct
 
     run = tmp_path / "r"
     import_archive(E0 / "preemption" / "archive.jsonl", run, run_id="r")
-    real = stages._run_module
+    real, killers = stages._run_module, []
 
     def slow_first(con, module, run_files, profile):
         if module.name == "load":  # statements long enough for the signal to land inside them (DuckDB
-            threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()  # notices it between two)
+            # notices it as the statement ends); sent by another process, which no thread of this one, nor
+            # a statement holding the interpreter lock, can hold up on a loaded host
+            killers.append(subprocess.Popen(["sh", "-c", f"sleep 0.1; kill -INT {os.getpid()}"]))
             con.execute("CREATE TEMP TABLE slow AS SELECT count(*) FROM range(400000000) t(i) WHERE i % 7 = 3; "
                         "SELECT 1")
         return real(con, module, run_files, profile)
@@ -259,6 +259,7 @@ def test_ctrl_c_inside_a_ledger_statement_is_given_back_as_an_interrupt(tmp_path
     with pytest.raises(KeyboardInterrupt):
         reconstruct(run)
     assert time.monotonic() - t0 < 60
+    assert [k.wait(timeout=60) for k in killers] == [0]
     assert not (run / "ledger.duckdb").exists() and not list(run.glob(".ledger.duckdb.tmp-*"))
 
 
