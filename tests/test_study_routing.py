@@ -93,8 +93,17 @@ def _rows(table: dict) -> list[dict]:
 
 
 def test_the_recorded_study_rebuilds_to_the_comparison_it_recorded(recorded):
-    out, comp = recorded
-    assert comp == json.loads((SAMPLE / "comparison.json").read_text())
+    """Every cell as recorded: counts and words exactly, a float to 1e-9 (a sum's order may differ in its last bit)."""
+    _, comp = recorded
+    want = json.loads((SAMPLE / "comparison.json").read_text())
+    assert {t: (v["columns"], len(v["rows"])) for t, v in comp.items()} == \
+        {t: (v["columns"], len(v["rows"])) for t, v in want.items()}
+    for name, table in comp.items():
+        for got, row in zip(table["rows"], want[name]["rows"]):
+            for column, value, recorded_value in zip(table["columns"], got, row):
+                expected = pytest.approx(recorded_value, rel=1e-9) if isinstance(recorded_value, float) else \
+                    recorded_value
+                assert value == expected, (name, row[0], column)
 
 
 def test_each_policy_shows_the_prefix_hits_it_produced_and_the_routers_counts_agree(recorded):
@@ -124,3 +133,15 @@ def test_each_policy_shows_the_prefix_hits_it_produced_and_the_routers_counts_ag
     for p in key.values():  # every attempt completed within the ten-minute default deadline: none late
         assert p["diagnosed"] == "all" and p["first_cause"] is not None and p["cause_replica"] is None
         assert p["ttft_p50_ms"] <= p["ttft_p99_ms"] and p["goodput_rps"] > 0
+
+
+def test_cache_aware_kept_each_prefix_group_on_one_replica(recorded):
+    from inferledger.ledger.query import open_ledger
+
+    out, _ = recorded
+    by_group = ("select (substr(attempt_id, 2, 4)::INT % 5) + 1 AS g, count(DISTINCT replica_id) from attempts "
+                "group by 1")
+    with open_ledger(out / "runs" / "cache_aware") as led:  # task i is of group i mod 5 + 1 (the plan's test)
+        assert sorted(led.rows(by_group)[1]) == [(g, 1) for g in range(1, 6)]
+    with open_ledger(out / "runs" / "round_robin") as led:
+        assert sorted(led.rows(by_group)[1]) == [(g, 2) for g in range(1, 6)]
