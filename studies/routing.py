@@ -57,7 +57,7 @@ class Scale:
     rate_rps: float  # Poisson arrivals
 
 
-SCALES = {"default": Scale(60, 5, 512, 384, 8, 2.0), "tiny": Scale(24, 5, 128, 96, 4, 2.0)}
+SCALES = {"default": Scale(60, 5, 256, 192, 8, 1.0), "tiny": Scale(24, 5, 128, 96, 4, 2.0)}
 
 
 def scale(options: dict) -> Scale:
@@ -279,8 +279,8 @@ STUDY = Study(
             "hit_rate is higher; replica1_hit_rate, replica2_hit_rate and the replicas table show where, balance what "
             "it cost the spread, and first_cause where the attempts' delay went.",
     runs=runs, compare=compare,
-    options={"scale": Option("default", "default (60 attempts, 5 groups, 512-token prompts sharing 384) or tiny "
-                                        "(24 attempts, 5 groups, 128-token prompts sharing 96, 4 output tokens)"),
+    options={"scale": Option("default", "default (60 attempts at 1/s, 5 groups, 256-token prompts sharing 192, 8 output "
+                                        "tokens) or tiny (24 at 2/s, 128-token prompts sharing 96, 4 output tokens)"),
              "policies": Option(",".join(POLICIES), "the router's policies to run, comma-separated, in that order "
                                                     f"(any of {', '.join(POLICIES)})"),
              "seed": Option(7, "the arrival process's seed", 0, 2 ** 63 - 1),
