@@ -12,8 +12,8 @@ from inferledger.cli.output import FORMAT_HELP, OutputFormat
 
 def study_cmd(
     name: str = typer.Argument(..., help="The study: schedule-book, kv-layout (simulated clock), chunked-prefill, "
-                                         "prefix-cache, spec-decode, load, fidelity (real engine); docs/STUDIES.md "
-                                         "says what each asks."),
+                                         "prefix-cache, spec-decode, load, fidelity (real engine), routing (two "
+                                         "replicas behind vLLM's router); docs/STUDIES.md says what each asks."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="New study folder (default runs/study-<name>-<time>)."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " Every table of the "
                                      "comparison (json: an object of tables; csv: one line per cell, "
@@ -44,6 +44,8 @@ def study_cmd(
     Example: [cyan]inferledger study load -o runs/load[/] (the knee and its first cause)
     Example: [cyan]inferledger study fidelity --workload samples/workloads/cpu_mixed.toml -o runs/fid[/]
     Example: [cyan]inferledger study load --resume runs/load[/] (after Ctrl-C: the runs not yet finished)
+    Example: [cyan]bash benchmarks/peers/vllm_router.sh install && inferledger study routing --set scale=tiny
+    --set policies=round_robin,cache_aware -o runs/route[/] (the prefix cache's hits per router policy)
     """
 
     from inferledger.cli.output import check_output, fail

@@ -3,7 +3,8 @@
     app = build_app(AsyncEngine(LLMEngine(bundle, sink=writer)), bundle.tokenizer, ServeOptions(model_name="smollm2"))
     ServerThread(app, port=8000).start()       # or serve/lifecycle.py's Serving, or: inferledger serve
 
-Endpoints: POST /v1/completions and /v1/chat/completions (SSE streaming or whole, usage), GET
+Endpoints: POST /v1/completions and /v1/chat/completions (SSE streaming or whole, usage), POST
+/v1/chat/completions/render (vLLM's: the prompt's token ids, no attempt), GET
 /v1/models, /health, /metrics (Prometheus text), /clock (this server's clock domain and its
 monotonic now, for client-side offset estimation). Ids come from the client's headers
 (x-inferledger-attempt-id / -request-id / -task-id / -session-id, x-request-id, W3C traceparent) or
@@ -30,7 +31,7 @@ from .protocol import CHAT, COMPLETIONS, ApiError
 from .metrics import ServerMetrics
 from .ids import IdAssigner, Ids
 from .options import ServeOptions
-from .request import check_auth, handle_generation, max_token_bytes
+from .request import check_auth, handle_generation, handle_render, max_token_bytes
 
 log = logging.getLogger(__name__)
 SERVER_KEY = web.AppKey("inferledger_server", object)
@@ -108,6 +109,9 @@ class OpenAIServer:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await handle_generation(self, request, CHAT)
 
+    async def render(self, request: web.Request) -> web.Response:
+        return await handle_render(self, request)
+
     async def models(self, request: web.Request) -> web.Response:
         try:
             check_auth(self.api_key, request.headers)
@@ -174,6 +178,7 @@ def build_app(async_engine, tokenizer, options: ServeOptions, *, sink=None, run_
     app[SERVER_KEY] = server
     app.router.add_post(COMPLETIONS, server.completions)
     app.router.add_post(CHAT, server.chat)
+    app.router.add_post(CHAT + "/render", server.render)
     app.router.add_get("/v1/models", server.models)
     app.router.add_get("/health", server.health)
     app.router.add_get("/metrics", server.prometheus)

@@ -135,6 +135,24 @@ def _params(req: GenerationRequest, max_tokens: int):
         raise engine_error(exc, req) from None
 
 
+async def handle_render(server, request: web.Request) -> web.Response:
+    """POST /v1/chat/completions/render (vLLM's): the messages' prompt token ids, encoded as the chat endpoint
+    encodes them, as `{"token_ids": [...]}`. No attempt: nothing is admitted, generated or recorded (a
+    router's cache-aware policy asks it of every worker for each request it routes)."""
+    try:
+        check_auth(server.api_key, request.headers)
+        body = await read_json(request)
+        req = await off_loop(parse_chat, body)
+        if req.model is not None and req.model != server.model_name:
+            raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {server.model_name!r} "
+                                "(GET /v1/models)", param="model", code="model_not_found")
+        _too_long(server, req)
+        ids = await off_loop(_prompt_ids, server.tokenizer, req)
+    except ApiError as exc:
+        return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+    return web.json_response({"token_ids": ids})
+
+
 async def handle_generation(server, request: web.Request, endpoint: str) -> web.StreamResponse:
     t0 = time.monotonic()
     ids = server.ids.assign(request.headers)

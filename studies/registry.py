@@ -1,13 +1,13 @@
 """The studies `inferledger study NAME` knows, by name: one module each, listed here."""
 from __future__ import annotations
 
-from inferledger.studies import (chunked_prefill, fidelity, kv_layout, load, prefix_cache, schedule_book,
-                                 spec_decode)
+from inferledger.studies import (chunked_prefill, fidelity, kv_layout, load, prefix_cache, routing,
+                                 schedule_book, spec_decode)
 from inferledger.studies.framework import Study, StudyError
 
 STUDIES: dict[str, Study] = {s.name: s for s in (schedule_book.STUDY, kv_layout.STUDY, chunked_prefill.STUDY,
                                                  prefix_cache.STUDY, spec_decode.STUDY, load.STUDY,
-                                                 fidelity.STUDY)}
+                                                 fidelity.STUDY, routing.STUDY)}
 
 
 def get_study(name: str) -> Study:

@@ -275,6 +275,21 @@ def test_api_key_is_enforced(stack):
     assert _http("GET", stack.keyed_url + "/health").status_code == 200  # probes stay open
 
 
+def test_chat_render_gives_the_prompt_ids_the_chat_endpoint_computes_and_records_nothing(stack):
+    """vLLM's POST /v1/chat/completions/render, which vLLM's router asks of each worker for its cache-aware
+    policy: the messages' token ids as the chat endpoint encodes them, no attempt and no event."""
+    n_events = len(stack.sink.rows)
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, "stream": True}
+    r = _http("POST", stack.url + "/v1/chat/completions/render", json_body=body,
+              headers={"x-request-id": "render-1"})
+    assert r.status_code == 200 and r.json() == {"token_ids": stack.chat_ids}
+    assert len(stack.sink.rows) == n_events and stack.events("render-1") == []
+    r = _http("POST", stack.url + "/v1/chat/completions/render", json_body={**body, "model": "other"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = _http("POST", stack.keyed_url + "/v1/chat/completions/render", json_body=body)
+    assert r.status_code == 401
+
+
 _SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\])*"'
                      r'(,[a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\])*")*\})? (-?[0-9.]+(e[-+]?[0-9]+)?|NaN|[+-]Inf)$')
 
