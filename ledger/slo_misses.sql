@@ -21,16 +21,18 @@
 -- @column done_since_reference_ms: as request_metrics.done_since_reference_ms
 -- @column client_queue_ms: the client's own queue (client_queue intervals: created -> sent) less the lag
 --   of its event loop in that time (a send the busy loop put off is client_ms); NULL without client events
--- @column server_queue_ms: request_metrics.queue_ms; NULL without engine events
+-- @column server_queue_ms: request_metrics.queue_ms (the wait before its first admission); NULL without engine events
 -- @column prefill_interference_ms: the on-CPU time of the steps holding this attempt (its prefill and
---   decode steps) charged to other attempts' prefill tokens (their token shares of steps.cpu_ms; of the
+--   decode steps; not those recomputing it after a preemption) charged to other attempts' prefill tokens (their token shares of steps.cpu_ms; of the
 --   wall step where cpu_ms is unknown); NULL without steps, or when a span reported the engine side
--- @column preemption_ms: its preempted and recompute intervals; NULL without engine events
+-- @column preemption_ms: its preempted and recompute intervals (each engine.preempted → its next token: the
+--   wait to be admitted again and the recompute, whose steps count for no other cause); NULL without
+--   engine events
 -- @column decode_stall_ms: engine gaps beyond twice the attempt's median gap, less what preemption,
 --   interference and contention explain (its most stalled choice's); NULL as prefill_interference_ms
--- @column host_contention_ms: Σ over the steps holding it of the step's steps.contention_ms (time the
---   step waited for a CPU: every attempt in the step waited all of it); NULL when one step's contention
---   is unknown
+-- @column host_contention_ms: Σ over the steps holding it (not those recomputing it: preemption_ms holds
+--   them) of the step's steps.contention_ms (time the step waited for a CPU: every attempt in the step
+--   waited all of it); NULL when one step's contention is unknown
 -- @column transport_ms: ttft_client_ms − ttft_server_ms, at most what client_ms leaves of the client's
 --   time outside the server's span (e2e_client_ms − e2e_server_ms), beyond the clock mappings' epsilon
 --   (≥ 0); NULL without both TTFTs and both E2Es
@@ -48,10 +50,10 @@
 -- @column prefill_ms: request_metrics.prefill_ms (NULL without server evidence)
 -- @column decode_ms: request_metrics.decode_ms (NULL without server evidence)
 -- @column prefill_work_ms: its own prefill work: prefill_ms less the CPU wait and the interference of the
---   steps that prefilled its prompt (≥ 0; a wait that is unknown stays in it); prefill_ms where a span
---   reported the engine side
+--   steps that prefilled its prompt and less a preemption before its first token (≥ 0; a wait that is
+--   unknown stays in it); prefill_ms where a span reported the engine side
 -- @column decode_work_ms: its own decode work: decode_ms less the causes inside it (the rest of its
---   interference and CPU wait, preemption, stalls, rejected drafts; ≥ 0); decode_ms where a span reported
+--   interference and CPU wait, preemption after its first token, stalls, rejected drafts; ≥ 0); decode_ms where a span reported
 --   the engine side
 -- @column cause_evidence: observed (our engine's probes), reported (a span) or simulated (a run on the
 --   simulated clock): request_metrics.server_evidence; NULL without server evidence
@@ -69,8 +71,22 @@ WITH base AS (
   FROM attempts a JOIN request_metrics r USING (attempt_id) LEFT JOIN contracts c ON c.task_id = a.task_id
 ), client_queue AS (
   SELECT attempt_id, sum(dur_ms) AS ms FROM intervals WHERE stream = 'client' AND name = 'client_queue' GROUP BY 1
-), preempt AS (
-  SELECT attempt_id, sum(dur_ms) AS ms FROM intervals WHERE stream = 'engine' AND name IN ('preempted', 'recompute') GROUP BY 1
+), preempt AS (  -- its preempted and recompute intervals, and the part of them before its first token (in prefill_ms)
+  SELECT p.attempt_id, sum(p.dur_ms) AS ms,
+         coalesce(sum(p.dur_ms) FILTER (WHERE d.first_ns IS NULL OR p.start_ns < d.first_ns), 0) AS before_first_ms
+  FROM intervals p
+  LEFT JOIN (SELECT attempt_id, min(start_ns) AS first_ns FROM intervals WHERE stream = 'engine' AND name = 'decode'
+             GROUP BY 1) d USING (attempt_id)
+  WHERE p.stream = 'engine' AND p.name IN ('preempted', 'recompute') GROUP BY 1
+), mine AS (
+  -- the steps holding the attempt whose time its step causes may take: all but those that recomputed it
+  -- (its prefill steps once it was first preempted, inside its recompute interval): the preemption holds
+  -- those whole, their CPU wait and other attempts' share of them included
+  SELECT sa.* FROM step_attribution sa
+  LEFT JOIN (SELECT attempt_id, clock, min(start_ns) AS t FROM intervals
+             WHERE stream = 'engine' AND name = 'preempted' GROUP BY 1, 2) p
+    ON p.attempt_id = sa.attempt_id AND p.clock = sa.clock
+  WHERE NOT (sa.kind = 'prefill' AND p.t IS NOT NULL AND sa.start_ns >= p.t)
 ), step_cpu AS (  -- the fraction of each step the CPU worked on it: cpu_ms / step_ms (1 where unknown: wall)
   SELECT step_id, contention_ms, coalesce(cpu_ms / nullif(step_ms, 0), 1.0) AS cpu_frac FROM steps
 ), others_prefill AS (
@@ -79,7 +95,7 @@ WITH base AS (
   -- shares of cpu_ms; of the wall step where cpu_ms is unknown). The CPU wait is not theirs: it is
   -- host_contention, whole
   SELECT me.attempt_id, me.step_id, sum(o.share_ms * sc.cpu_frac) AS ms
-  FROM step_attribution me JOIN step_attribution o ON o.step_id = me.step_id AND o.attempt_id <> me.attempt_id
+  FROM mine me JOIN step_attribution o ON o.step_id = me.step_id AND o.attempt_id <> me.attempt_id
   JOIN step_cpu sc ON sc.step_id = me.step_id
   WHERE o.kind = 'prefill' GROUP BY 1, 2
 ), interference AS (
@@ -87,12 +103,12 @@ WITH base AS (
 ), held AS (  -- the CPU wait of each step holding the attempt: the whole wait (every attempt in the step
               -- waited it out), not a token share
   SELECT sa.attempt_id, sa.step_id, sc.contention_ms AS ms
-  FROM step_attribution sa JOIN step_cpu sc USING (step_id)
+  FROM mine sa JOIN step_cpu sc USING (step_id)
 ), contention AS (  -- unknown (NULL) as soon as one of its steps' contention is unknown
   SELECT attempt_id, CASE WHEN count(*) = count(ms) THEN sum(ms) END AS ms FROM held GROUP BY 1
 ), in_prefill AS (  -- the CPU wait and the interference of the steps that prefilled the attempt's prompt
   SELECT sa.attempt_id, sum(coalesce(sc.contention_ms, 0) + coalesce(op.ms, 0)) AS ms
-  FROM step_attribution sa JOIN step_cpu sc USING (step_id)
+  FROM mine sa JOIN step_cpu sc USING (step_id)
   LEFT JOIN others_prefill op ON op.attempt_id = sa.attempt_id AND op.step_id = sa.step_id
   WHERE sa.kind = 'prefill' GROUP BY 1
 ), tok_gaps AS (  -- engine gaps between consecutive tokens of one choice, with the step of the later token
@@ -166,7 +182,7 @@ WITH base AS (
                    AND b.e2e_server_ms IS NOT NULL
               THEN least(b.ttft_client_ms - b.ttft_server_ms, b.e2e_client_ms - b.e2e_server_ms) END AS link_ms,
          coalesce(b.uplink_eps_ms, 0) + coalesce(b.downlink_first_eps_ms, 0) AS link_eps_ms,
-         cl.ms AS lag_ms, coalesce(ip.ms, 0) AS in_prefill_ms,
+         cl.ms AS lag_ms, coalesce(ip.ms, 0) AS in_prefill_ms, coalesce(p.before_first_ms, 0) AS preempted_in_prefill_ms,
          CASE WHEN b.spec_rounds = 0 THEN 0.0 WHEN b.spec_rounds > 0 THEN
            -- the share of its decode step time spent verifying drafted tokens that were rejected: each
            -- round verifies its drafted tokens and one more
@@ -225,10 +241,11 @@ SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, late
        CASE WHEN cause_evidence IS NOT NULL THEN decode_ms END AS decode_ms,
        -- its own work: each phase less the causes that lie inside it (a reported span has none measured)
        CASE WHEN cause_evidence = 'reported' THEN prefill_ms
-            WHEN cause_evidence IS NOT NULL THEN greatest(prefill_ms - in_prefill_ms, 0) END AS prefill_work_ms,
+            WHEN cause_evidence IS NOT NULL THEN greatest(prefill_ms - in_prefill_ms - preempted_in_prefill_ms, 0) END
+              AS prefill_work_ms,
        CASE WHEN cause_evidence = 'reported' THEN decode_ms
             WHEN cause_evidence IS NOT NULL THEN greatest(decode_ms - (coalesce(prefill_interference_ms, 0)
-                   + coalesce(host_contention_ms, 0) - in_prefill_ms) - coalesce(preemption_ms, 0)
+                   + coalesce(host_contention_ms, 0) - in_prefill_ms) - (coalesce(preemption_ms, 0) - preempted_in_prefill_ms)
                    - coalesce(decode_stall_ms, 0) - coalesce(spec_rejected_ms, 0), 0) END AS decode_work_ms,
        cause_evidence
 FROM linked ORDER BY attempt_id;

@@ -10,7 +10,7 @@
 CREATE OR REPLACE TEMP TABLE ms_raw AS
 WITH m AS (SELECT * FROM marks),
 engine_seq AS (
-  -- engine milestones: every scheduled, the first token after each (re)schedule, every preemption
+  -- engine milestones: every scheduled, the first token after each (re)schedule, every preemption, every enqueue
   SELECT attempt_id, name, ts_ns, clock, event_id, seq,
          last_value(CASE WHEN name IN ('engine.scheduled', 'engine.token', 'engine.preempted') THEN name END IGNORE NULLS)
              OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_name,
@@ -23,7 +23,9 @@ engine_seq AS (
   WHERE attempt_id IS NOT NULL
 ), engine_ms AS (
   SELECT attempt_id, 'engine' AS stream, ts_ns, clock, event_id,
-         CASE name WHEN 'engine.enqueued' THEN 'queue'
+         -- a preempted attempt put back in the waiting queue is still preempted: its wait to be admitted
+         -- again is the preemption's, not a queue (the queue is the wait before its first admission)
+         CASE name WHEN 'engine.enqueued' THEN CASE WHEN preempted_before > 0 THEN 'preempted' ELSE 'queue' END
                    WHEN 'engine.scheduled' THEN CASE WHEN preempted_before > 0 THEN 'recompute' ELSE 'prefill' END
                    WHEN 'engine.token' THEN 'decode'
                    WHEN 'engine.preempted' THEN 'preempted'

@@ -112,3 +112,77 @@ def test_the_causes_of_a_miss_never_add_up_to_more_than_its_span(tmp_path):
                        "FROM slo_misses s JOIN request_metrics r USING (attempt_id)").fetchall()
     known = [(aid, total, span) for aid, total, span in rows if total is not None]
     assert known and all(total <= span for _, total, span in known), known
+
+
+def _queued_run_preempted(requeued: bool):
+    """A1 queues 2 -> 12 (Q = 10), prefills (step 1), decodes (step 2), is preempted at 40, waits until
+    140 (W = 100; `requeued`: the trace puts it back in the waiting queue at 41, as an engine that
+    re-enqueues a preempted request does), recomputes in step 3 (140 -> 160, 12 ms of CPU wait) and
+    decodes in step 4 (160 -> 170, 2 ms of CPU wait). Every step says its CPU wait (step.end wait_ns)."""
+    eng, srv = {"source": "engine"}, {"source": "server"}
+    ev = [_e("task.start", 0, task="T1", attrs={"deadline_ms": 100}),
+          _e("attempt.created", 0, "A1", task="T1"), _e("attempt.sent", 0, "A1", task="T1"),
+          _e("server.received", 1, "A1", **srv), _e("engine.enqueued", 2, "A1", value=10, **eng),
+          _e("engine.scheduled", 12, "A1", **eng),
+          _e("engine.preempted", 40, "A1", value=12, **eng), _e("engine.scheduled", 140, "A1", **eng)]
+    if requeued:
+        ev.append(_e("engine.enqueued", 41, "A1", value=10, **eng))
+    steps = [(1, 12, 22, "prefill", 10, 0), (2, 22, 32, "decode", 10, 0), (3, 140, 160, "prefill", 8, 12),
+             (4, 160, 170, "decode", 8, 2)]
+    for sid, t0, t1, kind, cpu, wait in steps:
+        ev += [_e("step.start", t0, step_id=sid, source="engine", attrs={"batch": [["A1", kind, 1]]}),
+               _e("step.end", t1, step_id=sid, source="engine", value=1,
+                  attrs={"cpu_ns": cpu * 1_000_000, "wait_ns": wait * 1_000_000}),
+               _e("engine.token", t1, "A1", step_id=sid, value=1, **eng)]
+    ev += [_e("engine.finished", 170, "A1", value=3, attrs={"reason": "stop"}, **eng), _e("server.done", 171, "A1", **srv),
+           _e("attempt.chunk", 172, "A1", task="T1", attrs={"kinds": ["content"]}),
+           _e("attempt.done", 173, "A1", task="T1", attrs={"finish_reason": "stop"})]
+    return ev
+
+
+@pytest.mark.parametrize("requeued", [False, True], ids=["resumed", "requeued"])
+def test_the_wait_after_a_preemption_and_the_recompute_are_the_preemption_s_whole(tmp_path, requeued):
+    con = build_run(tmp_path / "r", _queued_run_preempted(requeued))
+    cols = ("server_queue_ms", "preemption_ms", "host_contention_ms", "decode_stall_ms", "transport_ms",
+            "prefill_work_ms", "decode_work_ms", "dominant_cause")
+    row = dict(zip(cols, con.execute(f"SELECT {', '.join(cols)} FROM attempt_causes WHERE attempt_id = 'A1'").fetchone()))
+    # server queue: enqueued 2 -> first scheduled 12 = Q = 10, the wait before the first admission only.
+    # preemption: preempted 40 -> scheduled again 140 (W = 100, re-enqueued or not) + recompute 140 -> 160 = 120.
+    # host contention: the CPU wait of steps 1, 2 and 4 = 0 + 0 + 2; step 3's 12 ms lie in the recompute,
+    # which the preemption holds whole. Stall: the gap 32 -> 160 (128) less its overlap with the preemption
+    # (40 -> 160 = 120) is under twice the median gap (10). Transport: client E2E 173 − server E2E (171 − 2).
+    # Own work: prefill 12 -> 22 (10, no wait); decode 22 -> 170 (148) less preemption 120 and wait 2 = 26.
+    assert row == {"server_queue_ms": pytest.approx(10.0), "preemption_ms": pytest.approx(120.0),
+                   "host_contention_ms": pytest.approx(2.0), "decode_stall_ms": 0, "transport_ms": pytest.approx(4.0),
+                   "prefill_work_ms": pytest.approx(10.0), "decode_work_ms": pytest.approx(26.0),
+                   "dominant_cause": "preemption"}
+    # every millisecond once: the causes, the own work and the server's finalize (170 -> 171) are the
+    # client's span (created 0 -> done 173)
+    total, span = con.execute(
+        "SELECT server_queue_ms + preemption_ms + host_contention_ms + decode_stall_ms + transport_ms + prefill_work_ms "
+        "+ decode_work_ms + 1, r.client_span_ms FROM attempt_causes JOIN request_metrics r USING (attempt_id)").fetchone()
+    assert total == pytest.approx(173.0) and span == pytest.approx(173.0)
+    run = con.execute("SELECT first_cause, server_queue_share, preemption_share, host_contention_share, "
+                      "transport_share FROM run_diagnosis WHERE scope = 'run'").fetchone()
+    assert run == ("preemption", pytest.approx(10 / 136), pytest.approx(120 / 136), pytest.approx(2 / 136),
+                   pytest.approx(4 / 136))
+
+
+def test_a_preemption_before_the_first_token_is_taken_from_the_prefill_not_the_decode(tmp_path):
+    # A1 is scheduled at 12, prefills a first chunk (step 1, 12 -> 22), is preempted at 30 before any
+    # token, is scheduled again at 100, recomputes (step 2, 100 -> 120: its first token) and decodes once
+    eng = {"source": "engine"}
+    ev = [_e("engine.enqueued", 2, "A1", value=10, **eng), _e("engine.scheduled", 12, "A1", **eng),
+          _e("engine.preempted", 30, "A1", value=8, **eng), _e("engine.scheduled", 100, "A1", **eng)]
+    for sid, t0, t1, kind in [(1, 12, 22, "prefill"), (2, 100, 120, "prefill"), (3, 120, 130, "decode")]:
+        ev += [_e("step.start", t0, step_id=sid, source="engine", attrs={"batch": [["A1", kind, 1]]}),
+               _e("step.end", t1, step_id=sid, source="engine", value=1, attrs={"cpu_ns": 5_000_000, "wait_ns": 0})]
+        if sid > 1:
+            ev.append(_e("engine.token", t1, "A1", step_id=sid, value=1, **eng))
+    ev.append(_e("engine.finished", 130, "A1", value=2, attrs={"reason": "stop"}, **eng))
+    con = build_run(tmp_path / "r", ev)
+    row = con.execute("SELECT server_queue_ms, preemption_ms, prefill_ms, prefill_work_ms, decode_ms, decode_work_ms "
+                      "FROM attempt_causes WHERE attempt_id = 'A1'").fetchone()
+    # queue 2 -> 12; preemption 30 -> 100 -> 120 = 90, all inside prefill_ms (12 -> 120 = 108): its own
+    # prefill work is 108 − 90 = 18 (step 1 and the 8 ms before the preemption); decode 120 -> 130, all work
+    assert row == pytest.approx((10.0, 90.0, 108.0, 18.0, 10.0, 10.0))
