@@ -3,7 +3,7 @@
 -- (docs/LEDGER.md "reconciliation").
 --
 -- scope: rollup
--- reads: attempts, marks, contracts, ghost, kv_holds, run_metrics, step_attribution, steps
+-- reads: attempts, marks, contracts, ghost, kv_holds, run_metrics, step_attribution, steps, replicas, samples
 -- creates: reconciliation
 
 -- @table reconciliation: one row per run: the attempts counted at each layer, ghost load and the retry
@@ -23,7 +23,8 @@
 -- @column ghost_ms: Σ (server end − the client's terminal event), by the clock rule
 -- @column ghost_tokens: engine tokens committed after the client gave up
 -- @column ghost_kv_gib_s: the KV GiB·s those attempts held after the give-up (NULL without the block size)
--- @column attempts_per_request: mean attempts per request
+-- @column attempts_per_request: mean attempts per request; NULL in a deployment where the router sent a replica
+--   tries the run does not hold (replicas.router_agrees false: the gap names the replica)
 -- @column calls_per_task: mean attempts (model calls) per task
 -- @column p_fail: the measured probability that an attempt does not complete at the client
 -- @column max_retries: the contracts' largest max_attempts − 1 (NULL when no contract limits it)
@@ -32,7 +33,13 @@
 -- @column ghost_energy_j: the window energy charged to ghost attempts by their step-time shares in steps
 --   that started after the give-up; NULL when the window's energy is unknown
 -- @column unseen_tries: upstream tries the client never saw (a router's retries: attempts rows with
---   parent_attempt_id); NULL without server events (a black-box run cannot see them)
+--   parent_attempt_id); NULL without server events (a black-box run cannot see them), and where the router sent
+--   a replica tries the run does not hold (replicas.router_agrees false)
+-- @column router_tries: the upstream tries the router sent over the load, Σ replicas.router_sent (its retries
+--   included; over `sent`, the router's retry amplification); NULL without two router scrapes or when a
+--   replica's count is unknown
+-- @column router_retries: the router's own count of its retries over the load (vllm_router_retries_total, last
+--   scrape − first, summed over routes; 0 when it never appeared); NULL without two router scrapes
 CREATE OR REPLACE TABLE reconciliation AS
 WITH p AS (  -- client counts: unknown (NULL) without client events, a count otherwise
   SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_status IS NOT NULL) AS n,
@@ -49,7 +56,17 @@ WITH p AS (  -- client counts: unknown (NULL) without client events, a count oth
 ), ghost_steps AS (  -- step time charged to ghost attempts in steps that started after their client gave up
   SELECT sum(sa.share_ms) AS ms FROM step_attribution sa JOIN ghost g USING (attempt_id)
   JOIN steps st USING (step_id) WHERE st.start_ns >= g.gave_up_ns
-), all_steps AS (SELECT sum(share_ms) AS ms FROM step_attribution)
+), all_steps AS (SELECT sum(share_ms) AS ms FROM step_attribution
+), router AS (  -- the router's two scrapes, and whether the run holds every try it counted per replica
+  SELECT min(ts_ns) AS first_ns, max(ts_ns) AS last_ns,
+         coalesce((SELECT bool_and(router_agrees) FROM replicas WHERE router_agrees IS NOT NULL), true) AS whole
+  FROM samples WHERE source = 'vllm-router'
+), router_retries AS (
+  SELECT CASE WHEN r.first_ns < r.last_ns THEN
+           coalesce((SELECT sum(CASE WHEN s.ts_ns = r.last_ns THEN s.value ELSE -s.value END) FROM samples s
+                     WHERE s.source = 'vllm-router' AND s.metric LIKE 'vllm\_router\_retries\_total%' ESCAPE '\'
+                       AND s.ts_ns IN (r.first_ns, r.last_ns)), 0) END AS n
+  FROM router r)
 SELECT getvariable('run_id') AS run_id,
   (SELECT count(*) FROM marks WHERE created IS NOT NULL) AS created,
   (SELECT count(*) FROM marks WHERE sent IS NOT NULL) AS sent,
@@ -69,7 +86,7 @@ SELECT getvariable('run_id') AS run_id,
   (SELECT sum(greatest(0, (least(h.end_ns, a.server_end_ns) - greatest(h.start_ns, g.gave_up_ns)))) / 1e9
           * getvariable('kv_block_bytes') / 2^30
    FROM kv_holds h JOIN ghost g USING (attempt_id) JOIN attempts a USING (attempt_id)) AS ghost_kv_gib_s,
-  (SELECT avg(n_attempts) FROM per_request) AS attempts_per_request,
+  CASE WHEN rt.whole THEN (SELECT avg(n_attempts) FROM per_request) END AS attempts_per_request,
   (SELECT avg(n_calls) FROM per_task) AS calls_per_task,
   -- the measured probability that an attempt does not complete, and the retry formula's E[N]
   CASE WHEN p.n > 0 THEN 1 - p.ok / p.n END AS p_fail,
@@ -82,6 +99,9 @@ SELECT getvariable('run_id') AS run_id,
   -- give-up; NULL when the window's energy is unknown
   (coalesce(m.energy_gpu_j, 0) + coalesce(m.energy_cpu_j, 0)) * coalesce(gs.ms, 0) / nullif(al.ms, 0)
     * CASE WHEN coalesce(m.energy_gpu_j, m.energy_cpu_j) IS NULL THEN NULL ELSE 1 END AS ghost_energy_j,
-  CASE WHEN (SELECT count(*) FROM marks WHERE received IS NOT NULL OR enqueued IS NOT NULL) > 0
-       THEN (SELECT count(*) FROM attempts WHERE parent_attempt_id IS NOT NULL) END AS unseen_tries
-FROM p, run_metrics m, ghost_steps gs, all_steps al;
+  CASE WHEN (SELECT count(*) FROM marks WHERE received IS NOT NULL OR enqueued IS NOT NULL) > 0 AND rt.whole
+       THEN (SELECT count(*) FROM attempts WHERE parent_attempt_id IS NOT NULL) END AS unseen_tries,
+  (SELECT CASE WHEN count(*) > 0 AND count(router_sent) = count(*) THEN sum(router_sent) END FROM replicas
+   WHERE router_sent IS NOT NULL OR attempts IS NOT NULL)::BIGINT AS router_tries,
+  rr.n::BIGINT AS router_retries
+FROM p, run_metrics m, ghost_steps gs, all_steps al, router rt, router_retries rr;

@@ -23,7 +23,15 @@
 -- @column router_sent: the router's vllm_router_processed_requests_total for this worker, its last scrape
 --   minus its first (a labelled counter is exported from its first increment: absent in a first scrape
 --   that answered, it was 0); NULL without two router scrapes (capture --router-metrics)
--- @column router_agrees: attempts = router_sent; NULL when either is unknown
+-- @column router_agrees: attempts = router_sent; NULL when either is unknown. False when the router sent this replica
+--   tries the run does not hold (a replica killed: the tries it refused, and those it received after its last
+--   flush), with a gap naming the replica
+-- @column router_failures: the router's vllm_router_cb_outcomes_total{outcome="failure"} for this worker over the
+--   load (last scrape − first; 0 when the counter never appeared): upstream tries that failed there (refused
+--   connections, resets; a 429 the router retried counts as a success); NULL without two router scrapes
+-- @column breaker_opens: the router's circuit-breaker transitions to open for this worker over the load
+--   (vllm_router_cb_state_transitions_total{to="open"}, last scrape − first; 0 when none appeared); NULL
+--   without two router scrapes
 -- @column busy_ms: Σ step_ms of its engine's steps in the run (those copied from its folder: the window of
 --   this run's attempts there); NULL for a replica whose engine's events are not in the run (no engine of another kind
 --   reports its busy time: llama.cpp's and vLLM's seconds counters add up overlapping requests)
@@ -53,14 +61,20 @@ WITH served AS (
   FROM attempts WHERE replica_id IS NOT NULL GROUP BY replica_id
 ), router AS (  -- the router's two scrapes (before and after the load): the counter's difference per worker
   SELECT min(ts_ns) AS first_ns, max(ts_ns) AS last_ns FROM samples WHERE source = 'vllm-router'
-), processed AS (
-  SELECT s.device AS replica_id,
+), worker_counts AS (  -- each labelled counter per worker: its last scrape minus its first
+  SELECT s.device AS replica_id, s.metric,
          max(s.value) FILTER (WHERE s.ts_ns = r.last_ns) - coalesce(max(s.value) FILTER (WHERE s.ts_ns = r.first_ns), 0)
-           AS router_sent
+           AS delta
   FROM samples s, router r
-  WHERE s.source = 'vllm-router' AND s.metric = 'vllm_router_processed_requests_total' AND s.device IS NOT NULL
-    AND r.first_ns < r.last_ns
-  GROUP BY s.device
+  WHERE s.source = 'vllm-router' AND s.device IS NOT NULL AND r.first_ns < r.last_ns
+  GROUP BY s.device, s.metric
+), processed AS (
+  SELECT replica_id, delta AS router_sent,
+         (SELECT coalesce(sum(w.delta), 0) FROM worker_counts w WHERE w.replica_id = p.replica_id
+            AND w.metric = 'vllm_router_cb_outcomes_total{outcome="failure"}') AS router_failures,
+         (SELECT coalesce(sum(w.delta), 0) FROM worker_counts w WHERE w.replica_id = p.replica_id
+            AND w.metric LIKE 'vllm\_router\_cb\_state\_transitions\_total{%to="open"%}' ESCAPE '\') AS breaker_opens
+  FROM worker_counts p WHERE metric = 'vllm_router_processed_requests_total'
 ), busy AS (
   SELECT replica_id, sum(step_ms) AS busy_ms FROM (
     SELECT DISTINCT replica_id, step_id, step_ms FROM step_attribution WHERE replica_id IS NOT NULL
@@ -98,6 +112,7 @@ WITH served AS (
   SELECT ids.replica_id, coalesce(dc.kind, CASE WHEN s.attempts IS NOT NULL THEN 'ours' END) AS kind,
          s.attempts, s.client_attempts, s.unseen_tries, s.server_completed,
          p.router_sent::BIGINT AS router_sent, s.attempts = p.router_sent AS router_agrees,
+         p.router_failures::BIGINT AS router_failures, p.breaker_opens::BIGINT AS breaker_opens,
          s.attempts IS NOT NULL AND coalesce(dc.kind, 'ours') = 'ours' AS steps_here,  -- its engine's events are in the run
          b.busy_ms, q.queue_p50_ms, q.queue_p99_ms, g.waiting_max::BIGINT AS waiting_max,
          h.prefix_hit_blocks, h.prefix_hit_attempts,
@@ -115,7 +130,7 @@ WITH served AS (
   FROM acc
 )
 SELECT getvariable('run_id') AS run_id, replica_id, kind, attempts, client_attempts, unseen_tries,
-  server_completed, router_sent, router_agrees, busy_ms,
+  server_completed, router_sent, router_agrees, router_failures, breaker_opens, busy_ms,
   CASE WHEN count(busy_ms) OVER () = count(*) OVER () THEN busy_ms / nullif(avg(busy_ms) OVER (), 0) END AS balance,
   queue_p50_ms, queue_p99_ms, waiting_max, prefix_hit_blocks, prefix_hit_attempts, prefix_hit_tokens,
   kv_blocks_used_max, kv_usage_max
@@ -125,7 +140,9 @@ ORDER BY replica_id;
 -- @gaps: a replica whose engine's events are not in the run (declared by URL, or a worker only the router
 --   names): its attempts (when no evidence places them), busy time (so every row's balance), queue, KV use and
 --   prefix hits, each where its kind cannot say them; a replica the router's counters do not name while router
---   samples exist (router_sent unknown).
+--   samples exist (router_sent unknown); a replica the router sent more tries than the run holds (router_agrees
+--   false: the tries missing are rows no one recorded, so reconciliation's unseen_tries and attempts_per_request
+--   are unknown too).
 CREATE OR REPLACE TEMP TABLE replicas_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO replicas_gaps
 SELECT 'run', replica_id,
@@ -151,4 +168,17 @@ SELECT 'run', replica_id, 'replicas router_sent, router_agrees',
        'vllm_router_processed_requests_total{worker} for this replica in two router scrapes',
        format('replica {} served {} attempt(s) but the router''s scrapes name no worker that is it', replica_id, attempts)
 FROM replicas WHERE router_sent IS NULL AND attempts IS NOT NULL
-  AND (SELECT count(DISTINCT ts_ns) FROM samples WHERE source = 'vllm-router') >= 2;
+  AND (SELECT count(DISTINCT ts_ns) FROM samples WHERE source = 'vllm-router') >= 2
+UNION ALL
+SELECT 'run', replica_id,
+       format('the rows of attempts for {} (one per try the router sent it), so reconciliation unseen_tries, '
+              'attempts_per_request', replica_id),
+       'every try the replica received in its `serve --out` folder (a replica that is not killed flushes at its stop)',
+       format('the router sent {} {} tr{} over the load ({} failed there, its breaker opened {} time(s)); the run '
+              'holds {} attempt(s) of it: {}', replica_id, router_sent, CASE WHEN router_sent = 1 THEN 'y' ELSE 'ies' END,
+              router_failures, breaker_opens, attempts,
+              CASE WHEN router_sent > attempts
+                   THEN format('{} are in no folder (refused by a dead replica, or received after its last flush)',
+                               router_sent - attempts)
+                   ELSE 'more than the router counted' END)
+FROM replicas WHERE NOT router_agrees;

@@ -4,6 +4,7 @@ the server's own events; a folder that has not flushed them is a gap naming it."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import duckdb
@@ -234,3 +235,65 @@ def test_a_rate_sweep_against_a_url_offers_the_rates_asked_and_diagnoses_each_fr
         assert point["multiple_of_capacity"] == pytest.approx(point["offered_rps"] / sat, rel=1e-3)
         assert point["probe_tok_s"] is None  # the embedded engine's speed probe says nothing of a URL
     assert "speed probe" not in comp["load"]["note"]
+
+
+def _folder_rows(path: Path, events: list[tuple[str, str, int, dict]], manifest: dict) -> None:
+    """A `serve --out` folder as a server leaves it: `events` (name, attempt id, ts_ns, attrs) in one part and
+    `manifest` (its state and last flush)."""
+    from inferledger.collectors.rundir.writer import RunWriter
+
+    w = RunWriter(path, path.name)
+    for seq, (name, aid, ts, attrs) in enumerate(events):
+        w.emit({"run_id": path.name, "event_id": f"server:{seq}", "seq": seq, "source": "server", "host": "h",
+                "name": name, "ts_ns": ts, "clock": "mono:h", "task_id": None, "session_id": None,
+                "request_id": aid, "attempt_id": aid, "step_id": None, "value": None, "attrs": json.dumps(attrs)})
+    w.flush()
+    w.write_manifest({"source": server_join.SERVE_SOURCE, "host": {"name": "h"}, **manifest})
+
+
+def test_a_replica_killed_before_its_last_flush_is_a_gap_naming_its_folder(tmp_path):
+    """Two replicas behind a router; `dead` was killed after its last flush (state still running, no flush after
+    the load): it holds none of this run's attempts, `live` answered both. The tries the router sent `dead` since
+    its last flush are nowhere: the join waits its bound for it, then a gap names the folder, not a silent 0."""
+    import time
+
+    from inferledger.collectors.capture.servers import ServerFolder, ServerJoin
+    from inferledger.collectors.evidence.trace_context import trace_ids_for
+    from inferledger.collectors.rundir.writer import RunWriter
+
+    run, attempts = tmp_path / "run", ("T0:R1:A1", "T1:R1:A1")
+    client = RunWriter(run, "run")
+    for seq, (name, aid) in enumerate((n, a) for a in attempts for n in ("attempt.sent", "attempt.first_byte")):
+        client.emit({"run_id": "run", "event_id": f"client:{seq}", "seq": seq, "source": "client", "host": "h",
+                     "name": name, "ts_ns": seq, "clock": "mono:h", "task_id": None, "session_id": None,
+                     "request_id": aid, "attempt_id": aid, "step_id": None, "value": None, "attrs": "{}"})
+    client.flush()
+    join = ServerJoin([ServerFolder(tmp_path / n, n, {"host": {"name": "h"}}) for n in ("dead", "live")], host="h",
+                      client_clock="mono:h", target="http://router")
+    join.salt = "s"
+    received = [(n, a, i + 1, {"trace_id": trace_ids_for(a, "s")[0]}) for i, a in enumerate(attempts)
+                for n in ("server.received", "server.done")]
+    # `dead` flushed the arrival of T0's first try, killed before it ended: the router retried it on `live`
+    _folder_rows(tmp_path / "dead", received[:1], {"state": "running", "flushed": {"at_unix_s": time.time() - 5}})
+    _folder_rows(tmp_path / "live", received, {"state": "complete"})
+    t0 = time.monotonic()
+    join.join(client, run, wait_s=0.6, say=lambda *_: None)
+    assert time.monotonic() - t0 >= 0.6  # both attempts found at once, but `dead` never flushed after the load
+    assert (join.answered, join.found) == (set(attempts), set(attempts))
+    gaps = join.gap_rows("run")
+    assert [(g["gap_id"], g["subject_id"]) for g in gaps] == [
+        ("collector:server:dead", None),  # the unended try is the row `T0…@dead#1`, not the attempt `live` answered
+        ("collector:server-attempt:T0:R1:A1@dead#1", "T0:R1:A1@dead#1")]
+    assert re.fullmatch(re.escape(f"{tmp_path / 'dead'}: after ") + r"[\d.]+ s \(--server-wait 0\.6\) its flushed "
+                        r"parts lack the end of 1 of the 1 attempt\(s\) of this run it holds, and it did not flush "
+                        r"after the load \(its last flush 5\.\d s before the load's end\): what it received after its "
+                        r"last flush is not in the run \(server state running\): "
+                        r"the server was killed, stopped flushing, or ended them later than the bound", gaps[0]["detail"])
+    assert "the tries the router sent dead after its last flush" in gaps[0]["affects"]
+    # flushed after the load: no gap, and the wait ends as soon as both folders have
+    _folder_rows(tmp_path / "flushed", [], {"state": "running", "flushed": {"at_unix_s": time.time() + 60}})
+    join = ServerJoin([ServerFolder(tmp_path / n, n, {"host": {"name": "h"}}) for n in ("flushed", "live")], host="h",
+                      client_clock="mono:h", target="http://router")
+    join.salt = "s"
+    join.join(client, run, wait_s=5, say=lambda *_: None)
+    assert join.waited_s < 2 and join.gap_rows("run") == []

@@ -2,7 +2,8 @@
 behind the real vllm-router 0.1.17, one capture through the router joining both folders and its
 counters. Rebuilt without the router installed and held to exact values: every attempt has its
 replica; each replica's rows in `attempts` equal the router's own per-worker count of what it sent;
-a router's retries the client never saw are rows of their own, tied to the client attempt."""
+a router's retries the client never saw are rows of their own, tied to the client attempt; a replica killed or
+slowed during the load is named, with what the router did and what the client saw, and no attempt lost."""
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm_r
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = {}
-    for name in ("round_robin", "retries", "llamacpp_replica"):
+    for name in ("round_robin", "retries", "llamacpp_replica", "replica_killed", "replica_slowed"):
         run = tmp_path_factory.mktemp(name) / "run"
         shutil.copytree(SAMPLES / name, run)
         reconstruct(run)
@@ -196,6 +197,9 @@ def test_reconciliation_counts_the_routers_unseen_tries(runs):
     assert rows(runs["retries"], "select sent, received, unseen_tries, attempts_per_request from reconciliation") == \
         [(20, 37, 17, 37 / 20)]
     assert rows(runs["round_robin"], "select unseen_tries, attempts_per_request from reconciliation") == [(0, 1.0)]
+    # the router's own counts beside them: what it sent upstream and its retries, equal to the rows here
+    assert rows(runs["retries"], "select router_tries, router_retries from reconciliation") == [(37, 17)]
+    assert rows(runs["retries"], "select router_failures, breaker_opens from replicas") == [(0, 0), (0, 0)]
 
 
 def test_a_join_the_request_id_does_not_agree_with_is_counted_and_a_gap():
@@ -296,3 +300,60 @@ def test_a_llamacpp_replica_beside_ours_is_placed_by_its_timings_and_counted_by_
     assert (manifest["servers"]["answered"], manifest["servers"]["joined"], manifest["servers"]["flushed_after_load"]) \
         == (20, 10, True)
     assert rows(run, "select count(*) from gaps where gap_id like 'collector:server%'") == [(0,)]
+
+
+def test_a_killed_replica_loses_no_client_attempt_and_its_missing_tries_are_counted_and_a_gap(runs):
+    """replica1 (flushing every 0.1 s) was killed (SIGKILL) once the router had sent 19 requests. The two it was
+    streaming were cut: the client saw errors, their server side never ended (gaps name what the folder lacks).
+    The router's 10 tries it refused afterwards were retried on replica2, its breaker opened, and the rest went
+    to replica2. Every client attempt is a row with its client status; the router's 19 tries to replica1 stand
+    beside the 9 rows its folder held, the 10 missing a gap naming the replica and one naming its folder (it never
+    flushed after the load); the unseen-try figures the rows cannot give are NULL, the router's counts beside."""
+    run = runs["replica_killed"]
+    assert rows(run, "select count(*), count(distinct attempt_id), count(parent_attempt_id) from attempts") == \
+        [(60, 60, 0)]
+    assert rows(run, "select replica_id, client_status, server_status, count(*) from attempts group by all "
+                     "order by all") == [("replica1", "completed", "completed", 7),
+                                         ("replica1", "error", "unterminated", 2),
+                                         ("replica2", "completed", "completed", 51)]
+    assert rows(run, "select sent, completed, errored, unterminated from reconciliation") == [(60, 58, 2, 2)]
+    assert rows(run, "select replica_id, attempts, client_attempts, unseen_tries, server_completed, router_sent, "
+                     "router_agrees, router_failures, breaker_opens from replicas order by 1") == [
+        ("replica1", 9, 9, 0, 7, 19, False, 10, 1), ("replica2", 51, 51, 0, 51, 51, True, 0, 0)]
+    assert router_counts("replica_killed") == {"replica1": 19, "replica2": 51}
+    assert rows(run, "select unseen_tries, attempts_per_request, router_tries, router_retries from reconciliation") == \
+        [(None, None, 70, 10)]
+    gaps = {g: (subject, detail) for g, subject, detail in rows(
+        run, "select gap_id, subject_id, detail from gaps where gap_id like 'collector:server%' or subject_id = "
+             "'replica1'")}
+    cut = [a for (a,) in rows(run, "select attempt_id from attempts where client_status = 'error' order by 1")]
+    assert sorted(gaps) == sorted([f"collector:server-attempt:{a}" for a in cut] + ["collector:server:replica1",
+                                                                                     "run:replica1:1"])
+    assert all(gaps[f"collector:server-attempt:{a}"][0] == a for a in cut)
+    assert re.search(r"/replica1: after [\d.]+ s \(--server-wait 30\) its flushed parts lack the end of 2 of the 9 "
+                     r"attempt\(s\) of this run it holds, and it did not flush after the load \(its last flush [\d.]+ s "
+                     r"before the load's end\)", gaps["collector:server:replica1"][1])
+    assert gaps["run:replica1:1"][1] == "the router sent replica1 19 tries over the load (10 failed there, its " \
+        "breaker opened 1 time(s)); the run holds 9 attempt(s) of it: 10 are in no folder (refused by a dead " \
+        "replica, or received after its last flush)"
+
+
+def test_a_slowed_replica_is_named_by_the_diagnosis_and_the_router_saw_nothing_wrong(runs):
+    """replica1 pinned to one core beside two CPU burners that outweigh it (nice 5 against 0), replica2 on the
+    other core; 60 attempts at 1/s, a 5 s deadline. Round robin kept sending each half; nothing failed, so the
+    router's counters see no fault: the ledger's busy time, queue and late attempts name replica1."""
+    run = runs["replica_slowed"]
+    assert rows(run, "select replica_id, attempts, router_sent, router_agrees, router_failures, breaker_opens, "
+                     "round(balance, 3), queue_p50_ms > 30000 from replicas order by 1") == [
+        ("replica1", 30, 30, True, 0, 0, 1.424, True), ("replica2", 30, 30, True, 0, 0, 0.576, False)]
+    assert rows(run, "select a.replica_id, count(*) filter (where a.client_status = 'completed'), count(*) filter "
+                     "(where c.late) from attempts a join attempt_causes c using (attempt_id) group by 1 order by 1") == \
+        [("replica1", 30, 30), ("replica2", 30, 6)]
+    assert rows(run, "select replica_id, round(replica_balance, 3), n_late, first_cause from run_diagnosis "
+                     "where scope = 'run'") == [("replica1", 1.424, 36, "server_queue")]
+    assert rows(run, "select evidence like '%replica replica1 served 30 of the 36 late attempts (30 of the 60 "
+                     "attempts); its busy time 1.4× the mean' from run_diagnosis where scope = 'run'") == [(True,)]
+    assert rows(run, "select unseen_tries, attempts_per_request, router_tries, router_retries from reconciliation") == \
+        [(0, 1.0, 60, 0)]
+    assert rows(run, "select count(*) from gaps where gap_id like 'collector:server%' or subject_id like 'replica%'") \
+        == [(0,)]

@@ -11,7 +11,10 @@
 #   (recipe's environment: REPLICA1_ARGS / REPLICA2_ARGS, appended to that replica's `inferledger serve`;
 #    LOAD_ARGS, the capture's load flags, default "--request-rate 4"; NUM_PROMPTS, the attempts, default 20;
 #    LLAMACPP_REPLICA=1: the second replica is llama.cpp's own server (benchmarks/peers/llamacpp.sh, port
-#    18210), declared to the capture as --replica URL=llamacpp, the first served as `smollm2` like it)
+#    18210), declared to the capture as --replica URL=llamacpp, the first served as `smollm2` like it;
+#    FAULT=kill: replica1 is killed (SIGKILL) once the router has sent FAULT_AFTER (20) requests; FAULT=slow: replica1 is
+#    pinned to core 0 at nice FAULT_NICE (5) beside FAULT_BURNERS (2) CPU burners pinned there too at nice 0
+#    (benchmarks/co_tenants.py), replica2 to core 1, for the whole load; WORKLOAD: a workload file under the load flags (-w, e.g. a deadline))
 #
 # Environment: ROUTER_PORT (18200), ROUTER_METRICS_PORT (18201: its Prometheus /metrics), ROUTER_POLICY
 # (round_robin; any of the router's --policy), ROUTER_START_TIMEOUT_S (60), ROUTER_EXTRA_ARGS (appended,
@@ -80,12 +83,44 @@ status() {
 # router, one capture through it joining both folders and scraping the router's counters. Every
 # process it starts is stopped on exit, whatever happens.
 REPLICA_PIDS=()
+FAULT_PID=""
 cleanup() {  # the router and every replica `recipe` started (globals: the EXIT trap runs after its locals are gone)
   stop || true
+  if [[ -n "$FAULT_PID" ]]; then kill -TERM "$FAULT_PID" 2>/dev/null || true; wait "$FAULT_PID" 2>/dev/null || true; fi
+  FAULT_PID=""
   if [[ -n "${LLAMACPP_REPLICA:-}" ]]; then LLAMACPP_PORT=18210 bash "$ROOT/benchmarks/peers/llamacpp.sh" stop || true; fi
   for p in "${REPLICA_PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done
   for p in "${REPLICA_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   REPLICA_PIDS=()
+}
+
+# FAULT (see the header): started beside the capture, in the background (FAULT_PID), stopped by cleanup.
+fault() {
+  local work=$1 victim=${REPLICA_PIDS[0]}
+  case "${FAULT:-}" in
+    "") ;;
+    kill)
+      ( until [[ "$(curl -fsS -m 2 "http://127.0.0.1:$METRICS_PORT/metrics" 2>/dev/null \
+                  | awk '/^vllm_router_processed_requests_total/ {n += $NF} END {print n + 0}')" -ge "${FAULT_AFTER:-20}" ]]
+        do sleep 0.2; done
+        kill -KILL "$victim" && say "killed replica1 (pid $victim, SIGKILL) once the router had sent ${FAULT_AFTER:-20}" ) &
+      FAULT_PID=$! ;;
+    slow)
+      # the co-tenant outweighs the replica (nice): the host's other jobs are not pinned and move between cores
+      taskset -a -p -c 0 "$victim" >/dev/null && taskset -a -p -c 1 "${REPLICA_PIDS[1]}" >/dev/null
+      for t in /proc/"$victim"/task/*; do renice -n "${FAULT_NICE:-5}" -p "${t##*/}" >/dev/null; done  # every thread
+      local burn='import signal, sys
+sys.path.insert(0, sys.argv[1])
+from co_tenants import CoTenants  # each burner (spawned) inherits this process'"'"'s core: taskset -c 0
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+with CoTenants(int(sys.argv[2])):
+    signal.pause()'
+      taskset -c 0 "$ROOT/.venv/bin/python" -c "$burn" "$ROOT/benchmarks" "${FAULT_BURNERS:-2}" >"$work/burners.log" 2>&1 &
+      FAULT_PID=$!
+      say "slowed replica1 (pid $victim): pinned to core 0 at nice ${FAULT_NICE:-5} beside ${FAULT_BURNERS:-2} burner(s)" \
+          "at nice 0, replica2 to core 1" ;;
+    *) die "FAULT=$FAULT: kill or slow" ;;
+  esac
 }
 
 recipe() {
@@ -109,9 +144,11 @@ recipe() {
   done
   start "http://127.0.0.1:18111" "$second"
   rm -rf "$out"
-  "$il" capture -o "$out" --target "http://127.0.0.1:$PORT" --router-metrics "http://127.0.0.1:$METRICS_PORT/metrics" \
-    --server "$work/replica1" "${replicas[@]}" --num-prompts "${NUM_PROMPTS:-20}" --seed 0 --input-len 64 --output-len 8 \
-    --ignore-eos ${LOAD_ARGS:---request-rate 4}
+  fault "$work"
+  local workload=(); [[ -z "${WORKLOAD:-}" ]] || workload=(-w "$WORKLOAD")
+  "$il" capture -o "$out" "${workload[@]}" --target "http://127.0.0.1:$PORT" \
+    --router-metrics "http://127.0.0.1:$METRICS_PORT/metrics" --server "$work/replica1" "${replicas[@]}" \
+    --num-prompts "${NUM_PROMPTS:-20}" --seed 0 --input-len 64 --output-len 8 --ignore-eos ${LOAD_ARGS:---request-rate 4}
   cleanup
   trap - EXIT
   rm -rf "$work"

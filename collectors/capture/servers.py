@@ -32,7 +32,11 @@ stopped, as an embedded capture's does.
   server id), each folder's step ids are offset by (index + 1) x STEP_STRIDE (every engine counts from 0)
   and its KV samples name the replica as their device. A client attempt that reached servers more than once
   (the router's retries carry the same traceparent) is its latest try; each earlier try is copied as
-  `<client attempt>@<server id>#<n>` with `attrs.parent_attempt_id` (`_name_tries`).
+  `<client attempt>@<server id>#<n>` with `attrs.parent_attempt_id` (`_name_tries`). Such a try can sit
+  unflushed in one folder while another folder holds the answer the client saw, so with several folders the
+  wait ends only once every folder has flushed after the load (or its server stopped cleanly); a folder
+  that has not (its server killed, its last flush lost) is a gap naming it: the tries it received after its
+  last flush are not in the run, and the router's count of what it sent that replica says how many.
 """
 from __future__ import annotations
 
@@ -183,6 +187,7 @@ class _Joined:
     state: str | None = None
     error: str | None = None  # a part that could not be read at the last poll
     flushed_at: float | None = None  # the folder's last periodic flush (manifest flushed.at_unix_s), Unix s
+    settled: bool = False  # it flushed after the load, or its server stopped cleanly: nothing of the load is unwritten
     names: dict[str, str] = field(default_factory=dict)  # server attempt id -> the id it is copied under
     parents: dict[str, str] = field(default_factory=dict)  # an upstream try the client never saw -> its client attempt
     replica_id: str | None = None  # its server id where several folders are joined (attrs.replica_id)
@@ -215,10 +220,16 @@ class ServerJoin:
                                        replica_id=f.server_id if len(folders) > 1 or deployment else None))
         self.target, self.deployment = target, deployment
         self.flushed_after = False  # deployment: every folder flushed after the load (its unfound attempts are not its)
+        self.load_end = 0.0  # Unix s: when the load ended (a folder's flushes are compared with it)
         self.waited_s = 0.0
         self.wait_s = SERVER_WAIT_S
         self.answered: set[str] = set()  # this run's attempts the server answered (join fills both)
         self.found: set[str] = set()  # those found in a folder
+
+    @property
+    def replicas(self) -> bool:
+        """Several folders, or folders beside replicas declared by URL: a deployment behind a router."""
+        return len(self.joined) > 1 or self.deployment
 
     @property
     def model_name(self) -> str | None:
@@ -254,15 +265,19 @@ class ServerJoin:
         sent, answered = _client_attempts(run_dir)
         want = {trace_ids_for(aid, self.salt)[0]: aid for aid in sent}
         readers = [(_Parts(j.folder.path / "events", EVENT_SCHEMA)) for j in self.joined]
-        t0, told, load_end = time.monotonic(), False, time.time()
+        t0, told, self.load_end = time.monotonic(), False, time.time()
         self.wait_s = wait_s
         while True:
             rows = [self._poll(j, r, want) for j, r in zip(self.joined, readers)]
             found = {c for j in self.joined for c in j.found.ours.values()}
-            self.flushed_after = self.deployment and all(
-                j.state in ("complete", "interrupted") or (j.flushed_at or 0) >= load_end for j in self.joined)
-            if ((answered <= found or self.flushed_after) and not any(j.found.uncovered or j.error for j in self.joined)) \
-                    or time.monotonic() - t0 >= wait_s:
+            for j in self.joined:
+                j.settled = j.state in ("complete", "interrupted") or (j.flushed_at or 0) >= self.load_end
+            settled = all(j.settled for j in self.joined)
+            self.flushed_after = self.deployment and settled
+            # replicas: a try the router sent one folder may sit unflushed there while another answered the
+            # client, so every folder must have flushed after the load; one server: its attempts found
+            done = settled if self.replicas else answered <= found
+            if (done and not any(j.found.uncovered or j.error for j in self.joined)) or time.monotonic() - t0 >= wait_s:
                 break
             if not told:
                 told = True
@@ -415,22 +430,24 @@ class ServerJoin:
         paths = ", ".join(str(j.folder.path) for j in self.joined)
         for j in self.joined:
             f, sid = j.found, j.folder.server_id
-            if f.uncovered or missing or j.error:
+            stale = self.replicas and not j.settled  # a replica's last flush before the load's end: tries unwritten
+            if f.uncovered or missing or j.error or stale:
                 lacking = len(f.uncovered) + len(missing)
                 gaps.append(_gap(run_id, f"collector:server:{sid}", "run", None,
-                                 f"server_status and the server's and engine's figures of {lacking} attempt(s)",
+                                 f"server_status and the server's and engine's figures of {lacking} attempt(s)"
+                                 + (f"; the tries the router sent {sid} after its last flush (attempts rows of "
+                                    f"replica {sid}: replicas.router_sent counts them)" if stale else ""),
                                  f"the folder's flushed parts: `serve --out {j.folder.path}` flushes every "
                                  "--flush-every s and at its stop; a longer `capture --server-wait`, or a server "
                                  "that is not killed",
-                                 f"{j.folder.path}: after {self.waited_s:g} s (--server-wait {self.wait_s:g}) its "
-                                 f"flushed parts lack the end of {len(f.uncovered)} of the {len(f.ours)} attempt(s) "
-                                 f"of this run it holds" + (f", and {len(missing)} attempt(s) the server answered "
-                                 f"are in no --server folder" if missing else "") + f" (server state {j.state}"
-                                 + (f"; {j.error}" if j.error else "") + "): the server was killed, stopped "
-                                 "flushing, or ended them later than the bound"))
+                                 f"{j.folder.path}: after {self.waited_s:g} s (--server-wait {self.wait_s:g}) "
+                                 + ", and ".join(_lacks(j, len(missing), self.load_end if stale else None))
+                                 + f" (server state {j.state}" + (f"; {j.error}" if j.error else "")
+                                 + "): the server was killed, stopped flushing, or ended them later than the bound"))
             for sid_attempt, lacks in sorted(f.uncovered.items()):
-                gaps.append(_gap(run_id, f"collector:server-attempt:{f.ours[sid_attempt]}", "attempt",
-                                 f.ours[sid_attempt], "server_status, the server's and engine's figures",
+                row = j.names.get(sid_attempt, f.ours[sid_attempt])  # an unseen try is its own row, not the client's
+                gaps.append(_gap(run_id, f"collector:server-attempt:{row}", "attempt",
+                                 row, "server_status, the server's and engine's figures",
                                  f"its end in {j.folder.path}", f"{j.folder.path}: its flushed parts lack the "
                                  f"attempt's {', '.join(lacks)}"))
             for sid_attempt in _id_disagrees(f):
@@ -451,6 +468,23 @@ class ServerJoin:
                              "the server's events of this attempt (its server.received by trace id)",
                              f"answered by the server, but in no --server folder's flushed parts ({paths})"))
         return gaps
+
+
+def _lacks(j: _Joined, missing: int, stale_since: float | None) -> list[str]:
+    """What a folder's gap says it lacks: its attempts' ends, the answered attempts no folder holds, and
+    (`stale_since`: the load's end, Unix s) the flush after the load a killed replica never made."""
+    f, out = j.found, []
+    if f.uncovered or stale_since is None:
+        out.append(f"its flushed parts lack the end of {len(f.uncovered)} of the {len(f.ours)} attempt(s) of this "
+                   "run it holds")
+    if missing:
+        out.append(f"{missing} attempt(s) the server answered are in no --server folder")
+    if stale_since is not None:
+        last = "it never flushed" if j.flushed_at is None else \
+            f"its last flush {stale_since - j.flushed_at:.1f} s before the load's end"
+        out.append(f"it did not flush after the load ({last}): what it received after its last flush is not in "
+                   "the run")
+    return out
 
 
 def _id_disagrees(f: _Found) -> list[str]:
