@@ -54,9 +54,11 @@ def _run_id(manifest: Manifest, run_dir: Path, url: str | None = None) -> str:
 
 def run_variables(manifest: Manifest, run_id: str) -> dict:
     """The SQL variables every stage reads (`getvariable`): the run id, the KV block size, the SLO, the
-    planned arrival rate and how often the client's loop-lag trace kept a wake."""
+    planned arrival rate, how often the client's loop-lag trace kept a wake and whether the run is still
+    recording (`run_open`: an attempt without an end is then in flight, not unterminated)."""
     slo = manifest.slo
     return {"run_id": (run_id, "VARCHAR"), "kv_block_bytes": (manifest.kv_block_bytes, "BIGINT"),
+            "run_open": (manifest.recording, "BOOLEAN"),
             "offered_rps": (manifest.offered_rps, "DOUBLE"),
             "client_lag_every": (manifest.block("client").get("loop_lag_trace_every"), "BIGINT"),
             "replica_kinds": (json.dumps(sorted(manifest.replica_kinds.items())), "VARCHAR"),
