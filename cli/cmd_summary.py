@@ -96,7 +96,7 @@ def _follow_summary(run_dir: Path, every: float, table: str | None, all_tools: b
             return
         if live is None:
             console.rule(style="dim")
-            console.print(refresh_line(r), markup=False, highlight=False)
+            console.print(refresh_line(r), markup=False, highlight=False, soft_wrap=True)
             print_sections(sections, console, only=table)
             return
         drawn = Console(file=io.StringIO(), width=console.width, force_terminal=True,

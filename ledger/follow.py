@@ -26,7 +26,6 @@ from pathlib import Path
 import duckdb
 
 from inferledger.ledger.reconstruct import BuildOptions, LedgerSummary, RunDirError, reconstruct
-from inferledger.probes.run_dir import PartError
 from inferledger.probes.run_folder import Manifest, RunFolderError
 
 # what is drawn from a run rather than recorded in it: a change to these is no reason to rebuild
@@ -124,10 +123,10 @@ def follow(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(),
                 t0 = time.perf_counter()
                 try:
                     summary = reconstruct(run_dir, options, out=out)
-                except (RunDirError, PartError, OSError) as exc:
+                except (RunDirError, OSError) as exc:
                     if not recording and fingerprint(run_dir) == seen:
                         raise  # the files are still: a real fault, not a part moved under the build
-                    say(f"refresh skipped (the run's files changed under it; next try in {following.every_s:g} s): {exc}")
+                    say(f"refresh skipped, the last ledger kept; tried again when the run's files change: {exc}")
                     built = seen
                     sleep(following.every_s)
                     continue

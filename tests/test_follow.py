@@ -77,7 +77,7 @@ def test_an_attempt_without_an_end_is_in_flight_while_the_run_records_and_unterm
                             "FROM request_metrics JOIN attempts USING (attempt_id) WHERE client_status = 'in_flight'")
     completed = dict(((c, s), n) for c, s, n in statuses)[("completed", "completed")]
     in_flight = sum(n for c, s, n in statuses if "in_flight" in (c, s))
-    assert completed + in_flight == ATTEMPTS - sum(n for c, s, n in statuses) + completed + in_flight
+    assert completed > 0 and in_flight > 0  # the cut falls inside the run
     assert {(c, s) for c, s, _n in statuses} == {("completed", "completed"), ("in_flight", "in_flight")}
     # not failed: p_fail counts the attempts that ended (all of which completed), not the ones in flight
     assert rec == [(completed, 0, in_flight, 0.0)]
