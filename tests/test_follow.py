@@ -201,3 +201,20 @@ def test_ctrl_c_leaves_the_last_ledger_whole_and_exits_130(recorded, tmp_path):
     assert "Traceback" not in err and "interrupted: stopped following" in err
     fresh = reconstruct(run, out=tmp_path / "fresh.duckdb")  # the same files, still recording
     assert ledger_differences(run / "ledger.duckdb", fresh.path) == []
+
+
+@pytest.mark.parametrize("state, outcome", [("running", "unknown"), ("complete", "failure")])
+def test_a_required_turn_not_yet_sent_is_unknown_while_the_run_records_and_failed_after(tmp_path, state, outcome):
+    from ledger_util import build_run, event
+
+    contract = {"required": ["RA1", "RA2"]}  # two turns; the first done and good, the second never sent
+    con = build_run(tmp_path / state, [
+        event("task.start", 0, None, task="T", attrs=contract),
+        event("attempt.created", 1, "A1", task="T"), event("attempt.sent", 2, "A1", task="T"),
+        event("attempt.done", 9, "A1", task="T"),
+        event("verdict", 10, "A1", source="checker", task="T", attrs={"correct": True}),
+    ], manifest={"state": state})
+    try:
+        assert con.execute("SELECT outcome, n_required, n_required_succeeded FROM tasks").fetchall() == [(outcome, 2, 1)]
+    finally:
+        con.close()
