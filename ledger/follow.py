@@ -136,7 +136,7 @@ def follow(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(),
                     on_refresh(Refresh(n, summary, time.perf_counter() - t0, recording, _in_flight(summary.path), final))
                 if final:
                     return summary
-                continue  # a finished run whose files moved during the build: build again at once
+                continue  # files that moved during the build are read again at once, without a wait
         elif not recording and summary is not None:
             return summary
         sleep(following.every_s)
