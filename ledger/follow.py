@@ -7,7 +7,8 @@ it: a reader (`inferledger query RUN` in another terminal) opens the last comple
 built one and never a lock. A capture writes every part under a dot name and renames it whole
 (collectors/rundir/writer.py), and the manifest the same way, so a refresh never reads a part being
 written; a part that vanishes under a build (the capture's compaction at its end merges them) only
-skips that refresh.
+skips that refresh, and one renamed in between a look and its build is read by that build and
+rebuilt once more at the next look (the same ledger).
 
 While the manifest's state is starting or running (`Manifest.recording`), an attempt without an end is
 in flight (attempts.client_status `in_flight`, with a gap), not unterminated: it is counted in no

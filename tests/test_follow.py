@@ -92,55 +92,49 @@ def test_an_attempt_without_an_end_is_in_flight_while_the_run_records_and_unterm
 def test_follow_rebuilds_per_flush_only_and_ends_with_a_fresh_reconstruct(recorded, tmp_path):
     run = tmp_path / "run"
     start_run(recorded, run)
-    refreshes, done, errors = [], threading.Event(), []
-    result = {}
+    # the capture's flushes, then its last word; each lands while the loop waits between two looks
+    # (its `sleep`), after three looks at unchanged files, so each look sees a flush whole
+    steps = [lambda i=i: flush(recorded, run, i) for i in range(PARTS)] + [lambda: set_state(run, "complete")]
+    refreshes, errors, reads, idle = [], [], [], [0]
+    stop = threading.Event()
 
     def on_refresh(r):
         refreshes.append(r)
-        done.set()
+        idle[0] = 0
 
-    def loop():
-        try:
-            result["summary"] = follow(run, following=FollowOptions(every_s=0.05), on_refresh=on_refresh)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
-            errors.append(exc)
+    def between_looks(_seconds):
+        idle[0] += 1
+        if idle[0] >= 3 and steps:
+            steps.pop(0)()
+            idle[0] = 0
+        time.sleep(0.01)
 
     def read():  # another terminal's `inferledger query`, over and over while the ledger is replaced
-        while "summary" not in result and not errors:
+        while not stop.is_set():
             if (run / "ledger.duckdb").exists():
                 try:
                     with inferledger.open(str(run)) as led:
                         led.rows("SELECT count(*) FROM attempts JOIN request_metrics USING (attempt_id)")
                     reads.append(True)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001 - reported by the test
                     errors.append(exc)
             time.sleep(0.01)
 
-    reads: list = []
-    follower, reader = threading.Thread(target=loop), threading.Thread(target=read)
-    follower.start()
+    reader = threading.Thread(target=read)
     reader.start()
     try:
-        for i in range(PARTS):
-            done.clear()
-            flush(recorded, run, i)
-            assert done.wait(60), f"no refresh after part {i}"
-            time.sleep(0.2)  # four looks at unchanged files: no rebuild
-        done.clear()
-        set_state(run, "complete")
-        follower.join(60)
+        summary = follow(run, following=FollowOptions(every_s=0.05), on_refresh=on_refresh, sleep=between_looks)
     finally:
-        set_state(run, "complete")
-        follower.join(60)
+        stop.set()
         reader.join(60)
-    assert errors == [] and reads
-    assert [r.n for r in refreshes] == list(range(1, PARTS + 2))  # one per flush and the final one
+    assert errors == [] and reads and steps == []
+    assert [r.n for r in refreshes] == list(range(1, PARTS + 2))  # one per flush and the final one, none idle
     assert [r.recording for r in refreshes] == [True] * PARTS + [False]
     assert [r.final for r in refreshes] == [False] * PARTS + [True]
     assert refreshes[0].in_flight > 0 and refreshes[-1].in_flight == 0
     assert refreshes[-1].summary.n_attempts == ATTEMPTS
     fresh = reconstruct(run, out=tmp_path / "fresh.duckdb")
-    assert result["summary"].path == run / "ledger.duckdb"
+    assert summary.path == run / "ledger.duckdb"
     assert ledger_differences(run / "ledger.duckdb", fresh.path) == []
     assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no build left behind
 
