@@ -35,10 +35,11 @@ FROM s LEFT JOIN ref r USING (grp) LEFT JOIN clock_conv c ON c.from_clock = s.p.
 -- @column attempt_index: 1 for the first attempt of its request, by attempt.created (else sent, else its
 --   first event), compared on one clock; NULL (with a clock gap) when no mapping places its start
 -- @column client_status: completed, timeout, cancelled, error (the earliest client terminal event),
---   unterminated (client events, none terminal), in_flight (the same in a run still recording: the
---   manifest's state starting or running; not an end, with a gap); NULL without client events
--- @column server_status: rejected, completed, cancelled, failed, unterminated (in_flight while the run
---   records) from server and engine evidence only; unknown without any (docs/LEDGER.md "attempts and accounts")
+--   unterminated (client events, none terminal), in_flight (the same in a rebuild following a run still
+--   recording, `reconstruct --follow` while the manifest's state is starting or running; not an end, with
+--   a gap); NULL without client events
+-- @column server_status: rejected, completed, cancelled, failed, unterminated (in_flight as the client's
+--   in a --follow rebuild) from server and engine evidence only; unknown without any (docs/LEDGER.md "attempts and accounts")
 -- @column server_last_state: for an unterminated server side, where it stopped: queued, running, preempted
 -- @column resource_status: the highest level reached: returned, reallocatable, released, held;
 --   unknown without kv.* events

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import duckdb
@@ -123,7 +123,7 @@ def follow(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(),
             else:
                 t0 = time.perf_counter()
                 try:
-                    summary = reconstruct(run_dir, options, out=out)
+                    summary = reconstruct(run_dir, replace(options, live=recording), out=out)
                 except (RunDirError, OSError) as exc:
                     if not recording and fingerprint(run_dir) == seen:
                         raise  # the files are still: a real fault, not a part moved under the build

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 import inferledger
 from inferledger.cli.app import app
 from inferledger.ledger.follow import FollowOptions, follow
-from inferledger.ledger.reconstruct import RunDirError, reconstruct
+from inferledger.ledger.reconstruct import BuildOptions, RunDirError, reconstruct
 from inferledger.probes.run_folder import Manifest
 from scale_util import ledger_differences
 from test_scale_memory import bench_module
@@ -67,7 +67,7 @@ def test_an_attempt_without_an_end_is_in_flight_while_the_run_records_and_unterm
     start_run(recorded, run)
     flush(recorded, run, 0)
     flush(recorded, run, 1)  # half the run: some attempts ended, the rest still going
-    reconstruct(run)
+    reconstruct(run, BuildOptions(live=True))  # as --follow rebuilds a run it watches
     with inferledger.open(str(run)) as led:
         _c, statuses = led.rows("SELECT client_status, server_status, count(*) FROM attempts GROUP BY ALL ORDER BY ALL")
         _c, rec = led.rows("SELECT completed, unterminated, in_flight, p_fail FROM reconciliation")
@@ -82,11 +82,14 @@ def test_an_attempt_without_an_end_is_in_flight_while_the_run_records_and_unterm
     # not failed: p_fail counts the attempts that ended (all of which completed), not the ones in flight
     assert rec == [(completed, 0, in_flight, 0.0)]
     assert gaps == [(in_flight,)] and good == [(in_flight, 0)]
-    set_state(run, "interrupted")  # the same files, the run over: those attempts never ended
-    reconstruct(run)
-    with inferledger.open(str(run)) as led:
-        _c, rec = led.rows("SELECT completed, unterminated, in_flight, p_fail FROM reconciliation")
-    assert rec == [(completed, in_flight, 0, in_flight / (completed + in_flight))]
+    # a plain rebuild of the same files: a manifest saying running may be a capture killed with SIGKILL,
+    # whose unended attempts never end: unterminated, as once the run says it is over
+    for state in ("running", "interrupted"):
+        set_state(run, state)
+        reconstruct(run)
+        with inferledger.open(str(run)) as led:
+            _c, rec = led.rows("SELECT completed, unterminated, in_flight, p_fail FROM reconciliation")
+        assert rec == [(completed, in_flight, 0, in_flight / (completed + in_flight))], state
 
 
 def test_follow_rebuilds_per_flush_only_and_ends_with_a_fresh_reconstruct(recorded, tmp_path):
@@ -193,7 +196,7 @@ def test_ctrl_c_leaves_the_last_ledger_whole_and_exits_130(recorded, tmp_path):
         proc.kill()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted: stopped following" in err
-    fresh = reconstruct(run, out=tmp_path / "fresh.duckdb")  # the same files, still recording
+    fresh = reconstruct(run, BuildOptions(live=True), out=tmp_path / "fresh.duckdb")  # the same files, still recording
     assert ledger_differences(run / "ledger.duckdb", fresh.path) == []
 
 
@@ -207,7 +210,7 @@ def test_a_required_turn_not_yet_sent_is_unknown_while_the_run_records_and_faile
         event("attempt.created", 1, "A1", task="T"), event("attempt.sent", 2, "A1", task="T"),
         event("attempt.done", 9, "A1", task="T"),
         event("verdict", 10, "A1", source="checker", task="T", attrs={"correct": True}),
-    ], manifest={"state": state})
+    ], manifest={"state": state}, live=True)
     try:
         assert con.execute("SELECT outcome, n_required, n_required_succeeded FROM tasks").fetchall() == [(outcome, 2, 1)]
     finally:
