@@ -1,12 +1,14 @@
 """`inferledger reconstruct`: build a run's ledger."""
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from inferledger.cli.follow import EVERY_HELP, FOLLOW_HELP
 from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 
 
@@ -29,6 +31,9 @@ def reconstruct_cmd(
                                           "(ray://host:10001 or auto); default a local Ray started and stopped here."),
     workers: int = typer.Option(2, "--workers", min=1, help="With --engine ray and no --address: the local Ray's "
                                 "CPUs (one shard each); the memory limit is shared between them."),
+    follow: bool = typer.Option(False, "--follow", help=FOLLOW_HELP + " One line per rebuild (json / csv: one "
+                                "record each)."),
+    every: float = typer.Option(2.0, "--every", min=0.05, help=EVERY_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the ledger path."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " json and csv hold "
                                      "what was built (section ledger) and the whole summary, as `inferledger "
@@ -40,7 +45,11 @@ def reconstruct_cmd(
     request_metrics, intervals, stream_checks, itl, accounts, tasks, gaps. Rebuilding is
     deterministic and never touches the raw files; docs/LEDGER.md defines every column.
 
-    Example: [cyan]inferledger reconstruct runs/r1 && inferledger query runs/r1 "select * from accounts"[/]
+    With --follow it keeps the ledger of a capture in progress up to date (docs/LEDGER.md "A ledger
+    while the run records"): attempts not yet ended are in_flight, never failed.
+
+    Example: [cyan]inferledger reconstruct runs/r1 && inferledger query runs/r1 "select * from accounts"[/];
+    while [cyan]inferledger capture ... -o runs/r2[/] runs: [cyan]inferledger reconstruct runs/r2 --follow[/]
     """
     from inferledger.cli.output import check_output
 
@@ -59,6 +68,10 @@ def reconstruct_cmd(
     from inferledger.probes.study_dir import is_study_dir
     from inferledger.studies.framework import StudyError
 
+    if follow:
+        _follow(run_dir, every, out, quiet, fmt, BuildOptions(memory_limit=memory_limit,
+                                                             temp_directory=temp_directory, engine=engine))
+        return
     try:
         options = BuildOptions(memory_limit=memory_limit, temp_directory=temp_directory, engine=engine,
                                address=address, workers=workers)
@@ -91,6 +104,33 @@ def reconstruct_cmd(
     console.print(f"[bold]{summary.run_id}[/]: {summary.n_events} events, {summary.n_attempts} attempts, "
                   f"{summary.n_tasks} tasks, {summary.n_gaps} gaps → {summary.path}")
     print_sections(sections, console)
+
+
+def _follow(run_dir: str, every: float, out, quiet: bool, fmt: OutputFormat, options) -> None:
+    """reconstruct --follow: a line per rebuild (json: a record per line; csv: a header, then a row per
+    rebuild), the path alone with --quiet, until the run finishes or Ctrl-C."""
+    from inferledger.cli.follow import follow_run, refresh_line, refresh_record, refusal
+    from inferledger.cli.output import console, csv_text, fail
+
+    why = refusal(run_dir, options.engine)
+    if why:
+        fail(f"error: {why}")
+    header = [True]
+
+    def show(r) -> None:
+        record = refresh_record(r)
+        if fmt == OutputFormat.json:
+            typer.echo(json.dumps(record, allow_nan=False))
+        elif fmt == OutputFormat.csv:
+            text = csv_text(list(record), [list(record.values())])
+            typer.echo(text if header[0] else text.split("\n", 1)[1], nl=False)
+            header[0] = False
+        elif not quiet:
+            typer.echo(refresh_line(r))
+
+    summary = follow_run(run_dir, every, show, options=options, out=out)
+    if quiet:
+        console.print(str(summary.path))
 
 
 def stage_ticks(bar, head: str):

@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from inferledger.cli.follow import EVERY_HELP, FOLLOW_HELP
 from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 from inferledger.report.summary import SECTIONS
 
@@ -20,6 +21,9 @@ def summary_cmd(
                                         + " (peers: the load tool's own numbers beside ours and the engine's)."),
     all_tools: bool = typer.Option(False, "--all", help="--table peers of an imported run: every tool's rows, not "
                                    "only the importing tool's."),
+    follow: bool = typer.Option(False, "--follow", help=FOLLOW_HELP + " The summary after each rebuild: redrawn "
+                                "in place on a terminal, else one block each (json: one object per line)."),
+    every: float = typer.Option(2.0, "--every", min=0.05, help=EVERY_HELP),
 ) -> None:
     """Print the summary of a run's ledger without rebuilding it.
 
@@ -33,7 +37,11 @@ def summary_cmd(
     requests and the engine's with the reason they differ (peers), deadline misses by cause, ghost
     load, stream checks and the gap register's size. Unknown figures are null, never 0.
 
+    With --follow it builds the ledger of a capture in progress and shows its summary after each
+    rebuild, until the capture finishes (or Ctrl-C); attempts not yet ended are in flight, not failed.
+
     Examples: [cyan]inferledger summary runs/r1 --table verdict_cause[/];
+    [cyan]inferledger summary runs/r2 --follow --every 5[/] (while a capture writes runs/r2);
     [cyan]inferledger summary runs/a1 --table peers --format csv[/];
     [cyan]inferledger summary runs/r1 --format json | jq .run.goodput_rps[/]
     """
@@ -44,6 +52,9 @@ def summary_cmd(
         raise typer.BadParameter(f"{table!r}: choose one of {', '.join(SECTIONS)}", param_hint="--table")
     from inferledger.probes.study_dir import is_study_dir
 
+    if follow:
+        _follow_summary(run_dir, every, table, all_tools, fmt)
+        return
     if is_study_dir(run_dir):
         _study_summary(run_dir, table, all_tools, fmt)
         return
@@ -56,6 +67,46 @@ def summary_cmd(
             print_sections(sections, console)
     elif not echo_rows(fmt, *section_rows(sections[table])):
         print_sections(sections, console, only=table)
+
+
+def _follow_summary(run_dir: Path, every: float, table: str | None, all_tools: bool, fmt: OutputFormat) -> None:
+    """summary --follow: the ledger rebuilt as the capture flushes, its summary (or one section) after
+    each rebuild with a `follow` section saying which rebuild it is: redrawn in place (rich Live) on a
+    terminal, else one block (json: one line) per rebuild."""
+    import io
+    from contextlib import nullcontext
+
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    from inferledger.cli.follow import follow_run, refresh_line, refresh_record, refusal
+    from inferledger.cli.output import console, echo_sections, fail
+    from inferledger.cli.summary import print_sections, summary_sections
+
+    why = refusal(str(run_dir))
+    if why:
+        fail(f"error: {why}")
+    live = Live(console=console, auto_refresh=False) if fmt == OutputFormat.table and console.is_terminal else None
+
+    def show(r) -> None:
+        sections = summary_sections(r.summary.path, all_tools=all_tools)
+        shown = sections if table is None else {table: sections[table]}
+        if echo_sections(fmt, {"follow": refresh_record(r), **shown}):
+            return
+        if live is None:
+            console.rule(style="dim")
+            console.print(refresh_line(r), markup=False, highlight=False, soft_wrap=True)
+            print_sections(sections, console, only=table)
+            return
+        drawn = Console(file=io.StringIO(), width=console.width, force_terminal=True,
+                        color_system=console.color_system)
+        drawn.print(refresh_line(r), markup=False, highlight=False)
+        print_sections(sections, drawn, only=table)
+        live.update(Text.from_ansi(drawn.file.getvalue()), refresh=True)
+
+    with live if live is not None else nullcontext():
+        follow_run(run_dir, every, show)
 
 
 def _study_summary(folder: Path, table: str | None, all_tools: bool, fmt: OutputFormat) -> None:

@@ -35,9 +35,11 @@ FROM s LEFT JOIN ref r USING (grp) LEFT JOIN clock_conv c ON c.from_clock = s.p.
 -- @column attempt_index: 1 for the first attempt of its request, by attempt.created (else sent, else its
 --   first event), compared on one clock; NULL (with a clock gap) when no mapping places its start
 -- @column client_status: completed, timeout, cancelled, error (the earliest client terminal event),
---   unterminated (client events, none terminal); NULL without client events
--- @column server_status: rejected, completed, cancelled, failed, unterminated from server and engine
---   evidence only; unknown without any (docs/LEDGER.md "attempts and accounts")
+--   unterminated (client events, none terminal), in_flight (the same in a rebuild following a run still
+--   recording, `reconstruct --follow` while the manifest's state is starting or running; not an end, with
+--   a gap); NULL without client events
+-- @column server_status: rejected, completed, cancelled, failed, unterminated (in_flight as the client's
+--   in a --follow rebuild) from server and engine evidence only; unknown without any (docs/LEDGER.md "attempts and accounts")
 -- @column server_last_state: for an unterminated server side, where it stopped: queued, running, preempted
 -- @column resource_status: the highest level reached: returned, reallocatable, released, held;
 --   unknown without kv.* events
@@ -75,6 +77,7 @@ SELECT
        WHEN m.client_end.name = 'attempt.timeout' THEN 'timeout'
        WHEN m.client_end.name = 'attempt.cancel' THEN 'cancelled'
        WHEN m.client_end.name = 'attempt.error' THEN 'error'
+       WHEN getvariable('run_open') THEN 'in_flight'
        ELSE 'unterminated' END AS client_status,
   CASE WHEN i.n_server_events = 0 THEN 'unknown'
        WHEN m.rejected IS NOT NULL THEN 'rejected'
@@ -84,6 +87,7 @@ SELECT
        WHEN m.finished IS NOT NULL THEN 'completed'
        WHEN m.server_done IS NOT NULL THEN 'completed'
        WHEN m.cancel_effective IS NOT NULL OR m.disconnect IS NOT NULL THEN 'cancelled'
+       WHEN getvariable('run_open') THEN 'in_flight'
        ELSE 'unterminated' END AS server_status,
   CASE WHEN i.n_server_events = 0 OR m.finished IS NOT NULL OR m.server_done IS NOT NULL
             OR m.rejected IS NOT NULL OR m.cancel_effective IS NOT NULL OR m.disconnect IS NOT NULL THEN NULL
@@ -110,7 +114,7 @@ FROM marks m JOIN attempt_ids i USING (attempt_id) JOIN attempt_start st USING (
 ORDER BY m.attempt_id;
 
 -- @gaps: a start no mapping brings to its request's clock (attempt_index NULL); a completed attempt
---   without a token count.
+--   without a token count; an attempt in flight in a run still recording (its end not yet on disk).
 CREATE OR REPLACE TEMP TABLE attempts_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO attempts_gaps
 SELECT 'clock', attempt_id, 'attempt_index (and max_attempts counting)',
@@ -126,4 +130,11 @@ SELECT 'attempt', attempt_id, 'n_output_tokens, tpot_ms, tpot_server_ms',
                    AND json_extract(e.attrs, '$.usage.completion_tokens') IS NOT NULL
                    AND json_type(e.attrs, '$.usage.completion_tokens') <> 'NULL' LIMIT 1),
                 'the server reported no token count')
-FROM attempts WHERE n_output_tokens IS NULL AND client_status = 'completed';
+FROM attempts WHERE n_output_tokens IS NULL AND client_status = 'completed'
+UNION ALL
+SELECT 'attempt', attempt_id, 'client_status, server_status, e2e_client_ms, tpot_ms, good (and every figure over ended attempts)',
+       'its end: the run is still recording (the manifest''s state), a rebuild after the run finishes reads it',
+       format('in flight at the last flush: no {} terminal event yet',
+              CASE WHEN client_status = 'in_flight' AND server_status = 'in_flight' THEN 'client or server'
+                   WHEN client_status = 'in_flight' THEN 'client' ELSE 'server' END)
+FROM attempts WHERE client_status = 'in_flight' OR server_status = 'in_flight';

@@ -17,6 +17,8 @@
 -- @column rejected: server_status rejected
 -- @column errored: client_status error
 -- @column unterminated: attempts unterminated at the client or the server
+-- @column in_flight: attempts in flight at the client or the server in a run still recording (neither
+--   unterminated nor counted in p_fail: their end is not yet on disk)
 -- @column server_completed: server_status completed
 -- @column server_cancelled: server_status cancelled
 -- @column ghost_attempts: attempts whose client timed out, cancelled or failed while the server went on
@@ -26,7 +28,8 @@
 -- @column attempts_per_request: mean attempts per request; NULL in a deployment where the router sent a replica
 --   tries the run does not hold (replicas.router_agrees false: the gap names the replica)
 -- @column calls_per_task: mean attempts (model calls) per task
--- @column p_fail: the measured probability that an attempt does not complete at the client
+-- @column p_fail: the measured probability that an attempt does not complete at the client, over the
+--   attempts that ended (or ended unterminated); an attempt in flight is not counted
 -- @column max_retries: the contracts' largest max_attempts − 1 (NULL when no contract limits it)
 -- @column expected_attempts_per_request: the retry formula (1 − p^(r+1)) / (1 − p) with p = p_fail,
 --   r = max_retries
@@ -43,6 +46,7 @@
 CREATE OR REPLACE TABLE reconciliation AS
 WITH p AS (  -- client counts: unknown (NULL) without client events, a count otherwise
   SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_status IS NOT NULL) AS n,
+         count(*) FILTER (WHERE client_status IS NOT NULL AND client_status <> 'in_flight') AS n_ended,
          count(*) FILTER (WHERE client_status = 'cancelled') AS n_cancelled,
          count(*) FILTER (WHERE client_status = 'timeout') AS n_timed_out,
          count(*) FILTER (WHERE client_status = 'error') AS n_errored
@@ -77,6 +81,7 @@ SELECT getvariable('run_id') AS run_id,
   (SELECT count(*) FROM attempts WHERE server_status = 'rejected') AS rejected,
   CASE WHEN p.n > 0 THEN p.n_errored END AS errored,
   (SELECT count(*) FROM attempts WHERE client_status = 'unterminated' OR server_status = 'unterminated') AS unterminated,
+  (SELECT count(*) FROM attempts WHERE client_status = 'in_flight' OR server_status = 'in_flight') AS in_flight,
   (SELECT count(*) FROM attempts WHERE server_status = 'completed') AS server_completed,
   (SELECT count(*) FROM attempts WHERE server_status = 'cancelled') AS server_cancelled,
   -- ghost load needs the client's give-up time: unknown without client events, a known 0 without ghosts
@@ -89,12 +94,12 @@ SELECT getvariable('run_id') AS run_id,
   CASE WHEN rt.whole THEN (SELECT avg(n_attempts) FROM per_request) END AS attempts_per_request,
   (SELECT avg(n_calls) FROM per_task) AS calls_per_task,
   -- the measured probability that an attempt does not complete, and the retry formula's E[N]
-  CASE WHEN p.n > 0 THEN 1 - p.ok / p.n END AS p_fail,
+  CASE WHEN p.n_ended > 0 THEN 1 - p.ok / p.n_ended END AS p_fail,
   (SELECT r FROM retries) AS max_retries,
-  CASE WHEN p.n = 0 OR (SELECT r FROM retries) IS NULL THEN NULL
-       WHEN p.ok = p.n THEN 1.0
+  CASE WHEN p.n_ended = 0 OR (SELECT r FROM retries) IS NULL THEN NULL
+       WHEN p.ok = p.n_ended THEN 1.0
        WHEN p.ok = 0 THEN (SELECT r FROM retries) + 1.0
-       ELSE (1 - pow(1 - p.ok / p.n, (SELECT r FROM retries) + 1)) / (p.ok / p.n) END AS expected_attempts_per_request,
+       ELSE (1 - pow(1 - p.ok / p.n_ended, (SELECT r FROM retries) + 1)) / (p.ok / p.n_ended) END AS expected_attempts_per_request,
   -- ghost joules: the window energy charged to ghost attempts by their step-time shares after the
   -- give-up; NULL when the window's energy is unknown
   (coalesce(m.energy_gpu_j, 0) + coalesce(m.energy_cpu_j, 0)) * coalesce(gs.ms, 0) / nullif(al.ms, 0)

@@ -52,11 +52,14 @@ def _run_id(manifest: Manifest, run_dir: Path, url: str | None = None) -> str:
     return manifest.run_id or (url.rsplit("/", 1)[-1] if url else run_dir.name)
 
 
-def run_variables(manifest: Manifest, run_id: str) -> dict:
+def run_variables(manifest: Manifest, run_id: str, live: bool = False) -> dict:
     """The SQL variables every stage reads (`getvariable`): the run id, the KV block size, the SLO, the
-    planned arrival rate and how often the client's loop-lag trace kept a wake."""
+    planned arrival rate, how often the client's loop-lag trace kept a wake and whether the run is known
+    to be still recording (`run_open`: `live`, a rebuild that watches the run, while its manifest says
+    so; an attempt without an end is then in flight, not unterminated)."""
     slo = manifest.slo
     return {"run_id": (run_id, "VARCHAR"), "kv_block_bytes": (manifest.kv_block_bytes, "BIGINT"),
+            "run_open": (live and manifest.recording, "BOOLEAN"),
             "offered_rps": (manifest.offered_rps, "DOUBLE"),
             "client_lag_every": (manifest.block("client").get("loop_lag_trace_every"), "BIGINT"),
             "replica_kinds": (json.dumps(sorted(manifest.replica_kinds.items())), "VARCHAR"),
@@ -78,6 +81,10 @@ class BuildOptions:
     engine: str = "local"
     address: str | None = None
     workers: int = 2
+    # the caller watches the run as it records (`reconstruct --follow`): while the manifest says starting or
+    # running, an attempt without an end is in flight. Without it such a manifest may as well be a capture
+    # killed before it could say otherwise (SIGKILL), whose unended attempts never end: unterminated.
+    live: bool = False
 
 
 def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(), *,
@@ -130,7 +137,7 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
     con = duckdb.connect(str(tmp))
     try:
         bound(con, limit, spill)
-        variables = run_variables(manifest, run_id)
+        variables = run_variables(manifest, run_id, options.live)
         set_variables(con, variables)
         run = RunFiles(run_dir, parts, sample_parts, manifest, newer)
         if engine == "ray":

@@ -89,7 +89,7 @@ FROM itl GROUP BY attempt_id;
 -- @column on_time: done_since_reference_ms ≤ the task's deadline_ms; NULL without a deadline or a done,
 --   and when the done's own E2E is refused (a done before sent, clocks no mapping joins)
 -- @column good: correct AND on time (with a deadline), for an attempt the client saw complete; false
---   when the client ended it otherwise; NULL without client events, while unterminated, or when a
+--   when the client ended it otherwise; NULL without client events, while unterminated or in flight, or when a
 --   part is unknown and none is false (docs/LEDGER.md "request_metrics")
 -- @column done_since_reference_ms: attempt.done − the task's reference (arrival.planned, else
 --   task.start, else its first attempt's created or sent)
@@ -125,7 +125,7 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   -- good = completed at the client AND correct AND (with a deadline) on time; SQL's three-valued AND
   -- keeps a missing verdict, or an unknown time against a deadline, NULL unless another part is false.
   -- An attempt still open when the run closed is unknown too. tasks.sql reads this column.
-  CASE WHEN a.client_status IS NULL OR a.client_status = 'unterminated' THEN NULL
+  CASE WHEN a.client_status IS NULL OR a.client_status IN ('unterminated', 'in_flight') THEN NULL
        WHEN a.client_status <> 'completed' THEN false
        ELSE m.correct AND (CASE WHEN c.deadline_ms IS NULL THEN true
                                 WHEN f.e2e_client_label IN ('impossible', 'unknown') THEN NULL

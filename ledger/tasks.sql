@@ -19,15 +19,18 @@ SELECT tr.task_id, tr.request_id,
   CASE WHEN bool_or(att.good) THEN 'succeeded'
        WHEN bool_or(att.on_time = false AND att.correct IS DISTINCT FROM false) THEN 'late'
        WHEN bool_or(att.attempted AND att.good IS NULL) THEN 'undetermined'
-       -- a required request never attempted (a later turn after a failed one) is simply failed
+       -- a required request never attempted (a later turn after a failed one) is simply failed, once
+       -- the run has finished: while it records, the turn may yet be sent
+       WHEN getvariable('run_open') AND NOT coalesce(bool_or(att.attempted), false) THEN 'undetermined'
        ELSE 'failed' END AS state
 FROM task_requests tr LEFT JOIN att USING (task_id, request_id)
 GROUP BY tr.task_id, tr.request_id;
 
 -- @table tasks: one row per task: its outcome judged by its contract (docs/LEDGER.md "tasks")
 -- @column task_id: the task
--- @column outcome: success (every required request succeeded), unknown (one undetermined, or no
---   required request), partial_success (on_missing = partial_success and one succeeded), failure
+-- @column outcome: success (every required request succeeded), unknown (one undetermined: in flight,
+--   no verdict, or not yet sent while the run records; or no required request), partial_success
+--   (on_missing = partial_success and one succeeded), failure
 -- @column deadline_ms: the contract's deadline, from the reference (NULL: none)
 -- @column e2e_ms: (task.end, else the task's last client terminal) − the reference
 -- @column deadline_reference: the event the deadline counts from: arrival.planned, task.start,

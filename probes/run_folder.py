@@ -291,6 +291,12 @@ class Manifest:
         return value if isinstance(value, dict) else {}
 
     @property
+    def recording(self) -> bool:
+        """The run is still being recorded: its state is starting or running (a capture in progress, or
+        one killed before it could say otherwise); a run without a state is a finished one."""
+        return self.body.get("state") in ("starting", "running")
+
+    @property
     def slo(self) -> dict:
         """The SLO thresholds: the manifest's `slo`, else its workload's `[slo]` section (`workload.spec.slo`)."""
         return self.block("slo") or (self.block("workload").get("spec") or {}).get("slo") or {}

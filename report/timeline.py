@@ -32,7 +32,7 @@ OVERVIEW_STREAMS = {"client": (0.8, 0.45), "engine": (0.42, 1.0)}  # stream -> (
 
 
 # an attempt's outcome in the timeline's groups: its client status, else (no client events) its server status
-OUTCOME_ORDER = ("completed", "timeout", "cancelled", "error", "unterminated")
+OUTCOME_ORDER = ("completed", "timeout", "cancelled", "error", "unterminated", "in_flight")
 
 
 def attempt_index(rv, tb) -> list[dict]:

@@ -7,13 +7,14 @@ from pathlib import Path
 import duckdb
 
 from inferledger.collectors.rundir.writer import RunWriter
-from inferledger.ledger.reconstruct import reconstruct
+from inferledger.ledger.reconstruct import BuildOptions, reconstruct
 
 
 def build_run(run_dir: Path, events: list[dict], *, domains=("c",), maps=(), samples=(),
-              manifest: dict | None = None) -> duckdb.DuckDBPyConnection:
+              manifest: dict | None = None, live: bool = False) -> duckdb.DuckDBPyConnection:
     """events: dicts with name, ms (float) or ts_ns, and optional clock/source/ids/value/attrs;
-    samples: (ms, metric, value, unit, device[, source]) on the first domain (source: probe unless given)."""
+    samples: (ms, metric, value, unit, device[, source]) on the first domain (source: probe unless given);
+    live: rebuilt as `reconstruct --follow` rebuilds a run it watches record."""
     w = RunWriter(run_dir, run_dir.name)
     for d in domains:
         w.clock_domain(d, host="h", kind="monotonic")
@@ -36,7 +37,7 @@ def build_run(run_dir: Path, events: list[dict], *, domains=("c",), maps=(), sam
     if manifest is not None:
         w.write_manifest(manifest)
     w.close()
-    summary = reconstruct(run_dir)
+    summary = reconstruct(run_dir, BuildOptions(live=live))
     return duckdb.connect(str(summary.path), read_only=True)
 
 
