@@ -44,8 +44,8 @@ def study_cmd(
     Example: [cyan]inferledger study load -o runs/load[/] (the knee and its first cause)
     Example: [cyan]inferledger study fidelity --workload samples/workloads/cpu_mixed.toml -o runs/fid[/]
     Example: [cyan]inferledger study load --resume runs/load[/] (after Ctrl-C: the runs not yet finished)
-    Example: [cyan]bash benchmarks/peers/vllm_router.sh install && inferledger study routing --set scale=tiny
-    --set policies=round_robin,cache_aware -o runs/route[/] (the prefix cache's hits per router policy)
+    Example: [cyan]inferledger study routing --set policies=round_robin,cache_aware -o runs/route[/] (the prefix
+    cache's hits per router policy; vllm-router from [cyan]bash benchmarks/peers/vllm_router.sh install[/])
     """
 
     from inferledger.cli.output import check_output, fail

@@ -294,7 +294,7 @@ def test_help_paragraphs_reflow_to_the_terminal_keeping_their_example_and_list_l
         assert "\b" not in res.output
     study = CliRunner().invoke(app, ["study", "--help"], env={"COLUMNS": str(WIDTH)}).output
     assert [line.split()[:3] for line in study.splitlines() if line.startswith(" Example:")] == \
-        [["Example:", "inferledger", "study"]] * 4  # one line each, as written
+        [["Example:", "inferledger", "study"]] * 5  # each starts its line, as written
     doctor = CliRunner().invoke(app, ["doctor", "--help"], env={"COLUMNS": str(WIDTH)}).output
     assert "\n   inferledger doctor --format csv" in doctor and "\n   rapl    CPU energy counters" in doctor
     capture = CliRunner().invoke(app, ["capture", "--help"], env={"COLUMNS": "200"}).output
