@@ -52,6 +52,7 @@ SQL_SURFACE = [
     ("model_summary", "one row: the median step's share of its bound, the dominant residual source"),
     ("prediction_registration", "the registered prediction: hash, valid, registered before the first event"),
     ("prediction_check", "predicted request shape: TTFT / TPOT bounds and ranges beside the measured"),
+    ("ledger_build", "one row: the inferledger and the ledger modules' code that built it"),
 ]
 QUERY_HELP = (
     "Run read-only SQL on the ledger of one run or of many runs at once (a study folder: all its runs).\n\n"
@@ -263,6 +264,8 @@ def query_cmd(
             columns, rows = led.rows(sql, limit=None if n is None else n + 1)
     except LedgerError as exc:
         fail(str(exc))
+    for line in led.stale:  # the user's SQL may still read it; its columns may be another version's
+        typer.echo(f"warning: {line}", err=True)
     if led.skipped:
         typer.echo(f"warning: {len(led.skipped)} run(s) without a ledger left out (build with `inferledger "
                    f"reconstruct RUN`): {', '.join(map(str, led.skipped))}", err=True)

@@ -47,6 +47,7 @@ def summary_cmd(
     """
     from inferledger.cli.output import console, echo_rows, echo_sections, fail, section_rows
     from inferledger.cli.summary import print_sections, summary_sections
+    from inferledger.ledger.query import LedgerError
 
     if table is not None and table not in SECTIONS:
         raise typer.BadParameter(f"{table!r}: choose one of {', '.join(SECTIONS)}", param_hint="--table")
@@ -61,7 +62,10 @@ def summary_cmd(
     ledger = run_dir / "ledger.duckdb"
     if not ledger.exists():
         fail(f"{ledger}: no ledger; build it with: {command_name()} reconstruct {run_dir}")
-    sections = summary_sections(ledger, all_tools=all_tools)
+    try:
+        sections = summary_sections(ledger, all_tools=all_tools)
+    except LedgerError as exc:  # a ledger other code built (rebuild it), or one that cannot be opened
+        fail(str(exc))
     if table is None:
         if not echo_sections(fmt, sections):
             print_sections(sections, console)
@@ -113,7 +117,7 @@ def _study_summary(folder: Path, table: str | None, all_tools: bool, fmt: Output
     """A study folder: each run's summary (or its one section), then the study's comparison."""
     from inferledger.cli.output import console, echo_sections, fail, print_rows
     from inferledger.cli.summary import print_sections, summary_sections
-    from inferledger.ledger.query import LEDGER_FILE
+    from inferledger.ledger.query import LEDGER_FILE, LedgerError
     from inferledger.probes.run_folder import RunFolderError, StudyIndex
     from inferledger.probes.study_dir import COMPARISON_JSON, read_comparison, run_dirs
     from inferledger.studies.framework import finished
@@ -133,7 +137,10 @@ def _study_summary(folder: Path, table: str | None, all_tools: bool, fmt: Output
     missing = [str(run) for _, run in runs if not (run / LEDGER_FILE).exists()]
     if missing:
         fail(f"{', '.join(missing)}: no ledger; build them with: {command_name()} reconstruct {folder}")
-    per_run = {name: summary_sections(run / LEDGER_FILE, all_tools=all_tools) for name, run in runs}
+    try:
+        per_run = {name: summary_sections(run / LEDGER_FILE, all_tools=all_tools) for name, run in runs}
+    except LedgerError as exc:
+        fail(str(exc))
     sections = {f"{name}.{sec}": value for name, secs in per_run.items() for sec, value in secs.items()
                 if table is None or sec == table}
     sections |= {f"comparison.{name}": [dict(zip(t["columns"], row)) for row in t["rows"]]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import hashlib
 import inspect
 import re
 from dataclasses import dataclass
@@ -256,6 +257,18 @@ def ledger_modules() -> tuple[Module, ...]:
     modules = [sql_module(f.name[:-4], f.read_text()) for f in files]
     modules += [python_module(mod) for mod in _python_stages()]
     return tuple(check(modules))
+
+
+@lru_cache(maxsize=1)
+def modules_sha256() -> str:
+    """The sha256 of every module's code (a SQL module's file, a Python stage's source), in order: what a
+    ledger records it was built by (`ledger_build`), so that a reader can tell a ledger another version of
+    these modules built (other columns, or the same columns computed another way) and ask for a rebuild."""
+    h = hashlib.sha256()
+    for m in ledger_modules():
+        code = m.sql if m.build is None else inspect.getsource(inspect.getmodule(m.build))
+        h.update(f"{m.source}\0{len(code)}\0{code}".encode())
+    return h.hexdigest()
 
 
 def public_tables() -> tuple[str, ...]:

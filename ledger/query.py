@@ -119,6 +119,7 @@ class Ledger:
     def __init__(self, runs: list[tuple[str, Path]]) -> None:
         self.runs = [name for name, _ in runs]
         self.skipped: list[Path] = []
+        self.stale: list[str] = []  # a line per ledger other code built (`ledger_build`): rebuild it
         self._con = duckdb.connect(":memory:")
         try:
             self._build(runs)
@@ -139,6 +140,7 @@ class Ledger:
                 "SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main' "
                 "UNION SELECT view_name FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main' "
                 "AND NOT internal", [alias, alias]).fetchall()
+            self._check_build(alias, path, {t for (t,) in rows})
             for (table,) in rows:
                 cols = {c for (c,) in con.execute(
                     "SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND schema_name = 'main' "
@@ -157,6 +159,22 @@ class Ledger:
         # From here on the connection can read the attached files and nothing else.
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
+
+    def _check_build(self, alias: str, path: Path, tables: set[str]) -> None:
+        """A ledger records the ledger modules' code that built it (`ledger_build.modules_sha256`); one
+        built by other code (an older inferledger: other columns, or the same ones computed another way)
+        is noted in `stale`, which the summary, the report and the exports refuse."""
+        from inferledger.ledger.modules import modules_sha256
+
+        rebuild = f"rebuild it: inferledger reconstruct {path.parent}"
+        if "ledger_build" not in tables:
+            self.stale.append(f"{path}: built by an older inferledger (it records no ledger_build); {rebuild}")
+            return
+        row = self._con.execute(f"SELECT inferledger_version, modules_sha256 FROM {alias}.main.ledger_build").fetchone()
+        if row is None or row[1] != modules_sha256():
+            version = row[0] if row else "?"
+            self.stale.append(f"{path}: built by other ledger code (inferledger {version}, modules "
+                              f"{(row[1] or '?')[:12] if row else '?'} against these {modules_sha256()[:12]}); {rebuild}")
 
     def _refuse_shared_run_ids(self, runs: list[tuple[str, Path]], by_table: dict) -> None:
         """Two ledgers with one run_id would merge into one run in every GROUP BY run_id: refuse them."""

@@ -57,8 +57,13 @@ def run_variables(manifest: Manifest, run_id: str, live: bool = False) -> dict:
     planned arrival rate, how often the client's loop-lag trace kept a wake and whether the run is known
     to be still recording (`run_open`: `live`, a rebuild that watches the run, while its manifest says
     so; an attempt without an end is then in flight, not unterminated)."""
+    from importlib.metadata import version
+
+    from inferledger.ledger.modules import modules_sha256
+
     slo = manifest.slo
     return {"run_id": (run_id, "VARCHAR"), "kv_block_bytes": (manifest.kv_block_bytes, "BIGINT"),
+            "inferledger_version": (version("inferledger"), "VARCHAR"), "modules_sha256": (modules_sha256(), "VARCHAR"),
             "run_open": (live and manifest.recording, "BOOLEAN"),
             "offered_rps": (manifest.offered_rps, "DOUBLE"),
             "client_lag_every": (manifest.block("client").get("loop_lag_trace_every"), "BIGINT"),

@@ -78,4 +78,7 @@ def open_run(path) -> RunView:
     else:
         error = f"{Manifest.file(run_dir)} is missing"
     led = Ledger(runs)
+    if led.stale:  # the figures drawn below are this code's: a ledger other code built is rebuilt first
+        led.close()
+        raise LedgerError("; ".join(led.stale))
     return RunView(name, run_dir, led, manifest, error, set(led.tables()))

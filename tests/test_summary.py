@@ -156,3 +156,38 @@ def test_a_client_bound_run_says_what_the_lag_does_to_each_latency_figure(tmp_pa
     calm = _client_run(tmp_path / "calm", {"loop_lag_p99_ms": 0.4, "loop_lag_max_ms": 1.2, "client_bound": False,
                                            "client_bound_rule": "event-loop lag p99 > 1.0 ms"})
     assert "client-bound" not in _summary_text(calm)
+
+
+def test_a_ledger_other_code_built_is_refused_by_name_and_rebuilt_on_request(tmp_path):
+    """A ledger records the ledger modules' code that built it; a reader with other code (an older
+    ledger without the record, or one whose record names other modules) gets exit 2 naming the file and
+    the rebuild from summary, report and export, never a traceback or figures of another definition;
+    query reads it with a warning."""
+    import duckdb
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.ledger.modules import modules_sha256
+
+    run = tmp_path / "r"
+    import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run, run_id="r")
+    reconstruct(run)
+    ledger = run / "ledger.duckdb"
+    con = duckdb.connect(str(ledger))
+    assert con.execute("SELECT run_id, modules_sha256 FROM ledger_build").fetchall() == [("r", modules_sha256())]
+    con.close()
+    runner = CliRunner()
+    assert runner.invoke(app, ["summary", str(run), "--format", "json"]).exit_code == 0
+    for change in ("UPDATE ledger_build SET modules_sha256 = 'abc'", "DROP TABLE ledger_build"):
+        con = duckdb.connect(str(ledger))
+        con.execute(change)
+        con.close()
+        for args in (["summary", str(run)], ["report", str(run), "-o", str(tmp_path / "r.html")],
+                     ["export", str(run), "--as", "perfetto", "-o", str(tmp_path / "x.json")]):
+            res = runner.invoke(app, args)
+            assert res.exit_code == 2, (change, args, res.output)
+            assert f"rebuild it: inferledger reconstruct {run}" in res.output and "Traceback" not in res.output, res.output
+        res = runner.invoke(app, ["query", str(run), "select count(*) from attempts", "--format", "csv"])
+        assert res.exit_code == 0 and "warning:" in res.stderr and "rebuild it" in res.stderr, res.output
+        reconstruct(run)  # the rebuild the message asks for
+        assert runner.invoke(app, ["summary", str(run)]).exit_code == 0
