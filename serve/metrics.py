@@ -5,7 +5,8 @@ existing dashboards work; everything else is `inferledger_*`. Each server has it
 global state). Counters and histograms are updated on the server's event loop; gauges, and the counters
 the engine keeps itself (vLLM's prefix-cache queries and hits, in tokens), read the engine when scraped.
 Every label value a counter can take is declared at 0 from the start. Latencies here are the front
-end's own monotonic clock (received -> first token / done); the run directory's events carry the same moments with evidence, and the ledger is where per-layer figures are defined.
+end's own monotonic clock (received -> first token / done); the run directory's events carry the same
+moments with evidence, and the ledger is where per-layer figures are defined.
 """
 from __future__ import annotations
 
