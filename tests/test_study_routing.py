@@ -130,8 +130,9 @@ def test_each_policy_shows_the_prefix_hits_it_produced_and_the_routers_counts_ag
     assert (key["cache_aware"]["replica1_hit_rate"], key["cache_aware"]["replica2_hit_rate"]) == (1440 / 2432, 0.6)
     # a third count, the replicas' own: each one's /metrics counters over the load (vllm:prefix_cache_hits_total,
     # vllm:prefix_cache_queries_total) equal its engine's cached and prompt tokens
-    counted = [(r["prefix_hit_tokens"], r["prefix_query_tokens"], r["prefix_counter_agrees"]) for r in _rows(comp["replicas"])]
-    assert counted == [(r["cached_tokens"], r["prompt_tokens"], True) for r in _rows(comp["replicas"])]
+    rows = _rows(comp["replicas"])
+    counted = [(r["prefix_hit_tokens"], r["prefix_query_tokens"], r["prefix_counter_agrees"]) for r in rows]
+    assert counted == [(r["cached_tokens"], r["prompt_tokens"], True) for r in rows]
     assert [(key[p]["counter_hit_rate"], key[p]["counters_agree"]) for p in key] == \
         [(0.4375, True), (0.4375, True), (0.59375, True)]
     # the cost of keeping groups together: cache aware's spread is the least even (busy time, 15 against 9)
