@@ -66,6 +66,10 @@ class Scheduler:
         self.propose = propose  # speculative drafts for a decoding sequence, at most k tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last is the newest
+        # vLLM's prefix-cache counters (vllm:prefix_cache_queries / _hits), in tokens: per sequence that
+        # enters the batch for the first time, its prompt tokens looked up and those its cache served
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     # -- queue ------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -115,7 +119,22 @@ class Scheduler:
             self._schedule_running(seq, out)
         if self.config.batching == "continuous" and not out.preempted:
             self._admit_waiting(out)  # not after a preemption: the pool is short, admitting would thrash
+        self._count_lookups(out)
         return out
+
+    def _count_lookups(self, out: SchedulerOutput) -> None:
+        """The prefix-cache lookups this step's schedule keeps, as vLLM counts them: each sequence entering
+        the batch (its first chunk) adds its tokens to the queries and its cached tokens to the hits. Like
+        vLLM's, a sequence preempted before (its recompute) is not counted, nor is anything with prefix caching
+        off. Unlike vLLM's, a lookup that did not admit its sequence (pool or budget short) is not counted
+        again when the sequence is looked up at a later step: only the lookup whose hits were taken, so the
+        counters equal the engine.prefill events' attrs.cached_tokens of first admissions."""
+        if not self.bm.enable_prefix_caching:
+            return
+        for item in out.scheduled:
+            if item.first_scheduled and item.seq.preemptions == 0:
+                self.prefix_cache_queries += item.seq.num_tokens  # before the hits: a scrape never sees hits > queries
+                self.prefix_cache_hits += item.cached_tokens
 
     def _chunk(self, remaining: int, out: SchedulerOutput) -> int:
         """Tokens of a prefill of `remaining` tokens that fit this step (0: wait)."""

@@ -3,7 +3,7 @@
 -- queue, KV use, prefix-cache hits, balance (docs/LEDGER.md "replicas").
 --
 -- scope: rollup
--- reads: attempts, request_metrics, step_attribution, kv_holds, samples, quantile_linear, declared_replicas
+-- reads: attempts, events, request_metrics, step_attribution, kv_holds, samples, quantile_linear, declared_replicas
 -- creates: replicas, replicas_gaps
 
 -- @table replicas: one row per replica of a deployment capture (attempts.replica_id, a replica the manifest's
@@ -48,7 +48,17 @@
 -- @column prefix_hit_attempts: its attempts that took at least one cached block; NULL likewise
 -- @column prefix_hit_tokens: prompt tokens its own counters say it took from its prefix cache over the run
 --   (last scrape − first of vllm:prefix_cache_hits_total, llamacpp:prompt_tokens_cached_total); NULL without
---   two scrapes of such a counter, or when it went down
+--   two scrapes of such a counter, or when it went down. A `serve --out` replica's is scraped by the capture
+--   (docs/CAPTURE.md "A deployment"); one without is NULL with a gap
+-- @column prefix_query_tokens: prompt tokens its own counters say it looked up in its prefix cache over the run
+--   (last scrape − first of vllm:prefix_cache_queries_total); prefix_hit_tokens / prefix_query_tokens is its hit
+--   rate as its counters say it; NULL like prefix_hit_tokens (and for llama.cpp, which exports no such counter)
+-- @column event_cached_tokens: prompt tokens its engine's events say its prefix cache served its attempts when
+--   each first entered the batch (Σ engine.prefill attrs.cached_tokens, recomputes after a preemption left out,
+--   as the counters leave them out); NULL for a replica whose engine's events are not in the run
+-- @column prefix_counter_agrees: prefix_hit_tokens = event_cached_tokens: its own counter and its engine's events
+--   say the same; NULL when either is unknown. False when it served lookups the run's attempts do not hold
+--   (another client's requests between the scrapes)
 -- @column kv_blocks_used_max: the most KV blocks its engine held at once, from its engine's samples in the
 --   run (kv_blocks_used, device = the replica); NULL without them
 -- @column kv_usage_max: the largest KV-cache usage fraction (0 to 1) its own /metrics reported
@@ -86,6 +96,12 @@ WITH served AS (
   SELECT a.replica_id, count(*) AS prefix_hit_blocks, count(DISTINCT h.attempt_id) AS prefix_hit_attempts
   FROM kv_holds h JOIN attempts a USING (attempt_id) WHERE h.how = 'prefix_hit' AND a.replica_id IS NOT NULL
   GROUP BY a.replica_id
+), cached AS (  -- the prefix cache's tokens at each attempt's first admission, from its engine's events
+  SELECT a.replica_id, sum(json_extract(e.attrs, '$.cached_tokens')::BIGINT) AS event_cached_tokens
+  FROM events e JOIN attempts a USING (attempt_id)
+  WHERE e.name = 'engine.prefill' AND a.replica_id IS NOT NULL
+    AND NOT coalesce(json_extract(e.attrs, '$.recompute')::BOOLEAN, false)
+  GROUP BY a.replica_id
 ), kv AS (
   SELECT device AS replica_id, max(value) AS kv_blocks_used_max FROM samples
   WHERE source = 'engine' AND metric = 'kv_blocks_used' AND device IS NOT NULL GROUP BY device
@@ -101,9 +117,15 @@ WITH served AS (
   FROM own GROUP BY replica_id
 ), counters AS (
   SELECT replica_id,
-         CASE WHEN count(*) >= 2 AND NOT coalesce(bool_or(value < prev), false)
-              THEN arg_max(value, ts_ns) - arg_min(value, ts_ns) END AS prefix_hit_tokens
-  FROM own WHERE metric IN ('vllm:prefix_cache_hits_total', 'llamacpp:prompt_tokens_cached_total')
+         CASE WHEN count(*) FILTER (WHERE hit) >= 2 AND NOT coalesce(bool_or(value < prev) FILTER (WHERE hit), false)
+              THEN arg_max(value, ts_ns) FILTER (WHERE hit) - arg_min(value, ts_ns) FILTER (WHERE hit)
+         END AS prefix_hit_tokens,
+         CASE WHEN count(*) FILTER (WHERE NOT hit) >= 2 AND NOT coalesce(bool_or(value < prev) FILTER (WHERE NOT hit), false)
+              THEN arg_max(value, ts_ns) FILTER (WHERE NOT hit) - arg_min(value, ts_ns) FILTER (WHERE NOT hit)
+         END AS prefix_query_tokens
+  FROM (SELECT *, metric <> 'vllm:prefix_cache_queries_total' AS hit FROM own
+        WHERE metric IN ('vllm:prefix_cache_hits_total', 'llamacpp:prompt_tokens_cached_total',
+                         'vllm:prefix_cache_queries_total'))
   GROUP BY replica_id
 ), ids AS (
   SELECT replica_id FROM served UNION SELECT replica_id FROM processed UNION SELECT replica_id FROM busy
@@ -116,15 +138,17 @@ WITH served AS (
          s.attempts IS NOT NULL AND coalesce(dc.kind, 'ours') = 'ours' AS steps_here,  -- its engine's events are in the run
          b.busy_ms, q.queue_p50_ms, q.queue_p99_ms, g.waiting_max::BIGINT AS waiting_max,
          h.prefix_hit_blocks, h.prefix_hit_attempts,
-         c.prefix_hit_tokens::BIGINT AS prefix_hit_tokens,
+         c.prefix_hit_tokens::BIGINT AS prefix_hit_tokens, c.prefix_query_tokens::BIGINT AS prefix_query_tokens,
+         ct.event_cached_tokens,
          kv.kv_blocks_used_max::BIGINT AS kv_blocks_used_max, g.kv_usage_max
   FROM ids LEFT JOIN served s USING (replica_id) LEFT JOIN processed p USING (replica_id)
   LEFT JOIN busy b USING (replica_id) LEFT JOIN queue q USING (replica_id) LEFT JOIN hits h USING (replica_id)
   LEFT JOIN kv USING (replica_id) LEFT JOIN declared dc USING (replica_id) LEFT JOIN gauges g USING (replica_id)
-  LEFT JOIN counters c USING (replica_id)
+  LEFT JOIN counters c USING (replica_id) LEFT JOIN cached ct USING (replica_id)
 ), shown AS (
-  SELECT * EXCLUDE (busy_ms, prefix_hit_blocks, prefix_hit_attempts),
+  SELECT * EXCLUDE (busy_ms, prefix_hit_blocks, prefix_hit_attempts, event_cached_tokens),
          CASE WHEN steps_here THEN coalesce(busy_ms, 0) END AS busy_ms,
+         CASE WHEN steps_here THEN coalesce(event_cached_tokens, 0) END AS event_cached_tokens,
          CASE WHEN steps_here THEN coalesce(prefix_hit_blocks, 0) END AS prefix_hit_blocks,
          CASE WHEN steps_here THEN coalesce(prefix_hit_attempts, 0) END AS prefix_hit_attempts
   FROM acc
@@ -133,6 +157,7 @@ SELECT getvariable('run_id') AS run_id, replica_id, kind, attempts, client_attem
   server_completed, router_sent, router_agrees, router_failures, breaker_opens, busy_ms,
   CASE WHEN count(busy_ms) OVER () = count(*) OVER () THEN busy_ms / nullif(avg(busy_ms) OVER (), 0) END AS balance,
   queue_p50_ms, queue_p99_ms, waiting_max, prefix_hit_blocks, prefix_hit_attempts, prefix_hit_tokens,
+  prefix_query_tokens, event_cached_tokens, prefix_hit_tokens = event_cached_tokens AS prefix_counter_agrees,
   kv_blocks_used_max, kv_usage_max
 FROM shown
 ORDER BY replica_id;
@@ -142,7 +167,8 @@ ORDER BY replica_id;
 --   prefix hits, each where its kind cannot say them; a replica the router's counters do not name while router
 --   samples exist (router_sent unknown); a replica the router sent more tries than the run holds (router_agrees
 --   false: the tries missing are rows no one recorded, so reconciliation's unseen_tries and attempts_per_request
---   are unknown too).
+--   are unknown too); a replica whose engine's events are in the run but whose own prefix-cache counter was not
+--   scraped twice (prefix_hit_tokens unknown, so whether its counter agrees).
 CREATE OR REPLACE TEMP TABLE replicas_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO replicas_gaps
 SELECT 'run', replica_id,
@@ -181,4 +207,11 @@ SELECT 'run', replica_id,
                    THEN format('{} are in no folder (refused by a dead replica, or received after its last flush)',
                                router_sent - attempts)
                    ELSE 'more than the router counted' END)
-FROM replicas WHERE NOT router_agrees;
+FROM replicas WHERE NOT router_agrees
+UNION ALL
+SELECT 'run', replica_id, format('replicas prefix_hit_tokens, prefix_query_tokens, prefix_counter_agrees of {}', replica_id),
+       'two scrapes of the replica''s /metrics with vllm:prefix_cache_hits_total: a server that exports it, whose '
+       '`serve --out` manifest names its port (server.port), answering the capture before and after the load',
+       format('replica {} (a `serve --out` folder) has its engine''s events in the run ({} cached prompt token(s) at '
+              'first admission), but no two scrapes of its own prefix-cache counter', replica_id, event_cached_tokens)
+FROM replicas WHERE busy_ms IS NOT NULL AND prefix_hit_tokens IS NULL;

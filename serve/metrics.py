@@ -2,10 +2,11 @@
 
 Names follow vLLM's where the meaning is the same (`vllm:*`, each with a `model_name` label) so
 existing dashboards work; everything else is `inferledger_*`. Each server has its own registry (no
-global state). Counters and histograms are updated on the server's event loop; gauges read the
-engine when scraped. Every label value a counter can take is declared at 0 from the start. Latencies
-here are the front end's own monotonic clock (received -> first token / done); the run directory's
-events carry the same moments with evidence, and the ledger is where per-layer figures are defined.
+global state). Counters and histograms are updated on the server's event loop; gauges, and the counters
+the engine keeps itself (vLLM's prefix-cache queries and hits, in tokens), read the engine when scraped.
+Every label value a counter can take is declared at 0 from the start. Latencies here are the front
+end's own monotonic clock (received -> first token / done); the run directory's events carry the same
+moments with evidence, and the ledger is where per-layer figures are defined.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as _Counter
 from prometheus_client import Histogram as _Histogram
 from prometheus_client import generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0)
@@ -53,6 +54,20 @@ class _Gauges:
             family = GaugeMetricFamily(name, help_text, labels=[*labels, *([label] if label else [])])
             for key, v in (value.items() if label else [(None, value)]):
                 family.add_metric([*labels.values(), *([str(key)] if label else [])], float(v))
+            yield family
+
+
+class _EngineCounters:
+    """Counters the engine keeps itself, read when scraped: (name, help, fn) with fn() the total so far;
+    `model_name` labelled. Exposed with the `_total` suffix, as prometheus-client exposes every counter."""
+
+    def __init__(self, counters: list[tuple], labels: dict) -> None:
+        self.counters, self.labels = counters, labels
+
+    def collect(self):
+        for name, help_text, fn in self.counters:
+            family = CounterMetricFamily(name, help_text, labels=list(self.labels))
+            family.add_metric(list(self.labels.values()), float(fn()))
             yield family
 
 
@@ -103,6 +118,17 @@ class ServerMetrics:
             ("inferledger_max_queue", "Admission limit: above it requests get 429 with Retry-After.",
              lambda: server.max_queue, {}, None),
         ]))
+
+        # vLLM's (v1 engine: vllm/v1/metrics/loggers.py, counted in kv_cache_manager.get_computed_blocks),
+        # in tokens; counted where the scheduler admits a sequence with its prefix-cache lookup
+        # (engine/scheduler.py `_count_lookups` says how it differs from vLLM's)
+        reg.register(_EngineCounters([
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens "
+             "(each sequence's tokens when it enters the batch, recomputes after a preemption not counted).",
+             lambda: sched.prefix_cache_queries),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens "
+             "(of the same lookups).", lambda: sched.prefix_cache_hits),
+        ], b))
 
     def render(self) -> str:
         return generate_latest(self.registry).decode()

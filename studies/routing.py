@@ -10,8 +10,9 @@ counters scraped before and after the load), and stops all three. The groups are
 to the tasks in turn, so round robin sends every group to both replicas.
 
 From each run's ledger: per replica, the prompt tokens its engine took and those its prefix cache
-served (engine.enqueued values, engine.prefill attrs.cached_tokens), its attempts against the router's
-own count (`replicas`), busy time and balance; per policy, TTFT p50 / p99 at the client
+served (engine.enqueued values, engine.prefill attrs.cached_tokens) beside what its own prefix-cache counters
+say over the load (the capture scrapes each replica's /metrics; `replicas.prefix_counter_agrees`), its attempts
+against the router's own count (`replicas`), busy time and balance; per policy, TTFT p50 / p99 at the client
 (`latency_percentiles`), goodput (`run_metrics`), the balance figure and the first cause
 (`run_diagnosis`).
 """
@@ -216,7 +217,8 @@ SELECT r.replica_id, r.attempts, r.router_sent, r.router_agrees,
        CASE WHEN t.unaccounted = 0 THEN t.prompt_tokens END AS prompt_tokens,
        CASE WHEN t.unaccounted = 0 THEN t.cached_tokens END AS cached_tokens,
        CASE WHEN t.unaccounted = 0 THEN t.cached_tokens / nullif(t.prompt_tokens, 0) END AS hit_rate,
-       r.prefix_hit_blocks, r.busy_ms, r.balance, r.queue_p50_ms
+       r.prefix_hit_blocks, r.prefix_hit_tokens, r.prefix_query_tokens, r.prefix_counter_agrees, r.busy_ms, r.balance,
+       r.queue_p50_ms
 FROM replicas r LEFT JOIN tok t USING (replica_id)
 ORDER BY r.replica_id"""
 
@@ -232,9 +234,10 @@ SELECT (SELECT count(*) FROM attempts WHERE parent_attempt_id IS NULL) AS n_atte
 FROM d"""
 
 REPLICA_COLUMNS = ["policy", "replica_id", "attempts", "router_sent", "router_agrees", "prompt_tokens", "cached_tokens",
-                   "hit_rate", "prefix_hit_blocks", "busy_ms", "balance", "queue_p50_ms"]
+                   "hit_rate", "prefix_hit_blocks", "prefix_hit_tokens", "prefix_query_tokens", "prefix_counter_agrees",
+                   "busy_ms", "balance", "queue_p50_ms"]
 POLICY_COLUMNS = ["policy", "n_attempts", "unseen_tries", "prompt_tokens", "cached_tokens", "hit_rate",
-                  *(f"{r}_hit_rate" for r in REPLICAS), "ttft_p50_ms", "ttft_p99_ms", "goodput_rps", "balance",
+                  *(f"{r}_hit_rate" for r in REPLICAS), "counter_hit_rate", "counters_agree", "ttft_p50_ms", "ttft_p99_ms", "goodput_rps", "balance",
                   "diagnosed", "first_cause", "first_cause_share", "cause_replica", "evidence"]
 
 
@@ -249,21 +252,30 @@ def compare(runs: StudyRuns) -> list[Table]:
         per_replica += [[name, *(r[c] for c in REPLICA_COLUMNS[1:])] for r in reps]
         prompt, cached = _sum([r["prompt_tokens"] for r in reps]), _sum([r["cached_tokens"] for r in reps])
         rate = {r["replica_id"]: r["hit_rate"] for r in reps}
+        hits, queries = _sum([r["prefix_hit_tokens"] for r in reps]), _sum([r["prefix_query_tokens"] for r in reps])
+        agree = [r["prefix_counter_agrees"] for r in reps]
         p = runs.one(name, POLICY_SQL)
         per_policy.append([name, p["n_attempts"], p["unseen_tries"], prompt, cached,
                            None if prompt is None or cached is None or not prompt else cached / prompt,
-                           *(rate.get(r) for r in REPLICAS), *(p[c] for c in POLICY_COLUMNS[6 + len(REPLICAS):])])
+                           *(rate.get(r) for r in REPLICAS),
+                           None if hits is None or not queries else hits / queries,
+                           None if not agree or None in agree else all(agree),
+                           *(p[c] for c in POLICY_COLUMNS[8 + len(REPLICAS):])])
     return [Table("routing", "each policy: the prefix cache's hits, TTFT, goodput, balance and the first cause",
                   POLICY_COLUMNS, per_policy,
                   "hit_rate = cached_tokens / prompt_tokens over both replicas' engines (engine.enqueued values; "
-                  "engine.prefill attrs.cached_tokens), <replica>_hit_rate the same per replica; ttft_*: "
+                  "engine.prefill attrs.cached_tokens), <replica>_hit_rate the same per replica; counter_hit_rate: "
+                  "the replicas' own counters over the load, Σ vllm:prefix_cache_hits_total / Σ "
+                  "vllm:prefix_cache_queries_total; counters_agree: each replica's counted hits equal its engine "
+                  "events' (replicas.prefix_counter_agrees); ttft_*: "
                   "latency_percentiles of request_metrics.ttft_client_ms; "
                   "goodput_rps: run_metrics; balance: run_diagnosis.replica_balance (the busiest replica's busy time "
                   "over the mean); first_cause, cause_replica, evidence: run_diagnosis (scope run)"),
             Table("replicas", "each policy's replicas: what the router sent each, and what its prefix cache served",
                   REPLICA_COLUMNS, per_replica,
                   "attempts, router_sent (vllm_router_processed_requests_total over the load), router_agrees, "
-                  "prefix_hit_blocks (kv_holds), busy_ms, balance, queue_p50_ms: the ledger's `replicas`; "
+                  "prefix_hit_blocks (kv_holds), prefix_hit_tokens, prefix_query_tokens (its own counters over the "
+                  "load), prefix_counter_agrees, busy_ms, balance, queue_p50_ms: the ledger's `replicas`; "
                   "prompt_tokens, cached_tokens, hit_rate: that replica's engine events; NULL when an attempt it "
                   "completed has no engine account")]
 

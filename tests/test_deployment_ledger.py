@@ -85,7 +85,8 @@ def test_each_replica_has_its_own_account_and_null_where_its_kind_cannot_say(tmp
     assert [r["balance"] for r in got.values()] == [None] * 4
     gaps = {r["subject_id"]: r for r in dict_rows(con, "SELECT * FROM gaps WHERE gap_id LIKE 'replicas:%' OR "
                                                        "affects LIKE 'replicas %'")}
-    assert sorted(gaps) == ["127.0.0.1:18113", "127.0.0.1:18114"]
+    assert sorted(gaps) == ["127.0.0.1:18113", "127.0.0.1:18114", "r1", "r2"]
+    assert gaps["r1"]["affects"] == "replicas prefix_hit_tokens, prefix_query_tokens, prefix_counter_agrees of r1"
     assert "kv_usage_max" in gaps["127.0.0.1:18113"]["affects"] and "queue" not in gaps["127.0.0.1:18113"]["affects"]
     assert "(llamacpp) is declared by URL" in gaps["127.0.0.1:18113"]["detail"]
 
@@ -147,3 +148,32 @@ def test_an_attempt_answered_with_llamacpps_timings_is_the_one_llamacpp_replicas
                                        {"replica_id": "127.0.0.1:18114", "kind": "llamacpp"}]}}
     con = build_run(tmp_path / "two", events, manifest=two)
     assert con.execute("SELECT count(*) FROM attempts WHERE replica_id IS NULL").fetchall() == [(2,)]
+
+
+def test_a_replicas_own_prefix_counter_is_set_beside_its_engines_events(tmp_path):
+    # r1: 3 attempts, 16 + 32 tokens cached at first admission, and a recompute after a preemption that took 16
+    # more (not counted, as the counter leaves it out); its counter's two scrapes: 48 hits of 120 queried. r2:
+    # its events say 16, its counter 32 (another client's lookups between the scrapes). r3: never scraped.
+    plan = [("r1", 0.0, 10.0)] * 3 + [("r2", 0.0, 10.0), ("r3", 0.0, 10.0)]
+    cached = {0: 0, 1: 16, 2: 32, 3: 16, 4: 8}
+    events = [ev for n, (rep, q, w) in enumerate(plan) for ev in _attempt(n, rep, q, w, step_id=n + 1)]
+    events += [_e("engine.prefill", n * 100.0, f"A{n}", value=40 - c, step_id=n + 1, source="engine",
+                  attrs={"cached_tokens": c, "recompute": False, "replica_id": plan[n][0]}) for n, c in cached.items()]
+    events.append(_e("engine.prefill", 250.0, "A2", value=24, step_id=3, source="engine",
+                     attrs={"cached_tokens": 16, "recompute": True, "replica_id": "r1"}))
+    own = "inferledger-metrics"
+    samples = [(0, "vllm:prefix_cache_hits_total", 100.0, "tokens", "r1", own),
+               (900, "vllm:prefix_cache_hits_total", 148.0, "tokens", "r1", own),
+               (0, "vllm:prefix_cache_queries_total", 400.0, "tokens", "r1", own),
+               (900, "vllm:prefix_cache_queries_total", 520.0, "tokens", "r1", own),
+               (0, "vllm:prefix_cache_hits_total", 0.0, "tokens", "r2", own),
+               (900, "vllm:prefix_cache_hits_total", 32.0, "tokens", "r2", own)]
+    three = {"deployment": {"replicas": [{"replica_id": r, "kind": "ours"} for r in ("r1", "r2", "r3")]}}
+    con = build_run(tmp_path / "r", events, manifest=three, samples=samples)
+    got = con.execute("SELECT replica_id, prefix_hit_tokens, prefix_query_tokens, event_cached_tokens, "
+                      "prefix_counter_agrees FROM replicas ORDER BY 1").fetchall()
+    assert got == [("r1", 48, 120, 48, True), ("r2", 32, None, 16, False), ("r3", None, None, 8, None)]
+    gaps = dict_rows(con, "SELECT * FROM gaps WHERE affects LIKE 'replicas prefix_hit_tokens%'")
+    assert [(g["subject_id"], g["affects"]) for g in gaps] == \
+        [("r3", "replicas prefix_hit_tokens, prefix_query_tokens, prefix_counter_agrees of r3")]
+    assert "8 cached prompt token(s) at first admission" in gaps[0]["detail"]

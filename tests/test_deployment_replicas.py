@@ -198,3 +198,36 @@ def test_the_one_vllm_replicas_span_events_carry_its_replica():
     assert [r["attrs"] for r in with_replica(rows, "127.0.0.1:18114")] == \
         ['{"replica_id":"127.0.0.1:18114","trace_id":"t"}', '{"replica_id":"127.0.0.1:18114"}']
     assert with_replica(rows, None) is rows
+
+
+def test_a_replica_folders_server_is_scraped_under_its_replica_and_a_failed_scrape_is_its_gap(tmp_path):
+    """Beside a router, each `serve --out` folder's server (its manifest's server.port) has its /metrics scraped
+    as a `--replica URL=ours` is, apart per replica; one that never answers is a gap naming the replica; a
+    folder whose manifest names no port is not scraped."""
+    from inferledger.collectors.capture.servers import ServerFolder, ServerJoin
+
+    srv = static_http_server(b'vllm:prefix_cache_hits_total{model_name="m"} 32\n'
+                             b'vllm:prefix_cache_queries_total{model_name="m"} 80\ninferledger_sse_events_total 3\n')
+    folders = [ServerFolder(tmp_path / "s1", "s1", {"host": {"name": "h"}, "server": {"port": srv.server_port}}),
+               ServerFolder(tmp_path / "s2", "s2", {"host": {"name": "h"}, "server": {"port": 9}}),
+               ServerFolder(tmp_path / "s3", "s3", {"host": {"name": "h"}})]
+    join = ServerJoin(folders, host="h", client_clock="c", target="http://127.0.0.1:1")
+    sink = _Sink()
+    try:
+        join.start_scrapes(tmp_path, sink)
+        join.stop_scrapes()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert {(r["device"], r["source"], r["metric"], r["value"]) for r in sink.rows} == {
+        ("s1", "inferledger-metrics", "vllm:prefix_cache_hits_total", 32.0),
+        ("s1", "inferledger-metrics", "vllm:prefix_cache_queries_total", 80.0)}
+    assert len(sink.rows) >= 4  # before the load and after it
+    assert sorted(p.name for p in (tmp_path / "scrapes").iterdir() if not p.name.endswith("-refused.jsonl")) == \
+        ["metrics-s1.jsonl"]
+    entries = {e["server_id"]: e for e in join.manifest()["servers"]["folders"]}
+    assert entries["s1"]["metrics"]["source"] == "inferledger-metrics" and entries["s1"]["metrics"]["failures"] == 0
+    assert entries["s2"]["metrics"]["scrapes"] == 0 and "metrics" not in entries["s3"]
+    gaps = [g for g in join.gap_rows("c") if g["gap_id"].startswith(("collector:metrics", "metrics:"))]
+    assert {(g["gap_id"].rsplit("@", 1)[-1], g["subject_id"]) for g in gaps} == {("s2", "s2")}
+    assert all(g["affects"].startswith("replica s2's ") for g in gaps)

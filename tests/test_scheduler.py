@@ -228,3 +228,20 @@ def test_drafts_leave_budget_for_every_decode():
     run_step(sched, bm)
     out = sched.schedule()
     assert [(i.seq.request_id, i.kind, i.num_tokens) for i in out.scheduled] == [("a", "verify", 2), ("b", "decode", 1)]
+
+
+def test_prefix_cache_counters_count_each_first_admission_once():
+    # a chunked prompt is looked up once; b, preempted, recomputes from its own cached blocks: not counted
+    sched, bm = make(num_blocks=6, block_size=4, max_num_batched_tokens=64, admission="on_demand")
+    a, b = seq("a", 8, max_tokens=8, base=0), seq("b", 8, max_tokens=8, base=100)
+    sched.add(a)
+    sched.add(b)
+    drain(sched, bm)
+    assert b.preemptions >= 1 and b.num_cached_tokens > 0  # its recompute took cached blocks
+    assert (sched.prefix_cache_queries, sched.prefix_cache_hits) == (16, 0)
+    c = seq("c", 10, max_tokens=1)  # a's first 2 blocks cached, the rest one token per step
+    sched.config.max_num_batched_tokens = 1
+    sched.add(c)
+    steps = drain(sched, bm)
+    assert [s[0][2] for s in steps] == [1, 1]  # 8 cached, 2 computed one per step
+    assert (sched.prefix_cache_queries, sched.prefix_cache_hits) == (26, 8)

@@ -344,6 +344,28 @@ def test_metrics_clock_and_client_ids(stack):
     assert t_before <= clock["t_ns"] <= t_after
 
 
+def test_prefix_cache_counters_count_the_tokens_looked_up_and_served(stack):
+    # 40 token ids no other test sends, then the same first 35 and 5 others: the second prompt's lookup
+    # finds the first's 2 full 16-token blocks (32 tokens) of the 35 it shares
+    first = list(range(2001, 2041))
+    second = first[:35] + list(range(3001, 3006))
+    stack.wait_idle()
+    before = _scrape(stack.url)
+    ids = []
+    for prompt in (first, second):
+        r = _http("POST", stack.url + "/v1/completions",
+                  json_body={"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        ids.append(r.headers["x-inferledger-attempt-id"])
+    after = _scrape(stack.url)
+    lbl = f'{{model_name="{MODEL}"}}'
+    assert after[f"vllm:prefix_cache_queries_total{lbl}"] - before[f"vllm:prefix_cache_queries_total{lbl}"] == 80
+    assert after[f"vllm:prefix_cache_hits_total{lbl}"] - before[f"vllm:prefix_cache_hits_total{lbl}"] == 32
+    cached = [sum(json.loads(e["attrs"])["cached_tokens"] for e in stack.events_when_done(aid)
+                  if e["name"] == "engine.prefill") for aid in ids]
+    assert cached == [0, 32]  # the engine's events say the same
+
+
 def test_200_concurrent_streams_all_finish_and_every_attempt_is_accounted(stack, tmp_path):
     import duckdb
 

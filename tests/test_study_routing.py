@@ -112,7 +112,7 @@ def test_each_policy_shows_the_prefix_hits_it_produced_and_the_routers_counts_ag
     assert list(key) == ["round_robin", "power_of_two", "cache_aware"]
     # 24 prompts of 128 tokens in 5 groups sharing 96 (6 blocks of 16): a replica computes a group's prefix the
     # first time the group reaches it. Round robin (and power of two, here) sent every group to both replicas:
-    # 10 misses, 14 hits; cache aware kept each group on one replica: 5 misses, 19 hits.
+    # 10 misses, 14 hits; cache aware kept each group on one replica (four on replica1): 5 misses, 19 hits.
     assert [(p, key[p]["n_attempts"], key[p]["unseen_tries"], key[p]["prompt_tokens"], key[p]["cached_tokens"],
              key[p]["hit_rate"]) for p in key] == [
         ("round_robin", 24, 0, 3072, 14 * 96, 0.4375), ("power_of_two", 24, 0, 3072, 14 * 96, 0.4375),
@@ -121,13 +121,20 @@ def test_each_policy_shows_the_prefix_hits_it_produced_and_the_routers_counts_ag
              r["prefix_hit_blocks"]) for r in _rows(comp["replicas"])]
     assert reps == [("round_robin", "replica1", 12, 12, True, 672, 42),
                     ("round_robin", "replica2", 12, 12, True, 672, 42),
-                    ("power_of_two", "replica1", 12, 12, True, 672, 42),
-                    ("power_of_two", "replica2", 12, 12, True, 672, 42),
-                    ("cache_aware", "replica1", 15, 15, True, 1152, 72),
-                    ("cache_aware", "replica2", 9, 9, True, 672, 42)]
+                    ("power_of_two", "replica1", 13, 13, True, 768, 48),
+                    ("power_of_two", "replica2", 11, 11, True, 576, 36),
+                    ("cache_aware", "replica1", 19, 19, True, 1440, 90),
+                    ("cache_aware", "replica2", 5, 5, True, 384, 24)]
     # the engine's cached tokens and the KV blocks its attempts took from the cache: two counts of the same hits
     assert all(r[5] == 16 * r[6] for r in reps)
-    assert (key["cache_aware"]["replica1_hit_rate"], key["cache_aware"]["replica2_hit_rate"]) == (0.6, 672 / 1152)
+    assert (key["cache_aware"]["replica1_hit_rate"], key["cache_aware"]["replica2_hit_rate"]) == (1440 / 2432, 0.6)
+    # a third count, the replicas' own: each one's /metrics counters over the load (vllm:prefix_cache_hits_total,
+    # vllm:prefix_cache_queries_total) equal its engine's cached and prompt tokens
+    rows = _rows(comp["replicas"])
+    counted = [(r["prefix_hit_tokens"], r["prefix_query_tokens"], r["prefix_counter_agrees"]) for r in rows]
+    assert counted == [(r["cached_tokens"], r["prompt_tokens"], True) for r in rows]
+    assert [(key[p]["counter_hit_rate"], key[p]["counters_agree"]) for p in key] == \
+        [(0.4375, True), (0.4375, True), (0.59375, True)]
     # the cost of keeping groups together: cache aware's spread is the least even (busy time, 15 against 9)
     assert key["cache_aware"]["balance"] > max(key["round_robin"]["balance"], key["power_of_two"]["balance"])
     for p in key.values():  # every attempt completed within the ten-minute default deadline: none late

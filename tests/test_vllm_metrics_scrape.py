@@ -210,7 +210,8 @@ def test_our_servers_exposition_reads_back_through_the_scraper():
         def num_used_blocks(self):
             raise RuntimeError("the pool is being resized")
 
-    engine = NS(scheduler=NS(running=[1, 2], waiting=[3]), block_manager=Broken())
+    engine = NS(scheduler=NS(running=[1, 2], waiting=[3], prefix_cache_queries=120, prefix_cache_hits=48),
+                block_manager=Broken())
     m = ServerMetrics('m"x', engine, NS(in_flight=2, max_queue=64))
     m.success.inc(label_value="stop")
     m.http.inc(label_value="429")
@@ -218,14 +219,15 @@ def test_our_servers_exposition_reads_back_through_the_scraper():
     m.prompt_tokens.inc(5)
     text = m.render()
     families = {f.name: f for f in text_string_to_metric_families(text)}  # the whole text, strictly
-    assert families["vllm:request_success"].type == "counter"
+    assert families["vllm:request_success"].type == families["vllm:prefix_cache_hits"].type == "counter"
     got = parse_prometheus(text)
     assert got.refused == [] and got.not_finite == []
     assert {k: v for k, v in got.values.items() if not k.endswith(("_sum",))} == {
         "vllm:num_requests_running": 2.0, "vllm:num_requests_waiting": 1.0, "vllm:prompt_tokens_total": 5.0,
         "vllm:generation_tokens_total": 0.0, "vllm:request_success_total": 1.0, "vllm:num_preemptions_total": 0.0,
         "vllm:time_to_first_token_seconds_count": 1.0, "vllm:e2e_request_latency_seconds_count": 0.0,
-        "vllm:request_time_per_output_token_seconds_count": 0.0}
+        "vllm:request_time_per_output_token_seconds_count": 0.0, "vllm:prefix_cache_queries_total": 120.0,
+        "vllm:prefix_cache_hits_total": 48.0}
     assert 'model_name="m\\"x"' in text  # the label value escaped by the library, read back by the parser
     assert "vllm:kv_cache_usage_perc" not in text  # a gauge that cannot be read now is absent, not 0
     assert 'vllm:request_success_total{finished_reason="length",model_name="m\\"x"} 0.0' in text

@@ -324,6 +324,7 @@ def _start_target(live: Live, head: dict, prep: Prepared, options: CaptureOption
 
         live.servers = ServerJoin(prep.servers, host=live.host, client_clock=live.client_clock, target=live.url,
                                   deployment=bool(options.replicas))
+        live.servers.start_scrapes(live.out, live.writer)  # a replica folder's server's own counters
     if options.replicas:  # each declared replica's own evidence, by its kind
         from inferledger.collectors.capture.deployment import Replicas
 
@@ -375,6 +376,8 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
                 live.router.stop()
             if live.replicas is not None:  # and each declared replica's last scrape
                 live.replicas.stop()
+            if live.servers is not None:  # and each replica folder's server's
+                live.servers.stop_scrapes()
             if live.servers is not None:  # the --server folders' events of this run's attempts, once on disk
                 live.servers.join(live.writer, live.out, options.server_wait_s,
                                   say=lambda line: print(f"inferledger capture: {line}", file=sys.stderr))
@@ -401,10 +404,11 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
 
 def _stop_quietly(live: Live, drain_timeout_s: float) -> None:
     """Stop what runs, each part on its own: one failing (a CUDA timer's close) must not stop the rest."""
-    server, evidence, replicas = live.server, live.evidence, live.replicas
+    server, evidence, replicas, servers = live.server, live.evidence, live.replicas, live.servers
     for stop in ((lambda: server.stop(drain_timeout_s)) if server is not None else None, live.sampler.stop,
                  live.host_sampler.stop, evidence.abort if evidence is not None else None,
-                 (lambda: replicas.stop(final_scrape=False)) if replicas is not None else None):
+                 (lambda: replicas.stop(final_scrape=False)) if replicas is not None else None,
+                 (lambda: servers.stop_scrapes(final_scrape=False)) if servers is not None else None):
         if stop is None:
             continue
         try:

@@ -37,6 +37,10 @@ stopped, as an embedded capture's does.
   wait ends only once every folder has flushed after the load (or its server stopped cleanly); a folder
   that has not (its server killed, its last flush lost) is a gap naming it: the tries it received after its
   last flush are not in the run, and the router's count of what it sent that replica says how many.
+- **A replica's own counters**: each such folder's server (its manifest's `server.host`, `server.port`) has its
+  `/metrics` scraped from before the load to after it (`start_scrapes`, `stop_scrapes`), as a
+  `--replica URL=ours` is: samples of source `inferledger-metrics` whose device is the replica, raw lines in
+  `scrapes/metrics-<replica>.jsonl`; the ledger's `replicas` compares its prefix-cache counter with its events.
 """
 from __future__ import annotations
 
@@ -191,6 +195,7 @@ class _Joined:
     names: dict[str, str] = field(default_factory=dict)  # server attempt id -> the id it is copied under
     parents: dict[str, str] = field(default_factory=dict)  # an upstream try the client never saw -> its client attempt
     replica_id: str | None = None  # its server id where several folders are joined (attrs.replica_id)
+    scraper: object = None  # its server's /metrics (OursScraper) during the load, a replica's
 
     def attrs(self, server_attempt: str | None) -> dict:
         """What its copied events' attrs gain: the replica, and an unseen try's client attempt."""
@@ -239,6 +244,26 @@ class ServerJoin:
     def replica_urls(self) -> dict[str, str]:
         """Each folder's own address (from its manifest) -> its replica id (its server id)."""
         return {u: j.folder.server_id for j in self.joined if (u := j.folder.own_url(self.target))}
+
+    def start_scrapes(self, run_dir: Path, writer) -> None:
+        """Each replica folder's server's /metrics (where its manifest names its port), scraped once now, before
+        the load, then at 2 Hz until `stop_scrapes`."""
+        from inferledger.collectors.evidence.metrics_scrape import OursScraper
+
+        for j in self.joined:
+            url = j.folder.own_url(self.target)
+            if j.replica_id is None or url is None:
+                continue
+            j.scraper = OursScraper(f"{url}/metrics", run_dir, writer, clock=self.client_clock,
+                                    host=self.host).for_replica(j.replica_id)
+            j.scraper.scrape_once()
+            j.scraper.start()
+
+    def stop_scrapes(self, final_scrape: bool = True) -> None:
+        """After the load: each scraper stopped, with one last scrape (the counters' final values)."""
+        for j in self.joined:
+            if j.scraper is not None:
+                j.scraper.stop(final_scrape)
 
     async def map_clocks(self, label: str, headers: dict | None) -> None:
         """Round trips to each foreign server's /clock (start and end of the load); a failure is kept."""
@@ -414,7 +439,8 @@ class ServerJoin:
                           "failed": [m.__dict__ for m in j.mappings if isinstance(m, ClockSyncFailure)]},
                 "attempts": {"joined": len(f.ours), "covered": len(f.ours) - len(f.uncovered),
                              "unseen_tries": len(j.parents), "id_disagrees": len(_id_disagrees(f))},
-                "events": j.events, "samples": j.samples})
+                "events": j.events, "samples": j.samples,
+                **({"metrics": j.scraper.summary()} if j.scraper is not None else {})})
         deployment = {"flushed_after_load": self.flushed_after} if self.deployment else {}
         first = next((j.folder.manifest for j in self.joined if j.found.ours), self.joined[0].folder.manifest)
         engine = {k: first[k] for k in ("model", "engine_config", "served_model_name", "device_clock") if k in first}
@@ -462,6 +488,9 @@ class ServerJoin:
                     gaps.append(_gap(run_id, f"collector:clock-sync:{sid}:{m.label}", "run", None,
                                      f"every difference between the client's clock and {j.clock} ({j.folder.path})",
                                      "a server whose /clock answers at the start and end of the load", m.reason))
+            for g in j.scraper.gap_rows(run_id) if j.scraper is not None else []:
+                gaps.append({**g, "gap_id": f"{g['gap_id']}@{j.replica_id}", "subject_id": j.replica_id,
+                             "affects": f"replica {j.replica_id}'s {g['affects']}"})
         for aid in missing:
             gaps.append(_gap(run_id, f"collector:server-attempt:{aid}", "attempt", aid,
                              "server_status, the server's and engine's figures",
