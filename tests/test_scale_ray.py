@@ -24,6 +24,7 @@ from inferledger.collectors.sim.step_time import BookStepModel
 from inferledger.engine.params import EngineConfig
 from inferledger.ledger.reconstruct import BuildOptions, RunDirError, reconstruct
 from ledger_util import build_run
+from peer_util import import_sample
 from scale_util import ledger_differences
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,6 +104,24 @@ def test_gaps_of_task_scope_modules_are_kept_from_every_shard(local_ray, tmp_pat
                                   "AND (affects LIKE 'client_status, e2e_client_ms%' OR affects = 'e2e_client') "
                                   "GROUP BY ALL ORDER BY 1").fetchall()
     assert per_attempt == [(f"A{i}", 1) for i in range(8)]
+
+
+def test_a_load_tools_imported_run_has_the_same_peer_views_sharded(local_ray, tmp_path):
+    """peer_views and peer_comparison pool their samples from per-attempt rows each task shard computes
+    (the chunks vLLM bench kept, labelled by the server; its reporter; the gaps between chunks, client
+    and server): attempts in several buckets, one pooled row each."""
+    run, con = import_sample("vllm-bench", "vllm-bench-0.32.0", tmp_path, extra=("--tool-version", "0.32.0"))
+    con.close()
+    default, _, sharded = three_ledgers(run, tmp_path, 3, bounded=False)
+    import duckdb
+
+    with duckdb.connect(str(sharded), read_only=True) as led:
+        itl = led.execute("SELECT min(n) FROM peer_views WHERE metric = 'ITL' AND tool IN ('inferledger', 'vLLM bench')"
+                          ).fetchone()[0]
+        imported = led.execute("SELECT count(*) FROM peer_comparison WHERE imported").fetchone()[0]
+    assert len([p for p in (run / "events").glob("bucket-*") if any(p.glob("*.parquet"))]) > 1
+    assert itl > 0 and imported > 0
+    assert ledger_differences(default, sharded) == []
 
 
 def test_the_cli_shards_a_partitioned_run_and_refuses_an_unpartitioned_one(local_ray, tmp_path):
