@@ -2,7 +2,7 @@
 -- run has server evidence (docs/LEDGER.md "peer_comparison").
 --
 -- scope: rollup
--- reads: peer_views, peer_base, ev, request_metrics, itl, quantiles_linear
+-- reads: peer_views, peer_base, peer_reporters, request_metrics, quantiles_linear
 -- creates: peer_comparison
 
 -- One row per (metric, tool): the tool's reading beside ours on the same attempts (our client's
@@ -37,9 +37,7 @@
 --   chunks show (the role chunk's lead), and the samples left out
 CREATE OR REPLACE TABLE peer_comparison AS
 WITH reporters AS (
-  SELECT json_extract_string(attrs, '$.reporter') AS reporter, count(*) AS n
-  FROM ev WHERE source = 'client' AND name = 'attempt.sent' AND json_extract_string(attrs, '$.reporter') IS NOT NULL
-  GROUP BY 1
+  SELECT reporter, count(*) AS n FROM peer_reporters WHERE source = 'client' AND reporter IS NOT NULL GROUP BY 1
 ), tool_names(prefix, tool) AS (VALUES ('aiperf-', 'AIPerf'), ('vllm-bench-', 'vLLM bench'), ('guidellm-', 'GuideLLM')
 ), imported AS (
   SELECT t.tool, r.reporter FROM reporters r JOIN tool_names t ON starts_with(r.reporter, t.prefix)
@@ -56,7 +54,7 @@ WITH reporters AS (
   FROM request_metrics SEMI JOIN peer_base USING (attempt_id)
   UNION ALL
   SELECT 'ITL', 'itl.gap_ms (server)', count(gap_ms), avg(gap_ms), quantiles_linear(gap_ms, [0.5, 0.99])
-  FROM itl i SEMI JOIN peer_base b USING (attempt_id) WHERE i.layer = 'server' AND i.gap_ms IS NOT NULL
+  FROM (SELECT unnest(server_gaps_ms) AS gap_ms FROM peer_base)
 ), facts AS (  -- what this run's chunks show, for the reasons that depend on it
   SELECT count(*) AS n, avg(first_content_ns - first_choices_ns) / 1e6 AS role_lead_ms,
          avg(last_choices_ns - last_content_ns) / 1e6 AS finish_lag_ms

@@ -4,60 +4,17 @@
 -- names collide (AIPerf's "ITL" is vLLM's TPOT; GuideLLM's TPOT includes the TTFT), so every row names
 -- its tool, its formula, its weighting and its percentile rule.
 --
--- What an imported tool kept decides which rows its events can feed (attempt.done attrs.chunks):
---   absent      our own client: every chunk, with its kinds
---   content     AIPerf: every content chunk, no role / finish / usage chunk
---   first_last  GuideLLM: the first and the last content chunk only
---   choices     vLLM bench: every chunk with choices, kinds unknown (no server to label them)
---   labelled    vLLM bench joined with the server: every chunk with choices, kinds from its server write
--- Tokens: the importing tool's own count when it kept one (attrs.reported_output_tokens; AIPerf
--- re-tokenises the text), else the server's (attempts.n_output_tokens).
+-- Its inputs are one row per attempt (ledger/peer_base.sql, task scope: which chunks an imported tool
+-- kept, its token count, the chunk times each tool reads, the attempt's gap samples as lists): this
+-- rollup reads no event.
 --
 -- scope: rollup
--- reads: ev_out, ev, attempts, itl, figures
--- creates: peer_base, peer_views, peer_views_gaps
-
-CREATE OR REPLACE TEMP TABLE peer_base AS
-WITH c AS (
-  SELECT attempt_id,
-         min(ts_ns) FILTER (WHERE choices_bearing) AS first_choices_ns,
-         max(ts_ns) FILTER (WHERE choices_bearing) AS last_choices_ns,
-         min(ts_ns) FILTER (WHERE output_bearing) AS first_content_ns,
-         max(ts_ns) FILTER (WHERE output_bearing) AS last_content_ns
-  FROM ev_out WHERE name = 'attempt.chunk' GROUP BY attempt_id
-), sent AS (
-  SELECT attempt_id, TRY_CAST(json_extract_string(attrs, '$.pacing_error_ms') AS DOUBLE) AS pacing_error_ms
-  FROM ev WHERE name = 'attempt.sent'
-  QUALIFY row_number() OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq, event_id) = 1
-), done AS (
-  SELECT attempt_id, json_extract_string(attrs, '$.chunks') AS chunks,
-         TRY_CAST(json_extract_string(attrs, '$.reported_output_tokens') AS BIGINT) AS n_reported
-  FROM ev WHERE name = 'attempt.done' AND source = 'client'
-  QUALIFY row_number() OVER (PARTITION BY attempt_id ORDER BY ts_ns, seq, event_id) = 1
-), refused AS (  -- request_metrics' impossible-order rule: an attempt with a client figure it refuses
-  SELECT DISTINCT split_part(subject_id, '#', 1) AS attempt_id FROM figures
-  WHERE impossible AND figure IN ('ttft_client', 'ttft_first_byte', 'ttft_visible', 'e2e_client', 'client_span',
-                                  'choice_ttft_client', 'choice_decode_client')
-), kept AS (
-  SELECT b.attempt_id, b.chunks, b.n_reported,
-         b.chunks IS NULL OR b.chunks IN ('content', 'first_last', 'labelled') AS content_ok,
-         b.chunks IS NULL OR b.chunks IN ('choices', 'labelled') AS choices_ok,
-         b.chunks IS NULL OR b.chunks IN ('content', 'labelled') AS every_content_ok
-  FROM done b
-)
-SELECT a.attempt_id, a.sent_ns, a.client_end_ns AS done_ns, a.n_output_tokens AS n,
-       coalesce(k.n_reported, a.n_output_tokens) AS n_tool,
-       CASE WHEN k.choices_ok THEN c.first_choices_ns END AS first_choices_ns,
-       CASE WHEN k.choices_ok THEN c.last_choices_ns END AS last_choices_ns,
-       CASE WHEN k.content_ok THEN c.first_content_ns END AS first_content_ns,
-       CASE WHEN k.content_ok THEN c.last_content_ns END AS last_content_ns,
-       k.choices_ok, k.every_content_ok, s.pacing_error_ms, r.attempt_id IS NOT NULL AS refused
-FROM attempts a JOIN c USING (attempt_id) LEFT JOIN sent s USING (attempt_id) LEFT JOIN kept k USING (attempt_id)
-LEFT JOIN refused r USING (attempt_id)
-WHERE a.client_status = 'completed' AND a.sent_ns IS NOT NULL;
+-- reads: peer_base, peer_reporters
+-- creates: peer_views, peer_views_gaps
 
 -- The samples of each row: (row number, value in ms, weight). The two pooled-gap rows (millions of
--- samples in a big run) are aggregated where they are read, never copied into a table of their own.
+-- samples in a big run) are unnested from peer_base's lists where they are read, never copied into a
+-- table of their own.
 -- @table peer_views: one row per metric × tool: the run read through each tool's definition of TTFT,
 --   ITL, TPOT and E2E, over the attempts the client saw complete (docs/LEDGER.md "peer_views")
 -- @column metric: TTFT, ITL, TPOT or E2E
@@ -108,16 +65,10 @@ WITH per_request(k, v, w, refused) AS (
   SELECT 15, (last_content_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE last_content_ns IS NOT NULL
   UNION ALL
   SELECT 16, (done_ns - sent_ns) / 1e6, 1, refused FROM peer_base
-), vllm_chunks AS (
-  SELECT any_value(b.refused) AS refused, list(ts_ns ORDER BY ts_ns, seq) AS ts
-  FROM ev_out o JOIN (SELECT attempt_id, refused FROM peer_base WHERE choices_ok IS NOT FALSE) b USING (attempt_id)
-  WHERE o.name = 'attempt.chunk' AND o.choices_bearing GROUP BY attempt_id
 ), vllm_gaps AS (
-  SELECT refused, unnest(list_transform(range(1, len(ts)), lambda i: (ts[i + 1] - ts[i]) / 1e6)) AS v FROM vllm_chunks
+  SELECT refused, unnest(choice_gaps_ms) AS v FROM peer_base
 ), content_gaps AS (
-  SELECT b.refused, i.gap_ms AS v
-  FROM itl i JOIN (SELECT attempt_id, refused FROM peer_base WHERE every_content_ok IS NOT FALSE) b USING (attempt_id)
-  WHERE i.layer = 'client' AND i.gap_ms IS NOT NULL
+  SELECT refused, unnest(content_gaps_ms) AS v FROM peer_base
 ), plain AS (  -- linear interpolation between ranks (numpy's default, DuckDB's quantile_cont); refused left out
   SELECT k, count(v) FILTER (WHERE NOT refused) AS n, avg(v) FILTER (WHERE NOT refused) AS mean_ms,
          quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused) AS q, count(v) FILTER (WHERE refused) AS n_refused
@@ -200,8 +151,7 @@ ORDER BY d.ord;
 CREATE OR REPLACE TEMP TABLE peer_views_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO peer_views_gaps
 WITH client AS (  -- who reported the client events, when a load tool did
-  SELECT min(json_extract_string(attrs, '$.reporter')) AS reporter FROM ev
-  WHERE name = 'attempt.sent' AND json_extract_string(attrs, '$.evidence') = 'reported')
+  SELECT min(reporter) AS reporter FROM peer_reporters WHERE evidence = 'reported')
 SELECT 'run', NULL, format('peer_views ({} {})', metric, tool),
        CASE WHEN tool = 'MLPerf-style' THEN 'attempt.sent attrs.pacing_error_ms (the planned send; the inferledger client records it)'
             WHEN client.reporter IS NOT NULL

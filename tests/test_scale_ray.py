@@ -24,6 +24,7 @@ from inferledger.collectors.sim.step_time import BookStepModel
 from inferledger.engine.params import EngineConfig
 from inferledger.ledger.reconstruct import BuildOptions, RunDirError, reconstruct
 from ledger_util import build_run
+from peer_util import import_sample
 from scale_util import ledger_differences
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,6 +104,53 @@ def test_gaps_of_task_scope_modules_are_kept_from_every_shard(local_ray, tmp_pat
                                   "AND (affects LIKE 'client_status, e2e_client_ms%' OR affects = 'e2e_client') "
                                   "GROUP BY ALL ORDER BY 1").fetchall()
     assert per_attempt == [(f"A{i}", 1) for i in range(8)]
+
+
+def test_a_load_tools_imported_run_has_the_same_peer_views_sharded(local_ray, tmp_path):
+    """peer_views and peer_comparison pool their samples from per-attempt rows each task shard computes
+    (the chunks vLLM bench kept, labelled by the server; its reporter; the gaps between chunks, client
+    and server): attempts in several buckets, one pooled row each."""
+    run, con = import_sample("vllm-bench", "vllm-bench-0.32.0", tmp_path, extra=("--tool-version", "0.32.0"))
+    con.close()
+    default, _, sharded = three_ledgers(run, tmp_path, 3, bounded=False)
+    import duckdb
+
+    with duckdb.connect(str(sharded), read_only=True) as led:
+        itl = led.execute("SELECT min(n) FROM peer_views WHERE metric = 'ITL' AND tool IN ('inferledger', 'vLLM bench')"
+                          ).fetchone()[0]
+        imported = led.execute("SELECT count(*) FROM peer_comparison WHERE imported").fetchone()[0]
+    assert len([p for p in (run / "events").glob("bucket-*") if any(p.glob("*.parquet"))]) > 1
+    assert itl > 0 and imported > 0
+    assert ledger_differences(default, sharded) == []
+
+
+def test_a_kv_block_shared_by_tasks_of_two_buckets_and_held_to_the_runs_end_is_split_the_same_sharded(local_ray, tmp_path):
+    """kv_holds is each attempt's own (task scope); the split of a block among its holders and the end of a
+    hold never released (the last event on its clock: here A1's done, in the other task's bucket, after a
+    run-level event in `run/`) are the rollup's."""
+    def kv(name, ms, aid, task, blocks):
+        return {"name": name, "ms": ms, "attempt_id": aid, "request_id": "R" + aid, "task_id": task,
+                "source": "engine", "attrs": {"blocks": blocks}, "value": len(blocks)}
+
+    events = [{"name": "attempt.sent", "ms": 0, "attempt_id": "A1", "request_id": "RA1", "task_id": "T1"},
+              kv("kv.alloc", 0, "A1", "T1", [1, 2]),
+              {"name": "attempt.sent", "ms": 100, "attempt_id": "A3", "request_id": "RA3", "task_id": "T3"},
+              kv("kv.prefix_hit", 100, "A3", "T3", [1]), kv("kv.alloc", 100, "A3", "T3", [3]),
+              kv("kv.release", 1000, "A1", "T1", [1, 2]), kv("kv.free", 1000, "A1", "T1", [2]),
+              {"name": "mem.returned", "ms": 2000, "source": "engine", "value": 1, "request_id": None, "attempt_id": None},
+              {"name": "attempt.done", "ms": 2500, "attempt_id": "A1", "request_id": "RA1", "task_id": "T1"}]
+    build_run(tmp_path / "kv", events, manifest={"model": {"kv_bytes_per_token": 2 ** 26},
+                                                 "engine_config": {"block_size": 16}}).close()  # 1 GiB a block
+    default, _, sharded = three_ledgers(tmp_path / "kv", tmp_path, 4, bounded=False)
+    assert sorted(p.name for p in (tmp_path / "kv" / "events").iterdir() if p.is_dir()) == ["bucket-0001", "bucket-0002", "run"]
+    assert ledger_differences(default, sharded) == []
+    import duckdb
+
+    with duckdb.connect(str(sharded), read_only=True) as led:
+        got = dict(led.execute("SELECT attempt_id, kv_gib_s FROM accounts").fetchall())
+    # block 1: A1 alone 0.1 s, shared 0.9 s (0.45 each), A3 alone to the clock's last event 1.5 s; block 2:
+    # A1 1.0 s; block 3: A3 from 0.1 s to 2.5 s, never released
+    assert got == {"A1": pytest.approx(1.55), "A3": pytest.approx(4.35)}
 
 
 def test_the_cli_shards_a_partitioned_run_and_refuses_an_unpartitioned_one(local_ray, tmp_path):
