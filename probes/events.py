@@ -113,7 +113,8 @@ _KINDS = [
     _k("server.done", "server", ["attempt_id"], "the response was completed by the server"),
     _k("server.disconnect", "server", ["attempt_id"], "the server saw the client disconnect"),
     # engine
-    _k("engine.enqueued", "engine", ["attempt_id"], "the engine accepted the request into its waiting queue", "prompt tokens"),
+    _k("engine.enqueued", "engine", ["attempt_id"], "the engine accepted the request into its waiting queue "
+       "(again after a preemption, where an engine's trace says so: that wait is the preemption's)", "prompt tokens"),
     _k("engine.scheduled", "engine", ["attempt_id"], "the request entered a batch (first time or on resume)"),
     _k("engine.prefill", "engine", ["attempt_id"], "a prefill chunk was computed; attrs.cached_tokens", "tokens computed"),
     _k("engine.token", "engine", ["attempt_id"], "tokens committed to one choice of the request in one step (can exceed 1 with speculative decoding); attrs.choice = the choice index (n > 1; absent: choice 0)", "tokens"),
