@@ -125,6 +125,7 @@ class CheckPlan(NamedTuple):
     concurrency: tuple[int, ...] = (1, 8, 64)
     mbu_batches: tuple[int, ...] = (1, 64)
     mbu_context: int = 256  # context tokens of each sequence in the MBU steps
+    mbu_steps: int = 20  # decode steps timed per MBU batch (the median of all but the first two)
     capture_seqs: int = 16  # max_num_seqs of the capture phase
     workload: Path = WORKLOAD  # the capture phase's workload
     budget_s: float = 400.0  # no phase starts after this many seconds
@@ -184,7 +185,7 @@ def run_checks(device: str, out: Path, plan: CheckPlan = CheckPlan(), *, cpu_bun
     hbm = (bw or {}).get("best_gb_s")
 
     def mbu():
-        return [mc.decode_mbu(main, b, mbu_context, graphs, hbm) for b in mbu_batches
+        return [mc.decode_mbu(main, b, mbu_context, graphs, hbm, steps=plan.mbu_steps) for b in mbu_batches
                 for graphs in ((False, True) if on_cuda else (False,))]
     P("mbu", mbu, needs=("load",))
 

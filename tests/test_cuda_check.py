@@ -34,7 +34,8 @@ def _workload(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_cuda_check_dry_run_on_the_cpu(bundle, tmp_path):
     mod = _load_script()
-    plan = mod.CheckPlan(n_prompts=3, tokens=5, concurrency=(3,), mbu_batches=(1, 2), mbu_context=20, capture_seqs=3,
+    plan = mod.CheckPlan(n_prompts=3, tokens=5, concurrency=(3,), mbu_batches=(1, 2), mbu_context=20, mbu_steps=5,
+                         capture_seqs=3,
                          workload=_workload(tmp_path), bandwidth_mib=8, budget_s=1e9)
     report = mod.run_checks("cpu", tmp_path / "out", plan, cpu_bundle=bundle, device_bundles={"float32": bundle})
     assert json.loads((tmp_path / "out" / "cuda_check.json").read_text()) == json.loads(json.dumps(report))
