@@ -94,6 +94,21 @@ def test_scrape_once_stamps_its_own_times(tmp_path):
     assert {s["source"] for s in sink.samples} == {"vllm-metrics"}
 
 
+def test_start_reads_the_counters_before_it_returns(tmp_path):
+    """The first values of a counter whose delta over the run is taken are read before the caller goes on
+    to the load: in start() itself, not left to the thread (whose first scrape could land after the first
+    requests and miss them)."""
+    sink = _Sink()
+    with _Serve(TEXT.encode()) as srv:
+        sc = MetricsScraper(srv.url, tmp_path, sink, clock="mono:h", host="h", hz=0.5)
+        sc.start()
+        try:
+            assert (sc.scrapes, len(sink.samples)) == (1, 6)
+        finally:
+            sc.stop(final_scrape=False)
+    assert sc.scrapes == 1  # the thread waits its period before its own first scrape
+
+
 def test_a_failed_scrape_is_counted_not_filled(tmp_path):
     sink = _Sink()
     sc = MetricsScraper("http://127.0.0.1:18199/metrics", tmp_path, sink, clock="mono:h", host="h", timeout_s=0.5)

@@ -256,8 +256,7 @@ class ServerJoin:
                 continue
             j.scraper = OursScraper(f"{url}/metrics", run_dir, writer, clock=self.client_clock,
                                     host=self.host).for_replica(j.replica_id)
-            j.scraper.scrape_once()
-            j.scraper.start()
+            j.scraper.start()  # its first scrape before it returns
 
     def stop_scrapes(self, final_scrape: bool = True) -> None:
         """After the load: each scraper stopped, with one last scrape (the counters' final values)."""

@@ -223,12 +223,17 @@ class MetricsScraper:
             self.refused.extend(records)
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        started = time.monotonic()  # start()'s own scrape was the first
+        while not self._stop.wait(max(0.0, self.period_s - (time.monotonic() - started))):
             started = time.monotonic()
             self.scrape_once()
-            self._stop.wait(max(0.0, self.period_s - (time.monotonic() - started)))
 
     def start(self) -> "MetricsScraper":
+        """One scrape now, in the caller's thread, then one every `period_s` on a thread of its own: the
+        counters' first values are read before whatever the caller does next (the load), so a counter's
+        delta over the run misses none of it (a first scrape left to the thread could land after the first
+        requests)."""
+        self.scrape_once()
         self._thread = threading.Thread(target=self._loop, name="metrics-scraper", daemon=True)
         self._thread.start()
         return self
