@@ -129,6 +129,8 @@ WITH firsts AS (
     -- of those, the tokens its prefix cache served (engine.prefill attrs.cached_tokens): not computed
     sum(TRY_CAST(json_extract_string(attrs, '$.cached_tokens') AS BIGINT)) FILTER (WHERE name = 'engine.prefill')
       AS n_prompt_cached,
+    -- the prefill tokens it computed (engine.prefill values, recomputation after a preemption included)
+    sum(value) FILTER (WHERE name = 'engine.prefill') AS n_prefill_computed,
     arg_max(reason, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS client_finish_reason,
     count(*) FILTER (WHERE name = 'engine.preempted') AS preemptions,
     coalesce(sum(value) FILTER (WHERE name = 'engine.preempted'), 0) AS recomputed_tokens,

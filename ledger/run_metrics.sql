@@ -4,7 +4,7 @@
 -- the register), not 0. Every rate divides by t_obs_s through nullif: a zero-length window is unknown.
 --
 -- scope: rollup
--- reads: window_bounds, request_metrics, attempts, marks, ev, steps, window_energy, power_check,
+-- reads: window_bounds, window_starts, device_steps, request_metrics, attempts, marks, steps, window_energy, power_check,
 --        kv_integral, step_attribution, sum_if_known, clock_conv
 -- creates: run_metrics, run_metrics_gaps
 -- @table run_metrics: one row per run: its figures over the observation window (docs/LEDGER.md
@@ -88,7 +88,7 @@ WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), 
          (SELECT avg(client_span_ms) / 1e3 FROM request_metrics WHERE client_span_ms IS NOT NULL) AS w_s
   FROM spans, window_bounds w
 ), arrivals AS (
-  SELECT count(DISTINCT task_id) AS n FROM ev WHERE name = 'arrival.planned'
+  SELECT count(DISTINCT task_id) AS n FROM window_starts WHERE name = 'arrival.planned'
 ), engine AS (
   SELECT sum(step_ms) / 1e3 AS busy_s FROM steps
 ), tok AS (
@@ -102,12 +102,10 @@ WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), 
               THEN sum_if_known(m.n_prompt_tokens, m.n_prompt_tokens) END AS prompt_tokens,
          CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(m.n_prompt_engine, coalesce(m.n_prompt_cached, 0))
               END AS prompt_tokens_cached,
-         CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(m.n_prompt_engine, coalesce(p.computed, 0))
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN sum_if_known(m.n_prompt_engine, coalesce(m.n_prefill_computed, 0))
               END AS prefill_tokens_computed,
          count(*) AS n
-  FROM attempts a JOIN marks m USING (attempt_id) LEFT JOIN (
-    SELECT attempt_id, sum(value) AS computed
-    FROM ev WHERE name = 'engine.prefill' GROUP BY attempt_id) p USING (attempt_id)
+  FROM attempts a JOIN marks m USING (attempt_id)
   WHERE a.client_status = 'completed'
 )
 SELECT getvariable('run_id') AS run_id,
@@ -154,7 +152,7 @@ SELECT getvariable('run_id') AS run_id,
        THEN (coalesce(gpu.energy_j, 0) + coalesce(cpu.energy_j, 0)) / counts.n_good END AS energy_per_good_j,
   CASE WHEN counts.n_good > 0 THEN gpu.energy_j / counts.n_good END AS energy_gpu_per_good_j,
   CASE WHEN counts.n_good > 0 THEN cpu.energy_j / counts.n_good END AS energy_cpu_per_good_j,
-  CASE WHEN counts.n_good > 0 THEN (SELECT sum(value) / 1e3 FROM ev WHERE name = 'device.step') / counts.n_good
+  CASE WHEN counts.n_good > 0 THEN (SELECT sum(device_ms) / 1e3 FROM device_steps) / counts.n_good
        END AS gpu_s_per_good,
   (SELECT sum(kv_gib_s) FROM kv_integral) AS kv_gib_s,
   (SELECT sum(share_ms) FROM step_attribution) AS attributed_step_ms,
@@ -176,7 +174,7 @@ WHERE getvariable('offered_rps') IS NULL AND EXISTS (SELECT 1 FROM window_bounds
 UNION ALL
 SELECT 'run', NULL, 'gpu_s_per_good', 'device.step events on a CUDA clock (a GPU run)',
        'the run has no device time: engine_s_per_good counts engine step time instead'
-WHERE NOT EXISTS (SELECT 1 FROM ev WHERE name = 'device.step') AND EXISTS (SELECT 1 FROM steps)
+WHERE NOT EXISTS (SELECT 1 FROM device_steps) AND EXISTS (SELECT 1 FROM steps)
 UNION ALL
 SELECT 'run', NULL, 'output_tokens, output_tok_s, total_tok_s, computed_tok_s',
        'a token count for every completed attempt (engine.token events or usage in attempt.done)',

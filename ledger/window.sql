@@ -4,16 +4,15 @@
 -- point is converted by the clock rule, or left out with a gap (never compared across clocks raw).
 --
 -- scope: rollup
--- reads: attempt_ids, ev, marks, clock_conv
+-- reads: attempt_ids, window_starts, marks, clock_conv
 -- creates: window_points, window_bounds, window_gaps
 CREATE OR REPLACE TEMP TABLE window_points AS
 WITH client AS (  -- with client events the window opens at a client start, or is unknown
   SELECT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
-         OR EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')) AS yes,
+         OR EXISTS (SELECT 1 FROM window_starts) AS yes,
          EXISTS (SELECT 1 FROM marks WHERE client_end IS NOT NULL) AS ended
 ), pts AS (
-  SELECT 'start' AS side, ts_ns, clock, event_id FROM ev
-  WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent')
+  SELECT 'start' AS side, ts_ns, clock, event_id FROM window_starts
   UNION ALL SELECT 'start', enqueued.ns, enqueued.clock, enqueued.eid FROM marks
   WHERE enqueued IS NOT NULL AND NOT (SELECT yes FROM client)
   UNION ALL SELECT 'end', client_end.ns, client_end.clock, client_end.eid FROM marks WHERE client_end IS NOT NULL
@@ -31,7 +30,7 @@ CREATE OR REPLACE TEMP TABLE window_bounds AS
 SELECT (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE min(t) END FROM window_points WHERE side = 'start') AS t0,
        (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE max(t) END FROM window_points WHERE side = 'end') AS t1,
        (SELECT any_value(ref_clock) FROM window_points) AS clock,
-       CASE WHEN NOT EXISTS (SELECT 1 FROM ev WHERE name IN ('arrival.planned', 'attempt.created', 'attempt.sent'))
+       CASE WHEN NOT EXISTS (SELECT 1 FROM window_starts)
                  AND NOT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
             THEN 'first engine.enqueued → last server end (no client events)'
             WHEN NOT EXISTS (SELECT 1 FROM marks WHERE client_end IS NOT NULL)

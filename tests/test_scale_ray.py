@@ -153,6 +153,31 @@ def test_a_kv_block_shared_by_tasks_of_two_buckets_and_held_to_the_runs_end_is_s
     assert got == {"A1": pytest.approx(1.55), "A3": pytest.approx(4.35)}
 
 
+def test_device_time_of_two_engines_and_the_run_folder_is_summed_once_sharded(local_ray, tmp_path):
+    """gpu_s_per_good sums the engine-scope device_steps each engine shard keeps (device.step events of two
+    engine instances and one without an engine id, in `run/`) over the good attempts of two buckets."""
+    def step(ms, step_id, device_ms, engine=None):
+        return {"name": "device.step", "ms": ms, "source": "device", "step_id": step_id, "value": device_ms,
+                "request_id": None, "attempt_id": None, "attrs": {"engine_id": engine} if engine else {}}
+
+    events = [step(1, 1, 2.0, "e0"), step(2, 2, 3.0, "e0"), step(3, 3, 5.0, "e1"), step(4, 4, 10.0)]
+    for aid, task in (("A1", "T1"), ("A3", "T3")):
+        ids = {"attempt_id": aid, "request_id": "R" + aid, "task_id": task}
+        events += [{"name": "attempt.sent", "ms": 0, **ids}, {"name": "attempt.done", "ms": 50, **ids},
+                   {"name": "verdict", "ms": 60, "source": "checker", "attrs": {"correct": True}, **ids}]
+    build_run(tmp_path / "dev", events).close()
+    default, _, sharded = three_ledgers(tmp_path / "dev", tmp_path, 4, bounded=False)
+    assert sorted(p.name for p in (tmp_path / "dev" / "events").iterdir() if p.is_dir()) == [
+        "bucket-0001", "bucket-0002", "engine-e0", "engine-e1", "run"]
+    assert ledger_differences(default, sharded) == []
+    import duckdb
+
+    with duckdb.connect(str(sharded), read_only=True) as led:
+        got = led.execute("SELECT n_good, gpu_s_per_good FROM run_metrics").fetchone()
+        gap = led.execute("SELECT count(*) FROM gaps WHERE affects = 'gpu_s_per_good'").fetchone()[0]
+    assert got == (2, pytest.approx(0.010)) and gap == 0  # (2 + 3 + 5 + 10) ms / 2 good
+
+
 def test_the_cli_shards_a_partitioned_run_and_refuses_an_unpartitioned_one(local_ray, tmp_path):
     run = tmp_path / "run"
     import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run)
