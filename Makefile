@@ -55,7 +55,8 @@ endif
 	  dt=$$(cat $$logs/dtype.rc); rm -rf $$logs; [ "$$dt" -eq 0 ] && [ "$$isa" -eq 0 ]; \
 	fi
 
-# the edit loop: everything but the tests marked `slow` (the model, the oracle, Ray, property tests)
+# the edit loop: everything but the tests marked `slow` (the model, Ray, property tests, Chromium, the
+# command in processes of its own, synthetic runs at scale: tests/conftest.py)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -q -m "not slow"
 

@@ -49,7 +49,8 @@ def pytest_configure(config):
 
 
 # a test that needs one of these (directly or through another fixture) loads the model, Hugging Face's
-# tokenizer or a Ray cluster: `slow`, left out of `make test-fast`
+# tokenizer or a Ray cluster: `slow`, left out of `make test-fast` (as are, marked by hand, those that drive
+# Chromium, run the command in processes of their own, or parse the bundled GGUF whole)
 SLOW_FIXTURES = {"bundle", "resolved_bundle", "hf_tokenizer", "local_ray"}
 
 

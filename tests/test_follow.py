@@ -179,6 +179,7 @@ def test_follow_refusals_exit_2(tmp_path, args, message):
     assert res.exit_code == 2 and message in res.output
 
 
+@pytest.mark.slow  # the command in a process of its own
 def test_ctrl_c_leaves_the_last_ledger_whole_and_exits_130(recorded, tmp_path):
     run = tmp_path / "run"
     start_run(recorded, run)

@@ -27,6 +27,7 @@ def test_a_device_torch_cannot_use_is_refused_by_name():
         load_model(device="tpu")
 
 
+@pytest.mark.slow  # the bundled GGUF parsed whole
 @pytest.mark.parametrize("n_bytes", [0, 7, 4096, 2_000_000])
 def test_truncated_gguf_names_the_file(tmp_path, n_bytes):
     bad = tmp_path / "broken.gguf"
@@ -148,6 +149,7 @@ def test_the_context_is_read_from_the_gguf_header_alone(tmp_path):
     assert model_context() == 8192
 
 
+@pytest.mark.slow  # the bundled GGUF parsed whole
 def test_the_header_reader_reads_what_the_gguf_package_reads():
     gguf = pytest.importorskip("gguf")
     from inferledger.engine.loader import gguf_metadata

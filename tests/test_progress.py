@@ -61,6 +61,7 @@ def test_progress_bar_helper_without_a_terminal_draws_nothing_and_says_lines_on_
     assert out == "a line\n" and err == ""
 
 
+@pytest.mark.slow  # the command in processes of its own
 @pytest.mark.parametrize("fmt", ["json", "csv"])
 def test_reconstruct_prints_the_same_bytes_with_its_bar_on_a_terminal_or_without(tmp_path, fmt):
     run = tmp_path / "r"

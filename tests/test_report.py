@@ -208,6 +208,7 @@ def test_report_is_self_contained_and_escapes_run_strings(compared):
     assert "Plotly" in html and compared.bytes < 15 * 2 ** 20
 
 
+@pytest.mark.slow  # Chromium
 def test_report_renders_in_chromium_without_errors(compared, tmp_path):
     dom, log = load_in_browser(compared.path, tmp_path)
     hook = json.loads(re.search(r'<pre id="test-hook">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
@@ -230,6 +231,7 @@ def test_report_renders_in_chromium_without_errors(compared, tmp_path):
         assert f'id="{panel}"' in dom
 
 
+@pytest.mark.slow  # Chromium
 def test_screenshot_shows_the_timeline(compared, tmp_path):
     # headless screenshots show the top of the page: hide every panel but the timeline
     page = tmp_path / "report.html"

@@ -19,6 +19,8 @@ from inferledger.ledger.reconstruct import reconstruct
 from inferledger.report.build import build_report
 from test_report import _chromium, png_pixels
 
+pytestmark = pytest.mark.slow  # 1,000 attempts built and drawn in Chromium
+
 N = 1000
 CLOCK = "mono:gen"
 

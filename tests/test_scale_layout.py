@@ -22,6 +22,8 @@ from inferledger.probes.events import EVENT_SCHEMA
 from inferledger.probes.run_dir import list_parts
 from scale_util import ledger_differences
 
+pytestmark = pytest.mark.slow  # synthetic runs partitioned, rebuilt several ways
+
 E0 = Path(__file__).resolve().parent.parent / "samples" / "e0"
 
 

@@ -14,6 +14,8 @@ from inferledger.ledger.memory import SizeError, bound, parse_size
 from inferledger.ledger.reconstruct import BuildOptions, reconstruct
 from scale_util import ledger_differences
 
+pytestmark = pytest.mark.slow  # synthetic runs rebuilt under memory limits
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -15,6 +15,8 @@ from inferledger.ledger.query import open_ledger
 from inferledger.probes.run_folder import StudyIndex
 from inferledger.probes.study_dir import read_comparison
 
+pytestmark = pytest.mark.slow  # the book's studies run whole
+
 
 @pytest.fixture(scope="module")
 def book(tmp_path_factory):

@@ -136,6 +136,7 @@ def test_the_command_refuses_an_unknown_study_with_exit_2():
     assert "no study named 'no-such-study'" in res.output
 
 
+@pytest.mark.slow  # several studies' ledgers rebuilt
 def test_summary_and_reconstruct_take_a_study_folder_per_run_and_the_comparison(tmp_path):
     import json as _json
 
@@ -164,6 +165,7 @@ def test_summary_and_reconstruct_take_a_study_folder_per_run_and_the_comparison(
     assert "the comparison was left as it was (study 'e0-pair': not one this version knows)" in res.stdout
 
 
+@pytest.mark.slow  # several studies' ledgers rebuilt
 def test_a_known_study_gets_its_comparison_again_from_the_rebuilt_ledgers(tmp_path):
     from inferledger.studies.framework import rebuild_study
 

@@ -174,6 +174,7 @@ def fresh_book(tmp_path_factory) -> tuple[Path, int, bytes, bytes]:
     return (out, *_run(["study", "schedule-book", "-o", str(out), "-f", "json"], terminal=False))
 
 
+@pytest.mark.slow  # the command in processes of its own
 def test_a_study_prints_the_same_json_with_its_bar_on_a_terminal_or_without(fresh_book, tmp_path):
     _, rc, piped_out, piped_err = fresh_book
     assert rc == 0, piped_err
@@ -188,6 +189,7 @@ def _inferledger() -> list[str]:
     return [str(Path(sys.executable).with_name("inferledger"))]  # the venv's command, beside its python
 
 
+@pytest.mark.slow  # the command in processes of its own
 def test_sigint_to_the_command_keeps_the_first_run_and_the_resume_does_not_capture_it_again(tmp_path, fresh_book):
     """A real Ctrl-C (SIGINT to the process) once the first run's folder is finished: exit 130, one line,
     no traceback; the resume keeps that run (its manifest untouched) and ends like a fresh study."""
@@ -221,6 +223,7 @@ def test_sigint_to_the_command_keeps_the_first_run_and_the_resume_does_not_captu
     assert sorted(os.listdir(out / "runs")) == sorted(os.listdir(fresh / "runs"))
 
 
+@pytest.mark.slow  # the command in processes of its own
 def test_sigterm_stops_a_study_as_ctrl_c_does_with_its_own_exit_code(tmp_path):
     out = tmp_path / "book"
     proc = subprocess.Popen(_inferledger() + ["study", "schedule-book", "-o", str(out)], stdout=subprocess.PIPE,
