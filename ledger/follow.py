@@ -39,6 +39,9 @@ class FollowOptions:
     no manifest yet (`wait_s`)."""
     every_s: float = 2.0
     wait_s: float = 60.0
+    # a capture rewrites its manifest at every flush (2 s by default): this long with no file of the run
+    # changed while its manifest still says recording, it may have been killed (SIGKILL writes no last state)
+    silent_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ def follow(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(),
     say = say or (lambda line: None)
     _wait_for_manifest(run_dir, following.wait_s, following.every_s, say, sleep)
     built, summary, n, waiting = None, None, 0, False
+    changed, told = time.monotonic(), False  # when the run's files last changed; the silence said once
     while True:
         try:
             recording = Manifest.read(run_dir).recording
@@ -116,6 +120,7 @@ def follow(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(),
             raise RunDirError(str(exc)) from None
         seen = fingerprint(run_dir)
         if seen != built:
+            changed, told = time.monotonic(), False
             if recording and not _has_parts(run_dir):
                 if not waiting:
                     say(f"{run_dir}: recording, no events flushed yet; waiting for the first part")
@@ -140,4 +145,10 @@ def follow(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(),
                 continue  # files that moved during the build are read again at once, without a wait
         elif not recording and summary is not None:
             return summary
+        elif recording and not told and time.monotonic() - changed >= following.silent_s:
+            told = True
+            say(f"{run_dir}: no file of the run changed for {time.monotonic() - changed:.0f} s while its manifest "
+                "says it is recording: its capture may have been killed (SIGKILL leaves no last state). Still "
+                "following; Ctrl-C keeps the last ledger, and a plain `inferledger reconstruct` then counts the "
+                "attempts without an end unterminated")
         sleep(following.every_s)

@@ -142,6 +142,25 @@ def test_follow_rebuilds_per_flush_only_and_ends_with_a_fresh_reconstruct(record
     assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no build left behind
 
 
+def test_a_run_whose_files_stop_changing_while_it_says_recording_is_said_once_to_be_perhaps_killed(recorded, tmp_path):
+    """A capture killed with SIGKILL never writes its last state, so --follow would look on in silence: once
+    no file changed for `silent_s` it says so, once, and goes on following."""
+    run = tmp_path / "run"
+    start_run(recorded, run)
+    flush(recorded, run, 0)
+    said, looks = [], []
+
+    def look_again(seconds):  # the capture "dies" after its first flush; the run is declared over later
+        time.sleep(seconds)
+        looks.append(seconds)
+        if len(looks) == 12:
+            set_state(run, "interrupted")
+
+    follow(run, following=FollowOptions(every_s=0.05, silent_s=0.3), say=said.append, sleep=look_again)
+    quiet = [line for line in said if "may have been killed" in line]
+    assert len(quiet) == 1 and quiet[0].startswith(f"{run}: no file of the run changed for "), said
+
+
 def test_a_folder_without_a_manifest_is_waited_for_a_bounded_time(tmp_path):
     said = []
     with pytest.raises(RunDirError, match=r"no manifest after 0.2 s: not a run being captured"):
