@@ -39,6 +39,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from inferledger.serve.local import free_port, wait_healthy  # noqa: E402
 from inferledger.studies.load import CAUSES  # noqa: E402  (run_diagnosis' causes, in its order)
 
 
@@ -151,36 +152,23 @@ class DelayingProxy:
         self.proc.wait()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class SeparateServer:
     """`inferledger serve --out FOLDER` in a process of its own (the transport case's server)."""
 
     def __init__(self, folder: Path, engine_args: list[str]) -> None:
-        self.folder, self.port = folder, _free_port()
+        self.folder, self.port = folder, free_port()
         self.args = [sys.executable, "-m", "inferledger.cli.app", "serve", "--port", str(self.port),
                      "--out", str(folder), "--flush-every", "0.5", *engine_args]
 
     def __enter__(self) -> "SeparateServer":
         import subprocess
-        import urllib.request
 
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 300
-        while self.proc.poll() is None and time.monotonic() < deadline:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5).status == 200:
-                    return self
-            except OSError:
-                time.sleep(0.5)
-        self.__exit__()
-        raise RuntimeError(f"inferledger serve did not start: {self.proc.stderr.read() if self.proc.stderr else ''}")
+        if wait_healthy(self.proc, f"http://127.0.0.1:{self.port}", 300):
+            return self
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=120)
+        raise RuntimeError(f"inferledger serve did not start: {err}")
 
     def __exit__(self, *exc) -> None:
         self.proc.terminate()

@@ -101,6 +101,13 @@ def _too_long(server, req: GenerationRequest) -> None:
                        param=req.prompt_field, code="context_length_exceeded")
 
 
+def _served_model(server, req: GenerationRequest) -> None:
+    """Refuse a request naming another model than the one served (absent: the served one)."""
+    if req.model is not None and req.model != server.model_name:
+        raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {server.model_name!r} "
+                            "(GET /v1/models)", param="model", code="model_not_found")
+
+
 def _prompt_ids(tok, req: GenerationRequest) -> list[int]:
     """Same encoding as `LLM.encode`: text with the checkpoint's special tokens, chat via its template."""
     try:
@@ -143,9 +150,7 @@ async def handle_render(server, request: web.Request) -> web.Response:
         check_auth(server.api_key, request.headers)
         body = await read_json(request)
         req = await off_loop(parse_chat, body)
-        if req.model is not None and req.model != server.model_name:
-            raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {server.model_name!r} "
-                                "(GET /v1/models)", param="model", code="model_not_found")
+        _served_model(server, req)
         _too_long(server, req)
         ids = await off_loop(_prompt_ids, server.tokenizer, req)
     except ApiError as exc:
@@ -169,9 +174,7 @@ async def handle_generation(server, request: web.Request, endpoint: str) -> web.
         received = True
         parse = parse_chat if endpoint == CHAT else parse_completion
         req = await off_loop(parse, body) if big else parse(body)
-        if req.model is not None and req.model != server.model_name:
-            raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {server.model_name!r} "
-                                "(GET /v1/models)", param="model", code="model_not_found")
+        _served_model(server, req)
         _params(req, max(1, req.sampling.get("min_tokens", 1)))  # range checks before admission
         _admit(server, ids)
         admitted = True

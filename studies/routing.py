@@ -21,12 +21,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -35,6 +32,7 @@ from pathlib import Path
 from inferledger.collectors.capture.options import CaptureOptions
 from inferledger.collectors.capture.run import capture
 from inferledger.probes.run_folder import Manifest
+from inferledger.serve.local import START_LIMIT_S, free_port, wait_healthy
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table, task_ticks
 from inferledger.studies.real import LONG_MS, workload
 
@@ -44,7 +42,6 @@ INSTALL = "bash benchmarks/peers/vllm_router.sh install"
 INSTALLED = Path(__file__).resolve().parents[1] / ".peers" / "vllm-router" / "bin" / "vllm-router"
 REPLICAS = ("replica1", "replica2")  # each replica's `serve --out` folder name: its replica_id in the ledger
 MAX_NUM_SEQS = 2  # each replica's batch (the deployment recipe's)
-START_LIMIT_S = 600.0  # a replica's model load, or the router's start, on a busy 2-core host: a bound
 STOP_LIMIT_S = 120.0
 
 
@@ -96,22 +93,10 @@ def router_binary(options: dict) -> Path:
     return Path(found)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _healthy(proc: subprocess.Popen, url: str, what: str, log: Path) -> None:
     """Wait until `url`/health answers 200; StudyError with the log's tail when `proc` exits or the bound passes."""
-    deadline = time.monotonic() + START_LIMIT_S
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            if urllib.request.urlopen(url + "/health", timeout=5).status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
+    if wait_healthy(proc, url, START_LIMIT_S):
+        return
     tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
     why = f"exited with {proc.returncode}" if proc.poll() is not None else f"did not answer in {START_LIMIT_S:.0f} s"
     raise StudyError(f"{what} {why}; its log ends: {tail.strip() or '(empty)'}")

@@ -3,36 +3,14 @@ port, the wait until /health answers, and the server started and stopped around 
 from __future__ import annotations
 
 import http.server
-import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-START_LIMIT_S = 600  # model load on a busy 2-core host: a bound, not a timing
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, limit_s: float = START_LIMIT_S) -> bool:
-    """Whether `url`/health answered 200 before `proc` exited or `limit_s` passed."""
-    deadline = time.monotonic() + limit_s
-    while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-        try:
-            if urllib.request.urlopen(url + "/health", timeout=5).status == 200:
-                return True
-        except OSError:
-            pass
-    return False
+from inferledger.serve.local import START_LIMIT_S, free_port, wait_healthy  # noqa: F401 (the tests' names)
 
 
 @contextmanager
