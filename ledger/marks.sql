@@ -126,8 +126,12 @@ WITH firsts AS (
     arg_max(usage_completion, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS n_tokens_usage,
     arg_max(usage_prompt, (ts_ns, seq, event_id)) FILTER (WHERE name = 'attempt.done') AS n_prompt_usage,
     max(value) FILTER (WHERE name = 'engine.enqueued') AS n_prompt_engine,
-    -- of those, the tokens its prefix cache served (engine.prefill attrs.cached_tokens): not computed
-    sum(TRY_CAST(json_extract_string(attrs, '$.cached_tokens') AS BIGINT)) FILTER (WHERE name = 'engine.prefill')
+    -- of those, the tokens its prefix cache served at its first admission (engine.prefill attrs.cached_tokens):
+    -- not computed. A recompute after a preemption finds its own blocks in the cache: those are not prompt tokens
+    -- served again (the counters leave them out too)
+    sum(TRY_CAST(json_extract_string(attrs, '$.cached_tokens') AS BIGINT))
+      FILTER (WHERE name = 'engine.prefill'
+              AND NOT coalesce(TRY_CAST(json_extract_string(attrs, '$.recompute') AS BOOLEAN), false))
       AS n_prompt_cached,
     -- the prefill tokens it computed (engine.prefill values, recomputation after a preemption included)
     sum(value) FILTER (WHERE name = 'engine.prefill') AS n_prefill_computed,

@@ -3,7 +3,7 @@
 -- queue, KV use, prefix-cache hits, balance (docs/LEDGER.md "replicas").
 --
 -- scope: rollup
--- reads: attempts, events, request_metrics, step_attribution, kv_holds, samples, quantile_linear, declared_replicas
+-- reads: attempts, marks, request_metrics, step_attribution, kv_holds, samples, quantile_linear, declared_replicas
 -- creates: replicas, replicas_gaps
 
 -- @table replicas: one row per replica of a deployment capture (attempts.replica_id, a replica the manifest's
@@ -53,9 +53,13 @@
 -- @column prefix_query_tokens: prompt tokens its own counters say it looked up in its prefix cache over the run
 --   (last scrape − first of vllm:prefix_cache_queries_total); prefix_hit_tokens / prefix_query_tokens is its hit
 --   rate as its counters say it; NULL like prefix_hit_tokens (and for llama.cpp, which exports no such counter)
+-- @column prompt_tokens: Σ prompt tokens of its attempts as its engine counted them (marks.n_prompt_engine); NULL
+--   for a replica whose engine's events are not in the run, or when one of its completed attempts has no count
 -- @column event_cached_tokens: prompt tokens its engine's events say its prefix cache served its attempts when
---   each first entered the batch (Σ engine.prefill attrs.cached_tokens, recomputes after a preemption left out,
---   as the counters leave them out); NULL for a replica whose engine's events are not in the run
+--   each first entered the batch (Σ marks.n_prompt_cached: recomputes after a preemption left out, as the
+--   counters leave them out); NULL for a replica whose engine's events are not in the run
+-- @column event_hit_rate: event_cached_tokens / prompt_tokens, its prefix cache's hit rate over the run's
+--   attempts as its engine's events say it; NULL when either is unknown or no prompt token was counted
 -- @column prefix_counter_agrees: prefix_hit_tokens = event_cached_tokens: its own counter and its engine's events
 --   say the same; NULL when either is unknown. False when it served lookups the run's attempts do not hold
 --   (another client's requests between the scrapes)
@@ -96,11 +100,11 @@ WITH served AS (
   SELECT a.replica_id, count(*) AS prefix_hit_blocks, count(DISTINCT h.attempt_id) AS prefix_hit_attempts
   FROM kv_holds h JOIN attempts a USING (attempt_id) WHERE h.how = 'prefix_hit' AND a.replica_id IS NOT NULL
   GROUP BY a.replica_id
-), cached AS (  -- the prefix cache's tokens at each attempt's first admission, from its engine's events
-  SELECT a.replica_id, sum(json_extract(e.attrs, '$.cached_tokens')::BIGINT) AS event_cached_tokens
-  FROM events e JOIN attempts a USING (attempt_id)
-  WHERE e.name = 'engine.prefill' AND a.replica_id IS NOT NULL
-    AND NOT coalesce(json_extract(e.attrs, '$.recompute')::BOOLEAN, false)
+), cached AS (  -- its attempts' prompt tokens and those its prefix cache served at first admission (marks)
+  SELECT a.replica_id, sum(m.n_prompt_cached)::BIGINT AS event_cached_tokens,
+         CASE WHEN count(*) FILTER (WHERE a.server_status = 'completed' AND m.n_prompt_engine IS NULL) = 0
+              THEN sum(m.n_prompt_engine)::BIGINT END AS prompt_tokens
+  FROM attempts a JOIN marks m USING (attempt_id) WHERE a.replica_id IS NOT NULL
   GROUP BY a.replica_id
 ), kv AS (
   SELECT device AS replica_id, max(value) AS kv_blocks_used_max FROM samples
@@ -139,14 +143,15 @@ WITH served AS (
          b.busy_ms, q.queue_p50_ms, q.queue_p99_ms, g.waiting_max::BIGINT AS waiting_max,
          h.prefix_hit_blocks, h.prefix_hit_attempts,
          c.prefix_hit_tokens::BIGINT AS prefix_hit_tokens, c.prefix_query_tokens::BIGINT AS prefix_query_tokens,
-         ct.event_cached_tokens,
+         ct.event_cached_tokens, ct.prompt_tokens,
          kv.kv_blocks_used_max::BIGINT AS kv_blocks_used_max, g.kv_usage_max
   FROM ids LEFT JOIN served s USING (replica_id) LEFT JOIN processed p USING (replica_id)
   LEFT JOIN busy b USING (replica_id) LEFT JOIN queue q USING (replica_id) LEFT JOIN hits h USING (replica_id)
   LEFT JOIN kv USING (replica_id) LEFT JOIN declared dc USING (replica_id) LEFT JOIN gauges g USING (replica_id)
   LEFT JOIN counters c USING (replica_id) LEFT JOIN cached ct USING (replica_id)
 ), shown AS (
-  SELECT * EXCLUDE (busy_ms, prefix_hit_blocks, prefix_hit_attempts, event_cached_tokens),
+  SELECT * EXCLUDE (busy_ms, prefix_hit_blocks, prefix_hit_attempts, event_cached_tokens, prompt_tokens),
+         CASE WHEN steps_here THEN prompt_tokens END AS prompt_tokens,
          CASE WHEN steps_here THEN coalesce(busy_ms, 0) END AS busy_ms,
          CASE WHEN steps_here THEN coalesce(event_cached_tokens, 0) END AS event_cached_tokens,
          CASE WHEN steps_here THEN coalesce(prefix_hit_blocks, 0) END AS prefix_hit_blocks,
@@ -157,7 +162,9 @@ SELECT getvariable('run_id') AS run_id, replica_id, kind, attempts, client_attem
   server_completed, router_sent, router_agrees, router_failures, breaker_opens, busy_ms,
   CASE WHEN count(busy_ms) OVER () = count(*) OVER () THEN busy_ms / nullif(avg(busy_ms) OVER (), 0) END AS balance,
   queue_p50_ms, queue_p99_ms, waiting_max, prefix_hit_blocks, prefix_hit_attempts, prefix_hit_tokens,
-  prefix_query_tokens, event_cached_tokens, prefix_hit_tokens = event_cached_tokens AS prefix_counter_agrees,
+  prefix_query_tokens, prompt_tokens, event_cached_tokens,
+  event_cached_tokens / nullif(prompt_tokens, 0) AS event_hit_rate,
+  prefix_hit_tokens = event_cached_tokens AS prefix_counter_agrees,
   kv_blocks_used_max, kv_usage_max
 FROM shown
 ORDER BY replica_id;

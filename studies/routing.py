@@ -10,7 +10,7 @@ counters scraped before and after the load), and stops all three. The groups are
 to the tasks in turn, so round robin sends every group to both replicas.
 
 From each run's ledger: per replica, the prompt tokens its engine took and those its prefix cache
-served (engine.enqueued values, engine.prefill attrs.cached_tokens) beside what its own prefix-cache counters
+served at first admission (`replicas.prompt_tokens`, `event_cached_tokens`) beside what its own prefix-cache counters
 say over the load (the capture scrapes each replica's /metrics; `replicas.prefix_counter_agrees`), its attempts
 against the router's own count (`replicas`), busy time and balance; per policy, TTFT p50 / p99 at the client
 (`latency_percentiles`), goodput (`run_metrics`), the balance figure and the first cause
@@ -186,26 +186,13 @@ def runs(options: dict) -> list[StudyRun]:
     return [StudyRun(p, {"policy": p}, partial(_produce, options, p)) for p in asked]
 
 
-# per replica: the prompt tokens its engine took (engine.enqueued) and those its prefix cache served
-# (engine.prefill attrs.cached_tokens, as run_metrics.prompt_tokens_cached counts them), beside `replicas`
+# per replica: the ledger's `replicas` (prompt tokens its engine counted, those its prefix cache served at first
+# admission, its own counters, busy time and queue)
 REPLICA_SQL = """
-WITH enq AS (SELECT attempt_id, max(value)::BIGINT AS prompt FROM events WHERE name = 'engine.enqueued' GROUP BY 1),
-pre AS (SELECT attempt_id, sum(json_extract(attrs, '$.cached_tokens')::BIGINT) AS cached
-        FROM events WHERE name = 'engine.prefill' GROUP BY 1),
-tok AS (
-  SELECT a.replica_id, sum(enq.prompt)::BIGINT AS prompt_tokens, sum(coalesce(pre.cached, 0))::BIGINT AS cached_tokens,
-         count(*) FILTER (WHERE a.server_status = 'completed' AND (enq.prompt IS NULL OR pre.cached IS NULL))
-           AS unaccounted
-  FROM attempts a LEFT JOIN enq USING (attempt_id) LEFT JOIN pre USING (attempt_id)
-  WHERE a.replica_id IS NOT NULL GROUP BY 1)
-SELECT r.replica_id, r.attempts, r.router_sent, r.router_agrees,
-       CASE WHEN t.unaccounted = 0 THEN t.prompt_tokens END AS prompt_tokens,
-       CASE WHEN t.unaccounted = 0 THEN t.cached_tokens END AS cached_tokens,
-       CASE WHEN t.unaccounted = 0 THEN t.cached_tokens / nullif(t.prompt_tokens, 0) END AS hit_rate,
-       r.prefix_hit_blocks, r.prefix_hit_tokens, r.prefix_query_tokens, r.prefix_counter_agrees, r.busy_ms, r.balance,
-       r.queue_p50_ms
-FROM replicas r LEFT JOIN tok t USING (replica_id)
-ORDER BY r.replica_id"""
+SELECT replica_id, attempts, router_sent, router_agrees, prompt_tokens, event_cached_tokens AS cached_tokens,
+       event_hit_rate AS hit_rate, prefix_hit_blocks, prefix_hit_tokens, prefix_query_tokens, prefix_counter_agrees,
+       busy_ms, balance, queue_p50_ms
+FROM replicas ORDER BY replica_id"""
 
 POLICY_SQL = """
 WITH d AS (SELECT * FROM run_diagnosis WHERE scope = 'run')
@@ -248,8 +235,9 @@ def compare(runs: StudyRuns) -> list[Table]:
                            *(p[c] for c in POLICY_COLUMNS[8 + len(REPLICAS):])])
     return [Table("routing", "each policy: the prefix cache's hits, TTFT, goodput, balance and the first cause",
                   POLICY_COLUMNS, per_policy,
-                  "hit_rate = cached_tokens / prompt_tokens over both replicas' engines (engine.enqueued values; "
-                  "engine.prefill attrs.cached_tokens), <replica>_hit_rate the same per replica; counter_hit_rate: "
+                  "hit_rate = cached_tokens / prompt_tokens over both replicas' engines (replicas.prompt_tokens and "
+                  "event_cached_tokens: the prompt tokens each engine counted, and those its prefix cache served at "
+                  "first admission), <replica>_hit_rate the same per replica (replicas.event_hit_rate); counter_hit_rate: "
                   "the replicas' own counters over the load, Σ vllm:prefix_cache_hits_total / Σ "
                   "vllm:prefix_cache_queries_total; counters_agree: each replica's counted hits equal its engine "
                   "events' (replicas.prefix_counter_agrees); ttft_*: "
@@ -261,8 +249,8 @@ def compare(runs: StudyRuns) -> list[Table]:
                   "attempts, router_sent (vllm_router_processed_requests_total over the load), router_agrees, "
                   "prefix_hit_blocks (kv_holds), prefix_hit_tokens, prefix_query_tokens (its own counters over the "
                   "load), prefix_counter_agrees, busy_ms, balance, queue_p50_ms: the ledger's `replicas`; "
-                  "prompt_tokens, cached_tokens, hit_rate: that replica's engine events; NULL when an attempt it "
-                  "completed has no engine account")]
+                  "prompt_tokens, cached_tokens, hit_rate: replicas.prompt_tokens, event_cached_tokens, event_hit_rate "
+                  "(its engine's events; NULL when an attempt it completed has no engine account)")]
 
 
 STUDY = Study(

@@ -161,6 +161,9 @@ def test_a_replicas_own_prefix_counter_is_set_beside_its_engines_events(tmp_path
                   attrs={"cached_tokens": c, "recompute": False, "replica_id": plan[n][0]}) for n, c in cached.items()]
     events.append(_e("engine.prefill", 250.0, "A2", value=24, step_id=3, source="engine",
                      attrs={"cached_tokens": 16, "recompute": True, "replica_id": "r1"}))
+    for e in events:  # every prompt is 40 tokens as the engine counts them
+        if e["name"] == "engine.enqueued":
+            e["value"] = 40
     own = "inferledger-metrics"
     samples = [(0, "vllm:prefix_cache_hits_total", 100.0, "tokens", "r1", own),
                (900, "vllm:prefix_cache_hits_total", 148.0, "tokens", "r1", own),
@@ -173,6 +176,10 @@ def test_a_replicas_own_prefix_counter_is_set_beside_its_engines_events(tmp_path
     got = con.execute("SELECT replica_id, prefix_hit_tokens, prefix_query_tokens, event_cached_tokens, "
                       "prefix_counter_agrees FROM replicas ORDER BY 1").fetchall()
     assert got == [("r1", 48, 120, 48, True), ("r2", 32, None, 16, False), ("r3", None, None, 8, None)]
+    # the recompute's 16 cached tokens are A2's own blocks found again, not prompt tokens served a second time
+    assert con.execute("SELECT prompt_tokens_cached FROM run_metrics").fetchall() == [(72,)]
+    assert con.execute("SELECT replica_id, prompt_tokens, event_hit_rate FROM replicas ORDER BY 1").fetchall() == \
+        [("r1", 120, 48 / 120), ("r2", 40, 16 / 40), ("r3", 40, 8 / 40)]
     gaps = dict_rows(con, "SELECT * FROM gaps WHERE affects LIKE 'replicas prefix_hit_tokens%'")
     assert [(g["subject_id"], g["affects"]) for g in gaps] == \
         [("r3", "replicas prefix_hit_tokens, prefix_query_tokens, prefix_counter_agrees of r3")]
