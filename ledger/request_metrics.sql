@@ -65,6 +65,12 @@ FROM itl GROUP BY attempt_id;
 -- @column itl_engine_max_ms: the largest engine-layer itl.gap_ms (NULL when a span reported the tokens)
 -- @column preemptions: engine.preempted events; NULL without server or engine events
 -- @column recomputed_tokens: the sum of engine.preempted values (tokens to recompute); NULL as preemptions
+-- @column prompt_tokens: its prompt's length (marks.n_prompt_tokens: the engine's count, else the usage the client
+--   received); NULL when neither said it
+-- @column prompt_tokens_cached: of those, the tokens its engine's prefix cache served at its first admission
+--   (marks.n_prompt_cached); NULL without the engine's count
+-- @column prefill_tokens_computed: the prefill tokens its engine computed (marks.n_prefill_computed: recomputation
+--   after a preemption included); NULL without the engine's count
 -- @column release_after_cancel_ms: last kv.free − the earliest cancel evidence (attempt.cancel when its
 --   clock compares with kv.free's, else engine.cancel_received); signed: blocks freed before the
 --   cancel arrived give a negative delay
@@ -112,6 +118,9 @@ SELECT getvariable('run_id') AS run_id, a.attempt_id, a.task_id, a.request_id,
   -- engine counts are counts only where the engine left evidence; otherwise unknown
   CASE WHEN i.n_server_events > 0 THEN m.preemptions END::BIGINT AS preemptions,
   CASE WHEN i.n_server_events > 0 THEN m.recomputed_tokens END::BIGINT AS recomputed_tokens,
+  m.n_prompt_tokens::BIGINT AS prompt_tokens,
+  CASE WHEN m.n_prompt_engine IS NOT NULL THEN coalesce(m.n_prompt_cached, 0) END::BIGINT AS prompt_tokens_cached,
+  CASE WHEN m.n_prompt_engine IS NOT NULL THEN coalesce(m.n_prefill_computed, 0) END::BIGINT AS prefill_tokens_computed,
   f.release_after_cancel_ms, f.release_after_cancel_eps_ms, f.release_after_cancel_label,
   f.uplink_ms, f.uplink_eps_ms, f.uplink_label,
   f.downlink_first_ms, f.downlink_first_eps_ms, f.downlink_first_label,

@@ -6,7 +6,7 @@ across requests, the last quarter its own) scaled to a CPU: prompts of `prompt` 
 the prefill alone and no request queues. Three runs: prompts sharing nothing (`distinct`), sharing
 the prefix with prefix caching on (`shared`), and sharing it with prefix caching off (`shared-off`,
 which isolates the cache from the prompt shape). From each run's ledger: the prompt tokens served
-from the prefix cache (engine.prefill attrs.cached_tokens, run_metrics.prompt_tokens_cached), the
+from the prefix cache (run_metrics.prompt_tokens_cached, and per request request_metrics'), the
 tokens the engine computed (prefill_tokens_computed) and the TTFT of the first request (which finds
 the cache empty) and of the requests after it.
 """
@@ -46,14 +46,11 @@ def runs(options: dict) -> list[StudyRun]:
 
 
 PER_REQUEST_SQL = """
-WITH cached AS (SELECT attempt_id, sum(json_extract(attrs, '$.cached_tokens')::BIGINT) AS cached_tokens,
-                       sum(value)::BIGINT AS computed_tokens
-                FROM events WHERE name = 'engine.prefill' GROUP BY attempt_id),
-prompt AS (SELECT attempt_id, value::BIGINT AS prompt_tokens FROM events WHERE name = 'engine.enqueued')
-SELECT a.attempt_id, p.prompt_tokens, c.cached_tokens, c.computed_tokens, r.ttft_server_ms, r.ttft_client_ms
-FROM attempts a JOIN request_metrics r USING (attempt_id) JOIN prompt p USING (attempt_id)
-JOIN cached c USING (attempt_id)
-ORDER BY a.enqueued_ns"""
+SELECT attempt_id, prompt_tokens, prompt_tokens_cached AS cached_tokens, prefill_tokens_computed AS computed_tokens,
+       ttft_server_ms, ttft_client_ms
+FROM request_metrics JOIN attempts USING (attempt_id)
+WHERE prompt_tokens_cached IS NOT NULL
+ORDER BY enqueued_ns"""
 
 KEY_SQL = f"""
 WITH q AS ({PER_REQUEST_SQL}), n AS (SELECT *, row_number() OVER () AS k FROM q)
@@ -83,7 +80,9 @@ def compare(runs: StudyRuns) -> list[Table]:
                   "later_ttft_p50_ms: the median ttft_server_ms of the requests after it"),
             Table("requests", "each request in arrival order",
                   ["run", "request", "prompt_tokens", "cached_tokens", "computed_tokens", "ttft_server_ms",
-                   "ttft_client_ms"], per_request)]
+                   "ttft_client_ms"], per_request,
+                  "request_metrics.prompt_tokens, prompt_tokens_cached (at first admission), prefill_tokens_computed, "
+                  "ttft_server_ms, ttft_client_ms, of the attempts the engine counted, in the order it enqueued them")]
 
 
 STUDY = Study(

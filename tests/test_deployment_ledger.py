@@ -178,6 +178,9 @@ def test_a_replicas_own_prefix_counter_is_set_beside_its_engines_events(tmp_path
     assert got == [("r1", 48, 120, 48, True), ("r2", 32, None, 16, False), ("r3", None, None, 8, None)]
     # the recompute's 16 cached tokens are A2's own blocks found again, not prompt tokens served a second time
     assert con.execute("SELECT prompt_tokens_cached FROM run_metrics").fetchall() == [(72,)]
+    assert con.execute("SELECT attempt_id, prompt_tokens, prompt_tokens_cached, prefill_tokens_computed "
+                       "FROM request_metrics ORDER BY 1").fetchall() == \
+        [("A0", 40, 0, 40), ("A1", 40, 16, 24), ("A2", 40, 32, 8 + 24), ("A3", 40, 16, 24), ("A4", 40, 8, 32)]
     assert con.execute("SELECT replica_id, prompt_tokens, event_hit_rate FROM replicas ORDER BY 1").fetchall() == \
         [("r1", 120, 48 / 120), ("r2", 40, 16 / 40), ("r3", 40, 8 / 40)]
     gaps = dict_rows(con, "SELECT * FROM gaps WHERE affects LIKE 'replicas prefix_hit_tokens%'")
