@@ -11,7 +11,8 @@ WITH from_events AS (
          TRY_CAST(json_extract_string(attrs, '$.deadline_ms') AS DOUBLE) AS deadline_ms,
          json_extract(attrs, '$.required')::VARCHAR AS required,
          json_extract_string(attrs, '$.on_missing') AS on_missing,
-         TRY_CAST(json_extract_string(attrs, '$.max_attempts') AS BIGINT) AS max_attempts
+         TRY_CAST(json_extract_string(attrs, '$.max_attempts') AS BIGINT) AS max_attempts,
+         json_extract_string(attrs, '$.task_class') AS task_class
   FROM ev WHERE name = 'task.start' AND task_id IS NOT NULL
   QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY ts_ns, seq, event_id) = 1
 ), from_file AS (
@@ -26,7 +27,7 @@ SELECT t.task_id,
        CASE WHEN coalesce(ff.required, fe.required) IS NULL THEN NULL
             ELSE from_json(coalesce(ff.required, fe.required), '["VARCHAR"]') END AS required,
        coalesce(ff.on_missing, fe.on_missing, 'failure') AS on_missing,
-       coalesce(ff.max_attempts, fe.max_attempts) AS max_attempts
+       coalesce(ff.max_attempts, fe.max_attempts) AS max_attempts, fe.task_class
 FROM all_tasks t LEFT JOIN from_file ff USING (task_id) LEFT JOIN from_events fe USING (task_id);
 
 -- The reference a task's deadline counts from: arrival.planned, else task.start, else its first attempt.

@@ -8,10 +8,10 @@
 -- them and no event.
 --
 -- scope: rollup
--- reads: kv_holds, kv_clock_last
+-- reads: kv_holds, clock_ends
 -- creates: kv_integral, kv_holding_gaps
 CREATE OR REPLACE TEMP TABLE kv_integral AS
-WITH last_on_clock AS (SELECT clock, max(ts_ns) AS last_ns FROM kv_clock_last GROUP BY clock),
+WITH last_on_clock AS (SELECT clock, max(ts_ns) AS last_ns FROM clock_ends WHERE edge = 'last' GROUP BY clock),
 holds AS (  -- a hold never released ends when the run closed: the last event on the hold's own clock
   SELECT h.attempt_id, h.block, h.start_ns, coalesce(h.end_ns, l.last_ns) AS end_ns
   FROM kv_holds h JOIN last_on_clock l USING (clock)

@@ -4,7 +4,7 @@
 --
 -- scope: task
 -- reads: ev, events
--- creates: kv_holds, kv_clock_last
+-- creates: kv_holds, clock_ends
 -- @table kv_holds: one row per attempt × physical KV block it held: from the kv.alloc or kv.prefix_hit
 --   that names the block to the attempt's next kv.release (or the copy-on-write that replaced it)
 --   (docs/LEDGER.md "The resource account")
@@ -43,7 +43,11 @@ SELECT getvariable('run_id') AS run_id, h.*,
 FROM holds h
 ORDER BY h.attempt_id, h.start_ns, h.block;
 
--- the last event on each clock (a hold never released ends there): one row per clock, the event that is
--- last (any one of them on a tie), so per-shard rows keep the run's last of each clock (docs/SCALE.md)
-CREATE OR REPLACE TEMP TABLE kv_clock_last AS
-SELECT clock, arg_max(event_id, ts_ns) AS event_id, max(ts_ns) AS ts_ns FROM events GROUP BY clock;
+-- the first and last event on each clock (a hold never released ends at the last; a prediction's registration
+-- is compared with the first): two rows per clock, each naming its event (any one of them on a tie), so a
+-- sharded build's shards keep the rows of the events they own and their minimum and maximum are the run's
+-- (docs/SCALE.md)
+CREATE OR REPLACE TEMP TABLE clock_ends AS
+SELECT clock, 'first' AS edge, arg_min(event_id, ts_ns) AS event_id, min(ts_ns) AS ts_ns FROM events GROUP BY clock
+UNION ALL
+SELECT clock, 'last', arg_max(event_id, ts_ns), max(ts_ns) FROM events GROUP BY clock;

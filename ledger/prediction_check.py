@@ -27,7 +27,7 @@ from inferledger.probes.model_shape import ShapeError
 from inferledger.probes.run_dir import PREDICTION_FILE
 from inferledger.probes.run_folder import MANIFEST_FILE
 
-READS = ("events", "marks", "request_metrics", "quantile_linear")
+READS = ("clock_ends", "marks", "request_metrics", "tasks", "quantile_linear")
 CREATES = ("prediction_shapes", "prediction_registration", "prediction_check", "prediction_check_gaps")
 SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("prediction_registration", "prediction_check")
@@ -132,7 +132,7 @@ CREATE OR REPLACE TABLE prediction_registration AS
 WITH reg AS (SELECT ?::BOOLEAN AS valid, ?::VARCHAR AS sha256, ?::VARCHAR AS source, ?::VARCHAR AS clock,
                     ?::BIGINT AS registered_ns, ?::BIGINT AS registered_wall_ns, ?::VARCHAR AS roofs,
                     ?::BOOLEAN AS registered),
-first AS (SELECT min(e.ts_ns) AS first_event_ns FROM events e, reg WHERE e.clock = reg.clock)
+first AS (SELECT min(c.ts_ns) AS first_event_ns FROM clock_ends c, reg WHERE c.clock = reg.clock AND c.edge = 'first')
 SELECT getvariable('run_id') AS run_id, sha256, source, valid, clock, registered_ns, registered_wall_ns,
        first_event_ns, (first_event_ns - registered_ns) / 1e6 AS lead_ms,
        CASE WHEN NOT valid OR first_event_ns IS NULL OR registered_ns IS NULL THEN NULL
@@ -146,9 +146,8 @@ CREATE OR REPLACE TABLE prediction_check AS
 WITH prompt AS (  -- the prompt tokens the engine computed: its own count less those its prefix cache served
   SELECT attempt_id, (n_prompt_engine - coalesce(n_prompt_cached, 0))::BIGINT AS computed_tokens
   FROM marks WHERE n_prompt_engine IS NOT NULL),
-task_class AS (  -- the workload class the client dealt each task (task.start attrs.task_class)
-  SELECT task_id, any_value(json_extract_string(attrs, '$.task_class')) AS task_class
-  FROM events WHERE name = 'task.start' AND task_id IS NOT NULL GROUP BY 1),
+task_class AS (  -- the workload class the client dealt each task (tasks.task_class)
+  SELECT task_id, task_class FROM tasks WHERE task_class IS NOT NULL),
 cand AS (  -- the shapes whose bound assumes no more computed tokens than the attempt computed
   SELECT m.attempt_id, p.computed_tokens, m.ttft_server_ms, m.tpot_server_ms, c.task_class,
          c.task_class IN (SELECT class FROM prediction_shapes) AS class_predicted,

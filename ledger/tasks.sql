@@ -42,6 +42,8 @@ GROUP BY tr.task_id, tr.request_id;
 --   attempts good)
 -- @column on_missing: what a missing required request makes the task: failure (default) or partial_success
 -- @column max_attempts: the attempts counted per request (NULL: unlimited)
+-- @column task_class: the workload class the load client dealt it (task.start attrs.task_class, e.g. chat or
+--   long_context); NULL for a task that did not come from a workload class (an imported or black-box run)
 CREATE OR REPLACE TABLE tasks AS
 WITH req AS (
   SELECT s.task_id, s.request_id, s.state,
@@ -66,7 +68,7 @@ SELECT getvariable('run_id') AS run_id, c.task_id,
   c.deadline_ms, f.ms AS e2e_ms, r.ref_name AS deadline_reference,
   coalesce(g.n_requests, 0) AS n_requests, coalesce(att.n_attempts, 0) AS n_attempts,
   coalesce(g.n_required, 0) AS n_required, coalesce(g.n_required_succeeded, 0) AS n_required_succeeded,
-  c.on_missing, c.max_attempts
+  c.on_missing, c.max_attempts, c.task_class
 FROM contracts c
 LEFT JOIN agg g USING (task_id)
 LEFT JOIN att USING (task_id)

@@ -694,10 +694,10 @@ def _shapes(con, values: str) -> None:
 
 
 def _task_classes(con, classes: dict) -> None:
-    """events: one task.start per task, carrying the class the client dealt it (attrs.task_class)."""
-    con.execute("CREATE TABLE events (name VARCHAR, task_id VARCHAR, attrs VARCHAR)")
+    """tasks: one row per task, with the class the client dealt it (task.start attrs.task_class)."""
+    con.execute("CREATE TABLE tasks (task_id VARCHAR, task_class VARCHAR)")
     for task, cls in classes.items():
-        con.execute("INSERT INTO events VALUES ('task.start', ?, ?)", [task, json.dumps({"task_class": cls})])
+        con.execute("INSERT INTO tasks VALUES (?, ?)", [task, cls])
 
 
 def test_an_attempt_is_held_to_its_own_classs_shape_when_the_run_names_its_class():

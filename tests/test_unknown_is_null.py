@@ -94,7 +94,7 @@ def test_zero_step_time_gives_null_shares_not_nan(tmp_path):
 
 
 def test_a_missing_verdict_leaves_good_and_the_task_outcome_both_unknown(tmp_path):
-    ev = [{"name": "task.start", "ms": 0, "task_id": "T1", "attrs": {"deadline_ms": 500}},
+    ev = [{"name": "task.start", "ms": 0, "task_id": "T1", "attrs": {"deadline_ms": 500, "task_class": "chat"}},
           {"name": "attempt.sent", "ms": 0, "task_id": "T1"}, {"name": "attempt.chunk", "ms": 50, **CONTENT},
           {"name": "attempt.done", "ms": 100, "task_id": "T1"},
           # T2 has no deadline: correct and completed is good, and its task succeeded
@@ -108,6 +108,8 @@ def test_a_missing_verdict_leaves_good_and_the_task_outcome_both_unknown(tmp_pat
     outcome = dict(con.execute("SELECT task_id, outcome FROM tasks").fetchall())
     assert good == {"A1": None, "A2": True}
     assert outcome == {"T1": "unknown", "T2": "success"}
+    # the class the client dealt a task is kept; a task.start without one says none (NULL, not a guess)
+    assert con.execute("SELECT task_id, task_class FROM tasks ORDER BY 1").fetchall() == [("T1", "chat"), ("T2", None)]
 
 
 def test_a_window_without_a_start_event_is_unknown_with_a_gap(tmp_path):
