@@ -107,18 +107,24 @@ CREATE OR REPLACE TEMP TABLE ms_state AS
 SELECT attempt_id, stream, t, arg_max(state, (prio, state)) AS state FROM stream_points GROUP BY attempt_id, stream, t;
 
 CREATE OR REPLACE TEMP TABLE stream_segs AS
-WITH s AS (
+WITH c AS (  -- each cut, with the state of the milestone at it where there is one (a NULL state is one too)
+  SELECT c.*, CASE WHEN st.t IS NOT NULL THEN {'state': st.state} END AS at_state
+  FROM cuts c LEFT JOIN ms_state st USING (attempt_id, stream, t)
+), s AS (
+  -- a segment runs from each cut to the next, in the state of the last milestone at or before its start
+  -- (every milestone is a cut: a running last value, not a join per segment)
   SELECT attempt_id, stream, t AS t0, event_id AS start_eid, eps_ns AS eps0, conv AS conv0,
-         lead(t) OVER w AS t1, lead(event_id) OVER w AS end_eid, lead(eps_ns) OVER w AS eps1, lead(conv) OVER w AS conv1
-  FROM cuts WINDOW w AS (PARTITION BY attempt_id, stream ORDER BY t)
+         lead(t) OVER w AS t1, lead(event_id) OVER w AS end_eid, lead(eps_ns) OVER w AS eps1, lead(conv) OVER w AS conv1,
+         (last_value(at_state IGNORE NULLS) OVER (PARTITION BY attempt_id, stream ORDER BY t
+                                                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)).state AS state
+  FROM c WINDOW w AS (PARTITION BY attempt_id, stream ORDER BY t)
 ), cov AS (
   SELECT s.attempt_id, s.stream, s.t0, count(span_iv.span) AS n_cover
   FROM s LEFT JOIN span_iv ON span_iv.attempt_id = s.attempt_id AND span_iv.stream = s.stream AND span_iv.t0 <= s.t0 AND span_iv.t1 >= s.t1
   WHERE s.t1 IS NOT NULL GROUP BY ALL
 )
-SELECT s.*, cov.n_cover > 0 AS covered, st.state
+SELECT s.* EXCLUDE (state), cov.n_cover > 0 AS covered, s.state
 FROM s JOIN cov USING (attempt_id, stream, t0)
-ASOF LEFT JOIN ms_state st ON st.attempt_id = s.attempt_id AND st.stream = s.stream AND st.t <= s.t0
 WHERE s.t1 IS NOT NULL;
 
 -- Consecutive uncovered segments of one state become one interval.
