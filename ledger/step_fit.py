@@ -68,7 +68,7 @@ def ledger_fit_points(ledger: str | Path) -> list[FitPoint]:
 
 def run_fit(run_dir: str | Path) -> StepFit:
     """The step fit of a reconstructed run folder, at the rates of its own manifest (its microbenchmarks
-    first; the free form without any): what `inferledger fit` trains. FileNotFoundError without a ledger,
+    first; without any, the rates its steps reached): what `inferledger fit` trains. FileNotFoundError without a ledger,
     FitError when it cannot fit."""
     run_dir = Path(run_dir)
     points = ledger_fit_points(run_dir)
