@@ -56,6 +56,7 @@ HOLD_OUT_EVERY = 3  # every third distinct shape is held out
 EFFICIENCY_GRID = np.geomspace(0.5, 200.0, 241)  # e searched here (1 % steps), refined around the best
 KV_GRID = np.geomspace(1.0, 64.0, 43)  # k searched here (10 % steps), refined around the best
 COARSE, REFINE = 4, 17  # the pair is searched on every COARSE-th point of each grid, then REFINE² points around the best
+PAIRS_AT_ONCE = 64      # (e, k) pairs solved together (a steps × pairs array each)
 FLAT = 1e-3  # an e whose error is within 0.1 % of the best is as good: the one closest to 1 is kept
 KINDS = ("prefill", "decode", "mixed")
 WAIT_EVIDENCE = 0.01  # κ is fitted where the training steps waited for a CPU >= 1 % of their time, else 0
@@ -105,17 +106,24 @@ def _bucket(n: int) -> int:
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """min |x c − y| with c >= 0, by solving each subset of columns and keeping the best feasible."""
+    return _nnls_many(x, y[:, None])[0][:, 0]
+
+
+def _nnls_many(x: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_nnls` for each column of ys at once: (the coefficients, one column per column of ys; the squared
+    errors). Each subset of x's columns is solved once (its pseudo-inverse) for every column of ys."""
     n = x.shape[1]
-    best, best_err = np.zeros(n), float(np.sum(y ** 2))
+    best, best_err = np.zeros((n, ys.shape[1])), np.sum(ys ** 2, axis=0)
     for k in range(1, n + 1):
         for cols in itertools.combinations(range(n), k):
-            c, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
-            if np.all(c >= 0):
-                err = float(np.sum((x[:, cols] @ c - y) ** 2))
-                if err < best_err:
-                    best, best_err = np.zeros(n), err
-                    best[list(cols)] = c
-    return best
+            sub = x[:, cols]
+            c = np.linalg.pinv(sub) @ ys
+            err = np.sum((sub @ c - ys) ** 2, axis=0)
+            better = np.all(c >= 0, axis=0) & (err < best_err)
+            best[:, better] = 0.0
+            best[np.ix_(cols, better)] = c[:, better]
+            best_err = np.where(better, err, best_err)
+    return best, best_err
 
 
 def split(points: list[FitPoint]) -> tuple[list[FitPoint], list[FitPoint]]:
@@ -272,23 +280,28 @@ def _search(g: np.ndarray, y: np.ndarray, x: np.ndarray) -> tuple[float, float, 
     """(e, k, the coefficients of x's columns): e and k over a coarse log grid, refined around the best;
     of the flattest stretch the pair closest to (1, 1); for each pair the columns by non-negative least
     squares on relative error."""
-    def solve(e: float, k: float) -> tuple[float, np.ndarray]:
-        r = (y - _stages(g, e, k)) / y
-        c = _nnls(x, r)
-        return float(np.sum((x @ c - r) ** 2)), c
+    def errors(pairs: list[tuple[float, float]]) -> dict:
+        out = {}
+        for i in range(0, len(pairs), PAIRS_AT_ONCE):
+            chunk = np.array(pairs[i:i + PAIRS_AT_ONCE])
+            e, k = chunk[:, 0], chunk[:, 1]
+            stages = np.maximum(np.outer(g[:, 0], e), g[:, [1]]) + np.maximum(np.outer(g[:, 2], e), np.outer(g[:, 3], k))
+            _, err = _nnls_many(x, (y[:, None] - stages) / y[:, None])
+            out.update(zip(map(tuple, chunk.tolist()), err.tolist()))
+        return out
 
     def around(grid: np.ndarray, v: float) -> np.ndarray:
         i = int(np.searchsorted(grid, v))
         return np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], REFINE)
 
-    tried = {(float(e), float(k)): solve(e, k)[0] for e in EFFICIENCY_GRID[::COARSE] for k in KV_GRID[::COARSE]}
+    coarse_e, coarse_k = EFFICIENCY_GRID[::COARSE], KV_GRID[::COARSE]
+    tried = errors([(float(e), float(k)) for e in coarse_e for k in coarse_k])
     e0, k0 = min(tried, key=tried.get)
-    tried |= {(float(e), float(k)): solve(e, k)[0] for e in around(EFFICIENCY_GRID[::COARSE], e0)
-              for k in around(KV_GRID[::COARSE], k0)}
+    tried |= errors([(float(e), float(k)) for e in around(coarse_e, e0) for k in around(coarse_k, k0)])
     best = min(tried.values())
     flat = (ek for ek, err in tried.items() if err <= best * (1 + FLAT) + 1e-15)
     e, k = min(flat, key=lambda ek: abs(math.log(ek[0])) + abs(math.log(ek[1])))
-    return e, k, solve(e, k)[1]
+    return e, k, _nnls(x, (y - _stages(g, e, k)) / y)
 
 
 def held_rates(points: list[FitPoint], roofs: Roofs | None) -> dict:
