@@ -2,14 +2,16 @@
 p50 within 10 %, E2E p99 within 10 %, and two repeats of a workload within 3 points of each other.
 
     python benchmarks/fidelity_bench.py [--workloads cpu_short_chat cpu_demo cpu_long_context] [--repeats 2]
-                                        [--tasks N] [--scale default] [--keep DIR]
+                                        [--tasks N] [--scale default] [--calibration NAME] [--keep DIR]
 
 Runs `inferledger study fidelity --workload W` (docs/STUDIES.md "fidelity": a real run of the study's
 own mix to fit the step model on, a real run of W with its retries and cancellations, and W's attempts
 replayed on the simulated clock keyed on attempt_id) for each of samples/workloads/W.toml, --repeats
 times, on one loaded model. The defaults: a plain chat mix, one with retries, timeouts and cancellations
 (cpu_demo), one with long prompts sharing a prefix (cpu_long_context). --tasks N scales each to N tasks
-(a copy of the TOML; 0 keeps the file's). Recorded per study: each figure real and simulated with its
+(a copy of the TOML; 0 keeps the file's). --calibration NAME trains every study's step fit on
+samples/workloads/NAME.toml (scaled likewise) instead of the study's own mix, whose decode steps reach
+one or two sequences where the workloads reach four to seven (docs/STUDIES.md "fidelity"). Recorded per study: each figure real and simulated with its
 error and target, what was replayed, the fit's held-out error and the contention of the real and fit
 runs (the share of their step time spent waiting for a CPU); per workload, each targeted figure's
 spread over the repeats in points. A long benchmark (minutes per study): not for a shared CI host.
@@ -31,11 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SPREAD_POINTS = 3.0  # two repeats of one workload: each targeted figure's error within this many points
 
 
-def one_study(bundle, wl: Path, out: Path, scale: str) -> dict:
+def one_study(bundle, wl: Path, out: Path, scale: str, calibration: Path | None = None) -> dict:
     import inferledger
 
     t0 = time.perf_counter()
-    res = inferledger.study("fidelity", out, bundle=bundle, workload=str(wl), scale=scale)
+    res = inferledger.study("fidelity", out, bundle=bundle, workload=str(wl), scale=scale,
+                            calibration=str(calibration) if calibration else "")
     tables = {t.name: [dict(zip(t.columns, r)) for r in t.rows] for t in res.tables}
     replay = {r["replay"]: r["n_attempts"] for r in tables["replay"] if r["replay"] != "not_replayed"}
     contention = {r["run"]: r["contention_share"] for r in tables["contention"]}
@@ -71,6 +74,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--tasks", type=int, default=0, help="scale each workload to this many tasks (0: the file's)")
     ap.add_argument("--scale", default="default", help="the study's own fit mix: default or tiny")
+    ap.add_argument("--calibration", default=None,
+                    help="train the step fit on samples/workloads/NAME.toml (default: the study's own mix)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the study folders here (default: a temporary one)")
     a = ap.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -82,12 +87,16 @@ def main(argv=None) -> int:
     files = {}
     for name in a.workloads:
         files[name] = scaled(name, a.tasks, base) if a.tasks else ROOT / "samples" / "workloads" / f"{name}.toml"
+    calibration = None
+    if a.calibration:
+        calibration = (scaled(a.calibration, a.tasks, base) if a.tasks
+                       else ROOT / "samples" / "workloads" / f"{a.calibration}.toml")
     bundle = load_model()
     per_workload = []
     for name, wl in files.items():
         runs = []
         for k in range(1, a.repeats + 1):
-            runs.append(one_study(bundle, wl, base / f"{name}-{k}", a.scale))
+            runs.append(one_study(bundle, wl, base / f"{name}-{k}", a.scale, calibration))
             for f in runs[-1]["figures"]:
                 if f["target_ratio"] is not None:
                     err = "unknown" if f["error_ratio"] is None else f"{f['error_ratio']:+.1%}"

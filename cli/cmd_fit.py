@@ -32,8 +32,9 @@ def fit_cmd(
 
     The fit holds each step's work fixed (FLOPs, weight and KV bytes: docs/MODEL.md "Counting") at
     TRAIN's measured rates (its microbenchmarks' best, raised to what a step of TRAIN reached where
-    that is higher) and fits a per-step overhead, a per-sequence overhead, a compute efficiency and
-    what a wait for a CPU costs on one (κ, where TRAIN's steps waited) on TRAIN's steps; the errors are
+    that is higher; without any, what its steps reached) and fits a per-step overhead, a per-sequence
+    overhead, a compute efficiency, the attention's KV traffic over its KV bytes and what a wait for a
+    CPU costs on one (κ, where TRAIN's steps waited) on TRAIN's steps; the errors are
     on TEST's cpu_ms (the step without its wait for a CPU; each prediction adds κ times that step's
     measured wait, counted up to its own time), then on its wall time. A step is prefill, decode or
     mixed by its batch.
@@ -72,14 +73,10 @@ def fit_cmd(
     for against, kind, n, med, p90 in rows:
         table.add_row(against, kind, str(n), "—" if med is None else f"{med:.1f}", "—" if p90 is None else f"{p90:.1f}")
     console.print(table)
-    if fit.rates is None:
-        console.print(f"fit (free form: {train.name} has no measured, spec or declared rates): α {fit.alpha_ms:.3f} ms, "
-                      f"{fit.ms_per_gflop:.4g} ms per GFLOP, {fit.ms_per_mb:.4g} ms per MB")
-        return
     console.print(f"fit: α {fit.alpha_ms:.3f} ms, {fit.ms_per_seq:.3f} ms per sequence, compute efficiency "
                   f"{fit.compute_efficiency:.3g} on {fit.rates['compute_tflops']:.4g} TFLOP/s and "
-                  f"{fit.rates['memory_gbps']:.4g} GB/s ({fit.rates['source']}), {fit.ms_per_wait_ms:.3g} ms on a CPU "
-                  f"per ms waited for one")
+                  f"{fit.rates['memory_gbps']:.4g} GB/s ({fit.rates['source']}), KV bytes read {fit.kv_factor:.3g} "
+                  f"times over, {fit.ms_per_wait_ms:.3g} ms on a CPU per ms waited for one")
 
 
 def register(app: typer.Typer) -> None:

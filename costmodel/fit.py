@@ -3,14 +3,17 @@
 The physics is held fixed where it is known: each step's FLOPs and bytes (costmodel/work.py: the
 weights read once per step, the KV read and written, the activations) and the device's rates (the
 run's microbenchmarks: the best of its matmul and memory-stream repeats, each raised to what a training
-step demonstrably reached where a repeat was held back: `held_rates`, `rates`). What is not known
-is fitted: a per-step host overhead α, a per-sequence overhead, one efficiency factor on the
-compute roof (the engine's whole step against its best matmul) and κ, the on-CPU time a step loses per
+step demonstrably reached where a repeat was held back: `held_rates`, `rates`; a run with no rates
+at all holds the highest rates its training steps reached). What is not known is fitted: a per-step
+host overhead α, a per-sequence overhead, one efficiency factor on the compute roof (the engine's whole
+step against its best matmul), k, the attention's KV traffic over its KV bytes (the engine reads a
+sequence's KV through its block table at several times its bytes: a decode sequence's marginal cost is
+its context at that rate, not the prefill's per-token rate) and κ, the on-CPU time a step loses per
 ms it waited for a CPU (W, the step's measured wait: steps.contention_ms). The step is two serial
 groups, the linear layers with the LM head and attention, each taking the longer of its compute and
 its memory time:
 
-    T = α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, Q_kv / B) + κ · min(W, T_0)
+    T = α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, k · Q_kv / B) + κ · min(W, T_0)
 
 T_0 is the step's uncontended time (T without its last term): W counts up to it, since a thread is
 preempted at most once per slice it runs and each preemption costs it at least a slice of wait, so
@@ -19,12 +22,14 @@ times). κ is fitted only where the training steps waited for a CPU at least WAI
 time (a co-tenant was there to measure it), else held at 0; a step with no wait (StepWork, the
 simulated clock) is predicted as it would have run uncontended.
 
-The memory rate carries no fitted factor: a step reads its weights once, so a fitted factor on bytes
-and α are the same column on decode-only steps (least squares keeps one and drops the other); held at
-the measured rate the bytes term is always there, and α is what the step costs beyond it. e is found
-by a search over a log grid (from 0.5 to 200; the flattest runs, where no step is compute-bound, keep
-the e closest to 1), α and a_seq by non-negative least squares on relative error (the error is judged
-in percent, so a 200 ms prefill and a 17 ms decode weigh alike).
+The weights' memory rate carries no fitted factor: a step reads its weights once, so a fitted factor
+on those bytes and α are the same column on decode-only steps (least squares keeps one and drops the
+other); held at the measured rate the bytes term is always there, and α is what the step costs beyond
+it. The KV bytes vary with the context, so their factor k is seen apart from α. e and k are found by a
+search over a log grid (e from 0.5 to 200, k from 1 to 64, coarse then refined around the best; where
+the steps cannot tell values apart, the pair closest to (1, 1) is kept), α and a_seq by non-negative
+least squares on relative error (the error is judged in percent, so a 200 ms prefill and a 17 ms
+decode weigh alike).
 
 It is trained on some step *shapes* and judged on others: a step's shape is its batch size, its
 tokens and its context (each of the last two by powers of two); the distinct shapes are sorted and
@@ -32,9 +37,8 @@ every third one (the 2nd, 5th, ...) is held out. The covered range is the traini
 batch size, tokens and context; a step outside it is `extrapolated`. The inter-step term is a second
 fit, gap = γ0 + γ1 · batch size, on the host time from one step's end to the next one's start.
 
-A run with no rates (no microbenchmarks, no spec entry, no declared roofs) and an older run's declared
-fit keep the free form (`combine = "sum"`): T = α + F / P_eff + Q / B_eff by non-negative least squares,
-whose bytes term can drop on decode-heavy steps.
+A fit declared by an older run keeps its form: `combine = "sum"` (T = α + F / P_eff + Q / B_eff, the
+free form once used without rates) or the physics with k = 1 (`kv_factor` absent).
 """
 from __future__ import annotations
 
@@ -50,6 +54,9 @@ from .roofs import Roof, Roofs
 
 HOLD_OUT_EVERY = 3  # every third distinct shape is held out
 EFFICIENCY_GRID = np.geomspace(0.5, 200.0, 241)  # e searched here (1 % steps), refined around the best
+KV_GRID = np.geomspace(1.0, 64.0, 43)  # k searched here (10 % steps), refined around the best
+COARSE, REFINE = 4, 17  # the pair is searched on every COARSE-th point of each grid, then REFINE² points around the best
+PAIRS_AT_ONCE = 64      # (e, k) pairs solved together (a steps × pairs array each)
 FLAT = 1e-3  # an e whose error is within 0.1 % of the best is as good: the one closest to 1 is kept
 KINDS = ("prefill", "decode", "mixed")
 WAIT_EVIDENCE = 0.01  # κ is fitted where the training steps waited for a CPU >= 1 % of their time, else 0
@@ -99,17 +106,24 @@ def _bucket(n: int) -> int:
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """min |x c − y| with c >= 0, by solving each subset of columns and keeping the best feasible."""
+    return _nnls_many(x, y[:, None])[0][:, 0]
+
+
+def _nnls_many(x: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_nnls` for each column of ys at once: (the coefficients, one column per column of ys; the squared
+    errors). Each subset of x's columns is solved once (its pseudo-inverse) for every column of ys."""
     n = x.shape[1]
-    best, best_err = np.zeros(n), float(np.sum(y ** 2))
+    best, best_err = np.zeros((n, ys.shape[1])), np.sum(ys ** 2, axis=0)
     for k in range(1, n + 1):
         for cols in itertools.combinations(range(n), k):
-            c, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
-            if np.all(c >= 0):
-                err = float(np.sum((x[:, cols] @ c - y) ** 2))
-                if err < best_err:
-                    best, best_err = np.zeros(n), err
-                    best[list(cols)] = c
-    return best
+            sub = x[:, cols]
+            c = np.linalg.pinv(sub) @ ys
+            err = np.sum((sub @ c - ys) ** 2, axis=0)
+            better = np.all(c >= 0, axis=0) & (err < best_err)
+            best[:, better] = 0.0
+            best[np.ix_(cols, better)] = c[:, better]
+            best_err = np.where(better, err, best_err)
+    return best, best_err
 
 
 def split(points: list[FitPoint]) -> tuple[list[FitPoint], list[FitPoint]]:
@@ -149,15 +163,16 @@ class StepFit:
     rates: dict | None = None  # {"compute_tflops", "memory_gbps", "source", "label"}: the physics held fixed
     combine: str = "sum"       # "stage_max" (the physics fit) or "sum" (the free form of older fits)
     ms_per_wait_ms: float = 0.0  # κ: on-CPU ms a step loses per ms it waited for a CPU (0: not fitted)
+    kv_factor: float = 1.0  # k: the attention's KV traffic over its KV bytes (1: the bytes once; older fits)
 
     @classmethod
     def fit(cls, points: list[FitPoint], roofs: Roofs | None, trained_on: str = "") -> "StepFit":
-        """Train on the training shapes of `points` with the rates of `roofs` held fixed, report errors on
-        the held-out shapes; without roofs (a run with no measured or declared rates) the free form."""
+        """Train on the training shapes of `points` with the rates of `roofs` held fixed (raised to what a
+        training step reached; without roofs, what the steps reached), report errors on the held-out shapes."""
         train, held = split(points)
         if len(train) < 3:
             raise FitError(f"step fit: {len(train)} training steps (of {len(points)}); at least 3 are needed")
-        out = cls._physics(train, roofs, trained_on) if roofs is not None else cls._free(train, trained_on)
+        out = cls._physics(train, roofs, trained_on)
         out.n_held_out = len(held)
         out.train_median_abs_pct = out.median_abs_pct(train)
         out.held_out_median_abs_pct = out.median_abs_pct(held)
@@ -165,14 +180,7 @@ class StepFit:
         return out
 
     @classmethod
-    def _free(cls, train: list[FitPoint], trained_on: str) -> "StepFit":
-        """T = α + F / P_eff + Q / B_eff, non-negative least squares on absolute time (no rates to hold)."""
-        x = np.array([[1.0, p.flops / 1e9, p.bytes / 1e6] for p in train])
-        alpha, per_gflop, per_mb = (float(v) for v in _nnls(x, np.array([p.measured_ms for p in train])))
-        return cls(alpha, per_gflop, per_mb, *_gap_fit(train), _covered(train), len(train), trained_on=trained_on)
-
-    @classmethod
-    def _physics(cls, train: list[FitPoint], roofs: Roofs, trained_on: str) -> "StepFit":
+    def _physics(cls, train: list[FitPoint], roofs: Roofs | None, trained_on: str) -> "StepFit":
         rates = held_rates(train, roofs)
         ms_per_gflop, ms_per_mb = 1 / rates["compute_tflops"], 1 / rates["memory_gbps"]
         g = np.array([_groups(p) for p in train]) * [ms_per_gflop / 1e9, ms_per_mb / 1e6, ms_per_gflop / 1e9,
@@ -185,12 +193,12 @@ class StepFit:
         for _ in range(CAP_ROUNDS if seen else 1):
             x = np.column_stack(cols + ([wait if uncontended is None else np.minimum(wait, uncontended)]
                                         if seen else [])) / y[:, None]  # relative error: rows divided by y
-            e, c = _search(g, y, x)
-            uncontended = c[0] + c[1] * cols[1] + _stages(g, e)
+            e, k, c = _search(g, y, x)
+            uncontended = c[0] + c[1] * cols[1] + _stages(g, e, k)
         alpha, per_seq, *kappa = (float(v) for v in c)
         return cls(alpha, e * ms_per_gflop, ms_per_mb, *_gap_fit(train), _covered(train), len(train),
                    trained_on=trained_on, ms_per_seq=per_seq, compute_efficiency=float(e), rates=rates,
-                   combine="stage_max", ms_per_wait_ms=kappa[0] if kappa else 0.0)
+                   combine="stage_max", ms_per_wait_ms=kappa[0] if kappa else 0.0, kv_factor=k)
 
     def predict_ms(self, work) -> float:
         """The step's on-CPU time for a FitPoint or a StepWork: κ times the step's measured wait, counted up
@@ -198,7 +206,7 @@ class StepFit:
         StepWork is the step as it would run uncontended."""
         fl, bl, fa, bkv = _groups(work)
         c_lin, m_lin = fl / 1e9 * self.ms_per_gflop, bl / 1e6 * self.ms_per_mb
-        c_att, m_att = fa / 1e9 * self.ms_per_gflop, bkv / 1e6 * self.ms_per_mb
+        c_att, m_att = fa / 1e9 * self.ms_per_gflop, self.kv_factor * bkv / 1e6 * self.ms_per_mb
         body = (max(c_lin, m_lin) + max(c_att, m_att) if self.combine == "stage_max"
                 else c_lin + m_lin + c_att + m_att)
         uncontended = self.alpha_ms + self.ms_per_seq * work.num_seqs + body
@@ -209,7 +217,7 @@ class StepFit:
         """How predict_ms turns a step's work into milliseconds, in words."""
         if self.combine == "stage_max":
             return ("alpha_ms + ms_per_seq × sequences + max(ms_per_gflop × linear GFLOP, ms_per_mb × linear MB) "
-                    "+ max(ms_per_gflop × attention GFLOP, ms_per_mb × KV MB) of the step's work (costmodel.work) "
+                    "+ max(ms_per_gflop × attention GFLOP, kv_factor × ms_per_mb × KV MB) of the step's work (costmodel.work) "
                     "+ ms_per_wait_ms × the step's measured wait for a CPU (none: uncontended); "
                     "ms_per_gflop = compute_efficiency / the measured matmul rate, ms_per_mb = 1 / the measured "
                     "memory rate")
@@ -261,48 +269,62 @@ class StepFit:
         return cls(**d)
 
 
-def _stages(g: np.ndarray, e: float) -> np.ndarray:
-    """Each step's two serial groups at efficiency e (g: linear compute, linear memory, attention compute,
-    KV memory, in ms at the held rates), each the longer of its compute and its memory time."""
-    return np.maximum(e * g[:, 0], g[:, 1]) + np.maximum(e * g[:, 2], g[:, 3])
+def _stages(g: np.ndarray, e: float, k: float = 1.0) -> np.ndarray:
+    """Each step's two serial groups at efficiency e and KV factor k (g: linear compute, linear memory,
+    attention compute, KV memory, in ms at the held rates), each the longer of its compute and its memory
+    time."""
+    return np.maximum(e * g[:, 0], g[:, 1]) + np.maximum(e * g[:, 2], k * g[:, 3])
 
 
-def _search(g: np.ndarray, y: np.ndarray, x: np.ndarray) -> tuple[float, np.ndarray]:
-    """(e, the coefficients of x's columns): e over the log grid, refined around the best, the flattest
-    stretch's e closest to 1; for each e the columns by non-negative least squares on relative error."""
-    def solve(e: float) -> tuple[float, np.ndarray]:
-        r = (y - _stages(g, e)) / y
-        c = _nnls(x, r)
-        return float(np.sum((x @ c - r) ** 2)), c
+def _search(g: np.ndarray, y: np.ndarray, x: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """(e, k, the coefficients of x's columns): e and k over a coarse log grid, refined around the best;
+    of the flattest stretch the pair closest to (1, 1); for each pair the columns by non-negative least
+    squares on relative error."""
+    def errors(pairs: list[tuple[float, float]]) -> dict:
+        out = {}
+        for i in range(0, len(pairs), PAIRS_AT_ONCE):
+            chunk = np.array(pairs[i:i + PAIRS_AT_ONCE])
+            e, k = chunk[:, 0], chunk[:, 1]
+            stages = np.maximum(np.outer(g[:, 0], e), g[:, [1]]) + np.maximum(np.outer(g[:, 2], e), np.outer(g[:, 3], k))
+            _, err = _nnls_many(x, (y[:, None] - stages) / y[:, None])
+            out.update(zip(map(tuple, chunk.tolist()), err.tolist()))
+        return out
 
-    grid = list(EFFICIENCY_GRID)
-    errs = [solve(e)[0] for e in grid]
-    i = int(np.argmin(errs))
-    fine = np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 41)
-    grid += list(fine)
-    errs += [solve(e)[0] for e in fine]
-    best = min(errs)
-    flat = (v for v, err in zip(grid, errs) if err <= best * (1 + FLAT) + 1e-15)
-    e = float(min(flat, key=lambda v: abs(math.log(v))))
-    return e, solve(e)[1]
+    def around(grid: np.ndarray, v: float) -> np.ndarray:
+        i = int(np.searchsorted(grid, v))
+        return np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], REFINE)
+
+    coarse_e, coarse_k = EFFICIENCY_GRID[::COARSE], KV_GRID[::COARSE]
+    tried = errors([(float(e), float(k)) for e in coarse_e for k in coarse_k])
+    e0, k0 = min(tried, key=tried.get)
+    tried |= errors([(float(e), float(k)) for e in around(coarse_e, e0) for k in around(coarse_k, k0)])
+    best = min(tried.values())
+    flat = (ek for ek, err in tried.items() if err <= best * (1 + FLAT) + 1e-15)
+    e, k = min(flat, key=lambda ek: abs(math.log(ek[0])) + abs(math.log(ek[1])))
+    return e, k, _nnls(x, (y - _stages(g, e, k)) / y)
 
 
-def held_rates(points: list[FitPoint], roofs: Roofs) -> dict:
+def held_rates(points: list[FitPoint], roofs: Roofs | None) -> dict:
     """The rates a physics fit holds fixed: the roofs', each raised to the rate a step demonstrably reached
     where that is higher (a step that read Q bytes in T ms of cpu_ms had at least Q / T of memory, and
     F / T of compute; a roof below that was measured while its thread was held back, and holding the
-    fit at it puts steps below their own bytes term). {"compute_tflops", "memory_gbps", "source", "label"}."""
-    out = {"compute_tflops": roofs.compute.value, "memory_gbps": roofs.memory.value, "source": roofs.memory.source,
-           "label": roofs.memory.label}
-    for key, roof, work, scale in (("memory_gbps", roofs.memory, "bytes", 1e6), ("compute_tflops", roofs.compute,
-                                                                                   "flops", 1e9)):
+    fit at it puts steps below their own bytes term); without roofs (no microbenchmarks, spec entry or
+    declared roofs) the rates the steps reached. {"compute_tflops", "memory_gbps", "source", "label"}."""
+    if roofs is None:
+        out = {"compute_tflops": 0.0, "memory_gbps": 0.0, "source": "steps",
+               "label": "no measured, spec or declared rates: the highest rates the training steps reached"}
+    else:
+        out = {"compute_tflops": roofs.compute.value, "memory_gbps": roofs.memory.value,
+               "source": roofs.memory.source, "label": roofs.memory.label}
+    for key, work, scale, unit in (("memory_gbps", "bytes", 1e6, "GB/s"), ("compute_tflops", "flops", 1e9, "TFLOP/s")):
         p = max(points, key=lambda q: getattr(q, work) / q.measured_ms)
         reached = getattr(p, work) / p.measured_ms / scale  # GB/s or TFLOP/s: bytes / ms / 1e6, FLOP / ms / 1e9
-        if reached > roof.value:
+        if reached > out[key]:
+            if roofs is not None:
+                out["source"] = "steps"
+                out["label"] += (f"; {key.split('_')[0]} raised from {out[key]:.4g} to {reached:.4g} {unit}, what "
+                                 f"step {p.step_id} reached on a CPU (the roof is below it: measured while held back)")
             out[key] = reached
-            out["source"] = "steps"
-            out["label"] = (f"{out['label']}; {roof.quantity} raised from {roof.value:.4g} to {reached:.4g} {roof.unit}, "
-                            f"what step {p.step_id} reached on a CPU (the roof is below it: measured while held back)")
     return out
 
 

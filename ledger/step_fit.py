@@ -27,7 +27,8 @@ STEP_FIT_POINTS = StageTable("step_fit_points", (("step_id", pa.int64()), ("spli
                                             ("measured_ms", pa.float64()), ("predicted_ms", pa.float64()),
                                             ("error_pct", pa.float64()), ("extrapolated", pa.bool_())),
                         order="step_id")
-# @gaps: too few engine steps of known shape to fit; no rates to hold the fit's physics at (the free form)
+# @gaps: too few engine steps of known shape to fit; no measured rates to hold the fit's physics at (held at
+#   the rates its own steps reached)
 GAPS = gap_table("step_fit")
 
 # The steps a fit sees: a measured time and a shape, and not simulated ones, nor steps whose time holds
@@ -67,7 +68,7 @@ def ledger_fit_points(ledger: str | Path) -> list[FitPoint]:
 
 def run_fit(run_dir: str | Path) -> StepFit:
     """The step fit of a reconstructed run folder, at the rates of its own manifest (its microbenchmarks
-    first; the free form without any): what `inferledger fit` trains. FileNotFoundError without a ledger,
+    first; without any, the rates its steps reached): what `inferledger fit` trains. FileNotFoundError without a ledger,
     FitError when it cannot fit."""
     run_dir = Path(run_dir)
     points = ledger_fit_points(run_dir)
@@ -85,7 +86,8 @@ def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict
 #   docs/MODEL.md "Fit"); empty when the run has too few steps with a shape
 # @column name: alpha_ms, ms_per_seq, compute_efficiency (e: the best matmul's rate over the step's),
 #   p_eff_tflops (the best matmul's rate / e), b_eff_gbps (the memory rate held fixed: the run's measured rate, or what a step reached where
-#   that is higher), ms_per_wait_ms (κ: on-CPU
+#   that is higher, or without a measured rate the highest a step reached), kv_factor (k: the attention's KV traffic over its
+#   KV bytes), ms_per_wait_ms (κ: on-CPU
 #   ms a step loses per ms it waited for a CPU; 0 where the training steps hardly waited), gap_alpha_ms,
 #   gap_ms_per_seq; n_train, n_held_out;
 #   train_median_abs_pct, held_out_median_abs_pct, held_out_p90_abs_pct; covered_num_seqs_lo / _hi,
@@ -104,7 +106,7 @@ def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict
 #   applied (a declared fit from another run: every step is outside its training)
 # @column measured_ms: step_model.cpu_ms (the step without its wait for a CPU; its wall time measured_ms where the
 #   capture could not measure the wait), what the fit is judged against
-# @column predicted_ms: the fit's α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, Q_kv / B)
+# @column predicted_ms: the fit's α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, k · Q_kv / B)
 #   + κ · min(the step's contention_ms, its time without this term)
 # @column error_pct: (predicted − measured) / measured × 100
 # @column extrapolated: the step lies outside the training steps' range of batch size, tokens or context
@@ -123,14 +125,15 @@ def build(con, run) -> None:
             if points:
                 gaps.append(("run", None, "step_fit, step_fit_points", "more engine steps of known shape", str(exc)))
         if fit is not None and roofs is None:
-            gaps.append(("run", None, "step_fit (its physics: the free form, α + F / P_eff + Q / B_eff)",
+            gaps.append(("run", None, "step_fit (its physics: held at the rates its own steps reached)",
                          "the capture's microbenchmarks (manifest device_params), a spec entry or declared_roofs",
-                         f"no rates to hold the step's work at ({why}): the fit is free, and its bytes term "
-                         "may drop"))
+                         f"no measured rates to hold the step's work at ({why}): the fit holds the highest "
+                         "rates a training step reached, a lower bound of the device's"))
     if fit is not None:
         params = [("alpha_ms", fit.alpha_ms, "ms"), ("ms_per_seq", fit.ms_per_seq, "ms"),
                   ("compute_efficiency", fit.compute_efficiency, "×"), ("p_eff_tflops", fit.p_eff_tflops, "TFLOP/s"),
-                  ("b_eff_gbps", fit.b_eff_gbps, "GB/s"), ("ms_per_wait_ms", fit.ms_per_wait_ms, "ms/ms"),
+                  ("b_eff_gbps", fit.b_eff_gbps, "GB/s"), ("kv_factor", fit.kv_factor, "×"),
+                  ("ms_per_wait_ms", fit.ms_per_wait_ms, "ms/ms"),
                   ("gap_alpha_ms", fit.gap_alpha_ms, "ms"),
                   ("gap_ms_per_seq", fit.gap_ms_per_seq, "ms"), ("n_train", fit.n_train, "steps"),
                   ("n_held_out", fit.n_held_out, "steps"), ("train_median_abs_pct", fit.train_median_abs_pct, "%"),

@@ -302,6 +302,16 @@ def test_fidelity_replays_every_attempt_of_a_workload_with_a_retry_keyed_on_atte
     [fit] = comp["fit"]["rows"]
     assert model["name"] == "fit" and model["parameters"]["alpha_ms"]["value"] == fit[0]
     assert model["fit"]["trained_on"] == "run fit" and fit[5] >= 3  # trained on the fit run's steps alone
+    # the fit held against run real's steps after the fact: what `inferledger fit runs/fit --test runs/real` prints
+    from inferledger.costmodel.fit import StepFit, held_out_summary
+    from inferledger.ledger.step_fit import ledger_fit_points
+
+    row = dict(zip(comp["fit"]["columns"], fit))
+    summary = held_out_summary(StepFit.from_dict(model["fit"]), ledger_fit_points(dirs["real"]))
+    assert row["kv_factor"] == model["fit"]["kv_factor"]
+    assert row["real_median_abs_pct"] == summary["held_out_median_abs_error_pct"]
+    assert row["real_p90_abs_pct"] == summary["held_out_p90_abs_error_pct"]
+    assert row["real_steps"] == summary["n_steps"] and 0 <= row["real_extrapolated_steps"] <= row["real_steps"]
 
 
 def test_fidelity_refuses_a_bad_workload_file_by_file_and_key_before_loading_anything(tmp_path):

@@ -59,7 +59,7 @@ class FittedStepModel:
 
     The work (FLOPs and bytes of every serial stage) comes from costmodel.work for the declared model
     shape; the fit (costmodel.fit.StepFit: the work at a real run's measured rates, with α, a
-    per-sequence overhead and a compute efficiency fitted on its steps; docs/MODEL.md "Fit") turns it into milliseconds, and its inter-step term (γ0 + γ1 · batch size, the host time from
+    per-sequence overhead, a compute efficiency and a KV factor fitted on its steps; docs/MODEL.md "Fit") turns it into milliseconds, and its inter-step term (γ0 + γ1 · batch size, the host time from
     one step's end to the next one's start on that run) is added, so consecutive simulated steps are as
     far apart as real ones. A chunk of one token is counted as a decode, anything longer as a prefill
     (both give the LM head one row)."""
@@ -94,6 +94,7 @@ class FittedStepModel:
                                "ms_per_gflop": {"value": f.ms_per_gflop, "unit": "ms/GFLOP", "source": source},
                                "ms_per_mb": {"value": f.ms_per_mb, "unit": "ms/MB", "source": source},
                                "ms_per_seq": {"value": f.ms_per_seq, "unit": "ms", "source": source},
+                               "kv_factor": {"value": f.kv_factor, "unit": "×", "source": source},
                                "gap_alpha_ms": {"value": f.gap_alpha_ms, "unit": "ms", "source": source},
                                "gap_ms_per_seq": {"value": f.gap_ms_per_seq, "unit": "ms", "source": source}},
                 "fit": f.to_dict(), "shape": self.shape.to_dict()}
