@@ -10,7 +10,7 @@ Per kind and batch:
 
 - the median pure decode step (wall time around `ModelRunner.forward`), unprofiled;
 - the whole engine step around it (`LLMEngine.step`, as a served step's interval holds it) split into
-  the forward, sampling (the sampler's batch argmax and each row's token) and output processing (the
+  the forward, sampling (the sampler's batch argmax, its kernel's draws, each row's token) and output processing (the
   rest: scheduling, committing and detokenizing the tokens, the deltas); medians per step, unprofiled;
 - an account of --profiled further steps under torch.profiler: self CPU time of each operator,
   summed by category: matmuls (oneDNN / BLAS linears, the gemv kernel), attention (the paged kernel, the SDPA kernels
@@ -69,6 +69,7 @@ ELEMENTWISE = ("aten::rms_norm", "aten::_fused_rms_norm", "aten::pow", "aten::me
                "aten::where", "aten::exp", "aten::max", "aten::amax")
 COMPILED = ("## Call CompiledFxGraph",)
 DECODE = "decode_step"  # the profiler region around each measured step
+SAMPLER_CALLS = ("prepare", "prepare_draws", "sample")  # the sampler's work in a step: its argmax, its kernel draws, each row
 
 
 def category(name: str) -> str:
@@ -86,7 +87,7 @@ def category(name: str) -> str:
 class Steps:
     """Wraps runner.forward, the engine's step and its sampler: per pure decode step of the full batch, the
     wall time of the forward, of the whole engine step, and of the sampler's calls inside it (its batch
-    argmax and each row's token); the rest of the step (scheduling, committing and detokenizing the tokens,
+    argmax, its kernel's draws and each row's token); the rest of the step (scheduling, committing and detokenizing the tokens,
     the deltas) is output processing."""
 
     def __init__(self, engine, batch: int) -> None:
@@ -95,12 +96,14 @@ class Steps:
         self.whole, self.sampling, self._in_decode, self._sampling_s = [], [], False, 0.0
         engine.runner.forward, engine.step = self, self.step
         sampler = engine.sampler
-        self.sampler_calls = sampler.prepare, sampler.sample
-        sampler.prepare, sampler.sample = self._timed(sampler.prepare), self._timed(sampler.sample)
+        self.sampler_calls = {name: getattr(sampler, name) for name in SAMPLER_CALLS}
+        for name, call in self.sampler_calls.items():
+            setattr(sampler, name, self._timed(call))
 
     def unwrap(self, engine) -> None:
         engine.runner.forward, engine.step = self.forward, self.engine_step
-        engine.sampler.prepare, engine.sampler.sample = self.sampler_calls
+        for name, call in self.sampler_calls.items():
+            setattr(engine.sampler, name, call)
 
     def _timed(self, call):
         def timed(*a, **kw):
