@@ -4,10 +4,14 @@ For each batch size (1 and 16 by default) and each step kind (eager; compiled, e
 both with attention and linears as the engine resolves them, the paged kernel and the gemv / panel
 kernels where they build; then two baselines, eager with attention gathering the paged rows and eager
 with the linears the engine ran before its own kernels: oneDNN's where bf16 is native, torch's
-otherwise), the same prompts (64 tokens) are decoded for --tokens steps, rounds
-alternating the kinds in one process. Per kind and batch:
+otherwise), the same prompts (--prompt-tokens, 64) are decoded for --tokens steps at --temperature (1.0,
+what `vllm bench serve` asks by sending none; 0 = greedy), rounds alternating the kinds in one process.
+Per kind and batch:
 
 - the median pure decode step (wall time around `ModelRunner.forward`), unprofiled;
+- the whole engine step around it (`LLMEngine.step`, as a served step's interval holds it) split into
+  the forward, sampling (the sampler's batch argmax, its kernel's draws, each row's token) and output processing (the
+  rest: scheduling, committing and detokenizing the tokens, the deltas); medians per step, unprofiled;
 - an account of --profiled further steps under torch.profiler: self CPU time of each operator,
   summed by category: matmuls (oneDNN / BLAS linears, the gemv kernel), attention (the paged kernel, the SDPA kernels
   and batched matmuls, the K/V gather and the cache writes: the same eager kernels in both kinds, the compiled
@@ -23,6 +27,7 @@ alternating the kinds in one process. Per kind and batch:
   over a 256 MiB memcpy's rate (read + write) measured in the same run; and how many steps ran compiled.
 
     .venv/bin/python benchmarks/decode_step_account.py [--batch 1 16] [--tokens 48] [--rounds 2]
+    .venv/bin/python benchmarks/decode_step_account.py --batch 16 --prompt-tokens 480 --no-baselines
 """
 from __future__ import annotations
 
@@ -64,6 +69,7 @@ ELEMENTWISE = ("aten::rms_norm", "aten::_fused_rms_norm", "aten::pow", "aten::me
                "aten::where", "aten::exp", "aten::max", "aten::amax")
 COMPILED = ("## Call CompiledFxGraph",)
 DECODE = "decode_step"  # the profiler region around each measured step
+SAMPLER_CALLS = ("prepare", "prepare_draws", "sample")  # the sampler's work in a step: its argmax, its kernel draws, each row
 
 
 def category(name: str) -> str:
@@ -79,10 +85,43 @@ def category(name: str) -> str:
 
 
 class Steps:
-    """Wraps runner.forward: wall time of each pure decode step of the full batch."""
+    """Wraps runner.forward, the engine's step and its sampler: per pure decode step of the full batch, the
+    wall time of the forward, of the whole engine step, and of the sampler's calls inside it (its batch
+    argmax, its kernel's draws and each row's token); the rest of the step (scheduling, committing and detokenizing the tokens,
+    the deltas) is output processing."""
 
-    def __init__(self, runner, batch: int) -> None:
-        self.forward, self.batch, self.runner, self.s, self.modes = runner.forward, batch, runner, [], []
+    def __init__(self, engine, batch: int) -> None:
+        self.runner, self.batch, self.s, self.modes = engine.runner, batch, [], []
+        self.forward, self.engine_step = engine.runner.forward, engine.step
+        self.whole, self.sampling, self._in_decode, self._sampling_s = [], [], False, 0.0
+        engine.runner.forward, engine.step = self, self.step
+        sampler = engine.sampler
+        self.sampler_calls = {name: getattr(sampler, name) for name in SAMPLER_CALLS}
+        for name, call in self.sampler_calls.items():
+            setattr(sampler, name, self._timed(call))
+
+    def unwrap(self, engine) -> None:
+        engine.runner.forward, engine.step = self.forward, self.engine_step
+        for name, call in self.sampler_calls.items():
+            setattr(engine.sampler, name, call)
+
+    def _timed(self, call):
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return call(*a, **kw)
+            finally:
+                self._sampling_s += time.perf_counter() - t0
+        return timed
+
+    def step(self):
+        self._in_decode, self._sampling_s = False, 0.0
+        t0 = time.perf_counter()
+        out = self.engine_step()
+        if self._in_decode:
+            self.whole.append(time.perf_counter() - t0)
+            self.sampling.append(self._sampling_s)
+        return out
 
     def __call__(self, chunks):
         if not (len(chunks) == self.batch and all(len(c.token_ids) == 1 for c in chunks)):
@@ -92,16 +131,29 @@ class Steps:
             out = self.forward(chunks)
         self.s.append(time.perf_counter() - t0)
         self.modes.append(self.runner.last_step["mode"])
+        self._in_decode = True
         return out
 
+    def clear(self) -> None:
+        for xs in (self.s, self.modes, self.whole, self.sampling):
+            xs.clear()
 
-def account(llm, prompts, profiled: int) -> dict:
+    def split_ms(self) -> dict:
+        """Medians per decode step: the whole engine step, its sampling, and its output processing
+        (the step less the forward and the sampling, step by step)."""
+        rest = [w - f - smp for w, f, smp in zip(self.whole, self.s, self.sampling)]
+        return {"engine_step_ms": round(statistics.median(self.whole) * 1e3, 3),
+                "sampling_ms": round(statistics.median(self.sampling) * 1e3, 3),
+                "output_processing_ms": round(statistics.median(rest) * 1e3, 3)}
+
+
+def account(llm, prompts, profiled: int, temperature: float) -> dict:
     """Profile `profiled` decode steps of the batch: ms per step by category (operators' self CPU
     time inside the steps' DECODE regions; the prefill step is left out)."""
     steps = llm.engine.runner.forward
     first = len(steps.s)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        llm.generate(prompts, SamplingParams(max_tokens=profiled + 1, ignore_eos=True))
+        llm.generate(prompts, SamplingParams(max_tokens=profiled + 1, ignore_eos=True, temperature=temperature))
     events = prof.events()
     regions = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == DECODE)
     by = {"matmul": 0.0, "attention": 0.0, "elementwise": 0.0, "compiled_kernels": 0.0}
@@ -115,7 +167,8 @@ def account(llm, prompts, profiled: int) -> dict:
     per["host_ms"] = round(wall_ms / max(n, 1) - sum(per.values()), 3)
     per["profiled_step_ms"] = round(wall_ms / max(n, 1), 3)
     per["profiled_steps"] = n
-    del steps.s[first:], steps.modes[first:]  # the unprofiled median stays unprofiled
+    for xs in (steps.s, steps.modes, steps.whole, steps.sampling):
+        del xs[first:]  # the unprofiled medians stay unprofiled
     return per
 
 
@@ -126,6 +179,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="rounds alternating eager and compiled")
     ap.add_argument("--profiled", type=int, default=8, help="decode steps under the profiler per kind and batch")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--prompt-tokens", type=int, default=64, help="each sequence's prompt (the decode contexts run "
+                    "from it to it + --tokens)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="the requests' temperature (1.0: what `vllm bench "
+                    "serve` asks, sending none; 0: greedy, one argmax over the batch)")
     ap.add_argument("--no-baselines", action="store_true", help="leave out the two baselines: eager with attention "
                     "gathering the paged rows, eager with torch's linears (engine/cpu_kernels.py's kernels off)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the serving engine's count here)")
@@ -138,6 +195,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     bundle = load_model(dtype=args.dtype)
     ids = bundle.tokenizer.encode(TEXT * 4)
+    ids = ids * (1 + (args.prompt_tokens + max(args.batch)) // len(ids))  # prompts of any length, each its own
     dtype = str(bundle.dtype).removeprefix("torch.")
     memcpy = memcpy_gib_s()
     kinds, attention, attention_why, linear = {}, {}, {}, {}
@@ -148,8 +206,9 @@ def main() -> None:
         plan += [("eager, gather", "off", "gather", "auto"), (f"eager, {base} linear", "off", "auto", base)]
     for kind, flag, attn, lin in plan:
         t0 = time.perf_counter()
-        kinds[kind] = LLM(bundle=bundle, config=EngineConfig(max_num_seqs=max(args.batch), compile=flag, probes=False,
-                                                             enable_prefix_caching=False, attention=attn, linear=lin))
+        kinds[kind] = LLM(bundle=bundle, config=EngineConfig(
+            max_num_seqs=max(args.batch), compile=flag, probes=False, enable_prefix_caching=False, attention=attn,
+            linear=lin, max_num_batched_tokens=max(512, max(args.batch) * args.prompt_tokens)))  # all prompts in one step
         resolved = kinds[kind].engine.manifest()["engine_config"]["resolved"]
         attention[kind], attention_why[kind] = resolved["attention"]["kernel"], resolved["attention"]["resolved_by"]
         linear[kind] = resolved["linear"]["kernel"]
@@ -157,22 +216,25 @@ def main() -> None:
               f"{resolved['attention']}; linear {resolved['linear']})", flush=True)
     shape = Manifest(kinds["eager"].engine.manifest()).model_shape()
     compiled = kinds["compiled"].engine.runner.compiled
-    figures = {"dtype": dtype, "torch_threads": torch.get_num_threads(), "prompt_tokens": 64, "rows": [],
+    figures = {"dtype": dtype, "torch_threads": torch.get_num_threads(), "prompt_tokens": args.prompt_tokens,
+               "sampling": "greedy" if args.temperature == 0 else f"temperature {args.temperature}", "rows": [],
                "compile_cache_dir": str(cache_dir()),
                "compile_warm_up_s": round(compiled.warm_up_s, 2), "compile_disabled_reason": compiled.disabled_reason,
                "attention_resolved_by": attention_why["eager"], "linear_resolved_by":
                kinds["eager"].engine.manifest()["engine_config"]["resolved"]["linear"]["resolved_by"]}
     for b in args.batch:
-        prompts = [ids[i:i + 64] for i in range(b)]
+        prompts = [ids[i:i + args.prompt_tokens] for i in range(b)]
+        params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=args.temperature)
         timers = {}
         for kind, llm in kinds.items():
-            timers[kind] = llm.engine.runner.forward = Steps(llm.engine.runner, b)
+            if isinstance(llm.engine.runner.forward, Steps):  # the previous batch's wrappers
+                llm.engine.runner.forward.unwrap(llm.engine)
+            timers[kind] = Steps(llm.engine, b)
             llm.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
-            timers[kind].s.clear()
-            timers[kind].modes.clear()
+            timers[kind].clear()
         for _ in range(args.rounds):
             for kind, llm in kinds.items():
-                llm.generate(prompts, SamplingParams(max_tokens=args.tokens, ignore_eos=True))
+                llm.generate(prompts, params)
         for kind, llm in kinds.items():
             t = timers[kind]
             median_s = statistics.median(t.s)
@@ -180,10 +242,10 @@ def main() -> None:
             row = {"kind": kind.split(",")[0], "attention": attention[kind], "linear": linear[kind], "batch": b,
                    "steps": len(t.s),
                    "compiled_steps": compiled_steps,
-                   "median_step_ms": round(median_s * 1e3, 3), "tok_s": round(b / median_s, 2)}
-            row.update(account(llm, prompts, args.profiled))
-            if b == 1:
-                work = step_work(shape, [StepRow("decode", 1, 64 + args.tokens // 2)])  # the median step's context
+                   "median_step_ms": round(median_s * 1e3, 3), "tok_s": round(b / median_s, 2), **t.split_ms()}
+            row.update(account(llm, prompts, args.profiled, args.temperature))
+            if b == 1:  # the median step's context
+                work = step_work(shape, [StepRow("decode", 1, args.prompt_tokens + args.tokens // 2)])
                 gib_s = work.bytes / 2**30 / median_s
                 row.update({"step_mib": round(work.bytes / 2**20, 1), "weights_mib": round(work.weight_bytes / 2**20, 1),
                             "kv_mib": round((work.kv_read_bytes + work.kv_write_bytes) / 2**20, 2),
@@ -192,7 +254,9 @@ def main() -> None:
             print(f"batch {b:>2} {kind:>19}: median step {row['median_step_ms']:7.2f} ms over {row['steps']} steps "
                   f"({compiled_steps} compiled); profiled: matmul {row['matmul_ms']:.2f}, attention "
                   f"{row['attention_ms']:.2f}, elementwise {row['elementwise_ms']:.2f}, compiled kernels "
-                  f"{row['compiled_kernels_ms']:.2f}, host {row['host_ms']:.2f} ms of {row['profiled_step_ms']:.2f}"
+                  f"{row['compiled_kernels_ms']:.2f}, host {row['host_ms']:.2f} ms of {row['profiled_step_ms']:.2f}; "
+                  f"engine step {row['engine_step_ms']:.2f} ms (sampling {row['sampling_ms']:.2f}, output processing "
+                  f"{row['output_processing_ms']:.2f}); load {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
                   + (f"; MBU {row['mbu_ratio']:.2f} ({row['achieved_gib_s']:.1f} GiB/s)" if b == 1 else ""), flush=True)
     figures["memcpy_gib_s"] = round(max(memcpy, memcpy_gib_s()), 2)
     for row in figures["rows"]:  # against the better of the two memcpy readings

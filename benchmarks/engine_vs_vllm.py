@@ -12,7 +12,11 @@ and what differs in the work (weight format, dtype, prefix caching, threads). Ev
 --out as the bench's own JSON files plus summary.json. `vllm bench serve` is the bench client for
 every server, so it needs .peers/vllm unless --concurrency is given no value (our client only).
 
+vLLM runs in the environment its CPU installation guide asks for (tcmalloc and its venv's libiomp5 in
+LD_PRELOAD, recorded in the results file's servers.vllm.environment); --vllm-plain starts it bare.
+
     .venv/bin/python benchmarks/engine_vs_vllm.py [--rounds 2] [--concurrency 1 4 16] [--servers ours vllm llamacpp]
+    .venv/bin/python benchmarks/engine_vs_vllm.py --rounds 1 --concurrency 1 --capture-concurrency --servers ours vllm
 """
 from __future__ import annotations
 
@@ -127,21 +131,46 @@ class PeerScript:
 
 
 class VLLM(PeerScript):
+    """vLLM through benchmarks/peers/vllm_cpu.sh: by default in the environment its CPU installation guide
+    asks for (tcmalloc and the venv's libiomp5 preloaded, as the script's `preload` names them); plain: bare."""
     name, port = "vllm", VLLM_PORT
 
-    def __init__(self, script: Path, dtype: str, omp_bind: str) -> None:
-        self.script, self.dtype, self.omp_bind = script, dtype, omp_bind
+    def __init__(self, script: Path, dtype: str, omp_bind: str, plain: bool = False) -> None:
+        self.script, self.dtype, self.omp_bind, self.plain = script, dtype, omp_bind, plain
+        self.ld_preload: str | None = None  # what the script preloads, once `resolve_preload` asked it
 
     def env(self) -> dict:
         return {"VLLM_PORT": str(self.port), "VLLM_OTLP_ENDPOINT": "", "VLLM_OMP_BIND": self.omp_bind,
+                "VLLM_PLAIN": "1" if self.plain else "0",
                 "VLLM_EXTRA_ARGS": f"--dtype {self.dtype}"}  # after the script's own --dtype: the last one wins
+
+    def resolve_preload(self) -> str:
+        """The LD_PRELOAD the script gives vLLM ("" when plain); a missing library ends the run here,
+        before any server starts, with the script's message naming it (exit 2)."""
+        got = subprocess.run(["bash", str(self.script), "preload"], env={**os.environ, **self.env()},
+                             capture_output=True, text=True)
+        if got.returncode != 0:
+            print(got.stderr.strip(), file=sys.stderr)
+            print(f"error: vLLM's documented environment is not available here; --vllm-plain starts vLLM without "
+                  f"the preload ({self.script} preload exited {got.returncode})", file=sys.stderr)
+            sys.exit(2)
+        self.ld_preload = got.stdout.strip()
+        return self.ld_preload
+
+    def environment(self) -> str:
+        if self.plain:
+            return ("plain (--vllm-plain): no LD_PRELOAD given; vLLM preloads torch's libgomp itself and warns that "
+                    "libtcmalloc and libiomp are not in LD_PRELOAD")
+        return (f"documented: LD_PRELOAD={self.ld_preload} (tcmalloc and the venv's Intel OpenMP, as vLLM's CPU "
+                "installation guide asks)")
 
     def manifest(self) -> dict:
         bind = "not bound" if self.omp_bind == "nobind" else f"bound to CPU(s) {self.omp_bind}"
         return {"weights": "the bundled GGUF (Q4_1) converted to a Hugging Face folder (benchmarks/peers/gguf_to_hf.py), "
                 "loaded in the dtype below", "dtype": self.dtype, "prefix_caching": True, "threads": f"OMP_NUM_THREADS=1, "
                 f"VLLM_CPU_OMP_THREADS_BIND={self.omp_bind}: {bind} (benchmarks/peers/vllm_cpu.sh)",
-                "compile": "torch.compile (inductor) of the model at start", "endpoint": "vllm serve (vllm-cpu, V1 engine)"}
+                "compile": "torch.compile (inductor) of the model at start", "endpoint": "vllm serve (vllm-cpu, V1 engine)",
+                "environment": self.environment(), "ld_preload": self.ld_preload if not self.plain else None}
 
 
 class LlamaCpp(PeerScript):
@@ -285,6 +314,9 @@ def main() -> None:
     ap.add_argument("--vllm-omp-bind", default="nobind", help="vLLM's VLLM_CPU_OMP_THREADS_BIND: nobind (default: "
                     "its one thread left to the OS, as ours is) or CPU ids")
     ap.add_argument("--vllm-script", type=Path, default=ROOT / "benchmarks" / "peers" / "vllm_cpu.sh")
+    ap.add_argument("--vllm-plain", action="store_true", help="start vLLM bare: without the LD_PRELOAD of tcmalloc and "
+                    "its venv's lib/libiomp5.so that its CPU installation guide asks for (the default gives it them "
+                    "and refuses to run when one is missing)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / time.strftime("engine-vs-vllm-%Y%m%d-%H%M%S"))
     args = ap.parse_args()
     rec = results.start("engine_vs_vllm", vars(args))
@@ -301,9 +333,12 @@ def main() -> None:
     OUT = args.out
     OUT.mkdir(parents=True, exist_ok=True)
     every = {"ours": Ours(args.ours_dtype, args.ours_compile, args.ours_attention, args.ours_linear),
-             "vllm": VLLM(args.vllm_script, args.vllm_dtype, args.vllm_omp_bind),
+             "vllm": VLLM(args.vllm_script, args.vllm_dtype, args.vllm_omp_bind, args.vllm_plain),
              "llamacpp": LlamaCpp(args.llamacpp_script, args.llamacpp_threads)}
     servers = [every[name] for name in args.servers]
+    if "vllm" in args.servers:
+        every["vllm"].resolve_preload()
+        print(f"vLLM's environment: {every['vllm'].environment()}", flush=True)
     print(f"engine vs peers ({', '.join(args.servers)}): {args.rounds} rounds, concurrency {args.concurrency}, tokenizer {tokenizer}, "
           f"{os.cpu_count()} CPUs, load average {load()}; results in {OUT}", flush=True)
     rows = []

@@ -212,7 +212,14 @@ def engine_vs_vllm(rs: list[dict]) -> str:
                ", ".join(fmt(x) for x in r["vllm_over_ours_tpot_p50_ratio"])] for r in f["ratios"]]
     return (table(["round", "server", "client", "c", "tok/s", "TTFT p50 / p99 ms", "TPOT p50 / p99 ms",
                    "load (1 min) before"], rows)
-            + "\n\n" + table(["client", "c", "ours / vLLM tok/s, per round", "vLLM / ours TPOT p50, per round"], ratios))
+            + "\n\n" + table(["client", "c", "ours / vLLM tok/s, per round", "vLLM / ours TPOT p50, per round"], ratios)
+            + _vllm_environment(f))
+
+
+def _vllm_environment(f: dict) -> str:
+    """Which environment vLLM ran in, as the run recorded it (runs before the record name none: nothing drawn)."""
+    env = ((f.get("servers") or {}).get("vllm") or {}).get("environment")
+    return f"\n\nvLLM's environment: {env}." if env else ""
 
 
 def decode_step_account(rs: list[dict]) -> str:

@@ -26,6 +26,11 @@ x w^T + b in fp32 reading each weight row from memory once for up to GEMV_MAX_RO
 x w^T + b in bf16 with fp32 accumulation, any number of rows, over w repacked in panels of 16 output
 rows (engine/cpu_linear.py `panel`); built only where the compiler targets AVX-512 BF16
 (`panel_kernel()`).
+
+    sample_rows(logits [R, V] fp32, inv_temperature [R] fp32, u [R] float64) -> [R] int64
+
+Row r's token drawn from softmax(logits[r] * inv_temperature[r]) by u[r] (inverse transform; -1 for a
+row with a NaN or no weight), for the sampler's plain sampled rows (engine/sampler.py).
 """
 from __future__ import annotations
 
@@ -142,6 +147,15 @@ def _small_linear_shape(x, w, b):
 
 def _panel_linear_shape(x, p, b):
     return x.new_empty((*x.shape[:-1], p.shape[0] * 16))
+
+
+def loaded() -> bool:
+    """Whether the kernels are loaded in this process already (never builds them)."""
+    return bool(_STATE.get("ok"))
+
+
+def sample_rows(logits: torch.Tensor, inv_temperature: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    return torch.ops.inferledger_cpu.sample_rows(logits, inv_temperature, u)
 
 
 def panel_kernel() -> bool:

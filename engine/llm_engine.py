@@ -198,6 +198,9 @@ class LLMEngine:
                 timer.end(step_id, **mode)
             # one argmax for the whole batch's greedy rows (after the step's end event); sampled rows take none
             self.sampler.prepare([lg if item.seq.params.greedy else None for item, lg in zip(out.scheduled, logits)])
+            # and one kernel call for the sampled rows that need nothing but their temperature
+            self.sampler.prepare_draws([None if item.seq.params.greedy else lg for item, lg in zip(out.scheduled, logits)],
+                                       [item.seq for item in out.scheduled])
             for item, lg in zip(out.scheduled, logits):
                 self._postprocess(item, lg, step_id, deltas)
         except Exception as exc:  # the batch cannot be trusted: finish its requests as errors

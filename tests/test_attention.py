@@ -171,6 +171,31 @@ def test_paged_chunks_in_tiles_attend_as_plain_causal_attention(kernel, dtype):
     torch.testing.assert_close(out.float(), want, atol=bound, rtol=bound)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_bf16_decodes_through_the_kernel_attend_as_fp32_attention_at_block_edges(kernel, d):
+    # a bf16 decode's scores are dotted key row by key row (where the CPU has AVX-512 BF16) or through the
+    # transposed block: either way within half a bf16 ulp of fp32 attention over the same bf16 values, for
+    # contexts that end on, just past and just before a block's edge, a lone key and a long context
+    kv, h, bs, blocks = 3, 9, 16, 64
+    contexts = [1, 15, 16, 17, 33, 300]
+    gen = torch.Generator().manual_seed(5)
+    pool = torch.randperm(blocks, generator=gen).tolist()
+    k_cache = torch.randn(blocks, kv, bs, d, generator=gen).bfloat16()
+    v_cache = torch.randn(blocks, kv, bs, d, generator=gen).bfloat16()
+    width = -(-max(contexts) // bs)
+    tables = torch.tensor([pool[i:i + width] for i in range(len(contexts))])  # overlapping tables: blocks shared
+    q = torch.randn(len(contexts), h, d, generator=gen).bfloat16()
+    out = torch.ops.inferledger_cpu.paged_attention(q, k_cache, v_cache, tables, torch.arange(len(contexts)),
+                                                    torch.tensor(contexts), d ** -0.5)
+    assert out.dtype == torch.bfloat16
+    for r, ctx in enumerate(contexts):
+        rows = torch.cat([torch.arange(b * bs, b * bs + bs) for b in tables[r].tolist()])[:ctx]
+        k = k_cache.permute(0, 2, 1, 3).reshape(-1, kv, d)[rows].float()
+        v = v_cache.permute(0, 2, 1, 3).reshape(-1, kv, d)[rows].float()
+        want = _reference(q[r:r + 1].float(), k, v, ctx - 1)
+        torch.testing.assert_close(out[r:r + 1].float(), want, atol=2 ** -8, rtol=2 ** -8)
+
+
 def test_the_paged_kernel_refuses_a_row_it_cannot_read(kernel):
     k_cache, v_cache = (c[0] for c in _cache())
     q = torch.zeros(2, H, D)

@@ -202,6 +202,40 @@ def test_the_engine_against_vllm_run_keeps_its_rows_with_units_and_renders_its_r
         "| vllm bench serve | 1 | 0.40, 1.15 | 0.23, 0.82 |"]
 
 
+def test_vllm_gets_its_documented_preload_by_default_and_the_table_says_which_environment_it_had(tmp_path, monkeypatch):
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("engine_vs_vllm", ROOT / "benchmarks" / "engine_vs_vllm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    script = ROOT / "benchmarks" / "peers" / "vllm_cpu.sh"
+    tcmalloc = tmp_path / "libtcmalloc_minimal.so.4"
+    tcmalloc.write_bytes(b"")
+    monkeypatch.setenv("VLLM_TCMALLOC", str(tcmalloc))
+    documented, plain = mod.VLLM(script, "bfloat16", "nobind"), mod.VLLM(script, "bfloat16", "nobind", plain=True)
+    if (ROOT / ".peers" / "vllm" / "lib" / "libiomp5.so").exists():  # where vLLM is installed
+        preload = documented.resolve_preload().split(":")
+        assert preload[0] == str(tcmalloc) and preload[1].endswith("/vllm/lib/libiomp5.so") and len(preload) == 2
+    assert plain.resolve_preload() == ""
+    monkeypatch.setenv("VLLM_TCMALLOC", str(tmp_path / "absent.so"))
+    with pytest.raises(SystemExit) as exit_:
+        mod.VLLM(script, "bfloat16", "nobind").resolve_preload()
+    assert exit_.value.code == 2
+    documented.ld_preload = "/lib/libtcmalloc_minimal.so.4:/v/lib/libiomp5.so"
+    assert documented.manifest()["ld_preload"] == documented.ld_preload
+    assert plain.manifest()["ld_preload"] is None and "plain (--vllm-plain)" in plain.manifest()["environment"]
+    args = argparse.Namespace(concurrency=[1], capture_concurrency=[], rounds=1)
+    for server, said in ((documented, "vLLM's environment: documented: LD_PRELOAD=/lib/libtcmalloc_minimal.so.4:"
+                          "/v/lib/libiomp5.so (tcmalloc"), (plain, "vLLM's environment: plain (--vllm-plain)")):
+        out = render.render_table("engine_vs_vllm", [result("engine_vs_vllm", "2026-12-01T21:00:00Z",
+                                                            mod.figures([], [server], args))])
+        assert said in out
+    older = render.render_table("engine_vs_vllm", [result("engine_vs_vllm", "2026-12-01T21:00:00Z",
+                                                          {"rows": [], "ratios": [], "servers": {"vllm": {}}})])
+    assert "environment" not in older  # a run before the record names none
+
+
 def test_llamacpp_as_a_third_server_gets_its_own_ratios_and_names_its_weights():
     import argparse
     import importlib.util

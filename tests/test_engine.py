@@ -401,6 +401,59 @@ def test_top_p_over_a_large_vocabulary_keeps_the_smallest_set_reaching_it():
     assert abs(float(p[7]) - 0.4 / (0.9 + (kept - 3) * 0.1 / (V - 3))) < 1e-5
 
 
+def test_plain_sampled_rows_are_drawn_in_one_kernel_call_from_their_tempered_distribution(monkeypatch):
+    import torch
+
+    from inferledger.engine import cpu_kernels
+    from inferledger.engine.sampler import Sampler
+    from inferledger.engine.sequence import Sequence
+
+    ok, why = cpu_kernels.load()
+    assert ok, why
+    inf = float("inf")
+    x = torch.tensor([[-inf, 0.0, 1.0, -inf, 2.0, 0.5, -inf]])  # zero weights first, between and last
+    want = torch.softmax(x[0] / 0.5, -1)
+    g, trials = torch.Generator().manual_seed(3), 20000
+    us = torch.rand(trials, generator=g, dtype=torch.float64)
+    tokens = [int(cpu_kernels.sample_rows(x, torch.tensor([2.0]), us[i:i + 1])) for i in range(trials)]
+    counts = torch.bincount(torch.tensor(tokens), minlength=7) / trials
+    assert counts[0] == counts[3] == counts[6] == 0
+    assert torch.allclose(counts, want, atol=0.015), counts
+    # u at its ends: the first and the last token with weight, never a zero-weight neighbour
+    ends = cpu_kernels.sample_rows(x.repeat(2, 1), torch.tensor([2.0, 2.0]), torch.tensor([0.0, 1.0 - 2 ** -53],
+                                                                                          dtype=torch.float64))
+    assert ends.tolist() == [1, 5]
+    # past one block of the kernel's sums (a vocabulary of 49,159): one dominant token, and a NaN row refused
+    big = torch.full((2, 49159), -30.0)
+    big[0, 40000] = 10.0
+    big[1, 7] = float("nan")
+    assert cpu_kernels.sample_rows(big, torch.ones(2), torch.tensor([0.5, 0.5], dtype=torch.float64)).tolist() == [40000, -1]
+    # through the sampler: the plain rows in one call, top-k, a masked row and greedy rows as before
+    calls = []
+    real = cpu_kernels.sample_rows
+    monkeypatch.setattr(cpu_kernels, "sample_rows", lambda *a: calls.append(a[0].shape) or real(*a))
+    logits = torch.randn(5, 50, generator=g)
+    rows = list(logits)
+
+    def seq(seed, **kw):
+        return Sequence([1], SamplingParams(max_tokens=4, seed=seed, **kw), request_id="r")
+    seqs = [seq(1, temperature=1.0), seq(2, temperature=0.7, top_k=5), seq(1, temperature=1.0),
+            seq(4, temperature=1.0, min_tokens=1), seq(5)]
+    s = Sampler(eos_ids=[3])
+    s.prepare([r if q.params.greedy else None for r, q in zip(rows, seqs)])
+    s.prepare_draws([None if q.params.greedy else r for r, q in zip(rows, seqs)], seqs)
+    assert calls == [torch.Size([2, 50])]  # rows 0 and 2, stacked (not back to back)
+    got = [s.sample(r, q) for r, q in zip(rows, seqs)]
+    assert got[4] == int(torch.argmax(logits[4])) and got[3] != 3  # greedy; EOS masked before min_tokens
+    again = seq(1, temperature=1.0)  # one seed, one draw, whatever else shares the batch
+    s.prepare_draws([rows[0]], [again])
+    assert s.sample(rows[0], again) == got[0] and len(calls) == 2
+    nan_row, bad = torch.full((50,), float("nan")), seq(6, temperature=1.0)
+    s.prepare_draws([nan_row], [bad])
+    with pytest.raises(ValueError, match="cannot draw a token"):
+        s.sample(nan_row, bad)
+
+
 def test_a_draw_follows_the_distribution_and_never_picks_a_zero_weight_token():
     import torch
 

@@ -7,9 +7,17 @@
 #   bash benchmarks/peers/vllm_cpu.sh start      start in the background, wait until /health answers
 #   bash benchmarks/peers/vllm_cpu.sh stop       stop the server started by `start` on VLLM_PORT
 #   bash benchmarks/peers/vllm_cpu.sh status     print pid, port and health
+#   bash benchmarks/peers/vllm_cpu.sh preload    print the LD_PRELOAD `start` gives vLLM (empty with VLLM_PLAIN=1)
+#
+# `start` gives vLLM the environment its CPU installation guide asks for ("set LD_PRELOAD"): tcmalloc
+# and the venv's Intel OpenMP (lib/libiomp5.so) preloaded; it refuses to start, naming the file, when
+# one is missing. VLLM_PLAIN=1 starts it bare (vLLM then preloads torch's libgomp itself and logs
+# "libtcmalloc / libiomp is not found in LD_PRELOAD").
 #
 # Environment: VLLM_PORT (18100), VLLM_OTLP_ENDPOINT (http://127.0.0.1:18101/v1/traces, "" = off),
-# VLLM_START_TIMEOUT_S (900: the first start compiles for minutes), VLLM_EXTRA_ARGS (appended).
+# VLLM_START_TIMEOUT_S (900: the first start compiles for minutes), VLLM_EXTRA_ARGS (appended),
+# VLLM_PLAIN (1 = no preload), VLLM_TCMALLOC (/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4,
+# Debian's libtcmalloc-minimal4).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -24,6 +32,8 @@ START_TIMEOUT_S="${VLLM_START_TIMEOUT_S:-900}"
 PIDFILE="$RUN_DIR/vllm-$PORT.pid"
 LOG="$RUN_DIR/vllm-$PORT.log"
 VLLM_VERSION=0.32.0
+TCMALLOC="${VLLM_TCMALLOC:-/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4}"
+IOMP="$VENV/lib/libiomp5.so"
 TORCH_VERSION=2.13.0
 
 NAME=vLLM
@@ -68,16 +78,29 @@ urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).read
 PY
 }
 
+# The LD_PRELOAD of vLLM's documented CPU environment (tcmalloc, then Intel OpenMP), or nothing with VLLM_PLAIN=1.
+preload() {
+  if [[ "${VLLM_PLAIN:-0}" == 1 ]]; then echo ""; return 0; fi
+  local missing=()
+  [[ -f "$TCMALLOC" ]] || missing+=("tcmalloc: no $TCMALLOC (apt-get install libtcmalloc-minimal4, or set VLLM_TCMALLOC)")
+  [[ -f "$IOMP" ]] || missing+=("Intel OpenMP: no $IOMP (vLLM's venv; $VENV/bin/pip install intel-openmp)")
+  if (( ${#missing[@]} )); then
+    die "vLLM's documented environment preloads tcmalloc and libiomp5; missing ${missing[*]}; VLLM_PLAIN=1 starts it without"
+  fi
+  echo "$TCMALLOC:$IOMP"
+}
+
 start() {
   [[ -f "$VENV/.installed" ]] || die "vLLM is not installed: run 'bash benchmarks/peers/vllm_cpu.sh install'"
+  local ld_preload; ld_preload="$(preload)"
   mkdir -p "$RUN_DIR" "$PEERS/vllm-cache"
   if peer_alive; then die "a vLLM started here already runs on port $PORT (pid $(cat "$PIDFILE")); stop it first"; fi
   local otlp_args=()
   [[ -n "$OTLP" ]] && otlp_args=(--otlp-traces-endpoint "$OTLP")
-  say "starting vLLM on 127.0.0.1:$PORT (log $LOG; first start compiles for minutes)"
+  say "starting vLLM on 127.0.0.1:$PORT (LD_PRELOAD ${ld_preload:-none: VLLM_PLAIN=1}; log $LOG; first start compiles for minutes)"
   # one OMP thread bound to core 1 (VLLM_OMP_BIND): the two cores are shared; setsid: `stop` ends the group
   VLLM_CACHE_ROOT="$PEERS/vllm-cache" VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND="${VLLM_OMP_BIND:-1}" \
-  OMP_NUM_THREADS=1 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf OTEL_SERVICE_NAME=vllm \
+  LD_PRELOAD="$ld_preload" OMP_NUM_THREADS=1 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf OTEL_SERVICE_NAME=vllm \
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
   setsid "$VENV/bin/vllm" serve "$MODEL_DIR" --served-model-name smollm2 \
       --host 127.0.0.1 --port "$PORT" --dtype bfloat16 --max-model-len 2048 \
@@ -95,6 +118,7 @@ case "${1:-all}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
+  preload) preload ;;
   all) install; trap stop EXIT; start; stop; trap - EXIT ;;
-  *) die "unknown subcommand '$1' (install | start | stop | status)" ;;
+  *) die "unknown subcommand '$1' (install | start | stop | status | preload)" ;;
 esac

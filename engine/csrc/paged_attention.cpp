@@ -9,8 +9,11 @@
 // head_dim 64 or 128: `tile_item`) each block's K is transposed once per item and shared by all the
 // item's query vectors, whose scores over the block's keys are then 16-wide multiply-adds and whose
 // softmax terms are one vector exp: for decodes, faster than dotting each key row in turn at every
-// shape benchmarks/paged_attention.py times. Other shapes dot each key row as it lies. Scores, the
-// softmax (online, one block at a time) and the weighted sum of V are fp32 whatever the cache's dtype; the output is rounded to q's dtype once, at the end.
+// shape benchmarks/paged_attention.py times, except a bf16 decode (key_row_scores: below). Other shapes
+// dot each key row as it lies. Scores, the softmax (online, one block at a time) and the weighted sum of
+// V are fp32 whatever the cache's dtype (bf16 products are exact in fp32); the output is rounded to q's
+// dtype once, at the end. Each block asks for the next one's K and V (the table scatters them, so the
+// hardware's prefetcher cannot guess where) while it is worked on.
 //
 // Built at run time by engine/cpu_kernels.py (g++, -march=native, -fopenmp against torch's own
 // OpenMP runtime, so at::parallel_for uses the intra-op threads torch.set_num_threads set).
@@ -22,7 +25,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -84,11 +92,53 @@ struct Args {
   float scale;
 };
 
+constexpr int64_t TILE = 8, QR = 4;
+
+// A decode in bf16 (one row: its G <= QR query heads of one KV head) where the CPU has AVX-512 BF16: each
+// key row's scores are dotted as the row lies in the cache, bf16 pairs multiplied and summed into fp32
+// (vdpbf16ps), so the block's K is neither transposed nor converted: for a tile of three query vectors
+// that transpose was most of the work (one layer, 16 decodes over 500 keys: 0.91-0.97 ms with it, 0.46-0.51
+// without, benchmarks/paged_attention.py). Other tiles, and fp32, keep the transposed path.
+template <typename scalar_t, int64_t D_>
+inline bool key_rows(int64_t tokens, int64_t rows) {
+#ifdef __AVX512BF16__
+  return std::is_same_v<scalar_t, c10::BFloat16> && D_ % 32 == 0 && tokens == 1 && rows <= QR;
+#else
+  return false;
+#endif
+}
+
+// sc[i][j] = scale * (q row i . key j) for the rows' query vectors (consecutive at q, D_ apart: one decode
+// row's heads of one KV head) and the block's first n keys at kb (fp32 accumulation of bf16 products)
+template <int64_t BS_, int64_t D_, typename scalar_t>
+inline void key_row_scores(const scalar_t* q, int64_t rows, const scalar_t* kb, int64_t n, float scale,
+                           float (*sc)[BS_]) {
+#ifdef __AVX512BF16__
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && D_ % 32 == 0) {
+    constexpr int64_t C = D_ / 32;  // 32 bf16 of a row per 512-bit register
+    __m512bh qv[QR][C];
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t c = 0; c < C; ++c) qv[i][c] = (__m512bh)_mm512_loadu_si512(q + i * D_ + c * 32);
+    for (int64_t j = 0; j < n; ++j) {
+      __m512bh kv[C];
+      for (int64_t c = 0; c < C; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kb + j * D_ + c * 32);
+      for (int64_t i = 0; i < rows; ++i) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t c = 0; c < C; ++c) acc = _mm512_dpbf16_ps(acc, qv[i][c], kv[c]);
+        sc[i][j] = _mm512_reduce_add_ps(acc) * scale;
+      }
+    }
+    return;
+  }
+#endif
+  TORCH_CHECK(false, "paged_attention: key_row_scores called without AVX-512 BF16");
+}
+
 // Rows t0 .. t1 - 1 of one sequence (consecutive positions; one row for a decode) and KV head h, for the
 // common shape (block_size BS_, head_dim D_ fixed at compile time, so the score and output
 // accumulators stay in registers): each block's K is transposed once into [D_][BS_] and shared by
-// the tile's (t1 - t0) x G query vectors, taken QR at a time, their scores BS_-wide multiply-adds.
-constexpr int64_t TILE = 8, QR = 4;
+// the tile's (t1 - t0) x G query vectors, taken QR at a time, their scores BS_-wide multiply-adds
+// (a bf16 decode: key_row_scores instead).
 
 template <int64_t BS_, int64_t D_, typename scalar_t>
 void tile_item(const Args& a, const scalar_t* qp, const scalar_t* kp, const scalar_t* vp, scalar_t* op, int64_t t0,
@@ -109,19 +159,32 @@ void tile_item(const Args& a, const scalar_t* qp, const scalar_t* kp, const scal
     const int64_t n = std::min(BS_, ctx - b * BS_);
     const int64_t base = (table[b] * KV + h) * BS_ * D_;
     const scalar_t* kb = kp + base;
-    for (int64_t j = 0; j < BS_; ++j)
-      for (int64_t d = 0; d < D_; ++d) kT[d * BS_ + j] = j < n ? static_cast<float>(kb[j * D_ + d]) : 0.f;
+    if ((b + 1) * BS_ < ctx) {  // the next block's K and V, wherever the table put it: no stride to predict
+      const int64_t next = (table[b + 1] * KV + h) * BS_ * D_;
+      for (int64_t off = 0; off < BS_ * D_; off += 64 / static_cast<int64_t>(sizeof(scalar_t))) {
+        __builtin_prefetch(kp + next + off);
+        __builtin_prefetch(vp + next + off);
+      }
+    }
+    const bool by_key = key_rows<scalar_t, D_>(t1 - t0, rows);
+    if (!by_key)
+      for (int64_t j = 0; j < BS_; ++j)
+        for (int64_t d = 0; d < D_; ++d) kT[d * BS_ + j] = j < n ? static_cast<float>(kb[j * D_ + d]) : 0.f;
     const float* vb = as_float(vp + base, vbuf, n * D_);
     for (int64_t r0 = 0; r0 < rows; r0 += QR) {
       float sc[QR][BS_] = {};
+      if (by_key) {
+        key_row_scores<BS_, D_>(qp + (t0 * a.H + h * G) * D_, rows, kb, n, a.scale, sc);
+      } else {
 #pragma GCC unroll 4
-      for (int64_t d = 0; d < D_; ++d) {
-        const float* kd = kT + d * BS_;
+        for (int64_t d = 0; d < D_; ++d) {
+          const float* kd = kT + d * BS_;
 #pragma GCC unroll 4
-        for (int64_t i = 0; i < QR; ++i) {
-          const float qd = r0 + i < rows ? qf[(r0 + i) * D_ + d] : 0.f;
+          for (int64_t i = 0; i < QR; ++i) {
+            const float qd = r0 + i < rows ? qf[(r0 + i) * D_ + d] : 0.f;
 #pragma omp simd
-          for (int64_t j = 0; j < BS_; ++j) sc[i][j] += qd * kd[j];
+            for (int64_t j = 0; j < BS_; ++j) sc[i][j] += qd * kd[j];
+          }
         }
       }
       for (int64_t i = 0; i < QR && r0 + i < rows; ++i) {
