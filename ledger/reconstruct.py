@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import duckdb
@@ -56,18 +57,24 @@ def _run_id(manifest: Manifest, run_dir: Path, url: str | None = None) -> str:
     return manifest.run_id or (url.rsplit("/", 1)[-1] if url else run_dir.name)
 
 
+@lru_cache(maxsize=1)
+def _version() -> str:
+    """This inferledger's version, read from its installed metadata once per process (a few ms a read)."""
+    from importlib.metadata import version
+
+    return version("inferledger")
+
+
 def run_variables(manifest: Manifest, run_id: str, live: bool = False) -> dict:
     """The SQL variables every stage reads (`getvariable`): the run id, the KV block size, the SLO, the
     planned arrival rate, how often the client's loop-lag trace kept a wake and whether the run is known
     to be still recording (`run_open`: `live`, a rebuild that watches the run, while its manifest says
     so; an attempt without an end is then in flight, not unterminated)."""
-    from importlib.metadata import version
-
     from inferledger.ledger.modules import modules_sha256
 
     slo = manifest.slo
     return {"run_id": (run_id, "VARCHAR"), "kv_block_bytes": (manifest.kv_block_bytes, "BIGINT"),
-            "inferledger_version": (version("inferledger"), "VARCHAR"), "modules_sha256": (modules_sha256(), "VARCHAR"),
+            "inferledger_version": (_version(), "VARCHAR"), "modules_sha256": (modules_sha256(), "VARCHAR"),
             "run_open": (live and manifest.recording, "BOOLEAN"),
             "offered_rps": (manifest.offered_rps, "DOUBLE"),
             "client_lag_every": (manifest.block("client").get("loop_lag_trace_every"), "BIGINT"),
