@@ -97,8 +97,8 @@ def _names(value: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in value.split(",") if n.strip())
 
 
-def sql_module(name: str, text: str) -> Module:
-    """A SQL module from its text: the declarations of its header, checked against its statements."""
+def _header(text: str) -> dict[str, list[str]]:
+    """A SQL module's declarations: the reads, creates and scope lines of its header."""
     decl: dict[str, list[str]] = {"reads": [], "creates": [], "scope": []}
     current = None
     for line in text.splitlines():
@@ -114,6 +114,12 @@ def sql_module(name: str, text: str) -> Module:
             decl[current] += _names(line[2:])
         else:
             current = None
+    return decl
+
+
+def sql_module(name: str, text: str) -> Module:
+    """A SQL module from its text: the declarations of its header, checked against its statements."""
+    decl = _header(text)
     source = f"{name}.sql"
     code = strip_sql(text)
     made = {}
@@ -230,7 +236,12 @@ def check(modules: list[Module]) -> list[Module]:
             raise ModuleError(f"ledger module {m.source} reads {', '.join(undeclared)} without declaring it "
                               f"(created by {', '.join(sorted({creator[w].source for w in undeclared}))})")
     check_gaps(modules)
-    graph = {m.name: {creator[r].name for r in m.reads} - {m.name} for m in modules}
+    return _ordered(modules, creator)
+
+
+def _ordered(modules: list[Module], creator: dict[str, Module]) -> list[Module]:
+    """The modules in the order their reads give (every creator before its readers), ties by name."""
+    graph = {m.name: {creator[r].name for r in m.reads if r in creator} - {m.name} for m in modules}
     sorter = graphlib.TopologicalSorter(graph)
     try:
         sorter.prepare()
@@ -250,25 +261,53 @@ def _python_stages() -> list:
     return [load, critical_path, step_model, step_fit, request_model, prediction_check]
 
 
+def _sql_texts(folder=None) -> list[tuple[str, str]]:
+    """(name, text) of every SQL module: the files `ledger/<name>.sql` (of `folder`, else the package)."""
+    files = sorted(f for f in (folder or resources.files("inferledger.ledger")).iterdir() if f.name.endswith(".sql"))
+    return [(f.name[:-4], f.read_text()) for f in files]
+
+
 @lru_cache(maxsize=1)
 def ledger_modules() -> tuple[Module, ...]:
     """Every module of the ledger, in the derived order."""
-    files = sorted(f for f in resources.files("inferledger.ledger").iterdir() if f.name.endswith(".sql"))
-    modules = [sql_module(f.name[:-4], f.read_text()) for f in files]
+    modules = [sql_module(name, text) for name, text in _sql_texts()]
     modules += [python_module(mod) for mod in _python_stages()]
     return tuple(check(modules))
 
 
-@lru_cache(maxsize=1)
-def modules_sha256() -> str:
-    """The sha256 of every module's code (a SQL module's file, a Python stage's source), in order: what a
-    ledger records it was built by (`ledger_build`), so that a reader can tell a ledger another version of
-    these modules built (other columns, or the same columns computed another way) and ask for a rebuild."""
+def _code(m: Module) -> str:
+    return m.sql if m.build is None else inspect.getsource(inspect.getmodule(m.build))
+
+
+def code_sha256(modules) -> str:
+    """The sha256 of the modules' code (a SQL module's file, a Python stage's source), in their order."""
     h = hashlib.sha256()
-    for m in ledger_modules():
-        code = m.sql if m.build is None else inspect.getsource(inspect.getmodule(m.build))
+    for m in modules:
+        code = _code(m)
         h.update(f"{m.source}\0{len(code)}\0{code}".encode())
     return h.hexdigest()
+
+
+def declared_sha256(folder=None) -> str:
+    """`code_sha256` of the modules in the derived order, from their declarations alone (SQL headers, a
+    Python stage's READS and CREATES): the order `ledger_modules` derives, without parsing every statement
+    and checking it, a tenth of a second a reader has no need to spend. `folder`: another copy of the
+    SQL modules."""
+    modules = [Module(name, f"{name}.sql", tuple(d["reads"]), tuple(d["creates"]), (), None, "", sql=text)
+               for name, text in _sql_texts(folder) for d in [_header(text)]]
+    modules += [Module(mod.__name__.rsplit(".", 1)[-1], f"{mod.__name__.rsplit('.', 1)[-1]}.py", tuple(mod.READS),
+                       tuple(mod.CREATES), (), None, "", build=mod.build) for mod in _python_stages()]
+    creator = {name: m for m in modules for name in m.creates}
+    return code_sha256(_ordered(modules, creator))
+
+
+@lru_cache(maxsize=1)
+def modules_sha256() -> str:
+    """The sha256 of every module's code, in the derived order: what a ledger records it was built by
+    (`ledger_build`), so that a reader can tell a ledger another version of these modules built (other
+    columns, or the same columns computed another way) and ask for a rebuild. Read from the files once
+    per process: a module edited in a source checkout changes it."""
+    return declared_sha256()
 
 
 def public_tables() -> tuple[str, ...]:

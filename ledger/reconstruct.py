@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import duckdb
@@ -28,6 +29,10 @@ from inferledger.probes.run_dir import PartError, check_layout, list_parts
 from inferledger.probes.run_folder import SLO_KEYS, Manifest, RunFolderError
 
 PUBLIC_TABLES = public_tables()
+# A run whose event and sample parts take less than this fits one row group per table (122,880 rows; an
+# event takes 16 bytes of Parquet at the least): DuckDB has no work to split between threads, and handing
+# each statement's one task to a second thread only adds a wake-up and a wait. Such a run builds in one.
+SMALL_RUN_BYTES = 2 ** 20
 
 
 @dataclass
@@ -52,18 +57,24 @@ def _run_id(manifest: Manifest, run_dir: Path, url: str | None = None) -> str:
     return manifest.run_id or (url.rsplit("/", 1)[-1] if url else run_dir.name)
 
 
+@lru_cache(maxsize=1)
+def _version() -> str:
+    """This inferledger's version, read from its installed metadata once per process (a few ms a read)."""
+    from importlib.metadata import version
+
+    return version("inferledger")
+
+
 def run_variables(manifest: Manifest, run_id: str, live: bool = False) -> dict:
     """The SQL variables every stage reads (`getvariable`): the run id, the KV block size, the SLO, the
     planned arrival rate, how often the client's loop-lag trace kept a wake and whether the run is known
     to be still recording (`run_open`: `live`, a rebuild that watches the run, while its manifest says
     so; an attempt without an end is then in flight, not unterminated)."""
-    from importlib.metadata import version
-
     from inferledger.ledger.modules import modules_sha256
 
     slo = manifest.slo
     return {"run_id": (run_id, "VARCHAR"), "kv_block_bytes": (manifest.kv_block_bytes, "BIGINT"),
-            "inferledger_version": (version("inferledger"), "VARCHAR"), "modules_sha256": (modules_sha256(), "VARCHAR"),
+            "inferledger_version": (_version(), "VARCHAR"), "modules_sha256": (modules_sha256(), "VARCHAR"),
             "run_open": (live and manifest.recording, "BOOLEAN"),
             "offered_rps": (manifest.offered_rps, "DOUBLE"),
             "client_lag_every": (manifest.block("client").get("loop_lag_trace_every"), "BIGINT"),
@@ -142,6 +153,11 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
     con = duckdb.connect(str(tmp))
     try:
         bound(con, limit, spill)
+        if sum(p.stat().st_size for p in parts + sample_parts) < SMALL_RUN_BYTES:
+            con.execute("SET threads = 1")
+        # the file is renamed into place only when whole and removed if the build fails: syncing its
+        # write-ahead log at each statement's commit protects nothing; the CHECKPOINT below syncs the file
+        con.execute("SET fsync_mode = 'NONE'")
         variables = run_variables(manifest, run_id, options.live)
         set_variables(con, variables)
         run = RunFiles(run_dir, parts, sample_parts, manifest, newer)
@@ -157,6 +173,7 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
         counts = con.execute(
             "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
             "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone()
+        con.execute("SET fsync_mode = 'STANDARD'")
         con.execute("CHECKPOINT")
     except BaseException as exc:
         con.close()
