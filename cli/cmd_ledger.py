@@ -90,6 +90,7 @@ def reconstruct_cmd(
                  f"  {command_name()} reconstruct runs/{Path(run_dir).name}")
         with progress_bar(f"reconstruct {run_dir}") as bar:
             summary = reconstruct(run_dir, options, out=out, on_stage=stage_ticks(bar, f"reconstruct {run_dir}"))
+            bar.finish(f"reconstruct {run_dir}: done")
     except (RunDirError, SizeError, RunFolderError, StudyError) as exc:
         fail(f"error: {exc}")
     except KeyboardInterrupt:  # the ledger is written whole or not at all: the previous one stands

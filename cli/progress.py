@@ -44,6 +44,12 @@ class Bar:
         if self.progress is not None:
             self.progress.advance(self.task, n)
 
+    def finish(self, description: str) -> None:
+        """The work done: the bar at its total (the last step counted, not only started) under `description`."""
+        if self.progress is not None:
+            total = self.progress.tasks[0].total if self.progress.tasks else None
+            self.progress.update(self.task, description=description, completed=total)
+
     def restart(self, description: str, total: float | None) -> None:
         """The same bar counted again from 0 (and its clock from now)."""
         if self.progress is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import shutil
 import subprocess
 import sys
@@ -71,7 +72,10 @@ def test_reconstruct_prints_the_same_bytes_with_its_bar_on_a_terminal_or_without
     rc, tty_out, tty_err = _run(["reconstruct", str(run), "--format", fmt], terminal=True)
     assert rc == 0, tty_err
     assert tty_out == piped_out and len(piped_out) > 100
-    assert b"reconstruct" in tty_err and b"gaps" in tty_err  # the bar was drawn, a tick per ledger stage
+    # the bar was drawn and ended at its total: a tick per ledger stage, the last one counted when it ended
+    # (which stage names a redraw happens to show depends on the build's speed)
+    done = re.findall(rb"(\d+)/(\d+)", tty_err)[-1]
+    assert b"reconstruct" in tty_err and done[0] == done[1] and int(done[1]) > 30, tty_err[-300:]
     assert piped_err == b""  # no terminal, no bar
 
 
