@@ -198,6 +198,22 @@ def test_follow_refusals_exit_2(tmp_path, args, message):
     assert res.exit_code == 2 and message in res.output
 
 
+@pytest.mark.parametrize("command", ["reconstruct", "summary"])
+@pytest.mark.parametrize("every", ["1e12", "inf", "nan", "-1"])  # 1e12 s overflowed sleep: a traceback
+def test_every_past_its_range_exits_2_naming_it(tmp_path, command, every):
+    (tmp_path / "run").mkdir()
+    res = CliRunner().invoke(app, [command, str(tmp_path / "run"), "--follow", "--every", every])
+    assert res.exit_code == 2 and "Invalid value for '--every'" in res.output, res.output
+
+
+def test_a_file_named_as_the_run_folder_is_refused_at_once_not_waited_for(tmp_path):
+    (tmp_path / "ledger.duckdb").write_bytes(b"")
+    t0 = time.monotonic()
+    with pytest.raises(RunDirError, match=r"ledger.duckdb: a file, not a run folder"):
+        follow(tmp_path / "ledger.duckdb", following=FollowOptions(every_s=0.05, wait_s=30.0))
+    assert time.monotonic() - t0 < 5.0
+
+
 @pytest.mark.slow  # the command in a process of its own
 def test_ctrl_c_leaves_the_last_ledger_whole_and_exits_130(recorded, tmp_path):
     run = tmp_path / "run"
