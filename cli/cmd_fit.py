@@ -45,19 +45,26 @@ def fit_cmd(
 
     from inferledger.cli.output import console, csv_text, fail, plain
     from inferledger.costmodel.fit import FitError
-    from inferledger.ledger.step_fit import transfer
+    from inferledger.ledger.query import LedgerError, open_ledger
+    from inferledger.ledger.step_fit import StepsUnreadable, transfer
+    from inferledger.probes.run_folder import RunFolderError
 
     for flag, run in (("TRAIN", train), ("--test", test)):
         if not (run / "ledger.duckdb").is_file():
             fail(f"error: {flag} {run}: no ledger there (a run folder holds ledger.duckdb once "
                  f"`{command_name()} reconstruct {run}` has run)")
+        try:  # a ledger other ledger code built may count its steps another way: refused, as summary refuses it
+            with open_ledger(run / "ledger.duckdb") as led:
+                if led.stale:
+                    fail(f"error: {flag} {'; '.join(led.stale)}")
+        except LedgerError as exc:
+            fail(f"error: {flag} {exc}")
     try:
         fit, summary = transfer(train, test)
     except FitError as exc:
         fail(f"error: TRAIN {train}: {exc}")
-    except Exception as exc:  # a ledger built before step_model had what the fit reads
-        fail(f"error: cannot read the steps of {train} or {test} ({exc}); rebuild them with "
-             f"`inferledger reconstruct RUN`")
+    except (StepsUnreadable, RunFolderError) as exc:  # each names its file: an unreadable ledger, a bad manifest
+        fail(f"error: {exc}")
     if not summary["n_steps"]:
         fail(f"error: --test {test}: no engine step with a shape and a measured time to predict")
     if fmt == OutputFormat.json:

@@ -214,6 +214,33 @@ def test_fit_cli_prints_the_transfer_as_one_json_object_and_refuses_a_run_withou
     assert bad.exit_code == 2 and "--test" in bad.output and "no ledger" in bad.output
 
 
+def test_fit_cli_refuses_a_ledger_other_code_built_or_a_broken_one_naming_the_file(tmp_path):
+    """A ledger other ledger code built may count its steps another way: its fit would be silently another's."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    manifest = {"run_id": "a", "model": {"architecture": SMOL_ARCH, "dtype": BF16}, "device_params": BENCH}
+    build_run(tmp_path / "a", _step_events(_steps((1, 2, 4), (32, 256))), domains=("e",), manifest=manifest).close()
+    for name in ("old", "broken"):
+        shutil.copytree(tmp_path / "a", tmp_path / name)
+    with duckdb.connect(str(tmp_path / "old" / "ledger.duckdb")) as con:
+        con.execute("UPDATE ledger_build SET inferledger_version = '0.0.1', modules_sha256 = '0123456789abcdef'")
+    (tmp_path / "broken" / "ledger.duckdb").write_bytes(b"not a ledger")
+    runner = CliRunner()
+    assert runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "a")]).exit_code == 0
+    for args, line in (([str(tmp_path / "a"), "--test", str(tmp_path / "old")],
+                        f"{tmp_path / 'old' / 'ledger.duckdb'}: built by other ledger code (inferledger 0.0.1, "
+                        f"modules 0123456789ab against these"),
+                       ([str(tmp_path / "old"), "--test", str(tmp_path / "a")], f"{tmp_path / 'old' / 'ledger.duckdb'}: built by"),
+                       ([str(tmp_path / "a"), "--test", str(tmp_path / "broken")],
+                        f"--test cannot open {tmp_path / 'broken' / 'ledger.duckdb'}")):
+        got = runner.invoke(app, ["fit", *args])
+        assert got.exit_code == 2 and line in " ".join(got.output.split()), got.output
+
+
 def test_a_step_faster_than_its_bound_is_a_gap_row_naming_the_roof(tmp_path):
     """Roofs declared far too low: a decode step's bound is its ~269 MB of weights at 1 GB/s (~269 ms); the
     5 ms steps beat it, and each is a gap row naming the roof and by how much, never silently."""
