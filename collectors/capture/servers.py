@@ -134,8 +134,8 @@ def check_server_folders(paths) -> list[ServerFolder]:
         except RunFolderError as exc:
             raise ServerFolderError(f"{exc}: the --server folder's manifest is damaged") from None
         if manifest.get("source") != SERVE_SOURCE:
-            raise ServerFolderError(f"{path}: a run of {manifest.get('source')!r}, not of `inferledger serve --out`; "
-                                    "pass the folder a server writes")
+            of = f"a run of {manifest['source']!r}" if manifest.get("source") else "a run that names no source (an import?)"
+            raise ServerFolderError(f"{path}: {of}, not of `inferledger serve --out`; pass the folder a server writes")
         if path.resolve() in seen:
             raise ServerFolderError(f"{path}: given twice as --server")
         seen.add(path.resolve())
