@@ -120,6 +120,8 @@ def test_readme_key_figures_are_the_ledgers(led):
     (lambda d: (d / "scrapes" / "metrics.jsonl.gz").write_bytes((SAMPLE / "scrapes" / "metrics.jsonl.gz").read_bytes()[:3000]),
      "metrics.jsonl.gz: cannot be read whole"),
     (lambda d: _cut_scrape_line(d / "scrapes" / "metrics.jsonl.gz", 5), "metrics.jsonl.gz:6: not a scrape"),
+    (lambda d: (d / "client" / "clocks.parquet").write_bytes((SAMPLE / "client" / "clocks.parquet").read_bytes()[:500]),
+     "client/clocks.parquet: not a whole parquet table"),
 ])
 def test_a_damaged_recording_is_refused_naming_its_file_and_nothing_is_written(tmp_path, damage, message):
     import shutil

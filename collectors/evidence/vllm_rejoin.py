@@ -65,6 +65,12 @@ def check_recording(path: str | Path) -> None:
         missing.append("scrapes/metrics.jsonl.gz (the manifest's engine_evidence.metrics recorded scrapes)")
     if missing:
         raise RecordingError(f"{path}: a damaged recording: no {', no '.join(missing)}")
+    for name in CLIENT_FILES:  # a table cut short (no footer) is refused here, not copied on or read half
+        try:
+            pq.read_metadata(path / "client" / name)
+        except (pa.ArrowException, OSError) as exc:
+            raise RecordingError(f"{path / 'client' / name}: not a whole parquet table ({exc}): a damaged "
+                                 "recording") from None
 
 
 def record(run_dir: str | Path, sample_dir: str | Path) -> None:
