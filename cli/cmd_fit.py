@@ -46,7 +46,7 @@ def fit_cmd(
     from inferledger.cli.output import console, csv_text, fail, plain
     from inferledger.costmodel.fit import FitError
     from inferledger.ledger.query import LedgerError, open_ledger
-    from inferledger.ledger.step_fit import StepsUnreadable, transfer
+    from inferledger.ledger.step_fit import StepsUnreadable, ledger_fit_points, transfer
     from inferledger.probes.run_folder import RunFolderError
 
     for flag, run in (("TRAIN", train), ("--test", test)):
@@ -62,11 +62,15 @@ def fit_cmd(
     try:
         fit, summary = transfer(train, test)
     except FitError as exc:
-        fail(f"error: TRAIN {train}: {exc}")
+        fail(f"error: TRAIN {train}: " + (str(exc) if ledger_fit_points(train) else "no engine step with a shape and "
+                                         "a measured time to train on (a peer engine's run or a black box's records none)"))
     except (StepsUnreadable, RunFolderError) as exc:  # each names its file: an unreadable ledger, a bad manifest
         fail(f"error: {exc}")
     if not summary["n_steps"]:
         fail(f"error: --test {test}: no engine step with a shape and a measured time to predict")
+    if train.resolve() == test.resolve():
+        typer.echo(f"note: --test {test} is TRAIN itself: the errors below include the steps the fit trained on "
+                   "(they are not held out)", err=True)
     if fmt == OutputFormat.json:
         typer.echo(json.dumps(plain({**summary, "fit": fit.to_dict()}), allow_nan=False))
         return

@@ -214,7 +214,7 @@ def test_fit_cli_prints_the_transfer_as_one_json_object_and_refuses_a_run_withou
     assert bad.exit_code == 2 and "--test" in bad.output and "no ledger" in bad.output
 
 
-def test_fit_cli_refuses_a_ledger_other_code_built_or_a_broken_one_naming_the_file(tmp_path):
+def test_fit_cli_names_a_stale_broken_or_stepless_ledger_and_says_when_test_is_train(tmp_path):
     """A ledger other ledger code built may count its steps another way: its fit would be silently another's."""
     import shutil
 
@@ -229,8 +229,16 @@ def test_fit_cli_refuses_a_ledger_other_code_built_or_a_broken_one_naming_the_fi
     with duckdb.connect(str(tmp_path / "old" / "ledger.duckdb")) as con:
         con.execute("UPDATE ledger_build SET inferledger_version = '0.0.1', modules_sha256 = '0123456789abcdef'")
     (tmp_path / "broken" / "ledger.duckdb").write_bytes(b"not a ledger")
+    build_run(tmp_path / "none", [{"name": "mem.returned", "source": "engine", "clock": "e", "ms": 1, "value": 4096,
+                                   "request_id": None, "attempt_id": None}],  # no engine step
+              domains=("e",), manifest={**manifest, "run_id": "none"}).close()
     runner = CliRunner()
-    assert runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "a")]).exit_code == 0
+    same = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "a")])
+    assert same.exit_code == 0 and "is TRAIN itself: the errors below include the steps the fit trained on" in \
+        " ".join(same.stderr.split())
+    none = runner.invoke(app, ["fit", str(tmp_path / "none"), "--test", str(tmp_path / "a")])
+    assert none.exit_code == 2 and f"TRAIN {tmp_path / 'none'}: no engine step with a shape and a measured time to " \
+        "train on" in " ".join(none.output.split()), none.output
     for args, line in (([str(tmp_path / "a"), "--test", str(tmp_path / "old")],
                         f"{tmp_path / 'old' / 'ledger.duckdb'}: built by other ledger code (inferledger 0.0.1, "
                         f"modules 0123456789ab against these"),
