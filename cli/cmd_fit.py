@@ -48,8 +48,11 @@ def fit_cmd(
     from inferledger.ledger.query import LedgerError, open_ledger
     from inferledger.ledger.step_fit import StepsUnreadable, ledger_fit_points, transfer
     from inferledger.probes.run_folder import RunFolderError
+    from inferledger.probes.study_dir import RUNS_DIR, is_study_dir
 
     for flag, run in (("TRAIN", train), ("--test", test)):
+        if is_study_dir(run):
+            fail(f"error: {flag} {run}: a study folder; name one of its runs ({run / RUNS_DIR}/NAME)")
         if not (run / "ledger.duckdb").is_file():
             fail(f"error: {flag} {run}: no ledger there (a run folder holds ledger.duckdb once "
                  f"`{command_name()} reconstruct {run}` has run)")

@@ -221,6 +221,7 @@ def test_fit_cli_names_a_stale_broken_or_stepless_ledger_and_says_when_test_is_t
     from typer.testing import CliRunner
 
     from inferledger.cli.app import app
+    from inferledger.probes.run_folder import StudyIndex
 
     manifest = {"run_id": "a", "model": {"architecture": SMOL_ARCH, "dtype": BF16}, "device_params": BENCH}
     build_run(tmp_path / "a", _step_events(_steps((1, 2, 4), (32, 256))), domains=("e",), manifest=manifest).close()
@@ -236,6 +237,11 @@ def test_fit_cli_names_a_stale_broken_or_stepless_ledger_and_says_when_test_is_t
     same = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "a")])
     assert same.exit_code == 0 and "is TRAIN itself: the errors below include the steps the fit trained on" in \
         " ".join(same.stderr.split())
+    StudyIndex({"format": 1, "name": "s", "question": "q", "knob": "k", "state": "complete",
+                "runs": [{"name": "a", "dir": "runs/a", "knob": {"x": 1}}]}).write(tmp_path / "study")
+    study = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "study")])
+    assert study.exit_code == 2 and f"--test {tmp_path / 'study'}: a study folder; name one of its runs" in \
+        " ".join(study.output.split()), study.output
     none = runner.invoke(app, ["fit", str(tmp_path / "none"), "--test", str(tmp_path / "a")])
     assert none.exit_code == 2 and f"TRAIN {tmp_path / 'none'}: no engine step with a shape and a measured time to " \
         "train on" in " ".join(none.output.split()), none.output
