@@ -127,6 +127,7 @@ def follow(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(),
                 if not waiting:
                     say(f"{run_dir}: recording, no events flushed yet; waiting for the first part")
                     waiting = True
+                built = seen  # looked at: a capture killed before its first flush is then told silent too
             else:
                 t0 = time.perf_counter()
                 try:

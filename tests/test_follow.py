@@ -188,6 +188,23 @@ def test_summary_follow_prints_one_json_object_per_rebuild_and_reconstruct_one_c
     assert row.startswith("1,True,False,")
 
 
+def test_a_capture_killed_before_its_first_flush_is_said_to_be_perhaps_killed_too(recorded, tmp_path):
+    run = tmp_path / "run"
+    start_run(recorded, run)  # recording, no part ever flushed
+    said, looks = [], []
+
+    def look_again(seconds):
+        time.sleep(seconds)
+        looks.append(seconds)
+        if len(looks) == 12:
+            set_state(run, "interrupted")
+
+    with pytest.raises(RunDirError, match="no event parts"):  # declared over with nothing recorded: refused
+        follow(run, following=FollowOptions(every_s=0.05, silent_s=0.3), say=said.append, sleep=look_again)
+    assert said[0] == f"{run}: recording, no events flushed yet; waiting for the first part"
+    assert len([line for line in said if "may have been killed" in line]) == 1, said
+
+
 @pytest.mark.parametrize("args, message", [
     (["--engine", "ray"], "--follow: the Ray engine needs a partitioned run"),
     (["--out", "x.duckdb", "--every", "0"], "--every"),
