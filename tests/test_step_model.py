@@ -214,7 +214,7 @@ def test_fit_cli_prints_the_transfer_as_one_json_object_and_refuses_a_run_withou
     assert bad.exit_code == 2 and "--test" in bad.output and "no ledger" in bad.output
 
 
-def test_fit_cli_names_a_stale_broken_or_stepless_ledger_and_says_when_test_is_train(tmp_path):
+def test_fit_cli_names_a_stale_broken_or_stepless_ledger_and_notes_an_in_sample_or_extrapolated_test(tmp_path):
     """A ledger other ledger code built may count its steps another way: its fit would be silently another's."""
     import shutil
 
@@ -242,6 +242,13 @@ def test_fit_cli_names_a_stale_broken_or_stepless_ledger_and_says_when_test_is_t
     study = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "study")])
     assert study.exit_code == 2 and f"--test {tmp_path / 'study'}: a study folder; name one of its runs" in \
         " ".join(study.output.split()), study.output
+    assert "lie outside the shapes" not in same.stderr
+    build_run(tmp_path / "wide", _step_events(_steps((8,), (2048,)) + _steps((2,), (64,))), domains=("e",),
+              manifest={**manifest, "run_id": "wide"}).close()
+    wide = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "wide"), "--format", "csv"])
+    assert wide.exit_code == 0 and wide.stdout.startswith("against,kind,")  # the note is on stderr, not in the csv
+    assert f"note: 1 of the 2 steps of --test {tmp_path / 'wide'} lie outside the shapes TRAIN's fit was trained on " \
+           "(num_seqs 1–4, tokens 1–4, context_tokens 32–" in " ".join(wide.stderr.split()), wide.stderr
     none = runner.invoke(app, ["fit", str(tmp_path / "none"), "--test", str(tmp_path / "a")])
     assert none.exit_code == 2 and f"TRAIN {tmp_path / 'none'}: no engine step with a shape and a measured time to " \
         "train on" in " ".join(none.output.split()), none.output
