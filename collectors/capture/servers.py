@@ -126,6 +126,8 @@ def check_server_folders(paths) -> list[ServerFolder]:
     folders, seen, ids = [], set(), Counter()
     for p in paths:
         path = Path(p)
+        if path.is_file():
+            raise ServerFolderError(f"{path}: a file, not a `serve --out` folder; pass the folder the server writes")
         if not Manifest.exists(path):
             raise ServerFolderError(f"{path}: not a `serve --out` folder (no run manifest there); start the server "
                                     f"with `inferledger serve --out {path}` and pass that folder")
