@@ -24,6 +24,7 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
     from inferledger.collectors.workload.schema import url_problem
     from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
     from inferledger.collectors.workload import Workload
+    from inferledger.probes.run_folder import Manifest
 
     try:
         check_new_run_dir(out)
@@ -62,6 +63,9 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
         except errors as exc:  # (escaped: a refusal names keys like [[classes]][1], not markup)
             bar.stop()
             console.print(f"[red]error:[/] {escape(str(exc))}")
+            if Manifest.exists(out):  # the run was open: what it recorded stays, and the folder is named
+                console.print(f"the run folder {escape(str(out))} keeps what was recorded before the error (manifest "
+                              f"state {Manifest.read(out).body.get('state')!r}); remove it before capturing into it again")
             raise typer.Exit(2)
         except Interrupted as exc:  # the run directory is closed: say what it holds, no traceback
             bar.stop()

@@ -205,7 +205,7 @@ def capture_cmd(
                                      "/metrics is scraped by its kind; leave it out", param_hint="--scrape-metrics")
         try:
             replicas = check_replicas(dep.replicas, {u: f.server_id for f in folders if (u := f.own_url(target))},
-                                      otlp_port is not None)
+                                      otlp_port is not None, target)
         except FlagError as exc:
             raise typer.BadParameter(str(exc), param_hint=exc.flag) from None
 

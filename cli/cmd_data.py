@@ -162,20 +162,26 @@ def _import_recording(sample: Path, out: Path, fmt: OutputFormat) -> None:
     client's events, the engine's spans and scrapes, as each side produced them) joined again into a run,
     as the capture joined them."""
     from inferledger.cli.output import console
-    from inferledger.collectors.evidence.vllm_rejoin import is_recording, rejoin
+    from inferledger.collectors.evidence.vllm_rejoin import RecordingError, check_recording, is_recording, rejoin
     from inferledger.collectors.rundir.out_dir import OutDirError, check_new_run_dir
 
     if not is_recording(sample):
         fail(f"inferledger import --from vllm-recording: {sample} is not a recorded capture (client/events.parquet "
              "and otlp/ or scrapes/ beside its manifest)")
     try:
+        check_recording(sample)
         check_new_run_dir(out)
+    except RecordingError as exc:
+        fail(f"inferledger import --from vllm-recording: {exc}")
     except OutDirError as exc:
         fail(f"inferledger import: {exc}")
     from inferledger.cli.progress import progress_bar
 
     with progress_bar(f"import {sample}: joining the engine's evidence"):
-        join = rejoin(sample, out)
+        try:
+            join = rejoin(sample, out)
+        except RecordingError as exc:  # found before the run folder is written
+            fail(f"inferledger import --from vllm-recording: {exc}")
     if not echo_rows(fmt, list(join), [list(join.values())]):
         console.print(f"rejoined {sample} -> {out}: {', '.join(f'{k} {v}' for k, v in join.items())}\n"
                       f"next: {command_name()} reconstruct {out}", highlight=False, soft_wrap=True)

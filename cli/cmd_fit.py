@@ -44,22 +44,42 @@ def fit_cmd(
     from rich.table import Table
 
     from inferledger.cli.output import console, csv_text, fail, plain
-    from inferledger.costmodel.fit import FitError
-    from inferledger.ledger.step_fit import transfer
+    from inferledger.costmodel.fit import FitError, held_out_summary
+    from inferledger.ledger.query import LedgerError, open_ledger
+    from inferledger.ledger.step_fit import StepsUnreadable, ledger_fit_points, run_fit
+    from inferledger.probes.run_folder import RunFolderError
+    from inferledger.probes.study_dir import RUNS_DIR, is_study_dir
 
     for flag, run in (("TRAIN", train), ("--test", test)):
+        if is_study_dir(run):
+            fail(f"error: {flag} {run}: a study folder; name one of its runs ({run / RUNS_DIR}/NAME)")
         if not (run / "ledger.duckdb").is_file():
             fail(f"error: {flag} {run}: no ledger there (a run folder holds ledger.duckdb once "
                  f"`{command_name()} reconstruct {run}` has run)")
+        try:  # a ledger other ledger code built may count its steps another way: refused, as summary refuses it
+            with open_ledger(run / "ledger.duckdb") as led:
+                if led.stale:
+                    fail(f"error: {flag} {'; '.join(led.stale)}")
+        except LedgerError as exc:
+            fail(f"error: {flag} {exc}")
     try:
-        fit, summary = transfer(train, test)
+        fit, points = run_fit(train), ledger_fit_points(test)
     except FitError as exc:
-        fail(f"error: TRAIN {train}: {exc}")
-    except Exception as exc:  # a ledger built before step_model had what the fit reads
-        fail(f"error: cannot read the steps of {train} or {test} ({exc}); rebuild them with "
-             f"`inferledger reconstruct RUN`")
+        fail(f"error: TRAIN {train}: " + (str(exc) if ledger_fit_points(train) else "no engine step with a shape and "
+                                         "a measured time to train on (a peer engine's run or a black box's records none)"))
+    except (StepsUnreadable, RunFolderError) as exc:  # each names its file: an unreadable ledger, a bad manifest
+        fail(f"error: {exc}")
+    summary = held_out_summary(fit, points)
     if not summary["n_steps"]:
         fail(f"error: --test {test}: no engine step with a shape and a measured time to predict")
+    if train.resolve() == test.resolve():
+        typer.echo(f"note: --test {test} is TRAIN itself: the errors below include the steps the fit trained on "
+                   "(they are not held out)", err=True)
+    outside = sum(fit.extrapolated(p.num_seqs, p.tokens, p.context_tokens) for p in points)
+    if outside:
+        ranges = ", ".join(f"{k} {lo}–{hi}" for k, (lo, hi) in fit.covered.items())
+        typer.echo(f"note: {outside} of the {len(points)} steps of --test {test} lie outside the shapes TRAIN's fit "
+                   f"was trained on ({ranges}): their errors are the fit's extrapolation", err=True)
     if fmt == OutputFormat.json:
         typer.echo(json.dumps(plain({**summary, "fit": fit.to_dict()}), allow_nan=False))
         return

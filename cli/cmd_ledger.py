@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from inferledger.cli.follow import EVERY_HELP, FOLLOW_HELP
+from inferledger.cli.follow import EVERY_HELP, EVERY_MAX_S, EVERY_MIN_S, FOLLOW_HELP
 from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 
 
@@ -33,7 +33,7 @@ def reconstruct_cmd(
                                 "CPUs (one shard each); the memory limit is shared between them."),
     follow: bool = typer.Option(False, "--follow", help=FOLLOW_HELP + " One line per rebuild (json / csv: one "
                                 "record each)."),
-    every: float = typer.Option(2.0, "--every", min=0.05, help=EVERY_HELP),
+    every: float = typer.Option(2.0, "--every", min=EVERY_MIN_S, max=EVERY_MAX_S, help=EVERY_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the ledger path."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " json and csv hold "
                                      "what was built (section ledger) and the whole summary, as `inferledger "

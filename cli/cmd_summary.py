@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from inferledger.cli.follow import EVERY_HELP, FOLLOW_HELP
+from inferledger.cli.follow import EVERY_HELP, EVERY_MAX_S, EVERY_MIN_S, FOLLOW_HELP
 from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 from inferledger.report.summary import SECTIONS
 
@@ -23,7 +23,7 @@ def summary_cmd(
                                    "only the importing tool's."),
     follow: bool = typer.Option(False, "--follow", help=FOLLOW_HELP + " The summary after each rebuild: redrawn "
                                 "in place on a terminal, else one block each (json: one object per line)."),
-    every: float = typer.Option(2.0, "--every", min=0.05, help=EVERY_HELP),
+    every: float = typer.Option(2.0, "--every", min=EVERY_MIN_S, max=EVERY_MAX_S, help=EVERY_HELP),
 ) -> None:
     """Print the summary of a run's ledger without rebuilding it.
 

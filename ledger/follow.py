@@ -15,7 +15,7 @@ in flight (attempts.client_status `in_flight`, with a gap), not unterminated: it
 figure of ended attempts. Once the manifest says the run finished (complete or interrupted, or has no
 state: a run of another writer), one more rebuild from the files as they are then, and `follow` returns
 its summary: the ledger a fresh `reconstruct` gives. A folder without a manifest yet (a capture just
-started) is waited for, at most `wait_s`.
+started) is waited for, at most `wait_s`; a file named as the run folder is refused at once.
 """
 from __future__ import annotations
 
@@ -84,6 +84,8 @@ def _in_flight(ledger: Path) -> int:
 
 
 def _wait_for_manifest(run_dir: Path, wait_s: float, every_s: float, say, sleep) -> None:
+    if run_dir.exists() and not run_dir.is_dir():  # a file never becomes a run folder: no wait for it
+        raise RunDirError(f"{run_dir}: a file, not a run folder; name the folder the capture writes (its --out)")
     deadline = time.monotonic() + wait_s
     said = False
     while not Manifest.exists(run_dir):
@@ -125,6 +127,7 @@ def follow(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(),
                 if not waiting:
                     say(f"{run_dir}: recording, no events flushed yet; waiting for the first part")
                     waiting = True
+                built = seen  # looked at: a capture killed before its first flush is then told silent too
             else:
                 t0 = time.perf_counter()
                 try:

@@ -144,6 +144,7 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
     manifest = _manifest(run_dir)  # read once: every stage takes it from `run`
     run_id = run_id or _run_id(manifest, run_dir)
     target = Path(out) if out else run_dir / "ledger.duckdb"
+    target.parent.mkdir(parents=True, exist_ok=True)  # --out in a folder not made yet (its check found it creatable)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     for stale in (tmp, Path(f"{tmp}.wal")):
         stale.unlink(missing_ok=True)

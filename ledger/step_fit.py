@@ -48,6 +48,10 @@ ORDER BY step_id
 """
 
 
+class StepsUnreadable(Exception):
+    """A ledger whose steps cannot be read: the message names its file and how to rebuild it."""
+
+
 def fit_points(con) -> list[FitPoint]:
     """The steps of a ledger's step_model a fit sees, as the cost model's FitPoints."""
     return [FitPoint(*r) for r in con.execute(_POINTS).fetchall()]
@@ -55,15 +59,21 @@ def fit_points(con) -> list[FitPoint]:
 
 def ledger_fit_points(ledger: str | Path) -> list[FitPoint]:
     """`fit_points` of a built ledger file (RUN/ledger.duckdb, or the run folder holding it), read-only:
-    what a study or a benchmark trains a fit on, or applies another run's fit to (costmodel.fit.apply)."""
+    what a study or a benchmark trains a fit on, or applies another run's fit to (costmodel.fit.apply).
+    FileNotFoundError without a ledger; StepsUnreadable naming the file for one that cannot be read (a
+    damaged file, one whose step_model lacks a column)."""
     import duckdb
 
     path = Path(ledger)
     path = path / "ledger.duckdb" if path.is_dir() else path
     if not path.exists():
         raise FileNotFoundError(f"{path}: no ledger; run `inferledger reconstruct {path.parent}` first")
-    with duckdb.connect(str(path), read_only=True) as con:
-        return fit_points(con)
+    try:
+        with duckdb.connect(str(path), read_only=True) as con:
+            return fit_points(con)
+    except duckdb.Error as exc:
+        raise StepsUnreadable(f"{path}: cannot read its steps ({' '.join(str(exc).split())}); rebuild it: "
+                          f"inferledger reconstruct {path.parent}") from None
 
 
 def run_fit(run_dir: str | Path) -> StepFit:

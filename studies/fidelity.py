@@ -325,8 +325,27 @@ def _simulate(run_dir: Path, run_id: str, bundle) -> None:
     sim.write(run_dir)
 
 
+def _check_context(options: dict, which: int, wl: Workload) -> None:
+    """A workload file's prompts and output budgets against the bundled model's context, read from the model
+    file without its weights (the check `capture` makes, which in a study would come after the model loaded)."""
+    flag, path = _given(options, which)
+    if not path:
+        return
+    from inferledger.engine.loader import ModelLoadError, load_tokenizer, model_context
+
+    try:
+        context, tokenizer = model_context(), load_tokenizer() if wl.has_later_turns else None
+        wl.check_context(context, "the model file's context length", tokenizer)
+    except (ValueError, ModelLoadError) as exc:
+        raise StudyError(f"{flag}: {exc}") from None
+
+
 def runs(options: dict) -> list[StudyRun]:
-    names = [_load(options, which).name for which in (FIT, REAL)]  # every file checked before the model loads
+    names = []
+    for which in (FIT, REAL):  # every file checked before the model loads
+        wl = _load(options, which)
+        _check_context(options, which, wl)
+        names.append(wl.name)
     return [StudyRun("fit", {"clock": "real", "workload": names[FIT]}, partial(_capture, options, FIT)),
             StudyRun("real", {"clock": "real", "workload": names[REAL]}, partial(_capture, options, REAL)),
             StudyRun("sim", {"clock": "simulated", "workload": names[REAL], "step_model": "fit on run fit"},

@@ -172,6 +172,9 @@ def parse_sets(study: Study, pairs: list[str]) -> dict:
         if not sep or not key:
             raise StudyError(f"--set {pair!r}: expected key=value")
         study.resolve_options({key: None})
+        if key in out:  # the last would silently win: a mistyped or doubled flag
+            also = " (--workload is --set workload)" if key == "workload" else ""
+            raise StudyError(f"--set {key}: given twice ({out[key]} and {text}){also}; give it once")
         out[key] = study.options[key].parse(key, text)
     return out
 

@@ -200,6 +200,12 @@ def test_capture_refuses_a_server_folder_it_cannot_join_with_exit_2_naming_it(tm
     Manifest({"source": "inferledger capture"}).write(tmp_path / "cap")
     res = run("--target", "http://127.0.0.1:9", "--server", str(tmp_path / "cap"))
     assert res.exit_code == 2 and "not of `inferledger serve --out`" in res.output
+    res = run("--target", "http://127.0.0.1:9", "--server", str(tmp_path / "cap" / "manifest.json"))
+    assert res.exit_code == 2 and "manifest.json: a file, not a `serve --out` folder" in res.output
+    Manifest({"run_id": "imported"}).write(tmp_path / "imp")  # a run folder of no command: said so, never "None"
+    res = run("--target", "http://127.0.0.1:9", "--server", str(tmp_path / "imp"))
+    assert res.exit_code == 2 and f"{tmp_path / 'imp'}: a run that names no source (an import?), not of" in res.output
+    assert "None" not in res.output
     Manifest({"source": "inferledger serve"}).write(tmp_path / "srv")
     res = run("--server", str(tmp_path / "srv"))
     assert res.exit_code == 2 and "give its URL as --target" in res.output

@@ -225,3 +225,23 @@ def test_sigint_while_the_model_loads_leaves_no_run_and_exits_130(tmp_path):
     assert proc.returncode == 130, output
     assert "interrupted (SIGINT) while preparing: nothing was recorded" in output and "Traceback" not in output
     assert not out.exists()
+
+
+def test_a_url_target_nothing_listens_on_is_refused_saying_so_and_naming_the_folder_left(tmp_path):
+    import socket
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["capture", "--target", f"http://127.0.0.1:{port}", "--num-prompts", "2", "-o", str(out),
+                                   "--no-microbench"])
+    flat = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"error: http://127.0.0.1:{port}: cannot connect (" in flat, res.output
+    assert "is the server running there?" in flat and "did not name a model" not in flat
+    assert f"the run folder {out} keeps what was recorded before the error (manifest state 'interrupted')" in flat
+    assert json.loads((out / "manifest.json").read_text())["state"] == "interrupted"

@@ -88,6 +88,8 @@ def test_replica_and_router_metrics_refusals_name_the_flag_with_exit_2(tmp_path)
     assert res.exit_code == 2 and "KIND 'gpu' is not one of" in res.output
     res = run("--target", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:7", "--replica", "http://127.0.0.1:7=vllm")
     assert res.exit_code == 2 and "127.0.0.1:7 is already a replica" in res.output
+    res = run("--target", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:9/=vllm")  # the router itself
+    assert res.exit_code == 2 and "127.0.0.1:9 is --target, the router; a replica is a server behind it" in res.output
     res = run("--target", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:7=llamacpp", "--otlp-port", "0")
     assert res.exit_code == 2 and "exactly one vLLM replica" in res.output
     res = run("-w", str(_workload(tmp_path, 'replicas = ["http://127.0.0.1:7=vllm"]\n')))

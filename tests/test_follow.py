@@ -188,6 +188,23 @@ def test_summary_follow_prints_one_json_object_per_rebuild_and_reconstruct_one_c
     assert row.startswith("1,True,False,")
 
 
+def test_a_capture_killed_before_its_first_flush_is_said_to_be_perhaps_killed_too(recorded, tmp_path):
+    run = tmp_path / "run"
+    start_run(recorded, run)  # recording, no part ever flushed
+    said, looks = [], []
+
+    def look_again(seconds):
+        time.sleep(seconds)
+        looks.append(seconds)
+        if len(looks) == 12:
+            set_state(run, "interrupted")
+
+    with pytest.raises(RunDirError, match="no event parts"):  # declared over with nothing recorded: refused
+        follow(run, following=FollowOptions(every_s=0.05, silent_s=0.3), say=said.append, sleep=look_again)
+    assert said[0] == f"{run}: recording, no events flushed yet; waiting for the first part"
+    assert len([line for line in said if "may have been killed" in line]) == 1, said
+
+
 @pytest.mark.parametrize("args, message", [
     (["--engine", "ray"], "--follow: the Ray engine needs a partitioned run"),
     (["--out", "x.duckdb", "--every", "0"], "--every"),
@@ -196,6 +213,22 @@ def test_follow_refusals_exit_2(tmp_path, args, message):
     (tmp_path / "run").mkdir()
     res = CliRunner().invoke(app, ["reconstruct", str(tmp_path / "run"), "--follow", *args])
     assert res.exit_code == 2 and message in res.output
+
+
+@pytest.mark.parametrize("command", ["reconstruct", "summary"])
+@pytest.mark.parametrize("every", ["1e12", "inf", "nan", "-1"])  # 1e12 s overflowed sleep: a traceback
+def test_every_past_its_range_exits_2_naming_it(tmp_path, command, every):
+    (tmp_path / "run").mkdir()
+    res = CliRunner().invoke(app, [command, str(tmp_path / "run"), "--follow", "--every", every])
+    assert res.exit_code == 2 and "Invalid value for '--every'" in res.output, res.output
+
+
+def test_a_file_named_as_the_run_folder_is_refused_at_once_not_waited_for(tmp_path):
+    (tmp_path / "ledger.duckdb").write_bytes(b"")
+    t0 = time.monotonic()
+    with pytest.raises(RunDirError, match=r"ledger.duckdb: a file, not a run folder"):
+        follow(tmp_path / "ledger.duckdb", following=FollowOptions(every_s=0.05, wait_s=30.0))
+    assert time.monotonic() - t0 < 5.0
 
 
 @pytest.mark.slow  # the command in a process of its own

@@ -120,3 +120,14 @@ def test_a_ledger_written_under_a_name_no_reader_knows_is_refused_before_the_reb
     import_archive(Path(__file__).resolve().parent.parent / "samples" / "e0" / "r1_sample_b0" / "archive.jsonl", run)
     res = _cli("reconstruct", run, "-o", places / "built.duckdb")
     assert res.exit_code == 0 and (places / "built.duckdb").is_file(), res.output
+
+
+def test_reconstruct_writes_its_ledger_into_a_folder_it_creates(tmp_path):
+    """--out in a folder that does not exist yet passes the check (it can be created): the build creates it."""
+    from inferledger.collectors.rundir.e0_import import import_archive
+
+    import_archive(Path(__file__).resolve().parent.parent / "samples" / "e0" / "black_box" / "archive.jsonl", tmp_path / "run")
+    out = tmp_path / "new" / "sub" / "x.duckdb"
+    res = _cli("reconstruct", tmp_path / "run", "-o", out)
+    assert res.exit_code == 0, res.output
+    assert out.is_file() and sorted(p.name for p in out.parent.iterdir()) == ["x.duckdb"]

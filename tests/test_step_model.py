@@ -214,6 +214,54 @@ def test_fit_cli_prints_the_transfer_as_one_json_object_and_refuses_a_run_withou
     assert bad.exit_code == 2 and "--test" in bad.output and "no ledger" in bad.output
 
 
+def test_fit_cli_names_a_stale_broken_or_stepless_ledger_and_notes_an_in_sample_or_extrapolated_test(tmp_path):
+    """A ledger other ledger code built may count its steps another way: its fit would be silently another's."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.probes.run_folder import StudyIndex
+
+    manifest = {"run_id": "a", "model": {"architecture": SMOL_ARCH, "dtype": BF16}, "device_params": BENCH}
+    build_run(tmp_path / "a", _step_events(_steps((1, 2, 4), (32, 256))), domains=("e",), manifest=manifest).close()
+    for name in ("old", "broken"):
+        shutil.copytree(tmp_path / "a", tmp_path / name)
+    with duckdb.connect(str(tmp_path / "old" / "ledger.duckdb")) as con:
+        con.execute("UPDATE ledger_build SET inferledger_version = '0.0.1', modules_sha256 = '0123456789abcdef'")
+    (tmp_path / "broken" / "ledger.duckdb").write_bytes(b"not a ledger")
+    build_run(tmp_path / "none", [{"name": "mem.returned", "source": "engine", "clock": "e", "ms": 1, "value": 4096,
+                                   "request_id": None, "attempt_id": None}],  # no engine step
+              domains=("e",), manifest={**manifest, "run_id": "none"}).close()
+    runner = CliRunner()
+    same = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "a")])
+    assert same.exit_code == 0 and "is TRAIN itself: the errors below include the steps the fit trained on" in \
+        " ".join(same.stderr.split())
+    StudyIndex({"format": 1, "name": "s", "question": "q", "knob": "k", "state": "complete",
+                "runs": [{"name": "a", "dir": "runs/a", "knob": {"x": 1}}]}).write(tmp_path / "study")
+    study = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "study")])
+    assert study.exit_code == 2 and f"--test {tmp_path / 'study'}: a study folder; name one of its runs" in \
+        " ".join(study.output.split()), study.output
+    assert "lie outside the shapes" not in same.stderr
+    build_run(tmp_path / "wide", _step_events(_steps((8,), (2048,)) + _steps((2,), (64,))), domains=("e",),
+              manifest={**manifest, "run_id": "wide"}).close()
+    wide = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "wide"), "--format", "csv"])
+    assert wide.exit_code == 0 and wide.stdout.startswith("against,kind,")  # the note is on stderr, not in the csv
+    assert f"note: 1 of the 2 steps of --test {tmp_path / 'wide'} lie outside the shapes TRAIN's fit was trained on " \
+           "(num_seqs 1–4, tokens 1–4, context_tokens 32–" in " ".join(wide.stderr.split()), wide.stderr
+    none = runner.invoke(app, ["fit", str(tmp_path / "none"), "--test", str(tmp_path / "a")])
+    assert none.exit_code == 2 and f"TRAIN {tmp_path / 'none'}: no engine step with a shape and a measured time to " \
+        "train on" in " ".join(none.output.split()), none.output
+    for args, line in (([str(tmp_path / "a"), "--test", str(tmp_path / "old")],
+                        f"{tmp_path / 'old' / 'ledger.duckdb'}: built by other ledger code (inferledger 0.0.1, "
+                        f"modules 0123456789ab against these"),
+                       ([str(tmp_path / "old"), "--test", str(tmp_path / "a")], f"{tmp_path / 'old' / 'ledger.duckdb'}: built by"),
+                       ([str(tmp_path / "a"), "--test", str(tmp_path / "broken")],
+                        f"--test cannot open {tmp_path / 'broken' / 'ledger.duckdb'}")):
+        got = runner.invoke(app, ["fit", *args])
+        assert got.exit_code == 2 and line in " ".join(got.output.split()), got.output
+
+
 def test_a_step_faster_than_its_bound_is_a_gap_row_naming_the_roof(tmp_path):
     """Roofs declared far too low: a decode step's bound is its ~269 MB of weights at 1 GB/s (~269 ms); the
     5 ms steps beat it, and each is a gap row naming the roof and by how much, never silently."""

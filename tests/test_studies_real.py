@@ -6,6 +6,7 @@ triple their time."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -328,6 +329,20 @@ def test_fidelity_refuses_a_bad_workload_file_by_file_and_key_before_loading_any
     (tmp_path / "a-file").write_text("")  # the output is checked first
     res = CliRunner().invoke(app, ["study", "fidelity", "-o", str(tmp_path / "a-file"), "--workload", str(bad)])
     assert res.exit_code == 2 and "--out" in res.output and "backof_ms" not in res.output, res.output
+
+
+def test_fidelity_refuses_a_workload_past_the_models_context_before_the_model_loads(tmp_path, monkeypatch):
+    import inferledger.engine.loader as loader
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the workload was checked")
+    monkeypatch.setattr(loader, "load_model", no_load)
+    book = Path(__file__).resolve().parent.parent / "samples" / "workloads" / "book.toml"  # a class of 8192 tokens
+    for args, flag in ((["--set", f"calibration={book}"], "--set calibration"), (["--workload", str(book)], "--workload")):
+        res = CliRunner().invoke(app, ["study", "fidelity", "-o", str(tmp_path / "s"), *args])
+        assert res.exit_code == 2, res.output
+        assert f"{flag}" in res.output and "exceeds the model's context of 8192 tokens" in " ".join(res.output.split())
+        assert not (tmp_path / "s").exists()
 
 
 def test_the_fitted_step_model_adds_the_host_gap_to_the_predicted_step():

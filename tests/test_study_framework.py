@@ -84,6 +84,8 @@ def test_options_and_folders_are_checked_before_anything_runs(tmp_path):
         parse_sets(study, ["scale=x"])
     with pytest.raises(StudyError, match="expected key=value"):
         parse_sets(study, ["scale"])
+    with pytest.raises(StudyError, match=r"--set scale: given twice \(3 and 4\); give it once"):  # never the last silently
+        parse_sets(study, ["scale=3", "scale=4"])
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(StudyError, match="not empty"):

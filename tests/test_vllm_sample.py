@@ -110,3 +110,38 @@ def test_readme_key_figures_are_the_ledgers(led):
     assert f"client {int(p50[0]):,} /" in readme and f"server {int(p50[1]):,} /" in readme
     causes = dict(led[0].rows("select dominant_cause, count(*) from slo_misses group by 1")[1])
     assert f"decode {causes['decode']}, prefill {causes['prefill']}" in readme
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "client" / "gaps.parquet").unlink(), "a damaged recording: no client/gaps.parquet"),
+    (lambda d: (d / "manifest.json").unlink(), "a damaged recording: no manifest.json"),
+    (lambda d: (d / "otlp" / "traces.jsonl").unlink(),
+     "no otlp/traces.jsonl (the manifest's engine_evidence.otlp recorded spans)"),
+    (lambda d: (d / "scrapes" / "metrics.jsonl.gz").write_bytes((SAMPLE / "scrapes" / "metrics.jsonl.gz").read_bytes()[:3000]),
+     "metrics.jsonl.gz: cannot be read whole"),
+    (lambda d: _cut_scrape_line(d / "scrapes" / "metrics.jsonl.gz", 5), "metrics.jsonl.gz:6: not a scrape"),
+    (lambda d: (d / "client" / "clocks.parquet").write_bytes((SAMPLE / "client" / "clocks.parquet").read_bytes()[:500]),
+     "client/clocks.parquet: not a whole parquet table"),
+])
+def test_a_damaged_recording_is_refused_naming_its_file_and_nothing_is_written(tmp_path, damage, message):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    sample = tmp_path / "sample"
+    shutil.copytree(SAMPLE, sample)
+    damage(sample)
+    res = CliRunner().invoke(app, ["import", "--from", "vllm-recording", str(sample), "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2 and message in " ".join(res.output.split()), res.output
+    assert not (tmp_path / "run").exists()
+
+
+def _cut_scrape_line(path: Path, index: int) -> None:
+    import gzip
+
+    lines = gzip.open(path, "rt").read().splitlines()
+    lines[index] = lines[index][:100]
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(lines) + "\n")

@@ -69,15 +69,19 @@ def resolve(flags: DeploymentFlags, deployment) -> DeploymentFlags:
         replicas=tuple(flags.replicas) or tuple(d.replicas if d is not None else ()))
 
 
-def check_replicas(texts, server_urls: dict[str, str], otlp: bool) -> tuple[ReplicaSpec, ...]:
-    """The --replica values parsed and checked against each other and the --server folders' own addresses
-    (`server_urls`: URL -> server id); FlagError names the flag."""
+def check_replicas(texts, server_urls: dict[str, str], otlp: bool, target: str | None = None) -> tuple[ReplicaSpec, ...]:
+    """The --replica values parsed and checked against each other, the --server folders' own addresses
+    (`server_urls`: URL -> server id) and the router (`target`: a replica is behind it, never it); FlagError
+    names the flag."""
     specs, seen = [], {worker_key(u): f"--server {sid}" for u, sid in server_urls.items()}
     for text in texts:
         try:
             spec = ReplicaSpec.parse(text)
         except ValueError as exc:
             raise FlagError("--replica", str(exc)) from None
+        if target is not None and spec.replica_id == worker_key(target):
+            raise FlagError("--replica", f"{text!r}: {spec.replica_id} is --target, the router; a replica is a "
+                                         "server behind it (its own URL)")
         if spec.replica_id in seen:
             raise FlagError("--replica", f"{text!r}: {spec.replica_id} is already a replica "
                                          f"({seen[spec.replica_id]}); declare each replica once")

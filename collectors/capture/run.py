@@ -191,7 +191,7 @@ def _check_replicas(options: CaptureOptions, servers: list) -> None:
 
     check_replicas([f"{r.url}={r.kind}" for r in options.replicas],
                    {u: f.server_id for f in servers if (u := f.own_url(options.target))},
-                   options.evidence.otlp_port is not None)
+                   options.evidence.otlp_port is not None, options.target)
 
 
 def _served_context(wl: Workload, options: CaptureOptions, bundle) -> tuple[int | None, str]:

@@ -126,6 +126,8 @@ def check_server_folders(paths) -> list[ServerFolder]:
     folders, seen, ids = [], set(), Counter()
     for p in paths:
         path = Path(p)
+        if path.is_file():
+            raise ServerFolderError(f"{path}: a file, not a `serve --out` folder; pass the folder the server writes")
         if not Manifest.exists(path):
             raise ServerFolderError(f"{path}: not a `serve --out` folder (no run manifest there); start the server "
                                     f"with `inferledger serve --out {path}` and pass that folder")
@@ -134,8 +136,8 @@ def check_server_folders(paths) -> list[ServerFolder]:
         except RunFolderError as exc:
             raise ServerFolderError(f"{exc}: the --server folder's manifest is damaged") from None
         if manifest.get("source") != SERVE_SOURCE:
-            raise ServerFolderError(f"{path}: a run of {manifest.get('source')!r}, not of `inferledger serve --out`; "
-                                    "pass the folder a server writes")
+            of = f"a run of {manifest['source']!r}" if manifest.get("source") else "a run that names no source (an import?)"
+            raise ServerFolderError(f"{path}: {of}, not of `inferledger serve --out`; pass the folder a server writes")
         if path.resolve() in seen:
             raise ServerFolderError(f"{path}: given twice as --server")
         seen.add(path.resolve())

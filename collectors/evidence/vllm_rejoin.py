@@ -28,7 +28,7 @@ from inferledger.collectors.evidence.otlp_file import read_otlp_file, refused_ga
 from inferledger.collectors.evidence.vllm_spans import map_spans
 from inferledger.collectors.rundir.writer import RunWriter, write_table_atomic
 from inferledger.probes.events import EVENT_SCHEMA, GAP_SCHEMA
-from inferledger.probes.run_folder import MANIFEST_FILE, Manifest
+from inferledger.probes.run_folder import MANIFEST_FILE, Manifest, RunFolderError
 
 CLIENT_SOURCES = ("client", "checker", "tool")
 
@@ -38,6 +38,39 @@ def is_recording(path: str | Path) -> bool:
     path = Path(path)
     return (path / "client" / "events.parquet").is_file() and ((path / "otlp").is_dir() or (path / "scrapes").is_dir()) \
         and not (path / "events").exists()
+
+
+class RecordingError(ValueError):
+    """A recorded sample that cannot be joined again: the message names the file missing or unreadable."""
+
+
+CLIENT_FILES = ("events.parquet", "clocks.parquet", "tasks.parquet", "gaps.parquet")
+
+
+def check_recording(path: str | Path) -> None:
+    """Every file `rejoin` reads, there and readable, before anything is written: the manifest, the client's
+    four tables, and the engine's spans and scrapes where the manifest says the capture recorded them (a
+    sample without them would join as if the engine had reported nothing)."""
+    path = Path(path)
+    if not Manifest.exists(path):
+        raise RecordingError(f"{path}: a damaged recording: no {MANIFEST_FILE} (the run's identity and what it recorded)")
+    try:
+        ev = Manifest.read(path).block("engine_evidence")
+    except RunFolderError as exc:
+        raise RecordingError(str(exc)) from None
+    missing = [f"client/{name}" for name in CLIENT_FILES if not (path / "client" / name).is_file()]
+    if (ev.get("otlp") or {}).get("spans") and not (path / "otlp" / "traces.jsonl").is_file():
+        missing.append("otlp/traces.jsonl (the manifest's engine_evidence.otlp recorded spans)")
+    if (ev.get("metrics") or {}).get("scrapes") and not (path / "scrapes" / "metrics.jsonl.gz").is_file():
+        missing.append("scrapes/metrics.jsonl.gz (the manifest's engine_evidence.metrics recorded scrapes)")
+    if missing:
+        raise RecordingError(f"{path}: a damaged recording: no {', no '.join(missing)}")
+    for name in CLIENT_FILES:  # a table cut short (no footer) is refused here, not copied on or read half
+        try:
+            pq.read_metadata(path / "client" / name)
+        except (pa.ArrowException, OSError) as exc:
+            raise RecordingError(f"{path / 'client' / name}: not a whole parquet table ({exc}): a damaged "
+                                 "recording") from None
 
 
 def record(run_dir: str | Path, sample_dir: str | Path) -> None:
@@ -69,6 +102,28 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
+def _scrapes(path: Path) -> list[dict]:
+    """The recorded scrapes, one object a line; RecordingError naming the file (and line) when the file is
+    cut short or a line is not a scrape."""
+    if not path.exists():
+        return []
+    try:
+        with gzip.open(path, "rt") as f:
+            lines = f.read().splitlines()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise RecordingError(f"{path}: cannot be read whole ({exc}): a damaged recording") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        try:
+            s = json.loads(line)
+            if not isinstance(s.get("values"), dict) or not all(isinstance(s.get(k), int) for k in ("t0_ns", "t1_ns")):
+                raise ValueError("expected an object with values, t0_ns and t1_ns")
+        except (ValueError, AttributeError) as exc:
+            raise RecordingError(f"{path}:{n}: not a scrape ({exc}): a damaged recording") from None
+        out.append(s)
+    return out
+
+
 def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
     """Write run directory `out` from a recorded sample; returns the span join's summary (without spans:
     the attempts and how many carry the engine's per-response timings)."""
@@ -77,6 +132,7 @@ def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
     run_id, host = manifest.run_id, manifest.block("host").get("name")
     ev = manifest.block("engine_evidence")
     engine_clock = (ev.get("spans") or {}).get("clock") or f"wall:{host}"
+    scrapes = _scrapes(sample_dir / "scrapes" / "metrics.jsonl.gz")  # read whole before anything is written
     writer = RunWriter(out, run_id=run_id)
     client = pq.read_table(sample_dir / "client" / "events.parquet").cast(EVENT_SCHEMA)
     for row in client.to_pylist():
@@ -102,13 +158,10 @@ def rejoin(sample_dir: str | Path, out: str | Path) -> dict:
         done = client.filter(pa.compute.equal(client["name"], "attempt.done")).to_pylist()
         summary = {"attempts": len(attempts),
                    "with_timings": sum("server_timings" in json.loads(r["attrs"] or "{}") for r in done)}
-    scrapes = sample_dir / "scrapes" / "metrics.jsonl.gz"
     metrics = ev.get("metrics") or {}
     types, source = metrics.get("types") or {}, metrics.get("source") or SOURCE
-    lines = gzip.open(scrapes, "rt").read().splitlines() if scrapes.exists() else []
-    gaps += scrape_gaps(run_id, _records(sample_dir / "scrapes" / "refused.jsonl"), len(lines))
-    for line in lines:
-        s = json.loads(line)
+    gaps += scrape_gaps(run_id, _records(sample_dir / "scrapes" / "refused.jsonl"), len(scrapes))
+    for s in scrapes:
         for name, value in s["values"].items():
             writer.sample(ts_ns=(s["t0_ns"] + s["t1_ns"]) // 2, clock=s["clock"], source=source,
                           host=host, metric=name, value=value, unit=unit_of(name, types))

@@ -127,6 +127,10 @@ class HTTPTarget:
                                              timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)) as r:
                     data = await r.json(content_type=None)
                     self.model = data["data"][0]["id"]
+            except aiohttp.ClientConnectorError as exc:  # nothing listens there, or the host is unknown
+                await self._session.close()
+                raise ValueError(f"{self.base_url}: cannot connect ({exc.os_error.strerror or exc.os_error}): is "
+                                 "the server running there?") from exc
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
                 await self._session.close()
                 raise ValueError(f"{self.base_url}/v1/models did not name a model ({exc!r}); "
