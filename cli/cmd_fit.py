@@ -93,7 +93,9 @@ def fit_cmd(
     for against, kind, n, med, p90 in rows:
         table.add_row(against, kind, str(n), "—" if med is None else f"{med:.1f}", "—" if p90 is None else f"{p90:.1f}")
     console.print(table)
-    console.print(f"fit: α {fit.alpha_ms:.3f} ms, {fit.ms_per_seq:.3f} ms per sequence, compute efficiency "
+    per_seq = (f"{fit.ms_per_seq:.3f} ms per sequence" if fit.ms_per_seq_known else
+               f"per sequence unknown (every training step had {fit.covered['num_seqs'][0]})")
+    console.print(f"fit: α {fit.alpha_ms:.3f} ms, {per_seq}, compute efficiency "
                   f"{fit.compute_efficiency:.3g} on {fit.rates['compute_tflops']:.4g} TFLOP/s and "
                   f"{fit.rates['memory_gbps']:.4g} GB/s ({fit.rates['source']}), KV bytes read {fit.kv_factor:.3g} "
                   f"times over, {fit.ms_per_wait_ms:.3g} ms on a CPU per ms waited for one")

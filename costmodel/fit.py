@@ -187,7 +187,10 @@ class StepFit:
                                                      ms_per_mb / 1e6]
         y = np.array([p.measured_ms for p in train])
         wait = np.array([p.wait_ms or 0.0 for p in train])
-        cols = [np.ones(len(train)), np.array([p.num_seqs for p in train], dtype=float)]
+        seqs = np.array([p.num_seqs for p in train], dtype=float)
+        # one batch size among the training steps: a sequence's cost cannot be told from the step's (the two
+        # columns are one), so it is held at 0 and reported unknown (ms_per_seq_known), never as a fitted 0
+        cols = [np.ones(len(train)), seqs if len(set(seqs)) > 1 else np.zeros(len(train))]
         seen = wait.sum() >= WAIT_EVIDENCE * y.sum()  # a co-tenant was there: κ is seen, else held at 0
         uncontended = None  # each step's predicted time without its wait: the cap on the wait that costs
         for _ in range(CAP_ROUNDS if seen else 1):
@@ -222,6 +225,18 @@ class StepFit:
                     "ms_per_gflop = compute_efficiency / the measured matmul rate, ms_per_mb = 1 / the measured "
                     "memory rate")
         return "alpha_ms + ms_per_gflop × GFLOP + ms_per_mb × MB of the step's work (costmodel.work)"
+
+    @property
+    def ms_per_seq_known(self) -> bool:
+        """Whether ms_per_seq was fitted: the training steps had more than one batch size (else it is held at 0
+        and α carries the sequences' cost at the one batch size they had)."""
+        lo, hi = self.covered.get("num_seqs", (None, None))
+        return lo is not None and lo < hi
+
+    @property
+    def ms_per_seq_reported(self) -> float | None:
+        """ms_per_seq where it was fitted, else None (unknown)."""
+        return self.ms_per_seq if self.ms_per_seq_known else None
 
     def predict_gap_ms(self, num_seqs: int) -> float | None:
         if self.gap_alpha_ms is None:

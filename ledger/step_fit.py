@@ -28,7 +28,7 @@ STEP_FIT_POINTS = StageTable("step_fit_points", (("step_id", pa.int64()), ("spli
                                             ("error_pct", pa.float64()), ("extrapolated", pa.bool_())),
                         order="step_id")
 # @gaps: too few engine steps of known shape to fit; no measured rates to hold the fit's physics at (held at
-#   the rates its own steps reached)
+#   the rates its own steps reached); training steps of one batch size (ms_per_seq unknown, held at 0)
 GAPS = gap_table("step_fit")
 
 # The steps a fit sees: a measured time and a shape, and not simulated ones, nor steps whose time holds
@@ -140,7 +140,12 @@ def build(con, run) -> None:
                          f"no measured rates to hold the step's work at ({why}): the fit holds the highest "
                          "rates a training step reached, a lower bound of the device's"))
     if fit is not None:
-        params = [("alpha_ms", fit.alpha_ms, "ms"), ("ms_per_seq", fit.ms_per_seq, "ms"),
+        if not fit.ms_per_seq_known:
+            n = fit.covered.get("num_seqs", [None])[0]
+            gaps.append(("run", None, "step_fit ms_per_seq", "training steps of more than one batch size",
+                         f"every training step had {n} sequence(s): the cost of one more sequence cannot be told "
+                         "from the step's own (alpha_ms carries it at that batch size); held at 0 in predictions"))
+        params = [("alpha_ms", fit.alpha_ms, "ms"), ("ms_per_seq", fit.ms_per_seq_reported, "ms"),
                   ("compute_efficiency", fit.compute_efficiency, "×"), ("p_eff_tflops", fit.p_eff_tflops, "TFLOP/s"),
                   ("b_eff_gbps", fit.b_eff_gbps, "GB/s"), ("kv_factor", fit.kv_factor, "×"),
                   ("ms_per_wait_ms", fit.ms_per_wait_ms, "ms/ms"),

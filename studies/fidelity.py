@@ -479,12 +479,19 @@ def compare(runs: StudyRuns) -> list[Table]:
                   f"the sim's steps last what the fit predicts (trained on {fit['n_train']} steps of run fit, held-out "
                   f"median error {_pct(fit['held_out_median_abs_pct'])}), plus its host time between steps"),
             Table("fit", "the step fit the simulation used, and how it does on run real's steps",
-                  list(FIT_COLUMNS) + list(ON_REAL), [[fit.get(k) for k in FIT_COLUMNS] + on_real(fit, runs.dirs["real"])],
+                  list(FIT_COLUMNS) + list(ON_REAL), [[_fit_value(fit, k) for k in FIT_COLUMNS] + on_real(fit, runs.dirs["real"])],
                   "held_out_*: its |error| on run fit's held-out step shapes; real_*: on every step of run real "
                   "(`inferledger fit FIT --test REAL`: a diagnosis after the fact, the simulation never sees them), "
                   "real_extrapolated_steps of them outside the fit's covered batch sizes, tokens or context. "
                   "real_* large against held_out_*: the fit does not transfer (run real's shapes, or the host "
                   "between the two runs); both small while the figures miss: the replay")]
+
+
+def _fit_value(fit: dict, key: str):
+    """A column of the fit table: ms_per_seq unknown (None) where the fit held it (StepFit.ms_per_seq_known)."""
+    if key == "ms_per_seq":
+        return StepFit.from_dict(fit).ms_per_seq_reported
+    return fit.get(key)
 
 
 FIT_COLUMNS = ("alpha_ms", "ms_per_gflop", "ms_per_mb", "gap_alpha_ms", "gap_ms_per_seq", "n_train", "n_held_out",

@@ -351,6 +351,25 @@ def test_a_decode_sequences_context_costs_its_kv_bytes_times_the_fitted_kv_facto
     assert StepFit.from_dict(old).predict_ms(one) == pytest.approx(19.5653312 - 3 * 0.768768, rel=1e-9)
 
 
+def test_trained_on_one_batch_size_a_sequences_cost_is_unknown_not_a_fitted_zero():
+    """The steps of the test above at one sequence each: α and a_seq · 1 are one column, so the fit cannot
+    tell them apart. a_seq is held at 0 and reported unknown, never as a fitted 0 ms per sequence (before,
+    the two columns split the cost between them, each shown as fitted); a step at that batch size is still
+    predicted within 0.5 % of its 19.5653312 ms (on decodes of one size e and k trade places: the fit keeps
+    the pair closest to the measured rates among those within 0.1 % of the best)."""
+    def true_ms(w):
+        kv = w.kv_read_bytes + w.kv_write_bytes
+        return 6.0 + 1.5 * w.num_seqs + (w.bytes - kv) / 30e6 + 4.0 * kv / 30e6
+
+    points = [FitPoint.of(w, true_ms(w)) for w in (step_work(SMOL, [StepRow("decode", 1, ctx)])
+                                                   for ctx in (16, 64, 256, 1024, 3000, 5000))]
+    fit = StepFit.fit(points, HOST)
+    assert fit.ms_per_seq == 0.0 and not fit.ms_per_seq_known and fit.ms_per_seq_reported is None
+    one = step_work(SMOL, [StepRow("decode", 1, 1000)])
+    assert fit.predict_ms(one) == pytest.approx(19.5653312, rel=5e-3)
+    assert StepFit.from_dict(fit.to_dict()).ms_per_seq_reported is None
+
+
 def test_a_steps_wait_for_a_cpu_costs_it_on_cpu_time_kappa_fitted_only_where_seen():
     """On a host with co-tenants a step that waited W ms for a CPU also ran longer on one (caches and
     prefetch refilled after each preemption): cpu_ms = the work T_0 + κ · min(W, T_0), the wait counted up

@@ -93,7 +93,9 @@ class FittedStepModel:
                 "parameters": {"alpha_ms": {"value": f.alpha_ms, "unit": "ms", "source": source},
                                "ms_per_gflop": {"value": f.ms_per_gflop, "unit": "ms/GFLOP", "source": source},
                                "ms_per_mb": {"value": f.ms_per_mb, "unit": "ms/MB", "source": source},
-                               "ms_per_seq": {"value": f.ms_per_seq, "unit": "ms", "source": source},
+                               "ms_per_seq": {"value": f.ms_per_seq_reported, "unit": "ms",
+                                              "source": source if f.ms_per_seq_known else
+                                              "unknown: one batch size in training; held at 0"},
                                "kv_factor": {"value": f.kv_factor, "unit": "×", "source": source},
                                "gap_alpha_ms": {"value": f.gap_alpha_ms, "unit": "ms", "source": source},
                                "gap_ms_per_seq": {"value": f.gap_ms_per_seq, "unit": "ms", "source": source}},
