@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 
 SOURCES = sorted((Path(__file__).resolve().parent / "csrc").glob("*.cpp"))
+HEADERS = sorted((Path(__file__).resolve().parent / "csrc").glob("*.h"))  # in the build's key: a changed header rebuilds
 # engine/csrc/linear.cpp MAX_ROWS; with the limit lifted, at 32 rows the BLAS's GEMM was faster for 2 of the model's 4
 # matrix shapes on the Zen 3 (0.90-1.23x), at 64 for 3 of 4 (0.83-1.25x); to 16 the kernel was 1.02-2.1x faster
 GEMV_MAX_ROWS = 16
@@ -86,7 +87,7 @@ def _command(cxx: str, out: Path) -> list[str]:
 def library_path(cxx: str) -> Path:
     """Where the build for these sources, torch, compiler and CPU lives."""
     key = hashlib.sha256()
-    for part in (*(p.read_bytes() for p in SOURCES), torch.__version__.encode(), cxx.encode(), _cpu_flags().encode(),
+    for part in (*(p.read_bytes() for p in SOURCES + HEADERS), torch.__version__.encode(), cxx.encode(), _cpu_flags().encode(),
                  sys.platform.encode()):
         key.update(part)
     return cache_dir() / f"inferledger_cpu-{key.hexdigest()[:16]}.so"

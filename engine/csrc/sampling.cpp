@@ -2,7 +2,7 @@
 // tempered distribution (no top-k, no top-p, nothing masked), in place of a softmax, a float64 cumulative
 // sum and a search per row in torch (about 0.12 ms a row over a 49,152-token vocabulary on one core).
 //
-// Row r's weights are exp((x_i - max) / T_r) (fp32, the vector exp_neg of paged_attention.cpp), summed in
+// Row r's weights are exp((x_i - max) / T_r) (fp32, the vector exp_neg of exp_neg.h), summed in
 // blocks of BLOCK tokens; u_r (drawn by the caller from the row's own generator, so a seed reproduces a
 // draw whatever else shares the batch) picks the first token whose cumulative weight exceeds u_r times the
 // total: the blocks' sums find its block, one walk of that block finds the token. A token of weight zero
@@ -18,26 +18,11 @@
 #include <limits>
 #include <vector>
 
+#include "exp_neg.h"
+
 namespace {
 
-// exp(x) for x <= 0 (as engine/csrc/paged_attention.cpp's, which explains it): relative error under 2e-7
-inline float exp_neg(float x) {
-  const float lo = -87.0f;
-  const float xc = x < lo ? lo : x;
-  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  __builtin_memcpy(&two_n, &bits, sizeof two_n);
-  return x < lo ? 0.0f : p * two_n;
-}
+using inferledger_cpu_math::exp_neg;  // exp(x) for x <= 0 (exp_neg.h): relative error under 2e-7
 
 constexpr int64_t BLOCK = 512;
 
