@@ -2,6 +2,7 @@
 refusals, its waits on stderr and Ctrl-C as every command ends on it."""
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import typer
@@ -36,14 +37,21 @@ def follow_run(run_dir: str | Path, every_s: float, on_refresh, *, options=None,
     from inferledger.probes.run_dir import PartError
     from inferledger.probes.run_folder import RunFolderError
 
+    from inferledger.collectors.capture.interrupt import sigterm_like_sigint
+
+    got = {"signum": None}
     try:
-        return follow(run_dir, options or BuildOptions(), FollowOptions(every_s=every_s), out=out,
-                      on_refresh=on_refresh, say=lambda line: typer.echo(line, err=True))
+        # SIGINT taken whatever the process inherited (a background job starts with it ignored) and SIGTERM
+        # stopping it the same way: the rebuild under way removed, the last ledger whole
+        with sigterm_like_sigint() as got:
+            return follow(run_dir, options or BuildOptions(), FollowOptions(every_s=every_s), out=out,
+                          on_refresh=on_refresh, say=lambda line: typer.echo(line, err=True))
     except (RunDirError, SizeError, RunFolderError, PartError) as exc:
         fail(f"error: {exc}")
     except KeyboardInterrupt:
-        fail(f"interrupted: stopped following {run_dir}; the last ledger built is whole and in place (a "
-             f"rebuild under way was removed)", 130)
+        term = got["signum"] == signal.SIGTERM
+        fail(f"{'terminated (SIGTERM)' if term else 'interrupted'}: stopped following {run_dir}; the last "
+             f"ledger built is whole and in place (a rebuild under way was removed)", 143 if term else 130)
 
 
 def refresh_record(r) -> dict:

@@ -37,8 +37,11 @@
 -- @column attempted_rps: attempts sent (attempt.sent) per second of the window: Little's λ
 -- @column arrival_rps: attempted_rps, under its former name
 -- @column mean_time_in_system_s: mean client_span_ms over the attempts with a client terminal, s: Little's W
--- @column little_rel_err: |mean_in_system − attempted_rps × mean_time_in_system_s| / mean_in_system: two
---   independent measurements of one law
+-- @column little_rel_err: |mean_in_system − attempted_rps × mean_time_in_system_s| / mean_in_system: L from
+--   the in-flight attempts' time, λ from the sends, W from the spans that ended. On a window that holds every
+--   attempt whole they are one sum (Little's law is then an identity), so this is a bookkeeping check: it
+--   is non-zero for attempts clipped at the window's edges, sent but never ended, or counted in one and not
+--   the other
 -- @column planned_arrivals: tasks with an arrival.planned event
 -- @column engine_busy_s: Σ engine step time (step.start → step.end), s
 -- @column engine_s_per_good: engine_busy_s / n_good

@@ -232,23 +232,29 @@ def test_a_file_named_as_the_run_folder_is_refused_at_once_not_waited_for(tmp_pa
 
 
 @pytest.mark.slow  # the command in a process of its own
-def test_ctrl_c_leaves_the_last_ledger_whole_and_exits_130(recorded, tmp_path):
+@pytest.mark.parametrize("signum, code, said", [(signal.SIGINT, 130, "interrupted: stopped following"),
+                                                (signal.SIGTERM, 143, "terminated (SIGTERM): stopped following")])
+def test_ctrl_c_leaves_the_last_ledger_whole_and_exits_130(recorded, tmp_path, signum, code, said):
+    """Started as a background job is (SIGINT ignored: `cmd &` in a script), `--follow` still stops on
+    `kill -INT`, and on SIGTERM, as Ctrl-C stops it: the last ledger whole, no rebuild left behind."""
     run = tmp_path / "run"
     start_run(recorded, run)
     flush(recorded, run, 0)
     flush(recorded, run, 1)
     cli = Path(sys.executable).with_name("inferledger")
     proc = subprocess.Popen([str(cli), "reconstruct", str(run), "--follow", "--every", "0.1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         first = proc.stdout.readline()  # the first rebuild is in place
         assert first.startswith("refresh 1 (recording"), first
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and "interrupted: stopped following" in err
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and said in err
+    assert not list(run.glob(".ledger.duckdb.tmp-*"))
     fresh = reconstruct(run, BuildOptions(live=True), out=tmp_path / "fresh.duckdb")  # the same files, still recording
     assert ledger_differences(run / "ledger.duckdb", fresh.path) == []
 

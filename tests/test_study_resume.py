@@ -258,9 +258,16 @@ def test_ctrl_c_inside_a_ledger_statement_is_given_back_as_an_interrupt(tmp_path
                         "SELECT 1")
         return real(con, module, run_files, profile)
     monkeypatch.setattr(stages, "_run_module", slow_first)
+    # Ctrl-C as a terminal delivers it, whatever this test process inherited
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        reconstruct(run)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            reconstruct(run)
+    finally:
+        signal.signal(signal.SIGINT, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     assert time.monotonic() - t0 < 60
     assert [k.wait(timeout=60) for k in killers] == [0]
     assert not (run / "ledger.duckdb").exists() and not list(run.glob(".ledger.duckdb.tmp-*"))
