@@ -56,7 +56,7 @@ def reconstruct_cmd(
     from inferledger.cli.output import console, echo_sections, fail
 
     if out is not None:  # before anything is read
-        check_output(out, "--out")
+        check_output(out, "--out", example="ledger.duckdb")
         if Path(out).suffix != ".duckdb":  # query, report and summary know a ledger file by its suffix
             fail(f"error: --out {out}: a ledger file's name ends in .duckdb (e.g. {Path(out).with_suffix('.duckdb')})")
     from inferledger.cli.progress import progress_bar

@@ -34,7 +34,7 @@ def report_cmd(
     if detail < 1:
         raise typer.BadParameter("needs at least 1 row", param_hint="--detail")
     if out is not None:
-        check_output(out, "--out")
+        check_output(out, "--out", example="report.html")
     from inferledger.probes.study_dir import is_study_dir
 
     try:

@@ -35,16 +35,19 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def check_output(path, flag: str, *, folder: bool = False, existing: bool = False) -> None:
+def check_output(path, flag: str, *, folder: bool = False, existing: bool = False, example: str = "out.json") -> None:
     """Exit 2 naming `flag` and the reason unless `path` can be written (a file, with `folder` a new or
     empty folder, with `existing` a folder that exists, to continue): every command that writes checks
-    this before it loads anything."""
+    this before it loads anything. `example`: a file name the command takes, offered when `path` is a
+    folder."""
     from inferledger.collectors.rundir.out_dir import (OutDirError, check_existing_folder, check_new_folder,
                                                         check_out_file)
 
-    check = check_existing_folder if existing else check_new_folder if folder else check_out_file
     try:
-        check(path, flag)
+        if existing or folder:
+            (check_existing_folder if existing else check_new_folder)(path, flag)
+        else:
+            check_out_file(path, flag, example)
     except OutDirError as exc:
         fail(f"error: {exc}")
 

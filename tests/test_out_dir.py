@@ -85,6 +85,9 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_any_work(places
     res = _cli(*command(places, places / where))
     why = why.format(t=places)
     assert res.exit_code == 2 and "error: --out" in res.output and why in res.output, res.output
+    if where == "a-folder":  # the name offered is one the command takes
+        name = {"reconstruct": "ledger.duckdb", "report": "report.html"}.get(command(places, "")[0], "out.json")
+        assert f"(e.g. {places / 'a-folder' / name})" in res.output, res.output
     assert "no-such" not in res.output  # the output was checked before the input was even read
     assert sorted(p.name for p in places.iterdir()) == ["a-file", "a-folder"]
 

@@ -67,12 +67,13 @@ def check_existing_folder(out: Path, flag: str) -> None:
     _check_writable(out, flag)
 
 
-def check_out_file(path: Path, flag: str) -> None:
+def check_out_file(path: Path, flag: str, example: str = "out.json") -> None:
     """Raise OutDirError unless `path` can be written as a file: not a folder, its folder creatable
-    and writable (an existing file is replaced)."""
+    and writable (an existing file is replaced); a folder is answered with `example`, a name the command
+    takes, inside it."""
     path = Path(path)
     if path.is_dir():
-        raise OutDirError(f"{flag} {path}: is a folder; give a file name (e.g. {path / 'out.json'})")
+        raise OutDirError(f"{flag} {path}: is a folder; give a file name (e.g. {path / example})")
     if path.exists() and not os.access(path, os.W_OK):
         raise OutDirError(f"{flag} {path}: a file this process cannot write; choose another path")
     _check_writable(path.parent, flag)
