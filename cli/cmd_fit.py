@@ -75,7 +75,7 @@ def fit_cmd(
     if train.resolve() == test.resolve():
         typer.echo(f"note: --test {test} is TRAIN itself: the errors below include the steps the fit trained on "
                    "(they are not held out)", err=True)
-    outside = sum(fit.extrapolated(p.num_seqs, p.tokens, p.context_tokens) for p in points)
+    outside = fit.n_extrapolated(points)
     if outside:
         ranges = ", ".join(f"{k} {lo}–{hi}" for k, (lo, hi) in fit.covered.items())
         typer.echo(f"note: {outside} of the {len(points)} steps of --test {test} lie outside the shapes TRAIN's fit "

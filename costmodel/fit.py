@@ -248,6 +248,10 @@ class StepFit:
         vals = {"num_seqs": num_seqs, "tokens": tokens, "context_tokens": context_tokens}
         return any(not lo <= vals[k] <= hi for k, (lo, hi) in self.covered.items())
 
+    def n_extrapolated(self, points: list[FitPoint]) -> int:
+        """How many of `points` lie outside the training steps' range (`extrapolated`)."""
+        return sum(self.extrapolated(p.num_seqs, p.tokens, p.context_tokens) for p in points)
+
     def abs_errors_pct(self, points: list[FitPoint]) -> list[float]:
         out = (error_pct(self.predict_ms(p), p.measured_ms) for p in points)
         return [abs(e) for e in out if e is not None]

@@ -479,7 +479,7 @@ def compare(runs: StudyRuns) -> list[Table]:
                   f"the sim's steps last what the fit predicts (trained on {fit['n_train']} steps of run fit, held-out "
                   f"median error {_pct(fit['held_out_median_abs_pct'])}), plus its host time between steps"),
             Table("fit", "the step fit the simulation used, and how it does on run real's steps",
-                  list(FIT_COLUMNS) + list(ON_REAL), [[_fit_value(fit, k) for k in FIT_COLUMNS] + on_real(fit, runs.dirs["real"])],
+                  list(FIT_COLUMNS) + list(ON_REAL), [fit_row(fit, runs.dirs["real"])],
                   "held_out_*: its |error| on run fit's held-out step shapes; real_*: on every step of run real "
                   "(`inferledger fit FIT --test REAL`: a diagnosis after the fact, the simulation never sees them), "
                   "real_extrapolated_steps of them outside the fit's covered batch sizes, tokens or context. "
@@ -487,25 +487,22 @@ def compare(runs: StudyRuns) -> list[Table]:
                   "between the two runs); both small while the figures miss: the replay")]
 
 
-def _fit_value(fit: dict, key: str):
-    """A column of the fit table: ms_per_seq unknown (None) where the fit held it (StepFit.ms_per_seq_known)."""
-    if key == "ms_per_seq":
-        return StepFit.from_dict(fit).ms_per_seq_reported
-    return fit.get(key)
-
-
 FIT_COLUMNS = ("alpha_ms", "ms_per_gflop", "ms_per_mb", "gap_alpha_ms", "gap_ms_per_seq", "n_train", "n_held_out",
                "held_out_median_abs_pct", "held_out_p90_abs_pct", "ms_per_seq", "kv_factor")
 ON_REAL = ("real_steps", "real_extrapolated_steps", "real_median_abs_pct", "real_p90_abs_pct")
 
 
-def on_real(fit: dict, real_dir: Path) -> list:
-    """The fit's |error| on run real's steps (ON_REAL's columns; NULL where real has no step it can see)."""
-    step_fit = StepFit.from_dict(fit)
+def fit_row(recorded: dict, real_dir: Path) -> list:
+    """The fit table's row from the fit the sim recorded: FIT_COLUMNS (ms_per_seq unknown, None, where the
+    fit held it) and its |error| on run real's steps (ON_REAL's columns; NULL where real has no step it
+    can see)."""
+    fit = StepFit.from_dict(recorded)
+    values = {**recorded, "ms_per_seq": fit.ms_per_seq_reported}
     points = ledger_fit_points(real_dir)
-    summary = held_out_summary(step_fit, points)
-    outside = sum(step_fit.extrapolated(p.num_seqs, p.tokens, p.context_tokens) for p in points)
-    return [len(points), outside, summary["held_out_median_abs_error_pct"], summary["held_out_p90_abs_error_pct"]]
+    summary = held_out_summary(fit, points)
+    return [values.get(k) for k in FIT_COLUMNS] + [len(points), fit.n_extrapolated(points),
+                                                  summary["held_out_median_abs_error_pct"],
+                                                  summary["held_out_p90_abs_error_pct"]]
 
 
 def _pct(v) -> str:
