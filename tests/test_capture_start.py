@@ -273,4 +273,7 @@ def test_a_dead_router_metrics_url_or_replica_is_refused_naming_its_flag(tmp_pat
         capture_mod.capture(WORKLOAD, out, CaptureOptions(target=listening, router_metrics=f"{dead}/metrics"))
     with pytest.raises(ValueError, match=f"^--replica {dead}: nothing listens at "):
         capture_mod.capture(WORKLOAD, out, CaptureOptions(target=listening, replicas=(ReplicaSpec(dead, "blackbox"),)))
+    entry = ReplicaSpec(dead, "vllm", where="w.toml: [deployment].replicas[0]")  # declared in the workload file
+    with pytest.raises(ValueError, match=fr"^w\.toml: \[deployment\]\.replicas\[0\]: {dead}: nothing listens at "):
+        capture_mod.capture(WORKLOAD, out, CaptureOptions(target=listening, replicas=(entry,)))
     assert not out.exists()

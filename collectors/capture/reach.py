@@ -36,8 +36,9 @@ def unreachable(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
 
 
 def check_listening(urls: list[tuple[str, str]], timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """Each (flag, url) connected to in turn; ValueError names the first flag and URL nothing listens on."""
+    """Each (flag, url) connected to in turn; ValueError names the first flag (or a workload file's key: `file:
+    key`) and URL nothing listens on."""
     for flag, url in urls:
         if (why := unreachable(url, timeout_s)) is not None:
-            raise ValueError(f"{flag} {url}: {why}: is the server running there? (checked before the run folder "
-                             "is made: nothing was written)")
+            raise ValueError(f"{flag}{' ' if flag.startswith('--') else ': '}{url}: {why}: is the server running "
+                             "there? (checked before the run folder is made: nothing was written)")

@@ -143,7 +143,7 @@ def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOp
 
         check_listening([("--target", options.target)]
                         + ([("--router-metrics", options.router_metrics)] if options.router_metrics else [])
-                        + [("--replica", r.url) for r in options.replicas])
+                        + [(r.where, r.url) for r in options.replicas])
     # refused before the run folder exists: a bad prediction file, a prompt past the model's context
     given = read_prediction(options.prediction) if options.prediction is not None else None
     context, source = _served_context(wl, options, bundle)
