@@ -263,7 +263,7 @@ def _sweep(ctx: typer.Context, rates: str, out: Path) -> None:
             offered({"rates": rates})
         except StudyError as exc:
             raise typer.BadParameter(str(exc).removeprefix("--set rates="), param_hint="--sweep") from None
-        options = parse_sets(study, [f"rates={rates}", f"target={target or 'embedded'}",
+        options = parse_sets(study, [f"rates={rates}", f"target={'embedded' if target is None else target}",
                                      *(f"server={s}" for s in servers), *([f"seed={seed}"] if seed is not None else [])])
     except StudyError as exc:
         fail(f"error: {exc}")
