@@ -19,7 +19,9 @@ def capture_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
     target: Optional[str] = typer.Option(None, help="'embedded' (serve the bundled engine on loopback; the default "
                                          "unless the workload's \\[deployment] names a router) or the base URL of any "
-                                         "OpenAI-compatible server (black-box: client events only)."),
+                                         "OpenAI-compatible server (black-box: client events only); one nothing "
+                                         "listens on (nor --router-metrics, --replica) is refused before the run "
+                                         "folder exists."),
     separate_clocks: bool = typer.Option(False, help="Give the client its own clock domain and estimate the "
                                          "server's offset by round trips to /clock (as across hosts)."),
     request_rate: Optional[str] = typer.Option(None, "--request-rate", metavar="R|inf", help="Load: requests per "
