@@ -19,7 +19,9 @@ def capture_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="New run directory to write."),
     target: Optional[str] = typer.Option(None, help="'embedded' (serve the bundled engine on loopback; the default "
                                          "unless the workload's \\[deployment] names a router) or the base URL of any "
-                                         "OpenAI-compatible server (black-box: client events only)."),
+                                         "OpenAI-compatible server (black-box: client events only); one nothing "
+                                         "listens on (nor --router-metrics, --replica) is refused before the run "
+                                         "folder exists."),
     separate_clocks: bool = typer.Option(False, help="Give the client its own clock domain and estimate the "
                                          "server's offset by round trips to /clock (as across hosts)."),
     request_rate: Optional[str] = typer.Option(None, "--request-rate", metavar="R|inf", help="Load: requests per "
@@ -156,7 +158,7 @@ def capture_cmd(
 
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise typer.BadParameter(f"{device!r}: expected 'cpu', 'cuda' or 'cuda:N'", param_hint="--device")
-    from inferledger.collectors.capture.deployment import DeploymentFlags, check_replicas, resolve
+    from inferledger.collectors.capture.deployment import Declared, DeploymentFlags, check_replicas, resolve
     from inferledger.collectors.workload.flags import FlagError, LoadFlags, flags_workload, parse_rate
 
     try:
@@ -170,11 +172,16 @@ def capture_cmd(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload" if workload else "the load flags") from None
     dep = resolve(DeploymentFlags(target, router_metrics, tuple(server or ()), tuple(replica or ())), wl.deployment)
+    declared = Declared(workload=None if replica else str(wl.path),
+                        router="--target" if target is not None else "[deployment].router")
     target, router_metrics, server = dep.target, dep.router_metrics, list(dep.servers)
     if target == "embedded" and (otlp_port is not None or scrape_metrics):
         raise typer.BadParameter("--otlp-port / --scrape-metrics need a URL --target (the embedded engine "
                                  "records its own events)", param_hint="--otlp-port")
     if router_metrics is not None:
+        if not router_metrics.strip():
+            raise typer.BadParameter(f"{router_metrics!r}: an empty value; give the router's metrics URL, e.g. "
+                                     "http://127.0.0.1:18201/metrics, or leave the flag out", param_hint="--router-metrics")
         if target == "embedded":
             raise typer.BadParameter("--router-metrics scrapes the router a URL --target is; give its URL as --target",
                                      param_hint="--router-metrics")
@@ -205,7 +212,7 @@ def capture_cmd(
                                      "/metrics is scraped by its kind; leave it out", param_hint="--scrape-metrics")
         try:
             replicas = check_replicas(dep.replicas, {u: f.server_id for f in folders if (u := f.own_url(target))},
-                                      otlp_port is not None, target)
+                                      otlp_port is not None, target, declared)
         except FlagError as exc:
             raise typer.BadParameter(str(exc), param_hint=exc.flag) from None
 
@@ -258,7 +265,7 @@ def _sweep(ctx: typer.Context, rates: str, out: Path) -> None:
             offered({"rates": rates})
         except StudyError as exc:
             raise typer.BadParameter(str(exc).removeprefix("--set rates="), param_hint="--sweep") from None
-        options = parse_sets(study, [f"rates={rates}", f"target={target or 'embedded'}",
+        options = parse_sets(study, [f"rates={rates}", f"target={'embedded' if target is None else target}",
                                      *(f"server={s}" for s in servers), *([f"seed={seed}"] if seed is not None else [])])
     except StudyError as exc:
         fail(f"error: {exc}")

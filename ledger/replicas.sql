@@ -3,8 +3,9 @@
 -- queue, KV use, prefix-cache hits, balance (docs/LEDGER.md "replicas").
 --
 -- scope: rollup
--- reads: attempts, marks, request_metrics, step_attribution, kv_holds, samples, quantile_linear, declared_replicas
--- creates: replicas, replicas_gaps
+-- reads: attempts, marks, request_metrics, step_attribution, kv_holds, samples, quantile_linear, declared_replicas,
+--   reported_timings, reported_spans
+-- creates: replica_reported, replicas, replicas_gaps
 
 -- @table replicas: one row per replica of a deployment capture (attempts.replica_id, a replica the manifest's
 --   deployment declares, or a worker the router's counters name); empty for a run of one server (docs/LEDGER.md
@@ -32,12 +33,22 @@
 -- @column breaker_opens: the router's circuit-breaker transitions to open for this worker over the load
 --   (vllm_router_cb_state_transitions_total{to="open"}, last scrape − first; 0 when none appeared); NULL
 --   without two router scrapes
--- @column busy_ms: Σ step_ms of its engine's steps in the run (those copied from its folder: the window of
---   this run's attempts there); NULL for a replica whose engine's events are not in the run (no engine of another kind
---   reports its busy time: llama.cpp's and vLLM's seconds counters add up overlapping requests)
+-- @column busy_ms: the time its engine had at least one attempt in prefill or decode, by busy_evidence:
+--   observed, Σ step_ms of its engine's steps in the run (a `serve --out` folder's, copied from it: the window of
+--   this run's attempts there); reported, for a vllm or llamacpp replica, the union of the intervals its engine's
+--   own reports place its attempts' prefill and decode in (llama.cpp: each response's timings, prompt_ms +
+--   predicted_ms, ending at the client's done on the client's clock; vLLM: each span's prefill + decode from its
+--   engine.scheduled on the span's clock), known only when every attempt it served has such an interval (inside
+--   the client's interval, reported_timings.inside_client), all on one clock, and no attempt it may have served
+--   is missing (its router count agrees, or every attempt of the run has its replica); NULL otherwise, with a gap
+--   (its /metrics seconds counters add up overlapping requests, so they are no busy time)
+-- @column busy_evidence: observed (our engine's own steps) or reported (the engine's report about itself) for a
+--   known busy_ms; NULL with it
 -- @column balance: busy_ms over the mean busy_ms of the replicas (1 for an even spread); the busiest replica's
 --   is the run's balance figure; NULL on every row when one replica's busy_ms is unknown (a mean over some of
 --   them is no mean of the deployment)
+-- @column balance_evidence: what the balance's busy times are, the same on every row: observed, reported, or
+--   observed and reported (a mean over our engine's steps and an engine's own reports); NULL with balance
 -- @column queue_p50_ms: the median queue_ms (engine.enqueued → first scheduled) of its attempts
 -- @column queue_p99_ms: the 99th percentile of the same
 -- @column waiting_max: the most requests waiting in its queue at one scrape of its own /metrics
@@ -67,6 +78,35 @@
 --   run (kv_blocks_used, device = the replica); NULL without them
 -- @column kv_usage_max: the largest KV-cache usage fraction (0 to 1) its own /metrics reported
 --   (vllm:kv_cache_usage_perc, or vllm:gpu_cache_usage_perc); NULL without such a gauge (llama.cpp exports none)
+-- Each vllm or llamacpp replica's busy time as its engine's own reports place it (replicas.busy_ms with
+-- busy_evidence reported): its attempts' reported prefill + decode as intervals, and their union.
+CREATE OR REPLACE TEMP TABLE replica_reported AS
+WITH placed AS (  -- each attempt's prefill and decode as its engine reported them, placed as one interval
+  SELECT a.replica_id, a.attempt_id, a.client_clock AS clock,  -- llama.cpp: its timings end at the client's done
+         a.client_end_ns - round(t.engine_ms * 1e6)::BIGINT AS start_ns, a.client_end_ns AS end_ns
+  FROM attempts a JOIN reported_timings t USING (attempt_id)
+  WHERE a.replica_id IS NOT NULL AND t.inside_client AND a.client_end_ns IS NOT NULL
+  UNION ALL
+  SELECT a.replica_id, a.attempt_id, m.scheduled.clock,  -- vLLM: its span's prefill + decode from engine.scheduled
+         m.scheduled.ns, m.scheduled.ns + round((s.prefill_reported_ms + s.decode_reported_ms) * 1e6)::BIGINT
+  FROM attempts a JOIN reported_spans s USING (attempt_id) JOIN marks m USING (attempt_id)
+  WHERE a.replica_id IS NOT NULL AND m.scheduled.ns IS NOT NULL
+    AND s.prefill_reported_ms IS NOT NULL AND s.decode_reported_ms IS NOT NULL
+), islands AS (  -- a new island where an interval starts after every earlier one of its replica ended
+  SELECT replica_id, start_ns, end_ns,
+         sum(CASE WHEN start_ns > prev_end THEN 1 ELSE 0 END) OVER (PARTITION BY replica_id ORDER BY start_ns, end_ns
+                                                                    ROWS UNBOUNDED PRECEDING) AS island
+  FROM (SELECT *, coalesce(max(end_ns) OVER (PARTITION BY replica_id ORDER BY start_ns, end_ns
+                                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), -1) AS prev_end
+        FROM placed)
+)
+SELECT p.replica_id, u.busy_ns, p.n_placed, p.n_clocks
+FROM (SELECT replica_id, count(DISTINCT attempt_id) AS n_placed, count(DISTINCT clock) AS n_clocks
+      FROM placed GROUP BY replica_id) p
+JOIN (SELECT replica_id, sum(island_ns) AS busy_ns FROM (
+        SELECT replica_id, max(end_ns) - min(start_ns) AS island_ns FROM islands GROUP BY replica_id, island
+      ) GROUP BY replica_id) u USING (replica_id);
+
 CREATE OR REPLACE TABLE replicas AS
 WITH served AS (
   SELECT replica_id, count(*) AS attempts, count(*) FILTER (WHERE parent_attempt_id IS NULL) AS client_attempts,
@@ -140,7 +180,12 @@ WITH served AS (
          p.router_sent::BIGINT AS router_sent, s.attempts = p.router_sent AS router_agrees,
          p.router_failures::BIGINT AS router_failures, p.breaker_opens::BIGINT AS breaker_opens,
          s.attempts IS NOT NULL AND coalesce(dc.kind, 'ours') = 'ours' AS steps_here,  -- its engine's events are in the run
-         b.busy_ms, q.queue_p50_ms, q.queue_p99_ms, g.waiting_max::BIGINT AS waiting_max,
+         b.busy_ms,
+         -- its engine's own reports place every attempt it served, on one clock, and none it may have served is missing
+         dc.kind IN ('vllm', 'llamacpp') AND rr.n_placed = s.attempts AND rr.n_clocks = 1
+           AND coalesce(s.attempts = p.router_sent, (SELECT count(*) FROM attempts WHERE replica_id IS NULL) = 0)
+           AS reported_whole,
+         rr.busy_ns / 1e6 AS reported_busy_ms, q.queue_p50_ms, q.queue_p99_ms, g.waiting_max::BIGINT AS waiting_max,
          h.prefix_hit_blocks, h.prefix_hit_attempts,
          c.prefix_hit_tokens::BIGINT AS prefix_hit_tokens, c.prefix_query_tokens::BIGINT AS prefix_query_tokens,
          ct.event_cached_tokens, ct.prompt_tokens,
@@ -149,18 +194,25 @@ WITH served AS (
   LEFT JOIN busy b USING (replica_id) LEFT JOIN queue q USING (replica_id) LEFT JOIN hits h USING (replica_id)
   LEFT JOIN kv USING (replica_id) LEFT JOIN declared dc USING (replica_id) LEFT JOIN gauges g USING (replica_id)
   LEFT JOIN counters c USING (replica_id) LEFT JOIN cached ct USING (replica_id)
+  LEFT JOIN replica_reported rr USING (replica_id)
 ), shown AS (
-  SELECT * EXCLUDE (busy_ms, prefix_hit_blocks, prefix_hit_attempts, event_cached_tokens, prompt_tokens),
+  SELECT * EXCLUDE (busy_ms, prefix_hit_blocks, prefix_hit_attempts, event_cached_tokens, prompt_tokens,
+                    reported_whole, reported_busy_ms),
          CASE WHEN steps_here THEN prompt_tokens END AS prompt_tokens,
-         CASE WHEN steps_here THEN coalesce(busy_ms, 0) END AS busy_ms,
+         CASE WHEN steps_here THEN coalesce(busy_ms, 0) WHEN reported_whole THEN reported_busy_ms END AS busy_ms,
+         CASE WHEN steps_here THEN 'observed' WHEN reported_whole THEN 'reported' END AS busy_evidence,
          CASE WHEN steps_here THEN coalesce(event_cached_tokens, 0) END AS event_cached_tokens,
          CASE WHEN steps_here THEN coalesce(prefix_hit_blocks, 0) END AS prefix_hit_blocks,
          CASE WHEN steps_here THEN coalesce(prefix_hit_attempts, 0) END AS prefix_hit_attempts
   FROM acc
 )
 SELECT getvariable('run_id') AS run_id, replica_id, kind, attempts, client_attempts, unseen_tries,
-  server_completed, router_sent, router_agrees, router_failures, breaker_opens, busy_ms,
+  server_completed, router_sent, router_agrees, router_failures, breaker_opens, busy_ms, busy_evidence,
   CASE WHEN count(busy_ms) OVER () = count(*) OVER () THEN busy_ms / nullif(avg(busy_ms) OVER (), 0) END AS balance,
+  CASE WHEN count(busy_ms) OVER () = count(*) OVER () AND avg(busy_ms) OVER () > 0
+       THEN CASE WHEN count(*) FILTER (WHERE busy_evidence = 'reported') OVER () = 0 THEN 'observed'
+                 WHEN count(*) FILTER (WHERE busy_evidence = 'observed') OVER () = 0 THEN 'reported'
+                 ELSE 'observed and reported' END END AS balance_evidence,
   queue_p50_ms, queue_p99_ms, waiting_max, prefix_hit_blocks, prefix_hit_attempts, prefix_hit_tokens,
   prefix_query_tokens, prompt_tokens, event_cached_tokens,
   event_cached_tokens / nullif(prompt_tokens, 0) AS event_hit_rate,
@@ -170,8 +222,9 @@ FROM shown
 ORDER BY replica_id;
 
 -- @gaps: a replica whose engine's events are not in the run (declared by URL, or a worker only the router
---   names): its attempts (when no evidence places them), busy time (so every row's balance), queue, KV use and
---   prefix hits, each where its kind cannot say them; a replica the router's counters do not name while router
+--   names): its attempts (when no evidence places them), busy time (so every row's balance: unless a vllm or
+--   llamacpp replica's own reports place every attempt it served, the detail saying which attempts they do not),
+--   queue, KV use and prefix hits, each where its kind cannot say them; a replica the router's counters do not name while router
 --   samples exist (router_sent unknown); a replica the router sent more tries than the run holds (router_agrees
 --   false: the tries missing are rows no one recorded, so reconciliation's unseen_tries and attempts_per_request
 --   are unknown too); a replica whose engine's events are in the run but whose own prefix-cache counter was not
@@ -180,7 +233,7 @@ CREATE OR REPLACE TEMP TABLE replicas_gaps (scope VARCHAR, subject_id VARCHAR, a
 INSERT INTO replicas_gaps
 SELECT 'run', replica_id,
        'replicas ' || concat_ws(', ', CASE WHEN attempts IS NULL THEN 'attempts' END,
-                                'busy_ms, balance (every replica''s)',
+                                CASE WHEN busy_ms IS NULL THEN 'busy_ms, balance (every replica''s)' END,
                                 CASE WHEN queue_p50_ms IS NULL AND waiting_max IS NULL THEN 'queue_p50_ms, waiting_max' END,
                                 CASE WHEN kv_blocks_used_max IS NULL AND kv_usage_max IS NULL
                                      THEN 'kv_blocks_used_max, kv_usage_max' END,
@@ -189,13 +242,26 @@ SELECT 'run', replica_id,
        'the replica''s own events per attempt: its `serve --out` folder given to the capture as --server',
        CASE WHEN kind IS NULL THEN format('the router sent {} request(s) to {}, but no declared replica is that worker',
                                           coalesce(router_sent::VARCHAR, 'an unknown number of'), replica_id)
-            ELSE format('replica {} ({}) is declared by URL: its engine''s steps are not in the run{}{}', replica_id,
-                        kind, CASE WHEN attempts IS NOT NULL
+            ELSE format('replica {} ({}) is declared by URL: its engine''s steps are not in the run{}{}{}', replica_id,
+                        kind, CASE WHEN attempts IS NULL THEN ', nor which attempts it served'
+                                   WHEN kind = 'llamacpp'
                                    THEN format(' (its {} attempt(s) are placed by the timings llama.cpp answered with)',
-                                               attempts) ELSE ', nor which attempts it served' END,
+                                               attempts)
+                                   ELSE format(' (its {} attempt(s) are placed by its own spans)', attempts) END,
                         CASE kind WHEN 'blackbox' THEN ', and it reports nothing of its own'
-                                  WHEN 'llamacpp' THEN '; its /metrics have no KV usage gauge' ELSE '' END) END
-FROM replicas WHERE busy_ms IS NULL
+                                  WHEN 'llamacpp' THEN '; its /metrics have no KV usage gauge' ELSE '' END,
+                        CASE WHEN busy_ms IS NOT NULL
+                             THEN '; its busy_ms is the union of the prefill and decode its engine reported (busy_evidence '
+                                  'reported)'
+                             WHEN kind NOT IN ('vllm', 'llamacpp') OR attempts IS NULL THEN ''
+                             WHEN coalesce(rr.n_placed, 0) < attempts
+                             THEN format('; its busy time is unknown: {} of its {} attempt(s) have no reported prefill and '
+                                         'decode placed inside the client''s interval', attempts - coalesce(rr.n_placed, 0),
+                                         attempts)
+                             WHEN rr.n_clocks > 1 THEN '; its busy time is unknown: its reports lie on more than one clock'
+                             ELSE '; its busy time is unknown: the run may lack attempts it served (the router''s count '
+                                  'does not agree, or attempts of the run name no replica)' END) END
+FROM replicas r LEFT JOIN replica_reported rr USING (replica_id) WHERE busy_evidence IS DISTINCT FROM 'observed'
 UNION ALL
 SELECT 'run', replica_id, 'replicas router_sent, router_agrees',
        'vllm_router_processed_requests_total{worker} for this replica in two router scrapes',
@@ -221,4 +287,4 @@ SELECT 'run', replica_id, format('replicas prefix_hit_tokens, prefix_query_token
        '`serve --out` manifest names its port (server.port), answering the capture before and after the load',
        format('replica {} (a `serve --out` folder) has its engine''s events in the run ({} cached prompt token(s) at '
               'first admission), but no two scrapes of its own prefix-cache counter', replica_id, event_cached_tokens)
-FROM replicas WHERE busy_ms IS NOT NULL AND prefix_hit_tokens IS NULL;
+FROM replicas WHERE busy_evidence = 'observed' AND prefix_hit_tokens IS NULL;

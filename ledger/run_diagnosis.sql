@@ -39,6 +39,8 @@
 --   explains them); NULL otherwise (docs/LEDGER.md "run_diagnosis")
 -- @column replica_balance: the deployment's balance figure, the busiest replica's busy time over the replicas'
 --   mean (max replicas.balance); NULL for one server or when a replica's busy time is unknown
+-- @column replica_balance_evidence: what replica_balance's busy times are (replicas.balance_evidence): observed (our
+--   engines' steps), reported (engines' own reports) or observed and reported; NULL with replica_balance
 CREATE OR REPLACE TABLE run_diagnosis AS
 WITH d AS (
   SELECT *, NOT EXISTS (SELECT 1 FROM attempt_causes WHERE late) AS none_late FROM attempt_causes
@@ -87,7 +89,8 @@ WITH d AS (
          (SELECT count(*) FROM d JOIN attempts a USING (attempt_id) WHERE a.replica_id = rep.top) AS top_attempts,
          (SELECT count(*) FROM d) AS all_attempts,
          (SELECT balance FROM replicas WHERE replica_id = rep.top) AS top_balance,
-         (SELECT max(balance) FROM replicas) AS replica_balance
+         (SELECT max(balance) FROM replicas) AS replica_balance,
+         (SELECT any_value(balance_evidence) FROM replicas) AS replica_balance_evidence
   FROM rep
 ), scopes(scope, point) AS (
   SELECT 'run', NULL::DOUBLE UNION ALL SELECT 'point', getvariable('offered_rps') WHERE getvariable('offered_rps') IS NOT NULL
@@ -125,7 +128,7 @@ SELECT getvariable('run_id') AS run_id, s.scope, s.point,
                                               THEN printf('; its busy time %.1f× the mean', nm.top_balance)
                                               ELSE '' END)
                              ELSE '' END) END AS evidence,
-       nm.replica_id, nm.replica_balance
+       nm.replica_id, nm.replica_balance, nm.replica_balance_evidence
 FROM run r, scopes s, named nm
 ORDER BY s.scope DESC;
 

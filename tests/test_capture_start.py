@@ -19,6 +19,27 @@ class LoadStopped(RuntimeError):
     pass
 
 
+@pytest.fixture
+def listening():
+    """A base URL something listens on (a bare socket, no server, no model): the capture's connect check
+    passes, so a test reaches the preparation step it is about."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _dead_url() -> str:
+    """A loopback URL nothing listens on (a port taken from the system, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
 def test_the_manifest_exists_while_the_model_loads_and_goes_if_loading_fails(tmp_path, monkeypatch):
     out = tmp_path / "new" / "run"
     seen = {}
@@ -37,7 +58,7 @@ def test_the_manifest_exists_while_the_model_loads_and_goes_if_loading_fails(tmp
     assert not out.exists() and not out.parent.exists() and tmp_path.exists()
 
 
-def test_a_tokenizer_that_cannot_load_leaves_no_run(tmp_path):
+def test_a_tokenizer_that_cannot_load_leaves_no_run(tmp_path, listening):
     wl = tmp_path / "w.toml"
     text = WORKLOAD.read_text().replace('file = "../tasks/basic.jsonl"',
                                         f'file = "{WORKLOAD.parent.parent / "tasks" / "basic.jsonl"}"')
@@ -46,7 +67,7 @@ def test_a_tokenizer_that_cannot_load_leaves_no_run(tmp_path):
     out = tmp_path / "run"
     out.mkdir()  # an empty folder the user made stays, empty
     with pytest.raises(Exception, match="nonexistent"):
-        capture_mod.capture(wl, out, CaptureOptions(target="http://127.0.0.1:9"))
+        capture_mod.capture(wl, out, CaptureOptions(target=listening))
     assert out.exists() and list(out.iterdir()) == []
 
 
@@ -62,14 +83,14 @@ def test_the_workload_tokenizer_is_read_through_the_loaders_checks(tmp_path):
     assert load_tokenizer("bundled").hash == loader.load_tokenizer().hash
 
 
-def test_a_folder_holding_a_run_is_refused_and_keeps_its_manifest(tmp_path):
+def test_a_folder_holding_a_run_is_refused_and_keeps_its_manifest(tmp_path, listening):
     from inferledger.collectors.rundir.out_dir import RunExistsError
 
     out = tmp_path / "run"
     out.mkdir()
     (out / "manifest.json").write_text('{"run_id": "run", "state": "complete"}')
     with pytest.raises(RunExistsError):
-        capture_mod.capture(WORKLOAD, out, CaptureOptions(target="http://127.0.0.1:9"))
+        capture_mod.capture(WORKLOAD, out, CaptureOptions(target=listening))
     assert json.loads((out / "manifest.json").read_text()) == {"run_id": "run", "state": "complete"}
 
 
@@ -179,7 +200,7 @@ def test_a_session_whose_later_turn_cannot_fit_is_refused_before_the_model_loads
     assert not out.exists()
 
 
-def test_a_failure_while_the_run_opens_leaves_no_run_and_no_writer_behind(tmp_path, monkeypatch):
+def test_a_failure_while_the_run_opens_leaves_no_run_and_no_writer_behind(tmp_path, monkeypatch, listening):
     """Past the preparation, opening the run (its writer, the registered prediction, the first manifest,
     the samplers) can still fail: nothing was recorded, so the folder goes as after a failed preparation,
     and the writer's flush thread does not write into it afterwards."""
@@ -196,7 +217,7 @@ def test_a_failure_while_the_run_opens_leaves_no_run_and_no_writer_behind(tmp_pa
     monkeypatch.setattr(capture_mod, "AUTOFLUSH_S", 0.05)
     out = tmp_path / "new" / "run"
     with pytest.raises(SamplerBroken):
-        capture_mod.capture(WORKLOAD, out, CaptureOptions(target="http://127.0.0.1:9"))
+        capture_mod.capture(WORKLOAD, out, CaptureOptions(target=listening))
     time.sleep(0.3)  # a flush thread left running would write clocks.parquet and the manifest again
     assert not out.exists() and not out.parent.exists() and tmp_path.exists()
     assert not [t for t in threading.enumerate() if t.name == "run-writer-flush"]
@@ -227,21 +248,32 @@ def test_sigint_while_the_model_loads_leaves_no_run_and_exits_130(tmp_path):
     assert not out.exists()
 
 
-def test_a_url_target_nothing_listens_on_is_refused_saying_so_and_naming_the_folder_left(tmp_path):
-    import socket
-
+def test_a_url_target_nothing_listens_on_is_refused_before_the_run_folder_exists(tmp_path):
     from typer.testing import CliRunner
 
     from inferledger.cli.app import app
 
-    with socket.socket() as s:  # a port nothing listens on once closed
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    dead = _dead_url()
     out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["capture", "--target", f"http://127.0.0.1:{port}", "--num-prompts", "2", "-o", str(out),
-                                   "--no-microbench"])
+    with pytest.raises(ValueError, match=f"--target {dead}: nothing listens at 127.0.0.1:{dead.rsplit(':', 1)[1]} "):
+        capture_mod.capture(WORKLOAD, out, CaptureOptions(target=dead))
+    assert not out.exists()
+    res = CliRunner().invoke(app, ["capture", "--target", dead, "--num-prompts", "2", "-o", str(out), "--no-microbench"])
     flat = " ".join(res.output.split())
-    assert res.exit_code == 2 and f"error: http://127.0.0.1:{port}: cannot connect (" in flat, res.output
-    assert "is the server running there?" in flat and "did not name a model" not in flat
-    assert f"the run folder {out} keeps what was recorded before the error (manifest state 'interrupted')" in flat
-    assert json.loads((out / "manifest.json").read_text())["state"] == "interrupted"
+    assert res.exit_code == 2 and f"error: --target {dead}: nothing listens at " in flat, res.output
+    assert "is the server running there?" in flat and "nothing was written" in flat and "Traceback" not in flat
+    assert "keeps what was recorded" not in flat and not out.exists()
+
+
+def test_a_dead_router_metrics_url_or_replica_is_refused_naming_its_flag(tmp_path, listening):
+    from inferledger.collectors.capture.deployment import ReplicaSpec
+
+    dead, out = _dead_url(), tmp_path / "run"
+    with pytest.raises(ValueError, match=f"^--router-metrics {dead}/metrics: nothing listens at "):
+        capture_mod.capture(WORKLOAD, out, CaptureOptions(target=listening, router_metrics=f"{dead}/metrics"))
+    with pytest.raises(ValueError, match=f"^--replica {dead}: nothing listens at "):
+        capture_mod.capture(WORKLOAD, out, CaptureOptions(target=listening, replicas=(ReplicaSpec(dead, "blackbox"),)))
+    entry = ReplicaSpec(dead, "vllm", where="w.toml: [deployment].replicas[0]")  # declared in the workload file
+    with pytest.raises(ValueError, match=fr"^w\.toml: \[deployment\]\.replicas\[0\]: {dead}: nothing listens at "):
+        capture_mod.capture(WORKLOAD, out, CaptureOptions(target=listening, replicas=(entry,)))
+    assert not out.exists()

@@ -136,13 +136,24 @@ def test_an_attempt_answered_with_llamacpps_timings_is_the_one_llamacpp_replicas
     con = build_run(tmp_path / "one", events, manifest=one)
     assert con.execute("SELECT attempt_id, replica_id FROM attempts ORDER BY 1").fetchall() == \
         [("A0", "r1"), ("A1", "r1"), ("L5", "127.0.0.1:18113"), ("L6", "127.0.0.1:18113")]
-    got = dict_rows(con, "SELECT * FROM replicas WHERE kind = 'llamacpp'")[0]
-    # its attempts are known; its engine's steps and prefix blocks are not (NULL, never 0), nor the balance
-    assert (got["attempts"], got["busy_ms"], got["prefix_hit_blocks"], got["balance"]) == (2, None, None, None)
-    detail = con.execute("SELECT detail FROM gaps WHERE affects LIKE 'replicas busy_ms%'").fetchall()
-    assert detail == [("replica 127.0.0.1:18113 (llamacpp) is declared by URL: its engine's steps are not in the run "
+    got = {r["replica_id"]: r for r in dict_rows(con, "SELECT * FROM replicas")}
+    llama = got["127.0.0.1:18113"]
+    # its attempts are known; its engine's steps and prefix blocks are not (NULL, never 0). Its busy time is what its
+    # timings say: 5 + 2 ms ending at each done (520 and 620 ms), apart: 14 ms, reported; r1's 2 x 10 ms observed
+    assert (llama["attempts"], llama["busy_ms"], llama["busy_evidence"], llama["prefix_hit_blocks"]) == \
+        (2, 14.0, "reported", None)
+    assert (got["r1"]["busy_ms"], got["r1"]["busy_evidence"]) == (20.0, "observed")
+    assert [(r["balance"], r["balance_evidence"]) for r in got.values()] == \
+        [(pytest.approx(14 / 17), "observed and reported"), (pytest.approx(20 / 17), "observed and reported")]
+    detail = con.execute("SELECT affects, detail FROM gaps WHERE subject_id = '127.0.0.1:18113' "
+                         "AND affects LIKE 'replicas %'").fetchall()
+    assert detail == [("replicas queue_p50_ms, waiting_max, kv_blocks_used_max, kv_usage_max, prefix_hit_blocks, "
+                       "prefix_hit_tokens of "
+                       "127.0.0.1:18113",
+                       "replica 127.0.0.1:18113 (llamacpp) is declared by URL: its engine's steps are not in the run "
                        "(its 2 attempt(s) are placed by the timings llama.cpp answered with); its /metrics have no "
-                       "KV usage gauge",)]
+                       "KV usage gauge; its busy_ms is the union of the prefill and decode its engine reported "
+                       "(busy_evidence reported)")]
     # two llama.cpp replicas: the timings cannot say which one answered
     two = {"deployment": {"replicas": [*one["deployment"]["replicas"],
                                        {"replica_id": "127.0.0.1:18114", "kind": "llamacpp"}]}}
@@ -187,3 +198,44 @@ def test_a_replicas_own_prefix_counter_is_set_beside_its_engines_events(tmp_path
     assert [(g["subject_id"], g["affects"]) for g in gaps] == \
         [("r3", "replicas prefix_hit_tokens, prefix_query_tokens, prefix_counter_agrees of r3")]
     assert "8 cached prompt token(s) at first admission" in gaps[0]["detail"]
+
+
+def _vllm_answered(aid: str, scheduled_ms: float, prefill_ms: float, decode_ms: float,
+                   replica: str | None = "127.0.0.1:18114") -> list[dict]:
+    """Attempt `aid` answered by a vLLM replica whose span (reported) says prefill and decode, scheduled at
+    `scheduled_ms` (its first token at scheduled + prefill); `replica` None: a span that names no replica."""
+    task, t0 = "T" + aid, scheduled_ms - 1.0
+    first, last = scheduled_ms + prefill_ms, scheduled_ms + prefill_ms + decode_ms
+    rep = {"evidence": "reported", **({"replica_id": replica} if replica else {})}
+    otel = {"gen_ai.latency.time_in_model_prefill": prefill_ms / 1e3, "gen_ai.latency.time_in_model_decode": decode_ms / 1e3}
+    return [_e("task.start", t0, task=task, attrs={"deadline_ms": 500}),
+            _e("attempt.created", t0, aid, task=task), _e("attempt.sent", t0, aid, task=task),
+            _e("server.received", t0, aid, attrs={**rep, "otel_span": "llm_request", "otel": otel}, **SRV),
+            _e("engine.scheduled", scheduled_ms, aid, attrs=rep, **ENG),
+            _e("engine.token", first, aid, value=1, attrs=rep, **ENG),
+            _e("engine.finished", last + 2.0, aid, value=1, attrs={"reason": "stop", **rep}, **ENG),
+            _e("attempt.chunk", first + 1, aid, task=task, attrs={"kinds": ["content"]}),
+            _e("attempt.done", last + 3.0, aid, task=task, attrs={"finish_reason": "stop"})]
+
+
+def test_a_vllm_replicas_busy_time_is_the_union_of_its_spans_prefill_and_decode(tmp_path):
+    """V1 [100, 125] ms (prefill 5 + decode 20 from its engine.scheduled), V2 [110, 120] inside it, V3 [300, 310]:
+    the union is 25 + 10 = 35 ms, reported (engine.finished, 2 ms after the last token, is not the end). A span
+    that names no replica leaves an attempt the vLLM replica may have served: its busy time is unknown."""
+    manifest = {"deployment": {"replicas": [{"replica_id": "r1", "kind": "ours"},
+                                            {"replica_id": "127.0.0.1:18114", "kind": "vllm"}]}}
+    vllm = _vllm_answered("V1", 100.0, 5.0, 20.0) + _vllm_answered("V2", 110.0, 5.0, 5.0) + \
+        _vllm_answered("V3", 300.0, 4.0, 6.0)
+    con = build_run(tmp_path / "v", _deployment([("r1", 0.0, 10.0)] * 2) + vllm, manifest=manifest)
+    got = {r[0]: r[1:] for r in con.execute("SELECT replica_id, attempts, busy_ms, busy_evidence, balance, "
+                                            "balance_evidence FROM replicas").fetchall()}
+    assert got == {"127.0.0.1:18114": (3, 35.0, "reported", pytest.approx(35 / 27.5), "observed and reported"),
+                   "r1": (2, 20.0, "observed", pytest.approx(20 / 27.5), "observed and reported")}
+    con = build_run(tmp_path / "u", _deployment([("r1", 0.0, 10.0)] * 2) + vllm
+                    + _vllm_answered("V4", 400.0, 4.0, 6.0, replica=None), manifest=manifest)
+    got = {r[0]: r[1:] for r in con.execute("SELECT replica_id, busy_ms, busy_evidence, balance FROM replicas").fetchall()}
+    assert got == {"127.0.0.1:18114": (None, None, None), "r1": (20.0, "observed", None)}
+    (detail,), = con.execute("SELECT detail FROM gaps WHERE subject_id = '127.0.0.1:18114' "
+                             "AND affects LIKE 'replicas busy_ms%'").fetchall()
+    assert detail.endswith("(its 3 attempt(s) are placed by its own spans); its busy time is unknown: the run may lack "
+                           "attempts it served (the router's count does not agree, or attempts of the run name no replica)")

@@ -99,6 +99,41 @@ def test_replica_and_router_metrics_refusals_name_the_flag_with_exit_2(tmp_path)
         check_replicas(["http://127.0.0.1:18111=llamacpp"], {"http://127.0.0.1:18111": "replica1"}, otlp=False)
 
 
+
+def test_an_empty_router_metrics_is_refused_and_a_deployment_entry_is_named_by_its_file_and_key(tmp_path):
+    from inferledger.cli.app import app
+
+    def run(*args):
+        return CliRunner().invoke(app, ["capture", "-o", str(tmp_path / "r"), "--num-prompts", "1", *args],
+                                  env={"COLUMNS": "300"})
+
+    res = run("--target", "http://127.0.0.1:9", "--router-metrics", "")  # given empty: not taken as left out
+    assert res.exit_code == 2 and "--router-metrics" in res.output and "'': an empty value" in res.output, res.output
+    # with the file's router_metrics, an empty flag still replaces the key and is refused, never the file's taken
+    wl = _workload(tmp_path, 'router = "http://127.0.0.1:9"\nrouter_metrics = "http://127.0.0.1:8/metrics"\n')
+    assert resolve(DeploymentFlags(router_metrics=""), Workload.load(wl).deployment).router_metrics == ""
+    res = run("-w", str(wl), "--router-metrics", "")
+    assert res.exit_code == 2 and "'': an empty value" in res.output
+    res = run("--target", "", "--num-prompts", "1")  # an empty target is no URL, not the embedded engine
+    assert res.exit_code == 2 and "--target" in res.output and "'' is not an http(s):// URL" in res.output
+    # the router is the file's [deployment].router, the replica equal to it the file's replicas[1]
+    wl = _workload(tmp_path, 'router = "http://127.0.0.1:9"\n'
+                             'replicas = ["http://127.0.0.1:7=vllm", "http://127.0.0.1:9/=llamacpp"]\n')
+    res = run("-w", str(wl))
+    flat = " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 2 and "--replica" not in flat, res.output
+    assert (f"{wl}: [deployment].replicas[1]: 'http://127.0.0.1:9/=llamacpp': 127.0.0.1:9 is [deployment].router, "
+            "the router; a replica is a server behind it") in flat, res.output
+    res = run("-w", str(wl), "--target", "http://127.0.0.1:7")  # --target replaces the router: named as such
+    assert "[deployment].replicas[0]: 'http://127.0.0.1:7=vllm': 127.0.0.1:7 is --target, the router" in \
+        " ".join(res.output.replace("│", " ").split())
+    wl = _workload(tmp_path, 'router = "http://127.0.0.1:9"\nreplicas = ["http://127.0.0.1:7", "http://127.0.0.1:7=vllm"]\n')
+    res = run("-w", str(wl))
+    assert (f"{wl}: [deployment].replicas[1]: 'http://127.0.0.1:7=vllm': 127.0.0.1:7 is already a replica "
+            f"({wl}: [deployment].replicas[0])") in " ".join(res.output.replace("│", " ").split())
+    assert not (tmp_path / "r").exists()
+
+
 class _Sink:
     def __init__(self):
         self.rows = []

@@ -43,6 +43,8 @@ def test_capture_sweep_refuses_bad_rates_and_the_flags_the_study_cannot_take(tmp
     res = runner.invoke(app, ["capture", "--sweep", "1,2", "--num-prompts", "5", "--input-len", "8",
                               "-o", str(tmp_path / "s")])
     assert res.exit_code == 2 and "leave out --num-prompts, --input-len" in _said(res), res.output
+    res = runner.invoke(app, ["capture", "--sweep", "1", "--target", "", "-o", str(tmp_path / "s")])  # not embedded
+    assert res.exit_code == 2 and "--set target=: 'embedded' or a server's base URL" in _said(res), res.output
     assert not (tmp_path / "s").exists()
 
 

@@ -285,21 +285,97 @@ def test_a_llamacpp_replica_beside_ours_is_placed_by_its_timings_and_counted_by_
     run = runs["llamacpp_replica"]
     ledger = dict(rows(run, "select replica_id, count(*) from attempts group by 1"))
     assert ledger == router_counts("llamacpp_replica") == {"replica1": 10, "127.0.0.1:18210": 10}
-    assert rows(run, "select replica_id, kind, attempts, router_sent, router_agrees, busy_ms is null, balance, "
+    assert rows(run, "select replica_id, kind, attempts, router_sent, router_agrees, busy_evidence, "
                      "waiting_max, prefix_hit_blocks, prefix_hit_tokens, kv_blocks_used_max from replicas order by 1") == [
-        ("127.0.0.1:18210", "llamacpp", 10, 10, True, True, None, 6, None, 36, None),
-        ("replica1", "ours", 10, 10, True, False, None, None, 0, None, 10)]
+        ("127.0.0.1:18210", "llamacpp", 10, 10, True, "reported", 6, None, 36, None),
+        ("replica1", "ours", 10, 10, True, "observed", None, 0, None, 10)]
     # every llama.cpp attempt joined with its timings inside the client's interval; their cached tokens are its counter's
     assert rows(run, "select a.replica_id, count(t.attempt_id), count(*) filter (where t.inside_client), "
                      "sum(t.cached_tokens) from attempts a left join reported_timings t using (attempt_id) "
                      "group by 1 order by 1") == [("127.0.0.1:18210", 10, 10, 36), ("replica1", 0, 0, None)]
-    gaps = [g for (g,) in rows(run, "select gap_id from gaps where subject_id = '127.0.0.1:18210'")]
+    gaps = dict(rows(run, "select gap_id, affects from gaps where subject_id = '127.0.0.1:18210'"))
     assert sorted(gaps) == ["collector:replica:127.0.0.1:18210", "run:127.0.0.1:18210:1"]
+    assert gaps["run:127.0.0.1:18210:1"] == "replicas kv_blocks_used_max, kv_usage_max of 127.0.0.1:18210"  # busy known
     # no attempt of the folder lacked its end, and the folder flushed after the load at once
     manifest = json.loads((SAMPLES / "llamacpp_replica" / "manifest.json").read_text())
     assert (manifest["servers"]["answered"], manifest["servers"]["joined"], manifest["servers"]["flushed_after_load"]) \
         == (20, 10, True)
     assert rows(run, "select count(*) from gaps where gap_id like 'collector:server%'") == [(0,)]
+
+
+# llama.cpp's answers in llamacpp_replica/ as recorded (its events' attempt.done): attempt -> (the client's done, ns on
+# mono:vm; timings.prompt_ms; timings.predicted_ms)
+LLAMACPP_DONE = {
+    "T0000:R1:A1": (22239018903157, 1409.334, 5040.475), "T0002:R1:A1": (22240585623576, 1398.75, 5216.546),
+    "T0004:R1:A1": (22241616171402, 2867.512, 3377.383), "T0006:R1:A1": (22241615706199, 2867.522, 3377.544),
+    "T0008:R1:A1": (22244306368866, 1571.282, 3720.442), "T0010:R1:A1": (22245396879946, 1028.443, 3778.43),
+    "T0012:R1:A1": (22246542150725, 2140.337, 2779.099), "T0014:R1:A1": (22246541983746, 2140.258, 2779.021),
+    "T0016:R1:A1": (22247201546964, 1089.48, 1804.009), "T0018:R1:A1": (22247220093679, 1135.21, 679.585)}
+
+
+def _llamacpp_answers(run: Path) -> dict:
+    import pyarrow.parquet as pq
+
+    out = {}
+    for path in sorted((run / "events").rglob("*.parquet")):
+        for r in pq.read_table(path).to_pylist():
+            timings = json.loads(r["attrs"] or "{}").get("server_timings") if r["name"] == "attempt.done" else None
+            if timings:
+                out[r["attempt_id"]] = (r["ts_ns"], timings["prompt_ms"], timings["predicted_ms"])
+    return out
+
+
+def test_a_llamacpp_replicas_busy_time_is_the_union_of_its_reported_prefill_and_decode(runs):
+    """Each llama.cpp answer's prefill + decode (its timings) ends at the client's done: T0000's starts
+    6449.809 ms before its done at 22239018903157, and every later one (by start) begins before all earlier
+    ones have ended (T0002 at 22240585623576 − 6615.296 ms = 22233970327576, ...), so the union is one
+    stretch from T0000's start to the last end, T0018's done at 22247220093679: 14650.999522 ms. Reported by
+    llama.cpp, said so; the balance beside replica1's observed steps says it mixes both."""
+    assert _llamacpp_answers(SAMPLES / "llamacpp_replica") == LLAMACPP_DONE
+    spans = sorted((done - round((p + d) * 1e6), done) for done, p, d in LLAMACPP_DONE.values())
+    assert all(start <= max(end for _, end in spans[:i]) for i, (start, _) in enumerate(spans) if i)  # one stretch
+    assert spans[0] == (22239018903157 - 6449809000, 22239018903157)
+    assert max(end for _, end in spans) == 22247220093679
+    busy = (22247220093679 - (22239018903157 - 6449809000)) / 1e6
+    assert busy == 14650.999522
+    got = rows(runs["llamacpp_replica"], "select replica_id, busy_ms, busy_evidence, balance, balance_evidence "
+                                         "from replicas order by 1")
+    observed = got[1][1]  # replica1's: its engine's steps (Σ step_ms)
+    assert observed == pytest.approx(6795.547343, abs=1e-6)
+    mean = (busy + observed) / 2
+    assert got == [("127.0.0.1:18210", pytest.approx(busy, abs=1e-9), "reported", pytest.approx(busy / mean),
+                    "observed and reported"),
+                   ("replica1", observed, "observed", pytest.approx(observed / mean), "observed and reported")]
+    assert rows(runs["llamacpp_replica"], "select replica_balance, replica_balance_evidence from run_diagnosis "
+                                         "where scope = 'run'") == \
+        [(pytest.approx(busy / mean), "observed and reported")]
+
+
+def test_a_llamacpp_replica_with_an_answer_its_timings_cannot_place_has_no_busy_time_and_a_gap(tmp_path):
+    """One answer's timings made longer than the client waited for it (predicted_ms 1e6): that attempt cannot be
+    placed, so the replica's busy time (and every balance) is unknown, not the union of the other nine."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "llamacpp_replica", run)
+    path = next((run / "events").rglob("*.parquet"))
+    table = pq.read_table(path)
+    rows_ = table.to_pylist()
+    for r in rows_:
+        if r["name"] == "attempt.done" and r["attempt_id"] == "T0008:R1:A1":
+            attrs = json.loads(r["attrs"])
+            attrs["server_timings"]["predicted_ms"] = 1e6
+            r["attrs"] = json.dumps(attrs)
+    pq.write_table(pa.Table.from_pylist(rows_, schema=table.schema), path)
+    reconstruct(run)
+    assert rows(run, "select replica_id, busy_ms, busy_evidence, balance, balance_evidence from replicas order by 1") == [
+        ("127.0.0.1:18210", None, None, None, None), ("replica1", pytest.approx(6795.547343, abs=1e-6), "observed",
+                                                      None, None)]
+    (affects, detail), = rows(run, "select affects, detail from gaps where gap_id = 'run:127.0.0.1:18210:1'")
+    assert affects.startswith("replicas busy_ms, balance (every replica's), kv_blocks_used_max")
+    assert detail.endswith("its busy time is unknown: 1 of its 10 attempt(s) have no reported prefill and decode "
+                           "placed inside the client's interval")
 
 
 def test_a_killed_replica_loses_no_client_attempt_and_its_missing_tries_are_counted_and_a_gap(runs):

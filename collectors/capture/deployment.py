@@ -20,7 +20,7 @@ the deployment's llama.cpp replica's when exactly one is declared (the ledger's 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferledger.collectors.evidence.metrics_scrape import LlamaCppScraper, MetricsScraper, OursScraper
@@ -35,23 +35,20 @@ WHAT = {"vllm": "its /metrics (vllm:*)", "llamacpp": "its /metrics (llamacpp:*);
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """One `--replica URL[=KIND]`."""
+    """One `--replica URL[=KIND]` (or one entry of the workload's `[deployment].replicas`: `where` names it)."""
     url: str
     kind: str = "blackbox"
+    where: str = field(default="--replica", compare=False)  # the flag or the file's key, for messages
 
     @property
     def replica_id(self) -> str:
         return worker_key(self.url)
 
-    @classmethod
-    def parse(cls, text: str) -> "ReplicaSpec":
-        """From `URL[=KIND]`; ValueError says what is wrong."""
-        return cls(*replica_entry(text))
-
 
 @dataclass(frozen=True)
 class DeploymentFlags:
-    """What the command line gave (None / empty: not given), before the workload's [deployment] fills it."""
+    """What the command line gave (None, or no entries: not given; an empty string was given), before the
+    workload's [deployment] fills it."""
     target: str | None = None
     router_metrics: str | None = None
     servers: tuple = ()
@@ -59,33 +56,53 @@ class DeploymentFlags:
 
 
 def resolve(flags: DeploymentFlags, deployment) -> DeploymentFlags:
-    """The flags over the workload's `[deployment]` (each flag given replaces its key; `deployment` None:
-    the flags alone); the target defaults to 'embedded'."""
+    """The flags over the workload's `[deployment]` (each flag given replaces its key, an empty value too, for
+    the command to refuse; `deployment` None: the flags alone); the target defaults to 'embedded'."""
     d = deployment
+    router = d.router if d is not None else None
     return DeploymentFlags(
-        target=flags.target or (d.router if d is not None else None) or "embedded",
-        router_metrics=flags.router_metrics or (d.router_metrics if d is not None else None),
+        target=flags.target if flags.target is not None else router or "embedded",
+        router_metrics=flags.router_metrics if flags.router_metrics is not None else
+        d.router_metrics if d is not None else None,
         servers=tuple(flags.servers) or tuple(Path(p) for p in (d.servers if d is not None else ())),
         replicas=tuple(flags.replicas) or tuple(d.replicas if d is not None else ()))
 
 
-def check_replicas(texts, server_urls: dict[str, str], otlp: bool, target: str | None = None) -> tuple[ReplicaSpec, ...]:
+@dataclass(frozen=True)
+class Declared:
+    """Where a deployment's replicas and router were given, for messages: `workload` the file whose
+    `[deployment].replicas` the replicas are (None: `--replica` flags); `router` the router's flag or key."""
+    workload: str | None = None
+    router: str = "--target"
+
+    def replica(self, i: int) -> str:
+        return "--replica" if self.workload is None else f"{self.workload}: [deployment].replicas[{i}]"
+
+    def refusal(self, i: int, text: str, message: str) -> FlagError:
+        if self.workload is None:
+            return FlagError("--replica", f"{text!r}: {message}")
+        return FlagError("--workload", f"{self.replica(i)}: {text!r}: {message}")
+
+
+def check_replicas(texts, server_urls: dict[str, str], otlp: bool, target: str | None = None,
+                   declared: Declared = Declared()) -> tuple[ReplicaSpec, ...]:
     """The --replica values parsed and checked against each other, the --server folders' own addresses
     (`server_urls`: URL -> server id) and the router (`target`: a replica is behind it, never it); FlagError
-    names the flag."""
+    names the flag, or the workload file's key when `declared` says they come from its `[deployment]`."""
     specs, seen = [], {worker_key(u): f"--server {sid}" for u, sid in server_urls.items()}
-    for text in texts:
+    for i, text in enumerate(texts):
         try:
-            spec = ReplicaSpec.parse(text)
+            spec = ReplicaSpec(*replica_entry(text), where=declared.replica(i))
         except ValueError as exc:
-            raise FlagError("--replica", str(exc)) from None
+            raise FlagError("--replica" if declared.workload is None else "--workload",
+                            str(exc) if declared.workload is None else f"{declared.replica(i)}: {exc}") from None
         if target is not None and spec.replica_id == worker_key(target):
-            raise FlagError("--replica", f"{text!r}: {spec.replica_id} is --target, the router; a replica is a "
-                                         "server behind it (its own URL)")
+            raise declared.refusal(i, text, f"{spec.replica_id} is {declared.router}, the router; a replica is a "
+                                            "server behind it (its own URL)")
         if spec.replica_id in seen:
-            raise FlagError("--replica", f"{text!r}: {spec.replica_id} is already a replica "
-                                         f"({seen[spec.replica_id]}); declare each replica once")
-        seen[spec.replica_id] = f"--replica {text}"
+            raise declared.refusal(i, text, f"{spec.replica_id} is already a replica ({seen[spec.replica_id]}); "
+                                            "declare each replica once")
+        seen[spec.replica_id] = f"{spec.where} {text}" if declared.workload is None else spec.where
         specs.append(spec)
     if otlp and sum(s.kind == "vllm" for s in specs) != 1:
         raise FlagError("--otlp-port", "--otlp-port in a deployment takes the spans of exactly one vLLM replica "
@@ -150,5 +167,5 @@ class Replicas:
         return out
 
 
-__all__ = ["REPLICA_KINDS", "DeploymentFlags", "ReplicaSpec", "Replicas", "check_replicas",
+__all__ = ["REPLICA_KINDS", "Declared", "DeploymentFlags", "ReplicaSpec", "Replicas", "check_replicas",
            "resolve"]

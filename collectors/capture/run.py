@@ -138,6 +138,12 @@ def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOp
     out = Path(out)
     servers = _server_folders(options)  # refused before the run folder exists, naming the folder
     _check_replicas(options, servers)
+    if not options.embedded:  # nothing listening there: refused now, not found with the run open (reach.py)
+        from inferledger.collectors.capture.reach import check_listening
+
+        check_listening([("--target", options.target)]
+                        + ([("--router-metrics", options.router_metrics)] if options.router_metrics else [])
+                        + [(r.where, r.url) for r in options.replicas])
     # refused before the run folder exists: a bad prediction file, a prompt past the model's context
     given = read_prediction(options.prediction) if options.prediction is not None else None
     context, source = _served_context(wl, options, bundle)
