@@ -262,6 +262,8 @@ SELECT 'run', replica_id,
                              ELSE '; its busy time is unknown: the run may lack attempts it served (the router''s count '
                                   'does not agree, or attempts of the run name no replica)' END) END
 FROM replicas r LEFT JOIN replica_reported rr USING (replica_id) WHERE busy_evidence IS DISTINCT FROM 'observed'
+  AND (attempts IS NULL OR busy_ms IS NULL OR (queue_p50_ms IS NULL AND waiting_max IS NULL)
+       OR (kv_blocks_used_max IS NULL AND kv_usage_max IS NULL) OR prefix_hit_tokens IS NULL)  -- something it cannot say
 UNION ALL
 SELECT 'run', replica_id, 'replicas router_sent, router_agrees',
        'vllm_router_processed_requests_total{worker} for this replica in two router scrapes',
