@@ -96,7 +96,8 @@ def fit_cmd(
     per_seq = (f"{fit.ms_per_seq:.3f} ms per sequence" if fit.ms_per_seq_known else
                f"per sequence unknown (every training step had {fit.covered['num_seqs'][0]})")
     console.print(f"fit: α {fit.alpha_ms:.3f} ms, {per_seq}, compute efficiency "
-                  f"{fit.compute_efficiency:.3g} on {fit.rates['compute_tflops']:.4g} TFLOP/s and "
+                  f"{fit.compute_efficiency:.3g} (attention {fit.attention_efficiency or fit.compute_efficiency:.3g}) on "
+                  f"{fit.rates['compute_tflops']:.4g} TFLOP/s and "
                   f"{fit.rates['memory_gbps']:.4g} GB/s ({fit.rates['source']}), KV bytes read {fit.kv_factor:.3g} "
                   f"times over, {fit.ms_per_wait_ms:.3g} ms on a CPU per ms waited for one")
 

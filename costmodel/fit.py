@@ -5,15 +5,18 @@ weights read once per step, the KV read and written, the activations) and the de
 run's microbenchmarks: the best of its matmul and memory-stream repeats, each raised to what a training
 step demonstrably reached where a repeat was held back: `held_rates`, `rates`; a run with no rates
 at all holds the highest rates its training steps reached). What is not known is fitted: a per-step
-host overhead α, a per-sequence overhead, one efficiency factor on the compute roof (the engine's whole
-step against its best matmul), k, the attention's KV traffic over its KV bytes (the engine reads a
+host overhead α, a per-sequence overhead, an efficiency factor on the compute roof for the linear layers
+(e: the engine's linears against its best matmul) and one for attention's FLOPs (e_att: a prefill's
+attention runs at about half the linears' rate on the CPUs measured, so one factor for both made the fit
+of a mix of prompt lengths wrong on each: too slow for short prompts batched together, too fast for long
+ones), k, the attention's KV traffic over its KV bytes (the engine reads a
 sequence's KV through its block table at several times its bytes: a decode sequence's marginal cost is
 its context at that rate, not the prefill's per-token rate) and κ, the on-CPU time a step loses per
 ms it waited for a CPU (W, the step's measured wait: steps.contention_ms). The step is two serial
 groups, the linear layers with the LM head and attention, each taking the longer of its compute and
 its memory time:
 
-    T = α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, k · Q_kv / B) + κ · min(W, T_0)
+    T = α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e_att · F_att / P, k · Q_kv / B) + κ · min(W, T_0)
 
 T_0 is the step's uncontended time (T without its last term): W counts up to it, since a thread is
 preempted at most once per slice it runs and each preemption costs it at least a slice of wait, so
@@ -25,11 +28,14 @@ simulated clock) is predicted as it would have run uncontended.
 The weights' memory rate carries no fitted factor: a step reads its weights once, so a fitted factor
 on those bytes and α are the same column on decode-only steps (least squares keeps one and drops the
 other); held at the measured rate the bytes term is always there, and α is what the step costs beyond
-it. The KV bytes vary with the context, so their factor k is seen apart from α. e and k are found by a
-search over a log grid (e from 0.5 to 200, k from 1 to 64, coarse then refined around the best; where
-the steps cannot tell values apart, the pair closest to (1, 1) is kept), α and a_seq by non-negative
-least squares on relative error (the error is judged in percent, so a 200 ms prefill and a 17 ms
-decode weigh alike).
+it. The KV bytes vary with the context, so their factor k is seen apart from α. e, e_att and k are
+found by a search over log grids (e and e_att from 0.5 to 200, k from 1 to 64): (e, k) with e_att = e
+first, coarse then refined around the best; then (e, e_att) around that e at its k; then all three
+refined around the best. Where the
+steps cannot tell values apart, a triple with e_att = e is kept if there is one (a decode's attention
+FLOPs and KV bytes grow together, so on decodes e_att and k can trade places; a run without prefills
+cannot see e_att: it stays e), then the one closest to (1, 1). α and a_seq are found by non-negative least squares on relative
+error (the error is judged in percent, so a 200 ms prefill and a 17 ms decode weigh alike).
 
 It is trained on some step *shapes* and judged on others: a step's shape is its batch size, its
 tokens and its context (each of the last two by powers of two); the distinct shapes are sorted and
@@ -38,7 +44,8 @@ batch size, tokens and context; a step outside it is `extrapolated`. The inter-s
 fit, gap = γ0 + γ1 · batch size, on the host time from one step's end to the next one's start.
 
 A fit declared by an older run keeps its form: `combine = "sum"` (T = α + F / P_eff + Q / B_eff, the
-free form once used without rates) or the physics with k = 1 (`kv_factor` absent).
+free form once used without rates), the physics with k = 1 (`kv_factor` absent) or with e_att = e
+(`attention_efficiency` absent).
 """
 from __future__ import annotations
 
@@ -55,9 +62,10 @@ from .roofs import Roof, Roofs
 HOLD_OUT_EVERY = 3  # every third distinct shape is held out
 EFFICIENCY_GRID = np.geomspace(0.5, 200.0, 241)  # e searched here (1 % steps), refined around the best
 KV_GRID = np.geomspace(1.0, 64.0, 43)  # k searched here (10 % steps), refined around the best
-COARSE, REFINE = 4, 17  # the pair is searched on every COARSE-th point of each grid, then REFINE² points around the best
-PAIRS_AT_ONCE = 64      # (e, k) pairs solved together (a steps × pairs array each)
-FLAT = 1e-3  # an e whose error is within 0.1 % of the best is as good: the one closest to 1 is kept
+COARSE, REFINE = 4, 17  # (e, k) on every COARSE-th point of each grid, REFINE² around the best, then e_att, then REFINE_3³
+REFINE_3 = 9            # points per parameter in the last, joint refinement
+PAIRS_AT_ONCE = 64      # (e, e_att, k) triples solved together (a steps × triples array each)
+FLAT = 1e-3  # a triple whose error is within 0.1 % of the best is as good: the one closest to (1, 1, e_att = e) is kept
 KINDS = ("prefill", "decode", "mixed")
 WAIT_EVIDENCE = 0.01  # κ is fitted where the training steps waited for a CPU >= 1 % of their time, else 0
 CAP_ROUNDS = 4        # fits with κ: each step's wait capped at its uncontended time from the round before
@@ -164,6 +172,8 @@ class StepFit:
     combine: str = "sum"       # "stage_max" (the physics fit) or "sum" (the free form of older fits)
     ms_per_wait_ms: float = 0.0  # κ: on-CPU ms a step loses per ms it waited for a CPU (0: not fitted)
     kv_factor: float = 1.0  # k: the attention's KV traffic over its KV bytes (1: the bytes once; older fits)
+    attention_efficiency: float | None = None  # e_att: attention's FLOPs ran e_att times slower than the best
+    # matmul (None: a fit recorded before it was fitted apart, attention at e)
 
     @classmethod
     def fit(cls, points: list[FitPoint], roofs: Roofs | None, trained_on: str = "") -> "StepFit":
@@ -196,12 +206,13 @@ class StepFit:
         for _ in range(CAP_ROUNDS if seen else 1):
             x = np.column_stack(cols + ([wait if uncontended is None else np.minimum(wait, uncontended)]
                                         if seen else [])) / y[:, None]  # relative error: rows divided by y
-            e, k, c = _search(g, y, x)
-            uncontended = c[0] + c[1] * cols[1] + _stages(g, e, k)
+            e, a, k, c = _search(g, y, x)
+            uncontended = c[0] + c[1] * cols[1] + _stages(g, e, k, a)
         alpha, per_seq, *kappa = (float(v) for v in c)
         return cls(alpha, e * ms_per_gflop, ms_per_mb, *_gap_fit(train), _covered(train), len(train),
                    trained_on=trained_on, ms_per_seq=per_seq, compute_efficiency=float(e), rates=rates,
-                   combine="stage_max", ms_per_wait_ms=kappa[0] if kappa else 0.0, kv_factor=k)
+                   combine="stage_max", ms_per_wait_ms=kappa[0] if kappa else 0.0, kv_factor=k,
+                   attention_efficiency=a)
 
     def predict_ms(self, work) -> float:
         """The step's on-CPU time for a FitPoint or a StepWork: κ times the step's measured wait, counted up
@@ -209,7 +220,7 @@ class StepFit:
         StepWork is the step as it would run uncontended."""
         fl, bl, fa, bkv = _groups(work)
         c_lin, m_lin = fl / 1e9 * self.ms_per_gflop, bl / 1e6 * self.ms_per_mb
-        c_att, m_att = fa / 1e9 * self.ms_per_gflop, self.kv_factor * bkv / 1e6 * self.ms_per_mb
+        c_att, m_att = fa / 1e9 * self.attention_ms_per_gflop, self.kv_factor * bkv / 1e6 * self.ms_per_mb
         body = (max(c_lin, m_lin) + max(c_att, m_att) if self.combine == "stage_max"
                 else c_lin + m_lin + c_att + m_att)
         uncontended = self.alpha_ms + self.ms_per_seq * work.num_seqs + body
@@ -220,11 +231,19 @@ class StepFit:
         """How predict_ms turns a step's work into milliseconds, in words."""
         if self.combine == "stage_max":
             return ("alpha_ms + ms_per_seq × sequences + max(ms_per_gflop × linear GFLOP, ms_per_mb × linear MB) "
-                    "+ max(ms_per_gflop × attention GFLOP, kv_factor × ms_per_mb × KV MB) of the step's work (costmodel.work) "
-                    "+ ms_per_wait_ms × the step's measured wait for a CPU (none: uncontended); "
-                    "ms_per_gflop = compute_efficiency / the measured matmul rate, ms_per_mb = 1 / the measured "
-                    "memory rate")
+                    "+ max(attention_ms_per_gflop × attention GFLOP, kv_factor × ms_per_mb × KV MB) of the step's work "
+                    "(costmodel.work) + ms_per_wait_ms × the step's measured wait for a CPU (none: uncontended); "
+                    "ms_per_gflop = compute_efficiency / the measured matmul rate, attention_ms_per_gflop = "
+                    "attention_efficiency / that rate, ms_per_mb = 1 / the measured memory rate")
         return "alpha_ms + ms_per_gflop × GFLOP + ms_per_mb × MB of the step's work (costmodel.work)"
+
+    @property
+    def attention_ms_per_gflop(self) -> float:
+        """ms per GFLOP of attention: e_att / P (ms_per_gflop where e_att was not fitted apart: older fits,
+        the free form)."""
+        if self.attention_efficiency is None or not self.compute_efficiency:
+            return self.ms_per_gflop
+        return self.ms_per_gflop * self.attention_efficiency / self.compute_efficiency
 
     @property
     def ms_per_seq_known(self) -> bool:
@@ -288,39 +307,47 @@ class StepFit:
         return cls(**d)
 
 
-def _stages(g: np.ndarray, e: float, k: float = 1.0) -> np.ndarray:
-    """Each step's two serial groups at efficiency e and KV factor k (g: linear compute, linear memory,
-    attention compute, KV memory, in ms at the held rates), each the longer of its compute and its memory
-    time."""
-    return np.maximum(e * g[:, 0], g[:, 1]) + np.maximum(e * g[:, 2], k * g[:, 3])
+def _stages(g: np.ndarray, e: float, k: float = 1.0, a: float | None = None) -> np.ndarray:
+    """Each step's two serial groups at efficiencies e (linears) and a (attention; e where None) and KV factor k
+    (g: linear compute, linear memory, attention compute, KV memory, in ms at the held rates), each the longer
+    of its compute and its memory time."""
+    return np.maximum(e * g[:, 0], g[:, 1]) + np.maximum((e if a is None else a) * g[:, 2], k * g[:, 3])
 
 
-def _search(g: np.ndarray, y: np.ndarray, x: np.ndarray) -> tuple[float, float, np.ndarray]:
-    """(e, k, the coefficients of x's columns): e and k over a coarse log grid, refined around the best;
-    of the flattest stretch the pair closest to (1, 1); for each pair the columns by non-negative least
-    squares on relative error."""
-    def errors(pairs: list[tuple[float, float]]) -> dict:
+def _search(g: np.ndarray, y: np.ndarray, x: np.ndarray) -> tuple[float, float, float, np.ndarray]:
+    """(e, e_att, k, the coefficients of x's columns): (e, k) over a coarse log grid with e_att = e, refined
+    around the best, then (e, e_att) around that e at its k, then the three refined around the best; of the flattest stretch the
+    triple with e_att = e if there is one, then the one closest to (1, 1); for each triple the columns by non-negative least squares on
+    relative error."""
+    def errors(triples: list[tuple[float, float, float]]) -> dict:
         out = {}
-        for i in range(0, len(pairs), PAIRS_AT_ONCE):
-            chunk = np.array(pairs[i:i + PAIRS_AT_ONCE])
-            e, k = chunk[:, 0], chunk[:, 1]
-            stages = np.maximum(np.outer(g[:, 0], e), g[:, [1]]) + np.maximum(np.outer(g[:, 2], e), np.outer(g[:, 3], k))
+        for i in range(0, len(triples), PAIRS_AT_ONCE):
+            chunk = np.array(triples[i:i + PAIRS_AT_ONCE])
+            e, a, k = chunk[:, 0], chunk[:, 1], chunk[:, 2]
+            stages = np.maximum(np.outer(g[:, 0], e), g[:, [1]]) + np.maximum(np.outer(g[:, 2], a), np.outer(g[:, 3], k))
             _, err = _nnls_many(x, (y[:, None] - stages) / y[:, None])
             out.update(zip(map(tuple, chunk.tolist()), err.tolist()))
         return out
 
-    def around(grid: np.ndarray, v: float) -> np.ndarray:
+    def around(grid: np.ndarray, v: float, n: int = REFINE) -> np.ndarray:
         i = int(np.searchsorted(grid, v))
-        return np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], REFINE)
+        return np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], n)
 
     coarse_e, coarse_k = EFFICIENCY_GRID[::COARSE], KV_GRID[::COARSE]
-    tried = errors([(float(e), float(k)) for e in coarse_e for k in coarse_k])
-    e0, k0 = min(tried, key=tried.get)
-    tried |= errors([(float(e), float(k)) for e in around(coarse_e, e0) for k in around(coarse_k, k0)])
+    tried = errors([(float(e), float(e), float(k)) for e in coarse_e for k in coarse_k])
+    e0, _, k0 = min(tried, key=tried.get)
+    tried |= errors([(float(e), float(e), float(k)) for e in around(coarse_e, e0) for k in around(coarse_k, k0)])
+    e0, _, k0 = min(tried, key=tried.get)  # the best with attention at the linears' efficiency
+    tried |= errors([(float(e), float(a), k0) for e in around(coarse_e, e0) for a in coarse_e])
+    e1, a1, k1 = min(tried, key=tried.get)
+    tried |= errors([(float(e), float(a), float(k)) for e in around(EFFICIENCY_GRID, e1, REFINE_3)
+                     for a in around(EFFICIENCY_GRID, a1, REFINE_3) for k in around(KV_GRID, k1, REFINE_3)])
     best = min(tried.values())
-    flat = (ek for ek, err in tried.items() if err <= best * (1 + FLAT) + 1e-15)
-    e, k = min(flat, key=lambda ek: abs(math.log(ek[0])) + abs(math.log(ek[1])))
-    return e, k, _nnls(x, (y - _stages(g, e, k)) / y)
+    flat = (t for t, err in tried.items() if err <= best * (1 + FLAT) + 1e-15)
+    # attention at the linears' efficiency where the steps allow it (a decode's attention FLOPs and KV bytes grow
+    # together, so e_att and k can trade places on decodes: e_att is fitted apart only where it is seen)
+    e, a, k = min(flat, key=lambda t: (t[1] != t[0], abs(math.log(t[0])) + abs(math.log(t[2])) + abs(math.log(t[1] / t[0]))))
+    return e, a, k, _nnls(x, (y - _stages(g, e, k, a)) / y)
 
 
 def held_rates(points: list[FitPoint], roofs: Roofs | None) -> dict:

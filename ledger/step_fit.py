@@ -94,7 +94,8 @@ def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict
 
 # @table step_fit: one row per parameter or figure of the run's step-time fit (docs/LEDGER.md "step_fit",
 #   docs/MODEL.md "Fit"); empty when the run has too few steps with a shape
-# @column name: alpha_ms, ms_per_seq, compute_efficiency (e: the best matmul's rate over the step's),
+# @column name: alpha_ms, ms_per_seq, compute_efficiency (e: the best matmul's rate over the linears'),
+#   attention_efficiency (e_att: the best matmul's rate over attention's FLOPs),
 #   p_eff_tflops (the best matmul's rate / e), b_eff_gbps (the memory rate held fixed: the run's measured rate, or what a step reached where
 #   that is higher, or without a measured rate the highest a step reached), kv_factor (k: the attention's KV traffic over its
 #   KV bytes), ms_per_wait_ms (κ: on-CPU
@@ -146,7 +147,8 @@ def build(con, run) -> None:
                          f"every training step had {n} sequence(s): the cost of one more sequence cannot be told "
                          "from the step's own (alpha_ms carries it at that batch size); held at 0 in predictions"))
         params = [("alpha_ms", fit.alpha_ms, "ms"), ("ms_per_seq", fit.ms_per_seq_reported, "ms"),
-                  ("compute_efficiency", fit.compute_efficiency, "×"), ("p_eff_tflops", fit.p_eff_tflops, "TFLOP/s"),
+                  ("compute_efficiency", fit.compute_efficiency, "×"),
+                  ("attention_efficiency", fit.attention_efficiency, "×"), ("p_eff_tflops", fit.p_eff_tflops, "TFLOP/s"),
                   ("b_eff_gbps", fit.b_eff_gbps, "GB/s"), ("kv_factor", fit.kv_factor, "×"),
                   ("ms_per_wait_ms", fit.ms_per_wait_ms, "ms/ms"),
                   ("gap_alpha_ms", fit.gap_alpha_ms, "ms"),

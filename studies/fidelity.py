@@ -488,7 +488,7 @@ def compare(runs: StudyRuns) -> list[Table]:
 
 
 FIT_COLUMNS = ("alpha_ms", "ms_per_gflop", "ms_per_mb", "gap_alpha_ms", "gap_ms_per_seq", "n_train", "n_held_out",
-               "held_out_median_abs_pct", "held_out_p90_abs_pct", "ms_per_seq", "kv_factor")
+               "held_out_median_abs_pct", "held_out_p90_abs_pct", "ms_per_seq", "kv_factor", "attention_efficiency")
 ON_REAL = ("real_steps", "real_extrapolated_steps", "real_median_abs_pct", "real_p90_abs_pct")
 
 

@@ -97,6 +97,8 @@ class FittedStepModel:
                                               "source": source if f.ms_per_seq_known else
                                               "unknown: one batch size in training; held at 0"},
                                "kv_factor": {"value": f.kv_factor, "unit": "×", "source": source},
+                               "attention_ms_per_gflop": {"value": f.attention_ms_per_gflop, "unit": "ms/GFLOP",
+                                                          "source": source},
                                "gap_alpha_ms": {"value": f.gap_alpha_ms, "unit": "ms", "source": source},
                                "gap_ms_per_seq": {"value": f.gap_ms_per_seq, "unit": "ms", "source": source}},
                 "fit": f.to_dict(), "shape": self.shape.to_dict()}
