@@ -85,6 +85,8 @@ def _where_time_went(rows: list[dict]) -> Table:
 
 
 def _prediction_lines(rows: list[dict]) -> list[str]:
+    from inferledger.report.tables import PREDICTION_BASIS
+
     lines = []
     for r in rows:
         what = f"prediction {r['class']} ({r['prompt_tokens']} prompt tokens) {r['figure'].upper()}"
@@ -96,6 +98,8 @@ def _prediction_lines(rows: list[dict]) -> list[str]:
         off = "" if r["verdict"] == "met" else f" by {abs(r['off_pct']):.0f} %" if r["off_pct"] is not None else ""
         style = "green" if r["verdict"] == "met" else "red"
         lines.append(f"{what}: [{style}]{r['verdict']}{off}[/] ({got})")
+    for basis in dict.fromkeys(r["basis"] for r in rows if r["verdict"] != "unknown"):
+        lines.append(f"  the prediction's ranges {PREDICTION_BASIS[basis]}; queueing is not in them")
     return lines
 
 

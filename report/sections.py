@@ -49,10 +49,13 @@ def verdict(rv, p: str) -> str:
     body += "<h3>The prediction, per request class</h3>"
     pred = tables.verdict_prediction(rv)
     if pred:
-        body += table(["class", "prompt tokens", "figure", "measured p50 (ms)", "predicted range (ms)", "verdict", "off"],
+        body += table(["class", "prompt tokens", "figure", "measured p50 (ms)", "predicted range (ms)", "range", "verdict",
+                       "off"],
                       [[r["class"], r["prompt_tokens"], r["figure"].upper(), fmt(r["measured_p50_ms"]),
-                        f"{fmt(r['predicted_low_ms'])} – {fmt(r['predicted_high_ms'])}", r["verdict"],
+                        f"{fmt(r['predicted_low_ms'])} – {fmt(r['predicted_high_ms'])}", r["basis"], r["verdict"],
                         "" if r["off_pct"] is None else f"{r['off_pct']:+.0f} %"] for r in pred])
+        for basis in dict.fromkeys(r["basis"] for r in pred):
+            body += note(f"{basis}: the ranges {tables.PREDICTION_BASIS[basis]}; queueing is not in them")
     else:
         body += note("no registered prediction (prediction_check has no row)")
     c = tables.verdict_cause(rv)

@@ -106,21 +106,29 @@ def against_range(measured, low, high) -> tuple[str, float | None]:
     return "met", 0.0
 
 
+PREDICTION_BASIS = {"step fit": "through the registered step fit (the engine's own efficiency, from an earlier run)",
+                    "roofs": "at the measured roofs (the engine at the device's rates, without its own "
+                             "efficiency; register a step fit with `inferledger predict --fit RUN`)"}
+
+
 def verdict_prediction(rv: RunView) -> list[dict]:
     """The registered prediction against the run, per request class and shape (prediction_check): each
-    figure's median against its sustained range."""
+    figure's median against its expected range: the step fit's where the prediction carries one (the engine
+    as an earlier run measured it), else the sustained roofs' (`basis`)."""
     if not rv.has("prediction_check"):
         return []
     out = []
     rows = rv.all("SELECT class, prompt_tokens, n_attempts, ttft_p50_ms, ttft_sustained_low_ms, ttft_sustained_high_ms, "
-                  "tpot_p50_ms, tpot_sustained_low_ms, tpot_sustained_high_ms FROM prediction_check "
-                  "ORDER BY class, prompt_tokens")
+                  "ttft_fit_low_ms, ttft_fit_high_ms, tpot_p50_ms, tpot_sustained_low_ms, tpot_sustained_high_ms, "
+                  "tpot_fit_low_ms, tpot_fit_high_ms FROM prediction_check ORDER BY class, prompt_tokens")
     for cls, prompt, n, *vals in rows:
-        for figure, (measured, low, high) in (("ttft", vals[0:3]), ("tpot", vals[3:6])):
+        for figure, (measured, s_low, s_high, f_low, f_high) in (("ttft", vals[0:5]), ("tpot", vals[5:10])):
+            fitted = f_low is not None and f_high is not None
+            low, high = (f_low, f_high) if fitted else (s_low, s_high)
             verdict, off = against_range(num(measured), num(low), num(high))
             out.append({"class": cls, "prompt_tokens": prompt, "n_attempts": n, "figure": figure,
                         "measured_p50_ms": num(measured), "predicted_low_ms": num(low), "predicted_high_ms": num(high),
-                        "verdict": verdict, "off_pct": off})
+                        "basis": "step fit" if fitted else "roofs", "verdict": verdict, "off_pct": off})
     return out
 
 

@@ -785,3 +785,42 @@ def test_a_json_input_too_long_to_be_one_is_refused_before_it_is_read(tmp_path):
         read_device_params(big)
     with pytest.raises(ShapeError, match=r": 20971520 bytes: a config.json is at most 16777216 bytes$"):
         ModelShape.from_hf_config(big)
+
+
+def test_the_verdict_judges_the_step_fits_range_where_the_prediction_carries_one(registered_run, tmp_path):
+    """A prediction made with `predict --fit RUN` carries the engine's own efficiency; the summary's verdict
+    judged it against the roofs' sustained range all the same. Here each request of the registered file gets
+    a step-fit TTFT range of [1, 2] ms (below every measured TTFT: missed, above by (p50 − 2) / 2) and a
+    TPOT range of [0.001, 100,000] ms (met); the same run without a fit is judged at the roofs."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    def verdict(run):
+        res = CliRunner().invoke(app, ["summary", str(run), "--format", "json"])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)["verdict_prediction"]
+
+    plain = verdict(registered_run)
+    assert plain and {r["basis"] for r in plain} == {"roofs"}
+    run = tmp_path / "run"
+    shutil.copytree(registered_run, run)
+    doc = json.loads((run / "prediction.json").read_text())
+    for r in doc["requests"]:
+        r["ttft_expected_ms"]["fit"], r["tpot_expected_ms"]["fit"] = [1.0, 2.0], [0.001, 100000.0]
+    data = json.dumps(doc).encode()
+    (run / "prediction.json").write_bytes(data)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["prediction"]["sha256"] = hashlib.sha256(data).hexdigest()  # registered so: still valid
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    reconstruct(run)
+    rows = {r["figure"]: r for r in verdict(run)}
+    ttft, tpot = rows["ttft"], rows["tpot"]
+    assert (ttft["basis"], ttft["predicted_low_ms"], ttft["predicted_high_ms"]) == ("step fit", 1.0, 2.0)
+    assert ttft["verdict"] == "missed: above"
+    assert ttft["off_pct"] == pytest.approx((ttft["measured_p50_ms"] - 2.0) / 2.0 * 100)
+    assert (tpot["basis"], tpot["verdict"], tpot["predicted_low_ms"]) == ("step fit", "met", 0.001)
+    res = CliRunner().invoke(app, ["summary", str(run)], env={"COLUMNS": "250"})
+    assert "the prediction's ranges through the registered step fit" in res.output
