@@ -125,6 +125,11 @@ def capture_cmd(
                                               "capture makes its own from the workload, the model and the measured "
                                               "roofs). Copied to RUN/prediction.json, its sha256 and registration "
                                               "time in the manifest."),
+    fit: Optional[Path] = typer.Option(None, "--fit", help="Embedded engine: a reconstructed run of this engine on "
+                                       "this host whose step-time fit gives the capture's own prediction its expected "
+                                       "ranges (the engine's own efficiency, beside the roofs' range); the verdict "
+                                       "judges the run against them. Not with --prediction (`inferledger predict "
+                                       "--fit RUN` makes such a file)."),
 ) -> None:
     """Drive a workload against a target and record the run.
 
@@ -224,12 +229,28 @@ def capture_cmd(
     if target != "embedded" and set(engine) - {"max_num_seqs"}:
         raise typer.BadParameter("the engine's flags set the embedded engine; a URL target's server has its own",
                                  param_hint="--" + next(k for k in engine if k != "max_num_seqs").replace("_", "-"))
+    step_fit = None
+    if fit is not None:
+        from inferledger.costmodel.prediction import PredictionError
+        from inferledger.studies.predict import fit_of
+
+        if prediction is not None:
+            raise typer.BadParameter("--prediction registers a file made earlier; --fit gives the capture's own "
+                                     "prediction a step fit: give one (`inferledger predict --fit RUN` puts a fit in "
+                                     "a file)", param_hint="--fit")
+        if target != "embedded":
+            raise typer.BadParameter("a URL target's capture registers no prediction of its own: make one with "
+                                     "`inferledger predict --fit RUN` and give it as --prediction", param_hint="--fit")
+        try:
+            step_fit = fit_of(fit)
+        except PredictionError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--fit") from None
     options = CaptureOptions(
         target=target, separate_clocks=separate_clocks, max_num_seqs=max_num_seqs, model=model, device=device,
         drain_timeout_s=drain_timeout, microbenchmarks=microbench, served_model=served_model_name, api_key=api_key,
         evidence=EvidenceOptions(otlp_port=otlp_port, scrape_metrics=scrape_metrics, engine_host=engine_host,
                                  engine_clock_epsilon_ms=engine_clock_epsilon_ms),
-        prediction=prediction, buckets=buckets, engine_config=engine, warmups=num_warmups,
+        prediction=prediction, prediction_fit=step_fit, buckets=buckets, engine_config=engine, warmups=num_warmups,
         servers=tuple(server or ()), server_wait_s=server_wait, router_metrics=router_metrics, replicas=replicas)
     result = run_capture(wl, out, options)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: {command_name()} reconstruct {result.run_dir})")

@@ -824,3 +824,38 @@ def test_the_verdict_judges_the_step_fits_range_where_the_prediction_carries_one
     assert (tpot["basis"], tpot["verdict"], tpot["predicted_low_ms"]) == ("step fit", "met", 0.001)
     res = CliRunner().invoke(app, ["summary", str(run)], env={"COLUMNS": "250"})
     assert "the prediction's ranges through the registered step fit" in res.output
+
+
+def _flat_fit():
+    """A step fit whose every step takes α = 5 ms and whose host time between steps is 0.5 ms: its
+    expected ranges are [5, 5] ms for TTFT and [5.5, 5.5] ms for TPOT, whatever the shape."""
+    from inferledger.costmodel.fit import StepFit
+
+    return StepFit(alpha_ms=5.0, ms_per_gflop=0.0, ms_per_mb=0.0, gap_alpha_ms=0.5, gap_ms_per_seq=0.0,
+                   combine="stage_max", kv_factor=0.0, trained_on="an earlier run")
+
+
+def test_a_capture_given_a_step_fit_registers_its_ranges(bundle, tmp_path):
+    run = tmp_path / "run"
+    capture(Workload.load(_workload(tmp_path, n=1)), run,
+            CaptureOptions(max_num_seqs=4, prediction_fit=_flat_fit()), bundle=bundle)
+    doc = json.loads((run / "prediction.json").read_text())
+    assert [(r["ttft_expected_ms"]["fit"], r["tpot_expected_ms"]["fit"]) for r in doc["requests"]] == [
+        ([5.0, 5.0], [5.5, 5.5])]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["prediction"]["source"].endswith("the step fit of an earlier run)")
+
+
+def test_capture_fit_is_refused_with_a_prediction_file_a_url_target_or_a_run_without_a_ledger(tmp_path):
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    wl = str(_workload(tmp_path))
+    cases = [(["--fit", str(tmp_path), "--prediction", str(tmp_path / "p.json")], "--prediction registers a file"),
+             (["--fit", str(tmp_path), "--target", "http://127.0.0.1:9"], "a URL target's capture registers no"),
+             (["--fit", str(tmp_path)], "no ledger; run `inferledger reconstruct")]
+    for flags, refusal in cases:
+        res = CliRunner().invoke(app, ["capture", "-w", wl, "-o", str(tmp_path / "run"), *flags], env={"COLUMNS": "300"})
+        assert res.exit_code == 2 and "--fit" in res.output and refusal in " ".join(res.output.split()), res.output
+        assert not (tmp_path / "run").exists()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from inferledger.collectors.capture import SERVER_WAIT_S
 from inferledger.collectors.evidence.engine_evidence import EvidenceOptions
+from inferledger.costmodel.fit import StepFit
 from inferledger.engine.params import EngineConfig
 from inferledger.serve import DRAIN_TIMEOUT_S
 
@@ -39,6 +40,7 @@ class CaptureOptions:
     replicas: tuple = ()  # a router target's replicas that are no `serve --out` folder (deployment.py ReplicaSpec)
     # the run
     prediction: str | Path | None = None  # a file from `inferledger predict` (None: the capture's own)
+    prediction_fit: StepFit | None = None  # an earlier run's step fit: the capture's own prediction's fit ranges
     run_id: str | None = None  # None: the folder's name
     buckets: int | None = None  # a clean run's events end partitioned into this many task buckets
     # the interpreter's thread switch interval during the run, so the client's loop is not held for

@@ -39,9 +39,10 @@ def workload_shapes(wl) -> list[dict]:
                           for c in wl.classes)
 
 
-def own_prediction(wl, identity: dict, device_params: dict, max_batch: int) -> tuple[bytes | None, str]:
+def own_prediction(wl, identity: dict, device_params: dict, max_batch: int, fit=None) -> tuple[bytes | None, str]:
     """(the capture's own prediction, where it came from), or (None, why there is none): no shape, no
-    roofs, or no class with a prompt length. A capture never stops for want of a prediction."""
+    roofs, or no class with a prompt length. A capture never stops for want of a prediction. `fit` (a
+    costmodel StepFit, `capture --fit RUN`) adds its expected ranges, which the verdict judges the run by."""
     manifest = Manifest({"model": identity, "device_params": device_params})
     try:
         shape = manifest.model_shape()
@@ -54,10 +55,11 @@ def own_prediction(wl, identity: dict, device_params: dict, max_batch: int) -> t
         return None, "no roofs: no spec entry for the device and no microbenchmarks (device_params)"
     if not shapes:
         return None, "no request shape: no workload class declares prompt_tokens"
-    doc = predict(shape, shapes, peak, max_batch=max_batch, sustained=sustained_roofs(device_params),
+    doc = predict(shape, shapes, peak, max_batch=max_batch, sustained=sustained_roofs(device_params), fit=fit,
                   workload={"name": wl.name, "path": wl.path, "sha256": wl.sha256},
                   device={"name": manifest.device_name, "dtype": dtype})
-    return dumps(doc).encode(), "computed by the capture (workload classes, the loaded model, device_params)"
+    with_fit = "" if fit is None else f", the step fit of {fit.trained_on or 'an earlier run'}"
+    return dumps(doc).encode(), f"computed by the capture (workload classes, the loaded model, device_params{with_fit})"
 
 
 def register(out: Path, data: bytes, source: str, clock: str) -> dict:

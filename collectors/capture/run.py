@@ -258,7 +258,8 @@ def _prepare(wl: Workload, options: CaptureOptions, bundle, given: bytes | None,
             max_tokens=limits.get("max_num_batched_tokens"))
     source = str(options.prediction) if given is not None else "no file given (capture --prediction)"
     if given is None and options.embedded:
-        given, source = own_prediction(wl, bundle.identity, device_params, limits["max_num_seqs"])
+        given, source = own_prediction(wl, bundle.identity, device_params, limits["max_num_seqs"],
+                                       options.prediction_fit)
     if options.warmups:
         stage(f"{options.warmups} warm-ups")
     warmups = warm_up(options.warmups, plans, wl, options, bundle)  # before anything is recorded
