@@ -5,7 +5,7 @@
 --
 -- scope: rollup
 -- reads: window_bounds, window_starts, device_steps, request_metrics, attempts, marks, steps, window_energy, power_check,
---        kv_integral, step_attribution, sum_if_known, clock_conv, samples
+--        kv_integral, step_attribution, sum_if_known, clock_conv, samples, declared_replicas
 -- creates: run_metrics, run_metrics_gaps
 -- @table run_metrics: one row per run: its figures over the observation window (docs/LEDGER.md
 --   "run_metrics")
@@ -46,10 +46,13 @@
 --   server, measured apart from any span. Our engine: num_running + num_waiting of each step.start, held from
 --   that step's start to the next's, but 0 from the end of a step that held every sequence of the engine (none
 --   waiting, every running one in its batch) of which none goes on in the next step (the engine idle, empty)
---   and 0 before its first step; a vLLM run: the scraped vllm:num_requests_running + vllm:num_requests_waiting,
---   each scrape held until the next. Sequences, as the gauges count them (an n > 1 request counts n)
--- @column server_in_system_source: which gauge: engine_steps (step.start num_running, num_waiting) or
---   vllm_metrics (the scraped /metrics gauges); NULL where the run has neither
+--   and 0 before its first step; a vLLM run: the scraped vllm:num_requests_running + vllm:num_requests_waiting
+--   (llama.cpp: llamacpp:requests_processing + llamacpp:requests_deferred), each scrape held until the next,
+--   known where the scrapes reach back to the window's start. A deployment adds its replicas' gauges (unknown
+--   where a declared replica has none). Sequences, as the gauges count them (an n > 1 request counts n)
+-- @column server_in_system_source: which gauges: engine_steps (step.start num_running, num_waiting),
+--   vllm_metrics, llamacpp_metrics (scraped /metrics), joined by + where a deployment has several; NULL where
+--   the run has none
 -- @column server_attempted_rps: attempts the server admitted (engine.enqueued) in the window / t_obs_s: the
 --   server's λ
 -- @column mean_time_in_server_s: mean engine.enqueued → engine.finished over those attempts that finished, s:
@@ -134,26 +137,35 @@ WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), 
          sum(level * greatest(least(e, w.t1) - greatest(s, w.t0), 0)) / 1e9 AS in_server_s
   FROM gauge_segments, window_bounds w
 ), scrapes AS (
-  -- vLLM's own gauges, scraped from its /metrics (source vllm-metrics, summed over label sets): each scrape's
-  -- running + waiting, held until the replica's next scrape
-  SELECT sm.device, sm.ts_ns + cv.offset_ns AS t,
-         sum(sm.value) FILTER (WHERE sm.metric = 'vllm:num_requests_running')
-           + sum(sm.value) FILTER (WHERE sm.metric = 'vllm:num_requests_waiting') AS level
+  -- an engine's own gauges scraped from its /metrics (summed over label sets), each scrape held until the
+  -- replica's next: vLLM's running + waiting, llama.cpp's processing + deferred
+  SELECT sm.source, sm.device, sm.ts_ns + cv.offset_ns AS t,
+         sum(sm.value) FILTER (WHERE sm.metric IN ('vllm:num_requests_running', 'llamacpp:requests_processing'))
+           + sum(sm.value) FILTER (WHERE sm.metric IN ('vllm:num_requests_waiting', 'llamacpp:requests_deferred')) AS level
   FROM samples sm
   LEFT JOIN clock_conv cv ON cv.from_clock = sm.clock AND cv.to_clock = (SELECT clock FROM window_bounds)
-  WHERE sm.source = 'vllm-metrics' AND sm.metric IN ('vllm:num_requests_running', 'vllm:num_requests_waiting')
-  GROUP BY sm.device, sm.ts_ns, sm.clock, cv.offset_ns
+  WHERE (sm.source = 'vllm-metrics' AND sm.metric IN ('vllm:num_requests_running', 'vllm:num_requests_waiting'))
+     OR (sm.source = 'llamacpp-metrics' AND sm.metric IN ('llamacpp:requests_processing', 'llamacpp:requests_deferred'))
+  GROUP BY sm.source, sm.device, sm.ts_ns, sm.clock, cv.offset_ns
 ), scraped_gauge AS (
   -- known where every replica's scrapes reach back to the window's start (the capture scrapes once before the load)
-  SELECT count(*) AS n,
+  SELECT count(*) AS n, string_agg(DISTINCT replace(source, '-', '_'), '+' ORDER BY replace(source, '-', '_')) AS sources,
          count(*) FILTER (WHERE level IS NULL OR t IS NULL OR first_t > w.t0) AS n_unknown,
          sum(level * greatest(least(coalesce(next_t, w.t1), w.t1) - greatest(t, w.t0), 0)) / 1e9 AS in_server_s
-  FROM (SELECT *, lead(t) OVER (PARTITION BY device ORDER BY t) AS next_t,
-               min(t) OVER (PARTITION BY device) AS first_t FROM scrapes), window_bounds w
+  FROM (SELECT *, lead(t) OVER (PARTITION BY source, device ORDER BY t) AS next_t,
+               min(t) OVER (PARTITION BY source, device) AS first_t FROM scrapes), window_bounds w
+), gauged_replicas AS (  -- the replicas a gauge covers: a deployment's replica without one leaves the sum unknown
+  SELECT DISTINCT replica_id FROM steps WHERE replica_id IS NOT NULL
+  UNION SELECT DISTINCT device FROM scrapes WHERE device IS NOT NULL
 ), server_gauge AS (
-  SELECT CASE WHEN g.n > 0 THEN 'engine_steps' WHEN v.n > 0 THEN 'vllm_metrics' END AS source,
-         CASE WHEN g.n > 0 THEN CASE WHEN g.n_unknown = 0 THEN g.in_server_s END
-              WHEN v.n > 0 THEN CASE WHEN v.n_unknown = 0 THEN v.in_server_s END END AS in_server_s
+  -- the engine's steps and the scraped gauges each cover their own servers (our replicas are scraped under
+  -- a source of their own, not counted twice)
+  SELECT nullif(concat_ws('+', CASE WHEN g.n > 0 THEN 'engine_steps' END, v.sources), '') AS source,
+         CASE WHEN (g.n > 0 OR v.n > 0) AND (g.n = 0 OR g.n_unknown = 0) AND (v.n = 0 OR v.n_unknown = 0)
+                   AND NOT EXISTS (SELECT 1 FROM declared_replicas() d
+                                   WHERE d.replica_id NOT IN (SELECT replica_id FROM gauged_replicas))
+              THEN coalesce(CASE WHEN g.n > 0 THEN g.in_server_s END, 0) + coalesce(CASE WHEN v.n > 0 THEN v.in_server_s END, 0)
+              END AS in_server_s
   FROM engine_gauge g, scraped_gauge v
 ), server_little AS (
   -- λ and W at the server: the attempts it admitted (engine.enqueued) in the window, their enqueue → engine.finished
@@ -282,17 +294,17 @@ UNION ALL
 SELECT 'run', NULL, 'server_in_system, server_little_rel_err, client_transport_in_system',
        CASE WHEN server_in_system_source IS NULL
             THEN 'the server''s in-system gauge: our engine''s step events (step.start num_running, num_waiting) or '
-                 || 'vLLM''s scraped vllm:num_requests_running and vllm:num_requests_waiting (capture --scrape-metrics)'
-            WHEN server_in_system_source = 'engine_steps'
-            THEN 'num_running and num_waiting on every step.start, on a clock the window''s clock maps'
-            ELSE 'both gauges in every scrape, the first scrape before the window''s start, on a clock the window''s clock maps' END,
+                 || 'an engine''s scraped gauges (capture --scrape-metrics: vllm:num_requests_running and _waiting; '
+                 || 'llamacpp:requests_processing and _deferred)'
+            ELSE 'num_running and num_waiting on every step.start, both gauges in every scrape with the first '
+                 || 'before the window''s start, every point on a clock the window''s clock maps, a gauge for every '
+                 || 'replica of the deployment' END,
        CASE WHEN server_in_system_source IS NULL
-            THEN 'the run has neither engine steps nor scraped vLLM gauges: the number of requests in the server is unknown'
-            WHEN server_in_system_source = 'engine_steps'
-            THEN 'a step.start without num_running / num_waiting (an older run or another writer), or a step no clock '
-                 || 'mapping places on the window''s clock: the engine''s gauge over the window is unknown'
-            ELSE 'a scrape without one of the two gauges, a replica first scraped after the window''s start, or a '
-                 || 'scrape no clock mapping places: the scraped gauge over the window is unknown' END
+            THEN 'the run has neither engine steps nor scraped engine gauges: the number of requests in the server is unknown'
+            ELSE 'a step.start without num_running / num_waiting (an older run or another writer), a scrape without '
+                 || 'one of its two gauges, a replica first scraped after the window''s start, a point no clock mapping '
+                 || 'places, or a declared replica with neither steps nor scrapes: the server''s gauge over the window '
+                 || 'is unknown' END
 FROM run_metrics WHERE server_in_system IS NULL AND t_obs_s > 0
 UNION ALL
 SELECT 'run', NULL, 'server_attempted_rps, mean_time_in_server_s, server_little_rel_err',

@@ -89,3 +89,26 @@ def test_vllms_scraped_gauges_are_its_server_l_and_none_is_null_with_a_gap(tmp_p
     assert m["client_transport_in_system"] is None
     assert con.execute("SELECT count(*) FROM gaps WHERE affects LIKE 'server_in_system%' "
                        "AND detail LIKE '%neither engine steps nor%'").fetchone()[0] == 1
+
+
+def test_a_deployments_gauges_add_up_and_a_replica_without_one_leaves_it_unknown(tmp_path):
+    # replica v (vLLM: running + waiting 1 from 0 ms, 3 from 40 ms) and replica l (llama.cpp: processing +
+    # deferred 2 throughout): (1 × 40 + 3 × 60 + 2 × 100) ms·req / 100 ms = 4.2
+    events = [_e("attempt.sent", 0, "A1"), _e("attempt.done", 100, "A1", attrs={"finish_reason": "stop"})]
+    scraped = [(0, "vllm:num_requests_running", 1, "count", "v", "vllm-metrics"),
+               (0, "vllm:num_requests_waiting", 0, "count", "v", "vllm-metrics"),
+               (40, "vllm:num_requests_running", 2, "count", "v", "vllm-metrics"),
+               (40, "vllm:num_requests_waiting", 1, "count", "v", "vllm-metrics"),
+               (0, "llamacpp:requests_processing", 1, "count", "l", "llamacpp-metrics"),
+               (0, "llamacpp:requests_deferred", 1, "count", "l", "llamacpp-metrics")]
+    replicas = [{"replica_id": "v", "kind": "vllm"}, {"replica_id": "l", "kind": "llamacpp"}]
+    con = build_run(tmp_path / "d", events, samples=scraped, manifest={"deployment": {"replicas": replicas}})
+    m = _metrics(con)
+    assert m["server_in_system"] == pytest.approx(4.2)
+    assert m["server_in_system_source"] == "llamacpp_metrics+vllm_metrics"
+    # a third replica, black-box, reports no gauge: the deployment's sum is unknown, not the other two's
+    replicas.append({"replica_id": "b", "kind": "blackbox"})
+    con = build_run(tmp_path / "b", events, samples=scraped, manifest={"deployment": {"replicas": replicas}})
+    assert _metrics(con)["server_in_system"] is None
+    assert con.execute("SELECT count(*) FROM gaps WHERE affects LIKE 'server_in_system%' "
+                       "AND detail LIKE '%declared replica with neither%'").fetchone()[0] == 1
