@@ -265,7 +265,8 @@ LEFT JOIN (SELECT * FROM window_energy WHERE metric = 'cpu_dram_energy_uj' AND N
 
 -- @gaps: no planned arrival rate (a closed loop, a replay, or a manifest that does not say); no device time; a completed attempt without a token count or without its engine prompt counts
 --   (the run's sums are unknown); no server in-system gauge (neither engine steps with num_running / num_waiting
---   nor scraped vLLM gauges reaching back to the window's start); no server admission and departure events.
+--   nor scraped engine gauges reaching back to the window's start, or a declared replica without one); no server
+--   admission and departure events.
 CREATE OR REPLACE TEMP TABLE run_metrics_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO run_metrics_gaps
 SELECT 'run', NULL, 'offered_rps, run_diagnosis point rows',
