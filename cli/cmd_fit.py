@@ -99,7 +99,18 @@ def fit_cmd(
                   f"{fit.compute_efficiency:.3g} (attention {fit.attention_efficiency or fit.compute_efficiency:.3g}) on "
                   f"{fit.rates['compute_tflops']:.4g} TFLOP/s and "
                   f"{fit.rates['memory_gbps']:.4g} GB/s ({fit.rates['source']}), KV bytes read {fit.kv_factor:.3g} "
-                  f"times over, {fit.ms_per_wait_ms:.3g} ms on a CPU per ms waited for one")
+                  f"times over, {fit.ms_per_wait_ms:.3g} ms on a CPU per ms waited for one{_gap_words(fit)}")
+
+
+def _gap_words(fit) -> str:
+    """The fit's host time between steps, its per-sequence term named unknown where it was not fitted."""
+    if fit.gap_alpha_ms is None:
+        return ""
+    if fit.gap_ms_per_seq_known:
+        return f"; host time between steps {fit.gap_alpha_ms:.3f} ms + {fit.gap_ms_per_seq:.3f} ms per sequence"
+    n = (fit.gap_covered_num_seqs or fit.covered["num_seqs"])[0]
+    return (f"; host time between steps {fit.gap_alpha_ms:.3f} ms at {n} sequence(s), per sequence unknown "
+            f"(every step with host time after it had {n})")
 
 
 def register(app: typer.Typer) -> None:

@@ -174,6 +174,7 @@ class StepFit:
     kv_factor: float = 1.0  # k: the attention's KV traffic over its KV bytes (1: the bytes once; older fits)
     attention_efficiency: float | None = None  # e_att: attention's FLOPs ran e_att times slower than the best
     # matmul (None: a fit recorded before it was fitted apart, attention at e)
+    gap_covered_num_seqs: list | None = None  # [lo, hi] batch sizes of the steps the gap term was trained on
 
     @classmethod
     def fit(cls, points: list[FitPoint], roofs: Roofs | None, trained_on: str = "") -> "StepFit":
@@ -209,10 +210,11 @@ class StepFit:
             e, a, k, c = _search(g, y, x)
             uncontended = c[0] + c[1] * cols[1] + _stages(g, e, k, a)
         alpha, per_seq, *kappa = (float(v) for v in c)
-        return cls(alpha, e * ms_per_gflop, ms_per_mb, *_gap_fit(train), _covered(train), len(train),
+        gap_alpha, gap_per_seq, gap_seqs = _gap_fit(train)
+        return cls(alpha, e * ms_per_gflop, ms_per_mb, gap_alpha, gap_per_seq, _covered(train), len(train),
                    trained_on=trained_on, ms_per_seq=per_seq, compute_efficiency=float(e), rates=rates,
                    combine="stage_max", ms_per_wait_ms=kappa[0] if kappa else 0.0, kv_factor=k,
-                   attention_efficiency=a)
+                   attention_efficiency=a, gap_covered_num_seqs=gap_seqs)
 
     def predict_ms(self, work) -> float:
         """The step's on-CPU time for a FitPoint or a StepWork: κ times the step's measured wait, counted up
@@ -257,7 +259,22 @@ class StepFit:
         """ms_per_seq where it was fitted, else None (unknown)."""
         return self.ms_per_seq if self.ms_per_seq_known else None
 
+    @property
+    def gap_ms_per_seq_known(self) -> bool:
+        """Whether gap_ms_per_seq was fitted: the steps the gap term was trained on had more than one batch size
+        (else it is held at 0 and gap_alpha_ms is the host time at the one batch size they had). A fit
+        recorded without that range is judged by the training steps' batch sizes."""
+        lo, hi = self.gap_covered_num_seqs or self.covered.get("num_seqs", (None, None))
+        return self.gap_alpha_ms is not None and lo is not None and lo < hi
+
+    @property
+    def gap_ms_per_seq_reported(self) -> float | None:
+        """gap_ms_per_seq where it was fitted, else None (unknown)."""
+        return self.gap_ms_per_seq if self.gap_ms_per_seq_known else None
+
     def predict_gap_ms(self, num_seqs: int) -> float | None:
+        """The host time after a step of num_seqs sequences (gap_ms_per_seq held at 0 where it is unknown, as
+        ms_per_seq is in predict_ms); None without a gap term."""
         if self.gap_alpha_ms is None:
             return None
         return self.gap_alpha_ms + self.gap_ms_per_seq * num_seqs
@@ -374,12 +391,17 @@ def held_rates(points: list[FitPoint], roofs: Roofs | None) -> dict:
     return out
 
 
-def _gap_fit(train: list[FitPoint]) -> tuple[float | None, float | None]:
+def _gap_fit(train: list[FitPoint]) -> tuple[float | None, float | None, list | None]:
+    """(γ0, γ1, [lo, hi] batch sizes of the steps it was trained on) of gap = γ0 + γ1 · batch. Steps of one
+    batch size cannot tell γ0 from γ1 · batch (the columns are one): γ1 is held at 0 there
+    (StepFit.gap_ms_per_seq_known), never split between the two."""
     gaps = [p for p in train if p.gap_ms is not None]
     if len(gaps) < 2:
-        return None, None
-    g0, g1 = _nnls(np.array([[1.0, p.num_seqs] for p in gaps]), np.array([p.gap_ms for p in gaps]))
-    return float(g0), float(g1)
+        return None, None, None
+    seqs = [p.num_seqs for p in gaps]
+    several = len(set(seqs)) > 1
+    g0, g1 = _nnls(np.array([[1.0, n if several else 0.0] for n in seqs]), np.array([p.gap_ms for p in gaps]))
+    return float(g0), float(g1), [min(seqs), max(seqs)]
 
 
 def _covered(train: list[FitPoint]) -> dict:

@@ -29,9 +29,14 @@ PUBLIC = ("request_model",)
 
 _SCHEDULE = """
 WITH gp AS (SELECT max(value) FILTER (WHERE name = 'gap_alpha_ms') AS a,
-                   max(value) FILTER (WHERE name = 'gap_ms_per_seq') AS b FROM step_fit),
+                   max(value) FILTER (WHERE name = 'gap_ms_per_seq') AS b,
+                   max(value) FILTER (WHERE name = 'gap_covered_num_seqs_lo') AS lo,
+                   max(value) FILTER (WHERE name = 'gap_covered_num_seqs_hi') AS hi FROM step_fit),
 sm AS (SELECT m.step_id, m.measured_ms, m.gap_after_ms, m.bound_ms, p.predicted_ms, st.start_ns, st.clock,
-              coalesce(gp.a + gp.b * m.num_seqs, 0) AS pred_gap_ms  -- a fit without a gap term predicts none
+              CASE WHEN gp.a IS NULL THEN 0  -- a fit without a gap term predicts none
+                   WHEN gp.b IS NOT NULL THEN gp.a + gp.b * m.num_seqs
+                   -- the per-sequence term unknown (one batch size in training): known at that batch size only
+                   WHEN m.num_seqs BETWEEN gp.lo AND gp.hi THEN gp.a END AS pred_gap_ms
        FROM step_model m JOIN steps st ON st.step_id = m.step_id
        LEFT JOIN step_fit_points p ON p.step_id = m.step_id, gp),
 att AS (SELECT attempt_id, min(step_id) AS s1, max(step_id) AS z FROM step_attribution GROUP BY attempt_id),
@@ -56,7 +61,11 @@ SELECT attempt_id,
   coalesce(sum(pred_gap_ms) FILTER (WHERE gap_win = 'prefill'), 0) AS pg_pred,
   coalesce(sum(gap_after_ms) FILTER (WHERE gap_win = 'prefill'), 0) AS pg_meas,
   coalesce(sum(pred_gap_ms) FILTER (WHERE gap_win = 'decode'), 0) AS dg_pred,
-  coalesce(sum(gap_after_ms) FILTER (WHERE gap_win = 'decode'), 0) AS dg_meas
+  coalesce(sum(gap_after_ms) FILTER (WHERE gap_win = 'decode'), 0) AS dg_meas,
+  -- a gap the fit cannot predict (its batch size is not the one the gap term was trained on) makes its sum unknown
+  coalesce(bool_or(pred_gap_ms IS NULL) FILTER (WHERE win = 'queue'), false) AS q_gap_unknown,
+  coalesce(bool_or(pred_gap_ms IS NULL) FILTER (WHERE gap_win = 'prefill'), false) AS pg_unknown,
+  coalesce(bool_or(pred_gap_ms IS NULL) FILTER (WHERE gap_win = 'decode'), false) AS dg_unknown
 FROM w GROUP BY attempt_id
 """
 _ATTEMPTS = """
@@ -75,7 +84,8 @@ REQUEST_MODEL = StageTable("request_model", (
     ("residual_prefill_ms", pa.float64()), ("residual_decode_ms", pa.float64()),
     ("residual_host_ms", pa.float64()), ("transport_ms", pa.float64())), order="attempt_id")
 # @gaps: no engine steps (a peer's per-request spans); no shape, roofs or declared fit for the solo model; the
-#   solo TTFT bound, which cannot count the prompt tokens a peer served from its prefix cache
+#   solo TTFT bound, which cannot count the prompt tokens a peer served from its prefix cache; host time
+#   between steps of a batch size the fit's gap term was not trained on, with its per-sequence term unknown
 GAPS = gap_table("request_model")
 
 
@@ -105,11 +115,13 @@ def _per_token(ms, n_output, n_choices):
 # @column basis: schedule (the engine steps it was in) or solo (no steps in the run: the attempt alone)
 # @column ttft_measured_ms: request_metrics.ttft_server_ms
 # @column ttft_predicted_ms: queue + prefill steps + the gaps between them, each step at the step fit
-#   (solo: its prompt as one step at the fit; NULL without a fit)
+#   (solo: its prompt as one step at the fit; NULL without a fit, or where a gap's batch size is not the one
+#   the fit's gap term was trained on and step_fit gap_ms_per_seq is unknown)
 # @column ttft_bound_ms: the same steps at their lower bounds, gaps at 0
 # @column ttft_error_pct: (predicted − measured) / measured × 100
 # @column tpot_measured_ms: request_metrics.tpot_server_ms
-# @column tpot_predicted_ms: the decode window's predicted steps and gaps / (tokens per choice − 1)
+# @column tpot_predicted_ms: the decode window's predicted steps and gaps / (tokens per choice − 1) (NULL as
+#   ttft_predicted_ms where a gap cannot be predicted)
 # @column tpot_bound_ms: the decode window's bounds / (tokens per choice − 1)
 # @column tpot_error_pct: (predicted − measured) / measured × 100
 # @column queue_steps: engine steps that ran between its enqueue and its first step
@@ -123,27 +135,38 @@ def build(con, run) -> None:
     sched = {r.attempt_id: r for r in _named(con, _SCHEDULE)}
     have_steps = con.execute("SELECT count(*) FROM step_model").fetchone()[0] > 0
     solo = None if have_steps else _Solo.of(manifest)
-    recs, gaps = [], []
+    recs, gaps, unknown_gap_attempts = [], [], 0
     for a in _named(con, _ATTEMPTS):
         rec = {"attempt_id": a.attempt_id, "ttft_measured_ms": a.ttft_server_ms, "tpot_measured_ms": a.tpot_server_ms,
                "transport_ms": _sub(a.ttft_client_ms, a.ttft_server_ms)}
         s = sched.get(a.attempt_id)
         if s is not None:
             known = s.p_pred is not None
+            q_known, gaps_known = known and not s.q_gap_unknown, not (s.pg_unknown or s.dg_unknown)
+            unknown_gap_attempts += s.q_gap_unknown or not gaps_known
             rec.update(basis="schedule", queue_steps=s.q_steps,
-                       ttft_predicted_ms=(s.q_pred or 0) + s.p_pred + s.pg_pred if known else None,
+                       ttft_predicted_ms=(s.q_pred or 0) + s.p_pred + s.pg_pred
+                       if q_known and not s.pg_unknown else None,
                        ttft_bound_ms=(s.q_bound or 0) + s.p_bound if s.p_bound is not None else None,
                        tpot_predicted_ms=_per_token(s.d_pred + s.dg_pred, a.n_output_tokens, a.n_choices)
-                       if s.d_pred is not None else None,
+                       if s.d_pred is not None and not s.dg_unknown else None,
                        tpot_bound_ms=_per_token(s.d_bound, a.n_output_tokens, a.n_choices),
-                       residual_queue_ms=_sub(a.queue_ms, s.q_pred or 0) if known else None,
+                       residual_queue_ms=_sub(a.queue_ms, s.q_pred or 0) if q_known else None,
                        residual_prefill_ms=_sub(s.p_meas, s.p_pred), residual_decode_ms=_sub(s.d_meas, s.d_pred),
-                       residual_host_ms=(s.pg_meas + s.dg_meas) - (s.pg_pred + s.dg_pred) if known else None)
+                       residual_host_ms=(s.pg_meas + s.dg_meas) - (s.pg_pred + s.dg_pred)
+                       if known and gaps_known else None)
         elif solo is not None and a.prompt:
             rec.update(solo.predict(int(a.prompt), a.n_output_tokens, a.n_choices, a.prefill_ms, a.decode_ms))
         rec["ttft_error_pct"] = _pct(rec.get("ttft_predicted_ms"), a.ttft_server_ms)
         rec["tpot_error_pct"] = _pct(rec.get("tpot_predicted_ms"), a.tpot_server_ms)
         recs.append(rec)
+    if unknown_gap_attempts:
+        gaps.append(("run", None, "request_model ttft_predicted_ms, tpot_predicted_ms, their error_pct, "
+                     "residual_queue_ms, residual_host_ms", "training steps of more than one batch size with host "
+                     "time after them (the step fit's gap_ms_per_seq)",
+                     f"{unknown_gap_attempts} attempt(s) ran in steps of a batch size the step fit's host-time term "
+                     "was not trained on, and its time per sequence is unknown: their predictions that add that "
+                     "host time are unknown"))
     if not have_steps and recs:
         gaps.append(("run", None, "step_model, model_residuals, step_fit; request_model residual_queue_ms, "
                      "residual_host_ms (basis solo)", "per-step events (batch composition, step start and end)",

@@ -28,7 +28,8 @@ STEP_FIT_POINTS = StageTable("step_fit_points", (("step_id", pa.int64()), ("spli
                                             ("error_pct", pa.float64()), ("extrapolated", pa.bool_())),
                         order="step_id")
 # @gaps: too few engine steps of known shape to fit; no measured rates to hold the fit's physics at (held at
-#   the rates its own steps reached); training steps of one batch size (ms_per_seq unknown, held at 0)
+#   the rates its own steps reached); training steps of one batch size (ms_per_seq unknown, held at 0); steps
+#   with host time after them of one batch size (gap_ms_per_seq unknown, held at 0)
 GAPS = gap_table("step_fit")
 
 # The steps a fit sees: a measured time and a shape, and not simulated ones, nor steps whose time holds
@@ -100,9 +101,10 @@ def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict
 #   that is higher, or without a measured rate the highest a step reached), kv_factor (k: the attention's KV traffic over its
 #   KV bytes), ms_per_wait_ms (κ: on-CPU
 #   ms a step loses per ms it waited for a CPU; 0 where the training steps hardly waited), gap_alpha_ms,
-#   gap_ms_per_seq; n_train, n_held_out;
-#   train_median_abs_pct, held_out_median_abs_pct, held_out_p90_abs_pct; covered_num_seqs_lo / _hi,
-#   covered_tokens_lo / _hi, covered_context_tokens_lo / _hi
+#   gap_ms_per_seq (NULL, with a gap, where the steps with host time after them had one batch size); n_train,
+#   n_held_out; train_median_abs_pct, held_out_median_abs_pct, held_out_p90_abs_pct; covered_num_seqs_lo / _hi,
+#   covered_tokens_lo / _hi, covered_context_tokens_lo / _hi; gap_covered_num_seqs_lo / _hi (the batch sizes the
+#   gap term was trained on)
 # @column value: the figure (NULL: the fit found no such term, or no held-out step)
 # @column unit: ms, ×, TFLOP/s, GB/s, ms/ms, steps, %, sequences, tokens
 # @column source: fit (every parameter here is effective, never a peak; b_eff_gbps is the run's measured
@@ -146,19 +148,29 @@ def build(con, run) -> None:
             gaps.append(("run", None, "step_fit ms_per_seq", "training steps of more than one batch size",
                          f"every training step had {n} sequence(s): the cost of one more sequence cannot be told "
                          "from the step's own (alpha_ms carries it at that batch size); held at 0 in predictions"))
+        if fit.gap_alpha_ms is not None and not fit.gap_ms_per_seq_known:
+            n = (fit.gap_covered_num_seqs or fit.covered.get("num_seqs", [None]))[0]
+            gaps.append(("run", None, "step_fit gap_ms_per_seq",
+                         "training steps of more than one batch size with host time after them",
+                         f"every training step with host time after it had {n} sequence(s): the host time of one "
+                         "more sequence cannot be told from the gap's own (gap_alpha_ms carries it at that batch "
+                         "size); held at 0 in predictions"))
         params = [("alpha_ms", fit.alpha_ms, "ms"), ("ms_per_seq", fit.ms_per_seq_reported, "ms"),
                   ("compute_efficiency", fit.compute_efficiency, "×"),
                   ("attention_efficiency", fit.attention_efficiency, "×"), ("p_eff_tflops", fit.p_eff_tflops, "TFLOP/s"),
                   ("b_eff_gbps", fit.b_eff_gbps, "GB/s"), ("kv_factor", fit.kv_factor, "×"),
                   ("ms_per_wait_ms", fit.ms_per_wait_ms, "ms/ms"),
                   ("gap_alpha_ms", fit.gap_alpha_ms, "ms"),
-                  ("gap_ms_per_seq", fit.gap_ms_per_seq, "ms"), ("n_train", fit.n_train, "steps"),
+                  ("gap_ms_per_seq", fit.gap_ms_per_seq_reported, "ms"), ("n_train", fit.n_train, "steps"),
                   ("n_held_out", fit.n_held_out, "steps"), ("train_median_abs_pct", fit.train_median_abs_pct, "%"),
                   ("held_out_median_abs_pct", fit.held_out_median_abs_pct, "%"),
                   ("held_out_p90_abs_pct", fit.held_out_p90_abs_pct, "%")]
         units = {"num_seqs": "sequences", "tokens": "tokens", "context_tokens": "tokens"}
         for k, (lo, hi) in fit.covered.items():
             params += [(f"covered_{k}_lo", lo, units[k]), (f"covered_{k}_hi", hi, units[k])]
+        if fit.gap_covered_num_seqs is not None:
+            lo, hi = fit.gap_covered_num_seqs
+            params += [("gap_covered_num_seqs_lo", lo, "sequences"), ("gap_covered_num_seqs_hi", hi, "sequences")]
         if isinstance(declared, dict):
             params += [("applied_median_abs_pct", fit.median_abs_pct(points), "%"),
                        ("applied_p90_abs_pct", fit.abs_pct_quantile(points, 0.9), "%")]

@@ -42,7 +42,8 @@ SELECT (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE min(t) END FROM window_
 CREATE OR REPLACE TEMP TABLE window_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO window_gaps
 SELECT 'run', NULL, 'goodput_rps, completed_rps, vllm_goodput_rps, output_tok_s, total_tok_s, computed_tok_s, '
-                  || 'attempted_rps, arrival_rps, mean_in_system, little_rel_err',
+                  || 'attempted_rps, arrival_rps, mean_in_system, little_rel_err, server_in_system, server_attempted_rps, '
+                  || 'server_little_rel_err, client_transport_in_system',
        'a window of positive length (events spread over time)',
        'the observation window has zero length: every rate over it is unknown'
 FROM window_bounds WHERE t1 = t0

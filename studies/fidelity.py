@@ -493,11 +493,11 @@ ON_REAL = ("real_steps", "real_extrapolated_steps", "real_median_abs_pct", "real
 
 
 def fit_row(recorded: dict, real_dir: Path) -> list:
-    """The fit table's row from the fit the sim recorded: FIT_COLUMNS (ms_per_seq unknown, None, where the
-    fit held it) and its |error| on run real's steps (ON_REAL's columns; NULL where real has no step it
+    """The fit table's row from the fit the sim recorded: FIT_COLUMNS (ms_per_seq and gap_ms_per_seq unknown,
+    None, where the fit held them) and its |error| on run real's steps (ON_REAL's columns; NULL where real has no step it
     can see)."""
     fit = StepFit.from_dict(recorded)
-    values = {**recorded, "ms_per_seq": fit.ms_per_seq_reported}
+    values = {**recorded, "ms_per_seq": fit.ms_per_seq_reported, "gap_ms_per_seq": fit.gap_ms_per_seq_reported}
     points = ledger_fit_points(real_dir)
     summary = held_out_summary(fit, points)
     return [values.get(k) for k in FIT_COLUMNS] + [len(points), fit.n_extrapolated(points),

@@ -329,3 +329,69 @@ def test_the_fit_learns_what_a_wait_for_a_cpu_costs_on_cpu_from_the_ledger(tmp_p
     assert fit["alpha_ms"][0] == pytest.approx(3.0, abs=0.5) and fit["held_out_median_abs_pct"][0] < 2.0
     got = con.execute("SELECT max(abs(error_pct)) FROM step_fit_points").fetchone()[0]
     assert got < 5.0
+
+
+def _served(steps, enqueued_ms, gap_ms=0.25):
+    """step events (as _step_events, gap_ms between steps) and each attempt's engine events: enqueued at
+    enqueued_ms[attempt], a token at the end of each step it is in, finished at its last step's end."""
+    ev, t, last = _step_events(steps, gaps_ms=[gap_ms] * len(steps)), 0.0, {}
+    for sid, (batch, ms) in enumerate(steps, 1):
+        for attempt, *_ in batch:
+            ev.append({"name": "engine.token", "ms": t + ms, "step_id": sid, "source": "engine", "clock": "e",
+                       "attempt_id": attempt, "request_id": attempt, "value": 1})
+            last[attempt] = (sid, t + ms)
+        t += ms + gap_ms
+    for attempt, ms in enqueued_ms.items():
+        ev.append({"name": "engine.enqueued", "ms": ms, "source": "engine", "clock": "e", "attempt_id": attempt,
+                   "request_id": attempt, "value": 4})
+        sid, end = last[attempt]
+        ev.append({"name": "engine.finished", "ms": end, "step_id": sid, "source": "engine", "clock": "e",
+                   "attempt_id": attempt, "request_id": attempt, "value": sum(a == attempt for b, _ in steps
+                                                                              for a, *_ in b),
+                   "attrs": {"reason": "length"}})
+    return ev
+
+
+def test_a_gap_term_trained_on_one_batch_size_is_unknown_per_sequence_not_a_fitted_zero(tmp_path):
+    """Run one decodes one sequence at a time, 0.25 ms of host time after each step: the gap's γ0 and
+    γ1 · 1 are one column. γ1 is held at 0 and reported unknown (step_fit gap_ms_per_seq NULL with a
+    gap row), never as a fitted 0 ms per sequence (before, NNLS put all of it in γ0 and step_fit showed
+    gap_ms_per_seq 0.0). Its fit applied to run two: attempt X, alone (batch 1), keeps its predictions,
+    the gaps at 0.25 ms each; Y and Z decode together (batch 2): the host time of a second sequence is
+    unknown, so their TPOT prediction and host residual are NULL with a gap row, while their TTFT (no
+    gap in their prefill window) keeps its value."""
+    manifest = {"model": {"architecture": SMOL_ARCH, "dtype": BF16}, "device_params": BENCH}
+    build_run(tmp_path / "one", _step_events(_steps((1,), (32, 100, 256, 1000, 2048, 4000))), domains=("e",),
+              manifest={"run_id": "one", **manifest}).close()
+    con = duckdb.connect(str(tmp_path / "one" / "ledger.duckdb"), read_only=True)
+    fit = dict(con.execute("SELECT name, value FROM step_fit").fetchall())
+    assert fit["gap_alpha_ms"] == pytest.approx(0.25) and fit["gap_ms_per_seq"] is None
+    assert (fit["gap_covered_num_seqs_lo"], fit["gap_covered_num_seqs_hi"]) == (1, 1)
+    assert con.execute("SELECT count(*) FROM gaps WHERE affects = 'step_fit gap_ms_per_seq'").fetchone()[0] == 1
+    con.close()
+    trained = run_fit(tmp_path / "one")
+    assert not trained.gap_ms_per_seq_known and trained.gap_ms_per_seq_reported is None
+    assert trained.predict_gap_ms(1) == pytest.approx(0.25)
+    steps = [([["X", "prefill", 4, 0]], 6.0), ([["X", "decode", 1, 4]], 5.0), ([["X", "decode", 1, 5]], 5.0),
+             ([["Y", "prefill", 4, 0], ["Z", "prefill", 4, 0]], 7.0),
+             ([["Y", "decode", 1, 4], ["Z", "decode", 1, 4]], 5.5), ([["Y", "decode", 1, 5], ["Z", "decode", 1, 5]], 5.5)]
+    build_run(tmp_path / "two", _served(steps, {"X": 0.0, "Y": 16.5, "Z": 16.5}), domains=("e",),
+              manifest={"run_id": "two", **manifest, "step_fit": trained.to_dict()}).close()
+    con = duckdb.connect(str(tmp_path / "two" / "ledger.duckdb"), read_only=True)
+    pred = dict(con.execute("SELECT step_id, predicted_ms FROM step_fit_points").fetchall())
+    got = {r["attempt_id"]: r for r in _rows(con, "SELECT * FROM request_model")}
+    assert got["X"]["ttft_predicted_ms"] == pytest.approx(pred[1])
+    assert got["X"]["tpot_predicted_ms"] == pytest.approx((pred[2] + pred[3] + 2 * 0.25) / 2)
+    assert got["X"]["residual_host_ms"] == pytest.approx(0.0, abs=1e-9)
+    for a in ("Y", "Z"):
+        assert got[a]["ttft_predicted_ms"] == pytest.approx(pred[4])
+        assert got[a]["tpot_predicted_ms"] is None and got[a]["residual_host_ms"] is None
+    detail = con.execute("SELECT detail FROM gaps WHERE affects LIKE 'request_model ttft_predicted_ms%'").fetchall()
+    assert len(detail) == 1 and detail[0][0].startswith("2 attempt(s)")
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    out = CliRunner().invoke(app, ["fit", str(tmp_path / "one"), "--test", str(tmp_path / "two")])
+    assert out.exit_code == 0, out.output
+    assert "host time between steps 0.250 ms at 1 sequence(s), per sequence unknown" in " ".join(out.output.split())

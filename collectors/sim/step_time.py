@@ -100,5 +100,8 @@ class FittedStepModel:
                                "attention_ms_per_gflop": {"value": f.attention_ms_per_gflop, "unit": "ms/GFLOP",
                                                           "source": source},
                                "gap_alpha_ms": {"value": f.gap_alpha_ms, "unit": "ms", "source": source},
-                               "gap_ms_per_seq": {"value": f.gap_ms_per_seq, "unit": "ms", "source": source}},
+                               "gap_ms_per_seq": {"value": f.gap_ms_per_seq_reported, "unit": "ms",
+                                                  "source": source if f.gap_ms_per_seq_known
+                                                  or f.gap_alpha_ms is None else
+                                                  "unknown: one batch size in training; held at 0"}},
                 "fit": f.to_dict(), "shape": self.shape.to_dict()}
