@@ -17,8 +17,10 @@ instead of multiples of the capacity. A URL target's batch size is unknown: MAX_
 it in the deadline, and `--set deadline_ms=D` states the deadline outright.
 
 From each run's ledger: goodput and completed rate (run_metrics), Little's law (mean_in_system, the
-attempts in flight integrated over the window, against attempted_rps × mean_time_in_system_s: two
-measurements), and why: each point's row of run_diagnosis (the ledger's one diagnosis: the late
+attempts in flight integrated over the window, against attempted_rps × mean_time_in_system_s: one sum on
+a window that holds every attempt whole, so a bookkeeping check; and at the server, two independent
+measurements: the engine's own in-system gauge against its admissions × their time in it, the client's L
+less the server's being the attempts in the client and the transport), and why: each point's row of run_diagnosis (the ledger's one diagnosis: the late
 attempts' delay time shared among the causes, in ms). The knee is the lowest rate from which the good
 share stays below `KNEE_GOOD_SHARE`; its cause is run_diagnosis' first cause at the knee's point, named
 in one sentence with its share and evidence.
@@ -164,6 +166,8 @@ d AS (SELECT * FROM run_diagnosis ORDER BY scope = 'point' DESC LIMIT 1)
 SELECT m.offered_rps, m.attempted_rps, m.completed_rps, m.goodput_rps, (SELECT count(*) FROM attempts) AS n_attempts,
        m.n_good / (SELECT count(*) FROM attempts) AS good_share,
        m.mean_in_system AS little_l, m.attempted_rps * m.mean_time_in_system_s AS little_lambda_w, m.little_rel_err,
+       m.server_in_system AS server_l, m.server_attempted_rps * m.mean_time_in_server_s AS server_lambda_w,
+       m.server_little_rel_err, m.client_transport_in_system AS client_transport_l,
        (SELECT p50_ms FROM latency_percentiles WHERE source_column = 'request_metrics.ttft_client_ms') AS ttft_p50_ms,
        (SELECT p99_ms FROM latency_percentiles WHERE source_column = 'request_metrics.e2e_client_ms') AS e2e_p99_ms,
        d.diagnosed, d.n_attempts AS n_diagnosed, {", ".join(f"d.{c}" for c in SHARES)},
@@ -171,7 +175,8 @@ SELECT m.offered_rps, m.attempted_rps, m.completed_rps, m.goodput_rps, (SELECT c
 FROM m, d"""
 
 COLUMNS = ["run", "multiple", "n_attempts", "offered_rps", "attempted_rps", "completed_rps", "goodput_rps", "good_share",
-           "little_l", "little_lambda_w", "little_rel_err", "ttft_p50_ms", "e2e_p99_ms", "diagnosed", "n_diagnosed",
+           "little_l", "little_lambda_w", "little_rel_err", "server_l", "server_lambda_w", "server_little_rel_err",
+           "client_transport_l", "ttft_p50_ms", "e2e_p99_ms", "diagnosed", "n_diagnosed",
            *SHARES, "first_cause", "first_cause_share"]
 
 
@@ -229,7 +234,10 @@ def compare(runs: StudyRuns) -> list[Table]:
                   "offered_rps and attempted_rps: run_metrics; each <cause>_share, first_cause: the point's "
                   "run_diagnosis row (the diagnosed attempts' delay time per cause); Little's law: little_l = "
                   "mean_in_system (in flight, integrated) against little_lambda_w = attempted_rps × "
-                  "mean_time_in_system_s"),
+                  "mean_time_in_system_s (one sum: a bookkeeping check); at the server, server_l = the engine's own "
+                  "in-system gauge (run_metrics.server_in_system) against server_lambda_w = server_attempted_rps × "
+                  "mean_time_in_server_s (independent); client_transport_l = little_l − server_l, the attempts in "
+                  "the client and the transport"),
             Table("knee", "the knee and its first cause (run_diagnosis at the knee's point)",
                   ["knee_rps", "knee_multiple", "first_cause", "first_cause_share", "evidence", "sentence"],
                   [[knee["offered_rps"] if knee else None, knee["multiple"] if knee else None,

@@ -141,9 +141,14 @@ def test_load_has_every_point_with_littles_law_and_names_the_knee_or_its_absence
     for p in [sat, *key.values()]:
         assert p["goodput_rps"] <= p["completed_rps"] <= p["attempted_rps"]
         assert 0 <= p["good_share"] <= 1
-        # Little's law from two measurements: in flight integrated over the window, and λ × W
+        # Little's law at the client is one sum (a bookkeeping check); at the server the engine's own gauge
+        # against its admissions × their time in it, two measurements
         assert p["little_rel_err"] == pytest.approx(abs(p["little_l"] - p["little_lambda_w"]) / p["little_l"])
         assert p["little_rel_err"] < 0.01
+        assert p["server_little_rel_err"] == pytest.approx(
+            abs(p["server_l"] - p["server_lambda_w"]) / p["server_l"])
+        assert p["client_transport_l"] == pytest.approx(p["little_l"] - p["server_l"])
+        assert 0 < p["server_l"] <= p["little_l"]
         # the point's diagnosis: the known shares of its delay add up to 1, its first cause the largest
         known = {c: p[f"{c}_share"] for c in CAUSES if p[f"{c}_share"] is not None}
         assert p["diagnosed"] in ("late", "all") and p["n_diagnosed"] >= 1
