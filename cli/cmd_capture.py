@@ -229,22 +229,7 @@ def capture_cmd(
     if target != "embedded" and set(engine) - {"max_num_seqs"}:
         raise typer.BadParameter("the engine's flags set the embedded engine; a URL target's server has its own",
                                  param_hint="--" + next(k for k in engine if k != "max_num_seqs").replace("_", "-"))
-    step_fit = None
-    if fit is not None:
-        from inferledger.costmodel.prediction import PredictionError
-        from inferledger.studies.predict import fit_of
-
-        if prediction is not None:
-            raise typer.BadParameter("--prediction registers a file made earlier; --fit gives the capture's own "
-                                     "prediction a step fit: give one (`inferledger predict --fit RUN` puts a fit in "
-                                     "a file)", param_hint="--fit")
-        if target != "embedded":
-            raise typer.BadParameter("a URL target's capture registers no prediction of its own: make one with "
-                                     "`inferledger predict --fit RUN` and give it as --prediction", param_hint="--fit")
-        try:
-            step_fit = fit_of(fit)
-        except PredictionError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--fit") from None
+    step_fit = _step_fit(fit, prediction, target)
     options = CaptureOptions(
         target=target, separate_clocks=separate_clocks, max_num_seqs=max_num_seqs, model=model, device=device,
         drain_timeout_s=drain_timeout, microbenchmarks=microbench, served_model=served_model_name, api_key=api_key,
@@ -254,6 +239,27 @@ def capture_cmd(
         servers=tuple(server or ()), server_wait_s=server_wait, router_metrics=router_metrics, replicas=replicas)
     result = run_capture(wl, out, options)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: {command_name()} reconstruct {result.run_dir})")
+
+
+def _step_fit(fit: Optional[Path], prediction: Optional[Path], target: str):
+    """`--fit RUN`'s step fit (a costmodel StepFit) for the capture's own prediction; None without it."""
+    if fit is None:
+        return None
+    from inferledger.costmodel.prediction import PredictionError
+    from inferledger.studies.predict import fit_of
+
+    if prediction is not None:
+        why = ("--prediction registers a file made earlier; --fit gives the capture's own prediction a step fit: "
+               "give one (`inferledger predict --fit RUN` puts a fit in a file)")
+    elif target != "embedded":
+        why = ("a URL target's capture registers no prediction of its own: make one with `inferledger predict "
+               "--fit RUN` and give it as --prediction")
+    else:
+        try:
+            return fit_of(fit)
+        except PredictionError as exc:
+            why = str(exc)
+    raise typer.BadParameter(why, param_hint="--fit")
 
 
 SWEEP_TAKES = ("sweep", "out", "target", "server", "seed")  # the flags that say something to `study load`
