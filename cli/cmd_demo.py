@@ -51,15 +51,19 @@ def demo_cmd(
     console.print(f"\ndemo: {time.monotonic() - t0:.0f} s in all (model load, {result.wall_s:.0f} s of load, ledger, report)")
     console.print(f"report: [bold]{report.path}[/] (open it in a browser; it needs no network)")
     console.print(f"\nrun directory: [bold]{result.run_dir}[/]\nnext, from this folder:\n"
-                  + escape(next_steps(command_name(), result.run_dir)), soft_wrap=True)
+                  + escape(next_steps(command_name(), result.run_dir, workload, max_num_seqs)), soft_wrap=True)
 
 
-def next_steps(cmd: str, run_dir) -> str:
-    """The commands the demo suggests, each runnable as pasted in the folder the demo ran in."""
-    run = shlex.quote(str(run_dir))
+def next_steps(cmd: str, run_dir, workload=DEFAULT_WORKLOAD, max_num_seqs: int = 8) -> str:
+    """The commands the demo suggests, each runnable as pasted in the folder the demo ran in: the last one
+    runs the same load again with this run's step fit registered, so its verdict judges the new run against
+    the engine as this one measured it rather than against the roofs."""
+    run, again = shlex.quote(str(run_dir)), shlex.quote(f"{run_dir}-again")
     return (f"  {cmd} query {run} \"select client_status, server_status, count(*) from accounts group by all\"\n"
             f"  {cmd} summary {run} --table accounts\n"
-            f"  {cmd} report {run}")
+            f"  {cmd} report {run}\n"
+            f"  {cmd} capture -w {shlex.quote(str(workload))} --max-num-seqs {max_num_seqs} -o {again} --fit {run}"
+            f"   # the same load, predicted by this run's step fit")
 
 
 def register(app: typer.Typer) -> None:
