@@ -62,19 +62,22 @@ def ledger_fit_points(ledger: str | Path) -> list[FitPoint]:
     """`fit_points` of a built ledger file (RUN/ledger.duckdb, or the run folder holding it), read-only:
     what a study or a benchmark trains a fit on, or applies another run's fit to (costmodel.fit.apply).
     FileNotFoundError without a ledger; StepsUnreadable naming the file for one that cannot be read (a
-    damaged file, one whose step_model lacks a column)."""
-    import duckdb
+    damaged file, one whose step_model lacks a column) or that other ledger code built (its steps may be
+    counted another way: refused, as the summary refuses it)."""
+    from inferledger.ledger.query import LedgerError, open_ledger
 
     path = Path(ledger)
     path = path / "ledger.duckdb" if path.is_dir() else path
     if not path.exists():
         raise FileNotFoundError(f"{path}: no ledger; run `inferledger reconstruct {path.parent}` first")
     try:
-        with duckdb.connect(str(path), read_only=True) as con:
-            return fit_points(con)
-    except duckdb.Error as exc:
+        with open_ledger(path) as led:
+            if led.stale:
+                raise StepsUnreadable("; ".join(led.stale))
+            return [FitPoint(*r) for r in led.rows(_POINTS)[1]]
+    except LedgerError as exc:
         raise StepsUnreadable(f"{path}: cannot read its steps ({' '.join(str(exc).split())}); rebuild it: "
-                          f"inferledger reconstruct {path.parent}") from None
+                              f"inferledger reconstruct {path.parent}") from None
 
 
 def run_fit(run_dir: str | Path) -> StepFit:

@@ -50,14 +50,14 @@ def read_device_params(path: Path) -> dict:
 def fit_of(run: Path):
     """The step-time fit of a reconstructed run (its step_model steps, trained as the ledger's step_fit)."""
     from inferledger.costmodel.fit import FitError
-    from inferledger.ledger.step_fit import run_fit
+    from inferledger.ledger.step_fit import StepsUnreadable, run_fit
 
     path = Path(run) / "ledger.duckdb"
     if not path.exists():
         raise PredictionError(f"{path}: no ledger; run `inferledger reconstruct {run}` first")
     try:
         return run_fit(run)
-    except FitError as exc:
+    except (FitError, StepsUnreadable) as exc:  # too few steps; a damaged ledger, or one other code built
         raise PredictionError(f"--fit {run}: {exc}") from None
     except Exception as exc:  # a ledger without step_model (built before the model existed)
         raise PredictionError(f"--fit {run}: cannot read its step_model ({exc}); rebuild with "

@@ -859,3 +859,20 @@ def test_capture_fit_is_refused_with_a_prediction_file_a_url_target_or_a_run_wit
         res = CliRunner().invoke(app, ["capture", "-w", wl, "-o", str(tmp_path / "run"), *flags], env={"COLUMNS": "300"})
         assert res.exit_code == 2 and "--fit" in res.output and refusal in " ".join(res.output.split()), res.output
         assert not (tmp_path / "run").exists()
+
+
+def test_a_step_fit_is_not_read_from_a_ledger_other_code_built(registered_run, tmp_path):
+    """A ledger built by other ledger code may count its steps another way: `--fit` refuses it, naming the
+    file and how to rebuild it, as `fit` and `summary` do."""
+    import shutil
+
+    from inferledger.costmodel.prediction import PredictionError
+    from inferledger.studies.predict import fit_of
+
+    run = tmp_path / "run"
+    shutil.copytree(registered_run, run)
+    with duckdb.connect(str(run / "ledger.duckdb")) as con:
+        con.execute("UPDATE ledger_build SET modules_sha256 = 'older'")
+    with pytest.raises(PredictionError, match=r"--fit .*built by other ledger code .*rebuild it: inferledger reconstruct"):
+        fit_of(run)
+    assert fit_of(registered_run).n_train > 0
