@@ -179,9 +179,13 @@ def _root(run: RunFiles) -> Path:
 
 
 def _located(run: RunFiles, files: list[Path]) -> list[Path]:
-    """The parts as `events` / `samples` read them: absolute paths when in place, else as listed."""
+    """The parts as `events` / `samples` read them: absolute paths when in place, else as listed. In place, a
+    part is one file: its rows are told apart by (file, row), so it must not be listed twice."""
     if not run.in_place:
         return files
+    if len(set(files)) != len(files):
+        raise LoadError(f"{run.run_dir}: a part is listed twice for one ledger ({len(files)} parts, "
+                        f"{len(set(files))} distinct); each is read once")
     root = _root(run)
     return [root / p.relative_to(run.run_dir) if p.is_relative_to(run.run_dir) else p.resolve() for p in files]
 

@@ -208,7 +208,7 @@ def build_sharded(con, run: RunFiles, variables: dict, *, work: Path, limit_byte
     engine_specs = [{**base, "kind": "engine", "parts": parts + (run_parts if i == 0 else []), "owned_parts": parts,
                      "first": i == 0, "only": True, "bucket": -1, "handed": {}, "out": str(work / f"engine-{i}"),
                      "modules": [m.name for m in _closure(modules, by_scope["engine"], by_scope["rollup"])],
-                     "outputs": engine_tables} for i, parts in enumerate(engines or [run_parts])]
+                     "outputs": engine_tables} for i, parts in enumerate(engines or [[]])]
     all_engine = [p for parts in engines for p in parts]
     try:
         ray, started = _ray(address, workers)
