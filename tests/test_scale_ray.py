@@ -194,6 +194,7 @@ def test_the_cli_shards_a_partitioned_run_and_refuses_an_unpartitioned_one(local
     # built inside its run folder, the sharded ledger reads the events in place: the same tables as a copy's
     copied = reconstruct(run, out=tmp_path / "copied.duckdb")
     assert ledger_differences(run / "ledger.duckdb", copied.path, tables=PUBLIC_TABLES) == []
+    copied.path.unlink()
     res = CliRunner().invoke(app, ["query", str(run), "select count(*) AS n from events", "--format", "json"])
     assert res.exit_code == 0 and json.loads(res.output) == [{"n": copied.n_events}]
     shutil.copytree(run, tmp_path / "copy")
