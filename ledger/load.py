@@ -102,6 +102,22 @@ def _check_counts(con, run: RunFiles) -> None:
                     f"(a whole number from 0 to {MAX_COUNT}); fix or re-import the source that wrote it")
 
 
+def _view_without_copies(con, run: RunFiles, files: list[Path]) -> None:
+    """`events` as every part's rows less the copies `event_copies_left_out` names by (file, row): the parts
+    that hold none are read as they are, only those that hold one pay for the file and row columns."""
+    root = _sql_list([_root(run)])[1:-1]
+    holding = {r[0] for r in con.execute("SELECT DISTINCT part FROM event_copies_left_out").fetchall()}
+    dirty = [f for f, p in zip(files, run.event_parts) if run.name(p) in holding]
+    clean = [f for f in files if f not in dirty]
+    sql = (f"SELECT * EXCLUDE (filename, file_row_number) FROM read_parquet({_sql_list(dirty)}, union_by_name = true, "
+           "filename = true, file_row_number = true) "
+           f"ANTI JOIN (SELECT {root} || '/' || part AS filename, file_row_number FROM event_copies_left_out) "
+           "USING (filename, file_row_number)")
+    if clean:
+        sql = f"SELECT * FROM read_parquet({_sql_list(clean)}, union_by_name = true) UNION ALL BY NAME {sql}"
+    con.execute(f"CREATE OR REPLACE VIEW events AS {sql}")
+
+
 def _dedupe(con, run: RunFiles, files: list[Path]) -> list[tuple]:
     """Keep one copy of every event id (`files`: the event parts as `events` reads them); record the copies
     left out in `event_copies_left_out`; return the gap rows (scope, subject_id, affects, needs, detail)."""
@@ -141,13 +157,8 @@ def _dedupe(con, run: RunFiles, files: list[Path]) -> list[tuple]:
         SELECT c.event_id, c.part, w.part, {differs} AS differs
         FROM event_copy_rows c JOIN event_copy_rows w ON w.event_id = c.event_id AND w.k = 1
         WHERE c.k > 1 ORDER BY c.part_index, c.file_row_number""").fetchall()
-    if rows and run.in_place:  # the view reads every part and leaves the copies out by (file, row)
-        root = _sql_list([_root(run)])[1:-1]
-        con.execute(f"""
-            CREATE OR REPLACE VIEW events AS SELECT * EXCLUDE (filename, file_row_number)
-            FROM read_parquet({_sql_list(files)}, union_by_name = true, filename = true, file_row_number = true)
-            ANTI JOIN (SELECT {root} || '/' || part AS filename, file_row_number FROM event_copies_left_out)
-            USING (filename, file_row_number)""")
+    if rows and run.in_place:
+        _view_without_copies(con, run, files)
     elif rows:
         con.execute("DELETE FROM events WHERE event_id IN (SELECT event_id FROM event_dups)")
         con.execute(f"INSERT INTO events BY NAME SELECT {', '.join(cols)} FROM event_copy_rows WHERE k = 1")
