@@ -291,8 +291,9 @@ def test_a_ledger_whose_run_folder_changed_or_moved_is_refused_naming_the_file(t
     pq.write_table(pq.read_table(part).slice(0, 2), part)  # rewritten: one event fewer
     with pytest.raises(LedgerError, match=f"{part}: rewritten since the ledger was built from it"):
         open_ledger(run)
-    res = CliRunner().invoke(app, ["query", str(run), "select count(*) from events"], env={"COLUMNS": "500"})
-    assert res.exit_code == 2 and f"{part}: rewritten" in res.output and "Traceback" not in res.output
+    for args in (["query", str(run), "select count(*) from events"], ["report", str(run)], ["summary", str(run)]):
+        res = CliRunner().invoke(app, args, env={"COLUMNS": "500"})
+        assert res.exit_code == 2 and f"{part}: rewritten" in res.output and "Traceback" not in res.output, args
     part.unlink()
     with pytest.raises(LedgerError, match=f"{part}: missing, though the ledger was built from it"):
         open_ledger(run)
