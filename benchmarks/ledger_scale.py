@@ -314,6 +314,10 @@ QUERIES = {  # what a user asks of a finished ledger: per-attempt figures, then 
     "request_metrics_quantiles_s": "SELECT quantile_cont(ttft_client_ms, [0.5, 0.99]), quantile_cont(tpot_ms, [0.5, 0.99]) "
                                "FROM request_metrics",
     "itl_p99_by_layer_s": "SELECT layer, count(*), quantile_cont(gap_ms, 0.99) FROM itl GROUP BY layer ORDER BY layer",
+    # the events themselves: a scan of every event, then one attempt's (a ledger inside its run folder reads
+    # them from the run's Parquet parts, one written elsewhere from its own copy)
+    "events_by_name_s": "SELECT name, count(*), sum(value) FROM events GROUP BY name ORDER BY name",
+    "events_of_one_attempt_s": "SELECT count(*), max(ts_ns) FROM events WHERE attempt_id = 'A77'",
 }
 
 
@@ -335,12 +339,8 @@ def phase_stages(run_dir: Path) -> dict:
     """reconstruct's steps one by one (its own `profile` hook), each SQL statement timed."""
     from inferledger.ledger.reconstruct import reconstruct
 
-    tmpdir = Path(tempfile.mkdtemp(prefix="ledger_stages_"))
     profile: list = []
-    try:
-        reconstruct(run_dir, out=tmpdir / "ledger.duckdb", profile=profile)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+    reconstruct(run_dir, profile=profile)  # in its run folder, as the ledger phase builds it
     steps = [{"stage": st, "step": label, "seconds": sec} for st, label, sec in profile]
     return {"steps": steps, "seconds": sum(s["seconds"] for s in steps), "peak_gib": _peak_gib()}
 

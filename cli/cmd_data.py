@@ -53,6 +53,8 @@ SQL_SURFACE = [
     ("prediction_registration", "the registered prediction: hash, valid, registered before the first event"),
     ("prediction_check", "predicted request shape: TTFT / TPOT bounds and ranges beside the measured"),
     ("ledger_build", "one row: the inferledger and the ledger modules' code that built it"),
+    ("ledger_parts", "Parquet part the ledger was built from: size, footer hash (events read there)"),
+    ("event_copies_left_out", "second copy of an event id that events leaves out (part, row)"),
 ]
 QUERY_HELP = (
     "Run read-only SQL on the ledger of one run or of many runs at once (a study folder: all its runs).\n\n"

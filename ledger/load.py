@@ -7,6 +7,12 @@ they were flushed, so it is the one recorded first), and a row in `load_gaps` na
 copy whose content differs is named on its own, with the columns that differ. A token count that is
 not a whole number from 0 to 2^53 is refused naming the file and the event: the ledger sums and
 casts these values, and a wrong one must not surface as a cast error far from its cause.
+
+`events` and `samples` are read in place (`RunFiles.in_place`: a ledger written into its run folder):
+each is a VIEW over the parts' absolute paths, `events` leaving out the copies `event_copies_left_out`
+names by (part, row), and `ledger_parts` records every part read (its size and the sha256 of its
+footer), which the query surface holds the folder to before it reads (ledger/query.py). Otherwise (a
+ledger written elsewhere, a run staged from a URL) both are copied into the ledger as tables.
 """
 from __future__ import annotations
 
@@ -19,11 +25,13 @@ import pyarrow as pa
 from inferledger.ledger.tables import gap_table
 from inferledger.probes.events import (CLOCK_SCHEMA, COUNT_EVENTS, EVENT_SCHEMA, GAP_SCHEMA, MAX_COUNT, SAMPLE_SCHEMA,
                                        TASK_SCHEMA)
+from inferledger.probes.run_dir import PartError, part_record
 from inferledger.probes.run_folder import Manifest
 
 READS: tuple[str, ...] = ()
-CREATES = ("events", "samples", "clocks", "task_contracts", "gaps_file", "load_gaps")
-PUBLIC = ("events", "samples", "clocks")
+CREATES = ("events", "samples", "clocks", "ledger_parts", "event_copies_left_out", "task_contracts", "gaps_file",
+           "load_gaps")
+PUBLIC = ("events", "samples", "clocks", "ledger_parts", "event_copies_left_out")
 SCOPE = "run"  # every shard loads what it is handed; the final ledger loads the whole run
 # @gaps: an event id found more than once in the run's parts (the first copy is kept), or a part newer
 #   than the partition layout record (a capture killed between writing it and recording it: read all the same)
@@ -41,6 +49,8 @@ class RunFiles:
     sample_parts: list[Path] = field(default_factory=list)
     manifest: Manifest = field(default_factory=Manifest)  # read once per rebuild, handed to every stage
     newer_parts: list[str] = field(default_factory=list)  # parts newer than the layout record (check_layout)
+    # events and samples as views over the parts where they lie (a ledger inside its run folder), not copies
+    in_place: bool = False
 
     def name(self, path: str | Path) -> str:
         """A file's name relative to the run directory, as messages give it."""
@@ -51,7 +61,13 @@ class RunFiles:
             return str(p)
 
 
-def _load(con, table: str, files: list[Path], schema: pa.Schema, temp: bool, run: RunFiles) -> None:
+def _sql_list(files: list[Path]) -> str:
+    """The files as a SQL list literal: a view keeps its text, and a view takes no parameters."""
+    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in files) + "]"
+
+
+def _load(con, table: str, files: list[Path], schema: pa.Schema, temp: bool, run: RunFiles,
+          in_place: bool = False) -> None:
     kind = "TEMP TABLE" if temp else "TABLE"
     if not files:
         con.register("_empty", schema.empty_table())
@@ -59,8 +75,12 @@ def _load(con, table: str, files: list[Path], schema: pa.Schema, temp: bool, run
         con.unregister("_empty")
         return
     try:  # file order is kept (insertion order is preserved): the first copy of an event comes first
-        con.execute(f"CREATE {kind} {table} AS SELECT * FROM read_parquet(?, union_by_name = true)",
-                    [[str(p) for p in files]])
+        if in_place:  # read where they lie at every query: absolute paths, as DuckDB resolves a view's
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)")
+            con.execute(f"SELECT * FROM {table} LIMIT 0")  # bound now, so a foreign part is refused here
+        else:
+            con.execute(f"CREATE {kind} {table} AS SELECT * FROM read_parquet(?, union_by_name = true)",
+                        [[str(p) for p in files]])
     except duckdb.Error as exc:
         what = run.name(files[0]) if len(files) == 1 else f"{run.name(files[0].parent)}/ (one of {len(files)} parts)"
         raise LoadError(f"{what}: not a readable Parquet file of its kind ({exc}); it is torn or foreign. "
@@ -82,8 +102,25 @@ def _check_counts(con, run: RunFiles) -> None:
                     f"(a whole number from 0 to {MAX_COUNT}); fix or re-import the source that wrote it")
 
 
-def _dedupe(con, run: RunFiles) -> list[tuple]:
-    """Keep one copy of every event id; return the gap rows (scope, subject_id, affects, needs, detail)."""
+def _view_without_copies(con, run: RunFiles, files: list[Path]) -> None:
+    """`events` as every part's rows less the copies `event_copies_left_out` names by (file, row): the parts
+    that hold none are read as they are, only those that hold one pay for the file and row columns."""
+    root = _sql_list([_root(run)])[1:-1]
+    holding = {r[0] for r in con.execute("SELECT DISTINCT part FROM event_copies_left_out").fetchall()}
+    dirty = [f for f, p in zip(files, run.event_parts) if run.name(p) in holding]
+    clean = [f for f in files if f not in dirty]
+    sql = (f"SELECT * EXCLUDE (filename, file_row_number) FROM read_parquet({_sql_list(dirty)}, union_by_name = true, "
+           "filename = true, file_row_number = true) "
+           f"ANTI JOIN (SELECT {root} || '/' || part AS filename, file_row_number FROM event_copies_left_out) "
+           "USING (filename, file_row_number)")
+    if clean:
+        sql = f"SELECT * FROM read_parquet({_sql_list(clean)}, union_by_name = true) UNION ALL BY NAME {sql}"
+    con.execute(f"CREATE OR REPLACE VIEW events AS {sql}")
+
+
+def _dedupe(con, run: RunFiles, files: list[Path]) -> list[tuple]:
+    """Keep one copy of every event id (`files`: the event parts as `events` reads them); record the copies
+    left out in `event_copies_left_out`; return the gap rows (scope, subject_id, affects, needs, detail)."""
     # grouped on a 64-bit hash first (no string copied into the hash table), then the few candidates
     # checked on the ids themselves: a hash collision between two distinct ids is not a duplicate
     con.execute("""
@@ -93,32 +130,44 @@ def _dedupe(con, run: RunFiles) -> list[tuple]:
         GROUP BY event_id HAVING count(*) > 1""")
     if not con.execute("SELECT count(*) FROM event_dups").fetchall()[0][0]:
         con.execute("DROP TABLE event_dups")
+        con.execute("CREATE TABLE event_copies_left_out (run_id VARCHAR, part VARCHAR, file_row_number BIGINT, "
+                    "event_id VARCHAR)")
         return []
-    order = pa.table({"filename": [str(p) for p in run.event_parts], "part_index": list(range(len(run.event_parts)))})
+    order = pa.table({"filename": [str(p) for p in files], "part": [run.name(p) for p in run.event_parts],
+                      "part_index": list(range(len(files)))})
     con.register("_part_order", order)
     cols = [c for c in EVENT_SCHEMA.names]
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE event_copy_rows AS
-        SELECT r.*, o.part_index,
+        SELECT r.*, o.part, o.part_index,
                row_number() OVER (PARTITION BY r.event_id ORDER BY o.part_index, r.file_row_number) AS k
         FROM read_parquet(?, union_by_name = true, filename = true, file_row_number = true) r
-        JOIN _part_order o USING (filename) SEMI JOIN event_dups USING (event_id)""",
-                [[str(p) for p in run.event_parts]])
+        JOIN _part_order o USING (filename) SEMI JOIN event_dups USING (event_id)""", [[str(p) for p in files]])
     con.unregister("_part_order")
+    # @table event_copies_left_out: one row per copy of an event that `events` leaves out: a second copy of an
+    #   event id (the earliest part's copy is kept; `gaps` scope event says so)
+    # @column part: the part holding the copy, relative to the run folder (ledger_parts.part)
+    # @column file_row_number: the copy's row in that part, from 0
+    # @column event_id: the event's id, as in events
+    con.execute("""
+        CREATE TABLE event_copies_left_out AS SELECT getvariable('run_id') AS run_id, part, file_row_number, event_id
+        FROM event_copy_rows WHERE k > 1 ORDER BY part_index, file_row_number""")
     differs = " || ".join(f"CASE WHEN c.{c} IS DISTINCT FROM w.{c} THEN ['{c}'] ELSE [] END" for c in cols)
     rows = con.execute(f"""
-        SELECT c.event_id, c.filename, w.filename, {differs} AS differs
+        SELECT c.event_id, c.part, w.part, {differs} AS differs
         FROM event_copy_rows c JOIN event_copy_rows w ON w.event_id = c.event_id AND w.k = 1
         WHERE c.k > 1 ORDER BY c.part_index, c.file_row_number""").fetchall()
-    con.execute("DELETE FROM events WHERE event_id IN (SELECT event_id FROM event_dups)")
-    con.execute(f"INSERT INTO events BY NAME SELECT {', '.join(cols)} FROM event_copy_rows WHERE k = 1")
+    if rows and run.in_place:
+        _view_without_copies(con, run, files)
+    elif rows:
+        con.execute("DELETE FROM events WHERE event_id IN (SELECT event_id FROM event_dups)")
+        con.execute(f"INSERT INTO events BY NAME SELECT {', '.join(cols)} FROM event_copy_rows WHERE k = 1")
     con.execute("DROP TABLE event_copy_rows")
     con.execute("DROP TABLE event_dups")
     gaps, same = [], {}
-    for event_id, copy_file, kept_file, differs in rows:
-        copy_name, kept_name = run.name(copy_file), run.name(kept_file)
+    for event_id, copy_name, kept_name, differs in rows:
         if differs:
-            where = "the same part" if copy_file == kept_file else f"{kept_name} and {copy_name}"
+            where = "the same part" if copy_name == kept_name else f"{kept_name} and {copy_name}"
             gaps.append(("event", event_id, "events and every figure that reads this event",
                          "a distinct event_id for each distinct event",
                          f"event {event_id} is twice in {where} with different {', '.join(differs)}: the copy in "
@@ -133,6 +182,50 @@ def _dedupe(con, run: RunFiles) -> list[tuple]:
                      f"{len(ids)} event(s) of {copy_name} are identical copies of events in {kept_name} "
                      f"(first: {ids[0]}): each counted once"))
     return gaps
+
+
+def _root(run: RunFiles) -> Path:
+    """The run folder as an absolute path: a view resolves a relative one against the reader's directory."""
+    return run.run_dir.resolve()
+
+
+def _located(run: RunFiles, files: list[Path]) -> list[Path]:
+    """The parts as `events` / `samples` read them: absolute paths when in place, else as listed. In place, a
+    part is one file: its rows are told apart by (file, row), so it must not be listed twice."""
+    if not run.in_place:
+        return files
+    if len(set(files)) != len(files):
+        raise LoadError(f"{run.run_dir}: a part is listed twice for one ledger ({len(files)} parts, "
+                        f"{len(set(files))} distinct); each is read once")
+    root = _root(run)
+    return [root / p.relative_to(run.run_dir) if p.is_relative_to(run.run_dir) else p.resolve() for p in files]
+
+
+# @table ledger_parts: one row per Parquet part of events/ and samples/ the ledger was built from; a ledger
+#   whose `events` and `samples` are views reads them there at every query, and is refused (the part named)
+#   once one is missing, resized or rewritten (docs/LEDGER.md "Events read in place")
+# @column run_dir: the run folder the parts were read from, an absolute path (a run read from a URL: the
+#   local copy it was staged to, removed after the build)
+# @column part: the part's path relative to the run folder (events/part-00001.parquet)
+# @column table_name: the table it holds rows of: events or samples
+# @column rows: its rows (duplicate copies included)
+# @column bytes: its size in bytes
+# @column footer_sha256: the sha256 of its Parquet footer (which holds its row groups' offsets and
+#   statistics): a part rewritten under the same name has another
+def _record_parts(con, run: RunFiles) -> None:
+    root = str(_root(run))
+    try:
+        records = [(table, p, part_record(p)) for table, files in (("events", run.event_parts),
+                                                                  ("samples", run.sample_parts)) for p in files]
+    except PartError as exc:
+        raise LoadError(str(exc)) from None
+    rows = pa.table({"run_dir": [root] * len(records), "part": [run.name(p) for _t, p, _r in records],
+                     "table_name": [t for t, _p, _r in records], "rows": [r.rows for _t, _p, r in records],
+                     "bytes": [r.bytes for _t, _p, r in records],
+                     "footer_sha256": [r.footer_sha256 for _t, _p, r in records]})
+    con.register("_parts", rows)
+    con.execute("CREATE TABLE ledger_parts AS SELECT getvariable('run_id') AS run_id, * FROM _parts")
+    con.unregister("_parts")
 
 
 # @column *.run_id: the run's id (the manifest's run_id, else the run folder's name); every table has it
@@ -175,10 +268,12 @@ def _dedupe(con, run: RunFiles) -> list[tuple]:
 # @column epsilon_ns: the mapping's uncertainty, ± ns: a difference across it is derived ± epsilon
 # @column method: how the mapping was found (round-trip, cuda-anchor, ...)
 def build(con, run: RunFiles) -> None:
-    """events, samples, clocks (public) and the task contracts, the collectors' gap rows (gaps_file) and the
-    load gaps (internal)."""
-    _load(con, "events", run.event_parts, EVENT_SCHEMA, False, run)
-    _load(con, "samples", run.sample_parts, SAMPLE_SCHEMA, False, run)
+    """events, samples, clocks, the parts read and the copies left out (public) and the task contracts, the
+    collectors' gap rows (gaps_file) and the load gaps (internal)."""
+    event_parts, sample_parts = _located(run, run.event_parts), _located(run, run.sample_parts)
+    _load(con, "events", event_parts, EVENT_SCHEMA, False, run, run.in_place)
+    _load(con, "samples", sample_parts, SAMPLE_SCHEMA, False, run, run.in_place)
+    _record_parts(con, run)
     for name, schema, table, temp in (("clocks.parquet", CLOCK_SCHEMA, "clocks", False),
                                       ("tasks.parquet", TASK_SCHEMA, "task_contracts", True),
                                       ("gaps.parquet", GAP_SCHEMA, "gaps_file", True)):
@@ -189,7 +284,7 @@ def build(con, run: RunFiles) -> None:
         if missing:
             raise LoadError(f"{name}: a Parquet file of another kind (lacks column(s) {', '.join(missing)}); "
                             "move it out of the run directory and rebuild")
-    gaps = _dedupe(con, run)
+    gaps = _dedupe(con, run, event_parts)
     _check_counts(con, run)
     GAPS.store(con, gaps + [("run", line.split(":", 1)[0], "events (rows no layout record vouches for)",
                              "the partition layout record of every part", line) for line in run.newer_parts])

@@ -1,8 +1,11 @@
 """The read-only query surface: `inferledger.open(...)` and `inferledger query`.
 
 One in-memory DuckDB connection ATTACHes each run's ledger.duckdb READ_ONLY and exposes one view per
-table name, the UNION ALL BY NAME of that table over every run (each row keeps its `run_id`). Then
-external access and the configuration are locked, and every statement is checked before it runs:
+table name, the UNION ALL BY NAME of that table over every run (each row keeps its `run_id`). A ledger
+whose `events` and `samples` are views over its run's Parquet parts (ledger/load.py, read in place) is
+first held to the parts it was built from (`ledger_parts`: each there, of its size and footer), and
+its run's `events/` and `samples/` folders are the only ones DuckDB may read (`allowed_directories`).
+Then external access and the configuration are locked, and every statement is checked before it runs:
 only reads (SELECT, WITH ... SELECT, EXPLAIN, SHOW, DESCRIBE, SUMMARIZE) get through.
 """
 from __future__ import annotations
@@ -130,6 +133,7 @@ class Ledger:
     def _build(self, runs: list[tuple[str, Path]]) -> None:
         con = self._con
         by_table: dict[str, list[tuple[str, str, bool]]] = {}
+        allowed: list[str] = []  # the folders of the parts ledgers read in place
         for i, (name, path) in enumerate(runs):
             alias = f"run_{i}"
             try:
@@ -141,6 +145,7 @@ class Ledger:
                 "UNION SELECT view_name FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main' "
                 "AND NOT internal", [alias, alias]).fetchall()
             self._check_build(alias, path, {t for (t,) in rows})
+            allowed += self._check_parts(alias, path)
             for (table,) in rows:
                 cols = {c for (c,) in con.execute(
                     "SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND schema_name = 'main' "
@@ -156,7 +161,8 @@ class Ledger:
             except duckdb.Error as exc:
                 raise LedgerError(f"table {table!r} cannot be combined across runs {self.runs}: {exc}") from None
         self._tables = sorted(by_table)
-        # From here on the connection can read the attached files and nothing else.
+        # From here on the connection can read the attached files, the parts in `allowed`, and nothing else.
+        con.execute("SET allowed_directories = ?", [sorted(set(allowed))])
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
 
@@ -175,6 +181,35 @@ class Ledger:
             version = row[0] if row else "?"
             self.stale.append(f"{path}: built by other ledger code (inferledger {version}, modules "
                               f"{(row[1] or '?')[:12] if row else '?'} against these {modules_sha256()[:12]}); {rebuild}")
+
+    def _check_parts(self, alias: str, path: Path) -> list[str]:
+        """The folders a ledger reads in place (its views of `ledger_parts` tables), each part held to what it
+        was built from: LedgerError naming the part that is missing, resized or rewritten."""
+        from inferledger.probes.run_dir import PartError, part_record
+
+        views = [v for (v,) in self._con.execute(
+            "SELECT view_name FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main' AND NOT internal "
+            "AND view_name IN ('events', 'samples')", [alias]).fetchall()]
+        if not views:
+            return []
+        rows = self._con.execute(f"SELECT run_dir, part, table_name, bytes, footer_sha256 FROM {alias}.main.ledger_parts "
+                                 "WHERE table_name IN (SELECT unnest(?)) ORDER BY part", [views]).fetchall()
+        for run_dir, part, table, size, footer in rows:
+            f = Path(run_dir) / part
+            rebuild = (f"the ledger {path} reads its {table} in place from the run folder {run_dir}; rebuild it "
+                       f"from the run folder as it is now: inferledger reconstruct {path.parent}")
+            if not Path(run_dir).is_dir():
+                raise LedgerError(f"{run_dir}: no such run folder (moved or removed?): {rebuild}")
+            try:
+                got = part_record(f) if f.is_file() else None
+            except PartError as exc:
+                raise LedgerError(f"{exc}; {rebuild}") from None
+            if got is None:
+                raise LedgerError(f"{f}: missing, though the ledger was built from it: {rebuild}")
+            if (got.bytes, got.footer_sha256) != (size, footer):
+                raise LedgerError(f"{f}: rewritten since the ledger was built from it ({got.bytes} bytes against "
+                                  f"{size}, or another Parquet footer): {rebuild}")
+        return sorted({f"{Path(run_dir) / table}/" for run_dir, _part, table, _s, _f in rows})
 
     def _refuse_shared_run_ids(self, runs: list[tuple[str, Path]], by_table: dict) -> None:
         """Two ledgers with one run_id would merge into one run in every GROUP BY run_id: refuse them."""

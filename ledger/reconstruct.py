@@ -19,6 +19,7 @@ from pathlib import Path
 import duckdb
 
 from inferledger.ledger.load import RunFiles
+from inferledger.ledger.query import LEDGER_FILE
 from inferledger.ledger.memory import bound, default_memory_limit, parse_size
 from inferledger.ledger.remote import RemoteRunError, is_url, stage
 from inferledger.ledger.modules import ledger_modules, public_tables
@@ -161,7 +162,10 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
         con.execute("SET fsync_mode = 'NONE'")
         variables = run_variables(manifest, run_id, options.live)
         set_variables(con, variables)
-        run = RunFiles(run_dir, parts, sample_parts, manifest, newer)
+        # a ledger inside its run folder reads events and samples where they lie; one written elsewhere (or
+        # from a run staged from a URL, removed after) keeps its own copy
+        in_place = target.resolve() == (run_dir / LEDGER_FILE).resolve()
+        run = RunFiles(run_dir, parts, sample_parts, manifest, newer, in_place)
         if engine == "ray":
             from inferledger.ledger.sharded import build_sharded
 

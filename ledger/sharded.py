@@ -12,7 +12,8 @@ A partitioned run (probes/run_dir.py) is rebuilt in three steps, each the ledger
    or the ledger keeps, only the rows it owns: a row of an event, attempt or task in its bucket (the
    event's or attempt's partition, the task's bucket `bucket_of`; a row with a subject_id, a figure or
    a gap, the attempt or task it is about); a row of none of them is the first bucket's.
-3. the final ledger: the run-scope modules over the whole run (so `events` is whole), the engine and
+3. the final ledger: the run-scope modules over the whole run (so `events` is whole: a view over the
+   run's parts when the ledger is written inside its run folder, as on one node), the engine and
    task tables read back from the shards' Parquet, then the rollup modules: run metrics, quantiles,
    reconciliation, peer views and gaps computed from the per-attempt rows exactly as the single-node
    path computes them.
@@ -95,8 +96,9 @@ def run_shard(spec: dict) -> dict[str, str]:
         for table, (files, temp) in spec["handed"].items():
             con.execute(f"CREATE {'TEMP ' if temp else ''}TABLE {table} AS SELECT * FROM read_parquet(?)", [files])
         names = set(spec["modules"])
+        # the shard's events read where they lie, as the final ledger's are (its file is removed after)
         run = RunFiles(Path(spec["run_dir"]), [Path(p) for p in spec["parts"]], [Path(p) for p in spec["samples"]],
-                       Manifest(spec["manifest"]))
+                       Manifest(spec["manifest"]), in_place=True)
         run_modules(con, [m for m in ledger_modules() if m.name in names], run)
         sharded = spec["kind"] == "task" and not spec["only"]
         if sharded:
@@ -206,7 +208,7 @@ def build_sharded(con, run: RunFiles, variables: dict, *, work: Path, limit_byte
     engine_specs = [{**base, "kind": "engine", "parts": parts + (run_parts if i == 0 else []), "owned_parts": parts,
                      "first": i == 0, "only": True, "bucket": -1, "handed": {}, "out": str(work / f"engine-{i}"),
                      "modules": [m.name for m in _closure(modules, by_scope["engine"], by_scope["rollup"])],
-                     "outputs": engine_tables} for i, parts in enumerate(engines or [run_parts])]
+                     "outputs": engine_tables} for i, parts in enumerate(engines or [[]])]
     all_engine = [p for parts in engines for p in parts]
     try:
         ray, started = _ray(address, workers)

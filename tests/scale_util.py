@@ -32,7 +32,12 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def ledger_differences(path_a, path_b, tables=PUBLIC_TABLES) -> list[str]:
+# where the rows were read from (a part's path, size and footer; a left-out copy's part and row), which a
+# repartition of the same events changes: the rows themselves are compared in every other table
+CONTENT_TABLES = tuple(t for t in PUBLIC_TABLES if t not in ("ledger_parts", "event_copies_left_out"))
+
+
+def ledger_differences(path_a, path_b, tables=CONTENT_TABLES) -> list[str]:
     """What differs between two ledger files, one line per table (empty when they agree)."""
     a, b = duckdb.connect(str(path_a), read_only=True), duckdb.connect(str(path_b), read_only=True)
     out = []

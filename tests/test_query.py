@@ -235,3 +235,87 @@ def test_a_glob_leaves_out_runs_without_a_ledger_with_one_warning_line(runs):
         open_ledger(str(runs / "r2*"))
     with pytest.raises(LedgerError, match="r2 has no ledger.duckdb"):  # named alone, it must have one
         open_ledger(runs / "r2")
+
+
+def _in_place_run(run: Path, duplicate: bool = False) -> Path:
+    """A run whose ledger is built inside its folder (events and samples read in place); `duplicate`: its
+    part flushed twice under a second number."""
+    from ledger_util import build_run
+
+    build_run(run, [{"name": "attempt.sent", "ms": 0}, {"name": "attempt.first_byte", "ms": 12},
+                    {"name": "attempt.done", "ms": 30}], samples=[(5, "gpu_power_w", 300.0, "W", "0")]).close()
+    if duplicate:
+        part = next((run / "events").glob("part-*.parquet"))
+        (run / "events" / "part-00009.parquet").write_bytes(part.read_bytes())
+        from inferledger.ledger.reconstruct import reconstruct
+        reconstruct(run)
+    return run
+
+
+def test_a_ledger_in_its_run_folder_reads_its_parts_in_place_and_nothing_else(tmp_path):
+    run = _in_place_run(tmp_path / "run")
+    with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as con:  # a plain client opens it too
+        assert {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()} == {
+            "events", "samples"}
+        assert con.execute("SELECT count(*) FROM events").fetchone() == (3,)
+        assert con.execute("SELECT part, table_name, rows FROM ledger_parts ORDER BY part").fetchall() == [
+            ("events/part-00000.parquet", "events", 3), ("samples/part-00000.parquet", "samples", 1)]
+    outside = tmp_path / "other"
+    outside.mkdir()
+    (outside / "p.parquet").write_bytes((run / "events" / "part-00000.parquet").read_bytes())
+    with open_ledger(run) as led:
+        assert led.sql("select count(*), max(ts_ns) from events").fetchall() == [(3, 30_000_000)]
+        assert led.sql("select value from samples").fetchall() == [(300.0,)]
+        for sql in (f"select * from read_parquet('{outside / 'p.parquet'}')",  # outside the run folder
+                    f"select * from read_parquet('{run / 'events' / '..' / '..' / 'other' / 'p.parquet'}')",
+                    f"select * from read_text('{run / 'manifest.json'}')",  # the run folder, outside its parts
+                    "select * from read_csv('/etc/passwd')"):
+            with pytest.raises(QueryError, match="disabled by configuration"):
+                led.sql(sql).fetchall()
+        for sql in ("SET enable_external_access = true", f"SET allowed_directories = ['{tmp_path}']",
+                    "SET lock_configuration = false"):
+            with pytest.raises(ReadOnlyError):
+                led.sql(sql)
+            with pytest.raises(duckdb.Error, match="configuration has been locked"):  # DuckDB's own lock
+                led._con.execute(sql)
+        with pytest.raises(duckdb.Error, match="disabled"):
+            led._con.execute("LOAD httpfs")
+
+
+def test_a_ledger_whose_run_folder_changed_or_moved_is_refused_naming_the_file(tmp_path):
+    import pyarrow.parquet as pq
+
+    run = _in_place_run(tmp_path / "run")
+    part = run / "events" / "part-00000.parquet"
+    original = part.read_bytes()
+    pq.write_table(pq.read_table(part).slice(0, 2), part)  # rewritten: one event fewer
+    with pytest.raises(LedgerError, match=f"{part}: rewritten since the ledger was built from it"):
+        open_ledger(run)
+    for args in (["query", str(run), "select count(*) from events"], ["report", str(run)], ["summary", str(run)]):
+        res = CliRunner().invoke(app, args, env={"COLUMNS": "500"})
+        assert res.exit_code == 2 and f"{part}: rewritten" in res.output and "Traceback" not in res.output, args
+    part.unlink()
+    with pytest.raises(LedgerError, match=f"{part}: missing, though the ledger was built from it"):
+        open_ledger(run)
+    part.write_bytes(original)
+    with open_ledger(run) as led:  # restored: read again
+        assert led.sql("select count(*) from events").fetchall() == [(3,)]
+    run.rename(tmp_path / "moved")
+    with pytest.raises(LedgerError, match=f"{run}: no such run folder .*inferledger reconstruct {tmp_path / 'moved'}"):
+        open_ledger(tmp_path / "moved")
+
+
+def test_a_ledger_written_elsewhere_keeps_its_copy_with_the_same_tables(tmp_path):
+    from inferledger.ledger.reconstruct import PUBLIC_TABLES, reconstruct
+    from scale_util import ledger_differences
+
+    run = _in_place_run(tmp_path / "run", duplicate=True)  # the second copy of each event left out
+    copied = reconstruct(run, out=tmp_path / "copied.duckdb").path
+    assert ledger_differences(run / "ledger.duckdb", copied, tables=PUBLIC_TABLES) == []
+    with duckdb.connect(str(copied), read_only=True) as con:
+        assert not con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
+        assert con.execute("SELECT part, file_row_number FROM event_copies_left_out ORDER BY 2").fetchall() == [
+            ("events/part-00009.parquet", 0), ("events/part-00009.parquet", 1), ("events/part-00009.parquet", 2)]
+    run.rename(tmp_path / "moved")
+    with open_ledger(copied) as led:  # its own copy: the run folder is not read
+        assert led.sql("select count(*) from events").fetchall() == [(3,)]

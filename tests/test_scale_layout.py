@@ -153,6 +153,8 @@ def test_a_run_at_a_url_builds_the_same_ledger(tmp_path):
         remote = reconstruct(url, out=tmp_path / "remote.duckdb")
         assert remote.run_id == local.run_id and ledger_differences(local.path, remote.path) == []
         assert not list(tmp_path.glob(".remote.duckdb.run-*"))
+        with duckdb.connect(str(remote.path), read_only=True) as con:  # its own copy: the staged run is gone
+            assert not con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
 
 
 def test_repartition_refuses_what_it_cannot_do_and_the_cli_says_so(tmp_path):

@@ -22,7 +22,7 @@ from inferledger.collectors.sim.declared import QWEN3_8B
 from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
 from inferledger.collectors.sim.step_time import BookStepModel
 from inferledger.engine.params import EngineConfig
-from inferledger.ledger.reconstruct import BuildOptions, RunDirError, reconstruct
+from inferledger.ledger.reconstruct import PUBLIC_TABLES, BuildOptions, RunDirError, reconstruct
 from ledger_util import build_run
 from peer_util import import_sample
 from scale_util import ledger_differences
@@ -191,6 +191,12 @@ def test_the_cli_shards_a_partitioned_run_and_refuses_an_unpartitioned_one(local
     # the query surface over the sharded ledger of a partitioned run, and over two that share a run_id
     res = CliRunner().invoke(app, ["query", str(run), "select count(*) AS n from request_metrics", "--format", "json"])
     assert res.exit_code == 0 and json.loads(res.output) == [{"n": 2}]
+    # built inside its run folder, the sharded ledger reads the events in place: the same tables as a copy's
+    copied = reconstruct(run, out=tmp_path / "copied.duckdb")
+    assert ledger_differences(run / "ledger.duckdb", copied.path, tables=PUBLIC_TABLES) == []
+    copied.path.unlink()
+    res = CliRunner().invoke(app, ["query", str(run), "select count(*) AS n from events", "--format", "json"])
+    assert res.exit_code == 0 and json.loads(res.output) == [{"n": copied.n_events}]
     shutil.copytree(run, tmp_path / "copy")
     res = CliRunner().invoke(app, ["query", str(tmp_path / "*"), "select 1"], env={"COLUMNS": "500"})
     assert res.exit_code == 2 and str(run) in res.output and str(tmp_path / "copy") in res.output
