@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     rec = results.start("fit_transfer", {k: str(v) for k, v in vars(a).items()})
 
-    from inferledger.ledger.step_fit import transfer
+    from inferledger.ledger.fit_read import transfer
 
     cli = str(Path(sys.executable).parent / "inferledger")
     root = a.keep or Path(tempfile.mkdtemp(prefix="fit-transfer-"))

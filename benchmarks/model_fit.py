@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     from inferledger.engine.loader import load_model
     from inferledger.ledger.query import open_ledger
     from inferledger.ledger.reconstruct import reconstruct
-    from inferledger.ledger.step_fit import ledger_fit_points, run_fit
+    from inferledger.ledger.fit_read import ledger_fit_points, run_fit
     from inferledger.probes.quantile import quantile
 
     bundle = load_model()

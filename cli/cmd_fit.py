@@ -46,7 +46,7 @@ def fit_cmd(
     from inferledger.cli.output import console, csv_text, fail, plain
     from inferledger.costmodel.fit import FitError, held_out_summary
     from inferledger.ledger.query import LedgerError, open_ledger
-    from inferledger.ledger.step_fit import StepsUnreadable, ledger_fit_points, run_fit
+    from inferledger.ledger.fit_read import StepsUnreadable, ledger_fit_points, run_fit
     from inferledger.probes.run_folder import RunFolderError
     from inferledger.probes.study_dir import RUNS_DIR, is_study_dir
 

@@ -431,7 +431,7 @@ def held_out_summary(fit: StepFit, points: list[FitPoint]) -> dict:
 
 def apply(fit: StepFit, points: list[FitPoint]) -> dict:
     """A fit (from any run) held against another run's steps (the ledger selects them:
-    `inferledger.ledger.step_fit.ledger_fit_points`): per-step predictions and the error summary."""
+    `inferledger.ledger.fit_read.ledger_fit_points`): per-step predictions and the error summary."""
     steps = [{"step_id": p.step_id, "measured_ms": p.measured_ms, "predicted_ms": fit.predict_ms(p),
               "error_pct": error_pct(fit.predict_ms(p), p.measured_ms),
               "extrapolated": fit.extrapolated(p.num_seqs, p.tokens, p.context_tokens)} for p in points]

@@ -3,18 +3,16 @@ rates, with α, a per-sequence overhead and a compute efficiency fitted on the s
 some step shapes and reported on the held-out ones, with the inter-step host time as its own term.
 
 The steps a fit sees are selected here, from step_model (`fit_points`): the cost model is handed
-the rows, for this run's fit and for a fit applied to another run's ledger (`ledger_fit_points`).
+the rows, for this run's fit and, through ledger/fit_read.py, for a fit read from or applied to another
+run's built ledger.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow as pa
 
-from inferledger.costmodel.fit import FitError, FitPoint, StepFit, error_pct, held_out_summary, split
+from inferledger.costmodel.fit import FitError, FitPoint, StepFit, error_pct, split
 from inferledger.costmodel.roofs import fit_rates
 from inferledger.ledger.tables import StageTable, gap_table
-from inferledger.probes.run_folder import Manifest
 
 READS = ("step_model",)
 CREATES = ("step_fit", "step_fit_points", "step_fit_gaps")
@@ -37,7 +35,7 @@ GAPS = gap_table("step_fit")
 # graph). A step with no mode (an older run) counts. The fit's time is the step's cpu_ms (without its wait
 # for a CPU), its wall time where the capture could not measure the wait (cpu_ms NULL: an older run, a
 # kernel that hides schedstat); the wait itself (contention_ms) rides along for the fit's κ term.
-_POINTS = """
+POINTS_SQL = """
 SELECT flops_linear, flops_attention, bytes, bytes_kv_read + bytes_kv_write, coalesce(cpu_ms, measured_ms), num_seqs,
        tokens, context_tokens,
        gap_after_ms, step_id,
@@ -49,51 +47,9 @@ ORDER BY step_id
 """
 
 
-class StepsUnreadable(Exception):
-    """A ledger whose steps cannot be read: the message names its file and how to rebuild it."""
-
-
 def fit_points(con) -> list[FitPoint]:
     """The steps of a ledger's step_model a fit sees, as the cost model's FitPoints."""
-    return [FitPoint(*r) for r in con.execute(_POINTS).fetchall()]
-
-
-def ledger_fit_points(ledger: str | Path) -> list[FitPoint]:
-    """`fit_points` of a built ledger file (RUN/ledger.duckdb, or the run folder holding it), read-only:
-    what a study or a benchmark trains a fit on, or applies another run's fit to (costmodel.fit.apply).
-    FileNotFoundError without a ledger; StepsUnreadable naming the file for one that cannot be read (a
-    damaged file, one whose step_model lacks a column) or that other ledger code built (its steps may be
-    counted another way: refused, as the summary refuses it)."""
-    from inferledger.ledger.query import LedgerError, open_ledger
-
-    path = Path(ledger)
-    path = path / "ledger.duckdb" if path.is_dir() else path
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no ledger; run `inferledger reconstruct {path.parent}` first")
-    try:
-        with open_ledger(path) as led:
-            if led.stale:
-                raise StepsUnreadable("; ".join(led.stale))
-            return [FitPoint(*r) for r in led.rows(_POINTS)[1]]
-    except LedgerError as exc:
-        raise StepsUnreadable(f"{path}: cannot read its steps ({' '.join(str(exc).split())}); rebuild it: "
-                              f"inferledger reconstruct {path.parent}") from None
-
-
-def run_fit(run_dir: str | Path) -> StepFit:
-    """The step fit of a reconstructed run folder, at the rates of its own manifest (its microbenchmarks
-    first; without any, the rates its steps reached): what `inferledger fit` trains. FileNotFoundError without a ledger,
-    FitError when it cannot fit."""
-    run_dir = Path(run_dir)
-    points = ledger_fit_points(run_dir)
-    roofs, _ = fit_rates(Manifest.read(run_dir))
-    return StepFit.fit(points, roofs, trained_on=run_dir.name)
-
-
-def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict]:
-    """TRAIN's fit and its |error| on every step of TEST (costmodel.fit.held_out_summary)."""
-    fit = run_fit(train_run)
-    return fit, held_out_summary(fit, ledger_fit_points(test_run))
+    return [FitPoint(*r) for r in con.execute(POINTS_SQL).fetchall()]
 
 
 # @table step_fit: one row per parameter or figure of the run's step-time fit (docs/LEDGER.md "step_fit",

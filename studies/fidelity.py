@@ -35,7 +35,7 @@ from inferledger.collectors.workload import Workload
 from inferledger.costmodel.fit import StepFit, held_out_summary
 from inferledger.engine.params import EngineConfig
 from inferledger.ledger.query import Ledger, open_ledger, resolve_runs
-from inferledger.ledger.step_fit import ledger_fit_points, run_fit
+from inferledger.ledger.fit_read import ledger_fit_points, run_fit
 from inferledger.probes.run_folder import Manifest
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
 from inferledger.studies.real import capture_run, workload

@@ -50,7 +50,7 @@ def read_device_params(path: Path) -> dict:
 def fit_of(run: Path):
     """The step-time fit of a reconstructed run (its step_model steps, trained as the ledger's step_fit)."""
     from inferledger.costmodel.fit import FitError
-    from inferledger.ledger.step_fit import StepsUnreadable, run_fit
+    from inferledger.ledger.fit_read import StepsUnreadable, run_fit
 
     path = Path(run) / "ledger.duckdb"
     if not path.exists():

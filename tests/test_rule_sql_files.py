@@ -2,7 +2,7 @@
 
 SQL on another part's file. The ledger's file (ledger.duckdb) is the ledger's: every other part reads
 it through the ledger, by a function of `inferledger.ledger` (the read-only query surface
-`inferledger.open` / `ledger.query.open_ledger`, `ledger.step_fit.ledger_fit_points`,
+`inferledger.open` / `ledger.query.open_ledger`, `ledger.fit_read.ledger_fit_points`,
 `ledger.critical_path.ledger_dags`), so each such read is an import arrow `tests/test_architecture.py`
 checks. DuckDB is the only SQL engine of the house, so the rule is: no module of an installed part
 outside `ledger/` imports duckdb (lazily or not; a type-only import under TYPE_CHECKING runs nothing).

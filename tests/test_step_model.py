@@ -14,7 +14,7 @@ from inferledger.costmodel.fit import StepFit, apply
 from inferledger.probes.model_shape import ModelShape
 from inferledger.engine import EngineConfig, LLMEngine, SamplingParams
 from inferledger.ledger.reconstruct import reconstruct
-from inferledger.ledger.step_fit import ledger_fit_points, run_fit
+from inferledger.ledger.fit_read import ledger_fit_points, run_fit
 
 # a one-socket roof no two-core VM can exceed (the Xeon Platinum 8480+ entry: 56 cores, 8 × DDR5-4800)
 ROOFS = {"tflops": 218.0, "gbps": 307.2, "label": "one Xeon 8480+ socket, above this VM's ceiling"}

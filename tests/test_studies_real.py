@@ -310,7 +310,7 @@ def test_fidelity_replays_every_attempt_of_a_workload_with_a_retry_keyed_on_atte
     assert model["fit"]["trained_on"] == "run fit" and fit[5] >= 3  # trained on the fit run's steps alone
     # the fit held against run real's steps after the fact: what `inferledger fit runs/fit --test runs/real` prints
     from inferledger.costmodel.fit import StepFit, held_out_summary
-    from inferledger.ledger.step_fit import ledger_fit_points
+    from inferledger.ledger.fit_read import ledger_fit_points
 
     row = dict(zip(comp["fit"]["columns"], fit))
     summary = held_out_summary(StepFit.from_dict(model["fit"]), ledger_fit_points(dirs["real"]))

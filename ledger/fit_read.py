@@ -1,0 +1,55 @@
+"""The step fit of a built ledger, read through the query surface: what `inferledger fit`, `predict --fit`,
+`capture --fit`, the fidelity study and the benchmarks train on or apply a fit to. Apart from the build's
+stage (ledger/step_fit.py) because it opens ledgers the way a reader does (ledger/query.py), which the
+build's stages must not import.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from inferledger.costmodel.fit import FitPoint, StepFit, held_out_summary
+from inferledger.costmodel.roofs import fit_rates
+from inferledger.ledger.step_fit import POINTS_SQL
+from inferledger.probes.run_folder import Manifest
+
+
+class StepsUnreadable(Exception):
+    """A ledger whose steps cannot be read: the message names its file and how to rebuild it."""
+
+
+def ledger_fit_points(ledger: str | Path) -> list[FitPoint]:
+    """`fit_points` of a built ledger file (RUN/ledger.duckdb, or the run folder holding it), read-only:
+    what a study or a benchmark trains a fit on, or applies another run's fit to (costmodel.fit.apply).
+    FileNotFoundError without a ledger; StepsUnreadable naming the file for one that cannot be read (a
+    damaged file, one whose step_model lacks a column) or that other ledger code built (its steps may be
+    counted another way: refused, as the summary refuses it)."""
+    from inferledger.ledger.query import LedgerError, open_ledger
+
+    path = Path(ledger)
+    path = path / "ledger.duckdb" if path.is_dir() else path
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no ledger; run `inferledger reconstruct {path.parent}` first")
+    try:
+        with open_ledger(path) as led:
+            if led.stale:
+                raise StepsUnreadable("; ".join(led.stale))
+            return [FitPoint(*r) for r in led.rows(POINTS_SQL)[1]]
+    except LedgerError as exc:
+        raise StepsUnreadable(f"{path}: cannot read its steps ({' '.join(str(exc).split())}); rebuild it: "
+                              f"inferledger reconstruct {path.parent}") from None
+
+
+def run_fit(run_dir: str | Path) -> StepFit:
+    """The step fit of a reconstructed run folder, at the rates of its own manifest (its microbenchmarks
+    first; without any, the rates its steps reached): what `inferledger fit` trains. FileNotFoundError without a ledger,
+    FitError when it cannot fit."""
+    run_dir = Path(run_dir)
+    points = ledger_fit_points(run_dir)
+    roofs, _ = fit_rates(Manifest.read(run_dir))
+    return StepFit.fit(points, roofs, trained_on=run_dir.name)
+
+
+def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict]:
+    """TRAIN's fit and its |error| on every step of TEST (costmodel.fit.held_out_summary)."""
+    fit = run_fit(train_run)
+    return fit, held_out_summary(fit, ledger_fit_points(test_run))
