@@ -23,11 +23,24 @@ from . import cpu_kernels
 from .sequence import Sequence
 
 
+# how `Sampler.sample` chose a token: greedy from the step's batch argmax (`prepare`) or by its own argmax (a masked
+# row, a draft position), sampled by the CPU kernel's draw (`prepare_draws`) or by `draw` in torch (top-k, top-p,
+# masked rows, no kernel)
+TOKEN_PATHS = ("argmax_batch", "argmax_row", "kernel_draw", "torch_draw")
+
+
 class Sampler:
     def __init__(self, eos_ids: list[int] | tuple[int, ...] = ()) -> None:
         self.eos_ids = list(eos_ids)
         self._argmax: dict[int, tuple[torch.Tensor, int]] = {}  # id(row) -> (row, its argmax)
         self._drawn: dict[int, tuple[torch.Tensor, int]] = {}  # id(seq) -> (its row, its token)
+        # the tokens `sample` chose, by how (TOKEN_PATHS): the engine's manifest says whether the kernel drew any
+        self.tokens = dict.fromkeys(TOKEN_PATHS, 0)
+
+    def manifest(self) -> dict:
+        """How this sampler chose its tokens so far: whether the CPU kernel for sampled rows is loaded in
+        this process, and the tokens per path (TOKEN_PATHS)."""
+        return {"kernel": "loaded" if cpu_kernels.loaded() else "not loaded", "tokens": dict(self.tokens)}
 
     def prepare(self, logits: list) -> None:
         """The argmax of every 1-D logits row of a step, in one op and one host transfer; rows that
@@ -97,7 +110,9 @@ class Sampler:
         if not self._banned(seq, seq.num_output_tokens if num_output is None else num_output):
             row, token = self._argmax.get(id(logits), (None, 0))
             if row is logits:  # the very row prepare() saw (an id alone could be a new tensor's)
+                self.tokens["argmax_batch"] += 1
                 return token
+        self.tokens["argmax_row"] += 1
         return int(torch.argmax(self._masked(logits, seq, num_output)).item())
 
     def sample(self, logits: torch.Tensor, seq: Sequence, num_output: int | None = None) -> int:
@@ -109,7 +124,9 @@ class Sampler:
                 if token < 0:
                     raise ValueError("cannot draw a token from weights summing to nan (NaN, negative or no positive "
                                      "weight)")
+                self.tokens["kernel_draw"] += 1
                 return token
+        self.tokens["torch_draw"] += 1
         return draw(self.probs(logits, seq, num_output), seq.get_generator())
 
 

@@ -452,6 +452,38 @@ def test_plain_sampled_rows_are_drawn_in_one_kernel_call_from_their_tempered_dis
     s.prepare_draws([nan_row], [bad])
     with pytest.raises(ValueError, match="cannot draw a token"):
         s.sample(nan_row, bad)
+    # what the engine's manifest records: the kernel drew rows 0 and 2 and `again`; top-k and the masked row went
+    # to torch; the lone greedy row took its own argmax, two greedy rows of a step take the batch's
+    greedy = [seq(7), seq(8)]
+    s.prepare(rows[:2])
+    assert [s.sample(r, q) for r, q in zip(rows[:2], greedy)] == torch.argmax(logits[:2], -1).tolist()
+    assert s.manifest() == {"kernel": "loaded", "tokens": {"argmax_batch": 2, "argmax_row": 1, "kernel_draw": 3,
+                                                           "torch_draw": 2}}
+
+
+def test_a_step_hands_its_deltas_to_each_event_loop_in_one_call():
+    from inferledger.engine.outputs import RequestDelta
+
+    class Loop:  # records what the step thread hands over
+        def __init__(self):
+            self.calls = []
+
+        def call_soon_threadsafe(self, fn, *args):
+            self.calls.append((fn, args))
+
+    ae, loops = AsyncEngine(engine=None), [Loop(), Loop()]
+    queues = {f"a{i}": asyncio.Queue() for i in range(17)}
+    for i, (aid, q) in enumerate(queues.items()):
+        ae._streams[aid] = (loops[i % 2], q)
+    deltas = [RequestDelta(f"r{i}", aid, 0, [i], str(i)) for i, aid in enumerate(queues)]
+    deltas += [RequestDelta("r0", "a0", 0, [99], "x", finished=True), RequestDelta("gone", "gone", 0, [1], "")]
+    ae._dispatch(deltas)
+    assert [len(loop.calls) for loop in loops] == [1, 1]  # one per loop, not one per delta (18 before)
+    for loop in loops:
+        fn, args = loop.calls[0]
+        fn(*args)
+    got = {aid: [q.get_nowait().new_token_ids for _ in range(q.qsize())] for aid, q in queues.items()}
+    assert got["a0"] == [[0], [99]] and got["a16"] == [[16]] and all(len(v) == 1 for k, v in got.items() if k != "a0")
 
 
 def test_a_draw_follows_the_distribution_and_never_picks_a_zero_weight_token():
