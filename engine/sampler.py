@@ -43,8 +43,8 @@ class Sampler:
         self._argmax_path = "argmax_batch"  # how prepare() took the step's argmax (a TOKEN_PATHS name)
 
     def manifest(self) -> dict:
-        """How this sampler chose its tokens so far: whether the CPU kernel for sampled rows is loaded in
-        this process, and the tokens per path (TOKEN_PATHS)."""
+        """How this sampler chose its tokens so far: whether the engine's CPU kernels (its batch argmax and
+        its draw among them) are loaded in this process, and the tokens per path (TOKEN_PATHS)."""
         return {"kernel": "loaded" if cpu_kernels.loaded() else "not loaded", "tokens": dict(self.tokens)}
 
     def prepare(self, logits: list) -> None:
