@@ -9,8 +9,9 @@ what `vllm bench serve` asks by sending none; 0 = greedy), rounds alternating th
 Per kind and batch:
 
 - the median pure decode step (wall time around `ModelRunner.forward`), unprofiled;
-- the whole engine step around it (`LLMEngine.step`, as a served step's interval holds it) split into
-  the forward, sampling (the sampler's batch argmax, its kernel's draws, each row's token) and output processing (the
+- the whole engine step around it (`LLMEngine.step`, as a served step's interval holds it), its wall
+  time and the step thread's CPU time in it (the figure a served run's ledger holds as `steps.cpu_ms`:
+  the step without its wait for a CPU, comparable on a busy host), split into the forward, sampling (the sampler's batch argmax, its kernel's draws, each row's token) and output processing (the
   rest: scheduling, committing and detokenizing the tokens, the deltas); medians per step, unprofiled;
 - an account of --profiled further steps under torch.profiler: self CPU time of each operator,
   summed by category: matmuls (oneDNN / BLAS linears, the gemv kernel), attention (the paged kernel, the SDPA kernels
@@ -94,6 +95,7 @@ class Steps:
         self.runner, self.batch, self.s, self.modes = engine.runner, batch, [], []
         self.forward, self.engine_step = engine.runner.forward, engine.step
         self.whole, self.sampling, self._in_decode, self._sampling_s = [], [], False, 0.0
+        self.on_cpu = []  # the step thread's CPU time over each whole engine step (a served step's steps.cpu_ms)
         engine.runner.forward, engine.step = self, self.step
         sampler = engine.sampler
         self.sampler_calls = {name: getattr(sampler, name) for name in SAMPLER_CALLS}
@@ -116,10 +118,11 @@ class Steps:
 
     def step(self):
         self._in_decode, self._sampling_s = False, 0.0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         out = self.engine_step()
         if self._in_decode:
             self.whole.append(time.perf_counter() - t0)
+            self.on_cpu.append(time.thread_time() - c0)
             self.sampling.append(self._sampling_s)
         return out
 
@@ -135,7 +138,7 @@ class Steps:
         return out
 
     def clear(self) -> None:
-        for xs in (self.s, self.modes, self.whole, self.sampling):
+        for xs in (self.s, self.modes, self.whole, self.sampling, self.on_cpu):
             xs.clear()
 
     def split_ms(self) -> dict:
@@ -143,6 +146,7 @@ class Steps:
         (the step less the forward and the sampling, step by step)."""
         rest = [w - f - smp for w, f, smp in zip(self.whole, self.s, self.sampling)]
         return {"engine_step_ms": round(statistics.median(self.whole) * 1e3, 3),
+                "engine_step_on_cpu_ms": round(statistics.median(self.on_cpu) * 1e3, 3),
                 "sampling_ms": round(statistics.median(self.sampling) * 1e3, 3),
                 "output_processing_ms": round(statistics.median(rest) * 1e3, 3)}
 
@@ -167,7 +171,7 @@ def account(llm, prompts, profiled: int, temperature: float) -> dict:
     per["host_ms"] = round(wall_ms / max(n, 1) - sum(per.values()), 3)
     per["profiled_step_ms"] = round(wall_ms / max(n, 1), 3)
     per["profiled_steps"] = n
-    for xs in (steps.s, steps.modes, steps.whole, steps.sampling):
+    for xs in (steps.s, steps.modes, steps.whole, steps.sampling, steps.on_cpu):
         del xs[first:]  # the unprofiled medians stay unprofiled
     return per
 
@@ -255,7 +259,7 @@ def main() -> None:
                   f"({compiled_steps} compiled); profiled: matmul {row['matmul_ms']:.2f}, attention "
                   f"{row['attention_ms']:.2f}, elementwise {row['elementwise_ms']:.2f}, compiled kernels "
                   f"{row['compiled_kernels_ms']:.2f}, host {row['host_ms']:.2f} ms of {row['profiled_step_ms']:.2f}; "
-                  f"engine step {row['engine_step_ms']:.2f} ms (sampling {row['sampling_ms']:.2f}, output processing "
+                  f"engine step {row['engine_step_ms']:.2f} ms, {row['engine_step_on_cpu_ms']:.2f} on a CPU (sampling {row['sampling_ms']:.2f}, output processing "
                   f"{row['output_processing_ms']:.2f}); load {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
                   + (f"; MBU {row['mbu_ratio']:.2f} ({row['achieved_gib_s']:.1f} GiB/s)" if b == 1 else ""), flush=True)
     figures["memcpy_gib_s"] = round(max(memcpy, memcpy_gib_s()), 2)

@@ -17,6 +17,11 @@ LD_PRELOAD, recorded in the results file's servers.vllm.environment); --vllm-pla
 
     .venv/bin/python benchmarks/engine_vs_vllm.py [--rounds 2] [--concurrency 1 4 16] [--servers ours vllm llamacpp]
     .venv/bin/python benchmarks/engine_vs_vllm.py --rounds 1 --concurrency 1 --capture-concurrency --servers ours vllm
+    .venv/bin/python benchmarks/engine_vs_vllm.py --rounds 1 --concurrency 16 --capture-concurrency --servers ours --ours-ledger
+
+With --ours-ledger our server writes a run folder and each of its bench runs records its served steps from
+the run's ledger (`served_step`: the step of c decodes on a CPU, waiting for one, off a CPU otherwise),
+to hold against the offline step of benchmarks/decode_step_account.py.
 """
 from __future__ import annotations
 
@@ -68,16 +73,22 @@ def prompt_tokens_counted(port: int) -> float | None:
 class Ours:
     name, port = "ours", OURS_PORT
 
-    def __init__(self, dtype: str, compile_: str, attention: str = "auto", linear: str = "auto") -> None:
+    def __init__(self, dtype: str, compile_: str, attention: str = "auto", linear: str = "auto",
+                 ledger: bool = False) -> None:
         self.dtype, self.compile, self.attention, self.linear, self.proc = dtype, compile_, attention, linear, None
+        self.ledger, self.runs = ledger, []  # --ours-ledger: each start writes a run folder (self.runs)
 
     def start(self) -> None:
         env = {**os.environ, "INFERLEDGER_DTYPE": self.dtype, "INFERLEDGER_COMPILE": self.compile,
                "INFERLEDGER_ATTENTION": self.attention, "INFERLEDGER_LINEAR": self.linear}
         self.log = open(OUT / f"ours-{self.port}.log", "a")
+        out = []
+        if self.ledger:
+            self.runs.append(OUT / f"ours-run-{len(self.runs) + 1}")
+            out = ["--out", str(self.runs[-1])]
         self.proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "inferledger"), "serve", "--port", str(self.port),
-                                      "--served-model-name", NAME], env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                      "--served-model-name", NAME, *out], env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         for _ in range(1200):  # a first start compiles the CPU step (minutes on a busy machine)
             if self.proc.poll() is not None:
                 raise SystemExit(f"inferledger serve exited ({self.proc.returncode}); see {self.log.name}")
@@ -98,6 +109,23 @@ class Ours:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.proc = None
+
+    def now_ns(self) -> int:
+        """The server's own monotonic clock (its /clock), the clock its step events carry."""
+        return json.loads(http_get(f"http://127.0.0.1:{self.port}/clock"))["t_ns"]
+
+    def thread_cpu_s(self) -> dict[str, float]:
+        """CPU seconds of each thread of the server's process so far (/proc: utime + stime), by thread id."""
+        task, tick = Path(f"/proc/{self.proc.pid}/task"), os.sysconf("SC_CLK_TCK")
+        out = {}
+        for t in task.iterdir():
+            try:
+                stat = (t / "stat").read_text()
+            except OSError:
+                continue  # a thread that ended
+            fields = stat[stat.rindex(")") + 2:].split()
+            out[t.name] = (int(fields[11]) + int(fields[12])) / tick
+        return out
 
     def manifest(self) -> dict:
         return {"weights": "the bundled GGUF (Q4_1), dequantised once at load to the dtype below",
@@ -193,6 +221,7 @@ class LlamaCpp(PeerScript):
 def bench(server, c: int, n: int, tokenizer: str, tag: str) -> dict:
     """One `vllm bench serve` run; returns its result JSON plus our load and prompt-token readings."""
     before, avg = prompt_tokens_counted(server.port), load()
+    window = (server.now_ns(), server.thread_cpu_s()) if getattr(server, "ledger", False) else None
     fname = f"{tag}.json"
     cmd = [str(VLLM_VENV / "bin" / "vllm"), "bench", "serve", "--backend", "vllm", "--base-url",
            f"http://127.0.0.1:{server.port}", "--model", NAME, "--tokenizer", tokenizer, "--dataset-name", "random",
@@ -210,6 +239,11 @@ def bench(server, c: int, n: int, tokenizer: str, tag: str) -> dict:
            "tpot_p50": res["median_tpot_ms"], "tpot_p99": res["p99_tpot_ms"], "completed": res["completed"],
            "input_tokens_client": res["total_input_tokens"], "prompt_tokens_server": counted,
            "prompt_tokens_per_request_server": counted / (n + 1) if counted is not None else None}  # + 1 warm-up
+    if window is not None:  # read back from the run's ledger once the server has stopped (served_steps)
+        cpu = server.thread_cpu_s()
+        used = sorted((cpu[t] - window[1].get(t, 0.0) for t in cpu), reverse=True)
+        row["served_window"] = {"run": len(server.runs), "from_ns": window[0], "to_ns": server.now_ns(),
+                                "step_thread_cpu_s": round(used[0], 2), "other_threads_cpu_s": round(sum(used[1:]), 2)}
     print(f"  {server.name:>4} bench c={c:<2} {row['tok_s']:7.1f} tok/s  TTFT {row['ttft_p50']:7.0f}/{row['ttft_p99']:7.0f}"
           f"  TPOT {row['tpot_p50']:6.1f}/{row['tpot_p99']:6.1f} ms  prompt tokens client {row['input_tokens_client']}"
           f" server {counted} (incl. 1 warm-up)  load {avg}", flush=True)
@@ -246,6 +280,60 @@ def capture_run(server, c: int, n: int, tag: str) -> dict:
           f"{q[2] or 0:6.1f}/{q[3] or 0:6.1f} ms  prompt tokens server {row['prompt_tokens_server']}  "
           f"client loop lag p99 {result.loop_lag_p99_ms:.2f} ms  load {avg}", flush=True)
     return row
+
+
+SERVED_STEPS = """
+WITH e AS (SELECT step_id, clock, ts_ns, attrs FROM events WHERE name = 'step.end'),
+     s AS (SELECT step_id, clock, ts_ns FROM events WHERE name = 'step.start'),
+     d AS (SELECT m.num_seqs, m.prefill_tokens, m.measured_ms, m.contention_ms, m.gap_after_ms,
+                  TRY_CAST(json_extract(e.attrs, '$.cpu_ns') AS BIGINT) / 1e6 AS on_cpu_ms,
+                  (e.ts_ns - s.ts_ns - TRY_CAST(json_extract(e.attrs, '$.cpu_ns') AS BIGINT)
+                   - TRY_CAST(json_extract(e.attrs, '$.wait_ns') AS BIGINT)) / 1e6 AS off_cpu_ms
+           FROM step_model m JOIN s USING (step_id) JOIN e ON e.step_id = m.step_id AND e.clock = s.clock
+           WHERE s.ts_ns >= ? AND e.ts_ns <= ?)
+SELECT count(*) FILTER (WHERE num_seqs = ? AND prefill_tokens = 0),
+       quantile_cont(measured_ms, 0.5) FILTER (WHERE num_seqs = ? AND prefill_tokens = 0),
+       quantile_cont(on_cpu_ms, 0.5) FILTER (WHERE num_seqs = ? AND prefill_tokens = 0),
+       quantile_cont(contention_ms, 0.5) FILTER (WHERE num_seqs = ? AND prefill_tokens = 0),
+       quantile_cont(off_cpu_ms, 0.5) FILTER (WHERE num_seqs = ? AND prefill_tokens = 0),
+       quantile_cont(gap_after_ms, 0.5) FILTER (WHERE num_seqs = ? AND prefill_tokens = 0),
+       count(*), sum(measured_ms), sum(measured_ms) FILTER (WHERE prefill_tokens > 0)
+FROM d
+"""
+
+
+def served_steps(rows: list[dict], ours: Ours) -> None:
+    """For each of our bench runs with a run folder (--ours-ledger), its engine steps from the run's ledger:
+    the median step of c decodes alone (its wall time, its time on a CPU, its wait for one, the rest off a
+    CPU: a lock, the GIL, I/O; the host time to the next step), the steps' count and time in all, and what
+    the server's threads used of a CPU over the run (the step thread, the rest: the HTTP front end, the run's
+    writer and host sampler)."""
+    import duckdb
+
+    from inferledger.ledger.reconstruct import reconstruct
+
+    ledgers = {}
+    for row in rows:
+        w = row.pop("served_window", None)
+        if w is None:
+            continue
+        run = ours.runs[w["run"] - 1]
+        if run not in ledgers:
+            ledgers[run] = duckdb.connect(str(reconstruct(run).path), read_only=True)
+        c = row["concurrency"]
+        got = ledgers[run].execute(SERVED_STEPS, [w["from_ns"], w["to_ns"]] + [c] * 6).fetchone()
+        ms = [None if x is None else round(x, 3) for x in got[1:6]]
+        row["served_step"] = {"run_dir": run.name, "decode_steps": got[0], "decode_step_ms": ms[0],
+                              "decode_on_cpu_ms": ms[1], "decode_cpu_wait_ms": ms[2], "decode_off_cpu_ms": ms[3],
+                              "decode_gap_after_ms": ms[4], "steps": got[6],
+                              "steps_s": None if got[7] is None else round(got[7] / 1e3, 3),
+                              "prefill_steps_s": None if got[8] is None else round(got[8] / 1e3, 3),
+                              "step_thread_cpu_s": w["step_thread_cpu_s"], "other_threads_cpu_s": w["other_threads_cpu_s"]}
+        print(f"  ours c={c:<2} served steps of {c} decodes ({got[0]}): median {ms[0]} ms, on a CPU {ms[1]}, waiting "
+              f"for one {ms[2]}, off a CPU otherwise {ms[3]}, gap to the next {ms[4]} ms; server threads' CPU: step "
+              f"{w['step_thread_cpu_s']} s, others {w['other_threads_cpu_s']} s", flush=True)
+    for con in ledgers.values():
+        con.close()
 
 
 def ratio_rows(rows: list[dict], peer: str = "vllm") -> list[dict]:
@@ -310,6 +398,10 @@ def main() -> None:
     ap.add_argument("--ours-attention", default="auto", help="our server's INFERLEDGER_ATTENTION: auto, paged or gather")
     ap.add_argument("--ours-linear", default="auto", help="our server's INFERLEDGER_LINEAR: auto, kernels (or its old name "
                     "gemv), onednn or torch")
+    ap.add_argument("--ours-ledger", action="store_true", help="start our server with --out (a run folder per start, "
+                    "in --out) and record, per bench run, its engine steps from the run's ledger (the median step of c "
+                    "decodes: on a CPU, waiting for one, off a CPU otherwise) and its threads' CPU time; the run's "
+                    "events cost the server a little, so ratios are taken without it")
     ap.add_argument("--vllm-dtype", default="bfloat16", help="vllm_cpu.sh serves bf16; float32 = the same work as ours here")
     ap.add_argument("--vllm-omp-bind", default="nobind", help="vLLM's VLLM_CPU_OMP_THREADS_BIND: nobind (default: "
                     "its one thread left to the OS, as ours is) or CPU ids")
@@ -332,7 +424,7 @@ def main() -> None:
     tokenizer = marker.read_text().split(" model ", 1)[1].strip() if needs_vllm else None
     OUT = args.out
     OUT.mkdir(parents=True, exist_ok=True)
-    every = {"ours": Ours(args.ours_dtype, args.ours_compile, args.ours_attention, args.ours_linear),
+    every = {"ours": Ours(args.ours_dtype, args.ours_compile, args.ours_attention, args.ours_linear, args.ours_ledger),
              "vllm": VLLM(args.vllm_script, args.vllm_dtype, args.vllm_omp_bind, args.vllm_plain),
              "llamacpp": LlamaCpp(args.llamacpp_script, args.llamacpp_threads)}
     servers = [every[name] for name in args.servers]
@@ -354,6 +446,8 @@ def main() -> None:
                     rows.append({"round": rnd + 1, **capture_run(server, c, 2 * c, f"r{rnd + 1}-{server.name}-capture-c{c}")})
             finally:
                 server.stop()
+    if args.ours_ledger and "ours" in args.servers:
+        served_steps(rows, every["ours"])
     print("\nratios within a round (the figures that count on a shared machine):")
     for peer in ("vllm", "llamacpp"):
         for r in ratio_rows(rows, peer):

@@ -6,7 +6,7 @@
     await engine.aclose()
 
 One thread owns `LLMEngine.step()`; coroutines only add requests and abort them (both thread-safe)
-and read their deltas from an asyncio.Queue filled through `loop.call_soon_threadsafe`. A consumer
+and read their deltas from an asyncio.Queue, filled through one `loop.call_soon_threadsafe` per step. A consumer
 that stops early (task cancelled, client disconnected, generator closed) aborts its request.
 """
 from __future__ import annotations
@@ -83,12 +83,17 @@ class AsyncEngine:
             self._dispatch(deltas)
 
     def _dispatch(self, deltas: list[RequestDelta]) -> None:
-        for d in deltas:
-            with self._lock:
+        """A step's deltas to their streams: one hand-over per event loop, not one per delta (each
+        `call_soon_threadsafe` takes the loop's lock and writes its wake-up pipe, a system call in the
+        step thread; at 16 streams a step that was 16 writes), each queue getting its deltas in order."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestDelta]]] = {}
+        with self._lock:
+            for d in deltas:
                 stream = self._streams.get(d.attempt_id)
-            if stream is not None:
-                loop, queue = stream
-                loop.call_soon_threadsafe(queue.put_nowait, d)
+                if stream is not None:
+                    by_loop.setdefault(stream[0], []).append((stream[1], d))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_deliver, items)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._lock:
@@ -144,3 +149,9 @@ class AsyncEngine:
         ok = self.engine.abort(attempt_or_request_id)
         self._wake.set()
         return ok
+
+
+def _deliver(items: list[tuple[asyncio.Queue, RequestDelta]]) -> None:
+    """On the streams' event loop: each delta into its stream's queue, in the order the step made them."""
+    for queue, delta in items:
+        queue.put_nowait(delta)

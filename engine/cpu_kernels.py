@@ -31,6 +31,11 @@ rows (engine/cpu_linear.py `panel`); built only where the compiler targets AVX-5
 
 Row r's token drawn from softmax(logits[r] * inv_temperature[r]) by u[r] (inverse transform; -1 for a
 row with a NaN or no weight), for the sampler's plain sampled rows (engine/sampler.py).
+
+    argmax_rows(logits [R, V] fp32) -> [R] int64
+
+Each row's torch.argmax (the first of equal maxima; the first NaN where there is one), for the sampler's
+greedy rows (engine/sampler.py).
 """
 from __future__ import annotations
 
@@ -157,6 +162,10 @@ def loaded() -> bool:
 
 def sample_rows(logits: torch.Tensor, inv_temperature: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.ops.inferledger_cpu.sample_rows(logits, inv_temperature, u)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    return torch.ops.inferledger_cpu.argmax_rows(logits)
 
 
 def panel_kernel() -> bool:

@@ -273,6 +273,7 @@ class LLMEngine:
                     "compile": self._compile_manifest(),
                     "attention": self._attention_manifest(),
                     "linear": self._linear_manifest(),
+                    "sampler": self.sampler.manifest(),
                     "cpu_placement": self.cpu_placement and {
                         **self.cpu_placement, "applies_to": "the background step thread (AsyncEngine)",
                         "threads_read_back": self.cpu_threads_read_back}}

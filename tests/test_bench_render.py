@@ -202,6 +202,48 @@ def test_the_engine_against_vllm_run_keeps_its_rows_with_units_and_renders_its_r
         "| vllm bench serve | 1 | 0.40, 1.15 | 0.23, 0.82 |"]
 
 
+def test_our_served_steps_are_read_from_the_run_ledger_within_each_bench_window(tmp_path, monkeypatch):
+    import importlib.util
+    import types
+
+    import duckdb
+    import results
+
+    from inferledger.ledger import reconstruct as rebuild
+
+    spec = importlib.util.spec_from_file_location("engine_vs_vllm", ROOT / "benchmarks" / "engine_vs_vllm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    db = tmp_path / "ledger.duckdb"
+    con = duckdb.connect(str(db))  # the two tables the query reads, as the ledger has them
+    con.execute("CREATE TABLE events (name VARCHAR, step_id BIGINT, clock VARCHAR, ts_ns BIGINT, attrs JSON)")
+    con.execute("CREATE TABLE step_model (step_id BIGINT, num_seqs INT, prefill_tokens INT, measured_ms DOUBLE, "
+                "contention_ms DOUBLE, gap_after_ms DOUBLE)")
+    ms = 1_000_000
+    # steps 1-3: 16 decodes (50, 60, 70 ms; on a CPU 40, 44, 48; waiting 8, 14, 20); 4: a prefill beside them;
+    # 5: 16 decodes after the window
+    for sid, start, dur, cpu, wait, seqs, pf in [(1, 100, 50, 40, 8, 16, 0), (2, 200, 60, 44, 14, 16, 0),
+                                                 (3, 300, 70, 48, 20, 16, 0), (4, 400, 300, 250, 40, 16, 64),
+                                                 (5, 900, 50, 40, 8, 16, 0)]:
+        con.execute("INSERT INTO events VALUES ('step.start', ?, 'mono:h', ?, '{}'), ('step.end', ?, 'mono:h', ?, ?)",
+                    [sid, start * ms, sid, (start + dur) * ms, f'{{"cpu_ns": {cpu * ms}, "wait_ns": {wait * ms}}}'])
+        con.execute("INSERT INTO step_model VALUES (?, ?, ?, ?, ?, 1.5)", [sid, seqs, pf, float(dur), float(wait)])
+    con.close()
+    monkeypatch.setattr(rebuild, "reconstruct", lambda run: types.SimpleNamespace(path=db))
+    ours = mod.Ours("auto", "auto", ledger=True)
+    ours.runs = [tmp_path / "ours-run-1"]
+    rows = [{"concurrency": 16, "served_window": {"run": 1, "from_ns": 50 * ms, "to_ns": 800 * ms,
+                                                  "step_thread_cpu_s": 9.5, "other_threads_cpu_s": 0.44}},
+            {"concurrency": 1, "server": "vllm"}]
+    mod.served_steps(rows, ours)
+    assert rows[0] == {"concurrency": 16, "served_step": {
+        "run_dir": "ours-run-1", "decode_steps": 3, "decode_step_ms": 60.0, "decode_on_cpu_ms": 44.0,
+        "decode_cpu_wait_ms": 14.0, "decode_off_cpu_ms": 2.0, "decode_gap_after_ms": 1.5, "steps": 4,
+        "steps_s": 0.48, "prefill_steps_s": 0.3, "step_thread_cpu_s": 9.5, "other_threads_cpu_s": 0.44}}
+    assert rows[1] == {"concurrency": 1, "server": "vllm"}  # no window: untouched
+    results.check_figures({"rows": rows})
+
+
 def test_vllm_gets_its_documented_preload_by_default_and_the_table_says_which_environment_it_had(tmp_path, monkeypatch):
     import argparse
     import importlib.util

@@ -452,6 +452,58 @@ def test_plain_sampled_rows_are_drawn_in_one_kernel_call_from_their_tempered_dis
     s.prepare_draws([nan_row], [bad])
     with pytest.raises(ValueError, match="cannot draw a token"):
         s.sample(nan_row, bad)
+    # what the engine's manifest records: the kernel drew rows 0 and 2 and `again`; top-k and the masked row went
+    # to torch; the lone greedy row took its own argmax, two greedy rows of a step take the batch's
+    greedy = [seq(7), seq(8)]
+    s.prepare(rows[:2])
+    assert [s.sample(r, q) for r, q in zip(rows[:2], greedy)] == torch.argmax(logits[:2], -1).tolist()
+    assert s.manifest() == {"kernel": "loaded", "tokens": {"argmax_kernel": 2, "argmax_batch": 0, "argmax_row": 1,
+                                                           "kernel_draw": 3, "torch_draw": 2}}
+
+
+def test_the_argmax_kernel_chooses_as_torch_argmax_does():
+    import torch
+
+    from inferledger.engine import cpu_kernels
+
+    ok, why = cpu_kernels.load()
+    assert ok, why
+    inf, nan = float("inf"), float("nan")
+    rows = torch.randn(6, 49159, generator=torch.Generator().manual_seed(5))  # 16 lanes and a tail of 7
+    rows[1, [100, 20000, 49158]] = 9.0  # equal maxima, one in the tail: the first wins
+    rows[2, [3, 40000]] = nan  # NaNs: the first NaN
+    rows[3] = -inf  # nothing above -inf: index 0
+    rows[4, 49158] = 50.0  # the maximum in the tail
+    rows[5, [17, 33]] = 7.0  # equal maxima in one lane
+    want = [int(torch.argmax(rows[0])), 100, 3, 0, 49158, 17]
+    assert cpu_kernels.argmax_rows(rows).tolist() == torch.argmax(rows, -1).tolist() == want
+    short = torch.tensor([[1.0, 3.0, 3.0], [nan, 1.0, nan], [1.0, 2.0, nan]])  # fewer values than lanes
+    assert cpu_kernels.argmax_rows(short).tolist() == torch.argmax(short, -1).tolist() == [1, 0, 2]
+
+
+def test_a_step_hands_its_deltas_to_each_event_loop_in_one_call():
+    from inferledger.engine.outputs import RequestDelta
+
+    class Loop:  # records what the step thread hands over
+        def __init__(self):
+            self.calls = []
+
+        def call_soon_threadsafe(self, fn, *args):
+            self.calls.append((fn, args))
+
+    ae, loops = AsyncEngine(engine=None), [Loop(), Loop()]
+    queues = {f"a{i}": asyncio.Queue() for i in range(17)}
+    for i, (aid, q) in enumerate(queues.items()):
+        ae._streams[aid] = (loops[i % 2], q)
+    deltas = [RequestDelta(f"r{i}", aid, 0, [i], str(i)) for i, aid in enumerate(queues)]
+    deltas += [RequestDelta("r0", "a0", 0, [99], "x", finished=True), RequestDelta("gone", "gone", 0, [1], "")]
+    ae._dispatch(deltas)
+    assert [len(loop.calls) for loop in loops] == [1, 1]  # one per loop, not one per delta (18 before)
+    for loop in loops:
+        fn, args = loop.calls[0]
+        fn(*args)
+    got = {aid: [q.get_nowait().new_token_ids for _ in range(q.qsize())] for aid, q in queues.items()}
+    assert got["a0"] == [[0], [99]] and got["a16"] == [[16]] and all(len(v) == 1 for k, v in got.items() if k != "a0")
 
 
 def test_a_draw_follows_the_distribution_and_never_picks_a_zero_weight_token():

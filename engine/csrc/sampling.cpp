@@ -1,4 +1,6 @@
-// Drawing tokens for a step's sampled rows (CPU): one call for every row that samples from its plain
+// Choosing tokens for a step's rows (CPU). `argmax_rows`: every greedy row's argmax in one call, as
+// torch.argmax chooses it (0.65 ms for 16 rows over a 49,152-token vocabulary on one core in torch).
+// `sample_rows`: one call for every row that samples from its plain
 // tempered distribution (no top-k, no top-p, nothing masked), in place of a softmax, a float64 cumulative
 // sum and a search per row in torch (about 0.12 ms a row over a 49,152-token vocabulary on one core).
 //
@@ -86,9 +88,73 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& inv_temperatu
   return out;
 }
 
+// The index of a row's largest value, torch.argmax's: the first of equal maxima, the first NaN where there
+// is one (a NaN is larger than everything to argmax). LANES running maxima in strided lanes, compared
+// strictly, so each lane keeps its first maximum; the lanes' best value, then its lowest index, wins.
+constexpr int64_t LANES = 16;
+
+int64_t argmax_row(const float* row, int64_t V) {
+  if (V < LANES) {
+    int64_t at = 0;
+    for (int64_t i = 1; i < V && !std::isnan(row[at]); ++i)
+      if (std::isnan(row[i]) || row[i] > row[at]) at = i;
+    return at;
+  }
+  float best[LANES];
+  int32_t idx[LANES];
+  int32_t nan[LANES];
+  for (int64_t j = 0; j < LANES; ++j) {
+    best[j] = row[j];
+    idx[j] = static_cast<int32_t>(j);
+    nan[j] = row[j] != row[j];
+  }
+  const int64_t full = V / LANES * LANES;
+  for (int64_t i = LANES; i < full; i += LANES) {
+#pragma omp simd
+    for (int64_t j = 0; j < LANES; ++j) {
+      const float v = row[i + j];
+      const bool gt = v > best[j];
+      best[j] = gt ? v : best[j];
+      idx[j] = gt ? static_cast<int32_t>(i + j) : idx[j];
+      nan[j] |= v != v;
+    }
+  }
+  int32_t any_nan = 0;
+  for (int64_t j = 0; j < LANES; ++j) any_nan |= nan[j];
+  for (int64_t i = full; i < V; ++i) any_nan |= row[i] != row[i];
+  if (any_nan) {
+    for (int64_t i = 0; i < V; ++i)
+      if (std::isnan(row[i])) return i;
+  }
+  int64_t at = idx[0];
+  float mx = best[0];
+  for (int64_t j = 1; j < LANES; ++j)
+    if (best[j] > mx || (best[j] == mx && idx[j] < at)) mx = best[j], at = idx[j];
+  for (int64_t i = full; i < V; ++i)  // the tail comes after every lane's index: only a larger value wins
+    if (row[i] > mx) mx = row[i], at = i;
+  return at;
+}
+
+// logits [R, V] fp32 (contiguous rows) -> [R] int64, each row's torch.argmax
+at::Tensor argmax_rows(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.is_cpu(),
+              "argmax_rows: logits must be a contiguous fp32 [rows, vocab] on the CPU");
+  const int64_t R = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(V > 0 && V <= std::numeric_limits<int32_t>::max(), "argmax_rows: a vocabulary of ", V, " tokens");
+  const float* x = logits.data_ptr<float>();
+  at::Tensor out = at::empty({R}, logits.options().dtype(at::kLong));
+  int64_t* op = out.data_ptr<int64_t>();
+  at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) op[r] = argmax_row(x + r * V, V);
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(inferledger_cpu, m) {
   m.def("sample_rows(Tensor logits, Tensor inv_temperature, Tensor u) -> Tensor");
   m.impl("sample_rows", c10::DispatchKey::CPU, TORCH_FN(sample_rows));
+  m.def("argmax_rows(Tensor logits) -> Tensor");
+  m.impl("argmax_rows", c10::DispatchKey::CPU, TORCH_FN(argmax_rows));
 }
