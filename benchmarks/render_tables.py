@@ -451,6 +451,11 @@ class TableSpec:
     native_bf16: bool | None = None  # True: only runs on a CPU that multiplies bf16 natively; False: only others
 
 
+def _against_vllm(p: dict) -> bool:
+    """An engine_vs_vllm run that served vLLM (one of ours alone, `--servers ours`, has no ratio to show)."""
+    return "vllm" in (p.get("servers") or ["ours", "vllm"])
+
+
 def _ledger_default(p: dict) -> bool:
     """ledger_scale's default run: 10,000 attempts × 256 tokens, single node, no limit, with the loop."""
     return ((p.get("attempts"), p.get("tokens")) == (10_000, 256) and not p.get("memory_limit")
@@ -471,8 +476,8 @@ TABLES = {
     "engine_throughput.probes": TableSpec("engine_throughput", engine_probes, _default_sweep),
     "engine_throughput.mbu_batch1": TableSpec("engine_throughput", mbu_batch1,
                                           lambda p: p.get("concurrency") == [1] and p.get("threads") == 1),
-    "engine_vs_vllm": TableSpec("engine_vs_vllm", engine_vs_vllm, native_bf16=True),
-    "engine_vs_vllm.avx2": TableSpec("engine_vs_vllm", engine_vs_vllm, native_bf16=False),
+    "engine_vs_vllm": TableSpec("engine_vs_vllm", engine_vs_vllm, _against_vllm, native_bf16=True),
+    "engine_vs_vllm.avx2": TableSpec("engine_vs_vllm", engine_vs_vllm, _against_vllm, native_bf16=False),
     "paged_attention": TableSpec("paged_attention", paged_attention, native_bf16=False),
     "paged_attention.bf16": TableSpec("paged_attention", paged_attention, native_bf16=True),
     "linear_kernel": TableSpec("linear_kernel", linear_kernel, lambda p: p.get("dtype", "float32") == "float32"),
