@@ -191,6 +191,18 @@ def _seq(min_tokens: int = 0) -> Sequence:
     return Sequence([1, 2], SamplingParams(temperature=0.0, min_tokens=min_tokens, max_tokens=4), request_id="r")
 
 
+def _count_argmax(monkeypatch, key) -> list:
+    """Every argmax taken, as key(its input): torch.argmax's and the CPU kernel's batch argmax (where the
+    engine's kernels are loaded, a CPU step's fp32 rows take it instead of torch's)."""
+    from inferledger.engine import cpu_kernels
+
+    calls = []
+    real, kernel = torch.argmax, cpu_kernels.argmax_rows
+    monkeypatch.setattr(torch, "argmax", lambda *a, **k: calls.append(key(a[0])) or real(*a, **k))
+    monkeypatch.setattr(cpu_kernels, "argmax_rows", lambda t: calls.append(key(t)) or kernel(t))
+    return calls
+
+
 def test_a_batch_of_greedy_rows_takes_one_argmax(monkeypatch):
     logits = torch.zeros(4, 6)
     for row, token in enumerate((5, 0, 3, 3)):
@@ -198,9 +210,7 @@ def test_a_batch_of_greedy_rows_takes_one_argmax(monkeypatch):
     logits[3, 2] = 0.5  # row 3's second best, picked when its best (EOS 3) is banned
     rows = [logits[i] for i in range(4)]
     sampler = Sampler(eos_ids=[3])
-    calls = []
-    real = torch.argmax
-    monkeypatch.setattr(torch, "argmax", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    calls = _count_argmax(monkeypatch, lambda t: t.shape)
     sampler.prepare(rows)
     got = [sampler.greedy_token(r, s) for r, s in zip(rows, [_seq(), _seq(), _seq(), _seq(min_tokens=1)])]
     assert got == [5, 0, 3, 2]
@@ -220,9 +230,7 @@ def test_an_engine_decode_step_of_four_greedy_sequences_runs_one_argmax(bundle, 
         engine.add_request([1, 2, 3 + i], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
                            request_id=f"r{i}")
     engine.step()  # the prefills
-    calls = []
-    real = torch.argmax
-    monkeypatch.setattr(torch, "argmax", lambda *a, **k: calls.append(tuple(a[0].shape)) or real(*a, **k))
+    calls = _count_argmax(monkeypatch, lambda t: tuple(t.shape))
     deltas = engine.step()  # one decode step for all four
     assert len(deltas) == 4 and calls == [(4, bundle.config.shape.vocab)]
     engine.close()
