@@ -216,7 +216,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& p, const c10::opt
       const int64_t q0 = blk * 4, pt = std::min<int64_t>(4, panels - q0);
       // the next full block is asked for while this one is in L2, so the memory keeps streaming while
       // the rows compute (measured 6-14 % faster at 16 rows, up to 20 % at one, than no fetching; shared
-      // out over the groups, 7-16 % faster at 16 rows and 8-10 % at 64 than every group fetching it all)
+      // out over the groups, 7-13 % faster at 16 rows and 8-14 % at 64 than every group fetching it all)
       const c10::BFloat16* next = q0 + 8 <= panels ? pp + (q0 + 4) * K * 16 : nullptr;
       for (int64_t m = 0, g = 0; m < M; m += 4, ++g)
         panel_block(std::min<int64_t>(4, M - m), pt, xp + m * K, pp + q0 * K * 16, bp ? bp + q0 * 16 : nullptr,
