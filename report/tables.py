@@ -108,7 +108,7 @@ def against_range(measured, low, high) -> tuple[str, float | None]:
 
 PREDICTION_BASIS = {"step fit": "through the registered step fit (the engine's own efficiency, from an earlier run)",
                     "roofs": "at the measured roofs (the engine at the device's rates, without its own "
-                             "efficiency; register a step fit with `inferledger predict --fit RUN`)"}
+                             "efficiency; register a step fit: `inferledger capture ... --fit RUN`, or `predict --fit RUN` for a file)"}
 
 
 def verdict_prediction(rv: RunView) -> list[dict]:
