@@ -69,6 +69,10 @@ def run_capture(workload: "Path | Workload", out: Path, options: "CaptureOptions
             raise typer.Exit(2)
         except Interrupted as exc:  # the run directory is closed: say what it holds, no traceback
             bar.stop()
+            if exc.finished:
+                console.print(f"[yellow]stopped[/] ({exc}) as the finished run was being closed: the run in {out} "
+                              "is whole (manifest state 'finished')")
+                raise typer.Exit(exc.exit_code)
             if not exc.recorded:
                 console.print(f"[yellow]interrupted[/] ({exc}) while preparing: nothing was recorded, no run "
                               f"left in {out}")

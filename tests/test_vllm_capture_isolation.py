@@ -231,7 +231,8 @@ temperature = 0.0
 @pytest.mark.slow
 def test_sigterm_stops_a_capture_whose_metrics_endpoint_trickles(tmp_path):
     _workload(tmp_path)
-    (tmp_path / "arrivals.txt").write_text("".join(f"{500 * i}\n" for i in range(N_TASKS * 2)))  # 8 s of load
+    # 24 s of load: the SIGTERM below lands in it however slow the host (it ends the test in seconds)
+    (tmp_path / "arrivals.txt").write_text("".join(f"{1500 * i}\n" for i in range(N_TASKS * 2)))
     (tmp_path / "tasks.jsonl").write_text((tmp_path / "tasks.jsonl").read_text() * 2)
     (tmp_path / "w.toml").write_text(WORKLOAD_TOML)
     port, run = free_port(), tmp_path / "run"

@@ -18,10 +18,11 @@ from contextlib import contextmanager
 class Interrupted(KeyboardInterrupt):
     """A capture stopped by a signal after its run directory was closed; `.signum` says which."""
 
-    def __init__(self, signum: int, recorded: bool = True) -> None:
+    def __init__(self, signum: int, recorded: bool = True, finished: bool = False) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
         self.recorded = recorded  # False: stopped while preparing, before anything was recorded (no run left)
+        self.finished = finished  # True: it came as the finished run was being closed (the run is whole)
 
     @property
     def exit_code(self) -> int:
@@ -55,6 +56,27 @@ def sigterm_like_sigint():
         signal.signal(signal.SIGTERM, old)
         if old_int is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, old_int)
+
+
+@contextmanager
+def signals_held():
+    """Within the block SIGINT and SIGTERM are recorded, not acted on, so what it does (a run's last close:
+    its parts compacted, its files renamed into place) is never cut half-way; yields a dict whose "signum"
+    is the first that came. The caller acts on it after the block."""
+    held: dict = {"signum": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+
+    def record(signum, frame):
+        held["signum"] = held["signum"] or signum
+
+    old = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield held
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def signal_name(got: dict, exc: BaseException) -> str:

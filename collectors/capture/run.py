@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inferledger.collectors.capture.interrupt import Interrupted, signal_name, sigterm_like_sigint
+from inferledger.collectors.capture.interrupt import Interrupted, signal_name, signals_held, sigterm_like_sigint
 from inferledger.collectors.capture import microbench
 from inferledger.collectors.capture.manifest import StartingManifest, finish_run
 from inferledger.collectors.capture.options import CaptureOptions
@@ -404,7 +404,10 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
                 raise Interrupted(got["signum"] or signal.SIGINT) from None
             raise
         finally:
-            live.writer.close(compact_parts=clean)  # even when stopping the server or a timer failed
+            with signals_held() as held:  # a signal now would cut the close (its compaction, its renames) half-way
+                live.writer.close(compact_parts=clean)  # even when stopping the server or a timer failed
+        if held["signum"] is not None:  # a signal during the last close: the run is whole; the process stops for it
+            raise Interrupted(held["signum"], finished=True)
     return CaptureResult(live.out, driven.result, manifest["wall_s"], manifest["client"]["loop_lag_p99_ms"],
                          manifest["client"]["client_bound"], manifest)
 
