@@ -231,14 +231,7 @@ ORDER BY replica_id;
 --   scraped twice (prefix_hit_tokens unknown, so whether its counter agrees).
 CREATE OR REPLACE TEMP TABLE replicas_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);
 INSERT INTO replicas_gaps
-SELECT 'run', replica_id,
-       'replicas ' || concat_ws(', ', CASE WHEN attempts IS NULL THEN 'attempts' END,
-                                CASE WHEN busy_ms IS NULL THEN 'busy_ms, balance (every replica''s)' END,
-                                CASE WHEN queue_p50_ms IS NULL AND waiting_max IS NULL THEN 'queue_p50_ms, waiting_max' END,
-                                CASE WHEN kv_blocks_used_max IS NULL AND kv_usage_max IS NULL
-                                     THEN 'kv_blocks_used_max, kv_usage_max' END,
-                                CASE WHEN prefix_hit_tokens IS NULL THEN 'prefix_hit_blocks, prefix_hit_tokens' END)
-         || format(' of {}', replica_id),
+SELECT 'run', replica_id, 'replicas ' || unknown || format(' of {}', replica_id),
        'the replica''s own events per attempt: its `serve --out` folder given to the capture as --server',
        CASE WHEN kind IS NULL THEN format('the router sent {} request(s) to {}, but no declared replica is that worker',
                                           coalesce(router_sent::VARCHAR, 'an unknown number of'), replica_id)
@@ -254,16 +247,22 @@ SELECT 'run', replica_id,
                              THEN '; its busy_ms is the union of the prefill and decode its engine reported (busy_evidence '
                                   'reported)'
                              WHEN kind NOT IN ('vllm', 'llamacpp') OR attempts IS NULL THEN ''
-                             WHEN coalesce(rr.n_placed, 0) < attempts
+                             WHEN coalesce(n_placed, 0) < attempts
                              THEN format('; its busy time is unknown: {} of its {} attempt(s) have no reported prefill and '
-                                         'decode placed inside the client''s interval', attempts - coalesce(rr.n_placed, 0),
+                                         'decode placed inside the client''s interval', attempts - coalesce(n_placed, 0),
                                          attempts)
-                             WHEN rr.n_clocks > 1 THEN '; its busy time is unknown: its reports lie on more than one clock'
+                             WHEN n_clocks > 1 THEN '; its busy time is unknown: its reports lie on more than one clock'
                              ELSE '; its busy time is unknown: the run may lack attempts it served (the router''s count '
                                   'does not agree, or attempts of the run name no replica)' END) END
-FROM replicas r LEFT JOIN replica_reported rr USING (replica_id) WHERE busy_evidence IS DISTINCT FROM 'observed'
-  AND (attempts IS NULL OR busy_ms IS NULL OR (queue_p50_ms IS NULL AND waiting_max IS NULL)
-       OR (kv_blocks_used_max IS NULL AND kv_usage_max IS NULL) OR prefix_hit_tokens IS NULL)  -- something it cannot say
+FROM (SELECT r.*, rr.n_placed, rr.n_clocks,  -- what the replica cannot say, listed once
+             concat_ws(', ', CASE WHEN attempts IS NULL THEN 'attempts' END,
+                       CASE WHEN busy_ms IS NULL THEN 'busy_ms, balance (every replica''s)' END,
+                       CASE WHEN queue_p50_ms IS NULL AND waiting_max IS NULL THEN 'queue_p50_ms, waiting_max' END,
+                       CASE WHEN kv_blocks_used_max IS NULL AND kv_usage_max IS NULL
+                            THEN 'kv_blocks_used_max, kv_usage_max' END,
+                       CASE WHEN prefix_hit_tokens IS NULL THEN 'prefix_hit_blocks, prefix_hit_tokens' END) AS unknown
+      FROM replicas r LEFT JOIN replica_reported rr USING (replica_id) WHERE busy_evidence IS DISTINCT FROM 'observed')
+WHERE unknown <> ''  -- a replica whose own reports say everything leaves no row
 UNION ALL
 SELECT 'run', replica_id, 'replicas router_sent, router_agrees',
        'vllm_router_processed_requests_total{worker} for this replica in two router scrapes',
