@@ -9,6 +9,7 @@ from pathlib import Path
 
 from inferledger.costmodel.fit import FitPoint, StepFit, held_out_summary
 from inferledger.costmodel.roofs import fit_rates
+from inferledger.ledger.query import LedgerError, open_ledger
 from inferledger.ledger.step_fit import POINTS_SQL
 from inferledger.probes.run_folder import Manifest
 
@@ -23,8 +24,6 @@ def ledger_fit_points(ledger: str | Path) -> list[FitPoint]:
     FileNotFoundError without a ledger; StepsUnreadable naming the file for one that cannot be read (a
     damaged file, one whose step_model lacks a column) or that other ledger code built (its steps may be
     counted another way: refused, as the summary refuses it)."""
-    from inferledger.ledger.query import LedgerError, open_ledger
-
     path = Path(ledger)
     path = path / "ledger.duckdb" if path.is_dir() else path
     if not path.exists():

@@ -22,7 +22,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from inferledger.ledger.tables import gap_table
+from inferledger.ledger.tables import gap_table, sql_string
 from inferledger.probes.events import (CLOCK_SCHEMA, COUNT_EVENTS, EVENT_SCHEMA, GAP_SCHEMA, MAX_COUNT, SAMPLE_SCHEMA,
                                        TASK_SCHEMA)
 from inferledger.probes.run_dir import PartError, part_record
@@ -63,7 +63,7 @@ class RunFiles:
 
 def _sql_list(files: list[Path]) -> str:
     """The files as a SQL list literal: a view keeps its text, and a view takes no parameters."""
-    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in files) + "]"
+    return "[" + ", ".join(sql_string(str(p)) for p in files) + "]"
 
 
 def _load(con, table: str, files: list[Path], schema: pa.Schema, temp: bool, run: RunFiles,
@@ -105,7 +105,7 @@ def _check_counts(con, run: RunFiles) -> None:
 def _view_without_copies(con, run: RunFiles, files: list[Path]) -> None:
     """`events` as every part's rows less the copies `event_copies_left_out` names by (file, row): the parts
     that hold none are read as they are, only those that hold one pay for the file and row columns."""
-    root = _sql_list([_root(run)])[1:-1]
+    root = sql_string(str(_root(run)))
     holding = {r[0] for r in con.execute("SELECT DISTINCT part FROM event_copies_left_out").fetchall()}
     dirty = [f for f, p in zip(files, run.event_parts) if run.name(p) in holding]
     clean = [f for f in files if f not in dirty]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import duckdb
 
+from inferledger.ledger.tables import sql_string
 from inferledger.probes.run_folder import RunFolderError
 from inferledger.probes.study_dir import is_study_dir, run_dirs
 
@@ -43,8 +44,6 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def resolve_runs(path_or_glob: str | Path, skipped: list[Path] | None = None) -> list[tuple[str, Path]]:
@@ -137,7 +136,7 @@ class Ledger:
         for i, (name, path) in enumerate(runs):
             alias = f"run_{i}"
             try:
-                con.execute(f"ATTACH {_sql_string(str(path))} AS {alias} (READ_ONLY)")
+                con.execute(f"ATTACH {sql_string(str(path))} AS {alias} (READ_ONLY)")
             except duckdb.Error as exc:
                 raise LedgerError(f"cannot open {path} (run {name}): {exc}") from None
             rows = con.execute(
@@ -154,7 +153,7 @@ class Ledger:
         self._refuse_shared_run_ids(runs, by_table)
         for table, parts in sorted(by_table.items()):
             selects = [f"SELECT * FROM {alias}.main.{_quote(table)}" if has_run_id else
-                       f"SELECT {_sql_string(name)} AS run_id, * FROM {alias}.main.{_quote(table)}"
+                       f"SELECT {sql_string(name)} AS run_id, * FROM {alias}.main.{_quote(table)}"
                        for name, alias, has_run_id in parts]
             try:
                 con.execute(f"CREATE VIEW {_quote(table)} AS " + " UNION ALL BY NAME ".join(selects))

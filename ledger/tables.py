@@ -19,6 +19,13 @@ from typing import Iterable
 
 import pyarrow as pa
 
+
+def sql_string(text: str) -> str:
+    """`text` as a SQL string literal (where a statement cannot take a parameter: a view keeps its text, ATTACH
+    takes no parameter)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 GAP_COLUMNS = (("scope", pa.string()), ("subject_id", pa.string()), ("affects", pa.string()),
                ("needs", pa.string()), ("detail", pa.string()))
 GAP_SUFFIX = "_gaps"
