@@ -585,6 +585,7 @@ def test_generated_device_parameters_predict_or_are_refused_by_key(tmp_path):
     """Device parameter files of hostile values (0, negative, tiny, huge, text, booleans, null, lists,
     Infinity / NaN / 1e400 tokens, keys missing): `predict` writes a strict-JSON prediction of finite,
     non-negative bounds, or exits 2 naming the file; never a traceback."""
+    import copy
     import math
     import re
     import time
@@ -620,8 +621,8 @@ def test_generated_device_parameters_predict_or_are_refused_by_key(tmp_path):
                 target = target.setdefault(key, {}) if isinstance(target.get(key), dict) else {}
             if value == "<gone>":
                 target.pop(path[-1], None)
-            else:
-                target[path[-1]] = value
+            else:  # a copy: sampled_from hands every example the same {} and [], which an edit would then fill
+                target[path[-1]] = copy.deepcopy(value)  # (an earlier example's edits made one hold itself)
         text = json.dumps({"device_params": doc} if wrapped else doc)
         for token in ("Infinity", "NaN", "1e400", "-Infinity"):
             text = text.replace(f'"@{token}"', token)
