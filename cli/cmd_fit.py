@@ -45,30 +45,29 @@ def fit_cmd(
 
     from inferledger.cli.output import console, csv_text, fail, plain
     from inferledger.costmodel.fit import FitError, held_out_summary
-    from inferledger.ledger.query import LedgerError, open_ledger
     from inferledger.ledger.fit_read import StepsUnreadable, ledger_fit_points, run_fit
     from inferledger.probes.run_folder import RunFolderError
     from inferledger.probes.study_dir import RUNS_DIR, is_study_dir
 
+    steps = {}
     for flag, run in (("TRAIN", train), ("--test", test)):
         if is_study_dir(run):
             fail(f"error: {flag} {run}: a study folder; name one of its runs ({run / RUNS_DIR}/NAME)")
         if not (run / "ledger.duckdb").is_file():
             fail(f"error: {flag} {run}: no ledger there (a run folder holds ledger.duckdb once "
                  f"`{command_name()} reconstruct {run}` has run)")
-        try:  # a ledger other ledger code built may count its steps another way: refused, as summary refuses it
-            with open_ledger(run / "ledger.duckdb") as led:
-                if led.stale:
-                    fail(f"error: {flag} {'; '.join(led.stale)}")
-        except LedgerError as exc:
+        try:  # refused, naming the file: a ledger other ledger code built (its steps may be counted another
+            steps[flag] = ledger_fit_points(run)  # way, as summary refuses it), a damaged one, a bad manifest
+        except (StepsUnreadable, RunFolderError) as exc:
             fail(f"error: {flag} {exc}")
+    points = steps["--test"]
     try:
-        fit, points = run_fit(train), ledger_fit_points(test)
+        fit = run_fit(train, steps["TRAIN"])
     except FitError as exc:
-        fail(f"error: TRAIN {train}: " + (str(exc) if ledger_fit_points(train) else "no engine step with a shape and "
+        fail(f"error: TRAIN {train}: " + (str(exc) if steps["TRAIN"] else "no engine step with a shape and "
                                          "a measured time to train on (a peer engine's run or a black box's records none)"))
-    except (StepsUnreadable, RunFolderError) as exc:  # each names its file: an unreadable ledger, a bad manifest
-        fail(f"error: {exc}")
+    except RunFolderError as exc:
+        fail(f"error: TRAIN {exc}")
     summary = held_out_summary(fit, points)
     if not summary["n_steps"]:
         fail(f"error: --test {test}: no engine step with a shape and a measured time to predict")

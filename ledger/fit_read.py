@@ -38,12 +38,12 @@ def ledger_fit_points(ledger: str | Path) -> list[FitPoint]:
                               f"inferledger reconstruct {path.parent}") from None
 
 
-def run_fit(run_dir: str | Path) -> StepFit:
+def run_fit(run_dir: str | Path, points: list[FitPoint] | None = None) -> StepFit:
     """The step fit of a reconstructed run folder, at the rates of its own manifest (its microbenchmarks
-    first; without any, the rates its steps reached): what `inferledger fit` trains. FileNotFoundError without a ledger,
-    FitError when it cannot fit."""
+    first; without any, the rates its steps reached): what `inferledger fit` trains. `points`: its steps
+    already read (`ledger_fit_points`). FileNotFoundError without a ledger, FitError when it cannot fit."""
     run_dir = Path(run_dir)
-    points = ledger_fit_points(run_dir)
+    points = ledger_fit_points(run_dir) if points is None else points
     roofs, _ = fit_rates(Manifest.read(run_dir))
     return StepFit.fit(points, roofs, trained_on=run_dir.name)
 

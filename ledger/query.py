@@ -284,3 +284,16 @@ def open_ledger(path_or_glob: str | Path) -> Ledger:
     led = Ledger(resolve_runs(path_or_glob, skipped))
     led.skipped = skipped  # a glob's folders without a ledger yet, passed over
     return led
+
+
+def ledger_current(run_dir: str | Path) -> bool:
+    """Whether a run folder holds a ledger this code reads as built: False without one, for one other
+    ledger code built (`stale`), and for one it cannot open (a part it reads in place moved or changed):
+    each needs `reconstruct` before a figure is drawn from it."""
+    if not (Path(run_dir) / LEDGER_FILE).is_file():
+        return False
+    try:
+        with open_ledger(run_dir) as led:
+            return not led.stale
+    except LedgerError:
+        return False

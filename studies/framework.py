@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from inferledger.ledger.query import LEDGER_FILE, Ledger, open_ledger
+from inferledger.ledger.query import Ledger, ledger_current, open_ledger
 from inferledger.ledger.reconstruct import BuildOptions, reconstruct
 from inferledger.ledger.stages import query_interrupted
 from inferledger.probes import study_dir as fmt
@@ -346,7 +346,7 @@ def _signal_name(exc: BaseException, watch: StudyWatch) -> str:
 
 def _one_run(study: Study, r: StudyRun, out: Path, at: tuple[int, int], watch: StudyWatch, bundle) -> None:
     """One run of the plan into the study folder `out` (`at`: its place i of n): kept when finished (its
-    ledger rebuilt if it has none), else its half-done folder set aside and the run produced, then its
+    ledger rebuilt if it has none, or one this code does not read as built: an upgrade, a moved folder), else its half-done folder set aside and the run produced, then its
     ledger built."""
     i, n = at
     run_dir = out / fmt.RUNS_DIR / r.name
@@ -355,7 +355,7 @@ def _one_run(study: Study, r: StudyRun, out: Path, at: tuple[int, int], watch: S
     stage = watch.on_stage
     if finished(run_dir):
         say(r.name, i, n, "kept")
-        summary = None if (run_dir / LEDGER_FILE).is_file() else reconstruct(run_dir, on_stage=stage)
+        summary = None if ledger_current(run_dir) else reconstruct(run_dir, on_stage=stage)
     else:
         if run_dir.exists():
             say(r.name, i, n, f"set aside: {_set_aside(out, run_dir, r.name)}")

@@ -253,11 +253,12 @@ def test_fit_cli_names_a_stale_broken_or_stepless_ledger_and_notes_an_in_sample_
     assert none.exit_code == 2 and f"TRAIN {tmp_path / 'none'}: no engine step with a shape and a measured time to " \
         "train on" in " ".join(none.output.split()), none.output
     for args, line in (([str(tmp_path / "a"), "--test", str(tmp_path / "old")],
-                        f"{tmp_path / 'old' / 'ledger.duckdb'}: built by other ledger code (inferledger 0.0.1, "
+                        f"--test {tmp_path / 'old' / 'ledger.duckdb'}: built by other ledger code (inferledger 0.0.1, "
                         f"modules 0123456789ab against these"),
-                       ([str(tmp_path / "old"), "--test", str(tmp_path / "a")], f"{tmp_path / 'old' / 'ledger.duckdb'}: built by"),
+                       ([str(tmp_path / "old"), "--test", str(tmp_path / "a")], f"TRAIN {tmp_path / 'old' / 'ledger.duckdb'}: built by"),
                        ([str(tmp_path / "a"), "--test", str(tmp_path / "broken")],
-                        f"--test cannot open {tmp_path / 'broken' / 'ledger.duckdb'}")):
+                        f"--test {tmp_path / 'broken' / 'ledger.duckdb'}: cannot read its steps (cannot open "
+                        f"{tmp_path / 'broken' / 'ledger.duckdb'}")):
         got = runner.invoke(app, ["fit", *args])
         assert got.exit_code == 2 and line in " ".join(got.output.split()), got.output
 

@@ -87,6 +87,44 @@ def test_an_interrupted_study_resumes_keeping_its_finished_run_and_redoing_the_h
     assert produced == ["preemption"] and again.tables[0].rows == result.tables[0].rows
 
 
+def test_a_kept_run_whose_ledger_this_code_did_not_build_is_rebuilt_on_resume(tmp_path, monkeypatch):
+    """A study interrupted, the project upgraded, then resumed: the finished run is kept, but its ledger
+    was built by the ledger code before (another `ledger_build`): rebuilt, so the comparison is this
+    code's, not a refusal naming a file inside the study (a fit or a report would refuse that ledger)."""
+    from inferledger.ledger import modules
+    from inferledger.ledger.query import open_ledger
+
+    out = tmp_path / "s"
+    with pytest.raises(KeyboardInterrupt):
+        run_study(_study(stop_at="preemption"), out, {"scale": 3})
+    kept = out / "runs" / "cancel_release"
+    monkeypatch.setattr(modules, "modules_sha256", lambda: "0" * 64)  # the upgraded code's modules
+    with open_ledger(kept) as led:
+        assert len(led.stale) == 1
+    produced: list[str] = []
+    result = run_study(_study(produced=produced), out, {}, resume=True)
+    assert produced == ["preemption"]  # kept: not produced again, only its ledger rebuilt
+    with open_ledger(kept) as led:
+        assert led.stale == []
+    assert result.tables[0].rows == [["cancel_release", 1017.0], ["preemption", 892.0]]
+
+
+def test_a_study_folder_moved_before_its_resume_has_its_kept_ledger_rebuilt(tmp_path):
+    """A kept run's ledger reads its events in place, from where the run was: the study folder moved
+    (copied to another disk, renamed) before the resume, that ledger is rebuilt where it is now."""
+    from inferledger.ledger.query import LedgerError, open_ledger
+
+    with pytest.raises(KeyboardInterrupt):
+        run_study(_study(stop_at="preemption"), tmp_path / "s", {"scale": 3})
+    out = (tmp_path / "s").rename(tmp_path / "moved")
+    with pytest.raises(LedgerError, match="moved"):
+        open_ledger(out / "runs" / "cancel_release").close()
+    result = run_study(_study(), out, {}, resume=True)
+    with open_ledger(out / "runs" / "cancel_release") as led:
+        assert led.stale == [] and led.rows("SELECT count(*) FROM events")[1][0][0] > 0
+    assert result.tables[0].rows == [["cancel_release", 1017.0], ["preemption", 892.0]]
+
+
 def test_a_second_half_done_folder_is_set_aside_under_a_new_name(tmp_path):
     out = tmp_path / "s"
     with pytest.raises(KeyboardInterrupt):
