@@ -93,6 +93,7 @@ def predict_cmd(
         fail(f"error: {exc}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+    _note_fit_blind_spots(doc)
     if echo_rows(fmt, COLUMNS, rows(doc)):
         return
     roofs = doc["roofs"]
@@ -121,3 +122,13 @@ def predict_cmd(
 
 def register(app: typer.Typer) -> None:
     app.command("predict")(predict_cmd)
+
+
+def _note_fit_blind_spots(doc: dict) -> None:
+    """A note (standard error) where the fit range's busy end needs a per-sequence term the fit could not see."""
+    from inferledger.costmodel.fit import StepFit
+
+    block = doc["roofs"].get("fit")
+    note = StepFit.from_dict(block).blind_spot_note(doc["max_batch"]) if block else None
+    if note:
+        typer.echo(f"note: the fit ranges' busy end: {note} (train --fit on a run that batched)", err=True)

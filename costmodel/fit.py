@@ -279,6 +279,27 @@ class StepFit:
             return None
         return self.gap_alpha_ms + self.gap_ms_per_seq * num_seqs
 
+    def held_beyond(self, num_seqs: int) -> list[str]:
+        """The per-sequence terms this fit could not see (its steps had one batch size) that a step of
+        `num_seqs` sequences outside that batch size needs: predict_ms and predict_gap_ms leave them out there
+        (held at 0), so a prediction at num_seqs is short by their unknown cost. Each as "term (trained at
+        batch size B)"; empty where none is missing."""
+        out = []
+        lo, hi = self.covered.get("num_seqs", (None, None))
+        if not self.ms_per_seq_known and lo is not None and not lo <= num_seqs <= hi:
+            out.append(f"ms_per_seq (trained at batch size {lo})")
+        glo, ghi = self.gap_covered_num_seqs or (lo, hi)
+        if self.gap_alpha_ms is not None and not self.gap_ms_per_seq_known and glo is not None \
+                and not glo <= num_seqs <= ghi:
+            out.append(f"gap_ms_per_seq (trained at batch size {glo})")
+        return out
+
+    def blind_spot_note(self, num_seqs: int) -> str | None:
+        """In words, what a prediction at `num_seqs` sequences leaves out (`held_beyond`), None where nothing."""
+        held = self.held_beyond(num_seqs)
+        return (f"a step of {num_seqs} sequences needs {' and '.join(held)}, unknown and held at 0: the prediction "
+                f"there leaves the cost per sequence out") if held else None
+
     def extrapolated(self, num_seqs: int, tokens: int, context_tokens: int) -> bool:
         """Outside the training steps' range of batch size, tokens or context."""
         vals = {"num_seqs": num_seqs, "tokens": tokens, "context_tokens": context_tokens}

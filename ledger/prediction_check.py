@@ -33,7 +33,8 @@ SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("prediction_registration", "prediction_check")
 # @gaps: a registered prediction that is missing, changed after registration, not of the prediction format
 #   or made for another run (its workload sha256, model shape or device not the run's), or a prediction.json
-#   the manifest does not register
+#   the manifest does not register; a fit range whose busy end lies outside the batch sizes its fit was trained
+#   on where a per-sequence term was unknown (held at 0)
 GAPS = gap_table("prediction_check")
 
 _SHAPE_COLS = ("class", "prompt_tokens", "cached_tokens", "output_tokens", "ttft_lower_ms", "ttft_sustained_low_ms",
@@ -110,8 +111,28 @@ def _range(r: dict, key: str, kind: str) -> list:
     return list(v) if v else [None, None]
 
 
+def _fit_blind_spots(doc: dict) -> list[tuple[str, str, str]]:
+    """Gap rows for a fit range whose busy end (the batch limit) lies outside the batch sizes its fit was
+    trained on, where a per-sequence term could not be fitted: the end leaves that cost out (held at 0)."""
+    from inferledger.costmodel.fit import StepFit
+
+    block = (doc.get("roofs") or {}).get("fit")
+    if not block:
+        return []
+    try:
+        note = StepFit.from_dict(block).blind_spot_note(int(doc["max_batch"]))
+    except (TypeError, ValueError, KeyError):
+        return [("prediction_check ttft_fit_high_ms, tpot_fit_high_ms", "a step fit block of the prediction format",
+                 f"{PREDICTION_FILE}: roofs.fit is not a step fit this version reads; its ranges are checked as given")]
+    return [] if note is None else [
+        ("prediction_check ttft_fit_high_ms, tpot_fit_high_ms",
+         "a fit trained on steps of more than one batch size (`predict --fit` of a run that batched)",
+         f"the fit range's busy end: {note} (a run above that end may not have missed it)")]
+
+
 def build(con, run=None) -> None:
     block, doc, gaps = _registered(run) if run is not None else (None, None, [])
+    gaps += _fit_blind_spots(doc) if doc is not None else []
     GAPS.store(con, [("run", PREDICTION_FILE, affects, needs, detail) for affects, needs, detail in gaps])
     SHAPES.store(con, [(r["class"], r["prompt_tokens"], r.get("cached_tokens", 0), r["output_tokens"],
                         r["ttft_lower_ms"], *_range(r, "ttft_expected_ms", "sustained"),

@@ -395,6 +395,9 @@ def test_trained_on_one_batch_size_a_sequences_cost_is_unknown_not_a_fitted_zero
     one = step_work(SMOL, [StepRow("decode", 1, 1000)])
     assert fit.predict_ms(one) == pytest.approx(19.5653312, rel=5e-3)
     assert StepFit.from_dict(fit.to_dict()).ms_per_seq_reported is None
+    # what a prediction at another batch size leaves out: the per-sequence terms it could not see
+    assert fit.covered["num_seqs"] == [1, 1] and fit.held_beyond(1) == []
+    assert fit.gap_alpha_ms is None and fit.held_beyond(4) == ["ms_per_seq (trained at batch size 1)"]  # these points carry no host time
 
 
 def test_a_steps_wait_for_a_cpu_costs_it_on_cpu_time_kappa_fitted_only_where_seen():

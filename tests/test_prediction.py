@@ -827,6 +827,45 @@ def test_the_verdict_judges_the_step_fits_range_where_the_prediction_carries_one
     assert "the prediction's ranges through the registered step fit" in res.output
 
 
+def _register(run: Path, doc: dict) -> None:
+    """Write `doc` as the run's prediction.json and register its hash, as a capture would have."""
+    data = json.dumps(doc).encode()
+    (run / "prediction.json").write_bytes(data)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["prediction"]["sha256"] = hashlib.sha256(data).hexdigest()
+    (run / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_fit_range_whose_busy_end_the_fit_could_not_see_is_a_gap_row(registered_run, tmp_path):
+    """A step fit trained on steps of one batch size cannot tell its per-sequence terms (held at 0): the
+    range's busy end, a step of max_batch = 4 sequences, leaves their cost out. The run's prediction_check
+    says so in a gap row; a fit that saw batch sizes 1 to 4 leaves none."""
+    import shutil
+
+    from inferledger.ledger.query import open_ledger
+
+    def gaps(fit) -> list[tuple]:
+        run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(registered_run, run)
+        doc = json.loads((run / "prediction.json").read_text())
+        assert doc["max_batch"] == 4
+        doc["roofs"]["fit"] = fit.to_dict()
+        _register(run, doc)
+        reconstruct(run)
+        with open_ledger(run) as led:
+            return led.rows("SELECT affects, detail FROM gaps WHERE subject_id = 'prediction.json'")[1]
+
+    one = _flat_fit()
+    one.covered, one.gap_covered_num_seqs = {"num_seqs": [1, 1]}, [1, 1]
+    assert gaps(one) == [("prediction_check ttft_fit_high_ms, tpot_fit_high_ms",
+                          "the fit range's busy end: a step of 4 sequences needs ms_per_seq (trained at batch size 1) "
+                          "and gap_ms_per_seq (trained at batch size 1), unknown and held at 0: the prediction there "
+                          "leaves the cost per sequence out (a run above that end may not have missed it)")]
+    seen = _flat_fit()
+    seen.covered, seen.gap_covered_num_seqs = {"num_seqs": [1, 4]}, [1, 4]
+    assert gaps(seen) == []
+
+
 def _flat_fit():
     """A step fit whose every step takes α = 5 ms and whose host time between steps is 0.5 ms: its
     expected ranges are [5, 5] ms for TTFT and [5.5, 5.5] ms for TPOT, whatever the shape."""
