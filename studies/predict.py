@@ -30,6 +30,8 @@ def read_device_params(path: Path) -> dict:
     naming the file, the key and the value."""
     doc = strict_json(read_file(path, "a device-parameters file"), str(path))
     params = doc.get("device_params", doc) if isinstance(doc, dict) else None
+    if isinstance(params, dict) and isinstance(params.get("skipped"), str):  # a capture that measured none
+        raise PredictionError(f"{path}: no device parameters: its capture did not measure them ({params['skipped']})")
     if not isinstance(params, dict) or not all(isinstance(params.get(k), dict) for k in DEVICE_PARAM_RANGES):
         raise PredictionError(f"{path}: no device parameters: expected memcpy_gbps.peak and matmul_tflops.peak "
                               f"(a capture's {MANIFEST_FILE}, or its device_params block)")
@@ -52,9 +54,13 @@ def fit_of(run: Path):
     from inferledger.costmodel.fit import FitError
     from inferledger.ledger.fit_read import StepsUnreadable, run_fit
 
+    from inferledger.probes.study_dir import RUNS_DIR, is_study_dir
+
+    if is_study_dir(run):
+        raise PredictionError(f"--fit {run}: a study folder; name one of its runs ({Path(run) / RUNS_DIR}/NAME)")
     path = Path(run) / "ledger.duckdb"
     if not path.exists():
-        raise PredictionError(f"{path}: no ledger; run `inferledger reconstruct {run}` first")
+        raise PredictionError(f"--fit {run}: no ledger at {path}; run `inferledger reconstruct {run}` first")
     try:
         return run_fit(run)
     except (FitError, StepsUnreadable) as exc:  # too few steps; a damaged ledger, or one other code built

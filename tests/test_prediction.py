@@ -559,6 +559,8 @@ def _smol_config(tmp_path: Path) -> Path:
      'matmul_tflops.peak: must be a number of TFLOP/s in 1e-06..10000, not "1"'),
     ('{"device_params": {"memcpy_gbps": {"peak": 5, "median": 1}, "matmul_tflops": {"peak": 1, "median": 0.5}, '
      '"device_name": 7}}', "device_name: must be a string, not 7"),
+    ('{"run_id": "r", "device_params": {"schema": 1, "skipped": "not measured (capture --no-microbench)", "source": null}}',
+     "no device parameters: its capture did not measure them (not measured (capture --no-microbench))"),
 ])
 def test_device_parameters_that_no_device_has_are_refused_by_key(tmp_path, params, refusal):
     """A median of -1 was taken as no median (a silently different range), 1e-300 TFLOP/s made bounds of
@@ -892,11 +894,16 @@ def test_capture_fit_is_refused_with_a_prediction_file_a_url_target_or_a_run_wit
     from inferledger.cli.app import app
 
     wl = str(_workload(tmp_path))
+    study = tmp_path / "study"  # a study folder: its runs are the runs, not itself
+    study.mkdir()
+    (study / "study.json").write_text(json.dumps({"study": "load", "state": "complete", "runs": []}))
     cases = [(["--fit", str(tmp_path), "--prediction", str(tmp_path / "p.json")], "--prediction registers a file"),
              (["--fit", str(tmp_path), "--target", "http://127.0.0.1:9"], "a URL target's capture registers no"),
-             (["--fit", str(tmp_path)], "no ledger; run `inferledger reconstruct")]
+             (["--fit", str(tmp_path)], f"--fit {tmp_path}: no ledger at {tmp_path / 'ledger.duckdb'}; run "
+                                         f"`inferledger reconstruct {tmp_path}` first"),
+             (["--fit", str(study)], f"--fit {study}: a study folder; name one of its runs ({study}/runs/NAME)")]
     for flags, refusal in cases:
-        res = CliRunner().invoke(app, ["capture", "-w", wl, "-o", str(tmp_path / "run"), *flags], env={"COLUMNS": "300"})
+        res = CliRunner().invoke(app, ["capture", "-w", wl, "-o", str(tmp_path / "run"), *flags], env={"COLUMNS": "1000"})
         assert res.exit_code == 2 and "--fit" in res.output and refusal in " ".join(res.output.split()), res.output
         assert not (tmp_path / "run").exists()
 
