@@ -12,9 +12,11 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from inferledger.collectors.evidence.metrics_scrape import parse_prometheus
+from inferledger.collectors.evidence.otlp_file import read_otlp_file
 from inferledger.collectors.evidence.router_metrics import PREFIX, split_worker, worker_key
 from inferledger.ledger.query import open_ledger
 from inferledger.ledger.reconstruct import reconstruct
@@ -436,3 +438,47 @@ def test_a_slowed_replica_is_named_by_the_diagnosis_and_the_router_saw_nothing_w
     # none but the counter's: the sample's folders' servers were not scraped (recorded before the capture scraped them)
     assert rows(run, "select count(*) from gaps where (gap_id like 'collector:server%' or subject_id like 'replica%') "
                      "and affects not like 'replicas prefix_hit_tokens, prefix_query_tokens, %'") == [(0,)]
+
+
+def test_the_routers_own_spans_hold_each_try_the_client_never_saw():
+    """router_record/: the killed-replica fault again (30 requests at 2/s, replica1 killed once the router had
+    sent 9), the router run with its tracing on (benchmarks/peers/router_traces.py) beside the capture: its
+    spans (router-spans.jsonl, OTLP/JSON as the project's reader takes it) and its console at debug
+    (router.log). Its log names the request of a try only inside the tracing span, and the worker only for a
+    try that could not be sent:
+      ERROR http_request{... request_id="T0010:R1:A1"}: ... router.rs:2006: Failed to send typed request
+        worker_url=http://127.0.0.1:18111 route=/v1/chat/completions error=error sending request for url (...)
+    (ten such lines, T0010 to T0019). Its spans name every try: a CLIENT span per upstream try (url.full,
+    http.response.status_code or an error status) under the SERVER span of its request (request_id, the
+    client's X-Request-Id). Worked by hand from them: replica1 (18111) 4 tries answered 200 and 10 refused,
+    each the first of its request's two tries, the second answered 200 by replica2 (18112), which answered
+    25 in all; 39 tries against the router's 40 counted (15 and 25): request T0000's spans (one try, to
+    replica1) never reached the receiver. The capture's own run holds 5 attempts of replica1: with the 10
+    refused tries, the router's 15. The spans' trace ids are the ones the replicas recorded, so the two
+    joins, by request id and by trace id, agree."""
+    base = SAMPLES / "router_record"
+    spans, refused = read_otlp_file(base / "router-spans.jsonl")
+    assert refused == []
+    server = {s.span_id: s.attributes["request_id"] for s in spans if s.kind == "SERVER"}
+    assert sorted(server.values()) == [f"T{i:04d}:R1:A1" for i in range(1, 30)]
+    tries: dict[str, list] = {}
+    for s in sorted((s for s in spans if s.kind == "CLIENT"), key=lambda s: s.start_unix_ns):
+        tries.setdefault(server[s.parent_span_id], []).append(
+            (s.attributes["server.port"], s.attributes.get("http.response.status_code"), s.status_message))
+    outcomes = Counter(t for ts in tries.values() for t in ts)
+    refused_msg = "error sending request for url (http://127.0.0.1:18111/v1/chat/completions)"
+    assert outcomes == {("18111", "200", ""): 4, ("18111", None, refused_msg): 10, ("18112", "200", ""): 25}
+    unseen = sorted(r for r, ts in tries.items() if len(ts) == 2)
+    assert unseen == [f"T{i:04d}:R1:A1" for i in range(10, 20)]
+    assert all(tries[r] == [("18111", None, refused_msg), ("18112", "200", "")] for r in unseen)
+    logged = re.findall(r'ERROR http_request\{[^}]*request_id="([^"]+)"\}: vllm_router_rs::routers::http::router: '
+                        r"src/routers/http/router.rs:2006: Failed to send typed request "
+                        r"worker_url=http://127.0.0.1:18111 ", (base / "router.log").read_text())
+    assert logged == unseen
+    assert router_counts("router_record/run") == {"replica1": 15, "replica2": 25}
+    events = pq.read_table(base / "run" / "events", columns=["attempt_id", "name", "attrs"]).to_pylist()
+    held = {e["attempt_id"] for e in events if e["attempt_id"] and '"replica_id":"replica1"' in (e["attrs"] or "")}
+    assert len(held) == 5 and "T0000:R1:A1" in held and not held & set(unseen)
+    # the router continues the client's traceparent: each request's spans are in the trace its replica recorded
+    traced = {e["attempt_id"]: json.loads(e["attrs"])["trace_id"] for e in events if e["name"] == "server.received"}
+    assert len(traced) == 30 and all(traced[server[s.span_id]] == s.trace_id for s in spans if s.kind == "SERVER")
