@@ -455,7 +455,9 @@ def test_the_routers_own_spans_hold_each_try_the_client_never_saw():
     25 in all; 39 tries against the router's 40 counted (15 and 25): request T0000's spans (one try, to
     replica1) never reached the receiver. The capture's own run holds 5 attempts of replica1: with the 10
     refused tries, the router's 15. The spans' trace ids are the ones the replicas recorded, so the two
-    joins, by request id and by trace id, agree."""
+    joins, by request id and by trace id, agree; and a try's CLIENT span id is the parent span id its replica
+    recorded, so a span is matched to the try a folder holds one for one, and a refused try is a span no
+    folder names."""
     base = SAMPLES / "router_record"
     spans, refused = read_otlp_file(base / "router-spans.jsonl")
     assert refused == []
@@ -480,5 +482,11 @@ def test_the_routers_own_spans_hold_each_try_the_client_never_saw():
     held = {e["attempt_id"] for e in events if e["attempt_id"] and '"replica_id":"replica1"' in (e["attrs"] or "")}
     assert len(held) == 5 and "T0000:R1:A1" in held and not held & set(unseen)
     # the router continues the client's traceparent: each request's spans are in the trace its replica recorded
-    traced = {e["attempt_id"]: json.loads(e["attrs"])["trace_id"] for e in events if e["name"] == "server.received"}
-    assert len(traced) == 30 and all(traced[server[s.span_id]] == s.trace_id for s in spans if s.kind == "SERVER")
+    received = {e["attempt_id"]: json.loads(e["attrs"]) for e in events if e["name"] == "server.received"}
+    assert len(received) == 30
+    assert all(received[server[s.span_id]]["trace_id"] == s.trace_id for s in spans if s.kind == "SERVER")
+    # and its CLIENT span is the parent the replica recorded: each try a folder holds is one span, by its id
+    port = {s.span_id: s.attributes["server.port"] for s in spans if s.kind == "CLIENT"}
+    held_by = {a: (port.get(r["parent_span_id"]), r["replica_id"]) for a, r in received.items()}
+    assert held_by.pop("T0000:R1:A1") == (None, "replica1")
+    assert Counter(held_by.values()) == {("18111", "replica1"): 4, ("18112", "replica2"): 25}
