@@ -43,6 +43,8 @@
 --   replica's count is unknown
 -- @column router_retries: the router's own count of its retries over the load (vllm_router_retries_total, last
 --   scrape − first, summed over routes; 0 when it never appeared); NULL without two router scrapes
+-- @column retry_amplification: the router's upstream tries per client attempt, router_tries / sent (1.0 when it
+--   retried nothing); NULL without router_tries or without a sent attempt
 CREATE OR REPLACE TABLE reconciliation AS
 WITH p AS (  -- client counts: unknown (NULL) without client events, a count otherwise
   SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_status IS NOT NULL) AS n,
@@ -108,5 +110,8 @@ SELECT getvariable('run_id') AS run_id,
        THEN (SELECT count(*) FROM attempts WHERE parent_attempt_id IS NOT NULL) END AS unseen_tries,
   (SELECT CASE WHEN count(*) > 0 AND count(router_sent) = count(*) THEN sum(router_sent) END FROM replicas
    WHERE router_sent IS NOT NULL OR attempts IS NOT NULL)::BIGINT AS router_tries,
-  rr.n::BIGINT AS router_retries
+  rr.n::BIGINT AS router_retries,
+  (SELECT CASE WHEN count(*) > 0 AND count(router_sent) = count(*) THEN sum(router_sent) END FROM replicas
+   WHERE router_sent IS NOT NULL OR attempts IS NOT NULL)
+    / nullif((SELECT count(*) FROM marks WHERE sent IS NOT NULL), 0) AS retry_amplification
 FROM p, run_metrics m, ghost_steps gs, all_steps al, router rt, router_retries rr;

@@ -12,11 +12,11 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from inferledger.collectors.evidence.metrics_scrape import parse_prometheus
-from inferledger.collectors.evidence.otlp_file import read_otlp_file
 from inferledger.collectors.evidence.router_metrics import PREFIX, split_worker, worker_key
 from inferledger.ledger.query import open_ledger
 from inferledger.ledger.reconstruct import reconstruct
@@ -27,9 +27,9 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm_r
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = {}
-    for name in ("round_robin", "retries", "llamacpp_replica", "replica_killed", "replica_slowed"):
+    for name in ("round_robin", "retries", "llamacpp_replica", "replica_killed", "replica_slowed", "router_record"):
         run = tmp_path_factory.mktemp(name) / "run"
-        shutil.copytree(SAMPLES / name, run)
+        shutil.copytree(SAMPLES / name / ("run" if name == "router_record" else ""), run)
         reconstruct(run)
         out[name] = run
     return out
@@ -440,53 +440,114 @@ def test_a_slowed_replica_is_named_by_the_diagnosis_and_the_router_saw_nothing_w
                      "and affects not like 'replicas prefix_hit_tokens, prefix_query_tokens, %'") == [(0,)]
 
 
-def test_the_routers_own_spans_hold_each_try_the_client_never_saw():
+
+def test_the_routers_own_spans_make_each_try_the_client_never_saw_a_row(runs):
     """router_record/: the killed-replica fault again (30 requests at 2/s, replica1 killed once the router had
-    sent 9), the router run with its tracing on (benchmarks/peers/router_traces.py) beside the capture: its
-    spans (router-spans.jsonl, OTLP/JSON as the project's reader takes it) and its console at debug
-    (router.log). Its log names the request of a try only inside the tracing span, and the worker only for a
-    try that could not be sent:
+    sent 9), the router run with its tracing on and the capture given its spans (--router-traces; run/ holds
+    the copy). Its log names the request of a try only inside its tracing span, and the worker only for a try
+    that could not be sent (router.log, ten such lines: T0008 twice, T0010 to T0017):
       ERROR http_request{... request_id="T0010:R1:A1"}: ... router.rs:2006: Failed to send typed request
         worker_url=http://127.0.0.1:18111 route=/v1/chat/completions error=error sending request for url (...)
-    (ten such lines, T0010 to T0019). Its spans name every try: a CLIENT span per upstream try (url.full,
-    http.response.status_code or an error status) under the SERVER span of its request (request_id, the
-    client's X-Request-Id). Worked by hand from them: replica1 (18111) 4 tries answered 200 and 10 refused,
-    each the first of its request's two tries, the second answered 200 by replica2 (18112), which answered
-    25 in all; 39 tries against the router's 40 counted (15 and 25): request T0000's spans (one try, to
-    replica1) never reached the receiver. The capture's own run holds 5 attempts of replica1: with the 10
-    refused tries, the router's 15. The spans' trace ids are the ones the replicas recorded, so the two
-    joins, by request id and by trace id, agree; and a try's CLIENT span id is the parent span id its replica
-    recorded, so a span is matched to the try a folder holds one for one, and a refused try is a span no
-    folder names."""
-    base = SAMPLES / "router_record"
-    spans, refused = read_otlp_file(base / "router-spans.jsonl")
-    assert refused == []
-    server = {s.span_id: s.attributes["request_id"] for s in spans if s.kind == "SERVER"}
-    assert sorted(server.values()) == [f"T{i:04d}:R1:A1" for i in range(1, 30)]
-    tries: dict[str, list] = {}
-    for s in sorted((s for s in spans if s.kind == "CLIENT"), key=lambda s: s.start_unix_ns):
-        tries.setdefault(server[s.parent_span_id], []).append(
-            (s.attributes["server.port"], s.attributes.get("http.response.status_code"), s.status_message))
-    outcomes = Counter(t for ts in tries.values() for t in ts)
-    refused_msg = "error sending request for url (http://127.0.0.1:18111/v1/chat/completions)"
-    assert outcomes == {("18111", "200", ""): 4, ("18111", None, refused_msg): 10, ("18112", "200", ""): 25}
-    unseen = sorted(r for r, ts in tries.items() if len(ts) == 2)
-    assert unseen == [f"T{i:04d}:R1:A1" for i in range(10, 20)]
-    assert all(tries[r] == [("18111", None, refused_msg), ("18112", "200", "")] for r in unseen)
+    Its spans name every try (a CLIENT span per try under the SERVER span of its request). Worked by hand from
+    them: replica1 (18111) 3 tries answered 200 and 10 failed: T0010..T0017 one each, refused, then answered by
+    replica2; T0008 two, the first received by replica1 (its folder holds it: the replica recorded that span as
+    its parent) and cut by the kill, the second refused, then replica2. Request T0000's spans never reached the
+    receiver (its one try, to replica1, is in the folder; its absence is a gap). So the rows: the 30 client
+    attempts, the folder's try T0008@replica1#1 and the 9 refused tries no folder holds, as router.try rows
+    numbered by the router's order (T0008's refused try is its #2); replica1 14 rows against the router's 14,
+    replica2 26 and 26; retry amplification 40 / 30."""
+    run = runs["router_record"]
+    assert rows(run, "select replica_id, client_status, server_status, parent_attempt_id is not null, count(*) "
+                     "from attempts group by all order by all") == [
+        ("replica1", "completed", "completed", False, 3), ("replica1", "error", "unterminated", False, 1),
+        ("replica1", None, "unknown", True, 9), ("replica1", None, "unterminated", True, 1),
+        ("replica2", "completed", "completed", False, 26)]
+    refused = [f"T{i:04d}:R1:A1@replica1#1" for i in range(10, 18)]
+    assert rows(run, "select attempt_id, parent_attempt_id from attempts where parent_attempt_id is not null "
+                     "order by 1") == [("T0008:R1:A1@replica1#1", "T0008:R1:A1"), ("T0008:R1:A1@replica1#2", "T0008:R1:A1")] \
+        + [(a, a.split("@")[0]) for a in refused]
+    assert rows(run, "select replica_id, attempts, client_attempts, unseen_tries, router_sent, router_agrees, "
+                     "router_failures from replicas order by 1") == [
+        ("replica1", 14, 4, 10, 14, True, 10), ("replica2", 26, 26, 0, 26, True, 0)]
+    assert router_counts("router_record/run") == {"replica1": 14, "replica2": 26}
+    assert rows(run, "select sent, unseen_tries, round(attempts_per_request, 4), router_tries, router_retries, "
+                     "round(retry_amplification, 4) from reconciliation") == [(30, 10, 1.3333, 40, 10, 1.3333)]
+    # each refused try: the router's span, on the router's clock (this host's wall clock, mapped)
+    tries = rows(run, "select attempt_id, json_extract_string(attrs, '$.error'), json_extract_string(attrs, '$.worker'), "
+                      "clock from events where name = 'router.try' order by 1")
+    assert [t[0] for t in tries] == ["T0008:R1:A1@replica1#2"] + refused
+    assert {t[1:] for t in tries} == {("error sending request for url (http://127.0.0.1:18111/v1/chat/completions)",
+                                       "http://127.0.0.1:18111/v1/chat/completions", "wall:vm")}
+    assert rows(run, "select count(*) from attempts where attempt_index is null") == [(0,)]
     logged = re.findall(r'ERROR http_request\{[^}]*request_id="([^"]+)"\}: vllm_router_rs::routers::http::router: '
                         r"src/routers/http/router.rs:2006: Failed to send typed request "
-                        r"worker_url=http://127.0.0.1:18111 ", (base / "router.log").read_text())
-    assert logged == unseen
-    assert router_counts("router_record/run") == {"replica1": 15, "replica2": 25}
-    events = pq.read_table(base / "run" / "events", columns=["attempt_id", "name", "attrs"]).to_pylist()
-    held = {e["attempt_id"] for e in events if e["attempt_id"] and '"replica_id":"replica1"' in (e["attrs"] or "")}
-    assert len(held) == 5 and "T0000:R1:A1" in held and not held & set(unseen)
-    # the router continues the client's traceparent: each request's spans are in the trace its replica recorded
-    received = {e["attempt_id"]: json.loads(e["attrs"]) for e in events if e["name"] == "server.received"}
-    assert len(received) == 30
-    assert all(received[server[s.span_id]]["trace_id"] == s.trace_id for s in spans if s.kind == "SERVER")
-    # and its CLIENT span is the parent the replica recorded: each try a folder holds is one span, by its id
-    port = {s.span_id: s.attributes["server.port"] for s in spans if s.kind == "CLIENT"}
-    held_by = {a: (port.get(r["parent_span_id"]), r["replica_id"]) for a, r in received.items()}
-    assert held_by.pop("T0000:R1:A1") == (None, "replica1")
-    assert Counter(held_by.values()) == {("18111", "replica1"): 4, ("18112", "replica2"): 25}
+                        r"worker_url=http://127.0.0.1:18111 ", (SAMPLES / "router_record" / "router.log").read_text())
+    assert Counter(logged) == Counter(["T0008:R1:A1"] * 2 + [a.split("@")[0] for a in refused])
+    gaps = rows(run, "select gap_id, detail from gaps where gap_id like 'collector:router%' or detail like "
+                     "'the router sent%'")
+    assert [g for g, _ in gaps] == ["collector:router-spans:T0000:R1:A1"]
+
+
+def test_a_routers_span_is_a_row_only_when_its_request_is_ours_and_no_folder_holds_it(tmp_path):
+    """The join by request id alone, by hand: A's refused first try is a row A@replica1#1 and its answer, held
+    by replica2's folder (the span it recorded as parent), is left to it; B's refused try would be B@replica1#1,
+    the name a folder's try already has: a gap, not a second row; E's only try, to a worker no replica is, goes
+    on E itself; a request the client never sent (X), a try whose request's span is missing, and an attempt (D)
+    whose spans never came are gaps."""
+    from inferledger.collectors.capture.router_tries import RouterTries
+    from inferledger.probes.events import EVENT_SCHEMA
+
+    def ev(name, aid, attrs="{}", source="client"):
+        return {"run_id": "r", "event_id": f"{source}:{name}:{aid}", "seq": 0, "source": source, "host": "h",
+                "name": name, "ts_ns": 1, "clock": "mono:h", "task_id": aid[:1], "session_id": None,
+                "request_id": aid[:1], "attempt_id": aid, "step_id": None, "value": None, "attrs": attrs}
+
+    (tmp_path / "events").mkdir()
+    pq.write_table(pa.Table.from_pylist(
+        [ev("attempt.sent", a) for a in "ABDE"] + [
+            ev("server.received", "A", '{"parent_span_id":"00000000000000a2"}', "server"),
+            ev("server.received", "B@replica1#1", '{"parent_span_id":"00000000000000b0"}', "server")],
+        schema=EVENT_SCHEMA), tmp_path / "events" / "part-00000.parquet")
+
+    def span(sid, parent, kind, start, **attrs):
+        return {"traceId": "0" * 31 + "1", "spanId": sid, "parentSpanId": parent, "name": "POST", "kind": kind,
+                "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + 10),
+                "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()],
+                "status": {"code": 2, "message": "refused"} if "refused" in attrs.values() else {}}
+
+    w1, w9 = "http://127.0.0.1:18111/v1/chat/completions", "http://10.0.0.9:8000/v1/chat/completions"
+    spans = [span("00000000000000aa", "", 2, 100, request_id="A"), span("00000000000000bb", "", 2, 100, request_id="B"),
+             span("00000000000000ee", "", 2, 100, request_id="E"), span("00000000000000ff", "", 2, 100, request_id="X"),
+             span("00000000000000a1", "00000000000000aa", 3, 110, **{"url.full": w1, "note": "refused"}),
+             span("00000000000000a2", "00000000000000aa", 3, 120, **{"url.full": w1.replace("18111", "18112")}),
+             span("00000000000000b1", "00000000000000bb", 3, 110, **{"url.full": w1, "note": "refused"}),
+             span("00000000000000b2", "00000000000000bb", 3, 120, **{"url.full": w1, "http.response.status_code": "200"}),
+             span("00000000000000e1", "00000000000000ee", 3, 110, **{"url.full": w9, "http.response.status_code": "200"}),
+             span("00000000000000f1", "00000000000000ff", 3, 110, **{"url.full": w1}),
+             span("00000000000000c1", "00000000000000cc", 3, 110, **{"url.full": w1})]
+    traces = tmp_path / "spans.jsonl"
+    traces.write_text(json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}) + "\n")
+
+    class Writer:
+        run_id, rows = "r", []
+
+        def flush(self):
+            pass
+
+        def emit(self, row):
+            self.rows.append(row)
+
+    tries = RouterTries(traces, "vm", "http://127.0.0.1:18200", {"127.0.0.1:18111": "replica1", "127.0.0.1:18112": "replica2"})
+    w = Writer()
+    tries.join(w, tmp_path, wait_s=0, say=lambda _: None)
+    got = [(r["attempt_id"], r["clock"], json.loads(r["attrs"])) for r in w.rows]
+    assert [(a, c, x["replica_id"], x.get("parent_attempt_id"), x.get("error"), x.get("status")) for a, c, x in got] == [
+        ("A@replica1#1", "wall:vm", "replica1", "A", "refused", None),
+        ("B", "wall:vm", "replica1", None, None, 200),
+        ("E", "wall:vm", "10.0.0.9:8000", None, None, 200)]
+    assert [(g["gap_id"], g["subject_id"]) for g in tries.gaps] == [
+        ("collector:router-spans:D", "D"), ("collector:router-span:00000000000000c1", "00000000000000c1"),
+        ("collector:router-span:00000000000000f1", "00000000000000f1"),
+        ("collector:router-span:00000000000000b1", "B@replica1#1")]
+    assert (tmp_path / "router-spans.jsonl").read_bytes() == traces.read_bytes()
+    assert tries.summary["unseen_tries"] == 1 and tries.summary["held_by_folders"] == 1

@@ -16,7 +16,7 @@
 #    pinned to core 0 at nice FAULT_NICE (5) beside FAULT_BURNERS (2) CPU burners pinned there too at nice 0
 #    (benchmarks/co_tenants.py), replica2 to core 1, for the whole load; WORKLOAD: a workload file under the load flags (-w, e.g. a deadline);
 #    ROUTER_RECORD=DIR: the router's own record of the run beside it, DIR/router-spans.jsonl (ROUTER_TRACES) and
-#    DIR/router.log (its console at ROUTER_LOG_LEVEL debug))
+#    DIR/router.log (its console at ROUTER_LOG_LEVEL debug); with ROUTER_TRACES the capture gets --router-traces FILE)
 #
 # Environment: ROUTER_PORT (18200), ROUTER_METRICS_PORT (18201: its Prometheus /metrics), ROUTER_POLICY
 # (round_robin; any of the router's --policy), ROUTER_START_TIMEOUT_S (60), ROUTER_LOG_LEVEL (warning),
@@ -191,6 +191,7 @@ recipe() {
   rm -rf "$out"
   fault "$work"
   local workload=(); [[ -z "${WORKLOAD:-}" ]] || workload=(-w "$WORKLOAD")
+  [[ -z "${ROUTER_TRACES:-}" ]] || workload+=(--router-traces "$ROUTER_TRACES")
   "$il" capture -o "$out" "${workload[@]}" --target "http://127.0.0.1:$PORT" \
     --router-metrics "http://127.0.0.1:$METRICS_PORT/metrics" --server "$work/replica1" "${replicas[@]}" \
     --num-prompts "${NUM_PROMPTS:-20}" --seed 0 --input-len 64 --output-len 8 --ignore-eos ${LOAD_ARGS:---request-rate 4}
