@@ -21,9 +21,10 @@
 --   unterminated nor counted in p_fail: their end is not yet on disk)
 -- @column server_completed: server_status completed
 -- @column server_cancelled: server_status cancelled
--- @column ghost_attempts: attempts whose client timed out, cancelled or failed while the server went on
--- @column ghost_ms: Σ (server end − the client's terminal event), by the clock rule
--- @column ghost_tokens: engine tokens committed after the client gave up
+-- @column ghost_attempts: attempts whose client timed out, cancelled or failed while the server went on, and
+--   a router's tries it gave up on (router.try with an error) while the replica went on
+-- @column ghost_ms: Σ (server end − the client's terminal event, or the router's end of the try), by the clock rule
+-- @column ghost_tokens: engine tokens committed after the client (or the router) gave up
 -- @column ghost_kv_gib_s: the KV GiB·s those attempts held after the give-up (NULL without the block size)
 -- @column attempts_per_request: mean attempts per request; NULL in a deployment where the router sent a replica
 --   tries the run does not hold (replicas.router_agrees false: the gap names the replica)

@@ -27,9 +27,10 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm_r
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = {}
-    for name in ("round_robin", "retries", "llamacpp_replica", "replica_killed", "replica_slowed", "router_record"):
+    for name in ("round_robin", "retries", "llamacpp_replica", "replica_killed", "replica_slowed", "router_record",
+                 "router_abandoned"):
         run = tmp_path_factory.mktemp(name) / "run"
-        shutil.copytree(SAMPLES / name / ("run" if name == "router_record" else ""), run)
+        shutil.copytree(SAMPLES / name / ("run" if name.startswith("router_") else ""), run)
         reconstruct(run)
         out[name] = run
     return out
@@ -445,52 +446,85 @@ def test_the_routers_own_spans_make_each_try_the_client_never_saw_a_row(runs):
     """router_record/: the killed-replica fault again (30 requests at 2/s, replica1 killed once the router had
     sent 9), the router run with its tracing on and the capture given its spans (--router-traces; run/ holds
     the copy). Its log names the request of a try only inside its tracing span, and the worker only for a try
-    that could not be sent (router.log, ten such lines: T0008 twice, T0010 to T0017):
-      ERROR http_request{... request_id="T0010:R1:A1"}: ... router.rs:2006: Failed to send typed request
+    that could not be sent (router.log, ten such lines: T0009 twice, T0011 to T0018):
+      ERROR http_request{... request_id="T0011:R1:A1"}: ... router.rs:2006: Failed to send typed request
         worker_url=http://127.0.0.1:18111 route=/v1/chat/completions error=error sending request for url (...)
     Its spans name every try (a CLIENT span per try under the SERVER span of its request). Worked by hand from
-    them: replica1 (18111) 3 tries answered 200 and 10 failed: T0010..T0017 one each, refused, then answered by
-    replica2; T0008 two, the first received by replica1 (its folder holds it: the replica recorded that span as
-    its parent) and cut by the kill, the second refused, then replica2. Request T0000's spans never reached the
-    receiver (its one try, to replica1, is in the folder; its absence is a gap). So the rows: the 30 client
-    attempts, the folder's try T0008@replica1#1 and the 9 refused tries no folder holds, as router.try rows
-    numbered by the router's order (T0008's refused try is its #2); replica1 14 rows against the router's 14,
-    replica2 26 and 26; retry amplification 40 / 30."""
+    them: replica1 (18111) 3 tries answered 200 and 10 refused (T0009 twice, then replica2; T0011..T0018 once,
+    then replica2), replica2 26 answered. Request T0000's spans never reached the receiver (its one try, to
+    replica1, is in the folder; its absence is a gap). So the rows: the 30 client attempts and the 10 refused
+    tries no folder holds, as router.try rows numbered by the router's order (T0009's are #1 and #2); replica1
+    14 rows against the router's 14, replica2 26 and 26; retry amplification 40 / 30."""
     run = runs["router_record"]
     assert rows(run, "select replica_id, client_status, server_status, parent_attempt_id is not null, count(*) "
                      "from attempts group by all order by all") == [
         ("replica1", "completed", "completed", False, 3), ("replica1", "error", "unterminated", False, 1),
-        ("replica1", None, "unknown", True, 9), ("replica1", None, "unterminated", True, 1),
-        ("replica2", "completed", "completed", False, 26)]
-    refused = [f"T{i:04d}:R1:A1@replica1#1" for i in range(10, 18)]
+        ("replica1", None, "unknown", True, 10), ("replica2", "completed", "completed", False, 26)]
+    refused = ["T0009:R1:A1@replica1#1", "T0009:R1:A1@replica1#2"] + [f"T{i:04d}:R1:A1@replica1#1" for i in range(11, 19)]
     assert rows(run, "select attempt_id, parent_attempt_id from attempts where parent_attempt_id is not null "
-                     "order by 1") == [("T0008:R1:A1@replica1#1", "T0008:R1:A1"), ("T0008:R1:A1@replica1#2", "T0008:R1:A1")] \
-        + [(a, a.split("@")[0]) for a in refused]
+                     "order by 1") == [(a, a.split("@")[0]) for a in refused]
     assert rows(run, "select replica_id, attempts, client_attempts, unseen_tries, router_sent, router_agrees, "
                      "router_failures from replicas order by 1") == [
         ("replica1", 14, 4, 10, 14, True, 10), ("replica2", 26, 26, 0, 26, True, 0)]
     assert router_counts("router_record/run") == {"replica1": 14, "replica2": 26}
     assert rows(run, "select sent, unseen_tries, round(attempts_per_request, 4), router_tries, router_retries, "
-                     "round(retry_amplification, 4) from reconciliation") == [(30, 10, 1.3333, 40, 10, 1.3333)]
-    # each refused try: the router's span, on the router's clock (this host's wall clock, mapped)
+                     "round(retry_amplification, 4), ghost_attempts from reconciliation") == \
+        [(30, 10, 1.3333, 40, 10, 1.3333, 0)]
+    # every try of the router's spans is a router.try event, on the router's clock (this host's wall clock,
+    # mapped); the refused ones are the rows no folder holds
     tries = rows(run, "select attempt_id, json_extract_string(attrs, '$.error'), json_extract_string(attrs, '$.worker'), "
-                      "clock from events where name = 'router.try' order by 1")
-    assert [t[0] for t in tries] == ["T0008:R1:A1@replica1#2"] + refused
+                      "clock from events where name = 'router.try' and attrs like '%\"error\"%' order by 1")
+    assert [t[0] for t in tries] == refused
     assert {t[1:] for t in tries} == {("error sending request for url (http://127.0.0.1:18111/v1/chat/completions)",
                                        "http://127.0.0.1:18111/v1/chat/completions", "wall:vm")}
+    assert rows(run, "select count(*), count(distinct attempt_id) from events where name = 'router.try'") == [(39, 39)]
     assert rows(run, "select count(*) from attempts where attempt_index is null") == [(0,)]
     logged = re.findall(r'ERROR http_request\{[^}]*request_id="([^"]+)"\}: vllm_router_rs::routers::http::router: '
                         r"src/routers/http/router.rs:2006: Failed to send typed request "
                         r"worker_url=http://127.0.0.1:18111 ", (SAMPLES / "router_record" / "router.log").read_text())
-    assert Counter(logged) == Counter(["T0008:R1:A1"] * 2 + [a.split("@")[0] for a in refused])
+    assert Counter(logged) == Counter(a.split("@")[0] for a in refused)
     gaps = rows(run, "select gap_id, detail from gaps where gap_id like 'collector:router%' or detail like "
                      "'the router sent%'")
     assert [g for g, _ in gaps] == ["collector:router-spans:T0000:R1:A1"]
 
+def test_a_try_the_router_gave_up_on_is_ghost_load_of_the_replica_it_abandoned(runs):
+    """router_abandoned/: 30 requests at 2/s through the router with --request-timeout-secs 3, replica1 slowed
+    (FAULT=slow: pinned beside two CPU burners), the router's spans given to the capture. The router gave up on
+    13 tries to replica1 (its log: 13 ERROR lines, `Failed to send typed request worker_url=http://127.0.0.1:18111
+    ... error=error sending request for url (...)`, 2 for T0009, 4 for T0011, 3 for T0013, one each for T0017,
+    T0020, T0021, T0024) and sent each request on; replica1 had received every one (its folder holds them) and kept
+    them queued until it saw the connection gone: each is a row the client never saw, server_status cancelled,
+    and its time on replica1 after the router's span ended is ghost load, Σ 26 888.8 ms, worked out below from
+    the router.try end and the try's server end on the one clock pair; with the 4 client attempts cut by the
+    router's timeout mid-stream (client error, Σ 1 999.8 ms after the client's end), 17 ghost attempts."""
+    run = runs["router_abandoned"]
+    assert rows(run, "select replica_id, client_status, server_status, parent_attempt_id is not null, count(*) "
+                     "from attempts group by all order by all") == [
+        ("replica1", "completed", "completed", False, 2), ("replica1", "error", "cancelled", False, 2),
+        ("replica1", None, "cancelled", True, 13), ("replica2", "completed", "completed", False, 24),
+        ("replica2", "error", "cancelled", False, 2)]
+    assert rows(run, "select replica_id, attempts, client_attempts, unseen_tries, router_sent, router_agrees, "
+                     "router_failures from replicas order by 1") == [
+        ("replica1", 17, 4, 13, 17, True, 13), ("replica2", 26, 26, 0, 26, True, 0)]
+    logged = re.findall(r'ERROR http_request\{[^}]*request_id="([^"]+)"\}: vllm_router_rs::routers::http::router: '
+                        r"src/routers/http/router.rs:2006: Failed to send typed request worker_url=http://127.0.0.1:18111 ",
+                        (SAMPLES / "router_abandoned" / "router.log").read_text())
+    unseen = rows(run, "select parent_attempt_id from attempts where parent_attempt_id is not null")
+    assert Counter(logged) == Counter(a for (a,) in unseen) == {
+        "T0009:R1:A1": 2, "T0011:R1:A1": 4, "T0013:R1:A1": 3, "T0017:R1:A1": 1, "T0020:R1:A1": 1, "T0021:R1:A1": 1,
+        "T0024:R1:A1": 1}
+    by_router = rows(run, "select round(sum(a.server_end_ns - (json_extract(e.attrs, '$.end_ns')::BIGINT - c.offset_ns)) "
+                          "/ 1e6, 1), count(*) from attempts a join events e on e.attempt_id = a.attempt_id and e.name = "
+                          "'router.try' join clocks c on c.from_clock = a.server_clock and c.to_clock = e.clock "
+                          "where a.parent_attempt_id is not null and e.attrs like '%\"error\"%'")
+    assert by_router == [(26888.8, 13)]
+    assert rows(run, "select sent, unseen_tries, router_tries, round(retry_amplification, 4), ghost_attempts, "
+                     "round(ghost_ms, 1) from reconciliation") == [(30, 13, 43, 1.4333, 17, 28888.6)]
 
-def test_a_routers_span_is_a_row_only_when_its_request_is_ours_and_no_folder_holds_it(tmp_path):
+
+def test_a_routers_span_is_a_row_of_its_own_only_when_its_request_is_ours_and_no_folder_holds_it(tmp_path):
     """The join by request id alone, by hand: A's refused first try is a row A@replica1#1 and its answer, held
-    by replica2's folder (the span it recorded as parent), is left to it; B's refused try would be B@replica1#1,
+    by replica2's folder (the span it recorded as parent), is an event of the attempt the folder holds; B's refused try would be B@replica1#1,
     the name a folder's try already has: a gap, not a second row; E's only try, to a worker no replica is, goes
     on E itself; a request the client never sent (X), a try whose request's span is missing, and an attempt (D)
     whose spans never came are gaps."""
@@ -543,6 +577,7 @@ def test_a_routers_span_is_a_row_only_when_its_request_is_ours_and_no_folder_hol
     got = [(r["attempt_id"], r["clock"], json.loads(r["attrs"])) for r in w.rows]
     assert [(a, c, x["replica_id"], x.get("parent_attempt_id"), x.get("error"), x.get("status")) for a, c, x in got] == [
         ("A@replica1#1", "wall:vm", "replica1", "A", "refused", None),
+        ("A", "wall:vm", "replica2", None, None, None),
         ("B", "wall:vm", "replica1", None, None, 200),
         ("E", "wall:vm", "10.0.0.9:8000", None, None, 200)]
     assert [(g["gap_id"], g["subject_id"]) for g in tries.gaps] == [
@@ -550,4 +585,4 @@ def test_a_routers_span_is_a_row_only_when_its_request_is_ours_and_no_folder_hol
         ("collector:router-span:00000000000000f1", "00000000000000f1"),
         ("collector:router-span:00000000000000b1", "B@replica1#1")]
     assert (tmp_path / "router-spans.jsonl").read_bytes() == traces.read_bytes()
-    assert tries.summary["unseen_tries"] == 1 and tries.summary["held_by_folders"] == 1
+    assert (tries.summary["unseen_tries"], tries.summary["held_by_folders"], tries.summary["events"]) == (1, 1, 4)

@@ -13,12 +13,14 @@ joins each try to the client attempt by request id alone:
 - a request's tries in the order the router started them; the last is the answer the client saw (the
   router retries only what failed and hands the client its last try's answer), each earlier one a try
   the client never saw;
-- a try a replica of ours holds is already in the run (its folder's `server.received` names the try's
-  CLIENT span as `parent_span_id`: the router continues the trace from it) and is left to its folder;
-- any other try is one `router.try` event (source `router`, reported): an unseen try under its own
-  attempt id `<client attempt>@<replica>#<n>` (n: its place among the request's tries) with
-  `attrs.parent_attempt_id`, the answer under the client attempt's own id; `attrs.replica_id` the
-  replica the worker is (else the worker's host:port), `attrs.status` or `attrs.error`, `attrs.end_ns`.
+- each try is one `router.try` event (source `router`, reported): `attrs.replica_id` the replica the
+  worker is (else the worker's host:port), `attrs.status` or `attrs.error`, `attrs.end_ns` (when the
+  router had its answer, or gave up: a replica's work on the try after it is ghost load);
+- a try a replica of ours holds is already an attempt of the run (its folder's `server.received` names
+  the try's CLIENT span as `parent_span_id`: the router continues the trace from it), and its event goes
+  under that attempt's id; any other is an unseen try under its own attempt id `<client
+  attempt>@<replica>#<n>` (n: its place among the request's tries) with `attrs.parent_attempt_id`, or
+  the answer, under the client attempt's own id.
   Its time is the router's Unix time: on this host's `wall:<host>` clock (mapped to the client's by the
   capture) for a router on loopback, else on `wall:<router host:port>`, which nothing maps.
 
@@ -70,12 +72,12 @@ def check_router_traces(path: str | Path) -> Path:
 class _Run:
     """What the run holds before the router's tries are added."""
     sent: dict[str, EventIds]  # the client's attempts (attempt.sent) and their ids
-    held: set[str]  # CLIENT span ids a replica folder's server.received names as its parent span
+    held: dict[str, str]  # CLIENT span id a replica folder's server.received names as its parent -> that attempt
     names: set[str]  # every attempt id in the run
 
 
 def _read_run(run_dir: Path) -> _Run:
-    run = _Run({}, set(), set())
+    run = _Run({}, {}, set())
     for p in list_parts(run_dir / "events", EVENT_SCHEMA) if (run_dir / "events").is_dir() else []:
         cols = ["name", "source", "task_id", "session_id", "request_id", "attempt_id", "attrs"]
         for r in pq.read_table(p, columns=cols).to_pylist():
@@ -86,7 +88,7 @@ def _read_run(run_dir: Path) -> _Run:
             if r["source"] == "client" and r["name"] == "attempt.sent":
                 run.sent[aid] = EventIds(r["task_id"], r["session_id"], r["request_id"], aid)
             elif r["name"] == "server.received" and '"parent_span_id"' in (r["attrs"] or ""):
-                run.held.add(json.loads(r["attrs"])["parent_span_id"])
+                run.held[json.loads(r["attrs"])["parent_span_id"]] = aid
     return run
 
 
@@ -148,27 +150,25 @@ class RouterTries:
         for client, ts in sorted(tries.items()):
             ts.sort(key=lambda s: (s.start_unix_ns, s.span_id))
             for n, s in enumerate(ts, 1):
-                if s.span_id in run.held:
-                    held += 1
-                    continue
                 replica = self.replicas.get(worker_key(str(s.attributes.get("url.full", ""))),
                                             worker_key(str(s.attributes.get("url.full", ""))))
                 last = n == len(ts)
-                name = client if last else f"{client}@{replica}#{n}"
-                if not last and name in run.names:
+                name = run.held.get(s.span_id) or (client if last else f"{client}@{replica}#{n}")
+                held += s.span_id in run.held
+                if s.span_id not in run.held and not last and name in run.names:
                     self.taken.append((name, s))
                     continue
                 status = s.attributes.get("http.response.status_code")
                 attrs = {"replica_id": replica, "worker": str(s.attributes.get("url.full", "")),
                          "end_ns": s.end_unix_ns, "span_id": s.span_id, "trace_id": s.trace_id,
                          "evidence": "reported", "reporter": reporter}
-                if status is not None:
+                if str(status).isdigit():  # an HTTP status (OTLP/JSON may carry it as a string)
                     attrs["status"] = int(status)
                 if s.status == "ERROR":
                     attrs["error"] = s.status_message or "error"
-                if not last:
+                if name != client:
                     attrs["parent_attempt_id"] = client
-                    unseen += 1
+                    unseen += s.span_id not in run.held
                 ids = run.sent[client]
                 probe.emit("router.try", EventIds(ids.task_id, ids.session_id, ids.request_id, name),
                            ts_ns=s.start_unix_ns, **attrs)
