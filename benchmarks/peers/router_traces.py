@@ -11,8 +11,8 @@ and it exports over OTLP/gRPC alone, so this script is both halves, run with the
 
     python router_traces.py receive PORT FILE          an OTLP/gRPC trace receiver on 127.0.0.1:PORT that
                                                        appends each export to FILE as one OTLP/JSON line
-                                                       (hex ids: the Collector file exporter's format,
-                                                       which `inferledger import --from otlp` reads)
+                                                       (hex ids: the Collector file exporter's format;
+                                                       `inferledger capture --router-traces FILE` joins it)
     python router_traces.py router ENDPOINT ARGS...    `vllm-router ARGS...` with its tracing on, exporting
                                                        to ENDPOINT (e.g. http://127.0.0.1:18202)
 """
