@@ -98,6 +98,12 @@ def capture_cmd(
                                                  "scraped once before the load and once after it; per-worker "
                                                  "counters land per replica in the ledger's `replicas` table "
                                                  "(docs/CAPTURE.md \"A deployment\")."),
+    router_traces: Optional[Path] = typer.Option(None, "--router-traces", metavar="FILE", help="URL target that is "
+                                                 "vllm-router run with its tracing on: the file its spans are received "
+                                                 "into (benchmarks/peers/router_traces.py), read after the load and "
+                                                 "copied into the run; each upstream try no --server folder holds "
+                                                 "(a refused connection, a reroute) becomes its own attempt, joined "
+                                                 "by request id (docs/CAPTURE.md \"A deployment\")."),
     server: Optional[List[Path]] = typer.Option(None, "--server", help="URL target: the folder of `inferledger serve "
                                                 "--out S` serving it (repeatable: one per server). After the load the "
                                                 "capture waits until the folder's flushed parts hold the end of this "
@@ -149,7 +155,8 @@ def capture_cmd(
     Two replicas behind vLLM's router: [cyan]... --target http://127.0.0.1:18200 --router-metrics
     http://127.0.0.1:18201/metrics --server runs/s1 --server runs/s2[/] (docs/CAPTURE.md "A deployment"); a
     llama.cpp replica beside them: [cyan]--replica http://127.0.0.1:18113=llamacpp[/]; or all of it in the
-    workload's \\[deployment] section (router, router_metrics, servers, replicas), the flags overriding it.
+    workload's \\[deployment] section (router, router_metrics, router_traces, servers, replicas), the flags
+    overriding it. The router's own spans of each try: [cyan]--router-traces runs/router-spans.jsonl[/].
 
     Against vLLM with its own evidence: [cyan]... --target http://127.0.0.1:18100 --otlp-port 18101 --scrape-metrics[/]
     (docs/PEERS.md "Engines").
@@ -176,7 +183,8 @@ def capture_cmd(
         raise typer.BadParameter(str(exc), param_hint=exc.flag) from None
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload" if workload else "the load flags") from None
-    dep = resolve(DeploymentFlags(target, router_metrics, tuple(server or ()), tuple(replica or ())), wl.deployment)
+    dep = resolve(DeploymentFlags(target, router_metrics, tuple(server or ()), tuple(replica or ()), router_traces),
+                  wl.deployment)
     declared = Declared(workload=None if replica else str(wl.path),
                         router="--target" if target is not None else "[deployment].router")
     target, router_metrics, server = dep.target, dep.router_metrics, list(dep.servers)
@@ -193,6 +201,16 @@ def capture_cmd(
         if not router_metrics.startswith(("http://", "https://")):
             raise typer.BadParameter(f"{router_metrics!r}: expected the router's metrics URL, e.g. "
                                      "http://127.0.0.1:18201/metrics", param_hint="--router-metrics")
+    if dep.router_traces is not None:
+        from inferledger.collectors.capture.router_tries import RouterTracesError, check_router_traces
+
+        if target == "embedded":
+            raise typer.BadParameter("--router-traces joins a router's spans: give the router's URL as --target",
+                                     param_hint="--router-traces")
+        try:
+            check_router_traces(dep.router_traces)
+        except RouterTracesError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--router-traces") from None
     folders = []
     if server:
         from inferledger.collectors.capture.servers import ServerFolderError, check_server_folders
@@ -236,7 +254,8 @@ def capture_cmd(
         evidence=EvidenceOptions(otlp_port=otlp_port, scrape_metrics=scrape_metrics, engine_host=engine_host,
                                  engine_clock_epsilon_ms=engine_clock_epsilon_ms),
         prediction=prediction, prediction_fit=step_fit, buckets=buckets, engine_config=engine, warmups=num_warmups,
-        servers=tuple(server or ()), server_wait_s=server_wait, router_metrics=router_metrics, replicas=replicas)
+        servers=tuple(server or ()), server_wait_s=server_wait, router_metrics=router_metrics, replicas=replicas,
+        router_traces=dep.router_traces)
     result = run_capture(wl, out, options)
     console.print(f"run directory: [bold]{result.run_dir}[/]  (next: {command_name()} reconstruct {result.run_dir})")
 

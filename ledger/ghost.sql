@@ -1,8 +1,9 @@
--- Ghost load: server work after the client stopped waiting (same clock or mapped, by the clock rule;
--- docs/LEDGER.md "reconciliation").
+-- Ghost load: server work after the client stopped waiting, or after a router gave up on its try (a
+-- router.try with an error: a timeout, a dropped connection) while the replica went on (same clock or
+-- mapped, by the clock rule; docs/LEDGER.md "reconciliation").
 --
 -- scope: task
--- reads: attempts, marks, clock_conv, ev_tok
+-- reads: attempts, marks, clock_conv, ev_tok, ev
 -- creates: ghost
 CREATE OR REPLACE TEMP TABLE ghost AS
 WITH gave_up AS (
@@ -10,6 +11,14 @@ WITH gave_up AS (
   FROM attempts a JOIN marks m USING (attempt_id)
   JOIN clock_conv c ON c.from_clock = m.client_end.clock AND c.to_clock = a.server_clock
   WHERE a.client_status IN ('timeout', 'cancelled', 'error') AND a.server_end_ns IS NOT NULL
+  UNION ALL
+  SELECT a.attempt_id, a.server_end_ns, a.server_clock,
+         arg_min(json_extract(e.attrs, '$.end_ns')::BIGINT + c.offset_ns, e.event_id) AS gave_up_ns
+  FROM attempts a JOIN ev e ON e.attempt_id = a.attempt_id AND e.name = 'router.try'
+    AND json_extract_string(e.attrs, '$.error') IS NOT NULL
+  JOIN clock_conv c ON c.from_clock = e.clock AND c.to_clock = a.server_clock
+  WHERE a.client_status IS NULL AND a.server_end_ns IS NOT NULL
+  GROUP BY a.attempt_id, a.server_end_ns, a.server_clock
 )
 SELECT g.attempt_id, g.gave_up_ns, (g.server_end_ns - g.gave_up_ns) / 1e6 AS ghost_ms,
        -- tokens after the give-up on the same clock (the engine saw the attempt: none is a known 0)

@@ -21,9 +21,10 @@
 --   unterminated nor counted in p_fail: their end is not yet on disk)
 -- @column server_completed: server_status completed
 -- @column server_cancelled: server_status cancelled
--- @column ghost_attempts: attempts whose client timed out, cancelled or failed while the server went on
--- @column ghost_ms: Σ (server end − the client's terminal event), by the clock rule
--- @column ghost_tokens: engine tokens committed after the client gave up
+-- @column ghost_attempts: attempts whose client timed out, cancelled or failed while the server went on, and
+--   a router's tries it gave up on (router.try with an error) while the replica went on
+-- @column ghost_ms: Σ (server end − the client's terminal event, or the router's end of the try), by the clock rule
+-- @column ghost_tokens: engine tokens committed after the client (or the router) gave up
 -- @column ghost_kv_gib_s: the KV GiB·s those attempts held after the give-up (NULL without the block size)
 -- @column attempts_per_request: mean attempts per request; NULL in a deployment where the router sent a replica
 --   tries the run does not hold (replicas.router_agrees false: the gap names the replica)
@@ -43,6 +44,8 @@
 --   replica's count is unknown
 -- @column router_retries: the router's own count of its retries over the load (vllm_router_retries_total, last
 --   scrape − first, summed over routes; 0 when it never appeared); NULL without two router scrapes
+-- @column retry_amplification: the router's upstream tries per client attempt, router_tries / sent (1.0 when it
+--   retried nothing); NULL without router_tries or without a sent attempt
 CREATE OR REPLACE TABLE reconciliation AS
 WITH p AS (  -- client counts: unknown (NULL) without client events, a count otherwise
   SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_status IS NOT NULL) AS n,
@@ -108,5 +111,8 @@ SELECT getvariable('run_id') AS run_id,
        THEN (SELECT count(*) FROM attempts WHERE parent_attempt_id IS NOT NULL) END AS unseen_tries,
   (SELECT CASE WHEN count(*) > 0 AND count(router_sent) = count(*) THEN sum(router_sent) END FROM replicas
    WHERE router_sent IS NOT NULL OR attempts IS NOT NULL)::BIGINT AS router_tries,
-  rr.n::BIGINT AS router_retries
+  rr.n::BIGINT AS router_retries,
+  (SELECT CASE WHEN count(*) > 0 AND count(router_sent) = count(*) THEN sum(router_sent) END FROM replicas
+   WHERE router_sent IS NOT NULL OR attempts IS NOT NULL)
+    / nullif((SELECT count(*) FROM marks WHERE sent IS NOT NULL), 0) AS retry_amplification
 FROM p, run_metrics m, ghost_steps gs, all_steps al, router rt, router_retries rr;

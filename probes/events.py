@@ -106,6 +106,10 @@ _KINDS = [
     _k("attempt.error", "client", ["attempt_id"], "transport or HTTP error; attrs.status, attrs.error"),
     _k("tool.start", "tool", ["task_id"], "an external tool call began (attrs.tool)"),
     _k("tool.end", "tool", ["task_id"], "an external tool call ended"),
+    # router: its own spans of the upstream tries (capture --router-traces)
+    _k("router.try", "router", ["attempt_id"], "one upstream try a router sent a replica, stamped at its start "
+       "(the router's span); attrs.replica_id, attrs.worker, attrs.status (HTTP) or attrs.error, attrs.end_ns; a try "
+       "the client never saw carries attrs.parent_attempt_id"),
     # server: the HTTP front end
     _k("server.received", "server", ["attempt_id"], "the front end parsed the request"),
     _k("server.rejected", "server", ["attempt_id"], "the front end refused it (attrs.status: 400, 429, 503 ...)"),

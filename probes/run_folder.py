@@ -30,7 +30,8 @@ from inferledger.probes.model_shape import ModelShape, ShapeError
 MANIFEST_FILE = "manifest.json"
 LAYOUT_FILE = "layout.json"
 STUDY_FILE = "study.json"
-FILE_NAMES = (MANIFEST_FILE, LAYOUT_FILE, STUDY_FILE)  # the run folder's records: spelled only here
+ROUTER_SPANS_FILE = "router-spans.jsonl"  # a capture's --router-traces, copied into the run as the router wrote it
+FILE_NAMES = (MANIFEST_FILE, LAYOUT_FILE, STUDY_FILE, ROUTER_SPANS_FILE)  # the run folder's records: spelled only here
 
 MANIFEST_FORMAT = 1
 LAYOUT_FORMAT = 2  # 2: with `parts`; a record of format 1 (no parts) is still read
@@ -194,6 +195,9 @@ MANIFEST_KEYS: tuple[Key, ...] = (
         "unseen_tries (a router's tries the client never saw)"),
     Key("router", (dict,), "a capture's `--router-metrics`: the router's /metrics scraped before and after the load "
         "(url, scrapes, failures, last_error, file, refused_file, types), replicas (worker host:port -> replica id)"),
+    Key("router_traces", (dict,), "a capture's `--router-traces`: the router's spans joined after the load (file, "
+        "copied_as, clock, spans, refused, waited_s, attempts_without_spans, requests, tries, held_by_folders, "
+        "events, unseen_tries)"),
     Key("deployment", (dict,), "a capture through a router to several replicas: router (the target), router_metrics, "
         "replicas (each: replica_id, url, kind ours / vllm / llamacpp / blackbox, what the capture records of it, "
         "its /metrics scrape summary)"),

@@ -94,6 +94,12 @@ def test_replica_and_router_metrics_refusals_name_the_flag_with_exit_2(tmp_path)
     assert res.exit_code == 2 and "exactly one vLLM replica" in res.output
     res = run("-w", str(_workload(tmp_path, 'replicas = ["http://127.0.0.1:7=vllm"]\n')))
     assert res.exit_code == 2 and "give the router's URL as --target" in res.output
+    res = run("--router-traces", str(tmp_path / "spans.jsonl"))
+    assert res.exit_code == 2 and "--router-traces" in res.output and "give the router's URL as --target" in res.output
+    res = run("--target", "http://127.0.0.1:9", "--router-traces", str(tmp_path))
+    assert res.exit_code == 2 and f"{tmp_path}: a folder; give the file the router's span receiver writes" in res.output
+    res = run("-w", str(_workload(tmp_path, 'router = "http://127.0.0.1:9"\nrouter_traces = "."\n')))
+    assert res.exit_code == 2 and "a folder; give the file the router's span receiver writes" in res.output
     assert not (tmp_path / "r").exists()
     with pytest.raises(FlagError):
         check_replicas(["http://127.0.0.1:18111=llamacpp"], {"http://127.0.0.1:18111": "replica1"}, otlp=False)

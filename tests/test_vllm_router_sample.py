@@ -12,6 +12,8 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from inferledger.collectors.evidence.metrics_scrape import parse_prometheus
@@ -25,9 +27,10 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm_r
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = {}
-    for name in ("round_robin", "retries", "llamacpp_replica", "replica_killed", "replica_slowed"):
+    for name in ("round_robin", "retries", "llamacpp_replica", "replica_killed", "replica_slowed", "router_record",
+                 "router_abandoned"):
         run = tmp_path_factory.mktemp(name) / "run"
-        shutil.copytree(SAMPLES / name, run)
+        shutil.copytree(SAMPLES / name / ("run" if name.startswith("router_") else ""), run)
         reconstruct(run)
         out[name] = run
     return out
@@ -436,3 +439,150 @@ def test_a_slowed_replica_is_named_by_the_diagnosis_and_the_router_saw_nothing_w
     # none but the counter's: the sample's folders' servers were not scraped (recorded before the capture scraped them)
     assert rows(run, "select count(*) from gaps where (gap_id like 'collector:server%' or subject_id like 'replica%') "
                      "and affects not like 'replicas prefix_hit_tokens, prefix_query_tokens, %'") == [(0,)]
+
+
+
+def test_the_routers_own_spans_make_each_try_the_client_never_saw_a_row(runs):
+    """router_record/: the killed-replica fault again (30 requests at 2/s, replica1 killed once the router had
+    sent 9), the router run with its tracing on and the capture given its spans (--router-traces; run/ holds
+    the copy). Its log names the request of a try only inside its tracing span, and the worker only for a try
+    that could not be sent (router.log, ten such lines: T0009 twice, T0011 to T0018):
+      ERROR http_request{... request_id="T0011:R1:A1"}: ... router.rs:2006: Failed to send typed request
+        worker_url=http://127.0.0.1:18111 route=/v1/chat/completions error=error sending request for url (...)
+    Its spans name every try (a CLIENT span per try under the SERVER span of its request). Worked by hand from
+    them: replica1 (18111) 3 tries answered 200 and 10 refused (T0009 twice, then replica2; T0011..T0018 once,
+    then replica2), replica2 26 answered. Request T0000's spans never reached the receiver (its one try, to
+    replica1, is in the folder; its absence is a gap). So the rows: the 30 client attempts and the 10 refused
+    tries no folder holds, as router.try rows numbered by the router's order (T0009's are #1 and #2); replica1
+    14 rows against the router's 14, replica2 26 and 26; retry amplification 40 / 30."""
+    run = runs["router_record"]
+    assert rows(run, "select replica_id, client_status, server_status, parent_attempt_id is not null, count(*) "
+                     "from attempts group by all order by all") == [
+        ("replica1", "completed", "completed", False, 3), ("replica1", "error", "unterminated", False, 1),
+        ("replica1", None, "unknown", True, 10), ("replica2", "completed", "completed", False, 26)]
+    refused = ["T0009:R1:A1@replica1#1", "T0009:R1:A1@replica1#2"] + [f"T{i:04d}:R1:A1@replica1#1" for i in range(11, 19)]
+    assert rows(run, "select attempt_id, parent_attempt_id from attempts where parent_attempt_id is not null "
+                     "order by 1") == [(a, a.split("@")[0]) for a in refused]
+    assert rows(run, "select replica_id, attempts, client_attempts, unseen_tries, router_sent, router_agrees, "
+                     "router_failures from replicas order by 1") == [
+        ("replica1", 14, 4, 10, 14, True, 10), ("replica2", 26, 26, 0, 26, True, 0)]
+    assert router_counts("router_record/run") == {"replica1": 14, "replica2": 26}
+    assert rows(run, "select sent, unseen_tries, round(attempts_per_request, 4), router_tries, router_retries, "
+                     "round(retry_amplification, 4), ghost_attempts from reconciliation") == \
+        [(30, 10, 1.3333, 40, 10, 1.3333, 0)]
+    # every try of the router's spans is a router.try event, on the router's clock (this host's wall clock,
+    # mapped); the refused ones are the rows no folder holds
+    tries = rows(run, "select attempt_id, json_extract_string(attrs, '$.error'), json_extract_string(attrs, '$.worker'), "
+                      "clock from events where name = 'router.try' and attrs like '%\"error\"%' order by 1")
+    assert [t[0] for t in tries] == refused
+    assert {t[1:] for t in tries} == {("error sending request for url (http://127.0.0.1:18111/v1/chat/completions)",
+                                       "http://127.0.0.1:18111/v1/chat/completions", "wall:vm")}
+    assert rows(run, "select count(*), count(distinct attempt_id) from events where name = 'router.try'") == [(39, 39)]
+    assert rows(run, "select count(*) from attempts where attempt_index is null") == [(0,)]
+    logged = re.findall(r'ERROR http_request\{[^}]*request_id="([^"]+)"\}: vllm_router_rs::routers::http::router: '
+                        r"src/routers/http/router.rs:2006: Failed to send typed request "
+                        r"worker_url=http://127.0.0.1:18111 ", (SAMPLES / "router_record" / "router.log").read_text())
+    assert Counter(logged) == Counter(a.split("@")[0] for a in refused)
+    gaps = rows(run, "select gap_id, detail from gaps where gap_id like 'collector:router%' or detail like "
+                     "'the router sent%'")
+    assert [g for g, _ in gaps] == ["collector:router-spans:T0000:R1:A1"]
+
+def test_a_try_the_router_gave_up_on_is_ghost_load_of_the_replica_it_abandoned(runs):
+    """router_abandoned/: 30 requests at 2/s through the router with --request-timeout-secs 3, replica1 slowed
+    (FAULT=slow: pinned beside two CPU burners), the router's spans given to the capture. The router gave up on
+    13 tries to replica1 (its log: 13 ERROR lines, `Failed to send typed request worker_url=http://127.0.0.1:18111
+    ... error=error sending request for url (...)`, 2 for T0009, 4 for T0011, 3 for T0013, one each for T0017,
+    T0020, T0021, T0024) and sent each request on; replica1 had received every one (its folder holds them) and kept
+    them queued until it saw the connection gone: each is a row the client never saw, server_status cancelled,
+    and its time on replica1 after the router's span ended is ghost load, Σ 26 888.8 ms, worked out below from
+    the router.try end and the try's server end on the one clock pair; with the 4 client attempts cut by the
+    router's timeout mid-stream (client error, Σ 1 999.8 ms after the client's end), 17 ghost attempts."""
+    run = runs["router_abandoned"]
+    assert rows(run, "select replica_id, client_status, server_status, parent_attempt_id is not null, count(*) "
+                     "from attempts group by all order by all") == [
+        ("replica1", "completed", "completed", False, 2), ("replica1", "error", "cancelled", False, 2),
+        ("replica1", None, "cancelled", True, 13), ("replica2", "completed", "completed", False, 24),
+        ("replica2", "error", "cancelled", False, 2)]
+    assert rows(run, "select replica_id, attempts, client_attempts, unseen_tries, router_sent, router_agrees, "
+                     "router_failures from replicas order by 1") == [
+        ("replica1", 17, 4, 13, 17, True, 13), ("replica2", 26, 26, 0, 26, True, 0)]
+    logged = re.findall(r'ERROR http_request\{[^}]*request_id="([^"]+)"\}: vllm_router_rs::routers::http::router: '
+                        r"src/routers/http/router.rs:2006: Failed to send typed request worker_url=http://127.0.0.1:18111 ",
+                        (SAMPLES / "router_abandoned" / "router.log").read_text())
+    unseen = rows(run, "select parent_attempt_id from attempts where parent_attempt_id is not null")
+    assert Counter(logged) == Counter(a for (a,) in unseen) == {
+        "T0009:R1:A1": 2, "T0011:R1:A1": 4, "T0013:R1:A1": 3, "T0017:R1:A1": 1, "T0020:R1:A1": 1, "T0021:R1:A1": 1,
+        "T0024:R1:A1": 1}
+    by_router = rows(run, "select round(sum(a.server_end_ns - (json_extract(e.attrs, '$.end_ns')::BIGINT - c.offset_ns)) "
+                          "/ 1e6, 1), count(*) from attempts a join events e on e.attempt_id = a.attempt_id and e.name = "
+                          "'router.try' join clocks c on c.from_clock = a.server_clock and c.to_clock = e.clock "
+                          "where a.parent_attempt_id is not null and e.attrs like '%\"error\"%'")
+    assert by_router == [(26888.8, 13)]
+    assert rows(run, "select sent, unseen_tries, router_tries, round(retry_amplification, 4), ghost_attempts, "
+                     "round(ghost_ms, 1) from reconciliation") == [(30, 13, 43, 1.4333, 17, 28888.6)]
+
+
+def test_a_routers_span_is_a_row_of_its_own_only_when_its_request_is_ours_and_no_folder_holds_it(tmp_path):
+    """The join by request id alone, by hand: A's refused first try is a row A@replica1#1 and its answer, held
+    by replica2's folder (the span it recorded as parent), is an event of the attempt the folder holds; B's refused try would be B@replica1#1,
+    the name a folder's try already has: a gap, not a second row; E's only try, to a worker no replica is, goes
+    on E itself; a request the client never sent (X), a try whose request's span is missing, and an attempt (D)
+    whose spans never came are gaps."""
+    from inferledger.collectors.capture.router_tries import RouterTries
+    from inferledger.probes.events import EVENT_SCHEMA
+
+    def ev(name, aid, attrs="{}", source="client"):
+        return {"run_id": "r", "event_id": f"{source}:{name}:{aid}", "seq": 0, "source": source, "host": "h",
+                "name": name, "ts_ns": 1, "clock": "mono:h", "task_id": aid[:1], "session_id": None,
+                "request_id": aid[:1], "attempt_id": aid, "step_id": None, "value": None, "attrs": attrs}
+
+    (tmp_path / "events").mkdir()
+    pq.write_table(pa.Table.from_pylist(
+        [ev("attempt.sent", a) for a in "ABDE"] + [
+            ev("server.received", "A", '{"parent_span_id":"00000000000000a2"}', "server"),
+            ev("server.received", "B@replica1#1", '{"parent_span_id":"00000000000000b0"}', "server")],
+        schema=EVENT_SCHEMA), tmp_path / "events" / "part-00000.parquet")
+
+    def span(sid, parent, kind, start, **attrs):
+        return {"traceId": "0" * 31 + "1", "spanId": sid, "parentSpanId": parent, "name": "POST", "kind": kind,
+                "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + 10),
+                "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()],
+                "status": {"code": 2, "message": "refused"} if "refused" in attrs.values() else {}}
+
+    w1, w9 = "http://127.0.0.1:18111/v1/chat/completions", "http://10.0.0.9:8000/v1/chat/completions"
+    spans = [span("00000000000000aa", "", 2, 100, request_id="A"), span("00000000000000bb", "", 2, 100, request_id="B"),
+             span("00000000000000ee", "", 2, 100, request_id="E"), span("00000000000000ff", "", 2, 100, request_id="X"),
+             span("00000000000000a1", "00000000000000aa", 3, 110, **{"url.full": w1, "note": "refused"}),
+             span("00000000000000a2", "00000000000000aa", 3, 120, **{"url.full": w1.replace("18111", "18112")}),
+             span("00000000000000b1", "00000000000000bb", 3, 110, **{"url.full": w1, "note": "refused"}),
+             span("00000000000000b2", "00000000000000bb", 3, 120, **{"url.full": w1, "http.response.status_code": "200"}),
+             span("00000000000000e1", "00000000000000ee", 3, 110, **{"url.full": w9, "http.response.status_code": "200"}),
+             span("00000000000000f1", "00000000000000ff", 3, 110, **{"url.full": w1}),
+             span("00000000000000c1", "00000000000000cc", 3, 110, **{"url.full": w1})]
+    traces = tmp_path / "spans.jsonl"
+    traces.write_text(json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}) + "\n")
+
+    class Writer:
+        run_id, rows = "r", []
+
+        def flush(self):
+            pass
+
+        def emit(self, row):
+            self.rows.append(row)
+
+    tries = RouterTries(traces, "vm", "http://127.0.0.1:18200", {"127.0.0.1:18111": "replica1", "127.0.0.1:18112": "replica2"})
+    w = Writer()
+    tries.join(w, tmp_path, wait_s=0, say=lambda _: None)
+    got = [(r["attempt_id"], r["clock"], json.loads(r["attrs"])) for r in w.rows]
+    assert [(a, c, x["replica_id"], x.get("parent_attempt_id"), x.get("error"), x.get("status")) for a, c, x in got] == [
+        ("A@replica1#1", "wall:vm", "replica1", "A", "refused", None),
+        ("A", "wall:vm", "replica2", None, None, None),
+        ("B", "wall:vm", "replica1", None, None, 200),
+        ("E", "wall:vm", "10.0.0.9:8000", None, None, 200)]
+    assert [(g["gap_id"], g["subject_id"]) for g in tries.gaps] == [
+        ("collector:router-spans:D", "D"), ("collector:router-span:00000000000000c1", "00000000000000c1"),
+        ("collector:router-span:00000000000000f1", "00000000000000f1"),
+        ("collector:router-span:00000000000000b1", "B@replica1#1")]
+    assert (tmp_path / "router-spans.jsonl").read_bytes() == traces.read_bytes()
+    assert (tries.summary["unseen_tries"], tries.summary["held_by_folders"], tries.summary["events"]) == (1, 1, 4)

@@ -14,12 +14,18 @@
 #    18210), declared to the capture as --replica URL=llamacpp, the first served as `smollm2` like it;
 #    FAULT=kill: replica1 is killed (SIGKILL) once the router has sent FAULT_AFTER (20) requests; FAULT=slow: replica1 is
 #    pinned to core 0 at nice FAULT_NICE (5) beside FAULT_BURNERS (2) CPU burners pinned there too at nice 0
-#    (benchmarks/co_tenants.py), replica2 to core 1, for the whole load; WORKLOAD: a workload file under the load flags (-w, e.g. a deadline))
+#    (benchmarks/co_tenants.py), replica2 to core 1, for the whole load; WORKLOAD: a workload file under the load flags (-w, e.g. a deadline);
+#    ROUTER_RECORD=DIR: the router's own record of the run beside it, DIR/router-spans.jsonl (ROUTER_TRACES) and
+#    DIR/router.log (its console at ROUTER_LOG_LEVEL debug); with ROUTER_TRACES the capture gets --router-traces FILE)
 #
 # Environment: ROUTER_PORT (18200), ROUTER_METRICS_PORT (18201: its Prometheus /metrics), ROUTER_POLICY
-# (round_robin; any of the router's --policy), ROUTER_START_TIMEOUT_S (60), ROUTER_EXTRA_ARGS (appended,
-# e.g. "--disable-retries"). Retries are on by default (--retry-max-retries 5): an upstream try that
-# fails is tried again, on the same or another worker, and the client never sees it.
+# (round_robin; any of the router's --policy), ROUTER_START_TIMEOUT_S (60), ROUTER_LOG_LEVEL (warning),
+# ROUTER_EXTRA_ARGS (appended, e.g. "--disable-retries"). Retries are on by default (--retry-max-retries
+# 5): an upstream try that fails is tried again, on the same or another worker, and the client never sees it.
+# ROUTER_TRACES=FILE: the router runs with its OpenTelemetry tracing on (benchmarks/peers/router_traces.py:
+# the CLI has no flag for it) and its spans, one per request and one per upstream try, are appended to FILE
+# as OTLP/JSON lines by a receiver on ROUTER_OTLP_PORT (18202); `stop` waits ROUTER_TRACES_FLUSH_S (7) for
+# the router's last batch first.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -33,7 +39,12 @@ POLICY="${ROUTER_POLICY:-round_robin}"
 START_TIMEOUT_S="${ROUTER_START_TIMEOUT_S:-60}"
 PIDFILE="$RUN_DIR/router-$PORT.pid"
 LOG="$RUN_DIR/router-$PORT.log"
+OTLP_PORT="${ROUTER_OTLP_PORT:-18202}"
+TRACES_PIDFILE="$RUN_DIR/traces-$OTLP_PORT.pid"
 ROUTER_VERSION=0.1.17
+# the OTLP/gRPC receiver of the router's spans (router_traces.py), in the router's venv
+RECEIVER_PACKAGES=(grpcio==1.85.4 opentelemetry-proto==1.45.2)
+INSTALLED="$ROUTER_VERSION ${RECEIVER_PACKAGES[*]}"
 
 NAME=router
 die() { echo "vllm_router.sh: error: $*" >&2; exit 1; }
@@ -42,13 +53,14 @@ say() { echo "vllm_router.sh: $*" >&2; }
 source "$ROOT/benchmarks/peers/server_lib.sh"
 
 install() {
-  if [[ -f "$VENV/.installed" ]] && [[ "$(cat "$VENV/.installed")" == "$ROUTER_VERSION" ]]; then
+  if [[ -f "$VENV/.installed" ]] && [[ "$(cat "$VENV/.installed")" == "$INSTALLED" ]]; then
     say "already installed ($VENV)"; return 0
   fi
   test -x "$VENV/bin/python" || python3 -m venv "$VENV" || die "could not create venv $VENV"
-  "$VENV/bin/python" -m pip install -q "vllm-router==$ROUTER_VERSION" || die "pip could not install vllm-router==$ROUTER_VERSION"
+  "$VENV/bin/python" -m pip install -q "vllm-router==$ROUTER_VERSION" "${RECEIVER_PACKAGES[@]}" \
+    || die "pip could not install vllm-router==$ROUTER_VERSION ${RECEIVER_PACKAGES[*]}"
   "$VENV/bin/vllm-router" --help >/dev/null || die "vllm-router does not start from $VENV"
-  echo "$ROUTER_VERSION" > "$VENV/.installed"
+  echo "$INSTALLED" > "$VENV/.installed"
   say "installed: $VENV"
 }
 
@@ -59,9 +71,14 @@ start() {
   [[ -x "$VENV/bin/vllm-router" ]] || die "not installed: run \`bash benchmarks/peers/vllm_router.sh install\`"
   mkdir -p "$RUN_DIR"
   if peer_alive; then die "a router already runs on $PORT (pid $(cat "$PIDFILE"))"; fi
+  local router=("$VENV/bin/vllm-router")
+  if [[ -n "${ROUTER_TRACES:-}" ]]; then
+    traces_receiver_start
+    router=("$VENV/bin/python" "$ROOT/benchmarks/peers/router_traces.py" router "http://127.0.0.1:$OTLP_PORT")
+  fi
   # shellcheck disable=SC2086
-  nohup "$VENV/bin/vllm-router" --host 127.0.0.1 --port "$PORT" --worker-urls "$@" --policy "$POLICY" \
-    --prometheus-host 127.0.0.1 --prometheus-port "$METRICS_PORT" --log-level warning \
+  nohup "${router[@]}" --host 127.0.0.1 --port "$PORT" --worker-urls "$@" --policy "$POLICY" \
+    --prometheus-host 127.0.0.1 --prometheus-port "$METRICS_PORT" --log-level "${ROUTER_LOG_LEVEL:-warning}" \
     --worker-startup-timeout-secs "$START_TIMEOUT_S" --worker-startup-check-interval 1 ${ROUTER_EXTRA_ARGS:-} \
     >"$LOG" 2>&1 &
   echo $! > "$PIDFILE"
@@ -69,7 +86,31 @@ start() {
   say "router on http://127.0.0.1:$PORT (metrics http://127.0.0.1:$METRICS_PORT/metrics, policy $POLICY, pid $(cat "$PIDFILE"))"
 }
 
-stop() { peer_stop 20 0.25; }
+# ROUTER_TRACES: the receiver writing the router's spans to that file, started before the router
+traces_receiver_start() {
+  if [[ -f "$TRACES_PIDFILE" ]] && kill -0 "$(cat "$TRACES_PIDFILE")" 2>/dev/null; then
+    die "a trace receiver already runs on $OTLP_PORT (pid $(cat "$TRACES_PIDFILE"))"
+  fi
+  mkdir -p "$(dirname "$ROUTER_TRACES")"
+  nohup "$VENV/bin/python" "$ROOT/benchmarks/peers/router_traces.py" receive "$OTLP_PORT" "$ROUTER_TRACES" \
+    >"$RUN_DIR/traces-$OTLP_PORT.log" 2>&1 &
+  echo $! > "$TRACES_PIDFILE"
+  for _ in $(seq 1 40); do (exec 3<>"/dev/tcp/127.0.0.1/$OTLP_PORT") 2>/dev/null && return 0; sleep 0.25; done
+  die "the trace receiver did not listen on $OTLP_PORT (log $RUN_DIR/traces-$OTLP_PORT.log)"
+}
+
+stop() {
+  local receiver=""
+  [[ -f "$TRACES_PIDFILE" ]] && receiver="$(cat "$TRACES_PIDFILE")"
+  if [[ -n "$receiver" ]] && peer_alive; then sleep "${ROUTER_TRACES_FLUSH_S:-7}"; fi  # the router's last span batch
+  peer_stop 20 0.25
+  if [[ -n "$receiver" ]]; then
+    kill -TERM "$receiver" 2>/dev/null || true
+    for _ in $(seq 1 20); do kill -0 "$receiver" 2>/dev/null || break; sleep 0.25; done
+    rm -f "$TRACES_PIDFILE"
+    say "stopped the trace receiver (pid $receiver, port $OTLP_PORT)"
+  fi
+}
 
 status() {
   if peer_alive; then
@@ -126,6 +167,10 @@ with CoTenants(int(sys.argv[2])):
 recipe() {
   local out="${1:-$ROOT/samples/peers/vllm_router/run}" work; work="$(mktemp -d)"
   local il="$ROOT/.venv/bin/inferledger"
+  if [[ -n "${ROUTER_RECORD:-}" ]]; then
+    mkdir -p "$ROUTER_RECORD" && rm -f "$ROUTER_RECORD/router-spans.jsonl" "$ROUTER_RECORD/router.log"
+    export ROUTER_TRACES="$ROUTER_RECORD/router-spans.jsonl" ROUTER_LOG_LEVEL="${ROUTER_LOG_LEVEL:-debug}"
+  fi
   trap cleanup EXIT
   local extra ours=(1 2) second="http://127.0.0.1:18112" replicas=(--server "$work/replica2") name=()
   if [[ -n "${LLAMACPP_REPLICA:-}" ]]; then
@@ -146,12 +191,15 @@ recipe() {
   rm -rf "$out"
   fault "$work"
   local workload=(); [[ -z "${WORKLOAD:-}" ]] || workload=(-w "$WORKLOAD")
+  [[ -z "${ROUTER_TRACES:-}" ]] || workload+=(--router-traces "$ROUTER_TRACES")
   "$il" capture -o "$out" "${workload[@]}" --target "http://127.0.0.1:$PORT" \
     --router-metrics "http://127.0.0.1:$METRICS_PORT/metrics" --server "$work/replica1" "${replicas[@]}" \
     --num-prompts "${NUM_PROMPTS:-20}" --seed 0 --input-len 64 --output-len 8 --ignore-eos ${LOAD_ARGS:---request-rate 4}
   cleanup
   trap - EXIT
   rm -rf "$work"
+  # the router's console without colour codes (its --log-dir file has the same lines)
+  if [[ -n "${ROUTER_RECORD:-}" ]]; then sed 's/\x1b\[[0-9;]*m//g' "$LOG" > "$ROUTER_RECORD/router.log"; fi
 }
 
 case "${1:-}" in

@@ -53,6 +53,7 @@ class DeploymentFlags:
     router_metrics: str | None = None
     servers: tuple = ()
     replicas: tuple[str, ...] = ()
+    router_traces: Path | None = None
 
 
 def resolve(flags: DeploymentFlags, deployment) -> DeploymentFlags:
@@ -65,7 +66,9 @@ def resolve(flags: DeploymentFlags, deployment) -> DeploymentFlags:
         router_metrics=flags.router_metrics if flags.router_metrics is not None else
         d.router_metrics if d is not None else None,
         servers=tuple(flags.servers) or tuple(Path(p) for p in (d.servers if d is not None else ())),
-        replicas=tuple(flags.replicas) or tuple(d.replicas if d is not None else ()))
+        replicas=tuple(flags.replicas) or tuple(d.replicas if d is not None else ()),
+        router_traces=flags.router_traces if flags.router_traces is not None else
+        Path(d.router_traces) if d is not None and d.router_traces is not None else None)
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,8 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
         gaps += live.replicas.gap_rows(writer.run_id)
     if live.servers is not None:  # the --server folders: what they lacked, by folder and attempt
         gaps += live.servers.gap_rows(writer.run_id)
+    if live.router_tries is not None:  # the router's spans: what they lacked
+        gaps += live.router_tries.gaps
     elif server is None and not (evidence_manifest or {}).get("spans", {}).get("joined"):
         gaps.append({"run_id": writer.run_id, "gap_id": "collector:black-box", "scope": "run", "subject_id": None,
                      "affects": "server_status, ttft_server_ms, e2e_server_ms, queue/prefill/decode, resources",
@@ -157,12 +159,16 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
         manifest["router"] = {**live.router.summary(), "replicas": live.router.replicas,
                               "scraped": "once before the load, once after it (samples of source vllm-router)"}
         manifest["evidence"]["router_metrics"] = "reported (the router's /metrics)"
+    if live.router_tries is not None:
+        manifest["router_traces"] = live.router_tries.summary
+        manifest["evidence"]["router_traces"] = "reported (the router's own spans of its upstream tries)"
     if live.servers is not None:
         manifest.update(live.servers.manifest())
         manifest["evidence"]["events"] = "observed (the client's here; the server's and engine's in the --server folders)"
     if live.replicas is not None or (live.servers is not None and len(live.servers.joined) > 1):
         manifest["deployment"] = {
             "router": options.target, "router_metrics": options.router_metrics,
+            **({"router_traces": str(options.router_traces)} if options.router_traces is not None else {}),
             "replicas": [{"replica_id": j.replica_id, "url": j.folder.own_url(options.target), "kind": "ours",
                           "records": f"its `serve --out` folder {j.folder.path}"}
                          for j in (live.servers.joined if live.servers is not None else [])]

@@ -37,6 +37,7 @@ class CaptureOptions:
     servers: tuple[str | Path, ...] = ()  # its `serve --out` folders, joined after the load (servers.py)
     server_wait_s: float = SERVER_WAIT_S  # how long after the load the folders get to flush this run's attempts
     router_metrics: str | None = None  # a router target's Prometheus /metrics, scraped before and after the load
+    router_traces: str | Path | None = None  # the router's spans (its receiver's OTLP/JSON file), joined after the load
     replicas: tuple = ()  # a router target's replicas that are no `serve --out` folder (deployment.py ReplicaSpec)
     # the run
     prediction: str | Path | None = None  # a file from `inferledger predict` (None: the capture's own)

@@ -138,6 +138,7 @@ def capture(workload: str | Path | Workload, out: str | Path, options: CaptureOp
     out = Path(out)
     servers = _server_folders(options)  # refused before the run folder exists, naming the folder
     _check_replicas(options, servers)
+    _check_router_traces(options)
     if not options.embedded:  # nothing listening there: refused now, not found with the run open (reach.py)
         from inferledger.collectors.capture.reach import check_listening
 
@@ -198,6 +199,17 @@ def _check_replicas(options: CaptureOptions, servers: list) -> None:
     check_replicas([f"{r.url}={r.kind}" for r in options.replicas],
                    {u: f.server_id for f in servers if (u := f.own_url(options.target))},
                    options.evidence.otlp_port is not None, options.target)
+
+
+def _check_router_traces(options: CaptureOptions) -> None:
+    """--router-traces: the router's spans of a URL target; ValueError naming the file or the combination."""
+    if options.router_traces is None:
+        return
+    if options.embedded:
+        raise ValueError("--router-traces joins a router's spans: give the router's URL as --target")
+    from inferledger.collectors.capture.router_tries import check_router_traces
+
+    check_router_traces(options.router_traces)
 
 
 def _served_context(wl: Workload, options: CaptureOptions, bundle) -> tuple[int | None, str]:
@@ -345,6 +357,13 @@ def _start_target(live: Live, head: dict, prep: Prepared, options: CaptureOption
         urls = {**(live.servers.replica_urls() if live.servers else {}), **(live.replicas.urls() if live.replicas else {})}
         live.router.replicas = {worker_key(u): r for u, r in urls.items()}
         live.router.scrape_once()
+    if options.router_traces is not None:  # the router's own spans of its tries, joined after the load (_record)
+        from inferledger.collectors.capture.router_tries import RouterTries
+        from inferledger.collectors.evidence.router_metrics import worker_key
+
+        urls = {**(live.servers.replica_urls() if live.servers else {}), **(live.replicas.urls() if live.replicas else {})}
+        live.router_tries = RouterTries(Path(options.router_traces), live.host, live.url,
+                                        {worker_key(u): r for u, r in urls.items()})
     if live.server is None and options.evidence.wanted:
         from inferledger.collectors.evidence.engine_evidence import EngineEvidence
 
@@ -388,6 +407,9 @@ def _record(live: Live, head: dict, prep: Prepared, options: CaptureOptions, pro
             if live.servers is not None:  # the --server folders' events of this run's attempts, once on disk
                 live.servers.join(live.writer, live.out, options.server_wait_s,
                                   say=lambda line: print(f"inferledger capture: {line}", file=sys.stderr))
+            if live.router_tries is not None:  # then the router's tries no folder holds
+                live.router_tries.join(live.writer, live.out, options.server_wait_s,
+                                       say=lambda line: print(f"inferledger capture: {line}", file=sys.stderr))
             live.sampler.stop()
             live.host_sampler.stop()
             manifest = finish_run(live, prep, driven, options, wall_s=time.monotonic() - t0,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from inferledger.collectors.capture.deployment import Replicas
+    from inferledger.collectors.capture.router_tries import RouterTries
     from inferledger.collectors.capture.servers import ServerJoin
     from inferledger.collectors.evidence.engine_evidence import EngineEvidence
     from inferledger.collectors.evidence.router_metrics import RouterScraper
@@ -52,6 +53,7 @@ class Live:
     evidence: "EngineEvidence | None" = None  # a URL target's own spans and scrapes
     servers: "ServerJoin | None" = None  # a URL target's `serve --out` folders (capture --server)
     router: "RouterScraper | None" = None  # a router target's counters, before and after the load (--router-metrics)
+    router_tries: "RouterTries | None" = None  # a router target's own spans of its tries (--router-traces)
     replicas: "Replicas | None" = None  # a router target's replicas declared by URL (--replica), their own evidence
     url: str | None = None  # what the load client talks to
 

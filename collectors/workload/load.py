@@ -159,7 +159,9 @@ class Workload:
             calibrate_tok_s=a.calibrate_tok_s, inject=f.inject, classes=classes, questions=questions,
             tokenizer=f.prompt.tokenizer, trace=trace, spec=spec, taskset=taskset, replay=replay,
             slo=f.slo.model_dump(exclude_none=True), sha256=identity.hexdigest(),
-            deployment=f.deployment.model_copy(update={"servers": [str(base / p) for p in f.deployment.servers]})
+            deployment=f.deployment.model_copy(update={
+                "servers": [str(base / p) for p in f.deployment.servers],
+                "router_traces": None if f.deployment.router_traces is None else str(base / f.deployment.router_traces)})
             if f.deployment.model_fields_set else None)
 
     def check_context(self, context_tokens: int | None, source: str, tokenizer=None) -> dict:

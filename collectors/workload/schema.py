@@ -192,6 +192,7 @@ class Deployment(Section):
 
     router: str | None = None  # the router's base URL: the capture's --target
     router_metrics: str | None = None  # its Prometheus /metrics (--router-metrics)
+    router_traces: str | None = None  # its spans' file, relative to the file (--router-traces)
     servers: list[str] = []  # replicas that are `inferledger serve --out` folders, relative to the file (--server)
     replicas: list[Annotated[str, AfterValidator(_replica)]] = []  # the other replicas, URL[=KIND] (--replica)
 
