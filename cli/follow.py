@@ -59,10 +59,11 @@ def refresh_record(r) -> dict:
     return {"refresh": r.n, "final": r.final, "recording": r.recording, "seconds": round(r.seconds, 3),
             "run_id": r.summary.run_id, "n_events": r.summary.n_events, "n_attempts": r.summary.n_attempts,
             "in_flight": r.in_flight, "n_tasks": r.summary.n_tasks, "n_gaps": r.summary.n_gaps,
-            "path": str(r.summary.path)}
+            "path": str(r.summary.path), "how": r.how}
 
 
 def refresh_line(r) -> str:
     state = "final" if r.final else ("recording" if r.recording else "finished, files still moving")
     return (f"refresh {r.n} ({state}, {r.seconds:.2f} s): {r.summary.n_events} events, {r.summary.n_attempts} "
-            f"attempts ({r.in_flight} in flight), {r.summary.n_tasks} tasks, {r.summary.n_gaps} gaps → {r.summary.path}")
+            f"attempts ({r.in_flight} in flight), {r.summary.n_tasks} tasks, {r.summary.n_gaps} gaps → {r.summary.path}; "
+            f"{r.how}")

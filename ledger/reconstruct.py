@@ -106,12 +106,13 @@ class BuildOptions:
 
 def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(), *,
                 out: str | os.PathLike | None = None, profile: list | None = None,
-                run_id: str | None = None, on_stage=None) -> LedgerSummary:
+                run_id: str | None = None, on_stage=None, on_built=None) -> LedgerSummary:
     """Build the ledger, the `options` way; with `profile` (a list), append (stage, statement,
     seconds) for every step (with engine="ray": a dict per shard, `ledger/sharded.py`). `run_dir` may
     be a URL fsspec can read (s3://, memory://, file://, ...): then `out` is needed. `on_stage(name, i,
     n)` as each stage starts, i of n done (n None: one step of unknown length, as the Ray shards), for a
-    progress bar."""
+    progress bar. `on_built(con, run)` once the local engine's stages ran, before the ledger is written out
+    (`--follow` keeps what its next refresh reuses, ledger/incremental.py)."""
     memory_limit, temp_directory = options.memory_limit, options.temp_directory
     engine, address, workers = options.engine, options.address, options.workers
     if is_url(run_dir):  # an object store: copied beside the ledger, read locally, the copy removed
@@ -175,6 +176,8 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
                           limit_bytes=limit, address=address, workers=workers, stats=profile)
         else:
             run_modules(con, ledger_modules(), run, profile, on_stage)
+            if on_built is not None:
+                on_built(con, run)
         counts = con.execute(
             "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
             "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone()
