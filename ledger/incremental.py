@@ -204,8 +204,10 @@ def _shard_events(con, parts: list[Path], new: list[Path], file: Path) -> int:
     """The touched keys (those of the new parts' events), every event of theirs and of no key into `file`;
     the TEMP tables of the ids the shard owns and of every attempt and task known. Returns the keys."""
     id_tables(con, parts)
-    con.execute("CREATE TEMP TABLE _touched AS SELECT DISTINCT " + KEY_SQL + " AS key FROM read_parquet(?, "
-                "union_by_name = true) e " + KEY_JOINS + " WHERE " + KEY_SQL + " IS NOT NULL", [[str(p) for p in new]])
+    con.execute("CREATE TEMP TABLE _touched (key VARCHAR)")
+    if new:
+        con.execute("INSERT INTO _touched SELECT DISTINCT " + KEY_SQL + " FROM read_parquet(?, union_by_name = true) e "
+                    + KEY_JOINS + " WHERE " + KEY_SQL + " IS NOT NULL", [[str(p) for p in new]])
     con.execute(f"COPY (SELECT e.* FROM events e {KEY_JOINS} WHERE {KEY_SQL} IN (SELECT key FROM _touched) "
                 f"OR {KEY_SQL} IS NULL) TO {sql_string(str(file))} (FORMAT parquet)")
     for name, col in (("_owned_ev", "event_id"), ("_owned_att", "attempt_id"), ("_owned_task", "task_id")):

@@ -1,0 +1,206 @@
+"""`reconstruct --follow`'s incremental refresh (ledger/incremental.py): after each refresh of a run written part
+by part, every table equals a fresh whole build of the same parts (in-flight attempts included, while the
+manifest says running); where it cannot be sure (a part rewritten or removed, the samples or the task
+contracts changed, a changed engine step holding an attempt with no new event) it rebuilds the whole and
+says why."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from inferledger.ledger import incremental
+from inferledger.ledger.incremental import refresh
+from inferledger.ledger.reconstruct import PUBLIC_TABLES, BuildOptions, reconstruct
+from inferledger.probes.events import TASK_SCHEMA
+from inferledger.probes.run_folder import Manifest
+from scale_util import ledger_differences
+from test_scale_memory import bench_module
+
+LIVE = BuildOptions(live=True)
+PARTS = 3
+
+
+def _by_time(events: pa.Table) -> pa.Table:
+    return events.sort_by([("ts_ns", "ascending"), ("event_id", "ascending")])
+
+
+def _cut(events: pa.Table, n: int) -> list[pa.Table]:
+    step = -(-events.num_rows // n)
+    return [events.slice(i * step, step) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """The benchmark's synthetic run (client, engine and checker events of 40 attempts), as a capture would flush it."""
+    src = tmp_path_factory.mktemp("incremental") / "src"
+    bench_module().phase_import(src, 40, 16, 5)
+    return src, _cut(_by_time(pq.read_table(src / "events")), PARTS)
+
+
+def start(src: Path, run: Path) -> None:
+    """A run folder as a capture leaves it after its start: its files but the events, the state running."""
+    (run / "events").mkdir(parents=True)
+    for p in src.iterdir():
+        if p.is_file() and p.suffix == ".parquet":
+            shutil.copy(p, run / p.name)
+    if (src / "samples").exists():
+        shutil.copytree(src / "samples", run / "samples")
+    Manifest({**Manifest.read(src).body, "state": "running"}).write(run)
+
+
+def flush(run: Path, table: pa.Table, i: int) -> None:
+    tmp = run / "events" / f".part-{i:05d}.parquet.tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, run / "events" / f"part-{i:05d}.parquet")
+
+
+def same_as_fresh(run: Path, tmp: Path) -> list[str]:
+    fresh = reconstruct(run, LIVE, out=tmp / "fresh.duckdb")
+    return ledger_differences(run / "ledger.duckdb", fresh.path, PUBLIC_TABLES)
+
+
+def test_every_incremental_refresh_equals_a_fresh_whole_build_of_the_same_parts(bench_run, tmp_path):
+    src, parts = bench_run
+    run = tmp_path / "run"
+    start(src, run)
+    state, hows, in_flight = None, [], []
+    for i, part in enumerate(parts):
+        flush(run, part, i)
+        done = refresh(run, LIVE, state)
+        state = done.state
+        hows.append(done.how)
+        assert same_as_fresh(run, tmp_path) == [], (i, done.how)
+        import duckdb
+        with duckdb.connect(str(run / "ledger.duckdb"), read_only=True) as con:
+            in_flight.append(con.execute("SELECT count(*) FROM attempts WHERE client_status = 'in_flight'").fetchone()[0])
+    assert hows[0] == "whole: the first refresh"
+    assert all(h.startswith("incremental: 1 new part, ") for h in hows[1:]), hows
+    assert in_flight[1] > 0 and in_flight[-1] == 0  # the middle refreshes hold attempts in flight, the last none
+    # a refresh with no new part (the manifest rewritten): rollups only, still the same
+    done = refresh(run, LIVE, state)
+    assert done.how == "incremental: 0 new parts, 0 tasks rebuilt" and same_as_fresh(run, tmp_path) == []
+    # the end: a whole rebuild, as a fresh reconstruct gives, and the state removed
+    Manifest({**Manifest.read(run).body, "state": "complete"}).write(run)
+    done = refresh(run, BuildOptions(), done.state)
+    assert done.how == "whole: the run finished" and done.state is None
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
+
+
+def test_a_copy_of_an_old_event_in_a_new_part_is_counted_once_as_a_whole_build_counts_it(bench_run, tmp_path):
+    src, parts = bench_run
+    run = tmp_path / "run"
+    start(src, run)
+    flush(run, parts[0], 0)
+    state = refresh(run, LIVE, None).state
+    # the next part carries an identical copy of an event of the first and a copy that differs in its value
+    same, other = parts[0].slice(5, 1), parts[0].slice(9, 1)
+    other = other.set_column(other.schema.get_field_index("value"), "value", pa.array([123.0]))
+    flush(run, pa.concat_tables([parts[1], same, other]), 1)
+    done = refresh(run, LIVE, state)
+    assert done.how.startswith("incremental: ")
+    assert same_as_fresh(run, tmp_path) == []
+
+
+@pytest.mark.parametrize("change, why", [
+    ("rewrite", "events/part-00000.parquet was rewritten or removed since the last refresh"),
+    ("compact", "events/part-00000.parquet was rewritten or removed since the last refresh"),
+    ("contracts", "the task contracts (tasks.parquet) changed"),
+    ("settings", "the manifest's settings or the ledger's modules changed"),
+])
+def test_what_the_incremental_path_cannot_vouch_for_is_rebuilt_whole_saying_why(bench_run, tmp_path, change, why):
+    src, parts = bench_run
+    run = tmp_path / "run"
+    start(src, run)
+    flush(run, parts[0], 0)
+    flush(run, parts[1], 1)
+    state = refresh(run, LIVE, None).state
+    if change == "rewrite":  # the same rows written again under the same name
+        flush(run, pq.read_table(run / "events" / "part-00000.parquet"), 0)
+    elif change == "compact":  # the capture's end: parts merged into one
+        merged = pa.concat_tables([parts[0], parts[1]])
+        for p in (run / "events").glob("part-*.parquet"):
+            p.unlink()
+        flush(run, merged, 5)
+    elif change == "contracts":
+        pq.write_table(pa.Table.from_pylist([{"run_id": run.name, "task_id": "T0", "deadline_ms": 1.0}],
+                                            schema=TASK_SCHEMA), run / "tasks.parquet")
+    elif change == "settings":
+        Manifest({**Manifest.read(run).body, "slo": {"ttft_ms": 5.0}}).write(run)
+    if change != "compact":
+        flush(run, parts[2], 2)
+    done = refresh(run, LIVE, state)
+    assert done.how == f"whole: {why}"  # a whole refresh is a plain reconstruct
+    if change == "compact":  # and the next is incremental again, from the files as they are now
+        flush(run, parts[2], 6)
+        assert refresh(run, LIVE, done.state).how.startswith("incremental: 1 new part, ")
+        assert same_as_fresh(run, tmp_path) == []
+
+
+def test_a_ledger_replaced_by_another_build_or_a_lost_state_means_a_whole_refresh(bench_run, tmp_path):
+    src, parts = bench_run
+    run = tmp_path / "run"
+    start(src, run)
+    flush(run, parts[0], 0)
+    state = refresh(run, LIVE, None).state
+    reconstruct(run, LIVE)  # a plain reconstruct in another terminal
+    flush(run, parts[1], 1)
+    assert refresh(run, LIVE, state).how == "whole: the ledger is not the last refresh's"
+
+
+def test_an_engine_run_with_steps_straddling_flushes_equals_a_fresh_build_at_every_refresh(tmp_path):
+    """The simulator's engine run (steps, KV blocks, a preemption-prone pool, a cancel): its events cut into
+    parts by time, so steps and attempts straddle the flushes; each refresh incremental or whole with its
+    reason, every one equal to a fresh build."""
+    from inferledger.collectors.sim.declared import QWEN3_8B
+    from inferledger.collectors.sim.run import SimRequest, distinct_prompt, simulate
+    from inferledger.collectors.sim.step_time import BookStepModel
+    from inferledger.engine.params import EngineConfig
+
+    vocab = QWEN3_8B.shape.vocab
+    requests = [SimRequest(f"q{i}", 40.0 * i, distinct_prompt(i, 8 + i, vocab), 6 + i % 5,
+                           cancel_at_ms=150.0 if i == 3 else None) for i in range(12)]
+    cfg = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=4, max_num_batched_tokens=64)
+    src = simulate(tmp_path / "sim", requests, engine_config=cfg, step_model=BookStepModel(), run_id="sim").run_dir
+    events = _by_time(pa.concat_tables([pq.read_table(p) for p in sorted((src / "events").rglob("part-*.parquet"))]))
+    run = tmp_path / "run"
+    start(src, run)
+    state, hows = None, []
+    for i, part in enumerate(_cut(events, 5)):
+        flush(run, part, i)
+        done = refresh(run, LIVE, state)
+        state = done.state
+        hows.append(done.how)
+        assert same_as_fresh(run, tmp_path) == [], (i, done.how)
+    assert any(h.startswith("incremental: ") for h in hows), hows
+
+
+def test_a_changed_step_holding_an_attempt_with_no_new_event_is_rebuilt_whole(bench_run, tmp_path, monkeypatch):
+    """The engine check can fail: a step table that changes for an attempt outside the shard refuses the
+    incremental path (here the step tables are made to differ by hand)."""
+    src, parts = bench_run
+    run = tmp_path / "run"
+    start(src, run)
+    flush(run, parts[0], 0)
+    state = refresh(run, LIVE, None).state
+    flush(run, parts[1], 1)
+    real = incremental._check_steps
+
+    def with_a_foreign_step(con, t, shard):
+        con.execute("CREATE TEMP TABLE _steps_changed AS SELECT 7 AS step_id")
+        con.execute("CREATE OR REPLACE TEMP VIEW _holders AS SELECT 7 AS step_id, 'A-none' AS attempt_id")
+        left = con.execute("SELECT attempt_id FROM _holders SEMI JOIN _steps_changed USING (step_id) "
+                           "WHERE attempt_id NOT IN (SELECT id FROM _owned_att)").fetchall()
+        assert left == [("A-none",)]
+        real(con, t, shard)
+        raise incremental.Whole(f"an engine step changed that holds attempt {left[0][0]}, which has no event in the "
+                                "new parts")
+
+    monkeypatch.setattr(incremental, "_check_steps", with_a_foreign_step)
+    done = refresh(run, LIVE, state)
+    assert done.how == "whole: an engine step changed that holds attempt A-none, which has no event in the new parts"
+    assert same_as_fresh(run, tmp_path) == []
