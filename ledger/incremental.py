@@ -123,7 +123,7 @@ def state_path(target: Path) -> Path:
     return target.with_name(f".{target.name}.follow-{os.getpid()}")
 
 
-def _save(con, path: Path) -> None:
+def _save(con, run: RunFiles, path: Path) -> None:
     """The TEMP tables a later refresh reuses and the run-level inputs it compares, into a new state file."""
     path.unlink(missing_ok=True)
     con.execute(f"ATTACH {sql_string(str(path))} AS st")
@@ -132,8 +132,32 @@ def _save(con, path: Path) -> None:
             con.execute(f"CREATE TABLE st.{t} AS SELECT * FROM {t}")
         for t, _what in COMPARED:
             con.execute(f"CREATE TABLE st._{t} AS SELECT * FROM {t}")
+        _save_ids(con, run.event_parts)
     finally:
         con.execute("DETACH st")
+
+
+def _save_ids(con, parts: list[Path]) -> None:
+    """Each attempt's task and request and each request's task (the keys' tables, `id_tables`), and every task
+    named, over the parts as read: kept in the state, where a refresh adds its new parts' ids."""
+    id_tables(con, parts)
+    con.execute("CREATE TABLE st._att AS SELECT * FROM att")
+    con.execute("CREATE TABLE st._req AS SELECT * FROM req")
+    con.execute("CREATE TABLE st._task AS SELECT DISTINCT task_id FROM read_parquet(?, union_by_name = true) "
+                "WHERE task_id IS NOT NULL", [[str(p) for p in parts]])
+    con.execute("CREATE TABLE st._id_parts (id VARCHAR, part VARCHAR)")
+    _add_id_parts(con, parts)
+    con.execute("DROP TABLE att")
+    con.execute("DROP TABLE req")
+
+
+def _add_id_parts(con, parts: list[Path]) -> None:
+    """Which parts name each task, request and attempt id (any of the three columns): the parts a shard of some
+    keys reads."""
+    if parts:
+        con.execute("""INSERT INTO st._id_parts SELECT DISTINCT id, filename FROM (
+            SELECT unnest([task_id, request_id, attempt_id]) AS id, filename FROM read_parquet(?, union_by_name = true,
+            filename = true)) WHERE id IS NOT NULL""", [[str(p) for p in parts]])
 
 
 def whole(run_dir: Path, options: BuildOptions, why: str, *, out=None, keep: bool = True) -> Outcome:
@@ -144,7 +168,7 @@ def whole(run_dir: Path, options: BuildOptions, why: str, *, out=None, keep: boo
     parts, samples, _newer = _listed(run_dir)
     stats = {str(p): _stat(p) for p in parts}, {str(p): _stat(p) for p in samples}
     t0 = time.perf_counter()
-    summary = reconstruct(run_dir, options, out=out, on_built=(lambda con, run: _save(con, path)) if keep else None)
+    summary = reconstruct(run_dir, options, out=out, on_built=(lambda con, run: _save(con, run, path)) if keep else None)
     steps = {"whole": time.perf_counter() - t0}
     if not keep:
         return Outcome(summary, None, f"whole: {why}", steps)
@@ -203,18 +227,51 @@ def _differs(con, a: str, b: str) -> bool:
 def _shard_events(con, parts: list[Path], new: list[Path], file: Path) -> int:
     """The touched keys (those of the new parts' events), every event of theirs and of no key into `file`;
     the TEMP tables of the ids the shard owns and of every attempt and task known. Returns the keys."""
-    id_tables(con, parts)
-    con.execute("CREATE TEMP TABLE _touched (key VARCHAR)")
+    con.execute("CREATE TEMP TABLE _new_ids (task_id VARCHAR, request_id VARCHAR, attempt_id VARCHAR)")
     if new:
-        con.execute("INSERT INTO _touched SELECT DISTINCT " + KEY_SQL + " FROM read_parquet(?, union_by_name = true) e "
-                    + KEY_JOINS + " WHERE " + KEY_SQL + " IS NOT NULL", [[str(p) for p in new]])
-    con.execute(f"COPY (SELECT e.* FROM events e {KEY_JOINS} WHERE {KEY_SQL} IN (SELECT key FROM _touched) "
+        con.execute("INSERT INTO _new_ids SELECT task_id, request_id, attempt_id FROM read_parquet(?, union_by_name = "
+                    "true) WHERE coalesce(task_id, request_id, attempt_id) IS NOT NULL", [[str(p) for p in new]])
+    # the keys' tables of the last refresh with the new parts' ids added (as id_tables over every part gives them)
+    con.execute("""CREATE OR REPLACE TABLE st._att AS SELECT attempt_id, min(task_id) AS task_id,
+        min(request_id) AS request_id FROM (SELECT * FROM st._att UNION ALL BY NAME
+        SELECT attempt_id, task_id, request_id FROM _new_ids WHERE attempt_id IS NOT NULL) GROUP BY attempt_id""")
+    con.execute("""CREATE OR REPLACE TABLE st._req AS SELECT request_id, min(task_id) AS task_id FROM (SELECT * FROM
+        st._req UNION ALL BY NAME SELECT request_id, task_id FROM _new_ids WHERE request_id IS NOT NULL) GROUP BY request_id""")
+    con.execute("""CREATE OR REPLACE TABLE st._task AS SELECT DISTINCT task_id FROM (SELECT task_id FROM st._task
+        UNION ALL SELECT task_id FROM _new_ids WHERE task_id IS NOT NULL)""")
+    con.execute("CREATE TEMP VIEW att AS SELECT * FROM st._att")
+    con.execute("CREATE TEMP VIEW req AS SELECT * FROM st._req")
+    con.execute(f"CREATE TEMP TABLE _touched AS SELECT DISTINCT {KEY_SQL} AS key FROM _new_ids e {KEY_JOINS}")
+    # an event whose key is touched names a touched task, or an attempt or request keyed to one: those few
+    # events are read, then held to their key exactly
+    con.execute("""CREATE TEMP TABLE _touched_att AS SELECT a.attempt_id AS id FROM att a
+        LEFT JOIN req r ON r.request_id = a.request_id, _touched k
+        WHERE k.key IN (a.attempt_id, a.task_id, a.request_id, r.task_id)""")
+    con.execute("CREATE TEMP TABLE _touched_req AS SELECT request_id AS id FROM req, _touched k "
+                "WHERE k.key IN (request_id, task_id)")
+    _add_id_parts(con, new)
+    near = ("WHERE task_id IN (SELECT key FROM _touched) OR attempt_id IN (SELECT id FROM _touched_att) "
+            "OR request_id IN (SELECT id FROM _touched_req)")
+    if con.execute("SELECT count(*) FROM event_copies_left_out").fetchone()[0]:
+        # a copy left out may sit in a part that names none of these ids: `events`, each event once, read whole
+        near = f"SELECT * FROM events {near} OR coalesce(task_id, request_id, attempt_id) IS NULL"
+    else:  # each event once in the parts as they lie: only the parts naming a touched id are read whole
+        read = [r[0] for r in con.execute(
+            "SELECT DISTINCT part FROM st._id_parts WHERE id IN (SELECT key FROM _touched UNION ALL SELECT id FROM "
+            "_touched_att UNION ALL SELECT id FROM _touched_req)").fetchall()]
+        order = {str(p): i for i, p in enumerate(parts)}
+        read = sorted(read, key=order.__getitem__)
+        near = (f"SELECT * FROM events WHERE coalesce(task_id, request_id, attempt_id) IS NULL" if not read else
+                f"SELECT * FROM read_parquet([{', '.join(map(sql_string, read))}], union_by_name = true) {near} "
+                f"UNION ALL BY NAME "
+                f"SELECT * FROM events WHERE coalesce(task_id, request_id, attempt_id) IS NULL")
+    con.execute(f"COPY (SELECT e.* FROM ({near}) e {KEY_JOINS} WHERE {KEY_SQL} IN (SELECT key FROM _touched) "
                 f"OR {KEY_SQL} IS NULL) TO {sql_string(str(file))} (FORMAT parquet)")
     for name, col in (("_owned_ev", "event_id"), ("_owned_att", "attempt_id"), ("_owned_task", "task_id")):
         con.execute(f"CREATE TEMP TABLE {name} AS SELECT DISTINCT {col} AS id FROM read_parquet(?) "
                     f"WHERE {col} IS NOT NULL", [str(file)])
-    con.execute("CREATE TEMP TABLE _known_att AS SELECT attempt_id AS id FROM att")
-    con.execute("CREATE TEMP TABLE _known_task AS SELECT DISTINCT task_id AS id FROM events WHERE task_id IS NOT NULL")
+    con.execute("CREATE TEMP VIEW _known_att AS SELECT attempt_id AS id FROM att")
+    con.execute("CREATE TEMP VIEW _known_task AS SELECT task_id AS id FROM st._task")
     return con.execute("SELECT count(*) FROM _touched").fetchone()[0]
 
 
