@@ -22,7 +22,7 @@ request, else its attempt).
 
 What the incremental path cannot vouch for, it does not guess: a refresh is whole (and says why) when
 there is no state from a refresh before, the ledger is not the last refresh's, a part read before is
-gone or changed (the capture's compaction at its end), the samples changed (task rows read them), the
+gone or changed (the capture's compaction at its end), new samples of a metric task rows read per attempt, the
 manifest's settings or the modules' code changed, the clock mappings or the task contracts changed, or
 an engine step changed that holds an attempt with no event in the new parts (its rows read the step).
 A final refresh (the run finished) is always whole, so the end state is a fresh `reconstruct`.
@@ -52,6 +52,13 @@ from inferledger.probes.run_folder import Manifest, RunFolderError
 
 # the run-level inputs a whole build reads that the shard also reads: a change re-keys old rows
 COMPARED = (("clock_conv", "the clock mappings"), ("task_contracts", "the task contracts (tasks.parquet)"))
+
+
+# the sample metrics a task-scope module reads per attempt (slo_misses: the client loop's lag over each attempt's
+# stretches), which a new sample can change for an attempt with no new event; every other sample a task module
+# reads lands in a table of no attempt or task (reported_counters), which the shard rebuilds whole
+# (tests/test_follow_incremental.py holds the modules that read samples to this)
+PER_ATTEMPT_SAMPLES = ("client_loop_lag_ms",)
 
 
 class Whole(Exception):
@@ -205,8 +212,14 @@ def _check_files(run_dir: Path, state: State, parts, samples, target: Path) -> l
     gone = [p for p, st in state.parts.items() if now.get(p) != st]
     if gone:
         raise Whole(f"{Path(gone[0]).relative_to(run_dir)} was rewritten or removed since the last refresh")
-    if {str(p): _stat(p) for p in samples} != state.samples:
-        raise Whole("the samples changed (task rows read them)")
+    now = {str(p): _stat(p) for p in samples}
+    gone = [p for p, st in state.samples.items() if now.get(p) != st]
+    if gone:
+        raise Whole(f"{Path(gone[0]).relative_to(run_dir)} was rewritten or removed since the last refresh")
+    fresh = [str(p) for p in samples if str(p) not in state.samples]
+    if fresh and duckdb.execute("SELECT count(*) FROM read_parquet(?, union_by_name = true) WHERE metric IN "
+                                f"({', '.join(map(sql_string, PER_ATTEMPT_SAMPLES))})", [fresh]).fetchone()[0]:
+        raise Whole(f"new samples of {', '.join(PER_ATTEMPT_SAMPLES)} (attempts' rows read them)")
     return [p for p in parts if str(p) not in state.parts]
 
 
@@ -417,4 +430,5 @@ def _incremental(run_dir: Path, options: BuildOptions, state: State) -> Outcome:
     n_new = len(new)
     how = f"incremental: {n_new} new part{'s' if n_new != 1 else ''}, {keys} task{'s' if keys != 1 else ''} rebuilt"
     return Outcome(LedgerSummary(target, run_id, *counts),
-                   replace(state, parts={str(p): _stat(p) for p in parts}, ledger=_stat(target)), how, steps)
+                   replace(state, parts={str(p): _stat(p) for p in parts}, samples={str(p): _stat(p) for p in samples},
+                           ledger=_stat(target)), how, steps)

@@ -16,7 +16,7 @@ import pytest
 from inferledger.ledger import incremental
 from inferledger.ledger.incremental import refresh
 from inferledger.ledger.reconstruct import PUBLIC_TABLES, BuildOptions, reconstruct
-from inferledger.probes.events import TASK_SCHEMA
+from inferledger.probes.events import SAMPLE_SCHEMA, TASK_SCHEMA
 from inferledger.probes.run_folder import Manifest
 from scale_util import ledger_differences
 from test_scale_memory import bench_module
@@ -204,3 +204,41 @@ def test_a_changed_step_holding_an_attempt_with_no_new_event_is_rebuilt_whole(en
     assert done.how.startswith("whole: an engine step changed that holds attempt "), done.how
     assert done.how.endswith(", which has no event in the new parts")
     assert same_as_fresh(run, tmp_path) == []
+
+
+def _samples(run: Path, i: int, metric: str, ts_ns: list[int]) -> None:
+    (run / "samples").mkdir(exist_ok=True)
+    rows = [{"run_id": run.name, "ts_ns": t, "clock": "mono:bench", "source": "probe", "host": "bench", "metric": metric,
+             "value": 3.0, "unit": "ms" if metric.endswith("_ms") else "blocks"} for t in ts_ns]
+    pq.write_table(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA), run / "samples" / f"part-{i:05d}.parquet")
+
+
+def test_new_samples_keep_the_refresh_incremental_unless_attempts_rows_read_them(bench_run, tmp_path):
+    """A probe's samples (KV blocks here) land in every flush: read by no attempt's row, the refresh stays
+    incremental and equal; the client loop's lag traced over every wake is read per attempt: whole."""
+    src, parts = bench_run
+    run = tmp_path / "run"
+    start(src, run)
+    Manifest({**Manifest.read(run).body, "client": {"loop_lag_trace_every": 1}}).write(run)
+    t0 = parts[0].column("ts_ns").to_pylist()
+    _samples(run, 0, "kv_blocks_used", t0[:3])
+    flush(run, parts[0], 0)
+    state = refresh(run, LIVE, None).state
+    _samples(run, 1, "kv_blocks_used", t0[3:6])
+    flush(run, parts[1], 1)
+    done = refresh(run, LIVE, state)
+    assert done.how.startswith("incremental: 1 new part, ") and same_as_fresh(run, tmp_path) == []
+    _samples(run, 2, "client_loop_lag_ms", t0[10:20])  # inside the first attempts' stretches on the client
+    flush(run, parts[2], 2)
+    assert refresh(run, LIVE, done.state).how == "whole: new samples of client_loop_lag_ms (attempts' rows read them)"
+
+
+def test_the_task_modules_reading_samples_are_those_the_incremental_rule_knows():
+    """ledger/incremental.py PER_ATTEMPT_SAMPLES names what slo_misses reads per attempt, and reported's samples land
+    in a table of no attempt; a new task module reading samples needs its own look at that rule."""
+    from inferledger.ledger.modules import ledger_modules
+
+    readers = sorted(m.name for m in ledger_modules() if m.scope == "task" and "samples" in m.reads)
+    assert readers == ["reported", "slo_misses"], (
+        f"task modules reading samples: {readers}; tell ledger/incremental.py PER_ATTEMPT_SAMPLES what they read per "
+        "attempt (a new sample can change an attempt's row with no new event)")
