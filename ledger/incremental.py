@@ -42,12 +42,11 @@ from inferledger.ledger.load import RunFiles
 from inferledger.ledger.memory import bound, default_memory_limit, parse_size
 from inferledger.ledger.modules import ledger_modules
 from inferledger.ledger.query import LEDGER_FILE
-from inferledger.ledger.reconstruct import BuildOptions, LedgerSummary, reconstruct, run_variables
+from inferledger.ledger.reconstruct import BuildOptions, LedgerSummary, reconstruct, run_parts, run_variables
 from inferledger.ledger.sharded import run_shard
 from inferledger.ledger.stages import RunDirError, run_modules, set_variables
 from inferledger.ledger.tables import sql_string
-from inferledger.probes.events import EVENT_SCHEMA, SAMPLE_SCHEMA
-from inferledger.probes.run_dir import KEY_JOINS, KEY_SQL, PartError, check_layout, id_tables, list_parts
+from inferledger.probes.run_dir import KEY_JOINS, KEY_SQL, id_tables
 from inferledger.probes.run_folder import Manifest, RunFolderError
 
 # the run-level inputs a whole build reads that the shard also reads: a change re-keys old rows
@@ -59,6 +58,7 @@ COMPARED = (("clock_conv", "the clock mappings"), ("task_contracts", "the task c
 # reads lands in a table of no attempt or task (reported_counters), which the shard rebuilds whole
 # (tests/test_follow_incremental.py holds the modules that read samples to this)
 PER_ATTEMPT_SAMPLES = ("client_loop_lag_ms",)
+NO_KEY = "task_id IS NULL AND request_id IS NULL AND attempt_id IS NULL"  # an event of no task: the run's, an engine's
 
 
 class Whole(Exception):
@@ -114,19 +114,8 @@ def _stat(path: Path) -> tuple:
     return st.st_size, st.st_mtime_ns
 
 
-def _listed(run_dir: Path) -> tuple[list[Path], list[Path], list[str]]:
-    try:
-        parts = list_parts(run_dir / "events", EVENT_SCHEMA)
-        samples = list_parts(run_dir / "samples", SAMPLE_SCHEMA)
-        newer = check_layout(run_dir / "events")
-    except (PartError, RunFolderError) as exc:
-        raise RunDirError(str(exc)) from None
-    if not parts:
-        raise RunDirError(f"{run_dir}/events: no event parts (part-*.parquet); capture or import a run first")
-    return parts, samples, newer
-
-
 def state_path(target: Path) -> Path:
+    """The state file of this process's refreshes of the ledger `target`: hidden beside it."""
     return target.with_name(f".{target.name}.follow-{os.getpid()}")
 
 
@@ -172,7 +161,7 @@ def whole(run_dir: Path, options: BuildOptions, why: str, *, out=None, keep: boo
     target = Path(out) if out else run_dir / LEDGER_FILE
     path = state_path(target)
     path.unlink(missing_ok=True)
-    parts, samples, _newer = _listed(run_dir)
+    parts, samples, _newer = run_parts(run_dir)
     stats = {str(p): _stat(p) for p in parts}, {str(p): _stat(p) for p in samples}
     t0 = time.perf_counter()
     summary = reconstruct(run_dir, options, out=out, on_built=(lambda con, run: _save(con, run, path)) if keep else None)
@@ -267,17 +256,16 @@ def _shard_events(con, parts: list[Path], new: list[Path], file: Path) -> int:
             "OR request_id IN (SELECT id FROM _touched_req)")
     if con.execute("SELECT count(*) FROM event_copies_left_out").fetchone()[0]:
         # a copy left out may sit in a part that names none of these ids: `events`, each event once, read whole
-        near = f"SELECT * FROM events {near} OR coalesce(task_id, request_id, attempt_id) IS NULL"
+        near = f"SELECT * FROM events {near} OR {NO_KEY}"
     else:  # each event once in the parts as they lie: only the parts naming a touched id are read whole
         read = [r[0] for r in con.execute(
             "SELECT DISTINCT part FROM st._id_parts WHERE id IN (SELECT key FROM _touched UNION ALL SELECT id FROM "
             "_touched_att UNION ALL SELECT id FROM _touched_req)").fetchall()]
         order = {str(p): i for i, p in enumerate(parts)}
         read = sorted(read, key=order.__getitem__)
-        near = (f"SELECT * FROM events WHERE coalesce(task_id, request_id, attempt_id) IS NULL" if not read else
+        near = (f"SELECT * FROM events WHERE {NO_KEY}" if not read else
                 f"SELECT * FROM read_parquet([{', '.join(map(sql_string, read))}], union_by_name = true) {near} "
-                f"UNION ALL BY NAME "
-                f"SELECT * FROM events WHERE coalesce(task_id, request_id, attempt_id) IS NULL")
+                f"UNION ALL BY NAME SELECT * FROM events WHERE {NO_KEY}")
     con.execute(f"COPY (SELECT e.* FROM ({near}) e {KEY_JOINS} WHERE {KEY_SQL} IN (SELECT key FROM _touched) "
                 f"OR {KEY_SQL} IS NULL) TO {sql_string(str(file))} (FORMAT parquet)")
     for name, col in (("_owned_ev", "event_id"), ("_owned_att", "attempt_id"), ("_owned_task", "task_id")):
@@ -364,7 +352,7 @@ def _incremental(run_dir: Path, options: BuildOptions, state: State) -> Outcome:
         clock[0] = now
 
     target = run_dir / LEDGER_FILE
-    parts, samples, newer = _listed(run_dir)
+    parts, samples, newer = run_parts(run_dir)
     new = _check_files(run_dir, state, parts, samples, target)
     try:
         manifest = Manifest.read(run_dir)

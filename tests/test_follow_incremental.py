@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from inferledger.ledger import incremental
 from inferledger.ledger.incremental import refresh
 from inferledger.ledger.reconstruct import PUBLIC_TABLES, BuildOptions, reconstruct
 from inferledger.probes.events import SAMPLE_SCHEMA, TASK_SCHEMA
@@ -176,7 +175,7 @@ def test_an_engine_run_with_steps_straddling_flushes_equals_a_fresh_build_at_eve
     run = tmp_path / "run"
     start(src, run)
     state, hows = None, []
-    for i, part in enumerate(_cut(events, 4)):
+    for i, part in enumerate(_cut(events, 3)):
         flush(run, part, i)
         done = refresh(run, LIVE, state)
         state = done.state
