@@ -9,9 +9,11 @@ import typer
 
 EVERY_HELP = "With --follow: seconds between looks at the run's files (a rebuild only when one changed)."
 EVERY_MIN_S, EVERY_MAX_S = 0.05, 3600.0  # --every's range: a look at most every hour
-FOLLOW_HELP = ("Rebuild the ledger of a capture in progress whenever a part is flushed, until its manifest says "
-               "it finished (then once more: the ledger a fresh reconstruct gives) or Ctrl-C; each rebuild is "
-               "renamed over ledger.duckdb, so `inferledger query` in another terminal reads the last one.")
+FOLLOW_HELP = ("Refresh the ledger of a capture in progress whenever a part is flushed, until its manifest says "
+               "it finished (then a whole rebuild: the ledger a fresh reconstruct gives) or Ctrl-C; a refresh "
+               "rebuilds only the tasks the new parts touch (whole where it cannot be sure; each line says which "
+               "and why) and is renamed over ledger.duckdb, so `inferledger query` in another terminal reads the "
+               "last one.")
 
 
 def refusal(run_dir: str, engine: str = "local") -> str | None:
