@@ -6,7 +6,7 @@ sharded executor does (ledger/sharded.py): the tasks with events in the parts fl
 refresh form one shard, the "shard of the touched tasks" (every event of those tasks, from every part,
 plus the events of no task: the run's and the engines' own); the rest keep the rows the last refresh
 computed for them. A task is keyed as a partition is (probes/run_dir.py KEY_SQL: its task, else its
-request, else its attempt).
+request, else its attempt); a task whose contract (tasks.parquet) changed is touched too.
 
 1. A copy of the last ledger is the new one's start (written beside it, renamed over it when whole).
 2. The run-scope modules afresh over every part (`events` and `samples` the views over all the parts,
@@ -22,9 +22,9 @@ request, else its attempt).
 
 What the incremental path cannot vouch for, it does not guess: a refresh is whole (and says why) when
 there is no state from a refresh before, the ledger is not the last refresh's, a part read before is
-gone or changed (the capture's compaction at its end), new samples of a metric task rows read per attempt, the
-manifest's settings or the modules' code changed, the clock mappings or the task contracts changed, or
-an engine step changed that holds an attempt with no event in the new parts (its rows read the step).
+gone or changed (the capture's compaction at its end), new samples of a metric task rows read per
+attempt, the manifest's settings or the modules' code changed, the clock mappings changed, or an
+engine step changed that holds an attempt with no event in the new parts (its rows read the step).
 A final refresh (the run finished) is always whole, so the end state is a fresh `reconstruct`.
 """
 from __future__ import annotations
@@ -49,7 +49,8 @@ from inferledger.ledger.tables import sql_string
 from inferledger.probes.run_dir import KEY_JOINS, KEY_SQL, id_tables
 from inferledger.probes.run_folder import Manifest, RunFolderError
 
-# the run-level inputs a whole build reads that the shard also reads: a change re-keys old rows
+# the run-level inputs a whole build reads that the shard also reads: a change of the clock mappings moves old
+# rows; a changed task contract (tasks.parquet grows as tasks start) makes its task one the shard rebuilds
 COMPARED = (("clock_conv", "the clock mappings"), ("task_contracts", "the task contracts (tasks.parquet)"))
 
 
@@ -226,9 +227,10 @@ def _differs(con, a: str, b: str) -> bool:
                        f"OR EXISTS (SELECT * FROM {b} EXCEPT ALL SELECT * FROM {a})").fetchone()[0]
 
 
-def _shard_events(con, parts: list[Path], new: list[Path], file: Path) -> int:
-    """The touched keys (those of the new parts' events), every event of theirs and of no key into `file`;
-    the TEMP tables of the ids the shard owns and of every attempt and task known. Returns the keys."""
+def _shard_events(con, parts: list[Path], new: list[Path], contracts: list[str], file: Path) -> int:
+    """The touched keys (those of the new parts' events, and the tasks whose contract changed), every event of
+    theirs and of no key into `file`; the TEMP tables of the ids the shard owns and of every attempt and task
+    known. Returns the keys."""
     con.execute("CREATE TEMP TABLE _new_ids (task_id VARCHAR, request_id VARCHAR, attempt_id VARCHAR)")
     if new:
         con.execute("INSERT INTO _new_ids SELECT task_id, request_id, attempt_id FROM read_parquet(?, union_by_name = "
@@ -243,7 +245,8 @@ def _shard_events(con, parts: list[Path], new: list[Path], file: Path) -> int:
         UNION ALL SELECT task_id FROM _new_ids WHERE task_id IS NOT NULL)""")
     con.execute("CREATE TEMP VIEW att AS SELECT * FROM st._att")
     con.execute("CREATE TEMP VIEW req AS SELECT * FROM st._req")
-    con.execute(f"CREATE TEMP TABLE _touched AS SELECT DISTINCT {KEY_SQL} AS key FROM _new_ids e {KEY_JOINS}")
+    con.execute(f"CREATE TEMP TABLE _touched AS SELECT DISTINCT {KEY_SQL} AS key FROM _new_ids e {KEY_JOINS} "
+                "UNION SELECT unnest(?::VARCHAR[])", [contracts])
     # an event whose key is touched names a touched task, or an attempt or request keyed to one: those few
     # events are read, then held to their key exactly
     con.execute("""CREATE TEMP TABLE _touched_att AS SELECT a.attempt_id AS id FROM att a
@@ -271,6 +274,7 @@ def _shard_events(con, parts: list[Path], new: list[Path], file: Path) -> int:
     for name, col in (("_owned_ev", "event_id"), ("_owned_att", "attempt_id"), ("_owned_task", "task_id")):
         con.execute(f"CREATE TEMP TABLE {name} AS SELECT DISTINCT {col} AS id FROM read_parquet(?) "
                     f"WHERE {col} IS NOT NULL", [str(file)])
+    con.execute("INSERT INTO _owned_task SELECT unnest(?::VARCHAR[]) EXCEPT SELECT id FROM _owned_task", [contracts])
     con.execute("CREATE TEMP VIEW _known_att AS SELECT attempt_id AS id FROM att")
     con.execute("CREATE TEMP VIEW _known_task AS SELECT task_id AS id FROM st._task")
     return con.execute("SELECT count(*) FROM _touched").fetchone()[0]
@@ -382,18 +386,21 @@ def _incremental(run_dir: Path, options: BuildOptions, state: State) -> Outcome:
         run = RunFiles(run_dir, parts, samples, manifest, newer, in_place=True)
         run_modules(con, [m for m in modules if m.scope == "run"], run)
         con.execute(f"ATTACH {sql_string(str(state.path))} AS st")
-        for table, what in COMPARED:
-            if _differs(con, table, f"st._{table}"):
-                raise Whole(f"{what} changed")
+        if _differs(con, "clock_conv", "st._clock_conv"):
+            raise Whole("the clock mappings changed")
+        contracts = [r[0] for r in con.execute(
+            "SELECT DISTINCT task_id FROM ((SELECT * FROM task_contracts EXCEPT ALL SELECT * FROM st._task_contracts) "
+            "UNION ALL (SELECT * FROM st._task_contracts EXCEPT ALL SELECT * FROM task_contracts)) ORDER BY 1").fetchall()]
+        con.execute("CREATE OR REPLACE TABLE st._task_contracts AS SELECT * FROM task_contracts")
         lap("run scope")
-        keys = _shard_events(con, parts, new, work / "events.parquet")
+        keys = _shard_events(con, parts, new, contracts, work / "events.parquet")
         lap("touched")
         spec = {"run_dir": str(run_dir), "manifest": manifest.body, "variables": variables,
                 "samples": [str(p) for p in samples], "limit_bytes": limit, "threads": 2, "buckets": None, "bucket": -1,
                 "kind": "task", "first": True, "only": False, "parts": [str(work / "events.parquet")],
                 "owned_parts": [str(work / "events.parquet")], "handed": {}, "out": str(work / "shard"),
                 "modules": [m.name for m in modules if m.scope != "rollup"], "outputs": list(t.task + t.engine),
-                "whole": list(t.engine)}
+                "whole": list(t.engine), "tasks": contracts}
         shard = run_shard(spec)["tables"]
         lap("shard")
         _check_steps(con, t, shard)

@@ -109,7 +109,8 @@ def run_shard(spec: dict) -> dict[str, str]:
             con.execute("CREATE TEMP TABLE _owned_att AS SELECT DISTINCT attempt_id AS id FROM read_parquet(?) "
                         "WHERE attempt_id IS NOT NULL", [spec["owned_parts"]])
             con.execute("CREATE TEMP TABLE _owned_task AS SELECT DISTINCT task_id AS id FROM read_parquet(?) "
-                        "WHERE task_id IS NOT NULL", [spec["owned_parts"]])
+                        "WHERE task_id IS NOT NULL UNION SELECT unnest(?::VARCHAR[])",
+                        [spec["owned_parts"], spec.get("tasks", [])])  # and tasks handed by name (contracts alone)
         written = {}
         for table in spec["outputs"]:
             cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]

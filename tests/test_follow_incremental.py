@@ -108,7 +108,6 @@ def test_a_copy_of_an_old_event_in_a_new_part_is_counted_once_as_a_whole_build_c
 @pytest.mark.parametrize("change, why", [
     ("rewrite", "events/part-00000.parquet was rewritten or removed since the last refresh"),
     ("compact", "events/part-00000.parquet was rewritten or removed since the last refresh"),
-    ("contracts", "the task contracts (tasks.parquet) changed"),
     ("settings", "the manifest's settings or the ledger's modules changed"),
 ])
 def test_what_the_incremental_path_cannot_vouch_for_is_rebuilt_whole_saying_why(bench_run, tmp_path, change, why):
@@ -125,9 +124,6 @@ def test_what_the_incremental_path_cannot_vouch_for_is_rebuilt_whole_saying_why(
         for p in (run / "events").glob("part-*.parquet"):
             p.unlink()
         flush(run, merged, 5)
-    elif change == "contracts":
-        pq.write_table(pa.Table.from_pylist([{"run_id": run.name, "task_id": "T0", "deadline_ms": 1.0}],
-                                            schema=TASK_SCHEMA), run / "tasks.parquet")
     elif change == "settings":
         Manifest({**Manifest.read(run).body, "slo": {"ttft_ms": 5.0}}).write(run)
     if change != "compact":
@@ -138,6 +134,23 @@ def test_what_the_incremental_path_cannot_vouch_for_is_rebuilt_whole_saying_why(
         flush(run, parts[2], 6)
         assert refresh(run, LIVE, done.state).how.startswith("incremental: 1 new part, ")
         assert same_as_fresh(run, tmp_path) == []
+
+
+def test_tasks_whose_contract_changed_are_rebuilt_with_those_of_the_new_part(bench_run, tmp_path):
+    """A capture's tasks.parquet grows as its tasks start: a task whose contract changed (one with events flushed
+    before, one with no event yet) is rebuilt in the shard, and the ledger equals a fresh build."""
+    src, parts = bench_run
+    run = tmp_path / "run"
+    start(src, run)
+    flush(run, parts[0], 0)
+    state = refresh(run, LIVE, None).state
+    pq.write_table(pa.Table.from_pylist([{"run_id": run.name, "task_id": "T0", "deadline_ms": 1.0},
+                                         {"run_id": run.name, "task_id": "T-next", "deadline_ms": 5000.0}],
+                                        schema=TASK_SCHEMA), run / "tasks.parquet")
+    flush(run, parts[1], 1)
+    done = refresh(run, LIVE, state)
+    assert done.how.startswith("incremental: 1 new part, ")
+    assert same_as_fresh(run, tmp_path) == []
 
 
 def test_a_ledger_replaced_by_another_build_or_a_lost_state_means_a_whole_refresh(bench_run, tmp_path):
