@@ -155,6 +155,25 @@ def ledger_scale_history(rs: list[dict]) -> str:
     return table(["date", "commit", "CPU", "load", "reconstruct s", "loop s", "loop / ledger"], rows)
 
 
+def follow_refresh(rs: list[dict]) -> str:
+    """Each timed refresh of the newest run: how it was built, its wall time and its steps; the whole rebuild beside."""
+    f = rs[-1]["figures"]
+    names = ["copy", "run_scope", "touched", "shard", "merge", "rollups", "write"]
+    rows = []
+    for r in f["refreshes"]:
+        steps = r.get("steps") or {}
+        rows.append([r["part"], r["how"], f"{r['events']:,}", f"{r['new_events']:,}", fmt(r["wall_s"]),
+                     *(fmt(steps.get(f"{n}_s")) for n in names), fmt(r["load_1m"], ".1f")])
+    differ = f["tables_differing"]
+    return (table(["last part", "how", "events", "new events", "wall s", *(n.replace("_", " ") + " s" for n in names),
+                   "load (1 min)"], rows)
+            + f"\n\n{f['events']:,} events ({f['attempts']:,} attempts × {f['output_tokens']} tokens) in {f['flushes']} "
+              f"parts of {f['flush_s']:g} s; the first row is the first refresh (whole, over the parts written at once). "
+              f"A whole rebuild of the same parts as the last timed refresh: **{fmt(f['whole_s'])} s**, its tables against "
+              f"the incremental ledger's: {'the same' if not differ else '**differ: ' + ', '.join(differ) + '**'}; the final "
+              f"refresh (the manifest complete, whole): {fmt(f['final_s'])} s.\n\n" + targets(f["targets"]))
+
+
 def ledger_scale_large(rs: list[dict]) -> str:
     """Every run off the default size: the bounded-memory and the sharded paths, the loop where it fit."""
     rows = []
@@ -491,6 +510,8 @@ TABLES = {
     "ledger_scale": TableSpec("ledger_scale", ledger_scale, _ledger_default),
     "ledger_scale.history": TableSpec("ledger_scale", ledger_scale_history, _ledger_default),
     "ledger_scale.large": TableSpec("ledger_scale", ledger_scale_large, lambda p: not _ledger_default(p)),
+    "follow_refresh": TableSpec("follow_refresh", follow_refresh,
+                                lambda p: (p.get("attempts"), p.get("tokens")) == (10_000, 256)),
     "report_scale": TableSpec("report_scale", report_scale, lambda p: bool(p.get("exports"))),
     "parts_compaction": TableSpec("parts_compaction", parts_compaction),
     "model_fit": TableSpec("model_fit", model_fit),

@@ -9,9 +9,11 @@ import typer
 
 EVERY_HELP = "With --follow: seconds between looks at the run's files (a rebuild only when one changed)."
 EVERY_MIN_S, EVERY_MAX_S = 0.05, 3600.0  # --every's range: a look at most every hour
-FOLLOW_HELP = ("Rebuild the ledger of a capture in progress whenever a part is flushed, until its manifest says "
-               "it finished (then once more: the ledger a fresh reconstruct gives) or Ctrl-C; each rebuild is "
-               "renamed over ledger.duckdb, so `inferledger query` in another terminal reads the last one.")
+FOLLOW_HELP = ("Refresh the ledger of a capture in progress whenever a part is flushed, until its manifest says "
+               "it finished (then a whole rebuild: the ledger a fresh reconstruct gives) or Ctrl-C; a refresh "
+               "rebuilds only the tasks the new parts touch (whole where it cannot be sure; each line says which "
+               "and why) and is renamed over ledger.duckdb, so `inferledger query` in another terminal reads the "
+               "last one.")
 
 
 def refusal(run_dir: str, engine: str = "local") -> str | None:
@@ -59,10 +61,11 @@ def refresh_record(r) -> dict:
     return {"refresh": r.n, "final": r.final, "recording": r.recording, "seconds": round(r.seconds, 3),
             "run_id": r.summary.run_id, "n_events": r.summary.n_events, "n_attempts": r.summary.n_attempts,
             "in_flight": r.in_flight, "n_tasks": r.summary.n_tasks, "n_gaps": r.summary.n_gaps,
-            "path": str(r.summary.path)}
+            "path": str(r.summary.path), "how": r.how}
 
 
 def refresh_line(r) -> str:
     state = "final" if r.final else ("recording" if r.recording else "finished, files still moving")
     return (f"refresh {r.n} ({state}, {r.seconds:.2f} s): {r.summary.n_events} events, {r.summary.n_attempts} "
-            f"attempts ({r.in_flight} in flight), {r.summary.n_tasks} tasks, {r.summary.n_gaps} gaps → {r.summary.path}")
+            f"attempts ({r.in_flight} in flight), {r.summary.n_tasks} tasks, {r.summary.n_gaps} gaps → {r.summary.path}; "
+            f"{r.how}")

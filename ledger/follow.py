@@ -26,7 +26,9 @@ from pathlib import Path
 
 import duckdb
 
-from inferledger.ledger.reconstruct import BuildOptions, LedgerSummary, RunDirError, reconstruct
+from inferledger.ledger.incremental import refresh, state_path
+from inferledger.ledger.query import LEDGER_FILE
+from inferledger.ledger.reconstruct import BuildOptions, LedgerSummary, RunDirError
 from inferledger.probes.run_folder import Manifest, RunFolderError
 
 # what is drawn from a run rather than recorded in it: a change to these is no reason to rebuild
@@ -47,13 +49,16 @@ class FollowOptions:
 @dataclass(frozen=True)
 class Refresh:
     """One rebuild: its number (1 for the first), the ledger's summary, how long it took, whether the run
-    was still recording and how many attempts were in flight; `final` for the last one."""
+    was still recording and how many attempts were in flight; `final` for the last one; how it was built
+    (`incremental: ...` or `whole: why`, ledger/incremental.py) and the seconds of its steps."""
     n: int
     summary: LedgerSummary
     seconds: float
     recording: bool
     in_flight: int
     final: bool
+    how: str = ""
+    steps: dict | None = None
 
 
 def fingerprint(run_dir: Path) -> tuple:
@@ -113,45 +118,51 @@ def follow(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(),
     run_dir = Path(run_dir)
     say = say or (lambda line: None)
     _wait_for_manifest(run_dir, following.wait_s, following.every_s, say, sleep)
-    built, summary, n, waiting = None, None, 0, False
+    built, summary, n, waiting, state = None, None, 0, False, None
     changed, told = time.monotonic(), False  # when the run's files last changed; the silence said once
-    while True:
-        try:
-            recording = Manifest.read(run_dir).recording
-        except RunFolderError as exc:
-            raise RunDirError(str(exc)) from None
-        seen = fingerprint(run_dir)
-        if seen != built:
-            changed, told = time.monotonic(), False
-            if recording and not _has_parts(run_dir):
-                if not waiting:
-                    say(f"{run_dir}: recording, no events flushed yet; waiting for the first part")
-                    waiting = True
-                built = seen  # looked at: a capture killed before its first flush is then told silent too
-            else:
-                t0 = time.perf_counter()
-                try:
-                    summary = reconstruct(run_dir, replace(options, live=recording), out=out)
-                except (RunDirError, OSError) as exc:
-                    if not recording and fingerprint(run_dir) == seen:
-                        raise  # the files are still: a real fault, not a part moved under the build
-                    say(f"refresh skipped, the last ledger kept; tried again when the run's files change: {exc}")
-                    built = seen
-                    sleep(following.every_s)
-                    continue
-                n, built = n + 1, seen
-                final = not recording and fingerprint(run_dir) == seen
-                if on_refresh is not None:
-                    on_refresh(Refresh(n, summary, time.perf_counter() - t0, recording, _in_flight(summary.path), final))
-                if final:
-                    return summary
-                continue  # files that moved during the build are read again at once, without a wait
-        elif not recording and summary is not None:
-            return summary
-        elif recording and not told and time.monotonic() - changed >= following.silent_s:
-            told = True
-            say(f"{run_dir}: no file of the run changed for {time.monotonic() - changed:.0f} s while its manifest "
-                "says it is recording: its capture may have been killed (SIGKILL leaves no last state). Still "
-                "following; Ctrl-C keeps the last ledger, and a plain `inferledger reconstruct` then counts the "
-                "attempts without an end unterminated")
-        sleep(following.every_s)
+    try:
+        while True:
+            try:
+                recording = Manifest.read(run_dir).recording
+            except RunFolderError as exc:
+                raise RunDirError(str(exc)) from None
+            seen = fingerprint(run_dir)
+            if seen != built:
+                changed, told = time.monotonic(), False
+                if recording and not _has_parts(run_dir):
+                    if not waiting:
+                        say(f"{run_dir}: recording, no events flushed yet; waiting for the first part")
+                        waiting = True
+                    built = seen  # looked at: a capture killed before its first flush is then told silent too
+                else:
+                    t0 = time.perf_counter()
+                    try:
+                        done = refresh(run_dir, replace(options, live=recording), state, out=out)
+                        summary, state = done.summary, done.state
+                    except (RunDirError, OSError) as exc:
+                        state = None  # the next refresh is whole
+                        if not recording and fingerprint(run_dir) == seen:
+                            raise  # the files are still: a real fault, not a part moved under the build
+                        say(f"refresh skipped, the last ledger kept; tried again when the run's files change: {exc}")
+                        built = seen
+                        sleep(following.every_s)
+                        continue
+                    n, built = n + 1, seen
+                    final = not recording and fingerprint(run_dir) == seen
+                    if on_refresh is not None:
+                        on_refresh(Refresh(n, summary, time.perf_counter() - t0, recording, _in_flight(summary.path), final,
+                                           done.how, done.steps))
+                    if final:
+                        return summary
+                    continue  # files that moved during the build are read again at once, without a wait
+            elif not recording and summary is not None:
+                return summary
+            elif recording and not told and time.monotonic() - changed >= following.silent_s:
+                told = True
+                say(f"{run_dir}: no file of the run changed for {time.monotonic() - changed:.0f} s while its manifest "
+                    "says it is recording: its capture may have been killed (SIGKILL leaves no last state). Still "
+                    "following; Ctrl-C keeps the last ledger, and a plain `inferledger reconstruct` then counts the "
+                    "attempts without an end unterminated")
+            sleep(following.every_s)
+    finally:  # the state an incremental refresh reads goes with the loop (a final refresh removed it)
+        state_path(run_dir / LEDGER_FILE if out is None else Path(out)).unlink(missing_ok=True)

@@ -104,14 +104,29 @@ class BuildOptions:
     live: bool = False
 
 
+def run_parts(run_dir: Path) -> tuple[list[Path], list[Path], list[str]]:
+    """The run's event parts and sample parts, every part checked whole and of our schema (merged ranges over
+    their leftovers), and the run as a whole against its layout record: the lines of parts newer than it."""
+    try:
+        parts = list_parts(run_dir / "events", EVENT_SCHEMA)
+        sample_parts = list_parts(run_dir / "samples", SAMPLE_SCHEMA)
+        newer = check_layout(run_dir / "events")
+    except (PartError, RunFolderError) as exc:
+        raise RunDirError(str(exc)) from None
+    if not parts:
+        raise RunDirError(f"{run_dir}/events: no event parts (part-*.parquet); capture or import a run first")
+    return parts, sample_parts, newer
+
+
 def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions(), *,
                 out: str | os.PathLike | None = None, profile: list | None = None,
-                run_id: str | None = None, on_stage=None) -> LedgerSummary:
+                run_id: str | None = None, on_stage=None, on_built=None) -> LedgerSummary:
     """Build the ledger, the `options` way; with `profile` (a list), append (stage, statement,
     seconds) for every step (with engine="ray": a dict per shard, `ledger/sharded.py`). `run_dir` may
     be a URL fsspec can read (s3://, memory://, file://, ...): then `out` is needed. `on_stage(name, i,
     n)` as each stage starts, i of n done (n None: one step of unknown length, as the Ray shards), for a
-    progress bar."""
+    progress bar. `on_built(con, run)` once the local engine's stages ran, before the ledger is written out
+    (`--follow` keeps what its next refresh reuses, ledger/incremental.py)."""
     memory_limit, temp_directory = options.memory_limit, options.temp_directory
     engine, address, workers = options.engine, options.address, options.workers
     if is_url(run_dir):  # an object store: copied beside the ledger, read locally, the copy removed
@@ -134,14 +149,7 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: no such run directory")
-    try:  # every part checked whole and of our schema, merged ranges over their leftovers; the run as a whole
-        parts = list_parts(run_dir / "events", EVENT_SCHEMA)  # against its layout record (every engine)
-        sample_parts = list_parts(run_dir / "samples", SAMPLE_SCHEMA)
-        newer = check_layout(run_dir / "events")
-    except (PartError, RunFolderError) as exc:
-        raise RunDirError(str(exc)) from None
-    if not parts:
-        raise RunDirError(f"{run_dir}/events: no event parts (part-*.parquet); capture or import a run first")
+    parts, sample_parts, newer = run_parts(run_dir)
     manifest = _manifest(run_dir)  # read once: every stage takes it from `run`
     run_id = run_id or _run_id(manifest, run_dir)
     target = Path(out) if out else run_dir / "ledger.duckdb"
@@ -175,6 +183,8 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
                           limit_bytes=limit, address=address, workers=workers, stats=profile)
         else:
             run_modules(con, ledger_modules(), run, profile, on_stage)
+            if on_built is not None:
+                on_built(con, run)
         counts = con.execute(
             "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
             "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone()

@@ -50,10 +50,12 @@ def _closure(modules: tuple[Module, ...], wanted: set[str], skip: set[str]) -> l
     return [m for m in modules if m.name in need]
 
 
-def _owned_rows(table: str, cols: list[str], first: bool, bucket: int, buckets: int) -> str:
+def _owned_rows(table: str, cols: list[str], first: bool, bucket: int, buckets: int | None) -> str:
     """The rows of a task-scope table this shard owns (see the module docstring), by hash joins against
-    the shard's own event, attempt and task ids (`_owned_ev`, `_owned_att`, `_owned_task`)."""
-    task = BUCKET_SQL.format(key="{}", buckets=buckets)
+    the shard's own event, attempt and task ids (`_owned_ev`, `_owned_att`, `_owned_task`). `buckets` None: a
+    shard of chosen tasks (ledger/incremental.py), which owns the tasks of its events, not a bucket."""
+    task = BUCKET_SQL.format(key="{}", buckets=buckets) if buckets else "({} IN (SELECT id FROM _owned_task))"
+    bucket = bucket if buckets else "true"
     joins, cases = [], []
     if "event_id" in cols:
         joins.append("LEFT JOIN _owned_ev oe ON oe.id = t.event_id")
@@ -107,12 +109,13 @@ def run_shard(spec: dict) -> dict[str, str]:
             con.execute("CREATE TEMP TABLE _owned_att AS SELECT DISTINCT attempt_id AS id FROM read_parquet(?) "
                         "WHERE attempt_id IS NOT NULL", [spec["owned_parts"]])
             con.execute("CREATE TEMP TABLE _owned_task AS SELECT DISTINCT task_id AS id FROM read_parquet(?) "
-                        "WHERE task_id IS NOT NULL", [spec["owned_parts"]])
+                        "WHERE task_id IS NOT NULL UNION SELECT unnest(?::VARCHAR[])",
+                        [spec["owned_parts"], spec.get("tasks", [])])  # and tasks handed by name (contracts alone)
         written = {}
         for table in spec["outputs"]:
             cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
-            rows = _owned_rows(table, cols, spec["first"], spec["bucket"], spec["buckets"]) if sharded \
-                else f"SELECT * FROM {table}"
+            rows = _owned_rows(table, cols, spec["first"], spec["bucket"], spec["buckets"]) \
+                if sharded and table not in spec.get("whole", ()) else f"SELECT * FROM {table}"
             path = out / f"{table}.parquet"
             con.execute(f"COPY ({rows}) TO '{path}' (FORMAT parquet)")
             written[table] = str(path)

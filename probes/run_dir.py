@@ -90,6 +90,23 @@ def bucket_of(key: str, buckets: int) -> int:
 BUCKET_SQL = "((('0x' || substr(md5({key}), 1, 8))::BIGINT) % {buckets})"  # bucket_of in DuckDB
 
 
+# an event's bucket key, over `e` joined as KEY_JOINS joins it to the TEMP tables `att` and `req` (`id_tables`):
+# its task, else its attempt's or request's task, else its request, else its attempt; NULL for none of them
+KEY_SQL = "coalesce(e.task_id, a.task_id, r.task_id, ra.task_id, e.request_id, a.request_id, e.attempt_id)"
+KEY_JOINS = ("LEFT JOIN att a USING (attempt_id) LEFT JOIN req r ON r.request_id = e.request_id "
+             "LEFT JOIN req ra ON ra.request_id = a.request_id")
+
+
+def id_tables(con, parts: list[Path]) -> None:
+    """TEMP tables `att` (each attempt's task and request) and `req` (each request's task) on the DuckDB
+    connection `con`, from the id columns of the event parts alone: what KEY_SQL joins."""
+    files = [str(p) for p in parts]
+    con.execute("""CREATE TEMP TABLE att AS SELECT attempt_id, min(task_id) AS task_id, min(request_id) AS request_id
+        FROM read_parquet(?, union_by_name = true) WHERE attempt_id IS NOT NULL GROUP BY attempt_id""", [files])
+    con.execute("""CREATE TEMP TABLE req AS SELECT request_id, min(task_id) AS task_id
+        FROM read_parquet(?, union_by_name = true) WHERE request_id IS NOT NULL GROUP BY request_id""", [files])
+
+
 def partition_name_sql(key: str, engine_id: str, buckets: int) -> str:
     """The partition folder an event goes to, as a DuckDB expression over its bucket key and engine id
     (both SQL expressions): the key's bucket, else the engine's folder, else `run`."""

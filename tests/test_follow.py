@@ -135,6 +135,8 @@ def test_follow_rebuilds_per_flush_only_and_ends_with_a_fresh_reconstruct(record
     assert [r.recording for r in refreshes] == [True] * PARTS + [False]
     assert [r.final for r in refreshes] == [False] * PARTS + [True]
     assert refreshes[0].in_flight > 0 and refreshes[-1].in_flight == 0
+    # the first and the final refresh whole, those between only the tasks their part touched
+    assert [r.how.split(":")[0] for r in refreshes] == ["whole"] + ["incremental"] * (PARTS - 1) + ["whole"]
     assert refreshes[-1].summary.n_attempts == ATTEMPTS
     fresh = reconstruct(run, out=tmp_path / "fresh.duckdb")
     assert summary.path == run / "ledger.duckdb"

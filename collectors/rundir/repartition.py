@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from inferledger.probes.events import EVENT_SCHEMA
-from inferledger.probes.run_dir import PartError, layout_parts, list_parts, partition_name_sql
+from inferledger.probes.run_dir import KEY_JOINS, KEY_SQL, PartError, id_tables, layout_parts, list_parts, partition_name_sql
 from inferledger.probes.run_folder import Layout, RunFolderError
 
 DEFAULT_BUCKETS = 16
@@ -72,10 +72,8 @@ def partition_sql(buckets: int) -> str:
                  "coalesce(json_extract_string(attrs, '$.replica_id'), json_extract_string(attrs, '$.engine_id')) END")
     return f"""
     WITH keyed AS (
-      SELECT e.rn, e.attrs,
-             coalesce(e.task_id, a.task_id, r.task_id, ra.task_id, e.request_id, a.request_id, e.attempt_id) AS key
-      FROM batch e LEFT JOIN att a USING (attempt_id) LEFT JOIN req r ON r.request_id = e.request_id
-           LEFT JOIN req ra ON ra.request_id = a.request_id
+      SELECT e.rn, e.attrs, {KEY_SQL} AS key
+      FROM batch e {KEY_JOINS}
     )
     SELECT rn, {partition_name_sql("key", engine_id, buckets)} AS partition FROM keyed"""
 
@@ -134,16 +132,6 @@ class _Sinks:
         self.open.clear()
 
 
-def _id_tables(con: duckdb.DuckDBPyConnection, parts: list[Path]) -> None:
-    """TEMP tables `att` (each attempt's task and request) and `req` (each request's task), from the
-    id columns alone."""
-    files = [str(p) for p in parts]
-    con.execute("""CREATE TEMP TABLE att AS SELECT attempt_id, min(task_id) AS task_id, min(request_id) AS request_id
-        FROM read_parquet(?, union_by_name = true) WHERE attempt_id IS NOT NULL GROUP BY attempt_id""", [files])
-    con.execute("""CREATE TEMP TABLE req AS SELECT request_id, min(task_id) AS task_id
-        FROM read_parquet(?, union_by_name = true) WHERE request_id IS NOT NULL GROUP BY request_id""", [files])
-
-
 def _route(con: duckdb.DuckDBPyConnection, part: Path, buckets: int, sinks: _Sinks) -> int:
     """Append every event of `part` to its partition's writer, in file order; the rows read."""
     read = 0
@@ -197,7 +185,7 @@ def repartition(run_dir: str | os.PathLike, buckets: int = DEFAULT_BUCKETS, *, m
     try:
         con.execute(f"SET memory_limit = '{memory_limit}'")
         con.execute("SET temp_directory = ?", [str(new / ".spill")])
-        _id_tables(con, parts)
+        id_tables(con, parts)
         read = sum(_route(con, part, buckets, sinks) for part in parts)
         sinks.close()
     except BaseException:
