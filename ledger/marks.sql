@@ -148,6 +148,7 @@ WITH firsts AS (
 ), toks AS (
   SELECT attempt_id,
     first_point(ts_ns, clock, event_id, seq, true) AS first_token,
+    min(step_id) AS first_token_step,
     sum(value) AS n_tokens_engine,
     count(DISTINCT choice) AS n_choices_engine
   FROM ev_tok WHERE attempt_id IS NOT NULL
@@ -174,7 +175,7 @@ SELECT a.attempt_id, f.* EXCLUDE (attempt_id, done),
        -- the earliest client terminal decides: a done after a timeout (or a cancel) is not a completion
        CASE WHEN f.client_end.name = 'attempt.done' THEN f.done END AS done,
        o.first_content, o.first_visible, o.first_write, pe.prefill_end,
-       t.first_token,
+       t.first_token, t.first_token_step,
        -- an attempt the engine finished without committing a token (cancelled while queued) made 0
        CASE WHEN t.n_tokens_engine IS NULL AND f.finished IS NOT NULL THEN 0 ELSE t.n_tokens_engine END AS n_tokens_engine,
        coalesce(o.n_chunks, 0) AS n_chunks,

@@ -21,8 +21,7 @@ from inferledger.costmodel.roofs import run_roofs
 from inferledger.ledger.tables import StageTable, gap_table
 from inferledger.probes.model_shape import ShapeError
 
-READS = ("step_model", "steps", "step_attribution", "step_fit", "step_fit_points", "ev", "ev_tok", "marks",
-         "request_metrics")
+READS = ("step_model", "steps", "step_attribution", "step_fit", "step_fit_points", "marks", "request_metrics")
 CREATES = ("request_model", "request_model_gaps")
 SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("request_model",)
@@ -40,9 +39,8 @@ sm AS (SELECT m.step_id, m.measured_ms, m.gap_after_ms, m.bound_ms, p.predicted_
        FROM step_model m JOIN steps st ON st.step_id = m.step_id
        LEFT JOIN step_fit_points p ON p.step_id = m.step_id, gp),
 att AS (SELECT attempt_id, min(step_id) AS s1, max(step_id) AS z FROM step_attribution GROUP BY attempt_id),
-tok AS (SELECT attempt_id, min(step_id) AS f FROM ev_tok GROUP BY attempt_id),
-enq AS (SELECT attempt_id, min(ts_ns) AS a_ns, any_value(clock) AS clock FROM ev
-        WHERE name = 'engine.enqueued' GROUP BY attempt_id),
+tok AS (SELECT attempt_id, first_token_step AS f FROM marks WHERE first_token_step IS NOT NULL),
+enq AS (SELECT attempt_id, enqueued.ns AS a_ns, enqueued.clock AS clock FROM marks WHERE enqueued IS NOT NULL),
 w AS (SELECT att.attempt_id, sm.*,
              CASE WHEN sm.step_id < att.s1 THEN 'queue' WHEN sm.step_id <= tok.f THEN 'prefill' ELSE 'decode' END AS win,
              CASE WHEN sm.step_id < att.s1 THEN 'queue' WHEN sm.step_id < tok.f THEN 'prefill'

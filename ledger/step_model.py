@@ -16,7 +16,7 @@ from inferledger.ledger.tables import StageTable, gap_table
 from inferledger.probes.model_shape import ShapeError
 from inferledger.probes.run_folder import MANIFEST_FILE
 
-READS = ("steps", "step_attribution", "ev", "ev_tok")
+READS = ("steps", "step_attribution", "sampled_prefills")
 CREATES = ("step_model", "step_model_gaps")
 SCOPE = "rollup"  # over the run's steps and attempts together (docs/SCALE.md)
 PUBLIC = ("step_model",)
@@ -25,19 +25,16 @@ LINEAR_STAGES = ("embed", "qkv", "o_proj", "gate_up", "down")
 EPSILON_MS = 0.005  # a step is faster than its bound only beyond this (the clock's resolution and jitter)
 
 _STEPS = """
-SELECT st.step_id, st.step_ms, st.start_ns, st.end_ns, st.clock, m.mode, st.contention_ms, st.cpu_ms,
+SELECT st.step_id, st.step_ms, st.start_ns, st.end_ns, st.clock, st.mode, st.contention_ms, st.cpu_ms,
        lead(st.start_ns) OVER (PARTITION BY st.clock ORDER BY st.start_ns) AS next_start_ns,
        lead(st.step_id) OVER (PARTITION BY st.clock ORDER BY st.start_ns) AS next_step_id
 FROM steps st
-LEFT JOIN (SELECT step_id, clock, any_value(json_extract_string(attrs, '$.mode')) AS mode FROM ev
-           WHERE name = 'step.end' GROUP BY step_id, clock) m ON m.step_id = st.step_id AND m.clock = st.clock
 ORDER BY st.clock, st.start_ns
 """
 _ROWS = """
-SELECT a.step_id, a.kind, a.tokens, a.context_before, t.attempt_id IS NOT NULL AS sampled, a.attempt_id
+SELECT a.step_id, a.kind, a.tokens, a.context_before, s.attempt_id IS NOT NULL AS sampled, a.attempt_id
 FROM step_attribution a
-LEFT JOIN (SELECT DISTINCT step_id, attempt_id FROM ev_tok) t
-       ON t.step_id = a.step_id AND t.attempt_id = a.attempt_id
+LEFT JOIN sampled_prefills s ON s.step_id = a.step_id AND s.attempt_id = a.attempt_id
 ORDER BY a.step_id, a.attempt_id
 """
 

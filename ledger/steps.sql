@@ -23,7 +23,8 @@ WITH raw AS (
          s.attrs AS start_attrs, e.ts_ns - s.ts_ns AS step_ns,
          TRY_CAST(json_extract(e.attrs, '$.cpu_ns') AS BIGINT) AS cpu_ns,
          TRY_CAST(json_extract(e.attrs, '$.wait_ns') AS BIGINT) AS wait_ns,
-         coalesce(TRY_CAST(json_extract(e.attrs, '$.workers_wait_ns_max') AS BIGINT), 0) AS workers_wait_ns  -- none: no workers
+         coalesce(TRY_CAST(json_extract(e.attrs, '$.workers_wait_ns_max') AS BIGINT), 0) AS workers_wait_ns,  -- none: no workers
+         json_extract_string(e.attrs, '$.mode') AS mode
   FROM ev s JOIN ev e ON e.step_id = s.step_id AND e.name = 'step.end' AND e.clock = s.clock
   WHERE s.name = 'step.start'
 ), waited AS (
@@ -32,7 +33,7 @@ WITH raw AS (
                  THEN wait_ns + least(greatest(workers_wait_ns, 0), greatest(step_ns - cpu_ns - wait_ns, 0)) END AS contention_ns
   FROM raw
 )
-SELECT step_id, start_ns, end_ns, clock, step_ms, start_attrs, replica_id,
+SELECT step_id, start_ns, end_ns, clock, step_ms, start_attrs, replica_id, mode,
        contention_ns / 1e6 AS contention_ms, (step_ns - contention_ns) / 1e6 AS cpu_ms
 FROM waited;
 
