@@ -33,7 +33,7 @@ from inferledger.engine import cpu_kernels  # noqa: E402
 from inferledger.engine.attention import PAGED_MAX_CHUNK, BatchedDecode, _gather, _gather_rows  # noqa: E402
 
 KV, H, D, BS, BLOCKS = 3, 9, 64, 16, 2048
-DECODE = [(1, 100), (1, 1000), (16, 100), (16, 500), (64, 300)]  # (rows, context each)
+DECODE = [(1, 100), (1, 1000), (16, 100), (16, 300), (16, 500), (64, 300)]  # (rows, context each)
 CHUNKS = [(4, 100), (16, 100), (64, 200), (256, 256), (512, 512)]  # (new tokens, cached before them)
 
 

@@ -13,7 +13,8 @@ and the engine runs without them: attention gathers the paged rows into a contig
                     q_seq [T], q_ctx [T], scale) -> [T, H, D]
 
 Row t of q attends over the first q_ctx[t] positions of the sequence whose block table is
-tables[q_seq[t]], reading the cache's blocks in place; fp32 arithmetic, the output in q's dtype.
+tables[q_seq[t]], reading the cache's blocks in place; fp32 arithmetic (a bf16 decode's probabilities
+rounded to bf16 before they weight V, where the CPU has AVX-512 BF16), the output in q's dtype.
 `paged_attention_write` first writes a step's new K / V rows into the layer's cache, in the same call.
 
     small_linear(x [..., K], w [N, K], b [N] | None) -> [..., N]

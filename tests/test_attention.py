@@ -173,9 +173,10 @@ def test_paged_chunks_in_tiles_attend_as_plain_causal_attention(kernel, dtype):
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_bf16_decodes_through_the_kernel_attend_as_fp32_attention_at_block_edges(kernel, d):
-    # a bf16 decode's scores are dotted key row by key row (where the CPU has AVX-512 BF16) or through the
-    # transposed block: either way within half a bf16 ulp of fp32 attention over the same bf16 values, for
-    # contexts that end on, just past and just before a block's edge, a lone key and a long context
+    # a bf16 decode goes through the registers' path where the CPU has AVX-512 BF16 (its probabilities
+    # rounded to bf16 before they weight V) or through the transposed block: either way within 2^-8 of fp32
+    # attention over the same bf16 values, for contexts that end on, just past and just before a block's
+    # edge, a lone key and a long context
     kv, h, bs, blocks = 3, 9, 16, 64
     contexts = [1, 15, 16, 17, 33, 300]
     gen = torch.Generator().manual_seed(5)
@@ -194,6 +195,37 @@ def test_bf16_decodes_through_the_kernel_attend_as_fp32_attention_at_block_edges
         v = v_cache.permute(0, 2, 1, 3).reshape(-1, kv, d)[rows].float()
         want = _reference(q[r:r + 1].float(), k, v, ctx - 1)
         torch.testing.assert_close(out[r:r + 1].float(), want, atol=2 ** -8, rtol=2 ** -8)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64])
+@pytest.mark.parametrize("kv,h,d", [(3, 9, 64), (2, 8, 128), (4, 4, 64), (2, 4, 64), (1, 6, 64)],
+                         ids=["9-over-3", "8-over-2-d128", "4-over-4", "4-over-2", "6-over-1"])
+def test_bf16_decode_batches_attend_as_fp32_attention_whatever_lies_past_their_keys(kernel, kv, h, d, rows):
+    # decode batches of 1, 16 and 64 rows, query groups of 3, 4, 1, 2 (the registers' path where the CPU has
+    # AVX-512 BF16) and 6 (the transposed tiles), contexts on, across and short of block edges; each row's
+    # blocks its own, the slots past its context NaN (a cache's never-written rows hold anything): none is read
+    bs = 16
+    contexts = [[1, 15, 16, 17, 31, 33, 100, 250][i % 8] for i in range(rows)]
+    widths = [-(-c // bs) for c in contexts]
+    gen = torch.Generator().manual_seed(rows + h)
+    pool = torch.randperm(sum(widths), generator=gen).tolist()
+    k_cache = torch.randn(sum(widths), kv, bs, d, generator=gen).bfloat16()
+    v_cache = torch.randn(sum(widths), kv, bs, d, generator=gen).bfloat16()
+    tables = torch.zeros(rows, max(widths), dtype=torch.long)
+    at = 0
+    for r, (ctx, w) in enumerate(zip(contexts, widths)):
+        tables[r, :w] = torch.tensor(pool[at:at + w])
+        at += w
+        for cache in (k_cache, v_cache):
+            cache[tables[r, w - 1], :, (ctx - 1) % bs + 1:] = float("nan")
+    q = torch.randn(rows, h, d, generator=gen).bfloat16()
+    out = cpu_kernels.paged_attention(q, k_cache, v_cache, tables, torch.arange(rows), torch.tensor(contexts), d ** -0.5)
+    assert out.dtype == torch.bfloat16 and not out.isnan().any()
+    for r, ctx in enumerate(contexts):
+        slots = torch.cat([torch.arange(b * bs, b * bs + bs) for b in tables[r, :widths[r]].tolist()])[:ctx]
+        k, v = (c.permute(0, 2, 1, 3).reshape(-1, kv, d)[slots].float() for c in (k_cache, v_cache))
+        torch.testing.assert_close(out[r:r + 1].float(), _reference(q[r:r + 1].float(), k, v, ctx - 1), atol=2 ** -8,
+                                   rtol=2 ** -8)
 
 
 def test_the_paged_kernel_refuses_a_row_it_cannot_read(kernel):

@@ -9,11 +9,12 @@
 // head_dim 64 or 128: `tile_item`) each block's K is transposed once per item and shared by all the
 // item's query vectors, whose scores over the block's keys are then 16-wide multiply-adds and whose
 // softmax terms are one vector exp: for decodes, faster than dotting each key row in turn at every
-// shape benchmarks/paged_attention.py times, except a bf16 decode (key_row_scores: below). Other shapes
-// dot each key row as it lies. Scores, the softmax (online, one block at a time) and the weighted sum of
-// V are fp32 whatever the cache's dtype (bf16 products are exact in fp32); the output is rounded to q's
-// dtype once, at the end. Each block asks for the next one's K and V (the table scatters them, so the
-// hardware's prefetcher cannot guess where) while it is worked on.
+// shape benchmarks/paged_attention.py times. Other shapes dot each key row as it lies. Scores, the
+// softmax (online, one block at a time) and the weighted sum of V are fp32 whatever the cache's dtype
+// (bf16 products are exact in fp32); the output is rounded to q's dtype once, at the end. A bf16
+// decode where the CPU has AVX-512 BF16 takes its own path (decode_bf16, below): the same, except that
+// its probabilities are rounded to bf16 before they weight V. Each block asks for the next one's K and
+// V (the table scatters them, so the hardware's prefetcher cannot guess where) while it is worked on.
 //
 // Built at run time by engine/cpu_kernels.py (g++, -march=native, -fopenmp against torch's own
 // OpenMP runtime, so at::parallel_for uses the intra-op threads torch.set_num_threads set).
@@ -77,51 +78,141 @@ struct Args {
 
 constexpr int64_t TILE = 8, QR = 4;
 
-// A decode in bf16 (one row: its G <= QR query heads of one KV head) where the CPU has AVX-512 BF16: each
-// key row's scores are dotted as the row lies in the cache, bf16 pairs multiplied and summed into fp32
-// (vdpbf16ps), so the block's K is neither transposed nor converted: for a tile of three query vectors
-// that transpose was most of the work (one layer, 16 decodes over 500 keys: 0.91-0.97 ms with it, 0.46-0.51
-// without, benchmarks/paged_attention.py). Other tiles, and fp32, keep the transposed path.
-template <typename scalar_t, int64_t D_>
-inline bool key_rows(int64_t tokens, int64_t rows) {
 #ifdef __AVX512BF16__
-  return std::is_same_v<scalar_t, c10::BFloat16> && D_ % 32 == 0 && tokens == 1 && rows <= QR;
-#else
-  return false;
-#endif
+// A bf16 decode (one row: its G_ query heads of KV head h) over blocks of 16 keys where the CPU has AVX-512 BF16,
+// in registers throughout. Scores: each key row dotted as it lies in the cache, bf16 pairs multiplied and
+// summed into fp32 (vdpbf16ps: the products are exact), the 16 keys' sums of a head reduced together into
+// one register of scores (a transpose-and-add tree, not 16 horizontal sums), then times the softmax scale.
+// Softmax online in fp32, one block at a time. The weighted sum of V with the same instruction: the
+// probabilities rounded to bf16 (as a bf16 batched matmul rounds its operand), V's rows taken two at a
+// time and interleaved so each 32-bit lane holds one column's pair, accumulated in fp32; the running
+// denominator sums the same rounded probabilities, so the weights still sum to it exactly. Each V load is
+// shared by the G_ heads. The output is rounded to bf16 once.
+constexpr int64_t DBS = 16;  // the block size decode_bf16 is built for
+
+// lane j of the result = the sum of x[j]'s 16 lanes
+inline __m512 sum16(const __m512 (&x)[16]) {
+  __m512 y[8], z[4];
+  for (int j = 0; j < 8; ++j)
+    y[j] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * j], x[2 * j + 1]), _mm512_unpackhi_ps(x[2 * j], x[2 * j + 1]));
+  for (int j = 0; j < 4; ++j) {
+    const __m512d a = _mm512_castps_pd(y[2 * j]), b = _mm512_castps_pd(y[2 * j + 1]);
+    z[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // z[j]: keys 4j .. 4j + 3 in every 128-bit quarter, each quarter a partial sum of its own
+  const __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88), _mm512_shuffle_f32x4(z[0], z[1], 0xdd));
+  const __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x88), _mm512_shuffle_f32x4(z[2], z[3], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88), _mm512_shuffle_f32x4(u0, u1, 0xdd));
 }
 
-// sc[i][j] = scale * (q row i . key j) for the rows' query vectors (consecutive at q, D_ apart: one decode
-// row's heads of one KV head) and the block's first n keys at kb (fp32 accumulation of bf16 products)
-template <int64_t BS_, int64_t D_, typename scalar_t>
-inline void key_row_scores(const scalar_t* q, int64_t rows, const scalar_t* kb, int64_t n, float scale,
-                           float (*sc)[BS_]) {
-#ifdef __AVX512BF16__
-  if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && D_ % 32 == 0) {
-    constexpr int64_t C = D_ / 32;  // 32 bf16 of a row per 512-bit register
-    __m512bh qv[QR][C];
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t c = 0; c < C; ++c) qv[i][c] = (__m512bh)_mm512_loadu_si512(q + i * D_ + c * 32);
-    for (int64_t j = 0; j < n; ++j) {
-      __m512bh kv[C];
-      for (int64_t c = 0; c < C; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kb + j * D_ + c * 32);
-      for (int64_t i = 0; i < rows; ++i) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t c = 0; c < C; ++c) acc = _mm512_dpbf16_ps(acc, qv[i][c], kv[c]);
-        sc[i][j] = _mm512_reduce_add_ps(acc) * scale;
+template <int64_t G_, int64_t D_>
+void decode_bf16(const Args& a, const c10::BFloat16* qp, const c10::BFloat16* kp, const c10::BFloat16* vp,
+                 c10::BFloat16* op, int64_t t, int64_t h) {
+  constexpr int64_t C = D_ / 32;  // 32 bf16 of a row per 512-bit register
+  const int64_t KV = a.KV, ctx = a.ctx[t];
+  const int64_t* table = a.tables + a.seq[t] * a.W;
+  const c10::BFloat16* q = qp + (t * a.H + h * G_) * D_;
+  __m512bh qv[G_][C];
+  for (int64_t i = 0; i < G_; ++i)
+    for (int64_t c = 0; c < C; ++c) qv[i][c] = (__m512bh)_mm512_loadu_si512(q + i * D_ + c * 32);
+  // acc[i][c][0 / 1]: columns c * 32 + 8 * quarter + (0..3 / 4..7) of head i, in each 128-bit quarter
+  __m512 acc[G_][C][2];
+  float m[G_];
+  __m512 l[G_];  // lane j: the sum of the rounded probabilities of the keys in lane j of the blocks
+  for (int64_t i = 0; i < G_; ++i) {
+    for (int64_t c = 0; c < C; ++c) acc[i][c][0] = acc[i][c][1] = _mm512_setzero_ps();
+    m[i] = -std::numeric_limits<float>::infinity();
+    l[i] = _mm512_setzero_ps();
+  }
+  const __m512 scale = _mm512_set1_ps(a.scale), ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t b = 0; b * DBS < ctx; ++b) {
+    const int64_t n = std::min(DBS, ctx - b * DBS);
+    const int64_t base = (table[b] * KV + h) * DBS * D_;
+    const c10::BFloat16 *kb = kp + base, *vb = vp + base;
+    // the next block's K and V, wherever the table put it (no stride to predict), into L2 (prefetcht1): a
+    // batch-16 step's 30 layers over 500 keys (189 MB of K / V, from memory) 22.9 ms into L1, 19.5 into L2
+    if ((b + 1) * DBS < ctx) {
+      const int64_t next = (table[b + 1] * KV + h) * DBS * D_;
+      for (int64_t off = 0; off < DBS * D_; off += 32) {
+        __builtin_prefetch(kp + next + off, 0, 2);
+        __builtin_prefetch(vp + next + off, 0, 2);
       }
     }
-    return;
+    const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);  // keys past n: another row's, or never written
+    uint32_t pairs[G_][DBS / 2];  // head i's probabilities of keys 2u, 2u + 1 as two bf16
+    for (int64_t i = 0; i < G_; ++i) {
+      __m512 x[16];
+      for (int64_t j = 0; j < DBS; ++j) {
+        __m512 s = _mm512_setzero_ps();
+        for (int64_t c = 0; c < C; ++c)
+          s = _mm512_dpbf16_ps(s, qv[i][c], (__m512bh)_mm512_loadu_si512(kb + j * D_ + c * 32));
+        x[j] = s;
+      }
+      const __m512 sc = _mm512_mask_mov_ps(ninf, live, _mm512_mul_ps(sum16(x), scale));
+      const float mx = std::max(m[i], _mm512_reduce_max_ps(sc));
+      if (mx > m[i]) {  // a new running maximum: what was summed so far is rescaled to it
+        const float corr = exp_neg(m[i] - mx);
+        const __m512 cv = _mm512_set1_ps(corr);
+        for (int64_t c = 0; c < C; ++c) {
+          acc[i][c][0] = _mm512_mul_ps(acc[i][c][0], cv);
+          acc[i][c][1] = _mm512_mul_ps(acc[i][c][1], cv);
+        }
+        l[i] = _mm512_mul_ps(l[i], cv);
+        m[i] = mx;
+      }
+      const __m256bh pb = _mm512_cvtneps_pbh(inferledger_cpu_math::exp_neg16(_mm512_sub_ps(sc, _mm512_set1_ps(mx))));
+      l[i] = _mm512_add_ps(l[i], _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)pb), 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs[i]), (__m256i)pb);
+    }
+    for (int64_t u = 0; 2 * u < n; ++u) {
+      const c10::BFloat16* v0 = vb + 2 * u * D_;
+      const bool second = 2 * u + 1 < n;
+      for (int64_t c = 0; c < C; ++c) {
+        const __m512i r0 = _mm512_loadu_si512(v0 + c * 32);
+        const __m512i r1 = second ? _mm512_loadu_si512(v0 + D_ + c * 32) : _mm512_setzero_si512();
+        const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(r0, r1), hi = (__m512bh)_mm512_unpackhi_epi16(r0, r1);
+        for (int64_t i = 0; i < G_; ++i) {
+          const __m512bh pp = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[i][u]));
+          acc[i][c][0] = _mm512_dpbf16_ps(acc[i][c][0], lo, pp);
+          acc[i][c][1] = _mm512_dpbf16_ps(acc[i][c][1], hi, pp);
+        }
+      }
+    }
   }
-#endif
-  TORCH_CHECK(false, "paged_attention: key_row_scores called without AVX-512 BF16");
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  c10::BFloat16* o = op + (t * a.H + h * G_) * D_;
+  for (int64_t i = 0; i < G_; ++i) {
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(l[i]));
+    for (int64_t c = 0; c < C; ++c) {
+      const __m512 lo = acc[i][c][0], hi = acc[i][c][1];
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i * D_ + c * 32),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), inv)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i * D_ + c * 32 + 16),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), inv)));
+    }
+  }
 }
+
+// The decode_bf16 built for this group size and head_dim, or nullptr (then the transposed tiles serve)
+using DecodeFn = void (*)(const Args&, const c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*, c10::BFloat16*,
+                          int64_t, int64_t);
+template <int64_t D_>
+DecodeFn decode_for(int64_t G) {
+  switch (G) {
+    case 1: return decode_bf16<1, D_>;
+    case 2: return decode_bf16<2, D_>;
+    case 3: return decode_bf16<3, D_>;
+    case 4: return decode_bf16<4, D_>;
+    default: return nullptr;
+  }
+}
+#endif
 
 // Rows t0 .. t1 - 1 of one sequence (consecutive positions; one row for a decode) and KV head h, for the
 // common shape (block_size BS_, head_dim D_ fixed at compile time, so the score and output
 // accumulators stay in registers): each block's K is transposed once into [D_][BS_] and shared by
-// the tile's (t1 - t0) x G query vectors, taken QR at a time, their scores BS_-wide multiply-adds
-// (a bf16 decode: key_row_scores instead).
+// the tile's (t1 - t0) x G query vectors, taken QR at a time, their scores BS_-wide multiply-adds.
 
 template <int64_t BS_, int64_t D_, typename scalar_t>
 void tile_item(const Args& a, const scalar_t* qp, const scalar_t* kp, const scalar_t* vp, scalar_t* op, int64_t t0,
@@ -149,25 +240,19 @@ void tile_item(const Args& a, const scalar_t* qp, const scalar_t* kp, const scal
         __builtin_prefetch(vp + next + off);
       }
     }
-    const bool by_key = key_rows<scalar_t, D_>(t1 - t0, rows);
-    if (!by_key)
-      for (int64_t j = 0; j < BS_; ++j)
+    for (int64_t j = 0; j < BS_; ++j)
         for (int64_t d = 0; d < D_; ++d) kT[d * BS_ + j] = j < n ? static_cast<float>(kb[j * D_ + d]) : 0.f;
     const float* vb = as_float(vp + base, vbuf, n * D_);
     for (int64_t r0 = 0; r0 < rows; r0 += QR) {
       float sc[QR][BS_] = {};
-      if (by_key) {
-        key_row_scores<BS_, D_>(qp + (t0 * a.H + h * G) * D_, rows, kb, n, a.scale, sc);
-      } else {
 #pragma GCC unroll 4
-        for (int64_t d = 0; d < D_; ++d) {
-          const float* kd = kT + d * BS_;
+      for (int64_t d = 0; d < D_; ++d) {
+        const float* kd = kT + d * BS_;
 #pragma GCC unroll 4
-          for (int64_t i = 0; i < QR; ++i) {
-            const float qd = r0 + i < rows ? qf[(r0 + i) * D_ + d] : 0.f;
+        for (int64_t i = 0; i < QR; ++i) {
+          const float qd = r0 + i < rows ? qf[(r0 + i) * D_ + d] : 0.f;
 #pragma omp simd
-            for (int64_t j = 0; j < BS_; ++j) sc[i][j] += qd * kd[j];
-          }
+          for (int64_t j = 0; j < BS_; ++j) sc[i][j] += qd * kd[j];
         }
       }
       for (int64_t i = 0; i < QR && r0 + i < rows; ++i) {
@@ -223,6 +308,11 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
   const scalar_t* vp = v_cache.data_ptr<scalar_t>();
   scalar_t* op = out.data_ptr<scalar_t>();
   const bool tiled = BS == 16 && (D == 64 || D == 128);  // the shapes tile_item is built for
+  void (*decode)(const Args&, const scalar_t*, const scalar_t*, const scalar_t*, scalar_t*, int64_t, int64_t) = nullptr;
+#ifdef __AVX512BF16__
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
+    if (BS == DBS) decode = D == 64 ? decode_for<64>(a.G) : D == 128 ? decode_for<128>(a.G) : nullptr;
+#endif
 
   std::vector<int64_t> tiles;  // the first row of each tile, then T
   for (int64_t t = 0; t < T; ++t)
@@ -235,6 +325,10 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
     std::vector<float> qf(most * D), acc(most * D), kbuf(BS * D), vbuf(BS * D), s(BS), m(most), l(most);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t0 = tiles[item / KV], t1 = tiles[item / KV + 1], h = item % KV;
+      if (decode && t1 - t0 == 1) {
+        decode(a, qp, kp, vp, op, t0, h);
+        continue;
+      }
       if (tiled) {
         if (D == 64)
           tile_item<16, 64>(a, qp, kp, vp, op, t0, t1, h, qf.data(), acc.data(), kbuf.data(), vbuf.data(), m.data(),
