@@ -111,6 +111,8 @@ class ModelRunner:
             self._check(c)
         bs, dev = self.block_size, self.device
         n_blocks = [-(-(c.start_pos + len(c.token_ids)) // bs) for c in chunks]
+        if all(len(c.token_ids) == 1 for c in chunks):
+            return self._decode(chunks, n_blocks)
         ids, positions, slots, seqs, rows = [], [], [], [], []
         for c, n in zip(chunks, n_blocks):
             q0, pos = len(ids), range(c.start_pos, c.start_pos + len(c.token_ids))
@@ -119,8 +121,6 @@ class ModelRunner:
             slots += [c.block_table[p // bs] * bs + p % bs for p in pos]
             seqs.append((q0, len(c.token_ids), c.start_pos, c.block_table[:n]))
             rows += {"last": [len(ids) - 1], "all": list(range(q0, len(ids))), "none": []}[c.logits]
-        if all(len(c.token_ids) == 1 for c in chunks):
-            return self._decode(chunks, n_blocks)
         self.last_step = {"mode": "eager", "padded_batch": 0}
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
         attn = PagedAttention(self.k_cache, self.v_cache, as_long(slots), seqs, self.paged)
