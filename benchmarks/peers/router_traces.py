@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import signal
+import subprocess
 import sys
 import threading
 from concurrent import futures
@@ -68,6 +69,30 @@ def receive(port: int, path: str) -> None:
     out.close()
 
 
+def _prime(host: str, port: int) -> None:
+    """vllm-router 0.1.17 traced never exports the spans of the first streamed chat request it serves when
+    nothing went through it before (measured with a streaming stub replica: that request's SERVER and
+    CLIENT spans never reached the receiver, in 60 s or at shutdown; every later request's did, about 6 s
+    after it). One GET /v1/models through it first (proxied to a worker, not in its request counters)
+    and the first chat request's spans come like the others'. Done once, as soon as it answers /health."""
+    import time
+    import urllib.request
+
+    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+    for _ in range(480):
+        try:
+            urllib.request.urlopen(base + "/health", timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.25)
+    else:
+        return
+    try:
+        urllib.request.urlopen(base + "/v1/models", timeout=10).close()
+    except OSError:
+        pass
+
+
 def router(endpoint: str, argv: list[str]) -> None:
     from vllm_router.launch_router import parse_router_args
     from vllm_router.router import Router, policy_from_str
@@ -79,12 +104,16 @@ def router(endpoint: str, argv: list[str]) -> None:
     for key in ("policy", "prefill_policy", "decode_policy"):
         args[key] = policy_from_str(args[key])
     args.update(prefill_urls=None, decode_urls=None, enable_trace=True, otlp_traces_endpoint=endpoint)
+    # a process of its own: the router's start() holds this one (a thread here never ran)
+    subprocess.Popen([sys.executable, __file__, "prime", str(args["host"]), str(args["port"])])
     Router(router=RustRouter(**args)).start()
 
 
 def main() -> None:
     if len(sys.argv) >= 4 and sys.argv[1] == "receive":
         receive(int(sys.argv[2]), sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "prime":
+        _prime(sys.argv[2], int(sys.argv[3]))
     elif len(sys.argv) >= 3 and sys.argv[1] == "router":
         router(sys.argv[2], sys.argv[3:])
     else:
