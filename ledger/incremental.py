@@ -38,7 +38,7 @@ from pathlib import Path
 
 import duckdb
 
-from inferledger.ledger.load import RunFiles
+from inferledger.ledger.load import Checked, RunFiles
 from inferledger.ledger.memory import bound, default_memory_limit, parse_size
 from inferledger.ledger.modules import ledger_modules
 from inferledger.ledger.query import LEDGER_FILE
@@ -129,6 +129,8 @@ def _save(con, run: RunFiles, path: Path) -> None:
             con.execute(f"CREATE TABLE st.{t} AS SELECT * FROM {t}")
         for t, _what in COMPARED:
             con.execute(f"CREATE TABLE st._{t} AS SELECT * FROM {t}")
+        # the hash of every event id read: a refresh checks its new parts' ids against these (ledger/load.py)
+        con.execute("CREATE TABLE st._event_hash AS SELECT hash(event_id) AS h FROM events")
         _save_ids(con, run.event_parts)
     finally:
         con.execute("DETACH st")
@@ -382,10 +384,16 @@ def _incremental(run_dir: Path, options: BuildOptions, state: State) -> Outcome:
         bound(con, limit, Path(options.temp_directory) if options.temp_directory else work / "spill")
         con.execute("SET fsync_mode = 'NONE'")
         set_variables(con, variables)
+        # the parts read before are checked again only if one held a copy left out (the rule of ledger/load.py)
+        copies = con.execute("SELECT count(*) FROM event_copies_left_out").fetchone()[0]
         _drop_run_tables(con)
-        run = RunFiles(run_dir, parts, samples, manifest, newer, in_place=True)
-        run_modules(con, [m for m in modules if m.scope == "run"], run)
         con.execute(f"ATTACH {sql_string(str(state.path))} AS st")
+        checked = None if copies else Checked(frozenset(p for p in parts if str(p) in state.parts), "st._event_hash")
+        run = RunFiles(run_dir, parts, samples, manifest, newer, in_place=True, checked=checked)
+        run_modules(con, [m for m in modules if m.scope == "run"], run)
+        if new:
+            con.execute("INSERT INTO st._event_hash SELECT hash(event_id) FROM read_parquet(?, union_by_name = true)",
+                        [[str(p) for p in new]])
         if _differs(con, "clock_conv", "st._clock_conv"):
             raise Whole("the clock mappings changed")
         contracts = [r[0] for r in con.execute(
@@ -395,8 +403,10 @@ def _incremental(run_dir: Path, options: BuildOptions, state: State) -> Outcome:
         lap("run scope")
         keys = _shard_events(con, parts, new, contracts, work / "events.parquet")
         lap("touched")
+        # one thread, as the sharded executor's shards: a flush's tasks are a small shard of many small statements,
+        # which a second thread slows on a shared host (docs/BENCHMARKS.md, follow_refresh)
         spec = {"run_dir": str(run_dir), "manifest": manifest.body, "variables": variables,
-                "samples": [str(p) for p in samples], "limit_bytes": limit, "threads": 2, "buckets": None, "bucket": -1,
+                "samples": [str(p) for p in samples], "limit_bytes": limit, "threads": 1, "buckets": None, "bucket": -1,
                 "kind": "task", "first": True, "only": False, "parts": [str(work / "events.parquet")],
                 "owned_parts": [str(work / "events.parquet")], "handed": {}, "out": str(work / "shard"),
                 "modules": [m.name for m in modules if m.scope != "rollup"], "outputs": list(t.task + t.engine),
