@@ -411,10 +411,8 @@ def _incremental(run_dir: Path, options: BuildOptions, state: State) -> Outcome:
         lap("run scope")
         keys = _shard_events(con, parts, new, contracts, work / "events.parquet")
         lap("touched")
-        # one thread, as the sharded executor's shards: a flush's tasks are a small shard of many small statements,
-        # which a second thread slows on a shared host (docs/BENCHMARKS.md, follow_refresh)
         spec = {"run_dir": str(run_dir), "manifest": manifest.body, "variables": variables,
-                "samples": [str(p) for p in samples], "limit_bytes": limit, "threads": 1, "buckets": None, "bucket": -1,
+                "samples": [str(p) for p in samples], "limit_bytes": limit, "threads": 2, "buckets": None, "bucket": -1,
                 "kind": "task", "first": True, "only": False, "parts": [str(work / "events.parquet")],
                 "owned_parts": [str(work / "events.parquet")], "handed": {}, "out": str(work / "shard"),
                 "modules": [m.name for m in modules if m.scope != "rollup"], "outputs": list(t.task + t.engine),
