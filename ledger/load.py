@@ -47,7 +47,6 @@ class LoadError(Exception):
     """A file of the run directory cannot be loaded as what it claims to be; the message names it."""
 
 
-@dataclass
 @dataclass(frozen=True)
 class Checked:
     """Event parts an earlier build of the same ledger loaded and checked, unchanged since (the caller compared
@@ -105,9 +104,9 @@ def _load(con, table: str, files: list[Path], schema: pa.Schema, temp: bool, run
 
 def _check_counts(con, run: RunFiles, new: list[Path] | None) -> None:
     """Every event's token count (`new`: only those of these parts, the others checked before)."""
-    events = "events" if new is None else f"read_parquet({_sql_list(new)}, union_by_name = true)"
     if new == []:
         return
+    events = "events" if new is None else f"read_parquet({_sql_list(new)}, union_by_name = true)"
     bad = con.execute(
         f"SELECT event_id, name, value FROM {events} WHERE name IN {COUNT_EVENTS} AND value IS NOT NULL "
         "AND (NOT isfinite(value) OR value < 0 OR value > ? OR value <> floor(value)) "
