@@ -38,7 +38,7 @@ from pathlib import Path
 
 import duckdb
 
-from inferledger.ledger.load import RunFiles
+from inferledger.ledger.load import Checked, RunFiles
 from inferledger.ledger.memory import bound, default_memory_limit, parse_size
 from inferledger.ledger.modules import ledger_modules
 from inferledger.ledger.query import LEDGER_FILE
@@ -129,6 +129,8 @@ def _save(con, run: RunFiles, path: Path) -> None:
             con.execute(f"CREATE TABLE st.{t} AS SELECT * FROM {t}")
         for t, _what in COMPARED:
             con.execute(f"CREATE TABLE st._{t} AS SELECT * FROM {t}")
+        # the hash of every event id read: a refresh checks its new parts' ids against these (ledger/load.py)
+        con.execute("CREATE TABLE st._event_hash AS SELECT hash(event_id) AS h FROM events")
         _save_ids(con, run.event_parts)
     finally:
         con.execute("DETACH st")
@@ -143,18 +145,21 @@ def _save_ids(con, parts: list[Path]) -> None:
     con.execute("CREATE TABLE st._task AS SELECT DISTINCT task_id FROM read_parquet(?, union_by_name = true) "
                 "WHERE task_id IS NOT NULL", [[str(p) for p in parts]])
     con.execute("CREATE TABLE st._id_parts (id VARCHAR, part VARCHAR)")
+    con.execute("CREATE TABLE st._no_key_parts (part VARCHAR)")
     _add_id_parts(con, parts)
     con.execute("DROP TABLE att")
     con.execute("DROP TABLE req")
 
 
 def _add_id_parts(con, parts: list[Path]) -> None:
-    """Which parts name each task, request and attempt id (any of the three columns): the parts a shard of some
-    keys reads."""
+    """Which parts name each task, request and attempt id (any of the three columns), and which hold an event of
+    none: the parts a shard of some keys reads."""
     if parts:
         con.execute("""INSERT INTO st._id_parts SELECT DISTINCT id, filename FROM (
             SELECT unnest([task_id, request_id, attempt_id]) AS id, filename FROM read_parquet(?, union_by_name = true,
             filename = true)) WHERE id IS NOT NULL""", [[str(p) for p in parts]])
+        con.execute(f"INSERT INTO st._no_key_parts SELECT DISTINCT filename FROM read_parquet(?, union_by_name = true, "
+                    f"filename = true) WHERE {NO_KEY}", [[str(p) for p in parts]])
 
 
 def whole(run_dir: Path, options: BuildOptions, why: str, *, out=None, keep: bool = True) -> Outcome:
@@ -260,15 +265,20 @@ def _shard_events(con, parts: list[Path], new: list[Path], contracts: list[str],
     if con.execute("SELECT count(*) FROM event_copies_left_out").fetchone()[0]:
         # a copy left out may sit in a part that names none of these ids: `events`, each event once, read whole
         near = f"SELECT * FROM events {near} OR {NO_KEY}"
-    else:  # each event once in the parts as they lie: only the parts naming a touched id are read whole
-        read = [r[0] for r in con.execute(
-            "SELECT DISTINCT part FROM st._id_parts WHERE id IN (SELECT key FROM _touched UNION ALL SELECT id FROM "
-            "_touched_att UNION ALL SELECT id FROM _touched_req)").fetchall()]
+    else:  # each event once in the parts as they lie: only the parts naming a touched id, or holding an event of
+        # no key, are read
         order = {str(p): i for i, p in enumerate(parts)}
-        read = sorted(read, key=order.__getitem__)
-        near = (f"SELECT * FROM events WHERE {NO_KEY}" if not read else
-                f"SELECT * FROM read_parquet([{', '.join(map(sql_string, read))}], union_by_name = true) {near} "
-                f"UNION ALL BY NAME SELECT * FROM events WHERE {NO_KEY}")
+
+        def listed(sql):
+            return "[" + ", ".join(map(sql_string, sorted((r[0] for r in con.execute(sql).fetchall()),
+                                                          key=order.__getitem__))) + "]"
+        read = listed("SELECT DISTINCT part FROM st._id_parts WHERE id IN (SELECT key FROM _touched UNION ALL "
+                      "SELECT id FROM _touched_att UNION ALL SELECT id FROM _touched_req)")
+        no_key = listed("SELECT DISTINCT part FROM st._no_key_parts")
+        near = " UNION ALL BY NAME ".join(
+            ([f"SELECT * FROM read_parquet({read}, union_by_name = true) {near}"] if read != "[]" else [])
+            + ([f"SELECT * FROM read_parquet({no_key}, union_by_name = true) WHERE {NO_KEY}"] if no_key != "[]" else [])
+            + ["SELECT * FROM events WHERE false"])  # every part's columns, as `events` has them
     con.execute(f"COPY (SELECT e.* FROM ({near}) e {KEY_JOINS} WHERE {KEY_SQL} IN (SELECT key FROM _touched) "
                 f"OR {KEY_SQL} IS NULL) TO {sql_string(str(file))} (FORMAT parquet)")
     for name, col in (("_owned_ev", "event_id"), ("_owned_att", "attempt_id"), ("_owned_task", "task_id")):
@@ -382,10 +392,16 @@ def _incremental(run_dir: Path, options: BuildOptions, state: State) -> Outcome:
         bound(con, limit, Path(options.temp_directory) if options.temp_directory else work / "spill")
         con.execute("SET fsync_mode = 'NONE'")
         set_variables(con, variables)
+        # the parts read before are checked again only if one held a copy left out (the rule of ledger/load.py)
+        copies = con.execute("SELECT count(*) FROM event_copies_left_out").fetchone()[0]
         _drop_run_tables(con)
-        run = RunFiles(run_dir, parts, samples, manifest, newer, in_place=True)
-        run_modules(con, [m for m in modules if m.scope == "run"], run)
         con.execute(f"ATTACH {sql_string(str(state.path))} AS st")
+        checked = None if copies else Checked(frozenset(p for p in parts if str(p) in state.parts), "st._event_hash")
+        run = RunFiles(run_dir, parts, samples, manifest, newer, in_place=True, checked=checked)
+        run_modules(con, [m for m in modules if m.scope == "run"], run)
+        if new:
+            con.execute("INSERT INTO st._event_hash SELECT hash(event_id) FROM read_parquet(?, union_by_name = true)",
+                        [[str(p) for p in new]])
         if _differs(con, "clock_conv", "st._clock_conv"):
             raise Whole("the clock mappings changed")
         contracts = [r[0] for r in con.execute(

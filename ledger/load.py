@@ -13,6 +13,11 @@ each is a VIEW over the parts' absolute paths, `events` leaving out the copies `
 names by (part, row), and `ledger_parts` records every part read (its size and the sha256 of its
 footer), which the query surface holds the folder to before it reads (ledger/query.py). Otherwise (a
 ledger written elsewhere, a run staged from a URL) both are copied into the ledger as tables.
+
+A refresh that adds parts to those an earlier build checked (`RunFiles.checked`, ledger/incremental.py)
+checks the new parts only: their event ids against each other and against the hashes of the ids
+already read, their token counts; should a new id's hash meet one already read (a copy, or two ids
+that share a hash), every part is checked as a whole build checks them.
 """
 from __future__ import annotations
 
@@ -42,6 +47,15 @@ class LoadError(Exception):
     """A file of the run directory cannot be loaded as what it claims to be; the message names it."""
 
 
+@dataclass(frozen=True)
+class Checked:
+    """Event parts an earlier build of the same ledger loaded and checked, unchanged since (the caller compared
+    them) and holding no copy `events` leaves out, and the table on the connection that holds `hash(event_id)`
+    (column h) of every event in them."""
+    parts: frozenset[Path]  # as RunFiles.event_parts lists them
+    hashes: str
+
+
 @dataclass
 class RunFiles:
     run_dir: Path
@@ -51,6 +65,7 @@ class RunFiles:
     newer_parts: list[str] = field(default_factory=list)  # parts newer than the layout record (check_layout)
     # events and samples as views over the parts where they lie (a ledger inside its run folder), not copies
     in_place: bool = False
+    checked: Checked | None = None  # parts an earlier build checked: only the others are (module docstring)
 
     def name(self, path: str | Path) -> str:
         """A file's name relative to the run directory, as messages give it."""
@@ -87,9 +102,13 @@ def _load(con, table: str, files: list[Path], schema: pa.Schema, temp: bool, run
                         "Move it out of the run directory and rebuild (or rewrite it from its source)") from None
 
 
-def _check_counts(con, run: RunFiles) -> None:
+def _check_counts(con, run: RunFiles, new: list[Path] | None) -> None:
+    """Every event's token count (`new`: only those of these parts, the others checked before)."""
+    if new == []:
+        return
+    events = "events" if new is None else f"read_parquet({_sql_list(new)}, union_by_name = true)"
     bad = con.execute(
-        f"SELECT event_id, name, value FROM events WHERE name IN {COUNT_EVENTS} AND value IS NOT NULL "
+        f"SELECT event_id, name, value FROM {events} WHERE name IN {COUNT_EVENTS} AND value IS NOT NULL "
         "AND (NOT isfinite(value) OR value < 0 OR value > ? OR value <> floor(value)) "
         "ORDER BY event_id LIMIT 1", [MAX_COUNT]).fetchall()
     if not bad:
@@ -118,6 +137,26 @@ def _view_without_copies(con, run: RunFiles, files: list[Path]) -> None:
     con.execute(f"CREATE OR REPLACE VIEW events AS {sql}")
 
 
+def _no_copies(con) -> None:
+    con.execute("CREATE TABLE event_copies_left_out (run_id VARCHAR, part VARCHAR, file_row_number BIGINT, "
+                "event_id VARCHAR)")
+
+
+def _new_parts(con, run: RunFiles, files: list[Path]) -> list[Path] | None:
+    """The parts (as `events` reads them) an earlier build did not check, when none of their event ids' hashes
+    meets another's (theirs or one read before: `events` then holds each id once); None otherwise."""
+    if run.checked is None:
+        return None
+    new = [f for f, p in zip(files, run.event_parts) if p not in run.checked.parts]
+    if not new:
+        return new
+    met = con.execute(f"""
+        WITH n AS (SELECT hash(event_id) AS h FROM read_parquet({_sql_list(new)}, union_by_name = true))
+        SELECT EXISTS (SELECT h FROM n GROUP BY h HAVING count(*) > 1)
+            OR EXISTS (SELECT h FROM n SEMI JOIN {run.checked.hashes} USING (h))""").fetchone()[0]
+    return None if met else new
+
+
 def _dedupe(con, run: RunFiles, files: list[Path]) -> list[tuple]:
     """Keep one copy of every event id (`files`: the event parts as `events` reads them); record the copies
     left out in `event_copies_left_out`; return the gap rows (scope, subject_id, affects, needs, detail)."""
@@ -130,8 +169,7 @@ def _dedupe(con, run: RunFiles, files: list[Path]) -> list[tuple]:
         GROUP BY event_id HAVING count(*) > 1""")
     if not con.execute("SELECT count(*) FROM event_dups").fetchall()[0][0]:
         con.execute("DROP TABLE event_dups")
-        con.execute("CREATE TABLE event_copies_left_out (run_id VARCHAR, part VARCHAR, file_row_number BIGINT, "
-                    "event_id VARCHAR)")
+        _no_copies(con)
         return []
     order = pa.table({"filename": [str(p) for p in files], "part": [run.name(p) for p in run.event_parts],
                       "part_index": list(range(len(files)))})
@@ -284,7 +322,12 @@ def build(con, run: RunFiles) -> None:
         if missing:
             raise LoadError(f"{name}: a Parquet file of another kind (lacks column(s) {', '.join(missing)}); "
                             "move it out of the run directory and rebuild")
-    gaps = _dedupe(con, run, event_parts)
-    _check_counts(con, run)
+    new = _new_parts(con, run, event_parts)
+    if new is None:
+        gaps = _dedupe(con, run, event_parts)
+    else:  # no id of the new parts is another's: nothing to leave out
+        gaps = []
+        _no_copies(con)
+    _check_counts(con, run, new)
     GAPS.store(con, gaps + [("run", line.split(":", 1)[0], "events (rows no layout record vouches for)",
                              "the partition layout record of every part", line) for line in run.newer_parts])

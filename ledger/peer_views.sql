@@ -82,16 +82,18 @@ WITH per_request(k, v, w, refused) AS (
          quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused), count(v) FILTER (WHERE refused)
   FROM vllm_gaps WHERE v IS NOT NULL
 ), plain_all AS (  -- the same rows with the refused samples in, as a tool that keeps them counts: only
-                   -- where a row has any (the pooled gaps of a big run are not read twice for nothing)
+                   -- where a row has any (the pooled gaps of a big run are not read twice for nothing; whether
+                   -- any is refused is asked of the attempts' rows, not of their millions of gaps)
   SELECT k, avg(v) AS mean_ms, quantile_cont(v, [0.5, 0.9, 0.99]) AS q
   FROM per_request WHERE v IS NOT NULL AND k NOT IN (7, 10, 12, 16)
     AND k IN (SELECT k FROM per_request WHERE refused AND v IS NOT NULL) GROUP BY k
   UNION ALL
   SELECT 4, avg(v), quantile_cont(v, [0.5, 0.9, 0.99]) FROM content_gaps
-  WHERE EXISTS (SELECT 1 FROM content_gaps WHERE refused) HAVING count(*) > 0
+  WHERE EXISTS (SELECT 1 FROM peer_base WHERE refused AND len(content_gaps_ms) > 0) HAVING count(*) > 0
   UNION ALL
   SELECT 5, avg(v), quantile_cont(v, [0.5, 0.9, 0.99]) FROM vllm_gaps
-  WHERE v IS NOT NULL AND EXISTS (SELECT 1 FROM vllm_gaps WHERE refused) HAVING count(*) > 0
+  WHERE v IS NOT NULL AND EXISTS (SELECT 1 FROM peer_base WHERE refused AND len(choice_gaps_ms) > 0)
+  HAVING count(*) > 0
 ), guidellm AS (  -- GuideLLM's rows without the refused samples, and with them where a row has any
   SELECT k, v, w, false AS with_refused FROM per_request
   WHERE v IS NOT NULL AND k IN (7, 10, 12, 16) AND NOT refused

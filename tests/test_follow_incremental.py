@@ -105,6 +105,56 @@ def test_a_copy_of_an_old_event_in_a_new_part_is_counted_once_as_a_whole_build_c
     assert same_as_fresh(run, tmp_path) == []
 
 
+def test_a_refresh_checks_the_new_parts_ids_only_unless_one_meets_another(bench_run, tmp_path, monkeypatch):
+    """The duplicate check over every part runs at a refresh only when a new part's event id (its hash) meets
+    another: one read before, or one of the new parts'; a copy left out before keeps it checking every part."""
+    from inferledger.ledger import load
+
+    checks = []  # the parts of the run folder each check reads (not the shard's own file)
+    whole_check = load._dedupe
+
+    def check(con, run, files):
+        checks.extend([len(files)] if files[0].parent.name == "events" else [])
+        return whole_check(con, run, files)
+    monkeypatch.setattr(load, "_dedupe", check)
+    src, parts = bench_run
+    run = tmp_path / "run"
+    start(src, run)
+    flush(run, parts[0].slice(0, 40), 0)
+    state = refresh(run, LIVE, None).state
+    assert checks == [1]  # the whole build: every part
+    flush(run, parts[0].slice(40), 1)
+    state = refresh(run, LIVE, state).state
+    assert checks == [1]  # a part of new ids only: its ids against those read before
+    # a part holding the same event twice: every part checked, the event counted once
+    twice = parts[1].slice(0, 30)
+    flush(run, pa.concat_tables([twice, parts[1].slice(7, 1)]), 2)
+    state = refresh(run, LIVE, state).state
+    assert checks == [1, 3]
+    checks.clear()
+    # a part of new ids only, while the ledger leaves a copy out: every part checked again, the copy still out
+    flush(run, parts[1].slice(30), 3)
+    assert refresh(run, LIVE, state).how.startswith("incremental: 1 new part, ")
+    assert checks == [4] and same_as_fresh(run, tmp_path) == []
+
+
+def test_a_token_count_of_a_new_part_is_checked_at_a_refresh_naming_its_part_and_row(bench_run, tmp_path):
+    from inferledger.ledger.stages import RunDirError
+
+    src, parts = bench_run
+    run = tmp_path / "run"
+    start(src, run)
+    flush(run, parts[0], 0)
+    state = refresh(run, LIVE, None).state
+    names, values = parts[1].column("name").to_pylist(), parts[1].column("value").to_pylist()
+    row = names.index("engine.token")
+    values[row] = 2.5
+    flush(run, parts[1].set_column(parts[1].schema.get_field_index("value"), "value", pa.array(values)), 1)
+    with pytest.raises(RunDirError, match=f"events/part-00001.parquet row {row}: event .* has value 2.5, which is not "
+                                          "a token count"):
+        refresh(run, LIVE, state)
+
+
 @pytest.mark.parametrize("change, why", [
     ("rewrite", "events/part-00000.parquet was rewritten or removed since the last refresh"),
     ("compact", "events/part-00000.parquet was rewritten or removed since the last refresh"),
