@@ -63,6 +63,7 @@ def same_as_fresh(run: Path, tmp: Path) -> list[str]:
     return ledger_differences(run / "ledger.duckdb", fresh.path, PUBLIC_TABLES)
 
 
+@pytest.mark.slow  # a fresh whole build beside refresh after refresh: `make test` runs it
 def test_every_incremental_refresh_equals_a_fresh_whole_build_of_the_same_parts(bench_run, tmp_path):
     src, parts = bench_run
     run = tmp_path / "run"
@@ -105,6 +106,7 @@ def test_a_copy_of_an_old_event_in_a_new_part_is_counted_once_as_a_whole_build_c
     assert same_as_fresh(run, tmp_path) == []
 
 
+@pytest.mark.slow  # a fresh whole build beside refresh after refresh: `make test` runs it
 def test_a_refresh_checks_the_new_parts_ids_only_unless_one_meets_another(bench_run, tmp_path, monkeypatch):
     """The duplicate check over every part runs at a refresh only when a new part's event id (its hash) meets
     another: one read before, or one of the new parts'; a copy left out before keeps it checking every part."""
@@ -231,6 +233,7 @@ def engine_run(tmp_path_factory):
     return src, _by_time(pa.concat_tables([pq.read_table(p) for p in sorted((src / "events").rglob("part-*.parquet"))]))
 
 
+@pytest.mark.slow  # a fresh whole build beside refresh after refresh: `make test` runs it
 def test_an_engine_run_with_steps_straddling_flushes_equals_a_fresh_build_at_every_refresh(engine_run, tmp_path):
     """Its events cut into parts by time, so steps and attempts straddle the flushes: every refresh after the
     first incremental, each equal to a fresh build."""
