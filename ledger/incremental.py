@@ -212,10 +212,17 @@ def _check_files(run_dir: Path, state: State, parts, samples, target: Path) -> l
     if gone:
         raise Whole(f"{Path(gone[0]).relative_to(run_dir)} was rewritten or removed since the last refresh")
     fresh = [str(p) for p in samples if str(p) not in state.samples]
-    if fresh and duckdb.execute("SELECT count(*) FROM read_parquet(?, union_by_name = true) WHERE metric IN "
-                                f"({', '.join(map(sql_string, PER_ATTEMPT_SAMPLES))})", [fresh]).fetchone()[0]:
+    if fresh and _count_per_attempt_samples(fresh):
         raise Whole(f"new samples of {', '.join(PER_ATTEMPT_SAMPLES)} (attempts' rows read them)")
     return [p for p in parts if str(p) not in state.parts]
+
+
+def _count_per_attempt_samples(paths: list[str]) -> int:
+    """Samples of a metric task rows read per attempt in these sample parts: on a connection of its own
+    (duckdb's module-level one is the caller's, and a result left unread there breaks its next statement)."""
+    with duckdb.connect() as con:
+        return con.execute("SELECT count(*) FROM read_parquet(?, union_by_name = true) WHERE metric IN "
+                           f"({', '.join(map(sql_string, PER_ATTEMPT_SAMPLES))})", [paths]).fetchone()[0]
 
 
 def _drop_run_tables(con) -> None:

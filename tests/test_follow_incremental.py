@@ -296,6 +296,11 @@ def test_new_samples_keep_the_refresh_incremental_unless_attempts_rows_read_them
     _samples(run, 2, "client_loop_lag_ms", t0[10:20])  # inside the first attempts' stretches on the client
     flush(run, parts[2], 2)
     assert refresh(run, LIVE, done.state).how == "whole: new samples of client_loop_lag_ms (attempts' rows read them)"
+    # the look at the new samples left duckdb's module-level connection as it found it (a result left unread
+    # there broke the next statement of whoever used it, in another test of the same process)
+    import duckdb
+
+    assert duckdb.sql("SELECT 42").fetchall() == [(42,)]
 
 
 def test_the_task_modules_reading_samples_are_those_the_incremental_rule_knows():

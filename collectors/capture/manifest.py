@@ -94,10 +94,10 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
         gaps += live.router.gap_rows(writer.run_id)
     if live.replicas is not None:  # the replicas declared by URL: which attempts each served, its scrapes
         gaps += live.replicas.gap_rows(writer.run_id)
-    if live.servers is not None:  # the --server folders: what they lacked, by folder and attempt
-        gaps += live.servers.gap_rows(writer.run_id)
     if live.router_tries is not None:  # the router's spans: what they lacked
         gaps += live.router_tries.gaps
+    if live.servers is not None:  # the --server folders: what they lacked, by folder and attempt
+        gaps += live.servers.gap_rows(writer.run_id)
     elif server is None and not (evidence_manifest or {}).get("spans", {}).get("joined"):
         gaps.append({"run_id": writer.run_id, "gap_id": "collector:black-box", "scope": "run", "subject_id": None,
                      "affects": "server_status, ttft_server_ms, e2e_server_ms, queue/prefill/decode, resources",
