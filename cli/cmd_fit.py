@@ -47,12 +47,12 @@ def fit_cmd(
     from inferledger.costmodel.fit import FitError, held_out_summary
     from inferledger.ledger.fit_read import StepsUnreadable, ledger_fit_points, run_fit
     from inferledger.probes.run_folder import RunFolderError
-    from inferledger.probes.study_dir import RUNS_DIR, is_study_dir
+    from inferledger.probes.study_dir import not_a_run
 
     steps = {}
     for flag, run in (("TRAIN", train), ("--test", test)):
-        if is_study_dir(run):
-            fail(f"error: {flag} {run}: a study folder; name one of its runs ({run / RUNS_DIR}/NAME)")
+        if why := not_a_run(run):
+            fail(f"error: {flag} {why}")
         if not (run / "ledger.duckdb").is_file():
             fail(f"error: {flag} {run}: no ledger there (a run folder holds ledger.duckdb once "
                  f"`{command_name()} reconstruct {run}` has run)")

@@ -126,9 +126,8 @@ def register(app: typer.Typer) -> None:
 
 def _note_fit_blind_spots(doc: dict) -> None:
     """A note (standard error) where the fit range's busy end needs a per-sequence term the fit could not see."""
-    from inferledger.costmodel.fit import StepFit
+    from inferledger.costmodel.prediction import fit_range_note
 
-    block = doc["roofs"].get("fit")
-    note = StepFit.from_dict(block).blind_spot_note(doc["max_batch"]) if block else None
+    note = fit_range_note(doc)
     if note:
         typer.echo(f"note: the fit ranges' busy end: {note} (train --fit on a run that batched)", err=True)

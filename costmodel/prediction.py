@@ -188,6 +188,16 @@ def predict(shape: ModelShape, shapes: list[dict], peak: Roofs, *, max_batch: in
             "requests": requests, "steps": steps}
 
 
+def fit_range_note(doc: dict) -> str | None:
+    """What a prediction's step-fit ranges leave out at their busy end, a step of `max_batch` sequences
+    (`StepFit.blind_spot_note`); None without a fit or where nothing is left out. TypeError, ValueError or
+    KeyError for a fit block this version does not read."""
+    from .fit import StepFit
+
+    block = (doc.get("roofs") or {}).get("fit")
+    return StepFit.from_dict(block).blind_spot_note(int(doc["max_batch"])) if block else None
+
+
 def _field(doc, path: str, where: str, kind, check=None, why: str = ""):
     v = doc
     for key in path.replace("]", "").replace("[", ".").split("."):

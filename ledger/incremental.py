@@ -42,7 +42,8 @@ from inferledger.ledger.load import Checked, RunFiles
 from inferledger.ledger.memory import bound, default_memory_limit, parse_size
 from inferledger.ledger.modules import ledger_modules
 from inferledger.ledger.query import LEDGER_FILE
-from inferledger.ledger.reconstruct import BuildOptions, LedgerSummary, reconstruct, run_parts, run_variables
+from inferledger.ledger.reconstruct import (SUMMARY_COUNTS, BuildOptions, LedgerSummary, reconstruct, run_parts,
+                                            run_variables)
 from inferledger.ledger.sharded import run_shard
 from inferledger.ledger.stages import RunDirError, run_modules, set_variables
 from inferledger.ledger.tables import sql_string
@@ -203,14 +204,11 @@ def _check_files(run_dir: Path, state: State, parts, samples, target: Path) -> l
     """The event parts new since the last refresh; Whole when the files moved otherwise."""
     if not state.path.exists() or not target.exists() or _stat(target) != state.ledger:
         raise Whole("the ledger is not the last refresh's")
-    now = {str(p): _stat(p) for p in parts}
-    gone = [p for p, st in state.parts.items() if now.get(p) != st]
-    if gone:
-        raise Whole(f"{Path(gone[0]).relative_to(run_dir)} was rewritten or removed since the last refresh")
-    now = {str(p): _stat(p) for p in samples}
-    gone = [p for p, st in state.samples.items() if now.get(p) != st]
-    if gone:
-        raise Whole(f"{Path(gone[0]).relative_to(run_dir)} was rewritten or removed since the last refresh")
+    for read, listed in ((state.parts, parts), (state.samples, samples)):
+        now = {str(p): _stat(p) for p in listed}
+        gone = [p for p, st in read.items() if now.get(p) != st]
+        if gone:
+            raise Whole(f"{Path(gone[0]).relative_to(run_dir)} was rewritten or removed since the last refresh")
     fresh = [str(p) for p in samples if str(p) not in state.samples]
     if fresh and _count_per_attempt_samples(fresh):
         raise Whole(f"new samples of {', '.join(PER_ATTEMPT_SAMPLES)} (attempts' rows read them)")
@@ -431,8 +429,7 @@ def _incremental(run_dir: Path, options: BuildOptions, state: State) -> Outcome:
         lap("merge")
         run_modules(con, [m for m in modules if m.scope == "rollup"], run)
         lap("rollups")
-        counts = con.execute("SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
-                             "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone()
+        counts = con.execute(SUMMARY_COUNTS).fetchone()
         con.execute("DETACH st")
         con.execute("SET fsync_mode = 'STANDARD'")
         con.execute("CHECKPOINT")

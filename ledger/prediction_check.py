@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from inferledger.costmodel.prediction import PredictionError, load, read_file
+from inferledger.costmodel.prediction import PredictionError, fit_range_note, load, read_file
 import pyarrow as pa
 
 from inferledger.ledger.tables import StageTable, gap_table
@@ -114,13 +114,8 @@ def _range(r: dict, key: str, kind: str) -> list:
 def _fit_blind_spots(doc: dict) -> list[tuple[str, str, str]]:
     """Gap rows for a fit range whose busy end (the batch limit) lies outside the batch sizes its fit was
     trained on, where a per-sequence term could not be fitted: the end leaves that cost out (held at 0)."""
-    from inferledger.costmodel.fit import StepFit
-
-    block = (doc.get("roofs") or {}).get("fit")
-    if not block:
-        return []
     try:
-        note = StepFit.from_dict(block).blind_spot_note(int(doc["max_batch"]))
+        note = fit_range_note(doc)
     except (TypeError, ValueError, KeyError):
         return [("prediction_check ttft_fit_high_ms, tpot_fit_high_ms", "a step fit block of the prediction format",
                  f"{PREDICTION_FILE}: roofs.fit is not a step fit this version reads; its ranges are checked as given")]

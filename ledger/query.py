@@ -44,8 +44,6 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-
-
 def resolve_runs(path_or_glob: str | Path, skipped: list[Path] | None = None) -> list[tuple[str, Path]]:
     """(run name, ledger file) for a run folder, a study folder (its runs), a glob of those, or ledger.duckdb
     paths. A glob passes over a folder without a ledger yet (appended to `skipped`); a folder named

@@ -104,6 +104,11 @@ class BuildOptions:
     live: bool = False
 
 
+# a built ledger's counts for its LedgerSummary (n_events, n_attempts, n_tasks, n_gaps)
+SUMMARY_COUNTS = ("SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
+                  "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)")
+
+
 def run_parts(run_dir: Path) -> tuple[list[Path], list[Path], list[str]]:
     """The run's event parts and sample parts, every part checked whole and of our schema (merged ranges over
     their leftovers), and the run as a whole against its layout record: the lines of parts newer than it."""
@@ -185,9 +190,7 @@ def reconstruct(run_dir: str | os.PathLike, options: BuildOptions = BuildOptions
             run_modules(con, ledger_modules(), run, profile, on_stage)
             if on_built is not None:
                 on_built(con, run)
-        counts = con.execute(
-            "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM attempts), "
-            "(SELECT count(*) FROM tasks), (SELECT count(*) FROM gaps)").fetchone()
+        counts = con.execute(SUMMARY_COUNTS).fetchone()
         con.execute("SET fsync_mode = 'STANDARD'")
         con.execute("CHECKPOINT")
     except BaseException as exc:

@@ -34,6 +34,11 @@ def is_study_dir(path: str | Path) -> bool:
     return StudyIndex.exists(path)
 
 
+def not_a_run(path: str | Path) -> str | None:
+    """Why a folder given where one run is wanted is not one (a study folder: its runs are), else None."""
+    return f"{path}: a study folder; name one of its runs ({Path(path) / RUNS_DIR}/NAME)" if is_study_dir(path) else None
+
+
 def _load_json(path: Path, what: str):
     try:
         return json.loads(path.read_text(encoding="utf-8"))

@@ -346,8 +346,8 @@ def _signal_name(exc: BaseException, watch: StudyWatch) -> str:
 
 def _one_run(study: Study, r: StudyRun, out: Path, at: tuple[int, int], watch: StudyWatch, bundle) -> None:
     """One run of the plan into the study folder `out` (`at`: its place i of n): kept when finished (its
-    ledger rebuilt if it has none, or one this code does not read as built: an upgrade, a moved folder), else its half-done folder set aside and the run produced, then its
-    ledger built."""
+    ledger rebuilt if it has none, or one this code does not read as built: an upgrade, a moved folder), else
+    its half-done folder set aside and the run produced, then its ledger built."""
     i, n = at
     run_dir = out / fmt.RUNS_DIR / r.name
     t_run = time.perf_counter()

@@ -53,11 +53,10 @@ def fit_of(run: Path):
     """The step-time fit of a reconstructed run (its step_model steps, trained as the ledger's step_fit)."""
     from inferledger.costmodel.fit import FitError
     from inferledger.ledger.fit_read import StepsUnreadable, run_fit
+    from inferledger.probes.study_dir import not_a_run
 
-    from inferledger.probes.study_dir import RUNS_DIR, is_study_dir
-
-    if is_study_dir(run):
-        raise PredictionError(f"--fit {run}: a study folder; name one of its runs ({Path(run) / RUNS_DIR}/NAME)")
+    if why := not_a_run(run):
+        raise PredictionError(f"--fit {why}")
     path = Path(run) / "ledger.duckdb"
     if not path.exists():
         raise PredictionError(f"--fit {run}: no ledger at {path}; run `inferledger reconstruct {run}` first")

@@ -150,8 +150,8 @@ class RouterTries:
         for client, ts in sorted(tries.items()):
             ts.sort(key=lambda s: (s.start_unix_ns, s.span_id))
             for n, s in enumerate(ts, 1):
-                replica = self.replicas.get(worker_key(str(s.attributes.get("url.full", ""))),
-                                            worker_key(str(s.attributes.get("url.full", ""))))
+                worker = str(s.attributes.get("url.full", ""))
+                replica = self.replicas.get(worker_key(worker), worker_key(worker))
                 last = n == len(ts)
                 name = run.held.get(s.span_id) or (client if last else f"{client}@{replica}#{n}")
                 held += s.span_id in run.held
@@ -159,7 +159,7 @@ class RouterTries:
                     self.taken.append((name, s))
                     continue
                 status = s.attributes.get("http.response.status_code")
-                attrs = {"replica_id": replica, "worker": str(s.attributes.get("url.full", "")),
+                attrs = {"replica_id": replica, "worker": worker,
                          "end_ns": s.end_unix_ns, "span_id": s.span_id, "trace_id": s.trace_id,
                          "evidence": "reported", "reporter": reporter}
                 if str(status).isdigit():  # an HTTP status (OTLP/JSON may carry it as a string)

@@ -349,21 +349,22 @@ def _start_target(live: Live, head: dict, prep: Prepared, options: CaptureOption
 
         live.replicas = Replicas(options.replicas, live.out, live.writer, clock=live.client_clock, host=live.host)
         live.replicas.start()
-    if options.router_metrics:  # the router's counters before the load (and after it, _record)
-        from inferledger.collectors.evidence.router_metrics import RouterScraper, worker_key
-
-        live.router = RouterScraper(options.router_metrics, live.out, live.writer, clock=live.client_clock,
-                                    host=live.host)
-        urls = {**(live.servers.replica_urls() if live.servers else {}), **(live.replicas.urls() if live.replicas else {})}
-        live.router.replicas = {worker_key(u): r for u, r in urls.items()}
-        live.router.scrape_once()
-    if options.router_traces is not None:  # the router's own spans of its tries, joined after the load (_record)
-        from inferledger.collectors.capture.router_tries import RouterTries
+    if options.router_metrics or options.router_traces is not None:
         from inferledger.collectors.evidence.router_metrics import worker_key
 
         urls = {**(live.servers.replica_urls() if live.servers else {}), **(live.replicas.urls() if live.replicas else {})}
-        live.router_tries = RouterTries(Path(options.router_traces), live.host, live.url,
-                                        {worker_key(u): r for u, r in urls.items()})
+        by_worker = {worker_key(u): r for u, r in urls.items()}  # how the router names each replica -> replica id
+    if options.router_metrics:  # the router's counters before the load (and after it, _record)
+        from inferledger.collectors.evidence.router_metrics import RouterScraper
+
+        live.router = RouterScraper(options.router_metrics, live.out, live.writer, clock=live.client_clock,
+                                    host=live.host)
+        live.router.replicas = by_worker
+        live.router.scrape_once()
+    if options.router_traces is not None:  # the router's own spans of its tries, joined after the load (_record)
+        from inferledger.collectors.capture.router_tries import RouterTries
+
+        live.router_tries = RouterTries(Path(options.router_traces), live.host, live.url, by_worker)
     if live.server is None and options.evidence.wanted:
         from inferledger.collectors.evidence.engine_evidence import EngineEvidence
 
