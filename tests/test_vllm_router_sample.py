@@ -3,7 +3,8 @@ behind the real vllm-router 0.1.17, one capture through the router joining both 
 counters. Rebuilt without the router installed and held to exact values: every attempt has its
 replica; each replica's rows in `attempts` equal the router's own per-worker count of what it sent;
 a router's retries the client never saw are rows of their own, tied to the client attempt; a replica killed or
-slowed during the load is named, with what the router did and what the client saw, and no attempt lost."""
+slowed during the load is named, with what the router did and what the client saw, and no attempt lost; two
+llama.cpp replicas, whose answers cannot say which of them answered, are told apart by the router's spans."""
 from __future__ import annotations
 
 import json
