@@ -144,7 +144,6 @@ cleanup() {  # the router and every replica `recipe` started (globals: the EXIT 
 # FAULT (see the header): started beside the capture, in the background (FAULT_PID), stopped by cleanup.
 fault() {
   local work=$1 victim=${REPLICA_PIDS[0]:-}
-  [[ -z "${FAULT:-}" || -n "$victim" ]] || die "FAULT=$FAULT needs replica1 of ours (not with LLAMACPP_REPLICA=2)"
   case "${FAULT:-}" in
     "") ;;
     kill)
@@ -185,7 +184,8 @@ recipe() {
     "") ;;
     1) ours=(1) LLAMACPP_PORTS=(18210) name=(--served-model-name smollm2) ;;
     2) ours=() LLAMACPP_PORTS=(18210 18211) name=(--served-model-name smollm2) replicas=()
-       [[ -n "${ROUTER_TRACES:-}" ]] || die "LLAMACPP_REPLICA=2 places each attempt by the router's spans: give ROUTER_RECORD=DIR" ;;
+       [[ -n "${ROUTER_TRACES:-}" ]] || die "LLAMACPP_REPLICA=2 places each attempt by the router's spans: give ROUTER_RECORD=DIR"
+       [[ -z "${FAULT:-}" ]] || die "FAULT=$FAULT acts on replica1 of ours: there is none with LLAMACPP_REPLICA=2" ;;
     *) die "LLAMACPP_REPLICA=$LLAMACPP_REPLICA: 1 (beside a replica of ours) or 2 (two llama.cpp replicas)" ;;
   esac
   if [[ ${#LLAMACPP_PORTS[@]} -gt 0 ]]; then
