@@ -283,15 +283,21 @@ UNION ALL
 SELECT 'run', replica_id,
        format('the rows of attempts for {} (one per try the router sent it), so reconciliation unseen_tries, '
               'attempts_per_request', replica_id),
-       'every try the replica received in its `serve --out` folder (a replica that is not killed flushes at its stop)',
+       CASE WHEN by_url THEN 'the router''s spans of every try (capture --router-traces): they name each try''s replica'
+            ELSE 'every try the replica received in its `serve --out` folder (a replica that is not killed flushes at '
+                 'its stop)' END,
        format('the router sent {} {} tr{} over the load ({} failed there, its breaker opened {} time(s)); the run '
               'holds {} attempt(s) of it: {}', replica_id, router_sent, CASE WHEN router_sent = 1 THEN 'y' ELSE 'ies' END,
-              router_failures, breaker_opens, attempts,
-              CASE WHEN router_sent > attempts
-                   THEN format('{} are in no folder (refused by a dead replica, or received after its last flush)',
-                               router_sent - attempts)
-                   ELSE 'more than the router counted' END)
-FROM replicas WHERE NOT router_agrees
+              router_failures, breaker_opens, coalesce(attempts, 0),
+              CASE WHEN router_sent <= coalesce(attempts, 0) THEN 'more than the router counted'
+                   WHEN by_url  -- declared by URL: only the router's spans (or one llama.cpp's timings) place its attempts
+                   THEN format('{} are not placed on it ({} attempt(s) of the run name no replica: no span of the router '
+                               'names theirs)', router_sent - coalesce(attempts, 0), unplaced)
+                   ELSE format('{} are in no folder (refused by a dead replica, or received after its last flush)',
+                               router_sent - attempts) END)
+FROM (SELECT *, kind IN ('vllm', 'llamacpp', 'blackbox') AS by_url,
+             (SELECT count(*) FROM attempts WHERE replica_id IS NULL) AS unplaced FROM replicas)
+WHERE NOT router_agrees
 UNION ALL
 SELECT 'run', replica_id, format('replicas prefix_hit_tokens, prefix_query_tokens, prefix_counter_agrees of {}', replica_id),
        'two scrapes of the replica''s /metrics with vllm:prefix_cache_hits_total: a server that exports it, whose '

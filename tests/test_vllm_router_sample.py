@@ -465,6 +465,12 @@ def test_an_attempt_no_span_places_has_no_replica_not_one_guessed(tmp_path):
     assert rows(run, "select replica_id from attempts where attempt_id = 'T0005:R1:A1'") == [(None,)]
     assert rows(run, "select replica_id, attempts, router_sent, router_agrees from replicas order by 1") == [
         ("127.0.0.1:18210", 10, 10, True), ("127.0.0.1:18211", 9, 10, False)]
+    assert rows(run, "select needs, detail from gaps where subject_id = '127.0.0.1:18211' and detail like "
+                     "'the router sent%'") == [(
+        "the router's spans of every try (capture --router-traces): they name each try's replica",
+        "the router sent 127.0.0.1:18211 10 tries over the load (0 failed there, its breaker opened 0 time(s)); the run "
+        "holds 9 attempt(s) of it: 1 are not placed on it (1 attempt(s) of the run name no replica: no span of the "
+        "router names theirs)")]
 
 
 def test_a_killed_replica_loses_no_client_attempt_and_its_missing_tries_are_counted_and_a_gap(runs):
