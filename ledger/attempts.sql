@@ -60,9 +60,11 @@ FROM s LEFT JOIN ref r USING (grp) LEFT JOIN clock_conv c ON c.from_clock = s.p.
 -- @column kv_release_ns: the last kv.release (the attempt holds no more references), ns on server_clock
 -- @column kv_free_ns: the last kv.free (its blocks back in the free pool), ns on server_clock
 -- @column replica_id: the replica that served it (its events' attrs.replica_id: a capture joining several
---   `serve --out` folders, or one beside replicas declared by URL); else, for an attempt answered with
---   llama.cpp's timings, the deployment's one llama.cpp replica (the manifest's deployment); NULL with one
---   server, none, or a replica no evidence names
+--   `serve --out` folders, or one beside replicas declared by URL; or the router's span of its try, the
+--   router.try event, which names a replica declared by URL whatever its kind, two llama.cpp replicas too);
+--   else, for an attempt answered with llama.cpp's timings, the deployment's one llama.cpp replica (the
+--   manifest's deployment); NULL with one server, none, or a replica no evidence names (an attempt whose
+--   router spans never came: a gap)
 -- @column parent_attempt_id: for an upstream try the client never saw (a router's retry: attempt_id
 --   `<client attempt>@<replica>#<n>`, client_status NULL), the client attempt it was a try of; else NULL
 CREATE OR REPLACE TABLE attempts AS

@@ -4,7 +4,7 @@
 --
 -- scope: rollup
 -- reads: attempts, marks, request_metrics, step_attribution, kv_holds, samples, quantile_linear, declared_replicas,
---   reported_timings, reported_spans
+--   reported_timings, reported_spans, events
 -- creates: replica_reported, replicas, replicas_gaps
 
 -- @table replicas: one row per replica of a deployment capture (attempts.replica_id, a replica the manifest's
@@ -237,9 +237,15 @@ SELECT 'run', replica_id, 'replicas ' || unknown || format(' of {}', replica_id)
                                           coalesce(router_sent::VARCHAR, 'an unknown number of'), replica_id)
             ELSE format('replica {} ({}) is declared by URL: its engine''s steps are not in the run{}{}{}', replica_id,
                         kind, CASE WHEN attempts IS NULL THEN ', nor which attempts it served'
-                                   WHEN kind = 'llamacpp'
+                                   WHEN coalesce(n_routed, 0) = attempts
+                                   THEN format(' (its {} attempt(s) are placed by the router''s spans of their tries)',
+                                               attempts)
+                                   WHEN kind = 'llamacpp' AND coalesce(n_routed, 0) = 0
                                    THEN format(' (its {} attempt(s) are placed by the timings llama.cpp answered with)',
                                                attempts)
+                                   WHEN kind = 'llamacpp'
+                                   THEN format(' (its {} attempt(s) are placed by the router''s spans of their tries, {} '
+                                               'by the timings llama.cpp answered with)', attempts, attempts - n_routed)
                                    ELSE format(' (its {} attempt(s) are placed by its own spans)', attempts) END,
                         CASE kind WHEN 'blackbox' THEN ', and it reports nothing of its own'
                                   WHEN 'llamacpp' THEN '; its /metrics have no KV usage gauge' ELSE '' END,
@@ -254,14 +260,18 @@ SELECT 'run', replica_id, 'replicas ' || unknown || format(' of {}', replica_id)
                              WHEN n_clocks > 1 THEN '; its busy time is unknown: its reports lie on more than one clock'
                              ELSE '; its busy time is unknown: the run may lack attempts it served (the router''s count '
                                   'does not agree, or attempts of the run name no replica)' END) END
-FROM (SELECT r.*, rr.n_placed, rr.n_clocks,  -- what the replica cannot say, listed once
+FROM (SELECT r.*, rr.n_placed, rr.n_clocks, rt.n_routed,  -- what the replica cannot say, listed once
              concat_ws(', ', CASE WHEN attempts IS NULL THEN 'attempts' END,
                        CASE WHEN busy_ms IS NULL THEN 'busy_ms, balance (every replica''s)' END,
                        CASE WHEN queue_p50_ms IS NULL AND waiting_max IS NULL THEN 'queue_p50_ms, waiting_max' END,
                        CASE WHEN kv_blocks_used_max IS NULL AND kv_usage_max IS NULL
                             THEN 'kv_blocks_used_max, kv_usage_max' END,
                        CASE WHEN prefix_hit_tokens IS NULL THEN 'prefix_hit_blocks, prefix_hit_tokens' END) AS unknown
-      FROM replicas r LEFT JOIN replica_reported rr USING (replica_id) WHERE busy_evidence IS DISTINCT FROM 'observed')
+      FROM replicas r LEFT JOIN replica_reported rr USING (replica_id)
+      LEFT JOIN (SELECT a.replica_id, count(DISTINCT a.attempt_id) AS n_routed  -- placed by the router's spans
+                 FROM attempts a JOIN events e ON e.attempt_id = a.attempt_id AND e.name = 'router.try'
+                  AND json_extract_string(e.attrs, '$.replica_id') = a.replica_id GROUP BY 1) rt USING (replica_id)
+      WHERE busy_evidence IS DISTINCT FROM 'observed')
 WHERE unknown <> ''  -- a replica whose own reports say everything leaves no row
 UNION ALL
 SELECT 'run', replica_id, 'replicas router_sent, router_agrees',
@@ -273,15 +283,21 @@ UNION ALL
 SELECT 'run', replica_id,
        format('the rows of attempts for {} (one per try the router sent it), so reconciliation unseen_tries, '
               'attempts_per_request', replica_id),
-       'every try the replica received in its `serve --out` folder (a replica that is not killed flushes at its stop)',
+       CASE WHEN by_url THEN 'the router''s spans of every try (capture --router-traces): they name each try''s replica'
+            ELSE 'every try the replica received in its `serve --out` folder (a replica that is not killed flushes at '
+                 'its stop)' END,
        format('the router sent {} {} tr{} over the load ({} failed there, its breaker opened {} time(s)); the run '
               'holds {} attempt(s) of it: {}', replica_id, router_sent, CASE WHEN router_sent = 1 THEN 'y' ELSE 'ies' END,
-              router_failures, breaker_opens, attempts,
-              CASE WHEN router_sent > attempts
-                   THEN format('{} are in no folder (refused by a dead replica, or received after its last flush)',
-                               router_sent - attempts)
-                   ELSE 'more than the router counted' END)
-FROM replicas WHERE NOT router_agrees
+              router_failures, breaker_opens, coalesce(attempts, 0),
+              CASE WHEN router_sent <= coalesce(attempts, 0) THEN 'more than the router counted'
+                   WHEN by_url  -- declared by URL: only the router's spans (or one llama.cpp's timings) place its attempts
+                   THEN format('{} are not placed on it ({} attempt(s) of the run name no replica: no span of the router '
+                               'names theirs)', router_sent - coalesce(attempts, 0), unplaced)
+                   ELSE format('{} are in no folder (refused by a dead replica, or received after its last flush)',
+                               router_sent - attempts) END)
+FROM (SELECT *, kind IN ('vllm', 'llamacpp', 'blackbox') AS by_url,
+             (SELECT count(*) FROM attempts WHERE replica_id IS NULL) AS unplaced FROM replicas)
+WHERE NOT router_agrees
 UNION ALL
 SELECT 'run', replica_id, format('replicas prefix_hit_tokens, prefix_query_tokens, prefix_counter_agrees of {}', replica_id),
        'two scrapes of the replica''s /metrics with vllm:prefix_cache_hits_total: a server that exports it, whose '

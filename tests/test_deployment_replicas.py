@@ -177,6 +177,16 @@ def test_each_replica_is_scraped_by_its_kind_apart_and_its_gap_names_it(tmp_path
     assert sorted(gaps) == sorted(f"collector:replica:{r}" for r in (v, l, "127.0.0.1:9"))
     assert "127.0.0.1:9 (blackbox, http://127.0.0.1:9)" in gaps["collector:replica:127.0.0.1:9"]["detail"]
     assert gaps[f"collector:replica:{l}"]["subject_id"] == l
+    # which attempts each served: unknown but for the one llama.cpp replica (its timings) ...
+    assert [r for r in (v, l, "127.0.0.1:9") if "attempts.replica_id" in gaps[f"collector:replica:{r}"]["affects"]] == \
+        [v, "127.0.0.1:9"]
+    # ... and, with the router's spans given to the capture, known for each: the spans name every try's replica
+    spanned = {g["gap_id"]: g for g in reps.gap_rows("run", router_spans=True)}
+    assert sorted(spanned) == sorted(gaps)
+    assert not any("attempts.replica_id" in g["affects"] for g in spanned.values())
+    assert spanned[f"collector:replica:{v}"]["detail"].endswith(
+        "and its attempts are those whose try the router's spans (--router-traces) name it for, by the client's request "
+        "id (an attempt without its spans is a gap of its own)")
     entries = {e["replica_id"]: e for e in reps.manifest()}
     assert (entries[v]["kind"], entries[v]["metrics"]["scrapes"], entries[v]["metrics"]["source"]) == \
         ("vllm", 2, "vllm-metrics")

@@ -3,7 +3,8 @@ behind the real vllm-router 0.1.17, one capture through the router joining both 
 counters. Rebuilt without the router installed and held to exact values: every attempt has its
 replica; each replica's rows in `attempts` equal the router's own per-worker count of what it sent;
 a router's retries the client never saw are rows of their own, tied to the client attempt; a replica killed or
-slowed during the load is named, with what the router did and what the client saw, and no attempt lost."""
+slowed during the load is named, with what the router did and what the client saw, and no attempt lost; two
+llama.cpp replicas, whose answers cannot say which of them answered, are told apart by the router's spans."""
 from __future__ import annotations
 
 import json
@@ -28,9 +29,9 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm_r
 def runs(tmp_path_factory):
     out = {}
     for name in ("round_robin", "retries", "llamacpp_replica", "replica_killed", "replica_slowed", "router_record",
-                 "router_abandoned"):
+                 "router_abandoned", "llamacpp_pair"):
         run = tmp_path_factory.mktemp(name) / "run"
-        shutil.copytree(SAMPLES / name / ("run" if name.startswith("router_") else ""), run)
+        shutil.copytree(SAMPLES / name / ("run" if (SAMPLES / name / "run").is_dir() else ""), run)
         reconstruct(run)
         out[name] = run
     return out
@@ -381,6 +382,97 @@ def test_a_llamacpp_replica_with_an_answer_its_timings_cannot_place_has_no_busy_
                            "placed inside the client's interval")
 
 
+def _scrape_deltas(run: Path, replica: str) -> dict[str, float]:
+    """A declared replica's own /metrics counters over the load, from its raw scrapes: last − first."""
+    scrapes = [json.loads(line) for line in
+               (run / "scrapes" / f"metrics-{replica.replace(':', '_')}.jsonl").read_text().splitlines()]
+    return {k: v - scrapes[0]["values"].get(k, 0) for k, v in scrapes[-1]["values"].items() if k.endswith("_total")}
+
+
+def _span_workers(run: Path) -> dict[str, str]:
+    """Each request id of the router's spans (its SERVER span) -> the host:port of the worker its one try went to
+    (the CLIENT span under it), read from the export file as written."""
+    spans = [s for line in (run / "router-spans.jsonl").read_text().splitlines()
+             for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+
+    def attrs(s):
+        return {a["key"]: next(iter(a["value"].values())) for a in s.get("attributes", [])}
+
+    request = {s["spanId"]: attrs(s)["request_id"] for s in spans if s["kind"] == "SPAN_KIND_SERVER"}
+    tries = [(request[s["parentSpanId"]], attrs(s)["url.full"]) for s in spans if s["kind"] == "SPAN_KIND_CLIENT"]
+    assert len(tries) == len(request) == len({r for r, _ in tries})  # one try per request: nothing failed
+    return {r: re.match(r"http://([^/]+)/", url).group(1) for r, url in tries}
+
+
+def test_two_llamacpp_replicas_are_told_apart_by_the_routers_spans(runs):
+    """llamacpp_pair/: two llama.cpp servers (18210, 18211, one thread each) behind the traced router, no replica
+    of ours, 20 requests at 4/s. Their answers' timings cannot say which of them answered: each attempt is placed
+    on the worker its try's CLIENT span names, by the client's request id. Held to what the router and the two
+    servers say themselves: the spans' worker per request, the router's processed counter per worker (10 and 10),
+    and each server's own /metrics over the load: its cached prompt tokens (36 each) and its decode seconds
+    (tokens_predicted_seconds_total 34.7335 and 33.6054 s, which tell the two apart: the Σ predicted_ms of the
+    timings of the attempts placed on each is its own counter's, to its 4 printed decimals)."""
+    name, run = "llamacpp_pair", runs["llamacpp_pair"]
+    recorded = SAMPLES / name / "run"
+    workers = _span_workers(recorded)
+    assert len(workers) == 20 and Counter(workers.values()) == {"127.0.0.1:18210": 10, "127.0.0.1:18211": 10}
+    assert dict(rows(run, "select attempt_id, replica_id from attempts")) == workers
+    assert router_counts(f"{name}/run") == {"127.0.0.1:18210": 10, "127.0.0.1:18211": 10}
+    counters = {r: _scrape_deltas(recorded, r) for r in ("127.0.0.1:18210", "127.0.0.1:18211")}
+    assert {r: (c["llamacpp:prompt_tokens_cached_total"], c["llamacpp:tokens_predicted_seconds_total"])
+            for r, c in counters.items()} == {"127.0.0.1:18210": (36, 34.7335), "127.0.0.1:18211": (36, 33.6054)}
+    assert rows(run, "select replica_id, kind, attempts, router_sent, router_agrees, busy_evidence, prefix_hit_tokens "
+                     "from replicas order by 1") == [
+        (r, "llamacpp", 10, 10, True, "reported", int(c["llamacpp:prompt_tokens_cached_total"]))
+        for r, c in sorted(counters.items())]
+    # each attempt's timings joined as reported evidence, inside the client's interval; per replica its cached
+    # tokens its own counter's, and its timings' decode time its own counter's (the other's differs by 1.1 s)
+    assert rows(run, "select a.replica_id, count(t.attempt_id), count(*) filter (where t.inside_client), "
+                     "sum(t.cached_tokens) from attempts a left join reported_timings t using (attempt_id) "
+                     "group by 1 order by 1") == [("127.0.0.1:18210", 10, 10, 36), ("127.0.0.1:18211", 10, 10, 36)]
+    decode = {r: 0.0 for r in counters}
+    for attempt, (_, _, predicted_ms) in _llamacpp_answers(recorded).items():
+        decode[workers[attempt]] += predicted_ms
+    assert {r: round(ms / 1000, 4) for r, ms in decode.items()} == \
+        {r: c["llamacpp:tokens_predicted_seconds_total"] for r, c in counters.items()}
+    # no gap says which attempts a replica served is unknown; the ledger says how they were placed
+    gaps = dict(rows(run, "select gap_id, affects from gaps where gap_id like 'collector:%'"))
+    assert sorted(gaps) == ["collector:black-box", "collector:replica:127.0.0.1:18210", "collector:replica:127.0.0.1:18211"]
+    assert not any("attempts.replica_id" in a for a in gaps.values())
+    assert [d for (d,) in rows(run, "select detail from gaps where gap_id like 'run:127.0.0.1:1821%:1' order by 1")] == [
+        f"replica 127.0.0.1:1821{i} (llamacpp) is declared by URL: its engine's steps are not in the run (its 10 "
+        "attempt(s) are placed by the router's spans of their tries); its /metrics have no KV usage gauge; its busy_ms "
+        "is the union of the prefill and decode its engine reported (busy_evidence reported)" for i in (0, 1)]
+    manifest = json.loads((recorded / "manifest.json").read_text())
+    assert (manifest["router_traces"]["attempts_without_spans"], manifest["router_traces"]["events"]) == (0, 20)
+
+
+def test_an_attempt_no_span_places_has_no_replica_not_one_guessed(tmp_path):
+    """llamacpp_pair/ with one attempt's router.try event taken out (as if its spans never came): two llama.cpp
+    replicas, so its timings place it on neither; its replica is NULL, and the replica the router sent it to
+    holds 9 rows against the router's 10."""
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "llamacpp_pair" / "run", run)
+    dropped = 0
+    for path in (run / "events").rglob("*.parquet"):
+        table = pq.read_table(path)
+        kept = [r for r in table.to_pylist() if not (r["name"] == "router.try" and r["attempt_id"] == "T0005:R1:A1")]
+        dropped += table.num_rows - len(kept)
+        pq.write_table(pa.Table.from_pylist(kept, schema=table.schema), path)
+    assert dropped == 1
+    reconstruct(run)
+    assert _span_workers(SAMPLES / "llamacpp_pair" / "run")["T0005:R1:A1"] == "127.0.0.1:18211"
+    assert rows(run, "select replica_id from attempts where attempt_id = 'T0005:R1:A1'") == [(None,)]
+    assert rows(run, "select replica_id, attempts, router_sent, router_agrees from replicas order by 1") == [
+        ("127.0.0.1:18210", 10, 10, True), ("127.0.0.1:18211", 9, 10, False)]
+    assert rows(run, "select needs, detail from gaps where subject_id = '127.0.0.1:18211' and detail like "
+                     "'the router sent%'") == [(
+        "the router's spans of every try (capture --router-traces): they name each try's replica",
+        "the router sent 127.0.0.1:18211 10 tries over the load (0 failed there, its breaker opened 0 time(s)); the run "
+        "holds 9 attempt(s) of it: 1 are not placed on it (1 attempt(s) of the run name no replica: no span of the "
+        "router names theirs)")]
+
+
 def test_a_killed_replica_loses_no_client_attempt_and_its_missing_tries_are_counted_and_a_gap(runs):
     """replica1 (flushing every 0.1 s) was killed (SIGKILL) once the router had sent 19 requests. The two it was
     streaming were cut: the client saw errors, their server side never ended (gaps name what the folder lacks).
@@ -449,16 +541,17 @@ def test_the_routers_own_spans_make_each_try_the_client_never_saw_a_row(runs):
     that could not be sent (router.log, ten such lines: T0009 twice, T0011 to T0018):
       ERROR http_request{... request_id="T0011:R1:A1"}: ... router.rs:2006: Failed to send typed request
         worker_url=http://127.0.0.1:18111 route=/v1/chat/completions error=error sending request for url (...)
-    Its spans name every try (a CLIENT span per try under the SERVER span of its request). Worked by hand from
-    them: replica1 (18111) 3 tries answered 200 and 10 refused (T0009 twice, then replica2; T0011..T0018 once,
-    then replica2), replica2 26 answered. Request T0000's spans never reached the receiver (its one try, to
-    replica1, is in the folder; its absence is a gap). So the rows: the 30 client attempts and the 10 refused
-    tries no folder holds, as router.try rows numbered by the router's order (T0009's are #1 and #2); replica1
-    14 rows against the router's 14, replica2 26 and 26; retry amplification 40 / 30."""
+    Its spans name every try (a CLIENT span per try under the SERVER span of its request; the router primed
+    with one GET /v1/models, so the first request's are there too). Worked by hand from them: 30 SERVER spans,
+    40 CLIENT spans; replica1 (18111) 4 tries answered 200 (two of them the streams the kill cut: T0005, T0007)
+    and 10 refused (T0009 twice, then replica2; T0011..T0018 once, then replica2), replica2 26 answered. So
+    the rows: the 30 client attempts, each joined to its router try, and the 10 refused tries no folder holds,
+    as router.try rows numbered by the router's order (T0009's are #1 and #2); replica1 14 rows against the
+    router's 14, replica2 26 and 26; retry amplification 40 / 30; no gap about the router's spans."""
     run = runs["router_record"]
     assert rows(run, "select replica_id, client_status, server_status, parent_attempt_id is not null, count(*) "
                      "from attempts group by all order by all") == [
-        ("replica1", "completed", "completed", False, 3), ("replica1", "error", "unterminated", False, 1),
+        ("replica1", "completed", "completed", False, 2), ("replica1", "error", "unterminated", False, 2),
         ("replica1", None, "unknown", True, 10), ("replica2", "completed", "completed", False, 26)]
     refused = ["T0009:R1:A1@replica1#1", "T0009:R1:A1@replica1#2"] + [f"T{i:04d}:R1:A1@replica1#1" for i in range(11, 19)]
     assert rows(run, "select attempt_id, parent_attempt_id from attempts where parent_attempt_id is not null "
@@ -477,7 +570,14 @@ def test_the_routers_own_spans_make_each_try_the_client_never_saw_a_row(runs):
     assert [t[0] for t in tries] == refused
     assert {t[1:] for t in tries} == {("error sending request for url (http://127.0.0.1:18111/v1/chat/completions)",
                                        "http://127.0.0.1:18111/v1/chat/completions", "wall:vm")}
-    assert rows(run, "select count(*), count(distinct attempt_id) from events where name = 'router.try'") == [(39, 39)]
+    assert rows(run, "select count(*), count(distinct attempt_id) from events where name = 'router.try'") == [(40, 40)]
+    spans = _span_kinds(SAMPLES / "router_record" / "run")
+    assert (spans["SPAN_KIND_SERVER"], spans["SPAN_KIND_CLIENT"]) == (30, 40)
+    # every client attempt has its router try (the first request's too), and the capture waited for none
+    assert rows(run, "select count(distinct a.attempt_id) from attempts a join events e on e.attempt_id = a.attempt_id "
+                     "and e.name = 'router.try' where a.client_status is not null") == [(30,)]
+    assert rows(run, "select count(*) filter (where client_status = 'error'), string_agg(attempt_id, ' ' order by "
+                     "attempt_id) filter (where client_status = 'error') from attempts") == [(2, "T0005:R1:A1 T0007:R1:A1")]
     assert rows(run, "select count(*) from attempts where attempt_index is null") == [(0,)]
     logged = re.findall(r'ERROR http_request\{[^}]*request_id="([^"]+)"\}: vllm_router_rs::routers::http::router: '
                         r"src/routers/http/router.rs:2006: Failed to send typed request "
@@ -485,41 +585,65 @@ def test_the_routers_own_spans_make_each_try_the_client_never_saw_a_row(runs):
     assert Counter(logged) == Counter(a.split("@")[0] for a in refused)
     gaps = rows(run, "select gap_id, detail from gaps where gap_id like 'collector:router%' or detail like "
                      "'the router sent%'")
-    assert [g for g, _ in gaps] == ["collector:router-spans:T0000:R1:A1"]
+    assert gaps == []
+    manifest = json.loads((SAMPLES / "router_record" / "run" / "manifest.json").read_text())
+    assert (manifest["router_traces"]["attempts_without_spans"], manifest["router_traces"]["spans"]) == (0, 70)
+    # the spans had all come: no wait for them (the killed replica's folder, which never flushed, had its 30 s)
+    assert (manifest["router_traces"]["waited_s"], manifest["servers"]["waited_s"]) == (0.021, 30.176)
+
+
+def _span_kinds(run: Path) -> Counter:
+    """The spans of the router's export file as written (OTLP/JSON lines), counted by kind."""
+    return Counter(s["kind"] for line in (run / "router-spans.jsonl").read_text().splitlines()
+                   for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"])
+
 
 def test_a_try_the_router_gave_up_on_is_ghost_load_of_the_replica_it_abandoned(runs):
     """router_abandoned/: 30 requests at 2/s through the router with --request-timeout-secs 3, replica1 slowed
     (FAULT=slow: pinned beside two CPU burners), the router's spans given to the capture. The router gave up on
-    13 tries to replica1 (its log: 13 ERROR lines, `Failed to send typed request worker_url=http://127.0.0.1:18111
-    ... error=error sending request for url (...)`, 2 for T0009, 4 for T0011, 3 for T0013, one each for T0017,
-    T0020, T0021, T0024) and sent each request on; replica1 had received every one (its folder holds them) and kept
-    them queued until it saw the connection gone: each is a row the client never saw, server_status cancelled,
-    and its time on replica1 after the router's span ended is ghost load, Σ 26 888.8 ms, worked out below from
-    the router.try end and the try's server end on the one clock pair; with the 4 client attempts cut by the
-    router's timeout mid-stream (client error, Σ 1 999.8 ms after the client's end), 17 ghost attempts."""
+    15 tries (its log: 15 ERROR lines `Failed to send typed request worker_url=... error=error sending request for
+    url (...)`, 13 to replica1: 1 for T0010, 2 for T0012, 1 for T0014, 3 for T0015, one each for T0017, T0020,
+    T0022, T0025, 2 for T0021; once replica1's breaker had opened, 2 to replica2, one each for T0028 and T0029)
+    and sent each request on; the replica had received every one (its folder holds them) and kept it queued
+    until it saw the connection gone: each is a row the client never saw, server_status cancelled, and its time
+    on the replica after the router's span ended is ghost load, Σ 27 322.8 ms on replica1 and 1 341.1 ms on
+    replica2, worked out below from the router.try end and the try's server end on the one clock pair; with the
+    10 client attempts the router's timeout cut mid-stream (client error), 25 ghost attempts. The router's
+    counters: replica1 18 tries, replica2 27, 15 retries, 30 requests."""
     run = runs["router_abandoned"]
     assert rows(run, "select replica_id, client_status, server_status, parent_attempt_id is not null, count(*) "
                      "from attempts group by all order by all") == [
-        ("replica1", "completed", "completed", False, 2), ("replica1", "error", "cancelled", False, 2),
-        ("replica1", None, "cancelled", True, 13), ("replica2", "completed", "completed", False, 24),
-        ("replica2", "error", "cancelled", False, 2)]
+        ("replica1", "error", "cancelled", False, 5), ("replica1", None, "cancelled", True, 13),
+        ("replica2", "completed", "completed", False, 20), ("replica2", "error", "cancelled", False, 5),
+        ("replica2", None, "cancelled", True, 2)]
     assert rows(run, "select replica_id, attempts, client_attempts, unseen_tries, router_sent, router_agrees, "
                      "router_failures from replicas order by 1") == [
-        ("replica1", 17, 4, 13, 17, True, 13), ("replica2", 26, 26, 0, 26, True, 0)]
+        ("replica1", 18, 5, 13, 18, True, 13), ("replica2", 27, 25, 2, 27, True, 2)]
+    assert router_counts("router_abandoned/run") == {"replica1": 18, "replica2": 27}
     logged = re.findall(r'ERROR http_request\{[^}]*request_id="([^"]+)"\}: vllm_router_rs::routers::http::router: '
-                        r"src/routers/http/router.rs:2006: Failed to send typed request worker_url=http://127.0.0.1:18111 ",
+                        r"src/routers/http/router.rs:2006: Failed to send typed request worker_url=http://127.0.0.1:(1811\d) ",
                         (SAMPLES / "router_abandoned" / "router.log").read_text())
-    unseen = rows(run, "select parent_attempt_id from attempts where parent_attempt_id is not null")
-    assert Counter(logged) == Counter(a for (a,) in unseen) == {
-        "T0009:R1:A1": 2, "T0011:R1:A1": 4, "T0013:R1:A1": 3, "T0017:R1:A1": 1, "T0020:R1:A1": 1, "T0021:R1:A1": 1,
-        "T0024:R1:A1": 1}
-    by_router = rows(run, "select round(sum(a.server_end_ns - (json_extract(e.attrs, '$.end_ns')::BIGINT - c.offset_ns)) "
-                          "/ 1e6, 1), count(*) from attempts a join events e on e.attempt_id = a.attempt_id and e.name = "
-                          "'router.try' join clocks c on c.from_clock = a.server_clock and c.to_clock = e.clock "
-                          "where a.parent_attempt_id is not null and e.attrs like '%\"error\"%'")
-    assert by_router == [(26888.8, 13)]
-    assert rows(run, "select sent, unseen_tries, router_tries, round(retry_amplification, 4), ghost_attempts, "
-                     "round(ghost_ms, 1) from reconciliation") == [(30, 13, 43, 1.4333, 17, 28888.6)]
+    unseen = rows(run, "select parent_attempt_id, replica_id from attempts where parent_attempt_id is not null")
+    port = {"replica1": "18111", "replica2": "18112"}
+    assert Counter(logged) == Counter((a, port[r]) for a, r in unseen) == {
+        ("T0010:R1:A1", "18111"): 1, ("T0012:R1:A1", "18111"): 2, ("T0014:R1:A1", "18111"): 1,
+        ("T0015:R1:A1", "18111"): 3, ("T0017:R1:A1", "18111"): 1, ("T0020:R1:A1", "18111"): 1,
+        ("T0021:R1:A1", "18111"): 2, ("T0022:R1:A1", "18111"): 1, ("T0025:R1:A1", "18111"): 1,
+        ("T0028:R1:A1", "18112"): 1, ("T0029:R1:A1", "18112"): 1}
+    by_router = rows(run, "select a.replica_id, round(sum(a.server_end_ns - (json_extract(e.attrs, '$.end_ns')::BIGINT "
+                          "- c.offset_ns)) / 1e6, 1), count(*) from attempts a join events e on e.attempt_id = "
+                          "a.attempt_id and e.name = 'router.try' join clocks c on c.from_clock = a.server_clock and "
+                          "c.to_clock = e.clock where a.parent_attempt_id is not null and e.attrs like '%\"error\"%' "
+                          "group by 1 order by 1")
+    assert by_router == [("replica1", 27322.8, 13), ("replica2", 1341.1, 2)]
+    assert rows(run, "select sent, unseen_tries, router_tries, router_retries, round(retry_amplification, 4), "
+                     "ghost_attempts, round(ghost_ms, 1) from reconciliation") == [(30, 15, 45, 15, 1.5, 25, 32878.8)]
+    # every client attempt joined to its router try: the first request's spans came too (the router primed)
+    spans = _span_kinds(SAMPLES / "router_abandoned" / "run")
+    assert (spans["SPAN_KIND_SERVER"], spans["SPAN_KIND_CLIENT"]) == (30, 45)
+    assert rows(run, "select count(distinct a.attempt_id) from attempts a join events e on e.attempt_id = a.attempt_id "
+                     "and e.name = 'router.try' where a.client_status is not null") == [(30,)]
+    assert rows(run, "select count(*) from gaps where gap_id like 'collector:router%'") == [(0,)]
 
 
 def test_a_routers_span_is_a_row_of_its_own_only_when_its_request_is_ours_and_no_folder_holds_it(tmp_path):
@@ -580,6 +704,7 @@ def test_a_routers_span_is_a_row_of_its_own_only_when_its_request_is_ours_and_no
         ("A", "wall:vm", "replica2", None, None, None),
         ("B", "wall:vm", "replica1", None, None, 200),
         ("E", "wall:vm", "10.0.0.9:8000", None, None, 200)]
+    assert tries.gaps[0]["affects"].startswith("attempts.replica_id (no folder holds it), ")  # D: only attempt.sent
     assert [(g["gap_id"], g["subject_id"]) for g in tries.gaps] == [
         ("collector:router-spans:D", "D"), ("collector:router-span:00000000000000c1", "00000000000000c1"),
         ("collector:router-span:00000000000000f1", "00000000000000f1"),

@@ -12,6 +12,9 @@
 #    LOAD_ARGS, the capture's load flags, default "--request-rate 4"; NUM_PROMPTS, the attempts, default 20;
 #    LLAMACPP_REPLICA=1: the second replica is llama.cpp's own server (benchmarks/peers/llamacpp.sh, port
 #    18210), declared to the capture as --replica URL=llamacpp, the first served as `smollm2` like it;
+#    LLAMACPP_REPLICA=2: both replicas are llama.cpp servers (ports 18210 and 18211, one thread each), no
+#    replica of ours; each is declared --replica URL=llamacpp and their answers name neither, so the capture
+#    places each attempt by the router's spans: ROUTER_RECORD (or ROUTER_TRACES) is required;
 #    FAULT=kill: replica1 is killed (SIGKILL) once the router has sent FAULT_AFTER (20) requests; FAULT=slow: replica1 is
 #    pinned to core 0 at nice FAULT_NICE (5) beside FAULT_BURNERS (2) CPU burners pinned there too at nice 0
 #    (benchmarks/co_tenants.py), replica2 to core 1, for the whole load; WORKLOAD: a workload file under the load flags (-w, e.g. a deadline);
@@ -124,12 +127,15 @@ status() {
 # router, one capture through it joining both folders and scraping the router's counters. Every
 # process it starts is stopped on exit, whatever happens.
 REPLICA_PIDS=()
+LLAMACPP_PORTS=()  # the llama.cpp servers `recipe` started (LLAMACPP_REPLICA)
 FAULT_PID=""
 cleanup() {  # the router and every replica `recipe` started (globals: the EXIT trap runs after its locals are gone)
   stop || true
   if [[ -n "$FAULT_PID" ]]; then kill -TERM "$FAULT_PID" 2>/dev/null || true; wait "$FAULT_PID" 2>/dev/null || true; fi
   FAULT_PID=""
-  if [[ -n "${LLAMACPP_REPLICA:-}" ]]; then LLAMACPP_PORT=18210 bash "$ROOT/benchmarks/peers/llamacpp.sh" stop || true; fi
+  local port
+  for port in "${LLAMACPP_PORTS[@]}"; do LLAMACPP_PORT=$port bash "$ROOT/benchmarks/peers/llamacpp.sh" stop || true; done
+  LLAMACPP_PORTS=()
   for p in "${REPLICA_PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done
   for p in "${REPLICA_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   REPLICA_PIDS=()
@@ -137,7 +143,7 @@ cleanup() {  # the router and every replica `recipe` started (globals: the EXIT 
 
 # FAULT (see the header): started beside the capture, in the background (FAULT_PID), stopped by cleanup.
 fault() {
-  local work=$1 victim=${REPLICA_PIDS[0]}
+  local work=$1 victim=${REPLICA_PIDS[0]:-}
   case "${FAULT:-}" in
     "") ;;
     kill)
@@ -172,10 +178,23 @@ recipe() {
     export ROUTER_TRACES="$ROUTER_RECORD/router-spans.jsonl" ROUTER_LOG_LEVEL="${ROUTER_LOG_LEVEL:-debug}"
   fi
   trap cleanup EXIT
-  local extra ours=(1 2) second="http://127.0.0.1:18112" replicas=(--server "$work/replica2") name=()
-  if [[ -n "${LLAMACPP_REPLICA:-}" ]]; then
-    ours=(1) second="http://127.0.0.1:18210" replicas=(--replica "$second=llamacpp") name=(--served-model-name smollm2)
-    LLAMACPP_PORT=18210 bash "$ROOT/benchmarks/peers/llamacpp.sh" start
+  local extra ours=(1 2) workers=(http://127.0.0.1:18111 http://127.0.0.1:18112) replicas=(--server "$work/replica1"
+                                                                                    --server "$work/replica2") name=()
+  case "${LLAMACPP_REPLICA:-}" in
+    "") ;;
+    1) ours=(1) LLAMACPP_PORTS=(18210) name=(--served-model-name smollm2) ;;
+    2) ours=() LLAMACPP_PORTS=(18210 18211) name=(--served-model-name smollm2) replicas=()
+       [[ -n "${ROUTER_TRACES:-}" ]] || die "LLAMACPP_REPLICA=2 places each attempt by the router's spans: give ROUTER_RECORD=DIR"
+       [[ -z "${FAULT:-}" ]] || die "FAULT=$FAULT acts on replica1 of ours: there is none with LLAMACPP_REPLICA=2" ;;
+    *) die "LLAMACPP_REPLICA=$LLAMACPP_REPLICA: 1 (beside a replica of ours) or 2 (two llama.cpp replicas)" ;;
+  esac
+  if [[ ${#LLAMACPP_PORTS[@]} -gt 0 ]]; then
+    workers=("${ours[@]/#/http://127.0.0.1:1811}")
+    for port in "${LLAMACPP_PORTS[@]}"; do
+      LLAMACPP_PORT=$port bash "$ROOT/benchmarks/peers/llamacpp.sh" start
+      workers+=("http://127.0.0.1:$port") replicas+=(--replica "http://127.0.0.1:$port=llamacpp")
+    done
+    [[ ${#ours[@]} -eq 0 ]] || replicas=(--server "$work/replica1" "${replicas[@]}")
   fi
   for i in "${ours[@]}"; do
     extra="REPLICA${i}_ARGS"
@@ -187,13 +206,13 @@ recipe() {
   for i in "${ours[@]}"; do
     for _ in $(seq 1 240); do curl -fsS -m 2 "http://127.0.0.1:1811$i/health" >/dev/null 2>&1 && break; sleep 0.5; done
   done
-  start "http://127.0.0.1:18111" "$second"
+  start "${workers[@]}"
   rm -rf "$out"
   fault "$work"
   local workload=(); [[ -z "${WORKLOAD:-}" ]] || workload=(-w "$WORKLOAD")
   [[ -z "${ROUTER_TRACES:-}" ]] || workload+=(--router-traces "$ROUTER_TRACES")
-  "$il" capture -o "$out" "${workload[@]}" --target "http://127.0.0.1:$PORT" \
-    --router-metrics "http://127.0.0.1:$METRICS_PORT/metrics" --server "$work/replica1" "${replicas[@]}" \
+  "$il" capture -o "$out" "${workload[@]}" "${name[@]}" --target "http://127.0.0.1:$PORT" \
+    --router-metrics "http://127.0.0.1:$METRICS_PORT/metrics" "${replicas[@]}" \
     --num-prompts "${NUM_PROMPTS:-20}" --seed 0 --input-len 64 --output-len 8 --ignore-eos ${LOAD_ARGS:---request-rate 4}
   cleanup
   trap - EXIT

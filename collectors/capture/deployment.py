@@ -17,6 +17,10 @@ and its id is its URL's `host:port` (the form the router's counters are matched 
 such a replica served is not in its answers: each one is a gap naming the replica and its kind. One
 exception, by evidence: an attempt answered with llama.cpp's timings that no `--server` folder holds is
 the deployment's llama.cpp replica's when exactly one is declared (the ledger's attempts.replica_id).
+With the router's spans (`--router-traces`) each attempt is placed on the replica its try's CLIENT span
+names (router_tries.py), by the client's request id, whatever the kind: two llama.cpp replicas, whose
+timings cannot say which of them answered, are told apart this way, and an attempt whose spans never
+came has no replica (a gap of its own), never one guessed by position.
 """
 from __future__ import annotations
 
@@ -135,14 +139,22 @@ class Replicas:
         for s in self.scrapers.values():
             s.stop(final_scrape)
 
-    def gap_rows(self, run_id: str) -> list[dict]:
-        """Per replica: which attempts it served is unknown (its kind's answers name no replica), its scrapes'
+    def by_timings(self, spec: ReplicaSpec) -> bool:
+        """Whether llama.cpp's timings place the replica's attempts: it is the deployment's one llama.cpp replica."""
+        return spec.kind == "llamacpp" and sum(s.kind == "llamacpp" for s in self.specs) == 1
+
+    def gap_rows(self, run_id: str, router_spans: bool = False) -> list[dict]:
+        """Per replica: what its kind does not record per attempt (and, without `router_spans`, the router's
+        spans given to the capture, which attempts it served unless llama.cpp's timings say), its scrapes'
         failures under its own ids."""
         gaps = []
-        one_llamacpp = sum(s.kind == "llamacpp" for s in self.specs) == 1
         for s in self.specs:
             rid = s.replica_id
-            placed = one_llamacpp and s.kind == "llamacpp"
+            placed = router_spans or self.by_timings(s)
+            how = ("its attempts are those whose try the router's spans (--router-traces) name it for, by the "
+                   "client's request id (an attempt without its spans is a gap of its own)" if router_spans else
+                   "its attempts are those answered with llama.cpp's timings that no --server folder holds (the "
+                   "deployment's one llama.cpp replica)" if placed else "its answers name no replica")
             gaps.append({"run_id": run_id, "gap_id": f"collector:replica:{rid}", "scope": "run", "subject_id": rid,
                          "affects": ("" if placed else f"which attempts replica {rid} served (attempts.replica_id), ")
                                     + "their server_status and server and engine figures; its replicas row's "
@@ -150,10 +162,7 @@ class Replicas:
                          "needs": "the replica's own events per attempt: `inferledger serve --out S` joined with "
                                   "--server S",
                          "detail": f"replica {rid} ({s.kind}, {s.url}) is declared by URL: the capture records "
-                                   f"{WHAT[s.kind]}, and "
-                                   + ("its attempts are those answered with llama.cpp's timings that no --server "
-                                      "folder holds (the deployment's one llama.cpp replica)" if placed
-                                      else "its answers name no replica")})
+                                   f"{WHAT[s.kind]}, and {how}"})
             scraper = self.scrapers.get(rid)
             for g in scraper.gap_rows(run_id) if scraper is not None else []:
                 gaps.append({**g, "gap_id": f"{g['gap_id']}@{rid}", "subject_id": rid,

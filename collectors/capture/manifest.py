@@ -93,7 +93,7 @@ def finish_run(live: Live, prep: Prepared, driven: Driven, options: CaptureOptio
     if live.router is not None:  # the router's counters: a failed or refused scrape
         gaps += live.router.gap_rows(writer.run_id)
     if live.replicas is not None:  # the replicas declared by URL: which attempts each served, its scrapes
-        gaps += live.replicas.gap_rows(writer.run_id)
+        gaps += live.replicas.gap_rows(writer.run_id, router_spans=live.router_tries is not None)
     if live.router_tries is not None:  # the router's spans: what they lacked
         gaps += live.router_tries.gaps
     if live.servers is not None:  # the --server folders: what they lacked, by folder and attempt

@@ -24,8 +24,12 @@ joins each try to the client attempt by request id alone:
   Its time is the router's Unix time: on this host's `wall:<host>` clock (mapped to the client's by the
   capture) for a router on loopback, else on `wall:<router host:port>`, which nothing maps.
 
-A gap, never a row: a request id the client never sent, an attempt whose SERVER span never came, a
-CLIENT span without its request, a name a folder's try already has, a line or span the reader refused.
+Each try's `attrs.replica_id` is what places a client attempt no folder holds (a replica declared by URL:
+two llama.cpp replicas, whose answers cannot say which of them it was): the ledger's attempts.replica_id.
+
+A gap, never a row: a request id the client never sent, an attempt whose SERVER span never came (its
+replica NULL too when no folder holds it), a CLIENT span without its request, a name a folder's try
+already has, a line or span the reader refused.
 """
 from __future__ import annotations
 
@@ -74,6 +78,7 @@ class _Run:
     sent: dict[str, EventIds]  # the client's attempts (attempt.sent) and their ids
     held: dict[str, str]  # CLIENT span id a replica folder's server.received names as its parent -> that attempt
     names: set[str]  # every attempt id in the run
+    in_folders: set[str] = field(default_factory=set)  # the attempts a replica folder holds (its server's events)
 
 
 def _read_run(run_dir: Path) -> _Run:
@@ -85,6 +90,8 @@ def _read_run(run_dir: Path) -> _Run:
             if aid is None:
                 continue
             run.names.add(aid)
+            if r["source"] in ("server", "engine"):
+                run.in_folders.add(aid)
             if r["source"] == "client" and r["name"] == "attempt.sent":
                 run.sent[aid] = EventIds(r["task_id"], r["session_id"], r["request_id"], aid)
             elif r["name"] == "server.received" and '"parent_span_id"' in (r["attrs"] or ""):
@@ -178,9 +185,10 @@ class RouterTries:
 
     def _gaps(self, run_id: str, run: _Run, missing: list[str], refusals: list) -> None:
         g = self.gaps
-        for aid in missing:
+        for aid in missing:  # in no folder, only the router's span would have named its replica
             g.append({"run_id": run_id, "gap_id": f"collector:router-spans:{aid}", "scope": "attempt", "subject_id": aid,
-                      "affects": AFFECTS, "needs": "the router's spans of the attempt (its tracing exports in batches)",
+                      "affects": AFFECTS if aid in run.in_folders else f"attempts.replica_id (no folder holds it), {AFFECTS}",
+                      "needs": "the router's spans of the attempt (its tracing exports in batches)",
                       "detail": f"no SERVER span with request_id {aid} in {self.path}: the tries the router made for it "
                                 "are not known from its spans"})
         for s in self.orphans:
