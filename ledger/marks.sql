@@ -77,6 +77,9 @@ WITH per_output AS (
            FILTER (WHERE attrs LIKE '%"replica_id"%') AS replica_id,
          arg_min(json_extract_string(attrs, '$.parent_attempt_id'), (ts_ns, event_id))
            FILTER (WHERE attrs LIKE '%"parent_attempt_id"%') AS parent_attempt_id,
+         -- the replica the router's span of its try names (router.try; docs/EVENTS.md)
+         arg_min(json_extract_string(attrs, '$.replica_id'), (ts_ns, event_id))
+           FILTER (WHERE name = 'router.try') AS router_replica_id,
          -- answered with llama.cpp's own per-response timings (the client keeps them on attempt.done)
          bool_or(name = 'attempt.done' AND source = 'client' AND attrs LIKE '%"server_timings"%') AS llamacpp_answered
   FROM ev WHERE attempt_id IS NOT NULL GROUP BY attempt_id
@@ -91,7 +94,7 @@ SELECT coalesce(c.attempt_id, o.attempt_id) AS attempt_id, c.task_id, c.session_
        coalesce(c.replica_id, CASE WHEN c.llamacpp_answered THEN (
          SELECT any_value(replica_id) FROM declared_replicas() WHERE kind = 'llamacpp' HAVING count(*) = 1) END)
          AS replica_id,
-       c.parent_attempt_id
+       c.parent_attempt_id, c.router_replica_id
 FROM control c FULL OUTER JOIN outputs o USING (attempt_id);
 
 CREATE OR REPLACE TEMP TABLE marks AS

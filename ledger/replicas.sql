@@ -4,7 +4,7 @@
 --
 -- scope: rollup
 -- reads: attempts, marks, request_metrics, step_attribution, kv_holds, samples, quantile_linear, declared_replicas,
---   reported_timings, reported_spans, events
+--   reported_timings, reported_spans, attempt_ids
 -- creates: replica_reported, replicas, replicas_gaps
 
 -- @table replicas: one row per replica of a deployment capture (attempts.replica_id, a replica the manifest's
@@ -268,9 +268,9 @@ FROM (SELECT r.*, rr.n_placed, rr.n_clocks, rt.n_routed,  -- what the replica ca
                             THEN 'kv_blocks_used_max, kv_usage_max' END,
                        CASE WHEN prefix_hit_tokens IS NULL THEN 'prefix_hit_blocks, prefix_hit_tokens' END) AS unknown
       FROM replicas r LEFT JOIN replica_reported rr USING (replica_id)
-      LEFT JOIN (SELECT a.replica_id, count(DISTINCT a.attempt_id) AS n_routed  -- placed by the router's spans
-                 FROM attempts a JOIN events e ON e.attempt_id = a.attempt_id AND e.name = 'router.try'
-                  AND json_extract_string(e.attrs, '$.replica_id') = a.replica_id GROUP BY 1) rt USING (replica_id)
+      LEFT JOIN (SELECT a.replica_id, count(*) AS n_routed  -- placed by the router's spans
+                 FROM attempts a JOIN attempt_ids i USING (attempt_id) WHERE i.router_replica_id = a.replica_id
+                 GROUP BY 1) rt USING (replica_id)
       WHERE busy_evidence IS DISTINCT FROM 'observed')
 WHERE unknown <> ''  -- a replica whose own reports say everything leaves no row
 UNION ALL
