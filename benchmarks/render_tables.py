@@ -445,20 +445,32 @@ def fit_transfer(rs: list[dict]) -> str:
                      for t in f["targets"]]))
 
 
+def _first_beside_host(c: dict) -> str | None:
+    """The cause with the largest share of a case's delay other than the host's wait for a CPU (what the
+    run's diagnosis names next when a busy host's wait is truly the largest cause)."""
+    shares = {k[:-len("_share")]: v for k, v in c["shares"].items() if v and k != "host_contention_share"}
+    return max(shares, key=shares.get) if shares else None
+
+
 def diagnosis_bench(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
     conf = f["confusion"]
     cases = [[c["expected"], c["named"] or DASH, fmt(c["shares"].get(f"{c['expected']}_share"), ".2f"),
               fmt((c["shares"].get(f"{c['named']}_share") if c["named"] else None), ".2f"),
+              _first_beside_host(c) or DASH,
               DASH if c["cpu_wait_share"] is None else f"{c['cpu_wait_share']:.1%}",
               f"{fmt(c['load_before_1m'], '.2f')} → {fmt(c['load_after_1m'], '.2f')}", c["n_attempts"],
               fmt(c["wall_s"], ".0f", " s")] for c in f["cases"]]
     right = sum(c["expected"] == c["named"] for c in f["cases"])
+    beside = sum(c["expected"] in (c["named"], _first_beside_host(c)) for c in f["cases"])
     return (table(conf["columns"], [[str(v) for v in r] for r in conf["rows"]])
-            + "\n\n" + table(["constructed", "named first", "its share", "named share", "steps waiting for a CPU",
-                               "load (1 min)", "attempts", "wall"], cases)
+            + "\n\n" + table(["constructed", "named first", "its share", "named share",
+                               "first beside the host's wait", "steps waiting for a CPU", "load (1 min)", "attempts",
+                               "wall"], cases)
             + "\n\n" + targets([{"target": "every constructed cause named first",
-                                  "measured": f"{right} of {len(f['cases'])}", "met": f["target_met"]}]))
+                                  "measured": f"{right} of {len(f['cases'])}", "met": f["target_met"]},
+                                 {"target": "named first, or first beside the host's wait where that is larger",
+                                  "measured": f"{beside} of {len(f['cases'])}", "met": beside == len(f["cases"])}]))
 
 
 @dataclass(frozen=True)
@@ -521,4 +533,7 @@ TABLES = {
     "fit_transfer.co_tenants": TableSpec("fit_transfer", fit_transfer, lambda p: int(p.get("co_tenants") or 0) > 0),
     "diagnosis_bench": TableSpec("diagnosis_bench", diagnosis_bench,
                                  lambda p: p.get("scale") == "default" and len(p.get("cases") or []) >= 7),
+    "diagnosis_bench.held_to_avx2": TableSpec("diagnosis_bench", diagnosis_bench,
+                                              lambda p: p.get("scale") == "default" and len(p.get("cases") or []) >= 7,
+                                              isa_held=True),
 }

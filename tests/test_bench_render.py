@@ -378,3 +378,14 @@ def test_the_fidelity_bench_table_shows_each_repeats_judged_figures_contention_a
     assert "| every judged figure within its target, every repeat | 3 of 6 | **not met** |" in out
     assert "| two repeats within 3 points | 0 of 1 | **not met** |" in out
     assert "TTFT p99" not in out  # shown by the study, not judged
+
+
+def test_the_diagnosis_bench_names_the_cause_beside_the_hosts_wait():
+    import render_tables
+    busy = {"expected": "prefill_interference", "named": "host_contention",
+            "shares": {"host_contention_share": 0.534, "prefill_interference_share": 0.281, "server_queue_share": 0.185,
+                       "client_share": None, "transport_share": 0.0}}
+    assert render_tables._first_beside_host(busy) == "prefill_interference"
+    # only the host's wait (or nothing) shared the delay: no other cause to name
+    assert render_tables._first_beside_host({"shares": {"host_contention_share": 1.0, "client_share": 0.0}}) is None
+    assert render_tables._first_beside_host({"shares": {"host_contention_share": None}}) is None
