@@ -110,8 +110,8 @@ def _cause_line(c: dict) -> str:
         return f"first cause: none measured ({c['evidence']})"
     if c["first_cause_share"] is None:  # 'unknown': an engine cause is not measured
         return f"first cause: [yellow]{c['first_cause']}[/] — {c['evidence']}"
-    what = "first cause of SLO misses" if c["diagnosed"] == "late" else "largest cause of delay (no request was late)"
-    return f"{what}: [bold]{c['first_cause']}[/] {c['first_cause_share']:.0%} — {c['evidence']}"
+    then = f", then {c['next_cause']} {c['next_cause_share']:.0%}" if c["next_cause"] else ""
+    return f"{c['what']}: [bold]{c['first_cause']}[/] {c['first_cause_share']:.0%}{then} — {c['evidence']}"
 
 
 def _verdict(sec: dict, console: Console, want) -> None:

@@ -66,8 +66,9 @@ def verdict(rv, p: str) -> str:
     elif c["first_cause_share"] is None:  # 'unknown': an engine cause is not measured
         cause, sub = c["first_cause"], c["evidence"]
     else:
-        cause, sub = f"{c['first_cause']} {c['first_cause_share']:.0%}", c["evidence"]
-    what = "first cause of SLO misses" if c["diagnosed"] != "all" else "largest cause of delay (no request was late)"
+        then = f"then {c['next_cause']} {c['next_cause_share']:.0%}; " if c["next_cause"] else ""
+        cause, sub = f"{c['first_cause']} {c['first_cause_share']:.0%}", then + c["evidence"]
+    what = c["what"] or "first cause"
     body += (f'<h3>Why</h3><div class="big"><div><span>{esc(what)}</span><b>{esc(cause)}</b>'
              f'<span>{esc(sub)}</span></div></div>')
     return section(f"{p}-verdict", "Verdict", body,

@@ -136,10 +136,22 @@ DIAGNOSIS_COLUMNS = ("diagnosed", "n_attempts", "n_late", "first_cause", "first_
 
 
 def verdict_cause(rv: RunView) -> dict:
-    """The first cause of the run's delay, its share and evidence: run_diagnosis' run row."""
-    row = rv.one(f"SELECT {', '.join(DIAGNOSIS_COLUMNS)} FROM run_diagnosis WHERE scope = 'run'") \
-        if rv.has("run_diagnosis") else None
-    return {c: num(v) if isinstance(v, float) else v for c, v in zip(DIAGNOSIS_COLUMNS, row or (None,) * 6)}
+    """The first cause of the run's delay, its share and evidence: run_diagnosis' run row; `what` says whose
+    delay it is (the late attempts', or every attempt's when none was late), and `next_cause` /
+    `next_cause_share` the cause with the next largest share (None when no other cause shared the delay, or
+    when the first cause's share is unknown). On a busy host the engine's wait for a CPU can be the largest
+    cause; the next one is then what the run would show on a quiet host."""
+    cols, rows = rv.dicts("SELECT * FROM run_diagnosis WHERE scope = 'run'") if rv.has("run_diagnosis") else ([], [])
+    row = dict(zip(cols, rows[0])) if rows else {}
+    out = {c: num(v) if isinstance(v, float) else v for c, v in ((c, row.get(c)) for c in DIAGNOSIS_COLUMNS)}
+    out["what"] = None if not row else ("first cause of SLO misses" if row["diagnosed"] == "late"
+                                        else "largest cause of delay (no request was late)")
+    shares = {c[:-len("_share")]: num(v) for c, v in row.items()
+              if c.endswith("_share") and c != "first_cause_share" and c[:-len("_share")] != row.get("first_cause")}
+    known = {c: v for c, v in shares.items() if v}  # a cause with no share (0 or unknown) is not a next cause
+    nxt = max(known, key=known.get) if known and out["first_cause_share"] is not None else None
+    out["next_cause"], out["next_cause_share"] = nxt, (known[nxt] if nxt else None)
+    return out
 
 
 def client_bound(manifest: dict | None) -> dict:
