@@ -304,3 +304,21 @@ def test_a_step_mostly_waiting_for_a_cpu_is_host_contention_not_interference(tmp
     a1 = dict_rows(con, "SELECT host_contention_ms, prefill_interference_ms FROM attempt_causes "
                         "WHERE attempt_id = 'A1'")[0]
     assert a1 == {"host_contention_ms": pytest.approx(16.0), "prefill_interference_ms": pytest.approx(2.0)}
+
+
+def test_an_attempt_whose_own_cause_is_unknown_leaves_the_runs_first_cause_unknown(tmp_path):
+    """The engine's events alone (`serve --out` without the client's): each attempt's client queue is
+    unknown, so slo_misses' rule makes its dominant cause unknown; the run's first cause is the same
+    answer, not the largest of the causes known (the client queue could be the largest)."""
+    events = [e for e in _queued_then_interfered() if e.get("source", "client") != "client"]
+    con = build_run(tmp_path / "r", events)
+    assert con.execute("SELECT attempt_id, client_queue_ms, dominant_cause FROM attempt_causes ORDER BY 1").fetchall() \
+        == [("A1", None, "unknown"), ("B1", None, "unknown")]
+    row = _row(con)
+    assert (row["diagnosed"], row["n_attempts"], row["first_cause"], row["first_cause_share"]) == \
+        ("all", 2, "unknown", None)
+    # A1 queued 40 ms and B1 5 ms, A1 interfered 10 ms: the known causes are still shared out
+    assert row["server_queue_share"] == pytest.approx(45 / 55) and row["client_queue_share"] is None
+    assert row["evidence"] == ("a diagnosed attempt's own cause is unknown (its client queue, transport or rejected "
+                               "drafts), so none is named first; the largest known, server_queue: 45.0 ms of the "
+                               "55.0 ms known over 2 attempts (none was late); unknown: client_queue, host_contention")
