@@ -23,7 +23,7 @@ from inferledger.costmodel.prediction import PredictionError, fit_range_note, lo
 import pyarrow as pa
 
 from inferledger.ledger.tables import StageTable, gap_table
-from inferledger.probes.model_shape import ShapeError
+from inferledger.probes.model_shape import ShapeError, shape_differences
 from inferledger.probes.run_dir import PREDICTION_FILE
 from inferledger.probes.run_folder import MANIFEST_FILE
 
@@ -96,8 +96,7 @@ def _not_this_run(doc: dict, manifest) -> list[str]:
         out.append("it names no model shape (the run's: " + ", ".join(
             f"{k} {v!r}" for k, v in shape.items() if k != "source") + ")")
     elif shape is not None:
-        differ = [f"{k} {predicted.get(k)!r} (the run's: {v!r})" for k, v in shape.items()
-                  if k != "source" and predicted.get(k) != v]
+        differ = shape_differences(shape, predicted, "the run's")
         if differ:
             out.append("model shape " + ", ".join(differ))
     theirs, ours = (doc.get("device") or {}).get("name"), manifest.device_name

@@ -361,6 +361,16 @@ class Manifest:
             or host.get("cpu_model") or None
 
     @property
+    def engine_threads(self) -> int | None:
+        """The engine's intra-op thread count on the CPU (engine_config.resolved.cpu_placement.threads), else
+        the microbenchmarks' (device_params.threads: measured in a thread placed as the step thread); None."""
+        placement = (self.block("engine_config").get("resolved") or {}).get("cpu_placement")
+        threads = placement.get("threads") if isinstance(placement, dict) else None
+        if not isinstance(threads, int) or isinstance(threads, bool):
+            threads = self.block("device_params").get("threads")
+        return threads if isinstance(threads, int) and not isinstance(threads, bool) else None
+
+    @property
     def weights_dtype(self) -> str:
         return (self.block("model").get("dtype") or {}).get("weights") or ""
 

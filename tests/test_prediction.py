@@ -923,3 +923,19 @@ def test_a_step_fit_is_not_read_from_a_ledger_other_code_built(registered_run, t
     with pytest.raises(PredictionError, match=r"--fit .*built by other ledger code .*rebuild it: inferledger reconstruct"):
         fit_of(run)
     assert fit_of(registered_run).n_train > 0
+
+
+def test_predict_refuses_device_parameters_measured_at_another_dtype(tmp_path):
+    """The matmul roof is the engine's own GEMMs at its dtype: a bf16 capture's parameters are not the roofs
+    of a float32 prediction (its lower bounds would be the bf16 rate's), so they are refused, not used."""
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps({"dtype": "bfloat16", "memcpy_gbps": {"peak": 5, "median": 4},
+                                  "matmul_tflops": {"peak": 1, "median": 0.5}}))
+    out = tmp_path / "pred.json"
+    args = ["predict", "-w", str(_workload(tmp_path)), "--model-config", str(_smol_config(tmp_path)),
+            "--device-params", str(params), "-o", str(out)]
+    res = CliRunner().invoke(app, [*args, "--dtype", "float32"])
+    assert res.exit_code == 2 and not out.exists()
+    assert (f"--device-params {params}: measured at bfloat16 (its dtype), the prediction computes at float32: give "
+            "device parameters measured at float32, or --dtype bfloat16") in " ".join(res.output.split()), res.output
+    assert CliRunner().invoke(app, args).exit_code == 0 and out.exists()  # the config's own bfloat16: its roofs
