@@ -77,10 +77,9 @@ def fit_cmd(
     if train.resolve() == test.resolve():
         typer.echo(f"note: --test {test} is TRAIN itself: the errors below include the steps the fit trained on "
                    "(they are not held out)", err=True)
-    from inferledger.ledger.fit_read import engine_differences, engine_of
-    from inferledger.probes.run_folder import Manifest
+    from inferledger.probes.run_folder import Manifest, engine_differences
 
-    differ = engine_differences(engine_of(Manifest.read(train)), engine_of(Manifest.read(test)), "TRAIN's")
+    differ = engine_differences(fit.engine, Manifest.read(test).engine, "TRAIN's")
     if differ:
         typer.echo(f"note: --test {test} ran another engine than TRAIN: {'; '.join(differ)}. The fit holds TRAIN's "
                    "rates and efficiencies: the errors below are how far they carry to that engine, not the fit's "

@@ -11,7 +11,6 @@ from inferledger.costmodel.fit import FitPoint, StepFit, held_out_summary
 from inferledger.costmodel.roofs import fit_rates
 from inferledger.ledger.query import LedgerError, open_ledger
 from inferledger.ledger.step_fit import POINTS_SQL
-from inferledger.probes.model_shape import ShapeError, shape_differences
 from inferledger.probes.run_folder import Manifest
 
 
@@ -45,8 +44,11 @@ def run_fit(run_dir: str | Path, points: list[FitPoint] | None = None) -> StepFi
     already read (`ledger_fit_points`). FileNotFoundError without a ledger, FitError when it cannot fit."""
     run_dir = Path(run_dir)
     points = ledger_fit_points(run_dir) if points is None else points
-    roofs, _ = fit_rates(Manifest.read(run_dir))
-    return StepFit.fit(points, roofs, trained_on=run_dir.name)
+    manifest = Manifest.read(run_dir)
+    roofs, _ = fit_rates(manifest)
+    fit = StepFit.fit(points, roofs, trained_on=run_dir.name)
+    fit.engine = manifest.engine  # what it may be applied to (probes/run_folder.engine_differences)
+    return fit
 
 
 def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict]:
@@ -54,25 +56,3 @@ def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict
     fit = run_fit(train_run)
     return fit, held_out_summary(fit, ledger_fit_points(test_run))
 
-
-def engine_of(manifest: Manifest) -> dict:
-    """What a step fit belongs to, as a run's manifest records it: the model's shape (its element sizes are
-    the compute dtype's), the device's name and the engine's thread count; None where it records none."""
-    try:
-        shape = manifest.model_shape().to_dict()
-    except ShapeError:
-        shape = None
-    return {"shape": shape, "device": manifest.device_name, "threads": manifest.engine_threads}
-
-
-def engine_differences(fitted: dict, other: dict, whose: str) -> list[str]:
-    """How engine `other` (engine_of's keys) differs from `fitted`, the run a fit was trained on: each field
-    of the model's shape, the device and the thread count both sides know, 'what OTHER (WHOSE: FITTED)'."""
-    out = []
-    if fitted["shape"] is not None and other["shape"] is not None:
-        differ = shape_differences(fitted["shape"], other["shape"], whose)
-        out += ["model shape: " + ", ".join(differ)] if differ else []
-    for key, what in (("device", "device"), ("threads", "engine threads")):
-        if fitted[key] is not None and other[key] is not None and fitted[key] != other[key]:
-            out.append(f"{what} {other[key]!r} ({whose}: {fitted[key]!r})")
-    return out
