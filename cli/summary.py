@@ -108,7 +108,7 @@ def _cause_line(c: dict) -> str:
         return "first cause: [yellow]unknown[/] (this ledger has no run_diagnosis)"
     if c["first_cause"] is None:
         return f"first cause: none measured ({c['evidence']})"
-    if c["first_cause_share"] is None:  # 'unknown': an engine cause is not measured
+    if c["first_cause_share"] is None:  # 'unknown': a cause that could be the largest is not measured
         return f"first cause: [yellow]{c['first_cause']}[/] — {c['evidence']}"
     then = f", then {c['next_cause']} {c['next_cause_share']:.0%}" if c["next_cause"] else ""
     return f"{c['what']}: [bold]{c['first_cause']}[/] {c['first_cause_share']:.0%}{then} — {c['evidence']}"

@@ -63,7 +63,7 @@ def verdict(rv, p: str) -> str:
         cause, sub = "unknown", "this ledger has no run_diagnosis"
     elif c["first_cause"] is None:
         cause, sub = "none measured", c["evidence"]
-    elif c["first_cause_share"] is None:  # 'unknown': an engine cause is not measured
+    elif c["first_cause_share"] is None:  # 'unknown': a cause that could be the largest is not measured
         cause, sub = c["first_cause"], c["evidence"]
     else:
         then = f"then {c['next_cause']} {c['next_cause_share']:.0%}; " if c["next_cause"] else ""
