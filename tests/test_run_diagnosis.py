@@ -322,3 +322,28 @@ def test_an_attempt_whose_own_cause_is_unknown_leaves_the_runs_first_cause_unkno
     assert row["evidence"] == ("a diagnosed attempt's own cause is unknown (its client queue, transport or rejected "
                                "drafts), so none is named first; the largest known, server_queue: 45.0 ms of the "
                                "55.0 ms known over 2 attempts (none was late); unknown: client_queue, host_contention")
+
+
+def test_an_attempt_the_client_let_go_of_is_delayed_only_while_the_client_held_it(tmp_path):
+    """A1's client times out at 60 ms, halfway through step 2 (50 -> 70 ms), and the engine goes on with it
+    to 70 ms (an abandoned stream). The delay is the client's: 40 ms queued, step 1's 2 ms wait, and of step
+    2 the half the client held it through (its 5 ms wait and B1's 7.5 ms on a CPU, halved); its decode work
+    is the 10 ms of decode to 60 ms less those. Queue, work and causes add up to the client's 60 ms, not
+    the engine's 70: the 10 ms after the client left delay nobody."""
+    waits = {1: (8_000_000, 2_000_000), 2: (15_000_000, 5_000_000)}
+    events = [dict(e, attrs={"cpu_ns": waits[e["step_id"]][0], "wait_ns": waits[e["step_id"]][1]})
+              if e["name"] == "step.end" else e for e in _queued_then_interfered(done_ms=70)
+              if not (e["name"] in ("attempt.chunk", "attempt.done") and e["ms"] == 70)]
+    events.append(_e("attempt.timeout", 60, "A1", task="T1"))
+    con = build_run(tmp_path / "r", events)
+    a1 = dict_rows(con, "SELECT c.*, r.client_span_ms FROM attempt_causes c JOIN request_metrics r "
+                        "USING (attempt_id) WHERE attempt_id = 'A1'")[0]
+    assert (a1["client_status"], a1["missed"], a1["client_span_ms"]) == ("timeout", "timeout", 60.0)
+    assert a1["server_queue_ms"] == pytest.approx(40.0)
+    assert a1["host_contention_ms"] == pytest.approx(2.0 + 5.0 / 2)
+    assert a1["prefill_interference_ms"] == pytest.approx(7.5 / 2)
+    assert (a1["prefill_work_ms"], a1["decode_work_ms"]) == (pytest.approx(8.0), pytest.approx(10 - 2.5 - 3.75))
+    assert 40 + 8 + 3.75 + 4.5 + 3.75 == 60.0
+    row = _row(con)
+    assert row["delay_ms"] == pytest.approx(40 + 4.5 + 3.75)
+    assert row["host_contention_share"] == pytest.approx(4.5 / 48.25)
