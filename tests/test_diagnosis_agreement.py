@@ -7,7 +7,9 @@ e0 archives, real deployments behind vLLM's router, a real vLLM run whose engine
   cause could be the run's largest too);
 - a first cause named is the largest of the diagnosed attempts' cause times added up here, and its share
   that sum over the delay; the known shares add up to 1;
-- slo_misses is the late attempts, and a run with no late attempt diagnoses all of them."""
+- slo_misses is the late attempts, and a run with no late attempt diagnoses all of them;
+- an attempt's causes and its own work never add up to more than the client held it (client_span_ms): an
+  attempt the router gave up on, which the engine went on with, is no delay past that."""
 from __future__ import annotations
 
 import shutil
@@ -24,7 +26,7 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 CAUSES = ("server_queue", "client_queue", "prefill_interference", "preemption", "decode_stall", "host_contention",
           "transport", "client", "spec_rejected")
 E0 = sorted(p.name for p in (SAMPLES / "e0").iterdir() if (p / "archive.jsonl").is_file())
-ROUTER = ("replica_slowed", "round_robin", "retries")
+ROUTER = ("replica_slowed", "round_robin", "retries", "router_abandoned")
 CASES = [f"e0/{c}" for c in E0] + [f"router/{r}" for r in ROUTER] + ["vllm-0.32-cpu"]
 
 
@@ -37,7 +39,7 @@ def built(tmp_path_factory) -> dict[str, Path]:
         if kind == "e0":
             import_archive(SAMPLES / "e0" / name / "archive.jsonl", run)
         elif kind == "router":
-            shutil.copytree(SAMPLES / "peers" / "vllm_router" / name, run)
+            shutil.copytree(SAMPLES / "peers" / "vllm_router" / name / ("run" if name.startswith("router_") else ""), run)
         else:
             rejoin(SAMPLES / "peers" / case, run)
         reconstruct(run)
@@ -88,3 +90,21 @@ def test_a_run_without_attempts_diagnoses_none_and_names_nothing(built):
         row = _dicts(led, "SELECT diagnosed, n_attempts, n_late, delay_ms, first_cause, evidence FROM run_diagnosis")
     assert row == [{"diagnosed": "all", "n_attempts": 0, "n_late": 0, "delay_ms": None, "first_cause": None,
                     "evidence": "no attempt to diagnose"}]
+
+
+CAUSE_AND_WORK = [f"{c}_ms" for c in CAUSES] + ["prefill_work_ms", "decode_work_ms"]
+
+
+# where the client's end cannot be put on the engine's clock nothing is cut: two clocks without a mapping
+# (clocks_unmapped), and an engine's own spans (the vLLM run: its reported phases are kept whole)
+UNCUT = ("e0/clocks_unmapped", "vllm-0.32-cpu")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c not in UNCUT])
+def test_no_attempts_causes_and_work_outlast_the_client_holding_it(built, case):
+    with open_ledger(built[case]) as led:
+        rows = _dicts(led, "SELECT c.*, r.client_span_ms FROM attempt_causes c JOIN request_metrics r USING (attempt_id) "
+                           "WHERE r.client_span_ms IS NOT NULL")
+    over = {r["attempt_id"]: (sum(r[k] or 0.0 for k in CAUSE_AND_WORK), r["client_span_ms"]) for r in rows
+            if sum(r[k] or 0.0 for k in CAUSE_AND_WORK) > r["client_span_ms"] + 1.0}  # 1 ms: clock mappings' slack
+    assert not over, over
