@@ -77,10 +77,11 @@ def _where_time_went(rows: list[dict]) -> Table:
 
     t = Table(title=f"Verdict: where the time went (ms; the request nearest the {rows[0]['e2e_layer']} E2E p50 / p99)",
               title_justify="left")
-    for col in ("request", "attempt", "E2E", *(name.removesuffix("_ms") for name, _ in WHERE_TIME_WENT)):
+    for col in ("request", "attempt", "E2E", "held", *(name.removesuffix("_ms") for name, _ in WHERE_TIME_WENT)):
         t.add_column(col, justify="left" if col in ("request", "attempt") else "right")
     for r in rows:
-        t.add_row(r["request"], r["attempt_id"], _fmt(r["e2e_ms"]), *(_fmt(r[name]) for name, _ in WHERE_TIME_WENT))
+        t.add_row(r["request"], r["attempt_id"], _fmt(r["e2e_ms"]), _fmt(r["held_ms"]),
+                  *(_fmt(r[name]) for name, _ in WHERE_TIME_WENT))
     return t
 
 

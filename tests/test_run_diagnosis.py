@@ -180,7 +180,8 @@ def test_the_summary_opens_with_the_verdict(tmp_path):
     # queue 0), prefill 50 − 40, decode 70 − 50 less B1's 10 ms of interference beside it, contention and the
     # client's delay unknown, no stall, transport 0
     assert out["verdict_time"] == [
-        {"request": q, "attempt_id": "A1", "e2e_layer": "client", "e2e_ms": 70.0, "queue_ms": 40.0, "prefill_ms": 10.0,
+        {"request": q, "attempt_id": "A1", "e2e_layer": "client", "e2e_ms": 70.0, "held_ms": 70.0, "queue_ms": 40.0,
+         "prefill_ms": 10.0,
          "decode_ms": 10.0, "interference_ms": 10.0, "contention_ms": None, "stalls_ms": 0.0, "transport_ms": 0.0,
          "client_ms": None} for q in ("p50", "p99")]
     assert out["verdict_prediction"] == []  # nothing registered
