@@ -9,6 +9,9 @@ import typer
 from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 
 COLUMNS = ("against", "kind", "n_steps", "median_abs_error_pct", "p90_abs_error_pct")
+# why a run has no step to fit or predict
+NO_STEPS_WHY = ("a peer engine's run or a black box's records none; a simulated run's steps last what a fit said, "
+                "measured nowhere")
 
 
 def _rows(summary: dict) -> list[list]:
@@ -65,15 +68,22 @@ def fit_cmd(
         fit = run_fit(train, steps["TRAIN"])
     except FitError as exc:
         fail(f"error: TRAIN {train}: " + (str(exc) if steps["TRAIN"] else "no engine step with a shape and "
-                                         "a measured time to train on (a peer engine's run or a black box's records none)"))
+                                         f"a measured time to train on ({NO_STEPS_WHY})"))
     except RunFolderError as exc:
         fail(f"error: TRAIN {exc}")
     summary = held_out_summary(fit, points)
     if not summary["n_steps"]:
-        fail(f"error: --test {test}: no engine step with a shape and a measured time to predict")
+        fail(f"error: --test {test}: no engine step with a shape and a measured time to predict ({NO_STEPS_WHY})")
     if train.resolve() == test.resolve():
         typer.echo(f"note: --test {test} is TRAIN itself: the errors below include the steps the fit trained on "
                    "(they are not held out)", err=True)
+    from inferledger.probes.run_folder import Manifest, engine_differences
+
+    differ = engine_differences(fit.engine, Manifest.read(test).engine, "TRAIN's")
+    if differ:
+        typer.echo(f"note: --test {test} ran another engine than TRAIN: {'; '.join(differ)}. The fit holds TRAIN's "
+                   "rates and efficiencies: the errors below are how far they carry to that engine, not the fit's "
+                   "error on its own engine", err=True)
     outside = fit.n_extrapolated(points)
     if outside:
         ranges = ", ".join(f"{k} {lo}–{hi}" for k, (lo, hi) in fit.covered.items())

@@ -77,10 +77,11 @@ def _where_time_went(rows: list[dict]) -> Table:
 
     t = Table(title=f"Verdict: where the time went (ms; the request nearest the {rows[0]['e2e_layer']} E2E p50 / p99)",
               title_justify="left")
-    for col in ("request", "attempt", "E2E", *(name.removesuffix("_ms") for name, _ in WHERE_TIME_WENT)):
+    for col in ("request", "attempt", "E2E", "held", *(name.removesuffix("_ms") for name, _ in WHERE_TIME_WENT)):
         t.add_column(col, justify="left" if col in ("request", "attempt") else "right")
     for r in rows:
-        t.add_row(r["request"], r["attempt_id"], _fmt(r["e2e_ms"]), *(_fmt(r[name]) for name, _ in WHERE_TIME_WENT))
+        t.add_row(r["request"], r["attempt_id"], _fmt(r["e2e_ms"]), _fmt(r["held_ms"]),
+                  *(_fmt(r[name]) for name, _ in WHERE_TIME_WENT))
     return t
 
 
@@ -108,7 +109,7 @@ def _cause_line(c: dict) -> str:
         return "first cause: [yellow]unknown[/] (this ledger has no run_diagnosis)"
     if c["first_cause"] is None:
         return f"first cause: none measured ({c['evidence']})"
-    if c["first_cause_share"] is None:  # 'unknown': an engine cause is not measured
+    if c["first_cause_share"] is None:  # 'unknown': a cause that could be the largest is not measured
         return f"first cause: [yellow]{c['first_cause']}[/] — {c['evidence']}"
     then = f", then {c['next_cause']} {c['next_cause_share']:.0%}" if c["next_cause"] else ""
     return f"{c['what']}: [bold]{c['first_cause']}[/] {c['first_cause_share']:.0%}{then} — {c['evidence']}"

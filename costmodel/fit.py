@@ -175,6 +175,9 @@ class StepFit:
     attention_efficiency: float | None = None  # e_att: attention's FLOPs ran e_att times slower than the best
     # matmul (None: a fit recorded before it was fitted apart, attention at e)
     gap_covered_num_seqs: list | None = None  # [lo, hi] batch sizes of the steps the gap term was trained on
+    # the engine its run ran (ledger/fit_read.py engine_of: the model's shape, the device, the engine's threads):
+    # what it may be applied to; None for a fit made elsewhere or recorded before
+    engine: dict | None = None
 
     @classmethod
     def fit(cls, points: list[FitPoint], roofs: Roofs | None, trained_on: str = "") -> "StepFit":

@@ -44,11 +44,15 @@ def run_fit(run_dir: str | Path, points: list[FitPoint] | None = None) -> StepFi
     already read (`ledger_fit_points`). FileNotFoundError without a ledger, FitError when it cannot fit."""
     run_dir = Path(run_dir)
     points = ledger_fit_points(run_dir) if points is None else points
-    roofs, _ = fit_rates(Manifest.read(run_dir))
-    return StepFit.fit(points, roofs, trained_on=run_dir.name)
+    manifest = Manifest.read(run_dir)
+    roofs, _ = fit_rates(manifest)
+    fit = StepFit.fit(points, roofs, trained_on=run_dir.name)
+    fit.engine = manifest.engine  # what it may be applied to (probes/run_folder.engine_differences)
+    return fit
 
 
 def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict]:
     """TRAIN's fit and its |error| on every step of TEST (costmodel.fit.held_out_summary)."""
     fit = run_fit(train_run)
     return fit, held_out_summary(fit, ledger_fit_points(test_run))
+

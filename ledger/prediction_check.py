@@ -23,9 +23,9 @@ from inferledger.costmodel.prediction import PredictionError, fit_range_note, lo
 import pyarrow as pa
 
 from inferledger.ledger.tables import StageTable, gap_table
-from inferledger.probes.model_shape import ShapeError
+from inferledger.probes.model_shape import ShapeError, shape_differences
 from inferledger.probes.run_dir import PREDICTION_FILE
-from inferledger.probes.run_folder import MANIFEST_FILE
+from inferledger.probes.run_folder import MANIFEST_FILE, engine_differences
 
 READS = ("clock_ends", "marks", "request_metrics", "tasks", "quantile_linear")
 CREATES = ("prediction_shapes", "prediction_registration", "prediction_check", "prediction_check_gaps")
@@ -34,7 +34,8 @@ PUBLIC = ("prediction_registration", "prediction_check")
 # @gaps: a registered prediction that is missing, changed after registration, not of the prediction format
 #   or made for another run (its workload sha256, model shape or device not the run's), or a prediction.json
 #   the manifest does not register; a fit range whose busy end lies outside the batch sizes its fit was trained
-#   on where a per-sequence term was unknown (held at 0)
+#   on where a per-sequence term was unknown (held at 0); a step fit trained on another engine than the run's
+#   (its model shape, dtype included, device or threads), whose ranges are not checked
 GAPS = gap_table("prediction_check")
 
 _SHAPE_COLS = ("class", "prompt_tokens", "cached_tokens", "output_tokens", "ttft_lower_ms", "ttft_sustained_low_ms",
@@ -78,6 +79,24 @@ def _registered(run) -> tuple[dict | None, dict | None, list[tuple[str, str, str
     return block, doc, []
 
 
+def _fit_of_another_engine(doc: dict, manifest) -> list[tuple[str, str, str]]:
+    """A step fit trained on another engine than the run's (its model shape, dtype included, its device or its
+    threads, as the fit records its run's): its ranges are that engine's, so they are dropped from `doc` (the
+    run is held to the roofs' range) with a gap row saying why."""
+    fit = (doc.get("roofs") or {}).get("fit")
+    differ = engine_differences(fit.get("engine") if isinstance(fit, dict) else None, manifest.engine,
+                                "the step fit's run")
+    if not differ:
+        return []
+    for r in doc["requests"]:
+        for key in ("ttft_expected_ms", "tpot_expected_ms"):
+            (r.get(key) or {}).pop("fit", None)
+    return [("prediction_check ttft_fit_low_ms, ttft_fit_high_ms, tpot_fit_low_ms, tpot_fit_high_ms",
+             "a step fit trained on a run of this run's engine (its model at its dtype, device and threads)",
+             f"{PREDICTION_FILE}'s step fit was trained on another engine: {'; '.join(differ)}: its ranges are "
+             "that engine's and are not checked here")]
+
+
 def _not_this_run(doc: dict, manifest) -> list[str]:
     """How the prediction's workload (sha256), model shape and device differ from the run's: a workload
     or shape the run records and the prediction does not name cannot be shown to be the run's, and
@@ -96,8 +115,7 @@ def _not_this_run(doc: dict, manifest) -> list[str]:
         out.append("it names no model shape (the run's: " + ", ".join(
             f"{k} {v!r}" for k, v in shape.items() if k != "source") + ")")
     elif shape is not None:
-        differ = [f"{k} {predicted.get(k)!r} (the run's: {v!r})" for k, v in shape.items()
-                  if k != "source" and predicted.get(k) != v]
+        differ = shape_differences(shape, predicted, "the run's")
         if differ:
             out.append("model shape " + ", ".join(differ))
     theirs, ours = (doc.get("device") or {}).get("name"), manifest.device_name
@@ -127,7 +145,8 @@ def _fit_blind_spots(doc: dict) -> list[tuple[str, str, str]]:
 
 def build(con, run=None) -> None:
     block, doc, gaps = _registered(run) if run is not None else (None, None, [])
-    gaps += _fit_blind_spots(doc) if doc is not None else []
+    if doc is not None:  # a fit of another engine is not checked; else what its busy end leaves out
+        gaps += _fit_of_another_engine(doc, run.manifest) or _fit_blind_spots(doc)
     GAPS.store(con, [("run", PREDICTION_FILE, affects, needs, detail) for affects, needs, detail in gaps])
     SHAPES.store(con, [(r["class"], r["prompt_tokens"], r.get("cached_tokens", 0), r["output_tokens"],
                         r["ttft_lower_ms"], *_range(r, "ttft_expected_ms", "sustained"),
@@ -226,6 +245,7 @@ GROUP BY ALL ORDER BY s.prompt_tokens, any_value(s.ord)
 # @column ttft_sustained_low_ms: predicted TTFT range on the sustained roofs, low end (the request alone)
 # @column ttft_sustained_high_ms: its high end (the prefill beside a full batch of decodes)
 # @column ttft_fit_low_ms: predicted TTFT range through an earlier run's step fit, low end; NULL without a fit
+#   or with a fit trained on another engine than the run's (a gap row)
 # @column ttft_fit_high_ms: its high end
 # @column n_ttft: matched attempts with a ttft_server_ms
 # @column ttft_p50_ms: the median of their request_metrics.ttft_server_ms

@@ -29,8 +29,9 @@
 -- @column spec_rejected_share: likewise for spec_rejected_ms
 -- @column first_cause: the cause with the largest share (ties in the order above); 'unknown' when one of
 --   the engine's causes (server_queue, prefill_interference, preemption, decode_stall) is unknown (a black
---   box; an engine's own spans, which see no step): any of them could be the largest; NULL when the known
---   causes add up to 0. host_contention and client rank where measured (the gap register names them)
+--   box; an engine's own spans, which see no step), or when a diagnosed attempt's dominant_cause is (its
+--   client queue, transport or rejected drafts unknown): any of them could be the largest; NULL when the
+--   known causes add up to 0. host_contention and client rank where measured (the gap register names them)
 -- @column first_cause_share: its share (NULL when first_cause is unknown)
 -- @column evidence: one sentence: the first cause's time against the delay, over which attempts, and
 --   the causes left unknown; in a deployment, the replica named (replica_id) and why
@@ -64,7 +65,7 @@ WITH d AS (
   SELECT cause, ord, CASE WHEN count(ms) = count(*) THEN coalesce(sum(ms), 0) END AS ms FROM long GROUP BY cause, ord
 ), run AS (
   SELECT (SELECT count(*) FROM diag) AS n_attempts, (SELECT count(*) FROM d WHERE late) AS n_late,
-         (SELECT bool_or(none_late) FROM d) AS none_late,
+         coalesce((SELECT bool_or(none_late) FROM d), true) AS none_late,  -- no attempt: none was late
          sum(ms) AS delay_ms,
          arg_max(cause, (ms, -ord)) FILTER (WHERE ms > 0) AS largest_known,
          max(ms) FILTER (WHERE ms > 0) AS first_ms,
@@ -72,6 +73,9 @@ WITH d AS (
          -- could be the largest, so none is named first
          bool_or(ms IS NULL AND cause IN ('server_queue', 'prefill_interference', 'preemption', 'decode_stall'))
            AS engine_unknown,
+         -- a diagnosed attempt whose own largest cause is unknown (slo_misses' rule: its client queue, its
+         -- transport or its rejected drafts unknown too): that cause could be the run's largest as well
+         (SELECT bool_or(dominant_cause = 'unknown') FROM diag) AS attempt_unknown,
          string_agg(cause, ', ' ORDER BY ord) FILTER (WHERE ms IS NULL) AS unknown,
          map(list(cause ORDER BY ord), list(ms ORDER BY ord)) AS by_cause
   FROM totals
@@ -106,14 +110,14 @@ SELECT getvariable('run_id') AS run_id, s.scope, s.point,
        r.by_cause['transport'] / nullif(r.delay_ms, 0) AS transport_share,
        r.by_cause['client'] / nullif(r.delay_ms, 0) AS client_share,
        r.by_cause['spec_rejected'] / nullif(r.delay_ms, 0) AS spec_rejected_share,
-       CASE WHEN r.engine_unknown THEN 'unknown' ELSE r.largest_known END AS first_cause,
-       CASE WHEN NOT r.engine_unknown THEN r.first_ms / nullif(r.delay_ms, 0) END AS first_cause_share,
+       CASE WHEN r.engine_unknown OR r.attempt_unknown THEN 'unknown' ELSE r.largest_known END AS first_cause,
+       CASE WHEN NOT (r.engine_unknown OR r.attempt_unknown) THEN r.first_ms / nullif(r.delay_ms, 0) END
+         AS first_cause_share,
        CASE WHEN r.n_attempts = 0 THEN 'no attempt to diagnose'
-            ELSE concat(CASE WHEN r.engine_unknown AND r.largest_known IS NOT NULL
-                             THEN printf('an engine cause is unknown, so none is named first; the largest '
-                                         'known, %s: %.1f ms of the %.1f ms known', r.largest_known,
-                                         r.first_ms, r.delay_ms)
-                             WHEN r.engine_unknown THEN 'an engine cause is unknown, so none is named first'
+            ELSE concat(CASE WHEN (r.engine_unknown OR r.attempt_unknown) AND r.largest_known IS NOT NULL
+                             THEN printf('%s, so none is named first; the largest known, %s: %.1f ms of the '
+                                         '%.1f ms known', r.why_unknown, r.largest_known, r.first_ms, r.delay_ms)
+                             WHEN r.engine_unknown OR r.attempt_unknown THEN r.why_unknown || ', so none is named first'
                              WHEN r.largest_known IS NULL THEN 'no measured delay'
                              ELSE printf('%s: %.1f ms of the %.1f ms of delay (%.0f %%)', r.largest_known, r.first_ms,
                                          r.delay_ms, 100 * r.first_ms / r.delay_ms) END,
@@ -129,7 +133,9 @@ SELECT getvariable('run_id') AS run_id, s.scope, s.point,
                                               ELSE '' END)
                              ELSE '' END) END AS evidence,
        nm.replica_id, nm.replica_balance, nm.replica_balance_evidence
-FROM run r, scopes s, named nm
+FROM (SELECT *, CASE WHEN engine_unknown THEN 'an engine cause is unknown'
+                     ELSE 'a diagnosed attempt''s own cause is unknown (its client queue, transport or rejected drafts)'
+                     END AS why_unknown FROM run) r, scopes s, named nm
 ORDER BY s.scope DESC;
 
 -- @gaps: a cause whose time is unknown for a diagnosed attempt (its share is NULL).

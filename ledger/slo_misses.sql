@@ -8,11 +8,12 @@
 --
 -- scope: task
 -- reads: attempts, request_metrics, contracts, intervals, step_attribution, steps, ev_tok, marks, samples,
---        quantile_linear
+--        quantile_linear, clock_conv
 -- creates: attempt_causes, slo_misses, slo_misses_gaps
 
 -- @table attempt_causes: one row per attempt: the time each cause of delay took (disjoint stretches of
---   its timeline, ms), the one definition slo_misses and run_diagnosis read (docs/LEDGER.md "slo_misses")
+--   its timeline, ms), the one definition slo_misses and run_diagnosis read (docs/LEDGER.md "slo_misses");
+--   for an attempt the client let go of (timeout, cancel, error), only while the client held it
 -- @column task_id: the attempt's task
 -- @column client_status: as attempts.client_status
 -- @column late: it missed its task's deadline (late or timed out) or exceeded a declared SLO threshold
@@ -58,9 +59,35 @@
 -- @column cause_evidence: observed (our engine's probes), reported (a span) or simulated (a run on the
 --   simulated clock): request_metrics.server_evidence; NULL without server evidence
 CREATE OR REPLACE TABLE attempt_causes AS
-WITH base AS (
-  SELECT a.attempt_id, a.task_id, a.client_status, r.done_since_reference_ms, c.deadline_ms, r.queue_ms,
-         r.prefill_ms, r.decode_ms, r.ttft_client_ms, r.ttft_server_ms, r.e2e_client_ms, r.e2e_server_ms, r.uplink_eps_ms, r.downlink_first_eps_ms,
+WITH gone AS (
+  -- an attempt the client let go of (timed out, cancelled, errored) delays it no longer: the moment, on the
+  -- engine's clock (mapped, its epsilon given to the engine), after which the engine's work on it is no cause
+  -- of the client's delay and no work of its own (an abandoned stream the engine went on with, a cancel it
+  -- learned of later)
+  SELECT m.attempt_id, m.enqueued.clock AS clock, m.client_end.ns + c.offset_ns + c.eps_ns AS ns
+  FROM marks m JOIN attempts a USING (attempt_id)
+  JOIN clock_conv c ON c.from_clock = m.client_end.clock AND c.to_clock = m.enqueued.clock
+  WHERE a.client_status IN ('timeout', 'cancelled', 'error') AND m.client_end IS NOT NULL AND m.enqueued IS NOT NULL
+), held_work AS (  -- its queue, prefill and decode stretches as far as the client held it (gone: clipped there)
+  SELECT m.attempt_id, g.ns AS gone_ns,
+         greatest(least(m.scheduled.ns, g.ns) - m.enqueued.ns, 0) / 1e6 AS queue_ms,
+         greatest(least(coalesce(t.first_ns, g.ns), g.ns) - m.scheduled.ns, 0) / 1e6 AS prefill_ms,
+         CASE WHEN t.first_ns IS NOT NULL
+              THEN greatest(least(coalesce(m.finished.ns, g.ns), g.ns) - t.first_ns, 0) / 1e6 ELSE 0 END AS decode_ms
+  FROM marks m JOIN gone g USING (attempt_id)
+  LEFT JOIN (SELECT attempt_id, clock, min(ts_ns) AS first_ns FROM ev_tok GROUP BY 1, 2) t
+    ON t.attempt_id = m.attempt_id AND t.clock = g.clock
+  WHERE m.scheduled.clock = g.clock
+), base AS (
+  SELECT a.attempt_id, a.task_id, a.client_status, r.done_since_reference_ms, c.deadline_ms,
+         -- the engine's stretches while the client held the attempt (its own, whole, where it saw it complete)
+         CASE WHEN hw.attempt_id IS NOT NULL AND r.queue_ms IS NOT NULL THEN least(r.queue_ms, hw.queue_ms)
+              ELSE r.queue_ms END AS queue_ms,
+         CASE WHEN hw.attempt_id IS NOT NULL AND r.prefill_ms IS NOT NULL AND r.server_evidence = 'observed'
+              THEN least(r.prefill_ms, hw.prefill_ms) ELSE r.prefill_ms END AS prefill_ms,
+         CASE WHEN hw.attempt_id IS NOT NULL AND r.decode_ms IS NOT NULL AND r.server_evidence = 'observed'
+              THEN least(r.decode_ms, hw.decode_ms) ELSE r.decode_ms END AS decode_ms,
+         r.ttft_client_ms, r.ttft_server_ms, r.e2e_client_ms, r.e2e_server_ms, r.uplink_eps_ms, r.downlink_first_eps_ms,
          r.spec_rounds, r.spec_drafted_tokens, r.spec_accepted_tokens, r.server_evidence AS cause_evidence,
          concat_ws(',',
            CASE WHEN c.deadline_ms IS NOT NULL AND r.on_time = false THEN 'deadline' END,
@@ -69,24 +96,33 @@ WITH base AS (
            CASE WHEN r.tpot_ms > getvariable('slo_tpot_ms') THEN 'slo_tpot' END,
            CASE WHEN r.e2e_client_ms > getvariable('slo_e2e_ms') THEN 'slo_e2e' END) AS missed
   FROM attempts a JOIN request_metrics r USING (attempt_id) LEFT JOIN contracts c ON c.task_id = a.task_id
+  LEFT JOIN held_work hw USING (attempt_id)
 ), client_queue AS (
   SELECT attempt_id, sum(dur_ms) AS ms FROM intervals WHERE stream = 'client' AND name = 'client_queue' GROUP BY 1
 ), preempt AS (  -- its preempted and recompute intervals, and the part of them before its first token (in prefill_ms)
-  SELECT p.attempt_id, sum(p.dur_ms) AS ms,
-         coalesce(sum(p.dur_ms) FILTER (WHERE d.first_ns IS NULL OR p.start_ns < d.first_ns), 0) AS before_first_ms
-  FROM intervals p
+  SELECT p.attempt_id, sum(p.ms) AS ms,
+         coalesce(sum(p.ms) FILTER (WHERE d.first_ns IS NULL OR p.start_ns < d.first_ns), 0) AS before_first_ms
+  FROM (SELECT v.attempt_id, v.start_ns,  -- as far as the client held it
+               CASE WHEN g.ns IS NULL THEN v.dur_ms ELSE greatest(least(v.end_ns, g.ns) - v.start_ns, 0) / 1e6 END AS ms
+        FROM intervals v LEFT JOIN gone g ON g.attempt_id = v.attempt_id AND g.clock = v.clock
+        WHERE v.stream = 'engine' AND v.name IN ('preempted', 'recompute')) p
   LEFT JOIN (SELECT attempt_id, min(start_ns) AS first_ns FROM intervals WHERE stream = 'engine' AND name = 'decode'
              GROUP BY 1) d USING (attempt_id)
-  WHERE p.stream = 'engine' AND p.name IN ('preempted', 'recompute') GROUP BY 1
+  GROUP BY 1
 ), mine AS (
   -- the steps holding the attempt whose time its step causes may take: all but those that recomputed it
   -- (its prefill steps once it was first preempted, inside its recompute interval): the preemption holds
   -- those whole, their CPU wait and other attempts' share of them included
-  SELECT sa.* FROM step_attribution sa
+  -- held: the part of the step the client held the attempt through (1 but for the step it let go of it in)
+  SELECT sa.*, CASE WHEN g.ns IS NULL OR sa.end_ns <= g.ns OR sa.end_ns <= sa.start_ns THEN 1.0
+                    ELSE (g.ns - sa.start_ns) / (sa.end_ns - sa.start_ns) END AS held
+  FROM step_attribution sa
   LEFT JOIN (SELECT attempt_id, clock, min(start_ns) AS t FROM intervals
              WHERE stream = 'engine' AND name = 'preempted' GROUP BY 1, 2) p
     ON p.attempt_id = sa.attempt_id AND p.clock = sa.clock
+  LEFT JOIN gone g ON g.attempt_id = sa.attempt_id AND g.clock = sa.clock
   WHERE NOT (sa.kind = 'prefill' AND p.t IS NOT NULL AND sa.start_ns >= p.t)
+    AND NOT coalesce(sa.start_ns >= g.ns, false)  -- begun after the client let go of it: no delay of its
 ), step_cpu AS (  -- the fraction of each step the CPU worked on it: cpu_ms / step_ms (1 where unknown: wall)
   SELECT step_id, contention_ms, coalesce(cpu_ms / nullif(step_ms, 0), 1.0) AS cpu_frac FROM steps
 ), others_prefill AS (
@@ -94,7 +130,7 @@ WITH base AS (
   -- prefilled beside it): the step's on-CPU time spent on other attempts' prefill tokens (their token
   -- shares of cpu_ms; of the wall step where cpu_ms is unknown). The CPU wait is not theirs: it is
   -- host_contention, whole
-  SELECT me.attempt_id, me.step_id, sum(o.share_ms * sc.cpu_frac) AS ms
+  SELECT me.attempt_id, me.step_id, sum(o.share_ms * sc.cpu_frac) * any_value(me.held) AS ms
   FROM mine me JOIN step_attribution o ON o.step_id = me.step_id AND o.attempt_id <> me.attempt_id
   JOIN step_cpu sc ON sc.step_id = me.step_id
   WHERE o.kind = 'prefill' GROUP BY 1, 2
@@ -102,21 +138,22 @@ WITH base AS (
   SELECT attempt_id, sum(ms) AS ms FROM others_prefill GROUP BY 1
 ), held AS (  -- the CPU wait of each step holding the attempt: the whole wait (every attempt in the step
               -- waited it out), not a token share
-  SELECT sa.attempt_id, sa.step_id, sc.contention_ms AS ms
+  SELECT sa.attempt_id, sa.step_id, sc.contention_ms * sa.held AS ms
   FROM mine sa JOIN step_cpu sc USING (step_id)
 ), contention AS (  -- unknown (NULL) as soon as one of its steps' contention is unknown
   SELECT attempt_id, CASE WHEN count(*) = count(ms) THEN sum(ms) END AS ms FROM held GROUP BY 1
 ), in_prefill AS (  -- the CPU wait and the interference of the steps that prefilled the attempt's prompt
-  SELECT sa.attempt_id, sum(coalesce(sc.contention_ms, 0) + coalesce(op.ms, 0)) AS ms
+  SELECT sa.attempt_id, sum(coalesce(sc.contention_ms * sa.held, 0) + coalesce(op.ms, 0)) AS ms
   FROM mine sa JOIN step_cpu sc USING (step_id)
   LEFT JOIN others_prefill op ON op.attempt_id = sa.attempt_id AND op.step_id = sa.step_id
   WHERE sa.kind = 'prefill' GROUP BY 1
 ), tok_gaps AS (  -- engine gaps between consecutive tokens of one choice, with the step of the later token
-  SELECT attempt_id, choice, clock, step_id, ts_ns, prev_ns, (ts_ns - prev_ns) / 1e6 AS gap_ms FROM (
+  SELECT t.attempt_id, t.choice, t.clock, t.step_id, t.ts_ns, t.prev_ns, (t.ts_ns - t.prev_ns) / 1e6 AS gap_ms FROM (
     SELECT attempt_id, choice, clock, step_id, ts_ns,
            lag(ts_ns) OVER (PARTITION BY attempt_id, choice, clock ORDER BY ts_ns, seq) AS prev_ns
-    FROM ev_tok WHERE attempt_id IS NOT NULL)
-  WHERE prev_ns IS NOT NULL
+    FROM ev_tok WHERE attempt_id IS NOT NULL) t
+  LEFT JOIN gone g ON g.attempt_id = t.attempt_id AND g.clock = t.clock
+  WHERE t.prev_ns IS NOT NULL AND NOT coalesce(t.ts_ns > g.ns, false)  -- ended after the client let go: none of its
 ), explained AS (  -- the part of each gap another cause already holds: preemption and recompute time, and
                    -- the interference and CPU wait charged to the step that produced the later token
   SELECT g.attempt_id, g.choice, g.ts_ns,
@@ -170,7 +207,8 @@ WITH base AS (
            AS decode_stall_ms,
          CASE WHEN l.has_engine THEN coalesce(p.ms, 0) END AS preemption_ms,
          -- contention lives in the steps: without them it is unknown, never 0
-         CASE WHEN l.has_steps AND b.cause_evidence IS DISTINCT FROM 'reported' THEN h.ms END AS host_contention_ms,
+         CASE WHEN l.has_steps AND b.cause_evidence IS DISTINCT FROM 'reported'
+              THEN CASE WHEN h.attempt_id IS NULL THEN 0.0 ELSE h.ms END END AS host_contention_ms,
          -- the client's time outside the server's span (client E2E − server E2E: before the server's
          -- first event and after its last write); the client's own lag takes what it can of it, and the
          -- link the client / server TTFT difference (a first chunk the server held back is not the
@@ -187,7 +225,7 @@ WITH base AS (
            -- the share of its decode step time spent verifying drafted tokens that were rejected: each
            -- round verifies its drafted tokens and one more
            -- (on-CPU time: the step's CPU wait is host_contention's)
-           (SELECT sum(sa.share_ms * sc.cpu_frac) FROM step_attribution sa JOIN step_cpu sc USING (step_id)
+           (SELECT sum(sa.share_ms * sa.held * sc.cpu_frac) FROM mine sa JOIN step_cpu sc USING (step_id)
             WHERE sa.attempt_id = b.attempt_id AND sa.kind = 'decode')
            * (b.spec_drafted_tokens - b.spec_accepted_tokens) / nullif(b.spec_drafted_tokens + b.spec_rounds, 0) END
            AS spec_rejected_ms

@@ -56,6 +56,13 @@ def shape_problems(values: dict, names: dict | None = None) -> list[str]:
     return out
 
 
+def shape_differences(ours: dict, theirs: dict, whose: str) -> list[str]:
+    """Where shape `theirs` (ModelShape.to_dict) differs from `ours`, field by field ('source' aside):
+    'field THEIRS (WHOSE: OURS)', e.g. weight_bytes_per_param 4 (the run's: 2), a dtype's element size."""
+    return [f"{k} {theirs.get(k)!r} ({whose}: {v!r})" for k, v in ours.items()
+            if k != "source" and theirs.get(k) != v]
+
+
 def dtype_bytes(name: str, where: str) -> int:
     key = str(name).removeprefix("torch.")
     if key not in DTYPE_BYTES:

@@ -25,7 +25,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from inferledger.probes.model_shape import ModelShape, ShapeError
+from inferledger.probes.model_shape import ModelShape, ShapeError, shape_differences
 
 MANIFEST_FILE = "manifest.json"
 LAYOUT_FILE = "layout.json"
@@ -361,6 +361,26 @@ class Manifest:
             or host.get("cpu_model") or None
 
     @property
+    def engine(self) -> dict:
+        """What a step fit of this run belongs to: the model's shape (ModelShape.to_dict: its element sizes are
+        the compute dtype's), the device's name and the engine's thread count; None where it records none."""
+        try:
+            shape = self.model_shape().to_dict()
+        except ShapeError:
+            shape = None
+        return {"shape": shape, "device": self.device_name, "threads": self.engine_threads}
+
+    @property
+    def engine_threads(self) -> int | None:
+        """The engine's intra-op thread count on the CPU (engine_config.resolved.cpu_placement.threads), else
+        the microbenchmarks' (device_params.threads: measured in a thread placed as the step thread); None."""
+        placement = (self.block("engine_config").get("resolved") or {}).get("cpu_placement")
+        threads = placement.get("threads") if isinstance(placement, dict) else None
+        if not isinstance(threads, int) or isinstance(threads, bool):
+            threads = self.block("device_params").get("threads")
+        return threads if isinstance(threads, int) and not isinstance(threads, bool) else None
+
+    @property
     def weights_dtype(self) -> str:
         return (self.block("model").get("dtype") or {}).get("weights") or ""
 
@@ -570,3 +590,21 @@ if __name__ == "__main__":
         print(f"wrote the run folder keys into {target}")
     else:
         sys.stdout.write(key_reference())
+
+
+def engine_differences(fitted, other: dict, whose: str) -> list[str]:
+    """How engine `other` (Manifest.engine's keys) differs from `fitted`, the engine a step fit was trained on
+    (StepFit.engine, which a file may carry malformed: what is not a dict is not compared): each field of the
+    model's shape, the device and the thread count both sides know, as 'what OTHER (WHOSE: FITTED)'."""
+    if not isinstance(fitted, dict):
+        return []
+    out = []
+    mine, theirs = fitted.get("shape"), other.get("shape")
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        differ = shape_differences(mine, theirs, whose)
+        out += ["model shape: " + ", ".join(differ)] if differ else []
+    for key, what in (("device", "device"), ("threads", "engine threads")):
+        a, b = fitted.get(key), other.get(key)
+        if a is not None and b is not None and a != b:
+            out.append(f"{what} {b!r} ({whose}: {a!r})")
+    return out

@@ -38,9 +38,11 @@ def verdict(rv, p: str) -> str:
         body += note(f"the request whose {requests[0]['e2e_layer']} E2E is nearest the run's p50 and p99 "
                      "(latency_percentiles); its stretches from attempt_causes: queue = client + server queue, "
                      "prefill and decode its own work, contention the CPU wait of its steps, transport and the "
-                     "client's own delay", "source")
-        body += table(["request", "attempt", "E2E", *(n.removesuffix("_ms") for n, _ in tables.WHERE_TIME_WENT)],
-                      [[r["request"], r["attempt_id"], fmt(r["e2e_ms"]), *(fmt(r[n]) for n, _ in tables.WHERE_TIME_WENT)]
+                     "client's own delay; held: the client's time from creating it to its end, which the stretches "
+                     "divide (its client queue lies before the send, outside the E2E)", "source")
+        body += table(["request", "attempt", "E2E", "held", *(n.removesuffix("_ms") for n, _ in tables.WHERE_TIME_WENT)],
+                      [[r["request"], r["attempt_id"], fmt(r["e2e_ms"]), fmt(r["held_ms"]),
+                        *(fmt(r[n]) for n, _ in tables.WHERE_TIME_WENT)]
                        for r in requests])
         if requests[0]["e2e_layer"] == "client":
             body += client_bound_note(rv)
@@ -63,7 +65,7 @@ def verdict(rv, p: str) -> str:
         cause, sub = "unknown", "this ledger has no run_diagnosis"
     elif c["first_cause"] is None:
         cause, sub = "none measured", c["evidence"]
-    elif c["first_cause_share"] is None:  # 'unknown': an engine cause is not measured
+    elif c["first_cause_share"] is None:  # 'unknown': a cause that could be the largest is not measured
         cause, sub = c["first_cause"], c["evidence"]
     else:
         then = f"then {c['next_cause']} {c['next_cause_share']:.0%}; " if c["next_cause"] else ""

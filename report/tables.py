@@ -73,7 +73,10 @@ WHERE_TIME_WENT = (("queue_ms", "c.client_queue_ms + c.server_queue_ms"), ("pref
 
 def verdict_requests(rv: RunView) -> list[dict]:
     """Where the time went for the median and the p99 request: the attempt whose E2E (the client's, else
-    the server's) is nearest that percentile of latency_percentiles, its stretches from attempt_causes."""
+    the server's) is nearest that percentile of latency_percentiles, its stretches from attempt_causes, and
+    held_ms, what they divide: the client's time from creating the attempt to its end (client_span_ms; its
+    client queue lies before the send, outside the E2E; an attempt it let go of ends there, the server's
+    E2E maybe long after)."""
     if not (rv.has("attempt_causes") and rv.has("latency_percentiles")):
         return []
     out = []
@@ -86,12 +89,12 @@ def verdict_requests(rv: RunView) -> list[dict]:
         return []
     cols = ", ".join(f"{sql} AS {name}" for name, sql in WHERE_TIME_WENT)
     for which, target in zip(("p50", "p99"), pct):
-        row = rv.one(f"SELECT c.attempt_id, r.e2e_{layer}_ms, {cols} FROM attempt_causes c "
+        row = rv.one(f"SELECT c.attempt_id, r.e2e_{layer}_ms, r.client_span_ms, {cols} FROM attempt_causes c "
                      f"JOIN request_metrics r USING (attempt_id) WHERE r.e2e_{layer}_ms IS NOT NULL "
                      f"ORDER BY abs(r.e2e_{layer}_ms - $t), c.attempt_id LIMIT 1", {"t": target})
         if row:
             out.append({"request": which, "attempt_id": row[0], "e2e_layer": layer, "e2e_ms": num(row[1]),
-                        **{name: num(v) for (name, _), v in zip(WHERE_TIME_WENT, row[2:])}})
+                        "held_ms": num(row[2]), **{name: num(v) for (name, _), v in zip(WHERE_TIME_WENT, row[3:])}})
     return out
 
 

@@ -113,6 +113,12 @@ def predict_workload(wl, options: PredictOptions) -> dict:
                                   "give --device-params FILE with measured ones instead")
     elif device_params_file is not None:
         params = read_device_params(device_params_file)
+        measured_at = params.get("dtype")
+        if isinstance(measured_at, str) and weights_dtype and measured_at != weights_dtype:
+            # the matmul roof is the engine's own GEMMs at its dtype: another dtype's rate is another roof
+            raise PredictionError(f"--device-params {device_params_file}: measured at {measured_at} (its dtype), "
+                                  f"the prediction computes at {weights_dtype}: give device parameters measured at "
+                                  f"{weights_dtype}, or --dtype {measured_at}")
         peak, name = microbenchmark_roofs(params), params.get("device_name")
     elif bundle is None:
         raise PredictionError("--model-config describes a model not loaded here: give --device NAME (a spec entry) "
@@ -126,10 +132,28 @@ def predict_workload(wl, options: PredictOptions) -> dict:
     if fit_run is not None:
         stage(f"reading the step-time fit of {fit_run}")
     fit = fit_of(fit_run) if fit_run is not None else None
+    if fit is not None:
+        _check_fit_engine(fit_run, fit, shape, name, params)
     stage("planning the steps")
     return predict(shape, workload_shapes(wl), peak, max_batch=max_batch, sustained=sustained_roofs(params),
                    fit=fit, workload={"name": wl.name, "path": wl.path, "sha256": wl.sha256},
                    device={"name": name, "dtype": weights_dtype, "device_params": params})
+
+
+def _check_fit_engine(fit_run: Path, fit, shape: ModelShape, device_name, params) -> None:
+    """A step fit is its run's engine: the model at its dtype (every element size), on its device, with its
+    threads (the efficiencies and the rates held are that run's). A fit of another is refused, naming each
+    field that differs (where both sides record it), never applied as if it were this engine's."""
+    from inferledger.probes.run_folder import engine_differences
+
+    threads = (params or {}).get("threads")
+    predicted = {"shape": shape.to_dict(), "device": device_name,
+                 "threads": threads if isinstance(threads, int) and not isinstance(threads, bool) else None}
+    differ = engine_differences(fit.engine, predicted, "--fit's run") if fit.engine else []
+    if differ:
+        raise PredictionError(f"--fit {fit_run}: its run's engine is not the one predicted: {'; '.join(differ)}. "
+                              "A step fit holds its run's model, dtype, device and threads (docs/MODEL.md \"Fit\"): "
+                              "give --fit a run of the engine predicted")
 
 
 def _check_context(wl, options: PredictOptions) -> None:

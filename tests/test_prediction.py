@@ -923,3 +923,63 @@ def test_a_step_fit_is_not_read_from_a_ledger_other_code_built(registered_run, t
     with pytest.raises(PredictionError, match=r"--fit .*built by other ledger code .*rebuild it: inferledger reconstruct"):
         fit_of(run)
     assert fit_of(registered_run).n_train > 0
+
+
+def test_predict_refuses_device_parameters_measured_at_another_dtype(tmp_path):
+    """The matmul roof is the engine's own GEMMs at its dtype: a bf16 capture's parameters are not the roofs
+    of a float32 prediction (its lower bounds would be the bf16 rate's), so they are refused, not used."""
+    params = tmp_path / "params.json"
+    params.write_text(json.dumps({"dtype": "bfloat16", "memcpy_gbps": {"peak": 5, "median": 4},
+                                  "matmul_tflops": {"peak": 1, "median": 0.5}}))
+    out = tmp_path / "pred.json"
+    args = ["predict", "-w", str(_workload(tmp_path)), "--model-config", str(_smol_config(tmp_path)),
+            "--device-params", str(params), "-o", str(out)]
+    res = CliRunner().invoke(app, [*args, "--dtype", "float32"])
+    assert res.exit_code == 2 and not out.exists()
+    assert (f"--device-params {params}: measured at bfloat16 (its dtype), the prediction computes at float32: give "
+            "device parameters measured at float32, or --dtype bfloat16") in " ".join(res.output.split()), res.output
+    assert CliRunner().invoke(app, args).exit_code == 0 and out.exists()  # the config's own bfloat16: its roofs
+
+
+def test_a_registered_step_fit_of_another_engine_is_not_checked_against_the_run(registered_run, tmp_path):
+    """`capture --fit RUN` registers RUN's fit whatever engine the capture loads: a fit trained on the model
+    at bf16 (2-byte elements) with two threads, registered in this fp32 run of one thread, would judge it by
+    another engine's ranges. The fit records its run's engine: prediction_check drops its ranges (the verdict
+    holds the run to the roofs') and a gap row names each difference; the run's own engine leaves them."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    from inferledger.ledger.query import open_ledger
+    from inferledger.probes.run_folder import Manifest
+
+    engine = Manifest.read(registered_run).engine
+    assert engine["shape"]["weight_bytes_per_param"] == 4 and engine["threads"] == 1
+
+    def checked(fit_engine, name):
+        run = tmp_path / name
+        shutil.copytree(registered_run, run)
+        doc = json.loads((run / "prediction.json").read_text())
+        fit = _flat_fit()
+        fit.covered, fit.gap_covered_num_seqs, fit.engine = {"num_seqs": [1, 4]}, [1, 4], fit_engine
+        doc["roofs"]["fit"] = fit.to_dict()
+        for r in doc["requests"]:
+            r["ttft_expected_ms"]["fit"], r["tpot_expected_ms"]["fit"] = [5.0, 5.0], [5.5, 5.5]
+        _register(run, doc)
+        reconstruct(run)
+        with open_ledger(run) as led:
+            ranges = led.rows("SELECT ttft_fit_low_ms, tpot_fit_high_ms FROM prediction_check")[1]
+            gaps = led.rows("SELECT affects, detail FROM gaps WHERE subject_id = 'prediction.json'")[1]
+        res = CliRunner().invoke(app, ["summary", str(run), "--format", "json"])
+        return ranges, gaps, {r["basis"] for r in json.loads(res.output)["verdict_prediction"]}
+
+    assert checked(engine, "same") == ([(5.0, 5.5)], [], {"step fit"})
+    bf16 = {**engine, "shape": {**engine["shape"], "weight_bytes_per_param": 2, "act_bytes": 2, "kv_bytes": 2},
+            "threads": 2}
+    ranges, gaps, basis = checked(bf16, "bf16")
+    assert ranges == [(None, None)] and basis == {"roofs"}
+    assert gaps == [("prediction_check ttft_fit_low_ms, ttft_fit_high_ms, tpot_fit_low_ms, tpot_fit_high_ms",
+                     "prediction.json's step fit was trained on another engine: model shape: weight_bytes_per_param 4 "
+                     "(the step fit's run: 2), act_bytes 4 (the step fit's run: 2), kv_bytes 4 (the step fit's run: 2); "
+                     "engine threads 1 (the step fit's run: 2): its ranges are that engine's and are not checked here")]

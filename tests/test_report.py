@@ -378,9 +378,9 @@ def test_the_verdict_is_the_first_section_and_holds_the_figures(runs, tmp_path):
     # prefill = first token (base + 55) − scheduled, decode = finished − first token less the causes inside
     # it (A1: its 105 ms preempted, under stalls), interference 0 (A0 shares no step with a prefill; A1's steps
     # are not in the archive: unknown), contention unknown, transport = client E2E − server E2E 4 ms (under
-    # the TTFT difference, 4.5 ms), the client's delay unknown
-    assert cells[:22] == ["p50", "A0", "199.5", "8.3", "45.0", "141.0", "0.0", "—", "0.0", "4.0", "—",
-                          "p99", "A1", "289.5", "11.3", "42.0", "126.0", "—", "—", "105.0", "4.0", "—"]
+    # the TTFT difference, 4.5 ms), the client's delay unknown; held = its client E2E and its client queue
+    assert cells[:24] == ["p50", "A0", "199.5", "199.8", "8.3", "45.0", "141.0", "0.0", "—", "0.0", "4.0", "—",
+                          "p99", "A1", "289.5", "289.8", "11.3", "42.0", "126.0", "—", "—", "105.0", "4.0", "—"]
     assert "no registered prediction" in verdict
     # no request was late: every attempt diagnosed; A1's 105 ms of preemption of the 168.2 ms known delay
     # (client queues 4 × 0.3, server queues 8 + 11 + 14 + 17, transport 3 × 4, the cancelled one none) is

@@ -180,7 +180,8 @@ def test_the_summary_opens_with_the_verdict(tmp_path):
     # queue 0), prefill 50 − 40, decode 70 − 50 less B1's 10 ms of interference beside it, contention and the
     # client's delay unknown, no stall, transport 0
     assert out["verdict_time"] == [
-        {"request": q, "attempt_id": "A1", "e2e_layer": "client", "e2e_ms": 70.0, "queue_ms": 40.0, "prefill_ms": 10.0,
+        {"request": q, "attempt_id": "A1", "e2e_layer": "client", "e2e_ms": 70.0, "held_ms": 70.0, "queue_ms": 40.0,
+         "prefill_ms": 10.0,
          "decode_ms": 10.0, "interference_ms": 10.0, "contention_ms": None, "stalls_ms": 0.0, "transport_ms": 0.0,
          "client_ms": None} for q in ("p50", "p99")]
     assert out["verdict_prediction"] == []  # nothing registered
@@ -304,3 +305,46 @@ def test_a_step_mostly_waiting_for_a_cpu_is_host_contention_not_interference(tmp
     a1 = dict_rows(con, "SELECT host_contention_ms, prefill_interference_ms FROM attempt_causes "
                         "WHERE attempt_id = 'A1'")[0]
     assert a1 == {"host_contention_ms": pytest.approx(16.0), "prefill_interference_ms": pytest.approx(2.0)}
+
+
+def test_an_attempt_whose_own_cause_is_unknown_leaves_the_runs_first_cause_unknown(tmp_path):
+    """The engine's events alone (`serve --out` without the client's): each attempt's client queue is
+    unknown, so slo_misses' rule makes its dominant cause unknown; the run's first cause is the same
+    answer, not the largest of the causes known (the client queue could be the largest)."""
+    events = [e for e in _queued_then_interfered() if e.get("source", "client") != "client"]
+    con = build_run(tmp_path / "r", events)
+    assert con.execute("SELECT attempt_id, client_queue_ms, dominant_cause FROM attempt_causes ORDER BY 1").fetchall() \
+        == [("A1", None, "unknown"), ("B1", None, "unknown")]
+    row = _row(con)
+    assert (row["diagnosed"], row["n_attempts"], row["first_cause"], row["first_cause_share"]) == \
+        ("all", 2, "unknown", None)
+    # A1 queued 40 ms and B1 5 ms, A1 interfered 10 ms: the known causes are still shared out
+    assert row["server_queue_share"] == pytest.approx(45 / 55) and row["client_queue_share"] is None
+    assert row["evidence"] == ("a diagnosed attempt's own cause is unknown (its client queue, transport or rejected "
+                               "drafts), so none is named first; the largest known, server_queue: 45.0 ms of the "
+                               "55.0 ms known over 2 attempts (none was late); unknown: client_queue, host_contention")
+
+
+def test_an_attempt_the_client_let_go_of_is_delayed_only_while_the_client_held_it(tmp_path):
+    """A1's client times out at 60 ms, halfway through step 2 (50 -> 70 ms), and the engine goes on with it
+    to 70 ms (an abandoned stream). The delay is the client's: 40 ms queued, step 1's 2 ms wait, and of step
+    2 the half the client held it through (its 5 ms wait and B1's 7.5 ms on a CPU, halved); its decode work
+    is the 10 ms of decode to 60 ms less those. Queue, work and causes add up to the client's 60 ms, not
+    the engine's 70: the 10 ms after the client left delay nobody."""
+    waits = {1: (8_000_000, 2_000_000), 2: (15_000_000, 5_000_000)}
+    events = [dict(e, attrs={"cpu_ns": waits[e["step_id"]][0], "wait_ns": waits[e["step_id"]][1]})
+              if e["name"] == "step.end" else e for e in _queued_then_interfered(done_ms=70)
+              if not (e["name"] in ("attempt.chunk", "attempt.done") and e["ms"] == 70)]
+    events.append(_e("attempt.timeout", 60, "A1", task="T1"))
+    con = build_run(tmp_path / "r", events)
+    a1 = dict_rows(con, "SELECT c.*, r.client_span_ms FROM attempt_causes c JOIN request_metrics r "
+                        "USING (attempt_id) WHERE attempt_id = 'A1'")[0]
+    assert (a1["client_status"], a1["missed"], a1["client_span_ms"]) == ("timeout", "timeout", 60.0)
+    assert a1["server_queue_ms"] == pytest.approx(40.0)
+    assert a1["host_contention_ms"] == pytest.approx(2.0 + 5.0 / 2)
+    assert a1["prefill_interference_ms"] == pytest.approx(7.5 / 2)
+    assert (a1["prefill_work_ms"], a1["decode_work_ms"]) == (pytest.approx(8.0), pytest.approx(10 - 2.5 - 3.75))
+    assert 40 + 8 + 3.75 + 4.5 + 3.75 == 60.0
+    row = _row(con)
+    assert row["delay_ms"] == pytest.approx(40 + 4.5 + 3.75)
+    assert row["host_contention_share"] == pytest.approx(4.5 / 48.25)

@@ -396,3 +396,62 @@ def test_a_gap_term_trained_on_one_batch_size_is_unknown_per_sequence_not_a_fitt
     out = CliRunner().invoke(app, ["fit", str(tmp_path / "one"), "--test", str(tmp_path / "two")])
     assert out.exit_code == 0, out.output
     assert "host time between steps 0.250 ms at 1 sequence(s), per sequence unknown" in " ".join(out.output.split())
+
+
+F32 = {"weights": "float32", "activations": "float32", "kv": "float32"}
+
+
+def _threads(n: int) -> dict:
+    return {"engine_config": {"resolved": {"cpu_placement": {"threads": n}}}}
+
+
+def test_a_fit_held_against_another_engines_steps_says_so_and_predict_refuses_it(tmp_path):
+    """TRAIN's fit holds TRAIN's rates and efficiencies: held against the steps of a run of the model at
+    another dtype, or with another thread count, `fit` answers (the transfer is the question) but notes the
+    difference; `predict --fit` for an engine its fit's run was not refuses, naming each field."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+
+    steps = _steps((1, 2, 4), (32, 256)) + _steps((0, 1), (64,), 48)
+    bf16 = {"model": {"architecture": SMOL_ARCH, "dtype": BF16}, "device_params": BENCH, **_threads(1)}
+    build_run(tmp_path / "a", _step_events(steps), domains=("e",), manifest={"run_id": "a", **bf16}).close()
+    build_run(tmp_path / "same", _step_events(_steps((3,), (100, 1000))), domains=("e",),
+              manifest={"run_id": "same", **bf16}).close()
+    build_run(tmp_path / "f32", _step_events(steps), domains=("e",),
+              manifest={"run_id": "f32", **bf16, "model": {"architecture": SMOL_ARCH, "dtype": F32},
+                        **_threads(2)}).close()
+    runner = CliRunner()
+    other = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "f32"), "--format", "csv"])
+    assert other.exit_code == 0 and other.stdout.startswith("against,kind,")
+    assert (f"note: --test {tmp_path / 'f32'} ran another engine than TRAIN: model shape: weight_bytes_per_param 4 "
+            "(TRAIN's: 2), act_bytes 4 (TRAIN's: 2), kv_bytes 4 (TRAIN's: 2); engine threads 2 (TRAIN's: 1). The fit "
+            "holds TRAIN's rates and efficiencies") in " ".join(other.stderr.split()), other.stderr
+    same = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "same"), "--format", "csv"])
+    assert same.exit_code == 0 and "another engine" not in same.stderr
+    # predict for the bf16 model (declared) at the fit's own rates: a's fit applies, f32's is refused
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"kind": "lookup", "prompt": "Capital?", "answer": "x"}) + "\n")
+    (tmp_path / "w.toml").write_text('name = "w"\nseed = 1\n[taskset]\nfile = "tasks.jsonl"\n[arrivals]\nprocess = '
+                                     '"poisson"\nrate_rps = 1\nn_tasks = 2\n[contract]\ndeadline_ms = 1000\n[client]\n'
+                                     'timeout_ms = 1000\n[generation]\nmax_tokens = 4\n'
+                                     '[[classes]]\nname = "chat"\nprompt_tokens = 40\n')
+    (tmp_path / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True, "torch_dtype": "bfloat16"}))
+    (tmp_path / "params.json").write_text(json.dumps({**BENCH, "threads": 1, "dtype": "bfloat16",
+                                                      "memcpy_gbps": {"peak": B_GBPS, "median": B_GBPS},
+                                                      "matmul_tflops": {"peak": P_TFLOPS, "median": P_TFLOPS}}))
+
+    def predict(fit_run):
+        return runner.invoke(app, ["predict", "-w", str(tmp_path / "w.toml"), "--model-config", str(tmp_path / "config.json"),
+                                   "--device-params", str(tmp_path / "params.json"), "--fit", str(fit_run),
+                                   "-o", str(tmp_path / f"{fit_run.name}.json"), "--format", "csv"])
+    ok = predict(tmp_path / "a")
+    assert ok.exit_code == 0 and json.loads((tmp_path / "a.json").read_text())["roofs"]["fit"] is not None, ok.output
+    refused = predict(tmp_path / "f32")
+    assert refused.exit_code == 2 and not (tmp_path / "f32.json").exists()
+    assert (f"--fit {tmp_path / 'f32'}: its run's engine is not the one predicted: model shape: weight_bytes_per_param 2 "
+            "(--fit's run: 4), act_bytes 2 (--fit's run: 4), kv_bytes 2 (--fit's run: 4); engine threads 1 (--fit's "
+            "run: 2)") in " ".join(refused.output.split()), refused.output

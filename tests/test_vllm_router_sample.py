@@ -711,3 +711,17 @@ def test_a_routers_span_is_a_row_of_its_own_only_when_its_request_is_ours_and_no
         ("collector:router-span:00000000000000b1", "B@replica1#1")]
     assert (tmp_path / "router-spans.jsonl").read_bytes() == traces.read_bytes()
     assert (tries.summary["unseen_tries"], tries.summary["held_by_folders"], tries.summary["events"]) == (1, 1, 4)
+
+
+def test_a_load_points_good_share_is_of_the_clients_requests_not_the_routers_retries(runs):
+    """The load study's point (studies/load.py): of the 37 rows of `retries`, 17 are the router's tries that
+    replica1 refused, which the client never made; the client made 20 requests, 12 of them good. Its good
+    share is 12 / 20, not 12 / 37 (a knee where no request was lost)."""
+    from inferledger.studies.load import POINT_SQL
+
+    assert rows(runs["retries"], "select count(*), count(client_status) from attempts") == [(37, 20)]
+    assert rows(runs["retries"], "select n_good from run_metrics") == [(12,)]
+    with open_ledger(runs["retries"]) as led:
+        cols, got = led.rows(POINT_SQL)
+    point = dict(zip(cols, got[0]))
+    assert (point["n_attempts"], point["good_share"]) == (20, pytest.approx(12 / 20))
