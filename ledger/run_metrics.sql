@@ -13,7 +13,7 @@
 -- @column window: which events bound the window (client terminals, else server ends; engine-only runs)
 -- @column n_good: attempts whose good is true; NULL without client events
 -- @column n_completed: attempts the client saw complete; NULL without client events
--- @column n_unjudged: attempts whose good is unknown
+-- @column n_unjudged: attempts whose good is unknown (a router's tries the client never saw are not counted)
 -- @column goodput_rps: n_good / t_obs_s
 -- @column vllm_goodput_rps: completed requests within slo_ttft_ms / slo_tpot_ms / slo_e2e_ms (TPOT 0
 --   with ≤ 1 token) per second of the window; NULL without thresholds
@@ -94,7 +94,8 @@ CREATE OR REPLACE TABLE run_metrics AS
 WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), counts AS (
   SELECT CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE good) END AS n_good,
          CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE client_status = 'completed') END AS n_completed,
-         count(*) FILTER (WHERE good IS NULL) AS n_unjudged
+         -- a router's try the client never saw (parent_attempt_id set) is no attempt of the client's to judge
+         count(*) FILTER (WHERE good IS NULL AND parent_attempt_id IS NULL) AS n_unjudged
   FROM request_metrics JOIN attempts USING (attempt_id)
 ), spans AS (  -- each attempt in the client's system, on the window's clock (NULL where no mapping reaches it)
   SELECT m.attempt_id, m.sent IS NOT NULL AS sent, coalesce(m.created, m.sent).ns + cs.offset_ns AS s,

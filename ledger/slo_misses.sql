@@ -52,7 +52,7 @@
 -- @column decode_ms: request_metrics.decode_ms (NULL without server evidence)
 -- @column prefill_work_ms: its own prefill work: prefill_ms less the CPU wait and the interference of the
 --   steps that prefilled its prompt and less a preemption before its first token (≥ 0; a wait that is
---   unknown stays in it); prefill_ms where a span reported the engine side
+--   unknown stays in it); prefill_ms where a span reported the engine side; NULL where prefill_ms is (no first token)
 -- @column decode_work_ms: its own decode work: decode_ms less the causes inside it (the rest of its
 --   interference and CPU wait, preemption after its first token, stalls, rejected drafts; ≥ 0); decode_ms where a span reported
 --   the engine side
@@ -279,10 +279,12 @@ SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, late
        CASE WHEN cause_evidence IS NOT NULL THEN decode_ms END AS decode_ms,
        -- its own work: each phase less the causes that lie inside it (a reported span has none measured)
        CASE WHEN cause_evidence = 'reported' THEN prefill_ms
-            WHEN cause_evidence IS NOT NULL THEN greatest(prefill_ms - in_prefill_ms - preempted_in_prefill_ms, 0) END
+            -- (greatest() skips a NULL: an unknown phase stays unknown, never 0)
+            WHEN cause_evidence IS NOT NULL AND prefill_ms IS NOT NULL
+            THEN greatest(prefill_ms - in_prefill_ms - preempted_in_prefill_ms, 0) END
               AS prefill_work_ms,
        CASE WHEN cause_evidence = 'reported' THEN decode_ms
-            WHEN cause_evidence IS NOT NULL THEN greatest(decode_ms - (coalesce(prefill_interference_ms, 0)
+            WHEN cause_evidence IS NOT NULL AND decode_ms IS NOT NULL THEN greatest(decode_ms - (coalesce(prefill_interference_ms, 0)
                    + coalesce(host_contention_ms, 0) - in_prefill_ms) - (coalesce(preemption_ms, 0) - preempted_in_prefill_ms)
                    - coalesce(decode_stall_ms, 0) - coalesce(spec_rejected_ms, 0), 0) END AS decode_work_ms,
        cause_evidence

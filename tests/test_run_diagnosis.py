@@ -348,3 +348,18 @@ def test_an_attempt_the_client_let_go_of_is_delayed_only_while_the_client_held_i
     row = _row(con)
     assert row["delay_ms"] == pytest.approx(40 + 4.5 + 3.75)
     assert row["host_contention_share"] == pytest.approx(4.5 / 48.25)
+
+
+def test_an_attempt_cut_before_its_first_token_has_unknown_work_not_zero(tmp_path):
+    """C1 is scheduled at 10 and prefills in step 1 (10 -> 60), but the engine finishes it (an abort) at 60
+    before any token: its prefill phase (to a first token) does not exist, so its own prefill and decode
+    work are unknown, never 0 ms."""
+    eng = {"source": "engine"}
+    con = build_run(tmp_path / "r", [
+        _e("engine.enqueued", 0, "C1", **eng), _e("engine.scheduled", 10, "C1", **eng),
+        _e("step.start", 10, step_id=1, source="engine", attrs={"batch": [["C1", "prefill", 8]]}),
+        _e("step.end", 60, step_id=1, source="engine", value=8),
+        _e("engine.finished", 60, "C1", value=0, attrs={"reason": "abort"}, **eng),
+    ])
+    (row,) = dict_rows(con, "SELECT prefill_ms, prefill_work_ms, decode_ms, decode_work_ms FROM attempt_causes")
+    assert row == {"prefill_ms": None, "prefill_work_ms": None, "decode_ms": None, "decode_work_ms": None}

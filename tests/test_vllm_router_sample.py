@@ -98,6 +98,9 @@ def test_router_retries_the_client_never_saw_are_their_own_attempts(runs):
     assert {a for a, *_ in tries} == {f"{p}@replica1#{n}" for p, k in per_parent.items() for n in range(1, k + 1)}
     assert rows(run, "select count(*) filter (where client_status = 'completed') from attempts") == [(20,)]
     assert rows(run, "select unseen_tries from replicas order by replica_id") == [(17,), (0,)]
+    # the client's 20 attempts, each completed and judged: the router's 17 refused tries are no attempt of the
+    # client's left unjudged
+    assert rows(run, "select n_completed, n_unjudged from run_metrics") == [(20, 0)]
 
 
 def test_an_unseen_try_is_no_missing_client_layer(runs):
