@@ -14,8 +14,8 @@ request, else its attempt); a task whose contract (tasks.parquet) changed is tou
 3. The shard (`run_shard`): the run-, engine- and task-scope modules over its events. Its task-scope
    rows replace the rows the shard owns in the last ledger's tables (the public ones in the copy, the
    TEMP ones the rollups read in a state file kept beside the ledger between refreshes), by the
-   sharded executor's ownership rules: a row of an event, attempt or task of the shard, a row about one
-   (`subject_id`), or a row of none of them. The engine-scope tables are the shard's whole: every
+   sharded executor's ownership rule (`owned_rows`): a row of an event, attempt or task of the shard, a
+   row about one (`subject_id`), or a row of none of them. The engine-scope tables are the shard's whole: every
    engine event is in it, so a step whose events straddle two flushes comes out as a whole build
    computes it.
 4. The rollup modules over the merged rows, as a whole build runs them.
@@ -44,7 +44,7 @@ from inferledger.ledger.modules import ledger_modules
 from inferledger.ledger.query import LEDGER_FILE
 from inferledger.ledger.reconstruct import (SUMMARY_COUNTS, BuildOptions, LedgerSummary, reconstruct, run_parts,
                                             run_variables)
-from inferledger.ledger.sharded import run_shard
+from inferledger.ledger.sharded import owned_rows, run_shard
 from inferledger.ledger.stages import RunDirError, run_modules, set_variables
 from inferledger.ledger.tables import sql_string
 from inferledger.probes.run_dir import KEY_JOINS, KEY_SQL, id_tables
@@ -295,28 +295,6 @@ def _shard_events(con, parts: list[Path], new: list[Path], contracts: list[str],
     return con.execute("SELECT count(*) FROM _touched").fetchone()[0]
 
 
-def _replaced(cols: list[str]) -> str:
-    """The rows of a task-scope table the shard owns, as a condition on the table's columns: the sharded
-    executor's ownership (ledger/sharded.py `_owned_rows`) for the shard of the touched keys, the first
-    (it owns the rows of no event, attempt or task); a row about an attempt or task the run no longer
-    names is the shard's too."""
-    cases = []
-    if "event_id" in cols:
-        cases.append("WHEN event_id IS NOT NULL THEN event_id IN (SELECT id FROM _owned_ev)")
-    if "attempt_id" in cols:
-        cases.append("WHEN attempt_id IS NOT NULL THEN attempt_id IN (SELECT id FROM _owned_att)")
-    if "task_id" in cols:
-        cases.append("WHEN task_id IS NOT NULL THEN task_id IN (SELECT id FROM _owned_task)")
-    if "scope" in cols and "scope_id" in cols:
-        cases.append("WHEN scope = 'attempt' THEN scope_id IN (SELECT id FROM _owned_att)")
-        cases.append("WHEN scope = 'task' THEN scope_id IN (SELECT id FROM _owned_task)")
-    if "subject_id" in cols:
-        att = "split_part(subject_id, '#', 1)"
-        cases.append(f"WHEN {att} IN (SELECT id FROM _known_att) OR subject_id IN (SELECT id FROM _known_task) "
-                     f"THEN {att} IN (SELECT id FROM _owned_att) OR subject_id IN (SELECT id FROM _owned_task)")
-    return f"CASE {' '.join(cases)} ELSE true END" if cases else "true"
-
-
 def _check_steps(con, t: Tables, shard: dict) -> None:
     """Whole unless every attempt a changed engine step holds is in the shard (its rows read the step)."""
     changed, holders = [], []
@@ -352,7 +330,8 @@ def _merge(con, t: Tables, shard: dict) -> None:
     for table in t.task:
         where = f"st.{table}" if table in t.temp else table
         cols = [r[0] for r in con.execute(f"DESCRIBE {where}").fetchall()]
-        con.execute(f"DELETE FROM {where} WHERE {_replaced(cols)}")
+        # the rows the shard owns, by the sharded executor's rule: it knows every attempt and task of the run
+        con.execute(f"DELETE FROM {where} WHERE rowid IN ({owned_rows(where, cols, first=True, select='t.rowid')})")
         con.execute(f"INSERT INTO {where} BY NAME SELECT * FROM read_parquet({sql_string(shard[table])})")
     for table in t.engine:
         where = f"st.{table}" if table in t.temp else table

@@ -312,3 +312,40 @@ def test_the_task_modules_reading_samples_are_those_the_incremental_rule_knows()
     assert readers == ["reported", "slo_misses"], (
         f"task modules reading samples: {readers}; tell ledger/incremental.py PER_ATTEMPT_SAMPLES what they read per "
         "attempt (a new sample can change an attempt's row with no new event)")
+
+
+def test_one_ownership_rule_picks_a_shards_output_and_the_rows_it_replaces_in_the_last_ledger():
+    """`owned_rows`, the sharded executor's rule the refresh also deletes by: a row of an owned event, attempt
+    or task is the shard's; a row about a subject the build knows is its owner's (a bucket shard knows its
+    own ids, the refresh every id of the run); a row of none of them is the first shard's."""
+    import duckdb
+
+    from inferledger.ledger.sharded import owned_rows
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE f (event_id VARCHAR, attempt_id VARCHAR, task_id VARCHAR, scope VARCHAR, "
+                "scope_id VARCHAR, subject_id VARCHAR, n INT)")
+    con.execute("""INSERT INTO f VALUES ('e1', 'a9', NULL, NULL, NULL, NULL, 1), ('e2', 'a1', NULL, NULL, NULL, NULL, 2),
+        (NULL, 'a1', 't9', NULL, NULL, NULL, 3), (NULL, 'a2', NULL, NULL, NULL, NULL, 4),
+        (NULL, NULL, 't1', NULL, NULL, NULL, 5), (NULL, NULL, 't2', NULL, NULL, NULL, 6),
+        (NULL, NULL, NULL, 'attempt', 'a1', NULL, 7), (NULL, NULL, NULL, 'task', 't2', NULL, 8),
+        (NULL, NULL, NULL, NULL, NULL, 'a1#1', 9), (NULL, NULL, NULL, NULL, NULL, 'a2', 10),
+        (NULL, NULL, NULL, NULL, NULL, 't1', 11), (NULL, NULL, NULL, NULL, NULL, 'engine-0', 12),
+        (NULL, NULL, NULL, NULL, NULL, NULL, 13)""")
+    con.execute("CREATE TABLE _owned_ev AS SELECT 'e1' AS id")
+    con.execute("CREATE TABLE _owned_att AS SELECT 'a1' AS id")
+    con.execute("CREATE TABLE _owned_task AS SELECT 't1' AS id")
+
+    def picked(first, known_att, known_task):
+        con.execute(f"CREATE OR REPLACE TABLE _known_att AS SELECT unnest({known_att}::VARCHAR[]) AS id")
+        con.execute(f"CREATE OR REPLACE TABLE _known_task AS SELECT unnest({known_task}::VARCHAR[]) AS id")
+        return [r[0] for r in con.execute(f"SELECT n FROM ({owned_rows('f', [c[0] for c in con.execute('DESCRIBE f').fetchall()], first=first)}) ORDER BY n").fetchall()]
+
+    # the refresh's shard (the first) knowing the run's attempts a1, a2 and tasks t1, t2: a row about a2 stays
+    # another's; about engine-0 (no attempt or task) and of nothing at all, the shard's
+    assert picked(True, ["a1", "a2"], ["t1", "t2"]) == [1, 3, 5, 7, 9, 11, 12, 13]
+    # a bucket shard knows its own ids: the first takes the rows about ids it does not know, another does not
+    assert picked(True, ["a1"], ["t1"]) == [1, 3, 5, 7, 9, 10, 11, 12, 13]
+    assert picked(False, ["a1"], ["t1"]) == [1, 3, 5, 7, 9, 11]
+    assert [r[0] for r in con.execute(f"SELECT n FROM ({owned_rows('f', ['task_id'], first=False, bucket=0, buckets=1)}) "
+                                      "WHERE task_id IS NOT NULL ORDER BY n").fetchall()] == [3, 5, 6]
