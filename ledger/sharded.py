@@ -92,7 +92,8 @@ def owned_rows(table: str, cols: list[str], *, first: bool, bucket: int = -1, bu
 
 
 def run_shard(spec: dict) -> dict[str, str]:
-    """One shard (a Ray task, or called directly): its modules over its parts; {table: Parquet file}."""
+    """One shard (a Ray task, or called directly): its modules over its parts; {table: Parquet file}, or
+    with `in_process` {table: Arrow table}, a task table with no row left out."""
     import resource
     import time
 
@@ -104,7 +105,9 @@ def run_shard(spec: dict) -> dict[str, str]:
     t0 = time.perf_counter()
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(out / "shard.duckdb"))
+    # in_process (the follow refresh, in its own process): a DuckDB in memory, its rows handed back as Arrow tables
+    in_process = spec.get("in_process", False)
+    con = duckdb.connect(":memory:" if in_process else str(out / "shard.duckdb"))
     try:
         bound(con, spec["limit_bytes"], out / "spill")
         con.execute(f"SET threads = {spec['threads']}")
@@ -127,11 +130,21 @@ def run_shard(spec: dict) -> dict[str, str]:
                         [spec["owned_parts"], spec.get("tasks", [])])  # and tasks handed by name (contracts alone)
             con.execute("CREATE TEMP VIEW _known_att AS SELECT id FROM _owned_att")
             con.execute("CREATE TEMP VIEW _known_task AS SELECT id FROM _owned_task")
-        written = {}
+        written, cols = {}, {}
+        for table, col in con.execute("SELECT table_name, column_name FROM duckdb_columns() WHERE table_name IN "
+                                      "(SELECT unnest(?::VARCHAR[])) ORDER BY column_index", [spec["outputs"]]).fetchall():
+            cols.setdefault(table, []).append(col)
+        # in process, a task table with no row is not handed over (the caller reads a table not handed as empty)
+        empty = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE estimated_size = 0").fetchall()} \
+            if in_process else set()
         for table in spec["outputs"]:
-            cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
-            rows = owned_rows(table, cols, first=spec["first"], bucket=spec["bucket"], buckets=spec["buckets"]) \
+            if table in empty and table not in spec.get("whole", ()):
+                continue
+            rows = owned_rows(table, cols[table], first=spec["first"], bucket=spec["bucket"], buckets=spec["buckets"]) \
                 if sharded and table not in spec.get("whole", ()) else f"SELECT * FROM {table}"
+            if in_process:
+                written[table] = con.sql(rows).to_arrow_table()
+                continue
             path = out / f"{table}.parquet"
             con.execute(f"COPY ({rows}) TO '{path}' (FORMAT parquet)")
             written[table] = str(path)

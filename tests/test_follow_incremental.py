@@ -33,6 +33,15 @@ def _cut(events: pa.Table, n: int) -> list[pa.Table]:
     return [events.slice(i * step, step) for i in range(n)]
 
 
+@pytest.fixture(autouse=True)
+def two_shares(monkeypatch):
+    """The shard of the touched tasks in two shares side by side, whatever the host's load (the refresh picks
+    one share on a busy host); the test of every refresh below holds one share too."""
+    from inferledger.ledger import incremental
+
+    monkeypatch.setattr(incremental, "shares", lambda: 2)
+
+
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     """The benchmark's synthetic run (client, engine and checker events of 40 attempts), as a capture would flush it."""
@@ -64,7 +73,12 @@ def same_as_fresh(run: Path, tmp: Path) -> list[str]:
 
 
 @pytest.mark.slow  # a fresh whole build beside refresh after refresh: `make test` runs it
-def test_every_incremental_refresh_equals_a_fresh_whole_build_of_the_same_parts(bench_run, tmp_path):
+@pytest.mark.parametrize("n_shares", [1, 2])
+def test_every_incremental_refresh_equals_a_fresh_whole_build_of_the_same_parts(bench_run, tmp_path, monkeypatch,
+                                                                                n_shares):
+    from inferledger.ledger import incremental
+
+    monkeypatch.setattr(incremental, "shares", lambda: n_shares)
     src, parts = bench_run
     run = tmp_path / "run"
     start(src, run)
@@ -80,6 +94,7 @@ def test_every_incremental_refresh_equals_a_fresh_whole_build_of_the_same_parts(
             in_flight.append(con.execute("SELECT count(*) FROM attempts WHERE client_status = 'in_flight'").fetchone()[0])
     assert hows[0] == "whole: the first refresh"
     assert all(h.startswith("incremental: 1 new part, ") for h in hows[1:]), hows
+    assert all(h.endswith(" in 2 shares") == (n_shares == 2) for h in hows[1:]), hows
     assert in_flight[1] > 0 and in_flight[-1] == 0  # the middle refreshes hold attempts in flight, the last none
     # a refresh with no new part (the manifest rewritten): rollups only, still the same
     done = refresh(run, LIVE, state)
