@@ -133,7 +133,8 @@ def main(argv=None) -> int:
             rows.append({"part": i, "how": done.how, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
                          "events": done.summary.n_events,
                          "new_events": flushes[i].num_rows, "load_1m": os.getloadavg()[0], "steps": steps})
-            print(f"part {i}: {wall:.2f} s, CPU {cpu:.2f} s ({done.summary.n_events:,} events, {flushes[i].num_rows:,} new), {done.how}; "
+            print(f"part {i}: {wall:.2f} s, CPU {cpu:.2f} s ({done.summary.n_events:,} events, "
+                  f"{flushes[i].num_rows:,} new), {done.how}; "
                   + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()), flush=True)
         t0 = time.perf_counter()
         fresh = reconstruct(run, live, out=base / "whole.duckdb")

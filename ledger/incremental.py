@@ -382,11 +382,12 @@ def _merge(con, t: Tables, shard: dict, sizes: dict) -> None:
     for table in t.task:
         key = (table in t.temp, table)
         where = f"st.{table}" if table in t.temp else table
-        if rows[key]:  # the rows the shard owns, by the sharded executor's rule: it knows every attempt and task of the run
+        if rows[key]:  # the rows the shard owns, by the sharded executor's rule (it knows every attempt and task)
             con.execute(f"DELETE FROM {where} WHERE rowid IN "
                         f"({owned_rows(where, cols[key], first=True, select='t.rowid')})")
         if sizes.get(table):
-            con.execute(f"INSERT INTO {where} BY NAME {' UNION ALL BY NAME '.join(f'SELECT * FROM {n}' for n in shard[table])}")
+            rows_in = " UNION ALL BY NAME ".join(f"SELECT * FROM {name}" for name in shard[table])
+            con.execute(f"INSERT INTO {where} BY NAME {rows_in}")
     for table in t.engine:
         where = f"st.{table}" if table in t.temp else table
         con.execute(f"CREATE OR REPLACE TABLE {where} AS SELECT * FROM {shard[table][0]}")

@@ -131,12 +131,12 @@ def run_shard(spec: dict) -> dict[str, str]:
             con.execute("CREATE TEMP VIEW _known_att AS SELECT id FROM _owned_att")
             con.execute("CREATE TEMP VIEW _known_task AS SELECT id FROM _owned_task")
         written, cols = {}, {}
-        for table, col in con.execute("SELECT table_name, column_name FROM duckdb_columns() WHERE table_name IN "
-                                      "(SELECT unnest(?::VARCHAR[])) ORDER BY column_index", [spec["outputs"]]).fetchall():
+        for table, col in con.execute("SELECT table_name, column_name FROM duckdb_columns() WHERE table_name IN (SELECT "
+                                      "unnest(?::VARCHAR[])) ORDER BY column_index", [spec["outputs"]]).fetchall():
             cols.setdefault(table, []).append(col)
         # in process, a task table with no row is not handed over (the caller reads a table not handed as empty)
-        empty = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE estimated_size = 0").fetchall()} \
-            if in_process else set()
+        empty = set() if not in_process else {
+            r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE estimated_size = 0").fetchall()}
         for table in spec["outputs"]:
             if table in empty and table not in spec.get("whole", ()):
                 continue

@@ -106,6 +106,27 @@ def test_every_incremental_refresh_equals_a_fresh_whole_build_of_the_same_parts(
     assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
 
 
+def test_a_shard_split_in_more_shares_than_it_has_keys_for_equals_a_fresh_build(bench_run, tmp_path, monkeypatch):
+    """Shares with no touched key of theirs are not run, but the first, then over a part of no event: the rows
+    are the same as a fresh build's."""
+    from inferledger.ledger import incremental
+
+    empty, empty_part = [], incremental._empty_part
+    monkeypatch.setattr(incremental, "shares", lambda: 16)
+    monkeypatch.setattr(incremental, "_empty_part", lambda con, folder: empty.append(folder) or empty_part(con, folder))
+    src, parts = bench_run
+    run = tmp_path / "run"
+    start(src, run)
+    flush(run, parts[0], 0)
+    state = refresh(run, LIVE, None).state
+    flush(run, parts[1].slice(0, 3), 1)  # a few events: few keys, most shares without one
+    done = refresh(run, LIVE, state)
+    # the one key touched falls in another share than the first, which has no event of no key either: the first
+    # runs over a part of no event (its engine tables, the rows of no key), beside the share of the key
+    assert done.how == "incremental: 1 new part, 1 task rebuilt in 2 shares" and len(empty) == 1
+    assert same_as_fresh(run, tmp_path) == []
+
+
 def test_a_copy_of_an_old_event_in_a_new_part_is_counted_once_as_a_whole_build_counts_it(bench_run, tmp_path):
     src, parts = bench_run
     run = tmp_path / "run"
@@ -354,7 +375,8 @@ def test_one_ownership_rule_picks_a_shards_output_and_the_rows_it_replaces_in_th
     def picked(first, known_att, known_task):
         con.execute(f"CREATE OR REPLACE TABLE _known_att AS SELECT unnest({known_att}::VARCHAR[]) AS id")
         con.execute(f"CREATE OR REPLACE TABLE _known_task AS SELECT unnest({known_task}::VARCHAR[]) AS id")
-        return [r[0] for r in con.execute(f"SELECT n FROM ({owned_rows('f', [c[0] for c in con.execute('DESCRIBE f').fetchall()], first=first)}) ORDER BY n").fetchall()]
+        cols = [c[0] for c in con.execute("DESCRIBE f").fetchall()]
+        return [r[0] for r in con.execute(f"SELECT n FROM ({owned_rows('f', cols, first=first)}) ORDER BY n").fetchall()]
 
     # the refresh's shard (the first) knowing the run's attempts a1, a2 and tasks t1, t2: a row about a2 stays
     # another's; about engine-0 (no attempt or task) and of nothing at all, the shard's
@@ -362,5 +384,7 @@ def test_one_ownership_rule_picks_a_shards_output_and_the_rows_it_replaces_in_th
     # a bucket shard knows its own ids: the first takes the rows about ids it does not know, another does not
     assert picked(True, ["a1"], ["t1"]) == [1, 3, 5, 7, 9, 10, 11, 12, 13]
     assert picked(False, ["a1"], ["t1"]) == [1, 3, 5, 7, 9, 11]
-    assert [r[0] for r in con.execute(f"SELECT n FROM ({owned_rows('f', ['task_id'], first=False, bucket=0, buckets=1)}) "
-                                      "WHERE task_id IS NOT NULL ORDER BY n").fetchall()] == [3, 5, 6]
+    # a bucket shard owns a task by its bucket: of one bucket, every task
+    by_bucket = owned_rows("f", ["task_id"], first=False, bucket=0, buckets=1)
+    assert [r[0] for r in con.execute(f"SELECT n FROM ({by_bucket}) WHERE task_id IS NOT NULL ORDER BY n").fetchall()] \
+        == [3, 5, 6]
