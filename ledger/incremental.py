@@ -72,7 +72,11 @@ def shares() -> int:
     task's rows depend on its own events, the run's and the engine tables); each reads every event of no
     key, the first owning their rows and handing over the engine tables. The ledger is the same either way."""
     cpus = os.cpu_count() or 1
-    return 2 if cpus >= 2 and os.getloadavg()[0] < cpus else 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this system: one share, the CPU it costs known
+        return 1
+    return 2 if cpus >= 2 and load < cpus else 1
 NO_KEY = "task_id IS NULL AND request_id IS NULL AND attempt_id IS NULL"  # an event of no task: the run's, an engine's
 
 
