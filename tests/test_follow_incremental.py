@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from inferledger.ledger.incremental import refresh
+from inferledger.ledger.incremental import shares as pick_shares
 from inferledger.ledger.reconstruct import PUBLIC_TABLES, BuildOptions, reconstruct
 from inferledger.probes.events import SAMPLE_SCHEMA, TASK_SCHEMA
 from inferledger.probes.run_folder import Manifest
@@ -388,3 +389,21 @@ def test_one_ownership_rule_picks_a_shards_output_and_the_rows_it_replaces_in_th
     by_bucket = owned_rows("f", ["task_id"], first=False, bucket=0, buckets=1)
     assert [r[0] for r in con.execute(f"SELECT n FROM ({by_bucket}) WHERE task_id IS NOT NULL ORDER BY n").fetchall()] \
         == [3, 5, 6]
+
+
+def test_two_shares_only_where_the_load_leaves_a_core_free(monkeypatch):
+    """The refresh's own pick (the tests above force theirs): two shares while the 1-minute load is under the
+    CPUs, else one; one on a single CPU or where the system keeps no load average."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for load, n in ((0.0, 2), (1.9, 2), (2.0, 1), (7.5, 1)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert pick_shares() == n, load
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert pick_shares() == 1
+
+    def no_load():
+        raise OSError("no load average")
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "getloadavg", no_load)
+    assert pick_shares() == 1
