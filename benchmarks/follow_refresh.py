@@ -10,7 +10,8 @@ dot name and renamed whole, the manifest saying `running` until the end. The par
 the run are written at once and the ledger built (the first refresh: whole); then each of the next
 `--refreshes` parts lands and is refreshed as `reconstruct --follow` refreshes it (ledger/incremental.py,
 in this process, as the follow loop runs it), timed from the part's rename to the new ledger renamed
-over ledger.duckdb, with the time of each step, how the refresh was built and the load average. Then
+over ledger.duckdb, with the time of each step, the process's CPU time (all its threads: on a shared host
+the figure the others' load moves least), how the refresh was built and the load average. Then
 a whole rebuild of the same parts (what each refresh cost before the incremental path), whose tables
 must equal the last incremental ledger's (every table, as the identical-tables tests hold them; the script
 exits 1 otherwise),
@@ -123,14 +124,17 @@ def main(argv=None) -> int:
               flush=True)
         for i in range(first, first + a.refreshes):
             _flush(run, flushes[i], i)
-            t0 = time.perf_counter()  # from the part's rename
+            t0, c0 = time.perf_counter(), time.process_time()  # from the part's rename
             done = refresh(run, live, state)
             wall = time.perf_counter() - t0  # to the new ledger renamed in place
+            cpu = time.process_time() - c0  # this process's CPU (every thread's) meanwhile: less the host's load
             state = done.state
             steps = {f"{k.replace(' ', '_')}_s": round(v, 3) for k, v in done.steps.items()}
-            rows.append({"part": i, "how": done.how, "wall_s": round(wall, 3), "events": done.summary.n_events,
+            rows.append({"part": i, "how": done.how, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+                         "events": done.summary.n_events,
                          "new_events": flushes[i].num_rows, "load_1m": os.getloadavg()[0], "steps": steps})
-            print(f"part {i}: {wall:.2f} s ({done.summary.n_events:,} events, {flushes[i].num_rows:,} new), {done.how}; "
+            print(f"part {i}: {wall:.2f} s, CPU {cpu:.2f} s ({done.summary.n_events:,} events, "
+                  f"{flushes[i].num_rows:,} new), {done.how}; "
                   + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()), flush=True)
         t0 = time.perf_counter()
         fresh = reconstruct(run, live, out=base / "whole.duckdb")

@@ -163,9 +163,10 @@ def follow_refresh(rs: list[dict]) -> str:
     for r in f["refreshes"]:
         steps = r.get("steps") or {}
         rows.append([r["part"], r["how"], f"{r['events']:,}", f"{r['new_events']:,}", fmt(r["wall_s"]),
-                     *(fmt(steps.get(f"{n}_s")) for n in names), fmt(r["load_1m"], ".1f")])
+                     fmt(r.get("cpu_s")), *(fmt(steps.get(f"{n}_s")) for n in names), fmt(r["load_1m"], ".1f")])
     differ = f["tables_differing"]
-    return (table(["last part", "how", "events", "new events", "wall s", *(n.replace("_", " ") + " s" for n in names),
+    return (table(["last part", "how", "events", "new events", "wall s", "CPU s",
+                   *(n.replace("_", " ") + " s" for n in names),
                    "load (1 min)"], rows)
             + f"\n\n{f['events']:,} events ({f['attempts']:,} attempts × {f['output_tokens']} tokens) in {f['flushes']} "
               f"parts of {f['flush_s']:g} s; the first row is the first refresh (whole, over the parts written at once). "

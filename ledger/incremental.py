@@ -11,13 +11,14 @@ request, else its attempt); a task whose contract (tasks.parquet) changed is tou
 1. A copy of the last ledger is the new one's start (written beside it, renamed over it when whole).
 2. The run-scope modules afresh over every part (`events` and `samples` the views over all the parts,
    each event once; the clocks and the contracts), as a whole build runs them.
-3. The shard (`run_shard`): the run-, engine- and task-scope modules over its events. Its task-scope
-   rows replace the rows the shard owns in the last ledger's tables (the public ones in the copy, the
-   TEMP ones the rollups read in a state file kept beside the ledger between refreshes), by the
-   sharded executor's ownership rules: a row of an event, attempt or task of the shard, a row about one
-   (`subject_id`), or a row of none of them. The engine-scope tables are the shard's whole: every
-   engine event is in it, so a step whose events straddle two flushes comes out as a whole build
-   computes it.
+3. The shard (`run_shard`, in this process: a DuckDB in memory whose rows come back as Arrow tables):
+   the run-, engine- and task-scope modules over its events; where a core is free, as two shares side
+   by side, the touched keys split by their hash (`shares`). Its task-scope rows replace the rows the
+   shard owns in the last ledger's tables (the public ones in the copy, the TEMP ones the rollups read
+   in a state file kept beside the ledger between refreshes), by the sharded executor's ownership rule
+   (`owned_rows`): a row of an event, attempt or task of the shard, a row about one (`subject_id`), or
+   a row of none of them. The engine-scope tables are the shard's whole: every engine event is in it,
+   so a step whose events straddle two flushes comes out as a whole build computes it.
 4. The rollup modules over the merged rows, as a whole build runs them.
 
 What the incremental path cannot vouch for, it does not guess: a refresh is whole (and says why) when
@@ -33,6 +34,7 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -44,7 +46,7 @@ from inferledger.ledger.modules import ledger_modules
 from inferledger.ledger.query import LEDGER_FILE
 from inferledger.ledger.reconstruct import (SUMMARY_COUNTS, BuildOptions, LedgerSummary, reconstruct, run_parts,
                                             run_variables)
-from inferledger.ledger.sharded import run_shard
+from inferledger.ledger.sharded import owned_rows, run_shard
 from inferledger.ledger.stages import RunDirError, run_modules, set_variables
 from inferledger.ledger.tables import sql_string
 from inferledger.probes.run_dir import KEY_JOINS, KEY_SQL, id_tables
@@ -60,6 +62,21 @@ COMPARED = (("clock_conv", "the clock mappings"), ("task_contracts", "the task c
 # reads lands in a table of no attempt or task (reported_counters), which the shard rebuilds whole
 # (tests/test_follow_incremental.py holds the modules that read samples to this)
 PER_ATTEMPT_SAMPLES = ("client_loop_lag_ms",)
+
+
+def shares() -> int:
+    """How many shares the shard of the touched tasks runs as, side by side: two where a core is free (the
+    1-minute load under the CPUs: most of a shard's statements are too small for DuckDB's threads, so one
+    share leaves a core idle), else one (the shares each run the run- and engine-scope modules: more CPU).
+    The shares split the touched keys by their hash, as the sharded executor splits a run into buckets (a
+    task's rows depend on its own events, the run's and the engine tables); each reads every event of no
+    key, the first owning their rows and handing over the engine tables. The ledger is the same either way."""
+    cpus = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this system: one share, the CPU it costs known
+        return 1
+    return 2 if cpus >= 2 and load < cpus else 1
 NO_KEY = "task_id IS NULL AND request_id IS NULL AND attempt_id IS NULL"  # an event of no task: the run's, an engine's
 
 
@@ -237,10 +254,12 @@ def _differs(con, a: str, b: str) -> bool:
                        f"OR EXISTS (SELECT * FROM {b} EXCEPT ALL SELECT * FROM {a})").fetchone()[0]
 
 
-def _shard_events(con, parts: list[Path], new: list[Path], contracts: list[str], file: Path) -> int:
+def _shard_events(con, parts: list[Path], new: list[Path], contracts: list[str], folder: Path,
+                  shares: int) -> tuple[int, list[dict]]:
     """The touched keys (those of the new parts' events, and the tasks whose contract changed), every event of
-    theirs and of no key into `file`; the TEMP tables of the ids the shard owns and of every attempt and task
-    known. Returns the keys."""
+    theirs and of no key into files under `folder`; the TEMP tables of the ids the shard owns and of every
+    attempt and task known. Returns the keys and, for each share of the shard run apart, its parts, the parts
+    whose events it owns, the tasks it owns by name (their contract changed) and whether it is the first."""
     con.execute("CREATE TEMP TABLE _new_ids (task_id VARCHAR, request_id VARCHAR, attempt_id VARCHAR)")
     if new:
         con.execute("INSERT INTO _new_ids SELECT task_id, request_id, attempt_id FROM read_parquet(?, union_by_name = "
@@ -284,37 +303,43 @@ def _shard_events(con, parts: list[Path], new: list[Path], contracts: list[str],
             ([f"SELECT * FROM read_parquet({read}, union_by_name = true) {near}"] if read != "[]" else [])
             + ([f"SELECT * FROM read_parquet({no_key}, union_by_name = true) WHERE {NO_KEY}"] if no_key != "[]" else [])
             + ["SELECT * FROM events WHERE false"])  # every part's columns, as `events` has them
-    con.execute(f"COPY (SELECT e.* FROM ({near}) e {KEY_JOINS} WHERE {KEY_SQL} IN (SELECT key FROM _touched) "
-                f"OR {KEY_SQL} IS NULL) TO {sql_string(str(file))} (FORMAT parquet)")
+    # one pass over the shard's events: the events of no key into `folder/none`, each touched key's into the
+    # folder of its share (`folder/0` ...), by the hash of the key
+    con.execute(f"COPY (SELECT e.*, CASE WHEN {KEY_SQL} IS NULL THEN 'none' ELSE (hash({KEY_SQL}) % {shares})::VARCHAR "
+                f"END AS _share FROM ({near}) e {KEY_JOINS} WHERE {KEY_SQL} IN (SELECT key FROM _touched) "
+                f"OR {KEY_SQL} IS NULL) TO {sql_string(str(folder))} (FORMAT parquet, PARTITION_BY (_share))")
+    files = {}
+    folder.mkdir(exist_ok=True)  # (no event at all: no folder written)
+    for sub in sorted(folder.iterdir()):  # `_share=0`: renamed, so that no reader takes the name for a column
+        name = sub.name.split("=", 1)[1]
+        sub.rename(folder / name)
+        files[name] = sorted(str(f) for f in (folder / name).glob("*.parquet"))
+    every = [f for fs in files.values() for f in fs]
     for name, col in (("_owned_ev", "event_id"), ("_owned_att", "attempt_id"), ("_owned_task", "task_id")):
-        con.execute(f"CREATE TEMP TABLE {name} AS SELECT DISTINCT {col} AS id FROM read_parquet(?) "
-                    f"WHERE {col} IS NOT NULL", [str(file)])
+        con.execute(f"CREATE TEMP TABLE {name} (id VARCHAR)")
+        if every:
+            con.execute(f"INSERT INTO {name} SELECT DISTINCT {col} FROM read_parquet(?, union_by_name = true) "
+                        f"WHERE {col} IS NOT NULL", [every])
     con.execute("INSERT INTO _owned_task SELECT unnest(?::VARCHAR[]) EXCEPT SELECT id FROM _owned_task", [contracts])
     con.execute("CREATE TEMP VIEW _known_att AS SELECT attempt_id AS id FROM att")
     con.execute("CREATE TEMP VIEW _known_task AS SELECT task_id AS id FROM st._task")
-    return con.execute("SELECT count(*) FROM _touched").fetchone()[0]
+    share_of = dict(con.execute(f"SELECT c, (hash(c) % {shares})::VARCHAR FROM unnest(?::VARCHAR[]) t(c)",
+                                [contracts]).fetchall())
+    none = files.get("none", [])
+    out = [{"parts": files.get(str(i), []) + none, "owned_parts": files.get(str(i), []) + (none if i == 0 else []),
+            "tasks": [c for c in contracts if share_of[c] == str(i)], "first": i == 0} for i in range(shares)]
+    # the first share always runs (the engine tables and the rows of no key are its); another only with rows
+    out = [o for o in out if o["first"] or o["owned_parts"] or o["tasks"]]
+    if not out[0]["parts"]:  # no event of no key, none of the first share's keys: a part of no event
+        out[0]["parts"] = out[0]["owned_parts"] = [_empty_part(con, folder)]
+    return con.execute("SELECT count(*) FROM _touched").fetchall()[0][0], out
 
 
-def _replaced(cols: list[str]) -> str:
-    """The rows of a task-scope table the shard owns, as a condition on the table's columns: the sharded
-    executor's ownership (ledger/sharded.py `_owned_rows`) for the shard of the touched keys, the first
-    (it owns the rows of no event, attempt or task); a row about an attempt or task the run no longer
-    names is the shard's too."""
-    cases = []
-    if "event_id" in cols:
-        cases.append("WHEN event_id IS NOT NULL THEN event_id IN (SELECT id FROM _owned_ev)")
-    if "attempt_id" in cols:
-        cases.append("WHEN attempt_id IS NOT NULL THEN attempt_id IN (SELECT id FROM _owned_att)")
-    if "task_id" in cols:
-        cases.append("WHEN task_id IS NOT NULL THEN task_id IN (SELECT id FROM _owned_task)")
-    if "scope" in cols and "scope_id" in cols:
-        cases.append("WHEN scope = 'attempt' THEN scope_id IN (SELECT id FROM _owned_att)")
-        cases.append("WHEN scope = 'task' THEN scope_id IN (SELECT id FROM _owned_task)")
-    if "subject_id" in cols:
-        att = "split_part(subject_id, '#', 1)"
-        cases.append(f"WHEN {att} IN (SELECT id FROM _known_att) OR subject_id IN (SELECT id FROM _known_task) "
-                     f"THEN {att} IN (SELECT id FROM _owned_att) OR subject_id IN (SELECT id FROM _owned_task)")
-    return f"CASE {' '.join(cases)} ELSE true END" if cases else "true"
+def _empty_part(con, folder: Path) -> str:
+    """A part of no event with every column `events` has: the first share's input when it has no event."""
+    path = str(folder / "empty.parquet")
+    con.execute(f"COPY (SELECT * FROM events WHERE false) TO {sql_string(path)} (FORMAT parquet)")
+    return path
 
 
 def _check_steps(con, t: Tables, shard: dict) -> None:
@@ -322,7 +347,7 @@ def _check_steps(con, t: Tables, shard: dict) -> None:
     changed, holders = [], []
     for table in t.step_read:
         old = f"st.{table}" if table in t.temp else table
-        new = f"read_parquet({sql_string(shard[table])})"
+        new = shard[table][0]  # the first share's
         cols = [r[0] for r in con.execute(f"DESCRIBE {old}").fetchall()]
         if "step_id" not in cols:
             if _differs(con, old, new):
@@ -346,17 +371,30 @@ def _check_steps(con, t: Tables, shard: dict) -> None:
         raise Whole(f"an engine step changed that holds attempt {left[0][0]}, which has no event in the new parts")
 
 
-def _merge(con, t: Tables, shard: dict) -> None:
-    """The shard's rows in place of those it owns; the engine tables the shard's whole; the TEMP tables as
-    views over the state file, for the rollups."""
+def _merge(con, t: Tables, shard: dict, sizes: dict) -> None:
+    """The shard's rows (`shard`: each table's registered name, `sizes` its rows) in place of those it owns;
+    the engine tables the shard's whole; the TEMP tables as views over the state file, for the rollups. A
+    table with no row before or none from the shard costs no statement (most of a small run's are empty)."""
+    here = con.execute("SELECT current_database()").fetchall()[0][0]
+    cols, rows = {}, {}
+    for db, table, col in con.execute("SELECT database_name, table_name, column_name FROM duckdb_columns() "
+                                      "WHERE database_name IN (?, 'st') ORDER BY column_index", [here]).fetchall():
+        cols.setdefault((db == "st", table), []).append(col)
+    for db, table, n in con.execute("SELECT database_name, table_name, estimated_size FROM duckdb_tables() "
+                                    "WHERE database_name IN (?, 'st')", [here]).fetchall():
+        rows[(db == "st", table)] = n
     for table in t.task:
+        key = (table in t.temp, table)
         where = f"st.{table}" if table in t.temp else table
-        cols = [r[0] for r in con.execute(f"DESCRIBE {where}").fetchall()]
-        con.execute(f"DELETE FROM {where} WHERE {_replaced(cols)}")
-        con.execute(f"INSERT INTO {where} BY NAME SELECT * FROM read_parquet({sql_string(shard[table])})")
+        if rows[key]:  # the rows the shard owns, by the sharded executor's rule (it knows every attempt and task)
+            con.execute(f"DELETE FROM {where} WHERE rowid IN "
+                        f"({owned_rows(where, cols[key], first=True, select='t.rowid')})")
+        if sizes.get(table):
+            rows_in = " UNION ALL BY NAME ".join(f"SELECT * FROM {name}" for name in shard[table])
+            con.execute(f"INSERT INTO {where} BY NAME {rows_in}")
     for table in t.engine:
         where = f"st.{table}" if table in t.temp else table
-        con.execute(f"CREATE OR REPLACE TABLE {where} AS SELECT * FROM read_parquet({sql_string(shard[table])})")
+        con.execute(f"CREATE OR REPLACE TABLE {where} AS SELECT * FROM {shard[table][0]}")
     for table in sorted(t.temp):
         con.execute(f"CREATE TEMP VIEW {table} AS SELECT * FROM st.{table}")
 
@@ -414,18 +452,32 @@ def _incremental(run_dir: Path, options: BuildOptions, state: State) -> Outcome:
             "UNION ALL (SELECT * FROM st._task_contracts EXCEPT ALL SELECT * FROM task_contracts)) ORDER BY 1").fetchall()]
         con.execute("CREATE OR REPLACE TABLE st._task_contracts AS SELECT * FROM task_contracts")
         lap("run scope")
-        keys = _shard_events(con, parts, new, contracts, work / "events.parquet")
+        keys, split = _shard_events(con, parts, new, contracts, work / "events", shares())
         lap("touched")
-        spec = {"run_dir": str(run_dir), "manifest": manifest.body, "variables": variables,
-                "samples": [str(p) for p in samples], "limit_bytes": limit, "threads": 2, "buckets": None, "bucket": -1,
-                "kind": "task", "first": True, "only": False, "parts": [str(work / "events.parquet")],
-                "owned_parts": [str(work / "events.parquet")], "handed": {}, "out": str(work / "shard"),
-                "modules": [m.name for m in modules if m.scope != "rollup"], "outputs": list(t.task + t.engine),
-                "whole": list(t.engine), "tasks": contracts}
-        shard = run_shard(spec)["tables"]
+        base = {"run_dir": str(run_dir), "manifest": manifest.body, "variables": variables,
+                "samples": [str(p) for p in samples], "limit_bytes": limit // len(split),
+                "threads": max(1, 2 // len(split)), "buckets": None, "bucket": -1, "kind": "task", "only": False,
+                "handed": {}, "modules": [m.name for m in modules if m.scope != "rollup"], "in_process": True}
+        # the first share's engine tables are the run's (every share reads every event of no key); the others
+        # hand over their task rows only
+        specs = [{**base, **share, "out": str(work / f"shard-{i}"), "whole": list(t.engine) if share["first"] else [],
+                  "outputs": list(t.task + t.engine) if share["first"] else list(t.task)}
+                 for i, share in enumerate(split)]
+        if len(specs) > 1:  # each share a DuckDB of its own, side by side (DuckDB lets go of the GIL)
+            with ThreadPoolExecutor(len(specs)) as pool:
+                results = list(pool.map(run_shard, specs))
+        else:
+            results = [run_shard(specs[0])]
+        shard, sizes = {}, {}
+        for i, result in enumerate(results):  # Arrow tables, handed over in this process
+            for table, rows in result["tables"].items():
+                name = f"_shard{i}_{table}"
+                con.register(name, rows)
+                shard.setdefault(table, []).append(name)
+                sizes[table] = sizes.get(table, 0) + rows.num_rows
         lap("shard")
         _check_steps(con, t, shard)
-        _merge(con, t, shard)
+        _merge(con, t, shard, sizes)
         lap("merge")
         run_modules(con, [m for m in modules if m.scope == "rollup"], run)
         lap("rollups")
@@ -443,7 +495,8 @@ def _incremental(run_dir: Path, options: BuildOptions, state: State) -> Outcome:
         shutil.rmtree(work, ignore_errors=True)
     os.replace(tmp, target)
     n_new = len(new)
-    how = f"incremental: {n_new} new part{'s' if n_new != 1 else ''}, {keys} task{'s' if keys != 1 else ''} rebuilt"
+    how = (f"incremental: {n_new} new part{'s' if n_new != 1 else ''}, {keys} task{'s' if keys != 1 else ''} rebuilt"
+           + (f" in {len(split)} shares" if len(split) > 1 else ""))
     return Outcome(LedgerSummary(target, run_id, *counts),
                    replace(state, parts={str(p): _stat(p) for p in parts}, samples={str(p): _stat(p) for p in samples},
                            ledger=_stat(target)), how, steps)

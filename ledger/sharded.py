@@ -50,12 +50,20 @@ def _closure(modules: tuple[Module, ...], wanted: set[str], skip: set[str]) -> l
     return [m for m in modules if m.name in need]
 
 
-def _owned_rows(table: str, cols: list[str], first: bool, bucket: int, buckets: int | None) -> str:
-    """The rows of a task-scope table this shard owns (see the module docstring), by hash joins against
-    the shard's own event, attempt and task ids (`_owned_ev`, `_owned_att`, `_owned_task`). `buckets` None: a
-    shard of chosen tasks (ledger/incremental.py), which owns the tasks of its events, not a bucket."""
-    task = BUCKET_SQL.format(key="{}", buckets=buckets) if buckets else "({} IN (SELECT id FROM _owned_task))"
-    bucket = bucket if buckets else "true"
+def owned_rows(table: str, cols: list[str], *, first: bool, bucket: int = -1, buckets: int | None = None,
+               select: str = "t.*") -> str:
+    """The rows of a task-scope table a shard owns (see the module docstring), as a SELECT of `select` over
+    `table` aliased `t`: by hash joins against the shard's own event, attempt and task ids (`_owned_ev`,
+    `_owned_att`, `_owned_task`) and the attempts and tasks the build knows (`_known_att`, `_known_task`).
+
+    A row of an event owns by its event, else of an attempt by its attempt, else of a task by its task (its
+    bucket, BUCKET_SQL, where `buckets` is given; else the task among `_owned_task`), else a figure or gap
+    with a scope by the attempt or task of its scope; a row about a subject (`subject_id`: an attempt,
+    attempt#choice or task) the build knows is its owner's; a row of none of them is the first shard's.
+    A bucket shard knows the ids of its own events (every other id is another bucket's: rows about it
+    cannot come out of this shard); the shard of the touched tasks (ledger/incremental.py) knows every
+    attempt and task of the run, since its rule also picks the rows of the last ledger it replaces."""
+    task = f"{BUCKET_SQL.format(key='{}', buckets=buckets)} = {bucket}" if buckets else None
     joins, cases = [], []
     if "event_id" in cols:
         joins.append("LEFT JOIN _owned_ev oe ON oe.id = t.event_id")
@@ -64,21 +72,28 @@ def _owned_rows(table: str, cols: list[str], first: bool, bucket: int, buckets: 
         joins.append("LEFT JOIN _owned_att oa ON oa.id = t.attempt_id")
         cases.append("WHEN t.attempt_id IS NOT NULL THEN oa.id IS NOT NULL")
     if "task_id" in cols:
-        cases.append(f"WHEN t.task_id IS NOT NULL THEN {task.format('t.task_id')} = {bucket}")
+        if task is None:
+            joins.append("LEFT JOIN _owned_task ot ON ot.id = t.task_id")
+        cases.append(f"WHEN t.task_id IS NOT NULL THEN {task.format('t.task_id') if task else 'ot.id IS NOT NULL'}")
     if "scope" in cols and "scope_id" in cols:
         joins.append("LEFT JOIN _owned_att os ON os.id = t.scope_id AND t.scope = 'attempt'")
         cases.append("WHEN t.scope = 'attempt' THEN os.id IS NOT NULL")
-        cases.append(f"WHEN t.scope = 'task' THEN {task.format('t.scope_id')} = {bucket}")
+        if task is None:
+            joins.append("LEFT JOIN _owned_task ost ON ost.id = t.scope_id AND t.scope = 'task'")
+        cases.append(f"WHEN t.scope = 'task' THEN {task.format('t.scope_id') if task else 'ost.id IS NOT NULL'}")
     if "subject_id" in cols:  # figures, a module's gaps: the attempt, attempt#choice or task it is about
         joins.append("LEFT JOIN _owned_att sa ON sa.id = split_part(t.subject_id, '#', 1)")
-        joins.append("LEFT JOIN _owned_task st ON st.id = t.subject_id")
-        cases.append("WHEN sa.id IS NOT NULL OR st.id IS NOT NULL THEN true")
+        joins.append("LEFT JOIN _owned_task stk ON stk.id = t.subject_id")
+        joins.append("LEFT JOIN _known_att ka ON ka.id = split_part(t.subject_id, '#', 1)")
+        joins.append("LEFT JOIN _known_task kt ON kt.id = t.subject_id")
+        cases.append("WHEN ka.id IS NOT NULL OR kt.id IS NOT NULL THEN sa.id IS NOT NULL OR stk.id IS NOT NULL")
     where = f"CASE {' '.join(cases)} ELSE {str(first).lower()} END" if cases else str(first).lower()
-    return f"SELECT t.* FROM {table} t {' '.join(joins)} WHERE {where}"
+    return f"SELECT {select} FROM {table} t {' '.join(joins)} WHERE {where}"
 
 
 def run_shard(spec: dict) -> dict[str, str]:
-    """One shard (a Ray task, or called directly): its modules over its parts; {table: Parquet file}."""
+    """One shard (a Ray task, or called directly): its modules over its parts; {table: Parquet file}, or
+    with `in_process` {table: Arrow table}, a task table with no row left out."""
     import resource
     import time
 
@@ -90,7 +105,9 @@ def run_shard(spec: dict) -> dict[str, str]:
     t0 = time.perf_counter()
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(out / "shard.duckdb"))
+    # in_process (the follow refresh, in its own process): a DuckDB in memory, its rows handed back as Arrow tables
+    in_process = spec.get("in_process", False)
+    con = duckdb.connect(":memory:" if in_process else str(out / "shard.duckdb"))
     try:
         bound(con, spec["limit_bytes"], out / "spill")
         con.execute(f"SET threads = {spec['threads']}")
@@ -111,11 +128,23 @@ def run_shard(spec: dict) -> dict[str, str]:
             con.execute("CREATE TEMP TABLE _owned_task AS SELECT DISTINCT task_id AS id FROM read_parquet(?) "
                         "WHERE task_id IS NOT NULL UNION SELECT unnest(?::VARCHAR[])",
                         [spec["owned_parts"], spec.get("tasks", [])])  # and tasks handed by name (contracts alone)
-        written = {}
+            con.execute("CREATE TEMP VIEW _known_att AS SELECT id FROM _owned_att")
+            con.execute("CREATE TEMP VIEW _known_task AS SELECT id FROM _owned_task")
+        written, cols = {}, {}
+        for table, col in con.execute("SELECT table_name, column_name FROM duckdb_columns() WHERE table_name IN (SELECT "
+                                      "unnest(?::VARCHAR[])) ORDER BY column_index", [spec["outputs"]]).fetchall():
+            cols.setdefault(table, []).append(col)
+        # in process, a task table with no row is not handed over (the caller reads a table not handed as empty)
+        empty = set() if not in_process else {
+            r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE estimated_size = 0").fetchall()}
         for table in spec["outputs"]:
-            cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
-            rows = _owned_rows(table, cols, spec["first"], spec["bucket"], spec["buckets"]) \
+            if table in empty and table not in spec.get("whole", ()):
+                continue
+            rows = owned_rows(table, cols[table], first=spec["first"], bucket=spec["bucket"], buckets=spec["buckets"]) \
                 if sharded and table not in spec.get("whole", ()) else f"SELECT * FROM {table}"
+            if in_process:
+                written[table] = con.sql(rows).to_arrow_table()
+                continue
             path = out / f"{table}.parquet"
             con.execute(f"COPY ({rows}) TO '{path}' (FORMAT parquet)")
             written[table] = str(path)

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from inferledger.ledger.incremental import refresh
+from inferledger.ledger.incremental import shares as pick_shares
 from inferledger.ledger.reconstruct import PUBLIC_TABLES, BuildOptions, reconstruct
 from inferledger.probes.events import SAMPLE_SCHEMA, TASK_SCHEMA
 from inferledger.probes.run_folder import Manifest
@@ -31,6 +32,15 @@ def _by_time(events: pa.Table) -> pa.Table:
 def _cut(events: pa.Table, n: int) -> list[pa.Table]:
     step = -(-events.num_rows // n)
     return [events.slice(i * step, step) for i in range(n)]
+
+
+@pytest.fixture(autouse=True)
+def two_shares(monkeypatch):
+    """The shard of the touched tasks in two shares side by side, whatever the host's load (the refresh picks
+    one share on a busy host); the test of every refresh below holds one share too."""
+    from inferledger.ledger import incremental
+
+    monkeypatch.setattr(incremental, "shares", lambda: 2)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +74,12 @@ def same_as_fresh(run: Path, tmp: Path) -> list[str]:
 
 
 @pytest.mark.slow  # a fresh whole build beside refresh after refresh: `make test` runs it
-def test_every_incremental_refresh_equals_a_fresh_whole_build_of_the_same_parts(bench_run, tmp_path):
+@pytest.mark.parametrize("n_shares", [1, 2])
+def test_every_incremental_refresh_equals_a_fresh_whole_build_of_the_same_parts(bench_run, tmp_path, monkeypatch,
+                                                                                n_shares):
+    from inferledger.ledger import incremental
+
+    monkeypatch.setattr(incremental, "shares", lambda: n_shares)
     src, parts = bench_run
     run = tmp_path / "run"
     start(src, run)
@@ -80,6 +95,7 @@ def test_every_incremental_refresh_equals_a_fresh_whole_build_of_the_same_parts(
             in_flight.append(con.execute("SELECT count(*) FROM attempts WHERE client_status = 'in_flight'").fetchone()[0])
     assert hows[0] == "whole: the first refresh"
     assert all(h.startswith("incremental: 1 new part, ") for h in hows[1:]), hows
+    assert all(h.endswith(" in 2 shares") == (n_shares == 2) for h in hows[1:]), hows
     assert in_flight[1] > 0 and in_flight[-1] == 0  # the middle refreshes hold attempts in flight, the last none
     # a refresh with no new part (the manifest rewritten): rollups only, still the same
     done = refresh(run, LIVE, state)
@@ -89,6 +105,27 @@ def test_every_incremental_refresh_equals_a_fresh_whole_build_of_the_same_parts(
     done = refresh(run, BuildOptions(), done.state)
     assert done.how == "whole: the run finished" and done.state is None
     assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
+
+
+def test_a_shard_split_in_more_shares_than_it_has_keys_for_equals_a_fresh_build(bench_run, tmp_path, monkeypatch):
+    """Shares with no touched key of theirs are not run, but the first, then over a part of no event: the rows
+    are the same as a fresh build's."""
+    from inferledger.ledger import incremental
+
+    empty, empty_part = [], incremental._empty_part
+    monkeypatch.setattr(incremental, "shares", lambda: 16)
+    monkeypatch.setattr(incremental, "_empty_part", lambda con, folder: empty.append(folder) or empty_part(con, folder))
+    src, parts = bench_run
+    run = tmp_path / "run"
+    start(src, run)
+    flush(run, parts[0], 0)
+    state = refresh(run, LIVE, None).state
+    flush(run, parts[1].slice(0, 3), 1)  # a few events: few keys, most shares without one
+    done = refresh(run, LIVE, state)
+    # the one key touched falls in another share than the first, which has no event of no key either: the first
+    # runs over a part of no event (its engine tables, the rows of no key), beside the share of the key
+    assert done.how == "incremental: 1 new part, 1 task rebuilt in 2 shares" and len(empty) == 1
+    assert same_as_fresh(run, tmp_path) == []
 
 
 def test_a_copy_of_an_old_event_in_a_new_part_is_counted_once_as_a_whole_build_counts_it(bench_run, tmp_path):
@@ -312,3 +349,61 @@ def test_the_task_modules_reading_samples_are_those_the_incremental_rule_knows()
     assert readers == ["reported", "slo_misses"], (
         f"task modules reading samples: {readers}; tell ledger/incremental.py PER_ATTEMPT_SAMPLES what they read per "
         "attempt (a new sample can change an attempt's row with no new event)")
+
+
+def test_one_ownership_rule_picks_a_shards_output_and_the_rows_it_replaces_in_the_last_ledger():
+    """`owned_rows`, the sharded executor's rule the refresh also deletes by: a row of an owned event, attempt
+    or task is the shard's; a row about a subject the build knows is its owner's (a bucket shard knows its
+    own ids, the refresh every id of the run); a row of none of them is the first shard's."""
+    import duckdb
+
+    from inferledger.ledger.sharded import owned_rows
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE f (event_id VARCHAR, attempt_id VARCHAR, task_id VARCHAR, scope VARCHAR, "
+                "scope_id VARCHAR, subject_id VARCHAR, n INT)")
+    con.execute("""INSERT INTO f VALUES ('e1', 'a9', NULL, NULL, NULL, NULL, 1), ('e2', 'a1', NULL, NULL, NULL, NULL, 2),
+        (NULL, 'a1', 't9', NULL, NULL, NULL, 3), (NULL, 'a2', NULL, NULL, NULL, NULL, 4),
+        (NULL, NULL, 't1', NULL, NULL, NULL, 5), (NULL, NULL, 't2', NULL, NULL, NULL, 6),
+        (NULL, NULL, NULL, 'attempt', 'a1', NULL, 7), (NULL, NULL, NULL, 'task', 't2', NULL, 8),
+        (NULL, NULL, NULL, NULL, NULL, 'a1#1', 9), (NULL, NULL, NULL, NULL, NULL, 'a2', 10),
+        (NULL, NULL, NULL, NULL, NULL, 't1', 11), (NULL, NULL, NULL, NULL, NULL, 'engine-0', 12),
+        (NULL, NULL, NULL, NULL, NULL, NULL, 13)""")
+    con.execute("CREATE TABLE _owned_ev AS SELECT 'e1' AS id")
+    con.execute("CREATE TABLE _owned_att AS SELECT 'a1' AS id")
+    con.execute("CREATE TABLE _owned_task AS SELECT 't1' AS id")
+
+    def picked(first, known_att, known_task):
+        con.execute(f"CREATE OR REPLACE TABLE _known_att AS SELECT unnest({known_att}::VARCHAR[]) AS id")
+        con.execute(f"CREATE OR REPLACE TABLE _known_task AS SELECT unnest({known_task}::VARCHAR[]) AS id")
+        cols = [c[0] for c in con.execute("DESCRIBE f").fetchall()]
+        return [r[0] for r in con.execute(f"SELECT n FROM ({owned_rows('f', cols, first=first)}) ORDER BY n").fetchall()]
+
+    # the refresh's shard (the first) knowing the run's attempts a1, a2 and tasks t1, t2: a row about a2 stays
+    # another's; about engine-0 (no attempt or task) and of nothing at all, the shard's
+    assert picked(True, ["a1", "a2"], ["t1", "t2"]) == [1, 3, 5, 7, 9, 11, 12, 13]
+    # a bucket shard knows its own ids: the first takes the rows about ids it does not know, another does not
+    assert picked(True, ["a1"], ["t1"]) == [1, 3, 5, 7, 9, 10, 11, 12, 13]
+    assert picked(False, ["a1"], ["t1"]) == [1, 3, 5, 7, 9, 11]
+    # a bucket shard owns a task by its bucket: of one bucket, every task
+    by_bucket = owned_rows("f", ["task_id"], first=False, bucket=0, buckets=1)
+    assert [r[0] for r in con.execute(f"SELECT n FROM ({by_bucket}) WHERE task_id IS NOT NULL ORDER BY n").fetchall()] \
+        == [3, 5, 6]
+
+
+def test_two_shares_only_where_the_load_leaves_a_core_free(monkeypatch):
+    """The refresh's own pick (the tests above force theirs): two shares while the 1-minute load is under the
+    CPUs, else one; one on a single CPU or where the system keeps no load average."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for load, n in ((0.0, 2), (1.9, 2), (2.0, 1), (7.5, 1)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert pick_shares() == n, load
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert pick_shares() == 1
+
+    def no_load():
+        raise OSError("no load average")
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "getloadavg", no_load)
+    assert pick_shares() == 1
