@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,7 +284,10 @@ def _gguf_header(path: Path, until=None, index: bool = False) -> tuple[dict, lis
             tensors = []
             for _ in range(n_tensors):
                 name = string()
-                dims = [scalar("Q") for _ in range(scalar("I"))]
+                n_dims = scalar("I")
+                if n_dims * 8 > len(buf) - at:
+                    raise struct.error(f"tensor {name} of {n_dims} dimensions past the end of the file")
+                dims = [scalar("Q") for _ in range(n_dims)]
                 tensors.append((name, scalar("I"), dims, scalar("Q")))
             align = meta.get("general.alignment", 32)
             if isinstance(align, bool) or not isinstance(align, int) or align < 1:
@@ -323,7 +327,7 @@ def _gguf_reader(path: Path) -> tuple[list[_GGUFTensor], dict]:
         except ValueError:
             raise unreadable(f"tensor {name} has unknown type {kind}") from None
         block, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
-        n = int(np.prod(dims, dtype=np.int64))
+        n = math.prod(dims)  # Python's integers: a forged size cannot wrap around
         shape = tuple(reversed(dims))
         if n % block or (shape and shape[-1] % block):
             raise unreadable(f"tensor {name} of {dims} is not whole {ggml_type.name} blocks of {block}")

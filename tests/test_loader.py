@@ -207,14 +207,16 @@ def test_a_bad_gguf_header_is_refused_by_name(tmp_path, body, problem):
         model_context(path)
 
 
-def _gguf_with_tensor(kind: int, dims: list[int], data: bytes, n_tensors: int = 1) -> bytes:
+def _gguf_with_tensor(kind: int, dims: list[int], data: bytes, n_tensors: int = 1, n_dims: int | None = None) -> bytes:
     """A GGUF v3 file of one key (general.architecture) and one tensor `t` of this type and shape at
-    offset 0 of the data (aligned to 32 bytes), followed by `data`."""
+    offset 0 of the data (aligned to 32 bytes), followed by `data`; `n_tensors` and `n_dims` forge
+    the counts the file states."""
     import struct
 
     head = _gguf_bytes(("general.architecture", 8, _gguf_str("llama")))
     head = head[:8] + struct.pack("<Q", n_tensors) + head[16:]
-    head += _gguf_str("t") + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+    head += _gguf_str("t") + struct.pack("<I", len(dims) if n_dims is None else n_dims)
+    head += struct.pack(f"<{len(dims)}Q", *dims)
     head += struct.pack("<IQ", kind, 0)
     return head + bytes(-len(head) % 32) + data
 
@@ -237,6 +239,8 @@ def test_a_gguf_tensor_index_is_read_as_the_file_gives_it(tmp_path):
     (_gguf_with_tensor(2, [31], bytes(64)), r"tensor t of \[31\] is not whole Q4_0 blocks of 32"),
     (_gguf_with_tensor(0, [3], bytes(12))[:-40], r"unreadable GGUF, probably truncated"),  # torn in the index
     (_gguf_with_tensor(0, [3], bytes(12), n_tensors=2 ** 40), r"tensors past the end of the file"),
+    (_gguf_with_tensor(0, [2 ** 62, 2 ** 62], bytes(16)), r"tensor t ends at byte \d{30,}, past the file's \d+"),
+    (_gguf_with_tensor(0, [3], bytes(64), n_dims=2 ** 31), r"tensor t of 2147483648 dimensions past the end"),
 ])
 def test_a_bad_gguf_tensor_index_is_refused_by_name(tmp_path, body, problem):
     path = tmp_path / "m.gguf"
