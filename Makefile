@@ -21,6 +21,11 @@ demo: $(STAMP)
 # The report test drives Debian's headless Chromium; install it once if the machine lacks it.
 CHROMIUM := $(shell command -v chromium 2>/dev/null)
 
+# The tests' processes keep what they compile in __pycache__ (git ignores it): with PYTHONDONTWRITEBYTECODE
+# set, every test worker compiled the package and pytest rewrote every test file again (about 5 s of CPU
+# a worker, half its collection), and so did every command a test starts in a process of its own
+unexport PYTHONDONTWRITEBYTECODE
+
 # pytest-xdist: one worker per core, each test file on one worker (module fixtures, the model loaded
 # once per worker; a file's tests keep their order)
 XDIST := -n auto --dist loadfile

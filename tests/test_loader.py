@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -151,13 +152,20 @@ def test_the_context_is_read_from_the_gguf_header_alone(tmp_path):
 
 @pytest.mark.slow  # the bundled GGUF parsed whole
 def test_the_header_reader_reads_what_the_gguf_package_reads():
+    """The header, and the tensor index load_model reads the weights through: every tensor's name, type,
+    shape and bytes as the gguf package's own reader gives them."""
     gguf = pytest.importorskip("gguf")
-    from inferledger.engine.loader import gguf_metadata
+    from inferledger.engine.loader import _gguf_reader, gguf_metadata
 
     path = default_model_path()
     reader = gguf.GGUFReader(path)
     expected = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     assert gguf_metadata(path) == expected
+    tensors, meta = _gguf_reader(path)
+    assert meta == expected and len(tensors) == len(reader.tensors) == 272
+    for ours, theirs in zip(tensors, reader.tensors):
+        assert (ours.name, ours.tensor_type, ours.shape) == (theirs.name, theirs.tensor_type, tuple(theirs.shape))
+        assert ours.data.dtype == theirs.data.dtype and np.array_equal(ours.data, theirs.data), ours.name
 
 
 def _gguf_bytes(*kvs: tuple[str, int, bytes]) -> bytes:
@@ -197,6 +205,48 @@ def test_a_bad_gguf_header_is_refused_by_name(tmp_path, body, problem):
     path.write_bytes(body)
     with pytest.raises(ModelLoadError, match=rf"m\.gguf: .*{problem}"):
         model_context(path)
+
+
+def _gguf_with_tensor(kind: int, dims: list[int], data: bytes, n_tensors: int = 1, n_dims: int | None = None) -> bytes:
+    """A GGUF v3 file of one key (general.architecture) and one tensor `t` of this type and shape at
+    offset 0 of the data (aligned to 32 bytes), followed by `data`; `n_tensors` and `n_dims` forge
+    the counts the file states."""
+    import struct
+
+    head = _gguf_bytes(("general.architecture", 8, _gguf_str("llama")))
+    head = head[:8] + struct.pack("<Q", n_tensors) + head[16:]
+    head += _gguf_str("t") + struct.pack("<I", len(dims) if n_dims is None else n_dims)
+    head += struct.pack(f"<{len(dims)}Q", *dims)
+    head += struct.pack("<IQ", kind, 0)
+    return head + bytes(-len(head) % 32) + data
+
+
+def test_a_gguf_tensor_index_is_read_as_the_file_gives_it(tmp_path):
+    import struct
+
+    from inferledger.engine.loader import _gguf_reader
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_gguf_with_tensor(0, [3, 2], struct.pack("<6f", 1, 2, 3, 4, 5, 6)))  # F32, 2 rows of 3
+    (t,), meta = _gguf_reader(path)
+    assert meta == {"general.architecture": "llama"} and (t.name, t.tensor_type.name, t.shape) == ("t", "F32", (3, 2))
+    assert t.data.tolist() == [[1, 2, 3], [4, 5, 6]]
+
+
+@pytest.mark.parametrize("body, problem", [
+    (_gguf_with_tensor(0, [3, 2], bytes(20)), r"tensor t ends at byte \d+, past the file's \d+"),
+    (_gguf_with_tensor(99, [3], bytes(12)), r"tensor t has unknown type 99"),
+    (_gguf_with_tensor(2, [31], bytes(64)), r"tensor t of \[31\] is not whole Q4_0 blocks of 32"),
+    (_gguf_with_tensor(0, [3], bytes(12))[:-40], r"unreadable GGUF, probably truncated"),  # torn in the index
+    (_gguf_with_tensor(0, [3], bytes(12), n_tensors=2 ** 40), r"tensors past the end of the file"),
+    (_gguf_with_tensor(0, [2 ** 62, 2 ** 62], bytes(16)), r"tensor t ends at byte \d{30,}, past the file's \d+"),
+    (_gguf_with_tensor(0, [3], bytes(64), n_dims=2 ** 31), r"tensor t of 2147483648 dimensions past the end"),
+])
+def test_a_bad_gguf_tensor_index_is_refused_by_name(tmp_path, body, problem):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(body)
+    with pytest.raises(ModelLoadError, match=rf"m\.gguf: .*{problem}"):
+        load_model(path)
 
 
 def test_a_gguf_header_gives_the_context_of_its_own_architecture(tmp_path):
