@@ -49,7 +49,7 @@ def fit_cmd(
     from inferledger.cli.output import console, csv_text, fail, plain
     from inferledger.costmodel.fit import FitError, held_out_summary
     from inferledger.ledger.fit_read import StepsUnreadable, ledger_fit_points, run_fit
-    from inferledger.probes.run_folder import RunFolderError
+    from inferledger.probes.run_folder import Manifest, RunFolderError, engine_differences
     from inferledger.probes.study_dir import not_a_run
 
     steps = {}
@@ -77,8 +77,6 @@ def fit_cmd(
     if train.resolve() == test.resolve():
         typer.echo(f"note: --test {test} is TRAIN itself: the errors below include the steps the fit trained on "
                    "(they are not held out)", err=True)
-    from inferledger.probes.run_folder import Manifest, engine_differences
-
     differ = engine_differences(fit.engine, Manifest.read(test).engine, "TRAIN's")
     if differ:
         typer.echo(f"note: --test {test} ran another engine than TRAIN: {'; '.join(differ)}. The fit holds TRAIN's "

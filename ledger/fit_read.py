@@ -55,4 +55,3 @@ def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict
     """TRAIN's fit and its |error| on every step of TEST (costmodel.fit.held_out_summary)."""
     fit = run_fit(train_run)
     return fit, held_out_summary(fit, ledger_fit_points(test_run))
-

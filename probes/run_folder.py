@@ -581,17 +581,6 @@ def splice_reference(doc: str) -> str:
     return head + key_reference() + ("\n" + tail if tail else "")
 
 
-if __name__ == "__main__":
-    import sys
-
-    if "--write" in sys.argv:
-        target = Path("docs/ARCHITECTURE.md")
-        target.write_text(splice_reference(target.read_text()))
-        print(f"wrote the run folder keys into {target}")
-    else:
-        sys.stdout.write(key_reference())
-
-
 def engine_differences(fitted, other: dict, whose: str) -> list[str]:
     """How engine `other` (Manifest.engine's keys) differs from `fitted`, the engine a step fit was trained on
     (StepFit.engine, which a file may carry malformed: what is not a dict is not compared): each field of the
@@ -608,3 +597,14 @@ def engine_differences(fitted, other: dict, whose: str) -> list[str]:
         if a is not None and b is not None and a != b:
             out.append(f"{what} {b!r} ({whose}: {a!r})")
     return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    if "--write" in sys.argv:
+        target = Path("docs/ARCHITECTURE.md")
+        target.write_text(splice_reference(target.read_text()))
+        print(f"wrote the run folder keys into {target}")
+    else:
+        sys.stdout.write(key_reference())

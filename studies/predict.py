@@ -149,7 +149,7 @@ def _check_fit_engine(fit_run: Path, fit, shape: ModelShape, device_name, params
     threads = (params or {}).get("threads")
     predicted = {"shape": shape.to_dict(), "device": device_name,
                  "threads": threads if isinstance(threads, int) and not isinstance(threads, bool) else None}
-    differ = engine_differences(fit.engine, predicted, "--fit's run") if fit.engine else []
+    differ = engine_differences(fit.engine, predicted, "--fit's run")
     if differ:
         raise PredictionError(f"--fit {fit_run}: its run's engine is not the one predicted: {'; '.join(differ)}. "
                               "A step fit holds its run's model, dtype, device and threads (docs/MODEL.md \"Fit\"): "
