@@ -49,7 +49,10 @@ def one_study(bundle, wl: Path, out: Path, scale: str, calibration: Path | None 
             "replayed_whole": replay.get("whole", 0), "replayed_until_cancel": replay.get("until_cancel", 0),
             "not_replayed": sum(r["replay"] == "not_replayed" for r in tables["replay"]),
             "real_contention_share": contention.get("real"), "fit_contention_share": contention.get("fit"),
-            "fit_held_out_median_abs_pct": fit["held_out_median_abs_pct"], "fit_n_train": fit["n_train"]}
+            "fit_held_out_median_abs_pct": fit["held_out_median_abs_pct"], "fit_n_train": fit["n_train"],
+            # run real's steps against the fit, signed (Σ cpu_ms / Σ predicted): above 1 the host ran them slower
+            # than during run fit (or the fit is low), and the simulated TPOT comes out short by about as much
+            "real_time_ratio": fit["real_time_ratio"], "real_decode_time_ratio": fit["real_decode_time_ratio"]}
 
 
 def spreads(runs: list[dict]) -> list[dict]:

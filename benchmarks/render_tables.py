@@ -332,12 +332,13 @@ def fidelity_bench(rs: list[dict]) -> str:
                      + ("" if figs[n]["met"] else " **not met**") for n in judged]
             rows.append([w["workload"], k, *cells, _share(run["real_contention_share"]),
                          _share(run["fit_contention_share"]), fmt(run["fit_held_out_median_abs_pct"], ".1f", " %"),
+                         fmt(run.get("real_decode_time_ratio"), ".3f"),
                          f"{run['replayed_whole']} + {run['replayed_until_cancel']}", fmt(run["study_wall_s"], ".0f", " s")])
     spreads = [[w["workload"], s["figure"], fmt(s["spread_pct"], ".1f", " points"), met(s["spread_within"])]
                for w in f["workloads"] for s in w["spreads"]]
     return (table(["workload", "repeat", "TPOT p50 real / sim ms (±5 %)", "TTFT p50 (±10 %)", "E2E p99 (±10 %)",
                    "real waiting for a CPU", "fit waiting for a CPU", "fit held-out median error",
-                   "replayed whole + until cancel", "study"], rows)
+                   "real's decodes against the fit", "replayed whole + until cancel", "study"], rows)
             + "\n\n" + table(["workload", "figure", "spread over the repeats", f"within {f['spread_target_pct']:g}"],
                               spreads)
             + "\n\n" + targets([{"target": "every judged figure within its target, every repeat",

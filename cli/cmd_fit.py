@@ -8,7 +8,7 @@ import typer
 
 from inferledger.cli.output import FORMAT_HELP, OutputFormat, command_name
 
-COLUMNS = ("against", "kind", "n_steps", "median_abs_error_pct", "p90_abs_error_pct")
+COLUMNS = ("against", "kind", "n_steps", "median_abs_error_pct", "p90_abs_error_pct", "time_ratio")
 # why a run has no step to fit or predict
 NO_STEPS_WHY = ("a peer engine's run or a black box's records none; a simulated run's steps last what a fit said, "
                 "measured nowhere")
@@ -18,8 +18,8 @@ def _rows(summary: dict) -> list[list]:
     rows = []
     for against, block in (("cpu_ms", summary), ("wall", summary["wall"])):
         rows.append([against, "all", block["n_steps"], block["held_out_median_abs_error_pct"],
-                     block["held_out_p90_abs_error_pct"]])
-        rows += [[against, k, v["n_steps"], v["median_abs_error_pct"], v["p90_abs_error_pct"]]
+                     block["held_out_p90_abs_error_pct"], block["time_ratio"]])
+        rows += [[against, k, v["n_steps"], v["median_abs_error_pct"], v["p90_abs_error_pct"], v["time_ratio"]]
                  for k, v in block["by_kind"].items()]
     return rows
 
@@ -29,7 +29,8 @@ def fit_cmd(
     test: Path = typer.Option(..., "--test", help="The reconstructed run whose every step the fit predicts."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " json is one "
                                      "object: held_out_median_abs_error_pct, held_out_p90_abs_error_pct, by_kind "
-                                     "(prefill, decode, mixed), n_steps, wall (the same against wall time), fit."),
+                                     "(prefill, decode, mixed), n_steps, time_ratio, wall (the same against wall "
+                                     "time), fit."),
 ) -> None:
     """How well a step fit transfers: TRAIN's fit predicting every step of TEST, |error| in percent.
 
@@ -94,11 +95,14 @@ def fit_cmd(
     if fmt == OutputFormat.csv:
         typer.echo(csv_text(COLUMNS, rows), nl=False)
         return
-    table = Table(title=f"the fit of {train.name} predicting the steps of {test.name}: |error| %")
-    for col in ("against", "kind", "steps", "median |error| %", "p90 |error| %"):
+    table = Table(title=f"the fit of {train.name} predicting the steps of {test.name}: |error| %",
+                  caption="Σ measured / Σ predicted: above 1 the steps took longer than the fit predicts (the host "
+                          "slower than during TRAIN, or the fit low)")
+    for col in ("against", "kind", "steps", "median |error| %", "p90 |error| %", "Σ measured / Σ predicted"):
         table.add_column(col, justify="left" if col in ("against", "kind") else "right")
-    for against, kind, n, med, p90 in rows:
-        table.add_row(against, kind, str(n), "—" if med is None else f"{med:.1f}", "—" if p90 is None else f"{p90:.1f}")
+    for against, kind, n, med, p90, ratio in rows:
+        table.add_row(against, kind, str(n), *("—" if v is None else f"{v:.{d}f}" for v, d in ((med, 1), (p90, 1),
+                                                                                              (ratio, 3))))
     console.print(table)
     per_seq = (f"{fit.ms_per_seq:.3f} ms per sequence" if fit.ms_per_seq_known else
                f"per sequence unknown (every training step had {fit.covered['num_seqs'][0]})")

@@ -433,9 +433,19 @@ def _covered(train: list[FitPoint]) -> dict:
             for k in ("num_seqs", "tokens", "context_tokens")}
 
 
+def time_ratio(fit: StepFit, points: list[FitPoint], ms: str = "measured_ms") -> float | None:
+    """Σ measured / Σ predicted over the points with a measured time: above 1 the steps took longer than the
+    fit predicts (the host ran slower than on the fit's run, or the fit is low), below 1 shorter. Signed where
+    the |error| quantiles are not: a simulated clock sums step times, so this is what a fit carries into a
+    simulated TPOT or E2E. None without a point (or a prediction of 0)."""
+    pairs = [(getattr(p, ms), fit.predict_ms(p)) for p in points if getattr(p, ms) is not None]
+    predicted = sum(q for _, q in pairs)
+    return sum(m for m, _ in pairs) / predicted if pairs and predicted > 0 else None
+
+
 def held_out_summary(fit: StepFit, points: list[FitPoint]) -> dict:
     """|error| in percent of `fit` on every point against its measured_ms (cpu_ms) and its wall_ms, all
-    points and by kind: the figures of `inferledger fit TRAIN --test TEST`."""
+    points and by kind, and the signed `time_ratio` of each: the figures of `inferledger fit TRAIN --test TEST`."""
     def block(ms: str) -> dict:
         def errs(ps):
             out = (error_pct(fit.predict_ms(p), getattr(p, ms)) for p in ps if getattr(p, ms) is not None)
@@ -443,11 +453,13 @@ def held_out_summary(fit: StepFit, points: list[FitPoint]) -> dict:
         every = errs(points)
         by_kind = {}
         for k in KINDS:
-            ek = errs([p for p in points if p.kind == k])
+            kind = [p for p in points if p.kind == k]
+            ek = errs(kind)
             by_kind[k] = {"n_steps": len(ek), "median_abs_error_pct": quantile(ek, 0.5),
-                          "p90_abs_error_pct": quantile(ek, 0.9)}
+                          "p90_abs_error_pct": quantile(ek, 0.9), "time_ratio": time_ratio(fit, kind, ms)}
         return {"held_out_median_abs_error_pct": quantile(every, 0.5),
-                "held_out_p90_abs_error_pct": quantile(every, 0.9), "by_kind": by_kind, "n_steps": len(every)}
+                "held_out_p90_abs_error_pct": quantile(every, 0.9), "by_kind": by_kind, "n_steps": len(every),
+                "time_ratio": time_ratio(fit, points, ms)}
     out = block("measured_ms")
     out["wall"] = block("wall_ms")
     return out

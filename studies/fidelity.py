@@ -482,14 +482,18 @@ def compare(runs: StudyRuns) -> list[Table]:
                   list(FIT_COLUMNS) + list(ON_REAL), [fit_row(fit, runs.dirs["real"])],
                   "held_out_*: its |error| on run fit's held-out step shapes; real_*: on every step of run real "
                   "(`inferledger fit FIT --test REAL`: a diagnosis after the fact, the simulation never sees them), "
-                  "real_extrapolated_steps of them outside the fit's covered batch sizes, tokens or context. "
+                  "real_extrapolated_steps of them outside the fit's covered batch sizes, tokens or context; "
+                  "real_time_ratio (real_decode_time_ratio: its decode-only steps) Σ cpu_ms / Σ predicted over them, "
+                  "signed: above 1 run real's steps took longer than the fit predicts (the host slower than during "
+                  "run fit, or the fit low), and the simulated TPOT and E2E come out short by about as much. "
                   "real_* large against held_out_*: the fit does not transfer (run real's shapes, or the host "
                   "between the two runs); both small while the figures miss: the replay")]
 
 
 FIT_COLUMNS = ("alpha_ms", "ms_per_gflop", "ms_per_mb", "gap_alpha_ms", "gap_ms_per_seq", "n_train", "n_held_out",
                "held_out_median_abs_pct", "held_out_p90_abs_pct", "ms_per_seq", "kv_factor", "attention_efficiency")
-ON_REAL = ("real_steps", "real_extrapolated_steps", "real_median_abs_pct", "real_p90_abs_pct")
+ON_REAL = ("real_steps", "real_extrapolated_steps", "real_median_abs_pct", "real_p90_abs_pct", "real_time_ratio",
+           "real_decode_time_ratio")
 
 
 def fit_row(recorded: dict, real_dir: Path) -> list:
@@ -502,7 +506,8 @@ def fit_row(recorded: dict, real_dir: Path) -> list:
     summary = held_out_summary(fit, points)
     return [values.get(k) for k in FIT_COLUMNS] + [len(points), fit.n_extrapolated(points),
                                                   summary["held_out_median_abs_error_pct"],
-                                                  summary["held_out_p90_abs_error_pct"]]
+                                                  summary["held_out_p90_abs_error_pct"], summary["time_ratio"],
+                                                  summary["by_kind"]["decode"]["time_ratio"]]
 
 
 def _pct(v) -> str:

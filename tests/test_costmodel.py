@@ -245,6 +245,23 @@ def test_the_transfer_summary_keys_and_order():
     assert got["wall"]["held_out_median_abs_error_pct"] == pytest.approx(100 / 11, abs=2.0)
 
 
+def test_time_ratio_is_the_measured_time_over_the_predicted_signed():
+    from types import SimpleNamespace
+
+    from inferledger.costmodel.fit import time_ratio
+
+    class Halves:  # predicts half of each point's cpu_ms, so the steps took twice as long as predicted
+        @staticmethod
+        def predict_ms(p):
+            return {10.0: 5.0, 30.0: 15.0, 40.0: 10.0}[p.measured_ms]
+
+    pts = [SimpleNamespace(measured_ms=10.0, wall_ms=12.0), SimpleNamespace(measured_ms=30.0, wall_ms=None)]
+    assert time_ratio(Halves, pts) == 40.0 / 20.0 == 2.0
+    assert time_ratio(Halves, pts + [SimpleNamespace(measured_ms=40.0, wall_ms=8.0)]) == 80.0 / 30.0
+    assert time_ratio(Halves, pts, "wall_ms") == 12.0 / 5.0  # a point without a wall time is left out
+    assert time_ratio(Halves, []) is None
+
+
 def test_the_spec_table_in_the_docs_is_the_one_in_code():
     from pathlib import Path
 

@@ -206,10 +206,13 @@ def test_fit_cli_prints_the_transfer_as_one_json_object_and_refuses_a_run_withou
     assert list(doc["by_kind"]) == ["prefill", "decode", "mixed"] and "wall" in doc
     assert list(doc["wall"])[:3] == list(doc)[:3]
     assert [doc["by_kind"][k]["n_steps"] for k in ("prefill", "decode", "mixed")] == [1, 4, 1]
-    assert list(doc["by_kind"]["decode"]) == ["n_steps", "median_abs_error_pct", "p90_abs_error_pct"]
+    assert list(doc["by_kind"]["decode"]) == ["n_steps", "median_abs_error_pct", "p90_abs_error_pct", "time_ratio"]
     assert doc["held_out_median_abs_error_pct"] < 3.0
+    # both runs' steps follow the same physics: their time is the fit's, give or take the noise (signed, unlike |error|)
+    assert 0.97 < doc["time_ratio"] < 1.03 and 0.97 < doc["by_kind"]["decode"]["time_ratio"] < 1.03
     csv = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "b"), "--format", "csv"])
-    assert csv.exit_code == 0 and csv.output.splitlines()[0] == "against,kind,n_steps,median_abs_error_pct,p90_abs_error_pct"
+    assert csv.exit_code == 0 and csv.output.splitlines()[0] == \
+        "against,kind,n_steps,median_abs_error_pct,p90_abs_error_pct,time_ratio"
     bad = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "nowhere")])
     assert bad.exit_code == 2 and "--test" in bad.output and "no ledger" in bad.output
 
