@@ -67,6 +67,10 @@ FROM s LEFT JOIN ref r USING (grp) LEFT JOIN clock_conv c ON c.from_clock = s.p.
 --   router spans never came: a gap)
 -- @column parent_attempt_id: for an upstream try the client never saw (a router's retry: attempt_id
 --   `<client attempt>@<replica>#<n>`, client_status NULL), the client attempt it was a try of; else NULL
+-- @column client_attempt: the client's attempt, the one definition every count of them reads: true for an
+--   attempt the load client made (its own events record it: client_status not NULL); false for a router's
+--   try the client never saw (parent_attempt_id set); NULL when no client event carries it and no router
+--   made it (an engine-only run, or one the client's events miss: a layers gap names either)
 CREATE OR REPLACE TABLE attempts AS
 SELECT
   getvariable('run_id') AS run_id,
@@ -111,7 +115,7 @@ SELECT
   m.enqueued.ns AS enqueued_ns, m.enqueued.clock AS server_clock,
   m.server_end.ns AS server_end_ns,
   m.kv_release.ns AS kv_release_ns, m.kv_free.ns AS kv_free_ns,
-  i.replica_id, i.parent_attempt_id
+  i.replica_id, i.parent_attempt_id, i.client_attempt
 FROM marks m JOIN attempt_ids i USING (attempt_id) JOIN attempt_start st USING (attempt_id)
 ORDER BY m.attempt_id;
 
