@@ -33,7 +33,8 @@ FROM s LEFT JOIN ref r USING (grp) LEFT JOIN clock_conv c ON c.from_clock = s.p.
 -- @column session_id: the attempt's session
 -- @column request_id: the attempt's request
 -- @column attempt_index: 1 for the first attempt of its request, by attempt.created (else sent, else its
---   first event), compared on one clock; NULL (with a clock gap) when no mapping places its start
+--   first event), compared on one clock; a router's try (client_attempt false) numbered among the router's
+--   tries of the request, apart from the client's attempts; NULL (with a clock gap) when no mapping places its start
 -- @column client_status: completed, timeout, cancelled, error (the earliest client terminal event),
 --   unterminated (client events, none terminal), in_flight (the same in a rebuild following a run still
 --   recording, `reconstruct --follow` while the manifest's state is starting or running; not an end, with
@@ -76,7 +77,9 @@ SELECT
   getvariable('run_id') AS run_id,
   i.task_id, i.session_id, i.request_id, m.attempt_id,
   CASE WHEN st.start_ref_ns IS NOT NULL THEN
-    row_number() OVER (PARTITION BY st.grp, st.start_ref_ns IS NULL ORDER BY st.start_ref_ns, m.attempt_id) END::INTEGER
+    -- a router's tries never take a place among the client's attempts (its retry budget is the client's)
+    row_number() OVER (PARTITION BY st.grp, st.start_ref_ns IS NULL, i.client_attempt IS FALSE
+                       ORDER BY st.start_ref_ns, m.attempt_id) END::INTEGER
     AS attempt_index,
   CASE WHEN i.n_client_events = 0 THEN NULL
        WHEN m.client_end.name = 'attempt.done' THEN 'completed'

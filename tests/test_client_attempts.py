@@ -134,3 +134,28 @@ def test_an_engine_only_run_has_no_count_of_the_clients_attempts(engine_only):
     assert record(run, POLICY_SQL)["n_attempts"] is None
     assert rows(run, "select count(*) from gaps where scope = 'run' and affects like '%n_client_attempts, n_unjudged%'") \
         == [(1,)]
+
+
+def test_a_routers_tries_take_no_place_in_the_clients_retry_budget(tmp_path):
+    """`retries` with every contract allowing 3 attempts: the router's refused tries (good unknown: no client)
+    neither push the client's attempts down the order nor make a request whose answer was wrong undetermined."""
+    run = tmp_path / "run"
+    shutil.copytree(RETRIES, run)
+    t = pq.read_table(run / "tasks.parquet")
+    i = t.schema.get_field_index("max_attempts")
+    pq.write_table(t.set_column(i, t.schema.field(i), pa.array([3] * len(t), t.schema.field(i).type)),
+                   run / "tasks.parquet")
+    _, ev = _raw(run)
+    names, tasks, attrs = (ev.column(c).to_pylist() for c in ("name", "task_id", "attrs"))
+    aids = ev.column("attempt_id").to_pylist()
+    verdict_task = {a: tk for a, tk in zip(aids, tasks) if a and tk}
+    wrong = sorted({verdict_task[a] for n, a, t in zip(names, aids, attrs)
+                    if n == "verdict" and not json.loads(t)["correct"]})
+    assert len(wrong) == 8  # the checker's 8 wrong answers, one per task (one attempt each)
+    reconstruct(run)
+    assert rows(run, "select outcome, count(*) from tasks group by 1 order by 1") == [("failure", 8), ("success", 12)]
+    assert [t for (t,) in rows(run, "select task_id from tasks where outcome = 'failure' order by 1")] == wrong
+    # the client's one attempt per request is its first; each try is numbered among the router's (its #n)
+    assert rows(run, "select count(*) from attempts where client_attempt and attempt_index <> 1") == [(0,)]
+    tries = rows(run, "select attempt_id, attempt_index from attempts where client_attempt is false")
+    assert len(tries) == 17 and all(idx == int(a.rsplit("#", 1)[1]) for a, idx in tries)
