@@ -45,14 +45,15 @@ def _raw(run: Path):
 @pytest.fixture(scope="module")
 def router_run(tmp_path_factory):
     """The router sample `retries` (20 client attempts, the router's 17 refused tries on replica1) with the
-    client's events (and the checker's verdict) of one attempt replica2 answered removed: the server's copy of it is left, no router
-    made it, so it is neither the client's nor a router's."""
+    client's events (and the checker's verdict) of one attempt replica2 answered removed: the server's copy of
+    it is left, no router made it, so it is neither the client's nor a router's."""
     run = tmp_path_factory.mktemp("retries") / "run"
     shutil.copytree(RETRIES, run)
     part, ev = _raw(run)
     src, aid, attrs = (ev.column(c).to_pylist() for c in ("source", "attempt_id", "attrs"))
     client_ids = sorted({a for s, a in zip(src, aid) if s == "client" and a is not None})
-    on_replica2 = {a for a, t in zip(aid, attrs) if a is not None and t and json.loads(t).get("replica_id") == "replica2"}
+    on_replica2 = {a for a, t in zip(aid, attrs)
+                   if a is not None and t and json.loads(t).get("replica_id") == "replica2"}
     dropped = next(a for a in client_ids if a in on_replica2)
     keep = pc.invert(pc.and_(pc.is_in(ev.column("source"), pa.array(["client", "checker"])),
                              pc.equal(ev.column("attempt_id"), dropped)))
@@ -132,8 +133,8 @@ def test_an_engine_only_run_has_no_count_of_the_clients_attempts(engine_only):
     point = record(run, POINT_SQL)
     assert (point["n_attempts"], point["good_share"]) == (None, None)
     assert record(run, POLICY_SQL)["n_attempts"] is None
-    assert rows(run, "select count(*) from gaps where scope = 'run' and affects like '%n_client_attempts, n_unjudged%'") \
-        == [(1,)]
+    assert rows(run, "select count(*) from gaps where scope = 'run' "
+                     "and affects like '%n_client_attempts, n_unjudged%'") == [(1,)]
 
 
 def test_a_routers_tries_take_no_place_in_the_clients_retry_budget(tmp_path):

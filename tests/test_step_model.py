@@ -211,7 +211,8 @@ def test_fit_cli_prints_the_transfer_as_one_json_object_and_refuses_a_run_withou
     csv = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "b"), "--format", "csv"])
     assert csv.exit_code == 0 and csv.output.splitlines()[0] == "against,kind,n_steps,median_abs_error_pct,p90_abs_error_pct"
     bad = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "nowhere")])
-    assert bad.exit_code == 2 and f"error: --test {tmp_path / 'nowhere'}: no such run folder" in " ".join(bad.output.split())
+    assert bad.exit_code == 2 and f"error: --test {tmp_path / 'nowhere'}: no such run folder" in \
+        " ".join(bad.output.split())
     (tmp_path / "file.txt").write_text("not a run")
     bad = runner.invoke(app, ["fit", str(tmp_path / "file.txt"), "--test", str(tmp_path / "b")])
     assert bad.exit_code == 2 and f"error: TRAIN {tmp_path / 'file.txt'}: a file, not a run folder" in \
