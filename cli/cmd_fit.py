@@ -53,15 +53,19 @@ def fit_cmd(
     from inferledger.probes.run_folder import Manifest, RunFolderError, engine_differences
     from inferledger.probes.study_dir import not_a_run
 
-    steps = {}
+    steps, manifests = {}, {}
     for flag, run in (("TRAIN", train), ("--test", test)):
         if why := not_a_run(run):
             fail(f"error: {flag} {why}")
+        if not run.is_dir():  # a typo or a file: no run to reconstruct there
+            fail(f"error: {flag} {run}: " + ("no such run folder" if not run.exists() else
+                                             "a file, not a run folder (the folder a capture or an import wrote)"))
         if not (run / "ledger.duckdb").is_file():
             fail(f"error: {flag} {run}: no ledger there (a run folder holds ledger.duckdb once "
                  f"`{command_name()} reconstruct {run}` has run)")
         try:  # refused, naming the file: a ledger other ledger code built (its steps may be counted another
             steps[flag] = ledger_fit_points(run)  # way, as summary refuses it), a damaged one, a bad manifest
+            manifests[flag] = Manifest.read(run)
         except (StepsUnreadable, RunFolderError) as exc:
             fail(f"error: {flag} {exc}")
     points = steps["--test"]
@@ -78,7 +82,7 @@ def fit_cmd(
     if train.resolve() == test.resolve():
         typer.echo(f"note: --test {test} is TRAIN itself: the errors below include the steps the fit trained on "
                    "(they are not held out)", err=True)
-    differ = engine_differences(fit.engine, Manifest.read(test).engine, "TRAIN's")
+    differ = engine_differences(fit.engine, manifests["--test"].engine, "TRAIN's")
     if differ:
         typer.echo(f"note: --test {test} ran another engine than TRAIN: {'; '.join(differ)}. The fit holds TRAIN's "
                    "rates and efficiencies: the errors below are how far they carry to that engine, not the fit's "

@@ -33,7 +33,8 @@ FROM s LEFT JOIN ref r USING (grp) LEFT JOIN clock_conv c ON c.from_clock = s.p.
 -- @column session_id: the attempt's session
 -- @column request_id: the attempt's request
 -- @column attempt_index: 1 for the first attempt of its request, by attempt.created (else sent, else its
---   first event), compared on one clock; NULL (with a clock gap) when no mapping places its start
+--   first event), compared on one clock; a router's try (client_attempt false) numbered among the router's
+--   tries of the request, apart from the client's attempts; NULL (with a clock gap) when no mapping places its start
 -- @column client_status: completed, timeout, cancelled, error (the earliest client terminal event),
 --   unterminated (client events, none terminal), in_flight (the same in a rebuild following a run still
 --   recording, `reconstruct --follow` while the manifest's state is starting or running; not an end, with
@@ -67,12 +68,18 @@ FROM s LEFT JOIN ref r USING (grp) LEFT JOIN clock_conv c ON c.from_clock = s.p.
 --   router spans never came: a gap)
 -- @column parent_attempt_id: for an upstream try the client never saw (a router's retry: attempt_id
 --   `<client attempt>@<replica>#<n>`, client_status NULL), the client attempt it was a try of; else NULL
+-- @column client_attempt: the client's attempt, the one definition every count of them reads: true for an
+--   attempt the load client made (its own events record it: client_status not NULL); false for a router's
+--   try the client never saw (parent_attempt_id set); NULL when no client event carries it and no router
+--   made it (an engine-only run, or one the client's events miss: a layers gap names either)
 CREATE OR REPLACE TABLE attempts AS
 SELECT
   getvariable('run_id') AS run_id,
   i.task_id, i.session_id, i.request_id, m.attempt_id,
   CASE WHEN st.start_ref_ns IS NOT NULL THEN
-    row_number() OVER (PARTITION BY st.grp, st.start_ref_ns IS NULL ORDER BY st.start_ref_ns, m.attempt_id) END::INTEGER
+    -- a router's tries never take a place among the client's attempts (its retry budget is the client's)
+    row_number() OVER (PARTITION BY st.grp, st.start_ref_ns IS NULL, i.client_attempt IS FALSE
+                       ORDER BY st.start_ref_ns, m.attempt_id) END::INTEGER
     AS attempt_index,
   CASE WHEN i.n_client_events = 0 THEN NULL
        WHEN m.client_end.name = 'attempt.done' THEN 'completed'
@@ -111,7 +118,7 @@ SELECT
   m.enqueued.ns AS enqueued_ns, m.enqueued.clock AS server_clock,
   m.server_end.ns AS server_end_ns,
   m.kv_release.ns AS kv_release_ns, m.kv_free.ns AS kv_free_ns,
-  i.replica_id, i.parent_attempt_id
+  i.replica_id, i.parent_attempt_id, i.client_attempt
 FROM marks m JOIN attempt_ids i USING (attempt_id) JOIN attempt_start st USING (attempt_id)
 ORDER BY m.attempt_id;
 

@@ -94,7 +94,11 @@ SELECT coalesce(c.attempt_id, o.attempt_id) AS attempt_id, c.task_id, c.session_
        coalesce(c.replica_id, CASE WHEN c.llamacpp_answered THEN (
          SELECT any_value(replica_id) FROM declared_replicas() WHERE kind = 'llamacpp' HAVING count(*) = 1) END)
          AS replica_id,
-       c.parent_attempt_id, c.router_replica_id
+       c.parent_attempt_id, c.router_replica_id,
+       -- the client's attempt: one the load client made (its own events record it); a router's try never
+       -- is; neither known without a client event (docs/LEDGER.md "attempts and accounts")
+       CASE WHEN c.parent_attempt_id IS NOT NULL THEN false
+            WHEN coalesce(c.n_client, 0) + coalesce(o.n_client, 0) > 0 THEN true END AS client_attempt
 FROM control c FULL OUTER JOIN outputs o USING (attempt_id);
 
 CREATE OR REPLACE TEMP TABLE marks AS

@@ -47,9 +47,9 @@
 -- @column retry_amplification: the router's upstream tries per client attempt, router_tries / sent (1.0 when it
 --   retried nothing); NULL without router_tries or without a sent attempt
 CREATE OR REPLACE TABLE reconciliation AS
-WITH p AS (  -- client counts: unknown (NULL) without client events, a count otherwise
-  SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_status IS NOT NULL) AS n,
-         count(*) FILTER (WHERE client_status IS NOT NULL AND client_status <> 'in_flight') AS n_ended,
+WITH p AS (  -- the client's attempts (attempts.client_attempt): unknown (NULL) without any, a count otherwise
+  SELECT count(*) FILTER (WHERE client_status = 'completed') AS ok, count(*) FILTER (WHERE client_attempt) AS n,
+         count(*) FILTER (WHERE client_attempt AND client_status <> 'in_flight') AS n_ended,
          count(*) FILTER (WHERE client_status = 'cancelled') AS n_cancelled,
          count(*) FILTER (WHERE client_status = 'timeout') AS n_timed_out,
          count(*) FILTER (WHERE client_status = 'error') AS n_errored

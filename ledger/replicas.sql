@@ -4,7 +4,7 @@
 --
 -- scope: rollup
 -- reads: attempts, marks, request_metrics, step_attribution, kv_holds, samples, quantile_linear, declared_replicas,
---   reported_timings, reported_spans, attempt_ids
+--   reported_timings, reported_spans, attempt_ids, window_bounds
 -- creates: replica_reported, replicas, replicas_gaps
 
 -- @table replicas: one row per replica of a deployment capture (attempts.replica_id, a replica the manifest's
@@ -18,7 +18,7 @@
 -- @column attempts: its rows in attempts (attempts.replica_id): the client attempts it answered and the upstream
 --   tries it got that the client never saw; NULL for a replica no attempt names (declared by URL and placed by
 --   no evidence, or only the router's worker)
--- @column client_attempts: of those, the attempts the client sent (parent_attempt_id NULL)
+-- @column client_attempts: of those, the client's attempts (attempts.client_attempt); NULL without client events
 -- @column unseen_tries: of those, the router's tries the client never saw (parent_attempt_id set)
 -- @column server_completed: of those, server_status completed
 -- @column router_sent: the router's vllm_router_processed_requests_total for this worker, its last scrape
@@ -109,7 +109,8 @@ JOIN (SELECT replica_id, sum(island_ns) AS busy_ns FROM (
 
 CREATE OR REPLACE TABLE replicas AS
 WITH served AS (
-  SELECT replica_id, count(*) AS attempts, count(*) FILTER (WHERE parent_attempt_id IS NULL) AS client_attempts,
+  SELECT replica_id, count(*) AS attempts,
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE client_attempt) END AS client_attempts,
          count(*) FILTER (WHERE parent_attempt_id IS NOT NULL) AS unseen_tries,
          count(*) FILTER (WHERE server_status = 'completed') AS server_completed
   FROM attempts WHERE replica_id IS NOT NULL GROUP BY replica_id

@@ -13,7 +13,8 @@
 -- @column window: which events bound the window (client terminals, else server ends; engine-only runs)
 -- @column n_good: attempts whose good is true; NULL without client events
 -- @column n_completed: attempts the client saw complete; NULL without client events
--- @column n_unjudged: attempts whose good is unknown (a router's tries the client never saw are not counted)
+-- @column n_client_attempts: the client's attempts (attempts.client_attempt); NULL without client events
+-- @column n_unjudged: the client's attempts whose good is unknown; NULL without client events
 -- @column goodput_rps: n_good / t_obs_s
 -- @column vllm_goodput_rps: completed requests within slo_ttft_ms / slo_tpot_ms / slo_e2e_ms (TPOT 0
 --   with ≤ 1 token) per second of the window; NULL without thresholds
@@ -94,8 +95,10 @@ CREATE OR REPLACE TABLE run_metrics AS
 WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), counts AS (
   SELECT CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE good) END AS n_good,
          CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE client_status = 'completed') END AS n_completed,
-         -- a router's try the client never saw (parent_attempt_id set) is no attempt of the client's to judge
-         count(*) FILTER (WHERE good IS NULL AND parent_attempt_id IS NULL) AS n_unjudged
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE client_attempt) END
+           AS n_client_attempts,
+         CASE WHEN (SELECT has_client FROM window_bounds) THEN count(*) FILTER (WHERE client_attempt AND good IS NULL) END
+           AS n_unjudged
   FROM request_metrics JOIN attempts USING (attempt_id)
 ), spans AS (  -- each attempt in the client's system, on the window's clock (NULL where no mapping reaches it)
   SELECT m.attempt_id, m.sent IS NOT NULL AS sent, coalesce(m.created, m.sent).ns + cs.offset_ns AS s,
@@ -201,7 +204,7 @@ WITH win AS (SELECT *, nullif((t1 - t0) / 1e9, 0) AS t_div FROM window_bounds), 
 )
 SELECT getvariable('run_id') AS run_id,
   (win.t1 - win.t0) / 1e9 AS t_obs_s, win.label AS window,
-  counts.n_good, counts.n_completed, counts.n_unjudged,
+  counts.n_good, counts.n_completed, counts.n_client_attempts, counts.n_unjudged,
   counts.n_good / win.t_div AS goodput_rps,
   -- the vLLM-bench variant: completed requests within TTFT / TPOT / E2E thresholds (TPOT 0 when n <= 1)
   CASE WHEN coalesce(getvariable('slo_ttft_ms'), getvariable('slo_tpot_ms'), getvariable('slo_e2e_ms')) IS NOT NULL THEN

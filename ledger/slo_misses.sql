@@ -80,12 +80,13 @@ WITH gone AS (
   WHERE m.scheduled.clock = g.clock
 ), base AS (
   SELECT a.attempt_id, a.task_id, a.client_status, r.done_since_reference_ms, c.deadline_ms,
-         -- the engine's stretches while the client held the attempt (its own, whole, where it saw it complete)
+         -- the engine's stretches while the client held the attempt (its own, whole, where it saw it complete),
+         -- by one rule whoever timed them: our probes, or an engine's own span mapped to its events
          CASE WHEN hw.attempt_id IS NOT NULL AND r.queue_ms IS NOT NULL THEN least(r.queue_ms, hw.queue_ms)
               ELSE r.queue_ms END AS queue_ms,
-         CASE WHEN hw.attempt_id IS NOT NULL AND r.prefill_ms IS NOT NULL AND r.server_evidence = 'observed'
+         CASE WHEN hw.attempt_id IS NOT NULL AND r.prefill_ms IS NOT NULL
               THEN least(r.prefill_ms, hw.prefill_ms) ELSE r.prefill_ms END AS prefill_ms,
-         CASE WHEN hw.attempt_id IS NOT NULL AND r.decode_ms IS NOT NULL AND r.server_evidence = 'observed'
+         CASE WHEN hw.attempt_id IS NOT NULL AND r.decode_ms IS NOT NULL
               THEN least(r.decode_ms, hw.decode_ms) ELSE r.decode_ms END AS decode_ms,
          r.ttft_client_ms, r.ttft_server_ms, r.e2e_client_ms, r.e2e_server_ms, r.uplink_eps_ms, r.downlink_first_eps_ms,
          r.spec_rounds, r.spec_drafted_tokens, r.spec_accepted_tokens, r.server_evidence AS cause_evidence,
@@ -190,7 +191,7 @@ WITH gone AS (
 ), client_lag AS (SELECT attempt_id, ms FROM window_lag WHERE stretch = 'held'
 ), send_lag AS (SELECT attempt_id, ms FROM window_lag WHERE stretch = 'send'
 ), layers AS (  -- which layers saw the attempt: a cause is 0 only where its layer could have seen it
-  SELECT attempt_id, client_status IS NOT NULL AS has_client, server_status <> 'unknown' AS has_engine,
+  SELECT attempt_id, client_attempt IS TRUE AS has_client, server_status <> 'unknown' AS has_engine,
          attempt_id IN (SELECT attempt_id FROM step_attribution) AS has_steps
   FROM attempts
 ), causes AS (

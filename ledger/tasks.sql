@@ -11,7 +11,8 @@ WITH task_requests AS (
 ), att AS (
   SELECT a.task_id, a.request_id, r.good, r.correct, r.on_time, true AS attempted
   FROM attempts a JOIN request_metrics r USING (attempt_id) JOIN contracts c ON c.task_id = a.task_id
-  WHERE c.max_attempts IS NULL OR a.attempt_index <= c.max_attempts
+  -- the contract counts the client's attempts: a router's try is none (attempts.client_attempt false)
+  WHERE a.client_attempt IS NOT FALSE AND (c.max_attempts IS NULL OR a.attempt_index <= c.max_attempts)
 )
 -- one rule with request_metrics.good: a request succeeded when one of its counted attempts is good;
 -- it is undetermined when none is good and one is unknown (no verdict, still open, no client events)

@@ -8,7 +8,7 @@
 -- creates: window_points, window_bounds, window_gaps
 CREATE OR REPLACE TEMP TABLE window_points AS
 WITH client AS (  -- with client events the window opens at a client start, or is unknown
-  SELECT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
+  SELECT EXISTS (SELECT 1 FROM attempt_ids WHERE client_attempt)
          OR EXISTS (SELECT 1 FROM window_starts) AS yes,
          EXISTS (SELECT 1 FROM marks WHERE client_end IS NOT NULL) AS ended
 ), pts AS (
@@ -31,12 +31,12 @@ SELECT (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE min(t) END FROM window_
        (SELECT CASE WHEN bool_or(dropped) THEN NULL ELSE max(t) END FROM window_points WHERE side = 'end') AS t1,
        (SELECT any_value(ref_clock) FROM window_points) AS clock,
        CASE WHEN NOT EXISTS (SELECT 1 FROM window_starts)
-                 AND NOT EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0)
+                 AND NOT EXISTS (SELECT 1 FROM attempt_ids WHERE client_attempt)
             THEN 'first engine.enqueued → last server end (no client events)'
             WHEN NOT EXISTS (SELECT 1 FROM marks WHERE client_end IS NOT NULL)
             THEN 'first arrival or client event → last server end (no client terminal event)'
             ELSE 'first arrival or client event → last client terminal' END AS label,
-       EXISTS (SELECT 1 FROM attempt_ids WHERE n_client_events > 0) AS has_client;
+       EXISTS (SELECT 1 FROM attempt_ids WHERE client_attempt) AS has_client;
 
 -- @gaps: a window of zero length, without a start or an end, or with points no mapping brings to its clock.
 CREATE OR REPLACE TEMP TABLE window_gaps (scope VARCHAR, subject_id VARCHAR, affects VARCHAR, needs VARCHAR, detail VARCHAR);

@@ -32,11 +32,11 @@ from inferledger.collectors.sim.run import Follows, HostReplay, SimRequest, dist
 from inferledger.collectors.sim.runner import emitted_token
 from inferledger.collectors.sim.step_time import FittedStepModel
 from inferledger.collectors.workload import Workload
-from inferledger.costmodel.fit import StepFit, held_out_summary
+from inferledger.costmodel.fit import FitError, StepFit, held_out_summary
 from inferledger.engine.params import EngineConfig
 from inferledger.ledger.query import Ledger, open_ledger, resolve_runs
-from inferledger.ledger.fit_read import ledger_fit_points, run_fit
-from inferledger.probes.run_folder import Manifest
+from inferledger.ledger.fit_read import StepsUnreadable, ledger_fit_points, run_fit
+from inferledger.probes.run_folder import Manifest, RunFolderError
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
 from inferledger.studies.real import capture_run, workload
 
@@ -292,7 +292,10 @@ def replay_prompts(done: list[dict], sources: dict[str, tuple[str, int]], block_
 
 def _simulate(run_dir: Path, run_id: str, bundle) -> None:
     runs_dir = run_dir.parent
-    fit = run_fit(runs_dir / "fit")
+    try:  # a fit run that cannot train one (a kept run edited or damaged before a --resume): named, not a traceback
+        fit = run_fit(runs_dir / "fit")
+    except (FitError, StepsUnreadable, RunFolderError, FileNotFoundError) as exc:
+        raise StudyError(f"run fit ({runs_dir / 'fit'}): no step fit to simulate with: {exc}") from None
     fit.trained_on = "run fit"
     with open_ledger(runs_dir / "real") as led:
         cols, rows = led.rows(ATTEMPTS_SQL)

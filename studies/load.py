@@ -159,14 +159,13 @@ CAUSES = ("server_queue", "client_queue", "prefill_interference", "preemption", 
 SHARES = [f"{c}_share" for c in CAUSES]
 
 # a point's figures, and its diagnosis: the run_diagnosis row of its load point (the saturated closed loop
-# offers no rate, so its run row). Its attempts are the client's (a router's retries and the tries it gave
-# up on, which the client never made, are rows of attempts without client_status: not requests of the load)
+# offers no rate, so its run row). Its attempts are the client's, run_metrics.n_client_attempts (a router's
+# retries and the tries it gave up on, which the client never made, are no requests of the load)
 POINT_SQL = f"""
 WITH m AS (SELECT * FROM run_metrics),
-d AS (SELECT * FROM run_diagnosis ORDER BY scope = 'point' DESC LIMIT 1),
-c AS (SELECT count(*) AS n FROM attempts WHERE client_status IS NOT NULL)
-SELECT m.offered_rps, m.attempted_rps, m.completed_rps, m.goodput_rps, c.n AS n_attempts,
-       m.n_good / nullif(c.n, 0) AS good_share,
+d AS (SELECT * FROM run_diagnosis ORDER BY scope = 'point' DESC LIMIT 1)
+SELECT m.offered_rps, m.attempted_rps, m.completed_rps, m.goodput_rps, m.n_client_attempts AS n_attempts,
+       m.n_good / nullif(m.n_client_attempts, 0) AS good_share,
        m.mean_in_system AS little_l, m.attempted_rps * m.mean_time_in_system_s AS little_lambda_w, m.little_rel_err,
        m.server_in_system AS server_l, m.server_attempted_rps * m.mean_time_in_server_s AS server_lambda_w,
        m.server_little_rel_err, m.client_transport_in_system AS client_transport_l,
@@ -174,7 +173,7 @@ SELECT m.offered_rps, m.attempted_rps, m.completed_rps, m.goodput_rps, c.n AS n_
        (SELECT p99_ms FROM latency_percentiles WHERE source_column = 'request_metrics.e2e_client_ms') AS e2e_p99_ms,
        d.diagnosed, d.n_attempts AS n_diagnosed, {", ".join(f"d.{c}" for c in SHARES)},
        d.first_cause, d.first_cause_share, d.evidence
-FROM m, d, c"""
+FROM m, d"""
 
 COLUMNS = ["run", "multiple", "n_attempts", "offered_rps", "attempted_rps", "completed_rps", "goodput_rps", "good_share",
            "little_l", "little_lambda_w", "little_rel_err", "server_l", "server_lambda_w", "server_little_rel_err",

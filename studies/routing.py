@@ -196,8 +196,7 @@ FROM replicas ORDER BY replica_id"""
 
 POLICY_SQL = """
 WITH d AS (SELECT * FROM run_diagnosis WHERE scope = 'run')
-SELECT (SELECT count(*) FROM attempts WHERE parent_attempt_id IS NULL) AS n_attempts,
-       (SELECT count(*) FROM attempts WHERE parent_attempt_id IS NOT NULL) AS unseen_tries,
+SELECT (SELECT n_client_attempts FROM run_metrics) AS n_attempts, (SELECT unseen_tries FROM reconciliation) AS unseen_tries,
        (SELECT p50_ms FROM latency_percentiles WHERE source_column = 'request_metrics.ttft_client_ms') AS ttft_p50_ms,
        (SELECT p99_ms FROM latency_percentiles WHERE source_column = 'request_metrics.ttft_client_ms') AS ttft_p99_ms,
        (SELECT goodput_rps FROM run_metrics) AS goodput_rps,

@@ -214,7 +214,20 @@ def test_fit_cli_prints_the_transfer_as_one_json_object_and_refuses_a_run_withou
     assert csv.exit_code == 0 and csv.output.splitlines()[0] == \
         "against,kind,n_steps,median_abs_error_pct,p90_abs_error_pct,time_ratio"
     bad = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "nowhere")])
-    assert bad.exit_code == 2 and "--test" in bad.output and "no ledger" in bad.output
+    assert bad.exit_code == 2 and f"error: --test {tmp_path / 'nowhere'}: no such run folder" in \
+        " ".join(bad.output.split())
+    (tmp_path / "file.txt").write_text("not a run")
+    bad = runner.invoke(app, ["fit", str(tmp_path / "file.txt"), "--test", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and f"error: TRAIN {tmp_path / 'file.txt'}: a file, not a run folder" in \
+        " ".join(bad.output.split()), bad.output
+    (tmp_path / "empty").mkdir()
+    bad = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "empty")])
+    assert bad.exit_code == 2 and f"--test {tmp_path / 'empty'}: no ledger there" in " ".join(bad.output.split())
+    for broken in ("", "{not json"):  # --test's manifest gone or damaged after its ledger was built
+        (tmp_path / "b" / "manifest.json").write_text(broken)
+        bad = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "b")])
+        assert bad.exit_code == 2, bad.output  # an uncaught error exits 1
+        assert f"error: --test {tmp_path / 'b' / 'manifest.json'}" in " ".join(bad.output.split()), bad.output
 
 
 def test_fit_cli_names_a_stale_broken_or_stepless_ledger_and_notes_an_in_sample_or_extrapolated_test(tmp_path):
@@ -255,6 +268,10 @@ def test_fit_cli_names_a_stale_broken_or_stepless_ledger_and_notes_an_in_sample_
     none = runner.invoke(app, ["fit", str(tmp_path / "none"), "--test", str(tmp_path / "a")])
     assert none.exit_code == 2 and f"TRAIN {tmp_path / 'none'}: no engine step with a shape and a measured time to " \
         "train on" in " ".join(none.output.split()), none.output
+    none = runner.invoke(app, ["fit", str(tmp_path / "a"), "--test", str(tmp_path / "none")])
+    assert none.exit_code == 2 and f"--test {tmp_path / 'none'}: no engine step with a shape and a measured time to " \
+        "predict" in " ".join(none.output.split()), none.output
+    assert "Traceback" not in none.output
     for args, line in (([str(tmp_path / "a"), "--test", str(tmp_path / "old")],
                         f"--test {tmp_path / 'old' / 'ledger.duckdb'}: built by other ledger code (inferledger 0.0.1, "
                         f"modules 0123456789ab against these"),

@@ -3,6 +3,8 @@ cancellation, or named with why not; arrivals from the run's first; prompts that
 what the real engine's prefix cache shared."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from ledger_util import build_run
 
@@ -123,3 +125,21 @@ def test_the_hosts_wake_ups_and_contention_come_from_the_real_runs_own_steps(tmp
     assert host.contention[:3] == ((3.0, 13.0, 0.5), (13.5, 23.5, 0.0), (90.5, 100.5, 0.1))
     # the gaps the engine worked across: after step 1 only (the others were followed by an idle wait)
     assert host.gap_ms == 0.5
+
+
+def test_a_fit_run_without_steps_is_a_study_error_naming_it(tmp_path):
+    """A kept fit run that has no engine step (here a black box's, imported) cannot train the simulated clock:
+    the study stops naming the run and why, as a StudyError (exit 2), not a FitError traceback."""
+    from inferledger.collectors.rundir.e0_import import import_archive
+    from inferledger.ledger.reconstruct import reconstruct
+    from inferledger.studies.fidelity import _simulate
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    import_archive(Path(__file__).resolve().parent.parent / "samples" / "e0" / "black_box" / "archive.jsonl",
+                   runs / "fit")
+    reconstruct(runs / "fit")
+    with pytest.raises(StudyError) as err:
+        _simulate(runs / "sim", "fidelity.sim", bundle=None)
+    assert str(err.value).startswith(f"run fit ({runs / 'fit'}): no step fit to simulate with: step fit: 0 training "
+                                     "steps (of 0); at least 3 are needed")
+    assert not (runs / "sim").exists()

@@ -82,6 +82,30 @@ def test_slo_causes_come_from_the_span_not_unknown(led):
     assert rows and all(c != "unknown" and e == "reported" for c, e in rows)
 
 
+def test_an_abandoned_attempts_causes_and_work_end_where_the_client_let_go(led):
+    """vLLM went on with the 3 abandoned timeouts for seconds (ghost load); its span's queue, prefill and
+    decode are cut where the client let go, by the rule our own engine's stretches follow: an attempt's causes
+    and own work add up to no more than the time the client held it (created -> attempt.timeout, read from
+    the client's raw events)."""
+    import pyarrow.parquet as pq
+
+    ev = pq.read_table(SAMPLE / "client" / "events.parquet", columns=["name", "attempt_id", "ts_ns"]).to_pylist()
+    first = {}
+    for e in ev:
+        if e["name"] in ("attempt.created", "attempt.timeout"):
+            first.setdefault((e["attempt_id"], e["name"]), e["ts_ns"])
+    held = {a: (t - first[(a, "attempt.created")]) / 1e6 for (a, n), t in first.items() if n == "attempt.timeout"}
+    assert len(held) == 3
+    got = led[0].rows("select attempt_id, client_queue_ms, server_queue_ms, preemption_ms, transport_ms, client_ms, "
+                      "prefill_work_ms, decode_work_ms, cause_evidence from attempt_causes "
+                      "where client_status = 'timeout' order by attempt_id")[1]
+    assert sorted(r[0] for r in got) == sorted(held)
+    for attempt_id, *parts, evidence in got:
+        assert evidence == "reported"
+        assert parts[0] is not None and parts[1] is not None and parts[5] is not None  # measured, not left out
+        assert sum(p for p in parts if p is not None) <= held[attempt_id] + 1e-3, (attempt_id, parts, held[attempt_id])
+
+
 def test_readme_figures(led):
     readme = (SAMPLE / "README.md").read_text()
     n_att, n_joined = one(led, "select count(*), count(*) filter (where server_evidence = 'reported') from request_metrics")
@@ -109,7 +133,8 @@ def test_readme_key_figures_are_the_ledgers(led):
                    "from request_metrics")
     assert f"client {int(p50[0]):,} /" in readme and f"server {int(p50[1]):,} /" in readme
     causes = dict(led[0].rows("select dominant_cause, count(*) from slo_misses group by 1")[1])
-    assert f"decode {causes['decode']}, prefill {causes['prefill']}" in readme
+    assert causes == {"prefill": 2, "client_queue": 1}
+    assert f"prefill {causes['prefill']}, client_queue {causes['client_queue']}" in readme
 
 
 @pytest.mark.parametrize("damage, message", [
