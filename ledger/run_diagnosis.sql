@@ -12,7 +12,8 @@
 -- @column scope: run, or point (the run's load point: a load study runs each offered rate as a run)
 -- @column point: the point's offered rate, req/s (run_metrics.offered_rps); NULL on the run row
 -- @column diagnosed: late (the attempts that missed a deadline or a declared SLO threshold), or all
---   (none was late: every attempt)
+--   (none was late: every attempt); of the client's attempts (attempts.client_attempt), a router's tries
+--   being part of the client attempt each was made for
 -- @column n_attempts: the attempts diagnosed
 -- @column n_late: the run's late attempts (slo_misses rows)
 -- @column delay_ms: Σ over the diagnosed attempts of every cause whose time is known, ms (their own
@@ -43,8 +44,11 @@
 -- @column replica_balance_evidence: what replica_balance's busy times are (replicas.balance_evidence): observed (our
 --   engines' steps), reported (engines' own reports) or observed and reported; NULL with replica_balance
 CREATE OR REPLACE TABLE run_diagnosis AS
-WITH d AS (
-  SELECT *, NOT EXISTS (SELECT 1 FROM attempt_causes WHERE late) AS none_late FROM attempt_causes
+WITH ac AS (  -- the client's attempts (or every attempt of a run without a client): a router's try is part of the
+  -- client attempt it was made for, whose delay already holds its time (attempts.client_attempt false)
+  SELECT c.* FROM attempt_causes c JOIN attempts a USING (attempt_id) WHERE a.client_attempt IS NOT FALSE
+), d AS (
+  SELECT *, NOT EXISTS (SELECT 1 FROM ac WHERE late) AS none_late FROM ac
 ), diag AS (SELECT * FROM d WHERE late OR none_late
 ), causes(cause, ord) AS (VALUES ('server_queue', 1), ('client_queue', 2), ('prefill_interference', 3),
                                  ('preemption', 4), ('decode_stall', 5), ('host_contention', 6), ('transport', 7),
