@@ -22,7 +22,10 @@
 -- @column done_since_reference_ms: as request_metrics.done_since_reference_ms
 -- @column client_queue_ms: the client's own queue (client_queue intervals: created -> sent) less the lag
 --   of its event loop in that time (a send the busy loop put off is client_ms); NULL without client events
--- @column server_queue_ms: request_metrics.queue_ms (the wait before its first admission); NULL without engine events
+-- @column server_queue_ms: the time the server held it before its engine first admitted it: its front end
+--   (server.received → engine.enqueued, on one clock: HTTP, tokenization, the hand-off; an engine's own span's
+--   arrival → queued) and request_metrics.queue_ms (the engine's queue), each cut where the client let go;
+--   NULL without engine events
 -- @column prefill_interference_ms: the on-CPU time of the steps holding this attempt (its prefill and
 --   decode steps; not those recomputing it after a preemption) charged to other attempts' prefill tokens (their token shares of steps.cpu_ms; of the
 --   wall step where cpu_ms is unknown); NULL without steps, or when a span reported the engine side
@@ -35,7 +38,8 @@
 --   them) of the step's steps.contention_ms (time the step waited for a CPU: every attempt in the step
 --   waited all of it); NULL when one step's contention is unknown
 -- @column transport_ms: ttft_client_ms − ttft_server_ms, at most what client_ms leaves of the client's
---   time outside the server's span (e2e_client_ms − e2e_server_ms), beyond the clock mappings' epsilon
+--   time outside the server's span (e2e_client_ms − e2e_server_ms), less the front end (both server figures
+--   start at the engine's queue; the front end is server_queue_ms's), beyond the clock mappings' epsilon
 --   (≥ 0); NULL without both TTFTs and both E2Es
 -- @column client_ms: the client's own event-loop lag (samples client_loop_lag_ms, every wake traced) while
 --   the attempt waited to be sent (at most its client_queue interval) and while it held the attempt (at most
@@ -68,6 +72,12 @@ WITH gone AS (
   FROM marks m JOIN attempts a USING (attempt_id)
   JOIN clock_conv c ON c.from_clock = m.client_end.clock AND c.to_clock = m.enqueued.clock
   WHERE a.client_status IN ('timeout', 'cancelled', 'error') AND m.client_end IS NOT NULL AND m.enqueued IS NOT NULL
+), front AS (  -- the server's front end: its receipt to the engine's queue (HTTP, tokenization, the hand-off), one clock
+  SELECT m.attempt_id, greatest(m.enqueued.ns - m.received.ns, 0) / 1e6 AS ms,
+         CASE WHEN g.attempt_id IS NOT NULL THEN greatest(least(m.enqueued.ns, g.ns) - m.received.ns, 0) / 1e6 END
+           AS held_ms
+  FROM marks m LEFT JOIN gone g USING (attempt_id)
+  WHERE m.received IS NOT NULL AND m.enqueued IS NOT NULL AND m.received.clock = m.enqueued.clock
 ), held_work AS (  -- its queue, prefill and decode stretches as far as the client held it (gone: clipped there)
   SELECT m.attempt_id, g.ns AS gone_ns,
          greatest(least(m.scheduled.ns, g.ns) - m.enqueued.ns, 0) / 1e6 AS queue_ms,
@@ -84,6 +94,7 @@ WITH gone AS (
          -- by one rule whoever timed them: our probes, or an engine's own span mapped to its events
          CASE WHEN hw.attempt_id IS NOT NULL AND r.queue_ms IS NOT NULL THEN least(r.queue_ms, hw.queue_ms)
               ELSE r.queue_ms END AS queue_ms,
+         coalesce(fe.held_ms, fe.ms) AS front_end_ms, coalesce(fe.ms, 0) AS front_end_whole_ms,
          CASE WHEN hw.attempt_id IS NOT NULL AND r.prefill_ms IS NOT NULL
               THEN least(r.prefill_ms, hw.prefill_ms) ELSE r.prefill_ms END AS prefill_ms,
          CASE WHEN hw.attempt_id IS NOT NULL AND r.decode_ms IS NOT NULL
@@ -97,7 +108,7 @@ WITH gone AS (
            CASE WHEN r.tpot_ms > getvariable('slo_tpot_ms') THEN 'slo_tpot' END,
            CASE WHEN r.e2e_client_ms > getvariable('slo_e2e_ms') THEN 'slo_e2e' END) AS missed
   FROM attempts a JOIN request_metrics r USING (attempt_id) LEFT JOIN contracts c ON c.task_id = a.task_id
-  LEFT JOIN held_work hw USING (attempt_id)
+  LEFT JOIN held_work hw USING (attempt_id) LEFT JOIN front fe USING (attempt_id)
 ), client_queue AS (
   SELECT attempt_id, sum(dur_ms) AS ms FROM intervals WHERE stream = 'client' AND name = 'client_queue' GROUP BY 1
 ), preempt AS (  -- its preempted and recompute intervals, and the part of them before its first token (in prefill_ms)
@@ -201,7 +212,8 @@ WITH gone AS (
          CASE WHEN l.has_client THEN coalesce(cq.ms, 0) - least(coalesce(sl.ms, 0), coalesce(cq.ms, 0)) END
            AS client_queue_ms,
          CASE WHEN l.has_client AND sl.ms IS NOT NULL THEN least(sl.ms, coalesce(cq.ms, 0)) END AS send_lag_ms,
-         CASE WHEN l.has_engine THEN coalesce(b.queue_ms, 0) END AS server_queue_ms,
+         -- the server held it before its engine's first admission: its front end, then the engine's queue
+         CASE WHEN l.has_engine THEN coalesce(b.queue_ms, 0) + coalesce(b.front_end_ms, 0) END AS server_queue_ms,
          CASE WHEN l.has_steps AND b.cause_evidence IS DISTINCT FROM 'reported' THEN coalesce(f.ms, 0) END
            AS prefill_interference_ms,
          CASE WHEN l.has_engine AND b.cause_evidence IS DISTINCT FROM 'reported' THEN coalesce(s.ms, 0) END
@@ -216,10 +228,12 @@ WITH gone AS (
          -- link's) of the rest, beyond the clock mappings' epsilon
          -- (least and greatest skip a NULL in DuckDB: every unknown is spelled out)
          CASE WHEN b.e2e_client_ms IS NOT NULL AND b.e2e_server_ms IS NOT NULL
-              THEN greatest(b.e2e_client_ms - b.e2e_server_ms, 0) END AS outside_ms,
+              THEN greatest(b.e2e_client_ms - b.e2e_server_ms - b.front_end_whole_ms, 0) END AS outside_ms,
          CASE WHEN b.ttft_client_ms IS NOT NULL AND b.ttft_server_ms IS NOT NULL AND b.e2e_client_ms IS NOT NULL
                    AND b.e2e_server_ms IS NOT NULL
-              THEN least(b.ttft_client_ms - b.ttft_server_ms, b.e2e_client_ms - b.e2e_server_ms) END AS link_ms,
+              -- both server figures start at the engine's queue: the front end before it is the server's
+              THEN least(b.ttft_client_ms - b.ttft_server_ms, b.e2e_client_ms - b.e2e_server_ms)
+                   - b.front_end_whole_ms END AS link_ms,
          coalesce(b.uplink_eps_ms, 0) + coalesce(b.downlink_first_eps_ms, 0) AS link_eps_ms,
          cl.ms AS lag_ms, coalesce(ip.ms, 0) AS in_prefill_ms, coalesce(p.before_first_ms, 0) AS preempted_in_prefill_ms,
          CASE WHEN b.spec_rounds = 0 THEN 0.0 WHEN b.spec_rounds > 0 THEN

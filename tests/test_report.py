@@ -374,22 +374,23 @@ def test_the_verdict_is_the_first_section_and_holds_the_figures(runs, tmp_path):
     verdict = dom[dom.index('<section id="a-verdict"'):dom.index("</section>")]
     cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", verdict, re.S)]
     # the p50 request (client E2E 199.5, 199.5, 289.5: A0 and A3 tie, the first id wins) and the p99 one (A1):
-    # queue = client queue 0.3 (created 0.2 -> sent 0.5) + server queue (scheduled − enqueued 2 ms: 8 + 3i),
-    # prefill = first token (base + 55) − scheduled, decode = finished − first token less the causes inside
-    # it (A1: its 105 ms preempted, under stalls), interference 0 (A0 shares no step with a prefill; A1's steps
-    # are not in the archive: unknown), contention unknown, transport = client E2E − server E2E 4 ms (under
-    # the TTFT difference, 4.5 ms), the client's delay unknown; held = its client E2E and its client queue
-    assert cells[:24] == ["p50", "A0", "199.5", "199.8", "8.3", "45.0", "141.0", "0.0", "—", "0.0", "4.0", "—",
-                          "p99", "A1", "289.5", "289.8", "11.3", "42.0", "126.0", "—", "—", "105.0", "4.0", "—"]
+    # queue = client queue 0.3 (created 0.2 -> sent 0.5) + server queue (the front end, received 1.5 ->
+    # enqueued 2, and scheduled − enqueued: 0.5 + 8 + 3i), prefill = first token (base + 55) − scheduled,
+    # decode = finished − first token less the causes inside it (A1: its 105 ms preempted, under stalls),
+    # interference 0 (A0 shares no step with a prefill; A1's steps are not in the archive: unknown),
+    # contention unknown, transport = client E2E − server E2E 4 ms (under the TTFT difference, 4.5 ms) less
+    # the front end's 0.5 (the server's), the client's delay unknown; held = its client E2E and its client queue
+    assert cells[:24] == ["p50", "A0", "199.5", "199.8", "8.8", "45.0", "141.0", "0.0", "—", "0.0", "3.5", "—",
+                          "p99", "A1", "289.5", "289.8", "11.8", "42.0", "126.0", "—", "—", "105.0", "3.5", "—"]
     assert "no registered prediction" in verdict
-    # no request was late: every attempt diagnosed; A1's 105 ms of preemption of the 168.2 ms known delay
-    # (client queues 4 × 0.3, server queues 8 + 11 + 14 + 17, transport 3 × 4, the cancelled one none) is
+    # no request was late: every attempt diagnosed; A1's 105 ms of preemption of the 168.7 ms known delay
+    # (client queues 4 × 0.3, server queues 8.5 + 11.5 + 14.5 + 17.5, transport 3 × 3.5, the cancelled one none) is
     # the largest known, but A1's steps are not in the archive: its interference could be larger, so no
     # cause is named first
     text = unescape(re.sub(r"<[^>]+>", " ", verdict))
     assert "largest cause of delay (no request was late)" in text and " unknown " in text
     assert ("an engine cause is unknown, so none is named first; the largest known, preemption: 105.0 ms of the "
-            "168.2 ms known over 4 attempts (none was late); unknown: prefill_interference, host_contention, "
+            "168.7 ms known over 4 attempts (none was late); unknown: prefill_interference, host_contention, "
             "client") in text
 
 

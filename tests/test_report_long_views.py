@@ -217,7 +217,8 @@ def test_the_drill_down_is_a_formatted_page_of_one_attempt(long_run, rendered):
     assert metrics["server_evidence"] == "observed"
     causes = dict(rendered["causes"])
     assert causes["late"] == "no" and causes["deadline"] == "5000.000 ms"
-    assert causes["server_queue"] == f"{t['scheduled'] - t['enqueued']:.3f} ms"
+    # the server held it from its receipt: its front end (received -> enqueued) and the engine's queue
+    assert causes["server_queue"] == f"{t['scheduled'] - t['received']:.3f} ms"
     assert causes["preemption"] == "0.000 ms" and causes["evidence"] == "observed"
     assert causes["own prefill (not a cause)"] == f"{t['tokens'][0] - t['scheduled']:.3f} ms"
     # the intervals: a row each, a bar each (one clock), the engine's queue among them with its exact times

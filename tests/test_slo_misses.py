@@ -52,12 +52,12 @@ def test_causes_are_measured_where_the_layers_exist_and_unknown_elsewhere(tmp_pa
     got = {r[0]: dict(zip(cols, r[1:])) for r in
            con.execute(f"SELECT attempt_id, {', '.join(cols)} FROM slo_misses ORDER BY attempt_id").fetchall()}
     assert set(got) == {"A1", "A2", "A3"}
-    # A1: queue 302 - 2; B1's prefill share of step 2 (3 of 4 tokens x 100 ms); engine gaps 100, 100 (no
-    # stall); no preemption; transport: client TTFT 401 - server TTFT (400 - 2) = 3 (under client E2E 605 -
-    # server E2E (601 - 2) = 6)
-    assert got["A1"] == {"client_queue_ms": 0, "server_queue_ms": pytest.approx(300.0),
+    # A1: the server held it from its receipt at 1: front end 2 - 1, queue 302 - 2; B1's prefill share of
+    # step 2 (3 of 4 tokens x 100 ms); engine gaps 100, 100 (no stall); no preemption; transport: client TTFT
+    # 401 - server TTFT (400 - 2) = 3 (under client E2E 605 - server E2E (601 - 2) = 6) less the front end's 1
+    assert got["A1"] == {"client_queue_ms": 0, "server_queue_ms": pytest.approx(301.0),
                          "prefill_interference_ms": pytest.approx(75.0), "decode_stall_ms": 0, "preemption_ms": 0,
-                         "transport_ms": pytest.approx(3.0), "dominant_cause": "server_queue"}
+                         "transport_ms": pytest.approx(2.0), "dominant_cause": "server_queue"}
     # A2: only the client saw it: every server-side cause is unknown, not 0, and so is the dominant one
     assert got["A2"] == {"client_queue_ms": 0, "server_queue_ms": None, "prefill_interference_ms": None,
                          "decode_stall_ms": None, "preemption_ms": None, "transport_ms": None,
@@ -99,10 +99,11 @@ def test_causes_are_disjoint_a_preemption_gap_is_not_also_a_stall(tmp_path):
     # preemption: preempted 42 -> 142 and recompute 142 -> 152 = 110. Interference: B1's half of step 7 = 30.
     # Stalls (median gap 10, threshold 20): the 110 ms gap is all preemption -> 0; the 60 ms gap holds
     # 30 ms of interference -> 60 − 30 − 20 = 10. Transport: client TTFT 234 − server TTFT 10 = 224, but the
-    # client's time outside the server's span is client E2E 235 − server E2E (233 − 2) = 4.
-    assert row == {"client_queue_ms": 0, "server_queue_ms": 0.0, "prefill_interference_ms": pytest.approx(30.0),
+    # client's time outside the server's span is client E2E 235 − server E2E (233 − 2) = 4, less the front end
+    # (received 1 -> enqueued 2), which is the server's: server_queue 1 (no wait in the engine's queue).
+    assert row == {"client_queue_ms": 0, "server_queue_ms": pytest.approx(1.0), "prefill_interference_ms": pytest.approx(30.0),
                    "decode_stall_ms": pytest.approx(10.0), "preemption_ms": pytest.approx(110.0),
-                   "transport_ms": pytest.approx(4.0), "dominant_cause": "preemption"}
+                   "transport_ms": pytest.approx(3.0), "dominant_cause": "preemption"}
 
 
 def test_the_causes_of_a_miss_never_add_up_to_more_than_its_span(tmp_path):
@@ -150,10 +151,11 @@ def test_the_wait_after_a_preemption_and_the_recompute_are_the_preemption_s_whol
     # preemption: preempted 40 -> scheduled again 140 (W = 100, re-enqueued or not) + recompute 140 -> 160 = 120.
     # host contention: the CPU wait of steps 1, 2 and 4 = 0 + 0 + 2; step 3's 12 ms lie in the recompute,
     # which the preemption holds whole. Stall: the gap 32 -> 160 (128) less its overlap with the preemption
-    # (40 -> 160 = 120) is under twice the median gap (10). Transport: client E2E 173 − server E2E (171 − 2).
+    # (40 -> 160 = 120) is under twice the median gap (10). Transport: client E2E 173 − server E2E (171 − 2)
+    # less the front end (received 1 -> enqueued 2), which server_queue holds with the queue 2 -> 12.
     # Own work: prefill 12 -> 22 (10, no wait); decode 22 -> 170 (148) less preemption 120 and wait 2 = 26.
-    assert row == {"server_queue_ms": pytest.approx(10.0), "preemption_ms": pytest.approx(120.0),
-                   "host_contention_ms": pytest.approx(2.0), "decode_stall_ms": 0, "transport_ms": pytest.approx(4.0),
+    assert row == {"server_queue_ms": pytest.approx(11.0), "preemption_ms": pytest.approx(120.0),
+                   "host_contention_ms": pytest.approx(2.0), "decode_stall_ms": 0, "transport_ms": pytest.approx(3.0),
                    "prefill_work_ms": pytest.approx(10.0), "decode_work_ms": pytest.approx(26.0),
                    "dominant_cause": "preemption"}
     # every millisecond once: the causes, the own work and the server's finalize (170 -> 171) are the
@@ -164,8 +166,8 @@ def test_the_wait_after_a_preemption_and_the_recompute_are_the_preemption_s_whol
     assert total == pytest.approx(173.0) and span == pytest.approx(173.0)
     run = con.execute("SELECT first_cause, server_queue_share, preemption_share, host_contention_share, "
                       "transport_share FROM run_diagnosis WHERE scope = 'run'").fetchone()
-    assert run == ("preemption", pytest.approx(10 / 136), pytest.approx(120 / 136), pytest.approx(2 / 136),
-                   pytest.approx(4 / 136))
+    assert run == ("preemption", pytest.approx(11 / 136), pytest.approx(120 / 136), pytest.approx(2 / 136),
+                   pytest.approx(3 / 136))
 
 
 def test_a_preemption_before_the_first_token_is_taken_from_the_prefill_not_the_decode(tmp_path):
