@@ -2,7 +2,8 @@
 test files (and pytest-xdist's workers) that read them (test helper).
 
 A built run lies in a folder of the session's own (the workers' common temporary folder), keyed on
-the sample's content (the archive's bytes) and its run id, so two files asking for the same sample
+the sample's content (an archive's bytes, a recorded run folder's files) and the folder's name (an
+archive's run id), so two files asking for the same sample
 read one build, and no build of another session or of other code is ever reused. A worker that finds
 a sample claimed by another waits for that build rather than doing it again; when it asks for many,
 it builds the unclaimed ones first, so two workers asking for the same set split it. The folder
@@ -35,55 +36,84 @@ def cache_folder(tmp_path_factory) -> Path:
     return folder
 
 
-def _key(archive: Path, run_id: str) -> str:
-    return hashlib.sha256(archive.read_bytes() + b"\0" + run_id.encode()).hexdigest()[:20]
+def _content(source: Path) -> bytes:
+    """A sample's bytes: an archive file's, or every file of a run folder by its path inside it."""
+    if source.is_file():
+        return source.read_bytes()
+    out = b""
+    for f in sorted(p for p in source.rglob("*") if p.is_file()):
+        out += f.relative_to(source).as_posix().encode() + b"\0" + f.read_bytes() + b"\0"
+    return out
 
 
-def _build(cache: Path, key: str, archive: Path, run_id: str) -> Path:
-    """Import and rebuild into a folder of this process, then move it into place whole (a reader never sees
-    half a run); when another process put the same build there first, its is kept."""
-    work = cache / f".{key}.{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    import_archive(archive, work / run_id, run_id=run_id)
-    reconstruct(work / run_id)
-    try:
-        os.rename(work, cache / key)
-    except OSError:  # built beside another worker's wait that gave up: the first one in place stands
-        shutil.rmtree(work, ignore_errors=True)
-    return cache / key / run_id
+def _key(kind: str, source: Path, name: str) -> str:
+    return hashlib.sha256(kind.encode() + b"\0" + name.encode() + b"\0" + _content(source)).hexdigest()[:20]
 
 
-def built_samples(tmp_path_factory, wanted: list[tuple[Path, str]]) -> list[Path]:
-    """The built run folder of each (archive, run id) in `wanted`, in order (see the module's note)."""
+def _make(kind: str, source: Path, run: Path) -> None:
+    """The run folder `run` made from the sample, not yet rebuilt: an e0 archive imported (as run `run.name`),
+    a recorded run folder copied, a vLLM recording rejoined."""
+    if kind == "e0":
+        import_archive(source, run, run_id=run.name)
+    elif kind == "copy":
+        shutil.copytree(source, run)
+    elif kind == "rejoin":
+        from inferledger.collectors.evidence.vllm_rejoin import rejoin
+
+        rejoin(source, run)
+    else:
+        raise ValueError(f"kind {kind!r}: expected e0, copy or rejoin")
+
+
+def _build(folder: Path, kind: str, source: Path, name: str) -> Path:
+    """Make and rebuild the run `folder/name` where it stays (its ledger reads its events in place, by path)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    _make(kind, source, folder / name)
+    reconstruct(folder / name)
+    return folder / name
+
+
+def built_samples(tmp_path_factory, wanted: list[tuple[str, Path, str]]) -> list[Path]:
+    """The built run folder of each (kind, source, folder name) in `wanted`, in order: kind "e0" an archive
+    (imported as run `name`), "copy" a recorded run folder, "rejoin" a vLLM recording (see the module's note).
+    A build is claimed by one worker (a file made only if absent) and marked done once whole."""
     cache = cache_folder(tmp_path_factory)
-    keys = [_key(archive, run_id) for archive, run_id in wanted]
+    keys = [_key(*w) for w in wanted]
     out: dict[int, Path] = {}
     waiting = []
-    for i, ((archive, run_id), key) in enumerate(zip(wanted, keys)):
-        if (cache / key).is_dir():
-            out[i] = cache / key / run_id
+    for i, ((kind, source, name), key) in enumerate(zip(wanted, keys)):
+        if (cache / f"{key}.done").is_file():
+            out[i] = cache / key / name
             continue
         try:
-            os.close(os.open(cache / f".{key}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.close(os.open(cache / f"{key}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             waiting.append(i)  # another worker builds it: the unclaimed ones first
             continue
-        out[i] = _build(cache, key, archive, run_id)
+        try:
+            out[i] = _build(cache / key, kind, source, name)
+        except BaseException:
+            (cache / f"{key}.failed").touch()  # the workers waiting for it build it themselves (and fail alike)
+            raise
+        (cache / f"{key}.done").touch()
     for i in waiting:
-        archive, run_id = wanted[i]
+        kind, source, name = wanted[i]
         deadline = time.monotonic() + WAIT_S
-        while not (cache / keys[i]).is_dir() and time.monotonic() < deadline:
+        while not any((cache / f"{keys[i]}.{end}").is_file() for end in ("done", "failed")) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
-        out[i] = cache / keys[i] / run_id if (cache / keys[i]).is_dir() else _build(cache, keys[i], archive, run_id)
+        done = (cache / f"{keys[i]}.done").is_file()  # else the claimant failed or died: a build of this worker's own
+        out[i] = cache / keys[i] / name if done else _build(cache / f"{keys[i]}.{os.getpid()}", kind, source, name)
     return [out[i] for i in range(len(wanted))]
 
 
 def built_e0(tmp_path_factory, case: str) -> Path:
     """The e0 sample `case` (samples/e0/<case>/archive.jsonl) imported as run `case` and rebuilt: shared."""
-    return built_samples(tmp_path_factory, [(E0 / case / "archive.jsonl", case)])[0]
+    return built_samples(tmp_path_factory, [("e0", E0 / case / "archive.jsonl", case)])[0]
 
 
 def copy_to(run: Path, dest: Path) -> Path:
-    """A copy of a built run folder at `dest` (its own ledger), for a test that writes into its run folder."""
+    """A copy of a built run folder at `dest` (its own ledger, which reads the events where the shared
+    build's lie), for a test that writes into its run folder."""
     shutil.copytree(run, dest)
     return dest
