@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inferledger.probes.model_shape import MAX_CONTEXT, ModelShape, dtype_bytes
+from inferledger.probes import gguf_file as _gguf_file
+from inferledger.probes.model_shape import MAX_CONTEXT, ModelShape, ShapeError, dtype_bytes
 
 from .config import SUPPORTED_ARCHS, ModelConfig
 from .cpu_host import resolve_dtype
@@ -189,158 +189,26 @@ def model_context(path=None) -> int:
     return value
 
 
-# GGUF value types (the format's numbering) as struct codes; 8 is a string, 9 an array
-_GGUF_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-
-
 def gguf_metadata(path: Path, until=None) -> dict:
-    """A GGUF file's key-value header as Python values (the gguf package's `contents()` of each
-    field), read in file order without reading the tensor index or any tensor; with `until`, reading
-    stops at the first key after which `until(metadata so far)` is true. A file that is not GGUF, of
-    an unknown version, or torn inside its header raises ModelLoadError naming it."""
-    return _gguf_header(path, until)[0]
-
-
-# one tensor of a GGUF file: `shape` as the file gives it (fastest dimension first), `data` a read-only
-# view of its bytes in the file (a quantised type's as uint8 rows of blocks), as the gguf package's reader
-# gives them
-@dataclass(frozen=True)
-class _GGUFTensor:
-    name: str
-    tensor_type: object  # gguf.GGMLQuantizationType
-    shape: tuple
-    data: np.ndarray
-
-
-def _gguf_header(path: Path, until=None, index: bool = False) -> tuple[dict, list | None, int, str]:
-    """The key-value header (gguf_metadata) and, with `index`, the tensor index after it: (metadata,
-    [(name, type number, dims, offset)] or None, the offset where the tensors' data starts, the byte
-    order's struct prefix)."""
-    import mmap
-    import struct
-
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            f.seek(0)
-            raise ModelLoadError(f"{path}: not a GGUF file (starts with {f.read(4)!r}, not b'GGUF'); "
-                                 "pass a .gguf file or a Hugging Face folder")
-        try:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError as e:  # an empty file cannot be mapped (four bytes already were read)
-            raise ModelLoadError(f"{path}: unreadable GGUF ({e})") from e
-    meta: dict = {}
+    """A GGUF file's key-value header as Python values, read by the one GGUF reader
+    (probes/gguf_file.py) without the tensor index or any tensor; with `until`, reading stops at the
+    first key after which `until(metadata so far)` is true. A file that is not GGUF, of an unknown
+    version, or torn inside its header raises ModelLoadError naming it."""
     try:
-        end = "<" if struct.unpack_from("<I", buf, 4)[0] & 0xFFFF else ">"  # a byte-swapped version: big-endian
-        version = struct.unpack_from(end + "I", buf, 4)[0]
-        if version not in (2, 3):
-            raise ModelLoadError(f"{path}: GGUF version {version} is not supported (2 or 3)")
-        n_kv, at = struct.unpack_from(end + "Q", buf, 16)[0], 24
-
-        def scalar(code: str):
-            nonlocal at
-            value = struct.unpack_from(end + code, buf, at)[0]
-            at += struct.calcsize(code)
-            return value
-
-        def string() -> str:
-            nonlocal at
-            n = scalar("Q")
-            if at + n > len(buf):
-                raise struct.error(f"a string of {n} bytes past the end of the file")
-            at += n
-            return buf[at - n: at].decode("utf-8")
-
-        def value(kind: int):
-            nonlocal at
-            if kind == _GGUF_STRING:
-                return string()
-            if kind in _GGUF_SCALAR:
-                return scalar(_GGUF_SCALAR[kind])
-            if kind != _GGUF_ARRAY:
-                raise struct.error(f"unknown value type {kind}")
-            item, n = scalar("I"), scalar("Q")
-            if item in _GGUF_SCALAR:
-                code = f"{end}{n}{_GGUF_SCALAR[item]}"
-                if at + struct.calcsize(code) > len(buf):
-                    raise struct.error(f"an array of {n} values past the end of the file")
-                out = list(struct.unpack_from(code, buf, at))
-                at += struct.calcsize(code)
-                return out
-            if n * 8 > len(buf) - at:  # every item takes at least 8 bytes (a string's length, an array's head)
-                raise struct.error(f"an array of {n} items past the end of the file")
-            return [value(item) for _ in range(n)]
-
-        for _ in range(n_kv):
-            key = string()
-            meta[key] = value(scalar("I"))
-            if until is not None and until(meta):
-                break
-        tensors = None
-        if index:  # each tensor: its name, its dimensions' count and sizes, its type, its data's offset
-            n_tensors = struct.unpack_from(end + "Q", buf, 8)[0]
-            if n_tensors * 24 > len(buf) - at:  # every entry takes at least 24 bytes
-                raise struct.error(f"{n_tensors} tensors past the end of the file")
-            tensors = []
-            for _ in range(n_tensors):
-                name = string()
-                n_dims = scalar("I")
-                if n_dims * 8 > len(buf) - at:
-                    raise struct.error(f"tensor {name} of {n_dims} dimensions past the end of the file")
-                dims = [scalar("Q") for _ in range(n_dims)]
-                tensors.append((name, scalar("I"), dims, scalar("Q")))
-            align = meta.get("general.alignment", 32)
-            if isinstance(align, bool) or not isinstance(align, int) or align < 1:
-                raise struct.error(f"general.alignment is {align!r}, not a positive integer")
-            at += -at % align
-    except (struct.error, UnicodeDecodeError, RecursionError) as e:
-        raise ModelLoadError(f"{path}: unreadable GGUF, probably truncated or corrupt "
-                             f"({type(e).__name__}: {e}); replace the file") from e
-    finally:
-        buf.close()
-    return {k: v for k, v in meta.items() if not k.startswith("GGUF.")}, tensors, at, end
+        return _gguf_file.gguf_metadata(path, until)
+    except _gguf_file.GGUFError as e:
+        raise ModelLoadError(str(e)) from e
 
 
-def _gguf_reader(path: Path) -> tuple[list[_GGUFTensor], dict]:
-    """The tensors (views into the mapped file) and the metadata of a GGUF file, read by the header
-    reader above: the gguf package's GGUFReader builds an object for every value of the header (the
-    tokenizer's 49,152 strings: about 2 s of CPU a load), where the header reader takes 0.06 s."""
-    import gguf
-
-    meta, index, start, end = _gguf_header(path, index=True)
-
-    def unreadable(why: str):
-        return ModelLoadError(f"{path}: unreadable GGUF, probably truncated or corrupt ({why}); replace the file")
-
-    plain = {gguf.GGMLQuantizationType.F16: np.float16, gguf.GGMLQuantizationType.F32: np.float32,
-             gguf.GGMLQuantizationType.F64: np.float64, gguf.GGMLQuantizationType.I8: np.int8,
-             gguf.GGMLQuantizationType.I16: np.int16, gguf.GGMLQuantizationType.I32: np.int32,
-             gguf.GGMLQuantizationType.I64: np.int64}
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    tensors, seen = [], set()
-    for name, kind, dims, offset in index:
-        if name in seen:
-            raise unreadable(f"tensor {name} twice")
-        seen.add(name)
-        try:
-            ggml_type = gguf.GGMLQuantizationType(kind)
-        except ValueError:
-            raise unreadable(f"tensor {name} has unknown type {kind}") from None
-        block, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
-        n = math.prod(dims)  # Python's integers: a forged size cannot wrap around
-        shape = tuple(reversed(dims))
-        if n % block or (shape and shape[-1] % block):
-            raise unreadable(f"tensor {name} of {dims} is not whole {ggml_type.name} blocks of {block}")
-        first, n_bytes = start + offset, n // block * type_size
-        if first + n_bytes > len(data):
-            raise unreadable(f"tensor {name} ends at byte {first + n_bytes}, past the file's {len(data)}")
-        raw = data[first:first + n_bytes]
-        if ggml_type in plain:
-            view = raw.view(np.dtype(plain[ggml_type]).newbyteorder(end)).reshape(shape)
-        else:
-            view = raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape, ggml_type))
-        tensors.append(_GGUFTensor(name, ggml_type, tuple(dims), view))
-    return tensors, meta
+def _gguf_reader(path: Path) -> tuple[list, dict]:
+    """The tensors (views into the mapped file) and the metadata of a GGUF file, by the one GGUF
+    reader (probes/gguf_file.py: the gguf package's GGUFReader builds an object for every value of
+    the header, the tokenizer's 49,152 strings, about 2 s of CPU a load, where it takes 0.06 s); a
+    bad file raises ModelLoadError naming it."""
+    try:
+        return _gguf_file.gguf_tensors(path)
+    except _gguf_file.GGUFError as e:
+        raise ModelLoadError(str(e)) from e
 
 
 def _gguf_tokenizer(path: Path, meta: dict) -> Tokenizer:
@@ -350,10 +218,9 @@ def _gguf_tokenizer(path: Path, meta: dict) -> Tokenizer:
         raise ModelLoadError(f"{path}: cannot build the tokenizer: {e}") from e
 
 
-def _read_gguf(path: Path, dtype: torch.dtype):
-    import gguf
-
-    tensors, meta = _gguf_reader(path)
+def _gguf_config(path: Path, meta: dict, names: set, dtype) -> tuple[ModelConfig, Tokenizer]:
+    """The model's config (its shape by ModelShape's one GGUF rule) and tokenizer from a GGUF file's
+    header and its tensors' names, before any tensor is read."""
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise ModelLoadError(f"{path}: general.architecture is {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
@@ -366,19 +233,13 @@ def _read_gguf(path: Path, dtype: torch.dtype):
             return default
         return meta[full]
 
-    names = {t.name for t in tensors}
     if field("rope.scaling.type", "none") != "none" or "rope_freqs.weight" in names:
         raise ModelLoadError(f"{path}: RoPE scaling ({arch}.rope.scaling.type / rope_freqs) is not supported")
-    n_heads, d_model = int(field("attention.head_count")), int(field("embedding_length"))
+    try:
+        shape = ModelShape.from_gguf_metadata(meta, names, dtype, path)
+    except ShapeError as e:
+        raise ModelLoadError(str(e)) from e
     tokenizer = _gguf_tokenizer(path, meta)
-    b = dtype_bytes(dtype, "dtype")
-    shape = ModelShape(layers=int(field("block_count")), d_model=d_model, n_heads=n_heads,
-                       n_kv_heads=int(field("attention.head_count_kv", n_heads)),
-                       head_dim=int(field("attention.key_length", d_model // n_heads)),
-                       ffn=int(field("feed_forward_length")),
-                       vocab=int(field("vocab_size", len(meta["tokenizer.ggml.tokens"]))),
-                       tied_embeddings="output.weight" not in names, weight_bytes_per_param=b, act_bytes=b,
-                       kv_bytes=b, source=f"gguf {path}")
     cfg = ModelConfig(
         arch=arch, shape=shape,
         max_position=int(field("context_length")), rope_base=float(field("rope.freq_base", 10000.0)),
@@ -386,6 +247,14 @@ def _read_gguf(path: Path, dtype: torch.dtype):
         qk_norm="blk.0.attn_q_norm.weight" in names,
         bos_id=tokenizer.bos_id, eos_ids=tokenizer.eos_ids,
     )
+    return cfg, tokenizer
+
+
+def _read_gguf(path: Path, dtype: torch.dtype):
+    import gguf
+
+    tensors, meta = _gguf_reader(path)
+    cfg, tokenizer = _gguf_config(path, meta, {t.name for t in tensors}, dtype)
     weights = {}
     for t in tensors:
         try:
@@ -393,8 +262,8 @@ def _read_gguf(path: Path, dtype: torch.dtype):
         except Exception as e:
             raise ModelLoadError(f"{path}: tensor {t.name} ({t.tensor_type.name}) cannot be dequantised: {e}") from e
         arr = np.array(arr, dtype=np.float32).reshape(tuple(reversed([int(d) for d in t.shape])))
-        if arch == "llama" and t.name.split(".")[-2] in ("attn_q", "attn_k"):
-            arr = _unpermute(arr, n_heads if t.name.split(".")[-2] == "attn_q" else cfg.shape.n_kv_heads)
+        if cfg.arch == "llama" and t.name.split(".")[-2] in ("attn_q", "attn_k"):
+            arr = _unpermute(arr, cfg.shape.n_heads if t.name.split(".")[-2] == "attn_q" else cfg.shape.n_kv_heads)
         weights[_gguf_tensor_name(t.name)] = torch.from_numpy(np.ascontiguousarray(arr))
     file_type = meta.get("general.file_type")
     known = {int(t) for t in gguf.LlamaFileType}

@@ -4,8 +4,9 @@ The one type of a model's shape: the engine's loader builds it (inside its torch
 `engine.config.ModelConfig`), a run manifest's `model` block records it (`architecture()` and
 `from_architecture`, through `probes/run_folder.py`), and the cost model computes with it.
 `from_hf_config` reads an HF `config.json` (a peer's model, declared), `from_gguf` a GGUF file's
-metadata. Weights count at the bytes of the dtype the engine *computes* with (`dtype.weights` in the
-manifest): the loader dequantises a quantised checkpoint (GGUF Q4_1, ...) once at load, so each step
+header and tensor index (through probes/gguf_file.py, the one GGUF reader, by the rule
+`from_gguf_metadata` the loader builds its shape by too). Weights count at the bytes of the dtype
+the engine *computes* with (`dtype.weights` in the manifest): the loader dequantises a quantised checkpoint (GGUF Q4_1, ...) once at load, so each step
 reads the dequantised tensors, not the file's blocks. Torch-free: every part may import it.
 """
 from __future__ import annotations
@@ -196,25 +197,50 @@ class ModelShape:
 
     @classmethod
     def from_gguf(cls, path, dtype: str) -> "ModelShape":
-        """From a GGUF file's metadata (llama-family keys), at the dtype the engine computes in."""
-        import gguf
+        """From a GGUF file's header and tensor index (read by probes/gguf_file.py, the reader the
+        engine's loader uses too; no tensor is read), at the dtype the engine computes in."""
+        from .gguf_file import GGUFError, read_header
 
-        reader = gguf.GGUFReader(str(path))
-        arch = _gguf_value(reader, "general.architecture")
+        try:
+            header = read_header(path, index=True)
+        except GGUFError as exc:
+            raise ShapeError(str(exc)) from None
+        return cls.from_gguf_metadata(header.metadata, [t[0] for t in header.index], dtype, path)
 
-        def key(name):
-            value = _gguf_value(reader, f"{arch}.{name}")
-            if value is None:
-                raise ShapeError(f"{path}: GGUF metadata {arch}.{name} is missing")
-            return int(value)
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict, tensor_names, dtype, where) -> "ModelShape":
+        """From a GGUF file's key-value header and its tensors' names (the llama-family keys:
+        `<arch>.block_count`, `.embedding_length`, `.attention.head_count`, `.feed_forward_length`
+        required; `.attention.head_count_kv` defaults to the heads, `.attention.key_length` to the
+        width split over the heads, `.vocab_size` to the tokenizer's token count; tied when there is
+        no `output.weight`), at `dtype`; the one rule both `from_gguf` and the engine's loader read a
+        GGUF shape by. `where` (the file) names it in a ShapeError."""
+        arch = meta.get("general.architecture")
 
-        heads = key("attention.head_count")
-        d = key("embedding_length")
-        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-        tied = not any(t.name == "output.weight" for t in reader.tensors)
+        def key(name, default=None):
+            full = f"{arch}.{name}"
+            if full not in meta:
+                if default is None:
+                    raise ShapeError(f"{where}: required GGUF field {full!r} is missing")
+                return default()
+            value = meta[full]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ShapeError(f"{where}: GGUF field {full!r} is {value!r}, not an integer")
+            return value
+
+        def tokens():
+            if not isinstance(meta.get("tokenizer.ggml.tokens"), list):
+                raise ShapeError(f"{where}: neither GGUF field {arch}.vocab_size nor tokenizer.ggml.tokens is there")
+            return len(meta["tokenizer.ggml.tokens"])
+
+        heads, d = key("attention.head_count"), key("embedding_length")
         b = dtype_bytes(dtype, "dtype")
-        return cls(key("block_count"), d, heads, key("attention.head_count_kv"), d // heads,
-                   key("feed_forward_length"), vocab, tied, b, b, b, source=f"gguf {path}")
+        return cls(layers=key("block_count"), d_model=d, n_heads=heads,
+                   n_kv_heads=key("attention.head_count_kv", lambda: heads),
+                   head_dim=key("attention.key_length", lambda: d // heads if heads > 0 else 0),
+                   ffn=key("feed_forward_length"), vocab=key("vocab_size", tokens),
+                   tied_embeddings="output.weight" not in set(tensor_names), weight_bytes_per_param=b,
+                   act_bytes=b, kv_bytes=b, source=f"gguf {where}")
 
     def declared_entry(self) -> dict:
         """What a run's manifest records as `model_shape` when a person declares the served model."""
@@ -248,13 +274,3 @@ def hf_config_context(path) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONTEXT):
         raise ShapeError(f"{path}: max_position_embeddings: must be an integer in 1..{MAX_CONTEXT}, not {value!r}")
     return value
-
-
-def _gguf_value(reader, name: str):
-    import gguf
-
-    field = reader.fields.get(name)
-    if field is None:
-        return None
-    value = field.parts[field.data[0]]
-    return bytes(value).decode() if field.types[0] == gguf.GGUFValueType.STRING else value[0]

@@ -13,18 +13,15 @@ from typer.testing import CliRunner
 
 from inferledger.cli.app import app
 from inferledger.cli.output import command_name
-from inferledger.collectors.rundir.e0_import import import_archive
-from inferledger.ledger.reconstruct import reconstruct
+from sample_runs import built_e0, copy_to
 
 E0 = Path(__file__).resolve().parent.parent / "samples" / "e0"
 
 
 @pytest.fixture(scope="module")
 def book_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("formats") / "book"
-    import_archive(E0 / "critical_path_book" / "archive.jsonl", run)
-    reconstruct(run)
-    return run
+    """The critical-path book's run rebuilt (the session's shared build, tests/sample_runs.py), this module's copy."""
+    return copy_to(built_e0(tmp_path_factory, "critical_path_book"), tmp_path_factory.mktemp("formats") / "book")
 
 
 def _run(*args) -> str:

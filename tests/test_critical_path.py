@@ -12,16 +12,14 @@ from inferledger.cli.app import app
 from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.critical_path import Dag, DagError, load_dags, longest_path, what_if
 from inferledger.ledger.reconstruct import reconstruct
+from sample_runs import built_e0, copy_to
 
-BOOK = Path(__file__).resolve().parent.parent / "samples" / "e0" / "critical_path_book" / "archive.jsonl"
 
 
 @pytest.fixture(scope="module")
 def book_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("cp") / "book"
-    import_archive(BOOK, run)
-    reconstruct(run)
-    return run
+    """The critical-path book's run rebuilt (the session's shared build, tests/sample_runs.py), this module's copy."""
+    return copy_to(built_e0(tmp_path_factory, "critical_path_book"), tmp_path_factory.mktemp("cp") / "book")
 
 
 def _dag(run, task):

@@ -12,15 +12,12 @@ e0 archives, real deployments behind vLLM's router, a real vLLM run whose engine
   attempt the router gave up on, which the engine went on with, is no delay past that."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from inferledger.collectors.evidence.vllm_rejoin import rejoin
-from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.query import open_ledger
-from inferledger.ledger.reconstruct import reconstruct
+from sample_runs import built_samples
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 CAUSES = ("server_queue", "client_queue", "prefill_interference", "preemption", "decode_stall", "host_contention",
@@ -30,21 +27,21 @@ ROUTER = ("replica_slowed", "round_robin", "retries", "router_abandoned")
 CASES = [f"e0/{c}" for c in E0] + [f"router/{r}" for r in ROUTER] + ["vllm-0.32-cpu"]
 
 
+def _source(case: str) -> tuple[str, Path, str]:
+    """How tests/sample_runs.py makes the case's run: (kind, source, folder name)."""
+    kind, _, name = case.partition("/")
+    if kind == "e0":
+        return "e0", SAMPLES / "e0" / name / "archive.jsonl", name
+    if kind == "router":
+        folder = SAMPLES / "peers" / "vllm_router" / name
+        return "copy", folder / "run" if (folder / "run").is_dir() else folder, "run"
+    return "rejoin", SAMPLES / "peers" / case, "run"
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> dict[str, Path]:
-    out = {}
-    for case in CASES:
-        run = tmp_path_factory.mktemp("agree") / case.replace("/", "_")
-        kind, _, name = case.partition("/")
-        if kind == "e0":
-            import_archive(SAMPLES / "e0" / name / "archive.jsonl", run)
-        elif kind == "router":
-            shutil.copytree(SAMPLES / "peers" / "vllm_router" / name / ("run" if name.startswith("router_") else ""), run)
-        else:
-            rejoin(SAMPLES / "peers" / case, run)
-        reconstruct(run)
-        out[case] = run
-    return out
+    """Each case's run rebuilt: the session's shared builds (tests/sample_runs.py), which these tests only read."""
+    return dict(zip(CASES, built_samples(tmp_path_factory, [_source(case) for case in CASES])))
 
 
 def _dicts(led, sql: str) -> list[dict]:

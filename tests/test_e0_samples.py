@@ -9,8 +9,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.reconstruct import reconstruct
+from sample_runs import built_samples
 
 E0 = Path(__file__).resolve().parent.parent / "samples" / "e0"
 CASES = sorted(p.name for p in E0.iterdir() if (p / "expected.json").exists()) if E0.exists() else []
@@ -31,14 +31,9 @@ def test_every_sample_folder_is_a_complete_checked_case():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """Each archive imported and its (default, single-node) ledger built: {case: run folder}."""
-    out = {}
-    for case in CASES:
-        run = tmp_path_factory.mktemp("e0") / case
-        import_archive(E0 / case / "archive.jsonl", run)
-        reconstruct(run)
-        out[case] = run
-    return out
+    """Each archive imported and its (default, single-node) ledger built: {case: run folder}, the session's
+    shared builds (tests/sample_runs.py), which these tests only read."""
+    return dict(zip(CASES, built_samples(tmp_path_factory, [("e0", E0 / case / "archive.jsonl", case) for case in CASES])))
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from test_report import SAMPLES, build_demo_run
+from test_report import build_demo_run
 
 from inferledger.report.export import export_run
 from inferledger.report.export_otlp import emit_spans
 from inferledger.report.read import open_run
-from inferledger.collectors.rundir.e0_import import import_archive
-from inferledger.ledger.reconstruct import reconstruct
+from sample_runs import built_e0, copy_to
 
 EPS_US = 1e-3  # 1 ns: float µs of the same ns are identical, sums may differ in the last bit
 
@@ -113,11 +112,9 @@ def test_perfetto_trace_follows_the_format(demo, tmp_path):
             assert got[name] == ((s - origin) / 1000, (e - s) / 1000)
 
 
-def test_perfetto_keeps_unmapped_clocks_apart_and_maps_mapped_ones(tmp_path):
+def test_perfetto_keeps_unmapped_clocks_apart_and_maps_mapped_ones(tmp_path, tmp_path_factory):
     for name, n_pids in (("clocks_unmapped", 2), ("clocks_mapped", 1), ("r1_double_counted", 1)):
-        run = tmp_path / name
-        import_archive(SAMPLES / name / "archive.jsonl", run)
-        reconstruct(run)
+        run = copy_to(built_e0(tmp_path_factory, name), tmp_path / name)  # the session's build, a copy to write in
         trace = json.loads(Path(export_run(run, "perfetto").destination).read_text())
         validate_trace(trace)
         procs = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}

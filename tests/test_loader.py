@@ -257,3 +257,30 @@ def test_a_gguf_header_gives_the_context_of_its_own_architecture(tmp_path):
                                  ("llama.context_length", 4, (99).to_bytes(4, "little")),
                                  ("qwen2.context_length", 4, (32768).to_bytes(4, "little"))))
     assert model_context(path) == 32768
+
+
+def test_the_loader_and_the_model_shape_read_the_bundled_gguf_alike():
+    """One GGUF reader and one shape rule: the loader's config (before any tensor is dequantised) and
+    ModelShape.from_gguf give the bundled model the same shape, the one by hand."""
+    from inferledger.engine.loader import _gguf_config, _gguf_reader
+    from inferledger.probes.model_shape import ModelShape
+
+    path = default_model_path()
+    tensors, meta = _gguf_reader(path)
+    cfg, _ = _gguf_config(path, meta, {t.name for t in tensors}, torch.float32)
+    assert cfg.shape == ModelShape.from_gguf(path, "float32")
+    assert cfg.shape == ModelShape(30, 576, 9, 3, 64, 1536, 49152, True, 4, 4, 4, source=f"gguf {path}")
+
+
+def test_a_gguf_the_model_shape_cannot_read_is_refused_by_name(tmp_path):
+    from inferledger.probes.model_shape import ModelShape, ShapeError
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"PK\x03\x04 a zip")
+    with pytest.raises(ShapeError, match=r"m\.gguf: not a GGUF file \(starts with b'PK"):
+        ModelShape.from_gguf(path, "bfloat16")
+    path.write_bytes(_gguf_with_tensor(0, [3], bytes(12)))  # an architecture and one tensor, no shape keys
+    with pytest.raises(ShapeError, match=r"m\.gguf: required GGUF field 'llama\.attention\.head_count' is missing"):
+        ModelShape.from_gguf(path, "bfloat16")
+    with pytest.raises(ModelLoadError, match=r"m\.gguf: required GGUF field 'llama\.attention\.head_count' is missing"):
+        load_model(path)

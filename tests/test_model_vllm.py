@@ -22,7 +22,7 @@ SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm-0.
 
 @pytest.fixture(scope="module")
 def gguf_shape() -> ModelShape:
-    """The bundled model's shape at bf16, read from its GGUF (a parse costs seconds: once for the module)."""
+    """The bundled model's shape at bf16, read from its GGUF's header and tensor index."""
     return ModelShape.from_gguf(default_model_path(), "bfloat16")
 
 

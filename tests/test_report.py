@@ -17,6 +17,7 @@ from inferledger.report.build import build_report
 from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.collectors.rundir.writer import RunWriter, write_table_atomic
 from inferledger.ledger.reconstruct import reconstruct
+from sample_runs import built_e0, copy_to
 from inferledger.probes.events import GAP_SCHEMA
 
 XSS = "<script>alert(1)</script>"
@@ -319,10 +320,8 @@ def test_big_run_is_sampled_with_the_reason_for_each_row(runs, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["black_box", "clocks_unmapped", "r1_double_counted", "r2_timeout_retry"])
-def test_report_builds_for_e0_samples(name, tmp_path):
-    run = tmp_path / name
-    import_archive(SAMPLES / name / "archive.jsonl", run)
-    reconstruct(run)
+def test_report_builds_for_e0_samples(name, tmp_path, tmp_path_factory):
+    run = copy_to(built_e0(tmp_path_factory, name), tmp_path / name)  # the session's build, a copy to write in
     res = build_report(run)
     html = res.path.read_text(encoding="utf-8")
     assert res.path == run / "report.html" and "Gap register" in html

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import tomllib
 from collections import defaultdict
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +24,7 @@ def house_files() -> list[Path]:
                   if not {".venv", "__pycache__", "tests"} & set(p.relative_to(ROOT).parts))
 
 
+@cache  # parsed once for the module's rules (they only read the trees)
 def trees() -> dict[str, ast.AST]:
     return {str(p.relative_to(ROOT)): ast.parse(p.read_text(encoding="utf-8"), str(p)) for p in house_files()}
 

@@ -8,15 +8,15 @@ from rich.console import Console
 from inferledger.cli.summary import print_summary
 from inferledger.collectors.rundir.e0_import import import_archive
 from inferledger.ledger.reconstruct import reconstruct
+from sample_runs import built_e0, copy_to
 
 E0 = Path(__file__).resolve().parent.parent / "samples" / "e0"
 
 
-def test_summary_sets_the_peers_readings_beside_ours(tmp_path):
-    run = tmp_path / "peers"
-    import_archive(E0 / "peer_definitions" / "archive.jsonl", run)
+def test_summary_sets_the_peers_readings_beside_ours(tmp_path, tmp_path_factory):
+    run = copy_to(built_e0(tmp_path_factory, "peer_definitions"), tmp_path / "peers")  # the session's build, a copy
     console = Console(record=True, width=200)
-    print_summary(reconstruct(run).path, console)
+    print_summary(run / "ledger.duckdb", console)
     text = console.export_text()
     # the rows of samples/e0/peer_definitions/README.md: metric, tool, weighting, n, p50, p99
     for row in (("TTFT", "inferledger", "request", "2", "85.0", "109.5"),
@@ -65,16 +65,15 @@ def test_reconstruct_of_an_engine_only_run_prints_unknown_goodput_instead_of_cra
     assert (engine_ttft["n"], engine_ttft["p50_ms"]) == (1, 9.0)  # token at 10 ms − enqueued at 1 ms
 
 
-def test_a_piped_summary_keeps_every_header_and_line_whole(tmp_path, monkeypatch):
+def test_a_piped_summary_keeps_every_header_and_line_whole(tmp_path, tmp_path_factory, monkeypatch):
     """Piped or written to a file (no terminal), rich would draw at 80 columns: the verdict's header
     cut to `conte…` and its lines wrapped. The summary prints each table at its own width instead."""
     import io
 
     monkeypatch.delenv("COLUMNS", raising=False)  # $COLUMNS would say a terminal's width
-    run = tmp_path / "retry"
-    import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run)
+    run = copy_to(built_e0(tmp_path_factory, "r2_timeout_retry"), tmp_path / "retry")  # the session's build, a copy
     out = io.StringIO()
-    print_summary(reconstruct(run).path, Console(file=out, width=80, force_terminal=False))
+    print_summary(run / "ledger.duckdb", Console(file=out, width=80, force_terminal=False))
     text = out.getvalue()
     header = next(ln for ln in text.splitlines() if "request" in ln and "attempt" in ln)
     assert [c.strip() for c in header.split("┃")[1:-1]] == [
@@ -98,12 +97,10 @@ def _cells(text: str, *first: str) -> list[str]:
     raise AssertionError(f"no row {first} in\n{text}")
 
 
-def test_headline_counts_say_attempts_or_tasks_on_a_run_with_a_retry(tmp_path):
+def test_headline_counts_say_attempts_or_tasks_on_a_run_with_a_retry(tmp_path, tmp_path_factory):
     """r2_timeout_retry: one task, two attempts (A1 timed out, A2 its retry completed): every count says
     which it counts, so 2 attempts are never read as 2 tasks."""
-    run = tmp_path / "retry"
-    import_archive(E0 / "r2_timeout_retry" / "archive.jsonl", run)
-    reconstruct(run)
+    run = copy_to(built_e0(tmp_path_factory, "r2_timeout_retry"), tmp_path / "retry")  # the session's build, a copy
     text = _summary_text(run)
     assert ("good results (correct and on time): 1 of 2 judged attempts (2 attempts in all, for 1 task: "
             "success 1)") in text

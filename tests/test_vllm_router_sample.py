@@ -21,20 +21,19 @@ from inferledger.collectors.evidence.metrics_scrape import parse_prometheus
 from inferledger.collectors.evidence.router_metrics import PREFIX, split_worker, worker_key
 from inferledger.ledger.query import open_ledger
 from inferledger.ledger.reconstruct import reconstruct
+from sample_runs import built_samples, copy_to
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "peers" / "vllm_router"
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = {}
-    for name in ("round_robin", "retries", "llamacpp_replica", "replica_killed", "replica_slowed", "router_record",
-                 "router_abandoned", "llamacpp_pair"):
-        run = tmp_path_factory.mktemp(name) / "run"
-        shutil.copytree(SAMPLES / name / ("run" if (SAMPLES / name / "run").is_dir() else ""), run)
-        reconstruct(run)
-        out[name] = run
-    return out
+    """Each recorded run rebuilt (the session's shared builds, tests/sample_runs.py), this module's own copy."""
+    names = ("round_robin", "retries", "llamacpp_replica", "replica_killed", "replica_slowed", "router_record",
+             "router_abandoned", "llamacpp_pair")
+    built = built_samples(tmp_path_factory, [("copy", SAMPLES / name / "run" if (SAMPLES / name / "run").is_dir()
+                                              else SAMPLES / name, "run") for name in names])
+    return {name: copy_to(run, tmp_path_factory.mktemp(name) / "run") for name, run in zip(names, built)}
 
 
 def rows(run, sql):
