@@ -48,7 +48,10 @@ def account_counts(rv: RunView) -> dict[str, list[tuple]]:
     """(status, n) per account: client and server statuses and resources per attempt, outcome per task
     (what each counts: ACCOUNT_COUNTS)."""
     return {
-        "client": rv.all("SELECT coalesce(client_status, '(no client events)'), count(*) FROM accounts GROUP BY 1 ORDER BY 1"),
+        # a router's try the client never saw is no attempt of the client's (attempts.client_attempt): named so
+        "client": rv.all("SELECT CASE WHEN a.client_attempt IS FALSE THEN '(a router''s try)' "
+                         "ELSE coalesce(c.client_status, '(no client events)') END AS status, count(*) "
+                         "FROM accounts c JOIN attempts a USING (attempt_id) GROUP BY 1 ORDER BY 1"),
         "server": rv.all("SELECT server_status, count(*) FROM accounts GROUP BY 1 ORDER BY 1"),
         "task": rv.all("SELECT outcome, count(*) FROM tasks GROUP BY 1 ORDER BY 1"),
         "resource": rv.all("SELECT resource_status, count(*) FROM accounts GROUP BY 1 ORDER BY 1"),

@@ -100,6 +100,16 @@ def test_router_retries_the_client_never_saw_are_their_own_attempts(runs):
     # the client's 20 attempts, each completed and judged: the router's 17 refused tries are no attempt of the
     # client's left unjudged
     assert rows(run, "select n_completed, n_unjudged from run_metrics") == [(20, 0)]
+    # the summary's and the report's client account: the router's 17 tries named as such, not as a capture
+    # that lost their client events
+    from inferledger.report.read import open_run
+    from inferledger.report.tables import account_counts
+
+    rv = open_run(run)
+    try:
+        assert account_counts(rv)["client"] == [("(a router's try)", 17), ("completed", 20)]
+    finally:
+        rv.close()
 
 
 def test_an_unseen_try_is_no_missing_client_layer(runs):
