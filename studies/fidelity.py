@@ -415,6 +415,21 @@ def contention_sentence(c: dict) -> str:
             f"{part}: {100 * c['contention_share']:.1f} % of its step time")
 
 
+DRIFT = 0.03  # run real's decode steps this far from the fit's prediction (Σ measured / Σ predicted) are named
+
+
+def drift_sentence(ratio: float | None) -> str:
+    """What run real's decode time ratio (ON_REAL's real_decode_time_ratio) says of the TPOT figure, where it
+    is DRIFT or more away from 1 ('' otherwise, and where there is no decode step to hold the fit to)."""
+    if ratio is None or abs(ratio - 1) < DRIFT:
+        return ""
+    way = "more" if ratio > 1 else "less"
+    return (f"run real's decode steps took {abs(ratio - 1):.1%} {way} time than the fit (trained on run fit) predicts, "
+            f"so the simulated TPOT comes out {'short' if ratio > 1 else 'long'} by about as much: the host "
+            "ran them at another speed than during run fit, or the fit does not carry to their shapes (the fit "
+            "table); ")
+
+
 def compare(runs: StudyRuns) -> list[Table]:
     ids = [runs.one(n, "SELECT DISTINCT run_id FROM attempts")["run_id"] for n in ("real", "sim")]
     with Ledger([(n, path) for n in ("real", "sim") for _, path in resolve_runs(runs.dirs[n])]) as both:
@@ -447,6 +462,7 @@ def compare(runs: StudyRuns) -> list[Table]:
     real_contention = dict(zip(["run", "n_steps", "n_steps_known", "contention_ms", "step_ms", "contention_share"],
                                contention[1]))
     fit = sim_manifest["simulation"]["step_model"]["fit"]
+    on_real = fit_row(fit, runs.dirs["real"])
     steps = [[n, *runs.one(n, STEPS_SQL).values()] for n in runs.names]
     replay_rows = [[WHOLE, replay[WHOLE], "the engine finished it: replayed to the output it gave"],
                    [UNTIL_CANCEL, replay[UNTIL_CANCEL], "the engine learned of a cancellation (client timeout, "
@@ -461,6 +477,7 @@ def compare(runs: StudyRuns) -> list[Table]:
                        "completed (n; n_real / n_sim: each run's completed attempts with the figure); error_ratio "
                        "= (sim − real) / real; met: |error_ratio| <= target_ratio. "
                        f"{contention_sentence(real_contention)}; "
+                       f"{drift_sentence(dict(zip(FIT_COLUMNS + ON_REAL, on_real))['real_decode_time_ratio'])}"
                        f"replayed {replay[WHOLE] + replay[UNTIL_CANCEL]} of run real's {replay['attempts']} attempts "
                        f"({replay[UNTIL_CANCEL]} until their cancellation, {len(replay['not_replayed'])} not: the "
                        "replay table)"),
@@ -482,7 +499,7 @@ def compare(runs: StudyRuns) -> list[Table]:
                   f"the sim's steps last what the fit predicts (trained on {fit['n_train']} steps of run fit, held-out "
                   f"median error {_pct(fit['held_out_median_abs_pct'])}), plus its host time between steps"),
             Table("fit", "the step fit the simulation used, and how it does on run real's steps",
-                  list(FIT_COLUMNS) + list(ON_REAL), [fit_row(fit, runs.dirs["real"])],
+                  list(FIT_COLUMNS) + list(ON_REAL), [on_real],
                   "held_out_*: its |error| on run fit's held-out step shapes; real_*: on every step of run real "
                   "(`inferledger fit FIT --test REAL`: a diagnosis after the fact, the simulation never sees them), "
                   "real_extrapolated_steps of them outside the fit's covered batch sizes, tokens or context; "

@@ -143,3 +143,14 @@ def test_a_fit_run_without_steps_is_a_study_error_naming_it(tmp_path):
     assert str(err.value).startswith(f"run fit ({runs / 'fit'}): no step fit to simulate with: step fit: 0 training "
                                      "steps (of 0); at least 3 are needed")
     assert not (runs / "sim").exists()
+
+
+def test_the_hosts_drift_between_the_fit_and_the_real_run_is_named_past_three_percent():
+    from inferledger.studies.fidelity import drift_sentence
+
+    assert drift_sentence(1.096).startswith("run real's decode steps took 9.6% more time than the fit (trained on run "
+                                            "fit) predicts, so the simulated TPOT comes out short by about as much")
+    assert drift_sentence(0.81).startswith("run real's decode steps took 19.0% less time than the fit (trained on "
+                                           "run fit) predicts, so the simulated TPOT comes out long")
+    assert drift_sentence(1.029) == drift_sentence(0.971) == ""  # within 3 %: not named
+    assert drift_sentence(None) == ""  # no decode step to hold the fit to: nothing said, nothing guessed
