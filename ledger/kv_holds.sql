@@ -48,6 +48,11 @@ ORDER BY h.attempt_id, h.start_ns, h.block;
 -- sharded build's shards keep the rows of the events they own and their minimum and maximum are the run's
 -- (docs/SCALE.md)
 CREATE OR REPLACE TEMP TABLE clock_ends AS
-SELECT clock, 'first' AS edge, arg_min(event_id, ts_ns) AS event_id, min(ts_ns) AS ts_ns FROM events GROUP BY clock
+WITH ends AS MATERIALIZED (  -- one scan of the events for both edges
+  SELECT clock, arg_min(event_id, ts_ns) AS first_id, min(ts_ns) AS first_ns,
+         arg_max(event_id, ts_ns) AS last_id, max(ts_ns) AS last_ns
+  FROM events GROUP BY clock
+)
+SELECT clock, 'first' AS edge, first_id AS event_id, first_ns AS ts_ns FROM ends
 UNION ALL
-SELECT clock, 'last', arg_max(event_id, ts_ns), max(ts_ns) FROM events GROUP BY clock;
+SELECT clock, 'last', last_id, last_ns FROM ends;

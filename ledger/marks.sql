@@ -3,7 +3,7 @@
 --
 -- scope: task
 -- reads: events, first_point, last_point, point_of, json_bigint, declared_replicas
--- creates: ev, ev_out, ev_tok, attempt_ids, marks, choice_marks, marks_gaps
+-- creates: ev, ev_out, ev_tok, choice_outs, attempt_ids, marks, choice_marks, marks_gaps
 
 -- Three narrow working sets instead of one wide copy: the per-output rows (client chunks, server
 -- writes, engine tokens) are most of a run and need only a few columns.
@@ -55,12 +55,29 @@ WITH distinct_attrs AS (
 SELECT e.attempt_id, e.ts_ns, e.seq, e.clock, e.event_id, e.value, p.choice, e.step_id
 FROM events e JOIN parsed p ON coalesce(e.attrs, '{}') = p.attrs WHERE e.name = 'engine.token';
 
+-- Each choice's first chunks and writes of every kind, and its counts: the one pass over the client's and
+-- server's output rows that attempt_ids, marks and choice_marks read. A point keeps its seq (`sq`) so that an
+-- attempt's first over its choices is its first event, ties broken as first_point breaks them.
+CREATE OR REPLACE TEMP TABLE choice_outs AS
+SELECT attempt_id, choice,
+       arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id, sq := seq), (ts_ns, seq, event_id))
+         FILTER (WHERE name = 'attempt.chunk') AS first_chunk,
+       arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id, sq := seq), (ts_ns, seq, event_id))
+         FILTER (WHERE name = 'attempt.chunk' AND output_bearing) AS first_content,
+       arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id, sq := seq), (ts_ns, seq, event_id))
+         FILTER (WHERE name = 'attempt.chunk' AND answer_bearing) AS first_visible,
+       arg_min(struct_pack(ns := ts_ns, clock := clock, eid := event_id, sq := seq), (ts_ns, seq, event_id))
+         FILTER (WHERE name = 'server.write' AND output_bearing) AS first_write,
+       first_point(ts_ns, clock, event_id, seq, name = 'attempt.chunk' AND finish_bearing) AS finish_chunk,
+       first_point(ts_ns, clock, event_id, seq, name = 'server.write' AND finish_bearing) AS finish_write,
+       count(*) FILTER (WHERE name = 'attempt.chunk') AS n_chunks,
+       count(*) FILTER (WHERE name = 'server.write') AS n_writes,
+       bool_or(output_bearing) AS has_output
+FROM ev_out WHERE attempt_id IS NOT NULL GROUP BY attempt_id, choice;
+
 CREATE OR REPLACE TEMP TABLE attempt_ids AS
 WITH per_output AS (
-  SELECT attempt_id,
-         count(*) FILTER (WHERE name = 'attempt.chunk') AS n_client,
-         count(*) FILTER (WHERE name = 'server.write') AS n_server
-  FROM ev_out WHERE attempt_id IS NOT NULL GROUP BY attempt_id
+  SELECT attempt_id, sum(n_chunks)::BIGINT AS n_client, sum(n_writes)::BIGINT AS n_server FROM choice_outs GROUP BY attempt_id
   UNION ALL
   SELECT attempt_id, 0, count(*) FROM ev_tok WHERE attempt_id IS NOT NULL GROUP BY attempt_id
 ), control AS (
@@ -160,15 +177,15 @@ WITH firsts AS (
     count(DISTINCT choice) AS n_choices_engine
   FROM ev_tok WHERE attempt_id IS NOT NULL
   GROUP BY attempt_id
-), outs AS (
+), outs AS (  -- the attempt's firsts: the first of its choices' (choice_outs)
   SELECT attempt_id,
-    first_point(ts_ns, clock, event_id, seq, name = 'attempt.chunk') AS first_chunk,
-    count(*) FILTER (WHERE name = 'attempt.chunk') AS n_chunks,
-    count(DISTINCT choice) FILTER (WHERE output_bearing) AS n_choices_output,
-    first_point(ts_ns, clock, event_id, seq, name = 'attempt.chunk' AND output_bearing) AS first_content,
-    first_point(ts_ns, clock, event_id, seq, name = 'attempt.chunk' AND answer_bearing) AS first_visible,
-    first_point(ts_ns, clock, event_id, seq, name = 'server.write' AND output_bearing) AS first_write
-  FROM ev_out WHERE attempt_id IS NOT NULL
+    point_of(arg_min(first_chunk, (first_chunk.ns, first_chunk.sq, first_chunk.eid)) FILTER (WHERE first_chunk IS NOT NULL)) AS first_chunk,
+    sum(n_chunks)::BIGINT AS n_chunks,
+    count(*) FILTER (WHERE has_output) AS n_choices_output,
+    point_of(arg_min(first_content, (first_content.ns, first_content.sq, first_content.eid)) FILTER (WHERE first_content IS NOT NULL)) AS first_content,
+    point_of(arg_min(first_visible, (first_visible.ns, first_visible.sq, first_visible.eid)) FILTER (WHERE first_visible IS NOT NULL)) AS first_visible,
+    point_of(arg_min(first_write, (first_write.ns, first_write.sq, first_write.eid)) FILTER (WHERE first_write IS NOT NULL)) AS first_write
+  FROM choice_outs
   GROUP BY attempt_id
 ), prefill_end AS (
   -- the last prefill chunk computed before the first token
@@ -208,12 +225,8 @@ WITH tok AS (
          sum(value) AS n_tokens_engine
   FROM ev_tok WHERE attempt_id IS NOT NULL GROUP BY attempt_id, choice
 ), out AS (
-  SELECT attempt_id, choice,
-         first_point(ts_ns, clock, event_id, seq, name = 'attempt.chunk' AND output_bearing) AS first_content,
-         first_point(ts_ns, clock, event_id, seq, name = 'attempt.chunk' AND finish_bearing) AS finish_chunk,
-         first_point(ts_ns, clock, event_id, seq, name = 'server.write' AND finish_bearing) AS finish_write,
-         bool_or(output_bearing) AS has_output
-  FROM ev_out WHERE attempt_id IS NOT NULL GROUP BY attempt_id, choice
+  SELECT attempt_id, choice, point_of(first_content) AS first_content, finish_chunk, finish_write, has_output
+  FROM choice_outs
 ), c AS (
   SELECT coalesce(t.attempt_id, o.attempt_id) AS attempt_id, coalesce(t.choice, o.choice) AS choice,
          t.first_token, t.n_tokens_engine, o.first_content, o.finish_chunk, o.finish_write

@@ -4,8 +4,10 @@
 -- the client received, placed inside the client's interval), and the /metrics counters (samples of
 -- source 'vllm-metrics' or 'llamacpp-metrics') beside the sum of the spans or timings.
 --
+-- Its events are none of the per-output kinds: it reads them from `ev` (marks.sql), not the whole run.
+--
 -- scope: task
--- reads: events, samples, figures, json_double, json_bigint
+-- reads: ev, samples, figures, json_double, json_bigint
 -- creates: reported_spans, reported_timings, reported_counters, reported_gaps
 
 -- One row per reported llm_request span: vLLM's own figures beside ours, and the per-request
@@ -39,13 +41,13 @@
 CREATE OR REPLACE TABLE reported_spans AS
 WITH rec AS (
   SELECT attempt_id, event_id, attrs, json_extract(attrs, '$.otel') AS o
-  FROM events
+  FROM ev
   WHERE name = 'server.received' AND json_extract_string(attrs, '$.evidence') = 'reported'
     AND json_extract_string(attrs, '$.otel_span') = 'llm_request'
 ), done AS (
   SELECT attempt_id, arg_max(json_extract(attrs, '$.server_metrics'), (ts_ns, seq)) AS pr,
          arg_max(json_bigint(attrs, '$.usage.completion_tokens'), (ts_ns, seq)) AS usage_completion
-  FROM events WHERE name = 'attempt.done' AND attempt_id IS NOT NULL GROUP BY attempt_id
+  FROM ev WHERE name = 'attempt.done' AND attempt_id IS NOT NULL GROUP BY attempt_id
 ), figs AS (
   SELECT r.attempt_id, r.event_id,
          json_extract_string(r.attrs, '$.reporter') AS reporter,
@@ -108,7 +110,7 @@ WITH t AS (
   SELECT attempt_id, arg_max(json_extract(attrs, '$.server_timings'), (ts_ns, seq)) AS tm,
          arg_max(json_extract_string(attrs, '$.server_fingerprint'), (ts_ns, seq)) AS fingerprint,
          arg_max(json_bigint(attrs, '$.usage.completion_tokens'), (ts_ns, seq)) AS usage_completion
-  FROM events
+  FROM ev
   WHERE name = 'attempt.done' AND attempt_id IS NOT NULL
     AND json_extract_string(attrs, '$.server_timings_evidence') = 'reported'
   GROUP BY attempt_id
