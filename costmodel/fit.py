@@ -438,28 +438,37 @@ def time_ratio(fit: StepFit, points: list[FitPoint], ms: str = "measured_ms") ->
     fit predicts (the host ran slower than on the fit's run, or the fit is low), below 1 shorter. Signed where
     the |error| quantiles are not: a simulated clock sums step times, so this is what a fit carries into a
     simulated TPOT or E2E. None without a point (or a prediction of 0)."""
-    pairs = [(getattr(p, ms), fit.predict_ms(p)) for p in points if getattr(p, ms) is not None]
+    return _ratio([(getattr(p, ms), fit.predict_ms(p)) for p in points if getattr(p, ms) is not None])
+
+
+def _ratio(pairs: list[tuple[float, float]]) -> float | None:
+    """time_ratio of (measured, predicted) pairs."""
     predicted = sum(q for _, q in pairs)
     return sum(m for m, _ in pairs) / predicted if pairs and predicted > 0 else None
 
 
 def held_out_summary(fit: StepFit, points: list[FitPoint]) -> dict:
     """|error| in percent of `fit` on every point against its measured_ms (cpu_ms) and its wall_ms, all
-    points and by kind, and the signed `time_ratio` of each: the figures of `inferledger fit TRAIN --test TEST`."""
+    points and by kind, and the signed `time_ratio` of each: the figures of `inferledger fit TRAIN --test TEST`.
+    Each point is predicted once."""
+    predicted = [fit.predict_ms(p) for p in points]
+
     def block(ms: str) -> dict:
-        def errs(ps):
-            out = (error_pct(fit.predict_ms(p), getattr(p, ms)) for p in ps if getattr(p, ms) is not None)
+        rows = [(p.kind, getattr(p, ms), q) for p, q in zip(points, predicted) if getattr(p, ms) is not None]
+
+        def errs(rs):
+            out = (error_pct(q, m) for _, m, q in rs)
             return [abs(float(e)) for e in out if e is not None]
-        every = errs(points)
+        every = errs(rows)
         by_kind = {}
         for k in KINDS:
-            kind = [p for p in points if p.kind == k]
+            kind = [r for r in rows if r[0] == k]
             ek = errs(kind)
             by_kind[k] = {"n_steps": len(ek), "median_abs_error_pct": quantile(ek, 0.5),
-                          "p90_abs_error_pct": quantile(ek, 0.9), "time_ratio": time_ratio(fit, kind, ms)}
+                          "p90_abs_error_pct": quantile(ek, 0.9), "time_ratio": _ratio([(m, q) for _, m, q in kind])}
         return {"held_out_median_abs_error_pct": quantile(every, 0.5),
                 "held_out_p90_abs_error_pct": quantile(every, 0.9), "by_kind": by_kind, "n_steps": len(every),
-                "time_ratio": time_ratio(fit, points, ms)}
+                "time_ratio": _ratio([(m, q) for _, m, q in rows])}
     out = block("measured_ms")
     out["wall"] = block("wall_ms")
     return out
