@@ -375,10 +375,8 @@ class Manifest:
         """The engine's intra-op thread count on the CPU (engine_config.resolved.cpu_placement.threads), else
         the microbenchmarks' (device_params.threads: measured in a thread placed as the step thread); None."""
         placement = (self.block("engine_config").get("resolved") or {}).get("cpu_placement")
-        threads = placement.get("threads") if isinstance(placement, dict) else None
-        if not isinstance(threads, int) or isinstance(threads, bool):
-            threads = self.block("device_params").get("threads")
-        return threads if isinstance(threads, int) and not isinstance(threads, bool) else None
+        threads = thread_count(placement.get("threads") if isinstance(placement, dict) else None)
+        return threads if threads is not None else thread_count(self.block("device_params").get("threads"))
 
     @property
     def weights_dtype(self) -> str:
@@ -579,6 +577,11 @@ def splice_reference(doc: str) -> str:
     head, rest = doc.split(DOC_BEGIN, 1)
     tail = rest.split(DOC_END, 1)[1].lstrip("\n")
     return head + key_reference() + ("\n" + tail if tail else "")
+
+
+def thread_count(value) -> int | None:
+    """A recorded thread count: an integer (not a bool), else None (unknown)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def engine_differences(fitted, other: dict, whose: str) -> list[str]:

@@ -144,11 +144,9 @@ def _check_fit_engine(fit_run: Path, fit, shape: ModelShape, device_name, params
     """A step fit is its run's engine: the model at its dtype (every element size), on its device, with its
     threads (the efficiencies and the rates held are that run's). A fit of another is refused, naming each
     field that differs (where both sides record it), never applied as if it were this engine's."""
-    from inferledger.probes.run_folder import engine_differences
+    from inferledger.probes.run_folder import engine_differences, thread_count
 
-    threads = (params or {}).get("threads")
-    predicted = {"shape": shape.to_dict(), "device": device_name,
-                 "threads": threads if isinstance(threads, int) and not isinstance(threads, bool) else None}
+    predicted = {"shape": shape.to_dict(), "device": device_name, "threads": thread_count((params or {}).get("threads"))}
     differ = engine_differences(fit.engine, predicted, "--fit's run")
     if differ:
         raise PredictionError(f"--fit {fit_run}: its run's engine is not the one predicted: {'; '.join(differ)}. "
