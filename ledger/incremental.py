@@ -62,6 +62,7 @@ COMPARED = (("clock_conv", "the clock mappings"), ("task_contracts", "the task c
 # reads lands in a table of no attempt or task (reported_counters), which the shard rebuilds whole
 # (tests/test_follow_incremental.py holds the modules that read samples to this)
 PER_ATTEMPT_SAMPLES = ("client_loop_lag_ms",)
+NO_KEY = "task_id IS NULL AND request_id IS NULL AND attempt_id IS NULL"  # an event of no task: the run's, an engine's
 
 
 def shares() -> int:
@@ -77,7 +78,6 @@ def shares() -> int:
     except (AttributeError, OSError):  # no load average on this system: one share, the CPU it costs known
         return 1
     return 2 if cpus >= 2 and load < cpus else 1
-NO_KEY = "task_id IS NULL AND request_id IS NULL AND attempt_id IS NULL"  # an event of no task: the run's, an engine's
 
 
 class Whole(Exception):
