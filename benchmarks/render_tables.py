@@ -406,8 +406,8 @@ def fit_transfer(rs: list[dict]) -> str:
     f = rs[-1]["figures"]
     rows = []
     for p in f["pairs"]:
-        for against, block in (("cpu_ms", p), ("wall", p["wall"])):
-            k = block["by_kind"]
+        for block in (p, p["wall"]):  # results before the fit left out blocked_ms: against cpu_ms
+            against, k = block.get("against", "cpu_ms"), block["by_kind"]
             rows.append([f"{p['train']} → {p['test']}", against, block["n_steps"],
                          fmt(block["held_out_median_abs_error_pct"], ".1f", " %"),
                          fmt(block["held_out_p90_abs_error_pct"], ".1f", " %")]
@@ -438,7 +438,7 @@ def fit_transfer(rs: list[dict]) -> str:
     return (table(["train → test", "against", "steps", "median \\|error\\|", "p90 \\|error\\|", "prefill median",
                    "decode median", "mixed median"], rows)
             + f"\n\nRuns: {runs}. Fits: {fits}.\n\n"
-            + (table(["captured (UTC)", "train → test", "median \\|error\\| (cpu_ms)", "p90 \\|error\\|",
+            + (table(["captured (UTC)", "train → test", "median \\|error\\|", "p90 \\|error\\|",
                       "load (1 min) during the captures", "time waiting for a CPU"], repeats) + "\n\n"
                if len(same) > 1 else "")
             + table(["pair", "target", "bound", "measured", ""],

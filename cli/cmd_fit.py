@@ -16,7 +16,8 @@ NO_STEPS_WHY = ("a peer engine's run or a black box's records none; a simulated 
 
 def _rows(summary: dict) -> list[list]:
     rows = []
-    for against, block in (("cpu_ms", summary), ("wall", summary["wall"])):
+    for block in (summary, summary["wall"]):
+        against = block["against"]
         rows.append([against, "all", block["n_steps"], block["held_out_median_abs_error_pct"],
                      block["held_out_p90_abs_error_pct"], block["time_ratio"]])
         rows += [[against, k, v["n_steps"], v["median_abs_error_pct"], v["p90_abs_error_pct"], v["time_ratio"]]
@@ -29,7 +30,7 @@ def fit_cmd(
     test: Path = typer.Option(..., "--test", help="The reconstructed run whose every step the fit predicts."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help=FORMAT_HELP + " json is one "
                                      "object: held_out_median_abs_error_pct, held_out_p90_abs_error_pct, by_kind "
-                                     "(prefill, decode, mixed), n_steps, time_ratio, wall (the same against wall "
+                                     "(prefill, decode, mixed), n_steps, time_ratio, against (work), wall (the same against wall "
                                      "time), fit."),
 ) -> None:
     """How well a step fit transfers: TRAIN's fit predicting every step of TEST, |error| in percent.
@@ -39,9 +40,9 @@ def fit_cmd(
     that is higher; without any, what its steps reached) and fits a per-step overhead, a per-sequence
     overhead, a compute efficiency, the attention's KV traffic over its KV bytes and what a wait for a
     CPU costs on one (κ, where TRAIN's steps waited) on TRAIN's steps; the errors are
-    on TEST's cpu_ms (the step without its wait for a CPU; each prediction adds κ times that step's
-    measured wait, counted up to its own time), then on its wall time. A step is prefill, decode or
-    mixed by its batch.
+    on TEST's own work (`work`: its cpu_ms less its blocked_ms, the step without its wait for a CPU
+    and its sleep on a lock; each prediction adds κ times that step's measured wait, counted up to its
+    own time), then on its wall time (`wall`). A step is prefill, decode or mixed by its batch.
 
     Example: [cyan]inferledger fit runs/chat --test runs/mixed --format json[/]
     """

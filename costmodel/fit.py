@@ -78,7 +78,8 @@ class FitError(ValueError):
 @dataclass(frozen=True)
 class FitPoint:
     """One step as a fit sees it. measured_ms: the time the fit is trained on and judged against
-    (steps.cpu_ms: the step without its wait for a CPU); wall_ms: the step's wall time."""
+    (steps.cpu_ms less blocked_ms: the step without its wait for a CPU and its sleep on a lock, ledger/step_fit.py
+    POINTS_SQL); wall_ms: the step's wall time."""
     linear_flops: float
     attention_flops: float
     bytes: float
@@ -448,9 +449,10 @@ def _ratio(pairs: list[tuple[float, float]]) -> float | None:
 
 
 def held_out_summary(fit: StepFit, points: list[FitPoint]) -> dict:
-    """|error| in percent of `fit` on every point against its measured_ms (cpu_ms) and its wall_ms, all
-    points and by kind, and the signed `time_ratio` of each: the figures of `inferledger fit TRAIN --test TEST`.
-    Each point is predicted once."""
+    """|error| in percent of `fit` on every point against its measured_ms (the step's own work, "against":
+    "work": cpu_ms less blocked_ms, ledger/step_fit.py POINTS_SQL) and its wall_ms ("wall"), all points and by
+    kind, and the signed `time_ratio` of each: the figures of `inferledger fit TRAIN --test TEST`. Each point is
+    predicted once."""
     predicted = [fit.predict_ms(p) for p in points]
 
     def block(ms: str) -> dict:
@@ -469,8 +471,8 @@ def held_out_summary(fit: StepFit, points: list[FitPoint]) -> dict:
         return {"held_out_median_abs_error_pct": quantile(every, 0.5),
                 "held_out_p90_abs_error_pct": quantile(every, 0.9), "by_kind": by_kind, "n_steps": len(every),
                 "time_ratio": _ratio([(m, q) for _, m, q in rows])}
-    out = block("measured_ms")
-    out["wall"] = block("wall_ms")
+    out = {**block("measured_ms"), "against": "work"}
+    out["wall"] = {**block("wall_ms"), "against": "wall"}
     return out
 
 

@@ -32,17 +32,20 @@ GAPS = gap_table("step_fit")
 
 # The steps a fit sees: a measured time and a shape, and not simulated ones, nor steps whose time holds
 # one-off build work (`compiling`: the step compiled its graph; `graph_capture`: it captured a CUDA
-# graph). A step with no mode (an older run) counts. The fit's time is the step's cpu_ms (without its wait
-# for a CPU), its wall time where the capture could not measure the wait (cpu_ms NULL: an older run, a
-# kernel that hides schedstat); the wait itself (contention_ms) rides along for the fit's κ term.
+# graph). A step with no mode (an older run) counts. The fit's time is the step's cpu_ms less its blocked_ms
+# (without its wait for a CPU and its sleep on a lock: the time its own work took; cpu_ms where blocked_ms is
+# unknown: a step with intra-op workers), its wall time where the capture could not measure the wait (cpu_ms
+# NULL: an older run, a kernel that hides schedstat); the wait itself (contention_ms) rides along for the fit's
+# κ term.
 POINTS_SQL = """
-SELECT flops_linear, flops_attention, bytes, bytes_kv_read + bytes_kv_write, coalesce(cpu_ms, measured_ms), num_seqs,
+SELECT flops_linear, flops_attention, bytes, bytes_kv_read + bytes_kv_write,
+       coalesce(cpu_ms - coalesce(blocked_ms, 0), measured_ms), num_seqs,
        tokens, context_tokens,
        gap_after_ms, step_id,
        CASE WHEN prefill_tokens = 0 THEN 'decode' WHEN prefill_tokens = tokens THEN 'prefill' ELSE 'mixed' END,
        measured_ms, contention_ms
 FROM step_model
-WHERE flops IS NOT NULL AND coalesce(cpu_ms, measured_ms) > 0 AND coalesce(mode, '') NOT IN ('simulated', 'compiling', 'graph_capture')
+WHERE flops IS NOT NULL AND coalesce(cpu_ms - coalesce(blocked_ms, 0), measured_ms) > 0 AND coalesce(mode, '') NOT IN ('simulated', 'compiling', 'graph_capture')
 ORDER BY step_id
 """
 
@@ -76,8 +79,9 @@ def fit_points(con) -> list[FitPoint]:
 # @column step_id: the engine step
 # @column split: train or held_out (by shape: batch size, tokens and context by powers of two), or
 #   applied (a declared fit from another run: every step is outside its training)
-# @column measured_ms: step_model.cpu_ms (the step without its wait for a CPU; its wall time measured_ms where the
-#   capture could not measure the wait), what the fit is judged against
+# @column measured_ms: step_model.cpu_ms − blocked_ms (the step without its wait for a CPU and its sleep on a lock;
+#   cpu_ms where blocked_ms is unknown, its wall time measured_ms where the capture could not measure the wait),
+#   what the fit is judged against
 # @column predicted_ms: the fit's α + a_seq · num_seqs + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, k · Q_kv / B)
 #   + κ · min(the step's contention_ms, its time without this term)
 # @column error_pct: (predicted − measured) / measured × 100

@@ -25,7 +25,7 @@ LINEAR_STAGES = ("embed", "qkv", "o_proj", "gate_up", "down")
 EPSILON_MS = 0.005  # a step is faster than its bound only beyond this (the clock's resolution and jitter)
 
 _STEPS = """
-SELECT st.step_id, st.step_ms, st.start_ns, st.end_ns, st.clock, st.mode, st.contention_ms, st.cpu_ms,
+SELECT st.step_id, st.step_ms, st.start_ns, st.end_ns, st.clock, st.mode, st.contention_ms, st.cpu_ms, st.blocked_ms,
        lead(st.start_ns) OVER (PARTITION BY st.clock ORDER BY st.start_ns) AS next_start_ns,
        lead(st.step_id) OVER (PARTITION BY st.clock ORDER BY st.start_ns) AS next_step_id
 FROM steps st
@@ -70,6 +70,9 @@ ORDER BY a.step_id, a.attempt_id
 #   wait plus the part of its sleep at the parallel sections' barriers that its workers' wait explains
 #   (docs/MODEL.md "Contention"); NULL with a gap where the step's step.end has no schedstat figures
 # @column cpu_ms: measured_ms − contention_ms: the step as it would have run uncontended (steps.cpu_ms)
+# @column blocked_ms: of cpu_ms, the time the step's thread slept on a lock, neither on a CPU nor waiting for
+#   one (steps.blocked_ms: in a Python server almost always the interpreter lock another thread of the process
+#   held); NULL with a gap where the step had intra-op workers or contention_ms is NULL (docs/MODEL.md "Contention")
 # @column residual_ms: measured_ms − bound_ms
 # @column residual_pct: residual_ms / bound_ms × 100
 # @column gap_after_ms: host time from this step's end to the next step's start while the engine had
@@ -100,7 +103,7 @@ def build(con, run) -> None:
         rows_by_step.setdefault(step_id, []).append((kind, tokens, ctx, sampled))
         attempts.setdefault(step_id, set()).add(attempt_id)
     out, no_context = [], 0
-    for step_id, step_ms, _, end_ns, _, mode, contention, cpu, next_start, next_step in con.execute(_STEPS).fetchall():
+    for step_id, step_ms, _, end_ns, _, mode, contention, cpu, blocked, next_start, next_step in con.execute(_STEPS).fetchall():
         items = rows_by_step.get(step_id, [])
         known = bool(items) and all(c is not None and t is not None for _, t, c, _ in items)
         no_context += bool(items) and not known
@@ -113,7 +116,7 @@ def build(con, run) -> None:
                "tokens": int(sum(t or 0 for _, t, _, _ in items)) if items else None,
                "prefill_tokens": int(sum(t or 0 for k, t, _, _ in items if k == "prefill")) if items else None,
                "context_tokens": int(sum(c for _, _, c, _ in items)) if known else None,
-               "measured_ms": step_ms, "contention_ms": contention, "cpu_ms": cpu,
+               "measured_ms": step_ms, "contention_ms": contention, "cpu_ms": cpu, "blocked_ms": blocked,
                "gap_after_ms": gap_after, "wait_after_ms": wait_after}
         if shape is not None and known:
             rows = [StepRow(k, int(t), int(c), logit_rows=None if k != "prefill" else int(bool(s)))
@@ -171,7 +174,7 @@ STEP_MODEL = StageTable("step_model", (
     ("bound_attention_ms", pa.float64()), ("bound_lm_head_ms", pa.float64()), ("bound_ms", pa.float64()),
     ("aggregated_bound_ms", pa.float64()), ("binding_roof", pa.string()), ("roof_source", pa.string()),
     ("roof_compute_tflops", pa.float64()), ("roof_memory_gbps", pa.float64()), ("measured_ms", pa.float64()),
-    ("contention_ms", pa.float64()), ("cpu_ms", pa.float64()),
+    ("contention_ms", pa.float64()), ("cpu_ms", pa.float64()), ("blocked_ms", pa.float64()),
     ("residual_ms", pa.float64()), ("residual_pct", pa.float64()), ("gap_after_ms", pa.float64()),
     ("wait_after_ms", pa.float64()), ("beats_bound", pa.bool_()), ("beaten_roof", pa.string()),
 ), order="step_id")

@@ -16,6 +16,13 @@
 -- cpu_ms = step_ms − contention_ms: the step as it would have run uncontended. Both NULL (a
 -- steps_gaps row) where step.end carries no cpu_ns / wait_ns (schedstat hidden, an older run,
 -- another writer) or the wait is longer than the step.
+-- blocked_ms: where the step ran on its thread alone (attrs.workers = 0), its sleep: the step less its
+-- on-CPU time and its run-queue wait (floored at 0), time it waited on neither a CPU nor its own work:
+-- a lock, in a Python server almost always the interpreter lock another thread of the process held
+-- (the front end tokenising a prompt, an embedded load client). NULL where the step had intra-op
+-- workers (its sleep at their barriers is their work too, which cannot be told from a lock's) or
+-- where contention_ms is; a steps_gaps row says so. Part of cpu_ms (the step as it would have run
+-- on an idle host still meets its own process's locks).
 CREATE OR REPLACE TEMP TABLE steps AS
 WITH raw AS (
   SELECT s.step_id, s.ts_ns AS start_ns, e.ts_ns AS end_ns, s.clock, (e.ts_ns - s.ts_ns) / 1e6 AS step_ms,
@@ -24,6 +31,7 @@ WITH raw AS (
          TRY_CAST(json_extract(e.attrs, '$.cpu_ns') AS BIGINT) AS cpu_ns,
          TRY_CAST(json_extract(e.attrs, '$.wait_ns') AS BIGINT) AS wait_ns,
          coalesce(TRY_CAST(json_extract(e.attrs, '$.workers_wait_ns_max') AS BIGINT), 0) AS workers_wait_ns,  -- none: no workers
+         TRY_CAST(json_extract(e.attrs, '$.workers') AS BIGINT) AS workers,
          json_extract_string(e.attrs, '$.mode') AS mode
   FROM ev s JOIN ev e ON e.step_id = s.step_id AND e.name = 'step.end' AND e.clock = s.clock
   WHERE s.name = 'step.start'
@@ -34,7 +42,8 @@ WITH raw AS (
   FROM raw
 )
 SELECT step_id, start_ns, end_ns, clock, step_ms, start_attrs, replica_id, mode,
-       contention_ns / 1e6 AS contention_ms, (step_ns - contention_ns) / 1e6 AS cpu_ms
+       contention_ns / 1e6 AS contention_ms, (step_ns - contention_ns) / 1e6 AS cpu_ms,
+       CASE WHEN contention_ns IS NOT NULL AND workers = 0 THEN greatest(step_ns - cpu_ns - wait_ns, 0) / 1e6 END AS blocked_ms
 FROM waited;
 
 -- @table step_attribution: one row per engine step × attempt in its batch (docs/LEDGER.md
@@ -78,7 +87,7 @@ SELECT 'step', step_id::VARCHAR, 'step_attribution share_ms, energy_shares',
 FROM step_attribution GROUP BY step_id HAVING sum(tokens) = 0;
 -- one row per engine instance (step.end attrs.engine_id), as the sharded build sees each engine apart
 INSERT INTO steps_gaps
-SELECT 'run', engine_id, 'steps contention_ms, cpu_ms; step_model contention_ms, cpu_ms',
+SELECT 'run', engine_id, 'steps contention_ms, cpu_ms, blocked_ms; step_model contention_ms, cpu_ms, blocked_ms',
        'step.end attrs.cpu_ns and wait_ns: the step thread''s on-CPU time and run-queue wait from Linux schedstat (/proc/self/task/<tid>/schedstat)',
        count(*) FILTER (WHERE contention_ms IS NULL) || ' of ' || count(*) || ' step(s) without on-CPU and wait figures '
        || '(or a wait longer than the step): schedstat hidden by the kernel, or a writer that does not record it; '
@@ -86,3 +95,13 @@ SELECT 'run', engine_id, 'steps contention_ms, cpu_ms; step_model contention_ms,
 FROM (SELECT st.contention_ms, json_extract_string(e.attrs, '$.engine_id') AS engine_id
       FROM steps st JOIN ev e ON e.step_id = st.step_id AND e.clock = st.clock AND e.name = 'step.end')
 GROUP BY engine_id HAVING count(*) FILTER (WHERE contention_ms IS NULL) > 0;
+-- a step with intra-op workers: its sleep holds their work at its barriers, not only locks (blocked_ms unknown)
+INSERT INTO steps_gaps
+SELECT 'run', engine_id, 'steps blocked_ms; step_model blocked_ms',
+       'a step run on its thread alone (step.end attrs.workers = 0), whose sleep is a lock''s',
+       count(*) || ' step(s) ran with intra-op workers: the step thread''s sleep at their barriers is their work as '
+       || 'well as any lock, and the two cannot be told apart; their time blocked on a lock is unknown, not 0'
+FROM (SELECT json_extract_string(e.attrs, '$.engine_id') AS engine_id
+      FROM steps st JOIN ev e ON e.step_id = st.step_id AND e.clock = st.clock AND e.name = 'step.end'
+      WHERE st.contention_ms IS NOT NULL AND st.blocked_ms IS NULL)
+GROUP BY engine_id;

@@ -112,7 +112,7 @@ def calibration(rv, page, p: str) -> str:
                        "step_fit")
     body = note("T = α + a_seq · sequences + max(e · F_lin / P, Q_lin / B) + max(e · F_att / P, Q_kv / B): the "
                 "step's work at the run's measured rates P and B, with α, a_seq and the compute efficiency e fitted "
-                "on cpu_ms; trained on some step shapes (batch size, tokens, context) and judged on the others; "
+                "on the steps' own work (cpu_ms less blocked_ms); trained on some step shapes (batch size, tokens, context) and judged on the others; "
                 "the held-out errors below are on shapes the fit never saw", "source")
     body += table(cols, rows)
     if rv.has("step_fit_points"):

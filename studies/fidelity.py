@@ -212,13 +212,14 @@ SELECT arg_min(wake_ms, step_id) AS first_wake_ms,
        quantile_cont(wake_ms, 0.5) FILTER (WHERE step_id > (SELECT min(step_id) FROM w)) AS wake_ms,
        count(*) AS n FROM w"""
 
-# each real step's share of wall time spent waiting for a CPU (step_model.contention_ms), with its start and end;
+# each real step's share of wall time spent waiting for a CPU or asleep on a lock (step_model.contention_ms and
+# blocked_ms: the fit learns neither), with its start and end;
 # and the median host time between two steps the engine worked across (step_model.gap_after_ms)
 GAP_SQL = "SELECT quantile_cont(gap_after_ms, 0.5) AS gap_ms, count(gap_after_ms) AS n FROM step_model"
 
 
 CONTENTION_PERIODS_SQL = """
-SELECT s.ts_ns AS start_ns, e.ts_ns AS end_ns, m.contention_ms / nullif(m.measured_ms, 0) AS share
+SELECT s.ts_ns AS start_ns, e.ts_ns AS end_ns, (m.contention_ms + coalesce(m.blocked_ms, 0)) / nullif(m.measured_ms, 0) AS share
 FROM step_model m JOIN events s ON s.name = 'step.start' AND s.step_id = m.step_id
 JOIN events e ON e.name = 'step.end' AND e.step_id = m.step_id
 WHERE m.contention_ms IS NOT NULL ORDER BY s.ts_ns"""
@@ -239,7 +240,7 @@ def host_replay(led, done: list[dict]) -> HostReplay:
     return HostReplay(first_wake_ms=first, wake_ms=first if wake["wake_ms"] is None else wake["wake_ms"],
                       contention=periods, gap_ms=gap_ms,
                       source=f"run real: its first and the median of its other {max(0, wake['n'] - 1)} idle wake-ups "
-                             f"(engine.enqueued → step.start), the contention_ms / wall time of its {len(periods)} "
+                             f"(engine.enqueued → step.start), the (contention_ms + blocked_ms) / wall time of its {len(periods)} "
                              f"steps whose wait is known and the median of its {n_gaps} gaps between steps "
                              "(step_model.gap_after_ms)")
 
@@ -493,8 +494,9 @@ def compare(runs: StudyRuns) -> list[Table]:
             Table("contention", "how long each real run's steps waited for a CPU (step_model.contention_ms)",
                   ["run", "n_steps", "n_steps_known", "contention_ms", "step_ms", "contention_share"], contention,
                   "contention_share = Σ contention_ms / Σ step wall time over the steps whose wait is known "
-                  "(n_steps_known); NULL where none is. The fit is trained on cpu_ms, so the simulation replays "
-                  "uncontended steps: the real run's contention is time the simulation does not have"),
+                  "(n_steps_known); NULL where none is. The fit is trained on the steps' own work (cpu_ms less "
+                  "blocked_ms), so the simulation adds back run real's contention and its steps' sleep on a lock "
+                  "at the times they happened (the sim's manifest, simulation.host_replay)"),
             Table("steps", "the steps of each run", ["run", "steps", "step_ms_p50", "step_ms_mean", "busy_s"], steps,
                   f"the sim's steps last what the fit predicts (trained on {fit['n_train']} steps of run fit, held-out "
                   f"median error {_pct(fit['held_out_median_abs_pct'])}), plus its host time between steps"),
@@ -503,7 +505,8 @@ def compare(runs: StudyRuns) -> list[Table]:
                   "held_out_*: its |error| on run fit's held-out step shapes; real_*: on every step of run real "
                   "(`inferledger fit FIT --test REAL`: a diagnosis after the fact, the simulation never sees them), "
                   "real_extrapolated_steps of them outside the fit's covered batch sizes, tokens or context; "
-                  "real_time_ratio (real_decode_time_ratio: its decode-only steps) Σ cpu_ms / Σ predicted over them, "
+                  "real_time_ratio (real_decode_time_ratio: its decode-only steps) Σ (cpu_ms − blocked_ms) / Σ predicted "
+                  "over them, "
                   "signed: above 1 run real's steps took longer than the fit predicts (the host slower than during "
                   "run fit, or the fit low), and the simulated TPOT and E2E come out short by about as much. "
                   "real_* large against held_out_*: the fit does not transfer (run real's shapes, or the host "

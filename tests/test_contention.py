@@ -224,6 +224,21 @@ def test_steps_without_the_figures_are_unknown_with_a_gap_never_zero(tmp_path):
     assert len(gaps) == 1 and gaps[0]["scope"] == "run" and gaps[0]["detail"].startswith("3 of 4 step(s)")
 
 
+
+def test_blocked_is_the_lone_step_threads_sleep_unknown_with_workers(tmp_path):
+    con = build_run(tmp_path / "b", _steps([
+        {"cpu_ns": 6_000_000, "wait_ns": 1_000_000, "workers": 0},  # 3 ms asleep: a lock
+        {"cpu_ns": 9_000_000, "wait_ns": 1_000_000, "workers": 0},  # on a CPU or waiting for one: none
+        {"cpu_ns": 7_100_000, "wait_ns": 3_000_000, "workers": 0},  # an on-CPU figure that lags: floored at 0
+        {"cpu_ns": 6_000_000, "wait_ns": 1_000_000, "workers": 1, "workers_wait_ns_max": 500_000},  # barrier sleep
+        None,  # no figures at all
+    ]), domains=("e",), manifest={"run_id": "b"})
+    rows = con.execute("SELECT step_id, contention_ms, cpu_ms, blocked_ms FROM step_model ORDER BY step_id").fetchall()
+    assert rows == [(1, 1.0, 9.0, 3.0), (2, 1.0, 9.0, 0.0), (3, 3.0, 7.0, 0.0), (4, 1.5, 8.5, None),
+                    (5, None, None, None)]
+    gaps = dict_rows(con, "SELECT detail FROM gaps WHERE affects LIKE '%blocked_ms%' ORDER BY detail")
+    assert [g["detail"][:30] for g in gaps] == ["1 of 5 step(s) without on-CPU ", "1 step(s) ran with intra-op wo"]
+
 # -- a real engine on this host ------------------------------------------------------------------------
 
 PHASE_STEPS = 3  # steps per phase: quiet, burners, quiet, burners
@@ -319,3 +334,63 @@ def test_host_samples_describe_the_server_only_on_its_host():
     applies, why = _host_samples_apply(CaptureOptions(target="http://10.0.0.2:8000",
                                                       evidence=EvidenceOptions(engine_host="gpu-7")))
     assert applies is False and "gpu-7" in why and "--engine-host" in why
+
+
+def test_a_thread_holding_the_interpreter_shows_as_the_steps_blocked_time(bundle, tmp_path):
+    """The step thread (one intra-op thread) beside a pure-Python loop in another thread of the process, which
+    holds the interpreter lock but for the switch interval: the steps it runs beside sleep on that lock, and
+    blocked_ms says so; the steps without it hardly sleep."""
+    import duckdb
+    import torch
+
+    from inferledger.collectors.rundir.writer import RunWriter
+    from inferledger.engine import EngineConfig, LLMEngine, SamplingParams
+    from inferledger.ledger.reconstruct import reconstruct
+
+    if not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
+        pytest.skip("this kernel hides schedstat")
+    run_dir, threads = tmp_path / "run", torch.get_num_threads()
+    spinning, stop = threading.Event(), threading.Event()
+
+    def spin():
+        x = 0
+        while not stop.is_set():
+            if spinning.is_set():
+                x += 1  # pure Python: the thread holds the interpreter lock until the switch interval ends
+            else:
+                spinning.wait(0.01)
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    phase: dict[int, bool] = {}
+    try:
+        torch.set_num_threads(1)
+        with RunWriter(run_dir, run_id="blocked") as writer:
+            engine = LLMEngine(bundle, EngineConfig(max_num_seqs=2), sink=writer, run_id="blocked")
+            writer.write_manifest({"run_id": "blocked", "source": "engine only", **engine.manifest()})
+            engine.add_request(bundle.tokenizer.encode("The weather today is"),
+                               SamplingParams(max_tokens=4 * PHASE_STEPS, ignore_eos=True), request_id="r0")
+            n = 0
+            while engine.has_unfinished():
+                (spinning.set if (n // PHASE_STEPS) % 2 == 1 else spinning.clear)()
+                engine.step()
+                phase[engine.step_id] = spinning.is_set()
+                n += 1
+            engine.close()
+    finally:
+        stop.set()
+        spinning.set()
+        spinner.join()
+        torch.set_num_threads(threads)
+    con = duckdb.connect(str(reconstruct(run_dir).path), read_only=True)
+    rows = dict(con.execute("SELECT step_id, blocked_ms FROM step_model").fetchall())
+    assert all(rows[s] is not None and rows[s] >= 0 for s in phase)
+    beside = sorted(rows[s] for s, b in phase.items() if b)
+    alone = sorted(rows[s] for s, b in phase.items() if not b)
+    # the interpreter handed back every switch interval (5 ms): a step beside the loop sleeps a millisecond or more
+    assert beside[len(beside) // 2] >= 1.0 > alone[len(alone) // 2]
+    # the step fit's time is the step's own work: its on-CPU time (cpu_ms less its sleep on that lock)
+    from inferledger.ledger.step_fit import fit_points
+    on_cpu = dict(con.execute("SELECT step_id, cpu_ms - blocked_ms FROM step_model").fetchall())
+    points = fit_points(con)
+    assert points and all(p.measured_ms == on_cpu[p.step_id] for p in points)
