@@ -506,6 +506,42 @@ def test_a_step_hands_its_deltas_to_each_event_loop_in_one_call():
     assert got["a0"] == [[0], [99]] and got["a16"] == [[16]] and all(len(v) == 1 for k, v in got.items() if k != "a0")
 
 
+
+def test_serving_freezes_the_startup_objects_out_of_the_collector_until_the_last_engine_stops():
+    """A full collection over the startup objects (the model, the compiled graphs) held the interpreter for
+    hundreds of ms while steps slept behind it: while engines serve they are frozen; the last one to stop
+    thaws them, so a process that serves no more collects them again."""
+    import gc
+
+    class Idle:  # an engine with nothing to do
+        def place_step_thread(self):
+            pass
+
+        def has_unfinished(self):
+            return False
+
+        def close(self):
+            pass
+
+    from inferledger.engine import async_engine
+
+    assert not async_engine._RUNNING  # every engine an earlier test started was closed
+    gc.unfreeze()
+    startup = [[i] for i in range(1000)]  # tracked by the collector
+    a, b = AsyncEngine(Idle(), idle_wait_s=0.001), AsyncEngine(Idle(), idle_wait_s=0.001)
+    try:
+        a.start()
+        frozen = gc.get_freeze_count()
+        assert frozen >= len(startup)
+        b.start()  # a second engine of the process: nothing more to freeze than what was alive at the first
+        assert gc.get_freeze_count() == frozen
+        a.close()
+        assert gc.get_freeze_count() == frozen  # b still serves
+    finally:
+        b.close()
+        a.close()
+    assert gc.get_freeze_count() == 0
+
 def test_a_draw_follows_the_distribution_and_never_picks_a_zero_weight_token():
     import torch
 
