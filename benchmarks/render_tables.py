@@ -407,7 +407,7 @@ def fit_transfer(rs: list[dict]) -> str:
     rows = []
     for p in f["pairs"]:
         for block in (p, p["wall"]):  # results before the fit left out blocked_ms: against cpu_ms
-            against, k = block.get("against", "cpu_ms"), block["by_kind"]
+            against, k = block.get("against", "cpu_ms" if block is p else "wall"), block["by_kind"]
             rows.append([f"{p['train']} → {p['test']}", against, block["n_steps"],
                          fmt(block["held_out_median_abs_error_pct"], ".1f", " %"),
                          fmt(block["held_out_p90_abs_error_pct"], ".1f", " %")]
