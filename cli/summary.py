@@ -73,15 +73,18 @@ def _peers(rows: list[dict]) -> Table:
 
 
 def _where_time_went(rows: list[dict]) -> Table:
-    from inferledger.report.tables import WHERE_TIME_WENT
+    from inferledger.report.tables import WHERE_TIME_WENT, WITHIN
 
     t = Table(title=f"Verdict: where the time went (ms; the request nearest the {rows[0]['e2e_layer']} E2E p50 / p99)",
-              title_justify="left")
-    for col in ("request", "attempt", "E2E", "held", *(name.removesuffix("_ms") for name, _ in WHERE_TIME_WENT)):
+              title_justify="left", caption="asleep: of its prefill, decode and stalls, its steps' sleep on a lock "
+                                            "(the interpreter: the front end, a full garbage collection)",
+              caption_justify="left")
+    names = WHERE_TIME_WENT + WITHIN
+    for col in ("request", "attempt", "E2E", "held", *(name.removesuffix("_ms") for name, _ in names)):
         t.add_column(col, justify="left" if col in ("request", "attempt") else "right")
     for r in rows:
         t.add_row(r["request"], r["attempt_id"], _fmt(r["e2e_ms"]), _fmt(r["held_ms"]),
-                  *(_fmt(r[name]) for name, _ in WHERE_TIME_WENT))
+                  *(_fmt(r[name]) for name, _ in names))
     return t
 
 

@@ -60,6 +60,11 @@
 -- @column decode_work_ms: its own decode work: decode_ms less the causes inside it (the rest of its
 --   interference and CPU wait, preemption after its first token, stalls, rejected drafts; ≥ 0); decode_ms where a span reported
 --   the engine side
+-- @column blocked_ms: of its time in steps, how long their step thread slept on a lock: Σ over the steps holding
+--   it (as host_contention_ms) of steps.blocked_ms, every attempt in the step slept all of it (in a Python
+--   server the interpreter lock, held by its front end or a full collection: docs/MODEL.md "Contention").
+--   Not a cause: it lies inside its prefill and decode work and its stalls, and is shown beside them; NULL
+--   when one step's is unknown (intra-op workers), or as host_contention_ms
 -- @column cause_evidence: observed (our engine's probes), reported (a span) or simulated (a run on the
 --   simulated clock): request_metrics.server_evidence; NULL without server evidence
 CREATE OR REPLACE TABLE attempt_causes AS
@@ -136,7 +141,7 @@ WITH gone AS (
   WHERE NOT (sa.kind = 'prefill' AND p.t IS NOT NULL AND sa.start_ns >= p.t)
     AND NOT coalesce(sa.start_ns >= g.ns, false)  -- begun after the client let go of it: no delay of its
 ), step_cpu AS (  -- the fraction of each step the CPU worked on it: cpu_ms / step_ms (1 where unknown: wall)
-  SELECT step_id, contention_ms, coalesce(cpu_ms / nullif(step_ms, 0), 1.0) AS cpu_frac FROM steps
+  SELECT step_id, contention_ms, blocked_ms, coalesce(cpu_ms / nullif(step_ms, 0), 1.0) AS cpu_frac FROM steps
 ), others_prefill AS (
   -- per step holding the attempt (its decode steps, and its own prefill step when other prompts were
   -- prefilled beside it): the step's on-CPU time spent on other attempts' prefill tokens (their token
@@ -150,10 +155,11 @@ WITH gone AS (
   SELECT attempt_id, sum(ms) AS ms FROM others_prefill GROUP BY 1
 ), held AS (  -- the CPU wait of each step holding the attempt: the whole wait (every attempt in the step
               -- waited it out), not a token share
-  SELECT sa.attempt_id, sa.step_id, sc.contention_ms * sa.held AS ms
+  SELECT sa.attempt_id, sa.step_id, sc.contention_ms * sa.held AS ms, sc.blocked_ms * sa.held AS blocked_ms
   FROM mine sa JOIN step_cpu sc USING (step_id)
-), contention AS (  -- unknown (NULL) as soon as one of its steps' contention is unknown
-  SELECT attempt_id, CASE WHEN count(*) = count(ms) THEN sum(ms) END AS ms FROM held GROUP BY 1
+), contention AS (  -- unknown (NULL) as soon as one of its steps' contention is unknown; the steps' sleep on a lock too
+  SELECT attempt_id, CASE WHEN count(*) = count(ms) THEN sum(ms) END AS ms,
+         CASE WHEN count(*) = count(blocked_ms) THEN sum(blocked_ms) END AS blocked_ms FROM held GROUP BY 1
 ), in_prefill AS (  -- the CPU wait and the interference of the steps that prefilled the attempt's prompt
   SELECT sa.attempt_id, sum(coalesce(sc.contention_ms * sa.held, 0) + coalesce(op.ms, 0)) AS ms
   FROM mine sa JOIN step_cpu sc USING (step_id)
@@ -222,6 +228,8 @@ WITH gone AS (
          -- contention lives in the steps: without them it is unknown, never 0
          CASE WHEN l.has_steps AND b.cause_evidence IS DISTINCT FROM 'reported'
               THEN CASE WHEN h.attempt_id IS NULL THEN 0.0 ELSE h.ms END END AS host_contention_ms,
+         CASE WHEN l.has_steps AND b.cause_evidence IS DISTINCT FROM 'reported'
+              THEN CASE WHEN h.attempt_id IS NULL THEN 0.0 ELSE h.blocked_ms END END AS blocked_ms,
          -- the client's time outside the server's span (client E2E − server E2E: before the server's
          -- first event and after its last write); the client's own lag takes what it can of it, and the
          -- link the client / server TTFT difference (a first chunk the server held back is not the
@@ -302,7 +310,7 @@ SELECT getvariable('run_id') AS run_id, attempt_id, task_id, client_status, late
             WHEN cause_evidence IS NOT NULL AND decode_ms IS NOT NULL THEN greatest(decode_ms - (coalesce(prefill_interference_ms, 0)
                    + coalesce(host_contention_ms, 0) - in_prefill_ms) - (coalesce(preemption_ms, 0) - preempted_in_prefill_ms)
                    - coalesce(decode_stall_ms, 0) - coalesce(spec_rejected_ms, 0), 0) END AS decode_work_ms,
-       cause_evidence
+       blocked_ms, cause_evidence
 FROM linked ORDER BY attempt_id;
 
 -- @table slo_misses: one row per late attempt (attempt_causes.late): a task deadline missed or timed

@@ -97,7 +97,7 @@ FROM (SELECT st.contention_ms, json_extract_string(e.attrs, '$.engine_id') AS en
 GROUP BY engine_id HAVING count(*) FILTER (WHERE contention_ms IS NULL) > 0;
 -- a step with intra-op workers: its sleep holds their work at its barriers, not only locks (blocked_ms unknown)
 INSERT INTO steps_gaps
-SELECT 'run', engine_id, 'steps blocked_ms; step_model blocked_ms',
+SELECT 'run', engine_id, 'steps blocked_ms; step_model blocked_ms; attempt_causes blocked_ms',
        'a step run on its thread alone (step.end attrs.workers = 0), whose sleep is a lock''s',
        count(*) || ' step(s) ran with intra-op workers: the step thread''s sleep at their barriers is their work as '
        || 'well as any lock, and the two cannot be told apart; their time blocked on a lock is unknown, not 0'

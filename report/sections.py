@@ -39,10 +39,13 @@ def verdict(rv, p: str) -> str:
                      "(latency_percentiles); its stretches from attempt_causes: queue = client + server queue, "
                      "prefill and decode its own work, contention the CPU wait of its steps, transport and the "
                      "client's own delay; held: the client's time from creating it to its end, which the stretches "
-                     "divide (its client queue lies before the send, outside the E2E)", "source")
-        body += table(["request", "attempt", "E2E", "held", *(n.removesuffix("_ms") for n, _ in tables.WHERE_TIME_WENT)],
+                     "divide (its client queue lies before the send, outside the E2E); asleep: of its prefill, decode "
+                     "and stalls, the time its steps' thread slept on a lock (in a Python server the interpreter, "
+                     "held by the front end or a full garbage collection; steps.blocked_ms)", "source")
+        names = tables.WHERE_TIME_WENT + tables.WITHIN
+        body += table(["request", "attempt", "E2E", "held", *(n.removesuffix("_ms") for n, _ in names)],
                       [[r["request"], r["attempt_id"], fmt(r["e2e_ms"]), fmt(r["held_ms"]),
-                        *(fmt(r[n]) for n, _ in tables.WHERE_TIME_WENT)]
+                        *(fmt(r[n]) for n, _ in names)]
                        for r in requests])
         if requests[0]["e2e_layer"] == "client":
             body += client_bound_note(rv)

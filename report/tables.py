@@ -72,6 +72,9 @@ WHERE_TIME_WENT = (("queue_ms", "c.client_queue_ms + c.server_queue_ms"), ("pref
                    ("contention_ms", "c.host_contention_ms"),
                    ("stalls_ms", "c.preemption_ms + c.decode_stall_ms + c.spec_rejected_ms"),
                    ("transport_ms", "c.transport_ms"), ("client_ms", "c.client_ms"))
+# beside the stretches, inside them: how long the request's steps slept on a lock (the interpreter: a full
+# collection, the front end), in its prefill, decode and stalls above
+WITHIN = (("asleep_ms", "c.blocked_ms"),)
 
 
 def verdict_requests(rv: RunView) -> list[dict]:
@@ -90,14 +93,14 @@ def verdict_requests(rv: RunView) -> list[dict]:
             break
     else:
         return []
-    cols = ", ".join(f"{sql} AS {name}" for name, sql in WHERE_TIME_WENT)
+    cols = ", ".join(f"{sql} AS {name}" for name, sql in WHERE_TIME_WENT + WITHIN)
     for which, target in zip(("p50", "p99"), pct):
         row = rv.one(f"SELECT c.attempt_id, r.e2e_{layer}_ms, r.client_span_ms, {cols} FROM attempt_causes c "
                      f"JOIN request_metrics r USING (attempt_id) WHERE r.e2e_{layer}_ms IS NOT NULL "
                      f"ORDER BY abs(r.e2e_{layer}_ms - $t), c.attempt_id LIMIT 1", {"t": target})
         if row:
             out.append({"request": which, "attempt_id": row[0], "e2e_layer": layer, "e2e_ms": num(row[1]),
-                        "held_ms": num(row[2]), **{name: num(v) for (name, _), v in zip(WHERE_TIME_WENT, row[3:])}})
+                        "held_ms": num(row[2]), **{name: num(v) for (name, _), v in zip(WHERE_TIME_WENT + WITHIN, row[3:])}})
     return out
 
 

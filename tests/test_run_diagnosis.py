@@ -183,7 +183,7 @@ def test_the_summary_opens_with_the_verdict(tmp_path):
         {"request": q, "attempt_id": "A1", "e2e_layer": "client", "e2e_ms": 70.0, "held_ms": 70.0, "queue_ms": 40.0,
          "prefill_ms": 10.0,
          "decode_ms": 10.0, "interference_ms": 10.0, "contention_ms": None, "stalls_ms": 0.0, "transport_ms": 0.0,
-         "client_ms": None} for q in ("p50", "p99")]
+         "client_ms": None, "asleep_ms": None} for q in ("p50", "p99")]
     assert out["verdict_prediction"] == []  # nothing registered
     # the next cause: B1's 10 ms of prefill beside A1's decode, of the 50 ms whose cause is known (contention and
     # the client's delay unknown: their shares NULL, never a next cause)
@@ -293,6 +293,37 @@ def test_host_contention_is_each_holding_steps_whole_cpu_wait_and_interference_t
     assert row["server_queue_share"] == pytest.approx(40 / 54.5)
     assert row["first_cause"] == "server_queue"
 
+
+
+def test_the_steps_sleep_on_a_lock_is_shown_inside_the_work_never_a_cause(tmp_path):
+    """Both steps ran on their thread alone (workers 0): step 1 (10 ms) on a CPU 6 ms, waiting 1 ms, asleep 3 ms;
+    step 2 (20 ms) on a CPU 12 ms, waiting 2 ms, asleep 6 ms (the interpreter held by the front end or a full
+    collection). A1 slept in both: 9 ms, shown beside its stretches; the causes are those of the steps' CPU
+    wait and B1's prefill, as if it had not slept; the verdict's request shows it as asleep."""
+    figures = {1: (6_000_000, 1_000_000), 2: (12_000_000, 2_000_000)}
+    events = [dict(e, attrs={"cpu_ns": figures[e["step_id"]][0], "wait_ns": figures[e["step_id"]][1], "workers": 0})
+              if e["name"] == "step.end" else e for e in _queued_then_interfered()]
+    run = tmp_path / "r"
+    con = build_run(run, events)
+    assert con.execute("SELECT step_id, contention_ms, cpu_ms, blocked_ms FROM step_model ORDER BY step_id").fetchall() \
+        == [(1, 1.0, 9.0, 3.0), (2, 2.0, 18.0, 6.0)]
+    a1 = dict_rows(con, "SELECT * FROM attempt_causes WHERE attempt_id = 'A1'")[0]
+    # every attempt of a step slept all of its sleep: 3 + 6; B1 was in step 2 only
+    assert a1["blocked_ms"] == pytest.approx(9.0)
+    assert dict_rows(con, "SELECT blocked_ms FROM attempt_causes WHERE attempt_id = 'B1'")[0]["blocked_ms"] \
+        == pytest.approx(6.0)
+    # the causes are untouched: contention 1 + 2, B1's token share of step 2's 18 ms of cpu_ms (its sleep included)
+    assert (a1["host_contention_ms"], a1["prefill_interference_ms"]) == (pytest.approx(3.0), pytest.approx(9.0))
+    assert (a1["prefill_work_ms"], a1["decode_work_ms"]) == (pytest.approx(9.0), pytest.approx(9.0))
+    con.close()
+    import json
+
+    from typer.testing import CliRunner
+
+    from inferledger.cli.app import app
+    res = CliRunner().invoke(app, ["summary", str(run), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert [r["asleep_ms"] for r in json.loads(res.output)["verdict_time"]] == [pytest.approx(9.0)] * 2
 
 def test_a_step_mostly_waiting_for_a_cpu_is_host_contention_not_interference(tmp_path):
     """The busy-host case: step 2 (A1's decode beside B1's prefill, 20 ms) waited 16 ms for a CPU and ran 4.

@@ -67,7 +67,7 @@ def test_every_step_of_a_captured_run_has_its_work_and_no_step_beats_its_bound(c
     gaps = _rows(con, "SELECT affects, detail FROM gaps WHERE affects LIKE '%step_model%'")
     # a step of several intra-op threads sleeps at their barriers too: its time blocked on a lock is unknown, said so
     workers = con.execute("SELECT count(*) FROM events WHERE name = 'step.end' AND json_extract(attrs, '$.workers')::INT > 0").fetchone()[0]
-    assert [g["affects"] for g in gaps] == (["steps blocked_ms; step_model blocked_ms"] if workers else [])
+    assert [g["affects"] for g in gaps] == (["steps blocked_ms; step_model blocked_ms; attempt_causes blocked_ms"] if workers else [])
 
 
 def test_request_bounds_never_exceed_the_measured_times(captured):
