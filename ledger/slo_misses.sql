@@ -27,8 +27,8 @@
 --   arrival → queued) and request_metrics.queue_ms (the engine's queue), each cut where the client let go;
 --   NULL without engine events
 -- @column prefill_interference_ms: the on-CPU time of the steps holding this attempt (its prefill and
---   decode steps; not those recomputing it after a preemption) charged to other attempts' prefill tokens (their token shares of steps.cpu_ms; of the
---   wall step where cpu_ms is unknown); NULL without steps, or when a span reported the engine side
+--   decode steps; not those recomputing it after a preemption) charged to other attempts' prefill tokens (their token shares of steps.cpu_ms
+--   less the step's blocked_ms, where known; of the wall step where cpu_ms is unknown); NULL without steps, or when a span reported the engine side
 -- @column preemption_ms: its preempted and recompute intervals (each engine.preempted → its next token: the
 --   wait to be admitted again and the recompute, whose steps count for no other cause); NULL without
 --   engine events
@@ -45,7 +45,7 @@
 --   the attempt waited to be sent (at most its client_queue interval) and while it held the attempt (at most
 --   the client's time outside the server's span, e2e_client_ms − e2e_server_ms: a late read of the first
 --   chunk or of the last); NULL when unknown
--- @column spec_rejected_ms: its decode steps' on-CPU time (share_ms × cpu_ms / step_ms; wall where cpu_ms
+-- @column spec_rejected_ms: its decode steps' on-CPU time (share_ms × (cpu_ms − blocked_ms) / step_ms; wall where cpu_ms
 --   is unknown) × rejected drafted tokens / (drafted tokens + rounds);
 --   0 without speculative rounds
 -- @column dominant_cause: its largest cause: server_queue, client_queue, prefill_interference,
@@ -140,8 +140,10 @@ WITH gone AS (
   LEFT JOIN gone g ON g.attempt_id = sa.attempt_id AND g.clock = sa.clock
   WHERE NOT (sa.kind = 'prefill' AND p.t IS NOT NULL AND sa.start_ns >= p.t)
     AND NOT coalesce(sa.start_ns >= g.ns, false)  -- begun after the client let go of it: no delay of its
-), step_cpu AS (  -- the fraction of each step the CPU worked on it: cpu_ms / step_ms (1 where unknown: wall)
-  SELECT step_id, contention_ms, blocked_ms, coalesce(cpu_ms / nullif(step_ms, 0), 1.0) AS cpu_frac FROM steps
+), step_cpu AS (  -- the fraction of each step the CPU worked on it: cpu_ms less the step thread's sleep on a lock
+                  -- (blocked_ms, where known), over step_ms; 1 where unknown: wall
+  SELECT step_id, contention_ms, blocked_ms,
+         coalesce((cpu_ms - coalesce(blocked_ms, 0)) / nullif(step_ms, 0), 1.0) AS cpu_frac FROM steps
 ), others_prefill AS (
   -- per step holding the attempt (its decode steps, and its own prefill step when other prompts were
   -- prefilled beside it): the step's on-CPU time spent on other attempts' prefill tokens (their token

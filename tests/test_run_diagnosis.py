@@ -298,8 +298,8 @@ def test_host_contention_is_each_holding_steps_whole_cpu_wait_and_interference_t
 def test_the_steps_sleep_on_a_lock_is_shown_inside_the_work_never_a_cause(tmp_path):
     """Both steps ran on their thread alone (workers 0): step 1 (10 ms) on a CPU 6 ms, waiting 1 ms, asleep 3 ms;
     step 2 (20 ms) on a CPU 12 ms, waiting 2 ms, asleep 6 ms (the interpreter held by the front end or a full
-    collection). A1 slept in both: 9 ms, shown beside its stretches; the causes are those of the steps' CPU
-    wait and B1's prefill, as if it had not slept; the verdict's request shows it as asleep."""
+    collection). A1 slept in both: 9 ms, shown beside its stretches, inside its own work: no prompt's prefill
+    interferes by sleeping, so B1's share is of step 2's 12 ms on a CPU; the verdict's request shows it as asleep."""
     figures = {1: (6_000_000, 1_000_000), 2: (12_000_000, 2_000_000)}
     events = [dict(e, attrs={"cpu_ns": figures[e["step_id"]][0], "wait_ns": figures[e["step_id"]][1], "workers": 0})
               if e["name"] == "step.end" else e for e in _queued_then_interfered()]
@@ -312,9 +312,10 @@ def test_the_steps_sleep_on_a_lock_is_shown_inside_the_work_never_a_cause(tmp_pa
     assert a1["blocked_ms"] == pytest.approx(9.0)
     assert dict_rows(con, "SELECT blocked_ms FROM attempt_causes WHERE attempt_id = 'B1'")[0]["blocked_ms"] \
         == pytest.approx(6.0)
-    # the causes are untouched: contention 1 + 2, B1's token share of step 2's 18 ms of cpu_ms (its sleep included)
-    assert (a1["host_contention_ms"], a1["prefill_interference_ms"]) == (pytest.approx(3.0), pytest.approx(9.0))
-    assert (a1["prefill_work_ms"], a1["decode_work_ms"]) == (pytest.approx(9.0), pytest.approx(9.0))
+    # contention 1 + 2; B1's token share (half) of step 2's 12 ms on a CPU, not of its 18 ms of cpu_ms (18 − 6 asleep)
+    assert (a1["host_contention_ms"], a1["prefill_interference_ms"]) == (pytest.approx(3.0), pytest.approx(6.0))
+    # its own work holds its sleep: prefill 10 less 1 ms of wait (3 asleep in it), decode 20 less 2 + 6 (6 asleep)
+    assert (a1["prefill_work_ms"], a1["decode_work_ms"]) == (pytest.approx(9.0), pytest.approx(12.0))
     con.close()
     import json
 
