@@ -25,11 +25,13 @@ WITH c AS (
          max(ts_ns) FILTER (WHERE choices_bearing) AS last_choices_ns,
          min(ts_ns) FILTER (WHERE output_bearing) AS first_content_ns,
          max(ts_ns) FILTER (WHERE output_bearing) AS last_content_ns,
-         list(ts_ns ORDER BY ts_ns, seq) FILTER (WHERE choices_bearing) AS choices_ts
+         -- the times in order: sorting the bare values lists them as an ORDER BY ts_ns, seq does (a tie on
+         -- ts_ns lists the same value twice whichever seq comes first), without an ordered aggregate's sort per group
+         list_sort(list(ts_ns) FILTER (WHERE choices_bearing)) AS choices_ts
   FROM ev_out WHERE name = 'attempt.chunk' GROUP BY attempt_id
-), client_gaps AS (
-  SELECT attempt_id, list(gap_ms) FILTER (WHERE layer = 'client') AS gaps_ms,
-         list(gap_ms) FILTER (WHERE layer = 'server') AS server_gaps_ms
+), client_gaps AS (  -- the attempt's gaps per layer in itl's order: choice by choice, each in idx order
+  SELECT attempt_id, list(gap_ms ORDER BY choice, idx) FILTER (WHERE layer = 'client') AS gaps_ms,
+         list(gap_ms ORDER BY choice, idx) FILTER (WHERE layer = 'server') AS server_gaps_ms
   FROM itl WHERE layer IN ('client', 'server') AND gap_ms IS NOT NULL GROUP BY attempt_id
 ), sent AS (
   SELECT attempt_id, TRY_CAST(json_extract_string(attrs, '$.pacing_error_ms') AS DOUBLE) AS pacing_error_ms

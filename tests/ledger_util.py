@@ -11,10 +11,11 @@ from inferledger.ledger.reconstruct import BuildOptions, reconstruct
 
 
 def build_run(run_dir: Path, events: list[dict], *, domains=("c",), maps=(), samples=(),
-              manifest: dict | None = None, live: bool = False) -> duckdb.DuckDBPyConnection:
+              manifest: dict | None = None, live: bool = False, on_built=None) -> duckdb.DuckDBPyConnection:
     """events: dicts with name, ms (float) or ts_ns, and optional clock/source/ids/value/attrs;
     samples: (ms, metric, value, unit, device[, source]) on the first domain (source: probe unless given);
-    live: rebuilt as `reconstruct --follow` rebuilds a run it watches record."""
+    live: rebuilt as `reconstruct --follow` rebuilds a run it watches record; on_built: reconstruct's hook
+    (con, run) once the stages ran, where the build's temporary tables can still be read."""
     w = RunWriter(run_dir, run_dir.name)
     for d in domains:
         w.clock_domain(d, host="h", kind="monotonic")
@@ -37,7 +38,7 @@ def build_run(run_dir: Path, events: list[dict], *, domains=("c",), maps=(), sam
     if manifest is not None:
         w.write_manifest(manifest)
     w.close()
-    summary = reconstruct(run_dir, BuildOptions(live=live))
+    summary = reconstruct(run_dir, BuildOptions(live=live), on_built=on_built)
     return duckdb.connect(str(summary.path), read_only=True)
 
 
