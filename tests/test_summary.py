@@ -78,7 +78,7 @@ def test_a_piped_summary_keeps_every_header_and_line_whole(tmp_path, tmp_path_fa
     header = next(ln for ln in text.splitlines() if "request" in ln and "attempt" in ln)
     assert [c.strip() for c in header.split("┃")[1:-1]] == [
         "request", "attempt", "E2E", "held", "queue", "prefill", "decode", "interference", "contention", "stalls",
-        "transport", "client"]
+        "transport", "client", "asleep"]
     assert "…" not in text and max(map(len, text.splitlines())) > 80
 
 
