@@ -66,5 +66,5 @@ CREATE OR REPLACE TEMP TABLE latency_gaps (scope VARCHAR, subject_id VARCHAR, af
 INSERT INTO latency_gaps
 SELECT 'run', NULL, 'itl (engine layer), itl_engine_max_ms',
        'per-token engine events (a span reports the first and the last token only)',
-       format('{} attempt(s) with tokens reported by {} as a span', count(*), string_agg(DISTINCT reporter, ', '))
+       format('{} attempt(s) with tokens reported by {} as a span', count(*), string_agg(DISTINCT reporter, ', ' ORDER BY reporter))
 FROM attempt_evidence WHERE aggregate_tokens HAVING count(*) > 0;

@@ -48,3 +48,18 @@ def test_the_window_goodput_counts_over_is_in_run_metrics(tmp_path):
         "SELECT window_clock, window_start_ns, window_end_ns, t_obs_s FROM run_metrics").fetchone()
     # from the planned arrival (0 ms) to the last attempt's done (4000 + 100 + 7 ms)
     assert (clock, start, end) == ("c", 0, 4_107_000_000) and t_obs == pytest.approx(4.107)
+
+
+def test_the_reporters_of_span_tokens_are_named_in_order(tmp_path):
+    """The gap for engine token gaps a reported span cannot give names every reporter once, alphabetically: the
+    same run gives the same words (a DISTINCT aggregate without an order listed them as the rows came)."""
+    from ledger_util import build_run, dict_rows, event as _e
+
+    events = []
+    for i, reporter in enumerate(["zeta", "mu", "alpha", "kappa", "alpha"]):
+        said = {"evidence": "reported", "reporter": reporter}
+        events += [_e("engine.enqueued", i, f"A{i}", source="engine", attrs=said),
+                   _e("engine.token", i + 5, f"A{i}", source="engine", value=3, attrs={**said, "aggregate": True})]
+    con = build_run(tmp_path / "r", events)
+    assert dict_rows(con, "SELECT detail FROM gaps WHERE gap_id = 'reported:itl'") == [
+        {"detail": "5 attempt(s) with tokens reported by alpha, kappa, mu, zeta as a span"}]
