@@ -101,8 +101,9 @@ def fit_cmd(
         typer.echo(csv_text(COLUMNS, rows), nl=False)
         return
     table = Table(title=f"the fit of {train.name} predicting the steps of {test.name}: |error| %",
-                  caption="Σ measured / Σ predicted: above 1 the steps took longer than the fit predicts (the host "
-                          "slower than during TRAIN, or the fit low)")
+                  caption="work: the step less its wait for a CPU and its sleep on a lock (cpu_ms − blocked_ms), "
+                          "what the fit learns; wall: the whole step. Σ measured / Σ predicted: above 1 the steps "
+                          "took longer than the fit predicts (the host slower than during TRAIN, or the fit low)")
     for col in ("against", "kind", "steps", "median |error| %", "p90 |error| %", "Σ measured / Σ predicted"):
         table.add_column(col, justify="left" if col in ("against", "kind") else "right")
     for against, kind, n, med, p90, ratio in rows:
