@@ -387,8 +387,9 @@ def test_a_thread_holding_the_interpreter_shows_as_the_steps_blocked_time(bundle
     assert all(rows[s] is not None and rows[s] >= 0 for s in phase)
     beside = sorted(rows[s] for s, b in phase.items() if b)
     alone = sorted(rows[s] for s, b in phase.items() if not b)
-    # the interpreter handed back every switch interval (5 ms): a step beside the loop sleeps a millisecond or more
-    assert beside[len(beside) // 2] >= 1.0 > alone[len(alone) // 2]
+    # the loop keeps the interpreter a switch interval (5 ms) each time it has it: a step beside it sleeps at least
+    # one interval more than a step without it (which may still meet the run writer's thread, or another test's)
+    assert beside[len(beside) // 2] >= alone[len(alone) // 2] + 5.0
     # the step fit's time is the step's own work: its on-CPU time (cpu_ms less its sleep on that lock)
     from inferledger.ledger.step_fit import fit_points
     on_cpu = dict(con.execute("SELECT step_id, cpu_ms - blocked_ms FROM step_model").fetchall())
