@@ -21,7 +21,7 @@ METRIC_COLUMNS = ("ttft_client_ms", "ttft_first_byte_ms", "ttft_visible_ms", "tt
 # attempt_causes as the drill-down shows it: the verdict, each cause, the attempt's own work, the evidence
 CAUSE_COLUMNS = ("late", "missed", "deadline_ms", "dominant_cause", "client_queue_ms", "server_queue_ms",
                  "prefill_interference_ms", "preemption_ms", "decode_stall_ms", "host_contention_ms", "transport_ms",
-                 "client_ms", "spec_rejected_ms", "prefill_ms", "decode_ms", "cause_evidence")
+                 "client_ms", "spec_rejected_ms", "prefill_ms", "decode_ms", "blocked_ms", "cause_evidence")
 ATTRS_CHARS = 600  # an event's attrs shown in the drill-down are cut here (the ledger keeps them whole)
 
 

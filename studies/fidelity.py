@@ -393,12 +393,17 @@ def _figures_sql() -> str:
     return f"WITH p AS ({_paired_sql()}) SELECT {', '.join(parts)} FROM p"
 
 
-# how long run's steps waited for a CPU, over the steps whose wait is known (NULL where none is)
+# how long run's steps waited for a CPU, over the steps whose wait is known (NULL where none is), and how long
+# their thread slept on a lock, over the steps whose sleep is known (step_model.blocked_ms)
 CONTENTION_SQL = """
 SELECT count(*) AS n_steps, count(contention_ms) AS n_steps_known, sum(contention_ms) AS contention_ms,
        sum(measured_ms) FILTER (WHERE contention_ms IS NOT NULL) AS step_ms,
-       sum(contention_ms) / nullif(sum(measured_ms) FILTER (WHERE contention_ms IS NOT NULL), 0) AS contention_share
+       sum(contention_ms) / nullif(sum(measured_ms) FILTER (WHERE contention_ms IS NOT NULL), 0) AS contention_share,
+       sum(blocked_ms) AS blocked_ms,
+       sum(blocked_ms) / nullif(sum(measured_ms) FILTER (WHERE blocked_ms IS NOT NULL), 0) AS blocked_share
 FROM step_model"""
+CONTENTION_COLUMNS = ["run", "n_steps", "n_steps_known", "contention_ms", "step_ms", "contention_share", "blocked_ms",
+                      "blocked_share"]
 
 STEPS_SQL = """SELECT count(DISTINCT step_id) AS steps, median(step_ms) AS step_ms_p50, avg(step_ms) AS step_ms_mean,
 (SELECT engine_busy_s FROM run_metrics) AS busy_s
@@ -412,8 +417,12 @@ def contention_sentence(c: dict) -> str:
                 "run-queue wait: schedstat hidden or not recorded)")
     part = "" if c["n_steps_known"] == c["n_steps"] else f" (the {c['n_steps_known']} of {c['n_steps']} steps " \
                                                           "whose wait is known)"
+    asleep = ("; its steps' sleep on a lock is unknown (they ran with intra-op workers)"
+              if c.get("blocked_share") is None else
+              f"; its steps slept {c['blocked_ms']:.1f} ms on a lock (the interpreter): "
+              f"{100 * c['blocked_share']:.1f} % of their time")
     return (f"run real waited {c['contention_ms']:.1f} ms for a CPU over {c['step_ms']:.1f} ms of steps"
-            f"{part}: {100 * c['contention_share']:.1f} % of its step time")
+            f"{part}: {100 * c['contention_share']:.1f} % of its step time{asleep}")
 
 
 DRIFT = 0.03  # run real's decode steps this far from the fit's prediction (Σ measured / Σ predicted) are named
@@ -460,8 +469,7 @@ def compare(runs: StudyRuns) -> list[Table]:
             row += [p[f"real_{c}"], p[f"sim_{c}"], error_ratio(p[f"sim_{c}"], p[f"real_{c}"])]
         per_attempt.append(row)
     contention = [[n, *runs.one(n, CONTENTION_SQL).values()] for n in ("fit", "real")]
-    real_contention = dict(zip(["run", "n_steps", "n_steps_known", "contention_ms", "step_ms", "contention_share"],
-                               contention[1]))
+    real_contention = dict(zip(CONTENTION_COLUMNS, contention[1]))
     fit = sim_manifest["simulation"]["step_model"]["fit"]
     on_real = fit_row(fit, runs.dirs["real"])
     steps = [[n, *runs.one(n, STEPS_SQL).values()] for n in runs.names]
@@ -492,9 +500,11 @@ def compare(runs: StudyRuns) -> list[Table]:
                    "ttft_real_ms", "ttft_sim_ms", "ttft_error_ratio", "tpot_real_ms", "tpot_sim_ms",
                    "tpot_error_ratio", "e2e_real_ms", "e2e_sim_ms", "e2e_error_ratio"], per_attempt),
             Table("contention", "how long each real run's steps waited for a CPU (step_model.contention_ms)",
-                  ["run", "n_steps", "n_steps_known", "contention_ms", "step_ms", "contention_share"], contention,
+                  CONTENTION_COLUMNS, contention,
                   "contention_share = Σ contention_ms / Σ step wall time over the steps whose wait is known "
-                  "(n_steps_known); NULL where none is. The fit is trained on the steps' own work (cpu_ms less "
+                  "(n_steps_known); NULL where none is. blocked_ms, blocked_share: the same for the steps' sleep on a "
+                  "lock (step_model.blocked_ms: the interpreter, held by the front end or a full collection), over "
+                  "the steps whose sleep is known; NULL where none is (intra-op workers). The fit is trained on the steps' own work (cpu_ms less "
                   "blocked_ms), so the simulation adds back run real's contention and its steps' sleep on a lock "
                   "at the times they happened (the sim's manifest, simulation.host_replay)"),
             Table("steps", "the steps of each run", ["run", "steps", "step_ms_p50", "step_ms_mean", "busy_s"], steps,

@@ -69,8 +69,12 @@ def test_replayed_prompts_share_what_the_real_cache_shared_and_nothing_else():
 
 
 def test_contention_is_named_measured_partly_measured_or_unknown_never_zero():
-    c = {"n_steps": 10, "n_steps_known": 10, "contention_ms": 50.0, "step_ms": 400.0, "contention_share": 0.125}
-    assert contention_sentence(c) == "run real waited 50.0 ms for a CPU over 400.0 ms of steps: 12.5 % of its step time"
+    c = {"n_steps": 10, "n_steps_known": 10, "contention_ms": 50.0, "step_ms": 400.0, "contention_share": 0.125,
+         "blocked_ms": 8.0, "blocked_share": 0.02}
+    assert contention_sentence(c) == ("run real waited 50.0 ms for a CPU over 400.0 ms of steps: 12.5 % of its step "
+                                      "time; its steps slept 8.0 ms on a lock (the interpreter): 2.0 % of their time")
+    assert contention_sentence({**c, "blocked_ms": None, "blocked_share": None}).endswith(
+        "; its steps' sleep on a lock is unknown (they ran with intra-op workers)")
     assert "(the 4 of 10 steps whose wait is known)" in contention_sentence({**c, "n_steps_known": 4})
     unknown = {**c, "n_steps_known": 0, "contention_ms": None, "step_ms": None, "contention_share": None}
     assert contention_sentence(unknown).startswith("run real's contention is unknown (none of its 10 steps")
