@@ -49,8 +49,9 @@ def fit_cmd(
     from rich.table import Table
 
     from inferledger.cli.output import console, csv_text, fail, plain
-    from inferledger.costmodel.fit import FitError, held_out_summary
-    from inferledger.ledger.fit_read import StepsUnreadable, ledger_fit_points, run_fit
+    from inferledger.costmodel.fit import FitError
+    from inferledger.ledger.fit_read import (StepsUnreadable, held_out_summary_on_host, ledger_fit_points, on_test_host,
+                                             run_fit)
     from inferledger.probes.run_folder import Manifest, RunFolderError, engine_differences
     from inferledger.probes.study_dir import not_a_run
 
@@ -77,7 +78,8 @@ def fit_cmd(
                                          f"a measured time to train on ({NO_STEPS_WHY})"))
     except RunFolderError as exc:
         fail(f"error: TRAIN {exc}")
-    summary = held_out_summary(fit, points)
+    applied, host = on_test_host(fit, manifests["TRAIN"], manifests["--test"])
+    summary = held_out_summary_on_host(fit, applied, host, points)
     if not summary["n_steps"]:
         fail(f"error: --test {test}: no engine step with a shape and a measured time to predict ({NO_STEPS_WHY})")
     if train.resolve() == test.resolve():
@@ -110,6 +112,16 @@ def fit_cmd(
         table.add_row(against, kind, str(n), *("—" if v is None else f"{v:.{d}f}" for v, d in ((med, 1), (p90, 1),
                                                                                               (ratio, 3))))
     console.print(table)
+    if host["rescaled"]:
+        t, s = host["train"], host["test"]
+        console.print(f"at TEST's host: memory term × {host['memory_scale']:.3f} ({t['memory_gbps']:.4g} GB/s over TRAIN's "
+                      f"capture against {s['memory_gbps']:.4g} over TEST's, the median of {t['n']} and {s['n']} "
+                      f"microbenchmark repeats), compute terms × {host['compute_scale']:.3f}; at TRAIN's rates: "
+                      f"median {summary['as_trained']['held_out_median_abs_error_pct']:.1f} %, p90 "
+                      f"{summary['as_trained']['held_out_p90_abs_error_pct']:.1f} %, Σ measured / Σ predicted "
+                      f"{summary['as_trained']['time_ratio']:.3f}")
+    else:
+        console.print(f"at TRAIN's rates: {host['why']}")
     per_seq = (f"{fit.ms_per_seq:.3f} ms per sequence" if fit.ms_per_seq_known else
                f"per sequence unknown (every training step had {fit.covered['num_seqs'][0]})")
     console.print(f"fit: α {fit.alpha_ms:.3f} ms, {per_seq}, compute efficiency "

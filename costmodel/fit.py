@@ -220,6 +220,15 @@ class StepFit:
                    combine="stage_max", ms_per_wait_ms=kappa[0] if kappa else 0.0, kv_factor=k,
                    attention_efficiency=a, gap_covered_num_seqs=gap_seqs)
 
+    def on_host(self, memory_scale: float, compute_scale: float) -> "StepFit":
+        """This fit with its memory term × memory_scale and its compute terms × compute_scale: a fit trained
+        where the host gave B and P, applied where it gave B / memory_scale and P / compute_scale (the
+        efficiencies, α and the per-sequence cost as fitted)."""
+        import dataclasses
+
+        return dataclasses.replace(self, ms_per_mb=self.ms_per_mb * memory_scale,
+                                   ms_per_gflop=self.ms_per_gflop * compute_scale)
+
     def predict_ms(self, work) -> float:
         """The step's on-CPU time for a FitPoint or a StepWork: κ times the step's measured wait, counted up
         to the step's own uncontended time, is added where it carries one (a FitPoint's wait_ms); a

@@ -112,6 +112,29 @@ def microbenchmark_roofs(params: dict) -> Roofs | None:
                       mem.get("label") or "the best of the capture's memcpy repeats"))
 
 
+def host_rates(params: dict) -> dict | None:
+    """The host's rates over a capture: the median of its microbenchmarks' repeats (start, idle gaps, end; those a
+    task arrived during left out), each repeat's best, as `device_params` records them; the start alone where the
+    capture repeated none. {"memory_gbps", "compute_tflops", "n"}; None without microbenchmarks. Not a roof (a
+    bound holds a peak): how fast this host ran while the capture ran, which moves from one capture to the next
+    on a shared host (docs/MODEL.md "Across runs")."""
+    runs = (params.get("repeats") or {}).get("runs") if isinstance(params.get("repeats"), dict) else None
+    if runs:
+        clean = [r for r in runs if isinstance(r, dict) and not r.get("overlapped")
+                 and _rate(r.get("memcpy_gbps")) and _rate(r.get("matmul_tflops"))]
+    else:
+        bench = microbenchmark_roofs(params)
+        clean = [] if bench is None else [{"memcpy_gbps": bench.memory.value, "matmul_tflops": bench.compute.value}]
+    if not clean:
+        return None
+
+    def median(xs: list[float]) -> float:
+        xs = sorted(xs)
+        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+    return {"memory_gbps": median([float(r["memcpy_gbps"]) for r in clean]),
+            "compute_tflops": median([float(r["matmul_tflops"]) for r in clean]), "n": len(clean)}
+
+
 def run_roofs(manifest: Manifest) -> tuple[Roofs | None, str]:
     """Peak roofs for a run: the spec entry of its device, else its microbenchmarks' best, else roofs a
     person declared (`declared_roofs`: tflops, gbps, label; source assumption); with why."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from inferledger.costmodel.fit import FitPoint, StepFit, held_out_summary
-from inferledger.costmodel.roofs import fit_rates
+from inferledger.costmodel.roofs import fit_rates, host_rates
 from inferledger.ledger.query import LedgerError, open_ledger
 from inferledger.ledger.step_fit import POINTS_SQL
 from inferledger.probes.run_folder import Manifest
@@ -51,7 +51,36 @@ def run_fit(run_dir: str | Path, points: list[FitPoint] | None = None) -> StepFi
     return fit
 
 
+def on_test_host(fit: StepFit, train: Manifest, test: Manifest) -> tuple[StepFit, dict]:
+    """TRAIN's fit at TEST's host: its memory and compute terms scaled by TRAIN's host rates over TEST's (the
+    median of each capture's microbenchmark repeats, costmodel.roofs.host_rates), so a host that ran TEST's
+    capture slower than TRAIN's, as a shared host does minutes apart, is priced by what its microbenchmarks
+    measured then, not by TEST's steps. Where either run has no microbenchmarks the fit as trained, and
+    `host` says why. -> (the fit to apply, the `host` block of `inferledger fit --test`)."""
+    a, b = host_rates(train.block("device_params")), host_rates(test.block("device_params"))
+    if a is None or b is None:
+        which = " and ".join(n for n, r in (("TRAIN", a), ("TEST", b)) if r is None)
+        return fit, {"rescaled": False, "why": f"{which} recorded no microbenchmarks: the fit at TRAIN's rates"}
+    memory, compute = a["memory_gbps"] / b["memory_gbps"], a["compute_tflops"] / b["compute_tflops"]
+    return fit.on_host(memory, compute), {"rescaled": True, "train": a, "test": b, "memory_scale": memory,
+                                           "compute_scale": compute}
+
+
 def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict]:
-    """TRAIN's fit and its |error| on every step of TEST (costmodel.fit.held_out_summary)."""
+    """TRAIN's fit and its |error| on every step of TEST (costmodel.fit.held_out_summary), at TEST's host
+    (`on_test_host`; `host` says how), with the errors at TRAIN's rates beside them (`as_trained`)."""
     fit = run_fit(train_run)
-    return fit, held_out_summary(fit, ledger_fit_points(test_run))
+    points = ledger_fit_points(test_run)
+    applied, host = on_test_host(fit, Manifest.read(train_run), Manifest.read(test_run))
+    return fit, held_out_summary_on_host(fit, applied, host, points)
+
+
+def held_out_summary_on_host(fit: StepFit, applied: StepFit, host: dict, points) -> dict:
+    """held_out_summary of the fit applied at TEST's host, with `host` and the as-trained figures
+    (`as_trained`: its median, p90 and time ratio at TRAIN's rates) beside them."""
+    out = held_out_summary(applied, points)
+    plain = out if applied is fit else held_out_summary(fit, points)
+    out["host"] = host
+    out["as_trained"] = {k: plain[k] for k in ("held_out_median_abs_error_pct", "held_out_p90_abs_error_pct",
+                                               "time_ratio")}
+    return out

@@ -463,3 +463,30 @@ def test_a_memory_roof_below_what_a_step_reached_is_raised_to_it():
     assert fit.rates["compute_tflops"] == 0.2  # no step reached the matmul's rate: held there
     assert fit.held_out_median_abs_pct < 10.0
     assert StepFit.fit(points, HOST).rates["source"] == "microbenchmark"  # a roof above every step stays
+
+
+def test_a_captures_host_rates_are_the_median_of_its_microbenchmark_repeats():
+    from inferledger.costmodel.roofs import host_rates
+
+    runs = [{"at": "start", "memcpy_gbps": 20.0, "matmul_tflops": 0.20},
+            {"at": "idle", "memcpy_gbps": 30.0, "matmul_tflops": 0.30, "overlapped": True},  # a task arrived: left out
+            {"at": "idle", "memcpy_gbps": 24.0, "matmul_tflops": 0.22},
+            {"at": "end", "memcpy_gbps": 22.0, "matmul_tflops": 0.21}]
+    peaks = {"memcpy_gbps": {"peak": 24.0}, "matmul_tflops": {"peak": 0.22}}
+    assert host_rates({**peaks, "repeats": {"clock": "c", "runs": runs}}) == \
+        {"memory_gbps": 22.0, "compute_tflops": 0.21, "n": 3}
+    assert host_rates({**peaks, "repeats": {"clock": "c", "runs": runs[2:]}}) == \
+        {"memory_gbps": 23.0, "compute_tflops": 0.215, "n": 2}
+    assert host_rates(peaks) == {"memory_gbps": 24.0, "compute_tflops": 0.22, "n": 1}  # the start alone
+    assert host_rates({"skipped": "not measured"}) is None
+
+
+def test_a_fit_on_another_host_scales_its_memory_and_compute_terms_only():
+    fit = StepFit(alpha_ms=2.0, ms_per_gflop=1.0, ms_per_mb=0.05, combine="stage_max", kv_factor=1.0)
+    # 1 GFLOP of linears over 200 MB of weights: compute 1 ms, memory 10 ms (the longer), no attention
+    point = FitPoint(linear_flops=1e9, attention_flops=0.0, bytes=200e6, kv_bytes=0.0, measured_ms=12.0, num_seqs=1,
+                     tokens=1, context_tokens=0)
+    assert fit.predict_ms(point) == pytest.approx(2.0 + 10.0)
+    assert fit.on_host(1.2, 1.0).predict_ms(point) == pytest.approx(2.0 + 12.0)  # the host's memory 1/1.2 as fast
+    assert fit.on_host(1.0, 20.0).predict_ms(point) == pytest.approx(2.0 + 20.0)  # compute now the longer
+    assert fit.predict_ms(point) == pytest.approx(12.0)  # the fit itself unchanged
