@@ -114,9 +114,9 @@ def fit_cmd(
     console.print(table)
     if host["rescaled"]:
         t, s = host["train"], host["test"]
-        console.print(f"at TEST's host: memory term × {host['memory_scale']:.3f} ({t['memory_gbps']:.4g} GB/s over TRAIN's "
-                      f"capture against {s['memory_gbps']:.4g} over TEST's, the median of {t['n']} and {s['n']} "
-                      f"microbenchmark repeats), compute terms × {host['compute_scale']:.3f}; at TRAIN's rates: "
+        console.print(f"at TEST's host: memory term × {host['memory_scale_ratio']:.3f} ({t['memory_gb_s']:.4g} GB/s over TRAIN's "
+                      f"capture against {s['memory_gb_s']:.4g} over TEST's, the median of {t['n']} and {s['n']} "
+                      f"microbenchmark repeats), compute terms × {host['compute_scale_ratio']:.3f}; at TRAIN's rates: "
                       f"median {summary['as_trained']['held_out_median_abs_error_pct']:.1f} %, p90 "
                       f"{summary['as_trained']['held_out_p90_abs_error_pct']:.1f} %, Σ measured / Σ predicted "
                       f"{summary['as_trained']['time_ratio']:.3f}")

@@ -115,7 +115,7 @@ def microbenchmark_roofs(params: dict) -> Roofs | None:
 def host_rates(params: dict) -> dict | None:
     """The host's rates over a capture: the median of its microbenchmarks' repeats (start, idle gaps, end; those a
     task arrived during left out), each repeat's best, as `device_params` records them; the start alone where the
-    capture repeated none. {"memory_gbps", "compute_tflops", "n"}; None without microbenchmarks. Not a roof (a
+    capture repeated none. {"memory_gb_s", "compute_tflop_per_s", "n"}; None without microbenchmarks. Not a roof (a
     bound holds a peak): how fast this host ran while the capture ran, which moves from one capture to the next
     on a shared host (docs/MODEL.md "Across runs")."""
     runs = (params.get("repeats") or {}).get("runs") if isinstance(params.get("repeats"), dict) else None
@@ -131,8 +131,8 @@ def host_rates(params: dict) -> dict | None:
     def median(xs: list[float]) -> float:
         xs = sorted(xs)
         return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
-    return {"memory_gbps": median([float(r["memcpy_gbps"]) for r in clean]),
-            "compute_tflops": median([float(r["matmul_tflops"]) for r in clean]), "n": len(clean)}
+    return {"memory_gb_s": median([float(r["memcpy_gbps"]) for r in clean]),
+            "compute_tflop_per_s": median([float(r["matmul_tflops"]) for r in clean]), "n": len(clean)}
 
 
 def run_roofs(manifest: Manifest) -> tuple[Roofs | None, str]:

@@ -61,9 +61,9 @@ def on_test_host(fit: StepFit, train: Manifest, test: Manifest) -> tuple[StepFit
     if a is None or b is None:
         which = " and ".join(n for n, r in (("TRAIN", a), ("TEST", b)) if r is None)
         return fit, {"rescaled": False, "why": f"{which} recorded no microbenchmarks: the fit at TRAIN's rates"}
-    memory, compute = a["memory_gbps"] / b["memory_gbps"], a["compute_tflops"] / b["compute_tflops"]
-    return fit.on_host(memory, compute), {"rescaled": True, "train": a, "test": b, "memory_scale": memory,
-                                           "compute_scale": compute}
+    memory, compute = a["memory_gb_s"] / b["memory_gb_s"], a["compute_tflop_per_s"] / b["compute_tflop_per_s"]
+    return fit.on_host(memory, compute), {"rescaled": True, "train": a, "test": b, "memory_scale_ratio": memory,
+                                           "compute_scale_ratio": compute}
 
 
 def transfer(train_run: str | Path, test_run: str | Path) -> tuple[StepFit, dict]:

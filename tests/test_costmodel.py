@@ -474,10 +474,10 @@ def test_a_captures_host_rates_are_the_median_of_its_microbenchmark_repeats():
             {"at": "end", "memcpy_gbps": 22.0, "matmul_tflops": 0.21}]
     peaks = {"memcpy_gbps": {"peak": 24.0}, "matmul_tflops": {"peak": 0.22}}
     assert host_rates({**peaks, "repeats": {"clock": "c", "runs": runs}}) == \
-        {"memory_gbps": 22.0, "compute_tflops": 0.21, "n": 3}
+        {"memory_gb_s": 22.0, "compute_tflop_per_s": 0.21, "n": 3}
     assert host_rates({**peaks, "repeats": {"clock": "c", "runs": runs[2:]}}) == \
-        {"memory_gbps": 23.0, "compute_tflops": 0.215, "n": 2}
-    assert host_rates(peaks) == {"memory_gbps": 24.0, "compute_tflops": 0.22, "n": 1}  # the start alone
+        {"memory_gb_s": 23.0, "compute_tflop_per_s": 0.215, "n": 2}
+    assert host_rates(peaks) == {"memory_gb_s": 24.0, "compute_tflop_per_s": 0.22, "n": 1}  # the start alone
     assert host_rates({"skipped": "not measured"}) is None
 
 

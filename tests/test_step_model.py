@@ -212,7 +212,7 @@ def test_fit_cli_prints_the_transfer_as_one_json_object_and_refuses_a_run_withou
     assert list(doc["by_kind"]["decode"]) == ["n_steps", "median_abs_error_pct", "p90_abs_error_pct", "time_ratio"]
     assert doc["held_out_median_abs_error_pct"] < 3.0
     # both captures measured the same host rates: the fit is applied at TEST's host, scaled by 1
-    assert doc["host"]["rescaled"] is True and (doc["host"]["memory_scale"], doc["host"]["compute_scale"]) == (1.0, 1.0)
+    assert doc["host"]["rescaled"] is True and (doc["host"]["memory_scale_ratio"], doc["host"]["compute_scale_ratio"]) == (1.0, 1.0)
     assert doc["as_trained"]["held_out_median_abs_error_pct"] == doc["held_out_median_abs_error_pct"]
     # both runs' steps follow the same physics: their time is the fit's, give or take the noise (signed, unlike |error|)
     assert 0.97 < doc["time_ratio"] < 1.03 and 0.97 < doc["by_kind"]["decode"]["time_ratio"] < 1.03
