@@ -35,7 +35,7 @@ from inferledger.collectors.workload import Workload
 from inferledger.costmodel.fit import FitError, StepFit, held_out_summary
 from inferledger.engine.params import EngineConfig
 from inferledger.ledger.query import Ledger, open_ledger, resolve_runs
-from inferledger.ledger.fit_read import StepsUnreadable, ledger_fit_points, run_fit
+from inferledger.ledger.fit_read import StepsUnreadable, ledger_fit_points, on_test_host, run_fit
 from inferledger.probes.run_folder import Manifest, RunFolderError
 from inferledger.studies.framework import Option, Study, StudyError, StudyRun, StudyRuns, Table
 from inferledger.studies.real import capture_run, workload
@@ -86,7 +86,9 @@ def _load(options: dict, which: int) -> Workload:
 
 def _capture(options: dict, which: int, run_dir: Path, run_id: str, bundle) -> None:
     # read again: a capture may calibrate its workload in place
-    capture_run(run_dir, run_id, _load(options, which), bundle, max_num_seqs=MAX_NUM_SEQS)
+    # with the microbenchmarks repeated over the run: the host's rates while it ran, which the simulation of run
+    # real prices the fit of run fit at (ledger/fit_read.on_test_host)
+    capture_run(run_dir, run_id, _load(options, which), bundle, max_num_seqs=MAX_NUM_SEQS, microbenchmarks=True)
 
 
 # every attempt of run real, with what its engine saw of it: its arrival (engine.enqueued, with the prompt's
@@ -298,6 +300,9 @@ def _simulate(run_dir: Path, run_id: str, bundle) -> None:
     except (FitError, StepsUnreadable, RunFolderError, FileNotFoundError) as exc:
         raise StudyError(f"run fit ({runs_dir / 'fit'}): no step fit to simulate with: {exc}") from None
     fit.trained_on = "run fit"
+    # run real's host: the fit's memory and compute terms scaled by the two captures' measured rates (the host of a
+    # shared machine moves between captures minutes apart; its microbenchmarks see it apart from the steps)
+    fit, host_rates = on_test_host(fit, Manifest.read(runs_dir / "fit"), Manifest.read(runs_dir / "real"))
     with open_ledger(runs_dir / "real") as led:
         cols, rows = led.rows(ATTEMPTS_SQL)
         attempts = [dict(zip(cols, r)) for r in rows]
@@ -322,6 +327,7 @@ def _simulate(run_dir: Path, run_id: str, bundle) -> None:
              run_id=run_id, workload="the attempts of run real, as its engine received them", host=host)
     # what was replayed of run real, declared beside the plan (the study's replay table reads it)
     sim = Manifest.read(run_dir)
+    sim.body["simulation"]["host_rates"] = host_rates
     sim.body["workload"]["replay"] = {"of_run": "real", "attempts": len(attempts),
                           WHOLE: sum(a["replay"] == WHOLE for a in done),
                           UNTIL_CANCEL: sum(a["replay"] == UNTIL_CANCEL for a in done),

@@ -54,11 +54,12 @@ def check_order(wl: Workload, tokenizer, expected: list[str]) -> None:
 
 
 def capture_run(run_dir: Path, run_id: str, wl: Workload, bundle, *, max_num_seqs: int,
-                engine_config: dict | None = None) -> dict:
+                engine_config: dict | None = None, microbenchmarks: bool = False) -> dict:
     """One capture of `wl` on the embedded engine serving `bundle`; returns the run's manifest. The
-    device microbenchmarks are skipped (a study compares its runs with each other, not with roofs)."""
+    device microbenchmarks are skipped (a study compares its runs with each other, not with roofs) unless
+    `microbenchmarks` (the fidelity study prices one run's fit at another run's host with them)."""
     options = CaptureOptions(max_num_seqs=max_num_seqs, engine_config=engine_config or {}, run_id=run_id,
-                             microbenchmarks=False)
+                             microbenchmarks=microbenchmarks)
     tick, done = task_ticks(), [0]
 
     def progress() -> None:  # the study's progress: tasks done of the run's

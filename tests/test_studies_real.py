@@ -305,6 +305,10 @@ def test_fidelity_replays_every_attempt_of_a_workload_with_a_retry_keyed_on_atte
         assert 0 <= c["n_steps_known"] <= c["n_steps"] and (c["contention_share"] is None) == (c["n_steps_known"] == 0)
     assert contention_sentence({k: v for k, v in contention["real"].items()}) in comp["fidelity"]["note"]
     model = json.loads((dirs["sim"] / "manifest.json").read_text())["simulation"]["step_model"]
+    # run fit's fit priced at run real's host: both captures measured it, at their start and end at least
+    host = json.loads((dirs["sim"] / "manifest.json").read_text())["simulation"]["host_rates"]
+    assert host["rescaled"] is True and host["train"]["n"] >= 2 and host["test"]["n"] >= 2
+    assert host["memory_scale_ratio"] == host["train"]["memory_gb_s"] / host["test"]["memory_gb_s"]
     [fit] = comp["fit"]["rows"]
     assert model["name"] == "fit" and model["parameters"]["alpha_ms"]["value"] == fit[0]
     assert model["fit"]["trained_on"] == "run fit" and fit[5] >= 3  # trained on the fit run's steps alone
