@@ -127,12 +127,10 @@ def host_rates(params: dict) -> dict | None:
         clean = [] if bench is None else [{"memcpy_gbps": bench.memory.value, "matmul_tflops": bench.compute.value}]
     if not clean:
         return None
+    from inferledger.probes.quantile import quantile
 
-    def median(xs: list[float]) -> float:
-        xs = sorted(xs)
-        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
-    return {"memory_gb_s": median([float(r["memcpy_gbps"]) for r in clean]),
-            "compute_tflop_per_s": median([float(r["matmul_tflops"]) for r in clean]), "n": len(clean)}
+    return {"memory_gb_s": quantile([float(r["memcpy_gbps"]) for r in clean], 0.5),
+            "compute_tflop_per_s": quantile([float(r["matmul_tflops"]) for r in clean], 0.5), "n": len(clean)}
 
 
 def run_roofs(manifest: Manifest) -> tuple[Roofs | None, str]:
