@@ -73,13 +73,13 @@ def _peers(rows: list[dict]) -> Table:
 
 
 def _where_time_went(rows: list[dict]) -> Table:
-    from inferledger.report.tables import WHERE_TIME_WENT, WITHIN
+    from inferledger.report.tables import VERDICT_COLUMNS
 
     t = Table(title=f"Verdict: where the time went (ms; the request nearest the {rows[0]['e2e_layer']} E2E p50 / p99)",
               title_justify="left", caption="asleep: of its prefill, decode and stalls, its steps' sleep on a lock "
                                             "(the interpreter: the front end, a full garbage collection)",
               caption_justify="left")
-    names = WHERE_TIME_WENT + WITHIN
+    names = VERDICT_COLUMNS
     for col in ("request", "attempt", "E2E", "held", *(name.removesuffix("_ms") for name, _ in names)):
         t.add_column(col, justify="left" if col in ("request", "attempt") else "right")
     for r in rows:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -224,10 +224,7 @@ class StepFit:
         """This fit with its memory term × memory_scale and its compute terms × compute_scale: a fit trained
         where the host gave B and P, applied where it gave B / memory_scale and P / compute_scale (the
         efficiencies, α and the per-sequence cost as fitted)."""
-        import dataclasses
-
-        return dataclasses.replace(self, ms_per_mb=self.ms_per_mb * memory_scale,
-                                   ms_per_gflop=self.ms_per_gflop * compute_scale)
+        return replace(self, ms_per_mb=self.ms_per_mb * memory_scale, ms_per_gflop=self.ms_per_gflop * compute_scale)
 
     def predict_ms(self, work) -> float:
         """The step's on-CPU time for a FitPoint or a StepWork: κ times the step's measured wait, counted up

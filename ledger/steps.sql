@@ -32,7 +32,7 @@ WITH raw AS (
          TRY_CAST(json_extract(e.attrs, '$.wait_ns') AS BIGINT) AS wait_ns,
          coalesce(TRY_CAST(json_extract(e.attrs, '$.workers_wait_ns_max') AS BIGINT), 0) AS workers_wait_ns,  -- none: no workers
          TRY_CAST(json_extract(e.attrs, '$.workers') AS BIGINT) AS workers,
-         json_extract_string(e.attrs, '$.mode') AS mode
+         json_extract_string(e.attrs, '$.mode') AS mode, json_extract_string(e.attrs, '$.engine_id') AS engine_id
   FROM ev s JOIN ev e ON e.step_id = s.step_id AND e.name = 'step.end' AND e.clock = s.clock
   WHERE s.name = 'step.start'
 ), waited AS (
@@ -41,7 +41,7 @@ WITH raw AS (
                  THEN wait_ns + least(greatest(workers_wait_ns, 0), greatest(step_ns - cpu_ns - wait_ns, 0)) END AS contention_ns
   FROM raw
 )
-SELECT step_id, start_ns, end_ns, clock, step_ms, start_attrs, replica_id, mode,
+SELECT step_id, start_ns, end_ns, clock, step_ms, start_attrs, replica_id, mode, engine_id,
        contention_ns / 1e6 AS contention_ms, (step_ns - contention_ns) / 1e6 AS cpu_ms,
        CASE WHEN contention_ns IS NOT NULL AND workers = 0 THEN greatest(step_ns - cpu_ns - wait_ns, 0) / 1e6 END AS blocked_ms
 FROM waited;
@@ -92,16 +92,11 @@ SELECT 'run', engine_id, 'steps contention_ms, cpu_ms, blocked_ms; step_model co
        count(*) FILTER (WHERE contention_ms IS NULL) || ' of ' || count(*) || ' step(s) without on-CPU and wait figures '
        || '(or a wait longer than the step): schedstat hidden by the kernel, or a writer that does not record it; '
        || 'their contention is unknown, not 0'
-FROM (SELECT st.contention_ms, json_extract_string(e.attrs, '$.engine_id') AS engine_id
-      FROM steps st JOIN ev e ON e.step_id = st.step_id AND e.clock = st.clock AND e.name = 'step.end')
-GROUP BY engine_id HAVING count(*) FILTER (WHERE contention_ms IS NULL) > 0;
+FROM steps GROUP BY engine_id HAVING count(*) FILTER (WHERE contention_ms IS NULL) > 0;
 -- a step with intra-op workers: its sleep holds their work at its barriers, not only locks (blocked_ms unknown)
 INSERT INTO steps_gaps
 SELECT 'run', engine_id, 'steps blocked_ms; step_model blocked_ms; attempt_causes blocked_ms',
        'a step run on its thread alone (step.end attrs.workers = 0), whose sleep is a lock''s',
        count(*) || ' step(s) ran with intra-op workers: the step thread''s sleep at their barriers is their work as '
        || 'well as any lock, and the two cannot be told apart; their time blocked on a lock is unknown, not 0'
-FROM (SELECT json_extract_string(e.attrs, '$.engine_id') AS engine_id
-      FROM steps st JOIN ev e ON e.step_id = st.step_id AND e.clock = st.clock AND e.name = 'step.end'
-      WHERE st.contention_ms IS NOT NULL AND st.blocked_ms IS NULL)
-GROUP BY engine_id;
+FROM steps WHERE contention_ms IS NOT NULL AND blocked_ms IS NULL GROUP BY engine_id;

@@ -75,6 +75,7 @@ WHERE_TIME_WENT = (("queue_ms", "c.client_queue_ms + c.server_queue_ms"), ("pref
 # beside the stretches, inside them: how long the request's steps slept on a lock (the interpreter: a full
 # collection, the front end), in its prefill, decode and stalls above
 WITHIN = (("asleep_ms", "c.blocked_ms"),)
+VERDICT_COLUMNS = WHERE_TIME_WENT + WITHIN  # the verdict's columns after request, attempt, E2E and held
 
 
 def verdict_requests(rv: RunView) -> list[dict]:
@@ -93,14 +94,14 @@ def verdict_requests(rv: RunView) -> list[dict]:
             break
     else:
         return []
-    cols = ", ".join(f"{sql} AS {name}" for name, sql in WHERE_TIME_WENT + WITHIN)
+    cols = ", ".join(f"{sql} AS {name}" for name, sql in VERDICT_COLUMNS)
     for which, target in zip(("p50", "p99"), pct):
         row = rv.one(f"SELECT c.attempt_id, r.e2e_{layer}_ms, r.client_span_ms, {cols} FROM attempt_causes c "
                      f"JOIN request_metrics r USING (attempt_id) WHERE r.e2e_{layer}_ms IS NOT NULL "
                      f"ORDER BY abs(r.e2e_{layer}_ms - $t), c.attempt_id LIMIT 1", {"t": target})
         if row:
             out.append({"request": which, "attempt_id": row[0], "e2e_layer": layer, "e2e_ms": num(row[1]),
-                        "held_ms": num(row[2]), **{name: num(v) for (name, _), v in zip(WHERE_TIME_WENT + WITHIN, row[3:])}})
+                        "held_ms": num(row[2]), **{name: num(v) for (name, _), v in zip(VERDICT_COLUMNS, row[3:])}})
     return out
 
 

@@ -300,9 +300,10 @@ def _simulate(run_dir: Path, run_id: str, bundle) -> None:
     except (FitError, StepsUnreadable, RunFolderError, FileNotFoundError) as exc:
         raise StudyError(f"run fit ({runs_dir / 'fit'}): no step fit to simulate with: {exc}") from None
     fit.trained_on = "run fit"
+    manifest = Manifest.read(runs_dir / "real")
     # run real's host: the fit's memory and compute terms scaled by the two captures' measured rates (the host of a
     # shared machine moves between captures minutes apart; its microbenchmarks see it apart from the steps)
-    fit, host_rates = on_test_host(fit, Manifest.read(runs_dir / "fit"), Manifest.read(runs_dir / "real"))
+    fit, at_host = on_test_host(fit, Manifest.read(runs_dir / "fit"), manifest)
     with open_ledger(runs_dir / "real") as led:
         cols, rows = led.rows(ATTEMPTS_SQL)
         attempts = [dict(zip(cols, r)) for r in rows]
@@ -313,7 +314,6 @@ def _simulate(run_dir: Path, run_id: str, bundle) -> None:
         cols, rows = led.rows(TASKS_SQL)
         follows = causes(done, [dict(zip(cols, r)) for r in rows])
         host = host_replay(led, done)
-    manifest = Manifest.read(runs_dir / "real")
     cfg = {k: v for k, v in manifest.block("engine_config").items() if k in EngineConfig.__dataclass_fields__}
     config = EngineConfig(**cfg)
     prompts = replay_prompts(done, sources, config.block_size, bundle.config.shape.vocab,
@@ -327,7 +327,7 @@ def _simulate(run_dir: Path, run_id: str, bundle) -> None:
              run_id=run_id, workload="the attempts of run real, as its engine received them", host=host)
     # what was replayed of run real, declared beside the plan (the study's replay table reads it)
     sim = Manifest.read(run_dir)
-    sim.body["simulation"]["host_rates"] = host_rates
+    sim.body["simulation"]["host_rates"] = at_host
     sim.body["workload"]["replay"] = {"of_run": "real", "attempts": len(attempts),
                           WHOLE: sum(a["replay"] == WHOLE for a in done),
                           UNTIL_CANCEL: sum(a["replay"] == UNTIL_CANCEL for a in done),
