@@ -119,7 +119,7 @@ def host_rates(params: dict) -> dict | None:
     bound holds a peak): how fast this host ran while the capture ran, which moves from one capture to the next
     on a shared host (docs/MODEL.md "Across runs")."""
     runs = (params.get("repeats") or {}).get("runs") if isinstance(params.get("repeats"), dict) else None
-    if runs:
+    if isinstance(runs, list) and runs:
         clean = [r for r in runs if isinstance(r, dict) and not r.get("overlapped")
                  and _rate(r.get("memcpy_gbps")) and _rate(r.get("matmul_tflops"))]
     else:

@@ -41,7 +41,7 @@ WITH raw AS (
                  THEN wait_ns + least(greatest(workers_wait_ns, 0), greatest(step_ns - cpu_ns - wait_ns, 0)) END AS contention_ns
   FROM raw
 )
-SELECT step_id, start_ns, end_ns, clock, step_ms, start_attrs, replica_id, mode, engine_id,
+SELECT step_id, start_ns, end_ns, clock, step_ms, start_attrs, replica_id, mode, engine_id, workers,
        contention_ns / 1e6 AS contention_ms, (step_ns - contention_ns) / 1e6 AS cpu_ms,
        CASE WHEN contention_ns IS NOT NULL AND workers = 0 THEN greatest(step_ns - cpu_ns - wait_ns, 0) / 1e6 END AS blocked_ms
 FROM waited;
@@ -93,10 +93,17 @@ SELECT 'run', engine_id, 'steps contention_ms, cpu_ms, blocked_ms; step_model co
        || '(or a wait longer than the step): schedstat hidden by the kernel, or a writer that does not record it; '
        || 'their contention is unknown, not 0'
 FROM steps GROUP BY engine_id HAVING count(*) FILTER (WHERE contention_ms IS NULL) > 0;
--- a step with intra-op workers: its sleep holds their work at its barriers, not only locks (blocked_ms unknown)
+-- a step with intra-op workers: its sleep holds their work at its barriers, not only locks; a step whose
+-- step.end names no worker count: which it was is not known (blocked_ms unknown either way)
 INSERT INTO steps_gaps
 SELECT 'run', engine_id, 'steps blocked_ms; step_model blocked_ms; attempt_causes blocked_ms',
        'a step run on its thread alone (step.end attrs.workers = 0), whose sleep is a lock''s',
-       count(*) || ' step(s) ran with intra-op workers: the step thread''s sleep at their barriers is their work as '
-       || 'well as any lock, and the two cannot be told apart; their time blocked on a lock is unknown, not 0'
+       concat_ws('; ',
+         CASE WHEN count(*) FILTER (WHERE workers > 0) > 0 THEN count(*) FILTER (WHERE workers > 0)
+           || ' step(s) ran with intra-op workers: the step thread''s sleep at their barriers is their work as '
+           || 'well as any lock, and the two cannot be told apart' END,
+         CASE WHEN count(*) FILTER (WHERE workers IS NULL OR workers < 0) > 0
+           THEN count(*) FILTER (WHERE workers IS NULL OR workers < 0)
+           || ' step(s) recorded no worker count (step.end attrs.workers missing or not a count)' END)
+       || ': their time blocked on a lock is unknown, not 0'
 FROM steps WHERE contention_ms IS NOT NULL AND blocked_ms IS NULL GROUP BY engine_id;

@@ -232,12 +232,16 @@ def test_blocked_is_the_lone_step_threads_sleep_unknown_with_workers(tmp_path):
         {"cpu_ns": 7_100_000, "wait_ns": 3_000_000, "workers": 0},  # an on-CPU figure that lags: floored at 0
         {"cpu_ns": 6_000_000, "wait_ns": 1_000_000, "workers": 1, "workers_wait_ns_max": 500_000},  # barrier sleep
         None,  # no figures at all
+        {"cpu_ns": 6_000_000, "wait_ns": 1_000_000},  # another writer's: no worker count
+        {"cpu_ns": 6_000_000, "wait_ns": 1_000_000, "workers": "two"},  # not a count
     ]), domains=("e",), manifest={"run_id": "b"})
     rows = con.execute("SELECT step_id, contention_ms, cpu_ms, blocked_ms FROM step_model ORDER BY step_id").fetchall()
     assert rows == [(1, 1.0, 9.0, 3.0), (2, 1.0, 9.0, 0.0), (3, 3.0, 7.0, 0.0), (4, 1.5, 8.5, None),
-                    (5, None, None, None)]
+                    (5, None, None, None), (6, 1.0, 9.0, None), (7, 1.0, 9.0, None)]
     gaps = dict_rows(con, "SELECT detail FROM gaps WHERE affects LIKE '%blocked_ms%' ORDER BY detail")
-    assert [g["detail"][:30] for g in gaps] == ["1 of 5 step(s) without on-CPU ", "1 step(s) ran with intra-op wo"]
+    assert [g["detail"][:30] for g in gaps] == ["1 of 7 step(s) without on-CPU ", "1 step(s) ran with intra-op wo"]
+    assert gaps[1]["detail"].endswith("; 2 step(s) recorded no worker count (step.end attrs.workers missing or not a "
+                                      "count): their time blocked on a lock is unknown, not 0")
 
 # -- a real engine on this host ------------------------------------------------------------------------
 

@@ -479,6 +479,13 @@ def test_a_captures_host_rates_are_the_median_of_its_microbenchmark_repeats():
         {"memory_gb_s": 23.0, "compute_tflop_per_s": 0.215, "n": 2}
     assert host_rates(peaks) == {"memory_gb_s": 24.0, "compute_tflop_per_s": 0.22, "n": 1}  # the start alone
     assert host_rates({"skipped": "not measured"}) is None
+    # a damaged record: repeats that are no list, a NaN, a negative rate, a boolean: what is left, or the start
+    assert host_rates({**peaks, "repeats": {"runs": 5}}) == {"memory_gb_s": 24.0, "compute_tflop_per_s": 0.22, "n": 1}
+    bad = [{"at": "idle", "memcpy_gbps": float("nan"), "matmul_tflops": 0.2},
+           {"at": "idle", "memcpy_gbps": -3.0, "matmul_tflops": 0.2}, {"at": "end", "memcpy_gbps": True, "matmul_tflops": 0.2}]
+    assert host_rates({**peaks, "repeats": {"runs": bad + runs[3:]}}) == \
+        {"memory_gb_s": 22.0, "compute_tflop_per_s": 0.21, "n": 1}
+    assert host_rates({"repeats": {"runs": bad}}) is None
 
 
 def test_a_fit_on_another_host_scales_its_memory_and_compute_terms_only():
