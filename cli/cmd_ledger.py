@@ -19,7 +19,7 @@ def reconstruct_cmd(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the ledger, a file named "
                                        "*.duckdb (default RUN_DIR/ledger.duckdb)."),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", "-m", help="Most memory DuckDB may use "
-                                               "(4GB, 512MiB, ...; default a quarter of this machine's memory): "
+                                               "(4GB, 512MiB, ...; default 1.5 GiB a CPU, at most a quarter of this machine's memory): "
                                                "beyond it the build spills to disk beside the ledger, so a run of "
                                                "any size fits."),
     temp_directory: Optional[Path] = typer.Option(None, "--temp-directory", help="Where to spill (default a "

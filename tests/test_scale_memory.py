@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from inferledger.cli.app import app
 from inferledger.collectors.rundir.e0_import import import_archive
+from inferledger.ledger import memory
 from inferledger.ledger.memory import SizeError, bound, parse_size
 from inferledger.ledger.reconstruct import BuildOptions, reconstruct
 from scale_util import ledger_differences
@@ -36,6 +37,18 @@ def test_sizes_read_as_people_write_them(text, size):
 def test_a_size_that_cannot_be_read_or_is_too_small_is_named(text):
     with pytest.raises(SizeError, match="memory limit"):
         parse_size(text)
+
+
+@pytest.mark.parametrize("cpus, physical_gib, limit_mib", [
+    (2, 23.4, 3 * 1024),          # two CPUs: 1.5 GiB each, under a quarter of 23.4 GiB
+    (16, 128, 24 * 1024),         # sixteen: 24 GiB, a quarter of 128 GiB is 32
+    (16, 64, 16 * 1024),          # sixteen on 64 GiB: the quarter (16 GiB) is the smaller
+    (1, 0.2, 64),                 # a tiny container (a quarter is 51 MiB): never under the 64 MiB the joins need
+])
+def test_the_default_limit_is_per_cpu_and_at_most_a_quarter_of_memory(monkeypatch, cpus, physical_gib, limit_mib):
+    monkeypatch.setattr(memory, "usable_cpus", lambda: cpus)
+    monkeypatch.setattr(memory, "physical_memory_bytes", lambda: int(physical_gib * 2 ** 30))
+    assert memory.default_memory_limit() == limit_mib * 2 ** 20
 
 
 def test_the_connection_is_held_to_the_limit_and_spills_where_told(tmp_path):
