@@ -21,12 +21,14 @@ WITH outputs AS (  -- gaps within one choice: the choices of an n > 1 request st
   -- aggregate engine.token, so engine-layer gaps of such an attempt are unknown, not one decode-long gap
   UNION ALL SELECT attempt_id, 'engine', choice, ts_ns, seq, value FROM ev_tok
   WHERE attempt_id NOT IN (SELECT attempt_id FROM attempt_evidence WHERE aggregate_tokens)
-), ordered AS (  -- each attempt's outputs per layer as one ordered list: small sorts, no global window
-  SELECT attempt_id, layer, choice, list(struct_pack(t := ts_ns, v := value) ORDER BY ts_ns, seq) AS xs
-  FROM outputs WHERE attempt_id IS NOT NULL GROUP BY attempt_id, layer, choice
-), positions AS (
-  SELECT attempt_id, layer, choice, xs, unnest(range(2, len(xs) + 1)) AS i FROM ordered
+), follows AS (  -- each output's predecessor within its attempt, layer and choice. A window, not each group's
+                 -- outputs as one ordered list: DuckDB spills a window's partitions under its memory limit, while
+                 -- an ordered list aggregate holds every group's rows at once (a 30 M-event run failed at 1 GB
+                 -- that way, and 100 M at 3 GiB)
+  SELECT attempt_id, layer, choice, ts_ns, value, lag(ts_ns) OVER w AS prev_ns, row_number() OVER w AS n
+  FROM outputs WHERE attempt_id IS NOT NULL
+  WINDOW w AS (PARTITION BY attempt_id, layer, choice ORDER BY ts_ns, seq)
 )
-SELECT getvariable('run_id') AS run_id, attempt_id, layer, (i - 1)::INTEGER AS idx,
-       (xs[i].t - xs[i - 1].t) / 1e6 AS gap_ms, xs[i].v AS tokens, choice
-FROM positions;  -- millions of rows: left unsorted (order by attempt_id, layer, choice, idx to browse)
+SELECT getvariable('run_id') AS run_id, attempt_id, layer, (n - 1)::INTEGER AS idx,
+       (ts_ns - prev_ns) / 1e6 AS gap_ms, value AS tokens, choice
+FROM follows WHERE n > 1;  -- millions of rows: left unsorted (order by attempt_id, layer, choice, idx to browse)

@@ -4,7 +4,7 @@
 --
 -- scope: rollup
 -- reads: request_metrics, itl, quantiles_linear, attempt_evidence
--- creates: latency_percentiles, latency_gaps
+-- creates: latency_percentiles, latency_gaps, latency_pool_client, latency_pool_server, latency_pool_engine
 
 -- @table latency_percentiles: one row per figure × observation layer: n, mean and percentiles of one
 --   ledger column (docs/LEDGER.md "latency_percentiles")
@@ -21,6 +21,22 @@
 -- @column p95_ms: the 95th percentile, likewise
 -- @column p99_ms: the 99th percentile, likewise
 -- @column max_ms: the largest value
+-- The pooled gaps of each layer (millions of samples in a big run: an exact quantile holds every sample of
+-- its set in memory, which DuckDB cannot spill), one layer a statement, so the memory limit must hold the
+-- largest layer's gaps (8 bytes a gap), not the three at once.
+CREATE OR REPLACE TEMP TABLE latency_pool_client AS
+SELECT 'client' AS layer, count(gap_ms) AS n, avg(gap_ms) AS mean_ms, quantiles_linear(gap_ms, [0.5, 0.9, 0.95, 0.99]) AS q,
+       max(gap_ms) AS max_ms
+FROM itl WHERE layer = 'client' HAVING count(*) > 0;
+CREATE OR REPLACE TEMP TABLE latency_pool_server AS
+SELECT 'server' AS layer, count(gap_ms) AS n, avg(gap_ms) AS mean_ms, quantiles_linear(gap_ms, [0.5, 0.9, 0.95, 0.99]) AS q,
+       max(gap_ms) AS max_ms
+FROM itl WHERE layer = 'server' HAVING count(*) > 0;
+CREATE OR REPLACE TEMP TABLE latency_pool_engine AS
+SELECT 'engine' AS layer, count(gap_ms) AS n, avg(gap_ms) AS mean_ms, quantiles_linear(gap_ms, [0.5, 0.9, 0.95, 0.99]) AS q,
+       max(gap_ms) AS max_ms
+FROM itl WHERE layer = 'engine' HAVING count(*) > 0;
+
 CREATE OR REPLACE TABLE latency_percentiles AS
 WITH defs(position, metric, layer, label, col) AS (VALUES
   (1, 'TTFT', 'client', 'client (first content)', 'ttft_client_ms'),
@@ -48,8 +64,9 @@ WITH defs(position, metric, layer, label, col) AS (VALUES
          max(v) AS max_ms
   FROM per_attempt GROUP BY col
   UNION ALL
-  SELECT NULL, layer, count(gap_ms), avg(gap_ms), quantiles_linear(gap_ms, [0.5, 0.9, 0.95, 0.99]), max(gap_ms)
-  FROM itl GROUP BY layer
+  SELECT NULL, layer, n, mean_ms, q, max_ms FROM latency_pool_client
+  UNION ALL SELECT NULL, layer, n, mean_ms, q, max_ms FROM latency_pool_server
+  UNION ALL SELECT NULL, layer, n, mean_ms, q, max_ms FROM latency_pool_engine
 )
 SELECT getvariable('run_id') AS run_id, d.position, d.metric, d.layer, d.label,
        CASE WHEN d.col IS NULL THEN format('itl.gap_ms ({})', d.layer) ELSE 'request_metrics.' || d.col END AS source_column,

@@ -10,11 +10,33 @@
 --
 -- scope: rollup
 -- reads: peer_base, peer_reporters
--- creates: peer_views, peer_views_gaps
+-- creates: peer_views, peer_views_gaps, peer_pool_content, peer_pool_choices, peer_pool_content_all,
+--   peer_pool_choices_all
 
--- The samples of each row: (row number, value in ms, weight). The two pooled-gap rows (millions of
--- samples in a big run) are unnested from peer_base's lists where they are read, never copied into a
--- table of their own.
+-- The two pooled-gap rows (millions of samples in a big run: an exact quantile holds every sample of its
+-- set in memory, which DuckDB cannot spill) are unnested from peer_base's lists where they are read, never
+-- copied into a table of their own, and computed one set at a time: each statement below holds one
+-- pooled set's samples (8 bytes a gap), so the memory limit must hold the largest set, not their sum.
+-- Row 4 is the output-bearing chunks' gaps, row 5 vLLM bench's gaps between chunks with choices; the
+-- _all tables the same with the refused attempts' gaps in, only where an attempt is refused.
+CREATE OR REPLACE TEMP TABLE peer_pool_content AS
+SELECT 4 AS k, count(v) FILTER (WHERE NOT refused) AS n, avg(v) FILTER (WHERE NOT refused) AS mean_ms,
+       quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused) AS q, count(v) FILTER (WHERE refused) AS n_refused
+FROM (SELECT refused, unnest(content_gaps_ms) AS v FROM peer_base);
+CREATE OR REPLACE TEMP TABLE peer_pool_choices AS
+SELECT 5 AS k, count(v) FILTER (WHERE NOT refused) AS n, avg(v) FILTER (WHERE NOT refused) AS mean_ms,
+       quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused) AS q, count(v) FILTER (WHERE refused) AS n_refused
+FROM (SELECT refused, unnest(choice_gaps_ms) AS v FROM peer_base) WHERE v IS NOT NULL;
+CREATE OR REPLACE TEMP TABLE peer_pool_content_all AS
+SELECT 4 AS k, avg(v) AS mean_ms, quantile_cont(v, [0.5, 0.9, 0.99]) AS q
+FROM (SELECT unnest(content_gaps_ms) AS v FROM peer_base)
+WHERE EXISTS (SELECT 1 FROM peer_base WHERE refused AND len(content_gaps_ms) > 0) HAVING count(*) > 0;
+CREATE OR REPLACE TEMP TABLE peer_pool_choices_all AS
+SELECT 5 AS k, avg(v) AS mean_ms, quantile_cont(v, [0.5, 0.9, 0.99]) AS q
+FROM (SELECT unnest(choice_gaps_ms) AS v FROM peer_base)
+WHERE v IS NOT NULL AND EXISTS (SELECT 1 FROM peer_base WHERE refused AND len(choice_gaps_ms) > 0) HAVING count(*) > 0;
+
+-- The samples of each per-request row: (row number, value in ms, weight).
 -- @table peer_views: one row per metric × tool: the run read through each tool's definition of TTFT,
 --   ITL, TPOT and E2E, over the attempts the client saw complete (docs/LEDGER.md "peer_views")
 -- @column metric: TTFT, ITL, TPOT or E2E
@@ -65,22 +87,12 @@ WITH per_request(k, v, w, refused) AS (
   SELECT 15, (last_content_ns - sent_ns) / 1e6, 1, refused FROM peer_base WHERE last_content_ns IS NOT NULL
   UNION ALL
   SELECT 16, (done_ns - sent_ns) / 1e6, 1, refused FROM peer_base
-), vllm_gaps AS (
-  SELECT refused, unnest(choice_gaps_ms) AS v FROM peer_base
-), content_gaps AS (
-  SELECT refused, unnest(content_gaps_ms) AS v FROM peer_base
 ), plain AS (  -- linear interpolation between ranks (numpy's default, DuckDB's quantile_cont); refused left out
   SELECT k, count(v) FILTER (WHERE NOT refused) AS n, avg(v) FILTER (WHERE NOT refused) AS mean_ms,
          quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused) AS q, count(v) FILTER (WHERE refused) AS n_refused
   FROM per_request WHERE v IS NOT NULL AND k NOT IN (7, 10, 12, 16) GROUP BY k
   UNION ALL
-  SELECT 4, count(v) FILTER (WHERE NOT refused), avg(v) FILTER (WHERE NOT refused),
-         quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused), count(v) FILTER (WHERE refused)
-  FROM content_gaps
-  UNION ALL
-  SELECT 5, count(v) FILTER (WHERE NOT refused), avg(v) FILTER (WHERE NOT refused),
-         quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused), count(v) FILTER (WHERE refused)
-  FROM vllm_gaps WHERE v IS NOT NULL
+  SELECT * FROM peer_pool_content UNION ALL SELECT * FROM peer_pool_choices
 ), plain_all AS (  -- the same rows with the refused samples in, as a tool that keeps them counts: only
                    -- where a row has any (the pooled gaps of a big run are not read twice for nothing; whether
                    -- any is refused is asked of the attempts' rows, not of their millions of gaps)
@@ -88,12 +100,7 @@ WITH per_request(k, v, w, refused) AS (
   FROM per_request WHERE v IS NOT NULL AND k NOT IN (7, 10, 12, 16)
     AND k IN (SELECT k FROM per_request WHERE refused AND v IS NOT NULL) GROUP BY k
   UNION ALL
-  SELECT 4, avg(v), quantile_cont(v, [0.5, 0.9, 0.99]) FROM content_gaps
-  WHERE EXISTS (SELECT 1 FROM peer_base WHERE refused AND len(content_gaps_ms) > 0) HAVING count(*) > 0
-  UNION ALL
-  SELECT 5, avg(v), quantile_cont(v, [0.5, 0.9, 0.99]) FROM vllm_gaps
-  WHERE v IS NOT NULL AND EXISTS (SELECT 1 FROM peer_base WHERE refused AND len(choice_gaps_ms) > 0)
-  HAVING count(*) > 0
+  SELECT * FROM peer_pool_content_all UNION ALL SELECT * FROM peer_pool_choices_all
 ), guidellm AS (  -- GuideLLM's rows without the refused samples, and with them where a row has any
   SELECT k, v, w, false AS with_refused FROM per_request
   WHERE v IS NOT NULL AND k IN (7, 10, 12, 16) AND NOT refused
