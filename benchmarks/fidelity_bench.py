@@ -52,7 +52,9 @@ def one_study(bundle, wl: Path, out: Path, scale: str, calibration: Path | None 
             "fit_held_out_median_abs_pct": fit["held_out_median_abs_pct"], "fit_n_train": fit["n_train"],
             # run real's steps against the fit, signed (Σ cpu_ms / Σ predicted): above 1 the host ran them slower
             # than during run fit (or the fit is low), and the simulated TPOT comes out short by about as much
-            "real_time_ratio": fit["real_time_ratio"], "real_decode_time_ratio": fit["real_decode_time_ratio"]}
+            "real_time_ratio": fit["real_time_ratio"], "real_decode_time_ratio": fit["real_decode_time_ratio"],
+            # the same ratio second by second within run real (10th, 90th percentile): the host's own steadiness
+            "real_decode_ratio_p10": fit["real_decode_ratio_p10"], "real_decode_ratio_p90": fit["real_decode_ratio_p90"]}
 
 
 def spreads(runs: list[dict]) -> list[dict]:

@@ -482,6 +482,34 @@ def held_out_summary(fit: StepFit, points: list[FitPoint]) -> dict:
     return out
 
 
+DRIFT_WINDOW_MS = 1000.0  # of the engine's step time: about a second of a busy run
+DRIFT_MIN_STEPS = 5  # decode-only steps a window needs for its ratio
+
+
+def decode_ratio_by_window(fit: StepFit, points: list[FitPoint], window_ms: float = DRIFT_WINDOW_MS,
+                           min_steps: int = DRIFT_MIN_STEPS) -> dict:
+    """How a run's own decode-only steps moved against `fit` while it ran: the steps, in step order, cut into
+    windows of `window_ms` of step time (their wall times summed; the idle time between steps left out), each
+    window's Σ measured / Σ predicted over its decode-only steps (a window with fewer than `min_steps` of them
+    left out), and the 10th and 90th percentile of those ratios over the windows: {"p10", "p90", "n_windows"},
+    the percentiles None below 3 windows. One fit prices every window alike, so their spread is the run's own:
+    a shared host's speed moving under it (seen as steps of one shape taking longer in one second than in the
+    next, with no wait for a CPU), which no fit trained on another run can follow."""
+    windows: list[list[tuple[float, float]]] = [[]]
+    elapsed = 0.0
+    for p in sorted(points, key=lambda p: (p.step_id is None, p.step_id)):
+        if elapsed >= window_ms:
+            windows.append([])
+            elapsed = 0.0
+        elapsed += p.wall_ms if p.wall_ms is not None else p.measured_ms
+        if p.kind == "decode":
+            windows[-1].append((p.measured_ms, fit.predict_ms(p)))
+    ratios = [r for w in windows if len(w) >= min_steps and (r := _ratio(w)) is not None]
+    if len(ratios) < 3:
+        return {"p10": None, "p90": None, "n_windows": len(ratios)}
+    return {"p10": quantile(ratios, 0.1), "p90": quantile(ratios, 0.9), "n_windows": len(ratios)}
+
+
 def apply(fit: StepFit, points: list[FitPoint]) -> dict:
     """A fit (from any run) held against another run's steps (the ledger selects them:
     `inferledger.ledger.fit_read.ledger_fit_points`): per-step predictions and the error summary."""

@@ -32,7 +32,7 @@ from inferledger.collectors.sim.run import Follows, HostReplay, SimRequest, dist
 from inferledger.collectors.sim.runner import emitted_token
 from inferledger.collectors.sim.step_time import FittedStepModel
 from inferledger.collectors.workload import Workload
-from inferledger.costmodel.fit import FitError, StepFit, held_out_summary
+from inferledger.costmodel.fit import FitError, StepFit, decode_ratio_by_window, held_out_summary
 from inferledger.engine.params import EngineConfig
 from inferledger.ledger.query import Ledger, open_ledger, resolve_runs
 from inferledger.ledger.fit_read import StepsUnreadable, ledger_fit_points, on_test_host, run_fit
@@ -446,6 +446,17 @@ def drift_sentence(ratio: float | None) -> str:
             "table); ")
 
 
+def steadiness_sentence(p10: float | None, p90: float | None) -> str:
+    """How far run real's own decode steps moved against the fit from one second to the next
+    (ON_REAL's real_decode_ratio_p10 / _p90); '' where too few seconds held decode steps."""
+    if p10 is None or p90 is None:
+        return ""
+    return (f"within run real, second by second, its decode steps took {p10:.2f} to {p90:.2f} of the fit's time "
+            f"(10th to 90th percentile): the host's own speed moving under one run, which the simulation, one fit "
+            f"for the whole run, cannot follow, so a TPOT within about {100 * max(abs(1 - p10), abs(p90 - 1)):.0f} % "
+            "of real is as close as this host held still for; ")
+
+
 def compare(runs: StudyRuns) -> list[Table]:
     ids = [runs.one(n, "SELECT DISTINCT run_id FROM attempts")["run_id"] for n in ("real", "sim")]
     with Ledger([(n, path) for n in ("real", "sim") for _, path in resolve_runs(runs.dirs[n])]) as both:
@@ -478,6 +489,7 @@ def compare(runs: StudyRuns) -> list[Table]:
     real_contention = dict(zip(CONTENTION_COLUMNS, contention[1]))
     fit = sim_manifest["simulation"]["step_model"]["fit"]
     on_real = fit_row(fit, runs.dirs["real"])
+    real_fit = dict(zip(FIT_COLUMNS + ON_REAL, on_real))
     steps = [[n, *runs.one(n, STEPS_SQL).values()] for n in runs.names]
     replay_rows = [[WHOLE, replay[WHOLE], "the engine finished it: replayed to the output it gave"],
                    [UNTIL_CANCEL, replay[UNTIL_CANCEL], "the engine learned of a cancellation (client timeout, "
@@ -492,7 +504,8 @@ def compare(runs: StudyRuns) -> list[Table]:
                        "completed (n; n_real / n_sim: each run's completed attempts with the figure); error_ratio "
                        "= (sim − real) / real; met: |error_ratio| <= target_ratio. "
                        f"{contention_sentence(real_contention)}; "
-                       f"{drift_sentence(dict(zip(FIT_COLUMNS + ON_REAL, on_real))['real_decode_time_ratio'])}"
+                       f"{drift_sentence(real_fit['real_decode_time_ratio'])}"
+                       f"{steadiness_sentence(real_fit['real_decode_ratio_p10'], real_fit['real_decode_ratio_p90'])}"
                        f"replayed {replay[WHOLE] + replay[UNTIL_CANCEL]} of run real's {replay['attempts']} attempts "
                        f"({replay[UNTIL_CANCEL]} until their cancellation, {len(replay['not_replayed'])} not: the "
                        "replay table)"),
@@ -522,9 +535,11 @@ def compare(runs: StudyRuns) -> list[Table]:
                   "(`inferledger fit FIT --test REAL`: a diagnosis after the fact, the simulation never sees them), "
                   "real_extrapolated_steps of them outside the fit's covered batch sizes, tokens or context; "
                   "real_time_ratio (real_decode_time_ratio: its decode-only steps) Σ (cpu_ms − blocked_ms) / Σ predicted "
-                  "over them, "
-                  "signed: above 1 run real's steps took longer than the fit predicts (the host slower than during "
-                  "run fit, or the fit low), and the simulated TPOT and E2E come out short by about as much. "
+                  "over them, signed: above 1 run real's steps took longer than the fit predicts (the host slower "
+                  "than during run fit, or the fit low), and the simulated TPOT and E2E come out short by about as "
+                  "much; real_decode_ratio_p10 / _p90: the decode ratio second by second of run real's step time "
+                  "(its 10th and 90th percentile over the seconds with 5 decode-only steps or more; NULL below 3 "
+                  "such seconds), how far the host's speed moved within run real itself under one fit. "
                   "real_* large against held_out_*: the fit does not transfer (run real's shapes, or the host "
                   "between the two runs); both small while the figures miss: the replay")]
 
@@ -532,7 +547,7 @@ def compare(runs: StudyRuns) -> list[Table]:
 FIT_COLUMNS = ("alpha_ms", "ms_per_gflop", "ms_per_mb", "gap_alpha_ms", "gap_ms_per_seq", "n_train", "n_held_out",
                "held_out_median_abs_pct", "held_out_p90_abs_pct", "ms_per_seq", "kv_factor", "attention_efficiency")
 ON_REAL = ("real_steps", "real_extrapolated_steps", "real_median_abs_pct", "real_p90_abs_pct", "real_time_ratio",
-           "real_decode_time_ratio")
+           "real_decode_time_ratio", "real_decode_ratio_p10", "real_decode_ratio_p90")
 
 
 def fit_row(recorded: dict, real_dir: Path) -> list:
@@ -543,10 +558,12 @@ def fit_row(recorded: dict, real_dir: Path) -> list:
     values = {**recorded, "ms_per_seq": fit.ms_per_seq_reported, "gap_ms_per_seq": fit.gap_ms_per_seq_reported}
     points = ledger_fit_points(real_dir)
     summary = held_out_summary(fit, points)
+    by_second = decode_ratio_by_window(fit, points)
     return [values.get(k) for k in FIT_COLUMNS] + [len(points), fit.n_extrapolated(points),
                                                   summary["held_out_median_abs_error_pct"],
                                                   summary["held_out_p90_abs_error_pct"], summary["time_ratio"],
-                                                  summary["by_kind"]["decode"]["time_ratio"]]
+                                                  summary["by_kind"]["decode"]["time_ratio"], by_second["p10"],
+                                                  by_second["p90"]]
 
 
 def _pct(v) -> str:

@@ -358,20 +358,21 @@ def test_the_fidelity_bench_table_shows_each_repeats_judged_figures_contention_a
         return {"figure": name, "real_ms": real, "sim_ms": sim, "error_ratio": err, "target_ratio": target,
                 "met": None if target is None else abs(err) <= target, "n": 20}
 
-    def run(tpot_sim, contention, decode_ratio=None):
-        return {"study_wall_s": 80.4, "folder": "/tmp/x", "replayed_whole": 27, "replayed_until_cancel": 2,
+    def run(tpot_sim, contention, decode_ratio=None, by_second=(None, None)):
+        return {"real_decode_ratio_p10": by_second[0], "real_decode_ratio_p90": by_second[1], "study_wall_s": 80.4, "folder": "/tmp/x", "replayed_whole": 27, "replayed_until_cancel": 2,
                 "not_replayed": 0, "real_contention_share": contention, "fit_contention_share": 0.125,
                 "fit_held_out_median_abs_pct": 6.54, "fit_n_train": 189, "real_decode_time_ratio": decode_ratio,
                 "figures": [fig("TPOT p50", 40.0, tpot_sim, 0.05), fig("TTFT p50", 200.0, 210.0, 0.10),
                             fig("E2E p99", 1000.0, 1120.0, 0.10), fig("TTFT p99", 500.0, 400.0, None)]}
 
-    figures = {"workloads": [{"workload": "cpu_demo", "file": "w.toml", "runs": [run(41.0, 0.3351, 1.0963), run(44.0, None)],
+    figures = {"workloads": [{"workload": "cpu_demo", "file": "w.toml", "runs": [run(41.0, 0.3351, 1.0963, (0.914, 1.2371)),
+                                                                                     run(44.0, None)],
                               "spreads": [{"figure": "TPOT p50", "by_repeat_error_ratio": [0.025, 0.1],
                                            "by_repeat_met": [True, False], "spread_pct": 7.5, "spread_within": False}]}],
                "spread_target_pct": 3.0, "all_met": False, "all_spreads_within": False}
     out = render.render_table("fidelity_bench", [result("fidelity_bench", "2026-12-05T22:34:49Z", figures)])
     assert "| cpu_demo | 1 | 40.0 / 41.0: +2.5% | 200.0 / 210.0: +5.0% | 1000.0 / 1120.0: +12.0% **not met** | " \
-           "33.5% | 12.5% | 6.5 % | 1.096 | 27 + 2 | 80 s |" in out
+           "33.5% | 12.5% | 6.5 % | 1.096 (0.91–1.24 by the second) | 27 + 2 | 80 s |" in out
     assert "| cpu_demo | 2 | 40.0 / 44.0: +10.0% **not met** | 200.0 / 210.0: +5.0% | 1000.0 / 1120.0: +12.0% " \
            "**not met** | — | 12.5% | 6.5 % | — |" in out  # contention and the time ratio unknown: a dash, never 0
     assert "| cpu_demo | TPOT p50 | 7.5 points | **not met** |" in out

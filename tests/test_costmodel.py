@@ -497,3 +497,21 @@ def test_a_fit_on_another_host_scales_its_memory_and_compute_terms_only():
     assert fit.on_host(1.2, 1.0).predict_ms(point) == pytest.approx(2.0 + 12.0)  # the host's memory 1/1.2 as fast
     assert fit.on_host(1.0, 20.0).predict_ms(point) == pytest.approx(2.0 + 20.0)  # compute now the longer
     assert fit.predict_ms(point) == pytest.approx(12.0)  # the fit itself unchanged
+
+
+def test_decode_ratio_by_window_spreads_the_runs_own_seconds():
+    from inferledger.costmodel.fit import decode_ratio_by_window
+
+    fit = StepFit(alpha_ms=10.0, ms_per_gflop=0.0, ms_per_mb=0.0)  # 10 ms for any step
+
+    def step(i, ms, kind="decode"):
+        return FitPoint(1e6, 0.0, 1e6, 0.0, ms, 1, 1, 64, step_id=i, kind=kind, wall_ms=100.0)
+    # ten 100 ms steps a 1 s window (type 7 quantiles of 3 ratios: rank 0.2 and 1.8): the host at 0.9, 1.0 and 1.2 of the fit, second by second; the second
+    # window holds a prefill (not a decode: left out of its ratio); a last window of 3 decodes is too thin
+    points = [step(i, 9.0) for i in range(10)]
+    points += [step(10, 50.0, "prefill")] + [step(i, 10.0) for i in range(11, 20)]
+    points += [step(i, 12.0) for i in range(20, 30)] + [step(i, 30.0) for i in range(30, 33)]
+    got = decode_ratio_by_window(fit, list(reversed(points)))  # step order, whatever the list's
+    assert got["n_windows"] == 3
+    assert got["p10"] == pytest.approx(0.9 + 0.2 * 0.1) and got["p90"] == pytest.approx(1.0 + 0.8 * 0.2)
+    assert decode_ratio_by_window(fit, points[:20]) == {"p10": None, "p90": None, "n_windows": 2}

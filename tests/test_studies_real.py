@@ -324,8 +324,15 @@ def test_fidelity_replays_every_attempt_of_a_workload_with_a_retry_keyed_on_atte
     assert row["real_steps"] == summary["n_steps"] and 0 <= row["real_extrapolated_steps"] <= row["real_steps"]
     assert row["real_time_ratio"] == summary["time_ratio"] > 0
     assert row["real_decode_time_ratio"] == summary["by_kind"]["decode"]["time_ratio"]
-    from inferledger.studies.fidelity import drift_sentence
+    from inferledger.studies.fidelity import drift_sentence, steadiness_sentence
     assert drift_sentence(row["real_decode_time_ratio"]) in comp["fidelity"]["note"]
+    # run real's own steadiness, second by second, under the same fit
+    from inferledger.costmodel.fit import decode_ratio_by_window
+
+    by_second = decode_ratio_by_window(StepFit.from_dict(model["fit"]), ledger_fit_points(dirs["real"]))
+    assert (row["real_decode_ratio_p10"], row["real_decode_ratio_p90"]) == (by_second["p10"], by_second["p90"])
+    assert row["real_decode_ratio_p10"] is None or 0 < row["real_decode_ratio_p10"] <= row["real_decode_ratio_p90"]
+    assert steadiness_sentence(row["real_decode_ratio_p10"], row["real_decode_ratio_p90"]) in comp["fidelity"]["note"]
 
 
 def test_fidelity_refuses_a_bad_workload_file_by_file_and_key_before_loading_anything(tmp_path):
