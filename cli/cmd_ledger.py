@@ -19,9 +19,11 @@ def reconstruct_cmd(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the ledger, a file named "
                                        "*.duckdb (default RUN_DIR/ledger.duckdb)."),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", "-m", help="Most memory DuckDB may use "
-                                               "(4GB, 512MiB, ...; default 1.5 GiB a CPU, at most a quarter of this machine's memory): "
-                                               "beyond it the build spills to disk beside the ledger, so a run of "
-                                               "any size fits."),
+                                               "(4GB, 512MiB, ...; default 1.25 GiB a CPU, at most a quarter of this machine's memory): "
+                                               "beyond it joins, sorts and windows spill to disk beside the "
+                                               "ledger. The exact percentiles over pooled gaps cannot spill: a "
+                                               "build that runs out names its stage; give it more (2.5 GiB held "
+                                               "100 M events)."),
     temp_directory: Optional[Path] = typer.Option(None, "--temp-directory", help="Where to spill (default a "
                                                   "folder beside the ledger, removed afterwards)."),
     engine: str = typer.Option("local", "--engine", help="local (one process, DuckDB) or ray: the engine and "

@@ -16,8 +16,8 @@ from pathlib import Path
 DEFAULT_FRACTION = 0.25  # of physical memory at most: a shared host keeps three quarters for others
 # DuckDB's performance guide puts aggregation-heavy work (the ledger's: windows and group-bys over
 # events) at 1-2 GB a thread; its threads are one a CPU. Memory past that buys no speed on a small host
-# (a 30 M-event build on 2 CPUs: 56 s held to 4 GB against 55 s at 5.8 GB) and costs its neighbours.
-DEFAULT_PER_CPU = 3 * 2 ** 29  # 1.5 GiB
+# (100 M events on 2 CPUs: 518 CPU s at 2.5 GiB, 516 at 3 GiB) and costs its neighbours.
+DEFAULT_PER_CPU = 5 * 2 ** 28  # 1.25 GiB
 _UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
           "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")

@@ -40,8 +40,8 @@ def test_a_size_that_cannot_be_read_or_is_too_small_is_named(text):
 
 
 @pytest.mark.parametrize("cpus, physical_gib, limit_mib", [
-    (2, 23.4, 3 * 1024),          # two CPUs: 1.5 GiB each, under a quarter of 23.4 GiB
-    (16, 128, 24 * 1024),         # sixteen: 24 GiB, a quarter of 128 GiB is 32
+    (2, 23.4, 2560),              # two CPUs: 1.25 GiB each, under a quarter of 23.4 GiB
+    (16, 128, 20 * 1024),         # sixteen: 20 GiB, a quarter of 128 GiB is 32
     (16, 64, 16 * 1024),          # sixteen on 64 GiB: the quarter (16 GiB) is the smaller
     (1, 0.2, 64),                 # a tiny container (a quarter is 51 MiB): never under the 64 MiB the joins need
 ])
