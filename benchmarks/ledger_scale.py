@@ -432,6 +432,8 @@ def compare(ledger_db: Path, peer_file: Path) -> tuple[dict, list[str]]:
 
 
 def main(argv=None) -> int:
+    from inferledger.ledger.memory import default_memory_limit
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--attempts", type=int, default=10_000)
     ap.add_argument("--tokens", type=int, default=256)
@@ -564,6 +566,8 @@ def main(argv=None) -> int:
     figures = {"attempts": a.attempts, "output_tokens": a.tokens, "events": n_events, "parts": imp["parts"],
                "parquet_mib": round(imp["parquet_mib"], 1), "ledger_mib": round(led["ledger_mib"], 1), "phases": phases,
                "memory_limit": a.memory_limit, "engine": a.engine,
+               # the limit a build without --memory-limit is held to (ledger/memory.py: it depends on the host)
+               "memory_limit_default": None if a.memory_limit else f"{default_memory_limit() / 2 ** 30:.2f}GiB",
                "workers": a.workers if a.engine == "ray" else None,
                "repartition": {"wall_s": round(rep["seconds"], 3), "cpu_s": round(rep["cpu_s"], 3),
                                "peak_gib": round(rep["peak_gib"], 3), "partitions": rep["partitions"],

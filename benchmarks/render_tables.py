@@ -183,7 +183,8 @@ def ledger_scale_large(rs: list[dict]) -> str:
         led, peer = f["phases"]["ledger"], f["phases"].get("peer")
         ray, query = f.get("ray") or {}, f.get("query") or {}
         path = (f"ray, {f.get('workers')} workers, {ray.get('shards')} shards" if f.get("engine") == "ray"
-                else "single node") + (f", limit {f['memory_limit']}" if f.get("memory_limit") else "")
+                else "single node") + (f", limit {f['memory_limit']}" if f.get("memory_limit") else
+                                       f", default limit {f['memory_limit_default']}" if f.get("memory_limit_default") else "")
         rep = f.get("repartition") or {}
         rows.append([r["date_utc"][:16].replace("T", " "), f"`{(r['git'].get('commit') or '?')[:7]}`", cpu_label(r),
                      load_span(r), f"{f['events']:,}", path, fmt(rep.get("wall_s"), ".1f"), fmt(led["wall_s"], ".1f"), f"{led['events_per_s']:,.0f}",

@@ -390,3 +390,15 @@ def test_the_diagnosis_bench_names_the_cause_beside_the_hosts_wait():
     # only the host's wait (or nothing) shared the delay: no other cause to name
     assert render_tables._first_beside_host({"shares": {"host_contention_share": 1.0, "client_share": 0.0}}) is None
     assert render_tables._first_beside_host({"shares": {"host_contention_share": None}}) is None
+
+
+def test_a_large_run_without_a_limit_names_the_default_it_was_held_to():
+    big = {"attempts": 331_200, "tokens": 256, "no_peer": True}
+    older = _ledger(1.0) | {"memory_limit": None, "loop_over_ledger_ratio": None}  # before the default was recorded
+    newer = _ledger(1.0) | {"memory_limit": None, "memory_limit_default": "2.50GiB", "loop_over_ledger_ratio": None}
+    given = _ledger(1.0) | {"memory_limit": "4GB", "memory_limit_default": None, "loop_over_ledger_ratio": None}
+    rows = render.render_table("ledger_scale.large", [
+        result("ledger_scale", f"2026-12-0{i}T21:00:00Z", f, params=big)
+        for i, f in enumerate((older, newer, given), 1)]).splitlines()
+    assert [r.split(" | ")[5] for r in rows[4:]] == ["single node", "single node, default limit 2.50GiB",
+                                                      "single node, limit 4GB"]
