@@ -334,8 +334,8 @@ def fidelity_bench(rs: list[dict]) -> str:
             rows.append([w["workload"], k, *cells, _share(run["real_contention_share"]),
                          _share(run["fit_contention_share"]), fmt(run["fit_held_out_median_abs_pct"], ".1f", " %"),
                          fmt(run.get("real_decode_time_ratio"), ".3f")
-                         + ("" if run.get("real_decode_ratio_p10") is None else
-                            f" ({run['real_decode_ratio_p10']:.2f}–{run['real_decode_ratio_p90']:.2f} by the second)"),
+                         + ("" if run.get("real_decode_p10_ratio") is None else
+                            f" ({run['real_decode_p10_ratio']:.2f}–{run['real_decode_p90_ratio']:.2f} by the second)"),
                          f"{run['replayed_whole']} + {run['replayed_until_cancel']}", fmt(run["study_wall_s"], ".0f", " s")])
     spreads = [[w["workload"], s["figure"], fmt(s["spread_pct"], ".1f", " points"), met(s["spread_within"])]
                for w in f["workloads"] for s in w["spreads"]]

@@ -448,7 +448,7 @@ def drift_sentence(ratio: float | None) -> str:
 
 def steadiness_sentence(p10: float | None, p90: float | None) -> str:
     """How far run real's own decode steps moved against the fit from one second to the next
-    (ON_REAL's real_decode_ratio_p10 / _p90); '' where too few seconds held decode steps."""
+    (ON_REAL's real_decode_p10_ratio / real_decode_p90_ratio); '' where too few seconds held decode steps."""
     if p10 is None or p90 is None:
         return ""
     return (f"within run real, second by second, its decode steps took {p10:.2f} to {p90:.2f} of the fit's time "
@@ -505,7 +505,7 @@ def compare(runs: StudyRuns) -> list[Table]:
                        "= (sim − real) / real; met: |error_ratio| <= target_ratio. "
                        f"{contention_sentence(real_contention)}; "
                        f"{drift_sentence(real_fit['real_decode_time_ratio'])}"
-                       f"{steadiness_sentence(real_fit['real_decode_ratio_p10'], real_fit['real_decode_ratio_p90'])}"
+                       f"{steadiness_sentence(real_fit['real_decode_p10_ratio'], real_fit['real_decode_p90_ratio'])}"
                        f"replayed {replay[WHOLE] + replay[UNTIL_CANCEL]} of run real's {replay['attempts']} attempts "
                        f"({replay[UNTIL_CANCEL]} until their cancellation, {len(replay['not_replayed'])} not: the "
                        "replay table)"),
@@ -537,7 +537,7 @@ def compare(runs: StudyRuns) -> list[Table]:
                   "real_time_ratio (real_decode_time_ratio: its decode-only steps) Σ (cpu_ms − blocked_ms) / Σ predicted "
                   "over them, signed: above 1 run real's steps took longer than the fit predicts (the host slower "
                   "than during run fit, or the fit low), and the simulated TPOT and E2E come out short by about as "
-                  "much; real_decode_ratio_p10 / _p90: the decode ratio second by second of run real's step time "
+                  "much; real_decode_p10_ratio / real_decode_p90_ratio: the decode ratio second by second of run real's step time "
                   "(its 10th and 90th percentile over the seconds with 5 decode-only steps or more; NULL below 3 "
                   "such seconds), how far the host's speed moved within run real itself under one fit. "
                   "real_* large against held_out_*: the fit does not transfer (run real's shapes, or the host "
@@ -547,7 +547,7 @@ def compare(runs: StudyRuns) -> list[Table]:
 FIT_COLUMNS = ("alpha_ms", "ms_per_gflop", "ms_per_mb", "gap_alpha_ms", "gap_ms_per_seq", "n_train", "n_held_out",
                "held_out_median_abs_pct", "held_out_p90_abs_pct", "ms_per_seq", "kv_factor", "attention_efficiency")
 ON_REAL = ("real_steps", "real_extrapolated_steps", "real_median_abs_pct", "real_p90_abs_pct", "real_time_ratio",
-           "real_decode_time_ratio", "real_decode_ratio_p10", "real_decode_ratio_p90")
+           "real_decode_time_ratio", "real_decode_p10_ratio", "real_decode_p90_ratio")
 
 
 def fit_row(recorded: dict, real_dir: Path) -> list:

@@ -359,7 +359,7 @@ def test_the_fidelity_bench_table_shows_each_repeats_judged_figures_contention_a
                 "met": None if target is None else abs(err) <= target, "n": 20}
 
     def run(tpot_sim, contention, decode_ratio=None, by_second=(None, None)):
-        return {"real_decode_ratio_p10": by_second[0], "real_decode_ratio_p90": by_second[1], "study_wall_s": 80.4, "folder": "/tmp/x", "replayed_whole": 27, "replayed_until_cancel": 2,
+        return {"real_decode_p10_ratio": by_second[0], "real_decode_p90_ratio": by_second[1], "study_wall_s": 80.4, "folder": "/tmp/x", "replayed_whole": 27, "replayed_until_cancel": 2,
                 "not_replayed": 0, "real_contention_share": contention, "fit_contention_share": 0.125,
                 "fit_held_out_median_abs_pct": 6.54, "fit_n_train": 189, "real_decode_time_ratio": decode_ratio,
                 "figures": [fig("TPOT p50", 40.0, tpot_sim, 0.05), fig("TTFT p50", 200.0, 210.0, 0.10),

@@ -330,9 +330,9 @@ def test_fidelity_replays_every_attempt_of_a_workload_with_a_retry_keyed_on_atte
     from inferledger.costmodel.fit import decode_ratio_by_window
 
     by_second = decode_ratio_by_window(StepFit.from_dict(model["fit"]), ledger_fit_points(dirs["real"]))
-    assert (row["real_decode_ratio_p10"], row["real_decode_ratio_p90"]) == (by_second["p10"], by_second["p90"])
-    assert row["real_decode_ratio_p10"] is None or 0 < row["real_decode_ratio_p10"] <= row["real_decode_ratio_p90"]
-    assert steadiness_sentence(row["real_decode_ratio_p10"], row["real_decode_ratio_p90"]) in comp["fidelity"]["note"]
+    assert (row["real_decode_p10_ratio"], row["real_decode_p90_ratio"]) == (by_second["p10"], by_second["p90"])
+    assert row["real_decode_p10_ratio"] is None or 0 < row["real_decode_p10_ratio"] <= row["real_decode_p90_ratio"]
+    assert steadiness_sentence(row["real_decode_p10_ratio"], row["real_decode_p90_ratio"]) in comp["fidelity"]["note"]
 
 
 def test_fidelity_refuses_a_bad_workload_file_by_file_and_key_before_loading_anything(tmp_path):
