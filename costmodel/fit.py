@@ -181,13 +181,16 @@ class StepFit:
     engine: dict | None = None
 
     @classmethod
-    def fit(cls, points: list[FitPoint], roofs: Roofs | None, trained_on: str = "") -> "StepFit":
+    def fit(cls, points: list[FitPoint], roofs: Roofs | None, trained_on: str = "",
+            kv_factor: float | None = None) -> "StepFit":
         """Train on the training shapes of `points` with the rates of `roofs` held fixed (raised to what a
-        training step reached; without roofs, what the steps reached), report errors on the held-out shapes."""
+        training step reached; without roofs, what the steps reached), report errors on the held-out shapes.
+        `kv_factor`: k held at this value (`held_kv_factor`: where the attention reads the KV in place), else
+        fitted."""
         train, held = split(points)
         if len(train) < 3:
             raise FitError(f"step fit: {len(train)} training steps (of {len(points)}); at least 3 are needed")
-        out = cls._physics(train, roofs, trained_on)
+        out = cls._physics(train, roofs, trained_on, kv_factor)
         out.n_held_out = len(held)
         out.train_median_abs_pct = out.median_abs_pct(train)
         out.held_out_median_abs_pct = out.median_abs_pct(held)
@@ -195,7 +198,8 @@ class StepFit:
         return out
 
     @classmethod
-    def _physics(cls, train: list[FitPoint], roofs: Roofs | None, trained_on: str) -> "StepFit":
+    def _physics(cls, train: list[FitPoint], roofs: Roofs | None, trained_on: str,
+                 kv_factor: float | None = None) -> "StepFit":
         rates = held_rates(train, roofs)
         ms_per_gflop, ms_per_mb = 1 / rates["compute_tflops"], 1 / rates["memory_gbps"]
         g = np.array([_groups(p) for p in train]) * [ms_per_gflop / 1e9, ms_per_mb / 1e6, ms_per_gflop / 1e9,
@@ -211,7 +215,7 @@ class StepFit:
         for _ in range(CAP_ROUNDS if seen else 1):
             x = np.column_stack(cols + ([wait if uncontended is None else np.minimum(wait, uncontended)]
                                         if seen else [])) / y[:, None]  # relative error: rows divided by y
-            e, a, k, c = _search(g, y, x)
+            e, a, k, c = _search(g, y, x, KV_GRID if kv_factor is None else np.array([float(kv_factor)]))
             uncontended = c[0] + c[1] * cols[1] + _stages(g, e, k, a)
         alpha, per_seq, *kappa = (float(v) for v in c)
         gap_alpha, gap_per_seq, gap_seqs = _gap_fit(train)
@@ -362,7 +366,8 @@ def _stages(g: np.ndarray, e: float, k: float = 1.0, a: float | None = None) -> 
     return np.maximum(e * g[:, 0], g[:, 1]) + np.maximum((e if a is None else a) * g[:, 2], k * g[:, 3])
 
 
-def _search(g: np.ndarray, y: np.ndarray, x: np.ndarray) -> tuple[float, float, float, np.ndarray]:
+def _search(g: np.ndarray, y: np.ndarray, x: np.ndarray,
+            kv_grid: np.ndarray = KV_GRID) -> tuple[float, float, float, np.ndarray]:
     """(e, e_att, k, the coefficients of x's columns): (e, k) over a coarse log grid with e_att = e, refined
     around the best, then (e, e_att) around that e at its k, then the three refined around the best; of the flattest stretch the
     triple with e_att = e if there is one, then the one closest to (1, 1); for each triple the columns by non-negative least squares on
@@ -381,7 +386,7 @@ def _search(g: np.ndarray, y: np.ndarray, x: np.ndarray) -> tuple[float, float, 
         i = int(np.searchsorted(grid, v))
         return np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], n)
 
-    coarse_e, coarse_k = EFFICIENCY_GRID[::COARSE], KV_GRID[::COARSE]
+    coarse_e, coarse_k = EFFICIENCY_GRID[::COARSE], kv_grid[::COARSE]
     tried = errors([(float(e), float(e), float(k)) for e in coarse_e for k in coarse_k])
     e0, _, k0 = min(tried, key=tried.get)
     tried |= errors([(float(e), float(e), float(k)) for e in around(coarse_e, e0) for k in around(coarse_k, k0)])
@@ -389,7 +394,7 @@ def _search(g: np.ndarray, y: np.ndarray, x: np.ndarray) -> tuple[float, float, 
     tried |= errors([(float(e), float(a), k0) for e in around(coarse_e, e0) for a in coarse_e])
     e1, a1, k1 = min(tried, key=tried.get)
     tried |= errors([(float(e), float(a), float(k)) for e in around(EFFICIENCY_GRID, e1, REFINE_3)
-                     for a in around(EFFICIENCY_GRID, a1, REFINE_3) for k in around(KV_GRID, k1, REFINE_3)])
+                     for a in around(EFFICIENCY_GRID, a1, REFINE_3) for k in around(kv_grid, k1, REFINE_3)])
     best = min(tried.values())
     flat = (t for t, err in tried.items() if err <= best * (1 + FLAT) + 1e-15)
     # attention at the linears' efficiency where the steps allow it (a decode's attention FLOPs and KV bytes grow
@@ -446,6 +451,17 @@ def time_ratio(fit: StepFit, points: list[FitPoint], ms: str = "measured_ms") ->
     the |error| quantiles are not: a simulated clock sums step times, so this is what a fit carries into a
     simulated TPOT or E2E. None without a point (or a prediction of 0)."""
     return _ratio([(getattr(p, ms), fit.predict_ms(p)) for p in points if getattr(p, ms) is not None])
+
+
+def held_kv_factor(engine_config: dict) -> float | None:
+    """k a fit holds rather than fits, from a run's manifest `engine_config`: 1 where the engine's attention ran
+    the paged kernel (`resolved.attention.kernel` "paged": each decode reads its K and V in place, once), None
+    (fitted) elsewhere (the gather path copies a decode's KV before reading it; a server whose attention this
+    run does not know). Fitted where the KV is read once, k took up a host that slowed over a closed loop's
+    run, whose contexts grow as it goes (docs/MODEL.md "Fit")."""
+    resolved = engine_config.get("resolved") if isinstance(engine_config, dict) else None
+    attention = resolved.get("attention") if isinstance(resolved, dict) else None
+    return 1.0 if isinstance(attention, dict) and attention.get("kernel") == "paged" else None
 
 
 def _ratio(pairs: list[tuple[float, float]]) -> float | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from inferledger.costmodel.fit import FitError, FitPoint, StepFit, error_pct, split
+from inferledger.costmodel.fit import FitError, FitPoint, StepFit, error_pct, held_kv_factor, split
 from inferledger.costmodel.roofs import fit_rates
 from inferledger.ledger.tables import StageTable, gap_table
 
@@ -61,7 +61,7 @@ def fit_points(con) -> list[FitPoint]:
 #   attention_efficiency (e_att: the best matmul's rate over attention's FLOPs),
 #   p_eff_tflops (the best matmul's rate / e), b_eff_gbps (the memory rate held fixed: the run's measured rate, or what a step reached where
 #   that is higher, or without a measured rate the highest a step reached), kv_factor (k: the attention's KV traffic over its
-#   KV bytes), ms_per_wait_ms (κ: on-CPU
+#   KV bytes; held at 1 where the run's attention read the KV in place, the paged kernel), ms_per_wait_ms (κ: on-CPU
 #   ms a step loses per ms it waited for a CPU; 0 where the training steps hardly waited), gap_alpha_ms,
 #   gap_ms_per_seq (NULL, with a gap, where the steps with host time after them had one batch size); n_train,
 #   n_held_out; train_median_abs_pct, held_out_median_abs_pct, held_out_p90_abs_pct; covered_num_seqs_lo / _hi,
@@ -96,7 +96,8 @@ def build(con, run) -> None:
     else:
         roofs, why = fit_rates(run.manifest)
         try:
-            fit = StepFit.fit(points, roofs, trained_on=run.run_dir.name)
+            fit = StepFit.fit(points, roofs, trained_on=run.run_dir.name,
+                              kv_factor=held_kv_factor(run.manifest.block("engine_config")))
         except FitError as exc:
             if points:
                 gaps.append(("run", None, "step_fit, step_fit_points", "more engine steps of known shape", str(exc)))

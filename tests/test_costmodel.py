@@ -515,3 +515,24 @@ def test_decode_ratio_by_window_spreads_the_runs_own_seconds():
     assert got["n_windows"] == 3
     assert got["p10"] == pytest.approx(0.9 + 0.2 * 0.1) and got["p90"] == pytest.approx(1.0 + 0.8 * 0.2)
     assert decode_ratio_by_window(fit, points[:20]) == {"p10": None, "p90": None, "n_windows": 2}
+
+
+def test_where_the_attention_reads_the_kv_in_place_the_fit_holds_k_at_one():
+    from inferledger.costmodel.fit import held_kv_factor
+
+    paged = {"resolved": {"attention": {"kernel": "paged", "resolved_by": "auto"}}}
+    assert held_kv_factor(paged) == 1.0
+    for other in ({"resolved": {"attention": {"kernel": "gather"}}}, {"resolved": {}}, {}, {"resolved": "x"}, None):
+        assert held_kv_factor(other) is None  # fitted: a gather copies the KV first; an unknown path is not assumed
+    # the steps of the test above, whose KV costs 4 times its bytes: held at 1, k stays 1 and α and a_seq take up
+    # what they can; fitted, k comes back as 4
+    alpha, per_seq = 6.0, 1.5
+
+    def true_ms(w):
+        kv = w.kv_read_bytes + w.kv_write_bytes
+        return alpha + per_seq * w.num_seqs + (w.bytes - kv) / 30e6 + 4.0 * kv / 30e6
+    points = [FitPoint.of(w, true_ms(w)) for w in (
+        step_work(SMOL, [StepRow("decode", 1, ctx + 7 * i) for i in range(n)])
+        for n in (1, 2, 3) for ctx in (16, 64, 256, 1024, 3000))]
+    assert StepFit.fit(points, HOST, kv_factor=held_kv_factor(paged)).kv_factor == 1.0
+    assert StepFit.fit(points, HOST).kv_factor == pytest.approx(4.0, rel=1e-9)
