@@ -79,12 +79,11 @@ def _where_time_went(rows: list[dict]) -> Table:
               title_justify="left", caption="asleep: of its prefill, decode and stalls, its steps' sleep on a lock "
                                             "(the interpreter: the front end, a full garbage collection)",
               caption_justify="left")
-    names = VERDICT_COLUMNS
-    for col in ("request", "attempt", "E2E", "held", *(name.removesuffix("_ms") for name, _ in names)):
+    for col in ("request", "attempt", "E2E", "held", *(name.removesuffix("_ms") for name, _ in VERDICT_COLUMNS)):
         t.add_column(col, justify="left" if col in ("request", "attempt") else "right")
     for r in rows:
         t.add_row(r["request"], r["attempt_id"], _fmt(r["e2e_ms"]), _fmt(r["held_ms"]),
-                  *(_fmt(r[name]) for name, _ in names))
+                  *(_fmt(r[name]) for name, _ in VERDICT_COLUMNS))
     return t
 
 

@@ -4,7 +4,8 @@
 --
 -- scope: rollup
 -- reads: request_metrics, itl, quantiles_linear, attempt_evidence
--- creates: latency_percentiles, latency_gaps, latency_pool_client, latency_pool_server, latency_pool_engine
+-- creates: latency_percentiles, latency_gaps, latency_pool, latency_pool_client, latency_pool_server,
+--   latency_pool_engine
 
 -- @table latency_percentiles: one row per figure × observation layer: n, mean and percentiles of one
 --   ledger column (docs/LEDGER.md "latency_percentiles")
@@ -24,18 +25,13 @@
 -- The pooled gaps of each layer (millions of samples in a big run: an exact quantile holds every sample of
 -- its set in memory, which DuckDB cannot spill), one layer a statement, so the memory limit must hold the
 -- largest layer's gaps (8 bytes a gap), not the three at once.
-CREATE OR REPLACE TEMP TABLE latency_pool_client AS
-SELECT 'client' AS layer, count(gap_ms) AS n, avg(gap_ms) AS mean_ms, quantiles_linear(gap_ms, [0.5, 0.9, 0.95, 0.99]) AS q,
+CREATE OR REPLACE TEMP MACRO latency_pool(l) AS TABLE
+SELECT l AS layer, count(gap_ms) AS n, avg(gap_ms) AS mean_ms, quantiles_linear(gap_ms, [0.5, 0.9, 0.95, 0.99]) AS q,
        max(gap_ms) AS max_ms
-FROM itl WHERE layer = 'client' HAVING count(*) > 0;
-CREATE OR REPLACE TEMP TABLE latency_pool_server AS
-SELECT 'server' AS layer, count(gap_ms) AS n, avg(gap_ms) AS mean_ms, quantiles_linear(gap_ms, [0.5, 0.9, 0.95, 0.99]) AS q,
-       max(gap_ms) AS max_ms
-FROM itl WHERE layer = 'server' HAVING count(*) > 0;
-CREATE OR REPLACE TEMP TABLE latency_pool_engine AS
-SELECT 'engine' AS layer, count(gap_ms) AS n, avg(gap_ms) AS mean_ms, quantiles_linear(gap_ms, [0.5, 0.9, 0.95, 0.99]) AS q,
-       max(gap_ms) AS max_ms
-FROM itl WHERE layer = 'engine' HAVING count(*) > 0;
+FROM itl WHERE layer = l HAVING count(*) > 0;
+CREATE OR REPLACE TEMP TABLE latency_pool_client AS FROM latency_pool('client');
+CREATE OR REPLACE TEMP TABLE latency_pool_server AS FROM latency_pool('server');
+CREATE OR REPLACE TEMP TABLE latency_pool_engine AS FROM latency_pool('engine');
 
 CREATE OR REPLACE TABLE latency_percentiles AS
 WITH defs(position, metric, layer, label, col) AS (VALUES

@@ -42,10 +42,9 @@ def verdict(rv, p: str) -> str:
                      "divide (its client queue lies before the send, outside the E2E); asleep: of its prefill, decode "
                      "and stalls, the time its steps' thread slept on a lock (in a Python server the interpreter, "
                      "held by the front end or a full garbage collection; steps.blocked_ms)", "source")
-        names = tables.VERDICT_COLUMNS
-        body += table(["request", "attempt", "E2E", "held", *(n.removesuffix("_ms") for n, _ in names)],
+        body += table(["request", "attempt", "E2E", "held", *(n.removesuffix("_ms") for n, _ in tables.VERDICT_COLUMNS)],
                       [[r["request"], r["attempt_id"], fmt(r["e2e_ms"]), fmt(r["held_ms"]),
-                        *(fmt(r[n]) for n, _ in names)]
+                        *(fmt(r[n]) for n, _ in tables.VERDICT_COLUMNS)]
                        for r in requests])
         if requests[0]["e2e_layer"] == "client":
             body += client_bound_note(rv)
