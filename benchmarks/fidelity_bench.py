@@ -44,7 +44,8 @@ def one_study(bundle, wl: Path, out: Path, scale: str, calibration: Path | None 
     contention = {r["run"]: r["contention_share"] for r in tables["contention"]}
     fit = tables["fit"][0]
     return {"study_wall_s": round(time.perf_counter() - t0, 2), "folder": str(out),
-            "figures": [{k: r[k] for k in ("figure", "real_ms", "sim_ms", "error_ratio", "target_ratio", "met", "n")}
+            "figures": [{k: r[k] for k in ("figure", "real_ms", "sim_ms", "error_ratio", "error_lo_ratio", "error_hi_ratio",
+                                             "target_ratio", "met", "n")}
                         for r in tables["fidelity"]],
             "replayed_whole": replay.get("whole", 0), "replayed_until_cancel": replay.get("until_cancel", 0),
             "not_replayed": sum(r["replay"] == "not_replayed" for r in tables["replay"]),
@@ -57,8 +58,17 @@ def one_study(bundle, wl: Path, out: Path, scale: str, calibration: Path | None 
             "real_decode_p10_ratio": fit["real_decode_p10_ratio"], "real_decode_p90_ratio": fit["real_decode_p90_ratio"]}
 
 
+def overlap(intervals: list[list]) -> bool | None:
+    """Whether every [lo, hi] shares a value with every other (None where one is unknown or there is one)."""
+    if len(intervals) < 2 or any(lo is None or hi is None for lo, hi in intervals):
+        return None
+    return max(lo for lo, _ in intervals) <= min(hi for _, hi in intervals)
+
+
 def spreads(runs: list[dict]) -> list[dict]:
-    """Each targeted figure over one workload's repeats: its errors, their spread in points, within 3."""
+    """Each targeted figure over one workload's repeats: its errors, their spread in points, within 3, and whether
+    the repeats' intervals over their attempts share a value (None where a repeat has none): repeats whose
+    intervals overlap differ by no more than their attempts can tell."""
     out = []
     for i, f in enumerate(runs[0]["figures"]):
         if f["target_ratio"] is None:
@@ -68,7 +78,11 @@ def spreads(runs: list[dict]) -> list[dict]:
         spread = round(100 * (max(known) - min(known)), 2) if len(known) == len(errs) and len(errs) > 1 else None
         out.append({"figure": f["figure"], "by_repeat_error_ratio": errs,
                     "by_repeat_met": [r["figures"][i]["met"] for r in runs],
-                    "spread_pct": spread, "spread_within": None if spread is None else spread <= SPREAD_POINTS})
+                    "spread_pct": spread, "spread_within": None if spread is None else spread <= SPREAD_POINTS,
+                    "by_repeat_interval_ratio": [[r["figures"][i]["error_lo_ratio"], r["figures"][i]["error_hi_ratio"]]
+                                                 for r in runs],
+                    "intervals_overlap": overlap([[r["figures"][i]["error_lo_ratio"], r["figures"][i]["error_hi_ratio"]]
+                                                  for r in runs])})
     return out
 
 
@@ -108,6 +122,8 @@ def main(argv=None) -> int:
             for f in runs[-1]["figures"]:
                 if f["target_ratio"] is not None:
                     err = "unknown" if f["error_ratio"] is None else f"{f['error_ratio']:+.1%}"
+                    if f["error_lo_ratio"] is not None:
+                        err += f" ({f['error_lo_ratio']:+.1%} to {f['error_hi_ratio']:+.1%} over the attempts)"
                     print(f"{name} #{k} {f['figure']}: real {f['real_ms']} ms, sim {f['sim_ms']} ms, {err} "
                           f"(target ±{f['target_ratio']:.0%}: {'met' if f['met'] else 'not met'})", flush=True)
         per_workload.append({"workload": name, "file": str(wl), "runs": runs, "spreads": spreads(runs)})

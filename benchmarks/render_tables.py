@@ -330,6 +330,8 @@ def fidelity_bench(rs: list[dict]) -> str:
             figs = {x["figure"]: x for x in run["figures"]}
             cells = [f"{fmt(figs[n]['real_ms'], '.1f')} / {fmt(figs[n]['sim_ms'], '.1f')}: "
                      + (DASH if figs[n]["error_ratio"] is None else f"{figs[n]['error_ratio']:+.1%}")
+                     + ("" if figs[n].get("error_lo_ratio") is None else
+                        f" ({figs[n]['error_lo_ratio']:+.1%} to {figs[n]['error_hi_ratio']:+.1%})")
                      + ("" if figs[n]["met"] else " **not met**") for n in judged]
             rows.append([w["workload"], k, *cells, _share(run["real_contention_share"]),
                          _share(run["fit_contention_share"]), fmt(run["fit_held_out_median_abs_pct"], ".1f", " %"),
@@ -337,13 +339,17 @@ def fidelity_bench(rs: list[dict]) -> str:
                          + ("" if run.get("real_decode_p10_ratio") is None else
                             f" ({run['real_decode_p10_ratio']:.2f}–{run['real_decode_p90_ratio']:.2f} by the second)"),
                          f"{run['replayed_whole']} + {run['replayed_until_cancel']}", fmt(run["study_wall_s"], ".0f", " s")])
+    # results recorded before the errors had an interval over the attempts have no such column
+    overlaps = all("intervals_overlap" in s for w in f["workloads"] for s in w["spreads"])
     spreads = [[w["workload"], s["figure"], fmt(s["spread_pct"], ".1f", " points"), met(s["spread_within"])]
+               + ([DASH if s["intervals_overlap"] is None else "yes" if s["intervals_overlap"] else "no"]
+                  if overlaps else [])
                for w in f["workloads"] for s in w["spreads"]]
     return (table(["workload", "repeat", "TPOT p50 real / sim ms (±5 %)", "TTFT p50 (±10 %)", "E2E p99 (±10 %)",
                    "real waiting for a CPU", "fit waiting for a CPU", "fit held-out median error",
                    "real's decodes against the fit", "replayed whole + until cancel", "study"], rows)
-            + "\n\n" + table(["workload", "figure", "spread over the repeats", f"within {f['spread_target_pct']:g}"],
-                              spreads)
+            + "\n\n" + table(["workload", "figure", "spread over the repeats", f"within {f['spread_target_pct']:g}",
+                               *(["the repeats' intervals overlap"] if overlaps else [])], spreads)
             + "\n\n" + targets([{"target": "every judged figure within its target, every repeat",
                                   "measured": f"{sum(bool(x['met']) for w in f['workloads'] for r in w['runs'] for x in r['figures'] if x['target_ratio'] is not None)} of "
                                               f"{sum(1 for w in f['workloads'] for r in w['runs'] for x in r['figures'] if x['target_ratio'] is not None)}",

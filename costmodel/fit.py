@@ -57,7 +57,7 @@ import numpy as np
 
 from inferledger.probes.quantile import quantile
 
-from .roofs import Roof, Roofs
+from .roofs import Roof, Roofs, fit_rates
 
 HOLD_OUT_EVERY = 3  # every third distinct shape is held out
 EFFICIENCY_GRID = np.geomspace(0.5, 200.0, 241)  # e searched here (1 % steps), refined around the best
@@ -462,6 +462,17 @@ def held_kv_factor(engine_config: dict) -> float | None:
     resolved = engine_config.get("resolved") if isinstance(engine_config, dict) else None
     attention = resolved.get("attention") if isinstance(resolved, dict) else None
     return 1.0 if isinstance(attention, dict) and attention.get("kernel") == "paged" else None
+
+
+def run_step_fit(points: list[FitPoint], manifest, trained_on: str) -> tuple[StepFit, Roofs | None, str]:
+    """The step fit of a run's steps at the rates its manifest gives (`roofs.fit_rates`: its microbenchmarks
+    first), k held where its attention read the KV in place (`held_kv_factor`), tagged with the engine it ran
+    (what the fit may be applied to): the one rule the ledger's step_fit and `inferledger fit` train by.
+    -> (the fit, the roofs it holds (None: the rates its steps reached), why those). FitError when it cannot fit."""
+    roofs, why = fit_rates(manifest)
+    fit = StepFit.fit(points, roofs, trained_on=trained_on, kv_factor=held_kv_factor(manifest.block("engine_config")))
+    fit.engine = manifest.engine
+    return fit, roofs, why
 
 
 def _ratio(pairs: list[tuple[float, float]]) -> float | None:

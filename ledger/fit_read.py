@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inferledger.costmodel.fit import FitPoint, StepFit, held_kv_factor, held_out_summary
-from inferledger.costmodel.roofs import fit_rates, host_rates
+from inferledger.costmodel.fit import FitPoint, StepFit, held_out_summary, run_step_fit
+from inferledger.costmodel.roofs import host_rates
 from inferledger.ledger.query import LedgerError, open_ledger
 from inferledger.ledger.step_fit import POINTS_SQL
 from inferledger.probes.run_folder import Manifest
@@ -44,11 +44,7 @@ def run_fit(run_dir: str | Path, points: list[FitPoint] | None = None) -> StepFi
     already read (`ledger_fit_points`). FileNotFoundError without a ledger, FitError when it cannot fit."""
     run_dir = Path(run_dir)
     points = ledger_fit_points(run_dir) if points is None else points
-    manifest = Manifest.read(run_dir)
-    roofs, _ = fit_rates(manifest)
-    fit = StepFit.fit(points, roofs, trained_on=run_dir.name, kv_factor=held_kv_factor(manifest.block("engine_config")))
-    fit.engine = manifest.engine  # what it may be applied to (probes/run_folder.engine_differences)
-    return fit
+    return run_step_fit(points, Manifest.read(run_dir), run_dir.name)[0]
 
 
 def on_test_host(fit: StepFit, train: Manifest, test: Manifest) -> tuple[StepFit, dict]:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from inferledger.costmodel.fit import FitError, FitPoint, StepFit, error_pct, held_kv_factor, split
-from inferledger.costmodel.roofs import fit_rates
+from inferledger.costmodel.fit import FitError, FitPoint, StepFit, error_pct, run_step_fit, split
 from inferledger.ledger.tables import StageTable, gap_table
 
 READS = ("step_model",)
@@ -94,10 +93,8 @@ def build(con, run) -> None:
     if isinstance(declared, dict):  # a fit from another run, applied here: every step is held out
         fit = StepFit.from_dict(declared)
     else:
-        roofs, why = fit_rates(run.manifest)
         try:
-            fit = StepFit.fit(points, roofs, trained_on=run.run_dir.name,
-                              kv_factor=held_kv_factor(run.manifest.block("engine_config")))
+            fit, roofs, why = run_step_fit(points, run.manifest, run.run_dir.name)
         except FitError as exc:
             if points:
                 gaps.append(("run", None, "step_fit, step_fit_points", "more engine steps of known shape", str(exc)))

@@ -367,6 +367,53 @@ def error_ratio(sim: float | None, real: float | None) -> float | None:
     return (sim - real) / real if sim is not None and real else None
 
 
+RESAMPLES = 2000  # the paired bootstrap's resamples of the attempts (seeded: the same interval every time)
+LEVEL = 0.95      # the interval's coverage
+BEYOND = 5        # attempts needed on each side of a quantile for an interval: a p99 needs 500, a p50 10
+
+
+def error_interval(pairs: list[tuple[float, float]], q: float) -> tuple[float | None, float | None]:
+    """The LEVEL interval of a figure's error_ratio over the attempts it was computed on: `pairs` (real, sim)
+    per attempt are resampled with replacement, RESAMPLES times (seed 0), the error of the two quantiles
+    (quantile_linear, as the figure) computed on each resample, and its 2.5th and 97.5th percentile kept.
+    Resampling the pairs keeps each attempt's real and simulated value together, so the interval is that of
+    the error, not of either figure. (None, None) where fewer than BEYOND attempts lie on either side of the
+    quantile (a bootstrap cannot tell where a p99 of 60 attempts would fall: it is their slowest one)."""
+    import numpy as np
+
+    n = len(pairs)
+    if n == 0 or min(n * q, n * (1 - q)) < BEYOND:
+        return None, None
+    a = np.asarray(pairs, dtype=float)
+    idx = np.random.default_rng(0).integers(0, n, size=(RESAMPLES, n))
+    real, sim = (np.quantile(a[:, j][idx], q, axis=1) for j in (0, 1))
+    ok = real != 0
+    if not ok.any():
+        return None, None
+    lo, hi = np.quantile(sim[ok] / real[ok] - 1, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return float(lo), float(hi)
+
+
+def sampling_sentence(key: list[list]) -> str:
+    """Each judged figure's error with its interval over the attempts (the fidelity table's rows), in words:
+    whether these attempts can tell a miss or a match from the target ('' without a judged figure)."""
+    parts = []
+    for row in key:
+        figure, err, lo, hi, target, n = row[0], row[4], row[5], row[6], row[7], row[9]
+        if target is None or err is None:
+            continue
+        if lo is None:
+            parts.append(f"{figure} {err:+.1%} (no interval: {n} attempts leave fewer than {BEYOND} past its quantile)")
+            continue
+        tell = ("within" if -target <= lo and hi <= target else
+                "outside" if hi < -target or lo > target else "straddling")
+        parts.append(f"{figure} {err:+.1%} ({lo:+.1%} to {hi:+.1%}: {tell} its ±{target:.0%})")
+    if not parts:
+        return ""
+    return (f"the paired attempts resampled, each judged error's {LEVEL:.0%} interval: " + "; ".join(parts)
+            + " — an interval straddling its target is a miss or a match these attempts cannot tell apart; ")
+
+
 # the attempts of both runs, paired on attempt_id (a full join: an attempt of one run alone keeps its row),
 # with the server layer of request_metrics and each run's server_status; ? = run real's run_id, run sim's
 PAIRED_SQL = """
@@ -465,9 +512,11 @@ def compare(runs: StudyRuns) -> list[Table]:
         cols, rows = both.rows(_paired_sql() + " ORDER BY 1", ids)
         paired = [dict(zip(cols, r)) for r in rows]
     key = []
-    for i, (figure, column, _, target) in enumerate(TARGETS):
+    for i, (figure, column, q, target) in enumerate(TARGETS):
         err = error_ratio(f[f"sim_{i}"], f[f"real_{i}"])
-        key.append([figure, column, f[f"real_{i}"], f[f"sim_{i}"], err, target,
+        both = [(p[f"real_{column}"], p[f"sim_{column}"]) for p in paired
+                if p["both_completed"] and p[f"real_{column}"] is not None and p[f"sim_{column}"] is not None]
+        key.append([figure, column, f[f"real_{i}"], f[f"sim_{i}"], err, *error_interval(both, q), target,
                     None if target is None or err is None else abs(err) <= target, f[f"n_{i}"], f[f"n_real_{i}"],
                     f[f"n_sim_{i}"]])
     sim_manifest = runs.manifest("sim")
@@ -498,11 +547,14 @@ def compare(runs: StudyRuns) -> list[Table]:
                     for a in replay["not_replayed"]]
     return [Table("fidelity", "simulated against real TTFT, TPOT and E2E (server layer), paired on attempt_id, "
                               "with the targets",
-                  ["figure", "column", "real_ms", "sim_ms", "error_ratio", "target_ratio", "met", "n", "n_real",
-                   "n_sim"],
+                  ["figure", "column", "real_ms", "sim_ms", "error_ratio", "error_lo_ratio", "error_hi_ratio",
+                   "target_ratio", "met", "n", "n_real", "n_sim"],
                   key, "real_ms / sim_ms: the quantile of request_metrics.<column> over the attempts both engines "
                        "completed (n; n_real / n_sim: each run's completed attempts with the figure); error_ratio "
-                       "= (sim − real) / real; met: |error_ratio| <= target_ratio. "
+                       f"= (sim − real) / real; error_lo_ratio / error_hi_ratio: its {LEVEL:.0%} interval, the paired "
+                       f"attempts resampled {RESAMPLES} times (NULL with fewer than {BEYOND} attempts on either side "
+                       "of the quantile); met: |error_ratio| <= target_ratio. "
+                       f"{sampling_sentence(key)}"
                        f"{contention_sentence(real_contention)}; "
                        f"{drift_sentence(real_fit['real_decode_time_ratio'])}"
                        f"{steadiness_sentence(real_fit['real_decode_p10_ratio'], real_fit['real_decode_p90_ratio'])}"

@@ -379,6 +379,16 @@ def test_the_fidelity_bench_table_shows_each_repeats_judged_figures_contention_a
     assert "| every judged figure within its target, every repeat | 3 of 6 | **not met** |" in out
     assert "| two repeats within 3 points | 0 of 1 | **not met** |" in out
     assert "TTFT p99" not in out  # shown by the study, not judged
+    # recorded with each error's interval over the attempts: beside the error, and whether the repeats' overlap
+    w = figures["workloads"][0]
+    for r, lo in zip(w["runs"], (-0.02, 0.04)):
+        for f in r["figures"]:
+            f["error_lo_ratio"], f["error_hi_ratio"] = (lo, lo + 0.1) if f["figure"] == "TPOT p50" else (None, None)
+    w["spreads"][0] |= {"by_repeat_interval_ratio": [[-0.02, 0.08], [0.04, 0.14]], "intervals_overlap": True}
+    out = render.render_table("fidelity_bench", [result("fidelity_bench", "2026-12-05T22:34:49Z", figures)])
+    assert "| cpu_demo | 1 | 40.0 / 41.0: +2.5% (-2.0% to +8.0%) | 200.0 / 210.0: +5.0% |" in out
+    assert "| cpu_demo | 2 | 40.0 / 44.0: +10.0% (+4.0% to +14.0%) **not met** |" in out
+    assert "| cpu_demo | TPOT p50 | 7.5 points | **not met** | yes |" in out
 
 
 def test_the_diagnosis_bench_names_the_cause_beside_the_hosts_wait():
@@ -402,3 +412,24 @@ def test_a_large_run_without_a_limit_names_the_default_it_was_held_to():
         for i, f in enumerate((older, newer, given), 1)]).splitlines()
     assert [r.split(" | ")[5] for r in rows[4:]] == ["single node", "single node, default limit 2.50GiB",
                                                       "single node, limit 4GB"]
+
+
+def test_the_fidelity_bench_says_whether_the_repeats_intervals_share_a_value():
+    import fidelity_bench
+
+    assert fidelity_bench.overlap([[-0.2, -0.02], [-0.05, 0.1]]) is True  # both hold -0.05 to -0.02
+    assert fidelity_bench.overlap([[-0.2, -0.06], [-0.05, 0.1]]) is False
+    assert fidelity_bench.overlap([[0.0, 0.1], [0.1, 0.2]]) is True  # touching ends share 0.1
+    assert fidelity_bench.overlap([[0.0, 0.1], [None, None]]) is None  # a repeat without an interval: unknown
+    assert fidelity_bench.overlap([[0.0, 0.1]]) is None  # one repeat: nothing to compare
+
+    def run(err, lo, hi):
+        return {"figures": [{"figure": "TPOT p50", "error_ratio": err, "error_lo_ratio": lo, "error_hi_ratio": hi,
+                             "target_ratio": 0.05, "met": abs(err) <= 0.05},
+                            {"figure": "TTFT p99", "error_ratio": 0.3, "error_lo_ratio": None, "error_hi_ratio": None,
+                             "target_ratio": None, "met": None}]}
+
+    [s] = fidelity_bench.spreads([run(-0.114, -0.197, -0.02), run(0.016, -0.032, 0.117)])
+    assert s["spread_pct"] == 13.0 and s["spread_within"] is False  # 13 points apart ...
+    assert s["intervals_overlap"] is True  # ... and yet within what their 60 attempts each can tell
+    assert s["by_repeat_interval_ratio"] == [[-0.197, -0.02], [-0.032, 0.117]]

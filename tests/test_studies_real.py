@@ -299,6 +299,10 @@ def test_fidelity_replays_every_attempt_of_a_workload_with_a_retry_keyed_on_atte
         assert fig["n"] == fig["n_real"] == fig["n_sim"] == 3  # the three attempts both engines completed
         assert fig["error_ratio"] == pytest.approx((fig["sim_ms"] - fig["real_ms"]) / fig["real_ms"])
         assert fig["met"] == (None if fig["target_ratio"] is None else abs(fig["error_ratio"]) <= fig["target_ratio"])
+        # three attempts leave fewer than five on either side of any quantile: no interval, never a guessed one
+        assert fig["error_lo_ratio"] is None and fig["error_hi_ratio"] is None
+    from inferledger.studies.fidelity import sampling_sentence
+    assert "E2E p99 " in sampling_sentence(comp["fidelity"]["rows"]) in comp["fidelity"]["note"]
     contention = _rows(comp["contention"])
     assert list(contention) == ["fit", "real"]
     for c in contention.values():
