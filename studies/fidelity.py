@@ -27,6 +27,8 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+
 from inferledger.collectors.sim.declared import DeclaredModel
 from inferledger.collectors.sim.run import Follows, HostReplay, SimRequest, distinct_prompt, simulate
 from inferledger.collectors.sim.runner import emitted_token
@@ -379,8 +381,6 @@ def error_interval(pairs: list[tuple[float, float]], q: float) -> tuple[float | 
     Resampling the pairs keeps each attempt's real and simulated value together, so the interval is that of
     the error, not of either figure. (None, None) where fewer than BEYOND attempts lie on either side of the
     quantile (a bootstrap cannot tell where a p99 of 60 attempts would fall: it is their slowest one)."""
-    import numpy as np
-
     n = len(pairs)
     if n == 0 or min(n * q, n * (1 - q)) < BEYOND:
         return None, None

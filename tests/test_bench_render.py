@@ -389,6 +389,7 @@ def test_the_fidelity_bench_table_shows_each_repeats_judged_figures_contention_a
     assert "| cpu_demo | 1 | 40.0 / 41.0: +2.5% (-2.0% to +8.0%) | 200.0 / 210.0: +5.0% |" in out
     assert "| cpu_demo | 2 | 40.0 / 44.0: +10.0% (+4.0% to +14.0%) **not met** |" in out
     assert "| cpu_demo | TPOT p50 | 7.5 points | **not met** | yes |" in out
+    assert "intervals overlap | 1 of 1 with intervals | met |" in out
 
 
 def test_the_diagnosis_bench_names_the_cause_beside_the_hosts_wait():
