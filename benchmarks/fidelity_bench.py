@@ -13,8 +13,11 @@ times, on one loaded model. The defaults: a plain chat mix, one with retries, ti
 samples/workloads/NAME.toml (scaled likewise) instead of the study's own mix, whose decode steps reach
 one or two sequences where the workloads reach four to seven (docs/STUDIES.md "fidelity"). Recorded per study: each figure real and simulated with its
 error and target, what was replayed, the fit's held-out error and the contention of the real and fit
-runs (the share of their step time spent waiting for a CPU); per workload, each targeted figure's
-spread over the repeats in points. A long benchmark (minutes per study): not for a shared CI host.
+runs (the share of their step time spent waiting for a CPU), and each judged error's 95 % interval over the
+study's attempts; per workload, each targeted figure's spread over the repeats in points and whether the
+repeats' intervals overlap. At the files' own 40 to 72 tasks a TPOT p50's interval spans up to 33 points, wider
+than the targets; at --tasks 240 up to about 16 (docs/BENCHMARKS.md). A long benchmark (minutes per study): not
+for a shared CI host.
 """
 from __future__ import annotations
 
