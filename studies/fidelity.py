@@ -372,6 +372,8 @@ def error_ratio(sim: float | None, real: float | None) -> float | None:
 RESAMPLES = 2000  # the paired bootstrap's resamples of the attempts (seeded: the same interval every time)
 LEVEL = 0.95      # the interval's coverage
 BEYOND = 5        # attempts needed on each side of a quantile for an interval: a p99 needs 500, a p50 10
+RESAMPLE_CELLS = 1 << 21  # attempts drawn per batch of resamples (16 MiB of indices): a 100,000-attempt run's
+# interval takes 2000 batches of one resample, not 1.6 GB at once
 
 
 def error_interval(pairs: list[tuple[float, float]], q: float) -> tuple[float | None, float | None]:
@@ -385,8 +387,13 @@ def error_interval(pairs: list[tuple[float, float]], q: float) -> tuple[float | 
     if n == 0 or min(n * q, n * (1 - q)) < BEYOND:
         return None, None
     a = np.asarray(pairs, dtype=float)
-    idx = np.random.default_rng(0).integers(0, n, size=(RESAMPLES, n))
-    real, sim = (np.quantile(a[:, j][idx], q, axis=1) for j in (0, 1))
+    rng, real, sim = np.random.default_rng(0), [], []
+    per_batch = max(1, RESAMPLE_CELLS // n)  # resamples drawn at once: memory bounded whatever the attempts
+    for start in range(0, RESAMPLES, per_batch):
+        idx = rng.integers(0, n, size=(min(per_batch, RESAMPLES - start), n))
+        real.append(np.quantile(a[:, 0][idx], q, axis=1))
+        sim.append(np.quantile(a[:, 1][idx], q, axis=1))
+    real, sim = np.concatenate(real), np.concatenate(sim)
     ok = real != 0
     if not ok.any():
         return None, None

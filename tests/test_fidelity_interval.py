@@ -49,3 +49,13 @@ def test_the_sentence_says_whether_each_judged_interval_is_within_outside_or_str
     assert "E2E p99 +6.8% (no interval: 60 attempts leave fewer than 5 past its quantile)" in text
     assert "TTFT p99" not in text  # shown, not judged
     assert sampling_sentence([row("TTFT p99", 0.5, 0.1, 0.9, None)]) == ""
+
+
+def test_the_resamples_drawn_in_batches_give_the_interval_drawn_at_once(monkeypatch):
+    # the memory bound draws the resamples a batch at a time: the same draws, so the same interval
+    import inferledger.studies.fidelity as fidelity
+
+    pairs = [(10.0 + (7 * i) % 23, 10.5 + (5 * i) % 19) for i in range(60)]
+    at_once = error_interval(pairs, 0.5)
+    monkeypatch.setattr(fidelity, "RESAMPLE_CELLS", 60 * 7)  # batches of 7 resamples
+    assert error_interval(pairs, 0.5) == at_once
