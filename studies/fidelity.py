@@ -19,8 +19,10 @@ clock: real or simulated.
 
 The comparison pairs the two runs' attempts on attempt_id and holds the server layer of request_metrics
 (ttft_server_ms, tpot_server_ms, e2e_server_ms) of the attempts both engines completed, at p50 / p99,
-against the targets; it says what was replayed and what was not, and how much of `real`'s step time was
-spent waiting for a CPU (step_model.contention_ms), since the fit and the real run share the host.
+against the targets, each error with its 95 % interval over the attempts (the paired attempts resampled:
+how far this many attempts pin it down); it says what was replayed and what was not, and how much of
+`real`'s step time was spent waiting for a CPU (step_model.contention_ms), since the fit and the real run
+share the host.
 """
 from __future__ import annotations
 
@@ -373,7 +375,7 @@ RESAMPLES = 2000  # the paired bootstrap's resamples of the attempts (seeded: th
 LEVEL = 0.95      # the interval's coverage
 BEYOND = 5        # attempts needed on each side of a quantile for an interval: a p99 needs 500, a p50 10
 RESAMPLE_CELLS = 1 << 21  # attempts drawn per batch of resamples (16 MiB of indices): a 100,000-attempt run's
-# interval takes 2000 batches of one resample, not 1.6 GB at once
+# interval takes 100 batches of 20 resamples, not 1.6 GB of indices at once
 
 
 def error_interval(pairs: list[tuple[float, float]], q: float) -> tuple[float | None, float | None]:
