@@ -84,6 +84,26 @@ def test_a_microbenchmark_repeat_leaves_out_its_threads_wait_for_a_cpu(tmp_path)
     assert microbench.uncontended_clock(str(tmp_path / "absent"), wall=lambda: 7.5) == 7.5
 
 
+def test_a_thread_preempted_between_its_clock_and_its_wait_is_timed_as_it_ran(tmp_path):
+    """A repeat of 8 ms on a CPU whose measuring thread is preempted for 7 ms right after it reads the wall
+    clock at the repeat's end: taking that wait off a clock reading that does not hold it timed the repeat at
+    1 ms (8 times the rate); read again until the waits around the clock agree, it is 8 ms."""
+    stat = tmp_path / "schedstat"
+    stat.write_text("1000 0 5\n")
+    walls = iter([100.0, 100.008, 100.015])
+
+    def wall():
+        now = next(walls)
+        if now == 100.008:  # the repeat's end: the thread waits 7 ms on a run queue right after this reading
+            stat.write_text("1000 7000000 6\n")  # counted as it gets its CPU back
+        return now
+
+    t0 = microbench.uncontended_clock(str(stat), wall=wall)
+    t1 = microbench.uncontended_clock(str(stat), wall=wall)
+    assert t1 - t0 == pytest.approx(0.008)  # not 0.001: the wait its first clock reading did not hold stays in
+    assert t0 == 100.0 and t1 == pytest.approx(100.015 - 0.007)
+
+
 def test_device_params_run_in_a_thread_placed_like_the_step_thread():
     import torch
 
