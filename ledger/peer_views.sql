@@ -10,8 +10,8 @@
 --
 -- scope: rollup
 -- reads: peer_base, peer_reporters
--- creates: peer_views, peer_views_gaps, peer_pool_content, peer_pool_choices, peer_pool_content_all,
---   peer_pool_choices_all
+-- creates: peer_views, peer_views_gaps, peer_pool, peer_pool_all, peer_pool_content, peer_pool_choices,
+--   peer_pool_content_all, peer_pool_choices_all
 
 -- The two pooled-gap rows (millions of samples in a big run: an exact quantile holds every sample of its
 -- set in memory, which DuckDB cannot spill) are unnested from peer_base's lists where they are read, never
@@ -19,22 +19,19 @@
 -- pooled set's samples (8 bytes a gap), so the memory limit must hold the largest set, not their sum.
 -- Row 4 is the output-bearing chunks' gaps, row 5 vLLM bench's gaps between chunks with choices; the
 -- _all tables the same with the refused attempts' gaps in, only where an attempt is refused.
-CREATE OR REPLACE TEMP TABLE peer_pool_content AS
-SELECT 4 AS k, count(v) FILTER (WHERE NOT refused) AS n, avg(v) FILTER (WHERE NOT refused) AS mean_ms,
+-- A NULL sample (a chunk time a tool did not keep) is no sample; itl's gaps, which content_gaps_ms lists, have none.
+CREATE OR REPLACE TEMP MACRO peer_pool(k, gap_lists) AS TABLE
+SELECT k AS k, count(v) FILTER (WHERE NOT refused) AS n, avg(v) FILTER (WHERE NOT refused) AS mean_ms,
        quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused) AS q, count(v) FILTER (WHERE refused) AS n_refused
-FROM (SELECT refused, unnest(content_gaps_ms) AS v FROM peer_base);
-CREATE OR REPLACE TEMP TABLE peer_pool_choices AS
-SELECT 5 AS k, count(v) FILTER (WHERE NOT refused) AS n, avg(v) FILTER (WHERE NOT refused) AS mean_ms,
-       quantile_cont(v, [0.5, 0.9, 0.99]) FILTER (WHERE NOT refused) AS q, count(v) FILTER (WHERE refused) AS n_refused
-FROM (SELECT refused, unnest(choice_gaps_ms) AS v FROM peer_base) WHERE v IS NOT NULL;
-CREATE OR REPLACE TEMP TABLE peer_pool_content_all AS
-SELECT 4 AS k, avg(v) AS mean_ms, quantile_cont(v, [0.5, 0.9, 0.99]) AS q
-FROM (SELECT unnest(content_gaps_ms) AS v FROM peer_base)
-WHERE EXISTS (SELECT 1 FROM peer_base WHERE refused AND len(content_gaps_ms) > 0) HAVING count(*) > 0;
-CREATE OR REPLACE TEMP TABLE peer_pool_choices_all AS
-SELECT 5 AS k, avg(v) AS mean_ms, quantile_cont(v, [0.5, 0.9, 0.99]) AS q
-FROM (SELECT unnest(choice_gaps_ms) AS v FROM peer_base)
-WHERE v IS NOT NULL AND EXISTS (SELECT 1 FROM peer_base WHERE refused AND len(choice_gaps_ms) > 0) HAVING count(*) > 0;
+FROM (SELECT refused, unnest(gap_lists) AS v FROM peer_base) WHERE v IS NOT NULL;
+CREATE OR REPLACE TEMP MACRO peer_pool_all(k, gap_lists) AS TABLE
+SELECT k AS k, avg(v) AS mean_ms, quantile_cont(v, [0.5, 0.9, 0.99]) AS q
+FROM (SELECT unnest(gap_lists) AS v FROM peer_base)
+WHERE v IS NOT NULL AND EXISTS (SELECT 1 FROM peer_base WHERE refused AND len(gap_lists) > 0) HAVING count(*) > 0;
+CREATE OR REPLACE TEMP TABLE peer_pool_content AS FROM peer_pool(4, content_gaps_ms);
+CREATE OR REPLACE TEMP TABLE peer_pool_choices AS FROM peer_pool(5, choice_gaps_ms);
+CREATE OR REPLACE TEMP TABLE peer_pool_content_all AS FROM peer_pool_all(4, content_gaps_ms);
+CREATE OR REPLACE TEMP TABLE peer_pool_choices_all AS FROM peer_pool_all(5, choice_gaps_ms);
 
 -- The samples of each per-request row: (row number, value in ms, weight).
 -- @table peer_views: one row per metric × tool: the run read through each tool's definition of TTFT,
