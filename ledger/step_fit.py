@@ -98,11 +98,12 @@ def build(con, run) -> None:
         except FitError as exc:
             if points:
                 gaps.append(("run", None, "step_fit, step_fit_points", "more engine steps of known shape", str(exc)))
-        if fit is not None and roofs is None:
-            gaps.append(("run", None, "step_fit (its physics: held at the rates its own steps reached)",
-                         "the capture's microbenchmarks (manifest device_params), a spec entry or declared_roofs",
-                         f"no measured rates to hold the step's work at ({why}): the fit holds the highest "
-                         "rates a training step reached, a lower bound of the device's"))
+        else:
+            if roofs is None:
+                gaps.append(("run", None, "step_fit (its physics: held at the rates its own steps reached)",
+                             "the capture's microbenchmarks (manifest device_params), a spec entry or declared_roofs",
+                             f"no measured rates to hold the step's work at ({why}): the fit holds the highest "
+                             "rates a training step reached, a lower bound of the device's"))
     if fit is not None:
         if not fit.ms_per_seq_known:
             n = fit.covered.get("num_seqs", [None])[0]

@@ -371,6 +371,9 @@ def error_ratio(sim: float | None, real: float | None) -> float | None:
     return (sim - real) / real if sim is not None and real else None
 
 
+# the fidelity table's columns, in the order its rows are built (compare)
+FIDELITY_COLUMNS = ("figure", "column", "real_ms", "sim_ms", "error_ratio", "error_lo_ratio", "error_hi_ratio",
+                    "target_ratio", "met", "n", "n_real", "n_sim")
 RESAMPLES = 2000  # the paired bootstrap's resamples of the attempts (seeded: the same interval every time)
 LEVEL = 0.95      # the interval's coverage
 BEYOND = 5        # attempts needed on each side of a quantile for an interval: a p99 needs 500, a p50 10
@@ -408,7 +411,9 @@ def sampling_sentence(key: list[list]) -> str:
     whether these attempts can tell a miss or a match from the target ('' without a judged figure)."""
     parts = []
     for row in key:
-        figure, err, lo, hi, target, n = row[0], row[4], row[5], row[6], row[7], row[9]
+        r = dict(zip(FIDELITY_COLUMNS, row))
+        figure, err, lo, hi, target, n = (r[k] for k in ("figure", "error_ratio", "error_lo_ratio", "error_hi_ratio",
+                                                         "target_ratio", "n"))
         if target is None or err is None:
             continue
         if lo is None:
@@ -556,9 +561,7 @@ def compare(runs: StudyRuns) -> list[Table]:
                     for a in replay["not_replayed"]]
     return [Table("fidelity", "simulated against real TTFT, TPOT and E2E (server layer), paired on attempt_id, "
                               "with the targets",
-                  ["figure", "column", "real_ms", "sim_ms", "error_ratio", "error_lo_ratio", "error_hi_ratio",
-                   "target_ratio", "met", "n", "n_real", "n_sim"],
-                  key, "real_ms / sim_ms: the quantile of request_metrics.<column> over the attempts both engines "
+                  list(FIDELITY_COLUMNS), key, "real_ms / sim_ms: the quantile of request_metrics.<column> over the attempts both engines "
                        "completed (n; n_real / n_sim: each run's completed attempts with the figure); error_ratio "
                        f"= (sim − real) / real; error_lo_ratio / error_hi_ratio: its {LEVEL:.0%} interval, the paired "
                        f"attempts resampled {RESAMPLES} times (NULL with fewer than {BEYOND} attempts on either side "
