@@ -387,11 +387,14 @@ def error_interval(pairs: list[tuple[float, float]], q: float) -> tuple[float | 
     (quantile_linear, as the figure) computed on each resample, and its 2.5th and 97.5th percentile kept.
     Resampling the pairs keeps each attempt's real and simulated value together, so the interval is that of
     the error, not of either figure. (None, None) where fewer than BEYOND attempts lie on either side of the
-    quantile (a bootstrap cannot tell where a p99 of 60 attempts would fall: it is their slowest one)."""
+    quantile (a bootstrap cannot tell where a p99 of 60 attempts would fall: it is their slowest one), and
+    where a value is not a finite number (no interval is better than one computed over a NaN)."""
     n = len(pairs)
     if n == 0 or min(n * q, n * (1 - q)) < BEYOND:
         return None, None
     a = np.asarray(pairs, dtype=float)
+    if not np.isfinite(a).all():
+        return None, None
     rng, real, sim = np.random.default_rng(0), [], []
     per_batch = max(1, RESAMPLE_CELLS // n)  # resamples drawn at once: memory bounded whatever the attempts
     for start in range(0, RESAMPLES, per_batch):

@@ -23,6 +23,9 @@ def test_no_interval_where_fewer_than_five_attempts_lie_past_the_quantile():
     assert None not in error_interval(pairs[:500], 0.99)
     assert error_interval(pairs[:9], 0.5) == (None, None) and None not in error_interval(pairs[:10], 0.5)
     assert error_interval([], 0.5) == (None, None)
+    # a value that is not a number gives no interval, never one computed over it
+    assert error_interval(pairs[:59] + [(float("nan"), 3.0)], 0.5) == (None, None)
+    assert error_interval(pairs[:59] + [(2.0, float("inf"))], 0.5) == (None, None)
 
 
 def test_a_median_between_two_modes_spans_from_no_error_to_the_whole_gap():
